@@ -1,0 +1,42 @@
+# make demo: set up .venv and run the main job (survives an injected crash).
+# make test: set up .venv and run lint, type check and the whole test suite.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit integration bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# the CPU build of torch lies on this machine's disk; an exact pin takes it offline
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[torch,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests examples benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+test: lint typecheck
+	$(BIN)/pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/recovery_time.py
+	$(BIN)/python benchmarks/launcher_overhead.py
+
+clean:
+	rm -rf $(VENV) trainguard-runs .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,200 @@
+"""A small nanoGPT-shaped DDP training script: a character-level transformer on synthetic text.
+
+Runs on CPU with the gloo backend. Launch one process per rank with torchrun, or with
+trainguard, which takes the same flags and sets the same environment:
+
+    torchrun --nproc-per-node 2 examples/train_ddp.py --steps 200
+
+It checkpoints every --ckpt-every steps and resumes from the last checkpoint on start, and
+calls trainguard's fault injection after each step (set TRAINGUARD_FAULT to crash it).
+"""
+
+import argparse
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+try:
+    from trainguard.testing.faults import inject
+except ImportError:  # trainguard not installed: run without fault injection
+
+    def inject(step: int) -> None:
+        pass
+
+
+# -----------------------------------------------------------------------------
+# knobs
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--steps", type=int, default=200, help="total optimizer steps")
+parser.add_argument("--batch-size", type=int, default=32, help="sequences per rank per step")
+parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+parser.add_argument("--ckpt-every", type=int, default=10, help="save a checkpoint every N steps")
+parser.add_argument(
+    "--ckpt-dir",
+    default=os.environ.get("TRAINGUARD_CHECKPOINT_DIR", "./checkpoints"),
+    help="checkpoint directory (default: $TRAINGUARD_CHECKPOINT_DIR, else ./checkpoints)",
+)
+parser.add_argument("--seed", type=int, default=1337, help="seed for the data and the model")
+parser.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (s)")
+args = parser.parse_args()
+# model: 2 layers, 4 heads, d_model 64, context 32, vocabulary a..z
+vocab, block_size, n_layer, n_head, d_model = 26, 32, 2, 4, 64
+warmup_steps = 10
+
+# -----------------------------------------------------------------------------
+# distributed setup: torchrun-style environment, gloo on CPU
+rank = int(os.environ.get("RANK", "0"))
+world_size = int(os.environ.get("WORLD_SIZE", "1"))
+local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # would pick the GPU; unused on CPU
+ddp = world_size > 1
+if ddp:
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)  # MASTER_ADDR/PORT
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))  # tiny model: 1 is fastest
+torch.manual_seed(args.seed)  # same initial weights on every rank
+random.seed(args.seed)
+
+# -----------------------------------------------------------------------------
+# data: a synthetic character language. A seed-derived lexicon of short "words"; each
+# sequence repeats one word, so once the model has seen a word it can predict the rest.
+gen = torch.Generator().manual_seed(args.seed)
+lengths = torch.randint(3, 9, (64,), generator=gen).tolist()
+words = [torch.randint(vocab, (n,), generator=gen) for n in lengths]
+
+
+def get_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of this rank at this step: a pure function of (seed, step, rank)."""
+    g = torch.Generator().manual_seed((args.seed * 1_000_003 + step) * 10_000 + rank)
+    rows = []
+    for _ in range(args.batch_size):
+        word = words[int(torch.randint(len(words), (1,), generator=g))]
+        offset = int(torch.randint(len(word), (1,), generator=g))  # start mid-word
+        reps = (offset + block_size + 1) // len(word) + 1
+        rows.append(word.repeat(reps)[offset : offset + block_size + 1])
+    data = torch.stack(rows)
+    return data[:, :-1], data[:, 1:]
+
+
+# -----------------------------------------------------------------------------
+# model: a minimal GPT (pre-norm blocks, causal self-attention, no dropout)
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d_model), nn.Embedding(block_size, d_model)
+        self.blocks = nn.Sequential(*[Block() for _ in range(n_layer)])
+        self.ln_f, self.head = nn.LayerNorm(d_model), nn.Linear(d_model, vocab)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.size(1)))
+        logits = self.head(self.ln_f(self.blocks(x)))
+        return F.cross_entropy(logits.view(-1, vocab), targets.reshape(-1))
+
+
+def lr_lambda(step: int) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak (a multiplier of --lr)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, args.steps - warmup_steps))
+    return 0.1 + 0.45 * (1.0 + math.cos(math.pi * progress))
+
+
+# -----------------------------------------------------------------------------
+# checkpointing (plain torch): rank 0 writes atomically, every rank reads on start
+ckpt_path = Path(args.ckpt_dir) / "ckpt.pt"
+
+
+def save_checkpoint(state: dict[str, object]) -> None:
+    """Write to a temp file in the same directory, fsync, then rename over the old one."""
+    ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_path.with_name(ckpt_path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ckpt_path)  # a kill before this line leaves the old checkpoint intact
+    dir_fd = os.open(ckpt_path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+model = GPT()
+ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.exists() else None
+if ckpt is not None:
+    model.load_state_dict(ckpt["model"])
+ddp_model = DDP(model) if ddp else model
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+start_step = 0
+if ckpt is not None:
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    torch.set_rng_state(ckpt["torch_rng"])
+    random.setstate((ckpt["python_rng"][0], tuple(ckpt["python_rng"][1]), ckpt["python_rng"][2]))
+    start_step = ckpt["step"]
+    print(f"resumed from step {start_step}", flush=True)
+
+# -----------------------------------------------------------------------------
+# training loop: steps are numbered from 1; `step` is also the number of steps done
+loss_value = float("nan")
+for step in range(start_step + 1, args.steps + 1):
+    t0 = time.perf_counter()
+    x, y = get_batch(step)
+    loss = ddp_model(x, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # DDP all-reduces (averages) the gradients across ranks here
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    if args.step_time > 0:
+        time.sleep(args.step_time)  # pretend to be a bigger model
+    loss_value = loss.item()
+    dt_ms = (time.perf_counter() - t0) * 1000
+    print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt_ms:.1f}ms", flush=True)
+
+    if step % args.ckpt_every == 0 or step == args.steps:
+        if rank == 0:
+            version, py_state, gauss = random.getstate()
+            state = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "step": step,
+                "torch_rng": torch.get_rng_state(),
+                "python_rng": [version, list(py_state), gauss],  # plain lists: weights_only
+            }
+            save_checkpoint(state)
+        if ddp:
+            dist.barrier()  # nobody runs ahead of a checkpoint that may not exist yet
+    inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
+
+if rank == 0:
+    print(f"done: {args.steps} steps, final loss {loss_value:.4f}", flush=True)
+if ddp:
+    dist.destroy_process_group()

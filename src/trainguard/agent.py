@@ -1,0 +1,224 @@
+"""The node agent: owns one node's worker processes and reports facts; decides nothing.
+
+Commands (protocol.StartWorkers / StopWorkers) come from the controller; NodeReport goes
+back. For one node the controller calls it in-process; between nodes the same messages
+travel as JSON. Worker lifecycle: STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol, TextIO
+
+from trainguard import procs
+from trainguard.errors import LaunchError
+from trainguard.logs import LogRouter, rank_log_path
+from trainguard.protocol import (
+    NodeReport,
+    Progress,
+    StartWorkers,
+    StopWorkers,
+    WorkerAssignment,
+    WorkerFact,
+    WorkerState,
+)
+from trainguard.records import utcnow
+
+log = logging.getLogger(__name__)
+
+
+class AgentAPI(Protocol):
+    """What the controller needs from a node, wherever the node is."""
+
+    def start_workers(self, cmd: StartWorkers) -> NodeReport: ...
+    def poll(self) -> NodeReport: ...
+    def stop_workers(self, cmd: StopWorkers) -> NodeReport: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Worker:
+    assignment: WorkerAssignment
+    proc: subprocess.Popen[bytes]
+    started_at: datetime
+    error_file: Path
+    state: WorkerState = WorkerState.RUNNING
+    ended_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ConsoleOptions:
+    """Which ranks' streams reach the console (torchrun's --redirects / --local-ranks-filter)."""
+
+    redirects: dict[int, int]  # local rank -> 0 none, 1 stdout, 2 stderr, 3 both kept off
+    ranks_filter: frozenset[int] | None = None
+
+    def streams(self, rank: int, local_rank: int) -> tuple[bool, bool]:
+        if self.ranks_filter is not None and rank not in self.ranks_filter:
+            return (False, False)
+        r = self.redirects.get(local_rank, self.redirects.get(-1, 0))
+        return (not r & 1, not r & 2)
+
+
+class NodeAgent:
+    """Supervises the local ranks of one node."""
+
+    def __init__(self, node: str, console: TextIO, console_opts: ConsoleOptions,
+                 step_pattern: str, marker: str) -> None:
+        self.node = node
+        self._console = console
+        self._console_opts = console_opts
+        self._step_pattern = step_pattern
+        self._marker = marker
+        self._workers: list[_Worker] = []
+        self._router: LogRouter | None = None
+        self._attempt: int | None = None
+        self._progress = Progress()
+        self._progress_lock = threading.Lock()
+        procs.become_subreaper()
+        self._guardian = procs.Guardian(marker)
+
+    # -- commands -------------------------------------------------------------------------
+
+    def start_workers(self, cmd: StartWorkers) -> NodeReport:
+        if any(not w.state.ended for w in self._workers):
+            raise LaunchError("start_workers while workers of the last attempt still run")
+        self._attempt = cmd.attempt
+        with self._progress_lock:
+            self._progress = Progress()
+        router = LogRouter(self._console, self._step_pattern, self._on_progress)
+        self._workers = []
+        log_dir = Path(cmd.log_dir)
+        for a in cmd.workers:
+            self._workers.append(self._spawn(cmd, a, router, log_dir))
+        self._router = router
+        router.start()
+        return self.poll()
+
+    def _spawn(self, cmd: StartWorkers, a: WorkerAssignment, router: LogRouter,
+               log_dir: Path) -> _Worker:
+        err_file = rank_log_path(log_dir, cmd.attempt, a.rank).with_suffix(".error.json")
+        err_file.parent.mkdir(parents=True, exist_ok=True)
+        err_file.unlink(missing_ok=True)
+        env = worker_env(cmd, a, str(err_file), self._marker)
+        try:
+            proc = procs.spawn(cmd.argv, env, cmd.cwd)
+        except OSError as e:
+            self.stop_workers(StopWorkers(grace_s=0, reason="launch failed"))
+            raise LaunchError(f"cannot start {cmd.argv[0]!r}: {e.strerror or e}. Fix: check "
+                              "the script path, -m / --no-python and the file's permissions"
+                              ) from e
+        self._guardian.watch(proc.pid)
+        assert proc.stdout is not None and proc.stderr is not None
+        router.add(a.rank, rank_log_path(log_dir, cmd.attempt, a.rank), proc.stdout,
+                   proc.stderr, self._console_opts.streams(a.rank, a.local_rank))
+        log.debug("started rank %s as pid %s", a.rank, proc.pid)
+        return _Worker(a, proc, utcnow(), err_file)
+
+    def poll(self) -> NodeReport:
+        known = {w.proc.pid: w.proc for w in self._workers}
+        procs.reap(known)
+        now = utcnow()
+        for w in self._workers:
+            rc = w.proc.poll()
+            if rc is not None and not w.state.ended:  # RUNNING -> SUCCEEDED | FAILED
+                w.state = WorkerState.SUCCEEDED if rc == 0 else WorkerState.FAILED
+                w.ended_at = now
+        return self._report()
+
+    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+        self.poll()
+        running = [w for w in self._workers if not w.state.ended]
+        procs.stop_groups([w.proc for w in self._workers], cmd.grace_s)
+        now = utcnow()
+        for w in running:  # RUNNING -> STOPPED
+            w.state, w.ended_at = WorkerState.STOPPED, now
+        for w in self._workers:
+            self._guardian.forget(w.proc.pid)
+        if self._router is not None:
+            self._router.join(timeout=5)
+        return self._report()
+
+    def close(self) -> None:
+        if any(not w.state.ended for w in self._workers):
+            self.stop_workers(StopWorkers(grace_s=0, reason="agent closing"))
+        self._guardian.close()
+
+    # -- facts ----------------------------------------------------------------------------
+
+    def _on_progress(self, rank: int, step: int, at: datetime) -> None:
+        with self._progress_lock:
+            p = self._progress
+            if p.first_step is None:
+                p = p.model_copy(update={"first_step": step, "first_step_at": at})
+            if p.last_step is None or step >= p.last_step:
+                p = p.model_copy(update={"last_step": step, "last_step_at": at})
+            self._progress = p
+
+    def _report(self) -> NodeReport:
+        with self._progress_lock:
+            progress = self._progress
+        return NodeReport(node=self.node, attempt=self._attempt,
+                          workers=[self._fact(w) for w in self._workers],
+                          progress=progress, at=utcnow())
+
+    def _fact(self, w: _Worker) -> WorkerFact:
+        ended = w.state.ended
+        if ended and w.state != WorkerState.SUCCEEDED and self._router is not None:
+            # the pipe may hold the last lines still: give the reader a moment
+            self._router.join(timeout=0.2)
+        return WorkerFact(
+            rank=w.assignment.rank, local_rank=w.assignment.local_rank, pid=w.proc.pid,
+            state=w.state, returncode=w.proc.returncode, started_at=w.started_at,
+            ended_at=w.ended_at, start_count=w.assignment.start_count,
+            log_tail=self._router.tail(w.assignment.rank) if ended and self._router else [],
+            error_file=_read_error_file(w.error_file) if ended else None,
+        )
+
+
+def worker_env(cmd: StartWorkers, a: WorkerAssignment, error_file: str,
+               marker: str) -> dict[str, str]:
+    """torchrun's worker environment, plus trainguard's own variables."""
+    env = dict(os.environ)
+    env.update(cmd.env)
+    local_world = len(cmd.workers)
+    env.update({
+        "RANK": str(a.rank), "LOCAL_RANK": str(a.local_rank),
+        "WORLD_SIZE": str(cmd.world_size), "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_RANK": str(cmd.group_rank), "GROUP_WORLD_SIZE": str(cmd.group_world_size),
+        "ROLE_RANK": str(a.rank), "ROLE_WORLD_SIZE": str(cmd.world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": cmd.master_addr, "MASTER_PORT": str(cmd.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(cmd.attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(cmd.max_restarts),
+        "TORCHELASTIC_RUN_ID": cmd.run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        "PYTHON_EXEC": sys.executable,
+        "TRAINGUARD_PROCESS_START_COUNT": str(a.start_count),
+        "TRAINGUARD_SCHEDULE_COUNT": str(a.schedule_count),
+        "TRAINGUARD_ATTEMPT": str(cmd.attempt),
+        "TRAINGUARD_JOB_DIR": cmd.job_dir,
+        "TRAINGUARD_CHECKPOINT_DIR": cmd.checkpoint_dir,
+        "TRAINGUARD_MARKER": marker,
+    })
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _read_error_file(path: Path) -> dict[str, object] | None:
+    """torch's @record error file, if the worker wrote one (unreadable -> None)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

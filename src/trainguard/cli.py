@@ -1,0 +1,41 @@
+"""The `trainguard` command: argument parsing and exit codes only."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from trainguard import __version__
+from trainguard.cli_read import add_read_commands
+from trainguard.cli_run import add_run_command
+from trainguard.errors import TrainguardError
+from trainguard.exitcodes import ExitCode
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trainguard",
+        description="Keeps distributed PyTorch training jobs alive: a torchrun-compatible "
+                    "launcher with auto restart, events and recovery records.")
+    p.add_argument("--version", action="version", version=f"trainguard {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    add_run_command(sub)
+    add_read_commands(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    ns = p.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if ns.verbose else logging.WARNING,
+                        format="[trainguard] %(levelname)s %(name)s: %(message)s")
+    if not hasattr(ns, "func"):
+        p.print_help(sys.stderr)
+        return int(ExitCode.USAGE)
+    try:
+        return int(ns.func(ns))
+    except TrainguardError as e:
+        print(f"trainguard: error: {e}", file=sys.stderr)
+        return int(ExitCode.USAGE)

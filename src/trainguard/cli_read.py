@@ -1,0 +1,361 @@
+"""The read commands: `trainguard events|recovery|status JOB_DIR [--json]`.
+
+They only read the job store, so they work while the job runs and after it ends.
+Exit codes: 0 done, 2 no readable job at JOB_DIR, 130 interrupted (`events --follow`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from trainguard.errors import StoreError
+from trainguard.records import (
+    Event,
+    Involved,
+    JobState,
+    RecoverRecord,
+    RunningRecord,
+    StartType,
+    iso,
+    utcnow,
+)
+from trainguard.store import JobStore, WorkerRow
+
+POLL_INTERVAL_S = 0.5
+EXIT_OK = 0
+EXIT_NO_JOB = 2
+EXIT_INTERRUPTED = 130
+
+_LEVEL_STYLES = {"Info": "cyan", "Warning": "yellow", "Error": "bold red"}
+_WORKER_STYLES = {
+    "starting": "cyan",
+    "running": "green",
+    "succeeded": "green",
+    "failed": "bold red",
+    "stopped": "yellow",
+}
+_Handler = Callable[[JobStore, argparse.Namespace], int]
+
+
+def add_read_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `events`, `recovery` and `status`; each sets `func(args) -> exit code`."""
+    events = _add(subparsers, "events", "show the job's events, oldest first", cmd_events)
+    events.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new events until the job has finished (Ctrl-C stops); "
+        "with --json, prints one JSON object per line (JSON Lines) instead of an array",
+    )
+    _add(subparsers, "recovery", "show running records, recover records and goodput", cmd_recovery)
+    _add(subparsers, "status", "show the job's state and its ranks", cmd_status)
+
+
+def _add(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help_text: str,
+    handler: Callable[[argparse.Namespace], int],
+) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(name, help=help_text, description=help_text + ".")
+    parser.add_argument(
+        "job_dir", metavar="JOB_DIR", help="the job dir printed by `trainguard run`"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=handler)
+    return parser
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    body = _follow_events if getattr(args, "follow", False) else _print_events
+    return _with_store("events", args, body)
+
+
+def cmd_recovery(args: argparse.Namespace) -> int:
+    return _with_store("recovery", args, _print_recovery)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    return _with_store("status", args, _print_status)
+
+
+def _with_store(command: str, args: argparse.Namespace, body: _Handler) -> int:
+    """Open the store read-only, run `body`; a StoreError becomes one line and exit code 2."""
+    try:
+        with JobStore.open(Path(args.job_dir)) as store:
+            return body(store, args)
+    except StoreError as e:
+        print(f"trainguard {command}: {e}", file=sys.stderr)
+        return EXIT_NO_JOB
+
+
+# -- events -------------------------------------------------------------------
+
+
+def _print_events(store: JobStore, args: argparse.Namespace) -> int:
+    events = [ev for _, ev in store.events()]
+    if args.json:
+        _print_json([ev.to_dict() for ev in events])
+        return EXIT_OK
+    table = Table(box=None, pad_edge=False)
+    for name in ("TIME", "LEVEL", "REASON", "INVOLVED"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("MESSAGE")
+    for ev in events:
+        table.add_row(
+            clock(ev.time),
+            Text(ev.level.value, style=_LEVEL_STYLES.get(ev.level.value, "")),
+            Text(ev.reason),
+            Text(involved_text(ev.involved)),
+            Text(ev.message),
+        )
+    _console().print(table)
+    return EXIT_OK
+
+
+def _follow_events(store: JobStore, args: argparse.Namespace) -> int:
+    """Print events as they come; stop once a poll after the job finished finds nothing new."""
+    console = _console()
+    last_id = 0
+    finished_before = False
+    try:
+        while True:
+            finished = job_finished(store.meta())
+            new = store.events(last_id)
+            for event_id, ev in new:
+                _emit_event_line(console, ev, as_json=args.json)
+                last_id = event_id
+            if finished_before and not new:
+                return EXIT_OK
+            finished_before = finished
+            time.sleep(POLL_INTERVAL_S)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _emit_event_line(console: Console, ev: Event, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
+        sys.stdout.flush()
+        return
+    line = Text.assemble(
+        (clock(ev.time), "dim"),
+        "  ",
+        (f"{ev.level.value:<7}", _LEVEL_STYLES.get(ev.level.value, "")),
+        "  ",
+        (ev.reason, "bold"),
+        "  ",
+        (involved_text(ev.involved), "dim"),
+        "  ",
+        ev.message,
+    )
+    console.print(line)
+
+
+def job_finished(meta: dict[str, Any]) -> bool:
+    """Whether the meta's state is one of JobState's finished states."""
+    try:
+        return JobState(meta.get("state")).finished
+    except ValueError:
+        return False
+
+
+# -- recovery -----------------------------------------------------------------
+
+
+def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
+    meta = store.meta()
+    records = store.running_records()
+    summary = summarize(records, meta)
+    if args.json:
+        _print_json(
+            {
+                "run_id": meta.get("run_id"),
+                "state": meta.get("state"),
+                "running_records": [r.to_dict() for r in records],
+                "summary": summary,
+            }
+        )
+        return EXIT_OK
+    console = _console()
+    console.print(Text(f"run {meta.get('run_id')} · {meta.get('state', 'unknown')}", "bold"))
+    for rec in records:
+        console.print(_attempt_line(rec))
+        for rr in rec.recover_records:
+            console.print(_recover_lines(rr))
+    console.print(Text(_summary_line(summary), "bold"))
+    return EXIT_OK
+
+
+def summarize(
+    records: list[RunningRecord], meta: dict[str, Any], now: datetime | None = None
+) -> dict[str, Any]:
+    """Attempts, restarts, incidents, downtime, steps lost and goodput of a job."""
+    incidents = [rr for rec in records for rr in rec.recover_records]
+    totals = [t for rr in incidents if (t := rr.durations()["total"]) is not None]
+    downtime = round(sum(totals), 3)
+    created = meta_time(meta.get("created_at"))
+    ended = meta_time(meta.get("ended_at")) or now or utcnow()
+    wall = None if created is None else (ended - created).total_seconds()
+    goodput = None if wall is None or wall <= 0 else round(max(0.0, 1 - downtime / wall), 4)
+    return {
+        "attempts": len(records),
+        "restarts": sum(1 for r in records if r.start_type is not StartType.FIRST_START),
+        "incidents": len(incidents),
+        "total_downtime_s": downtime,
+        "steps_lost": sum(rr.steps_lost or 0 for rr in incidents),
+        "goodput": goodput,
+    }
+
+
+def _attempt_line(rec: RunningRecord) -> Text:
+    end = "running" if rec.end_at is None else _wall(rec.end_at, since=rec.start_at)
+    ended = "" if rec.end_reason is None else f"  ended: {rec.end_reason}"
+    related = "" if rec.end_related_task is None else f" ({rec.end_related_task})"
+    head = f"attempt {rec.attempt}  {rec.start_type.value:<21}"
+    return Text(f"{head} {_wall(rec.start_at)} → {end}{ended}{related}")
+
+
+def _recover_lines(rr: RecoverRecord) -> Text:
+    """`↳ scenario · result · reason (related)` over the time split and steps lost."""
+    split = "  ".join(f"{phase} {_secs(v)}" for phase, v in rr.durations().items())
+    return Text.assemble(
+        "  ↳ ",
+        (f"{rr.fault_scenario.value} · {rr.recover_result.value}", "bold"),
+        f" · {rr.reason} (related: {rr.related_task})\n",
+        (f"    {split}  steps lost {_dash(rr.steps_lost)}", "dim"),
+    )
+
+
+def _summary_line(s: dict[str, Any]) -> str:
+    goodput = "unknown" if s["goodput"] is None else f"{s['goodput'] * 100:.1f}%"
+    return (
+        f"summary: {s['attempts']} attempts, {s['restarts']} restarts, "
+        f"{s['incidents']} incidents, downtime {s['total_downtime_s']:.3f}s, "
+        f"steps lost {s['steps_lost']}, goodput {goodput}"
+    )
+
+
+# -- status -------------------------------------------------------------------
+
+
+def _print_status(store: JobStore, args: argparse.Namespace) -> int:
+    meta = store.meta()
+    doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()))
+    if args.json:
+        _print_json(doc)
+        return EXIT_OK
+    console = _console()
+    restarts = f"{_dash(doc['restarts_used'])}/{_dash(doc['max_restarts'])}"
+    console.print(
+        Text(f"run {doc['run_id']} · {doc['state']} · attempt {_dash(doc['attempt'])}", "bold")
+        + Text(f" · restarts {restarts}")
+    )
+    progress = doc["last_progress"]
+    at = meta_time(progress["time"])
+    when = "never" if at is None else f"at {clock(at)}"
+    console.print(f"last progress: step {_dash(progress['step'])} {when}", highlight=False)
+    console.print(f"job dir: {doc['job_dir']}", highlight=False, markup=False)
+    console.print(_ranks_table(doc["ranks"]))
+    return EXIT_OK
+
+
+def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str) -> dict[str, Any]:
+    """The `status --json` document."""
+    return {
+        "run_id": meta.get("run_id"),
+        "state": meta.get("state"),
+        "attempt": meta.get("attempt"),
+        "restarts_used": meta.get("restarts_used"),
+        "max_restarts": meta.get("max_restarts"),
+        "last_progress": {
+            "step": meta.get("last_step"),
+            "time": iso(meta_time(meta.get("last_progress_at"))),
+        },
+        "ranks": [
+            {k: getattr(w, k) for k in _RANK_KEYS} for w in sorted(workers, key=lambda w: w.rank)
+        ],
+        "job_dir": meta.get("job_dir") or job_dir,
+    }
+
+
+_RANK_KEYS = ("rank", "local_rank", "node", "pid", "state", "exit_code", "signal", "start_count")
+
+
+def _ranks_table(ranks: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for key in _RANK_KEYS:
+        table.add_column(key.upper().replace("_", " "), no_wrap=True)
+    for r in ranks:
+        cells = [Text(_dash(r[k])) for k in _RANK_KEYS]
+        cells[_RANK_KEYS.index("state")].stylize(_WORKER_STYLES.get(r["state"], ""))
+        table.add_row(*cells)
+    return table
+
+
+# -- formatting ---------------------------------------------------------------
+
+
+def clock(t: datetime) -> str:
+    """Local wall-clock time HH:MM:SS.mmm."""
+    local = t.astimezone()
+    return local.strftime("%H:%M:%S.") + f"{local.microsecond // 1000:03d}"
+
+
+def involved_text(inv: Involved) -> str:
+    """`node n1 · rank 1 · attempt 0`; `job` when only the job is involved."""
+    parts = [
+        f"{name} {value}"
+        for name, value in (("node", inv.node), ("rank", inv.rank), ("attempt", inv.attempt))
+        if value is not None
+    ]
+    return " · ".join(parts) or "job"
+
+
+def meta_time(value: Any) -> datetime | None:
+    """A time kept in meta: an ISO 8601 string or epoch seconds."""
+    if isinstance(value, str):
+        try:
+            t = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, tz=timezone.utc)
+    return None
+
+
+def _wall(t: datetime, since: datetime | None = None) -> str:
+    """Local date and clock; the date is left out when it is that of `since`."""
+    day = t.astimezone().strftime("%Y-%m-%d ")
+    same_day = since is not None and since.astimezone().strftime("%Y-%m-%d ") == day
+    return clock(t) if same_day else day + clock(t)
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}s"
+
+
+def _dash(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def _print_json(doc: object) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+
+def _console() -> Console:
+    """Lines are not cut at the console width; tables fit a terminal, or 200 columns in a pipe."""
+    width = None if sys.stdout.isatty() else 200
+    return Console(highlight=False, soft_wrap=True, width=width)

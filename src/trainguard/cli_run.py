@@ -1,0 +1,220 @@
+"""`trainguard run`: torchrun's flags (dash and underscore forms) plus trainguard's HA flags.
+
+Only what the user typed reaches the spec (argparse.SUPPRESS defaults), so a job file
+and a scenario preset can fill the rest. The script's own arguments pass through untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainguard.errors import SpecError
+from trainguard.spec import PRESETS, JobSpec, build_spec
+
+S = argparse.SUPPRESS
+
+# flags torchrun has that name a mode this version does not run
+_RDZV_OK = {"static", "c10d"}
+
+
+def _flag(p: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, *short: str,
+          **kw: Any) -> None:
+    """Add `--a-b` with its torchrun alias `--a_b` (and short forms)."""
+    names = [*short, f"--{name}"]
+    if "-" in name:
+        names.append(f"--{name.replace('-', '_')}")
+    p.add_argument(*names, default=S, **kw)
+
+
+def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run", help="launch a training job that survives faults (torchrun-compatible)",
+        description="Launch TRAINING_SCRIPT on this node like torchrun, restarting it per the "
+                    "HA policy. Flags after the script belong to the script.")
+    t = p.add_argument_group("torchrun-compatible")
+    _flag(t, "nnodes", type=str, help="nodes, N or MIN:MAX (only 1 in this version)")
+    _flag(t, "nproc-per-node", type=str, help="workers per node: N, cpu, gpu or auto")
+    _flag(t, "node-rank", type=int, help="this node's rank (0)")
+    _flag(t, "master-addr", type=str, help="rank 0's address (127.0.0.1)")
+    _flag(t, "master-port", type=int, help="first attempt's port (default: a free one)")
+    _flag(t, "max-restarts", type=int, help="auto restart budget: 0 = off (default), 1-128")
+    _flag(t, "monitor-interval", type=float, help="seconds between worker polls (0.1)")
+    _flag(t, "run-id", type=str, help="job id (default: random); names the job dir")
+    _flag(t, "rdzv-id", type=str, help="same as --run-id")
+    _flag(t, "log-dir", type=str, help="where attempt logs go (default JOB_DIR/logs)")
+    _flag(t, "redirects", "-r", type=str, help="streams kept off the console: 0-3 or lr:N,...")
+    _flag(t, "tee", "-t", type=str, help="accepted for compatibility: logs always go to files")
+    _flag(t, "local-ranks-filter", type=str, help="ranks shown on the console, e.g. 0,2")
+    _flag(t, "rdzv-backend", type=str, help="static or c10d (others are not supported)")
+    _flag(t, "rdzv-endpoint", type=str, help="host:port, used as master addr/port")
+    _flag(t, "rdzv-conf", type=str, help="accepted and ignored (key=value,...)")
+    t.add_argument("--standalone", action="store_true", default=S,
+                   help="single-node job on localhost (the default)")
+    t.add_argument("-m", "--module", action="store_true", default=S,
+                   help="run the script as a Python module (python -m)")
+    t.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                   default=S, help="run the script as a program, not with python")
+    h = p.add_argument_group("trainguard")
+    h.add_argument("--config", type=Path, default=None, help="YAML job file")
+    _flag(h, "scenario", choices=sorted(PRESETS), help="HA preset from the scenario table")
+    _flag(h, "job-dir", type=str, help="job dir (default ./trainguard-runs/RUN_ID)")
+    _flag(h, "checkpoint-dir", type=str, help="checkpoint dir (default JOB_DIR/checkpoints)")
+    h.add_argument("--unconditional-restart", action="store_true", default=S,
+                   help="restart on any non-zero exit (at most 3 in a row)")
+    _flag(h, "restart-backoff", dest="restart_backoff_s", type=float,
+          help="first restart delay in s, doubled each consecutive failure (1)")
+    _flag(h, "restart-backoff-max", dest="restart_backoff_max_s", type=float,
+          help="backoff cap in s (60)")
+    _flag(h, "no-progress-limit", type=int,
+          help="give up (exit 86: do not requeue) after N attempts without progress (3)")
+    _flag(h, "grace-period", dest="grace_period_s", type=float,
+          help="SIGTERM -> SIGKILL delay when stopping workers (15)")
+    _flag(h, "step-pattern", type=str, help="regex with the step number as group 1")
+    p.add_argument("training_script", nargs="?", default=S, help="script, module or program")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER, default=S)
+    p.set_defaults(func=_run_command)
+
+
+def flags_to_spec_values(ns: argparse.Namespace) -> dict[str, Any]:
+    """Turn parsed flags into JobSpec fields; errors name the flag and the fix."""
+    v = {k: val for k, val in vars(ns).items() if k not in ("func", "config", "command", "verbose")}
+    out: dict[str, Any] = {}
+    if "training_script" in v:
+        out["entrypoint"] = v.pop("training_script")
+    if "training_script_args" in v:
+        out["args"] = list(v.pop("training_script_args"))
+    if "rdzv_id" in v:
+        out["run_id"] = v.pop("rdzv_id")
+    if "nnodes" in v:
+        out["nnodes"] = _nnodes(v.pop("nnodes"))
+    if "nproc_per_node" in v:
+        out["nproc_per_node"] = nproc(v.pop("nproc_per_node"))
+    if "redirects" in v:
+        out["redirects"] = parse_std_map(v.pop("redirects"), "--redirects")
+    if "local_ranks_filter" in v:
+        out["local_ranks_filter"] = _ranks(v.pop("local_ranks_filter"))
+    _rdzv(v, out)
+    for dropped in ("standalone", "tee", "rdzv_conf"):
+        v.pop(dropped, None)
+    out.update(v)
+    return out
+
+
+def _rdzv(v: dict[str, Any], out: dict[str, Any]) -> None:
+    backend = v.pop("rdzv_backend", None)
+    if backend is not None and backend not in _RDZV_OK:
+        raise SpecError("--rdzv-backend", f"{backend!r} is not supported yet",
+                        "drop it: trainguard runs its own rendezvous (a fresh store per attempt)")
+    endpoint = v.pop("rdzv_endpoint", None)
+    if endpoint:
+        host, _, port = endpoint.rpartition(":")
+        if not port.isdigit():
+            raise SpecError("--rdzv-endpoint", f"{endpoint!r} has no port", "use HOST:PORT")
+        out.setdefault("master_addr", host or "127.0.0.1")
+        out.setdefault("master_port", int(port))
+
+
+def _nnodes(s: str) -> int:
+    m = re.fullmatch(r"(\d+)(?::(\d+))?", s.strip())
+    if not m or (m.group(2) and m.group(1) != m.group(2)):
+        raise SpecError("--nnodes", f"{s!r} is not supported",
+                        "use a single number (elastic MIN:MAX ranges are not supported yet)")
+    return int(m.group(1))
+
+
+def nproc(s: str) -> int:
+    s = s.strip().lower()
+    if s.isdigit():
+        return int(s)
+    if s in ("cpu", "auto"):
+        return _visible_gpus() or (os.cpu_count() or 1) if s == "auto" else os.cpu_count() or 1
+    if s == "gpu":
+        n = _visible_gpus()
+        if not n:
+            raise SpecError("--nproc-per-node", "'gpu' but no GPU is visible",
+                            "give a number, or 'cpu'")
+        return n
+    raise SpecError("--nproc-per-node", f"{s!r} is not a number", "use N, cpu, gpu or auto")
+
+
+def _visible_gpus() -> int:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return len([d for d in env.split(",") if d.strip()])
+    return len(list(Path("/dev").glob("nvidia[0-9]*")))
+
+
+def parse_std_map(s: str, flag: str) -> dict[int, int]:
+    """torchrun's Std map: '3' for every local rank (key -1), or '0:1,1:2'."""
+    s = s.strip()
+    try:
+        if s.isdigit():
+            return {-1: _std(int(s), flag)}
+        return {int(k): _std(int(val), flag)
+                for k, val in (item.split(":") for item in s.split(","))}
+    except ValueError:
+        raise SpecError(flag, f"{s!r} is not a stream map",
+                        "use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or LR:N,LR:N") from None
+
+
+def _std(n: int, flag: str) -> int:
+    if not 0 <= n <= 3:
+        raise ValueError(flag)
+    return n
+
+
+def _ranks(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError("--local-ranks-filter", f"{s!r} is not a list of ranks",
+                        "use comma-separated ranks, e.g. 0,2") from None
+
+
+def load_job_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise SpecError("--config", f"cannot read {path} ({e.strerror})",
+                        "check the path") from None
+    except yaml.YAMLError as e:
+        raise SpecError("--config", f"{path} is not valid YAML ({e})",
+                        "fix the syntax at the position shown") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError("--config", f"{path} holds a {type(data).__name__}, not a mapping",
+                        "write one key per line, e.g. `nproc_per_node: 2`")
+    return {str(k).replace("-", "_"): val for k, val in data.items()}
+
+
+def spec_from_args(ns: argparse.Namespace) -> JobSpec:
+    job_file = load_job_file(ns.config) if ns.config is not None else None
+    source = f"job file {ns.config}" if ns.config is not None else "job file"
+    return build_spec(job_file, flags_to_spec_values(ns), source)
+
+
+def worker_argv(spec: JobSpec) -> list[str]:
+    if spec.no_python:
+        return [spec.entrypoint, *spec.args]
+    if spec.module:
+        return [sys.executable, "-u", "-m", spec.entrypoint, *spec.args]
+    if not Path(spec.entrypoint).is_file():
+        raise SpecError("training_script", f"{spec.entrypoint!r} is not a file",
+                        "check the path, or pass -m for a module / --no-python for a program")
+    return [sys.executable, "-u", spec.entrypoint, *spec.args]
+
+
+def _run_command(ns: argparse.Namespace) -> int:
+    from trainguard.launch import launch  # the launcher side loads only for `run`
+
+    spec = spec_from_args(ns)
+    return launch(spec, worker_argv(spec), marker=uuid.uuid4().hex)

@@ -1,0 +1,31 @@
+"""Errors trainguard raises, each message carrying the values involved and the fix.
+
+    TrainguardError
+    ├── SpecError        a flag, job file key or value is wrong (names the key and the fix)
+    ├── StoreError       the job store cannot be created, opened or read
+    └── LaunchError      workers could not be started (bad command, no free port...)
+"""
+
+from __future__ import annotations
+
+
+class TrainguardError(Exception):
+    """Base of every error trainguard raises on purpose."""
+
+
+class SpecError(TrainguardError):
+    """A job specification error: `key` is the flag or job-file key, `fix` what to do."""
+
+    def __init__(self, key: str, problem: str, fix: str) -> None:
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{key}: {problem}. Fix: {fix}")
+
+
+class StoreError(TrainguardError):
+    """The job store is missing, unreadable or of an unknown version."""
+
+
+class LaunchError(TrainguardError):
+    """Workers could not be started."""

@@ -1,0 +1,128 @@
+"""Running records (one per attempt) and recover records (one per incident), kept current.
+
+The controller tells the book what happened; the book fills in the platform's record
+shapes, the time split and the steps lost, and writes them to the store as they change.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from trainguard.diagnose import Diagnosis
+from trainguard.policy import Action, Decision
+from trainguard.protocol import Progress
+from trainguard.records import (
+    FaultScenario,
+    RecoverRecord,
+    RecoverResult,
+    RunningRecord,
+    StartType,
+    utcnow,
+)
+from trainguard.store import JobStore
+
+_CHIP_CATEGORIES = {"gpu_hardware", "npu_hardware_or_driver"}
+
+
+def fault_scenario(diag: Diagnosis) -> FaultScenario:
+    if diag.category in _CHIP_CATEGORIES:
+        return FaultScenario.CHIP_FAULT
+    if diag.isolate_node:
+        return FaultScenario.NODE_FAULT
+    if diag.from_log:
+        return FaultScenario.ERROR_IN_LOG
+    return FaultScenario.JOB_FAILED
+
+
+class IncidentBook:
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
+        self.current: RunningRecord | None = None
+        self._pending: tuple[RunningRecord, RecoverRecord] | None = None
+        self._max_step: int | None = None
+
+    def _save(self, rec: RunningRecord | None) -> None:
+        if rec is not None:
+            self._store.put_running(rec)
+
+    def attempt_started(self, attempt: int, start_type: StartType, port: int) -> None:
+        self.current = RunningRecord(attempt, utcnow(), start_type, master_port=port)
+        self._save(self.current)
+
+    def workers_started(self, at: datetime) -> None:
+        if self._pending is not None:
+            owner, inc = self._pending
+            inc.workers_started_at = at
+            self._save(owner)
+
+    def progress_seen(self, p: Progress) -> None:
+        rec = self.current
+        if rec is None:
+            return
+        changed = rec.first_step != p.first_step or rec.last_step != p.last_step
+        rec.first_step, rec.last_step = p.first_step, p.last_step
+        if self._pending is not None and p.first_step is not None and p.first_step_at:
+            owner, inc = self._pending
+            inc.first_progress_at = inc.recover_end_at = p.first_step_at
+            inc.resumed_step = p.first_step - 1  # the first step after restart is resumed + 1
+            if inc.last_step_before is not None:
+                inc.steps_lost = max(0, inc.last_step_before - inc.resumed_step)
+            inc.recover_result = RecoverResult.SUCCESS
+            self._pending = None
+            self._save(owner)
+        if changed:
+            self._save(rec)
+
+    def attempt_failed(self, attempt: int, diag: Diagnosis, decision: Decision,
+                       fault_at: datetime, detected: datetime, stopped: datetime,
+                       progress: Progress) -> None:
+        rec = self.current
+        if rec is None:
+            return
+        self.progress_seen(progress)
+        self._close_pending(RecoverResult.FAILED, detected)
+        if progress.last_step is not None:
+            self._max_step = max(progress.last_step, self._max_step or progress.last_step)
+        restart = decision.action == Action.RESTART
+        now = utcnow()
+        inc = RecoverRecord(
+            attempt=attempt, recover_start_at=detected, fault_scenario=fault_scenario(diag),
+            reason=diag.summary, related_task=_task(diag.culprit_rank),
+            recover="process_restart" if restart else "none",
+            recover_result=decision.result, recover_end_at=None if restart else now,
+            fault_at=fault_at, detected_at=detected, workers_stopped_at=stopped,
+            decided_at=now, backoff_s=decision.delay_s if restart else None,
+            last_step_before=progress.last_step if progress.last_step is not None
+            else self._max_step, category=diag.category)
+        rec.recover_records.append(inc)
+        rec.end_at, rec.end_reason = stopped, f"{diag.category}: {diag.summary}"
+        rec.end_related_task = _task(diag.culprit_rank)
+        rec.end_recover = inc.recover
+        self._pending = (rec, inc) if restart else None
+        self._save(rec)
+
+    def attempt_succeeded(self, attempt: int, progress: Progress) -> None:
+        self._end(progress, "succeeded", RecoverResult.SUCCESS)
+
+    def attempt_stopped(self, attempt: int, reason: str, progress: Progress) -> None:
+        self._end(progress, reason, RecoverResult.TERMINATED)
+
+    def _end(self, progress: Progress, reason: str, pending_result: RecoverResult) -> None:
+        if self.current is None:
+            return
+        self.progress_seen(progress)
+        self._close_pending(pending_result, utcnow())
+        self.current.end_at, self.current.end_reason = utcnow(), reason
+        self._save(self.current)
+
+    def _close_pending(self, result: RecoverResult, at: datetime) -> None:
+        if self._pending is None:
+            return
+        owner, inc = self._pending
+        inc.recover_result, inc.recover_end_at = result, at
+        self._pending = None
+        self._save(owner)
+
+
+def _task(rank: int | None) -> str:
+    return "job" if rank is None else f"worker-{rank}"

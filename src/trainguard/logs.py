@@ -1,0 +1,156 @@
+"""Per-attempt, per-rank logs: every line stamped with the wall-clock time it was read.
+
+One thread per node reads all workers' pipes (selectors), writes
+`LOG_DIR/attempt-N/rank-R.log` as `<ISO time> <out|err> <text>`, echoes `[rank R] text`
+to the console (unless redirected or filtered) and keeps a bounded tail per rank.
+Memory stays bounded however much a rank prints: reads are chunked, over-long lines are
+split, tails are fixed-size deques.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import selectors
+import threading
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, TextIO
+
+CHUNK = 64 * 1024
+MAX_LINE = 64 * 1024  # longer lines are split into pieces of this size
+TAIL_LINES = 200
+TAIL_LINE_CHARS = 4096
+
+ProgressCallback = Callable[[int, int, datetime], None]  # (rank, step, seen_at)
+
+
+def attempt_log_dir(log_dir: Path, attempt: int) -> Path:
+    return log_dir / f"attempt-{attempt}"
+
+
+def rank_log_path(log_dir: Path, attempt: int, rank: int) -> Path:
+    return attempt_log_dir(log_dir, attempt) / f"rank-{rank}.log"
+
+
+def parse_stamped(line: str) -> tuple[datetime | None, str, str]:
+    """Split a rank log line into (time read, stream, text); tolerant of foreign lines."""
+    parts = line.rstrip("\n").split(" ", 2)
+    if len(parts) == 3 and parts[1] in ("out", "err"):
+        try:
+            return datetime.fromisoformat(parts[0]), parts[1], parts[2]
+        except ValueError:
+            pass
+    return None, "", line.rstrip("\n")
+
+
+class _Stream:
+    __slots__ = ("console", "name", "partial", "rank", "sink", "tail")
+
+    def __init__(self, rank: int, name: str, sink: IO[str], tail: deque[str], console: bool):
+        self.rank, self.name, self.sink, self.tail, self.console = rank, name, sink, tail, console
+        self.partial = b""
+
+
+class LogRouter:
+    """Reads every worker pipe of one attempt until all reach end of file."""
+
+    def __init__(
+        self, console: TextIO, step_pattern: str, on_progress: ProgressCallback
+    ) -> None:
+        self._console = console
+        self._console_lock = threading.Lock()
+        self._step = re.compile(step_pattern)
+        self._on_progress = on_progress
+        self._sel = selectors.DefaultSelector()
+        self._tails: dict[int, deque[str]] = {}
+        self._files: list[IO[str]] = []
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def add(self, rank: int, path: Path, stdout: IO[bytes], stderr: IO[bytes],
+            console_streams: tuple[bool, bool]) -> None:
+        """Route one worker's pipes; call before start()."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sink = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 - closed in _close
+        self._files.append(sink)
+        tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._tails[rank] = tail
+        for pipe, name, echo in ((stdout, "out", console_streams[0]),
+                                 (stderr, "err", console_streams[1])):
+            os.set_blocking(pipe.fileno(), False)
+            self._sel.register(pipe, selectors.EVENT_READ, _Stream(rank, name, sink, tail, echo))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="trainguard-logs", daemon=True)
+        self._thread.start()
+
+    def tail(self, rank: int) -> list[str]:
+        with self._lock:
+            return list(self._tails.get(rank, ()))
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until every pipe reached end of file (all workers and their children exited)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while self._sel.get_map():
+                for key, _ in self._sel.select(timeout=0.5):
+                    self._read(key)
+        finally:
+            self._close()
+
+    def _read(self, key: selectors.SelectorKey) -> None:
+        stream: _Stream = key.data
+        pipe: IO[bytes] = key.fileobj  # type: ignore[assignment]
+        try:
+            data = os.read(pipe.fileno(), CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._sel.unregister(pipe)
+            pipe.close()
+            if stream.partial:
+                self._emit(stream, [stream.partial])
+                stream.partial = b""
+            stream.sink.flush()
+            return
+        lines = (stream.partial + data).split(b"\n")
+        stream.partial = lines.pop()
+        while len(stream.partial) > MAX_LINE:
+            lines.append(stream.partial[:MAX_LINE])
+            stream.partial = stream.partial[MAX_LINE:]
+        if lines:
+            self._emit(stream, lines)
+
+    def _emit(self, stream: _Stream, raw: list[bytes]) -> None:
+        now = datetime.now(timezone.utc)
+        stamp = now.isoformat(timespec="microseconds")
+        texts = [b.decode("utf-8", "replace").rstrip("\r") for b in raw]
+        stream.sink.write("".join(f"{stamp} {stream.name} {t}\n" for t in texts))
+        with self._lock:
+            stream.tail.extend(t[:TAIL_LINE_CHARS] for t in texts)
+        if stream.console:
+            prefix = f"[rank {stream.rank}] "
+            with self._console_lock, contextlib.suppress(OSError, ValueError):
+                self._console.write("".join(prefix + t + "\n" for t in texts))
+                self._console.flush()
+        steps = [int(m.group(1)) for t in texts
+                 if (m := self._step.search(t)) is not None and m.group(1).isdigit()]
+        if steps:
+            self._on_progress(stream.rank, steps[0], now)
+            if len(steps) > 1:
+                self._on_progress(stream.rank, steps[-1], now)
+
+    def _close(self) -> None:
+        for f in self._files:
+            with contextlib.suppress(OSError):
+                f.close()
+        self._sel.close()

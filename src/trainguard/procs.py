@@ -1,0 +1,158 @@
+"""Worker processes: spawn each in its own session, stop them all with one deadline, reap.
+
+Stopping: SIGTERM to every process group, one shared grace period, SIGKILL to the groups
+still alive, then reap (the launcher is a child subreaper, so grandchildren orphaned by a
+dead worker come back to it and are reaped too). If the launcher itself dies, even by
+SIGKILL, the guardian (trainguard.guardian, a tiny process in its own session) sees its
+pipe close and kills every group it was told about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+
+log = logging.getLogger(__name__)
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+class Guardian:
+    """Kills registered process groups when this process dies, however it dies."""
+
+    def __init__(self, marker: str) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "trainguard.guardian", marker],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
+        )
+
+    def _send(self, line: str) -> None:
+        stdin = self._proc.stdin
+        if stdin is None:
+            return
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            stdin.write(f"{line}\n".encode())
+            stdin.flush()
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"+{pgid}")
+
+    def forget(self, pgid: int) -> None:
+        self._send(f"-{pgid}")
+
+    def close(self) -> None:
+        """Normal shutdown: tell the guardian everything is reaped and let it exit."""
+        self._send("exit")
+        if self._proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def spawn(argv: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen[bytes]:
+    """Start one worker in a new session with its stdout/stderr on pipes."""
+    return subprocess.Popen(
+        argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, close_fds=True,
+    )
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to a process group; False when the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.warning("no permission to signal process group %s", pgid)
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def reap(known: dict[int, subprocess.Popen[bytes]], idtype: int = os.P_ALL, id_: int = 0) -> None:
+    """Reap exited children (of one group, or all): ours via Popen, orphans directly.
+
+    Peeks with WNOWAIT first so a worker's exit status always reaches its Popen.
+    """
+    while True:
+        try:
+            info = os.waitid(idtype, id_, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        proc = known.get(info.si_pid)
+        if proc is not None:
+            proc.poll()
+        else:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
+
+
+def stop_groups(
+    procs: Iterable[subprocess.Popen[bytes]], grace_s: float, poll_s: float = 0.05
+) -> None:
+    """SIGTERM every group, wait up to one shared grace period, SIGKILL the rest, reap."""
+    procs = list(procs)
+    known = {p.pid: p for p in procs}
+    pgids = list(known)  # each worker leads its own session and group
+    for pgid in pgids:
+        signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        for pgid in pgids:
+            reap(known, os.P_PGID, pgid)
+        if not any(group_alive(g) for g in pgids):
+            break
+        time.sleep(poll_s)
+    for pgid in pgids:
+        if group_alive(pgid):
+            log.info("process group %s outlived the grace period; sending SIGKILL", pgid)
+            signal_group(pgid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+    _wait_groups_gone(known, pgids)
+
+
+def _wait_groups_gone(
+    known: dict[int, subprocess.Popen[bytes]], pgids: list[int], timeout_s: float = 5.0
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pgid in pgids:
+            reap(known, os.P_PGID, pgid)
+        if not any(group_alive(g) for g in pgids):
+            return
+        time.sleep(0.02)
+    log.warning("process groups %s still have members after SIGKILL", pgids)

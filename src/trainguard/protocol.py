@@ -1,0 +1,97 @@
+"""The controller <-> node agent protocol: commands down, facts up.
+
+Plain pydantic models so the same messages travel in-process today and as JSON over
+the network between nodes later (`model_dump_json` / `model_validate_json`). Pure data.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkerState(str, Enum):
+    """Lifecycle of one worker process: STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # exited 0
+    FAILED = "failed"  # exited non-zero or died of a signal on its own
+    STOPPED = "stopped"  # ended because the agent stopped it
+
+    @property
+    def ended(self) -> bool:
+        return self in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED)
+
+
+class WorkerAssignment(_Msg):
+    rank: int
+    local_rank: int
+    start_count: int = Field(
+        description="how many times this rank's process has been started, this one included")
+    schedule_count: int = Field(description="how many times this rank has been placed on a node")
+
+
+class StartWorkers(_Msg):
+    """Start one attempt's workers on a node, with torchrun's environment."""
+
+    run_id: str
+    attempt: int
+    argv: list[str]
+    env: dict[str, str] = Field(description="job-wide variables; the agent adds the per-rank ones")
+    workers: list[WorkerAssignment]
+    world_size: int
+    group_rank: int
+    group_world_size: int
+    master_addr: str
+    master_port: int
+    max_restarts: int
+    log_dir: str
+    job_dir: str
+    checkpoint_dir: str
+    cwd: str | None = None
+
+
+class StopWorkers(_Msg):
+    grace_s: float
+    reason: str
+
+
+class WorkerFact(_Msg):
+    rank: int
+    local_rank: int
+    pid: int | None
+    state: WorkerState
+    returncode: int | None = Field(None, description="as Popen: negative = killed by that signal")
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    start_count: int = 1
+    log_tail: list[str] = Field(default_factory=list, description="last lines, only once ended")
+    error_file: dict[str, object] | None = Field(None, description="torch @record error file")
+
+    @property
+    def signal_number(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+class Progress(_Msg):
+    """Training steps seen on a node in the current attempt."""
+
+    first_step: int | None = None
+    first_step_at: datetime | None = None
+    last_step: int | None = None
+    last_step_at: datetime | None = None
+
+
+class NodeReport(_Msg):
+    node: str
+    attempt: int | None
+    workers: list[WorkerFact]
+    progress: Progress
+    at: datetime

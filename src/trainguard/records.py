@@ -1,0 +1,268 @@
+"""What the job store holds: events, running records and recover records.
+
+Shapes follow ARCHITECTURE.md (Vocabulary): Kubernetes-style events, and the managed
+platform's running/recover records extended with the time split of each incident.
+Pure data: no I/O here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+
+class Level(str, Enum):
+    INFO = "Info"
+    WARNING = "Warning"
+    ERROR = "Error"
+
+
+class Reason(str, Enum):
+    """Stable event reasons (CamelCase, as Kubernetes events)."""
+
+    JOB_CREATED = "JobCreated"
+    JOB_RUNNING = "JobRunning"
+    WORKER_FAILED = "WorkerFailed"
+    FAILURE_DIAGNOSED = "FailureDiagnosed"
+    RESTART_SCHEDULED = "RestartScheduled"
+    WORKERS_RESTARTED = "WorkersRestarted"
+    RESTART_LIMIT_REACHED = "RestartLimitReached"
+    NO_PROGRESS = "NoProgress"
+    JOB_SUCCEEDED = "JobSucceeded"
+    JOB_FAILED = "JobFailed"
+    JOB_STOPPED = "JobStopped"
+    WORKERS_STOPPED = "WorkersStopped"
+
+
+class JobState(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+
+
+class FaultScenario(str, Enum):
+    CHIP_FAULT = "chip_fault"
+    NODE_FAULT = "node_fault"
+    JOB_FAILED = "job_failed"
+    JOB_HANGED = "job_hanged"
+    JOB_SUBHEALTH = "job_subhealth"
+    ERROR_IN_LOG = "error_in_log"
+
+
+class RecoverResult(str, Enum):
+    RECOVERING = "recovering"
+    SUCCESS = "success"
+    FAILED = "failed"
+    DOWNGRADE = "downgrade"
+    TERMINATED = "terminated"
+    QUOTA_EXCEEDED = "quotaExceeded"
+
+
+class StartType(str, Enum):
+    FIRST_START = "first_start"
+    AUTO_RESTART = "auto_restart"
+    UNCONDITIONAL_RESTART = "unconditional_restart"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso(t: datetime | None) -> str | None:
+    """ISO 8601 with time zone, or None."""
+    return None if t is None else t.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def from_iso(s: str | None) -> datetime | None:
+    return None if s is None else datetime.fromisoformat(s)
+
+
+@dataclass(frozen=True)
+class Involved:
+    """What an event is about (job, node, rank, attempt); None where it does not apply."""
+
+    job: str
+    node: str | None = None
+    rank: int | None = None
+    attempt: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Involved:
+        return cls(job=d["job"], node=d.get("node"), rank=d.get("rank"), attempt=d.get("attempt"))
+
+
+@dataclass(frozen=True)
+class Event:
+    time: datetime
+    level: Level
+    reason: str
+    message: str
+    involved: Involved
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": iso(self.time),
+            "level": self.level.value,
+            "reason": self.reason,
+            "message": self.message,
+            "involved": self.involved.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Event:
+        """Inverse of to_dict."""
+        return cls(
+            time=_required_time(d["time"]),
+            level=Level(d["level"]),
+            reason=d["reason"],
+            message=d["message"],
+            involved=Involved.from_dict(d["involved"]),
+        )
+
+
+@dataclass
+class RecoverRecord:
+    """One incident: from the fault to the first progress after recovery."""
+
+    attempt: int  # the attempt whose failure started this incident
+    recover_start_at: datetime
+    fault_scenario: FaultScenario
+    reason: str
+    related_task: str
+    recover: str = "process_restart"
+    recover_result: RecoverResult = RecoverResult.RECOVERING
+    recover_end_at: datetime | None = None
+    # time split: fault -> detected -> workers stopped -> decided -> (backoff) -> workers
+    # started -> first progress. Deciding waits for the stop so every rank's facts are in.
+    fault_at: datetime | None = None
+    detected_at: datetime | None = None
+    workers_stopped_at: datetime | None = None
+    decided_at: datetime | None = None
+    backoff_s: float | None = None
+    workers_started_at: datetime | None = None
+    first_progress_at: datetime | None = None
+    last_step_before: int | None = None
+    resumed_step: int | None = None
+    steps_lost: int | None = None
+    category: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, datetime):
+                v = iso(v)
+            elif isinstance(v, Enum):
+                v = v.value
+            out[f.name] = v
+        out["durations_s"] = self.durations()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RecoverRecord:
+        """Inverse of to_dict; derived keys (durations_s) and unknown keys are ignored."""
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name in d:
+                kwargs[f.name] = d[f.name]
+        for name in _RECOVER_TIMES:
+            if name in kwargs:
+                kwargs[name] = from_iso(kwargs[name])
+        kwargs["recover_start_at"] = _required_time(d["recover_start_at"])
+        kwargs["fault_scenario"] = FaultScenario(d["fault_scenario"])
+        if "recover_result" in kwargs:
+            kwargs["recover_result"] = RecoverResult(kwargs["recover_result"])
+        return cls(**kwargs)
+
+    def durations(self) -> dict[str, float | None]:
+        def span(a: datetime | None, b: datetime | None) -> float | None:
+            return None if a is None or b is None else round((b - a).total_seconds(), 3)
+
+        return {
+            "detect": span(self.fault_at, self.detected_at),
+            "stop": span(self.detected_at, self.workers_stopped_at),
+            "decide": span(self.workers_stopped_at, self.decided_at),
+            "start": span(self.decided_at, self.workers_started_at),
+            "resume": span(self.workers_started_at, self.first_progress_at),
+            "total": span(self.fault_at or self.recover_start_at, self.first_progress_at),
+        }
+
+
+@dataclass
+class RunningRecord:
+    """One attempt: how it started, how it ended and what recovery followed."""
+
+    attempt: int
+    start_at: datetime
+    start_type: StartType
+    end_at: datetime | None = None
+    end_reason: str | None = None
+    end_related_task: str | None = None
+    end_recover: str | None = None
+    master_port: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    recover_records: list[RecoverRecord] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "start_at": iso(self.start_at),
+            "end_at": iso(self.end_at),
+            "start_type": self.start_type.value,
+            "end_reason": self.end_reason,
+            "end_related_task": self.end_related_task,
+            "end_recover": self.end_recover,
+            "master_port": self.master_port,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "recover_records": [r.to_dict() for r in self.recover_records],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunningRecord:
+        """Inverse of to_dict."""
+        return cls(
+            attempt=d["attempt"],
+            start_at=_required_time(d["start_at"]),
+            start_type=StartType(d["start_type"]),
+            end_at=from_iso(d.get("end_at")),
+            end_reason=d.get("end_reason"),
+            end_related_task=d.get("end_related_task"),
+            end_recover=d.get("end_recover"),
+            master_port=d.get("master_port"),
+            first_step=d.get("first_step"),
+            last_step=d.get("last_step"),
+            recover_records=[RecoverRecord.from_dict(r) for r in d.get("recover_records", [])],
+        )
+
+
+_RECOVER_TIMES = (
+    "recover_end_at",
+    "fault_at",
+    "detected_at",
+    "decided_at",
+    "workers_stopped_at",
+    "workers_started_at",
+    "first_progress_at",
+)
+
+
+def _required_time(s: str) -> datetime:
+    t = from_iso(s)
+    if t is None:
+        raise ValueError("a required time is missing")
+    return t

@@ -1,0 +1,177 @@
+"""JobSpec: everything a job needs, from flags, a YAML job file and a scenario preset.
+
+Precedence, lowest first: built-in defaults < `--scenario` preset < job file < flags.
+Pure: parsing and validation only (reading the job file is the caller's job).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainguard.errors import SpecError
+
+Scenario = Literal["single-node", "multi-node", "llm"]
+
+# Defaults each scenario of the seed table turns on (docs/scenarios.md says why).
+PRESETS: dict[str, dict[str, Any]] = {
+    "single-node": {"max_restarts": 3, "unconditional_restart": False,
+                    "restart_backoff_s": 1.0, "restart_backoff_max_s": 30.0,
+                    "no_progress_limit": 3},
+    "multi-node": {"max_restarts": 10, "unconditional_restart": True,
+                   "restart_backoff_s": 2.0, "restart_backoff_max_s": 120.0,
+                   "no_progress_limit": 3},
+    "llm": {"max_restarts": 100, "unconditional_restart": True,
+            "restart_backoff_s": 5.0, "restart_backoff_max_s": 300.0,
+            "no_progress_limit": 5},
+}
+
+# A line that *starts* with "step N" / "iteration N" / "global_step=N" (after optional
+# bracketed prefixes such as "[rank0]:" or "[2026-01-01 10:00:00]"): nanoGPT, Megatron,
+# torchtitan and most hand-written loops. "resumed from step 20" is not progress.
+DEFAULT_STEP_PATTERN = (
+    r"(?i)^\s*(?:\[[^\]]*\]:?\s*)*(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*\[?\s*(\d+)"
+)
+
+
+class JobSpec(BaseModel):
+    """One training job. Every field can be a flag (dashes) or a job-file key (underscores)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    entrypoint: str = Field(description="training script, module (-m) or program (--no-python)")
+    args: list[str] = Field(default_factory=list, description="the script's own arguments")
+    module: bool = Field(False, description="run entrypoint as a Python module (python -m)")
+    no_python: bool = Field(False, description="run entrypoint as a program, not with python")
+    nnodes: int = Field(1, description="number of nodes (only 1 in this version)")
+    nproc_per_node: int = Field(1, ge=1, le=1024, description="worker processes per node")
+    node_rank: int = Field(0, ge=0, description="this node's rank")
+    master_addr: str = Field("127.0.0.1", description="address of rank 0's store")
+    master_port: int | None = Field(None, ge=1, le=65535,
+                                    description="first attempt's port; restarts take a fresh one")
+    run_id: str = Field(default_factory=lambda: "tg-" + secrets.token_hex(4))
+    job_dir: str | None = Field(None, description="default ./trainguard-runs/<run_id>")
+    log_dir: str | None = Field(None, description="default JOB_DIR/logs")
+    checkpoint_dir: str | None = Field(None, description="default JOB_DIR/checkpoints")
+    redirects: dict[int, int] = Field(default_factory=dict,
+                                      description="local rank -> streams kept off the console")
+    local_ranks_filter: list[int] | None = Field(None, description="ranks shown on the console")
+    monitor_interval: float = Field(0.1, gt=0, le=60, description="seconds between polls")
+    scenario: Scenario | None = None
+    max_restarts: int = Field(0, ge=0, le=128, description="0 = auto restart off; 1-128")
+    unconditional_restart: bool = Field(False, description="restart on any non-zero exit")
+    unconditional_max_consecutive: int = Field(3, ge=1, le=3)
+    restart_backoff_s: float = Field(1.0, ge=0, le=3600)
+    restart_backoff_max_s: float = Field(60.0, ge=0, le=86400)
+    no_progress_limit: int = Field(3, ge=1, le=128,
+                                   description="give up after this many attempts without progress")
+    grace_period_s: float = Field(15.0, ge=0, le=3600,
+                                  description="SIGTERM -> SIGKILL delay when stopping workers")
+    step_pattern: str = Field(DEFAULT_STEP_PATTERN,
+                              description="regex whose first group is the step in a log line")
+
+    @field_validator("step_pattern")
+    @classmethod
+    def _pattern_compiles(cls, v: str) -> str:
+        try:
+            compiled = re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression ({e})") from e
+        if compiled.groups < 1:
+            raise ValueError("needs one capture group around the step number, e.g. 'step (\\d+)'")
+        return v
+
+    @field_validator("nnodes")
+    @classmethod
+    def _one_node(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("multi-node runs are not supported yet in this version; use 1")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.module and self.no_python:
+            raise ValueError("module and no_python cannot both be set")
+        if self.restart_backoff_max_s < self.restart_backoff_s:
+            raise ValueError("restart_backoff_max_s must be >= restart_backoff_s")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def restart_policy(self) -> RestartPolicy:
+        return RestartPolicy(
+            max_restarts=self.max_restarts,
+            unconditional=self.unconditional_restart,
+            unconditional_max_consecutive=self.unconditional_max_consecutive,
+            backoff_s=self.restart_backoff_s,
+            backoff_max_s=self.restart_backoff_max_s,
+            no_progress_limit=self.no_progress_limit,
+        )
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """The knobs of policy.decide."""
+
+    max_restarts: int = 0
+    unconditional: bool = False
+    unconditional_max_consecutive: int = 3
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+    no_progress_limit: int = 3
+
+
+FIELDS = tuple(JobSpec.model_fields)
+
+
+def build_spec(
+    job_file: dict[str, Any] | None, flags: dict[str, Any], source: str = "job file"
+) -> JobSpec:
+    """Merge preset < job file < flags and validate; errors name the key and the fix."""
+    job_file = dict(job_file or {})
+    _check_keys(job_file, source)
+    scenario = flags.get("scenario", job_file.get("scenario"))
+    merged: dict[str, Any] = {}
+    if scenario is not None:
+        if scenario not in PRESETS:
+            raise SpecError("scenario", f"unknown scenario {scenario!r}",
+                            f"use one of {', '.join(PRESETS)}")
+        merged.update(PRESETS[scenario])
+    merged.update(job_file)
+    merged.update(flags)
+    try:
+        return JobSpec(**merged)
+    except ValidationError as e:
+        raise _spec_error(e, source) from None
+
+
+def _check_keys(job_file: dict[str, Any], source: str) -> None:
+    for key in job_file:
+        if key not in FIELDS:
+            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            fix = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(FIELDS)}"
+            raise SpecError(f"{source}: {key}", "unknown key", fix)
+
+
+def _spec_error(e: ValidationError, source: str) -> SpecError:
+    err = e.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "job"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return SpecError(key, "is required", "give the training script after the flags")
+    field = JobSpec.model_fields.get(key)
+    hint = (field.description if field is not None and field.description
+            else "see `trainguard run --help`")
+    flag = "--" + key.replace("_", "-")
+    return SpecError(key, f"{msg} (got {err.get('input')!r})",
+                     f"set {flag} / '{key}' in the {source}: {hint}")

@@ -1,0 +1,353 @@
+"""The job store: one SQLite file per job (JOB_DIR/trainguard.db) in WAL mode.
+
+One writer (the launcher's controller) records meta, events, running records and worker
+rows as things happen; any number of readers (`trainguard events|recovery|status`) read
+it while the job runs and after it ends. Every method is one short transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeAlias
+
+from trainguard.errors import StoreError
+from trainguard.records import Event, Involved, Level, RunningRecord, from_iso
+
+DB_NAME = "trainguard.db"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 5.0
+
+MetaValue: TypeAlias = str | int | float | bool | list[str] | None
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time TEXT NOT NULL, level TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL,
+    job TEXT NOT NULL, node TEXT, rank INTEGER, attempt INTEGER
+    )""",
+    "CREATE TABLE IF NOT EXISTS running_records (attempt INTEGER PRIMARY KEY, data TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS workers (
+    attempt INTEGER NOT NULL, rank INTEGER NOT NULL, local_rank INTEGER NOT NULL,
+    node TEXT NOT NULL, pid INTEGER, state TEXT NOT NULL, exit_code INTEGER, signal TEXT,
+    started_at TEXT, ended_at TEXT, start_count INTEGER NOT NULL,
+    PRIMARY KEY (attempt, rank)
+    )""",
+)
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """One worker process of one attempt, as the controller last saw it."""
+
+    attempt: int
+    rank: int
+    local_rank: int
+    node: str
+    pid: int | None
+    state: str  # starting | running | succeeded | failed | stopped
+    exit_code: int | None = None
+    signal: str | None = None  # e.g. "SIGKILL" when a signal ended it
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    start_count: int = 1
+
+
+_WORKER_COLUMNS = tuple(f.name for f in dataclasses.fields(WorkerRow))
+
+
+def db_path(job_dir: Path) -> Path:
+    """The store file of a job dir."""
+    return Path(job_dir) / DB_NAME
+
+
+class JobStore:
+    """A connection to one job's store; build it with `create` (writer) or `open` (reader)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool) -> None:
+        self._conn = conn
+        self._lock = threading.RLock()
+        self.path = path
+        self.readonly = readonly
+
+    @property
+    def job_dir(self) -> Path:
+        return self.path.parent
+
+    # -- opening ----------------------------------------------------------------
+
+    @classmethod
+    def create(cls, job_dir: Path, run_id: str) -> JobStore:
+        """Open JOB_DIR's store for writing, making it if absent; refuse another run's store."""
+        path = db_path(job_dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot create the job store {path}: {e}") from e
+        store = cls(conn, path, readonly=False)
+        try:
+            store._init_writer(run_id)
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    @classmethod
+    def open(cls, job_dir: Path) -> JobStore:
+        """Open a job's store read-only; `job_dir` may also be the db file itself."""
+        job_dir = Path(job_dir)
+        path = job_dir if job_dir.is_file() else db_path(job_dir)
+        if not path.is_file():
+            raise StoreError(
+                f"no trainguard job at {job_dir} (expected {db_path(job_dir)}); "
+                "pass the job dir printed by `trainguard run`"
+            )
+        conn = _connect_readonly(path)
+        store = cls(conn, path, readonly=True)
+        try:
+            if store._check_version() == 0:
+                raise StoreError(f"{path} is empty: the job is still being created; try again")
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    def _init_writer(self, run_id: str) -> None:
+        with self._errors("open"):
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+        with self._tx("create"):
+            if self._check_version() == 0:
+                for statement in _SCHEMA:
+                    self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            existing = self.meta().get("run_id")
+            if existing is None:
+                self._write_meta({"run_id": run_id})
+        if existing is not None and existing != run_id:
+            raise StoreError(
+                f"{self.job_dir} already holds the store of run {existing!r}, not {run_id!r}; "
+                "use another --job-dir or --run-id"
+            )
+
+    def _check_version(self) -> int:
+        with self._errors("read"):
+            version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has store schema version {version}, newer than this trainguard "
+                f"understands ({SCHEMA_VERSION}); read it with a newer trainguard"
+            )
+        return version
+
+    # -- meta -------------------------------------------------------------------
+
+    def set_meta(self, **values: MetaValue) -> None:
+        """Set meta keys (JSON-encoded); a value of None is stored as null."""
+        with self._tx("write meta to"):
+            self._write_meta(values)
+
+    def _write_meta(self, values: dict[str, MetaValue]) -> None:
+        self._conn.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [(k, json.dumps(v)) for k, v in values.items()],
+        )
+
+    def meta(self) -> dict[str, Any]:
+        with self._errors("read meta from"):
+            rows = self._conn.execute("SELECT key, value FROM meta").fetchall()
+        return {k: json.loads(v) for k, v in rows}
+
+    # -- events -----------------------------------------------------------------
+
+    def add_event(self, ev: Event) -> int:
+        """Append an event; returns its id (ids only grow)."""
+        inv = ev.involved
+        with self._tx("add an event to"):
+            cur = self._conn.execute(
+                "INSERT INTO events (time, level, reason, message, job, node, rank, attempt) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    ev.time.isoformat(),
+                    ev.level.value,
+                    ev.reason,
+                    ev.message,
+                    inv.job,
+                    inv.node,
+                    inv.rank,
+                    inv.attempt,
+                ),
+            )
+        return int(cur.lastrowid or 0)
+
+    def events(self, after_id: int = 0) -> list[tuple[int, Event]]:
+        """Events with an id above `after_id`, oldest first."""
+        with self._errors("read events from"):
+            rows = self._conn.execute(
+                "SELECT id, time, level, reason, message, job, node, rank, attempt "
+                "FROM events WHERE id > ? ORDER BY id",
+                (after_id,),
+            ).fetchall()
+        return [(row[0], _event_from_row(row[1:])) for row in rows]
+
+    # -- running records --------------------------------------------------------
+
+    def put_running(self, rec: RunningRecord) -> None:
+        """Insert or replace the running record of `rec.attempt`, recover records included."""
+        data = json.dumps(_running_to_json(rec))
+        with self._tx("write a running record to"):
+            self._conn.execute(
+                "INSERT INTO running_records (attempt, data) VALUES (?, ?) "
+                "ON CONFLICT(attempt) DO UPDATE SET data = excluded.data",
+                (rec.attempt, data),
+            )
+
+    def running_records(self) -> list[RunningRecord]:
+        """All running records, by attempt."""
+        with self._errors("read running records from"):
+            rows = self._conn.execute(
+                "SELECT data FROM running_records ORDER BY attempt"
+            ).fetchall()
+        return [RunningRecord.from_dict(json.loads(r[0])) for r in rows]
+
+    # -- workers ----------------------------------------------------------------
+
+    def put_workers(self, attempt: int, workers: list[WorkerRow]) -> None:
+        """Replace the worker rows of `attempt`."""
+        bad = [w.rank for w in workers if w.attempt != attempt]
+        if bad:
+            raise ValueError(f"put_workers({attempt}): rows of ranks {bad} have another attempt")
+        rows = [_worker_to_row(w) for w in workers]
+        marks = ", ".join("?" * len(_WORKER_COLUMNS))
+        with self._tx("write workers to"):
+            self._conn.execute("DELETE FROM workers WHERE attempt = ?", (attempt,))
+            self._conn.executemany(
+                f"INSERT INTO workers ({', '.join(_WORKER_COLUMNS)}) VALUES ({marks})", rows
+            )
+
+    def workers(self, attempt: int | None = None) -> list[WorkerRow]:
+        """Worker rows of `attempt` (the latest attempt with rows when None), by rank."""
+        where = "(SELECT MAX(attempt) FROM workers)" if attempt is None else "?"
+        params: tuple[int, ...] = () if attempt is None else (attempt,)
+        with self._errors("read workers from"):
+            rows = self._conn.execute(
+                f"SELECT {', '.join(_WORKER_COLUMNS)} FROM workers "
+                f"WHERE attempt = {where} ORDER BY rank",
+                params,
+            ).fetchall()
+        return [_worker_from_row(r) for r in rows]
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> JobStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        """Hold the connection and turn sqlite errors into StoreError naming the file."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot {action} the job store {self.path}: {e}") from e
+
+    @contextmanager
+    def _tx(self, action: str) -> Iterator[None]:
+        """One short write transaction."""
+        if self.readonly:
+            raise StoreError(f"cannot {action} {self.path}: it was opened read-only")
+        with self._errors(action):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+
+def _connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection; immutable when nobody can write the dir (an archived job)."""
+    query = "mode=ro" if os.access(path.parent, os.W_OK) else "mode=ro&immutable=1"
+    try:
+        conn = sqlite3.connect(
+            f"{path.resolve().as_uri()}?{query}",
+            uri=True,
+            timeout=BUSY_TIMEOUT_S,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot read the job store {path}: {e}") from e
+    return conn
+
+
+def _event_from_row(row: tuple[Any, ...]) -> Event:
+    time, level, reason, message, job, node, rank, attempt = row
+    return Event(
+        time=datetime.fromisoformat(time),
+        level=Level(level),
+        reason=reason,
+        message=message,
+        involved=Involved(job=job, node=node, rank=rank, attempt=attempt),
+    )
+
+
+def _precise_times(obj: Any, d: dict[str, Any]) -> dict[str, Any]:
+    """Replace the millisecond times of to_dict() by full-precision ones (exact round trip)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, datetime):
+            d[f.name] = value.isoformat()
+    return d
+
+
+def _running_to_json(rec: RunningRecord) -> dict[str, Any]:
+    d = _precise_times(rec, rec.to_dict())
+    d["recover_records"] = [_precise_times(r, r.to_dict()) for r in rec.recover_records]
+    return d
+
+
+def _worker_to_row(w: WorkerRow) -> tuple[Any, ...]:
+    return tuple(
+        v.isoformat() if isinstance(v, datetime) else v
+        for v in (getattr(w, name) for name in _WORKER_COLUMNS)
+    )
+
+
+def _worker_from_row(row: tuple[Any, ...]) -> WorkerRow:
+    values = dict(zip(_WORKER_COLUMNS, row, strict=True))
+    values["started_at"] = from_iso(values["started_at"])
+    values["ended_at"] = from_iso(values["ended_at"])
+    return WorkerRow(**values)
+
+
+__all__ = ["DB_NAME", "JobStore", "MetaValue", "StoreError", "WorkerRow"]

@@ -1,0 +1,1 @@
+"""Helpers for testing trainguard and the jobs it runs (fault injection: `faults`)."""

@@ -1,0 +1,210 @@
+"""Fault injection for examples, demos and tests, driven by the TRAINGUARD_FAULT variable.
+
+A training script calls `inject(step)` once per finished step. The variable holds faults
+separated by `;`, each `KIND[:ARG]@step=S[,rank=R][,attempt=A|*]`, for example
+`exit:3@rank=1,step=5` or `log:NCCL error@step=5;signal:KILL@step=5`. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+ENV_VAR = "TRAINGUARD_FAULT"
+KINDS = ("crash", "exit", "signal", "hang", "slow", "log")
+_NO_ARG = ("crash", "hang")
+_ESCAPABLE = ";@\\"
+_UNESCAPE = re.compile(r"\\([;@\\])")
+
+
+class FaultSpecError(ValueError):
+    """A TRAINGUARD_FAULT spec that cannot be parsed; the message names the part and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault: what to do (`kind`, `arg`) and when (`step`, `rank`, `attempt`)."""
+
+    kind: str
+    arg: str | None
+    step: int
+    rank: int | None = None
+    """Global rank (env RANK) it fires on; None fires on every rank."""
+    attempt: int | None = 0
+    """Restart count (env TORCHELASTIC_RESTART_COUNT) it fires on; None fires on every one."""
+
+    def matches(self, step: int, rank: int, attempt: int) -> bool:
+        return (
+            step == self.step
+            and (self.rank is None or rank == self.rank)
+            and (self.attempt is None or attempt == self.attempt)
+        )
+
+
+def parse(spec: str) -> list[Fault]:
+    """Parse a TRAINGUARD_FAULT value into faults, in the order given."""
+    faults = []
+    for part in _split(spec, ";"):
+        if part.strip():
+            faults.append(_parse_one(part))
+    return faults
+
+
+def inject(step: int) -> None:
+    """Fire the faults of TRAINGUARD_FAULT that match this step, rank and attempt."""
+    spec = os.environ.get(ENV_VAR)
+    if not spec:
+        return
+    rank = _env_int("RANK")
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT")
+    for fault in _parse_cached(spec):
+        if fault.matches(step, rank, attempt):
+            _fire(fault, step, rank, attempt)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_cached(spec: str) -> tuple[Fault, ...]:
+    try:
+        return tuple(parse(spec))
+    except FaultSpecError as e:
+        raise FaultSpecError(f"{ENV_VAR}={spec!r}: {e}") from None
+
+
+def _fire(fault: Fault, step: int, rank: int, attempt: int) -> None:
+    where = f"rank {rank}, attempt {attempt}"
+    sys.stdout.flush()  # the last step's log line must not die with the process
+    _say(f"[trainguard.faults] injecting {fault.kind} at step {step} ({where})")
+    if fault.kind == "crash":
+        raise RuntimeError(f"injected crash at step {step}")
+    elif fault.kind == "exit":
+        os._exit(int(fault.arg or 0))
+    elif fault.kind == "signal":
+        os.kill(os.getpid(), _signal_number(fault.arg or ""))
+    elif fault.kind == "hang":
+        while True:
+            time.sleep(3600)
+    elif fault.kind == "slow":
+        time.sleep(float(fault.arg or 0))
+    elif fault.kind == "log":
+        _say(fault.arg or "")
+
+
+def _parse_one(part: str) -> Fault:
+    pieces = _split(part, "@")
+    if len(pieces) == 1:
+        raise FaultSpecError(f"fault {part.strip()!r} has no trigger; add one, e.g. '@step=5'")
+    if len(pieces) > 2:
+        raise FaultSpecError(
+            f"fault {part.strip()!r} has more than one '@'; write a literal '@' as '\\@'"
+        )
+    head, conditions = pieces[0].strip(), pieces[1]
+    kind, sep, raw_arg = head.partition(":")
+    kind = _unescape(kind).strip().lower()
+    arg = _unescape(raw_arg) if sep else None
+    _check_kind(kind, arg, head)
+    step, rank, attempt = _parse_conditions(_unescape(conditions), part.strip())
+    return Fault(kind=kind, arg=arg, step=step, rank=rank, attempt=attempt)
+
+
+def _check_kind(kind: str, arg: str | None, head: str) -> None:
+    if kind not in KINDS:
+        kinds = ", ".join(KINDS)
+        raise FaultSpecError(f"unknown fault kind {kind!r} in {head!r}; use one of: {kinds}")
+    if kind in _NO_ARG:
+        if arg is not None:
+            raise FaultSpecError(f"{kind!r} takes no argument; write '{kind}@step=S'")
+        return
+    if not arg:
+        example = {"exit": "exit:1", "signal": "signal:KILL", "slow": "slow:2.5"}
+        raise FaultSpecError(f"{kind!r} needs an argument, e.g. {example.get(kind, 'log:TEXT')!r}")
+    if kind == "exit" and not (arg.strip().isdecimal() and 0 <= int(arg) <= 255):
+        raise FaultSpecError(f"exit code {arg!r} is not an integer in 0..255; e.g. 'exit:1'")
+    if kind == "signal":
+        _signal_number(arg)
+    if kind == "slow":
+        try:
+            seconds = float(arg)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds < float("inf"):
+            raise FaultSpecError(f"slow needs seconds >= 0, got {arg!r}; e.g. 'slow:2.5'")
+
+
+def _parse_conditions(text: str, part: str) -> tuple[int, int | None, int | None]:
+    values: dict[str, str] = {}
+    for cond in text.split(","):
+        key, sep, value = (s.strip() for s in cond.partition("="))
+        if not sep or not value or key not in ("step", "rank", "attempt"):
+            raise FaultSpecError(
+                f"bad condition {cond.strip()!r} in {part!r}; use step=S, rank=R or attempt=A|*"
+            )
+        if key in values:
+            raise FaultSpecError(f"condition {key!r} given twice in {part!r}; keep one")
+        values[key] = value
+    if "step" not in values:
+        raise FaultSpecError(f"fault {part!r} has no step; add 'step=S' after the '@'")
+    step = _cond_int("step", values["step"], part)
+    rank = values.get("rank", "*")
+    attempt = values.get("attempt", "0")
+    return (
+        step,
+        None if rank == "*" else _cond_int("rank", rank, part),
+        None if attempt == "*" else _cond_int("attempt", attempt, part),
+    )
+
+
+def _cond_int(key: str, value: str, part: str) -> int:
+    if not value.isdecimal():
+        any_ok = "" if key == "step" else " or '*'"
+        raise FaultSpecError(f"{key}={value!r} in {part!r} is not an integer >= 0{any_ok}")
+    return int(value)
+
+
+def _signal_number(arg: str) -> int:
+    name = arg.strip().upper()
+    try:
+        if name.isdecimal():
+            return int(signal.Signals(int(name)))
+        return int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+    except (KeyError, ValueError):
+        raise FaultSpecError(
+            f"unknown signal {arg!r}; use a name such as KILL, TERM, SEGV or a number such as 9"
+        ) from None
+
+
+def _split(text: str, sep: str) -> list[str]:
+    """Split at `sep` unless escaped with a backslash; escapes are kept for `_unescape`."""
+    parts, current, i = [], [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPABLE:
+            current.append(text[i : i + 2])
+            i += 2
+            continue
+        if text[i] == sep:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(text[i])
+        i += 1
+    parts.append("".join(current))
+    return parts
+
+
+def _unescape(text: str) -> str:
+    return _UNESCAPE.sub(r"\1", text)
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name, "0")
+    if not value.strip().isdecimal():
+        raise ValueError(f"{ENV_VAR} needs {name} to be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,42 @@
+"""Helpers for integration tests: the real `trainguard` command, real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "train_ddp.py"
+TG = [sys.executable, "-m", "trainguard"]
+
+
+def run_tg(args: list[str], *, cwd: Path, fault: str | None = None, timeout: float = 180,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = dict(os.environ)
+    e.pop("TRAINGUARD_FAULT", None)
+    if fault:
+        e["TRAINGUARD_FAULT"] = fault
+    e.update(env or {})
+    return subprocess.run([*TG, *args], cwd=cwd, env=e, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def read_json(cmd: str, job_dir: Path) -> Any:
+    out = subprocess.run([*TG, cmd, str(job_dir), "--json"], capture_output=True, text=True,
+                         check=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def reasons(job_dir: Path) -> list[str]:
+    return [e["reason"] for e in read_json("events", job_dir)]
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    return tmp_path / "job"

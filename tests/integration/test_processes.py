@@ -1,0 +1,180 @@
+"""No orphans, no zombies, bounded memory: the launcher's process handling, for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.integration.conftest import TG, read_json
+
+pytestmark = pytest.mark.integration
+
+# A worker that also starts a child of its own (like a DataLoader worker) and then waits.
+SLEEPER = textwrap.dedent("""
+    import os, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"step 1 child {child.pid}", flush=True)
+    time.sleep(600)
+""")
+
+
+def _marked(marker_pids: set[int]) -> list[int]:
+    return [p for p in marker_pids if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _start(tmp_path: Path, script: str, *flags: str) -> tuple[subprocess.Popen[str], Path]:
+    path = tmp_path / "worker.py"
+    path.write_text(script)
+    job = tmp_path / "job"
+    proc = subprocess.Popen([*TG, "run", "--nproc-per-node", "2", "--job-dir", str(job),
+                             "--grace-period", "3", *flags, str(path)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    return proc, job
+
+
+def _workers_and_children(launcher: int, timeout: float = 60) -> set[int]:
+    """Every descendant of the launcher once both workers have started their child."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = psutil.Process(launcher).children(recursive=True)
+        cmdlines = [" ".join(k.cmdline()) for k in kids if k.is_running()]
+        if sum("time.sleep(600)" in c for c in cmdlines) >= 2:
+            return {k.pid for k in kids}
+        time.sleep(0.2)
+    raise AssertionError("workers did not start in time")
+
+
+def _gone(pids: set[int], timeout: float = 15) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = _marked(pids)
+        if not left:
+            return []
+        time.sleep(0.2)
+    return _marked(pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signalled_launcher_stops_every_worker_and_exits_with_128_plus_the_signal(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    proc, job = _start(tmp_path, SLEEPER)
+    pids = _workers_and_children(proc.pid)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert _gone(pids) == []
+    events = [e["reason"] for e in read_json("events", job)]
+    assert events[-1] == "JobStopped"
+    assert read_json("status", job)["state"] == "stopped"
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_workers_and_their_children_with_it(
+        tmp_path: Path) -> None:
+    proc, _ = _start(tmp_path, SLEEPER)
+    pids = _workers_and_children(proc.pid)
+    proc.kill()
+    proc.wait(timeout=10)
+    assert _gone(pids) == []
+
+
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    stubborn = textwrap.dedent("""
+        import os, signal, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("step 1", flush=True)
+        if os.environ["RANK"] == "0":
+            sys.exit(5)
+        time.sleep(600)
+    """)
+    path = tmp_path / "w.py"
+    path.write_text(stubborn)
+    t0 = time.monotonic()
+    r = subprocess.run([*TG, "run", "--nproc-per-node", "2", "--job-dir", str(tmp_path / "j"),
+                        "--grace-period", "2", str(path)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    assert 2 <= time.monotonic() - t0 < 30
+    ranks = read_json("status", tmp_path / "j")["ranks"]
+    assert [(w["state"], w["signal"]) for w in ranks] == [("failed", None),
+                                                          ("stopped", "SIGKILL")]
+    assert _gone({w["pid"] for w in ranks}) == []
+
+
+def test_a_job_that_prints_megabytes_per_second_does_not_grow_the_launchers_memory(
+        tmp_path: Path) -> None:
+    loud = textwrap.dedent("""
+        import sys, time
+        line = "x" * 1000 + "\\n"
+        end = time.monotonic() + 6
+        n = 0
+        while time.monotonic() < end:
+            sys.stdout.write(line * 1000)   # 1 MB a write
+            n += 1
+        sys.stdout.write("y" * 20_000_000)  # one 20 MB line with no newline
+        sys.stdout.flush()
+        print(f"\\nwrote {n} MB", file=sys.stderr)
+    """)
+    proc, job = _start(tmp_path, loud, "--redirects", "1")
+    launcher = psutil.Process(proc.pid)
+    time.sleep(1.0)
+    base = launcher.memory_info().rss
+    peak = base
+    while proc.poll() is None:
+        try:
+            peak = max(peak, launcher.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    written = (job / "logs" / "attempt-0" / "rank-0.log").stat().st_size
+    assert written > 50_000_000  # it really printed a lot
+    assert peak - base < 40 * 1024 * 1024, f"launcher grew {(peak - base) / 2**20:.0f} MiB"
+
+
+def test_workers_get_torchruns_environment_and_trainguards_own(tmp_path: Path) -> None:
+    dump = textwrap.dedent("""
+        import json, os, sys
+        keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "PYTHON_EXEC",
+                "OMP_NUM_THREADS", "TRAINGUARD_PROCESS_START_COUNT",
+                "TRAINGUARD_SCHEDULE_COUNT", "TRAINGUARD_JOB_DIR", "TRAINGUARD_CHECKPOINT_DIR"]
+        print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}))
+        print("ARGV " + json.dumps(sys.argv[1:]))
+    """)
+    path = tmp_path / "env.py"
+    path.write_text(dump)
+    r = subprocess.run([*TG, "run", "--nproc_per_node", "2", "--run_id", "envtest",
+                        "--max_restarts", "4", str(path), "--lr", "3e-4", "--", "x y"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+    envs = sorted((json.loads(ln.split("ENV ", 1)[1]) for ln in r.stdout.splitlines()
+                   if "ENV " in ln), key=lambda e: e["RANK"])
+    assert [e["RANK"] for e in envs] == ["0", "1"]
+    argvs = [json.loads(ln.split("ARGV ", 1)[1]) for ln in r.stdout.splitlines() if "ARGV " in ln]
+    assert argvs == [["--lr", "3e-4", "--", "x y"]] * 2
+    e1 = envs[1]
+    assert e1["LOCAL_RANK"] == "1" and e1["WORLD_SIZE"] == "2" and e1["LOCAL_WORLD_SIZE"] == "2"
+    assert e1["GROUP_RANK"] == "0" and e1["ROLE_RANK"] == "1" and e1["ROLE_WORLD_SIZE"] == "2"
+    assert e1["TORCHELASTIC_RESTART_COUNT"] == "0" and e1["TORCHELASTIC_MAX_RESTARTS"] == "4"
+    assert e1["TORCHELASTIC_RUN_ID"] == "envtest" and e1["OMP_NUM_THREADS"] == "1"
+    assert e1["TORCHELASTIC_ERROR_FILE"].endswith("attempt-0/rank-1.error.json")
+    assert e1["PYTHON_EXEC"] == sys.executable
+    assert e1["TRAINGUARD_PROCESS_START_COUNT"] == "1" and e1["TRAINGUARD_SCHEDULE_COUNT"] == "1"
+    job = tmp_path / "trainguard-runs" / "envtest"
+    assert e1["TRAINGUARD_JOB_DIR"] == str(job)
+    assert e1["TRAINGUARD_CHECKPOINT_DIR"] == str(job / "checkpoints")
+    assert os.path.isdir(job / "checkpoints")

@@ -1,0 +1,92 @@
+"""The launcher brings crashed jobs back (or gives up) as the restart policy says.
+
+Real `trainguard run`, real worker processes, real torch DDP over gloo (examples/train_ddp.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import EXAMPLE, read_json, reasons, run_tg
+
+pytestmark = pytest.mark.integration
+
+FAST = ["--restart-backoff", "0.1", "--grace-period", "5"]
+
+
+def ddp(job_dir: Path, *flags: str, steps: int = 30) -> list[str]:
+    return ["run", "--nproc-per-node", "2", "--job-dir", str(job_dir), *FAST, *flags,
+            str(EXAMPLE), "--steps", str(steps), "--ckpt-every", "10"]
+
+
+def test_a_rank_killed_from_outside_is_restarted_and_resumes_from_its_checkpoint(
+        tmp_path: Path, job_dir: Path) -> None:
+    r = run_tg(ddp(job_dir, "--max-restarts", "3"), cwd=tmp_path,
+               fault="signal:KILL@rank=1,step=15")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from step 10" in r.stdout
+    got = reasons(job_dir)
+    for reason in ("JobCreated", "JobRunning", "WorkerFailed", "FailureDiagnosed",
+                   "RestartScheduled", "WorkersRestarted", "JobSucceeded"):
+        assert reason in got
+    rec = read_json("recovery", job_dir)
+    first, second = rec["running_records"]
+    inc = first["recover_records"][0]
+    assert inc["related_task"] == "worker-1"
+    assert inc["recover_result"] == "success"
+    assert inc["resumed_step"] == 10 and inc["last_step_before"] == 15
+    assert inc["steps_lost"] == 5
+    assert all(v is not None for v in inc["durations_s"].values())
+    assert second["start_type"] == "auto_restart" and second["first_step"] == 11
+    assert first["master_port"] != second["master_port"]
+    log = (job_dir / "logs" / "attempt-1" / "rank-0.log").read_text()
+    assert " out resumed from step 10" in log
+    status = read_json("status", job_dir)
+    assert status["state"] == "succeeded"
+    assert [w["start_count"] for w in status["ranks"]] == [2, 2]
+
+
+def test_a_python_exception_in_user_code_fails_the_job_without_a_restart(
+        tmp_path: Path, job_dir: Path) -> None:
+    r = run_tg(ddp(job_dir, "--max-restarts", "3"), cwd=tmp_path, fault="crash@rank=1,step=5")
+    assert r.returncode == 1
+    got = reasons(job_dir)
+    assert "RestartScheduled" not in got and got[-1] == "JobFailed"
+    diag = next(e for e in read_json("events", job_dir) if e["reason"] == "FailureDiagnosed")
+    assert diag["message"].startswith("user_code_error")
+    assert diag["involved"]["rank"] == 1  # rank 0's "Connection reset" is only a symptom
+
+
+def test_a_spent_restart_budget_fails_the_job_with_restart_limit_reached(
+        tmp_path: Path, job_dir: Path) -> None:
+    r = run_tg(ddp(job_dir, "--max-restarts", "2", "--no-progress-limit", "10"),
+               cwd=tmp_path, fault="signal:KILL@rank=0,step=3,attempt=*")
+    assert r.returncode == 1
+    got = reasons(job_dir)
+    assert got.count("WorkersRestarted") == 2
+    assert got[-2:] == ["RestartLimitReached", "JobFailed"]
+    assert read_json("status", job_dir)["restarts_used"] == 2
+
+
+def test_unconditional_restart_stops_after_three_in_a_row(tmp_path: Path, job_dir: Path) -> None:
+    r = run_tg(ddp(job_dir, "--max-restarts", "10", "--unconditional-restart",
+                   "--no-progress-limit", "10"),
+               cwd=tmp_path, fault="exit:3@rank=1,step=4,attempt=*")
+    assert r.returncode == 1
+    got = reasons(job_dir)
+    assert got.count("WorkersRestarted") == 3
+    assert "RestartLimitReached" in got
+    starts = [rr["start_type"] for rr in read_json("recovery", job_dir)["running_records"]]
+    assert starts == ["first_start"] + ["unconditional_restart"] * 3
+
+
+def test_attempts_without_progress_give_up_with_the_do_not_requeue_code(
+        tmp_path: Path, job_dir: Path) -> None:
+    r = run_tg(ddp(job_dir, "--max-restarts", "10"), cwd=tmp_path,
+               fault="signal:KILL@rank=1,step=3,attempt=*")
+    assert r.returncode == 86
+    got = reasons(job_dir)
+    assert got[-2:] == ["NoProgress", "JobFailed"]
+    assert got.count("WorkersRestarted") == 3

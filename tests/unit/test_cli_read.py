@@ -1,0 +1,284 @@
+"""The read commands against a real job store in tmp_path."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from trainguard.cli_read import add_read_commands, summarize
+from trainguard.records import (
+    Event,
+    FaultScenario,
+    Involved,
+    Level,
+    RecoverRecord,
+    RecoverResult,
+    RunningRecord,
+    StartType,
+    iso,
+)
+from trainguard.store import JobStore, WorkerRow
+
+T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+REASONS = ["JobCreated", "JobRunning", "WorkerFailed", "RestartScheduled", "JobSucceeded"]
+EVENT_KEYS = {"time", "level", "reason", "message", "involved"}
+RANK_KEYS = {"rank", "local_rank", "node", "pid", "state", "exit_code", "signal", "start_count"}
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def ev(reason: str, seconds: float, rank: int | None = None, attempt: int | None = None) -> Event:
+    level = Level.ERROR if reason == "WorkerFailed" else Level.INFO
+    return Event(
+        at(seconds), level, reason, f"{reason} message.", Involved("run-1", None, rank, attempt)
+    )
+
+
+def recover_record() -> RecoverRecord:
+    return RecoverRecord(
+        attempt=0,
+        recover_start_at=at(100),
+        fault_scenario=FaultScenario.JOB_FAILED,
+        reason="rank 1 exited with code 1",
+        related_task="rank 1",
+        recover_result=RecoverResult.SUCCESS,
+        recover_end_at=at(115),
+        fault_at=at(100),
+        detected_at=at(101),
+        workers_stopped_at=at(102.5),
+        decided_at=at(103),
+        workers_started_at=at(105),
+        first_progress_at=at(115),
+        last_step_before=120,
+        resumed_step=100,
+        steps_lost=20,
+    )
+
+
+def workers(attempt: int) -> list[WorkerRow]:
+    return [
+        WorkerRow(attempt, 0, 0, "node0", 4100, "succeeded", 0, None, at(105), at(300), 2),
+        WorkerRow(attempt, 1, 1, "node0", 4101, "failed", -9, "SIGKILL", at(105), at(300), 2),
+    ]
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    """A finished job: one failure of rank 1, one restart, then success."""
+    job_dir = tmp_path / "job"
+    with JobStore.create(job_dir, "run-1") as s:
+        for i, reason in enumerate(REASONS):
+            s.add_event(ev(reason, i * 50, rank=1 if reason == "WorkerFailed" else None, attempt=0))
+        first = RunningRecord(0, at(0), StartType.FIRST_START, at(100), "WorkerFailed", "rank 1")
+        first.recover_records.append(recover_record())
+        s.put_running(first)
+        s.put_running(RunningRecord(1, at(105), StartType.AUTO_RESTART, at(300), "JobSucceeded"))
+        s.put_workers(1, workers(1))
+        s.set_meta(
+            state="succeeded",
+            attempt=1,
+            restarts_used=1,
+            max_restarts=3,
+            created_at=iso(at(0)),
+            ended_at=iso(at(300)),
+            last_step=500,
+            last_progress_at=iso(at(299)),
+            job_dir=str(job_dir),
+        )
+    return job_dir
+
+
+def run(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="trainguard")
+    add_read_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def test_events_json_is_an_array_of_objects_with_the_event_keys(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("events", str(job), "--json") == 0
+    events = json.loads(capsys.readouterr().out)
+    assert [e["reason"] for e in events] == REASONS
+    assert all(set(e) == EVENT_KEYS for e in events)
+    failed = events[2]
+    assert failed["level"] == "Error"
+    assert failed["involved"] == {"job": "run-1", "rank": 1, "attempt": 0}
+    assert datetime.fromisoformat(failed["time"]) == at(100)
+    assert datetime.fromisoformat(failed["time"]).tzinfo is not None
+
+
+def test_events_table_shows_every_reason_and_who_was_involved(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("events", str(job)) == 0
+    out = capsys.readouterr().out
+    for reason in REASONS:
+        assert reason in out
+    assert "rank 1 · attempt 0" in out
+    assert "WorkerFailed message." in out
+
+
+def test_recovery_json_has_the_records_and_a_summary(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("recovery", str(job), "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"run_id", "state", "running_records", "summary"}
+    assert (doc["run_id"], doc["state"]) == ("run-1", "succeeded")
+    assert [r["attempt"] for r in doc["running_records"]] == [0, 1]
+    rr = doc["running_records"][0]["recover_records"][0]
+    assert rr["durations_s"] == {
+        "detect": 1.0,
+        "stop": 1.5,
+        "decide": 0.5,
+        "start": 2.0,
+        "resume": 10.0,
+        "total": 15.0,
+    }
+    assert doc["summary"] == {
+        "attempts": 2,
+        "restarts": 1,
+        "incidents": 1,
+        "total_downtime_s": 15.0,
+        "steps_lost": 20,
+        "goodput": 0.95,
+    }
+
+
+def test_recovery_text_shows_each_attempt_its_incident_and_the_summary(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("recovery", str(job)) == 0
+    out = capsys.readouterr().out
+    assert "attempt 0  first_start" in out and "attempt 1  auto_restart" in out
+    assert "ended: WorkerFailed (rank 1)" in out
+    assert "job_failed · success · rank 1 exited with code 1 (related: rank 1)" in out
+    split = {"detect": 1, "stop": 1.5, "decide": 0.5, "start": 2, "resume": 10, "total": 15}
+    for phase, seconds in split.items():
+        assert f"{phase} {seconds:.3f}s" in out
+    assert "steps lost 20" in out
+    assert "goodput 95.0%" in out
+
+
+def test_goodput_is_unknown_without_a_creation_time() -> None:
+    rec = RunningRecord(0, at(0), StartType.FIRST_START, recover_records=[recover_record()])
+    assert summarize([rec], {})["goodput"] is None
+    ongoing = summarize([rec], {"created_at": iso(at(0))}, now=at(150))
+    assert ongoing["goodput"] == 0.9
+
+
+def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("status", str(job), "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {
+        "run_id",
+        "state",
+        "attempt",
+        "restarts_used",
+        "max_restarts",
+        "last_progress",
+        "ranks",
+        "job_dir",
+    }
+    assert (doc["state"], doc["attempt"], doc["restarts_used"], doc["max_restarts"]) == (
+        "succeeded",
+        1,
+        1,
+        3,
+    )
+    assert doc["last_progress"] == {"step": 500, "time": iso(at(299))}
+    assert all(set(r) == RANK_KEYS for r in doc["ranks"])
+    assert doc["ranks"][1] == {
+        "rank": 1,
+        "local_rank": 1,
+        "node": "node0",
+        "pid": 4101,
+        "state": "failed",
+        "exit_code": -9,
+        "signal": "SIGKILL",
+        "start_count": 2,
+    }
+    assert doc["job_dir"] == str(job)
+
+
+def test_status_text_shows_the_header_and_each_rank(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("status", str(job)) == 0
+    out = capsys.readouterr().out
+    assert "run run-1 · succeeded · attempt 1 · restarts 1/3" in out
+    assert "step 500" in out
+    assert "SIGKILL" in out and "failed" in out and "4101" in out
+
+
+@pytest.mark.parametrize("command", ["events", "recovery", "status"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_missing_job_dir_exits_2_with_one_clear_line(
+    command: str, as_json: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [command, str(tmp_path / "nope")] + (["--json"] if as_json else [])
+    assert run(*argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith(f"trainguard {command}: no trainguard job at ")
+    assert "pass the job dir printed by `trainguard run`" in captured.err
+
+
+def test_an_unreadable_store_exits_2_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "trainguard.db").write_bytes(b"not a database " * 200)
+    assert run("status", str(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "trainguard.db" in err
+
+
+@pytest.mark.timeout(30)
+def test_events_follow_returns_once_the_job_has_finished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_dir = tmp_path / "job"
+    JobStore.create(job_dir, "run-1").close()
+
+    def controller() -> None:
+        with JobStore.create(job_dir, "run-1") as s:
+            s.set_meta(state="running")
+            for i, reason in enumerate(REASONS):
+                time.sleep(0.2)
+                if reason == "JobSucceeded":
+                    s.set_meta(state="succeeded")  # state first, then the last event
+                s.add_event(ev(reason, i))
+
+    writer = threading.Thread(target=controller)
+    writer.start()
+    started = time.monotonic()
+    code = run("events", str(job_dir), "--follow", "--json")
+    writer.join()
+    assert code == 0
+    assert time.monotonic() - started < 10
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["reason"] for line in lines] == REASONS
+
+
+@pytest.mark.timeout(30)
+def test_events_follow_on_a_finished_job_prints_everything_and_returns(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("events", str(job), "-f") == 0
+    out = capsys.readouterr().out
+    assert [r for r in REASONS if r in out] == REASONS
+    assert "rank 1 · attempt 0" in out

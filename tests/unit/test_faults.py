@@ -1,0 +1,247 @@
+"""Fault injection: the TRAINGUARD_FAULT grammar, trigger matching and what firing does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from trainguard.testing import faults
+from trainguard.testing.faults import Fault, FaultSpecError, inject, parse
+
+SRC = Path(faults.__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """A clean fault environment: rank 0, first attempt, no spec."""
+    monkeypatch.delenv("TRAINGUARD_FAULT", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    return monkeypatch
+
+
+# --- parse: valid specs ------------------------------------------------------------------
+
+
+def test_a_single_crash_parses_with_defaults_any_rank_and_first_attempt() -> None:
+    assert parse("crash@step=5") == [Fault("crash", None, step=5, rank=None, attempt=0)]
+
+
+def test_all_conditions_parse_in_any_order() -> None:
+    assert parse("exit:3@attempt=2,step=7,rank=1") == [Fault("exit", "3", 7, rank=1, attempt=2)]
+
+
+def test_attempt_star_means_every_attempt() -> None:
+    assert parse("hang@step=1,attempt=*")[0].attempt is None
+
+
+def test_rank_star_means_every_rank() -> None:
+    assert parse("hang@step=1,rank=*")[0].rank is None
+
+
+def test_faults_separated_by_semicolons_keep_their_order() -> None:
+    kinds = [f.kind for f in parse("log:boom@step=5;exit:1@step=5;slow:0.5@step=2")]
+    assert kinds == ["log", "exit", "slow"]
+
+
+def test_whitespace_and_empty_parts_are_ignored() -> None:
+    specs = parse(" crash @ step = 3 ; ;signal:KILL@step=4;")
+    assert [(f.kind, f.step) for f in specs] == [("crash", 3), ("signal", 4)]
+
+
+def test_an_empty_spec_has_no_faults() -> None:
+    assert parse("") == []
+
+
+def test_kinds_are_case_insensitive() -> None:
+    assert parse("CRASH@step=1")[0].kind == "crash"
+
+
+@pytest.mark.parametrize("arg", ["KILL", "SIGKILL", "kill", "9", "SEGV", "TERM"])
+def test_signals_parse_by_name_with_or_without_sig_or_by_number(arg: str) -> None:
+    assert parse(f"signal:{arg}@step=1")[0].arg == arg
+
+
+def test_log_text_keeps_colons_and_commas() -> None:
+    fault = parse("log:RuntimeError: NCCL error: a, b@step=5")[0]
+    assert fault.arg == "RuntimeError: NCCL error: a, b"
+    assert fault.step == 5
+
+
+def test_escaped_semicolon_and_at_sign_stay_in_the_text() -> None:
+    fault = parse(r"log:a\;b \@host\\x@step=2;crash@step=3")[0]
+    assert fault.arg == r"a;b @host\x"
+    assert len(parse(r"log:a\;b@step=2;crash@step=3")) == 2
+
+
+def test_a_backslash_before_an_ordinary_character_is_kept() -> None:
+    assert parse(r"log:C:\temp\n@step=1")[0].arg == r"C:\temp\n"
+
+
+# --- parse: invalid specs ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("crash", "no trigger"),
+        ("crash@rank=1", "no step"),
+        ("explode@step=1", "unknown fault kind 'explode'"),
+        ("crash:1@step=1", "takes no argument"),
+        ("hang:5@step=1", "takes no argument"),
+        ("exit@step=1", "needs an argument, e.g. 'exit:1'"),
+        ("exit:abc@step=1", "exit code 'abc'"),
+        ("exit:256@step=1", "0..255"),
+        ("signal:NOPE@step=1", "unknown signal 'NOPE'"),
+        ("signal@step=1", "'signal:KILL'"),
+        ("slow:-1@step=1", "slow needs seconds >= 0"),
+        ("slow:soon@step=1", "slow needs seconds >= 0"),
+        ("slow:inf@step=1", "slow needs seconds >= 0"),
+        ("log@step=1", "'log:TEXT'"),
+        ("crash@step=x", "step='x'"),
+        ("crash@step=*", "step='*'"),
+        ("crash@step=1,rank=-1", "rank='-1'"),
+        ("crash@step=1,attempt=first", "attempt='first'"),
+        ("crash@step=1,node=2", "bad condition 'node=2'"),
+        ("crash@step=1,", "bad condition ''"),
+        ("crash@step=1,step=2", "'step' given twice"),
+        ("log:a@b@step=1", r"write a literal '@' as '\@'"),
+    ],
+)
+def test_invalid_specs_raise_an_error_naming_the_bad_part(spec: str, fragment: str) -> None:
+    with pytest.raises(FaultSpecError) as caught:
+        parse(spec)
+    assert fragment in str(caught.value)
+
+
+def test_fault_spec_error_is_a_value_error() -> None:
+    assert issubclass(FaultSpecError, ValueError)
+
+
+# --- trigger matching ---------------------------------------------------------------------
+
+
+def test_a_fault_matches_only_its_step() -> None:
+    fault = parse("crash@step=5")[0]
+    assert fault.matches(step=5, rank=3, attempt=0)
+    assert not fault.matches(step=4, rank=3, attempt=0)
+
+
+def test_a_fault_with_a_rank_matches_only_that_rank() -> None:
+    fault = parse("crash@step=5,rank=1")[0]
+    assert fault.matches(step=5, rank=1, attempt=0)
+    assert not fault.matches(step=5, rank=0, attempt=0)
+
+
+def test_fault_fires_only_on_first_attempt_by_default(env: pytest.MonkeyPatch) -> None:
+    env.setenv("TRAINGUARD_FAULT", "crash@step=2")
+    env.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    inject(2)  # the restarted job goes past the fault
+    env.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with pytest.raises(RuntimeError, match="injected crash at step 2"):
+        inject(2)
+
+
+def test_a_fault_with_attempt_star_fires_on_every_attempt(env: pytest.MonkeyPatch) -> None:
+    env.setenv("TRAINGUARD_FAULT", "crash@step=2,attempt=*")
+    for attempt in ("0", "1", "7"):
+        env.setenv("TORCHELASTIC_RESTART_COUNT", attempt)
+        with pytest.raises(RuntimeError):
+            inject(2)
+
+
+def test_a_fault_with_an_attempt_fires_only_on_that_attempt(env: pytest.MonkeyPatch) -> None:
+    env.setenv("TRAINGUARD_FAULT", "crash@step=2,attempt=1")
+    inject(2)
+    env.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with pytest.raises(RuntimeError):
+        inject(2)
+
+
+def test_rank_comes_from_the_rank_variable(env: pytest.MonkeyPatch) -> None:
+    env.setenv("TRAINGUARD_FAULT", "crash@step=3,rank=1")
+    inject(3)  # RANK unset reads as rank 0
+    env.setenv("RANK", "1")
+    with pytest.raises(RuntimeError):
+        inject(3)
+
+
+def test_inject_is_a_no_op_when_the_variable_is_unset_or_empty(env: pytest.MonkeyPatch) -> None:
+    inject(1)
+    env.setenv("TRAINGUARD_FAULT", "")
+    inject(1)
+
+
+def test_inject_reports_a_bad_spec_with_the_variable_name(env: pytest.MonkeyPatch) -> None:
+    env.setenv("TRAINGUARD_FAULT", "crash@when=1")
+    with pytest.raises(FaultSpecError, match="TRAINGUARD_FAULT='crash@when=1'"):
+        inject(1)
+
+
+def test_a_fired_fault_announces_itself_on_stderr(
+    env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env.setenv("TRAINGUARD_FAULT", "log:RuntimeError: NCCL error, rank 2@step=4,rank=2")
+    env.setenv("RANK", "2")
+    inject(4)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "[trainguard.faults] injecting log at step 4 (rank 2, attempt 0)",
+        "RuntimeError: NCCL error, rank 2",
+    ]
+
+
+def test_faults_at_the_same_step_run_in_the_order_given(
+    env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env.setenv("TRAINGUARD_FAULT", "log:first@step=5;crash@step=5;log:never@step=5")
+    with pytest.raises(RuntimeError):
+        inject(5)
+    err = capsys.readouterr().err
+    assert "first" in err
+    assert "never" not in err
+
+
+def test_slow_sleeps_then_continues(env: pytest.MonkeyPatch) -> None:
+    env.setenv("TRAINGUARD_FAULT", "slow:0.2@step=1")
+    started = time.monotonic()
+    inject(1)
+    assert time.monotonic() - started >= 0.2
+
+
+# --- real processes -----------------------------------------------------------------------
+
+
+def _run_worker(spec: str, step: int = 3) -> subprocess.CompletedProcess[str]:
+    script = textwrap.dedent(
+        f"""
+        from trainguard.testing.faults import inject
+        for step in range(1, {step + 2}):
+            print(f"step {{step}}")
+            inject(step)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TRAINGUARD_FAULT": spec, "RANK": "0"}
+    env.pop("TORCHELASTIC_RESTART_COUNT", None)
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "returncode"), [("signal:KILL@step=3", -signal.SIGKILL), ("exit:7@step=3", 7)]
+)
+def test_a_process_killed_or_exited_by_a_fault_ends_with_that_code(
+    spec: str, returncode: int
+) -> None:
+    result = _run_worker(spec)
+    assert result.returncode == returncode
+    assert result.stdout.split() == ["step", "1", "step", "2", "step", "3"]
+    assert "[trainguard.faults] injecting" in result.stderr
