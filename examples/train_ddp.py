@@ -194,7 +194,10 @@ for step in range(start_step + 1, args.steps + 1):
             dist.barrier()  # nobody runs ahead of a checkpoint that may not exist yet
     inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
 
-if rank == 0:
+if rank == 0 and start_step >= args.steps:
+    print(f"done: already at step {start_step}, nothing to train", flush=True)
+elif rank == 0:
     print(f"done: {args.steps} steps, final loss {loss_value:.4f}", flush=True)
 if ddp:
+    dist.barrier()  # nobody tears gloo down while a peer still talks to it
     dist.destroy_process_group()

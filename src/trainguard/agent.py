@@ -39,7 +39,7 @@ class AgentAPI(Protocol):
     """What the controller needs from a node, wherever the node is."""
 
     def start_workers(self, cmd: StartWorkers) -> NodeReport: ...
-    def poll(self) -> NodeReport: ...
+    def poll(self, wait_s: float = 0.0) -> NodeReport: ...
     def stop_workers(self, cmd: StopWorkers) -> NodeReport: ...
     def close(self) -> None: ...
 
@@ -123,7 +123,11 @@ class NodeAgent:
         log.debug("started rank %s as pid %s", a.rank, proc.pid)
         return _Worker(a, proc, utcnow(), err_file)
 
-    def poll(self) -> NodeReport:
+    def poll(self, wait_s: float = 0.0) -> NodeReport:
+        """Facts now; with wait_s, first wait up to that long for a worker to exit."""
+        running = [w.proc for w in self._workers if not w.state.ended]
+        if wait_s > 0 and running:
+            procs.wait_any_exit(running, wait_s)
         known = {w.proc.pid: w.proc for w in self._workers}
         procs.reap(known)
         now = utcnow()
@@ -173,8 +177,8 @@ class NodeAgent:
     def _fact(self, w: _Worker) -> WorkerFact:
         ended = w.state.ended
         if ended and w.state != WorkerState.SUCCEEDED and self._router is not None:
-            # the pipe may hold the last lines still: give the reader a moment
-            self._router.join(timeout=0.2)
+            # the pipe may still hold its last lines (a child of the worker can keep it open)
+            self._router.wait_rank_eof(w.assignment.rank, timeout=0.5)
         return WorkerFact(
             rank=w.assignment.rank, local_rank=w.assignment.local_rank, pid=w.proc.pid,
             state=w.state, returncode=w.proc.returncode, started_at=w.started_at,

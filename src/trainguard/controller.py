@@ -163,13 +163,12 @@ class Controller:
         while True:
             if self._signals.received is not None:
                 return _Outcome(self.agent.poll(), self._signals.received)
-            report = self.agent.poll()
+            report = self.agent.poll(wait_s=self.spec.monitor_interval)
             self._sync_workers(report)
             self._sync_progress(report)
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)
-            time.sleep(self.spec.monitor_interval)
 
     # -- after an attempt -----------------------------------------------------------------
 
@@ -188,12 +187,12 @@ class Controller:
         self.event(Level.INFO, Reason.WORKERS_STOPPED,
                    f"stopped the other workers (grace {self.spec.grace_period_s:g}s)",
                    attempt=attempt)
-        diag = diagnose_attempt(report.workers)
+        diag = diagnose_attempt(report.workers, detected)
         if diag is None:  # pragma: no cover - _watch returns only with a failed worker
             raise RuntimeError("no failed worker to diagnose")
         self.event(Level.WARNING, Reason.FAILURE_DIAGNOSED,
                    f"{diag.category} ({diag.fault_domain}, restart helps: "
-                   f"{diag.restart_helps.value}): {diag.summary}. {diag.advice}",
+                   f"{diag.restart_helps.value}): {diag.summary.rstrip('.')}. {diag.advice}",
                    rank=diag.culprit_rank, attempt=attempt)
         progressed = self._made_progress(report)
         decision = decide(diag, progressed, self._hist, self.spec.restart_policy)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from enum import Enum
 
+from trainguard.logformat import parse_stamped
 from trainguard.protocol import WorkerFact, WorkerState
 
 
@@ -141,7 +142,13 @@ class Diagnosis:
 class _RankVerdict:
     diagnosis: Diagnosis
     symptom: bool
-    ended_at: datetime | None
+    at: datetime | None  # when its evidence was seen (log line read, else the exit)
+
+
+@dataclass(frozen=True)
+class _Line:
+    at: datetime | None
+    text: str
 
 
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
@@ -152,53 +159,71 @@ def strip_prefix(line: str) -> str:
     return _RANK_PREFIX.sub("", line, count=1)
 
 
-def final_exception(lines: list[str]) -> str | None:
-    """The `Type: message` line that ends the last Python traceback in `lines`, if any."""
-    lines = [strip_prefix(ln) for ln in lines]
-    start = max((i for i, ln in enumerate(lines) if ln.strip() == _TRACEBACK), default=None)
+def _lines(tail: list[str], before: datetime | None) -> list[_Line]:
+    out = []
+    for raw in tail:
+        at, _, text = parse_stamped(raw)
+        if before is None or at is None or at <= before:
+            out.append(_Line(at, strip_prefix(text)))
+    return out
+
+
+def _final_exception(lines: list[_Line]) -> _Line | None:
+    start = max((i for i, ln in enumerate(lines) if ln.text.strip() == _TRACEBACK), default=None)
     if start is None:
         return None
     for ln in lines[start + 1:]:
-        if not ln.startswith((" ", "\t")) and _EXC_LINE.match(ln.strip()):
-            return ln.strip()
+        if not ln.text.startswith((" ", "\t")) and _EXC_LINE.match(ln.text.strip()):
+            return _Line(ln.at, ln.text.strip())
     return None
 
 
-def _error_file_message(fact: WorkerFact) -> str | None:
+def final_exception(lines: list[str]) -> str | None:
+    """The `Type: message` line that ends the last Python traceback in `lines`, if any."""
+    found = _final_exception(_lines(lines, None))
+    return None if found is None else found.text
+
+
+def _error_file_exception(fact: WorkerFact) -> _Line | None:
+    """torch @record's error file: {"message": {"message": ..., "extraInfo": {"timestamp"}}}."""
     msg = (fact.error_file or {}).get("message")
+    at = None
     if isinstance(msg, dict):
+        ts = (msg.get("extraInfo") or {}).get("timestamp")
+        if isinstance(ts, (int, str)) and str(ts).isdigit():
+            at = datetime.fromtimestamp(int(ts), timezone.utc)
         msg = msg.get("message")
-    return msg if isinstance(msg, str) and msg else None
+    return _Line(at, msg.strip().splitlines()[-1]) if isinstance(msg, str) and msg.strip() else None
 
 
 def _match(line: str) -> Rule | None:
     return next((r for r in RULES if r.pattern.search(line)), None)
 
 
-def diagnose_rank(fact: WorkerFact) -> _RankVerdict:
-    """Verdict on one failed worker from its exit, error file and log tail.
+def diagnose_rank(fact: WorkerFact, before: datetime | None = None) -> _RankVerdict:
+    """Verdict on one worker from its exit, error file and log tail (lines read <= before).
 
     Precedence: a known real cause anywhere (exception or tail) > the final Python
     exception > the signal that killed it > a symptom seen in the tail > "other".
     """
-    exc = _error_file_message(fact) or final_exception(fact.log_tail)
-    tail = [strip_prefix(ln) for ln in fact.log_tail[-200:]]
-    candidates = ([exc] if exc else []) + list(reversed(tail))
-    causes = [(ln, r) for ln in candidates if (r := _match(ln)) is not None]
-    symptoms = tuple(ln for ln, r in causes if r.symptom)
+    lines = _lines(fact.log_tail[-200:], before)
+    exc = _error_file_exception(fact) or _final_exception(lines)
+    candidates = ([exc] if exc else []) + list(reversed(lines))
+    causes = [(ln, r) for ln in candidates if (r := _match(ln.text)) is not None]
+    symptoms = tuple(ln.text for ln, r in causes if r.symptom)
     real = next(((ln, r) for ln, r in causes if not r.symptom), None)
     if real is not None:
         return _from_rule(fact, *real, symptoms, symptom=False)
-    if exc is not None and symptoms and symptoms[0] == exc:
-        return _from_rule(fact, exc, _match(exc) or RULES[-1], symptoms, symptom=True)
+    if exc is not None and causes and causes[0][0] is exc:
+        return _from_rule(fact, exc, causes[0][1], symptoms, symptom=True)
     if exc is not None:
         return _RankVerdict(Diagnosis(
             "user_code_error", "user_code", RestartHelps.NO,
-            f"rank {fact.rank} raised {exc[:300]}",
+            f"rank {fact.rank} raised {exc.text[:300]}",
             "Fix the error in the training script; restarting would fail the same way.",
-            fact.rank, exc, confidence=0.8, from_log=True), False, fact.ended_at)
+            fact.rank, exc.text, confidence=0.8, from_log=True), False, exc.at or fact.ended_at)
     sig = fact.signal_number or _shell_signal(fact.returncode)
-    if sig is not None:
+    if sig is not None and fact.state == WorkerState.FAILED:
         cat, domain, helps, text = _SIGNAL_VERDICTS.get(sig, (
             "killed_by_signal_unknown", "infrastructure", RestartHelps.YES,
             f"Stopped by {_signame(sig)} from outside the job."))
@@ -215,13 +240,13 @@ def diagnose_rank(fact: WorkerFact) -> _RankVerdict:
 
 
 def _from_rule(
-    fact: WorkerFact, line: str, rule: Rule, symptoms: tuple[str, ...], *, symptom: bool
+    fact: WorkerFact, line: _Line, rule: Rule, symptoms: tuple[str, ...], *, symptom: bool
 ) -> _RankVerdict:
-    seen = tuple(s for s in symptoms if s != line)[:5]
+    seen = tuple(s for s in symptoms if s != line.text)[:5]
     diag = Diagnosis(rule.category, rule.domain, rule.restart,
-                     f"rank {fact.rank}: {line.strip()[:300]}", rule.advice, fact.rank, line,
-                     seen, rule.isolate, 0.5 if symptom else 0.8, from_log=True)
-    return _RankVerdict(diag, symptom, fact.ended_at)
+                     f"rank {fact.rank}: {line.text.strip()[:300]}", rule.advice, fact.rank,
+                     line.text, seen, rule.isolate, 0.5 if symptom else 0.8, from_log=True)
+    return _RankVerdict(diag, symptom, line.at or fact.ended_at)
 
 
 def _shell_signal(returncode: int | None) -> int | None:
@@ -238,13 +263,21 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
-def diagnose_attempt(facts: list[WorkerFact]) -> Diagnosis | None:
-    """The attempt's root cause: the earliest failure that is not a symptom of another."""
-    failed = [f for f in facts if f.state == WorkerState.FAILED]
-    if not failed:
+def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = None
+                     ) -> Diagnosis | None:
+    """The attempt's root cause: the earliest failure that is not a symptom of another.
+
+    Candidates are the ranks that failed, and ranks stopped by the launcher whose log
+    showed an error before the failure was detected (a rank can print its traceback and
+    still be tearing down when a peer's symptom ends the attempt). Order: when the
+    evidence was seen (log line read time), else when the process ended.
+    """
+    if not any(f.state == WorkerState.FAILED for f in facts):
         return None
-    verdicts = sorted((diagnose_rank(f) for f in failed),
-                      key=lambda v: (v.ended_at is None, v.ended_at or datetime.max))
+    judged = [(f, diagnose_rank(f, detected_at)) for f in facts
+              if f.state in (WorkerState.FAILED, WorkerState.STOPPED)]
+    verdicts = [v for f, v in judged if f.state == WorkerState.FAILED or v.diagnosis.from_log]
+    verdicts.sort(key=lambda v: (v.at is None, v.at or datetime.max.replace(tzinfo=timezone.utc)))
     root = next((v for v in verdicts if not v.symptom), verdicts[0])
     others = tuple(
         f"rank {v.diagnosis.culprit_rank}: {v.diagnosis.evidence or v.diagnosis.category}"

@@ -1,8 +1,8 @@
 """Per-attempt, per-rank logs: every line stamped with the wall-clock time it was read.
 
 One thread per node reads all workers' pipes (selectors), writes
-`LOG_DIR/attempt-N/rank-R.log` as `<ISO time> <out|err> <text>`, echoes `[rank R] text`
-to the console (unless redirected or filtered) and keeps a bounded tail per rank.
+`LOG_DIR/attempt-N/rank-R.log` as `<ISO time> <out|err> <text>` (logformat.py), echoes
+`[rank R] text` to the console (unless redirected or filtered) and keeps a bounded tail per rank.
 Memory stays bounded however much a rank prints: reads are chunked, over-long lines are
 split, tails are fixed-size deques.
 """
@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TextIO
 
+from trainguard.logformat import stamp_lines
+
 CHUNK = 64 * 1024
 MAX_LINE = 64 * 1024  # longer lines are split into pieces of this size
 TAIL_LINES = 200
@@ -34,17 +36,6 @@ def attempt_log_dir(log_dir: Path, attempt: int) -> Path:
 
 def rank_log_path(log_dir: Path, attempt: int, rank: int) -> Path:
     return attempt_log_dir(log_dir, attempt) / f"rank-{rank}.log"
-
-
-def parse_stamped(line: str) -> tuple[datetime | None, str, str]:
-    """Split a rank log line into (time read, stream, text); tolerant of foreign lines."""
-    parts = line.rstrip("\n").split(" ", 2)
-    if len(parts) == 3 and parts[1] in ("out", "err"):
-        try:
-            return datetime.fromisoformat(parts[0]), parts[1], parts[2]
-        except ValueError:
-            pass
-    return None, "", line.rstrip("\n")
 
 
 class _Stream:
@@ -67,6 +58,8 @@ class LogRouter:
         self._on_progress = on_progress
         self._sel = selectors.DefaultSelector()
         self._tails: dict[int, deque[str]] = {}
+        self._open: dict[int, int] = {}  # rank -> pipes not yet at end of file
+        self._eof = threading.Condition()
         self._files: list[IO[str]] = []
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -82,6 +75,7 @@ class LogRouter:
         for pipe, name, echo in ((stdout, "out", console_streams[0]),
                                  (stderr, "err", console_streams[1])):
             os.set_blocking(pipe.fileno(), False)
+            self._open[rank] = self._open.get(rank, 0) + 1
             self._sel.register(pipe, selectors.EVENT_READ, _Stream(rank, name, sink, tail, echo))
 
     def start(self) -> None:
@@ -91,6 +85,11 @@ class LogRouter:
     def tail(self, rank: int) -> list[str]:
         with self._lock:
             return list(self._tails.get(rank, ()))
+
+    def wait_rank_eof(self, rank: int, timeout: float) -> bool:
+        """Wait until a rank's pipes are closed (its last lines are in the tail and file)."""
+        with self._eof:
+            return self._eof.wait_for(lambda: self._open.get(rank, 0) == 0, timeout)
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until every pipe reached end of file (all workers and their children exited)."""
@@ -121,6 +120,9 @@ class LogRouter:
                 self._emit(stream, [stream.partial])
                 stream.partial = b""
             stream.sink.flush()
+            with self._eof:
+                self._open[stream.rank] -= 1
+                self._eof.notify_all()
             return
         lines = (stream.partial + data).split(b"\n")
         stream.partial = lines.pop()
@@ -134,9 +136,10 @@ class LogRouter:
         now = datetime.now(timezone.utc)
         stamp = now.isoformat(timespec="microseconds")
         texts = [b.decode("utf-8", "replace").rstrip("\r") for b in raw]
-        stream.sink.write("".join(f"{stamp} {stream.name} {t}\n" for t in texts))
+        stamped = stamp_lines(stamp, stream.name, texts)
+        stream.sink.write("\n".join(stamped) + "\n")
         with self._lock:
-            stream.tail.extend(t[:TAIL_LINE_CHARS] for t in texts)
+            stream.tail.extend(t[:TAIL_LINE_CHARS] for t in stamped)
         if stream.console:
             prefix = f"[rank {stream.rank}] "
             with self._console_lock, contextlib.suppress(OSError, ValueError):
@@ -150,6 +153,9 @@ class LogRouter:
                 self._on_progress(stream.rank, steps[-1], now)
 
     def _close(self) -> None:
+        with self._eof:
+            self._open.clear()
+            self._eof.notify_all()
         for f in self._files:
             with contextlib.suppress(OSError):
                 f.close()

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -120,6 +121,23 @@ def reap(known: dict[int, subprocess.Popen[bytes]], idtype: int = os.P_ALL, id_:
                 os.waitpid(info.si_pid, 0)
 
 
+def wait_any_exit(children: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """Block until one of the children exits or `timeout` passes (pidfds where available)."""
+    fds: list[int] = []
+    try:
+        for p in children:
+            try:
+                fds.append(os.pidfd_open(p.pid))
+            except ProcessLookupError:
+                return  # already gone: nothing to wait for
+        select.select(fds, [], [], timeout)
+    except (AttributeError, OSError):  # no pidfd_open here: plain sleep
+        time.sleep(timeout)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def stop_groups(
     procs: Iterable[subprocess.Popen[bytes]], grace_s: float, poll_s: float = 0.05
 ) -> None:
@@ -135,7 +153,11 @@ def stop_groups(
             reap(known, os.P_PGID, pgid)
         if not any(group_alive(g) for g in pgids):
             break
-        time.sleep(poll_s)
+        leaders = [p for p in procs if p.returncode is None]
+        if leaders:
+            wait_any_exit(leaders, min(poll_s, max(deadline - time.monotonic(), 0)))
+        else:
+            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0)))
     for pgid in pgids:
         if group_alive(pgid):
             log.info("process group %s outlived the grace period; sending SIGKILL", pgid)

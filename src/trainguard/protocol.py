@@ -72,7 +72,8 @@ class WorkerFact(_Msg):
     started_at: datetime | None = None
     ended_at: datetime | None = None
     start_count: int = 1
-    log_tail: list[str] = Field(default_factory=list, description="last lines, only once ended")
+    log_tail: list[str] = Field(default_factory=list,
+                                description="last log lines as in the rank log (logformat.py)")
     error_file: dict[str, object] | None = Field(None, description="torch @record error file")
 
     @property

@@ -93,9 +93,12 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path
         import os, signal, sys, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("step 1", flush=True)
-        if os.environ["RANK"] == "0":
-            sys.exit(5)
-        time.sleep(600)
+        if os.environ["RANK"] == "1":
+            open("rank1-ignores-sigterm", "w").close()
+            time.sleep(600)
+        while not os.path.exists("rank1-ignores-sigterm"):
+            time.sleep(0.01)
+        sys.exit(5)
     """)
     path = tmp_path / "w.py"
     path.write_text(stubborn)

@@ -1,0 +1,46 @@
+"""`make demo`: a 2-rank DDP job that survives two injected faults, then its recovery report.
+
+1. rank 1 is killed with SIGKILL after step 45 (as the OOM killer would): conditional auto
+   restart brings the job back from its last checkpoint (step 40);
+2. on the next attempt rank 0 prints a transient NCCL error and exits 1 after step 75:
+   diagnosed as a communication error (restart helps), restarted again from step 70.
+The job then finishes; the events and the recovery records show what happened.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TRAINGUARD = [sys.executable, "-m", "trainguard"]
+
+FAULTS = ";".join([
+    "signal:KILL@rank=1,step=45,attempt=0",
+    "log:RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"
+    "@rank=0,step=75,attempt=1",
+    "exit:1@rank=0,step=75,attempt=1",
+])
+
+
+def main() -> int:
+    job_dir = Path(os.environ.get("DEMO_JOB_DIR") or tempfile.mkdtemp(prefix="trainguard-demo-"))
+    env = dict(os.environ, TRAINGUARD_FAULT=FAULTS)
+    cmd = [*TRAINGUARD, "run", "--scenario", "single-node", "--nproc-per-node", "2",
+           "--job-dir", str(job_dir), "--local-ranks-filter", "0",
+           str(HERE / "train_ddp.py"), "--steps", "100", "--ckpt-every", "10"]
+    print("$ TRAINGUARD_FAULT='...' " + " ".join(cmd[2:]), flush=True)
+    code = subprocess.call(cmd, env=env)
+    for read in (["events", str(job_dir)], ["recovery", str(job_dir)]):
+        print(f"\n$ trainguard {' '.join(read)}", flush=True)
+        subprocess.call([*TRAINGUARD, *read])
+    verdict = "succeeded" if code == 0 else f"FAILED with exit code {code}"
+    print(f"\nThe demo job {verdict}; job dir: {job_dir}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""What a user types and sees: job files, console filtering, error files, bad input."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import read_json, reasons, run_tg
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_job_file_holds_what_the_flags_hold_and_flags_override_it(tmp_path: Path) -> None:
+    (tmp_path / "w.py").write_text("import os\nprint('step 1 on rank', os.environ['RANK'])\n")
+    (tmp_path / "job.yaml").write_text(textwrap.dedent("""
+        scenario: single-node
+        entrypoint: w.py
+        nproc_per_node: 3
+        job_dir: from-file
+        max_restarts: 7
+    """))
+    r = run_tg(["run", "--config", "job.yaml", "--nproc-per-node", "2"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    status = read_json("status", tmp_path / "from-file")
+    assert len(status["ranks"]) == 2 and status["max_restarts"] == 7
+
+
+def test_a_misspelt_job_file_key_is_an_error_that_names_the_key_and_the_fix(
+        tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text("entrypoint: w.py\nmax_restart: 3\n")
+    r = run_tg(["run", "--config", "job.yaml"], cwd=tmp_path)
+    assert r.returncode == 2
+    assert "max_restart" in r.stderr and "did you mean 'max_restarts'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["run", "missing.py"], "'missing.py' is not a file"),
+    (["run", "--max-restarts", "500", "w.py"], "max_restarts"),
+    (["run", "--nnodes", "2", "w.py"], "multi-node"),
+    (["run", "--rdzv-backend", "etcd", "w.py"], "etcd"),
+    (["run", "--nproc-per-node", "many", "w.py"], "use N, cpu, gpu or auto"),
+    (["events", "no-such-dir"], "no trainguard job"),
+])
+def test_bad_input_gets_one_clear_error_line_and_exit_code_2(
+        tmp_path: Path, args: list[str], expect: str) -> None:
+    (tmp_path / "w.py").write_text("print('hi')\n")
+    r = run_tg(args, cwd=tmp_path)
+    assert r.returncode == 2
+    assert expect in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_the_console_shows_only_the_filtered_ranks_but_every_rank_is_logged(
+        tmp_path: Path) -> None:
+    (tmp_path / "w.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    r = run_tg(["run", "--nproc-per-node", "3", "--local-ranks-filter", "1",
+                "--job-dir", "j", "w.py"], cwd=tmp_path)
+    assert r.returncode == 0
+    assert "[rank 1] hello from 1" in r.stdout
+    assert "hello from 0" not in r.stdout and "hello from 2" not in r.stdout
+    for rank in range(3):
+        line = (tmp_path / "j/logs/attempt-0" / f"rank-{rank}.log").read_text().splitlines()[0]
+        stamp, stream, text = line.split(" ", 2)
+        assert stamp.endswith("+00:00") and stream == "out" and text == f"hello from {rank}"
+
+
+def test_torch_record_error_files_reach_the_diagnosis(tmp_path: Path) -> None:
+    script = textwrap.dedent("""
+        import os
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        @record
+        def main():
+            if os.environ["RANK"] == "1":
+                raise ValueError("bad shard index 7")
+            print("ok")
+
+        main()
+    """)
+    (tmp_path / "w.py").write_text(script)
+    r = run_tg(["run", "--nproc-per-node", "2", "--max-restarts", "2", "--job-dir", "j",
+                "w.py"], cwd=tmp_path)
+    assert r.returncode == 1
+    assert (tmp_path / "j/logs/attempt-0/rank-1.error.json").is_file()
+    diag = next(e for e in read_json("events", tmp_path / "j")
+                if e["reason"] == "FailureDiagnosed")
+    assert "user_code_error" in diag["message"] and "bad shard index 7" in diag["message"]
+    assert "RestartScheduled" not in reasons(tmp_path / "j")
+
+
+def test_a_module_runs_with_dash_m_and_a_program_with_no_python(tmp_path: Path) -> None:
+    (tmp_path / "mymod.py").write_text("import sys\nprint('module args', sys.argv[1:])\n")
+    r = run_tg(["run", "-m", "--job-dir", "a", "mymod", "--x", "1"], cwd=tmp_path)
+    assert r.returncode == 0 and "module args ['--x', '1']" in r.stdout
+    r = run_tg(["run", "--no-python", "--job-dir", "b", "echo", "step", "3"], cwd=tmp_path)
+    assert r.returncode == 0 and "[rank 0] step 3" in r.stdout
+    assert read_json("status", tmp_path / "b")["last_progress"]["step"] == 3

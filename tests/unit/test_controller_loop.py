@@ -1,0 +1,291 @@
+"""The controller's attempt loop, driven by a scripted fake node agent: no processes."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.agent import AgentAPI
+from trainguard.controller import Controller
+from trainguard.exitcodes import ExitCode
+from trainguard.paths import JobPaths
+from trainguard.protocol import (
+    NodeReport,
+    Progress,
+    StartWorkers,
+    StopWorkers,
+    WorkerFact,
+    WorkerState,
+)
+from trainguard.records import Event, RecoverResult, StartType
+from trainguard.spec import JobSpec, build_spec
+from trainguard.store import JobStore
+
+T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+FIRST_PORT = 29500  # below Linux's ephemeral range, so a fresh port always differs
+RUNNING, FAILED, SUCCEEDED = WorkerState.RUNNING, WorkerState.FAILED, WorkerState.SUCCEEDED
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class W:
+    """One worker in a scripted report."""
+
+    state: WorkerState
+    returncode: int | None = None
+    tail: tuple[str, ...] = ()
+
+
+def report(attempt: int, *workers: W, first: int | None = None, last: int | None = None,
+           seconds: float = 0.0) -> NodeReport:
+    facts = [
+        WorkerFact(rank=r, local_rank=r, pid=1000 * (attempt + 1) + r, state=w.state,
+                   returncode=w.returncode, started_at=at(seconds),
+                   ended_at=at(seconds) if w.state.ended else None, start_count=attempt + 1,
+                   log_tail=list(w.tail))
+        for r, w in enumerate(workers)
+    ]
+    progress = Progress(first_step=first, first_step_at=None if first is None else at(seconds),
+                        last_step=last, last_step_at=None if last is None else at(seconds))
+    return NodeReport(node="node-0", attempt=attempt, workers=facts, progress=progress,
+                      at=at(seconds))
+
+
+class ScriptedAgent:
+    """An AgentAPI that plays back one list of reports per attempt.
+
+    The first report answers start_workers, the rest answer poll() in order (the last one
+    repeats). stop_workers marks what still runs as STOPPED.
+    """
+
+    def __init__(self, attempts: Sequence[Sequence[NodeReport]]) -> None:
+        self._attempts = [list(a) for a in attempts]
+        self._queue: Iterator[NodeReport] = iter(())
+        self._last: NodeReport | None = None
+        self.started: list[StartWorkers] = []
+        self.stops: list[StopWorkers] = []
+        self.polls = 0
+        self.closed = False
+
+    def start_workers(self, cmd: StartWorkers) -> NodeReport:
+        assert len(self.started) < len(self._attempts), "more attempts than scripted"
+        script = self._attempts[len(self.started)]
+        self.started.append(cmd)
+        self._queue = iter(script[1:])
+        self._last = script[0]
+        return script[0]
+
+    def poll(self, wait_s: float = 0.0) -> NodeReport:
+        self.polls += 1
+        self._last = next(self._queue, self._last)
+        assert self._last is not None
+        return self._last
+
+    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+        self.stops.append(cmd)
+        assert self._last is not None
+        workers = [w if w.state.ended else w.model_copy(update={
+            "state": WorkerState.STOPPED, "returncode": -signal.SIGTERM,
+            "ended_at": self._last.at}) for w in self._last.workers]
+        self._last = self._last.model_copy(update={"workers": workers})
+        return self._last
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class Run:
+    code: int
+    agent: ScriptedAgent
+    store: JobStore
+    events: list[Event]
+
+    @property
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events]
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Any]:
+    stores: list[JobStore] = []
+
+    def run(attempts: Sequence[Sequence[NodeReport]], **values: Any) -> Run:
+        spec: JobSpec = build_spec(None, {
+            "entrypoint": "train.py", "run_id": "loop-test", "nproc_per_node": 2,
+            "monitor_interval": 0.001, "restart_backoff_s": 0, "restart_backoff_max_s": 0,
+            "grace_period_s": 0, "master_port": FIRST_PORT, **values})
+        paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ckpt")
+        paths.make()
+        store = JobStore.create(paths.job_dir, spec.run_id)
+        stores.append(store)
+        agent = ScriptedAgent(attempts)
+        seen: list[Event] = []
+        api: AgentAPI = agent
+        code = Controller(spec, paths, store, api, ["python", "train.py"],
+                          on_event=seen.append).run()
+        assert [e for _, e in store.events()] == seen
+        return Run(code, agent, store, seen)
+
+    yield run
+    for s in stores:
+        s.close()
+
+
+CRASH_THEN_RECOVER = [
+    [report(0, W(RUNNING), W(RUNNING)),
+     report(0, W(RUNNING), W(RUNNING), first=1, last=8, seconds=1),
+     report(0, W(RUNNING), W(FAILED, -signal.SIGKILL), first=1, last=15, seconds=2)],
+    [report(1, W(RUNNING), W(RUNNING), seconds=3),
+     report(1, W(SUCCEEDED, 0), W(SUCCEEDED, 0), first=11, last=20, seconds=4)],
+]
+
+
+def test_a_killed_rank_is_restarted_and_the_job_succeeds(job: Any) -> None:
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    assert run.code == ExitCode.SUCCESS
+    assert run.reasons == [
+        "JobCreated", "JobRunning", "WorkerFailed", "WorkersStopped", "FailureDiagnosed",
+        "RestartScheduled", "WorkersRestarted", "JobSucceeded"]
+    assert run.agent.closed
+
+
+def test_the_failed_event_and_the_diagnosis_name_the_killed_rank(job: Any) -> None:
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    by_reason = {e.reason: e for e in run.events}
+    failed, diagnosed = by_reason["WorkerFailed"], by_reason["FailureDiagnosed"]
+    assert (failed.involved.rank, failed.involved.attempt) == (1, 0)
+    assert "SIGKILL" in failed.message
+    assert diagnosed.involved.rank == 1
+    assert diagnosed.message.startswith("host_oom (infrastructure, restart helps: yes)")
+
+
+def test_the_recovery_record_counts_the_steps_lost_and_the_resumed_step(job: Any) -> None:
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    first, second = run.store.running_records()
+    assert (first.start_type, second.start_type) == (StartType.FIRST_START,
+                                                     StartType.AUTO_RESTART)
+    (inc,) = first.recover_records
+    assert inc.recover_result == RecoverResult.SUCCESS
+    assert (inc.last_step_before, inc.resumed_step, inc.steps_lost) == (15, 10, 5)
+    assert inc.category == "host_oom"
+    assert inc.related_task == "worker-1"
+    assert inc.first_progress_at == at(4)
+    assert second.recover_records == []
+    assert (second.first_step, second.last_step) == (11, 20)
+
+
+def test_each_attempt_gets_a_fresh_master_port(job: Any) -> None:
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    ports = [cmd.master_port for cmd in run.agent.started]
+    assert ports[0] == FIRST_PORT
+    assert ports[1] != FIRST_PORT
+    assert [r.master_port for r in run.store.running_records()] == ports
+
+
+def test_start_commands_count_the_starts_of_each_rank(job: Any) -> None:
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    first, second = run.agent.started
+    assert (first.attempt, second.attempt) == (0, 1)
+    assert [w.start_count for w in first.workers] == [1, 1]
+    assert [w.start_count for w in second.workers] == [2, 2]
+    assert [(w.rank, w.local_rank) for w in second.workers] == [(0, 0), (1, 1)]
+    assert first.world_size == 2 and first.max_restarts == 3
+    assert first.argv == ["python", "train.py"]
+
+
+def test_the_other_ranks_are_stopped_once_per_failed_attempt(job: Any) -> None:
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    assert [s.reason for s in run.agent.stops] == ["a worker failed"]
+
+
+def test_the_store_meta_ends_succeeded_with_the_restarts_used(job: Any) -> None:
+    meta = job(CRASH_THEN_RECOVER, max_restarts=3).store.meta()
+    assert (meta["state"], meta["exit_code"], meta["restarts_used"]) == ("succeeded", 0, 1)
+    assert meta["last_step"] == 20
+
+
+def test_worker_rows_are_kept_per_attempt(job: Any) -> None:
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    first = run.store.workers(0)
+    assert [(w.rank, w.state, w.signal) for w in first] == [
+        (0, "stopped", "SIGTERM"), (1, "failed", "SIGKILL")]
+    assert [w.state for w in run.store.workers(1)] == ["succeeded", "succeeded"]
+
+
+USER_BUG = ("[rank1]: Traceback (most recent call last):",
+            '[rank1]:   File "/workspace/train.py", line 42, in <module>',
+            "[rank1]:     raise ValueError('labels out of range')",
+            "[rank1]: ValueError: labels out of range")
+
+
+def test_a_user_code_failure_exits_1_without_a_restart(job: Any) -> None:
+    attempts = [[report(0, W(RUNNING), W(RUNNING)),
+                 report(0, W(RUNNING), W(FAILED, 1, USER_BUG), first=1, last=3, seconds=1)]]
+    run = job(attempts, max_restarts=3)
+    assert run.code == ExitCode.FAILED
+    assert len(run.agent.started) == 1
+    assert "RestartScheduled" not in run.reasons
+    assert run.reasons[-2:] == ["FailureDiagnosed", "JobFailed"]
+    assert "labels out of range" in run.events[-1].message
+    (inc,) = run.store.running_records()[0].recover_records
+    assert (inc.recover, inc.recover_result) == ("none", RecoverResult.FAILED)
+    assert run.store.meta()["state"] == "failed"
+
+
+def test_with_auto_restart_off_a_restartable_failure_still_ends_the_job(job: Any) -> None:
+    attempts = [[report(0, W(RUNNING), W(FAILED, -signal.SIGKILL), last=5)]]
+    run = job(attempts, max_restarts=0)
+    assert run.code == ExitCode.FAILED
+    assert len(run.agent.started) == 1
+    (inc,) = run.store.running_records()[0].recover_records
+    assert inc.recover_result == RecoverResult.TERMINATED
+
+
+def crash_at_step_15(attempt: int) -> list[NodeReport]:
+    """Every attempt resumes from step 10 and is killed at step 15 again."""
+    first = 1 if attempt == 0 else 11
+    return [report(attempt, W(RUNNING), W(RUNNING), seconds=10 * attempt),
+            report(attempt, W(FAILED, -signal.SIGKILL), W(RUNNING), first=first, last=15,
+                   seconds=10 * attempt + 1)]
+
+
+def test_attempts_that_make_no_progress_give_up_with_exit_86(job: Any) -> None:
+    run = job([crash_at_step_15(a) for a in range(10)], max_restarts=10, no_progress_limit=2)
+    assert run.code == ExitCode.NO_PROGRESS == 86
+    # attempt 0 made progress; attempts 1 and 2 did not get past step 15
+    assert len(run.agent.started) == 3
+    assert run.reasons[-2:] == ["NoProgress", "JobFailed"]
+    assert run.store.meta()["state"] == "failed"
+    assert run.store.meta()["exit_code"] == 86
+
+
+def test_a_spent_restart_budget_exits_1_with_restart_limit_reached(job: Any) -> None:
+    attempts = [[report(a, W(FAILED, -signal.SIGKILL), W(RUNNING), first=1, last=10 * (a + 1))]
+                for a in range(3)]
+    run = job(attempts, max_restarts=2)
+    assert run.code == ExitCode.FAILED
+    assert len(run.agent.started) == 3
+    assert "RestartLimitReached" in run.reasons
+    last_inc = run.store.running_records()[-1].recover_records[-1]
+    assert last_inc.recover_result == RecoverResult.QUOTA_EXCEEDED
+
+
+def test_a_job_that_succeeds_at_once_has_no_recovery(job: Any) -> None:
+    attempts = [[report(0, W(RUNNING), W(RUNNING)),
+                 report(0, W(SUCCEEDED, 0), W(SUCCEEDED, 0), first=1, last=100, seconds=5)]]
+    run = job(attempts)
+    assert run.code == ExitCode.SUCCESS
+    assert run.reasons == ["JobCreated", "JobRunning", "JobSucceeded"]
+    assert run.agent.stops == []
+    (rec,) = run.store.running_records()
+    assert rec.recover_records == [] and rec.last_step == 100

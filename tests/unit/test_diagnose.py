@@ -1,0 +1,426 @@
+"""The diagnoser: realistic worker exits and log tails -> category, restart verdict, culprit."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from trainguard.diagnose import (
+    Diagnosis,
+    RestartHelps,
+    diagnose_attempt,
+    diagnose_rank,
+    final_exception,
+    strip_prefix,
+)
+from trainguard.protocol import WorkerFact, WorkerState
+
+T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+GLOO_RESET = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+    "Read error [127.0.0.1]:33175: Connection reset by peer. This may indicate a possible "
+    "application crash on rank 0 or a network set up issue."
+)
+NCCL_WATCHDOG = (
+    "[rank0]:[E1107 10:00:00.000000 123 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, "
+    "NumelOut=1, Timeout(ms)=600000) ran for 600071 milliseconds before timing out."
+)
+
+
+def fact(
+    rank: int,
+    returncode: int | None,
+    tail: Sequence[str] = (),
+    *,
+    ended_s: float | None = 0.0,
+    state: WorkerState = WorkerState.FAILED,
+    error_file: dict[str, object] | None = None,
+) -> WorkerFact:
+    return WorkerFact(
+        rank=rank, local_rank=rank, pid=1000 + rank, state=state, returncode=returncode,
+        started_at=T0, ended_at=None if ended_s is None else T0 + timedelta(seconds=ended_s),
+        log_tail=list(tail), error_file=error_file,
+    )
+
+
+def traceback(rank: int | None, *exc_lines: str, code: str = "loss.backward()") -> list[str]:
+    """A Python traceback as torch prints it, with the `[rankN]: ` prefix when rank is given."""
+    pre = "" if rank is None else f"[rank{rank}]: "
+    return [
+        f"{pre}step 14 loss 2.31",
+        f"{pre}Traceback (most recent call last):",
+        f'{pre}  File "/workspace/train.py", line 88, in <module>',
+        f"{pre}    main()",
+        f'{pre}  File "/workspace/train.py", line 61, in main',
+        f"{pre}    {code}",
+        *(f"{pre}{ln}" for ln in exc_lines),
+    ]
+
+
+def only(*facts: WorkerFact) -> Diagnosis:
+    d = diagnose_attempt(list(facts))
+    assert d is not None
+    return d
+
+
+# --- one failed rank: what the log says -------------------------------------------------
+
+
+def test_a_gloo_connection_reset_alone_is_still_diagnosed_as_a_network_failure() -> None:
+    d = only(fact(1, 1, traceback(1, GLOO_RESET)))
+    assert d.category == "network_or_rendezvous"
+    assert d.restart_helps == RestartHelps.YES
+    assert d.culprit_rank == 1
+    assert d.evidence is not None and "Connection reset by peer" in d.evidence
+
+
+def test_the_rank_prefix_is_stripped_from_the_evidence() -> None:
+    d = only(fact(1, 1, traceback(1, GLOO_RESET)))
+    assert d.evidence is not None and not d.evidence.startswith("[rank")
+
+
+def test_cuda_out_of_memory_is_a_user_error_that_a_restart_does_not_fix() -> None:
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has "
+           "a total capacity of 79.10 GiB of which 1.20 GiB is free.")
+    d = only(fact(0, 1, traceback(0, oom)))
+    assert (d.category, d.fault_domain, d.restart_helps) == ("gpu_oom", "user_code",
+                                                             RestartHelps.NO)
+    assert d.culprit_rank == 0
+
+
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4121, GPU has fallen off the bus."
+
+
+def test_an_xid_79_line_is_a_gpu_hardware_fault_that_isolates_the_node() -> None:
+    d = only(fact(3, -6, ["step 200 loss 1.9", XID_79]))
+    assert d.category == "gpu_hardware"
+    assert d.restart_helps == RestartHelps.YES
+    assert d.isolate_node is True
+    assert d.culprit_rank == 3
+
+
+def test_an_xid_that_is_not_a_hardware_code_is_not_a_gpu_hardware_fault() -> None:
+    d = only(fact(0, 1, ["NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception"]))
+    assert d.category != "gpu_hardware"
+
+
+def test_no_space_left_on_device_is_a_storage_fault_a_restart_may_fix() -> None:
+    d = only(fact(0, 1, traceback(
+        0, "OSError: [Errno 28] No space left on device: '/ckpt/step-100.tmp'",
+        code="torch.save(state, path)")))
+    assert (d.category, d.fault_domain) == ("disk_full_or_storage_io", "storage")
+    assert d.restart_helps == RestartHelps.MAYBE
+
+
+def test_a_missing_module_is_a_dependency_error_that_a_restart_does_not_fix() -> None:
+    d = only(fact(0, 1, traceback(
+        None, "ModuleNotFoundError: No module named 'transformers'", code="import transformers")))
+    assert d.category == "dependency_or_import_error"
+    assert d.restart_helps == RestartHelps.NO
+
+
+def test_a_python_exception_without_a_known_cause_is_a_user_code_error() -> None:
+    d = only(fact(2, 1, traceback(2, "ValueError: labels out of range: 50257 >= 50000")))
+    assert d.category == "user_code_error"
+    assert d.restart_helps == RestartHelps.NO
+    assert d.culprit_rank == 2
+    assert d.evidence == "ValueError: labels out of range: 50257 >= 50000"
+
+
+def test_a_collective_timeout_raised_in_python_is_diagnosed_as_a_timeout() -> None:
+    exc = "torch.distributed.DistBackendError: " + NCCL_WATCHDOG.split("] ", 2)[2]
+    d = only(fact(0, 1, [NCCL_WATCHDOG, *traceback(0, exc)]))
+    assert d.category == "nccl_timeout_or_hang"
+    assert d.restart_helps == RestartHelps.YES
+
+
+def test_the_torchrun_tee_prefix_is_understood_like_the_rank_prefix() -> None:
+    tail = [f"[default0]:{ln}" for ln in traceback(None, "ValueError: bad shape")]
+    d = only(fact(0, 1, tail))
+    assert d.category == "user_code_error"
+    assert d.evidence == "ValueError: bad shape"
+
+
+# --- exit codes and signals --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("returncode", "category", "helps"),
+    [
+        (-signal.SIGKILL, "host_oom", RestartHelps.YES),
+        (128 + signal.SIGKILL, "host_oom", RestartHelps.YES),  # 137, as a shell reports it
+        (-signal.SIGBUS, "shared_memory", RestartHelps.YES),
+        (128 + signal.SIGBUS, "shared_memory", RestartHelps.YES),
+        (-signal.SIGSEGV, "segfault_or_abort", RestartHelps.MAYBE),
+        (-signal.SIGABRT, "segfault_or_abort", RestartHelps.MAYBE),
+        (-signal.SIGUSR1, "killed_by_signal_unknown", RestartHelps.YES),
+    ],
+)
+def test_a_death_by_signal_without_any_log_is_judged_by_the_signal(
+    returncode: int, category: str, helps: RestartHelps
+) -> None:
+    d = only(fact(1, returncode))
+    assert (d.category, d.restart_helps, d.culprit_rank) == (category, helps, 1)
+    assert d.from_log is False
+
+
+def test_the_signal_name_appears_in_the_summary_of_an_unknown_signal() -> None:
+    assert "SIGUSR1" in only(fact(0, -signal.SIGUSR1)).summary
+
+
+@pytest.mark.parametrize("code", [1, 3, 255])
+def test_a_plain_exit_code_without_any_log_is_other_and_not_restarted(code: int) -> None:
+    d = only(fact(0, code, ["step 1 loss 3.0", "step 2 loss 2.9"]))
+    assert d.category == "other"
+    assert d.restart_helps == RestartHelps.NO
+    assert str(code) in d.summary
+
+
+def test_a_known_cause_in_the_log_beats_the_signal_that_killed_the_rank() -> None:
+    d = only(fact(0, -signal.SIGKILL, ["Out of memory: Killed process 4121 (python)"]))
+    assert d.category == "host_oom"
+    assert d.from_log is True
+
+
+# --- torch @record error files -----------------------------------------------------------
+
+
+def error_file(message: str) -> dict[str, object]:
+    return {"message": {"message": message, "extraInfo": {
+        "py_callstack": 'Traceback (most recent call last):\n  File "train.py", line 9\n'
+                        f"{message}\n",
+        "timestamp": "1700000000"}}}
+
+
+def test_the_error_file_message_is_the_exception_when_the_log_is_empty() -> None:
+    d = only(fact(0, 1, error_file=error_file("RuntimeError: boom")))
+    assert d.category == "user_code_error"
+    assert d.evidence == "RuntimeError: boom"
+
+
+def test_a_known_cause_in_the_error_file_is_recognised() -> None:
+    d = only(fact(0, 1, error_file=error_file("torch.OutOfMemoryError: CUDA out of memory.")))
+    assert d.category == "gpu_oom"
+
+
+def test_an_error_file_with_a_plain_string_message_is_read_too() -> None:
+    d = only(fact(0, 1, error_file={"message": "ValueError: nope"}))
+    assert d.evidence == "ValueError: nope"
+
+
+def test_an_error_file_without_a_message_falls_back_to_the_log() -> None:
+    d = only(fact(0, 1, traceback(0, "KeyError: 'lr'"), error_file={"message": {}}))
+    assert d.evidence == "KeyError: 'lr'"
+
+
+# --- across ranks: root cause first, symptoms listed --------------------------------------
+
+
+def test_the_rank_killed_first_is_the_culprit_and_the_peer_reset_is_a_symptom() -> None:
+    killed = fact(0, -signal.SIGKILL, ["step 15 loss 2.2"], ended_s=0.0)
+    victim = fact(1, 1, traceback(1, GLOO_RESET), ended_s=1.5)
+    d = only(victim, killed)
+    assert d.culprit_rank == 0
+    assert d.category == "host_oom"
+    assert d.restart_helps == RestartHelps.YES
+    assert any(s.startswith("rank 1:") and "Connection reset by peer" in s for s in d.symptoms)
+
+
+def test_a_symptom_that_ended_first_does_not_hide_the_real_cause_on_another_rank() -> None:
+    victim = fact(1, 1, traceback(1, GLOO_RESET), ended_s=0.0)
+    killed = fact(0, -signal.SIGKILL, ended_s=2.0)
+    d = only(victim, killed)
+    assert d.culprit_rank == 0
+    assert d.category == "host_oom"
+
+
+def test_the_earliest_real_failure_wins_over_a_later_real_failure() -> None:
+    first = fact(2, 1, traceback(2, "ValueError: bad batch"), ended_s=1.0)
+    later = fact(0, -signal.SIGSEGV, ended_s=3.0)
+    d = only(later, first)
+    assert d.culprit_rank == 2
+    assert d.category == "user_code_error"
+    assert any(s.startswith("rank 0:") for s in d.symptoms)
+
+
+def test_a_rank_without_an_end_time_sorts_after_those_with_one() -> None:
+    unknown = fact(0, -signal.SIGSEGV, ended_s=None)
+    known = fact(1, 1, traceback(1, "ValueError: x"), ended_s=5.0)
+    assert only(unknown, known).culprit_rank == 1
+
+
+def test_only_symptoms_on_every_rank_blames_the_earliest_one() -> None:
+    a = fact(0, 1, traceback(0, GLOO_RESET), ended_s=2.0)
+    b = fact(1, 1, [NCCL_WATCHDOG], ended_s=1.0)
+    d = only(a, b)
+    assert d.culprit_rank == 1
+    assert d.restart_helps == RestartHelps.YES
+
+
+def test_succeeded_workers_and_stopped_workers_with_a_clean_log_are_ignored() -> None:
+    stopped = fact(0, -signal.SIGTERM, ["step 14 loss 2.0"], state=WorkerState.STOPPED)
+    ok = fact(1, 0, ["step 100 loss 1.0"], state=WorkerState.SUCCEEDED)
+    failed = fact(2, 1, traceback(2, "KeyError: 'lr'"), ended_s=5.0)
+    d = only(stopped, ok, failed)
+    assert d.culprit_rank == 2
+    assert d.symptoms == ()
+
+
+def stamped(seconds: float, lines: Sequence[str], stream: str = "err") -> list[str]:
+    """Lines as the rank log keeps them: `<ISO time read> <out|err> <text>`."""
+    at = (T0 + timedelta(seconds=seconds)).isoformat()
+    return [f"{at} {stream} {ln}" for ln in lines]
+
+
+def test_the_rank_that_printed_its_error_first_is_the_culprit_even_if_it_exited_later() -> None:
+    slow_teardown = fact(0, 1, stamped(1.0, traceback(0, "ValueError: bad batch")), ended_s=4.0)
+    segv = fact(1, -signal.SIGSEGV, stamped(0.5, ["step 14 loss 2.2"], "out"), ended_s=2.0)
+    d = only(segv, slow_teardown)
+    assert d.culprit_rank == 0
+    assert d.category == "user_code_error"
+
+
+def test_a_stopped_rank_whose_error_was_read_before_detection_can_be_the_root_cause() -> None:
+    stopped = fact(0, -signal.SIGTERM, stamped(1.0, traceback(0, "ValueError: bad batch")),
+                   state=WorkerState.STOPPED, ended_s=4.0)
+    victim = fact(1, 1, stamped(2.0, traceback(1, GLOO_RESET)), ended_s=2.5)
+    d = diagnose_attempt([stopped, victim], T0 + timedelta(seconds=3))
+    assert d is not None
+    assert (d.culprit_rank, d.category) == (0, "user_code_error")
+    assert any(s.startswith("rank 1:") for s in d.symptoms)
+
+
+def test_log_lines_read_after_the_failure_was_detected_are_not_evidence() -> None:
+    stopped = fact(0, -signal.SIGTERM, stamped(5.0, traceback(0, "ValueError: late")),
+                   state=WorkerState.STOPPED, ended_s=6.0)
+    victim = fact(1, 1, stamped(2.0, traceback(1, GLOO_RESET)), ended_s=2.5)
+    d = diagnose_attempt([stopped, victim], T0 + timedelta(seconds=3))
+    assert d is not None
+    assert (d.culprit_rank, d.category) == (1, "network_or_rendezvous")
+
+
+def test_a_stopped_rank_alone_is_no_failure() -> None:
+    stopped = fact(0, -signal.SIGTERM, traceback(0, "ValueError: x"), state=WorkerState.STOPPED)
+    assert diagnose_attempt([stopped]) is None
+
+
+def test_stamped_log_lines_are_diagnosed_like_bare_ones() -> None:
+    d = only(fact(1, 1, stamped(1.0, traceback(1, GLOO_RESET))))
+    assert d.category == "network_or_rendezvous"
+    assert d.evidence is not None and d.evidence.startswith("RuntimeError: [/__w/pytorch")
+
+
+def test_an_attempt_without_a_failed_worker_has_no_diagnosis() -> None:
+    facts = [fact(0, 0, state=WorkerState.SUCCEEDED),
+             fact(1, -signal.SIGTERM, state=WorkerState.STOPPED),
+             fact(2, None, state=WorkerState.RUNNING, ended_s=None)]
+    assert diagnose_attempt(facts) is None
+
+
+def test_a_diagnosis_serialises_its_verdict_and_culprit() -> None:
+    d = only(fact(1, -signal.SIGKILL))
+    out = d.to_dict()
+    assert out["restart_helps"] == "yes"
+    assert out["culprit"] == {"rank": 1}
+    assert out["symptoms"] == []
+
+
+# --- known bugs (xfail strict: they pass once src is fixed) -------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "diagnose_rank prefers any non-symptom rule matched in the tail over the final Python "
+    "exception, so a 'terminate called after throwing' / 'Aborted (core dumped)' printed "
+    "during teardown after an uncaught user exception wins: segfault_or_abort/MAYBE "
+    "instead of user_code_error/NO, and the conditional policy restarts a user bug"))
+def test_a_user_exception_beats_a_later_terminate_called_abort() -> None:
+    tail = [*traceback(0, "ValueError: labels out of range"),
+            "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+            "  what():  [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+            "op.preamble.length <= op.nbytes. 8 vs 4",
+            "Aborted (core dumped)"]
+    d = only(fact(0, -signal.SIGABRT, tail))
+    assert d.category == "user_code_error"
+    assert d.restart_helps == RestartHelps.NO
+    assert d.evidence == "ValueError: labels out of range"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the 'terminate called after throwing' line matches the non-symptom segfault_or_abort "
+    "rule, so torch's real watchdog abort output (watchdog timeout, then terminate called, "
+    "SIGABRT) is diagnosed as a native crash of the aborting rank, not as a collective "
+    "timeout symptom"))
+def test_an_nccl_watchdog_abort_is_diagnosed_as_a_collective_timeout() -> None:
+    tail = [NCCL_WATCHDOG,
+            "terminate called after throwing an instance of 'c10::DistBackendError'",
+            "  what():  [PG ID 0 PG GUID 0(default_pg) Rank 0] Process group watchdog thread "
+            "terminated with exception: [Rank 0] Watchdog caught collective operation timeout",
+            "Exception raised from checkTimeout at /pytorch/torch/csrc/distributed/c10d/"
+            "ProcessGroupNCCL.cpp:618 (most recent call first):"]
+    d = only(fact(0, -signal.SIGABRT, tail))
+    assert d.category == "nccl_timeout_or_hang"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "diagnose_rank scans the tail newest line first and takes the first non-symptom match, "
+    "so the generic 'CUDA error' (cuda_kernel_error, MAYBE, no isolation) printed after the "
+    "Xid 79 line hides the hardware fault; RULES order only ranks rules within one line"))
+def test_an_xid_79_line_beats_the_cuda_error_that_follows_it() -> None:
+    tail = ["step 200 loss 1.9", XID_79,
+            "RuntimeError: CUDA error: unspecified launch failure"]
+    d = only(fact(3, -6, tail))
+    assert d.category == "gpu_hardware"
+    assert d.isolate_node is True
+
+
+# --- final_exception and strip_prefix ----------------------------------------------------
+
+
+def test_final_exception_of_a_chained_traceback_is_the_last_one() -> None:
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 10, in load',
+        "    return state['model']",
+        "KeyError: 'model'",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "train.py", line 12, in load',
+        "    raise RuntimeError('checkpoint has no model')",
+        "RuntimeError: checkpoint has no model",
+    ]
+    assert final_exception(lines) == "RuntimeError: checkpoint has no model"
+    assert final_exception([f"[rank3]: {ln}" for ln in lines]) == (
+        "RuntimeError: checkpoint has no model")
+
+
+def test_final_exception_of_a_direct_cause_chain_is_the_last_one() -> None:
+    lines = [*traceback(None, "OSError: disk gone"), "",
+             "The above exception was the direct cause of the following exception:", "",
+             *traceback(None, "RuntimeError: save failed")[1:]]
+    assert final_exception(lines) == "RuntimeError: save failed"
+
+
+def test_final_exception_of_an_exception_without_a_message_is_its_type() -> None:
+    assert final_exception(traceback(None, "KeyboardInterrupt")) == "KeyboardInterrupt"
+
+
+def test_final_exception_is_none_without_a_traceback() -> None:
+    assert final_exception(["step 1 loss 2.0", "ValueError: printed, not raised"]) is None
+
+
+def test_strip_prefix_drops_only_the_leading_rank_prefix() -> None:
+    assert strip_prefix("[rank12]: step 5") == "step 5"
+    assert strip_prefix("[default3]:step 5") == "step 5"
+    assert strip_prefix("step 5 [rank1]: x") == "step 5 [rank1]: x"
+
+
+def test_diagnose_rank_reports_whether_its_verdict_is_only_a_symptom() -> None:
+    assert diagnose_rank(fact(1, 1, traceback(1, GLOO_RESET))).symptom is True
+    assert diagnose_rank(fact(1, -signal.SIGKILL)).symptom is False
