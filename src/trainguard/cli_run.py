@@ -87,10 +87,10 @@ def flags_to_spec_values(ns: argparse.Namespace) -> dict[str, Any]:
     """Turn parsed flags into JobSpec fields; errors name the flag and the fix."""
     v = {k: val for k, val in vars(ns).items() if k not in ("func", "config", "command", "verbose")}
     out: dict[str, Any] = {}
-    if "training_script" in v:
+    script_args = v.pop("training_script_args", None)
+    if "training_script" in v:  # the script's arguments belong to the script on the command line
         out["entrypoint"] = v.pop("training_script")
-    if "training_script_args" in v:
-        out["args"] = list(v.pop("training_script_args"))
+        out["args"] = list(script_args or [])
     if "rdzv_id" in v:
         out["run_id"] = v.pop("rdzv_id")
     if "nnodes" in v:

@@ -29,8 +29,9 @@ class Rule:
     restart: RestartHelps
     pattern: re.Pattern[str]
     advice: str
-    symptom: bool = False
-    isolate: bool = False
+    symptom: bool = False  # what healthy ranks print when a peer dies or stalls
+    isolate: bool = False  # the evidence points at the machine
+    weak: bool = False  # often a consequence (teardown abort after an exception, a watchdog)
 
 
 def _rule(
@@ -65,13 +66,14 @@ RULES: tuple[Rule, ...] = (
     _rule("cuda_kernel_error", "framework", "no", r"device-side assert triggered",
           "A CUDA kernel assertion failed, usually an index out of range in user code."),
     _rule("cuda_kernel_error", "framework", "maybe", r"illegal memory access|CUDA error",
-          "A CUDA kernel failed: if it repeats on one node, suspect the GPU."),
+          "A CUDA kernel failed: if it repeats on one node, suspect the GPU.", weak=True),
     _rule("dataloader_worker_crash", "framework", "maybe",
           r"DataLoader worker \(pid\(?s?\)?[^)]*\) (?:is killed by signal|exited unexpectedly)",
           "A DataLoader worker died: check its memory use and /dev/shm."),
     _rule("segfault_or_abort", "framework", "maybe",
-          r"Segmentation fault|Fatal Python error|core dumped|terminate called after throwing",
-          "A native crash: if it repeats at the same step, suspect the code or a library version."),
+          r"Segmentation fault|Fatal Python error|core dumped|terminate called",
+          "A native crash: if it repeats at the same step, suspect the code or a library version.",
+          weak=True),
     _rule("numerical", "user_code", "no",
           r"(?i)\bloss is nan\b|FloatingPointError|non-finite loss",
           "Training diverged: lower the learning rate or check the data."),
@@ -203,25 +205,31 @@ def _match(line: str) -> Rule | None:
 def diagnose_rank(fact: WorkerFact, before: datetime | None = None) -> _RankVerdict:
     """Verdict on one worker from its exit, error file and log tail (lines read <= before).
 
-    Precedence: a known real cause anywhere (exception or tail) > the final Python
-    exception > the signal that killed it > a symptom seen in the tail > "other".
+    Precedence: a strong known cause (highest-priority rule, then earliest line) > the
+    final Python exception > a symptom > a weak cause (an abort, a generic CUDA error,
+    usually a consequence) > the signal that killed it > "other".
     """
     lines = _lines(fact.log_tail[-200:], before)
     exc = _error_file_exception(fact) or _final_exception(lines)
-    candidates = ([exc] if exc else []) + list(reversed(lines))
-    causes = [(ln, r) for ln in candidates if (r := _match(ln.text)) is not None]
-    symptoms = tuple(ln.text for ln, r in causes if r.symptom)
-    real = next(((ln, r) for ln, r in causes if not r.symptom), None)
-    if real is not None:
-        return _from_rule(fact, *real, symptoms, symptom=False)
-    if exc is not None and causes and causes[0][0] is exc:
-        return _from_rule(fact, exc, causes[0][1], symptoms, symptom=True)
+    matches = [(ln, r) for ln in ([exc] if exc else []) + lines if (r := _match(ln.text))]
+    symptoms = tuple(ln.text for ln, r in reversed(matches) if r.symptom)
+    strong = [(ln, r) for ln, r in matches if not r.symptom and not r.weak]
+    if strong:
+        line, rule = min(strong, key=lambda m: RULES.index(m[1]))
+        return _from_rule(fact, line, rule, symptoms, symptom=False)
     if exc is not None:
+        rule_exc = _match(exc.text)
+        if rule_exc is not None:
+            return _from_rule(fact, exc, rule_exc, symptoms, symptom=rule_exc.symptom)
         return _RankVerdict(Diagnosis(
             "user_code_error", "user_code", RestartHelps.NO,
             f"rank {fact.rank} raised {exc.text[:300]}",
             "Fix the error in the training script; restarting would fail the same way.",
             fact.rank, exc.text, confidence=0.8, from_log=True), False, exc.at or fact.ended_at)
+    for kind in ("symptom", "weak"):
+        found = [(ln, r) for ln, r in matches if getattr(r, kind)]
+        if found:
+            return _from_rule(fact, *found[0], symptoms, symptom=kind == "symptom")
     sig = fact.signal_number or _shell_signal(fact.returncode)
     if sig is not None and fact.state == WorkerState.FAILED:
         cat, domain, helps, text = _SIGNAL_VERDICTS.get(sig, (
@@ -230,8 +238,6 @@ def diagnose_rank(fact: WorkerFact, before: datetime | None = None) -> _RankVerd
         return _RankVerdict(Diagnosis(cat, domain, helps, f"rank {fact.rank}: {text}",
                                       "Restart; if it repeats, look at the node's kernel log.",
                                       fact.rank, None, confidence=0.6), False, fact.ended_at)
-    if causes:
-        return _from_rule(fact, *causes[0], symptoms, symptom=True)
     return _RankVerdict(Diagnosis(
         "other", "user_code", RestartHelps.NO,
         f"rank {fact.rank} exited with code {fact.returncode} and left no error in its log",

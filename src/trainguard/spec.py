@@ -65,7 +65,6 @@ class JobSpec(BaseModel):
     scenario: Scenario | None = None
     max_restarts: int = Field(0, ge=0, le=128, description="0 = auto restart off; 1-128")
     unconditional_restart: bool = Field(False, description="restart on any non-zero exit")
-    unconditional_max_consecutive: int = Field(3, ge=1, le=3)
     restart_backoff_s: float = Field(1.0, ge=0, le=3600)
     restart_backoff_max_s: float = Field(60.0, ge=0, le=86400)
     no_progress_limit: int = Field(3, ge=1, le=128,
@@ -112,7 +111,6 @@ class JobSpec(BaseModel):
         return RestartPolicy(
             max_restarts=self.max_restarts,
             unconditional=self.unconditional_restart,
-            unconditional_max_consecutive=self.unconditional_max_consecutive,
             backoff_s=self.restart_backoff_s,
             backoff_max_s=self.restart_backoff_max_s,
             no_progress_limit=self.no_progress_limit,
@@ -125,13 +123,27 @@ class RestartPolicy:
 
     max_restarts: int = 0
     unconditional: bool = False
-    unconditional_max_consecutive: int = 3
+    unconditional_max_consecutive: int = 3  # the platform's rule: at most 3 in a row
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
     no_progress_limit: int = 3
 
 
 FIELDS = tuple(JobSpec.model_fields)
+
+# Fields whose flag is not simply `--` + the field name with dashes.
+FLAG_NAMES = {
+    "entrypoint": "the training script argument",
+    "args": "the script's arguments",
+    "restart_backoff_s": "--restart-backoff",
+    "restart_backoff_max_s": "--restart-backoff-max",
+    "grace_period_s": "--grace-period",
+    "module": "-m/--module",
+}
+
+
+def flag_name(key: str) -> str:
+    return FLAG_NAMES.get(key, "--" + key.replace("_", "-"))
 
 
 def build_spec(
@@ -172,6 +184,6 @@ def _spec_error(e: ValidationError, source: str) -> SpecError:
     field = JobSpec.model_fields.get(key)
     hint = (field.description if field is not None and field.description
             else "see `trainguard run --help`")
-    flag = "--" + key.replace("_", "-")
+    flag = flag_name(key)
     return SpecError(key, f"{msg} (got {err.get('input')!r})",
                      f"set {flag} / '{key}' in the {source}: {hint}")

@@ -51,7 +51,7 @@ def report(attempt: int, *workers: W, first: int | None = None, last: int | None
         WorkerFact(rank=r, local_rank=r, pid=1000 * (attempt + 1) + r, state=w.state,
                    returncode=w.returncode, started_at=at(seconds),
                    ended_at=at(seconds) if w.state.ended else None, start_count=attempt + 1,
-                   log_tail=list(w.tail))
+                   log_tail=list(w.tail), error_file=None)
         for r, w in enumerate(workers)
     ]
     progress = Progress(first_step=first, first_step_at=None if first is None else at(seconds),
@@ -261,7 +261,8 @@ def crash_at_step_15(attempt: int) -> list[NodeReport]:
 
 def test_attempts_that_make_no_progress_give_up_with_exit_86(job: Any) -> None:
     run = job([crash_at_step_15(a) for a in range(10)], max_restarts=10, no_progress_limit=2)
-    assert run.code == ExitCode.NO_PROGRESS == 86
+    assert run.code == ExitCode.NO_PROGRESS
+    assert int(ExitCode.NO_PROGRESS) == 86
     # attempt 0 made progress; attempts 1 and 2 did not get past step 15
     assert len(run.agent.started) == 3
     assert run.reasons[-2:] == ["NoProgress", "JobFailed"]

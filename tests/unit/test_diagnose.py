@@ -159,6 +159,8 @@ def test_the_torchrun_tee_prefix_is_understood_like_the_rank_prefix() -> None:
         (-signal.SIGSEGV, "segfault_or_abort", RestartHelps.MAYBE),
         (-signal.SIGABRT, "segfault_or_abort", RestartHelps.MAYBE),
         (-signal.SIGUSR1, "killed_by_signal_unknown", RestartHelps.YES),
+        (-signal.SIGTERM, "killed_by_signal_unknown", RestartHelps.YES),
+        (128 + signal.SIGINT, "killed_by_signal_unknown", RestartHelps.YES),
     ],
 )
 def test_a_death_by_signal_without_any_log_is_judged_by_the_signal(
@@ -330,14 +332,9 @@ def test_a_diagnosis_serialises_its_verdict_and_culprit() -> None:
     assert out["symptoms"] == []
 
 
-# --- known bugs (xfail strict: they pass once src is fixed) -------------------------------
+# --- which evidence wins within one rank --------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "diagnose_rank prefers any non-symptom rule matched in the tail over the final Python "
-    "exception, so a 'terminate called after throwing' / 'Aborted (core dumped)' printed "
-    "during teardown after an uncaught user exception wins: segfault_or_abort/MAYBE "
-    "instead of user_code_error/NO, and the conditional policy restarts a user bug"))
 def test_a_user_exception_beats_a_later_terminate_called_abort() -> None:
     tail = [*traceback(0, "ValueError: labels out of range"),
             "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
@@ -350,11 +347,6 @@ def test_a_user_exception_beats_a_later_terminate_called_abort() -> None:
     assert d.evidence == "ValueError: labels out of range"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the 'terminate called after throwing' line matches the non-symptom segfault_or_abort "
-    "rule, so torch's real watchdog abort output (watchdog timeout, then terminate called, "
-    "SIGABRT) is diagnosed as a native crash of the aborting rank, not as a collective "
-    "timeout symptom"))
 def test_an_nccl_watchdog_abort_is_diagnosed_as_a_collective_timeout() -> None:
     tail = [NCCL_WATCHDOG,
             "terminate called after throwing an instance of 'c10::DistBackendError'",
@@ -366,10 +358,6 @@ def test_an_nccl_watchdog_abort_is_diagnosed_as_a_collective_timeout() -> None:
     assert d.category == "nccl_timeout_or_hang"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "diagnose_rank scans the tail newest line first and takes the first non-symptom match, "
-    "so the generic 'CUDA error' (cuda_kernel_error, MAYBE, no isolation) printed after the "
-    "Xid 79 line hides the hardware fault; RULES order only ranks rules within one line"))
 def test_an_xid_79_line_beats_the_cuda_error_that_follows_it() -> None:
     tail = ["step 200 loss 1.9", XID_79,
             "RuntimeError: CUDA error: unspecified launch failure"]

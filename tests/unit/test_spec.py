@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ FROZEN_FIELDS = [
     "entrypoint", "args", "module", "no_python", "nnodes", "nproc_per_node", "node_rank",
     "master_addr", "master_port", "run_id", "job_dir", "log_dir", "checkpoint_dir",
     "redirects", "local_ranks_filter", "monitor_interval", "scenario", "max_restarts",
-    "unconditional_restart", "unconditional_max_consecutive", "restart_backoff_s",
+    "unconditional_restart", "restart_backoff_s",
     "restart_backoff_max_s", "no_progress_limit", "grace_period_s", "step_pattern",
 ]
 
@@ -90,6 +91,47 @@ def test_each_scenario_preset_sets_exactly_its_documented_values(scenario: str) 
 @pytest.mark.parametrize("scenario", sorted(PRESETS))
 def test_preset_keys_are_job_spec_fields(scenario: str) -> None:
     assert set(PRESETS[scenario]) <= set(JobSpec.model_fields)
+
+
+# docs/scenarios.md, the table of scenario presets
+DOCUMENTED = {
+    None: {"max_restarts": 0, "unconditional_restart": False, "restart_backoff_s": 1.0,
+           "restart_backoff_max_s": 60.0, "no_progress_limit": 3},
+    "single-node": {"max_restarts": 3, "unconditional_restart": False,
+                    "restart_backoff_s": 1.0, "restart_backoff_max_s": 30.0,
+                    "no_progress_limit": 3},
+    "multi-node": {"max_restarts": 10, "unconditional_restart": True, "restart_backoff_s": 2.0,
+                   "restart_backoff_max_s": 120.0, "no_progress_limit": 3},
+    "llm": {"max_restarts": 100, "unconditional_restart": True, "restart_backoff_s": 5.0,
+            "restart_backoff_max_s": 300.0, "no_progress_limit": 5},
+}
+
+
+@pytest.mark.parametrize("scenario", list(DOCUMENTED))
+def test_each_scenario_gives_the_values_in_the_documented_table(scenario: str | None) -> None:
+    spec = build_spec(None, {**SCRIPT, "scenario": scenario})
+    assert {k: getattr(spec, k) for k in DOCUMENTED[scenario]} == DOCUMENTED[scenario]
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "scenarios.md"
+
+
+def documented_table() -> dict[str | None, dict[str, Any]]:
+    cells = {"on": True, "off": False}
+    table: dict[str | None, dict[str, Any]] = {k: {} for k in DOCUMENTED}
+    for line in DOCS.read_text(encoding="utf-8").splitlines():
+        row = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(row) != 5 or row[0] not in DOCUMENTED["llm"]:
+            continue
+        for scenario, cell in zip(DOCUMENTED, row[1:], strict=True):
+            word = cell.split()[0]
+            table[scenario][row[0]] = cells[word] if word in cells else float(word)
+    return table
+
+
+@pytest.mark.skipif(not DOCS.is_file(), reason="docs/scenarios.md is not in this checkout")
+def test_the_documented_table_in_docs_matches_the_presets() -> None:
+    assert documented_table() == DOCUMENTED
 
 
 def test_the_scenarios_grow_more_tolerant_from_single_node_to_llm() -> None:
@@ -172,7 +214,7 @@ def test_a_backoff_cap_below_the_first_delay_is_refused() -> None:
 def test_a_spec_is_frozen_and_has_no_extra_keys() -> None:
     spec = build_spec(None, SCRIPT)
     with pytest.raises(Exception, match="frozen"):
-        spec.max_restarts = 3  # type: ignore[misc]
+        spec.max_restarts = 3
 
 
 def test_the_restart_policy_carries_the_spec_values() -> None:
