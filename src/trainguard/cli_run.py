@@ -213,8 +213,18 @@ def worker_argv(spec: JobSpec) -> list[str]:
     return [sys.executable, "-u", spec.entrypoint, *spec.args]
 
 
+_IGNORED = {
+    "tee": "--tee is accepted for compatibility: every rank's output always goes to "
+           "JOB_DIR/logs, and to the console unless --redirects says otherwise",
+    "rdzv_conf": "--rdzv-conf is ignored: trainguard forms a fresh rendezvous per attempt",
+}
+
+
 def _run_command(ns: argparse.Namespace) -> int:
     from trainguard.launch import launch  # the launcher side loads only for `run`
 
+    for key, note in _IGNORED.items():
+        if key in vars(ns):
+            print(f"trainguard: note: {note}", file=sys.stderr)
     spec = spec_from_args(ns)
     return launch(spec, worker_argv(spec), marker=uuid.uuid4().hex)
