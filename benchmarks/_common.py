@@ -76,6 +76,11 @@ def machine_line() -> str:
     )
 
 
+def load_note() -> str:
+    """The 1-minute load average, to show how busy the machine was around a run."""
+    return f"load {os.getloadavg()[0]:.2f}"
+
+
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL after 20 s, one process we started (by its pid)."""
     if proc.poll() is not None:

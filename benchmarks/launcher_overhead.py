@@ -6,7 +6,8 @@ A/B runs, interleaved (A B, B A, A B, ...), --repeats of each, 2 ranks (gloo, CP
   --steps N --ckpt-dir DIR/ckpt`; the step lines are read from DIR/logs/attempt-0/;
 * B, by hand: two plain `python examples/train_ddp.py --steps N --ckpt-dir DIR/ckpt`
   processes with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set, stdout and
-  stderr to files.
+  stderr to files, each in a new session as trainguard starts its workers (Linux autogroup
+  scheduling gives each session its own CPU share; --same-session turns this off).
 
 Both get OMP_NUM_THREADS=1 and a fresh checkpoint dir. The per-step time is the example's
 own `dt` (forward, backward, optimizer step; not the checkpoint writes), both ranks, the
@@ -37,6 +38,7 @@ from _common import (
     StepLine,
     bench_env,
     free_port,
+    load_note,
     machine_line,
     markdown_table,
     rank_logs,
@@ -131,7 +133,9 @@ def run_trainguard(root: Path, steps: int, warmup: int, timeout_s: float) -> Run
                steady_steps=steps - warmup - 1)
 
 
-def run_by_hand(root: Path, steps: int, warmup: int, timeout_s: float) -> Run:
+def run_by_hand(
+    root: Path, steps: int, warmup: int, timeout_s: float, new_session: bool
+) -> Run:
     port = str(free_port())
     argv = [sys.executable, str(EXAMPLE), "--steps", str(steps), "--ckpt-dir", str(root / "ckpt")]
     procs: list[tuple[int, subprocess.Popen[bytes], Path]] = []
@@ -148,7 +152,8 @@ def run_by_hand(root: Path, steps: int, warmup: int, timeout_s: float) -> Run:
             files += [out, err]
             procs.append((rank, subprocess.Popen(argv, cwd=REPO, env=env,
                                                  stdin=subprocess.DEVNULL, stdout=out,
-                                                 stderr=err), out_path))
+                                                 stderr=err, start_new_session=new_session),
+                          out_path))
         deadline = time.monotonic() + timeout_s
         while any(proc.poll() is None for _, proc, _ in procs):
             for rank, proc, _ in procs:  # one rank failing would leave the other waiting
@@ -158,7 +163,7 @@ def run_by_hand(root: Path, steps: int, warmup: int, timeout_s: float) -> Run:
                                      f"{tail(root / f'rank-{rank}.err')}")
             if time.monotonic() > deadline:
                 raise BenchError(f"{what} did not finish within {timeout_s:g} s; stopped it")
-            time.sleep(0.05)
+            time.sleep(0.1)  # the same poll period as for the trainguard runs
         wall = time.monotonic() - started
         for rank, proc, _ in procs:
             if proc.returncode != 0:
@@ -217,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="steps per run (default 300)")
     parser.add_argument("--warmup", type=int, default=20,
                         help="first steps dropped from the step times (default 20)")
+    parser.add_argument("--same-session", action="store_true",
+                        help="start the by-hand ranks in this script's session instead of "
+                        "one new session each (trainguard's placement); with Linux "
+                        "autogroup scheduling that changes their CPU share under load")
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds allowed per run (default 180)")
     args = parser.parse_args(argv)
@@ -243,10 +252,12 @@ def main(argv: list[str] | None = None) -> int:
                         r = run_trainguard(d, args.steps, args.warmup, args.timeout)
                         tg.append(r)
                     else:
-                        r = run_by_hand(d, args.steps, args.warmup, args.timeout)
+                        r = run_by_hand(d, args.steps, args.warmup, args.timeout,
+                                        new_session=not args.same_session)
                         hand.append(r)
                     print(f"  [{i + 1}/{args.repeats}] {method}: median dt "
-                          f"{r.median_ms:.2f} ms, wall {r.wall_s:.2f} s", flush=True)
+                          f"{r.median_ms:.2f} ms, wall {r.wall_s:.2f} s ({load_note()})",
+                          flush=True)
         print()
         print(report(tg, hand, args.steps))
     except BenchError as e:

@@ -7,7 +7,9 @@ Runs, interleaved and repeated --repeats times, on this machine side by side:
   the line), split at the attempt's start (`start_at` of running record 0);
 * recovery: the same job with TRAINGUARD_FAULT='signal:KILL@rank=1,step=25'; time from
   the crash (`fault_at`) to the first step after the restart (`first_progress_at`), and
-  its split, all from `trainguard recovery DIR --json`.
+  its split, all from `trainguard recovery DIR --json`. As a cross-check of `fault_at`
+  (the time trainguard saw the worker exit), the table also shows the gap from the killed
+  rank's last step line (it dies right after printing it) to `fault_at`.
 
 Measured runs use `--restart-backoff 0`, so the recovery time is what trainguard itself
 costs (detect, stop, decide, start workers, and the workers' own start up to the first
@@ -34,6 +36,7 @@ from _common import (
     BenchError,
     Spread,
     bench_env,
+    load_note,
     machine_line,
     markdown_table,
     parse_iso,
@@ -236,12 +239,14 @@ def main(argv: list[str] | None = None) -> int:
                     if kind == "cold":
                         c = cold_start(root / f"cold-{i}", args.cold_steps, args.timeout)
                         colds.append(c)
-                        print(f"  [{i + 1}/{args.repeats}] cold start {c.total_s:.3f} s",
+                        print(f"  [{i + 1}/{args.repeats}] cold start {c.total_s:.3f} s "
+                              f"({load_note()})",
                               flush=True)
                     else:
                         r = recovery(root / f"recovery-{i}", args.steps, 0, args.timeout)
                         recs.append(r)
-                        print(f"  [{i + 1}/{args.repeats}] recovery {r.total_s:.3f} s",
+                        print(f"  [{i + 1}/{args.repeats}] recovery {r.total_s:.3f} s "
+                              f"({load_note()})",
                               flush=True)
             if not args.no_default_backoff:
                 default = recovery(root / "recovery-default", args.steps, None, args.timeout)
