@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -52,6 +53,7 @@ class _Worker:
     error_file: Path
     state: WorkerState = WorkerState.RUNNING
     ended_at: datetime | None = None
+    oom_killed: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class NodeAgent:
         self._attempt: int | None = None
         self._progress = Progress()
         self._progress_lock = threading.Lock()
+        self._oom_base: int | None = None
         procs.become_subreaper()
         self._guardian = procs.Guardian(marker)
 
@@ -92,6 +95,7 @@ class NodeAgent:
         if any(not w.state.ended for w in self._workers):
             raise LaunchError("start_workers while workers of the last attempt still run")
         self._attempt = cmd.attempt
+        self._oom_base = oom_kill_count()
         with self._progress_lock:
             self._progress = Progress()
         router = LogRouter(self._console, self._step_pattern, self._on_progress)
@@ -136,6 +140,8 @@ class NodeAgent:
             if rc is not None and not w.state.ended:  # RUNNING -> SUCCEEDED | FAILED
                 w.state = WorkerState.SUCCEEDED if rc == 0 else WorkerState.FAILED
                 w.ended_at = now
+                if rc == -signal.SIGKILL:
+                    w.oom_killed = self._oom_rose()
         return self._report()
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
@@ -157,6 +163,10 @@ class NodeAgent:
         self._guardian.close()
 
     # -- facts ----------------------------------------------------------------------------
+
+    def _oom_rose(self) -> bool | None:
+        now = oom_kill_count()
+        return None if now is None or self._oom_base is None else now > self._oom_base
 
     def _on_progress(self, rank: int, step: int, at: datetime) -> None:
         with self._progress_lock:
@@ -185,6 +195,7 @@ class NodeAgent:
             ended_at=w.ended_at, start_count=w.assignment.start_count,
             log_tail=self._router.tail(w.assignment.rank) if ended and self._router else [],
             error_file=_read_error_file(w.error_file) if ended else None,
+            oom_killed=w.oom_killed,
         )
 
 
@@ -217,6 +228,17 @@ def worker_env(cmd: StartWorkers, a: WorkerAssignment, error_file: str,
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def oom_kill_count(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """The kernel's count of OOM kills since boot (Linux 4.13+); None where unknown."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _read_error_file(path: Path) -> dict[str, object] | None:

@@ -231,6 +231,8 @@ def diagnose_rank(fact: WorkerFact, before: datetime | None = None) -> _RankVerd
         if found:
             return _from_rule(fact, *found[0], symptoms, symptom=kind == "symptom")
     sig = fact.signal_number or _shell_signal(fact.returncode)
+    if sig == signal.SIGKILL and fact.state == WorkerState.FAILED and fact.oom_killed is not None:
+        return _sigkill_verdict(fact, fact.oom_killed)
     if sig is not None and fact.state == WorkerState.FAILED:
         cat, domain, helps, text = _SIGNAL_VERDICTS.get(sig, (
             "killed_by_signal_unknown", "infrastructure", RestartHelps.YES,
@@ -243,6 +245,23 @@ def diagnose_rank(fact: WorkerFact, before: datetime | None = None) -> _RankVerd
         f"rank {fact.rank} exited with code {fact.returncode} and left no error in its log",
         "The script chose to exit non-zero; check its own output.",
         fact.rank, None, confidence=0.3), False, fact.ended_at)
+
+
+def _sigkill_verdict(fact: WorkerFact, oom: bool) -> _RankVerdict:
+    """SIGKILL when the kernel's OOM-kill count tells whether the OOM killer did it."""
+    if oom:
+        diag = Diagnosis("host_oom", "infrastructure", RestartHelps.YES,
+                         f"rank {fact.rank}: killed by the kernel's OOM killer (SIGKILL while "
+                         "the node's OOM-kill count rose)",
+                         "Lower per-rank host memory (batch, DataLoader workers) or use a "
+                         "bigger node.", fact.rank, None, confidence=0.9)
+    else:
+        diag = Diagnosis("killed_by_signal_unknown", "infrastructure", RestartHelps.YES,
+                         f"rank {fact.rank}: killed by SIGKILL from outside the job (the kernel "
+                         "recorded no OOM kill)",
+                         "Restart; find out who sent the kill (an operator, a watchdog, a "
+                         "scheduler).", fact.rank, None, confidence=0.8)
+    return _RankVerdict(diag, False, fact.ended_at)
 
 
 def _from_rule(

@@ -75,6 +75,8 @@ class WorkerFact(_Msg):
     log_tail: list[str] = Field(default_factory=list,
                                 description="last log lines as in the rank log (logformat.py)")
     error_file: dict[str, object] | None = Field(None, description="torch @record error file")
+    oom_killed: bool | None = Field(
+        None, description="killed while the kernel's OOM-kill count rose; None: unknown")
 
     @property
     def signal_number(self) -> int | None:

@@ -412,3 +412,24 @@ def test_strip_prefix_drops_only_the_leading_rank_prefix() -> None:
 def test_diagnose_rank_reports_whether_its_verdict_is_only_a_symptom() -> None:
     assert diagnose_rank(fact(1, 1, traceback(1, GLOO_RESET))).symptom is True
     assert diagnose_rank(fact(1, -signal.SIGKILL)).symptom is False
+
+
+# --- SIGKILL: the OOM killer or a kill from outside -----------------------------------------
+
+
+def test_a_sigkill_while_the_kernels_oom_kill_count_rose_is_a_host_oom() -> None:
+    f = fact(1, -signal.SIGKILL, ["step 3 loss 1.0"]).model_copy(update={"oom_killed": True})
+    d = only(f)
+    assert (d.category, d.restart_helps, d.confidence) == ("host_oom", RestartHelps.YES, 0.9)
+
+
+def test_a_sigkill_without_an_oom_kill_is_a_kill_from_outside() -> None:
+    f = fact(1, -signal.SIGKILL, ["step 3 loss 1.0"]).model_copy(update={"oom_killed": False})
+    d = only(f)
+    assert d.category == "killed_by_signal_unknown"
+    assert "from outside" in d.summary
+
+
+def test_a_sigkill_with_no_oom_information_is_likely_a_host_oom() -> None:
+    d = only(fact(1, -signal.SIGKILL, ["step 3 loss 1.0"]))
+    assert d.category == "host_oom" and d.confidence < 0.9
