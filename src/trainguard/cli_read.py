@@ -211,7 +211,10 @@ def summarize(
     goodput = None if wall is None or wall <= 0 else round(max(0.0, 1 - downtime / wall), 4)
     return {
         "attempts": len(records),
-        "restarts": sum(1 for r in records if r.start_type is not StartType.FIRST_START),
+        "restarts": sum(1 for r in records
+                        if r.start_type not in (StartType.FIRST_START, StartType.RELAUNCH)),
+        "launches": sum(1 for r in records
+                        if r.start_type in (StartType.FIRST_START, StartType.RELAUNCH)),
         "incidents": len(incidents),
         "total_downtime_s": downtime,
         "steps_lost": sum(rr.steps_lost or 0 for rr in incidents),

@@ -20,6 +20,7 @@ from typing import TextIO
 
 from trainguard.agent import AgentAPI
 from trainguard.diagnose import Diagnosis, diagnose_attempt
+from trainguard.errors import LaunchError
 from trainguard.exitcodes import ExitCode
 from trainguard.incidents import IncidentBook
 from trainguard.paths import JobPaths
@@ -84,6 +85,7 @@ class Controller:
         self._max_step_seen: int | None = None
         self._workers_sig: object = None
         self._progress_written = 0.0
+        self._launches = 1
 
     # -- events ---------------------------------------------------------------------------
 
@@ -106,17 +108,34 @@ class Controller:
                 self.agent.close()
 
     def _run(self) -> int:
-        self.store.set_meta(run_id=self.spec.run_id, state=JobState.PENDING.value,
+        previous = self.store.meta()
+        self._launches = int(previous.get("launches") or 0) + 1
+        last = previous.get("last_step")
+        self._max_step_seen = last if isinstance(last, int) else None
+        self.store.set_meta(launches=self._launches, run_id=self.spec.run_id,
+                            state=JobState.PENDING.value,
                             command=self.argv, job_dir=str(self.paths.job_dir),
                             nproc_per_node=self.spec.nproc_per_node, scenario=self.spec.scenario,
                             max_restarts=self.spec.max_restarts, restarts_used=0,
-                            created_at=utcnow().isoformat())
-        self.event(Level.INFO, Reason.JOB_CREATED,
-                   f"job {self.spec.run_id} created: {self.spec.nproc_per_node} worker(s), "
-                   f"max {self.spec.max_restarts} restarts, job dir {self.paths.job_dir}")
+                            created_at=previous.get("created_at") or utcnow().isoformat(),
+                            exit_code=None, ended_at=None)
+        what = (f"{self.spec.nproc_per_node} worker(s), max {self.spec.max_restarts} restarts, "
+                f"job dir {self.paths.job_dir}")
         attempt, start_type = 0, StartType.FIRST_START
+        if isinstance(previous.get("attempt"), int):  # the same job launched again (a requeue)
+            attempt, start_type = previous["attempt"] + 1, StartType.RELAUNCH
+            self.event(Level.INFO, Reason.JOB_RELAUNCHED,
+                       f"job {self.spec.run_id} launched again after its previous launch ended "
+                       f"{previous.get('state')} at attempt {previous['attempt']}: {what}")
+        else:
+            self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}")
         while True:
-            outcome = self._run_attempt(attempt, start_type)
+            try:
+                outcome = self._run_attempt(attempt, start_type)
+            except LaunchError as e:
+                self.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {e}", attempt=attempt)
+                self._finish(JobState.FAILED, ExitCode.USAGE)
+                return int(ExitCode.USAGE)
             if outcome.signal is not None:
                 return self._stopped(attempt, outcome.signal)
             failed = [w for w in outcome.report.workers if w.state == WorkerState.FAILED]
@@ -135,7 +154,7 @@ class Controller:
         self._book.workers_started(report.at)
         self._sync_workers(report)
         pids = ", ".join(f"rank {w.rank}: pid {w.pid}" for w in report.workers)
-        if attempt == 0:
+        if start_type in (StartType.FIRST_START, StartType.RELAUNCH):
             self.event(Level.INFO, Reason.JOB_RUNNING,
                        f"started {len(report.workers)} worker(s) ({pids}), port {port}",
                        attempt=attempt)
@@ -152,7 +171,7 @@ class Controller:
         return StartWorkers(
             run_id=self.spec.run_id, attempt=attempt, argv=self.argv, env={},
             workers=[WorkerAssignment(rank=base + i, local_rank=i, start_count=attempt + 1,
-                                      schedule_count=1) for i in range(n)],
+                                      schedule_count=self._launches) for i in range(n)],
             world_size=self.spec.world_size, group_rank=self.spec.node_rank,
             group_world_size=self.spec.nnodes, master_addr=self.spec.master_addr,
             master_port=port, max_restarts=self.spec.max_restarts,

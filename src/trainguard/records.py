@@ -24,6 +24,7 @@ class Reason(str, Enum):
     """Stable event reasons (CamelCase, as Kubernetes events)."""
 
     JOB_CREATED = "JobCreated"
+    JOB_RELAUNCHED = "JobRelaunched"
     JOB_RUNNING = "JobRunning"
     WORKER_FAILED = "WorkerFailed"
     FAILURE_DIAGNOSED = "FailureDiagnosed"
@@ -70,6 +71,7 @@ class RecoverResult(str, Enum):
 
 class StartType(str, Enum):
     FIRST_START = "first_start"
+    RELAUNCH = "relaunch"  # the same job (run id, job dir) launched again, e.g. requeued
     AUTO_RESTART = "auto_restart"
     UNCONDITIONAL_RESTART = "unconditional_restart"
 

@@ -98,3 +98,26 @@ def test_a_module_runs_with_dash_m_and_a_program_with_no_python(tmp_path: Path) 
     r = run_tg(["run", "--no-python", "--job-dir", "b", "echo", "step", "3"], cwd=tmp_path)
     assert r.returncode == 0 and "[rank 0] step 3" in r.stdout
     assert read_json("status", tmp_path / "b")["last_progress"]["step"] == 3
+
+
+def test_the_same_job_launched_again_continues_its_attempts_and_counts_the_scheduling(
+        tmp_path: Path) -> None:
+    args = ["run", "--run-id", "requeued", "--job-dir", "j", "--no-python", "sh", "-c",
+            "echo step $TRAINGUARD_ATTEMPT start $TRAINGUARD_PROCESS_START_COUNT "
+            "sched $TRAINGUARD_SCHEDULE_COUNT"]
+    assert run_tg(args, cwd=tmp_path).returncode == 0
+    r = run_tg(args, cwd=tmp_path)
+    assert r.returncode == 0
+    assert "[rank 0] step 1 start 2 sched 2" in r.stdout
+    rec = read_json("recovery", tmp_path / "j")
+    assert [x["start_type"] for x in rec["running_records"]] == ["first_start", "relaunch"]
+    assert rec["summary"]["restarts"] == 0 and rec["summary"]["launches"] == 2
+    assert "JobRelaunched" in reasons(tmp_path / "j")
+
+
+def test_a_program_that_cannot_start_fails_the_job_with_a_clear_event(tmp_path: Path) -> None:
+    r = run_tg(["run", "--no-python", "--job-dir", "j", "no-such-program"], cwd=tmp_path)
+    assert r.returncode == 2
+    assert "cannot start 'no-such-program'" in r.stderr and "Traceback" not in r.stderr
+    assert reasons(tmp_path / "j")[-1] == "JobFailed"
+    assert read_json("status", tmp_path / "j")["state"] == "failed"

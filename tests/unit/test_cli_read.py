@@ -149,6 +149,7 @@ def test_recovery_json_has_the_records_and_a_summary(
     assert doc["summary"] == {
         "attempts": 2,
         "restarts": 1,
+        "launches": 1,
         "incidents": 1,
         "total_downtime_s": 15.0,
         "steps_lost": 20,
