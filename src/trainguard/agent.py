@@ -15,11 +15,12 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from trainguard import procs
+from trainguard.channel import ChannelServer
 from trainguard.errors import LaunchError
 from trainguard.logs import LogRouter, rank_log_path
 from trainguard.protocol import (
@@ -29,9 +30,11 @@ from trainguard.protocol import (
     StopWorkers,
     WorkerAssignment,
     WorkerFact,
+    WorkerMessage,
     WorkerState,
 )
 from trainguard.records import utcnow
+from trainguard.worker.channel import ENV_SOCKET
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,7 @@ class NodeAgent:
         self._oom_base: int | None = None
         procs.become_subreaper()
         self._guardian = procs.Guardian(marker)
+        self._channel = ChannelServer(f"@trainguard-{marker}-{node}")
 
     # -- commands -------------------------------------------------------------------------
 
@@ -113,6 +117,7 @@ class NodeAgent:
         err_file.parent.mkdir(parents=True, exist_ok=True)
         err_file.unlink(missing_ok=True)
         env = worker_env(cmd, a, str(err_file), self._marker)
+        env[ENV_SOCKET] = self._channel.name
         try:
             proc = procs.spawn(cmd.argv, env, cmd.cwd)
         except OSError as e:
@@ -161,6 +166,7 @@ class NodeAgent:
         if any(not w.state.ended for w in self._workers):
             self.stop_workers(StopWorkers(grace_s=0, reason="agent closing"))
         self._guardian.close()
+        self._channel.close()
 
     # -- facts ----------------------------------------------------------------------------
 
@@ -182,7 +188,8 @@ class NodeAgent:
             progress = self._progress
         return NodeReport(node=self.node, attempt=self._attempt,
                           workers=[self._fact(w) for w in self._workers],
-                          progress=progress, at=utcnow())
+                          progress=progress, at=utcnow(),
+                          messages=[_message(m) for m in self._channel.drain()])
 
     def _fact(self, w: _Worker) -> WorkerFact:
         ended = w.state.ended
@@ -228,6 +235,16 @@ def worker_env(cmd: StartWorkers, a: WorkerAssignment, error_file: str,
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def _message(raw: dict[str, Any]) -> WorkerMessage:
+    at = raw.get("at")
+    when = (datetime.fromtimestamp(at, timezone.utc) if isinstance(at, (int, float))
+            else utcnow())
+    rank = raw.get("rank")
+    data = {k: v for k, v in raw.items() if k not in ("kind", "rank", "at")}
+    return WorkerMessage(kind=str(raw["kind"]), rank=rank if isinstance(rank, int) else None,
+                         at=when, data=data)
 
 
 def oom_kill_count(vmstat: Path = Path("/proc/vmstat")) -> int | None:

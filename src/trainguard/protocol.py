@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -92,9 +93,20 @@ class Progress(_Msg):
     last_step_at: datetime | None = None
 
 
+class WorkerMessage(_Msg):
+    """What a worker's in-script library reported (trainguard.worker.channel)."""
+
+    kind: str
+    rank: int | None
+    at: datetime
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
 class NodeReport(_Msg):
     node: str
     attempt: int | None
     workers: list[WorkerFact]
     progress: Progress
     at: datetime
+    messages: list[WorkerMessage] = Field(default_factory=list,
+                                          description="worker messages since the last report")

@@ -22,7 +22,7 @@ FORBIDDEN_IN_PURE = ("subprocess", "os", "socket", "sqlite3", "torch", "multipro
                      "psutil", "ctypes", "pty", "selectors", "shutil", "threading", "asyncio")
 # The signal module is allowed for its constants and names only, never to send or handle.
 SIGNAL_ALLOWED = {"Signals"}
-WORKER_SIDE = ("testing", "worker")
+WORKER_SIDE = ("testing", "worker", "checkpoint")
 MAX_LINES = 400
 
 
@@ -159,3 +159,13 @@ def test_importing_trainguard_and_its_fault_injection_loads_no_launcher_and_no_t
 def test_every_module_is_under_400_lines(name: str) -> None:
     lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
     assert lines < MAX_LINES, f"{short(name)} has {lines} lines: split it by concern"
+
+
+def test_importing_the_checkpoint_library_loads_no_launcher_module() -> None:
+    code = ("import sys, trainguard.checkpoint, trainguard.worker.channel; "
+            "bad = sorted(m for m in sys.modules if m in ('trainguard.controller', "
+            "'trainguard.agent', 'trainguard.procs', 'trainguard.store', 'trainguard.cli', "
+            "'trainguard.launch', 'sqlite3', 'psutil', 'pydantic')); print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

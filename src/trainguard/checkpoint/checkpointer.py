@@ -1,0 +1,253 @@
+"""Checkpointer: exact, validated, asynchronous checkpoints for a training script.
+
+    ckpt = Checkpointer()                       # location: TRAINGUARD_CHECKPOINT_DIR
+    state = {"model": model, "optimizer": opt, "scheduler": sched, "sampler": sampler}
+    start = ckpt.load_latest(state) or 0        # newest valid checkpoint, loaded in place
+    for step in range(start + 1, steps + 1):
+        ...
+        ckpt.maybe_save(step, state)            # every `every_steps`, in the background
+    ckpt.close()
+
+The loop blocks only while the state is copied to host memory; writing happens on one
+background thread, at most one save in flight (the next save waits for it, or is
+skipped with `if_busy="skip"`). A failed save is reported and retried at the next save;
+`max_consecutive_failures` failed saves in a row raise CheckpointError in the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from trainguard import __version__
+from trainguard.checkpoint.loading import load_newest
+from trainguard.checkpoint.manifest import Status, Verdict
+from trainguard.checkpoint.saving import SaveJob, SaveResult, quick_verdict, run_save
+from trainguard.checkpoint.state import (
+    BufferPool,
+    CheckpointError,
+    apply,
+    capture_rng,
+    restore_rng,
+    split,
+    stage,
+)
+from trainguard.checkpoint.storage import Storage
+from trainguard.worker import channel
+
+log = logging.getLogger(__name__)
+
+RNG_KEY = "__rng__"
+ENV_LOCATION = "TRAINGUARD_CHECKPOINT_DIR"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    status: Status
+    reason: str = ""
+
+
+def _dist() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    env = os.environ
+    return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+
+
+def _token() -> str:
+    """The same on every rank of one attempt, different across attempts."""
+    env = os.environ
+    parts = [env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                                      "MASTER_PORT")]
+    return "-".join(p for p in parts if p) or uuid.uuid4().hex[:12]
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        location: str | os.PathLike[str] | None = None,
+        *,
+        keep: int = 3,
+        async_save: bool = True,
+        every_steps: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        max_consecutive_failures: int = 3,
+        commit_timeout_s: float = 300.0,
+        if_busy: Literal["wait", "skip"] = "wait",
+    ) -> None:
+        location = location if location is not None else os.environ.get(ENV_LOCATION)
+        if not location:
+            raise CheckpointError(f"no checkpoint location. Fix: pass one, or run under "
+                                  f"`trainguard run` (which sets {ENV_LOCATION})")
+        if keep < 1 or max_consecutive_failures < 1:
+            raise CheckpointError("keep and max_consecutive_failures must be >= 1")
+        self.storage = Storage(location, storage_options)
+        self.keep, self.async_save, self.every_steps = keep, async_save, every_steps
+        self.max_consecutive_failures = max_consecutive_failures
+        self.commit_timeout_s, self.if_busy = commit_timeout_s, if_busy
+        self.rank, self.world_size = _dist()
+        self._pool = BufferPool()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future[SaveResult] | None = None
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._last_error: BaseException | None = None
+        self.last_saved_step: int | None = None
+        self.last_blocked_s: float | None = None
+
+    # -- saving ---------------------------------------------------------------------------
+
+    def maybe_save(self, step: int, state: Mapping[str, Any]) -> bool:
+        """Save when `step` is a multiple of `every_steps`; True when a save was started."""
+        if self.every_steps and step % self.every_steps == 0:
+            return self.save(step, state)
+        return False
+
+    def save(self, step: int, state: Mapping[str, Any]) -> bool:
+        """Snapshot `state` at `step` and write it (in the background when async_save).
+
+        Returns False when skipped because a save is still in flight (if_busy="skip").
+        """
+        t0 = time.monotonic()
+        if self._pending is not None and not self._pending.done():
+            if self.if_busy == "skip":
+                log.info("checkpoint of step %s skipped: the previous save is in flight", step)
+                return False
+            _wait_quietly(self._pending)
+        self._raise_if_failing()
+        replicated, per_rank = split(state)
+        per_rank[RNG_KEY] = capture_rng()
+        job = SaveJob(
+            storage=self.storage, step=step, rank=self.rank, world_size=self.world_size,
+            token=_token(), keep=self.keep, commit_timeout_s=self.commit_timeout_s,
+            replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
+            per_rank=stage(per_rank, self._pool, "p"), library_version=__version__)
+        self.last_blocked_s = time.monotonic() - t0
+        if self.async_save:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-ckpt")
+            self._pending = self._executor.submit(self._run, job, self.last_blocked_s)
+        else:
+            fut: Future[SaveResult] = Future()
+            try:
+                fut.set_result(self._run(job, self.last_blocked_s))
+            except Exception as e:  # counted and reported in _run; raised below if too many
+                fut.set_exception(e)
+            self._pending = fut
+            self._raise_if_failing()
+        return True
+
+    def _run(self, job: SaveJob, blocked_s: float) -> SaveResult:
+        try:
+            result = run_save(job)
+        except Exception as e:
+            with self._lock:
+                self._failures += 1
+                self._last_error = e
+                n = self._failures
+            log.warning("checkpoint save of step %s failed (%s in a row): %s", job.step, n, e)
+            channel.send("checkpoint_save_failed", step=job.step, error=str(e)[:500],
+                         consecutive=n, location=self.storage.location)
+            raise
+        with self._lock:
+            self._failures = 0
+            self._last_error = None
+        self.last_saved_step = job.step
+        if result.committed:
+            channel.send("checkpoint_saved", step=job.step, location=self.storage.location,
+                         bytes=result.bytes_written, write_s=round(result.write_s, 4),
+                         blocked_s=round(blocked_s, 4))
+        return result
+
+    def _raise_if_failing(self) -> None:
+        with self._lock:
+            n, err = self._failures, self._last_error
+        if n >= self.max_consecutive_failures:
+            raise CheckpointError(
+                f"{n} checkpoint saves in a row failed; the last: {err}. Fix: check the "
+                f"storage at {self.storage.location} (space, permissions, connectivity)")
+
+    def wait(self) -> None:
+        """Block until the save in flight is durable (or failed: counted as such)."""
+        if self._pending is not None:
+            _wait_quietly(self._pending)
+        self._raise_if_failing()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    # -- loading --------------------------------------------------------------------------
+
+    def load_latest(self, state: Mapping[str, Any]) -> int | None:
+        """Load the newest valid checkpoint into `state`'s objects; its step, or None."""
+        self.wait()
+        loaded = load_newest(self.storage, self.rank, self._agree, self._report)
+        if loaded is None:
+            return None
+        apply(state, loaded.replicated, "replicated")
+        if loaded.per_rank is not None:
+            rng = loaded.per_rank.pop(RNG_KEY, None)
+            apply(state, loaded.per_rank, "rank")
+            if rng is not None:
+                restore_rng(rng)
+        else:
+            log.warning("checkpoint step %s has no part for rank %s (saved with world size "
+                        "%s): RNG and data position start fresh", loaded.step, self.rank,
+                        loaded.manifest.world_size)
+        channel.send("resumed", step=loaded.step, location=self.storage.location)
+        self.last_saved_step = loaded.step
+        return loaded.step
+
+    def _agree(self, ok: bool) -> bool:
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            return ok
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def _report(self, verdict: Verdict) -> None:
+        log.warning("skipping checkpoint step %s (%s): %s", verdict.step,
+                    verdict.status.value, verdict.reason)
+        if self.rank == 0:
+            channel.send("checkpoint_corrupt", step=verdict.step, status=verdict.status.value,
+                         reason=verdict.reason, location=self.storage.location)
+
+    # -- listing --------------------------------------------------------------------------
+
+    def list(self) -> list[CheckpointInfo]:
+        return list_checkpoints(self.storage)
+
+
+def list_checkpoints(st: Storage) -> list[CheckpointInfo]:
+    """Every `step-N` at the location with its status (sizes checked, not checksums)."""
+    out = []
+    for step in st.steps():
+        v, _ = quick_verdict(st, step)
+        out.append(CheckpointInfo(step, v.status, v.reason))
+    return out
+
+
+def _wait_quietly(fut: Future[SaveResult]) -> None:
+    """Wait for a save; its failure is already counted and reported by _run."""
+    try:
+        fut.result()
+    except Exception:  # reported in _run, surfaced by _raise_if_failing
+        return

@@ -1,0 +1,87 @@
+"""Find the newest valid checkpoint every rank can load, newest to oldest.
+
+Each rank checks the manifest, the sizes of every file, and the SHA-256 of the files it
+reads (the replicated state and its own part); with torch.distributed initialised the
+ranks agree (all-reduce of the verdicts) so they all load the same step. Loading uses
+`torch.load(weights_only=True)`: no pickled code runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainguard.checkpoint.manifest import (
+    REPLICATED,
+    Manifest,
+    Status,
+    Verdict,
+    rank_file,
+    step_dir,
+)
+from trainguard.checkpoint.saving import quick_verdict
+from trainguard.checkpoint.storage import Storage
+
+log = logging.getLogger(__name__)
+
+Agree = Callable[[bool], bool]  # this rank's "ok" -> every rank's "ok"
+Report = Callable[[Verdict], None]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    step: int
+    replicated: dict[str, Any]
+    per_rank: dict[str, Any] | None  # None: this rank has no part (world size grew)
+    manifest: Manifest
+
+
+def load_newest(st: Storage, rank: int, agree: Agree, report: Report) -> Loaded | None:
+    for step in st.steps():
+        verdict, manifest = quick_verdict(st, step)
+        loaded: Loaded | None = None
+        if verdict.status == Status.VALID and manifest is not None:
+            try:
+                loaded = _read(st, manifest, rank)
+            except (ValueError, RuntimeError, OSError, EOFError) as e:
+                verdict = Verdict(step, Status.CORRUPT, str(e)[:300])
+        if not agree(loaded is not None):
+            if loaded is not None:
+                verdict = Verdict(step, Status.CORRUPT, "another rank could not load it")
+            report(verdict)
+            continue
+        return loaded
+    return None
+
+
+def _read(st: Storage, manifest: Manifest, rank: int) -> Loaded:
+    d = step_dir(manifest.step)
+    replicated = _load(st, manifest, d, REPLICATED)
+    mine = rank_file(rank)
+    per_rank = _load(st, manifest, d, mine) if manifest.entry(mine) is not None else None
+    return Loaded(manifest.step, replicated, per_rank, manifest)
+
+
+def _load(st: Storage, manifest: Manifest, d: str, name: str) -> dict[str, Any]:
+    entry = manifest.entry(name)
+    if entry is None:
+        raise ValueError(f"{name} is not in the manifest")
+    local = st.local_path(f"{d}/{name}")
+    if local is not None:  # hash by streaming, then map the file: no second copy in memory
+        if st.sha256(f"{d}/{name}") != entry.sha256:
+            raise ValueError(f"{name}: checksum differs from the manifest")
+        obj = torch.load(local, map_location="cpu", weights_only=True, mmap=True)
+    else:
+        data = st.read_bytes(f"{d}/{name}")
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise ValueError(f"{name}: checksum differs from the manifest")
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if not isinstance(obj, dict):
+        raise ValueError(f"{name} does not hold a state dict")
+    return obj

@@ -1,0 +1,150 @@
+"""One save, run in the background: write this rank's files, and on rank 0 commit.
+
+Protocol (docs/checkpoints.md): every rank writes its files into the save's staging dir,
+each fsynced, then its part list (`rank-R.part.json`, written atomically). Rank 0 waits
+for every rank's part list through the storage itself (no collective, so a rank that dies
+mid-save cannot deadlock anyone: the commit times out), writes the manifest, publishes
+the directory by atomic rename, then advances `latest` and prunes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import IO, Any, cast
+
+import torch
+
+from trainguard.checkpoint.manifest import (
+    LATEST,
+    MANIFEST,
+    REPLICATED,
+    Manifest,
+    Status,
+    Verdict,
+    check_sizes,
+    part_file,
+    parts_to_files,
+    prune_plan,
+    rank_file,
+    step_dir,
+)
+from trainguard.checkpoint.state import CheckpointError
+from trainguard.checkpoint.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    storage: Storage
+    step: int
+    rank: int
+    world_size: int
+    token: str
+    replicated: dict[str, Any] | None  # staged; rank 0 only
+    per_rank: dict[str, Any]  # staged
+    keep: int
+    commit_timeout_s: float
+    library_version: str
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    step: int
+    bytes_written: int
+    write_s: float
+    committed: bool  # True on rank 0 once the checkpoint is published
+
+
+def run_save(job: SaveJob) -> SaveResult:
+    t0 = time.monotonic()
+    st = job.storage
+    staging = st.staging_dir(job.step, job.token)
+    published = False
+    try:
+        if job.rank == 0 and not st.local:
+            st.remove(f"{staging}/{MANIFEST}")  # re-saving a step in place: unpublish it first
+        files = []
+        if job.replicated is not None:
+            files.append(_write(st, f"{staging}/{REPLICATED}", job.replicated))
+        files.append(_write(st, f"{staging}/{rank_file(job.rank)}", job.per_rank))
+        st.write_atomic(f"{staging}/{part_file(job.rank)}", json.dumps(files).encode())
+        written = sum(int(f["size"]) for f in files)
+        if job.rank != 0:
+            return SaveResult(job.step, written, time.monotonic() - t0, committed=False)
+        parts = wait_for_parts(st, staging, job.world_size, job.commit_timeout_s)
+        manifest = Manifest(step=job.step, world_size=job.world_size,
+                            files=parts_to_files(parts), library_version=job.library_version,
+                            created_at=time.time())
+        st.write_atomic(f"{staging}/{MANIFEST}", manifest.to_json())
+        st.publish(staging, job.step)
+        published = True
+        st.write_atomic(LATEST, step_dir(job.step).encode())
+        prune(st, job.keep)
+        return SaveResult(job.step, written, time.monotonic() - t0, committed=True)
+    except BaseException:
+        if job.rank == 0 and not published:
+            st.remove(staging)  # leave no half-written checkpoint, free the space (disk full)
+        raise
+
+
+def _write(st: Storage, rel: str, tree: dict[str, Any]) -> dict[str, Any]:
+    size, sha = st.write_stream(rel, lambda w: torch.save(tree, cast(IO[bytes], w)))
+    return {"name": rel.rsplit("/", 1)[-1], "size": size, "sha256": sha}
+
+
+def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float
+                   ) -> dict[int, list[dict[str, Any]]]:
+    """Every rank's part list, polled from storage; CheckpointError after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    wanted = {part_file(r): r for r in range(world_size)}
+    while True:
+        present = set(st.sizes(staging))
+        missing = [r for name, r in wanted.items() if name not in present]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            raise CheckpointError(
+                f"rank(s) {missing} did not finish their part of the save within "
+                f"{timeout_s:g}s (a rank died or storage is slow); the save is abandoned")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+    parts: dict[int, list[dict[str, Any]]] = {}
+    for name, r in wanted.items():
+        parts[r] = json.loads(st.read_bytes(f"{staging}/{name}"))
+    return parts
+
+
+def quick_verdict(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
+    """Manifest present and every file of the right size (checksums are checked on load)."""
+    d = step_dir(step)
+    try:
+        raw = st.read_bytes(f"{d}/{MANIFEST}")
+    except FileNotFoundError:
+        return Verdict(step, Status.INCOMPLETE, "no manifest: the save did not finish"), None
+    try:
+        manifest = Manifest.from_json(raw)
+    except ValueError as e:
+        return Verdict(step, Status.CORRUPT, str(e)), None
+    problem = check_sizes(manifest, st.sizes(d))
+    if problem is not None:
+        return Verdict(step, Status.CORRUPT, problem), manifest
+    return Verdict(step, Status.VALID), manifest
+
+
+def prune(st: Storage, keep: int) -> None:
+    """Delete beyond `keep` valid checkpoints and leftovers older than the newest valid one."""
+    verdicts = [quick_verdict(st, s)[0] for s in st.steps()]
+    for step in prune_plan(verdicts, keep):
+        log.debug("pruning checkpoint step %s", step)
+        st.remove(step_dir(step))
+    newest = max((v.step for v in verdicts if v.status == Status.VALID), default=None)
+    for name in st.children():
+        if name.startswith((".tmp-step-", ".old-step-")) and newest is not None:
+            step_text = name.split("-")[2]
+            if step_text.isdigit() and int(step_text) < newest:
+                st.remove(name)

@@ -1,0 +1,1 @@
+"""Worker-side helpers, imported by training scripts; never imports the launcher side."""
