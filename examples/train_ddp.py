@@ -5,8 +5,9 @@ trainguard, which takes the same flags and sets the same environment:
 
     torchrun --nproc-per-node 2 examples/train_ddp.py --steps 200
 
-It checkpoints every --ckpt-every steps and resumes from the last checkpoint on start, and
-calls trainguard's fault injection after each step (set TRAINGUARD_FAULT to crash it).
+It checkpoints every --ckpt-every steps with trainguard's checkpoint library and resumes
+from the newest valid checkpoint on start, and calls trainguard's fault injection after each
+step (set TRAINGUARD_FAULT to crash it).
 """
 
 import argparse
@@ -14,7 +15,6 @@ import math
 import os
 import random
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,13 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-try:
-    from trainguard.testing.faults import inject
-except ImportError:  # trainguard not installed: run without fault injection
-
-    def inject(step: int) -> None:
-        pass
-
+from trainguard.checkpoint import Checkpointer
+from trainguard.testing.faults import inject  # no-op unless TRAINGUARD_FAULT is set
 
 # -----------------------------------------------------------------------------
 # knobs
@@ -124,40 +119,16 @@ def lr_lambda(step: int) -> float:
 
 
 # -----------------------------------------------------------------------------
-# checkpointing (plain torch): rank 0 writes atomically, every rank reads on start
-ckpt_path = Path(args.ckpt_dir) / "ckpt.pt"
-
-
-def save_checkpoint(state: dict[str, object]) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over the old one."""
-    ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_path.with_name(ckpt_path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, ckpt_path)  # a kill before this line leaves the old checkpoint intact
-    dir_fd = os.open(ckpt_path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
-
-
+# model, optimizer, schedule, and resuming: trainguard's checkpoints are atomic, validated
+# (manifest + checksums), written in the background, and restore the RNG states too
 model = GPT()
-ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.exists() else None
-if ckpt is not None:
-    model.load_state_dict(ckpt["model"])
 ddp_model = DDP(model) if ddp else model
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
-start_step = 0
-if ckpt is not None:
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    torch.set_rng_state(ckpt["torch_rng"])
-    random.setstate((ckpt["python_rng"][0], tuple(ckpt["python_rng"][1]), ckpt["python_rng"][2]))
-    start_step = ckpt["step"]
+state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+ckpt = Checkpointer(args.ckpt_dir, every_steps=args.ckpt_every)
+start_step = ckpt.load_latest(state) or 0  # the newest valid checkpoint, loaded in place
+if start_step:
     print(f"resumed from step {start_step}", flush=True)
 
 # -----------------------------------------------------------------------------
@@ -178,22 +149,13 @@ for step in range(start_step + 1, args.steps + 1):
     dt_ms = (time.perf_counter() - t0) * 1000
     print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt_ms:.1f}ms", flush=True)
 
-    if step % args.ckpt_every == 0 or step == args.steps:
-        if rank == 0:
-            version, py_state, gauss = random.getstate()
-            state = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "step": step,
-                "torch_rng": torch.get_rng_state(),
-                "python_rng": [version, list(py_state), gauss],  # plain lists: weights_only
-            }
-            save_checkpoint(state)
-        if ddp:
-            dist.barrier()  # nobody runs ahead of a checkpoint that may not exist yet
+    if step == args.steps:
+        ckpt.save(step, state)  # the final state, whatever --ckpt-every says
+    else:
+        ckpt.maybe_save(step, state)  # every --ckpt-every steps; the loop goes on at once
     inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
 
+ckpt.close()  # wait until the last save is durable
 if rank == 0 and start_step >= args.steps:
     print(f"done: already at step {start_step}, nothing to train", flush=True)
 elif rank == 0:

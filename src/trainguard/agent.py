@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -56,6 +57,7 @@ class _Worker:
     error_file: Path
     state: WorkerState = WorkerState.RUNNING
     ended_at: datetime | None = None
+    returncode: int | None = None
     oom_killed: bool | None = None
 
 
@@ -89,6 +91,7 @@ class NodeAgent:
         self._progress = Progress()
         self._progress_lock = threading.Lock()
         self._oom_base: int | None = None
+        self._strays_reaped = 0.0
         procs.become_subreaper()
         self._guardian = procs.Guardian(marker)
         self._channel = ChannelServer(f"@trainguard-{marker}-{node}")
@@ -137,29 +140,32 @@ class NodeAgent:
         running = [w.proc for w in self._workers if not w.state.ended]
         if wait_s > 0 and running:
             procs.wait_any_exit(running, wait_s)
-        known = {w.proc.pid: w.proc for w in self._workers}
-        procs.reap(known)
         now = utcnow()
         for w in self._workers:
-            rc = w.proc.poll()
-            if rc is not None and not w.state.ended:  # RUNNING -> SUCCEEDED | FAILED
+            rc = procs.exit_status(w.proc.pid) if not w.state.ended else None
+            if rc is not None:  # RUNNING -> SUCCEEDED | FAILED (left unreaped until stopped)
                 w.state = WorkerState.SUCCEEDED if rc == 0 else WorkerState.FAILED
-                w.ended_at = now
+                w.ended_at, w.returncode = now, rc
                 if rc == -signal.SIGKILL:
                     w.oom_killed = self._oom_rose()
+        if time.monotonic() - self._strays_reaped > 1.0:
+            self._strays_reaped = time.monotonic()
+            procs.reap_strays({w.proc.pid for w in self._workers} | {self._guardian.pid})
+        if self._router is not None and all(w.state.ended for w in self._workers):
+            self._router.join(timeout=0.5)  # their last lines, before the facts go up
         return self._report()
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
         self.poll()
         running = [w for w in self._workers if not w.state.ended]
-        procs.stop_groups([w.proc for w in self._workers], cmd.grace_s)
+        procs.stop_groups([w.proc for w in self._workers], cmd.grace_s, self._marker)
         now = utcnow()
         for w in running:  # RUNNING -> STOPPED
-            w.state, w.ended_at = WorkerState.STOPPED, now
+            w.state, w.ended_at, w.returncode = WorkerState.STOPPED, now, w.proc.returncode
         for w in self._workers:
             self._guardian.forget(w.proc.pid)
         if self._router is not None:
-            self._router.join(timeout=5)
+            self._router.close(timeout=2.0)
         return self._report()
 
     def close(self) -> None:
@@ -189,7 +195,13 @@ class NodeAgent:
         return NodeReport(node=self.node, attempt=self._attempt,
                           workers=[self._fact(w) for w in self._workers],
                           progress=progress, at=utcnow(),
-                          messages=[_message(m) for m in self._channel.drain()])
+                          messages=[_message(m) for m in self._channel.drain()]
+                          + self._log_errors())
+
+    def _log_errors(self) -> list[WorkerMessage]:
+        errors = self._router.take_errors() if self._router is not None else []
+        return [WorkerMessage(kind="log_write_failed", rank=None, at=utcnow(),
+                              data={"error": e}) for e in errors]
 
     def _fact(self, w: _Worker) -> WorkerFact:
         ended = w.state.ended
@@ -198,7 +210,7 @@ class NodeAgent:
             self._router.wait_rank_eof(w.assignment.rank, timeout=0.5)
         return WorkerFact(
             rank=w.assignment.rank, local_rank=w.assignment.local_rank, pid=w.proc.pid,
-            state=w.state, returncode=w.proc.returncode, started_at=w.started_at,
+            state=w.state, returncode=w.returncode, started_at=w.started_at,
             ended_at=w.ended_at, start_count=w.assignment.start_count,
             log_tail=self._router.tail(w.assignment.rank) if ended and self._router else [],
             error_file=_read_error_file(w.error_file) if ended else None,

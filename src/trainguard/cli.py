@@ -7,6 +7,7 @@ import logging
 import sys
 
 from trainguard import __version__
+from trainguard.cli_ckpt import add_ckpt_command
 from trainguard.cli_read import add_read_commands
 from trainguard.cli_run import add_run_command
 from trainguard.errors import TrainguardError
@@ -23,6 +24,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     add_run_command(sub)
     add_read_commands(sub)
+    add_ckpt_command(sub)
     return p
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -163,12 +165,30 @@ def _emit_event_line(console: Console, ev: Event, as_json: bool) -> None:
     console.print(line)
 
 
-def job_finished(meta: dict[str, Any]) -> bool:
-    """Whether the meta's state is one of JobState's finished states."""
+def job_state(meta: dict[str, Any]) -> str | None:
+    """The recorded state, or "lost" when it says the job runs but its launcher is dead
+    (killed with SIGKILL, or its machine rebooted: nothing could record the end)."""
+    state = meta.get("state")
     try:
-        return JobState(meta.get("state")).finished
+        finished = JobState(state).finished
     except ValueError:
-        return False
+        return state if isinstance(state, str) else None
+    pid, host = meta.get("launcher_pid"), meta.get("launcher_host")
+    if not finished and isinstance(pid, int) and host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "lost"
+        except PermissionError:
+            pass
+    return str(state)
+
+
+def job_finished(meta: dict[str, Any]) -> bool:
+    """Whether the job has ended (or its launcher is gone)."""
+    state = job_state(meta)
+    return state == "lost" or (state in {s.value for s in JobState}
+                               and JobState(state).finished)
 
 
 # -- recovery -----------------------------------------------------------------
@@ -182,7 +202,7 @@ def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
         _print_json(
             {
                 "run_id": meta.get("run_id"),
-                "state": meta.get("state"),
+                "state": job_state(meta),
                 "running_records": [r.to_dict() for r in records],
                 "summary": summary,
             }
@@ -278,7 +298,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str) -> 
     """The `status --json` document."""
     return {
         "run_id": meta.get("run_id"),
-        "state": meta.get("state"),
+        "state": job_state(meta),
         "attempt": meta.get("attempt"),
         "restarts_used": meta.get("restarts_used"),
         "max_restarts": meta.get("max_restarts"),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 
+from trainguard.exitcodes import signal_name
 from trainguard.logformat import parse_stamped
 from trainguard.protocol import WorkerFact, WorkerState
 
@@ -211,9 +212,16 @@ def diagnose_rank(fact: WorkerFact, before: datetime | None = None) -> _RankVerd
     """
     lines = _lines(fact.log_tail[-200:], before)
     exc = _error_file_exception(fact) or _final_exception(lines)
+    sig = fact.signal_number or _shell_signal(fact.returncode)
+    if exc is not None and sig is not None and exc.text.startswith("KeyboardInterrupt"):
+        exc = None  # Python's way of dying of SIGINT: the signal is the fact
     matches = [(ln, r) for ln in ([exc] if exc else []) + lines if (r := _match(ln.text))]
     symptoms = tuple(ln.text for ln, r in reversed(matches) if r.symptom)
-    strong = [(ln, r) for ln, r in matches if not r.symptom and not r.weak]
+    # A "restart will not help" verdict needs the process to have died of that error: a
+    # stray warning line ("ImportError: no apex, using native") must not fail the job.
+    fatal = exc.text if exc is not None else None
+    strong = [(ln, r) for ln, r in matches if not r.symptom and not r.weak
+              and (r.restart != RestartHelps.NO or ln.text.strip() == fatal)]
     if strong:
         line, rule = min(strong, key=lambda m: RULES.index(m[1]))
         return _from_rule(fact, line, rule, symptoms, symptom=False)
@@ -230,13 +238,12 @@ def diagnose_rank(fact: WorkerFact, before: datetime | None = None) -> _RankVerd
         found = [(ln, r) for ln, r in matches if getattr(r, kind)]
         if found:
             return _from_rule(fact, *found[0], symptoms, symptom=kind == "symptom")
-    sig = fact.signal_number or _shell_signal(fact.returncode)
     if sig == signal.SIGKILL and fact.state == WorkerState.FAILED and fact.oom_killed is not None:
         return _sigkill_verdict(fact, fact.oom_killed)
     if sig is not None and fact.state == WorkerState.FAILED:
         cat, domain, helps, text = _SIGNAL_VERDICTS.get(sig, (
             "killed_by_signal_unknown", "infrastructure", RestartHelps.YES,
-            f"Stopped by {_signame(sig)} from outside the job."))
+            f"Stopped by {signal_name(sig)} from outside the job."))
         return _RankVerdict(Diagnosis(cat, domain, helps, f"rank {fact.rank}: {text}",
                                       "Restart; if it repeats, look at the node's kernel log.",
                                       fact.rank, None, confidence=0.6), False, fact.ended_at)
@@ -279,13 +286,6 @@ def _shell_signal(returncode: int | None) -> int | None:
     if returncode is not None and 128 < returncode < 160:
         return returncode - 128
     return None
-
-
-def _signame(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = None

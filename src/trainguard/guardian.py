@@ -14,19 +14,7 @@ import os
 import signal
 import sys
 
-import psutil
-
-
-def _kill_marked(marker: str) -> None:
-    me = os.getpid()
-    for p in psutil.process_iter(["pid"]):
-        if p.pid == me:
-            continue
-        try:
-            if p.environ().get("TRAINGUARD_MARKER") == marker:
-                p.kill()
-        except (psutil.Error, OSError):
-            continue
+from trainguard.procs import kill_marked
 
 
 def main(argv: list[str]) -> int:
@@ -44,7 +32,7 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
     if marker:
-        _kill_marked(marker)
+        kill_marked(marker)
     return 0
 
 

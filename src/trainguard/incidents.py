@@ -55,7 +55,17 @@ class IncidentBook:
             inc.workers_started_at = at
             self._save(owner)
 
-    def progress_seen(self, p: Progress) -> None:
+    def resumed(self, step: int) -> None:
+        """The library loaded the checkpoint of `step`: the authoritative resume point."""
+        if self._pending is not None:
+            owner, inc = self._pending
+            inc.resumed_step = step
+            if inc.last_step_before is not None:
+                inc.steps_lost = max(0, inc.last_step_before - step)
+            self._save(owner)
+
+    def progress_seen(self, p: Progress, persist: bool = True) -> None:
+        """Steps of the current attempt; ends the open incident at the first one."""
         rec = self.current
         if rec is None:
             return
@@ -64,13 +74,14 @@ class IncidentBook:
         if self._pending is not None and p.first_step is not None and p.first_step_at:
             owner, inc = self._pending
             inc.first_progress_at = inc.recover_end_at = p.first_step_at
-            inc.resumed_step = p.first_step - 1  # the first step after restart is resumed + 1
+            if inc.resumed_step is None:  # no Resumed report: first step after restart - 1
+                inc.resumed_step = p.first_step - 1
             if inc.last_step_before is not None:
                 inc.steps_lost = max(0, inc.last_step_before - inc.resumed_step)
             inc.recover_result = RecoverResult.SUCCESS
             self._pending = None
             self._save(owner)
-        if changed:
+        if changed and persist:
             self._save(rec)
 
     def attempt_failed(self, attempt: int, diag: Diagnosis, decision: Decision,
@@ -100,6 +111,18 @@ class IncidentBook:
         rec.end_recover = inc.recover
         self._pending = (rec, inc) if restart else None
         self._save(rec)
+
+    def backoff_interrupted(self) -> None:
+        """Stopped while waiting to restart: nothing runs; the open incident is terminated."""
+        self._close_pending(RecoverResult.TERMINATED, utcnow())
+
+    def attempt_not_started(self, attempt: int, reason: str) -> None:
+        """The workers of `attempt` could not be started."""
+        rec = self.current
+        if rec is not None and rec.attempt == attempt and rec.end_at is None:
+            rec.end_at, rec.end_reason = utcnow(), reason
+            self._save(rec)
+        self._close_pending(RecoverResult.FAILED, utcnow())
 
     def attempt_succeeded(self, attempt: int, progress: Progress) -> None:
         self._end(progress, "succeeded", RecoverResult.SUCCESS)

@@ -38,10 +38,46 @@ def rank_log_path(log_dir: Path, attempt: int, rank: int) -> Path:
     return attempt_log_dir(log_dir, attempt) / f"rank-{rank}.log"
 
 
+class _Sink:
+    """A rank's log file. A failed write (disk full...) stops writing, never reading."""
+
+    def __init__(self, path: Path, errors: list[str]) -> None:
+        self.path = path
+        self._errors = errors
+        self._file: IO[str] | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+        except OSError as e:
+            self._fail(e)
+
+    def _fail(self, e: OSError) -> None:
+        self._file = None
+        self._errors.append(f"cannot write {self.path}: {e.strerror or e}; this rank's output "
+                            "is no longer logged to the file (the console and tail still are)")
+
+    def write(self, text: str) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(text)
+            self._file.flush()  # readable while the job runs, and nothing lost on a kill
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._fail(e)
+
+    def close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+
 class _Stream:
     __slots__ = ("console", "name", "partial", "rank", "sink", "tail")
 
-    def __init__(self, rank: int, name: str, sink: IO[str], tail: deque[str], console: bool):
+    def __init__(self, rank: int, name: str, sink: _Sink, tail: deque[str], console: bool):
         self.rank, self.name, self.sink, self.tail, self.console = rank, name, sink, tail, console
         self.partial = b""
 
@@ -60,15 +96,16 @@ class LogRouter:
         self._tails: dict[int, deque[str]] = {}
         self._open: dict[int, int] = {}  # rank -> pipes not yet at end of file
         self._eof = threading.Condition()
-        self._files: list[IO[str]] = []
+        self._files: list[_Sink] = []
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._errors: list[str] = []
 
     def add(self, rank: int, path: Path, stdout: IO[bytes], stderr: IO[bytes],
             console_streams: tuple[bool, bool]) -> None:
         """Route one worker's pipes; call before start()."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        sink = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 - closed in _close
+        sink = _Sink(path, self._errors)
         self._files.append(sink)
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._tails[rank] = tail
@@ -96,9 +133,20 @@ class LogRouter:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def close(self, timeout: float) -> None:
+        """Read until end of file for up to `timeout`, then stop reading and close the files."""
+        self.join(timeout)
+        self._stop.set()
+        self.join(2.0)
+
+    def take_errors(self) -> list[str]:
+        with self._lock:
+            out, self._errors[:] = list(self._errors), []
+        return out
+
     def _run(self) -> None:
         try:
-            while self._sel.get_map():
+            while self._sel.get_map() and not self._stop.is_set():
                 for key, _ in self._sel.select(timeout=0.5):
                     self._read(key)
         finally:
@@ -119,7 +167,6 @@ class LogRouter:
             if stream.partial:
                 self._emit(stream, [stream.partial])
                 stream.partial = b""
-            stream.sink.flush()
             with self._eof:
                 self._open[stream.rank] -= 1
                 self._eof.notify_all()
@@ -137,8 +184,8 @@ class LogRouter:
         stamp = now.isoformat(timespec="microseconds")
         texts = [b.decode("utf-8", "replace").rstrip("\r") for b in raw]
         stamped = stamp_lines(stamp, stream.name, texts)
-        stream.sink.write("\n".join(stamped) + "\n")
         with self._lock:
+            stream.sink.write("\n".join(stamped) + "\n")
             stream.tail.extend(t[:TAIL_LINE_CHARS] for t in stamped)
         if stream.console:
             prefix = f"[rank {stream.rank}] "
@@ -156,7 +203,9 @@ class LogRouter:
         with self._eof:
             self._open.clear()
             self._eof.notify_all()
+        for key in list(self._sel.get_map().values()):
+            with contextlib.suppress(OSError, ValueError):
+                key.fileobj.close()  # type: ignore[union-attr]
         for f in self._files:
-            with contextlib.suppress(OSError):
-                f.close()
+            f.close()
         self._sel.close()

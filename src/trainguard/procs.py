@@ -20,6 +20,8 @@ import sys
 import time
 from collections.abc import Iterable
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -56,6 +58,10 @@ class Guardian:
 
     def forget(self, pgid: int) -> None:
         self._send(f"-{pgid}")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     def close(self) -> None:
         """Normal shutdown: tell the guardian everything is reaped and let it exit."""
@@ -138,10 +144,60 @@ def wait_any_exit(children: list[subprocess.Popen[bytes]], timeout: float) -> No
             os.close(fd)
 
 
+def exit_status(pid: int) -> int | None:
+    """A child's exit status as Popen reports it, without reaping it (None: still running).
+
+    Leaving an exited worker unreaped until the attempt is stopped keeps its pid, and so its
+    process group id, ours: signalling the group later can never hit a stranger.
+    """
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def reap_strays(keep: set[int]) -> None:
+    """Reap zombie children we do not track (a dead worker's orphans, re-parented to us)."""
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for c in children:
+        if c.pid in keep:
+            continue
+        try:
+            if c.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(c.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            continue
+
+
+def kill_marked(marker: str) -> int:
+    """SIGKILL every process whose environment has TRAINGUARD_MARKER=marker (not us)."""
+    if not marker:
+        return 0
+    me, killed = os.getpid(), 0
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get("TRAINGUARD_MARKER") == marker:
+                p.kill()
+                killed += 1
+        except (psutil.Error, OSError):
+            continue
+    return killed
+
+
 def stop_groups(
-    procs: Iterable[subprocess.Popen[bytes]], grace_s: float, poll_s: float = 0.05
+    procs: Iterable[subprocess.Popen[bytes]], grace_s: float, marker: str = "",
+    poll_s: float = 0.05,
 ) -> None:
-    """SIGTERM every group, wait up to one shared grace period, SIGKILL the rest, reap."""
+    """SIGTERM every group, wait up to one shared grace period, SIGKILL the rest, reap; then
+    kill any process still carrying the job's marker (children that left their group)."""
     procs = list(procs)
     known = {p.pid: p for p in procs}
     pgids = list(known)  # each worker leads its own session and group
@@ -163,8 +219,15 @@ def stop_groups(
             log.info("process group %s outlived the grace period; sending SIGKILL", pgid)
             signal_group(pgid, signal.SIGKILL)
     for p in procs:
-        p.wait()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("pid %s does not die even after SIGKILL (uninterruptible I/O?)", p.pid)
     _wait_groups_gone(known, pgids)
+    if kill_marked(marker):
+        log.info("killed processes of this job that had left their process group")
+        time.sleep(0.05)
+        reap(known)
 
 
 def _wait_groups_gone(

@@ -36,6 +36,11 @@ class Reason(str, Enum):
     JOB_FAILED = "JobFailed"
     JOB_STOPPED = "JobStopped"
     WORKERS_STOPPED = "WorkersStopped"
+    CHECKPOINT_SAVED = "CheckpointSaved"
+    CHECKPOINT_SAVE_FAILED = "CheckpointSaveFailed"
+    CHECKPOINT_CORRUPT = "CheckpointCorrupt"
+    RESUMED = "Resumed"
+    LOG_WRITE_FAILED = "LogWriteFailed"
 
 
 class JobState(str, Enum):

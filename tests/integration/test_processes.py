@@ -18,11 +18,14 @@ from tests.integration.conftest import TG, read_json
 
 pytestmark = pytest.mark.integration
 
-# A worker that also starts a child of its own (like a DataLoader worker) and then waits.
+# A worker that starts a child of its own (like a DataLoader worker) and one that leaves
+# its process group (setsid, like a daemonising helper), then waits.
 SLEEPER = textwrap.dedent("""
     import os, subprocess, sys, time
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    print(f"step 1 child {child.pid}", flush=True)
+    loner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                             start_new_session=True)
+    print(f"step 1 child {child.pid} loner {loner.pid}", flush=True)
     time.sleep(600)
 """)
 
@@ -32,13 +35,14 @@ def _marked(marker_pids: set[int]) -> list[int]:
             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def _start(tmp_path: Path, script: str, *flags: str) -> tuple[subprocess.Popen[str], Path]:
+def _start(tmp_path: Path, script: str, *flags: str, stdout: int = subprocess.PIPE
+           ) -> tuple[subprocess.Popen[str], Path]:
     path = tmp_path / "worker.py"
     path.write_text(script)
     job = tmp_path / "job"
     proc = subprocess.Popen([*TG, "run", "--nproc-per-node", "2", "--job-dir", str(job),
                              "--grace-period", "3", *flags, str(path)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path, stdout=stdout, stderr=subprocess.PIPE,
                             text=True)
     return proc, job
 
@@ -49,7 +53,7 @@ def _workers_and_children(launcher: int, timeout: float = 60) -> set[int]:
     while time.monotonic() < deadline:
         kids = psutil.Process(launcher).children(recursive=True)
         cmdlines = [" ".join(k.cmdline()) for k in kids if k.is_running()]
-        if sum("time.sleep(600)" in c for c in cmdlines) >= 2:
+        if sum("time.sleep(600)" in c for c in cmdlines) >= 4:
             return {k.pid for k in kids}
         time.sleep(0.2)
     raise AssertionError("workers did not start in time")
@@ -81,11 +85,14 @@ def test_a_signalled_launcher_stops_every_worker_and_exits_with_128_plus_the_sig
 
 def test_a_launcher_killed_with_sigkill_takes_its_workers_and_their_children_with_it(
         tmp_path: Path) -> None:
-    proc, _ = _start(tmp_path, SLEEPER)
+    proc, job = _start(tmp_path, SLEEPER)
     pids = _workers_and_children(proc.pid)
     proc.kill()
     proc.wait(timeout=10)
-    assert _gone(pids) == []
+    assert _gone(pids) == []  # the setsid "loner" too: the guardian sweeps the job's marker
+    assert read_json("status", job)["state"] == "lost"  # nothing could record the end
+    rank_log = (job / "logs" / "attempt-0" / "rank-0.log").read_text()
+    assert "step 1 child" in rank_log  # flushed as it was read, not lost with the launcher
 
 
 def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
@@ -128,7 +135,7 @@ def test_a_job_that_prints_megabytes_per_second_does_not_grow_the_launchers_memo
         sys.stdout.flush()
         print(f"\\nwrote {n} MB", file=sys.stderr)
     """)
-    proc, job = _start(tmp_path, loud, "--redirects", "1")
+    proc, job = _start(tmp_path, loud, stdout=subprocess.DEVNULL)  # console echo on
     launcher = psutil.Process(proc.pid)
     time.sleep(1.0)
     base = launcher.memory_info().rss
@@ -139,7 +146,7 @@ def test_a_job_that_prints_megabytes_per_second_does_not_grow_the_launchers_memo
         except psutil.NoSuchProcess:
             break
         time.sleep(0.05)
-    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 0
     written = (job / "logs" / "attempt-0" / "rank-0.log").stat().st_size
     assert written > 50_000_000  # it really printed a lot
     assert peak - base < 40 * 1024 * 1024, f"launcher grew {(peak - base) / 2**20:.0f} MiB"
@@ -181,3 +188,54 @@ def test_workers_get_torchruns_environment_and_trainguards_own(tmp_path: Path) -
     assert e1["TRAINGUARD_JOB_DIR"] == str(job)
     assert e1["TRAINGUARD_CHECKPOINT_DIR"] == str(job / "checkpoints")
     assert os.path.isdir(job / "checkpoints")
+
+
+def test_a_successful_job_leaves_no_child_behind_and_logs_everything(tmp_path: Path) -> None:
+    leaver = textwrap.dedent("""
+        import subprocess, sys
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                         start_new_session=True)
+        print("step 1 done", flush=True)
+    """)
+    before = {p.pid for p in psutil.process_iter()}
+    path = tmp_path / "w.py"
+    path.write_text(leaver)
+    r = subprocess.run([*TG, "run", "--nproc-per-node", "2", "--job-dir", "j",
+                        "--grace-period", "2", str(path)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    time.sleep(0.5)
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
+            and "time.sleep(600)" in " ".join(p.info["cmdline"] or [])]
+    assert left == []
+    for rank in (0, 1):
+        assert "step 1 done" in (tmp_path / f"j/logs/attempt-0/rank-{rank}.log").read_text()
+
+
+def test_a_rank_log_that_cannot_be_written_is_an_event_not_a_hang(tmp_path: Path) -> None:
+    logs = tmp_path / "j" / "logs" / "attempt-0"
+    logs.mkdir(parents=True)
+    (logs / "rank-0.log").symlink_to("/dev/full")  # every write: No space left on device
+    path = tmp_path / "w.py"
+    path.write_text("for i in range(2000):\n    print('step', i, 'x' * 200, flush=True)\n")
+    r = subprocess.run([*TG, "run", "--nproc-per-node", "2", "--job-dir", "j", str(path)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    events = read_json("events", tmp_path / "j")
+    failed = [e for e in events if e["reason"] == "LogWriteFailed"]
+    assert len(failed) == 1 and "No space left on device" in failed[0]["message"]
+    assert read_json("status", tmp_path / "j")["last_progress"]["step"] == 1999
+
+
+def test_a_second_launcher_on_a_running_job_is_refused(tmp_path: Path) -> None:
+    proc, job = _start(tmp_path, SLEEPER)
+    try:
+        _workers_and_children(proc.pid)
+        r = subprocess.run([*TG, "run", "--job-dir", str(job), "--no-python", "true"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2
+        assert f"in use by a running launcher (pid {proc.pid})" in r.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)

@@ -23,6 +23,7 @@ from trainguard.protocol import (
     WorkerFact,
     WorkerState,
 )
+from trainguard.recorder import Recorder
 from trainguard.records import Event, RecoverResult, StartType
 from trainguard.spec import JobSpec, build_spec
 from trainguard.store import JobStore
@@ -131,8 +132,8 @@ def job(tmp_path: Path) -> Iterator[Any]:
         agent = ScriptedAgent(attempts)
         seen: list[Event] = []
         api: AgentAPI = agent
-        code = Controller(spec, paths, store, api, ["python", "train.py"],
-                          on_event=seen.append).run()
+        recorder = Recorder(spec, paths, store, ["python", "train.py"], on_event=seen.append)
+        code = Controller(recorder, api).run()
         assert [e for _, e in store.events()] == seen
         return Run(code, agent, store, seen)
 
@@ -205,7 +206,7 @@ def test_start_commands_count_the_starts_of_each_rank(job: Any) -> None:
 
 def test_the_other_ranks_are_stopped_once_per_failed_attempt(job: Any) -> None:
     run = job(CRASH_THEN_RECOVER, max_restarts=3)
-    assert [s.reason for s in run.agent.stops] == ["a worker failed"]
+    assert [s.reason for s in run.agent.stops] == ["a worker failed", "every worker exited 0"]
 
 
 def test_the_store_meta_ends_succeeded_with_the_restarts_used(job: Any) -> None:
@@ -287,6 +288,44 @@ def test_a_job_that_succeeds_at_once_has_no_recovery(job: Any) -> None:
     run = job(attempts)
     assert run.code == ExitCode.SUCCESS
     assert run.reasons == ["JobCreated", "JobRunning", "JobSucceeded"]
-    assert run.agent.stops == []
+    assert [s.reason for s in run.agent.stops] == ["every worker exited 0"]  # leftovers
     (rec,) = run.store.running_records()
     assert rec.recover_records == [] and rec.last_step == 100
+
+
+def test_a_signal_during_the_restart_backoff_stops_the_job_and_terminates_the_incident(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupt_sleep(_: float) -> None:  # the first backoff sleep "receives" SIGINT
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr("trainguard.controller.time.sleep", interrupt_sleep)
+    attempts = [[report(0, W(RUNNING), W(RUNNING), first=1, last=3),
+                 report(0, W(RUNNING), W(FAILED, -9), first=1, last=15, seconds=1)]]
+    run = job(attempts, restart_backoff_s=5, restart_backoff_max_s=5, max_restarts=3)
+    assert run.code == 128 + signal.SIGINT
+    assert run.reasons[-2:] == ["RestartScheduled", "JobStopped"]
+    (rec,) = run.store.running_records()
+    assert rec.end_reason is not None and "SIGKILL" in rec.end_reason  # not overwritten
+    (inc,) = rec.recover_records
+    assert inc.recover_result == RecoverResult.TERMINATED
+    assert inc.first_progress_at is None
+    assert run.store.meta()["state"] == "stopped"
+
+
+def test_an_error_inside_the_loop_leaves_the_job_failed_not_running(
+        job: Any, tmp_path: Path) -> None:
+    attempts = [[report(0, W(RUNNING), W(RUNNING), first=1, last=3)]]
+
+    class Boom(RuntimeError):
+        pass
+
+    def broken_poll(self: ScriptedAgent, wait_s: float = 0.0) -> NodeReport:
+        raise Boom("agent lost")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ScriptedAgent, "poll", broken_poll)
+        with pytest.raises(Boom):
+            job(attempts)
+    with JobStore.open(tmp_path / "job") as store:
+        assert store.meta()["state"] == "failed"
+        assert [e.reason for _, e in store.events()][-1] == "JobFailed"

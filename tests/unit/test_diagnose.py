@@ -433,3 +433,18 @@ def test_a_sigkill_without_an_oom_kill_is_a_kill_from_outside() -> None:
 def test_a_sigkill_with_no_oom_information_is_likely_a_host_oom() -> None:
     d = only(fact(1, -signal.SIGKILL, ["step 3 loss 1.0"]))
     assert d.category == "host_oom" and d.confidence < 0.9
+
+
+def test_a_harmless_import_warning_does_not_turn_a_kill_from_outside_into_a_user_error() -> None:
+    tail = ["warning: fused kernels unavailable (ImportError: No module named 'apex'), "
+            "using native", "step 7 loss 1.0"]
+    f = fact(1, -signal.SIGKILL, tail).model_copy(update={"oom_killed": False})
+    d = only(f)
+    assert d.category == "killed_by_signal_unknown"
+    assert d.restart_helps == RestartHelps.YES
+
+
+def test_a_keyboard_interrupt_from_a_sigint_sent_from_outside_is_a_signal_not_a_bug() -> None:
+    d = only(fact(0, -signal.SIGINT, [*traceback(0, "KeyboardInterrupt")]))
+    assert d.category == "killed_by_signal_unknown"
+    assert d.restart_helps == RestartHelps.YES

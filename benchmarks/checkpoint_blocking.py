@@ -1,0 +1,527 @@
+"""Time the training loop is blocked per checkpoint save, for ~1 GiB of model + AdamW state.
+
+One process, side by side, interleaved (the savers in a new random order every round), and
+--repeats times with fresh savers and fresh buffers, --saves saves each:
+
+* (a) trainguard: `Checkpointer(DIR, async_save=True, keep=2).save(step, state)`, the time
+  until it returns (save 1 allocates the staging buffers, so it is reported apart);
+* (b) synchronous `torch.save({"model": m.state_dict(), "optimizer": opt.state_dict()}, f)`
+  plus flush and fsync;
+* (c) `torch.distributed.checkpoint.async_save` of the same dict (gloo group, world size 1,
+  `FileSystemWriter`), the time until it returns;
+* (d) the floor: `buf.copy_(t)` for every tensor into buffers allocated and touched
+  beforehand (`torch.empty_like(t).zero_()`); and `t.clone()` of every tensor, for
+  comparison (a fresh allocation every save).
+
+Before every timed save the parameters change (an AdamW step on fixed fake gradients), and
+after it the saver's background write is waited for, both outside the timed region, so no
+timed save waits on an earlier one. A replay of trainguard's save() step by step with the
+library's own functions (split, capture_rng, stage with a timed BufferPool) runs in the same
+rounds and gives the breakdown of (a). Write throughput: trainguard's background write
+(`write_s` of the save) against `dd ... conv=fsync` of the same size on the same disk, with
+in-memory references (sha256 of the bytes, torch.save into a discarding writer).
+
+    .venv/bin/python benchmarks/checkpoint_blocking.py [--size-gib 1.0] [--saves 4]
+        [--repeats 4] [--width 4096] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from _common import REPO, BenchError, Spread, load_note, machine_line, markdown_table
+from torch import nn
+
+from trainguard.checkpoint import Checkpointer
+from trainguard.checkpoint.state import BufferPool, capture_rng, split, stage
+
+GIB = 1 << 30
+# Linear(width, width) layers. At 4096 every weight is 64 MiB, above glibc's largest mmap
+# threshold (32 MiB), so a fresh allocation of it is always a new mmap that page-faults on
+# first touch, as with the large matrices of real models; at 2048 (16 MiB) freed memory is
+# recycled from the heap, and fresh allocations (clone, DCP's staging) get cheap after the
+# first few.
+WIDTH = 4096
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} {load_note()}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- the state ------------------------------------------------------------------------------
+
+
+class TrainState:
+    """A stack of Linear layers and AdamW after one real step (exp_avg, exp_avg_sq exist)."""
+
+    def __init__(self, size_gib: float, width: int = WIDTH) -> None:
+        per_layer = width * width + width
+        target_params = size_gib * GIB / 4 / 3  # fp32 parameters + two Adam moments
+        layers = max(1, round(target_params / per_layer))
+        torch.manual_seed(0)
+        self.model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        loss = self.model(torch.randn(8, width)).square().mean()
+        loss.backward()
+        self.opt.step()
+        for p in self.model.parameters():  # fixed fake gradients for the mutating steps
+            assert p.grad is not None
+            p.grad.normal_(0.0, 1e-3)
+        self.layers, self.width = layers, width
+        self.state: dict[str, Any] = {"model": self.model, "optimizer": self.opt}
+        self.tensors: list[torch.Tensor] = list(self.model.state_dict().values())
+        for per_param in self.opt.state.values():
+            self.tensors.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
+        self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors)
+        self.params = sum(p.numel() for p in self.model.parameters())
+
+    def mutate(self) -> None:
+        """A training step's worth of change: every parameter and Adam moment is rewritten."""
+        self.opt.step()
+
+    def state_dicts(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+
+
+# -- the savers -----------------------------------------------------------------------------
+
+
+class Saver:
+    """One way to save. `save` is the timed part; `finish` runs after it, untimed."""
+
+    key = ""
+    label = ""
+
+    def save(self, step: int) -> None:
+        raise NotImplementedError
+
+    def finish(self, step: int) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class TrainguardSaver(Saver):
+    key, label = "a", "(a) trainguard `save()`, async"
+
+    def __init__(self, ts: TrainState, root: Path) -> None:
+        self.ts = ts
+        self.ckpt = Checkpointer(root / "trainguard", async_save=True, keep=2)
+
+    def save(self, step: int) -> None:
+        if not self.ckpt.save(step, self.ts.state):
+            raise BenchError("trainguard skipped a save")
+
+    def finish(self, step: int) -> dict[str, float]:
+        inner = self.ckpt.last_blocked_s or 0.0
+        t0 = time.perf_counter()
+        self.ckpt.wait()
+        wait_s = time.perf_counter() - t0
+        pending = self.ckpt._pending  # the save's own result: write_s, bytes (or its error)
+        if pending is None:
+            raise BenchError("trainguard started no save")
+        res = pending.result()
+        return {"inner_blocked_s": inner, "wait_s": wait_s, "write_s": res.write_s,
+                "bytes": float(res.bytes_written)}
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+class ReplaySaver(Saver):
+    """trainguard's save() (rank 0) step by step, with the library's functions, timed."""
+
+    key, label = "a'", "(a') trainguard save() replayed step by step"
+
+    def __init__(self, ts: TrainState) -> None:
+        self.ts = ts
+        self.pool = TimedPool()
+        self.parts: dict[str, float] = {}
+
+    def save(self, step: int) -> None:
+        self.pool.copy_s = 0.0
+        t0 = time.perf_counter()
+        replicated, per_rank = split(self.ts.state)
+        t1 = time.perf_counter()
+        per_rank["__rng__"] = capture_rng()
+        t2 = time.perf_counter()
+        stage(replicated, self.pool, "r")
+        stage(per_rank, self.pool, "p")
+        t3 = time.perf_counter()
+        self.parts = {"split_s": t1 - t0, "rng_s": t2 - t1, "copy_s": self.pool.copy_s,
+                      "traverse_s": (t3 - t2) - self.pool.copy_s}
+
+    def finish(self, step: int) -> dict[str, float]:
+        return dict(self.parts)
+
+
+class TimedPool(BufferPool):
+    def __init__(self) -> None:
+        super().__init__()
+        self.copy_s = 0.0
+
+    def copy(self, path: str, t: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = super().copy(path, t)
+        self.copy_s += time.perf_counter() - t0
+        return out
+
+
+class TorchSaveSaver(Saver):
+    key, label = "b", "(b) `torch.save` + fsync, sync"
+
+    def __init__(self, ts: TrainState, root: Path) -> None:
+        self.ts, self.dir = ts, root / "torch_save"
+        self.dir.mkdir()
+
+    def save(self, step: int) -> None:
+        with open(self.dir / f"step-{step}.pt", "wb") as f:
+            torch.save(self.ts.state_dicts(), f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def finish(self, step: int) -> dict[str, float]:
+        size = (self.dir / f"step-{step}.pt").stat().st_size
+        for p in self.dir.iterdir():
+            if p.name != f"step-{step}.pt":
+                p.unlink()
+        return {"bytes": float(size)}
+
+
+class DcpSaver(Saver):
+    key, label = "c", "(c) DCP `async_save`"
+
+    def __init__(self, ts: TrainState, root: Path) -> None:
+        self.ts, self.dir = ts, root / "dcp"
+        self.dir.mkdir()
+        self.pending: Any = None
+
+    def save(self, step: int) -> None:
+        writer = dcp.FileSystemWriter(str(self.dir / f"step-{step}"))
+        self.pending = dcp.async_save(self.ts.state_dicts(), storage_writer=writer)
+
+    def finish(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        fut = self.pending
+        upload: Future[Any] = getattr(fut, "upload_completion", fut)
+        upload.result()
+        wait_s = time.perf_counter() - t0
+        self.pending = fut = upload = None  # free the staged copy
+        size = sum(p.stat().st_size for p in (self.dir / f"step-{step}").rglob("*")
+                   if p.is_file())
+        for p in self.dir.iterdir():
+            if p.name != f"step-{step}":
+                shutil.rmtree(p)
+        return {"wait_s": wait_s, "bytes": float(size)}
+
+
+class FloorSaver(Saver):
+    key, label = "d", "(d) floor: `buf.copy_(t)` into touched buffers"
+
+    def __init__(self, ts: TrainState) -> None:
+        self.pairs = [(torch.empty_like(t).zero_(), t) for t in ts.tensors]
+
+    def save(self, step: int) -> None:
+        for buf, t in self.pairs:
+            buf.copy_(t)
+
+
+class CloneSaver(Saver):
+    key, label = "clone", "fresh `t.clone()` of every tensor"
+
+    def __init__(self, ts: TrainState) -> None:
+        self.ts = ts
+        self.clones: list[torch.Tensor] = []
+
+    def save(self, step: int) -> None:
+        self.clones = [t.clone() for t in self.ts.tensors]
+
+    def finish(self, step: int) -> dict[str, float]:
+        self.clones = []
+        return {}
+
+
+# -- references for the write throughput ----------------------------------------------------
+
+
+def run_dd(path: Path, mib: int, direct: bool) -> float | None:
+    """dd of `mib` MiB with fsync; its own elapsed seconds, None when unsupported."""
+    cmd = ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"]
+    if direct:
+        cmd.append("oflag=direct")
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    path.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        if direct:
+            return None
+        raise BenchError(f"dd failed: {proc.stderr.strip()}")
+    m = re.search(r"copied, ([0-9.]+) s", proc.stderr)
+    if m is None:
+        raise BenchError(f"cannot read dd's output: {proc.stderr.strip()}")
+    return float(m.group(1))
+
+
+class Discard:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def sha256_s(tensors: Sequence[torch.Tensor]) -> float:
+    h = hashlib.sha256()
+    t0 = time.perf_counter()
+    for t in tensors:
+        h.update(memoryview(t.detach().reshape(-1).numpy()).cast("B"))
+    return time.perf_counter() - t0
+
+
+def serialize_s(ts: TrainState) -> float:
+    t0 = time.perf_counter()
+    torch.save(ts.state_dicts(), Discard())  # type: ignore[arg-type]
+    return time.perf_counter() - t0
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    repeat: int
+    save: int  # 1-based
+    blocked_s: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Results:
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+    refs: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, key: str, s: Sample) -> None:
+        self.samples.setdefault(key, []).append(s)
+
+    def ref(self, key: str, v: float | None) -> None:
+        if v is not None:
+            self.refs.setdefault(key, []).append(v)
+
+
+def timed(fn: Callable[[], None]) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def one_repeat(rep: int, ts: TrainState, root: Path, saves: int, res: Results) -> None:
+    work = root / f"repeat-{rep}"
+    work.mkdir()
+    savers: list[Saver] = [
+        TrainguardSaver(ts, work), ReplaySaver(ts), TorchSaveSaver(ts, work),
+        DcpSaver(ts, work), FloorSaver(ts), CloneSaver(ts),
+    ]
+    try:
+        mib = max(1, round(ts.nbytes / (1 << 20)))
+        for direct in ((True, False) if rep % 2 == 0 else (False, True)):
+            res.ref("dd_direct" if direct else "dd_buffered", run_dd(work / "dd", mib, direct))
+        for i in range(saves):
+            order = list(savers)
+            random.Random(1000 * rep + i).shuffle(order)  # no saver always follows another
+            for s in order:
+                ts.mutate()
+                step = rep * 1000 + i + 1
+                blocked = timed(lambda s=s, step=step: s.save(step))  # type: ignore[misc]
+                res.add(s.key, Sample(rep, i + 1, blocked, s.finish(step)))
+            log(f"repeat {rep + 1} save {i + 1}/{saves}: " + ", ".join(
+                f"{s.key} {res.samples[s.key][-1].blocked_s:.3f}s" for s in order))
+        floor = next(s for s in savers if isinstance(s, FloorSaver))
+        res.ref("sha256", sha256_s([b for b, _ in floor.pairs]))
+        res.ref("serialize", serialize_s(ts))
+    finally:
+        for s in savers:
+            s.close()
+        savers.clear()
+        gc.collect()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the report -----------------------------------------------------------------------------
+
+
+def fmt(v: float) -> str:
+    return f"{v:.3f}"
+
+
+def spread_cell(values: Sequence[float]) -> str:
+    sp = Spread.of(values)
+    return f"{fmt(sp.median)} ({fmt(sp.lo)}-{fmt(sp.hi)})"
+
+
+def blocked_table(res: Results, gib: float, labels: dict[str, str]) -> tuple[str, float, float]:
+    floor_later = [s.blocked_s for s in res.samples["d"] if s.save > 1]
+    floor_med = statistics.median(floor_later)
+    rows = []
+    for key in ("a", "b", "c", "d", "clone"):
+        ss = res.samples[key]
+        first = [s.blocked_s for s in ss if s.save == 1]
+        later = [s.blocked_s for s in ss if s.save > 1]
+        med = statistics.median(later)
+        rows.append([labels[key], spread_cell(first), spread_cell(later),
+                     fmt(med / gib), f"{med / floor_med:.2f}x"])
+    table = markdown_table(
+        ["saver", "save 1: s (min-max)", "saves 2..N: s, median (min-max)", "s/GiB",
+         "vs floor"], rows)
+    # paired: trainguard and the floor in the same round
+    floor_by = {(s.repeat, s.save): s.blocked_s for s in res.samples["d"]}
+    paired = [s.blocked_s / floor_by[(s.repeat, s.save)] for s in res.samples["a"] if s.save > 1]
+    tg_med = statistics.median(s.blocked_s for s in res.samples["a"] if s.save > 1)
+    return table, tg_med / floor_med, statistics.median(paired)
+
+
+def breakdown_table(res: Results) -> str:
+    ss = res.samples["a'"]
+    parts = [("split_s", "split(): model.state_dict(), optimizer.state_dict()"),
+             ("rng_s", "capture_rng()"),
+             ("traverse_s", "_stage traversal (all but the copies), settle"),
+             ("copy_s", "BufferPool.copy (the copies; save 1: + allocate, zero_)")]
+    later_total = statistics.median(s.blocked_s for s in ss if s.save > 1)
+    rows = []
+    for k, label in parts:
+        first = statistics.median(s.extra[k] for s in ss if s.save == 1)
+        later = statistics.median(s.extra[k] for s in ss if s.save > 1)
+        rows.append([label, fmt(first), fmt(later), f"{100 * later / later_total:.0f}%"])
+    rows.append(["total of the replay (timed like the others)",
+                 fmt(statistics.median(s.blocked_s for s in ss if s.save == 1)),
+                 fmt(later_total), "100%"])
+    tg = res.samples["a"]
+    rows.append(["(a) save() as measured: its own `last_blocked_s`",
+                 fmt(statistics.median(s.extra["inner_blocked_s"] for s in tg if s.save == 1)),
+                 fmt(statistics.median(s.extra["inner_blocked_s"] for s in tg if s.save > 1)),
+                 ""])
+    return markdown_table(["step of save()", "save 1: s", "saves 2..N: s, median", "share"],
+                          rows)
+
+
+def throughput_table(res: Results) -> str:
+    tg = res.samples["a"]
+    gib = statistics.median(s.extra["bytes"] for s in tg) / GIB
+    rows: list[list[str]] = []
+    dd_direct = statistics.median(res.refs["dd_direct"]) if "dd_direct" in res.refs else None
+
+    def row(label: str, size_gib: float, secs: Sequence[float]) -> None:
+        med = statistics.median(secs)
+        rate = size_gib / med
+        vs = f"{rate / (gib / dd_direct):.2f}" if dd_direct else "-"
+        rows.append([label, f"{size_gib:.3f}", spread_cell(secs), f"{rate:.2f}", vs])
+
+    row("(a) trainguard background write (`write_s`: serialise, sha256, write, fsync, commit)",
+        gib, [s.extra["write_s"] for s in tg])
+    row("(a) trainguard `wait()` right after `save()` returned", gib,
+        [s.extra["wait_s"] for s in tg])
+    tsv = res.samples["b"]
+    row("(b) `torch.save` + fsync (blocking)",
+        statistics.median(s.extra["bytes"] for s in tsv) / GIB, [s.blocked_s for s in tsv])
+    dc = res.samples["c"]
+    row("(c) DCP: wait on its future after `async_save` returned",
+        statistics.median(s.extra["bytes"] for s in dc) / GIB, [s.extra["wait_s"] for s in dc])
+    if dd_direct:
+        row("`dd bs=1M oflag=direct conv=fsync`", gib, res.refs["dd_direct"])
+    else:
+        rows.append(["`dd oflag=direct`: not supported here", "-", "-", "-", "-"])
+    row("`dd bs=1M conv=fsync` (through the page cache)", gib, res.refs["dd_buffered"])
+    row("in memory: sha256 of the state's bytes (one thread)", gib, res.refs["sha256"])
+    row("in memory: `torch.save` into a discarding writer", gib, res.refs["serialize"])
+    table = markdown_table(["write", "GiB", "s, median (min-max)", "GiB/s", "vs dd direct"],
+                           rows)
+    parts = [statistics.median(res.refs[k]) for k in ("serialize", "sha256", "dd_buffered")]
+    return (f"{table}\n\ntrainguard's writer does these one after the other on one thread: "
+            f"serialise {fmt(parts[0])} s + sha256 {fmt(parts[1])} s + buffered write and "
+            f"fsync (dd) {fmt(parts[2])} s = {fmt(sum(parts))} s, against its `write_s` "
+            f"{fmt(statistics.median(s.extra['write_s'] for s in tg))} s")
+
+
+def default_dir() -> Path:
+    """A fresh directory next to the repository when that is the same disk, else in /tmp."""
+    parent = REPO.parent
+    if not (os.access(parent, os.W_OK) and os.stat(parent).st_dev == os.stat(REPO).st_dev):
+        parent = Path(tempfile.gettempdir())
+    return Path(tempfile.mkdtemp(prefix="trainguard-bench-ckpt-", dir=parent))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-gib", type=float, default=1.0, help="state size (default 1.0)")
+    ap.add_argument("--saves", type=int, default=4, help="saves per saver per repeat")
+    ap.add_argument("--repeats", type=int, default=4, help="fresh savers, this many times")
+    ap.add_argument("--width", type=int, default=WIDTH,
+                    help=f"Linear(width, width) layers (default {WIDTH}: 64 MiB weights)")
+    ap.add_argument("--dir", type=Path, default=None,
+                    help="where to write (default: a temp dir next to the repo, same disk)")
+    args = ap.parse_args(argv)
+    if args.saves < 2:
+        ap.error("--saves must be at least 2 (save 1 is reported apart)")
+
+    if args.dir is None:
+        root = default_dir()
+    else:
+        args.dir.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="trainguard-bench-ckpt-", dir=args.dir))
+    started = time.monotonic()
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{root}/pg-store", rank=0,
+                                world_size=1)
+        ts = TrainState(args.size_gib, args.width)
+        gib = ts.nbytes / GIB
+        log(f"state: {ts.layers} x Linear({ts.width}, {ts.width}) + AdamW, {ts.params / 1e6:.1f} M "
+            f"parameters, {len(ts.tensors)} tensors, {gib:.3f} GiB; writing under {root}")
+        res = Results()
+        for rep in range(args.repeats):
+            one_repeat(rep, ts, root, args.saves, res)
+        labels = {"a": TrainguardSaver.label, "b": TorchSaveSaver.label, "c": DcpSaver.label,
+                  "d": FloorSaver.label, "clone": CloneSaver.label}
+        table, ratio, paired = blocked_table(res, gib, labels)
+        verdict = "met" if ratio <= 1.5 else "NOT met"
+        print(f"\n{machine_line()}; torch threads {torch.get_num_threads()}; {load_note()}")
+        print(f"state: {ts.layers} x Linear({ts.width}, {ts.width}) + AdamW after one step: "
+              f"{ts.params / 1e6:.1f} M parameters, {len(ts.tensors)} tensors, "
+              f"{gib:.3f} GiB; {args.repeats} repeats x {args.saves} saves; written to "
+              f"{root.parent}")
+        print("\n### Blocked time per save (the training loop waits this long)\n")
+        print(table)
+        print(f"\n(a)/(d) from the second save on: {ratio:.2f}x the floor (ratio of medians), "
+              f"{paired:.2f}x (median of per-round ratios); target <= 1.5x: {verdict}")
+        print("\n### Where trainguard's save() spends its blocked time (a' replay)\n")
+        print(breakdown_table(res))
+        print("\n### Write throughput\n")
+        print(throughput_table(res))
+        print(f"\ntotal {time.monotonic() - started:.0f} s")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

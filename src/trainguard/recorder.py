@@ -1,0 +1,116 @@
+"""Everything the controller writes down: job meta, events, workers, progress, records.
+
+The controller decides; the recorder keeps the job store (and the console) current. Writes
+that could happen at every poll (progress) are throttled to one a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from trainguard.exitcodes import signal_name
+from trainguard.incidents import IncidentBook
+from trainguard.paths import JobPaths
+from trainguard.protocol import NodeReport
+from trainguard.records import Event, Involved, JobState, Level, Reason, StartType, utcnow
+from trainguard.spec import JobSpec
+from trainguard.store import JobStore, WorkerRow
+from trainguard.worker_messages import WorkerMessages
+
+PROGRESS_WRITE_EVERY_S = 1.0
+
+
+class Recorder:
+    def __init__(self, spec: JobSpec, paths: JobPaths, store: JobStore, argv: list[str],
+                 on_event: Callable[[Event], None] | None = None) -> None:
+        self.spec, self.paths, self.store, self.argv = spec, paths, store, argv
+        self._on_event = on_event
+        self.book = IncidentBook(store)
+        self.messages = WorkerMessages(self.event, self.book)
+        self.launches = 1
+        self.previous_max_step: int | None = None
+        self._workers_sig: object = None
+        self._progress_written = 0.0
+
+    def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
+              attempt: int | None = None) -> None:
+        ev = Event(utcnow(), level, reason.value, message,
+                   Involved(job=self.spec.run_id, node=None if rank is None else "node-0",
+                            rank=rank, attempt=attempt))
+        self.store.add_event(ev)
+        if self._on_event is not None:
+            self._on_event(ev)
+
+    def begin(self) -> tuple[int, StartType]:
+        """Record the job's start; a relaunch of the same job continues its attempts."""
+        previous = self.store.meta()
+        self.launches = int(previous.get("launches") or 0) + 1
+        last = previous.get("last_step")
+        self.previous_max_step = last if isinstance(last, int) else None
+        self.store.set_meta(
+            launches=self.launches, run_id=self.spec.run_id, state=JobState.PENDING.value,
+            command=self.argv, job_dir=str(self.paths.job_dir),
+            nproc_per_node=self.spec.nproc_per_node, scenario=self.spec.scenario,
+            max_restarts=self.spec.max_restarts, restarts_used=0,
+            created_at=previous.get("created_at") or utcnow().isoformat(),
+            exit_code=None, ended_at=None, launcher_pid=os.getpid(),
+            launcher_host=socket.gethostname())
+        what = (f"{self.spec.nproc_per_node} worker(s), max {self.spec.max_restarts} restarts, "
+                f"job dir {self.paths.job_dir}")
+        if isinstance(previous.get("attempt"), int):  # the same job launched again (a requeue)
+            self.event(Level.INFO, Reason.JOB_RELAUNCHED,
+                       f"job {self.spec.run_id} launched again after its previous launch ended "
+                       f"{previous.get('state')} at attempt {previous['attempt']}: {what}")
+            return previous["attempt"] + 1, StartType.RELAUNCH
+        self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}")
+        return 0, StartType.FIRST_START
+
+    def set_meta(self, **values: Any) -> None:
+        self.store.set_meta(**values)
+
+    def finish(self, state: JobState, code: int) -> None:
+        self.store.set_meta(state=state.value, exit_code=int(code), ended_at=utcnow().isoformat())
+
+    def sync(self, report: NodeReport, force: bool = False) -> None:
+        """Workers' states, worker messages and progress from one report."""
+        sig = tuple((w.pid, w.state, w.returncode) for w in report.workers)
+        if sig != self._workers_sig:
+            self._workers_sig = sig
+            self.store.put_workers(report.attempt or 0, workers_rows(report))
+        self.messages.handle(report.messages, report.attempt or 0)
+        p = report.progress
+        now = time.monotonic()
+        self.book.progress_seen(p, persist=force or now - self._progress_written >= 1.0)
+        if p.last_step is not None and (force or now - self._progress_written >= 1.0):
+            self._progress_written = now
+            self.store.set_meta(last_step=p.last_step, last_progress_at=p.last_step_at.isoformat()
+                                if p.last_step_at else None)
+
+
+def workers_rows(report: NodeReport) -> list[WorkerRow]:
+    return [WorkerRow(attempt=report.attempt or 0, rank=w.rank, local_rank=w.local_rank,
+                      node=report.node, pid=w.pid, state=w.state.value,
+                      exit_code=w.returncode, signal=signal_name(w.signal_number),
+                      started_at=w.started_at, ended_at=w.ended_at, start_count=w.start_count)
+            for w in report.workers]
+
+
+def console_printer(stream: TextIO = sys.stderr) -> Callable[[Event], None]:
+    """Supervisor-style, greppable launcher lines: `[trainguard] HH:MM:SS Level Reason: msg`.
+
+    A console that went away (a closed pipe) never stops the job: lines are then dropped.
+    """
+
+    def show(ev: Event) -> None:
+        t = ev.time.astimezone().strftime("%H:%M:%S")
+        with contextlib.suppress(OSError, ValueError):
+            print(f"[trainguard] {t} {ev.level.value} {ev.reason}: {ev.message}", file=stream,
+                  flush=True)
+
+    return show

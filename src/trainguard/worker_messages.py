@@ -1,0 +1,74 @@
+"""What workers report through the channel -> job events and recovery-record facts.
+
+Kinds: `checkpoint_saved` (rank 0, once committed), `checkpoint_save_failed`,
+`checkpoint_corrupt` (skipped while loading), `resumed` (every rank; one event per attempt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trainguard.incidents import IncidentBook
+from trainguard.protocol import WorkerMessage
+from trainguard.records import Level, Reason
+
+EmitEvent = Callable[..., None]  # Controller.event(level, reason, message, rank=, attempt=)
+
+
+class WorkerMessages:
+    def __init__(self, emit: EmitEvent, book: IncidentBook) -> None:
+        self._emit = emit
+        self._book = book
+        self._resumed_attempts: set[int] = set()
+        self.max_committed_step: int | None = None  # over the whole job
+        self.committed_this_attempt: int | None = None
+
+    def new_attempt(self) -> None:
+        self.committed_this_attempt = None
+
+    def handle(self, messages: list[WorkerMessage], attempt: int) -> None:
+        for m in messages:
+            handler = getattr(self, f"_on_{m.kind}", None)
+            if handler is not None:
+                handler(m, m.data, attempt)
+
+    def _on_checkpoint_saved(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
+        step = int(d.get("step", -1))
+        self.committed_this_attempt = max(step, self.committed_this_attempt or step)
+        self.max_committed_step = max(step, self.max_committed_step or step)
+        size = d.get("bytes")
+        mib = f", {size / 2**20:.1f} MiB" if isinstance(size, (int, float)) else ""
+        self._emit(Level.INFO, Reason.CHECKPOINT_SAVED,
+                   f"checkpoint of step {step} committed at {d.get('location')} (loop blocked "
+                   f"{_secs(d.get('blocked_s'))}, written in {_secs(d.get('write_s'))}{mib})",
+                   rank=m.rank, attempt=attempt)
+
+    def _on_checkpoint_save_failed(self, m: WorkerMessage, d: dict[str, Any],
+                                   attempt: int) -> None:
+        self._emit(Level.WARNING, Reason.CHECKPOINT_SAVE_FAILED,
+                   f"checkpoint of step {d.get('step')} failed ({d.get('consecutive')} in a "
+                   f"row; training goes on, the next save retries): {d.get('error')}",
+                   rank=m.rank, attempt=attempt)
+
+    def _on_checkpoint_corrupt(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
+        self._emit(Level.WARNING, Reason.CHECKPOINT_CORRUPT,
+                   f"checkpoint of step {d.get('step')} skipped ({d.get('status')}): "
+                   f"{d.get('reason')}", rank=m.rank, attempt=attempt)
+
+    def _on_log_write_failed(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
+        self._emit(Level.WARNING, Reason.LOG_WRITE_FAILED, str(d.get("error")), attempt=attempt)
+
+    def _on_resumed(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
+        if attempt in self._resumed_attempts:
+            return
+        self._resumed_attempts.add(attempt)
+        step = int(d.get("step", 0))
+        self._book.resumed(step)
+        self._emit(Level.INFO, Reason.RESUMED,
+                   f"resumed from the checkpoint of step {step} at {d.get('location')}",
+                   rank=m.rank, attempt=attempt)
+
+
+def _secs(v: object) -> str:
+    return f"{v:.3f}s" if isinstance(v, (int, float)) else "?"
