@@ -47,9 +47,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from _common import REPO, BenchError, Spread, load_note, machine_line, markdown_table
 from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.state_dict_saver import async_save
 
 from trainguard.checkpoint import Checkpointer
 from trainguard.checkpoint.state import BufferPool, capture_rng, split, stage
@@ -217,8 +218,8 @@ class DcpSaver(Saver):
         self.pending: Any = None
 
     def save(self, step: int) -> None:
-        writer = dcp.FileSystemWriter(str(self.dir / f"step-{step}"))
-        self.pending = dcp.async_save(self.ts.state_dicts(), storage_writer=writer)
+        writer = FileSystemWriter(str(self.dir / f"step-{step}"))
+        self.pending = async_save(self.ts.state_dicts(), storage_writer=writer)
 
     def finish(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -226,7 +227,8 @@ class DcpSaver(Saver):
         upload: Future[Any] = getattr(fut, "upload_completion", fut)
         upload.result()
         wait_s = time.perf_counter() - t0
-        self.pending = fut = upload = None  # free the staged copy
+        del fut, upload
+        self.pending = None  # free the staged copy
         size = sum(p.stat().st_size for p in (self.dir / f"step-{step}").rglob("*")
                    if p.is_file())
         for p in self.dir.iterdir():
@@ -293,7 +295,7 @@ def sha256_s(tensors: Sequence[torch.Tensor]) -> float:
     h = hashlib.sha256()
     t0 = time.perf_counter()
     for t in tensors:
-        h.update(memoryview(t.detach().reshape(-1).numpy()).cast("B"))
+        h.update(t.detach().reshape(-1).numpy().data.cast("B"))
     return time.perf_counter() - t0
 
 

@@ -7,6 +7,7 @@ travel as JSON. Worker lifecycle: STARTING -> RUNNING -> SUCCEEDED | FAILED | ST
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -91,6 +92,7 @@ class NodeAgent:
         self._progress = Progress()
         self._progress_lock = threading.Lock()
         self._oom_base: int | None = None
+        self._dead_file: Path | None = None
         self._strays_reaped = 0.0
         procs.become_subreaper()
         self._guardian = procs.Guardian(marker)
@@ -103,6 +105,7 @@ class NodeAgent:
             raise LaunchError("start_workers while workers of the last attempt still run")
         self._attempt = cmd.attempt
         self._oom_base = oom_kill_count()
+        self._dead_file = self._dead_ranks_file(cmd)
         with self._progress_lock:
             self._progress = Progress()
         router = LogRouter(self._console, self._step_pattern, self._on_progress)
@@ -114,6 +117,9 @@ class NodeAgent:
         router.start()
         return self.poll()
 
+    def _dead_ranks_file(self, cmd: StartWorkers) -> Path:
+        return Path(cmd.log_dir) / f"attempt-{cmd.attempt}" / "dead-ranks.json"
+
     def _spawn(self, cmd: StartWorkers, a: WorkerAssignment, router: LogRouter,
                log_dir: Path) -> _Worker:
         err_file = rank_log_path(log_dir, cmd.attempt, a.rank).with_suffix(".error.json")
@@ -121,6 +127,7 @@ class NodeAgent:
         err_file.unlink(missing_ok=True)
         env = worker_env(cmd, a, str(err_file), self._marker)
         env[ENV_SOCKET] = self._channel.name
+        env["TRAINGUARD_DEAD_RANKS_FILE"] = str(self._dead_ranks_file(cmd))
         try:
             proc = procs.spawn(cmd.argv, env, cmd.cwd)
         except OSError as e:
@@ -157,6 +164,9 @@ class NodeAgent:
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
         self.poll()
+        if cmd.dead_ranks and self._dead_file is not None:
+            with contextlib.suppress(OSError):
+                self._dead_file.write_text(json.dumps(cmd.dead_ranks))
         running = [w for w in self._workers if not w.state.ended]
         procs.stop_groups([w.proc for w in self._workers], cmd.grace_s, self._marker)
         now = utcnow()

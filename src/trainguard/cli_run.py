@@ -78,6 +78,9 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _flag(h, "grace-period", dest="grace_period_s", type=float,
           help="SIGTERM -> SIGKILL delay when stopping workers (15)")
     _flag(h, "step-pattern", type=str, help="regex with the step number as group 1")
+    h.add_argument("--save-on-exit", action="store_true", default=S,
+                   help="workers using trainguard.checkpoint save the last completed step "
+                        "when they are stopped (within the grace period)")
     p.add_argument("training_script", nargs="?", default=S, help="script, module or program")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, default=S)
     p.set_defaults(func=_run_command)

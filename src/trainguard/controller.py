@@ -133,7 +133,9 @@ class Controller:
         base = self.spec.node_rank * n
         paths = self.rec.paths
         return StartWorkers(
-            run_id=self.spec.run_id, attempt=attempt, argv=self.rec.argv, env={},
+            run_id=self.spec.run_id, attempt=attempt, argv=self.rec.argv,
+            env={"TRAINGUARD_GRACE_PERIOD_S": f"{self.spec.grace_period_s:g}",
+                 "TRAINGUARD_SAVE_ON_EXIT": "1" if self.spec.save_on_exit else "0"},
             workers=[WorkerAssignment(rank=base + i, local_rank=i, start_count=attempt + 1,
                                       schedule_count=self.rec.launches) for i in range(n)],
             world_size=self.spec.world_size, group_rank=self.spec.node_rank,
@@ -152,10 +154,10 @@ class Controller:
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)
 
-    def _stop(self, reason: str) -> NodeReport:
+    def _stop(self, reason: str, dead: list[int] | None = None) -> NodeReport:
         """Stop what is left of the attempt (workers, their children) and read all logs."""
         report = self.agent.stop_workers(StopWorkers(grace_s=self.spec.grace_period_s,
-                                                     reason=reason))
+                                                     reason=reason, dead_ranks=dead or []))
         self.rec.sync(report, force=True)
         return report
 
@@ -168,7 +170,7 @@ class Controller:
             self.rec.event(Level.WARNING, Reason.WORKER_FAILED,
                            f"rank {w.rank} (pid {w.pid}) {describe_exit(w.returncode)}",
                            rank=w.rank, attempt=attempt)
-        report = self._stop("a worker failed")
+        report = self._stop("a worker failed", [w.rank for w in failed])
         stopped = utcnow()
         self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
                        f"stopped the other workers (grace {self.spec.grace_period_s:g}s)",

@@ -62,6 +62,8 @@ class StartWorkers(_Msg):
 class StopWorkers(_Msg):
     grace_s: float
     reason: str
+    dead_ranks: list[int] = Field(default_factory=list,
+                                  description="ranks that failed: survivors need not wait for them")
 
 
 class WorkerFact(_Msg):

@@ -38,6 +38,7 @@ class Reason(str, Enum):
     WORKERS_STOPPED = "WorkersStopped"
     CHECKPOINT_SAVED = "CheckpointSaved"
     CHECKPOINT_SAVE_FAILED = "CheckpointSaveFailed"
+    CHECKPOINT_SAVE_SKIPPED = "CheckpointSaveSkipped"
     CHECKPOINT_CORRUPT = "CheckpointCorrupt"
     RESUMED = "Resumed"
     LOG_WRITE_FAILED = "LogWriteFailed"

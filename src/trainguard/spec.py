@@ -28,7 +28,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "no_progress_limit": 3},
     "llm": {"max_restarts": 100, "unconditional_restart": True,
             "restart_backoff_s": 5.0, "restart_backoff_max_s": 300.0,
-            "no_progress_limit": 5},
+            "no_progress_limit": 5, "save_on_exit": True},
 }
 
 # A line that *starts* with "step N" / "iteration N" / "global_step=N" (after optional
@@ -71,6 +71,8 @@ class JobSpec(BaseModel):
                                    description="give up after this many attempts without progress")
     grace_period_s: float = Field(15.0, ge=0, le=3600,
                                   description="SIGTERM -> SIGKILL delay when stopping workers")
+    save_on_exit: bool = Field(False, description="workers save a final checkpoint of the last "
+                               "completed step when stopped (trainguard.checkpoint)")
     step_pattern: str = Field(DEFAULT_STEP_PATTERN,
                               description="regex whose first group is the step in a log line")
 

@@ -39,10 +39,20 @@ class WorkerMessages:
         self.max_committed_step = max(step, self.max_committed_step or step)
         size = d.get("bytes")
         mib = f", {size / 2**20:.1f} MiB" if isinstance(size, (int, float)) else ""
+        how = (f"on the way out ({d['on_exit']})" if d.get("on_exit")
+               else f"loop blocked {_secs(d.get('blocked_s'))}")
+        missing = d.get("missing_ranks") or []
+        gone = f"; without the part of rank(s) {missing}, which had died" if missing else ""
         self._emit(Level.INFO, Reason.CHECKPOINT_SAVED,
-                   f"checkpoint of step {step} committed at {d.get('location')} (loop blocked "
-                   f"{_secs(d.get('blocked_s'))}, written in {_secs(d.get('write_s'))}{mib})",
+                   f"checkpoint of step {step} committed at {d.get('location')} ({how}, "
+                   f"written in {_secs(d.get('write_s'))}{mib}){gone}",
                    rank=m.rank, attempt=attempt)
+
+    def _on_checkpoint_exit_skipped(self, m: WorkerMessage, d: dict[str, Any],
+                                    attempt: int) -> None:
+        self._emit(Level.INFO, Reason.CHECKPOINT_SAVE_SKIPPED,
+                   f"no checkpoint on the way out after step {d.get('step')}: "
+                   f"{d.get('reason')}", rank=m.rank, attempt=attempt)
 
     def _on_checkpoint_save_failed(self, m: WorkerMessage, d: dict[str, Any],
                                    attempt: int) -> None:

@@ -19,7 +19,7 @@ FROZEN_FIELDS = [
     "master_addr", "master_port", "run_id", "job_dir", "log_dir", "checkpoint_dir",
     "redirects", "local_ranks_filter", "monitor_interval", "scenario", "max_restarts",
     "unconditional_restart", "restart_backoff_s",
-    "restart_backoff_max_s", "no_progress_limit", "grace_period_s", "step_pattern",
+    "restart_backoff_max_s", "no_progress_limit", "grace_period_s", "save_on_exit", "step_pattern",
 ]
 
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 from trainguard import __version__
+from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.loading import load_newest
 from trainguard.checkpoint.manifest import Status, Verdict
 from trainguard.checkpoint.saving import SaveJob, SaveResult, quick_verdict, run_save
@@ -85,6 +86,7 @@ class Checkpointer:
         max_consecutive_failures: int = 3,
         commit_timeout_s: float = 300.0,
         if_busy: Literal["wait", "skip"] = "wait",
+        save_on_exit: bool | None = None,
     ) -> None:
         location = location if location is not None else os.environ.get(ENV_LOCATION)
         if not location:
@@ -105,11 +107,16 @@ class Checkpointer:
         self._last_error: BaseException | None = None
         self.last_saved_step: int | None = None
         self.last_blocked_s: float | None = None
+        on_exit = enabled_by_env() if save_on_exit is None else save_on_exit
+        self._exit = ExitSaver(self) if on_exit else None
 
     # -- saving ---------------------------------------------------------------------------
 
     def maybe_save(self, step: int, state: Mapping[str, Any]) -> bool:
-        """Save when `step` is a multiple of `every_steps`; True when a save was started."""
+        """Call after every step. Saves when `step` is a multiple of `every_steps` (True when
+        a save was started); with save_on_exit, also marks the step boundary."""
+        if self._exit is not None:
+            self._exit.step_done(step, state)
         if self.every_steps and step % self.every_steps == 0:
             return self.save(step, state)
         return False
@@ -126,13 +133,7 @@ class Checkpointer:
                 return False
             _wait_quietly(self._pending)
         self._raise_if_failing()
-        replicated, per_rank = split(state)
-        per_rank[RNG_KEY] = capture_rng()
-        job = SaveJob(
-            storage=self.storage, step=step, rank=self.rank, world_size=self.world_size,
-            token=_token(), keep=self.keep, commit_timeout_s=self.commit_timeout_s,
-            replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
-            per_rank=stage(per_rank, self._pool, "p"), library_version=__version__)
+        job = self._job(step, state, capture_rng(), None, self.commit_timeout_s)
         self.last_blocked_s = time.monotonic() - t0
         if self.async_save:
             if self._executor is None:
@@ -148,7 +149,34 @@ class Checkpointer:
             self._raise_if_failing()
         return True
 
-    def _run(self, job: SaveJob, blocked_s: float) -> SaveResult:
+    def _job(self, step: int, state: Mapping[str, Any], rng: dict[str, Any],
+             data: dict[str, Any] | None, commit_timeout_s: float,
+             allow_missing: bool = False) -> SaveJob:
+        replicated, per_rank = split(state)
+        if data is not None:  # data positions snapshotted at the step boundary
+            per_rank.update(data)
+        per_rank[RNG_KEY] = rng
+        return SaveJob(
+            storage=self.storage, step=step, rank=self.rank, world_size=self.world_size,
+            token=_token(), keep=self.keep, commit_timeout_s=commit_timeout_s,
+            replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
+            per_rank=stage(per_rank, self._pool, "p"), library_version=__version__,
+            allow_missing=allow_missing, dead=dead_ranks if allow_missing else None)
+
+    def save_snapshot(self, step: int, state: Mapping[str, Any], rng: dict[str, Any],
+                      data: dict[str, Any], *, commit_timeout_s: float, reason: str) -> None:
+        """Save synchronously on the way out (see exit_save.py); ranks that died are
+        recorded as missing after commit_timeout_s."""
+        self.wait_quietly()
+        job = self._job(step, state, rng, data, commit_timeout_s, allow_missing=True)
+        result = self._run(job, 0.0, on_exit=reason)
+        log.info("checkpoint of step %s saved on the way out (%s)", result.step, reason)
+
+    def wait_quietly(self) -> None:
+        if self._pending is not None:
+            _wait_quietly(self._pending)
+
+    def _run(self, job: SaveJob, blocked_s: float, on_exit: str | None = None) -> SaveResult:
         try:
             result = run_save(job)
         except Exception as e:
@@ -167,7 +195,8 @@ class Checkpointer:
         if result.committed:
             channel.send("checkpoint_saved", step=job.step, location=self.storage.location,
                          bytes=result.bytes_written, write_s=round(result.write_s, 4),
-                         blocked_s=round(blocked_s, 4))
+                         blocked_s=round(blocked_s, 4), on_exit=on_exit,
+                         missing_ranks=list(result.missing_ranks))
         return result
 
     def _raise_if_failing(self) -> None:
@@ -204,12 +233,12 @@ class Checkpointer:
         if loaded.per_rank is not None:
             rng = loaded.per_rank.pop(RNG_KEY, None)
             apply(state, loaded.per_rank, "rank")
-            if rng is not None:
+            if rng is not None and loaded.borrowed_from is None:
                 restore_rng(rng)
-        else:
-            log.warning("checkpoint step %s has no part for rank %s (saved with world size "
-                        "%s): RNG and data position start fresh", loaded.step, self.rank,
-                        loaded.manifest.world_size)
+        if loaded.borrowed_from is not None or loaded.per_rank is None:
+            log.warning("checkpoint step %s has no part of rank %s (it died before the save, "
+                        "or the world grew): data position from rank %s, fresh RNG",
+                        loaded.step, self.rank, loaded.borrowed_from)
         channel.send("resumed", step=loaded.step, location=self.storage.location)
         self.last_saved_step = loaded.step
         return loaded.step

@@ -38,8 +38,9 @@ Report = Callable[[Verdict], None]
 class Loaded:
     step: int
     replicated: dict[str, Any]
-    per_rank: dict[str, Any] | None  # None: this rank has no part (world size grew)
+    per_rank: dict[str, Any] | None  # None: no rank's part at all
     manifest: Manifest
+    borrowed_from: int | None = None  # this rank had no part: data positions from that rank
 
 
 def load_newest(st: Storage, rank: int, agree: Agree, report: Report) -> Loaded | None:
@@ -63,9 +64,16 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report) -> Loaded 
 def _read(st: Storage, manifest: Manifest, rank: int) -> Loaded:
     d = step_dir(manifest.step)
     replicated = _load(st, manifest, d, REPLICATED)
-    mine = rank_file(rank)
-    per_rank = _load(st, manifest, d, mine) if manifest.entry(mine) is not None else None
-    return Loaded(manifest.step, replicated, per_rank, manifest)
+    if manifest.entry(rank_file(rank)) is not None:
+        return Loaded(manifest.step, replicated, _load(st, manifest, d, rank_file(rank)),
+                      manifest)
+    # No part of ours (we died before the exit save, or the world grew): data positions of
+    # data-parallel ranks advance together, so the lowest rank's are ours; RNG starts fresh.
+    donors = sorted(f.rank for f in manifest.files if f.name == rank_file(f.rank))
+    if not donors:
+        return Loaded(manifest.step, replicated, None, manifest)
+    part = _load(st, manifest, d, rank_file(donors[0]))
+    return Loaded(manifest.step, replicated, part, manifest, borrowed_from=donors[0])
 
 
 def _load(st: Storage, manifest: Manifest, d: str, name: str) -> dict[str, Any]:

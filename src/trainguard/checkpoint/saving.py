@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
@@ -49,6 +50,8 @@ class SaveJob:
     keep: int
     commit_timeout_s: float
     library_version: str
+    allow_missing: bool = False  # save on the way out: commit without ranks that died
+    dead: Callable[[], set[int]] | None = None  # ranks known dead: no need to wait for them
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class SaveResult:
     bytes_written: int
     write_s: float
     committed: bool  # True on rank 0 once the checkpoint is published
+    missing_ranks: tuple[int, ...] = ()
 
 
 def run_save(job: SaveJob) -> SaveResult:
@@ -75,16 +79,19 @@ def run_save(job: SaveJob) -> SaveResult:
         written = sum(int(f["size"]) for f in files)
         if job.rank != 0:
             return SaveResult(job.step, written, time.monotonic() - t0, committed=False)
-        parts = wait_for_parts(st, staging, job.world_size, job.commit_timeout_s)
+        parts = wait_for_parts(st, staging, job.world_size, job.commit_timeout_s,
+                               job.allow_missing, job.dead)
+        missing = tuple(r for r in range(job.world_size) if r not in parts)
         manifest = Manifest(step=job.step, world_size=job.world_size,
                             files=parts_to_files(parts), library_version=job.library_version,
-                            created_at=time.time())
+                            created_at=time.time(), missing_ranks=missing)
         st.write_atomic(f"{staging}/{MANIFEST}", manifest.to_json())
         st.publish(staging, job.step)
         published = True
         st.write_atomic(LATEST, step_dir(job.step).encode())
         prune(st, job.keep)
-        return SaveResult(job.step, written, time.monotonic() - t0, committed=True)
+        return SaveResult(job.step, written, time.monotonic() - t0, committed=True,
+                          missing_ranks=missing)
     except BaseException:
         if job.rank == 0 and not published:
             st.remove(staging)  # leave no half-written checkpoint, free the space (disk full)
@@ -96,9 +103,11 @@ def _write(st: Storage, rel: str, tree: dict[str, Any]) -> dict[str, Any]:
     return {"name": rel.rsplit("/", 1)[-1], "size": size, "sha256": sha}
 
 
-def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float
+def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float,
+                   allow_missing: bool = False, dead: Callable[[], set[int]] | None = None
                    ) -> dict[int, list[dict[str, Any]]]:
-    """Every rank's part list, polled from storage; CheckpointError after timeout_s."""
+    """Every rank's part list, polled from storage; after timeout_s a CheckpointError, or
+    (allow_missing) the parts that are there."""
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     wanted = {part_file(r): r for r in range(world_size)}
@@ -106,6 +115,10 @@ def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float
         present = set(st.sizes(staging))
         missing = [r for name, r in wanted.items() if name not in present]
         if not missing:
+            present = set(wanted)
+            break
+        if allow_missing and (time.monotonic() > deadline
+                              or (dead is not None and set(missing) <= dead())):
             break
         if time.monotonic() > deadline:
             raise CheckpointError(
@@ -115,7 +128,8 @@ def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float
         delay = min(delay * 2, 0.5)
     parts: dict[int, list[dict[str, Any]]] = {}
     for name, r in wanted.items():
-        parts[r] = json.loads(st.read_bytes(f"{staging}/{name}"))
+        if name in present:
+            parts[r] = json.loads(st.read_bytes(f"{staging}/{name}"))
     return parts
 
 

@@ -1,0 +1,135 @@
+"""Save on the way out: a final checkpoint of the last completed step when a rank stops.
+
+Opt-in (`Checkpointer(save_on_exit=True)`, or `trainguard run --save-on-exit`, which sets
+TRAINGUARD_SAVE_ON_EXIT). Two ways out:
+- SIGTERM (the launcher stops the ranks: a peer failed, or the job was stopped): the signal
+  is only recorded; at the next `maybe_save` the step is complete, so it is saved
+  synchronously and the rank exits with 128+signal.
+- an error (a collective failed because a peer died): at interpreter exit, the state of the
+  last completed step is saved, but only if no optimizer step ran since that step (an
+  optimizer step hook proves it), with the RNG and data positions snapshotted then.
+Ranks that died cannot write their part: the commit waits part of the grace period and
+records them as missing; on resume they take the data position of a surviving rank and a
+fresh RNG.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainguard.checkpoint.sampler import data_state, is_data_position
+from trainguard.checkpoint.state import capture_rng
+from trainguard.worker import channel
+
+if TYPE_CHECKING:
+    from trainguard.checkpoint.checkpointer import Checkpointer
+
+log = logging.getLogger(__name__)
+
+ENV_SAVE_ON_EXIT = "TRAINGUARD_SAVE_ON_EXIT"
+ENV_GRACE = "TRAINGUARD_GRACE_PERIOD_S"
+ENV_DEAD_RANKS = "TRAINGUARD_DEAD_RANKS_FILE"  # the launcher lists ranks that died there
+
+
+def dead_ranks() -> set[int]:
+    """Ranks the launcher saw die in this attempt (so the exit commit need not wait)."""
+    path = os.environ.get(ENV_DEAD_RANKS)
+    if not path:
+        return set()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {int(r) for r in json.load(f)}
+    except (OSError, ValueError, TypeError):
+        return set()
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get(ENV_SAVE_ON_EXIT, "") in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    step: int
+    state: Mapping[str, Any]
+    rng: dict[str, Any]
+    data: dict[str, Any]
+    optimizer_steps: int
+
+
+class ExitSaver:
+    def __init__(self, ckpt: Checkpointer) -> None:
+        self._ckpt = ckpt
+        self.stop_signal: int | None = None
+        self._last: _Snapshot | None = None
+        self._optimizer_steps = 0
+        self._hooked: set[int] = set()
+        self._done = False
+        grace = float(os.environ.get(ENV_GRACE, "30") or 30)
+        self.commit_timeout_s = max(1.0, grace / 2)  # leave the rest of the grace to write
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+        atexit.register(self._at_exit)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_signal = signum  # acted on at the next step boundary, or at exit
+
+    def step_done(self, step: int, state: Mapping[str, Any]) -> None:
+        """Called at each step boundary: remember it; on a stop signal, save and exit."""
+        self._hook_optimizers(state)
+        self._last = _Snapshot(step, state, capture_rng(),
+                               {k: data_state(v) for k, v in state.items()
+                                if is_data_position(v)}, self._optimizer_steps)
+        if self.stop_signal is not None:
+            self._save("the launcher stopped this rank")
+            raise SystemExit(128 + self.stop_signal)
+
+    def _hook_optimizers(self, state: Mapping[str, Any]) -> None:
+        for obj in state.values():
+            if isinstance(obj, torch.optim.Optimizer) and id(obj) not in self._hooked:
+                obj.register_step_post_hook(self._count_step)
+                self._hooked.add(id(obj))
+
+    def _count_step(self, *args: Any) -> None:
+        self._optimizer_steps += 1
+
+    def _at_exit(self) -> None:
+        snap = self._last
+        last = self._ckpt.last_saved_step
+        if self._done or snap is None or (last is not None and last >= snap.step):
+            return
+        if not self._hooked:
+            self._skip(snap.step, "no optimizer in the state proves the step was complete")
+        elif snap.optimizer_steps != self._optimizer_steps:
+            self._skip(snap.step, f"an optimizer step ran after step {snap.step}")
+        else:
+            self._save("the rank is exiting after an error")
+
+    def _skip(self, step: int, why: str) -> None:
+        self._done = True
+        log.warning("no checkpoint on the way out: %s", why)
+        channel.send("checkpoint_exit_skipped", step=step, reason=why)
+
+    def _save(self, reason: str) -> None:
+        self._done = True
+        snap = self._last
+        if snap is None:
+            return
+        last = self._ckpt.last_saved_step
+        if last is not None and snap.step <= last:
+            return  # already durable
+        try:
+            self._ckpt.save_snapshot(snap.step, snap.state, snap.rng, snap.data,
+                                     commit_timeout_s=self.commit_timeout_s, reason=reason)
+        except Exception as e:  # the way out must go on: report, do not mask the exit
+            log.warning("checkpoint on the way out failed: %s", e)
