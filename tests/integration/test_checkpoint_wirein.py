@@ -1,0 +1,110 @@
+"""The checkpoint library under the launcher: events, steps lost, exact resume, save on exit.
+
+Real `trainguard run`, real DDP over gloo (examples/train_ddp.py uses trainguard.checkpoint).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.conftest import EXAMPLE, TG, read_json, reasons, run_tg
+
+pytestmark = pytest.mark.integration
+
+
+def ddp(job_dir: Path, *flags: str, steps: int = 30) -> list[str]:
+    return ["run", "--nproc-per-node", "2", "--job-dir", str(job_dir), "--max-restarts", "3",
+            "--restart-backoff", "0.1", "--grace-period", "6", *flags, str(EXAMPLE),
+            "--steps", str(steps), "--ckpt-every", "10"]
+
+
+def events(job_dir: Path, reason: str) -> list[dict[str, object]]:
+    return [e for e in read_json("events", job_dir) if e["reason"] == reason]
+
+
+def final_weights(job_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    path = job_dir / "checkpoints" / f"step-{step:09d}" / "replicated.pt"
+    return torch.load(path, weights_only=True)["model"]  # type: ignore[no-any-return]
+
+
+def test_checkpoint_events_reach_the_job_and_steps_lost_come_from_the_resume(
+        tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    r = run_tg(ddp(job), cwd=tmp_path, fault="signal:KILL@rank=1,step=15")
+    assert r.returncode == 0, r.stderr[-2000:]
+    saved = [str(e["message"]) for e in events(job, "CheckpointSaved")]
+    assert any("step 10 committed" in m for m in saved)
+    assert any("step 30 committed" in m for m in saved)
+    (resumed,) = events(job, "Resumed")
+    assert "step 10" in str(resumed["message"])
+    inc = read_json("recovery", job)["running_records"][0]["recover_records"][0]
+    assert (inc["resumed_step"], inc["last_step_before"], inc["steps_lost"]) == (10, 15, 5)
+    ls = read_json_cmd(["ckpt", "ls", str(job / "checkpoints"), "--json"])
+    assert [c["step"] for c in ls] == [30, 20, 10] and ls[0]["latest"] is True
+    assert all(c["status"] == "valid" and c["world_size"] == 2 for c in ls)
+
+
+def read_json_cmd(args: list[str]) -> list[dict[str, object]]:
+    import json
+
+    out = subprocess.run([*TG, *args], capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def test_a_crashed_and_resumed_ddp_job_ends_with_the_same_weights_as_an_uninterrupted_one(
+        tmp_path: Path) -> None:
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert run_tg(ddp(straight), cwd=tmp_path).returncode == 0
+    r = run_tg(ddp(crashed), cwd=tmp_path, fault="signal:KILL@rank=0,step=23")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "WorkersRestarted" in reasons(crashed)
+    a, b = final_weights(straight, 30), final_weights(crashed, 30)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_save_on_exit_keeps_the_steps_since_the_last_periodic_checkpoint(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    r = run_tg(ddp(job, "--save-on-exit"), cwd=tmp_path, fault="signal:KILL@rank=1,step=15")
+    assert r.returncode == 0, r.stderr[-2000:]
+    on_exit = [str(e["message"]) for e in events(job, "CheckpointSaved")
+               if "on the way out" in str(e["message"])]
+    assert len(on_exit) == 1 and "step 15" in on_exit[0] and "rank(s) [1]" in on_exit[0]
+    inc = read_json("recovery", job)["running_records"][0]["recover_records"][0]
+    assert (inc["resumed_step"], inc["steps_lost"]) == (15, 0)
+
+
+def test_a_stopped_job_saves_its_last_step_and_a_relaunch_resumes_there(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    args = ddp(job, "--save-on-exit", "--run-id", "stopme", steps=150)
+    args += ["--step-time", "0.02"]
+    proc = subprocess.Popen([*TG, *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not events_or_none(job, "CheckpointSaved"):
+        time.sleep(0.2)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert all("without the part" not in str(e["message"])
+               for e in events(job, "CheckpointSaved"))  # every rank was alive to save
+    log = (job / "logs" / "attempt-0" / "rank-0.log").read_text().splitlines()
+    last_step = max(int(ln.split(" step ")[1].split()[0]) for ln in log if " out step " in ln)
+    r = run_tg(args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    resumed = events(job, "Resumed")
+    assert f"step {last_step} " in str(resumed[-1]["message"])  # not one step lost
+
+
+def events_or_none(job: Path, reason: str) -> list[dict[str, object]]:
+    try:
+        return events(job, reason)
+    except subprocess.CalledProcessError:
+        return []
