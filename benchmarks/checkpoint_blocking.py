@@ -15,9 +15,9 @@ One process, side by side, interleaved (the savers in a new random order every r
 
 Before every timed save the parameters change (an AdamW step on fixed fake gradients), and
 after it the saver's background write is waited for, both outside the timed region, so no
-timed save waits on an earlier one. A replay of trainguard's save() step by step with the
-library's own functions (split, capture_rng, stage with a timed BufferPool) runs in the same
-rounds and gives the breakdown of (a). Write throughput: trainguard's background write
+timed save waits on an earlier one. The pieces of (a) are timed in place, from outside
+(`Probe`: the module functions save() calls and its pool's copy, wrapped), which gives the
+breakdown of its blocked time. Write throughput: trainguard's background write
 (`write_s` of the save) against `dd ... conv=fsync` of the same size on the same disk, with
 in-memory references (sha256 of the bytes, torch.save into a discarding writer).
 
@@ -52,8 +52,8 @@ from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import async_save
 
+import trainguard.checkpoint.checkpointer as checkpointer_module
 from trainguard.checkpoint import Checkpointer
-from trainguard.checkpoint.state import BufferPool, capture_rng, split, stage
 
 GIB = 1 << 30
 # Linear(width, width) layers. At 4096 every weight is 64 MiB, above glibc's largest mmap
@@ -123,69 +123,74 @@ class Saver:
 
 
 class TrainguardSaver(Saver):
+    """trainguard's own save(), with its pieces timed from outside (see Probe)."""
+
     key, label = "a", "(a) trainguard `save()`, async"
 
     def __init__(self, ts: TrainState, root: Path) -> None:
         self.ts = ts
         self.ckpt = Checkpointer(root / "trainguard", async_save=True, keep=2)
+        self.probe = Probe(self.ckpt)
 
     def save(self, step: int) -> None:
+        self.probe.reset()
         if not self.ckpt.save(step, self.ts.state):
             raise BenchError("trainguard skipped a save")
 
     def finish(self, step: int) -> dict[str, float]:
-        inner = self.ckpt.last_blocked_s or 0.0
+        out = {f"{k}_s": v for k, v in self.probe.times.items()}
+        out["inner_blocked_s"] = self.ckpt.last_blocked_s or 0.0
         t0 = time.perf_counter()
         self.ckpt.wait()
-        wait_s = time.perf_counter() - t0
+        out["wait_s"] = time.perf_counter() - t0
         pending = self.ckpt._pending  # the save's own result: write_s, bytes (or its error)
         if pending is None:
             raise BenchError("trainguard started no save")
         res = pending.result()
-        return {"inner_blocked_s": inner, "wait_s": wait_s, "write_s": res.write_s,
-                "bytes": float(res.bytes_written)}
+        out["write_s"], out["bytes"] = res.write_s, float(res.bytes_written)
+        return out
 
     def close(self) -> None:
-        self.ckpt.close()
+        try:
+            self.ckpt.close()
+        finally:
+            self.probe.close()
 
 
-class ReplaySaver(Saver):
-    """trainguard's save() (rank 0) step by step, with the library's functions, timed."""
+class Probe:
+    """Times the pieces of Checkpointer.save() without changing it: wraps the functions
+    checkpointer.py calls (split, capture_rng, stage) in its module, and the copy method of
+    this Checkpointer's BufferPool. A few microseconds per call, against tens of ms."""
 
-    key, label = "a'", "(a') trainguard save() replayed step by step"
+    NAMES = ("split", "capture_rng", "stage")
 
-    def __init__(self, ts: TrainState) -> None:
-        self.ts = ts
-        self.pool = TimedPool()
-        self.parts: dict[str, float] = {}
+    def __init__(self, ckpt: Checkpointer) -> None:
+        self.times: dict[str, float] = {}
+        self.originals: dict[str, Callable[..., Any]] = {}
+        for name in self.NAMES:
+            fn = getattr(checkpointer_module, name, None)
+            if callable(fn):
+                self.originals[name] = fn
+                setattr(checkpointer_module, name, self._timed(name, fn))
+        pool = ckpt._pool
+        pool.copy = self._timed("copy", pool.copy)  # type: ignore[method-assign]
 
-    def save(self, step: int) -> None:
-        self.pool.copy_s = 0.0
-        t0 = time.perf_counter()
-        replicated, per_rank = split(self.ts.state)
-        t1 = time.perf_counter()
-        per_rank["__rng__"] = capture_rng()
-        t2 = time.perf_counter()
-        stage(replicated, self.pool, "r")
-        stage(per_rank, self.pool, "p")
-        t3 = time.perf_counter()
-        self.parts = {"split_s": t1 - t0, "rng_s": t2 - t1, "copy_s": self.pool.copy_s,
-                      "traverse_s": (t3 - t2) - self.pool.copy_s}
+    def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+        return timed_call
 
-    def finish(self, step: int) -> dict[str, float]:
-        return dict(self.parts)
+    def reset(self) -> None:
+        self.times = {name: 0.0 for name in (*self.originals, "copy")}
 
-
-class TimedPool(BufferPool):
-    def __init__(self) -> None:
-        super().__init__()
-        self.copy_s = 0.0
-
-    def copy(self, path: str, t: torch.Tensor) -> torch.Tensor:
-        t0 = time.perf_counter()
-        out = super().copy(path, t)
-        self.copy_s += time.perf_counter() - t0
-        return out
+    def close(self) -> None:
+        for name, fn in self.originals.items():
+            setattr(checkpointer_module, name, fn)
+        self.originals.clear()
 
 
 class TorchSaveSaver(Saver):
@@ -340,7 +345,7 @@ def one_repeat(rep: int, ts: TrainState, root: Path, saves: int, res: Results) -
     work = root / f"repeat-{rep}"
     work.mkdir()
     savers: list[Saver] = [
-        TrainguardSaver(ts, work), ReplaySaver(ts), TorchSaveSaver(ts, work),
+        TrainguardSaver(ts, work), TorchSaveSaver(ts, work),
         DcpSaver(ts, work), FloorSaver(ts), CloneSaver(ts),
     ]
     try:
@@ -402,27 +407,41 @@ def blocked_table(res: Results, gib: float, labels: dict[str, str]) -> tuple[str
 
 
 def breakdown_table(res: Results) -> str:
-    ss = res.samples["a'"]
-    parts = [("split_s", "split(): model.state_dict(), optimizer.state_dict()"),
-             ("rng_s", "capture_rng()"),
-             ("traverse_s", "_stage traversal (all but the copies), settle"),
-             ("copy_s", "BufferPool.copy (the copies; save 1: + allocate, zero_)")]
-    later_total = statistics.median(s.blocked_s for s in ss if s.save > 1)
+    ss = res.samples["a"]
+
+    def med(first: bool, fn: Callable[[Sample], float | None]) -> str:
+        vals = [v for s in ss if (s.save == 1) == first and (v := fn(s)) is not None]
+        return fmt(statistics.median(vals)) if vals else "n/a"
+
+    def part(s: Sample, k: str) -> float | None:
+        return s.extra.get(f"{k}_s")
+
+    def traversal(s: Sample) -> float | None:
+        st, cp = part(s, "stage"), part(s, "copy")
+        return None if st is None or cp is None else st - cp
+
+    def rest(s: Sample) -> float | None:
+        known = [part(s, k) for k in ("split", "capture_rng", "stage")]
+        return s.blocked_s - sum(v for v in known if v is not None)
+
+    total = statistics.median(s.blocked_s for s in ss if s.save > 1)
+    rows_spec: list[tuple[str, Callable[[Sample], float | None]]] = [
+        ("split(): model.state_dict(), optimizer.state_dict()", lambda s: part(s, "split")),
+        ("capture_rng()", lambda s: part(s, "capture_rng")),
+        ("stage(): traversal of the tree, settle (all but the copies)", traversal),
+        ("stage(): BufferPool.copy (save 1: + allocate and zero_ the buffers)",
+         lambda s: part(s, "copy")),
+        ("the rest: in-flight check, SaveJob, hand-off to the writer thread", rest),
+        ("total: save() until it returns (the blocked time above)", lambda s: s.blocked_s),
+        ("save()'s own `last_blocked_s`", lambda s: s.extra["inner_blocked_s"]),
+    ]
     rows = []
-    for k, label in parts:
-        first = statistics.median(s.extra[k] for s in ss if s.save == 1)
-        later = statistics.median(s.extra[k] for s in ss if s.save > 1)
-        rows.append([label, fmt(first), fmt(later), f"{100 * later / later_total:.0f}%"])
-    rows.append(["total of the replay (timed like the others)",
-                 fmt(statistics.median(s.blocked_s for s in ss if s.save == 1)),
-                 fmt(later_total), "100%"])
-    tg = res.samples["a"]
-    rows.append(["(a) save() as measured: its own `last_blocked_s`",
-                 fmt(statistics.median(s.extra["inner_blocked_s"] for s in tg if s.save == 1)),
-                 fmt(statistics.median(s.extra["inner_blocked_s"] for s in tg if s.save > 1)),
-                 ""])
-    return markdown_table(["step of save()", "save 1: s", "saves 2..N: s, median", "share"],
-                          rows)
+    for label, fn in rows_spec:
+        later = [v for s in ss if s.save > 1 and (v := fn(s)) is not None]
+        share = f"{100 * statistics.median(later) / total:.0f}%" if later else ""
+        rows.append([label, med(True, fn), med(False, fn), share])
+    return markdown_table(["part of save()", "save 1: s, median", "saves 2..N: s, median",
+                           "share"], rows)
 
 
 def throughput_table(res: Results) -> str:
@@ -513,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table)
         print(f"\n(a)/(d) from the second save on: {ratio:.2f}x the floor (ratio of medians), "
               f"{paired:.2f}x (median of per-round ratios); target <= 1.5x: {verdict}")
-        print("\n### Where trainguard's save() spends its blocked time (a' replay)\n")
+        print("\n### Where trainguard's save() spends its blocked time\n")
         print(breakdown_table(res))
         print("\n### Write throughput\n")
         print(throughput_table(res))

@@ -4,9 +4,9 @@ Importable from a training script without the launcher: it needs torch and fsspe
 """
 
 from trainguard.checkpoint.checkpointer import Checkpointer, CheckpointInfo, list_checkpoints
+from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.manifest import Status
 from trainguard.checkpoint.sampler import ResumableSampler
-from trainguard.checkpoint.state import CheckpointError
 
 __all__ = [
     "CheckpointError",

@@ -29,13 +29,15 @@ from typing import Any, Literal
 import torch
 
 from trainguard import __version__
+from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.loading import load_newest
-from trainguard.checkpoint.manifest import Status, Verdict
+from trainguard.checkpoint.manifest import Status, Verdict, step_dir
 from trainguard.checkpoint.saving import SaveJob, SaveResult, quick_verdict, run_save
+from trainguard.checkpoint.sharded import KEYS as SHARDED_KEYS
+from trainguard.checkpoint.sharded import load_sharded, save_sharded
 from trainguard.checkpoint.state import (
     BufferPool,
-    CheckpointError,
     apply,
     capture_rng,
     restore_rng,
@@ -152,7 +154,11 @@ class Checkpointer:
     def _job(self, step: int, state: Mapping[str, Any], rng: dict[str, Any],
              data: dict[str, Any] | None, commit_timeout_s: float,
              allow_missing: bool = False) -> SaveJob:
-        replicated, per_rank = split(state)
+        replicated, per_rank, sharded = split(state)
+        extra: tuple[dict[str, Any], ...] = ()
+        if sharded:  # collective and synchronous: DCP writes every rank's shards now
+            staging = self.storage.staging_dir(step, _token())
+            extra = tuple(save_sharded(self.storage, staging, sharded, self.rank))
         if data is not None:  # data positions snapshotted at the step boundary
             per_rank.update(data)
         per_rank[RNG_KEY] = rng
@@ -161,7 +167,8 @@ class Checkpointer:
             token=_token(), keep=self.keep, commit_timeout_s=commit_timeout_s,
             replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
             per_rank=stage(per_rank, self._pool, "p"), library_version=__version__,
-            allow_missing=allow_missing, dead=dead_ranks if allow_missing else None)
+            allow_missing=allow_missing, dead=dead_ranks if allow_missing else None,
+            extra_files=extra)
 
     def save_snapshot(self, step: int, state: Mapping[str, Any], rng: dict[str, Any],
                       data: dict[str, Any], *, commit_timeout_s: float, reason: str) -> None:
@@ -230,6 +237,8 @@ class Checkpointer:
         if loaded is None:
             return None
         apply(state, loaded.replicated, "replicated")
+        load_sharded(self.storage, step_dir(loaded.step), state,
+                     list(loaded.replicated.get(SHARDED_KEYS, [])))
         if loaded.per_rank is not None:
             rng = loaded.per_rank.pop(RNG_KEY, None)
             apply(state, loaded.per_rank, "rank")

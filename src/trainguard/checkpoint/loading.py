@@ -64,6 +64,9 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report) -> Loaded 
 def _read(st: Storage, manifest: Manifest, rank: int) -> Loaded:
     d = step_dir(manifest.step)
     replicated = _load(st, manifest, d, REPLICATED)
+    for f in manifest.files:  # this rank's DCP shards: DCP itself checks no checksum
+        if f.rank == rank and "/" in f.name and st.sha256(f"{d}/{f.name}") != f.sha256:
+            raise ValueError(f"{f.name}: checksum differs from the manifest")
     if manifest.entry(rank_file(rank)) is not None:
         return Loaded(manifest.step, replicated, _load(st, manifest, d, rank_file(rank)),
                       manifest)

@@ -18,6 +18,7 @@ from typing import IO, Any, cast
 
 import torch
 
+from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.manifest import (
     LATEST,
     MANIFEST,
@@ -32,7 +33,6 @@ from trainguard.checkpoint.manifest import (
     rank_file,
     step_dir,
 )
-from trainguard.checkpoint.state import CheckpointError
 from trainguard.checkpoint.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class SaveJob:
     library_version: str
     allow_missing: bool = False  # save on the way out: commit without ranks that died
     dead: Callable[[], set[int]] | None = None  # ranks known dead: no need to wait for them
+    extra_files: tuple[dict[str, Any], ...] = ()  # already written (sharded/, by DCP)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ def run_save(job: SaveJob) -> SaveResult:
         if job.replicated is not None:
             files.append(_write(st, f"{staging}/{REPLICATED}", job.replicated))
         files.append(_write(st, f"{staging}/{rank_file(job.rank)}", job.per_rank))
+        files.extend(job.extra_files)
         st.write_atomic(f"{staging}/{part_file(job.rank)}", json.dumps(files).encode())
         written = sum(int(f["size"]) for f in files)
         if job.rank != 0:
@@ -144,7 +146,7 @@ def quick_verdict(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
         manifest = Manifest.from_json(raw)
     except ValueError as e:
         return Verdict(step, Status.CORRUPT, str(e)), None
-    problem = check_sizes(manifest, st.sizes(d))
+    problem = check_sizes(manifest, st.tree_sizes(d))
     if problem is not None:
         return Verdict(step, Status.CORRUPT, problem), manifest
     return Verdict(step, Status.VALID), manifest

@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 
+from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.sampler import data_state, is_data_position, load_data_state
+from trainguard.checkpoint.sharded import KEYS as SHARDED_KEYS
+from trainguard.checkpoint.sharded import is_sharded, sharded_state_dict
 
 PLAIN = (int, float, bool, str, type(None))
-
-
-class CheckpointError(Exception):
-    """A checkpoint cannot be saved or loaded; the message names the cause and the fix."""
 
 
 class BufferPool:
@@ -65,22 +64,31 @@ def _stage(value: Any, path: str, pool: BufferPool) -> Any:
         "state to tensors, numbers, strings, lists and dicts (or objects with state_dict())")
 
 
-def split(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The user's state -> (replicated part, per-rank part) of state dicts and plain data.
+def split(state: Mapping[str, Any]
+          ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The user's state -> (replicated, per-rank, sharded) parts, as state dicts and data.
 
-    Data positions (samplers, stateful data loaders) are per rank; everything else is
-    replicated across data-parallel ranks and written once, by rank 0.
+    Data positions (samplers, stateful data loaders) are per rank; state dicts holding
+    DTensors (FSDP2) are sharded; everything else is replicated across data-parallel ranks
+    and written once, by rank 0.
     """
     replicated: dict[str, Any] = {}
     per_rank: dict[str, Any] = {}
+    sharded: dict[str, Any] = {}
     for key, obj in state.items():
         if is_data_position(obj):
             per_rank[key] = data_state(obj)
         elif hasattr(obj, "state_dict") and callable(obj.state_dict):
-            replicated[key] = obj.state_dict()
+            sd = obj.state_dict()
+            if is_sharded(sd):
+                sharded[key] = sharded_state_dict(key, state)
+            else:
+                replicated[key] = sd
         else:
             replicated[key] = obj
-    return replicated, per_rank
+    if sharded:
+        replicated[SHARDED_KEYS] = sorted(sharded)
+    return replicated, per_rank, sharded
 
 
 def stage(tree: dict[str, Any], pool: BufferPool, prefix: str) -> dict[str, Any]:
@@ -92,7 +100,7 @@ def stage(tree: dict[str, Any], pool: BufferPool, prefix: str) -> dict[str, Any]
 def apply(state: Mapping[str, Any], loaded: Mapping[str, Any], where: str) -> None:
     """Load a checkpoint part into the user's objects in place (plain values: into `state`)."""
     for key, value in loaded.items():
-        if key not in state:
+        if key not in state or key == SHARDED_KEYS:
             continue  # saved but no longer asked for: ignore
         obj = state[key]
         if is_data_position(obj):
@@ -101,7 +109,9 @@ def apply(state: Mapping[str, Any], loaded: Mapping[str, Any], where: str) -> No
             obj.load_state_dict(value)
         elif isinstance(state, MutableMapping):
             state[key] = value
-    missing = [k for k in state if k not in loaded and not _is_other_part(state[k], where)]
+    sharded = set(loaded.get(SHARDED_KEYS, ())) if where == "replicated" else set()
+    missing = [k for k in state if k not in loaded and k not in sharded
+               and not _is_other_part(state[k], where)]
     if missing:
         raise CheckpointError(
             f"the checkpoint has no {', '.join(map(repr, missing))}. Fix: resume with the "

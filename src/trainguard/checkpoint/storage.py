@@ -51,7 +51,8 @@ class Storage:
     def __init__(self, location: str | os.PathLike[str],
                  storage_options: dict[str, Any] | None = None) -> None:
         self.location = str(location)
-        fs, root = fsspec.core.url_to_fs(self.location, **(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        fs, root = fsspec.core.url_to_fs(self.location, **self.storage_options)
         self.fs: fsspec.AbstractFileSystem = fs
         self.root: str = root.rstrip("/") or "/"
         self.local = isinstance(fs, LocalFileSystem)
@@ -140,6 +141,16 @@ class Storage:
             return {}
         return {posixpath.basename(e["name"].rstrip("/")): int(e.get("size") or 0)
                 for e in entries if e.get("type") == "file"}
+
+    def tree_sizes(self, rel: str) -> dict[str, int]:
+        """Every file under a directory, by path relative to it: name -> size."""
+        base = self.path(rel).rstrip("/") + "/"
+        try:
+            found = self.fs.find(self.path(rel), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {str(name)[len(base):] if str(name).startswith(base) else str(name):
+                int(info.get("size") or 0) for name, info in found.items()}
 
     def children(self) -> list[str]:
         """Names directly under the location."""

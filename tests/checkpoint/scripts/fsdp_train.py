@@ -1,0 +1,51 @@
+"""FSDP2 (fully_shard) on CPU with gloo, checkpointed with trainguard.checkpoint (via DCP).
+
+Writes the full final parameters of rank 0 to --out. Run under `trainguard run`.
+"""
+
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from trainguard.checkpoint import Checkpointer
+from trainguard.testing.faults import inject
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=20)
+p.add_argument("--out", required=True)
+args = p.parse_args()
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 8))
+for layer in model:
+    if isinstance(layer, nn.Linear):
+        fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+state = {"model": model, "optimizer": opt}
+ckpt = Checkpointer(every_steps=5)
+start = ckpt.load_latest(state) or 0
+if start:
+    print(f"resumed from step {start}", flush=True)
+for step in range(start + 1, args.steps + 1):
+    g = torch.Generator().manual_seed(step * 100 + dist.get_rank())
+    x = torch.randn(8, 16, generator=g)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"step {step} loss {loss.item():.5f}", flush=True)
+    ckpt.maybe_save(step, state)
+    inject(step)
+ckpt.close()
+full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+if dist.get_rank() == 0:
+    torch.save(full, args.out)
+dist.barrier()
+dist.destroy_process_group()
