@@ -37,6 +37,7 @@ test: lint typecheck
 bench: $(STAMP)
 	$(BIN)/python benchmarks/recovery_time.py
 	$(BIN)/python benchmarks/launcher_overhead.py
+	$(BIN)/python benchmarks/checkpoint_blocking.py
 
 clean:
 	rm -rf $(VENV) trainguard-runs .mypy_cache .ruff_cache .pytest_cache

@@ -7,6 +7,7 @@ loaded checkpoint is checked bit for bit against the step `load_latest` reports.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import random
@@ -55,6 +56,7 @@ def fork_child(body: Callable[[int], None]) -> tuple[int, int]:
         code = 70
         try:
             os.close(r)
+            gc.freeze()  # pytest's heap: not scanned (and copied) by every collection
             torch.set_num_threads(1)  # the parent's OpenMP pool does not survive a fork
             body(w)
             code = 0
