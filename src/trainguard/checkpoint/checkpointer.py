@@ -199,7 +199,9 @@ class Checkpointer:
             self._failures = 0
             self._last_error = None
         self.last_saved_step = job.step
-        if result.committed:
+        if result.already_valid:
+            log.info("checkpoint of step %s is already committed: not written again", job.step)
+        elif result.committed:
             channel.send("checkpoint_saved", step=job.step, location=self.storage.location,
                          bytes=result.bytes_written, write_s=round(result.write_s, 4),
                          blocked_s=round(blocked_s, 4), on_exit=on_exit,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,8 +51,9 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report) -> Loaded 
         if verdict.status == Status.VALID and manifest is not None:
             try:
                 loaded = _read(st, manifest, rank)
-            except (ValueError, RuntimeError, OSError, EOFError) as e:
-                verdict = Verdict(step, Status.CORRUPT, str(e)[:300])
+            except (ValueError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+                # UnpicklingError: weights_only refused a pickled object (it never runs)
+                verdict = Verdict(step, Status.CORRUPT, f"{type(e).__name__}: {e}"[:300])
         if not agree(loaded is not None):
             if loaded is not None:
                 verdict = Verdict(step, Status.CORRUPT, "another rank could not load it")

@@ -76,8 +76,8 @@ class Manifest:
                        created_at=float(d["created_at"]), format=FORMAT,
                        missing_ranks=tuple(int(r) for r in d.get("missing_ranks", ())),
                        extra=dict(d.get("extra") or {}))
-        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
-            raise ValueError(f"malformed manifest ({e})") from None
+        except (KeyError, TypeError, AttributeError, ValueError) as e:  # JSON, UTF-8, int()
+            raise ValueError(f"malformed manifest ({type(e).__name__}: {e})") from None
 
     def entry(self, name: str) -> FileEntry | None:
         return next((f for f in self.files if f.name == name), None)

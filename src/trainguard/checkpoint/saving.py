@@ -62,16 +62,20 @@ class SaveResult:
     write_s: float
     committed: bool  # True on rank 0 once the checkpoint is published
     missing_ranks: tuple[int, ...] = ()
+    already_valid: bool = False  # the step was committed before: nothing was written
 
 
 def run_save(job: SaveJob) -> SaveResult:
     t0 = time.monotonic()
     st = job.storage
     staging = st.staging_dir(job.step, job.token)
+    if quick_verdict(st, job.step)[0].status == Status.VALID:
+        # Re-saving a committed step (a job resumed from an older checkpoint) could only
+        # put the valid one at risk: every rank sees it and writes nothing.
+        return SaveResult(job.step, 0, time.monotonic() - t0, committed=job.rank == 0,
+                          already_valid=True)
     published = False
     try:
-        if job.rank == 0 and not st.local:
-            st.remove(f"{staging}/{MANIFEST}")  # re-saving a step in place: unpublish it first
         files = []
         if job.replicated is not None:
             files.append(_write(st, f"{staging}/{REPLICATED}", job.replicated))
@@ -96,7 +100,10 @@ def run_save(job: SaveJob) -> SaveResult:
                           missing_ranks=missing)
     except BaseException:
         if job.rank == 0 and not published:
-            st.remove(staging)  # leave no half-written checkpoint, free the space (disk full)
+            try:  # leave no half-written checkpoint, free the space (disk full)
+                st.remove(staging)
+            except Exception as cleanup:  # storage gone: keep the error that caused this
+                log.warning("could not remove the failed save's files: %s", cleanup)
         raise
 
 
@@ -160,7 +167,9 @@ def prune(st: Storage, keep: int) -> None:
         st.remove(step_dir(step))
     newest = max((v.step for v in verdicts if v.status == Status.VALID), default=None)
     for name in st.children():
-        if name.startswith((".tmp-step-", ".old-step-")) and newest is not None:
+        if name.startswith(f".{LATEST}.") and name.endswith(".tmp"):
+            st.remove(name)  # a `latest` write killed before its rename (rank 0 writes alone)
+        elif name.startswith((".tmp-step-", ".old-step-")) and newest is not None:
             step_text = name.split("-")[2]
             if step_text.isdigit() and int(step_text) < newest:
                 st.remove(name)

@@ -32,6 +32,7 @@ class HashingWriter:
         self._raw = raw
         self._sha = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None  # the first write error (ENOSPC...), kept verbatim
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         # Hash and write slice by slice: each slice is still in the CPU cache when written
@@ -40,7 +41,11 @@ class HashingWriter:
         for start in range(0, len(view), SLICE):
             piece = view[start:start + SLICE]
             self._sha.update(piece)
-            self._raw.write(piece)
+            try:
+                self._raw.write(piece)
+            except OSError as e:
+                self.error = self.error or e
+                raise
         self.size += len(view)
         return len(view)
 
@@ -75,18 +80,26 @@ class Storage:
     def write_stream(self, rel: str, write: Callable[[HashingWriter], None]) -> tuple[int, str]:
         """Write a file through `write`, durable when this returns: (size, sha256)."""
         path = self.path(rel)
-        if self.local:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as raw:
-                w = HashingWriter(raw)
-                write(w)
-                raw.flush()
-                os.fsync(raw.fileno())
-            _fsync_dir(Path(path).parent)
-            return w.size, w.hexdigest()
-        with self.fs.open(path, "wb") as raw:
-            w = HashingWriter(raw)
-            write(w)
+        w: HashingWriter | None = None
+        try:
+            if self.local:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "wb") as raw:
+                    w = HashingWriter(raw)
+                    write(w)
+                    raw.flush()
+                    os.fsync(raw.fileno())
+                _fsync_dir(Path(path).parent)
+            else:
+                with self.fs.open(path, "wb") as raw:
+                    w = HashingWriter(raw)
+                    write(w)
+        except Exception as e:
+            # torch's zip writer turns an ENOSPC from write() into "unexpected pos ...":
+            # report the storage's own error, which names the cause
+            if w is not None and w.error is not None and w.error is not e:
+                raise w.error from e
+            raise
         return w.size, w.hexdigest()
 
     def write_atomic(self, rel: str, data: bytes) -> None:
@@ -110,14 +123,10 @@ class Storage:
         if not self.local or staging == step_dir(step):
             return
         final = Path(self.path(step_dir(step)))
-        aside = None
-        if final.exists():  # the same step saved again (a restarted attempt): replace it
-            aside = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
-            os.rename(final, aside)
+        if final.exists():  # a broken leftover of this step (a valid one is never re-saved)
+            self.remove(final.name)
         os.rename(self.path(staging), final)
         _fsync_dir(final.parent)
-        if aside is not None:
-            self.remove(aside.name)
 
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
