@@ -110,10 +110,12 @@ class S3Server:
         return self.start()
 
     def new_bucket(self) -> str:
+        return self.new_bucket_named(f"ck-{uuid.uuid4().hex[:12]}")
+
+    def new_bucket_named(self, name: str) -> str:
         import fsspec
 
-        name = f"ck-{uuid.uuid4().hex[:12]}"
-        fsspec.filesystem("s3", **self.options()).mkdir(name)
+        fsspec.filesystem("s3", skip_instance_cache=True, **self.options()).mkdir(name)
         return name
 
 

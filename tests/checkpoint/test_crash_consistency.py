@@ -7,6 +7,7 @@ loaded checkpoint is checked bit for bit against the step `load_latest` reports.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import os
@@ -35,10 +36,17 @@ from tests.checkpoint.conftest import (
     step_state,
 )
 from trainguard.checkpoint import Status
+from trainguard.checkpoint.manifest import rank_file, step_dir
 from trainguard.checkpoint.storage import Storage
 
 KILLS = 200  # per backend
-KILL_DELAY_S = 0.2  # each writer is killed after uniform(0, KILL_DELAY_S) seconds
+# Each writer is killed uniform(0, window) seconds after it starts saving, the window being
+# KILL_WINDOW_SAVES times a save measured here (with its pruning), and at least
+# MIN_KILL_WINDOW_S: 0-200 ms on local disk (~8 saves), ~0-500 ms on the S3 server. (Much
+# shorter windows on S3 kill most writers inside prune(), which checks every step before it
+# deletes any: checkpoints then pile up beyond KEEP and every check gets slower.)
+KILL_WINDOW_SAVES = 4
+MIN_KILL_WINDOW_S = 0.2
 SEED = 20240607
 WAIT_EVERY = 3  # the writer waits for its save to be durable every WAIT_EVERY steps
 KEEP = 3
@@ -48,50 +56,68 @@ pytestmark = [pytest.mark.crash, pytest.mark.usefixtures("no_agent", "keep_rng")
 
 # -- forked children ----------------------------------------------------------------------
 
-def fork_child(body: Callable[[int], None]) -> tuple[int, int]:
-    """Run body(report_fd) in a forked child that never returns into pytest: (pid, read end)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 70
-        try:
-            os.close(r)
-            gc.freeze()  # pytest's heap: not scanned (and copied) by every collection
-            torch.set_num_threads(1)  # the parent's OpenMP pool does not survive a fork
-            body(w)
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-    os.close(w)
-    return pid, r
+class Child:
+    """body(child) run in a forked child that never returns into pytest; lines go both
+    ways through pipes (`tell` / `hear` on either side)."""
 
+    def __init__(self, body: Callable[[Child], None]) -> None:
+        down_r, self._down = os.pipe()  # parent -> child
+        self._up, up_w = os.pipe()  # child -> parent
+        self._buf = b""
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 70
+            try:
+                os.close(self._down)
+                os.close(self._up)
+                self._up, self._down = down_r, up_w  # the child reads down, writes up
+                gc.freeze()  # pytest's heap: not scanned (and copied) by every collection
+                torch.set_num_threads(1)  # the parent's OpenMP pool does not survive a fork
+                body(self)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+        os.close(down_r)
+        os.close(up_w)
 
-def read_reports(fd: int, timeout_s: float | None = None) -> list[str]:
-    """Lines the child wrote; waits up to timeout_s for the first one when given."""
-    if timeout_s is not None:
-        ready, _, _ = select.select([fd], [], [], timeout_s)
-        if not ready:
-            raise AssertionError(f"the child said nothing within {timeout_s:g}s")
-    os.set_blocking(fd, False)
-    chunks = []
-    while True:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.set_blocking(fd, True)
-    return b"".join(chunks).decode().split()
+    def tell(self, line: str) -> None:
+        os.write(self._down, f"{line}\n".encode())
 
+    def hear(self, timeout_s: float = 60.0) -> str:
+        """The next line (blocking up to timeout_s)."""
+        while b"\n" not in self._buf:
+            ready, _, _ = select.select([self._up], [], [], timeout_s)
+            if not ready:
+                raise AssertionError(f"child {self.pid} said nothing for {timeout_s:g}s")
+            data = os.read(self._up, 65536)
+            if not data:
+                raise AssertionError(f"child {self.pid} exited: see its traceback")
+            self._buf += data
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
 
-def reap(pid: int) -> int:
-    _, status = os.waitpid(pid, 0)
-    return status
+    def kill_and_reap(self) -> tuple[int, list[str]]:
+        """SIGKILL, reap: (wait status, every line it wrote and was not heard yet)."""
+        os.kill(self.pid, signal.SIGKILL)
+        _, status = os.waitpid(self.pid, 0)
+        return status, self.close()
+
+    def reap(self) -> int:
+        _, status = os.waitpid(self.pid, 0)
+        self.close()
+        return status
+
+    def close(self) -> list[str]:
+        rest = []
+        with contextlib.suppress(OSError):
+            while data := os.read(self._up, 65536):
+                rest.append(data)
+        os.close(self._up)
+        os.close(self._down)
+        return (self._buf + b"".join(rest)).decode().split()
 
 
 def killed(status: int) -> bool:
@@ -100,23 +126,26 @@ def killed(status: int) -> bool:
 
 # -- random kills -------------------------------------------------------------------------
 
-def writer(where: Where, report_fd: int) -> NoReturn:
-    """A resumed run: load the newest checkpoint, then save step after step until killed,
+def writer(where: Where, me: Child) -> NoReturn:
+    """A resumed run: told the step to resume from, it saves step after step until killed,
     reporting the steps `wait()` made durable."""
     ckpt = where.checkpointer(keep=KEEP, async_save=True, max_consecutive_failures=1)
-    start = (ckpt.load_latest(fresh_state()) or 0) + 1
-    os.write(report_fd, b"ready\n")  # the kill delay counts from here: saves only
+    ckpt.storage.children()  # connect (S3: ~0.1 s), while the parent checks the last kill
+    me.tell("warm")
+    start = int(me.hear()) + 1
     for step in itertools.count(start):
         seed_rngs(step)
         ckpt.save(step, step_state(step))
         if step % WAIT_EVERY == 0:
             ckpt.wait()  # raises on the first failed save: no save may fail here
-            os.write(report_fd, f"{ckpt.last_saved_step}\n".encode())
+            me.tell(str(ckpt.last_saved_step))
     raise AssertionError("unreachable")
 
 
-def check_after_kill(where: Where, before: int | None, durable: int | None) -> int | None:
-    """The newest valid step, checked: exact contents, never older than before."""
+def check_after_kill(where: Where, before: int | None, durable: int | None
+                     ) -> tuple[int | None, int]:
+    """The newest valid step, checked: exact contents, never older than before; and how
+    many checkpoints are listed."""
     ckpt = where.checkpointer()
     state = fresh_state()
     step = ckpt.load_latest(state)
@@ -132,29 +161,45 @@ def check_after_kill(where: Where, before: int | None, durable: int | None) -> i
     valid = [c.step for c in listing if c.status == Status.VALID]
     assert all(s <= (step or 0) for s in valid), f"list() shows {listing}, load gave {step}"
     assert step is None or step in valid, f"list() shows {listing}, load gave {step}"
-    return step
+    return step, len(listing)
+
+
+def kill_window_s(where: Where) -> float:
+    """KILL_WINDOW_SAVES times one save that also prunes, measured on this backend."""
+    ckpt = Where(where.backend, f"{where.url}-calibration", where.storage_options
+                 ).checkpointer(keep=KEEP, async_save=False)
+    for step in range(1, KEEP + 1):
+        ckpt.save(step, step_state(step))
+    t0 = time.monotonic()
+    ckpt.save(KEEP + 1, step_state(KEEP + 1))
+    return max(MIN_KILL_WINDOW_S, KILL_WINDOW_SAVES * (time.monotonic() - t0))
 
 
 def kill_writers_at_random(where: Where) -> Counter[str]:
     rng = random.Random(SEED)
     newest: int | None = None
     stats: Counter[str] = Counter()
-    for _ in range(KILLS):
-        pid, fd = fork_child(lambda w: writer(where, w))
-        try:
-            read_reports(fd, timeout_s=60)
-            time.sleep(rng.uniform(0, KILL_DELAY_S))
-            os.kill(pid, signal.SIGKILL)
-            status = reap(pid)
-            durable = [int(x) for x in read_reports(fd) if x.isdigit()]
-        finally:
-            os.close(fd)
-        assert killed(status), f"the writer ended by itself ({status:#x}): see its traceback"
-        after = check_after_kill(where, newest, max(durable, default=None))
-        stats["kills"] += 1
-        stats["advanced"] += after != newest
-        stats["durable reports"] += len(durable)
-        newest = after
+    window = kill_window_s(where)
+    stats["kill window ms"] = round(window * 1000)
+    child = Child(lambda me: writer(where, me))
+    try:
+        for _ in range(KILLS):
+            assert child.hear() == "warm"
+            child.tell(str(newest or 0))  # the kill delay counts from here: saves only
+            time.sleep(rng.uniform(0, window))
+            status, lines = child.kill_and_reap()
+            assert killed(status), f"the writer ended by itself ({status:#x}): see its traceback"
+            child = Child(lambda me: writer(where, me))  # connects while we check
+            durable = [int(x) for x in lines if x.isdigit()]
+            after, listed = check_after_kill(where, newest, max(durable, default=None))
+            stats["most listed"] = max(stats["most listed"], listed)
+            stats["kills"] += 1
+            stats["advanced"] += after != newest
+            stats["durable reports"] += len(durable)
+            newest = after
+    finally:
+        with contextlib.suppress(OSError):  # already reaped when its kill failed a check
+            child.kill_and_reap()
     stats["newest step"] = newest or 0
     return stats
 
@@ -168,9 +213,7 @@ def assert_leftovers_are_cleaned_by_later_saves(where: Where, newest: int) -> No
     assert [(c.step, c.status) for c in listing] == [
         (newest + 2 - i, Status.VALID) for i in range(KEEP)], listing
     names = Storage(where.url, where.storage_options).children()
-    # `.latest.*.tmp` from kills inside write_atomic are not pruned: see the xfail below
-    leftovers = [n for n in names if n.startswith(".") and not n.startswith(".latest.")]
-    assert not leftovers, f"leftovers after pruning: {names}"
+    assert not [n for n in names if n.startswith(".")], f"leftovers after pruning: {names}"
 
 
 def test_a_writer_killed_at_random_moments_always_leaves_the_newest_valid_step_exact(
@@ -207,62 +250,67 @@ def killed_at(point: int) -> None:
 
 
 def save_killed_at(where: Where, point: int, step: int, attempt: int) -> int:
-    def body(_fd: int) -> None:
+    def body(_me: Child) -> None:
         ckpt = where.checkpointer(keep=2, async_save=False, max_consecutive_failures=1)
         killed_at(point)
         ckpt.save(step, step_state(step, attempt))
-    pid, fd = fork_child(body)
-    os.close(fd)
-    return reap(pid)
+    return Child(body).reap()
 
 
-@pytest.mark.parametrize("resave", [
-    pytest.param(False, id="a-new-step"),
-    pytest.param(True, id="the-newest-step-again"),
-])
+def committed(where: Where, steps: tuple[int, ...], broken: int | None = None) -> None:
+    """Steps saved (attempt 0) and committed; `broken`: then made corrupt (a truncated file
+    under its manifest), as a save that was cut short would leave it on an object store."""
+    ckpt = where.checkpointer(keep=2, async_save=False)
+    for step in steps:
+        ckpt.save(step, step_state(step))
+    if broken is not None:
+        p = ckpt.storage.path(step_dir(broken), rank_file(0))
+        ckpt.storage.fs.pipe_file(p, ckpt.storage.fs.cat_file(p)[:100])
+        assert next(c for c in ckpt.list() if c.step == broken).status == Status.CORRUPT
+
+
+# scenario: (steps committed before, a step left corrupt, the step saved again, least points)
+SCENARIOS = {
+    "a-new-step": ((1, 2), None, 3, 5),
+    "over-a-broken-step": ((1, 2, 3), 3, 3, 5),
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_a_kill_at_every_point_of_a_save_keeps_the_previous_checkpoint(
-        where: Where, resave: bool, request: pytest.FixtureRequest) -> None:
-    if resave:
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError,
-                                              reason=RESAVE_BUGS[where.backend]))
-    step = 2 if resave else 3
+        where: Where, scenario: str) -> None:
+    before, broken, step, least = SCENARIOS[scenario]
     for point in itertools.count(1):
         base = Where(where.backend, f"{where.url}/point-{point}", where.storage_options)
-        ckpt = base.checkpointer(keep=2, async_save=False)
-        ckpt.save(1, step_state(1))
-        ckpt.save(2, step_state(2))
+        committed(base, before, broken)
         status = save_killed_at(base, point, step, attempt=1)
         if status == 0:
             break  # the save ran to its end: every point was covered
         assert killed(status), f"the writer failed ({status:#x}): see its traceback"
         state = fresh_state()
         loaded = base.checkpointer().load_latest(state)
-        assert loaded in (2, 3), f"killed before mutation {point}: loaded step {loaded}"
-        old, new = (step_state(loaded, a) for a in (0, 1))
-        assert not state_diff(state, old) or not state_diff(state, new), (
-            f"killed before mutation {point}: step {loaded} is neither the old nor the new "
-            f"save: {state_diff(state, old)}")
-    assert point > 5, "the kill points were not reached"
+        assert loaded in (2, step), f"killed before mutation {point}: loaded step {loaded}"
+        attempt = 0 if loaded == 2 else 1  # the previous checkpoint, or all of the new one
+        assert not state_diff(state, step_state(loaded, attempt)), (
+            f"killed before mutation {point}: step {loaded} is not attempt {attempt}: "
+            f"{state_diff(state, step_state(loaded, attempt))}")
+    assert point > least, f"only {point - 1} kill points: the save did not run as expected"
 
 
-RESAVE_BUGS = {
-    "s3": "saving a step that is already committed first deletes its manifest "
-          "(saving.run_save: 'unpublish it first'), so a kill during the re-save leaves that "
-          "step incomplete and the previous valid checkpoint is lost",
-    "local": "Storage.publish moves the committed step-N aside before renaming the new one "
-             "in; a kill between the two renames leaves no step-N (only .old-step-N-*)",
-}
+def test_saving_a_step_that_is_already_committed_writes_nothing(where: Where) -> None:
+    committed(where, (1, 2))
+    assert save_killed_at(where, 1, 2, attempt=1) == 0, "it wrote (or removed) something"
+    state = fresh_state()
+    assert where.checkpointer().load_latest(state) == 2
+    assert_state_is_step(state, 2, attempt=0)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "prune() removes leftover .tmp-step-*/.old-step-* directories but not the temporary file "
-    "of a `latest` write killed before its os.replace (.latest.<hex>.tmp): one per such kill"))
 def test_a_kill_while_latest_is_replaced_leaves_nothing_behind_after_the_next_save(
         tmp_path: Path) -> None:
     where = Where("local", str(tmp_path / "ckpt"), None)
     replace = os.replace
 
-    def body(_fd: int) -> None:
+    def body(_me: Child) -> None:
         def replace_or_die(src: Any, dst: Any) -> None:
             if os.path.basename(dst) == "latest":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -270,9 +318,7 @@ def test_a_kill_while_latest_is_replaced_leaves_nothing_behind_after_the_next_sa
         os.replace = replace_or_die
         where.checkpointer(async_save=False).save(1, step_state(1))
 
-    pid, fd = fork_child(body)
-    os.close(fd)
-    assert killed(reap(pid))
+    assert killed(Child(body).reap())
     ckpt = where.checkpointer(async_save=False)
     for step in (2, 3):
         ckpt.save(step, step_state(step))

@@ -107,6 +107,7 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._failures = 0
         self._last_error: BaseException | None = None
+        self._bad_steps: set[int] = set()  # found corrupt on load: re-saved when reached
         self.last_saved_step: int | None = None
         self.last_blocked_s: float | None = None
         on_exit = enabled_by_env() if save_on_exit is None else save_on_exit
@@ -168,7 +169,7 @@ class Checkpointer:
             replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
             per_rank=stage(per_rank, self._pool, "p"), library_version=__version__,
             allow_missing=allow_missing, dead=dead_ranks if allow_missing else None,
-            extra_files=extra)
+            extra_files=extra, rewrite=step in self._bad_steps)
 
     def save_snapshot(self, step: int, state: Mapping[str, Any], rng: dict[str, Any],
                       data: dict[str, Any], *, commit_timeout_s: float, reason: str) -> None:
@@ -264,6 +265,7 @@ class Checkpointer:
         return bool(flag.item())
 
     def _report(self, verdict: Verdict) -> None:
+        self._bad_steps.add(verdict.step)
         log.warning("skipping checkpoint step %s (%s): %s", verdict.step,
                     verdict.status.value, verdict.reason)
         if self.rank == 0:

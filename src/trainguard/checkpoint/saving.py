@@ -53,6 +53,7 @@ class SaveJob:
     allow_missing: bool = False  # save on the way out: commit without ranks that died
     dead: Callable[[], set[int]] | None = None  # ranks known dead: no need to wait for them
     extra_files: tuple[dict[str, Any], ...] = ()  # already written (sharded/, by DCP)
+    rewrite: bool = False  # the step exists but was found corrupt on load: write it anew
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,15 @@ def run_save(job: SaveJob) -> SaveResult:
     t0 = time.monotonic()
     st = job.storage
     staging = st.staging_dir(job.step, job.token)
-    if quick_verdict(st, job.step)[0].status == Status.VALID:
+    if not job.rewrite and quick_verdict(st, job.step)[0].status == Status.VALID:
         # Re-saving a committed step (a job resumed from an older checkpoint) could only
         # put the valid one at risk: every rank sees it and writes nothing.
         return SaveResult(job.step, 0, time.monotonic() - t0, committed=job.rank == 0,
                           already_valid=True)
     published = False
     try:
+        if job.rewrite and job.rank == 0 and not st.local:
+            st.remove(f"{staging}/{MANIFEST}")  # in place on an object store: unpublish first
         files = []
         if job.replicated is not None:
             files.append(_write(st, f"{staging}/{REPLICATED}", job.replicated))
