@@ -11,15 +11,16 @@ import argparse
 import json
 import sys
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from trainguard.checkpoint.manifest import LATEST, Status, step_dir
-from trainguard.checkpoint.saving import quick_verdict
-from trainguard.checkpoint.storage import Storage
 from trainguard.errors import SpecError
+
+if TYPE_CHECKING:
+    from trainguard.checkpoint.storage import Storage
 
 
 def add_ckpt_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,6 +59,8 @@ def storage_options(pairs: list[str]) -> dict[str, Any]:
 
 
 def describe(st: Storage, step: int, full: bool) -> dict[str, Any]:
+    from trainguard.checkpoint.saving import quick_verdict  # torch: only for this command
+
     verdict, manifest = quick_verdict(st, step)
     status, reason = verdict.status, verdict.reason
     if full and status == Status.VALID and manifest is not None:
@@ -87,6 +90,8 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def _list(ns: argparse.Namespace) -> int:
+    from trainguard.checkpoint.storage import Storage  # fsspec: only for this command
+
     st = Storage(ns.location, storage_options(ns.storage_option))
     steps = st.steps()
     if ns.verb == "verify" and ns.step is not None:

@@ -281,15 +281,15 @@ def sampler_at(step: int) -> ResumableSampler:
 
 
 def step_state(step: int, attempt: int = 0, mib: float = 0) -> dict[str, Any]:
-    """About 2 MiB (plus `mib` in one more tensor): model, data position and plain data, all
+    """About 1.3 MiB (plus `mib` in one more tensor): model, data position and plain data, all
     a function of (step, attempt), so a loaded checkpoint can be checked bit for bit."""
     g = torch.Generator().manual_seed(step + 1_000_003 * attempt)
     tensors = {
-        "dense.weight": torch.randn(384, 512, generator=g),
+        "dense.weight": torch.randn(256, 512, generator=g),
         "dense.bias": torch.randn(512, generator=g).to(torch.bfloat16),
         "embed": torch.randint(-(2**62), 2**62, (32 * 1024,), generator=g, dtype=torch.int64),
         "mask": torch.rand(4096, generator=g) > 0.5,
-        "adam.exp_avg": torch.randn(256, 512, generator=g, dtype=torch.float64),
+        "adam.exp_avg": torch.randn(128, 512, generator=g, dtype=torch.float64),
     }
     if mib:
         tensors["big"] = torch.randn(int(mib * 2**18), generator=g)

@@ -169,3 +169,11 @@ def test_importing_the_checkpoint_library_loads_no_launcher_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_launcher_and_its_commands_load_no_torch() -> None:
+    code = ("import sys, trainguard.cli, trainguard.launch, trainguard.cli_ckpt; "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

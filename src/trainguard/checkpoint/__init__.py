@@ -1,12 +1,25 @@
 """Exact, validated, asynchronous checkpoints (docs/checkpoints.md).
 
 Importable from a training script without the launcher: it needs torch and fsspec only.
+Names load on first use, so the launcher can read checkpoint listings without torch.
 """
 
-from trainguard.checkpoint.checkpointer import Checkpointer, CheckpointInfo, list_checkpoints
-from trainguard.checkpoint.errors import CheckpointError
-from trainguard.checkpoint.manifest import Status
-from trainguard.checkpoint.sampler import ResumableSampler
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainguard.checkpoint.checkpointer import Checkpointer, CheckpointInfo, list_checkpoints
+    from trainguard.checkpoint.errors import CheckpointError
+    from trainguard.checkpoint.manifest import Status
+    from trainguard.checkpoint.sampler import ResumableSampler
+
+_WHERE = {
+    "Checkpointer": "checkpointer", "CheckpointInfo": "checkpointer",
+    "list_checkpoints": "checkpointer", "CheckpointError": "errors", "Status": "manifest",
+    "ResumableSampler": "sampler",
+}
 
 __all__ = [
     "CheckpointError",
@@ -16,3 +29,9 @@ __all__ = [
     "Status",
     "list_checkpoints",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'trainguard.checkpoint' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"trainguard.checkpoint.{_WHERE[name]}"), name)
