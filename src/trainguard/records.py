@@ -40,6 +40,7 @@ class Reason(str, Enum):
     CHECKPOINT_SAVE_FAILED = "CheckpointSaveFailed"
     CHECKPOINT_SAVE_SKIPPED = "CheckpointSaveSkipped"
     CHECKPOINT_CORRUPT = "CheckpointCorrupt"
+    CHECKPOINT_MISSING = "CheckpointMissing"
     RESUMED = "Resumed"
     LOG_WRITE_FAILED = "LogWriteFailed"
 

@@ -69,6 +69,15 @@ class WorkerMessages:
     def _on_log_write_failed(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         self._emit(Level.WARNING, Reason.LOG_WRITE_FAILED, str(d.get("error")), attempt=attempt)
 
+    def _on_no_checkpoint(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
+        if self.max_committed_step is None:
+            return  # a first start: nothing to resume from is expected
+        self._emit(Level.WARNING, Reason.CHECKPOINT_MISSING,
+                   f"the workers found no valid checkpoint at {d.get('location')}, yet this "
+                   f"job committed step {self.max_committed_step} there: the storage lost "
+                   "it (a vanished bucket, a wiped directory?); training starts from scratch",
+                   rank=m.rank, attempt=attempt)
+
     def _on_resumed(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         if attempt in self._resumed_attempts:
             return

@@ -238,6 +238,8 @@ class Checkpointer:
         self.wait()
         loaded = load_newest(self.storage, self.rank, self._agree, self._report)
         if loaded is None:
+            if self.rank == 0:
+                channel.send("no_checkpoint", location=self.storage.location)
             return None
         apply(state, loaded.replicated, "replicated")
         load_sharded(self.storage, step_dir(loaded.step), state,

@@ -1,0 +1,61 @@
+"""Worker reports become job events (pure mapping over a real job store)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trainguard.incidents import IncidentBook
+from trainguard.protocol import WorkerMessage
+from trainguard.records import Level, Reason
+from trainguard.store import JobStore
+from trainguard.worker_messages import WorkerMessages
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def msg(kind: str, **data: Any) -> WorkerMessage:
+    return WorkerMessage(kind=kind, rank=0, at=NOW, data=data)
+
+
+def handler(tmp_path: Path) -> tuple[WorkerMessages, list[tuple[Level, Reason, str]]]:
+    seen: list[tuple[Level, Reason, str]] = []
+
+    def emit(level: Level, reason: Reason, message: str, **_: Any) -> None:
+        seen.append((level, reason, message))
+
+    store = JobStore.create(tmp_path / "job", "r")
+    return WorkerMessages(emit, IncidentBook(store)), seen
+
+
+def test_a_committed_checkpoint_is_an_event_and_counts_for_progress(tmp_path: Path) -> None:
+    h, seen = handler(tmp_path)
+    h.handle([msg("checkpoint_saved", step=20, location="/ck", bytes=2**20, blocked_s=0.01,
+                  write_s=0.2)], attempt=0)
+    assert seen[0][1] == Reason.CHECKPOINT_SAVED and "step 20 committed" in seen[0][2]
+    assert h.committed_this_attempt == 20 and h.max_committed_step == 20
+
+
+def test_resumed_is_reported_once_per_attempt_whatever_the_number_of_ranks(
+        tmp_path: Path) -> None:
+    h, seen = handler(tmp_path)
+    h.handle([msg("resumed", step=10), msg("resumed", step=10)], attempt=1)
+    assert [r for _, r, _ in seen] == [Reason.RESUMED]
+
+
+def test_no_checkpoint_after_one_was_committed_is_a_warning(tmp_path: Path) -> None:
+    h, seen = handler(tmp_path)
+    h.handle([msg("no_checkpoint", location="s3://b/run")], attempt=0)
+    assert seen == []  # a first start: nothing expected
+    h.handle([msg("checkpoint_saved", step=30, location="s3://b/run")], attempt=0)
+    h.handle([msg("no_checkpoint", location="s3://b/run")], attempt=1)
+    level, reason, text = seen[-1]
+    assert (level, reason) == (Level.WARNING, Reason.CHECKPOINT_MISSING)
+    assert "committed step 30" in text
+
+
+def test_unknown_kinds_are_ignored(tmp_path: Path) -> None:
+    h, seen = handler(tmp_path)
+    h.handle([msg("from_the_future", x=1)], attempt=0)
+    assert seen == []
