@@ -35,9 +35,6 @@ from trainguard.worker.channel import ENV_SOCKET
 MOTO_SERVER = shutil.which("moto_server", path=str(Path(sys.executable).parent))
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "s3: needs the loopback S3 server (moto_server)")
-    config.addinivalue_line("markers", "crash: writers killed with SIGKILL, hundreds of times")
 
 
 def free_port() -> int:
