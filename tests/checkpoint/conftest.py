@@ -35,8 +35,6 @@ from trainguard.worker.channel import ENV_SOCKET
 MOTO_SERVER = shutil.which("moto_server", path=str(Path(sys.executable).parent))
 
 
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
