@@ -51,3 +51,21 @@ def test_a_rank_that_never_writes_its_part_fails_the_save_without_a_deadlock(
     assert [(i.step, i.status) for i in r0.list()] == [(5, Status.VALID)]
     assert (loc / "latest").read_text() == "step-000000005"
     assert not any(p.name.startswith(".tmp-step-000000010") for p in loc.iterdir())
+
+
+def test_pruning_never_trades_the_good_checkpoint_for_a_corrupt_newer_one(
+        tmp_path: Path) -> None:
+    loc = tmp_path / "ck"
+    first = Checkpointer(loc, keep=1, async_save=False)
+    first.save(100, {"w": torch.full((4,), 100.0)})
+    first.save(200, {"w": torch.full((4,), 200.0)})
+    data = bytearray((loc / "step-000000200" / "replicated.pt").read_bytes())
+    data[-40] ^= 0xFF  # same size, wrong checksum: only a load can tell
+    (loc / "step-000000200" / "replicated.pt").write_bytes(bytes(data))
+    resumed = Checkpointer(loc, keep=1, async_save=False)
+    target: dict[str, object] = {"w": None}
+    assert resumed.load_latest(target) is None  # 200 is corrupt, 100 was pruned (keep=1)
+    resumed.save(110, {"w": torch.full((4,), 110.0)})
+    again: dict[str, object] = {"w": None}
+    assert Checkpointer(loc).load_latest(again) == 110  # kept although 200 "looks" newer
+    assert (loc / "latest").read_text() == "step-000000110"

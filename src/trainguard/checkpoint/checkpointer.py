@@ -68,12 +68,32 @@ def _dist() -> tuple[int, int]:
     return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
 
 
+_TOKEN: list[str] = []  # agreed once per process when the launcher's variables are absent
+
+
 def _token() -> str:
     """The same on every rank of one attempt, different across attempts."""
     env = os.environ
     parts = [env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
                                       "MASTER_PORT")]
-    return "-".join(p for p in parts if p) or uuid.uuid4().hex[:12]
+    token = "-".join(p for p in parts if p)
+    if token:
+        return token
+    if not _TOKEN:
+        _TOKEN.append(_agreed_token())
+    return _TOKEN[0]
+
+
+def _agreed_token() -> str:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [uuid.uuid4().hex[:12]]
+        dist.broadcast_object_list(box, src=0)  # collective: every rank builds a Checkpointer
+        return str(box[0])
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise CheckpointError("several ranks but no shared save token. Fix: launch with "
+                              "trainguard run or torchrun, or init the process group first")
+    return uuid.uuid4().hex[:12]
 
 
 class Checkpointer:
@@ -101,6 +121,7 @@ class Checkpointer:
         self.max_consecutive_failures = max_consecutive_failures
         self.commit_timeout_s, self.if_busy = commit_timeout_s, if_busy
         self.rank, self.world_size = _dist()
+        _token()  # agree on the save token now, while every rank is here
         self._pool = BufferPool()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[SaveResult] | None = None
@@ -121,7 +142,7 @@ class Checkpointer:
         if self._exit is not None:
             self._exit.step_done(step, state)
         if self.every_steps and step % self.every_steps == 0:
-            return self.save(step, state)
+            return self._save(step, state)
         return False
 
     def save(self, step: int, state: Mapping[str, Any]) -> bool:
@@ -129,6 +150,11 @@ class Checkpointer:
 
         Returns False when skipped because a save is still in flight (if_busy="skip").
         """
+        if self._exit is not None:
+            self._exit.step_done(step, state)  # a step boundary too
+        return self._save(step, state)
+
+    def _save(self, step: int, state: Mapping[str, Any]) -> bool:
         t0 = time.monotonic()
         if self._pending is not None and not self._pending.done():
             if self.if_busy == "skip":
@@ -136,7 +162,14 @@ class Checkpointer:
                 return False
             _wait_quietly(self._pending)
         self._raise_if_failing()
-        job = self._job(step, state, capture_rng(), None, self.commit_timeout_s)
+        try:
+            job = self._job(step, state, capture_rng(), None, self.commit_timeout_s)
+        except CheckpointError:
+            raise  # the state itself cannot be saved: the script's bug, not the storage's
+        except Exception as e:  # the sharded (DCP) write failed: counted like any failed save
+            self._failed(step, e)
+            self._raise_if_failing()
+            return False
         self.last_blocked_s = time.monotonic() - t0
         if self.async_save:
             if self._executor is None:
@@ -168,8 +201,8 @@ class Checkpointer:
             token=_token(), keep=self.keep, commit_timeout_s=commit_timeout_s,
             replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
             per_rank=stage(per_rank, self._pool, "p"), library_version=__version__,
-            allow_missing=allow_missing, dead=dead_ranks if allow_missing else None,
-            extra_files=extra, rewrite=step in self._bad_steps)
+            allow_missing=allow_missing, dead=dead_ranks, extra_files=extra,
+            rewrite=step in self._bad_steps, bad_steps=frozenset(self._bad_steps))
 
     def save_snapshot(self, step: int, state: Mapping[str, Any], rng: dict[str, Any],
                       data: dict[str, Any], *, commit_timeout_s: float, reason: str) -> None:
@@ -188,18 +221,13 @@ class Checkpointer:
         try:
             result = run_save(job)
         except Exception as e:
-            with self._lock:
-                self._failures += 1
-                self._last_error = e
-                n = self._failures
-            log.warning("checkpoint save of step %s failed (%s in a row): %s", job.step, n, e)
-            channel.send("checkpoint_save_failed", step=job.step, error=str(e)[:500],
-                         consecutive=n, location=self.storage.location)
+            self._failed(job.step, e)
             raise
         with self._lock:
             self._failures = 0
             self._last_error = None
-        self.last_saved_step = job.step
+        if result.committed or result.already_valid:  # other ranks: only their part is known
+            self.last_saved_step = job.step
         if result.already_valid:
             log.info("checkpoint of step %s is already committed: not written again", job.step)
         elif result.committed:
@@ -208,6 +236,15 @@ class Checkpointer:
                          blocked_s=round(blocked_s, 4), on_exit=on_exit,
                          missing_ranks=list(result.missing_ranks))
         return result
+
+    def _failed(self, step: int, e: Exception) -> None:
+        with self._lock:
+            self._failures += 1
+            self._last_error = e
+            n = self._failures
+        log.warning("checkpoint save of step %s failed (%s in a row): %s", step, n, e)
+        channel.send("checkpoint_save_failed", step=step, error=str(e)[:500],
+                     consecutive=n, location=self.storage.location)
 
     def _raise_if_failing(self) -> None:
         with self._lock:

@@ -82,6 +82,10 @@ class ExitSaver:
         atexit.register(self._at_exit)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._last is None:  # no step done yet (start-up, loading): nothing to save
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.stop_signal = signum  # acted on at the next step boundary, or at exit
 
     def step_done(self, step: int, state: Mapping[str, Any]) -> None:

@@ -54,6 +54,7 @@ class SaveJob:
     dead: Callable[[], set[int]] | None = None  # ranks known dead: no need to wait for them
     extra_files: tuple[dict[str, Any], ...] = ()  # already written (sharded/, by DCP)
     rewrite: bool = False  # the step exists but was found corrupt on load: write it anew
+    bad_steps: frozenset[int] = frozenset()  # found corrupt on load: never count as valid
 
 
 @dataclass(frozen=True)
@@ -84,12 +85,13 @@ def run_save(job: SaveJob) -> SaveResult:
             files.append(_write(st, f"{staging}/{REPLICATED}", job.replicated))
         files.append(_write(st, f"{staging}/{rank_file(job.rank)}", job.per_rank))
         files.extend(job.extra_files)
-        st.write_atomic(f"{staging}/{part_file(job.rank)}", json.dumps(files).encode())
+        part = {"token": job.token, "files": files}  # a killed attempt's list is not ours
+        st.write_atomic(f"{staging}/{part_file(job.rank)}", json.dumps(part).encode())
         written = sum(int(f["size"]) for f in files)
         if job.rank != 0:
             return SaveResult(job.step, written, time.monotonic() - t0, committed=False)
         parts = wait_for_parts(st, staging, job.world_size, job.commit_timeout_s,
-                               job.allow_missing, job.dead)
+                               job.allow_missing, job.dead, job.token)
         missing = tuple(r for r in range(job.world_size) if r not in parts)
         manifest = Manifest(step=job.step, world_size=job.world_size,
                             files=parts_to_files(parts), library_version=job.library_version,
@@ -97,8 +99,12 @@ def run_save(job: SaveJob) -> SaveResult:
         st.write_atomic(f"{staging}/{MANIFEST}", manifest.to_json())
         st.publish(staging, job.step)
         published = True
-        st.write_atomic(LATEST, step_dir(job.step).encode())
-        prune(st, job.keep)
+        try:  # the checkpoint is committed: `latest` is a pointer for people, pruning tidies
+            st.write_atomic(LATEST, step_dir(job.step).encode())
+            prune(st, job.keep, committed=job.step, bad=job.bad_steps)
+        except Exception as e:
+            log.warning("checkpoint of step %s is committed, but updating latest or pruning "
+                        "failed: %s", job.step, e)
         return SaveResult(job.step, written, time.monotonic() - t0, committed=True,
                           missing_ranks=missing)
     except BaseException:
@@ -116,22 +122,27 @@ def _write(st: Storage, rel: str, tree: dict[str, Any]) -> dict[str, Any]:
 
 
 def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float,
-                   allow_missing: bool = False, dead: Callable[[], set[int]] | None = None
-                   ) -> dict[int, list[dict[str, Any]]]:
-    """Every rank's part list, polled from storage; after timeout_s a CheckpointError, or
-    (allow_missing) the parts that are there."""
+                   allow_missing: bool = False, dead: Callable[[], set[int]] | None = None,
+                   token: str | None = None) -> dict[int, list[dict[str, Any]]]:
+    """Every rank's part list (of this save: `token`), polled from storage; after timeout_s,
+    or as soon as a missing rank is known dead, a CheckpointError, or (allow_missing) the
+    parts that are there."""
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     wanted = {part_file(r): r for r in range(world_size)}
     while True:
-        present = set(st.sizes(staging))
+        present = {n for n in st.sizes(staging) if n in wanted
+                   and _part_token(st, f"{staging}/{n}") in (token, None)}
         missing = [r for name, r in wanted.items() if name not in present]
         if not missing:
             present = set(wanted)
             break
-        if allow_missing and (time.monotonic() > deadline
-                              or (dead is not None and set(missing) <= dead())):
+        gone = dead() & set(missing) if dead is not None else set()
+        if allow_missing and (time.monotonic() > deadline or set(missing) <= gone):
             break
+        if gone and not allow_missing:
+            raise CheckpointError(f"rank(s) {sorted(gone)} died before finishing their part of "
+                                  "the save; the save is abandoned")
         if time.monotonic() > deadline:
             raise CheckpointError(
                 f"rank(s) {missing} did not finish their part of the save within "
@@ -141,8 +152,21 @@ def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float,
     parts: dict[int, list[dict[str, Any]]] = {}
     for name, r in wanted.items():
         if name in present:
-            parts[r] = json.loads(st.read_bytes(f"{staging}/{name}"))
+            parts[r] = _part_files(json.loads(st.read_bytes(f"{staging}/{name}")))
     return parts
+
+
+def _part_files(part: Any) -> list[dict[str, Any]]:
+    return list(part["files"]) if isinstance(part, dict) else list(part)
+
+
+def _part_token(st: Storage, rel: str) -> str | None:
+    """The token of a part list (None: unreadable now, or written without one)."""
+    try:
+        part = json.loads(st.read_bytes(rel))
+    except (OSError, ValueError):
+        return "?"  # being replaced or broken: not ours yet
+    return part.get("token") if isinstance(part, dict) else None
 
 
 def quick_verdict(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
@@ -162,10 +186,16 @@ def quick_verdict(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
     return Verdict(step, Status.VALID), manifest
 
 
-def prune(st: Storage, keep: int) -> None:
-    """Delete beyond `keep` valid checkpoints and leftovers older than the newest valid one."""
-    verdicts = [quick_verdict(st, s)[0] for s in st.steps()]
-    for step in prune_plan(verdicts, keep):
+def prune(st: Storage, keep: int, committed: int | None = None,
+          bad: frozenset[int] = frozenset()) -> None:
+    """Delete beyond `keep` valid checkpoints and leftovers older than the newest valid one.
+
+    `committed` (just written, checksums known good) is always kept; `bad` steps (checksums
+    failed on load, sizes fine) never count as valid, so they cannot push good ones out.
+    """
+    verdicts = [Verdict(s, Status.CORRUPT, "checksum failed on load") if s in bad
+                else quick_verdict(st, s)[0] for s in st.steps()]
+    for step in prune_plan(verdicts, keep, newest_valid_in_use=committed):
         log.debug("pruning checkpoint step %s", step)
         st.remove(step_dir(step))
     newest = max((v.step for v in verdicts if v.status == Status.VALID), default=None)
