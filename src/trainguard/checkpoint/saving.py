@@ -193,9 +193,17 @@ def prune(st: Storage, keep: int, committed: int | None = None,
     `committed` (just written, checksums known good) is always kept; `bad` steps (checksums
     failed on load, sizes fine) never count as valid, so they cannot push good ones out.
     """
-    verdicts = [Verdict(s, Status.CORRUPT, "checksum failed on load") if s in bad
-                else quick_verdict(st, s)[0] for s in st.steps()]
-    for step in prune_plan(verdicts, keep, newest_valid_in_use=committed):
+    steps = st.steps()
+    verdicts: list[Verdict] = []
+    older: list[int] = []  # beyond the kept ones: deleted without reading their manifests
+    for i, s in enumerate(steps):
+        verdicts.append(Verdict(s, Status.CORRUPT, "checksum failed on load") if s in bad
+                        else quick_verdict(st, s)[0])
+        kept = sum(v.status == Status.VALID for v in verdicts)
+        if kept >= max(keep, 1) and (committed is None or s <= committed):
+            older = [x for x in steps[i + 1:] if x != committed]
+            break
+    for step in prune_plan(verdicts, keep, newest_valid_in_use=committed) + older:
         log.debug("pruning checkpoint step %s", step)
         st.remove(step_dir(step))
     newest = max((v.step for v in verdicts if v.status == Status.VALID), default=None)
