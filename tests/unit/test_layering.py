@@ -145,35 +145,29 @@ def test_the_package_root_imports_nothing() -> None:
     assert not {m for m in imports(PKG) if m.split(".")[0] in ("torch", "psutil", "pydantic")}
 
 
-def test_importing_trainguard_and_its_fault_injection_loads_no_launcher_and_no_torch() -> None:
-    code = ("import sys, trainguard, trainguard.testing.faults; "
-            "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') "
-            "or m in ('trainguard.controller', 'trainguard.agent', 'trainguard.procs', "
-            "'trainguard.store', 'trainguard.cli', 'sqlite3', 'psutil')); print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True)
-    assert out.stdout.strip() == "[]"
-
-
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_every_module_is_under_400_lines(name: str) -> None:
     lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
     assert lines < MAX_LINES, f"{short(name)} has {lines} lines: split it by concern"
 
 
-def test_importing_the_checkpoint_library_loads_no_launcher_module() -> None:
-    code = ("import sys, trainguard.checkpoint, trainguard.worker.channel; "
-            "bad = sorted(m for m in sys.modules if m in ('trainguard.controller', "
-            "'trainguard.agent', 'trainguard.procs', 'trainguard.store', 'trainguard.cli', "
-            "'trainguard.launch', 'sqlite3', 'psutil', 'pydantic')); print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True)
-    assert out.stdout.strip() == "[]"
+LAUNCHER = ("trainguard.controller", "trainguard.agent", "trainguard.procs", "trainguard.store",
+            "trainguard.cli", "trainguard.launch", "sqlite3", "psutil")
 
 
-def test_the_launcher_and_its_commands_load_no_torch() -> None:
-    code = ("import sys, trainguard.cli, trainguard.launch, trainguard.cli_ckpt; "
-            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+@pytest.mark.parametrize(("imported", "forbidden"), [
+    pytest.param("trainguard, trainguard.testing.faults", ("torch", *LAUNCHER),
+                 id="fault injection: no launcher, no torch"),
+    pytest.param("trainguard.checkpoint, trainguard.worker.channel", (*LAUNCHER, "pydantic"),
+                 id="checkpoint library: no launcher"),
+    pytest.param("trainguard.cli, trainguard.launch, trainguard.cli_ckpt", ("torch", "numpy"),
+                 id="launcher and its commands: no torch"),
+])
+def test_importing_one_side_loads_nothing_of_the_other(
+        imported: str, forbidden: tuple[str, ...]) -> None:
+    code = (f"import sys, {imported}; bad = {list(forbidden)!r}; "
+            "print(sorted(m for m in sys.modules if m in bad or any("
+            "m.startswith(b + '.') for b in bad if b in ('torch', 'numpy'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert out.stdout.strip() == "[]"

@@ -130,17 +130,21 @@ def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float,
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     wanted = {part_file(r): r for r in range(world_size)}
+    parts: dict[int, list[dict[str, Any]]] = {}
     while True:
-        present = {n for n in st.sizes(staging) if n in wanted
-                   and _part_token(st, f"{staging}/{n}") in (token, None)}
-        missing = [r for name, r in wanted.items() if name not in present]
+        for name in st.sizes(staging):  # each part is read once, when it is complete
+            r = wanted.get(name)
+            if r is not None and r not in parts:
+                files = _read_part(st, f"{staging}/{name}", token)
+                if files is not None:
+                    parts[r] = files
+        missing = [r for r in range(world_size) if r not in parts]
         if not missing:
-            present = set(wanted)
-            break
+            return parts
         gone = dead() & set(missing) if dead is not None else set()
         if allow_missing and (time.monotonic() > deadline or set(missing) <= gone):
-            break
-        if gone and not allow_missing:
+            return parts
+        if gone:
             raise CheckpointError(f"rank(s) {sorted(gone)} died before finishing their part of "
                                   "the save; the save is abandoned")
         if time.monotonic() > deadline:
@@ -149,24 +153,17 @@ def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float,
                 f"{timeout_s:g}s (a rank died or storage is slow); the save is abandoned")
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
-    parts: dict[int, list[dict[str, Any]]] = {}
-    for name, r in wanted.items():
-        if name in present:
-            parts[r] = _part_files(json.loads(st.read_bytes(f"{staging}/{name}")))
-    return parts
 
 
-def _part_files(part: Any) -> list[dict[str, Any]]:
-    return list(part["files"]) if isinstance(part, dict) else list(part)
-
-
-def _part_token(st: Storage, rel: str) -> str | None:
-    """The token of a part list (None: unreadable now, or written without one)."""
+def _read_part(st: Storage, rel: str, token: str | None) -> list[dict[str, Any]] | None:
+    """A rank's file list if it belongs to this save (`token`); None if not (yet)."""
     try:
         part = json.loads(st.read_bytes(rel))
     except (OSError, ValueError):
-        return "?"  # being replaced or broken: not ours yet
-    return part.get("token") if isinstance(part, dict) else None
+        return None  # being replaced, or broken: not ours yet
+    if not isinstance(part, dict) or (token is not None and part.get("token") != token):
+        return None  # a killed attempt's list, left in place on an object store
+    return list(part["files"])
 
 
 def quick_verdict(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
