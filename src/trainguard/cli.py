@@ -8,6 +8,7 @@ import sys
 
 from trainguard import __version__
 from trainguard.cli_ckpt import add_ckpt_command
+from trainguard.cli_diagnose import add_diagnose_command
 from trainguard.cli_read import add_read_commands
 from trainguard.cli_run import add_run_command
 from trainguard.errors import TrainguardError
@@ -25,6 +26,7 @@ def parser() -> argparse.ArgumentParser:
     add_run_command(sub)
     add_read_commands(sub)
     add_ckpt_command(sub)
+    add_diagnose_command(sub)
     return p
 
 

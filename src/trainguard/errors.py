@@ -3,7 +3,9 @@
     TrainguardError
     ├── SpecError        a flag, job file key or value is wrong (names the key and the fix)
     ├── StoreError       the job store cannot be created, opened or read
-    └── LaunchError      workers could not be started (bad command, no free port...)
+    ├── LaunchError      workers could not be started (bad command, no free port...)
+    ├── RulesError       a failure-signature rules file is invalid (names the rule and key)
+    └── DiagnoseError    `trainguard diagnose` found nothing it could read
 """
 
 from __future__ import annotations
@@ -29,3 +31,11 @@ class StoreError(TrainguardError):
 
 class LaunchError(TrainguardError):
     """Workers could not be started."""
+
+
+class RulesError(TrainguardError):
+    """A rules file (diagnosis signatures) is not valid."""
+
+
+class DiagnoseError(TrainguardError):
+    """Nothing could be read: the message names the paths and what to pass instead."""

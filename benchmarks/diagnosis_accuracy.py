@@ -1,0 +1,102 @@
+"""Accuracy of `trainguard diagnose` on the labelled corpus (tests/data/diagnosis).
+
+    .venv/bin/python benchmarks/diagnosis_accuracy.py [--json] [--show-misses]
+
+Runs the same code as `trainguard diagnose FILES...` on each case's log files and compares
+category and restart verdict with the label decided by reading the thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainguard.diagnosis.sources import diagnose_paths
+
+CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "diagnosis" / "cases"
+
+
+def restart_label(value: object) -> str:
+    """YAML reads a bare yes/no as a boolean."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def load_cases(root: Path = CORPUS) -> list[dict[str, Any]]:
+    cases = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        meta = yaml.safe_load((d / "case.yaml").read_text(encoding="utf-8"))
+        meta["dir"] = d
+        meta["logs"] = sorted(d.glob("*.log"))
+        cases.append(meta)
+    return cases
+
+
+def evaluate(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for c in cases:
+        rep = diagnose_paths(c["logs"])
+        d = rep.diagnosis
+        got = d.category.value if d else "other"
+        got_restart = d.restart_helps.value if d else "maybe"
+        label = c["label"]
+        rows.append({
+            "case": c["dir"].name, "source": c["source"],
+            "want": label["category"], "got": got,
+            "want_restart": restart_label(label["restart_helps"]), "got_restart": got_restart,
+            "evidence": d.evidence.text[:160] if d and d.evidence else None,
+        })
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    per: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for r in rows:
+        p = per[r["want"]]
+        p[0] += 1
+        p[1] += r["got"] == r["want"]
+        p[2] += r["got_restart"] == r["want_restart"]
+    n = len(rows)
+    return {
+        "cases": n,
+        "category_accuracy": sum(r["got"] == r["want"] for r in rows) / n,
+        "restart_accuracy": sum(r["got_restart"] == r["want_restart"] for r in rows) / n,
+        "per_category": {k: {"cases": v[0], "category_ok": v[1], "restart_ok": v[2]}
+                         for k, v in sorted(per.items())},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--show-misses", action="store_true")
+    args = ap.parse_args()
+    rows = evaluate(load_cases())
+    s = summarize(rows)
+    if args.json:
+        print(json.dumps({"summary": s, "cases": rows}, indent=2))
+        return 0
+    print("| category | cases | category correct | restart verdict correct |")
+    print("| --- | ---: | ---: | ---: |")
+    for k, v in s["per_category"].items():
+        print(f"| {k} | {v['cases']} | {v['category_ok']} ({v['category_ok'] / v['cases']:.0%}) "
+              f"| {v['restart_ok']} ({v['restart_ok'] / v['cases']:.0%}) |")
+    print(f"| **all** | {s['cases']} | {s['category_accuracy']:.1%} | "
+          f"{s['restart_accuracy']:.1%} |")
+    if args.show_misses:
+        for r in rows:
+            if r["got"] != r["want"] or r["got_restart"] != r["want_restart"]:
+                print(f"MISS {r['case']}: want {r['want']}/{r['want_restart']} got "
+                      f"{r['got']}/{r['got_restart']}  <- {r['evidence']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""`trainguard diagnose PATH... [--json]`: the root cause of a failure, from its logs.
+
+PATH is a job dir (its attempt logs and worker exits are used), a directory of logs, or
+log files of any origin (torchrun, DeepSpeed, srun -l, plain consoles; .gz too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trainguard.diagnosis.rules import RuleSet, load_rules, parse_rules
+from trainguard.diagnosis.sources import Report, diagnose_paths
+from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.errors import RulesError
+
+NOTHING_FOUND = 1
+
+
+def add_diagnose_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "diagnose", help="name the root cause of a failed job from its logs",
+        description="Name the root cause of a failed (or hung) job: reads every rank's log, "
+                    "orders the errors, and tells the first real cause from its symptoms.")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                   help="a job dir, a directory of logs, or log files")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--attempt", type=int, help="for a job dir: the attempt to diagnose "
+                   "(default: the last one that failed)")
+    p.add_argument("--rules", type=Path, metavar="FILE",
+                   help="a rules file to use instead of the built-in one (same format as "
+                   "trainguard/diagnosis/rules.yaml)")
+    p.set_defaults(func=_run)
+
+
+def _rules(path: Path | None) -> RuleSet:
+    if path is None:
+        return load_rules()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise RulesError(f"cannot read the rules file {path}: {e}") from e
+    return parse_rules(text, str(path))
+
+
+def _run(ns: argparse.Namespace) -> int:
+    report = diagnose_paths(ns.paths, ns.attempt, _rules(ns.rules))
+    if ns.json:
+        print(json.dumps(to_json(report), indent=2))
+    else:
+        print(render(report))
+    for problem in report.problems:
+        print(f"trainguard: warning: {problem}", file=sys.stderr)
+    return 0 if report.diagnosis is not None else NOTHING_FOUND
+
+
+def to_json(report: Report) -> dict[str, object]:
+    return {"diagnosis": None if report.diagnosis is None else report.diagnosis.to_dict(),
+            "job_dir": report.job_dir, "attempt": report.attempt, "files": report.files,
+            "problems": report.problems}
+
+
+def render(report: Report) -> str:
+    d = report.diagnosis
+    read = f"read {len(report.files)} file(s)" + (
+        f" of attempt {report.attempt} of {report.job_dir}" if report.job_dir else "")
+    if d is None:
+        return f"no failure found: no known error, exception or failed rank ({read})"
+    return "\n".join([*_verdict_lines(d), f"  ({read})"])
+
+
+def _verdict_lines(d: Diagnosis) -> list[str]:
+    out = [f"{d.category.value}" + (f" ({d.subcategory})" if d.subcategory else "")
+           + f": {d.summary}",
+           f"  restart helps: {d.restart_helps.value} · fault domain: {d.fault_domain.value}"
+           f" · isolate node: {'yes' if d.isolate_node else 'no'}"
+           f" · confidence: {d.confidence:.2f}"]
+    who = []
+    if d.culprit.rank is not None:
+        who.append(f"rank {d.culprit.rank}")
+    if d.culprit.node:
+        who.append(f"node {d.culprit.node}")
+    if d.culprit.frame:
+        who.append(f"raised at {d.culprit.frame}")
+    if who:
+        out.append(f"  culprit: {', '.join(who)}")
+    if d.evidence is not None:
+        out += [f"  evidence: {d.evidence.where()}", f"    {d.evidence.text.strip()[:400]}"]
+    out.append(f"  advice: {d.advice}")
+    if d.symptoms:
+        out.append(f"  symptoms it explains ({len(d.symptoms)}):")
+        for s in d.symptoms:
+            more = f"  [{s.count} ranks]" if s.count > 1 else ""
+            rank = f"rank {s.rank}: " if s.rank is not None else ""
+            out.append(f"    {s.where()}  {rank}{s.text.strip()[:200]}{more}")
+    return out

@@ -1,0 +1,35 @@
+"""What a scan finds in a log: error-looking lines, Python exceptions, exit notices. Pure.
+
+A Finding is small and serialisable: a node's agent scans its ranks' logs and sends the
+findings to the controller, which decides (verdict.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    file: str
+    line: int  # 1-based line number in `file`
+    offset: int  # byte offset of the line in `file` (orders lines of one file)
+    text: str  # the line without launcher/rank prefixes, cut to MAX_TEXT characters
+    rank: int | None = None
+    node: str | None = None
+    at: datetime | None = None  # when written/read: launcher stamp, else the line's own time
+    at_inherited: bool = False  # `at` comes from an earlier line of the same file
+    rule: str | None = None  # id of the first rule matching the line
+    # Python exceptions: the `Type: message` line that ends a traceback (or stands alone)
+    exc_type: str | None = None
+    traceback: bool = False  # the exception line ends a parsed traceback
+    frame: str | None = None  # deepest frame in user code, "train.py:88 in forward"
+    library_frame: bool = False  # the deepest frame is inside a library
+    checkpoint_load: bool = False  # raised while loading a checkpoint (by its frames)
+    chain: int | None = None  # traceback chain index in its stream (chained exceptions share)
+    final: bool = False  # the last exception chain of its stream: what the process died of
+    # exit notices printed by launchers/shells ("exitcode: -9", "task 3: Killed")
+    returncode: int | None = None

@@ -1,0 +1,123 @@
+"""Reading one log line: launcher and rank prefixes, timestamps, exception lines. Pure."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+# trainguard's own stamp (logformat.py): `<ISO time read> <out|err> `
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?) (?:out|err) ")
+# line numbers some issue trackers add in front of pasted lines: "[1830] [rank3]:..."
+_PASTE_NUMBER = re.compile(r"^\[\d+\]\s+(?=\[(?:rank|default)\d+\])")
+# pdsh/DeepSpeed/mpirun host prefix in front of a rank prefix: "worker-1: [rank9]: ..."
+# Ray's actor prefix: "(RayTrainWorker pid=9672, ip=10.0.0.3) ..."
+_RAY = re.compile(r"^\((?:[\w.]+ )?pid=\d+(?:, ip=([\d.]+))?\)\s")
+_HOST = re.compile(
+    r"^([A-Za-z0-9][\w.-]*): (?=\[(?:rank|default)\d+\]|\s{0,4}\d{1,5}: |\[\d+,\d+\]<)")
+_RANK = re.compile(
+    r"^(?:\[rank(?P<a>\d+)\]:\s?|\[default(?P<b>\d+)\]:\s?|\[\d+,(?P<c>\d+)\]<std\w+>:\s?"
+    r"|\s{0,4}(?P<d>\d{1,5}): )")
+_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
+_GLOG = re.compile(r"^\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})")
+_SYSLOG = re.compile(r"^([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)\b")
+_MONTHS = {m: i for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
+_FILE_RANK = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/usr/lib/", "<string>")
+
+# The last line of a Python traceback: `Type: message` (module path allowed) or `Type`.
+EXCEPTION_LINE = re.compile(
+    r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault))"
+    r"(?::\s?(.*))?\s*$")
+
+
+# The same after some other prefix (a logger's time and source): "... ] KeyError: 'x'".
+EXCEPTION_IN_LINE = re.compile(
+    r"(?:^|[\s|\]>*])((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?::\s|\s*$)")
+# Source lines inside a traceback: never findings themselves.
+CODE_LINE = re.compile(r"^\s+(?:raise\b|assert\b|File \"|\^+\s*$|~+)")
+
+
+@dataclass(frozen=True)
+class Prefixed:
+    text: str
+    rank: int | None = None
+    node: str | None = None
+    at: datetime | None = None
+
+
+def split_prefix(line: str) -> Prefixed:
+    """Strip trainguard's stamp, a host prefix and a rank prefix (`[rank3]:`, `[default3]:`,
+    srun -l's `3: `, mpirun's `[1,3]<stderr>:`); keep what they say."""
+    at = None
+    m = _STAMP.match(line)
+    if m:
+        try:
+            at = _aware(datetime.fromisoformat(m.group(1)))
+        except ValueError:
+            at = None
+        line = line[m.end():]
+    line = _PASTE_NUMBER.sub("", line, count=1)
+    node = None
+    ray = _RAY.match(line)
+    if ray:
+        node, line = ray.group(1), line[ray.end():]
+    h = _HOST.match(line)
+    if h:
+        node, line = h.group(1), line[h.end():]
+    rank = None
+    r = _RANK.match(line)
+    if r:
+        rank = int(next(g for g in r.groups() if g is not None))
+        line = line[r.end():]
+        r2 = _RANK.match(line)  # "[rank0]:[rank0]: ..." happens with nested launchers
+        if r2 and r2.group("d") is None:
+            line = line[r2.end():]
+    return Prefixed(line, rank, node, at)
+
+
+def _aware(dt: datetime) -> datetime:
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)
+
+
+def line_time(text: str, year: int | None) -> tuple[datetime | None, int | None]:
+    """The time a line states about itself, and the year to assume for year-less stamps.
+
+    ISO times anywhere in the first 48 characters; glog (`E0321 02:07:08.408`, as torch's
+    C++ logs) and syslog (`Mar 21 02:07:08`) stamps at the start take the year of the
+    last ISO time seen in the same file (2000 before any).
+    """
+    head = text[:48]
+    m = _ISO.search(head)
+    try:
+        if m:
+            y, mo, d, hh, mi, ss, frac = m.groups()
+            us = int((frac or "0")[:6].ljust(6, "0"))
+            dt = datetime(int(y), int(mo), int(d), int(hh), int(mi), int(ss), us, timezone.utc)
+            return dt, int(y)
+        g = _GLOG.match(text)
+        if g:
+            mo, d, hh, mi, ss, frac = g.groups()
+            us = int(frac[:6].ljust(6, "0"))
+            return datetime(year or 2000, int(mo), int(d), int(hh), int(mi), int(ss), us,
+                            timezone.utc), year
+        s = _SYSLOG.match(text)
+        if s and s.group(1) in _MONTHS:
+            mon, d, hh, mi, ss = s.groups()
+            return datetime(year or 2000, _MONTHS[mon], int(d), int(hh), int(mi), int(ss),
+                            tzinfo=timezone.utc), year
+    except ValueError:  # 31 February and friends: not a time
+        return None, year
+    return None, year
+
+
+def file_rank(name: str) -> int | None:
+    """The rank a file name states (`rank-3.log`, `rank3.txt`, `worker_rank_3.out`)."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    m = _FILE_RANK.search(base)
+    return int(m.group(1)) if m else None
+
+
+def is_library_path(path: str) -> bool:
+    return any(p in path for p in _LIBRARY)

@@ -1,0 +1,313 @@
+"""Scan log bytes for findings, fast and tolerant of anything. Pure: bytes in, findings out.
+
+Speed: one RE2 regex (every rule's pattern, tracebacks, exception lines) runs over big
+chunks in C, at hundreds of MB/s; only the lines it hits are decoded and looked at in
+Python. Robustness: bytes are decoded with replacement, a line longer than MAX_LINE is
+cut (and the rest of it skipped), NUL and other binary bytes are just characters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import re2
+
+from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.lines import (
+    CODE_LINE,
+    EXCEPTION_IN_LINE,
+    EXCEPTION_LINE,
+    file_rank,
+    is_library_path,
+    line_time,
+    split_prefix,
+)
+from trainguard.diagnosis.rules import RuleSet
+
+MAX_LINE = 1 << 20  # longer lines are cut here (and the rest skipped)
+MAX_TEXT = 2000  # characters of a line kept in a finding
+MAX_FINDINGS = 5000  # per file: the first half and the last half are kept
+TRACEBACK_LINES = 400  # a traceback longer than this is cut
+TRACEBACK_RESERVE = 256 << 10  # bytes kept for a traceback that starts near a chunk's end
+
+_TB_HEADER = "Traceback (most recent call last):"
+_CHAIN_MARKERS = ("During handling of the above exception", "The above exception was the direct")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
+_EXTRA_TRIGGER = (
+    r"Traceback \(most recent call last\)|[a-z0-9_](?:Error|Exception|Exit|Interrupt)\b"
+    r"|exitcode\s*:\s*-?\d+|exitcode: -?\d+|terminated with (?:signal|exit code)"
+    r"|task \d+: |exits with return code|During handling of the above exception|died with <Signals"
+    r"|The above exception was the direct"
+)
+_EXIT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+)"), ""),
+    (re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)"), ""),
+    (re.compile(r"process (?P<rank>\d+) terminated with signal (?P<sig>SIG[A-Z]+)"), ""),
+    (re.compile(r"process (?P<rank>\d+) terminated with exit code (?P<code>-?\d+)"), ""),
+    (re.compile(r"task (?P<rank>\d+): (?P<word>Killed|Segmentation fault|Bus error|Aborted"
+                r"|Terminated)"), ""),
+    (re.compile(r"task (?P<rank>\d+): Exited with exit code (?P<code>\d+)"), ""),
+    (re.compile(r"exits with return code = (?P<code>-?\d+)"), ""),
+    (re.compile(r"died with <Signals\.(?P<sig>SIG[A-Z]+): \d+>"), ""),
+    (re.compile(r"returned non-zero exit status (?P<code>-\d+|1[3-5]\d)\b"), ""),
+)
+_SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8,
+            "SIGKILL": 9, "SIGSEGV": 11, "SIGTERM": 15}
+_WORDS = {"Killed": -9, "Segmentation fault": -11, "Bus error": -7, "Aborted": -6,
+          "Terminated": -15}
+_CKPT_FRAME = re.compile(r"distributed/(?:_shard/)?checkpoint/|load_checkpoint|load_state_dict"
+                         r"|_load_from_state_dict|load_sharded|resume_from_checkpoint")
+
+
+def _exit_code(text: str) -> tuple[int | None, int | None]:
+    """(rank or None, returncode) from a launcher's or shell's exit notice, if the line is one."""
+    for rx, _ in _EXIT_PATTERNS:
+        m = rx.search(text)
+        if m is None:
+            continue
+        g = m.groupdict()
+        rank = int(g["rank"]) if g.get("rank") is not None else None
+        if g.get("sig"):
+            code = -_SIGNALS.get(g["sig"], 0) or None
+        elif g.get("word"):
+            code = _WORDS[g["word"]]
+        else:
+            code = int(g["code"])
+        return rank, code
+    return None, None
+
+
+@dataclass
+class _Stream:
+    """Traceback bookkeeping of one (file, rank) stream."""
+
+    chains: int = 0
+    chained_next: bool = False
+
+
+@dataclass
+class FileScan:
+    """Scans one file (or any byte stream) chunk by chunk: feed(), then finish()."""
+
+    rules: RuleSet
+    name: str
+    trigger: object  # the compiled RE2 prefilter
+    default_rank: int | None = None
+    findings: list[Finding] = field(default_factory=list)
+    dropped: int = 0
+    lines: int = 0  # lines seen so far (complete ones)
+    _offset: int = 0  # byte offset of the next chunk
+    _carry: bytes = b""
+    _skipping: bool = False  # inside a line longer than MAX_LINE
+    _streams: dict[int | None, _Stream] = field(default_factory=dict)
+    _last_at: datetime | None = None
+    _year: int | None = None
+
+    def start_mid_file(self, offset: int, lines_before: int) -> None:
+        """The bytes fed next start at `offset`, after `lines_before` newlines; the partial
+        line there is skipped."""
+        self._offset, self.lines, self._skipping = offset, lines_before, True
+
+    def feed(self, data: bytes) -> None:
+        if self._skipping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._offset += len(data)
+                return
+            self._offset += nl + 1
+            data = data[nl + 1:]
+            self._skipping = False
+        buf = self._carry + data if self._carry else data
+        start = self._offset - len(self._carry)
+        end = buf.rfind(b"\n") + 1
+        if end == 0 and len(buf) > MAX_LINE:  # one huge line: cut it, skip the rest
+            self._process(buf[:MAX_LINE] + b"\n", start, final=False)
+            self._carry, self._skipping = b"", True
+            self._offset += len(data)
+            return
+        done = self._process(buf[:end], start, final=False) if end else 0
+        self._carry = buf[done:]
+        self._offset += len(data)
+
+    def finish(self) -> list[Finding]:
+        if self._carry:
+            tail = self._carry if self._carry.endswith(b"\n") else self._carry + b"\n"
+            self._process(tail, self._offset - len(self._carry), final=True)
+            self._carry = b""
+        return self._mark_final()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _process(self, buf: bytes, base: int, *, final: bool) -> int:
+        """Scan complete lines in buf; returns how many bytes were consumed."""
+        counted = 0  # bytes of buf whose newlines are already counted in self.lines
+        skip_until = 0
+        for m in self.trigger.finditer(buf):  # type: ignore[attr-defined]
+            pos = m.start()
+            if pos < skip_until:
+                continue
+            ls = buf.rfind(b"\n", 0, pos) + 1
+            le = buf.find(b"\n", pos)
+            self.lines += buf.count(b"\n", counted, ls)
+            counted = ls
+            raw = buf[ls:le]
+            if _TB_HEADER.encode() in raw:
+                if not final and len(buf) - ls > 0 and len(buf) - ls < TRACEBACK_RESERVE \
+                        and len(buf) > TRACEBACK_RESERVE:
+                    return ls  # the traceback may run past this chunk: carry it over
+                skip_until = self._traceback(buf, ls, le, base)
+                self.lines += buf.count(b"\n", counted, min(skip_until, len(buf)))
+                counted = min(skip_until, len(buf))
+                continue
+            self._line(raw, self.lines + 1, base + ls)
+            skip_until = le + 1
+        self.lines += buf.count(b"\n", counted)
+        return len(buf)
+
+    def _decode(self, raw: bytes) -> str:
+        return raw[:MAX_TEXT * 4].decode("utf-8", "replace").rstrip("\r")
+
+    def _line(self, raw: bytes, line_no: int, offset: int,
+              stream_rank: int | None = None) -> Finding | None:
+        pre = split_prefix(self._decode(raw))
+        text = pre.text
+        if not text.strip() or CODE_LINE.match(text):
+            return None
+        rank = pre.rank if pre.rank is not None else self.default_rank
+        at, inherited = self._time(pre.at, text)
+        exc = EXCEPTION_LINE.match(text) or EXCEPTION_IN_LINE.search(text[:200])
+        rule = self.rules.match(text, is_exception=exc is not None)
+        code_rank, code = _exit_code(text)
+        if exc is None and rule is None and code is None:
+            return None
+        f = Finding(file=self.name, line=line_no, offset=offset, text=text[:MAX_TEXT],
+                    rank=code_rank if code_rank is not None else rank, node=pre.node, at=at,
+                    at_inherited=inherited, rule=rule.id if rule else None,
+                    exc_type=exc.group(1) if exc else None, returncode=code,
+                    chain=self._orphan_chain(rank) if exc else None)
+        self._add(f)
+        return f
+
+    def _orphan_chain(self, rank: int | None) -> int:
+        s = self._streams.setdefault(rank, _Stream())
+        if not s.chained_next:
+            s.chains += 1
+        s.chained_next = False
+        return s.chains
+
+    def _time(self, stamped: datetime | None, text: str) -> tuple[datetime | None, bool]:
+        at = stamped
+        if at is None:
+            at, self._year = line_time(text, self._year)
+        if at is not None:
+            self._last_at = at
+            return at, False
+        return self._last_at, self._last_at is not None
+
+    def _traceback(self, buf: bytes, ls: int, le: int, base: int) -> int:
+        """Parse the traceback whose header is the line at ls; returns where scanning resumes.
+
+        Lines of the same stream (same rank prefix) belong to it; lines of other streams in
+        between are scanned as usual.
+        """
+        header = split_prefix(self._decode(buf[ls:le]))
+        rank = header.rank if header.rank is not None else self.default_rank
+        # another prefix before the header (a logger's time, a job id) comes on every line
+        # of the traceback too, with the same width: cut that many characters
+        col = max(header.text.find(_TB_HEADER), 0)
+        stream = self._streams.setdefault(rank, _Stream())
+        first_line = self.lines + 1
+        frames: list[tuple[str, str, str]] = []
+        others: list[tuple[bytes, int, int]] = []  # lines of other streams in between
+        pos, n, line_no = le + 1, 0, first_line
+        while pos < len(buf) and n < TRACEBACK_LINES:
+            end = buf.find(b"\n", pos)
+            end = len(buf) if end < 0 else end
+            line_no += 1
+            n += 1
+            raw = buf[pos:end]
+            pre = split_prefix(self._decode(raw))
+            line_rank = pre.rank if pre.rank is not None else self.default_rank
+            if line_rank != rank:
+                if self.trigger.search(raw):  # type: ignore[attr-defined]
+                    others.append((raw, line_no, base + pos))
+                pos = end + 1
+                continue
+            text = pre.text[col:] if col and len(pre.text) > col else pre.text
+            fm = _FRAME.match(text)
+            if fm:
+                frames.append((fm.group(1), fm.group(2), fm.group(3).strip()))
+            elif text[:1] not in (" ", "\t", "") and not text.startswith(_TB_HEADER):
+                exc = EXCEPTION_LINE.match(text)
+                if exc is not None:
+                    for other in others:
+                        self._line(*other)
+                    self._exception(text, exc, frames, line_no, base + pos, pre, stream, rank)
+                    return end + 1
+            pos = end + 1
+        return le + 1  # no exception line (a cut paste): scan the lines as usual
+
+    def _exception(self, text: str, exc: re.Match[str] | None,
+                   frames: list[tuple[str, str, str]], line_no: int, offset: int,
+                   pre: object, stream: _Stream, rank: int | None) -> None:
+        if not stream.chained_next:
+            stream.chains += 1
+        stream.chained_next = False
+        user = [f for f in frames if not is_library_path(f[0])]
+        deepest = frames[-1] if frames else None
+        frame = user[-1] if user else None
+        at, inherited = self._time(getattr(pre, "at", None), text)
+        rule = self.rules.match(text, is_exception=True)
+        self._add(Finding(
+            file=self.name, line=line_no, offset=offset, text=text[:MAX_TEXT], rank=rank,
+            node=getattr(pre, "node", None), at=at, at_inherited=inherited,
+            rule=rule.id if rule else None,
+            exc_type=exc.group(1) if exc else text.split(":", 1)[0][:200], traceback=True,
+            frame=None if frame is None else f"{_short(frame[0])}:{frame[1]} in {frame[2]}",
+            library_frame=deepest is not None and is_library_path(deepest[0]),
+            checkpoint_load=any(_CKPT_FRAME.search(f"{f[0]} {f[2]}") for f in frames),
+            chain=stream.chains))
+
+    def _add(self, f: Finding) -> None:
+        if f.text.startswith(_CHAIN_MARKERS):
+            self._streams.setdefault(f.rank, _Stream()).chained_next = True
+        self.findings.append(f)
+        if len(self.findings) > MAX_FINDINGS:  # keep the first and the latest
+            del self.findings[MAX_FINDINGS // 2]
+            self.dropped += 1
+
+    def _mark_final(self) -> list[Finding]:
+        """Flag the exceptions of each stream's last chain: what that process died of."""
+        last: dict[int | None, int] = {}
+        for f in self.findings:
+            if f.exc_type is not None and f.chain is not None:
+                last[f.rank] = max(last.get(f.rank, 0), f.chain)
+        return [f.model_copy(update={"final": True})
+                if f.exc_type is not None and f.chain is not None and f.chain == last[f.rank]
+                else f for f in self.findings]
+
+
+def _short(path: str) -> str:
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 2 else path
+
+
+def compile_trigger(rules: RuleSet) -> object:
+    """The RE2 prefilter: every rule's pattern, unanchored, plus tracebacks and exit notices."""
+    parts = [f"(?:{r.regex.pattern.lstrip('^')})" for r in rules.rules if not r.exception]
+    parts.append(_EXTRA_TRIGGER)
+    opts = re2.Options()
+    opts.max_mem = 256 << 20
+    return re2.compile("|".join(parts).encode(), opts)
+
+
+def scan_bytes(rules: RuleSet, trigger: object, name: str, chunks: Iterable[bytes],
+               default_rank: int | None = None) -> list[Finding]:
+    scan = FileScan(rules, name, trigger, default_rank if default_rank is not None
+                    else file_rank(name))
+    for chunk in chunks:
+        scan.feed(chunk)
+    return scan.finish()

@@ -1,0 +1,153 @@
+"""Where findings come from: log files, job dirs (their attempt logs and worker exits). I/O.
+
+`diagnose_paths` is what `trainguard diagnose` runs; `scan_file` is what a node agent runs
+on its ranks' logs after a failure. Both end in verdict.diagnose.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import BinaryIO, cast
+
+from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.lines import file_rank
+from trainguard.diagnosis.rules import RuleSet, load_rules
+from trainguard.diagnosis.scan import FileScan, compile_trigger
+from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.diagnosis.verdict import RankExit, diagnose
+from trainguard.errors import DiagnoseError
+
+CHUNK = 8 << 20
+SKIP_SUFFIXES = (".db", ".db-wal", ".db-shm", ".yaml", ".yml", ".json", ".lock", ".pt", ".pth",
+                 ".safetensors", ".bin", ".npy", ".npz", ".pkl")
+
+
+@cache
+def default_trigger() -> object:
+    return compile_trigger(load_rules())
+
+
+def _chunks(fh: BinaryIO) -> Iterator[bytes]:
+    while chunk := fh.read(CHUNK):
+        yield chunk
+
+
+def _open(path: Path) -> BinaryIO:
+    if path.suffix == ".gz":
+        return cast(BinaryIO, gzip.open(path, "rb"))
+    return path.open("rb")
+
+
+def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
+              tail_bytes: int | None = None, rules: RuleSet | None = None) -> list[Finding]:
+    """Findings of one log file (gzip read transparently). OSError propagates.
+
+    `tail_bytes`: scan only the end of a big file (line numbers stay true: the newlines of
+    the skipped part are counted, which is fast).
+    """
+    rules = rules or load_rules()
+    trigger = default_trigger() if rules is load_rules() else compile_trigger(rules)
+    label = name or str(path)
+    scan = FileScan(rules, label, trigger, rank if rank is not None else file_rank(label))
+    with _open(path) as fh:
+        if tail_bytes is not None and path.suffix != ".gz":
+            size = os.fstat(fh.fileno()).st_size
+            if size > tail_bytes:
+                skip = size - tail_bytes
+                scan.start_mid_file(skip, _count_lines(fh, skip))
+        for chunk in _chunks(fh):
+            scan.feed(chunk)
+    return scan.finish()
+
+
+def _count_lines(fh: BinaryIO, upto: int) -> int:
+    """Newlines in the first `upto` bytes; leaves the file at `upto`."""
+    fh.seek(0)
+    n, left = 0, upto
+    while left > 0:
+        chunk = fh.read(min(CHUNK, left))
+        if not chunk:
+            break
+        n += chunk.count(b"\n")
+        left -= len(chunk)
+    return n
+
+
+@dataclass
+class Report:
+    diagnosis: Diagnosis | None
+    files: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # files that could not be read
+    attempt: int | None = None
+    job_dir: str | None = None
+
+
+def _log_files(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")
+                  and not p.name.endswith(SKIP_SUFFIXES))
+
+
+def _job_inputs(job_dir: Path, attempt: int | None,
+                problems: list[str]) -> tuple[int, list[tuple[Path, str]], list[RankExit]]:
+    from trainguard.logs import attempt_log_dir
+    from trainguard.store import JobStore
+
+    with JobStore.open(job_dir) as store:
+        meta = store.meta()
+        rows = store.workers()
+    attempts = sorted({r.attempt for r in rows})
+    failed = sorted({r.attempt for r in rows if r.state == "failed"})
+    if attempt is None:
+        attempt = failed[-1] if failed else (attempts[-1] if attempts else 0)
+    log_dir = Path(str(meta.get("log_dir") or job_dir / "logs"))
+    adir = attempt_log_dir(log_dir, attempt)
+    files = [(p, str(p.relative_to(job_dir)) if p.is_relative_to(job_dir) else str(p))
+             for p in (_log_files(adir) if adir.is_dir() else [])]
+    if not files:
+        problems.append(f"{adir}: no logs of attempt {attempt} (known attempts: "
+                        f"{', '.join(map(str, attempts)) or 'none'})")
+    exits = [RankExit(r.rank, r.state == "failed", r.exit_code, r.ended_at,
+                      getattr(r, "oom_killed", None), r.node)
+             for r in rows if r.attempt == attempt]
+    return attempt, files, exits
+
+
+def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
+                   rules: RuleSet | None = None) -> Report:
+    """Diagnose job dirs and/or log files (directories of logs are walked)."""
+    rules = rules or load_rules()
+    report = Report(None)
+    files: list[tuple[Path, str]] = []
+    exits: list[RankExit] = []
+    for p in paths:
+        if (p / "trainguard.db").is_file():
+            report.attempt, more, ex = _job_inputs(p, attempt, report.problems)
+            report.job_dir = str(p)
+            files += more
+            exits += ex
+        elif p.is_dir():
+            found = _log_files(p)
+            if not found:
+                report.problems.append(f"{p}: a directory with no log files in it")
+            files += [(f, str(f)) for f in found]
+        elif p.exists():
+            files.append((p, str(p)))
+        else:
+            report.problems.append(f"{p}: no such file or directory")
+    findings: list[Finding] = []
+    for path, name in files:
+        try:
+            findings += scan_file(path, name, rules=rules)
+            report.files.append(name)
+        except OSError as e:
+            report.problems.append(f"{name}: cannot read it ({e.strerror or e})")
+    if not report.files and not exits:
+        raise DiagnoseError("; ".join(report.problems) or "nothing to read: pass a job dir "
+                            "(the one `trainguard run` printed) or log files")
+    report.diagnosis = diagnose(findings, exits, rules)
+    return report

@@ -1,0 +1,288 @@
+"""From findings and exits to one verdict: the root cause of a failed attempt. Pure.
+
+Every finding becomes a candidate with a role (taxonomy.Role). The strongest role present
+decides which candidates compete; among those the earliest wins: by time when both have
+one, by position when both come from one file, else by the rules' order. A rank's exit by
+signal competes with the weak role (a SIGKILL with nothing in the log is as telling as an
+abort line). Everything else the attempt printed becomes the symptoms the root explains.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.rules import Rule, RuleSet
+from trainguard.diagnosis.taxonomy import (
+    Category,
+    Culprit,
+    Diagnosis,
+    Evidence,
+    FaultDomain,
+    RestartHelps,
+    Role,
+)
+
+_TIER = {Role.DECISIVE: 0, Role.CAUSE: 1, Role.WEAK: 2, Role.SYMPTOM: 3, Role.HINT: 4}
+_SIGNAL_TIER = 2
+_MAX_SYMPTOMS = 10
+_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank[ :=]\s?(\d+)\b|\[rank(\d+)\]")
+_IGNORED_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "BdbQuit")
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """What the launcher knows about one rank's process."""
+
+    rank: int
+    failed: bool
+    returncode: int | None = None
+    ended_at: datetime | None = None
+    oom_killed: bool | None = None  # the kernel's OOM-kill count rose; None: unknown
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    tier: int
+    category: Category
+    domain: FaultDomain
+    restart: RestartHelps
+    advice: str
+    confidence: float
+    rank: int | None
+    finding: Finding | None = None
+    rule: Rule | None = None
+    isolate: bool = False
+    subcategory: str | None = None
+    summary: str | None = None
+    at: datetime | None = None
+
+    @property
+    def key(self) -> str:
+        if self.rule is not None:
+            return self.rule.id
+        return self.finding.exc_type or "" if self.finding is not None else self.category.value
+
+
+_SIGNAL_VERDICTS: dict[int, tuple[Category, FaultDomain, RestartHelps, str, str]] = {
+    9: (Category.HOST_OOM, FaultDomain.INFRASTRUCTURE, RestartHelps.MAYBE,
+        "killed by SIGKILL and left no Python error: most likely the kernel's OOM killer",
+        "Check the node's kernel log (dmesg) for the OOM killer; lower host memory per rank "
+        "or use a bigger node."),
+    7: (Category.SHARED_MEMORY, FaultDomain.INFRASTRUCTURE, RestartHelps.MAYBE,
+        "died of SIGBUS (bus error): usually /dev/shm is full",
+        "Enlarge /dev/shm (docker --shm-size) or lower DataLoader num_workers."),
+    11: (Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
+         "died of SIGSEGV (segmentation fault) in native code",
+         "If it repeats at the same step, suspect a library or the code; else restart."),
+    6: (Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
+        "died of SIGABRT (aborted)",
+        "If it repeats at the same step, suspect a library or the code; else restart."),
+    4: (Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
+        "died of SIGILL (illegal instruction)", "Check that the build fits this CPU/GPU."),
+    8: (Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
+        "died of SIGFPE (arithmetic error in native code)", "Suspect a library or the code."),
+}
+_SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT",
+                 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE",
+                 14: "SIGALRM", 15: "SIGTERM"}
+
+
+def signal_of(returncode: int | None) -> int | None:
+    """Popen's negative code, or a shell's 128+N."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        return -returncode
+    if 128 < returncode < 160:
+        return returncode - 128
+    return None
+
+
+def _from_finding(f: Finding, rules: RuleSet) -> _Candidate | None:
+    rule = rules.by_id(f.rule) if f.rule else None
+    if f.exc_type is not None and f.exc_type.rsplit(".", 1)[-1] in _IGNORED_EXCEPTIONS:
+        return None
+    if rule is not None:
+        role = rule.role
+        if rule.fatal_only and not (f.exc_type is not None and f.final):
+            role = Role.HINT
+        conf = {Role.DECISIVE: 0.95, Role.CAUSE: 0.9 if f.final else 0.85,
+                Role.WEAK: 0.6, Role.SYMPTOM: 0.45, Role.HINT: 0.35}[role]
+        return _Candidate(_TIER[role], rule.category, rule.domain, rule.restart, rule.advice,
+                          conf, _rank(f), f, rule, rule.isolate, rule.subcategory, at=f.at)
+    if f.exc_type is not None and f.checkpoint_load:
+        tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
+        return _Candidate(
+            tier, Category.CHECKPOINT_LOAD_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
+            "Loading the checkpoint failed: it does not fit the model or config (or is "
+            "damaged); check the path, model and parallel layout.", 0.75, _rank(f), f,
+            subcategory=f.exc_type.rsplit(".", 1)[-1], at=f.at)
+    if f.exc_type is not None:
+        tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
+        where = f" at {f.frame}" if f.frame else ""
+        return _Candidate(
+            tier, Category.USER_CODE_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
+            f"Fix the {f.exc_type.rsplit('.', 1)[-1]} raised{where}; restarting would fail "
+            "the same way.", 0.8 if f.frame else 0.7, _rank(f), f,
+            subcategory=f.exc_type.rsplit(".", 1)[-1], at=f.at)
+    return None
+
+
+def _from_exit(rank: int | None, code: int | None, oom: bool | None, at: datetime | None,
+               finding: Finding | None) -> _Candidate | None:
+    sig = signal_of(code)
+    if sig is None:
+        return None
+    who = f"rank {rank}" if rank is not None else "a rank"
+    if sig == 9 and oom is not None:
+        if oom:
+            return _Candidate(_SIGNAL_TIER, Category.HOST_OOM, FaultDomain.INFRASTRUCTURE,
+                              RestartHelps.MAYBE, "Lower host memory per rank (batch, DataLoader "
+                              "workers) or use a bigger node.", 0.9, rank, finding,
+                              subcategory="oom_killer", at=at,
+                              summary=f"{who} was killed by the kernel's OOM killer (SIGKILL "
+                              "while the node's OOM-kill count rose)")
+        return _Candidate(_SIGNAL_TIER, Category.KILLED_BY_SIGNAL_UNKNOWN,
+                          FaultDomain.INFRASTRUCTURE, RestartHelps.YES,
+                          "Restart; find out who sent the kill (an operator, a watchdog, a "
+                          "scheduler).", 0.8, rank, finding, subcategory="sigkill", at=at,
+                          summary=f"{who} was killed by SIGKILL from outside the job (the "
+                          "kernel recorded no OOM kill)")
+    if sig in _SIGNAL_VERDICTS:
+        cat, dom, helps, text, advice = _SIGNAL_VERDICTS[sig]
+        return _Candidate(_SIGNAL_TIER, cat, dom, helps, advice, 0.55, rank, finding,
+                          subcategory=_SIGNAL_NAMES[sig].lower(), at=at,
+                          summary=f"{who} {text}")
+    name = _SIGNAL_NAMES.get(sig, f"signal {sig}")
+    return _Candidate(_SIGNAL_TIER, Category.KILLED_BY_SIGNAL_UNKNOWN,
+                      FaultDomain.INFRASTRUCTURE, RestartHelps.YES,
+                      "Restart; find out who sent the signal (an operator, the scheduler, a "
+                      "node shutdown).", 0.6, rank, finding, subcategory=name.lower(), at=at,
+                      summary=f"{who} was stopped by {name} from outside the job")
+
+
+def _rank(f: Finding) -> int | None:
+    if f.rank is not None:
+        return f.rank
+    m = _RANK_IN_TEXT.search(f.text)
+    return int(next(g for g in m.groups() if g is not None)) if m else None
+
+
+def _order(cands: list[_Candidate]) -> list[_Candidate]:
+    """Earliest first: by time where known, by position within one file, else rule order."""
+    timed = [c for c in cands if c.at is not None]
+    untimed = [c for c in cands if c.at is None]
+    timed.sort(key=lambda c: (c.at, c.finding.offset if c.finding else 0))
+    files = {c.finding.file for c in untimed if c.finding is not None}
+    if len(files) <= 1:
+        untimed.sort(key=lambda c: (c.finding is None, c.finding.offset if c.finding else 0))
+    else:
+        untimed.sort(key=lambda c: (c.rule.priority if c.rule else 1000,
+                                    c.finding.file if c.finding else "",
+                                    c.finding.offset if c.finding else 0))
+    return timed + untimed
+
+
+def _pick(cands: list[_Candidate]) -> _Candidate:
+    best = min(c.tier for c in cands)
+    tier = [c for c in cands if c.tier == best]
+    if best == _TIER[Role.SYMPTOM]:  # symptoms only: the most specific kind, then earliest
+        top = min(c.rule.priority if c.rule else 1000 for c in tier)
+        tier = [c for c in tier if (c.rule.priority if c.rule else 1000) == top]
+    root = _order(tier)[0]
+    if root.category == Category.KILLED_BY_SIGNAL_UNKNOWN:
+        # a stop that comes after a collective timeout is someone's answer to the hang
+        hang = [c for c in cands if c.category == Category.NCCL_TIMEOUT_OR_HANG]
+        first = _order([root, *hang])[0] if hang else root
+        if first is not root:
+            return first
+    return root
+
+
+def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: RuleSet,
+             detected_at: datetime | None = None) -> Diagnosis | None:
+    """The root cause across ranks, or None when nothing failed and nothing was found.
+
+    `detected_at`: lines read after the launcher saw the failure are its consequences (the
+    launcher stopping the survivors) and are left out.
+    """
+    seen = [f for f in findings if detected_at is None or f.at is None or f.at_inherited
+            or f.at <= detected_at]
+    cands = [c for f in seen if (c := _from_finding(f, rules)) is not None]
+    exit_ranks = set()
+    for f in seen:
+        if f.returncode is not None:
+            c = _from_exit(_rank(f), f.returncode, None, f.at, f)
+            if c is not None:
+                cands.append(c)
+                exit_ranks.add(_rank(f))
+    for e in exits:
+        if e.failed:
+            c = _from_exit(e.rank, e.returncode, e.oom_killed, e.ended_at, None)
+            if c is not None:
+                cands = [x for x in cands if not (x.finding is not None and x.rank == e.rank
+                                                  and x.finding.returncode is not None)]
+                cands.append(replace(c, at=e.ended_at))
+    if not cands:
+        failed = [e for e in exits if e.failed]
+        if not failed:
+            return None
+        first = min(failed, key=lambda e: (e.ended_at is None, e.ended_at or datetime.max))
+        return Diagnosis(
+            Category.OTHER, FaultDomain.USER_CODE, RestartHelps.MAYBE,
+            f"rank {first.rank} exited with code {first.returncode} and left no known error "
+            "in its log", "The script chose to exit non-zero; read the end of its log.",
+            Culprit(first.rank, first.node), confidence=0.2)
+    root = _pick(cands)
+    return _diagnosis(root, [c for c in cands if c is not root], exits)
+
+
+def _evidence(c: _Candidate) -> Evidence | None:
+    f = c.finding
+    if f is None:
+        return None
+    return Evidence(f.file, f.line, f.text, c.rank, None if f.at_inherited else f.at)
+
+
+def _symptoms(root: _Candidate, others: list[_Candidate]) -> tuple[Evidence, ...]:
+    groups: dict[str, list[_Candidate]] = {}
+    for c in _order(others):
+        if c.finding is None or c.tier == _TIER[Role.HINT]:
+            continue
+        groups.setdefault(c.key, []).append(c)
+    out = []
+    for members in groups.values():
+        ranks = {m.rank for m in members if m.rank is not None}
+        ev = _evidence(members[0])
+        if ev is not None:
+            out.append(replace(ev, count=max(len(ranks), 1)))
+    return tuple(out[:_MAX_SYMPTOMS])
+
+
+def _diagnosis(root: _Candidate, others: list[_Candidate],
+               exits: Sequence[RankExit]) -> Diagnosis:
+    node = root.finding.node if root.finding is not None else None
+    if node is None and root.rank is not None:
+        node = next((e.node for e in exits if e.rank == root.rank), None)
+    who = f"rank {root.rank}" if root.rank is not None else "the job"
+    if root.summary is not None:
+        summary = root.summary
+    elif root.finding is not None:
+        summary = f"{who}: {root.finding.text.strip()[:300]}"
+    else:
+        summary = f"{who}: {root.category.value}"
+    conf = root.confidence
+    rivals = {c.category for c in others if c.tier == root.tier and c.rank != root.rank}
+    if rivals - {root.category}:
+        conf -= 0.1
+    return Diagnosis(
+        root.category, root.domain, root.restart, summary, root.advice,
+        Culprit(root.rank, node, root.finding.frame if root.finding else None),
+        _evidence(root), _symptoms(root, others), root.isolate, round(max(conf, 0.05), 2),
+        root.subcategory, root.rule.id if root.rule else None,
+        from_log=root.finding is not None and root.finding.returncode is None)
