@@ -23,6 +23,8 @@ from typing import Any, Protocol, TextIO
 
 from trainguard import procs
 from trainguard.channel import ChannelServer
+from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.sources import scan_file, scan_lines
 from trainguard.errors import LaunchError
 from trainguard.logs import LogRouter, rank_log_path
 from trainguard.protocol import (
@@ -39,6 +41,8 @@ from trainguard.records import utcnow
 from trainguard.worker.channel import ENV_SOCKET
 
 log = logging.getLogger(__name__)
+
+SCAN_TAIL_BYTES = 64 << 20  # a failed rank's log is scanned from this far before its end
 
 
 class AgentAPI(Protocol):
@@ -60,6 +64,8 @@ class _Worker:
     ended_at: datetime | None = None
     returncode: int | None = None
     oom_killed: bool | None = None
+    log: Path | None = None
+    findings: list[Finding] | None = None  # the scan of its log, once it ended
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,7 @@ class NodeAgent:
         self._progress_lock = threading.Lock()
         self._oom_base: int | None = None
         self._dead_file: Path | None = None
+        self._job_dir: Path | None = None
         self._strays_reaped = 0.0
         procs.become_subreaper()
         self._guardian = procs.Guardian(marker)
@@ -104,6 +111,7 @@ class NodeAgent:
         if any(not w.state.ended for w in self._workers):
             raise LaunchError("start_workers while workers of the last attempt still run")
         self._attempt = cmd.attempt
+        self._job_dir = Path(cmd.job_dir)
         self._oom_base = oom_kill_count()
         self._dead_file = self._dead_ranks_file(cmd)
         with self._progress_lock:
@@ -140,7 +148,8 @@ class NodeAgent:
         router.add(a.rank, rank_log_path(log_dir, cmd.attempt, a.rank), proc.stdout,
                    proc.stderr, self._console_opts.streams(a.rank, a.local_rank))
         log.debug("started rank %s as pid %s", a.rank, proc.pid)
-        return _Worker(a, proc, utcnow(), err_file)
+        return _Worker(a, proc, utcnow(), err_file,
+                       log=rank_log_path(log_dir, cmd.attempt, a.rank))
 
     def poll(self, wait_s: float = 0.0) -> NodeReport:
         """Facts now; with wait_s, first wait up to that long for a worker to exit."""
@@ -215,17 +224,45 @@ class NodeAgent:
 
     def _fact(self, w: _Worker) -> WorkerFact:
         ended = w.state.ended
+        complete = True
         if ended and w.state != WorkerState.SUCCEEDED and self._router is not None:
             # the pipe may still hold its last lines (a child of the worker can keep it open)
-            self._router.wait_rank_eof(w.assignment.rank, timeout=0.5)
+            complete = self._router.wait_rank_eof(w.assignment.rank, timeout=0.5)
         return WorkerFact(
             rank=w.assignment.rank, local_rank=w.assignment.local_rank, pid=w.proc.pid,
             state=w.state, returncode=w.returncode, started_at=w.started_at,
             ended_at=w.ended_at, start_count=w.assignment.start_count,
-            log_tail=self._router.tail(w.assignment.rank) if ended and self._router else [],
+            findings=(self._findings(w, complete) if ended and w.state != WorkerState.SUCCEEDED
+                      else []),
             error_file=_read_error_file(w.error_file) if ended else None,
             oom_killed=w.oom_killed,
         )
+
+
+    def _findings(self, w: _Worker, complete: bool) -> list[Finding]:
+        """Scan an ended rank's log (its end: a failure shows there); once its pipes are
+        closed the result is kept."""
+        if w.findings is None:
+            found: list[Finding] = []
+            name = f"rank-{w.assignment.rank}.log"
+            if w.log is not None:
+                name = w.log.name
+                with contextlib.suppress(ValueError):
+                    name = str(w.log.relative_to(self._job_dir)) if self._job_dir else name
+                try:
+                    found = scan_file(w.log, name, rank=w.assignment.rank,
+                                      tail_bytes=SCAN_TAIL_BYTES)
+                except OSError as e:
+                    log.warning("cannot scan the log of rank %d (%s): %s",
+                                w.assignment.rank, w.log, e)
+            if self._router is not None and not self._router.file_complete(w.assignment.rank):
+                # the file lost lines (disk full): the in-memory tail still has the last ones
+                found += scan_lines(self._router.tail(w.assignment.rank),
+                                    f"{name} (memory tail)", w.assignment.rank)
+            if not complete:
+                return found
+            w.findings = found
+        return w.findings
 
 
 def worker_env(cmd: StartWorkers, a: WorkerAssignment, error_file: str,

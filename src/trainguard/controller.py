@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from types import FrameType
 
 from trainguard.agent import AgentAPI
-from trainguard.diagnose import Diagnosis, diagnose_attempt
+from trainguard.diagnosis.attempt import diagnose_attempt
+from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.errors import LaunchError
 from trainguard.exitcodes import ExitCode, describe_exit
 from trainguard.policy import Action, Decision, History, decide
@@ -175,13 +176,11 @@ class Controller:
         self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
                        f"stopped the other workers (grace {self.spec.grace_period_s:g}s)",
                        attempt=attempt)
-        diag = diagnose_attempt(report.workers, detected)
+        diag = diagnose_attempt(report.workers, detected, node=report.node)
         if diag is None:  # pragma: no cover - _watch returns only with a failed worker
             raise RuntimeError("no failed worker to diagnose")
-        self.rec.event(Level.WARNING, Reason.FAILURE_DIAGNOSED,
-                       f"{diag.category} ({diag.fault_domain}, restart helps: "
-                       f"{diag.restart_helps.value}): {diag.summary.rstrip('.')}. {diag.advice}",
-                       rank=diag.culprit_rank, attempt=attempt)
+        self.rec.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
+                       rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
         decision = decide(diag, self._made_progress(report), self._hist,
                           self.spec.restart_policy)
         self._hist = decision.history
@@ -272,3 +271,16 @@ class Controller:
         self.rec.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {e}", attempt=attempt)
         self.rec.finish(JobState.FAILED, code)
         return int(code)
+
+
+def diagnosis_message(d: Diagnosis) -> str:
+    """The FailureDiagnosed event's text: verdict, evidence location, advice."""
+    parts = [f"{d.category.value} ({d.fault_domain.value}, restart helps: "
+             f"{d.restart_helps.value}{', isolate node' if d.isolate_node else ''}): "
+             f"{d.summary.rstrip('.')}."]
+    if d.evidence is not None:
+        parts.append(f"Evidence: {d.evidence.where()}.")
+    if d.symptoms:
+        parts.append(f"Explains {len(d.symptoms)} symptom(s).")
+    parts.append(d.advice)
+    return " ".join(parts)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from trainguard.diagnose import Diagnosis
+from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.policy import Action, Decision
 from trainguard.protocol import Progress
 from trainguard.records import (
@@ -25,7 +25,7 @@ _CHIP_CATEGORIES = {"gpu_hardware", "npu_hardware_or_driver"}
 
 
 def fault_scenario(diag: Diagnosis) -> FaultScenario:
-    if diag.category in _CHIP_CATEGORIES:
+    if diag.category.value in _CHIP_CATEGORIES:
         return FaultScenario.CHIP_FAULT
     if diag.isolate_node:
         return FaultScenario.NODE_FAULT
@@ -104,9 +104,9 @@ class IncidentBook:
             fault_at=fault_at, detected_at=detected, workers_stopped_at=stopped,
             decided_at=now, backoff_s=decision.delay_s if restart else None,
             last_step_before=progress.last_step if progress.last_step is not None
-            else self._max_step, category=diag.category)
+            else self._max_step, category=diag.category.value)
         rec.recover_records.append(inc)
-        rec.end_at, rec.end_reason = stopped, f"{diag.category}: {diag.summary}"
+        rec.end_at, rec.end_reason = stopped, f"{diag.category.value}: {diag.summary}"
         rec.end_related_task = _task(diag.culprit_rank)
         rec.end_recover = inc.recover
         self._pending = (rec, inc) if restart else None

@@ -43,6 +43,7 @@ class _Sink:
 
     def __init__(self, path: Path, errors: list[str]) -> None:
         self.path = path
+        self.failed = False
         self._errors = errors
         self._file: IO[str] | None = None
         try:
@@ -53,6 +54,7 @@ class _Sink:
 
     def _fail(self, e: OSError) -> None:
         self._file = None
+        self.failed = True
         self._errors.append(f"cannot write {self.path}: {e.strerror or e}; this rank's output "
                             "is no longer logged to the file (the console and tail still are)")
 
@@ -94,6 +96,7 @@ class LogRouter:
         self._on_progress = on_progress
         self._sel = selectors.DefaultSelector()
         self._tails: dict[int, deque[str]] = {}
+        self._sinks: dict[int, _Sink] = {}
         self._open: dict[int, int] = {}  # rank -> pipes not yet at end of file
         self._eof = threading.Condition()
         self._files: list[_Sink] = []
@@ -107,6 +110,7 @@ class LogRouter:
         """Route one worker's pipes; call before start()."""
         sink = _Sink(path, self._errors)
         self._files.append(sink)
+        self._sinks[rank] = sink
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._tails[rank] = tail
         for pipe, name, echo in ((stdout, "out", console_streams[0]),
@@ -118,6 +122,10 @@ class LogRouter:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="trainguard-logs", daemon=True)
         self._thread.start()
+
+    def file_complete(self, rank: int) -> bool:
+        """Every line of `rank` reached its log file (no write failed)."""
+        return not any(sink.failed for r, sink in self._sinks.items() if r == rank)
 
     def tail(self, rank: int) -> list[str]:
         with self._lock:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from trainguard.diagnose import Diagnosis, RestartHelps
+from trainguard.diagnosis.taxonomy import Diagnosis, RestartHelps
 from trainguard.records import RecoverResult, StartType
 from trainguard.spec import RestartPolicy
 
@@ -58,8 +58,9 @@ def decide(diag: Diagnosis, made_progress: bool, hist: History, pol: RestartPoli
     conditional_ok = diag.restart_helps != RestartHelps.NO
     if not conditional_ok and not pol.unconditional:
         return Decision(Action.FAIL,
-                        f"not restarted: {diag.category} in the {diag.fault_domain} domain "
-                        "will fail again (use --unconditional-restart to restart anyway)",
+                        f"not restarted: {diag.category.value} in the "
+                        f"{diag.fault_domain.value} domain will fail again (use "
+                        "--unconditional-restart to restart anyway)",
                         history=h)
     if h.restarts_used >= pol.max_restarts:
         return Decision(Action.FAIL, f"restart budget spent ({pol.max_restarts} restarts)",
@@ -77,7 +78,7 @@ def decide(diag: Diagnosis, made_progress: bool, hist: History, pol: RestartPoli
     delay = backoff(h.consecutive_failures, pol)
     h = replace(h, restarts_used=h.restarts_used + 1)
     return Decision(Action.RESTART,
-                    f"restart {h.restarts_used}/{pol.max_restarts} after {diag.category}",
+                    f"restart {h.restarts_used}/{pol.max_restarts} after {diag.category.value}",
                     delay_s=delay, start_type=start_type, result=RecoverResult.RECOVERING,
                     history=h)
 

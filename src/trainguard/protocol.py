@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainguard.diagnosis.findings import Finding
+
 
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -75,8 +77,8 @@ class WorkerFact(_Msg):
     started_at: datetime | None = None
     ended_at: datetime | None = None
     start_count: int = 1
-    log_tail: list[str] = Field(default_factory=list,
-                                description="last log lines as in the rank log (logformat.py)")
+    findings: list[Finding] = Field(default_factory=list,
+                                    description="what the agent's scan of the rank log found")
     error_file: dict[str, object] | None = Field(None, description="torch @record error file")
     oom_killed: bool | None = Field(
         None, description="killed while the kernel's OOM-kill count rose; None: unknown")

@@ -39,10 +39,10 @@ class Recorder:
         self._progress_written = 0.0
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
-              attempt: int | None = None) -> None:
+              attempt: int | None = None, data: dict[str, Any] | None = None) -> None:
         ev = Event(utcnow(), level, reason.value, message,
                    Involved(job=self.spec.run_id, node=None if rank is None else "node-0",
-                            rank=rank, attempt=attempt))
+                            rank=rank, attempt=attempt), data)
         self.store.add_event(ev)
         if self._on_event is not None:
             self._on_event(ev)
@@ -60,6 +60,7 @@ class Recorder:
             max_restarts=self.spec.max_restarts, restarts_used=0,
             created_at=previous.get("created_at") or utcnow().isoformat(),
             exit_code=None, ended_at=None, launcher_pid=os.getpid(),
+            log_dir=str(self.paths.log_dir),
             launcher_host=socket.gethostname())
         what = (f"{self.spec.nproc_per_node} worker(s), max {self.spec.max_restarts} restarts, "
                 f"job dir {self.paths.job_dir}")
@@ -97,7 +98,8 @@ def workers_rows(report: NodeReport) -> list[WorkerRow]:
     return [WorkerRow(attempt=report.attempt or 0, rank=w.rank, local_rank=w.local_rank,
                       node=report.node, pid=w.pid, state=w.state.value,
                       exit_code=w.returncode, signal=signal_name(w.signal_number),
-                      started_at=w.started_at, ended_at=w.ended_at, start_count=w.start_count)
+                      started_at=w.started_at, ended_at=w.ended_at, start_count=w.start_count,
+                      oom_killed=w.oom_killed)
             for w in report.workers]
 
 

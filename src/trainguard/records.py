@@ -120,15 +120,19 @@ class Event:
     reason: str
     message: str
     involved: Involved
+    data: dict[str, Any] | None = None  # structured details (a diagnosis, stack dumps...)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "time": iso(self.time),
             "level": self.level.value,
             "reason": self.reason,
             "message": self.message,
             "involved": self.involved.to_dict(),
         }
+        if self.data is not None:
+            d["data"] = self.data
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Event:
@@ -139,6 +143,7 @@ class Event:
             reason=d["reason"],
             message=d["message"],
             involved=Involved.from_dict(d["involved"]),
+            data=d.get("data"),
         )
 
 

@@ -24,23 +24,29 @@ from trainguard.errors import StoreError
 from trainguard.records import Event, Involved, Level, RunningRecord, from_iso
 
 DB_NAME = "trainguard.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
 
 MetaValue: TypeAlias = str | int | float | bool | list[str] | None
+
+# Version 1 -> 2: events carry structured data; worker rows say whether the OOM killer ran.
+_MIGRATIONS = {
+    1: ("ALTER TABLE events ADD COLUMN data TEXT",
+        "ALTER TABLE workers ADD COLUMN oom_killed INTEGER"),
+}
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time TEXT NOT NULL, level TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL,
-    job TEXT NOT NULL, node TEXT, rank INTEGER, attempt INTEGER
+    job TEXT NOT NULL, node TEXT, rank INTEGER, attempt INTEGER, data TEXT
     )""",
     "CREATE TABLE IF NOT EXISTS running_records (attempt INTEGER PRIMARY KEY, data TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS workers (
     attempt INTEGER NOT NULL, rank INTEGER NOT NULL, local_rank INTEGER NOT NULL,
     node TEXT NOT NULL, pid INTEGER, state TEXT NOT NULL, exit_code INTEGER, signal TEXT,
-    started_at TEXT, ended_at TEXT, start_count INTEGER NOT NULL,
+    started_at TEXT, ended_at TEXT, start_count INTEGER NOT NULL, oom_killed INTEGER,
     PRIMARY KEY (attempt, rank)
     )""",
 )
@@ -61,6 +67,7 @@ class WorkerRow:
     started_at: datetime | None = None
     ended_at: datetime | None = None
     start_count: int = 1
+    oom_killed: bool | None = None  # SIGKILLed while the kernel's OOM-kill count rose
 
 
 _WORKER_COLUMNS = tuple(f.name for f in dataclasses.fields(WorkerRow))
@@ -76,6 +83,7 @@ class JobStore:
 
     def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool) -> None:
         self._conn = conn
+        self._version = SCHEMA_VERSION
         self._lock = threading.RLock()
         self.path = path
         self.readonly = readonly
@@ -130,10 +138,16 @@ class JobStore:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
         with self._tx("create"):
-            if self._check_version() == 0:
+            version = self._check_version()
+            if version == 0:
                 for statement in _SCHEMA:
                     self._conn.execute(statement)
-                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            else:
+                for v in range(version, SCHEMA_VERSION):
+                    for statement in _MIGRATIONS[v]:
+                        self._conn.execute(statement)
+            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._version = SCHEMA_VERSION
             existing = self.meta().get("run_id")
             if existing is None:
                 self._write_meta({"run_id": run_id})
@@ -146,6 +160,7 @@ class JobStore:
     def _check_version(self) -> int:
         with self._errors("read"):
             version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        self._version = version
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"{self.path} has store schema version {version}, newer than this trainguard "
@@ -179,8 +194,8 @@ class JobStore:
         inv = ev.involved
         with self._tx("add an event to"):
             cur = self._conn.execute(
-                "INSERT INTO events (time, level, reason, message, job, node, rank, attempt) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO events (time, level, reason, message, job, node, rank, attempt, "
+                "data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     ev.time.isoformat(),
                     ev.level.value,
@@ -190,6 +205,7 @@ class JobStore:
                     inv.node,
                     inv.rank,
                     inv.attempt,
+                    None if ev.data is None else json.dumps(ev.data),
                 ),
             )
         return int(cur.lastrowid or 0)
@@ -198,7 +214,8 @@ class JobStore:
         """Events with an id above `after_id`, oldest first."""
         with self._errors("read events from"):
             rows = self._conn.execute(
-                "SELECT id, time, level, reason, message, job, node, rank, attempt "
+                f"SELECT id, time, level, reason, message, job, node, rank, attempt, "
+                f"{'data' if self._version >= 2 else 'NULL'} "
                 "FROM events WHERE id > ? ORDER BY id",
                 (after_id,),
             ).fetchall()
@@ -243,12 +260,17 @@ class JobStore:
         """Worker rows of `attempt` (the latest attempt with rows when None), by rank."""
         where = "(SELECT MAX(attempt) FROM workers)" if attempt is None else "?"
         params: tuple[int, ...] = () if attempt is None else (attempt,)
+        return self._worker_rows(f"WHERE attempt = {where} ORDER BY rank", params)
+
+    def all_workers(self) -> list[WorkerRow]:
+        """Worker rows of every attempt, by attempt and rank."""
+        return self._worker_rows("ORDER BY attempt, rank", ())
+
+    def _worker_rows(self, tail: str, params: tuple[int, ...]) -> list[WorkerRow]:
+        cols = [c if c != "oom_killed" or self._version >= 2 else "NULL" for c in _WORKER_COLUMNS]
         with self._errors("read workers from"):
             rows = self._conn.execute(
-                f"SELECT {', '.join(_WORKER_COLUMNS)} FROM workers "
-                f"WHERE attempt = {where} ORDER BY rank",
-                params,
-            ).fetchall()
+                f"SELECT {', '.join(cols)} FROM workers {tail}", params).fetchall()
         return [_worker_from_row(r) for r in rows]
 
     # -- lifetime ---------------------------------------------------------------
@@ -311,13 +333,14 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
 
 
 def _event_from_row(row: tuple[Any, ...]) -> Event:
-    time, level, reason, message, job, node, rank, attempt = row
+    time, level, reason, message, job, node, rank, attempt, data = row
     return Event(
         time=datetime.fromisoformat(time),
         level=Level(level),
         reason=reason,
         message=message,
         involved=Involved(job=job, node=node, rank=rank, attempt=attempt),
+        data=None if data is None else json.loads(data),
     )
 
 
@@ -347,6 +370,7 @@ def _worker_from_row(row: tuple[Any, ...]) -> WorkerRow:
     values = dict(zip(_WORKER_COLUMNS, row, strict=True))
     values["started_at"] = from_iso(values["started_at"])
     values["ended_at"] = from_iso(values["ended_at"])
+    values["oom_killed"] = None if values["oom_killed"] is None else bool(values["oom_killed"])
     return WorkerRow(**values)
 
 

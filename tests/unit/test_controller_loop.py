@@ -13,6 +13,7 @@ import pytest
 
 from trainguard.agent import AgentAPI
 from trainguard.controller import Controller
+from trainguard.diagnosis.sources import scan_lines
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import JobPaths
 from trainguard.protocol import (
@@ -52,7 +53,7 @@ def report(attempt: int, *workers: W, first: int | None = None, last: int | None
         WorkerFact(rank=r, local_rank=r, pid=1000 * (attempt + 1) + r, state=w.state,
                    returncode=w.returncode, started_at=at(seconds),
                    ended_at=at(seconds) if w.state.ended else None, start_count=attempt + 1,
-                   log_tail=list(w.tail), error_file=None)
+                   findings=scan_lines(w.tail, f"rank-{r}.log", r), error_file=None)
         for r, w in enumerate(workers)
     ]
     progress = Progress(first_step=first, first_step_at=None if first is None else at(seconds),
@@ -167,7 +168,7 @@ def test_the_failed_event_and_the_diagnosis_name_the_killed_rank(job: Any) -> No
     assert (failed.involved.rank, failed.involved.attempt) == (1, 0)
     assert "SIGKILL" in failed.message
     assert diagnosed.involved.rank == 1
-    assert diagnosed.message.startswith("host_oom (infrastructure, restart helps: yes)")
+    assert diagnosed.message.startswith("host_oom (infrastructure, restart helps: maybe)")
 
 
 def test_the_recovery_record_counts_the_steps_lost_and_the_resumed_step(job: Any) -> None:

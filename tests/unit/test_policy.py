@@ -8,14 +8,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainguard.diagnose import Diagnosis, RestartHelps
+from trainguard.diagnosis.taxonomy import (
+    Category,
+    Culprit,
+    Diagnosis,
+    FaultDomain,
+    RestartHelps,
+)
 from trainguard.policy import Action, Decision, History, backoff, decide
 from trainguard.records import RecoverResult, StartType
 from trainguard.spec import RestartPolicy
 
 
 def diag(helps: RestartHelps = RestartHelps.YES, category: str = "host_oom") -> Diagnosis:
-    return Diagnosis(category, "infrastructure", helps, f"rank 0: {category}", "advice", 0)
+    return Diagnosis(Category(category), FaultDomain.INFRASTRUCTURE, helps,
+                     f"rank 0: {category}", "advice", Culprit(0))
 
 
 USER_BUG = diag(RestartHelps.NO, "user_code_error")

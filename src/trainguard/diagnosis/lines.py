@@ -15,15 +15,16 @@ _PASTE_NUMBER = re.compile(r"^\[\d+\]\s+(?=\[(?:rank|default)\d+\])")
 _RAY = re.compile(r"^\((?:[\w.]+ )?pid=\d+(?:, ip=([\d.]+))?\)\s")
 _HOST = re.compile(
     r"^([A-Za-z0-9][\w.-]*): (?=\[(?:rank|default)\d+\]|\s{0,4}\d{1,5}: |\[\d+,\d+\]<)")
+# (ranks have at most 7 digits: int() of a 5000-digit run would raise, not parse)
 _RANK = re.compile(
-    r"^(?:\[rank(?P<a>\d+)\]:\s?|\[default(?P<b>\d+)\]:\s?|\[\d+,(?P<c>\d+)\]<std\w+>:\s?"
-    r"|\s{0,4}(?P<d>\d{1,5}): )")
+    r"^(?:\[rank(?P<a>\d{1,7})\]:\s?|\[default(?P<b>\d{1,7})\]:\s?"
+    r"|\[\d+,(?P<c>\d{1,7})\]<std\w+>:\s?|\s{0,4}(?P<d>\d{1,5}): )")
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
 _GLOG = re.compile(r"^\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})")
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)\b")
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
-_FILE_RANK = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_FILE_RANK = re.compile(r"rank[-_]?(\d{1,7})(?!\d)", re.IGNORECASE)
 _LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/usr/lib/", "<string>")
 
 # The last line of a Python traceback: `Type: message` (module path allowed) or `Type`.
@@ -86,7 +87,8 @@ def line_time(text: str, year: int | None) -> tuple[datetime | None, int | None]
 
     ISO times anywhere in the first 48 characters; glog (`E0321 02:07:08.408`, as torch's
     C++ logs) and syslog (`Mar 21 02:07:08`) stamps at the start take the year of the
-    last ISO time seen in the same file (2000 before any).
+    last ISO time seen in the same file, and are no time at all before one (lines of one
+    file are then ordered by their position).
     """
     head = text[:48]
     m = _ISO.search(head)
@@ -96,16 +98,18 @@ def line_time(text: str, year: int | None) -> tuple[datetime | None, int | None]
             us = int((frac or "0")[:6].ljust(6, "0"))
             dt = datetime(int(y), int(mo), int(d), int(hh), int(mi), int(ss), us, timezone.utc)
             return dt, int(y)
+        if year is None:  # a month and day without a year orders nothing across files
+            return None, year
         g = _GLOG.match(text)
         if g:
             mo, d, hh, mi, ss, frac = g.groups()
             us = int(frac[:6].ljust(6, "0"))
-            return datetime(year or 2000, int(mo), int(d), int(hh), int(mi), int(ss), us,
+            return datetime(year, int(mo), int(d), int(hh), int(mi), int(ss), us,
                             timezone.utc), year
         s = _SYSLOG.match(text)
         if s and s.group(1) in _MONTHS:
             mon, d, hh, mi, ss = s.groups()
-            return datetime(year or 2000, _MONTHS[mon], int(d), int(hh), int(mi), int(ss),
+            return datetime(year, _MONTHS[mon], int(d), int(hh), int(mi), int(ss),
                             tzinfo=timezone.utc), year
     except ValueError:  # 31 February and friends: not a time
         return None, year

@@ -37,22 +37,23 @@ _TB_HEADER = "Traceback (most recent call last):"
 _CHAIN_MARKERS = ("During handling of the above exception", "The above exception was the direct")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
 _EXTRA_TRIGGER = (
-    r"Traceback \(most recent call last\)|[a-z0-9_](?:Error|Exception|Exit|Interrupt)\b"
+    r"Traceback \(most recent call last\)|\w(?:Error|Exception|Exit|Interrupt)\b"
     r"|exitcode\s*:\s*-?\d+|exitcode: -?\d+|terminated with (?:signal|exit code)"
     r"|task \d+: |exits with return code|During handling of the above exception|died with <Signals"
     r"|The above exception was the direct"
 )
+_N = r"\d{1,9}(?!\d)"  # a rank or exit code: int() of a 5000-digit run would raise
 _EXIT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+)"), ""),
-    (re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)"), ""),
-    (re.compile(r"process (?P<rank>\d+) terminated with signal (?P<sig>SIG[A-Z]+)"), ""),
-    (re.compile(r"process (?P<rank>\d+) terminated with exit code (?P<code>-?\d+)"), ""),
-    (re.compile(r"task (?P<rank>\d+): (?P<word>Killed|Segmentation fault|Bus error|Aborted"
+    (re.compile(rf"failed \(exitcode: (?P<code>-?{_N})\) local_rank: (?P<rank>{_N})"), ""),
+    (re.compile(rf"^\s*exitcode\s*:\s*(?P<code>-?{_N})"), ""),
+    (re.compile(rf"process (?P<rank>{_N}) terminated with signal (?P<sig>SIG[A-Z]+)"), ""),
+    (re.compile(rf"process (?P<rank>{_N}) terminated with exit code (?P<code>-?{_N})"), ""),
+    (re.compile(rf"task (?P<rank>{_N}): (?P<word>Killed|Segmentation fault|Bus error|Aborted"
                 r"|Terminated)"), ""),
-    (re.compile(r"task (?P<rank>\d+): Exited with exit code (?P<code>\d+)"), ""),
-    (re.compile(r"exits with return code = (?P<code>-?\d+)"), ""),
+    (re.compile(rf"task (?P<rank>{_N}): Exited with exit code (?P<code>{_N})"), ""),
+    (re.compile(rf"exits with return code = (?P<code>-?{_N})"), ""),
     (re.compile(r"died with <Signals\.(?P<sig>SIG[A-Z]+): \d+>"), ""),
-    (re.compile(r"returned non-zero exit status (?P<code>-\d+|1[3-5]\d)\b"), ""),
+    (re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"), ""),
 )
 _SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8,
             "SIGKILL": 9, "SIGSEGV": 11, "SIGTERM": 15}
@@ -96,12 +97,14 @@ class FileScan:
     name: str
     trigger: object  # the compiled RE2 prefilter
     default_rank: int | None = None
+    force_rank: bool = False  # the file is one rank's (a launcher's log): ignore prefixes
     findings: list[Finding] = field(default_factory=list)
     dropped: int = 0
     lines: int = 0  # lines seen so far (complete ones)
     _offset: int = 0  # byte offset of the next chunk
     _carry: bytes = b""
-    _skipping: bool = False  # inside a line longer than MAX_LINE
+    _skipping: bool = False  # inside a line longer than MAX_LINE (or cut by start_mid_file)
+    _skip_counts: bool = False  # the newline that ends the skipped line is not counted yet
     _streams: dict[int | None, _Stream] = field(default_factory=dict)
     _last_at: datetime | None = None
     _year: int | None = None
@@ -110,6 +113,7 @@ class FileScan:
         """The bytes fed next start at `offset`, after `lines_before` newlines; the partial
         line there is skipped."""
         self._offset, self.lines, self._skipping = offset, lines_before, True
+        self._skip_counts = True
 
     def feed(self, data: bytes) -> None:
         if self._skipping:
@@ -119,16 +123,19 @@ class FileScan:
                 return
             self._offset += nl + 1
             data = data[nl + 1:]
-            self._skipping = False
+            if self._skip_counts:  # the partial first line of a tail is still a line
+                self.lines += 1
+            self._skipping = self._skip_counts = False
         buf = self._carry + data if self._carry else data
         start = self._offset - len(self._carry)
         end = buf.rfind(b"\n") + 1
         if end == 0 and len(buf) > MAX_LINE:  # one huge line: cut it, skip the rest
-            self._process(buf[:MAX_LINE] + b"\n", start, final=False)
+            # (its newline is counted here, so skipping to it counts nothing)
+            self._process(buf[:MAX_LINE] + b"\n", start, final=True)
             self._carry, self._skipping = b"", True
             self._offset += len(data)
             return
-        done = self._process(buf[:end], start, final=False) if end else 0
+        done = self._process(buf[:end], start, final=False, after=len(buf) - end) if end else 0
         self._carry = buf[done:]
         self._offset += len(data)
 
@@ -141,8 +148,14 @@ class FileScan:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _process(self, buf: bytes, base: int, *, final: bool) -> int:
-        """Scan complete lines in buf; returns how many bytes were consumed."""
+    def _process(self, buf: bytes, base: int, *, final: bool, after: int = 0) -> int:
+        """Scan complete lines in buf; returns how many bytes were consumed.
+
+        Not `final` (more bytes will come): a traceback that runs past the end of buf is
+        left unconsumed, to be parsed whole with the next chunk, unless it and the `after`
+        bytes (the partial line that follows buf) already fill TRACEBACK_RESERVE. So the
+        findings do not depend on how the bytes were split into chunks.
+        """
         counted = 0  # bytes of buf whose newlines are already counted in self.lines
         skip_until = 0
         for m in self.trigger.finditer(buf):  # type: ignore[attr-defined]
@@ -154,11 +167,13 @@ class FileScan:
             self.lines += buf.count(b"\n", counted, ls)
             counted = ls
             raw = buf[ls:le]
-            if _TB_HEADER.encode() in raw:
-                if not final and len(buf) - ls > 0 and len(buf) - ls < TRACEBACK_RESERVE \
-                        and len(buf) > TRACEBACK_RESERVE:
-                    return ls  # the traceback may run past this chunk: carry it over
-                skip_until = self._traceback(buf, ls, le, base)
+            if _TB_HEADER.encode() in raw[:MAX_TEXT * 4]:  # the part of a line that is read
+                resume = self._traceback(buf, ls, le, base)
+                if resume is None:  # it runs past the end of buf
+                    if not final and len(buf) - ls + after < TRACEBACK_RESERVE:
+                        return ls  # carry it over to the next chunk
+                    resume = le + 1  # no exception line: scan its lines as usual
+                skip_until = resume
                 self.lines += buf.count(b"\n", counted, min(skip_until, len(buf)))
                 counted = min(skip_until, len(buf))
                 continue
@@ -176,7 +191,10 @@ class FileScan:
         text = pre.text
         if not text.strip() or CODE_LINE.match(text):
             return None
-        rank = pre.rank if pre.rank is not None else self.default_rank
+        rank = self._rank_of(pre.rank)
+        if text.startswith(_CHAIN_MARKERS):  # the next exception of this stream is chained
+            self._streams.setdefault(rank, _Stream()).chained_next = True
+            return None
         at, inherited = self._time(pre.at, text)
         exc = EXCEPTION_LINE.match(text) or EXCEPTION_IN_LINE.search(text[:200])
         rule = self.rules.match(text, is_exception=exc is not None)
@@ -190,6 +208,11 @@ class FileScan:
                     chain=self._orphan_chain(rank) if exc else None)
         self._add(f)
         return f
+
+    def _rank_of(self, prefixed: int | None) -> int | None:
+        if self.force_rank or prefixed is None:
+            return self.default_rank
+        return prefixed
 
     def _orphan_chain(self, rank: int | None) -> int:
         s = self._streams.setdefault(rank, _Stream())
@@ -207,14 +230,19 @@ class FileScan:
             return at, False
         return self._last_at, self._last_at is not None
 
-    def _traceback(self, buf: bytes, ls: int, le: int, base: int) -> int:
-        """Parse the traceback whose header is the line at ls; returns where scanning resumes.
+    def _traceback(self, buf: bytes, ls: int, le: int, base: int) -> int | None:
+        """Parse the traceback whose header is the line at ls; returns where scanning resumes,
+        or None when buf ends first (before its exception line, another traceback header of
+        its stream, or TRACEBACK_LINES lines).
 
         Lines of the same stream (same rank prefix) belong to it; lines of other streams in
-        between are scanned as usual.
+        between, and unindented lines of its own that are no exception line (another thread's
+        warning), are scanned as usual. A new header of the same stream means this traceback
+        was cut before its exception line: then every line after the header is scanned as
+        usual.
         """
         header = split_prefix(self._decode(buf[ls:le]))
-        rank = header.rank if header.rank is not None else self.default_rank
+        rank = self._rank_of(header.rank)
         # another prefix before the header (a logger's time, a job id) comes on every line
         # of the traceback too, with the same width: cut that many characters
         col = max(header.text.find(_TB_HEADER), 0)
@@ -230,24 +258,30 @@ class FileScan:
             n += 1
             raw = buf[pos:end]
             pre = split_prefix(self._decode(raw))
-            line_rank = pre.rank if pre.rank is not None else self.default_rank
+            line_rank = self._rank_of(pre.rank)
             if line_rank != rank:
                 if self.trigger.search(raw):  # type: ignore[attr-defined]
                     others.append((raw, line_no, base + pos))
                 pos = end + 1
                 continue
-            text = pre.text[col:] if col and len(pre.text) > col else pre.text
+            text = _cut(pre.text, col)
             fm = _FRAME.match(text)
             if fm:
                 frames.append((fm.group(1), fm.group(2), fm.group(3).strip()))
-            elif text[:1] not in (" ", "\t", "") and not text.startswith(_TB_HEADER):
+            elif text[:1] not in (" ", "\t", ""):
+                if text.startswith(_TB_HEADER):
+                    return le + 1  # the last one was cut: scan its lines as usual
                 exc = EXCEPTION_LINE.match(text)
                 if exc is not None:
                     for other in others:
                         self._line(*other)
                     self._exception(text, exc, frames, line_no, base + pos, pre, stream, rank)
                     return end + 1
+                if self.trigger.search(raw):  # type: ignore[attr-defined]
+                    others.append((raw, line_no, base + pos))
             pos = end + 1
+        if pos >= len(buf) and n < TRACEBACK_LINES:
+            return None
         return le + 1  # no exception line (a cut paste): scan the lines as usual
 
     def _exception(self, text: str, exc: re.Match[str] | None,
@@ -272,8 +306,6 @@ class FileScan:
             chain=stream.chains))
 
     def _add(self, f: Finding) -> None:
-        if f.text.startswith(_CHAIN_MARKERS):
-            self._streams.setdefault(f.rank, _Stream()).chained_next = True
         self.findings.append(f)
         if len(self.findings) > MAX_FINDINGS:  # keep the first and the latest
             del self.findings[MAX_FINDINGS // 2]
@@ -290,24 +322,73 @@ class FileScan:
                 else f for f in self.findings]
 
 
+def _cut(text: str, col: int) -> str:
+    """A traceback line without the `col` characters of prefix its header had, unless that
+    cut would split a word (the line has no such prefix: garbage before the header)."""
+    if col and len(text) > col and not (text[col - 1].isalnum() or text[col - 1] == "_"):
+        return text[col:]
+    return text
+
+
 def _short(path: str) -> str:
     parts = path.replace("\\", "/").split("/")
     return "/".join(parts[-2:]) if len(parts) > 2 else path
 
 
 def compile_trigger(rules: RuleSet) -> object:
-    """The RE2 prefilter: every rule's pattern, unanchored, plus tracebacks and exit notices."""
-    parts = [f"(?:{r.regex.pattern.lstrip('^')})" for r in rules.rules if not r.exception]
+    """The RE2 prefilter: every rule's pattern, unanchored, plus tracebacks and exit notices.
+
+    No match spans a newline (never_nl), so what a chunk's lines hit does not depend on where
+    the chunk ends. A rules file with a pattern RE2 cannot run (a lookaround, a backreference)
+    gets Python's slower `re` instead.
+    """
+    parts = [f"(?:{_unanchor(r.regex.pattern)})" for r in rules.rules if not r.exception]
     parts.append(_EXTRA_TRIGGER)
+    pattern = "|".join(parts)
     opts = re2.Options()
     opts.max_mem = 256 << 20
-    return re2.compile("|".join(parts).encode(), opts)
+    opts.never_nl = True
+    try:
+        return re2.compile(pattern.encode(), opts)
+    except re2.error:
+        return re.compile(pattern.encode())
+
+
+def _unanchor(pattern: str) -> str:
+    """The pattern without its anchors (^ $ \\A \\Z outside character classes): the rules
+    match a line stripped of its prefixes, the trigger runs over raw chunks, so it must find
+    `Killed` in `[rank3]: Killed` for a rule `^Killed$`."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            esc = pattern[i:i + 2]
+            if in_class or esc not in ("\\A", "\\Z", "\\z"):
+                out.append(esc)
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":  # a class: `[^...]`, and a `]` right after `[` or `[^` is literal
+            j = i + 1
+            j += pattern.startswith("^", j)
+            j += pattern.startswith("]", j)
+            out.append(pattern[i:j])
+            i, in_class = j, True
+            continue
+        elif c in "^$":
+            i += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def scan_bytes(rules: RuleSet, trigger: object, name: str, chunks: Iterable[bytes],
-               default_rank: int | None = None) -> list[Finding]:
+               default_rank: int | None = None, force_rank: bool = False) -> list[Finding]:
     scan = FileScan(rules, name, trigger, default_rank if default_rank is not None
-                    else file_rank(name))
+                    else file_rank(name), force_rank)
     for chunk in chunks:
         scan.feed(chunk)
     return scan.finish()

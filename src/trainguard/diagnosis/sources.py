@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -17,7 +17,7 @@ from typing import BinaryIO, cast
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import file_rank
 from trainguard.diagnosis.rules import RuleSet, load_rules
-from trainguard.diagnosis.scan import FileScan, compile_trigger
+from trainguard.diagnosis.scan import FileScan, compile_trigger, scan_bytes
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.diagnosis.verdict import RankExit, diagnose
 from trainguard.errors import DiagnoseError
@@ -30,6 +30,14 @@ SKIP_SUFFIXES = (".db", ".db-wal", ".db-shm", ".yaml", ".yml", ".json", ".lock",
 @cache
 def default_trigger() -> object:
     return compile_trigger(load_rules())
+
+
+def scan_lines(lines: Iterable[str], name: str, rank: int | None = None) -> list[Finding]:
+    """Findings of some lines already in memory (a tail kept by the log router, tests);
+    `rank`, when given, owns every line."""
+    data = "".join(f"{ln}\n" for ln in lines).encode("utf-8", "replace")
+    return scan_bytes(load_rules(), default_trigger(), name, [data], default_rank=rank,
+                      force_rank=rank is not None)
 
 
 def _chunks(fh: BinaryIO) -> Iterator[bytes]:
@@ -47,13 +55,15 @@ def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
               tail_bytes: int | None = None, rules: RuleSet | None = None) -> list[Finding]:
     """Findings of one log file (gzip read transparently). OSError propagates.
 
+    `rank`: the file is that rank's alone (rank prefixes in it are ignored).
     `tail_bytes`: scan only the end of a big file (line numbers stay true: the newlines of
     the skipped part are counted, which is fast).
     """
     rules = rules or load_rules()
     trigger = default_trigger() if rules is load_rules() else compile_trigger(rules)
     label = name or str(path)
-    scan = FileScan(rules, label, trigger, rank if rank is not None else file_rank(label))
+    scan = FileScan(rules, label, trigger, rank if rank is not None else file_rank(label),
+                    force_rank=rank is not None)
     with _open(path) as fh:
         if tail_bytes is not None and path.suffix != ".gz":
             size = os.fstat(fh.fileno()).st_size
@@ -99,7 +109,7 @@ def _job_inputs(job_dir: Path, attempt: int | None,
 
     with JobStore.open(job_dir) as store:
         meta = store.meta()
-        rows = store.workers()
+        rows = store.all_workers()
     attempts = sorted({r.attempt for r in rows})
     failed = sorted({r.attempt for r in rows if r.state == "failed"})
     if attempt is None:
@@ -112,7 +122,7 @@ def _job_inputs(job_dir: Path, attempt: int | None,
         problems.append(f"{adir}: no logs of attempt {attempt} (known attempts: "
                         f"{', '.join(map(str, attempts)) or 'none'})")
     exits = [RankExit(r.rank, r.state == "failed", r.exit_code, r.ended_at,
-                      getattr(r, "oom_killed", None), r.node)
+                      r.oom_killed, r.node)
              for r in rows if r.attempt == attempt]
     return attempt, files, exits
 

@@ -71,8 +71,8 @@ class Role(str, Enum):
 class Evidence:
     """One log line, verbatim (prefixes stripped only in `text`), and where it is."""
 
-    file: str
-    line: int  # 1-based
+    file: str  # "" when the evidence is an exit status, not a line
+    line: int  # 1-based; 0 with no file
     text: str
     rank: int | None = None
     at: datetime | None = None
@@ -89,7 +89,8 @@ class Evidence:
         return d
 
     def where(self) -> str:
-        return f"{self.file}:{self.line}"
+        """`file:line`, or `exit` for what a process's exit status says."""
+        return f"{self.file}:{self.line}" if self.file else "exit"
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,11 @@ from trainguard.diagnosis.taxonomy import (
     RestartHelps,
     Role,
 )
+from trainguard.exitcodes import signal_name
 
 _TIER = {Role.DECISIVE: 0, Role.CAUSE: 1, Role.WEAK: 2, Role.SYMPTOM: 3, Role.HINT: 4}
 _SIGNAL_TIER = 2
+_SIGABRT = 6
 _MAX_SYMPTOMS = 10
 _RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank[ :=]\s?(\d+)\b|\[rank(\d+)\]")
 _IGNORED_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "BdbQuit")
@@ -87,9 +89,6 @@ _SIGNAL_VERDICTS: dict[int, tuple[Category, FaultDomain, RestartHelps, str, str]
     8: (Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
         "died of SIGFPE (arithmetic error in native code)", "Suspect a library or the code."),
 }
-_SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT",
-                 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE",
-                 14: "SIGALRM", 15: "SIGTERM"}
 
 
 def signal_of(returncode: int | None) -> int | None:
@@ -156,14 +155,23 @@ def _from_exit(rank: int | None, code: int | None, oom: bool | None, at: datetim
     if sig in _SIGNAL_VERDICTS:
         cat, dom, helps, text, advice = _SIGNAL_VERDICTS[sig]
         return _Candidate(_SIGNAL_TIER, cat, dom, helps, advice, 0.55, rank, finding,
-                          subcategory=_SIGNAL_NAMES[sig].lower(), at=at,
+                          subcategory=(signal_name(sig) or str(sig)).lower(), at=at,
                           summary=f"{who} {text}")
-    name = _SIGNAL_NAMES.get(sig, f"signal {sig}")
+    name = signal_name(sig) or f"signal {sig}"
     return _Candidate(_SIGNAL_TIER, Category.KILLED_BY_SIGNAL_UNKNOWN,
                       FaultDomain.INFRASTRUCTURE, RestartHelps.YES,
                       "Restart; find out who sent the signal (an operator, the scheduler, a "
                       "node shutdown).", 0.6, rank, finding, subcategory=name.lower(), at=at,
                       summary=f"{who} was stopped by {name} from outside the job")
+
+
+def _plain_exit(e: RankExit) -> _Candidate:
+    """A rank that exited non-zero and whose log says nothing: the script chose to stop."""
+    return _Candidate(_SIGNAL_TIER, Category.OTHER, FaultDomain.USER_CODE, RestartHelps.NO,
+                      "The script chose to exit non-zero; read the end of its log.", 0.3,
+                      e.rank, at=e.ended_at, subcategory=f"exit_code_{e.returncode}",
+                      summary=f"rank {e.rank} exited with code {e.returncode} and left no "
+                      "known error in its log")
 
 
 def _rank(f: Finding) -> int | None:
@@ -221,9 +229,13 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
             if c is not None:
                 cands.append(c)
                 exit_ranks.add(_rank(f))
+    explained = {c.rank for c in cands if c.tier <= _TIER[Role.SYMPTOM]}
     for e in exits:
-        if e.failed:
+        if e.failed and not (signal_of(e.returncode) == _SIGABRT and e.rank in explained):
+            # (an abort its own log explains: the NCCL watchdog, std::terminate, an assert)
             c = _from_exit(e.rank, e.returncode, e.oom_killed, e.ended_at, None)
+            if c is None and e.rank not in explained and e.returncode:
+                c = _plain_exit(e)
             if c is not None:
                 cands = [x for x in cands if not (x.finding is not None and x.rank == e.rank
                                                   and x.finding.returncode is not None)]
@@ -234,7 +246,7 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
             return None
         first = min(failed, key=lambda e: (e.ended_at is None, e.ended_at or datetime.max))
         return Diagnosis(
-            Category.OTHER, FaultDomain.USER_CODE, RestartHelps.MAYBE,
+            Category.OTHER, FaultDomain.USER_CODE, RestartHelps.NO,
             f"rank {first.rank} exited with code {first.returncode} and left no known error "
             "in its log", "The script chose to exit non-zero; read the end of its log.",
             Culprit(first.rank, first.node), confidence=0.2)
@@ -244,17 +256,17 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
 
 def _evidence(c: _Candidate) -> Evidence | None:
     f = c.finding
-    if f is None:
-        return None
+    if f is None:  # an exit without a line: say how the process ended
+        return None if c.summary is None else Evidence("", 0, c.summary, c.rank, c.at)
     return Evidence(f.file, f.line, f.text, c.rank, None if f.at_inherited else f.at)
 
 
 def _symptoms(root: _Candidate, others: list[_Candidate]) -> tuple[Evidence, ...]:
     groups: dict[str, list[_Candidate]] = {}
     for c in _order(others):
-        if c.finding is None or c.tier == _TIER[Role.HINT]:
+        if c.tier == _TIER[Role.HINT]:
             continue
-        groups.setdefault(c.key, []).append(c)
+        groups.setdefault(c.key if c.finding is not None else f"exit-{c.rank}", []).append(c)
     out = []
     for members in groups.values():
         ranks = {m.rank for m in members if m.rank is not None}
@@ -283,6 +295,7 @@ def _diagnosis(root: _Candidate, others: list[_Candidate],
     return Diagnosis(
         root.category, root.domain, root.restart, summary, root.advice,
         Culprit(root.rank, node, root.finding.frame if root.finding else None),
-        _evidence(root), _symptoms(root, others), root.isolate, round(max(conf, 0.05), 2),
+        _evidence(root) if root.finding is not None else None, _symptoms(root, others),
+        root.isolate, round(max(conf, 0.05), 2),
         root.subcategory, root.rule.id if root.rule else None,
         from_log=root.finding is not None and root.finding.returncode is None)

@@ -1,4 +1,5 @@
-"""The diagnoser: realistic worker exits and log tails -> category, restart verdict, culprit."""
+"""The launcher's diagnosis: realistic worker exits and rank logs -> category, restart verdict,
+culprit (trainguard.diagnosis.attempt, through the same scanner the agent runs)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from trainguard.diagnose import (
-    Diagnosis,
-    RestartHelps,
-    diagnose_attempt,
-    diagnose_rank,
-    final_exception,
-    strip_prefix,
-)
+from trainguard.diagnosis.attempt import diagnose_attempt
+from trainguard.diagnosis.sources import scan_lines
+from trainguard.diagnosis.taxonomy import Diagnosis, RestartHelps
 from trainguard.protocol import WorkerFact, WorkerState
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -44,7 +40,7 @@ def fact(
     return WorkerFact(
         rank=rank, local_rank=rank, pid=1000 + rank, state=state, returncode=returncode,
         started_at=T0, ended_at=None if ended_s is None else T0 + timedelta(seconds=ended_s),
-        log_tail=list(tail), error_file=error_file,
+        findings=scan_lines(tail, f"rank-{rank}.log", rank), error_file=error_file,
     )
 
 
@@ -76,12 +72,12 @@ def test_a_gloo_connection_reset_alone_is_still_diagnosed_as_a_network_failure()
     assert d.category == "network_or_rendezvous"
     assert d.restart_helps == RestartHelps.YES
     assert d.culprit_rank == 1
-    assert d.evidence is not None and "Connection reset by peer" in d.evidence
+    assert d.evidence is not None and "Connection reset by peer" in d.evidence.text
 
 
 def test_the_rank_prefix_is_stripped_from_the_evidence() -> None:
     d = only(fact(1, 1, traceback(1, GLOO_RESET)))
-    assert d.evidence is not None and not d.evidence.startswith("[rank")
+    assert d.evidence is not None and not d.evidence.text.startswith("[rank")
 
 
 def test_cuda_out_of_memory_is_a_user_error_that_a_restart_does_not_fix() -> None:
@@ -129,7 +125,8 @@ def test_a_python_exception_without_a_known_cause_is_a_user_code_error() -> None
     assert d.category == "user_code_error"
     assert d.restart_helps == RestartHelps.NO
     assert d.culprit_rank == 2
-    assert d.evidence == "ValueError: labels out of range: 50257 >= 50000"
+    assert d.evidence is not None
+    assert d.evidence.text == "ValueError: labels out of range: 50257 >= 50000"
 
 
 def test_a_collective_timeout_raised_in_python_is_diagnosed_as_a_timeout() -> None:
@@ -143,7 +140,7 @@ def test_the_torchrun_tee_prefix_is_understood_like_the_rank_prefix() -> None:
     tail = [f"[default0]:{ln}" for ln in traceback(None, "ValueError: bad shape")]
     d = only(fact(0, 1, tail))
     assert d.category == "user_code_error"
-    assert d.evidence == "ValueError: bad shape"
+    assert d.evidence is not None and d.evidence.text == "ValueError: bad shape"
 
 
 # --- exit codes and signals --------------------------------------------------------------
@@ -152,10 +149,10 @@ def test_the_torchrun_tee_prefix_is_understood_like_the_rank_prefix() -> None:
 @pytest.mark.parametrize(
     ("returncode", "category", "helps"),
     [
-        (-signal.SIGKILL, "host_oom", RestartHelps.YES),
-        (128 + signal.SIGKILL, "host_oom", RestartHelps.YES),  # 137, as a shell reports it
-        (-signal.SIGBUS, "shared_memory", RestartHelps.YES),
-        (128 + signal.SIGBUS, "shared_memory", RestartHelps.YES),
+        (-signal.SIGKILL, "host_oom", RestartHelps.MAYBE),
+        (128 + signal.SIGKILL, "host_oom", RestartHelps.MAYBE),  # 137, as a shell reports it
+        (-signal.SIGBUS, "shared_memory", RestartHelps.MAYBE),
+        (128 + signal.SIGBUS, "shared_memory", RestartHelps.MAYBE),
         (-signal.SIGSEGV, "segfault_or_abort", RestartHelps.MAYBE),
         (-signal.SIGABRT, "segfault_or_abort", RestartHelps.MAYBE),
         (-signal.SIGUSR1, "killed_by_signal_unknown", RestartHelps.YES),
@@ -202,7 +199,7 @@ def error_file(message: str) -> dict[str, object]:
 def test_the_error_file_message_is_the_exception_when_the_log_is_empty() -> None:
     d = only(fact(0, 1, error_file=error_file("RuntimeError: boom")))
     assert d.category == "user_code_error"
-    assert d.evidence == "RuntimeError: boom"
+    assert d.evidence is not None and d.evidence.text == "RuntimeError: boom"
 
 
 def test_a_known_cause_in_the_error_file_is_recognised() -> None:
@@ -212,12 +209,12 @@ def test_a_known_cause_in_the_error_file_is_recognised() -> None:
 
 def test_an_error_file_with_a_plain_string_message_is_read_too() -> None:
     d = only(fact(0, 1, error_file={"message": "ValueError: nope"}))
-    assert d.evidence == "ValueError: nope"
+    assert d.evidence is not None and d.evidence.text == "ValueError: nope"
 
 
 def test_an_error_file_without_a_message_falls_back_to_the_log() -> None:
     d = only(fact(0, 1, traceback(0, "KeyError: 'lr'"), error_file={"message": {}}))
-    assert d.evidence == "KeyError: 'lr'"
+    assert d.evidence is not None and d.evidence.text == "KeyError: 'lr'"
 
 
 # --- across ranks: root cause first, symptoms listed --------------------------------------
@@ -229,8 +226,8 @@ def test_the_rank_killed_first_is_the_culprit_and_the_peer_reset_is_a_symptom() 
     d = only(victim, killed)
     assert d.culprit_rank == 0
     assert d.category == "host_oom"
-    assert d.restart_helps == RestartHelps.YES
-    assert any(s.startswith("rank 1:") and "Connection reset by peer" in s for s in d.symptoms)
+    assert d.restart_helps == RestartHelps.MAYBE
+    assert any(s.rank == 1 and "Connection reset by peer" in s.text for s in d.symptoms)
 
 
 def test_a_symptom_that_ended_first_does_not_hide_the_real_cause_on_another_rank() -> None:
@@ -247,7 +244,7 @@ def test_the_earliest_real_failure_wins_over_a_later_real_failure() -> None:
     d = only(later, first)
     assert d.culprit_rank == 2
     assert d.category == "user_code_error"
-    assert any(s.startswith("rank 0:") for s in d.symptoms)
+    assert any(s.rank == 0 for s in d.symptoms)
 
 
 def test_a_rank_without_an_end_time_sorts_after_those_with_one() -> None:
@@ -294,7 +291,7 @@ def test_a_stopped_rank_whose_error_was_read_before_detection_can_be_the_root_ca
     d = diagnose_attempt([stopped, victim], T0 + timedelta(seconds=3))
     assert d is not None
     assert (d.culprit_rank, d.category) == (0, "user_code_error")
-    assert any(s.startswith("rank 1:") for s in d.symptoms)
+    assert any(s.rank == 1 for s in d.symptoms)
 
 
 def test_log_lines_read_after_the_failure_was_detected_are_not_evidence() -> None:
@@ -314,7 +311,7 @@ def test_a_stopped_rank_alone_is_no_failure() -> None:
 def test_stamped_log_lines_are_diagnosed_like_bare_ones() -> None:
     d = only(fact(1, 1, stamped(1.0, traceback(1, GLOO_RESET))))
     assert d.category == "network_or_rendezvous"
-    assert d.evidence is not None and d.evidence.startswith("RuntimeError: [/__w/pytorch")
+    assert d.evidence is not None and d.evidence.text.startswith("RuntimeError: [/__w/pytorch")
 
 
 def test_an_attempt_without_a_failed_worker_has_no_diagnosis() -> None:
@@ -327,8 +324,8 @@ def test_an_attempt_without_a_failed_worker_has_no_diagnosis() -> None:
 def test_a_diagnosis_serialises_its_verdict_and_culprit() -> None:
     d = only(fact(1, -signal.SIGKILL))
     out = d.to_dict()
-    assert out["restart_helps"] == "yes"
-    assert out["culprit"] == {"rank": 1}
+    assert out["restart_helps"] == "maybe"
+    assert out["culprit"] == {"rank": 1, "node": None, "frame": None}
     assert out["symptoms"] == []
 
 
@@ -344,7 +341,7 @@ def test_a_user_exception_beats_a_later_terminate_called_abort() -> None:
     d = only(fact(0, -signal.SIGABRT, tail))
     assert d.category == "user_code_error"
     assert d.restart_helps == RestartHelps.NO
-    assert d.evidence == "ValueError: labels out of range"
+    assert d.evidence is not None and d.evidence.text == "ValueError: labels out of range"
 
 
 def test_an_nccl_watchdog_abort_is_diagnosed_as_a_collective_timeout() -> None:
@@ -366,61 +363,13 @@ def test_an_xid_79_line_beats_the_cuda_error_that_follows_it() -> None:
     assert d.isolate_node is True
 
 
-# --- final_exception and strip_prefix ----------------------------------------------------
-
-
-def test_final_exception_of_a_chained_traceback_is_the_last_one() -> None:
-    lines = [
-        "Traceback (most recent call last):",
-        '  File "train.py", line 10, in load',
-        "    return state['model']",
-        "KeyError: 'model'",
-        "",
-        "During handling of the above exception, another exception occurred:",
-        "",
-        "Traceback (most recent call last):",
-        '  File "train.py", line 12, in load',
-        "    raise RuntimeError('checkpoint has no model')",
-        "RuntimeError: checkpoint has no model",
-    ]
-    assert final_exception(lines) == "RuntimeError: checkpoint has no model"
-    assert final_exception([f"[rank3]: {ln}" for ln in lines]) == (
-        "RuntimeError: checkpoint has no model")
-
-
-def test_final_exception_of_a_direct_cause_chain_is_the_last_one() -> None:
-    lines = [*traceback(None, "OSError: disk gone"), "",
-             "The above exception was the direct cause of the following exception:", "",
-             *traceback(None, "RuntimeError: save failed")[1:]]
-    assert final_exception(lines) == "RuntimeError: save failed"
-
-
-def test_final_exception_of_an_exception_without_a_message_is_its_type() -> None:
-    assert final_exception(traceback(None, "KeyboardInterrupt")) == "KeyboardInterrupt"
-
-
-def test_final_exception_is_none_without_a_traceback() -> None:
-    assert final_exception(["step 1 loss 2.0", "ValueError: printed, not raised"]) is None
-
-
-def test_strip_prefix_drops_only_the_leading_rank_prefix() -> None:
-    assert strip_prefix("[rank12]: step 5") == "step 5"
-    assert strip_prefix("[default3]:step 5") == "step 5"
-    assert strip_prefix("step 5 [rank1]: x") == "step 5 [rank1]: x"
-
-
-def test_diagnose_rank_reports_whether_its_verdict_is_only_a_symptom() -> None:
-    assert diagnose_rank(fact(1, 1, traceback(1, GLOO_RESET))).symptom is True
-    assert diagnose_rank(fact(1, -signal.SIGKILL)).symptom is False
-
-
 # --- SIGKILL: the OOM killer or a kill from outside -----------------------------------------
 
 
 def test_a_sigkill_while_the_kernels_oom_kill_count_rose_is_a_host_oom() -> None:
     f = fact(1, -signal.SIGKILL, ["step 3 loss 1.0"]).model_copy(update={"oom_killed": True})
     d = only(f)
-    assert (d.category, d.restart_helps, d.confidence) == ("host_oom", RestartHelps.YES, 0.9)
+    assert (d.category, d.restart_helps, d.confidence) == ("host_oom", RestartHelps.MAYBE, 0.9)
 
 
 def test_a_sigkill_without_an_oom_kill_is_a_kill_from_outside() -> None:

@@ -1,0 +1,62 @@
+"""The launcher's question: why did this attempt fail? Pure: worker facts -> Diagnosis.
+
+Each node's agent has already scanned its ranks' logs (WorkerFact.findings); torch's
+@record error file, when a rank wrote one, adds the exception it died of.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.lines import EXCEPTION_LINE
+from trainguard.diagnosis.rules import load_rules
+from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.diagnosis.verdict import RankExit, diagnose
+from trainguard.protocol import WorkerFact, WorkerState
+
+
+def error_file_finding(data: dict[str, object] | None, rank: int, name: str) -> Finding | None:
+    """torch @record's error file ({"message": {"message", "extraInfo": {"timestamp"}}})
+    as the final exception of `rank`; None when it holds no message."""
+    msg = (data or {}).get("message")
+    at = None
+    if isinstance(msg, dict):
+        extra = msg.get("extraInfo")
+        ts = extra.get("timestamp") if isinstance(extra, dict) else None
+        if isinstance(ts, (int, str)) and str(ts).isdigit():
+            at = datetime.fromtimestamp(int(ts), timezone.utc)
+        msg = msg.get("message")
+    if not isinstance(msg, str) or not msg.strip():
+        return None
+    text = msg.strip().splitlines()[-1].strip()
+    exc = EXCEPTION_LINE.match(text)
+    rule = load_rules().match(text, is_exception=True)
+    return Finding(file=name, line=1, offset=0, text=text[:2000], rank=rank, at=at,
+                   rule=rule.id if rule else None,
+                   exc_type=exc.group(1) if exc else "Exception", traceback=True, chain=1,
+                   final=True)
+
+
+def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = None,
+                     node: str | None = None) -> Diagnosis | None:
+    """The attempt's root cause, or None when no worker failed.
+
+    Ranks the launcher stopped count too: a rank can print its error and still be tearing
+    down when a peer's symptom ends the attempt. Lines read after `detected_at` (the
+    launcher stopping everyone) are left out.
+    """
+    if not any(f.state == WorkerState.FAILED for f in facts):
+        return None
+    findings: list[Finding] = []
+    exits = []
+    for f in facts:
+        if f.state not in (WorkerState.FAILED, WorkerState.STOPPED):
+            continue
+        findings += f.findings
+        from_file = error_file_finding(f.error_file, f.rank, f"rank-{f.rank}.error.json")
+        if from_file is not None:
+            findings.append(from_file)
+        exits.append(RankExit(f.rank, f.state == WorkerState.FAILED, f.returncode, f.ended_at,
+                              f.oom_killed, node))
+    return diagnose(findings, exits, load_rules(), detected_at)

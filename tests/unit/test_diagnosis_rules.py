@@ -1,0 +1,106 @@
+"""The failure signatures (rules.yaml): every rule matches the real lines it cites, and
+parse_rules names the rule and key of a mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.diagnosis.rules import Example, Rule, load_rules, parse_rules
+from trainguard.diagnosis.scan import compile_trigger, scan_bytes
+from trainguard.errors import RulesError
+
+RULES = load_rules()
+TRIGGER = compile_trigger(RULES)
+
+EXAMPLES = [
+    pytest.param(rule, example, id=f"{rule.id}-{i}")
+    for rule in RULES.rules
+    for i, example in enumerate(rule.examples)
+]
+
+
+def rules_on(line: str) -> list[str | None]:
+    """The rule of each finding the scanner makes of one log line."""
+    return [f.rule for f in scan_bytes(RULES, TRIGGER, "x.log", [line.encode() + b"\n"])]
+
+
+@pytest.mark.parametrize(("rule", "example"), EXAMPLES)
+def test_example_line_gets_its_rule(rule: Rule, example: Example) -> None:
+    got = rules_on(example.line)
+    assert rule.id in got, (
+        f"{rule.id}: example from {example.source} got {got or 'no finding'}: {example.line!r}"
+    )
+
+
+def test_every_rule_has_an_example() -> None:
+    missing = [r.id for r in RULES.rules if not r.examples]
+    assert not missing, f"rules without a real example line: {', '.join(missing)}"
+
+
+def test_example_sources_are_links() -> None:
+    for rule in RULES.rules:
+        for example in rule.examples:
+            assert example.source.startswith(("https://", "http://")), rule.id
+            assert example.line.strip(), f"{rule.id}: empty example line"
+
+
+# -- parse_rules rejects mistakes, naming the rule and the key --------------------------------
+
+RULE = """\
+  - id: {id}
+    category: {category}
+    domain: hardware
+    restart: {restart}
+    pattern: '{pattern}'
+    advice: Drain the node.
+{extra}"""
+
+
+def rules_text(*rules: str) -> str:
+    return "version: 1\nrules:\n" + "".join(rules)
+
+
+def rule_yaml(
+    rule_id: str = "my-rule",
+    category: str = "gpu_hardware",
+    restart: str = '"yes"',
+    pattern: str = "Xid",
+    extra: str = "",
+) -> str:
+    return RULE.format(id=rule_id, category=category, restart=restart, pattern=pattern, extra=extra)
+
+
+def test_valid_rules_text_parses() -> None:
+    other = rule_yaml(rule_id="other-rule", extra="    isolate: true\n")
+    rs = parse_rules(rules_text(rule_yaml(), other))
+    assert [r.id for r in rs.rules] == ["my-rule", "other-rule"]
+    assert rs.by_id("other-rule").isolate
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        pytest.param(rules_text(rule_yaml(restart="yes")), "restart", id="bare-yes"),
+        pytest.param(rules_text(rule_yaml(restart="no")), "restart", id="bare-no"),
+        pytest.param(rules_text(rule_yaml(pattern="(unclosed")), "pattern", id="bad-regex"),
+        pytest.param(rules_text(rule_yaml(category="gpu_melted")), "category", id="bad-category"),
+        pytest.param(rules_text(rule_yaml(extra="    colour: red\n")), "colour", id="unknown-key"),
+    ],
+)
+def test_mistake_names_rule_and_key(text: str, key: str) -> None:
+    with pytest.raises(RulesError) as err:
+        parse_rules(text)
+    msg = str(err.value)
+    assert "my-rule" in msg and f"key {key}" in msg, msg
+
+
+def test_bare_yes_explains_the_quoting() -> None:
+    with pytest.raises(RulesError, match="quoted"):
+        parse_rules(rules_text(rule_yaml(restart="yes")))
+
+
+def test_duplicate_id_names_the_rule() -> None:
+    with pytest.raises(RulesError) as err:
+        parse_rules(rules_text(rule_yaml(), rule_yaml(pattern="SXid")))
+    msg = str(err.value)
+    assert "my-rule" in msg and "id" in msg and "unique" in msg, msg
