@@ -5,7 +5,11 @@ The logs are generated (and cached by size under --dir): one attempt dir of a tr
 `<ISO time> <out|err> <text>`. The noise is what a real run prints: per-step training lines,
 tqdm bars, DeepSpeed `log_dist` lines, NCCL INFO lines, Python warnings, eval metrics, a few
 KB of JSON config now and then, and words that fool a naive grep (`eval_error_rate`,
-`timeout=1800s`, "no errors found"). One real failure is buried ~70% of the way through
+`timeout=1800s`, "no errors found"), and lines that name an exception type in passing
+(`raised UnicodeDecodeError ..., replaced with padding`, about 38,000 a GiB): the RE2
+prefilter hits those, so the Python side has real work, and finds nothing in them. The
+sets are written by one process per CPU, 4 MiB at a time (1 GiB in ~15 s here) and kept
+for the next run. One real failure is buried ~70% of the way through
 rank 5: a traceback ending in `torch.OutOfMemoryError: CUDA out of memory`; the other ranks
 print NCCL watchdog timeouts ten minutes later. The files go on after the failure (as if the
 noise continued), so the failure sits mid-file, not at the tail.
@@ -14,12 +18,18 @@ Measured side by side, in a new random order every repeat, page cache warm:
 
 * `diagnose_paths([attempt dir])`, what `trainguard diagnose DIR` runs; every run's verdict
   must be gpu_oom, culprit rank 5, evidence the exception line of rank-5.log (else it fails);
+  its peak RSS (VmHWM, reset before each run) and the process's ru_maxrss after the 1 GiB runs;
+* `trainguard diagnose --json DIR` in a new process (start-up included), checked the same way;
 * the RE2 prefilter alone (the scanner's first stage: `finditer` over 8 MiB chunks);
 * floors: reading the files in 8 MiB chunks, `grep -E -c 'Error|error'` (LC_ALL=C), and a
   plain Python `for line in f` loop (binary, no regex).
 
 Then, on the --rules-size set, diagnose with the shipped rules duplicated x1, x2, x4, x8
-(every rule copied under a new id, after the originals, so verdicts do not change).
+(every rule copied under a new id, after the originals, so verdicts do not change), with the
+RE2 prefilter of each rule set timed alone beside it. Copies have the same patterns as the
+originals, so RE2's share is a lower bound for as many distinct rules; the Python share
+(every rule tried on every hit line that matches none) is not. --profile prints a cProfile
+of one diagnose of that set (automatic when the 1 GiB target is missed).
 
     .venv/bin/python benchmarks/diagnosis_throughput.py [--sizes 128,256,512,1024]
         [--rules-size 256] [--rule-factors 1,2,4,8] [--repeats 3] [--quick] [--profile]
@@ -586,10 +596,11 @@ def time_cli(ds: Dataset) -> float:
     return dt
 
 
-def time_prefilter(ds: Dataset) -> tuple[float, int]:
-    """The scanner's first stage alone: the shipped rules' RE2 trigger over 8 MiB chunks
-    (lines cut at chunk ends are not carried over: a floor, not the scanner). (s, hits)."""
-    trigger = default_trigger()  # the object diagnose uses: compiled, its DFA warm
+def time_prefilter(ds: Dataset, trigger: object | None = None) -> tuple[float, int]:
+    """The scanner's first stage alone: an RE2 trigger (by default the shipped rules' one,
+    the very object diagnose uses, its DFA warm) over 8 MiB chunks (lines cut at chunk ends
+    are not carried over: a floor, not the scanner). (s, hits)."""
+    trigger = trigger or default_trigger()
     t = time.perf_counter()
     hits = 0
     for f in ds.files:
@@ -605,7 +616,7 @@ def time_read(ds: Dataset) -> float:
     t = time.perf_counter()
     for f in ds.files:
         with f.open("rb", buffering=0) as fh:
-            while fh.readinto(buf):  # type: ignore[attr-defined]
+            while fh.readinto(buf):
                 pass
     return time.perf_counter() - t
 
@@ -779,11 +790,11 @@ def main() -> int:
 
     # the first call in a process parses the rules, compiles the RE2 trigger and builds its
     # DFA as it goes: timed apart, on the smallest set, so that the table is steady state
+    rss_before = maxrss_mib()
     first = sets[sizes[0]]
     warm(first)
     cold_s, _ = check_verdict(first, None)
     warm_s, _ = check_verdict(first, None)
-    rss_before = maxrss_mib()
     # -- throughput by size
     size_rows = []
     fit_x: list[float] = []
@@ -864,20 +875,23 @@ def main() -> int:
     for factor in args.rule_factors:
         rs, parse_s = multiplied_rules(factor)
         t = time.perf_counter()
-        compile_trigger(rs)
+        trigger = compile_trigger(rs)
         compile_s = time.perf_counter() - t
+        time_prefilter(rds, trigger)  # builds its DFA
+        re2_s, _ = time_prefilter(rds, trigger)
         times = []
         for _ in range(args.repeats):
             dt, _pk = check_verdict(rds, rs)
             times.append(dt)
-        sp = Spread.of(times)
-        base_t = base_t or sp.median
+        rsp = Spread.of(times)
+        base_t = base_t or rsp.median
         rule_x.append(len(rs.rules))
-        rule_y.append(sp.median)
+        rule_y.append(rsp.median)
         rule_rows.append([f"x{factor}", f"{len(rs.rules)}", f"{parse_s * 1000:.0f}",
-                          f"{compile_s * 1000:.0f} (x{RANKS} files)", fmt_s(sp),
-                          rate(rds.bytes, sp.median), f"{sp.median / base_t:.2f}"])
-        log(f"rules x{factor}: {sp.median:.2f} s")
+                          f"{compile_s * 1000:.0f} (x{RANKS} files)", fmt_s(rsp),
+                          rate(rds.bytes, rsp.median), f"{rsp.median / base_t:.2f}",
+                          f"{re2_s:.2f}", f"{rsp.median - re2_s:.2f}"])
+        log(f"rules x{factor}: {rsp.median:.2f} s")
 
     # -- report
     print(f"## `trainguard diagnose` throughput ({RANKS} rank logs, one buried gpu_oom)\n")
@@ -914,7 +928,8 @@ def main() -> int:
         verdict = "met" if t_1g < args.target_s else "MISSED"
         print(f"Target for 1 GiB: < {args.target_s:g} s; measured {t_1g:.2f} s: {verdict}.")
         print(f"Memory: process peak RSS (getrusage ru_maxrss) {rss_before:.0f} MiB before the "
-              f"first diagnose, {rss_after_1g:.0f} MiB after the 1024 MiB runs; per-run peak "
+              f"first diagnose (imports, the generator's calibration), {rss_after_1g:.0f} MiB "
+              "after the 1024 MiB runs; per-run peak "
               f"(VmHWM, reset before each run): {peaks.get(1024) or 0:.0f} MiB at 1024 MiB, "
               f"{peaks.get(sizes[0]) or 0:.0f} MiB at {sizes[0]} MiB.")
     else:
@@ -925,7 +940,8 @@ def main() -> int:
           "under new ids after the originals; `rules=` passed, so each file compiles its own "
           "RE2 trigger): median of {} (min-max).\n".format(args.repeats))
     print(markdown_table(["rules", "count", "parse ms", "trigger compile ms", "diagnose s",
-                          "MiB/s", "vs x1"], rule_rows))
+                          "MiB/s", "vs x1", "of which RE2 prefilter s (alone, warm)",
+                          "the rest s (Python on hit lines, DFA warm-up)"], rule_rows))
     print()
     ra, rb, rr2 = fit_line(rule_x, rule_y)
     print(f"Scaling with rules: diagnose s ≈ {ra:.2f} + {rb * 100:.3f} * (rules/100) "

@@ -34,6 +34,9 @@ TRACEBACK_LINES = 400  # a traceback longer than this is cut
 TRACEBACK_RESERVE = 256 << 10  # bytes kept for a traceback that starts near a chunk's end
 
 _TB_HEADER = "Traceback (most recent call last):"
+# a regex's escapes, character classes and single characters; the anchors among them
+_REGEX_TOKEN = re.compile(r"\\.|\[\^?\]?(?:\\.|[^\]\\])*\]|.", re.DOTALL)
+_ANCHORS = ("^", "$", r"\A", r"\Z", r"\z")
 _CHAIN_MARKERS = ("During handling of the above exception", "The above exception was the direct")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
 _EXTRA_TRIGGER = (
@@ -53,6 +56,7 @@ _EXIT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(rf"task (?P<rank>{_N}): Exited with exit code (?P<code>{_N})"), ""),
     (re.compile(rf"exits with return code = (?P<code>-?{_N})"), ""),
     (re.compile(r"died with <Signals\.(?P<sig>SIG[A-Z]+): \d+>"), ""),
+    (re.compile(r"Signal \d+ \((?P<sig>SIG[A-Z]+)\) received by PID"), ""),
     (re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"), ""),
 )
 _SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8,
@@ -60,7 +64,7 @@ _SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "S
 _WORDS = {"Killed": -9, "Segmentation fault": -11, "Bus error": -7, "Aborted": -6,
           "Terminated": -15}
 _CKPT_FRAME = re.compile(r"distributed/(?:_shard/)?checkpoint/|load_checkpoint|load_state_dict"
-                         r"|_load_from_state_dict|load_sharded|resume_from_checkpoint")
+                         r"|_load_from_state_dict|load_sharded|resume_from_checkpoint|load_state\b")
 
 
 def _exit_code(text: str) -> tuple[int | None, int | None]:
@@ -106,6 +110,7 @@ class FileScan:
     _skipping: bool = False  # inside a line longer than MAX_LINE (or cut by start_mid_file)
     _skip_counts: bool = False  # the newline that ends the skipped line is not counted yet
     _streams: dict[int | None, _Stream] = field(default_factory=dict)
+    _consumed: set[int] = field(default_factory=set)  # offsets of parsed traceback lines
     _last_at: datetime | None = None
     _year: int | None = None
 
@@ -158,28 +163,28 @@ class FileScan:
         """
         counted = 0  # bytes of buf whose newlines are already counted in self.lines
         skip_until = 0
-        for m in self.trigger.finditer(buf):  # type: ignore[attr-defined]
+        # one search per line hit, from the next line on (a line with a thousand hits costs
+        # no more than a line with one)
+        search = self.trigger.search  # type: ignore[attr-defined]
+        while (m := search(buf, skip_until)) is not None:
             pos = m.start()
-            if pos < skip_until:
-                continue
             ls = buf.rfind(b"\n", 0, pos) + 1
             le = buf.find(b"\n", pos)
             self.lines += buf.count(b"\n", counted, ls)
             counted = ls
             raw = buf[ls:le]
-            if _TB_HEADER.encode() in raw[:MAX_TEXT * 4]:  # the part of a line that is read
-                resume = self._traceback(buf, ls, le, base)
-                if resume is None:  # it runs past the end of buf
-                    if not final and len(buf) - ls + after < TRACEBACK_RESERVE:
-                        return ls  # carry it over to the next chunk
-                    resume = le + 1  # no exception line: scan its lines as usual
-                skip_until = resume
-                self.lines += buf.count(b"\n", counted, min(skip_until, len(buf)))
-                counted = min(skip_until, len(buf))
-                continue
-            self._line(raw, self.lines + 1, base + ls)
             skip_until = le + 1
+            if base + ls in self._consumed:  # a line of a traceback parsed already
+                self._consumed.discard(base + ls)
+            elif _TB_HEADER.encode() in raw[:MAX_TEXT * 4]:  # (the part of a line read)
+                if self._traceback(buf, ls, le, base) is None and not final \
+                        and len(buf) - ls + after < TRACEBACK_RESERVE:
+                    self._consumed = {o for o in self._consumed if o >= base + ls}
+                    return ls  # it runs past the end of buf: carry it over to the next chunk
+            else:
+                self._line(raw, self.lines + 1, base + ls)
         self.lines += buf.count(b"\n", counted)
+        self._consumed.clear()  # (lines without a hit are never looked up)
         return len(buf)
 
     def _decode(self, raw: bytes) -> str:
@@ -230,16 +235,16 @@ class FileScan:
             return at, False
         return self._last_at, self._last_at is not None
 
-    def _traceback(self, buf: bytes, ls: int, le: int, base: int) -> int | None:
-        """Parse the traceback whose header is the line at ls; returns where scanning resumes,
-        or None when buf ends first (before its exception line, another traceback header of
-        its stream, or TRACEBACK_LINES lines).
+    def _traceback(self, buf: bytes, ls: int, le: int, base: int) -> bool | None:
+        """Parse the traceback whose header is the line at ls: True when it ends in an
+        exception line (then its lines are in _consumed), False when it was cut (a new header
+        of its stream, TRACEBACK_LINES lines: its lines are scanned as usual), None when buf
+        ends first.
 
-        Lines of the same stream (same rank prefix) belong to it; lines of other streams in
-        between, and unindented lines of its own that are no exception line (another thread's
-        warning), are scanned as usual. A new header of the same stream means this traceback
-        was cut before its exception line: then every line after the header is scanned as
-        usual.
+        Lines of the same stream (same rank prefix) belong to it, but for unindented ones that
+        are no exception line (another thread's warning): those are scanned as usual, before
+        the exception. Lines of other streams in between (their own tracebacks too) are left
+        to be scanned as usual.
         """
         header = split_prefix(self._decode(buf[ls:le]))
         rank = self._rank_of(header.rank)
@@ -247,42 +252,41 @@ class FileScan:
         # of the traceback too, with the same width: cut that many characters
         col = max(header.text.find(_TB_HEADER), 0)
         stream = self._streams.setdefault(rank, _Stream())
-        first_line = self.lines + 1
         frames: list[tuple[str, str, str]] = []
-        others: list[tuple[bytes, int, int]] = []  # lines of other streams in between
-        pos, n, line_no = le + 1, 0, first_line
+        mine: list[int] = []  # offsets of its lines
+        between: list[tuple[bytes, int, int]] = []  # unindented lines of its stream
+        pos, n, line_no = le + 1, 0, self.lines + 1
         while pos < len(buf) and n < TRACEBACK_LINES:
             end = buf.find(b"\n", pos)
             end = len(buf) if end < 0 else end
             line_no += 1
             n += 1
-            raw = buf[pos:end]
-            pre = split_prefix(self._decode(raw))
-            line_rank = self._rank_of(pre.rank)
-            if line_rank != rank:
-                if self.trigger.search(raw):  # type: ignore[attr-defined]
-                    others.append((raw, line_no, base + pos))
-                pos = end + 1
-                continue
-            text = _cut(pre.text, col)
-            fm = _FRAME.match(text)
-            if fm:
-                frames.append((fm.group(1), fm.group(2), fm.group(3).strip()))
-            elif text[:1] not in (" ", "\t", ""):
-                if text.startswith(_TB_HEADER):
-                    return le + 1  # the last one was cut: scan its lines as usual
-                exc = EXCEPTION_LINE.match(text)
-                if exc is not None:
-                    for other in others:
-                        self._line(*other)
-                    self._exception(text, exc, frames, line_no, base + pos, pre, stream, rank)
-                    return end + 1
-                if self.trigger.search(raw):  # type: ignore[attr-defined]
-                    others.append((raw, line_no, base + pos))
+            pre = split_prefix(self._decode(buf[pos:end]))
+            if self._rank_of(pre.rank) == rank:
+                text = _cut(pre.text, col)
+                fm = _FRAME.match(text)
+                if fm:
+                    frames.append((fm.group(1), fm.group(2), fm.group(3).strip()))
+                elif text[:1] not in (" ", "\t", ""):
+                    if text.startswith(_TB_HEADER):
+                        return False  # the last one was cut before its exception line
+                    exc = EXCEPTION_LINE.match(text)
+                    if exc is not None:
+                        for raw, no, at in between:
+                            self._line(raw, no, at)
+                            self._consumed.add(at)
+                        self._consumed.update(mine)
+                        self._consumed.add(base + pos)
+                        self._exception(text, exc, frames, line_no, base + pos, pre, stream,
+                                        rank)
+                        return True
+                    if self.trigger.search(buf[pos:end]):  # type: ignore[attr-defined]
+                        between.append((buf[pos:end], line_no, base + pos))
+                    pos = end + 1
+                    continue
+                mine.append(base + pos)
             pos = end + 1
-        if pos >= len(buf) and n < TRACEBACK_LINES:
-            return None
-        return le + 1  # no exception line (a cut paste): scan the lines as usual
+        return None if pos >= len(buf) and n < TRACEBACK_LINES else False
 
     def _exception(self, text: str, exc: re.Match[str] | None,
                    frames: list[tuple[str, str, str]], line_no: int, offset: int,
@@ -358,31 +362,7 @@ def _unanchor(pattern: str) -> str:
     """The pattern without its anchors (^ $ \\A \\Z outside character classes): the rules
     match a line stripped of its prefixes, the trigger runs over raw chunks, so it must find
     `Killed` in `[rank3]: Killed` for a rule `^Killed$`."""
-    out: list[str] = []
-    i, in_class = 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            esc = pattern[i:i + 2]
-            if in_class or esc not in ("\\A", "\\Z", "\\z"):
-                out.append(esc)
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":  # a class: `[^...]`, and a `]` right after `[` or `[^` is literal
-            j = i + 1
-            j += pattern.startswith("^", j)
-            j += pattern.startswith("]", j)
-            out.append(pattern[i:j])
-            i, in_class = j, True
-            continue
-        elif c in "^$":
-            i += 1
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
+    return "".join(t for t in _REGEX_TOKEN.findall(pattern) if t not in _ANCHORS)
 
 
 def scan_bytes(rules: RuleSet, trigger: object, name: str, chunks: Iterable[bytes],

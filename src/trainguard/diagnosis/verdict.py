@@ -199,9 +199,13 @@ def _order(cands: list[_Candidate]) -> list[_Candidate]:
 def _pick(cands: list[_Candidate]) -> _Candidate:
     best = min(c.tier for c in cands)
     tier = [c for c in cands if c.tier == best]
-    if best == _TIER[Role.SYMPTOM]:  # symptoms only: the most specific kind, then earliest
-        top = min(c.rule.priority if c.rule else 1000 for c in tier)
-        tier = [c for c in tier if (c.rule.priority if c.rule else 1000) == top]
+    if best == _TIER[Role.SYMPTOM]:
+        # symptoms only: the most specific kind (a launcher's summary is the least), then
+        # the earliest
+        def rank(c: _Candidate) -> tuple[bool, int]:
+            return (c.category == Category.OTHER, c.rule.priority if c.rule else 1000)
+        top = min(rank(c) for c in tier)
+        tier = [c for c in tier if rank(c) == top]
     root = _order(tier)[0]
     if root.category == Category.KILLED_BY_SIGNAL_UNKNOWN:
         # a stop that comes after a collective timeout is someone's answer to the hang
@@ -223,13 +227,20 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
             or f.at <= detected_at]
     cands = [c for f in seen if (c := _from_finding(f, rules)) is not None]
     exit_ranks = set()
+    # ranks whose own lines (not an exit notice about them) say what went wrong
+    explained = {c.rank for c in cands if c.tier <= _TIER[Role.SYMPTOM]
+                 and c.finding is not None and c.finding.returncode is None
+                 and c.category != Category.OTHER}
     for f in seen:
         if f.returncode is not None:
-            c = _from_exit(_rank(f), f.returncode, None, f.at, f)
+            rank = _rank(f)
+            if signal_of(f.returncode) == _SIGABRT and (rank in explained or (
+                    rank is None and explained)):
+                continue  # an abort the log explains (the NCCL watchdog, std::terminate)
+            c = _from_exit(rank, f.returncode, None, f.at, f)
             if c is not None:
                 cands.append(c)
                 exit_ranks.add(_rank(f))
-    explained = {c.rank for c in cands if c.tier <= _TIER[Role.SYMPTOM]}
     for e in exits:
         if e.failed and not (signal_of(e.returncode) == _SIGABRT and e.rank in explained):
             # (an abort its own log explains: the NCCL watchdog, std::terminate, an assert)
@@ -281,13 +292,13 @@ def _diagnosis(root: _Candidate, others: list[_Candidate],
     node = root.finding.node if root.finding is not None else None
     if node is None and root.rank is not None:
         node = next((e.node for e in exits if e.rank == root.rank), None)
-    who = f"rank {root.rank}" if root.rank is not None else "the job"
+    who = f"rank {root.rank}: " if root.rank is not None else ""
     if root.summary is not None:
         summary = root.summary
     elif root.finding is not None:
-        summary = f"{who}: {root.finding.text.strip()[:300]}"
+        summary = f"{who}{root.finding.text.strip()[:300]}"
     else:
-        summary = f"{who}: {root.category.value}"
+        summary = f"{who}{root.category.value}"
     conf = root.confidence
     rivals = {c.category for c in others if c.tier == root.tier and c.rank != root.rank}
     if rivals - {root.category}:
