@@ -104,3 +104,27 @@ def test_duplicate_id_names_the_rule() -> None:
         parse_rules(rules_text(rule_yaml(), rule_yaml(pattern="SXid")))
     msg = str(err.value)
     assert "my-rule" in msg and "id" in msg and "unique" in msg, msg
+
+
+def test_the_re2_rule_set_picks_the_same_rule_as_python_re_on_every_corpus_line() -> None:
+    """The scanner asks an RE2 set which rules may match, then confirms with Python's re:
+    it must agree with trying every rule in order (RuleSet.match), line by line."""
+    from pathlib import Path
+
+    from trainguard.diagnosis.lines import split_prefix
+    from trainguard.diagnosis.trigger import compile_trigger
+
+    rules = load_rules()
+    trigger = compile_trigger(rules)
+    assert trigger.rule_set is not None
+    data = Path(__file__).resolve().parents[1] / "data" / "diagnosis"
+    checked = 0
+    for log in sorted(data.glob("*/*/*.log")):
+        for raw in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            text = split_prefix(raw).text
+            for exc in (False, True):
+                want = rules.match(text, is_exception=exc)
+                got = trigger.match(text, is_exception=exc)
+                assert got is want, (log.name, text[:200], want and want.id, got and got.id)
+                checked += 1
+    assert checked > 5_000

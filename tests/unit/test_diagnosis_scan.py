@@ -360,9 +360,6 @@ def test_a_tail_scan_keeps_true_line_numbers_and_offsets(tmp_path: Path) -> None
     assert scan_file(path, tail_bytes=len(data) * 2) == whole
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sources.py: scan_file(tail_bytes=...) always skips the first (partial) line of the tail, "
-    "even when the cut falls exactly at a line start: that whole line is lost"))
 def test_a_tail_that_starts_exactly_at_a_line_keeps_that_line(tmp_path: Path) -> None:
     path = tmp_path / "rank-2.log"
     data = b"step 1\nstep 2\n" + OOM.encode() + b"\nstep 4\n"
@@ -428,10 +425,6 @@ def test_a_sigkilled_rank_beats_the_connection_resets_it_caused(
     assert resets and resets[0].count == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "verdict.py: a bare exception line (no traceback) is its stream's last chain, so it is "
-    "final and the fatal_only import-error rule counts it as a cause, though the rank died "
-    "of SIGKILL; a rank killed by a signal did not die of a logged exception line"))
 @pytest.mark.parametrize("oom_killed", [True, False, None])
 def test_a_stray_import_warning_in_a_sigkilled_rank_is_not_the_cause(
         oom_killed: bool | None) -> None:

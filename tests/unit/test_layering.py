@@ -16,7 +16,8 @@ PKG = "trainguard"
 # Decisions and data: no I/O, no processes, no torch.
 PURE = ("spec", "policy", "records", "protocol", "exitcodes", "errors", "logformat",
         "diagnosis", "diagnosis.taxonomy", "diagnosis.findings", "diagnosis.lines",
-        "diagnosis.rules", "diagnosis.scan", "diagnosis.verdict", "diagnosis.attempt")
+        "diagnosis.rules", "diagnosis.scan", "diagnosis.verdict", "diagnosis.attempt",
+        "diagnosis.trigger")
 # Modules that do I/O or drive processes (prefix match: cli covers cli_run, cli_read).
 IO_MODULES = ("agent", "procs", "logs", "store", "controller", "launch", "cli", "guardian",
               "incidents", "paths", "__main__", "diagnosis.sources")

@@ -13,8 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import re2
-
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import (
     CODE_LINE,
@@ -26,6 +24,9 @@ from trainguard.diagnosis.lines import (
     split_prefix,
 )
 from trainguard.diagnosis.rules import RuleSet
+from trainguard.diagnosis.trigger import Trigger, compile_trigger
+
+__all__ = ["FileScan", "compile_trigger", "scan_bytes"]
 
 MAX_LINE = 1 << 20  # longer lines are cut here (and the rest skipped)
 MAX_TEXT = 2000  # characters of a line kept in a finding
@@ -34,17 +35,8 @@ TRACEBACK_LINES = 400  # a traceback longer than this is cut
 TRACEBACK_RESERVE = 256 << 10  # bytes kept for a traceback that starts near a chunk's end
 
 _TB_HEADER = "Traceback (most recent call last):"
-# a regex's escapes, character classes and single characters; the anchors among them
-_REGEX_TOKEN = re.compile(r"\\.|\[\^?\]?(?:\\.|[^\]\\])*\]|.", re.DOTALL)
-_ANCHORS = ("^", "$", r"\A", r"\Z", r"\z")
 _CHAIN_MARKERS = ("During handling of the above exception", "The above exception was the direct")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
-_EXTRA_TRIGGER = (
-    r"Traceback \(most recent call last\)|\w(?:Error|Exception|Exit|Interrupt)\b"
-    r"|exitcode\s*:\s*-?\d+|exitcode: -?\d+|terminated with (?:signal|exit code)"
-    r"|task \d+: |exits with return code|During handling of the above exception|died with <Signals"
-    r"|The above exception was the direct"
-)
 _N = r"\d{1,9}(?!\d)"  # a rank or exit code: int() of a 5000-digit run would raise
 _EXIT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(rf"failed \(exitcode: (?P<code>-?{_N})\) local_rank: (?P<rank>{_N})"), ""),
@@ -99,7 +91,7 @@ class FileScan:
 
     rules: RuleSet
     name: str
-    trigger: object  # the compiled RE2 prefilter
+    trigger: Trigger  # the compiled prefilter and rule set
     default_rank: int | None = None
     force_rank: bool = False  # the file is one rank's (a launcher's log): ignore prefixes
     findings: list[Finding] = field(default_factory=list)
@@ -114,11 +106,13 @@ class FileScan:
     _last_at: datetime | None = None
     _year: int | None = None
 
-    def start_mid_file(self, offset: int, lines_before: int) -> None:
-        """The bytes fed next start at `offset`, after `lines_before` newlines; the partial
-        line there is skipped."""
-        self._offset, self.lines, self._skipping = offset, lines_before, True
-        self._skip_counts = True
+    def start_mid_file(self, offset: int, lines_before: int, mid_line: bool = True) -> None:
+        """The bytes fed next start at `offset`, after `lines_before` newlines; when that is
+        inside a line (`mid_line`), the rest of that line is skipped."""
+        self._offset, self.lines = offset, lines_before
+        if mid_line:
+            self._skipping = True
+            self._skip_counts = True
 
     def feed(self, data: bytes) -> None:
         if self._skipping:
@@ -165,7 +159,7 @@ class FileScan:
         skip_until = 0
         # one search per line hit, from the next line on (a line with a thousand hits costs
         # no more than a line with one)
-        search = self.trigger.search  # type: ignore[attr-defined]
+        search = self.trigger.search
         while (m := search(buf, skip_until)) is not None:
             pos = m.start()
             ls = buf.rfind(b"\n", 0, pos) + 1
@@ -202,7 +196,7 @@ class FileScan:
             return None
         at, inherited = self._time(pre.at, text)
         exc = EXCEPTION_LINE.match(text) or EXCEPTION_IN_LINE.search(text[:200])
-        rule = self.rules.match(text, is_exception=exc is not None)
+        rule = self.trigger.match(text, is_exception=exc is not None)
         code_rank, code = _exit_code(text)
         if exc is None and rule is None and code is None:
             return None
@@ -280,7 +274,7 @@ class FileScan:
                         self._exception(text, exc, frames, line_no, base + pos, pre, stream,
                                         rank)
                         return True
-                    if self.trigger.search(buf[pos:end]):  # type: ignore[attr-defined]
+                    if self.trigger.search(buf[pos:end]):
                         between.append((buf[pos:end], line_no, base + pos))
                     pos = end + 1
                     continue
@@ -298,7 +292,7 @@ class FileScan:
         deepest = frames[-1] if frames else None
         frame = user[-1] if user else None
         at, inherited = self._time(getattr(pre, "at", None), text)
-        rule = self.rules.match(text, is_exception=True)
+        rule = self.trigger.match(text, is_exception=True)
         self._add(Finding(
             file=self.name, line=line_no, offset=offset, text=text[:MAX_TEXT], rank=rank,
             node=getattr(pre, "node", None), at=at, at_inherited=inherited,
@@ -339,33 +333,7 @@ def _short(path: str) -> str:
     return "/".join(parts[-2:]) if len(parts) > 2 else path
 
 
-def compile_trigger(rules: RuleSet) -> object:
-    """The RE2 prefilter: every rule's pattern, unanchored, plus tracebacks and exit notices.
-
-    No match spans a newline (never_nl), so what a chunk's lines hit does not depend on where
-    the chunk ends. A rules file with a pattern RE2 cannot run (a lookaround, a backreference)
-    gets Python's slower `re` instead.
-    """
-    parts = [f"(?:{_unanchor(r.regex.pattern)})" for r in rules.rules if not r.exception]
-    parts.append(_EXTRA_TRIGGER)
-    pattern = "|".join(parts)
-    opts = re2.Options()
-    opts.max_mem = 256 << 20
-    opts.never_nl = True
-    try:
-        return re2.compile(pattern.encode(), opts)
-    except re2.error:
-        return re.compile(pattern.encode())
-
-
-def _unanchor(pattern: str) -> str:
-    """The pattern without its anchors (^ $ \\A \\Z outside character classes): the rules
-    match a line stripped of its prefixes, the trigger runs over raw chunks, so it must find
-    `Killed` in `[rank3]: Killed` for a rule `^Killed$`."""
-    return "".join(t for t in _REGEX_TOKEN.findall(pattern) if t not in _ANCHORS)
-
-
-def scan_bytes(rules: RuleSet, trigger: object, name: str, chunks: Iterable[bytes],
+def scan_bytes(rules: RuleSet, trigger: Trigger, name: str, chunks: Iterable[bytes],
                default_rank: int | None = None, force_rank: bool = False) -> list[Finding]:
     scan = FileScan(rules, name, trigger, default_rank if default_rank is not None
                     else file_rank(name), force_rank)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -17,8 +18,9 @@ from typing import BinaryIO, cast
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import file_rank
 from trainguard.diagnosis.rules import RuleSet, load_rules
-from trainguard.diagnosis.scan import FileScan, compile_trigger, scan_bytes
+from trainguard.diagnosis.scan import FileScan, scan_bytes
 from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.diagnosis.trigger import Trigger, compile_trigger
 from trainguard.diagnosis.verdict import RankExit, diagnose
 from trainguard.errors import DiagnoseError
 
@@ -28,7 +30,7 @@ SKIP_SUFFIXES = (".db", ".db-wal", ".db-shm", ".yaml", ".yml", ".json", ".lock",
 
 
 @cache
-def default_trigger() -> object:
+def default_trigger() -> Trigger:
     return compile_trigger(load_rules())
 
 
@@ -52,7 +54,8 @@ def _open(path: Path) -> BinaryIO:
 
 
 def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
-              tail_bytes: int | None = None, rules: RuleSet | None = None) -> list[Finding]:
+              tail_bytes: int | None = None, rules: RuleSet | None = None,
+              trigger: Trigger | None = None) -> list[Finding]:
     """Findings of one log file (gzip read transparently). OSError propagates.
 
     `rank`: the file is that rank's alone (rank prefixes in it are ignored).
@@ -60,7 +63,8 @@ def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
     the skipped part are counted, which is fast).
     """
     rules = rules or load_rules()
-    trigger = default_trigger() if rules is load_rules() else compile_trigger(rules)
+    if trigger is None or trigger.rules is not rules:
+        trigger = default_trigger() if rules is load_rules() else compile_trigger(rules)
     label = name or str(path)
     scan = FileScan(rules, label, trigger, rank if rank is not None else file_rank(label),
                     force_rank=rank is not None)
@@ -69,7 +73,10 @@ def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
             size = os.fstat(fh.fileno()).st_size
             if size > tail_bytes:
                 skip = size - tail_bytes
-                scan.start_mid_file(skip, _count_lines(fh, skip))
+                before = _count_lines(fh, skip)
+                fh.seek(skip - 1)
+                mid_line = fh.read(1) != b"\n"
+                scan.start_mid_file(skip, before, mid_line)
         for chunk in _chunks(fh):
             scan.feed(chunk)
     return scan.finish()
@@ -95,6 +102,11 @@ class Report:
     problems: list[str] = field(default_factory=list)  # files that could not be read
     attempt: int | None = None
     job_dir: str | None = None
+
+
+def _printable(name: str) -> str:
+    """A file name as text: bytes that are not UTF-8 (surrogate-escaped) become U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _log_files(d: Path) -> list[Path]:
@@ -131,6 +143,7 @@ def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
                    rules: RuleSet | None = None) -> Report:
     """Diagnose job dirs and/or log files (directories of logs are walked)."""
     rules = rules or load_rules()
+    trigger = default_trigger() if rules is load_rules() else compile_trigger(rules)
     report = Report(None)
     files: list[tuple[Path, str]] = []
     exits: list[RankExit] = []
@@ -144,18 +157,19 @@ def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
             found = _log_files(p)
             if not found:
                 report.problems.append(f"{p}: a directory with no log files in it")
-            files += [(f, str(f)) for f in found]
+            files += [(f, _printable(str(f))) for f in found]
         elif p.exists():
-            files.append((p, str(p)))
+            files.append((p, _printable(str(p))))
         else:
             report.problems.append(f"{p}: no such file or directory")
     findings: list[Finding] = []
     for path, name in files:
         try:
-            findings += scan_file(path, name, rules=rules)
+            findings += scan_file(path, name, rules=rules, trigger=trigger)
             report.files.append(name)
-        except OSError as e:
-            report.problems.append(f"{name}: cannot read it ({e.strerror or e})")
+        except (OSError, EOFError, zlib.error) as e:  # EOFError, zlib: a damaged .gz
+            what = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            report.problems.append(f"{name}: cannot read it ({what})")
     if not report.files and not exits:
         raise DiagnoseError("; ".join(report.problems) or "nothing to read: pass a job dir "
                             "(the one `trainguard run` printed) or log files")

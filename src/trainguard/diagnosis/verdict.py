@@ -225,6 +225,11 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
     """
     seen = [f for f in findings if detected_at is None or f.at is None or f.at_inherited
             or f.at <= detected_at]
+    # a rank killed by a signal did not die of an exception line it printed without a
+    # traceback (a warning such as "ImportError: no apex, using native")
+    killed = {e.rank for e in exits if e.failed and signal_of(e.returncode) is not None}
+    seen = [f.model_copy(update={"final": False})
+            if f.final and not f.traceback and f.rank in killed else f for f in seen]
     cands = [c for f in seen if (c := _from_finding(f, rules)) is not None]
     exit_ranks = set()
     # ranks whose own lines (not an exit notice about them) say what went wrong
@@ -277,6 +282,8 @@ def _symptoms(root: _Candidate, others: list[_Candidate]) -> tuple[Evidence, ...
     for c in _order(others):
         if c.tier == _TIER[Role.HINT]:
             continue
+        if c.at is not None and root.at is not None and c.at < root.at:
+            continue  # it came before the root cause: the root does not explain it
         groups.setdefault(c.key if c.finding is not None else f"exit-{c.rank}", []).append(c)
     out = []
     for members in groups.values():
