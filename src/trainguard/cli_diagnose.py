@@ -83,7 +83,8 @@ def _verdict_lines(d: Diagnosis) -> list[str]:
     if d.culprit.node:
         who.append(f"node {d.culprit.node}")
     if d.culprit.frame:
-        who.append(f"raised at {d.culprit.frame}")
+        where = " (from inside a library it called)" if d.culprit.in_library else ""
+        who.append(f"raised at {d.culprit.frame}{where}")
     if who:
         out.append(f"  culprit: {', '.join(who)}")
     if d.evidence is not None:

@@ -325,7 +325,7 @@ def test_a_diagnosis_serialises_its_verdict_and_culprit() -> None:
     d = only(fact(1, -signal.SIGKILL))
     out = d.to_dict()
     assert out["restart_helps"] == "maybe"
-    assert out["culprit"] == {"rank": 1, "node": None, "frame": None}
+    assert out["culprit"] == {"rank": 1, "node": None, "frame": None, "in_library": None}
     assert out["symptoms"] == []
 
 

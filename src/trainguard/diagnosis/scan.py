@@ -49,6 +49,7 @@ _EXIT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(rf"exits with return code = (?P<code>-?{_N})"), ""),
     (re.compile(r"died with <Signals\.(?P<sig>SIG[A-Z]+): \d+>"), ""),
     (re.compile(r"Signal \d+ \((?P<sig>SIG[A-Z]+)\) received by PID"), ""),
+    (re.compile(rf"WTERMSIG (?P<code>{_N})\b"), "negate"),
     (re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"), ""),
 )
 _SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8,
@@ -61,7 +62,7 @@ _CKPT_FRAME = re.compile(r"distributed/(?:_shard/)?checkpoint/|load_checkpoint|l
 
 def _exit_code(text: str) -> tuple[int | None, int | None]:
     """(rank or None, returncode) from a launcher's or shell's exit notice, if the line is one."""
-    for rx, _ in _EXIT_PATTERNS:
+    for rx, kind in _EXIT_PATTERNS:
         m = rx.search(text)
         if m is None:
             continue
@@ -73,6 +74,8 @@ def _exit_code(text: str) -> tuple[int | None, int | None]:
             code = _WORDS[g["word"]]
         else:
             code = int(g["code"])
+            if kind == "negate":  # a signal number: report it as Popen does (-N)
+                code = -code
         return rank, code
     return None, None
 

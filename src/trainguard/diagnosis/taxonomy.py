@@ -98,9 +98,11 @@ class Culprit:
     rank: int | None = None
     node: str | None = None
     frame: str | None = None  # "train.py:88 in forward": the user-code frame that raised
+    in_library: bool | None = None  # the exception came from inside a library's code
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "frame": self.frame}
+        return {"rank": self.rank, "node": self.node, "frame": self.frame,
+                "in_library": self.in_library}
 
 
 @dataclass(frozen=True)

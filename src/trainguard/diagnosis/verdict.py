@@ -312,7 +312,9 @@ def _diagnosis(root: _Candidate, others: list[_Candidate],
         conf -= 0.1
     return Diagnosis(
         root.category, root.domain, root.restart, summary, root.advice,
-        Culprit(root.rank, node, root.finding.frame if root.finding else None),
+        Culprit(root.rank, node, root.finding.frame if root.finding else None,
+                root.finding.library_frame if root.finding and root.finding.traceback
+                else None),
         _evidence(root) if root.finding is not None else None, _symptoms(root, others),
         root.isolate, round(max(conf, 0.05), 2),
         root.subcategory, root.rule.id if root.rule else None,
