@@ -8,12 +8,20 @@ trainguard, which takes the same flags and sets the same environment:
 It checkpoints every --ckpt-every steps with trainguard's checkpoint library and resumes
 from the newest valid checkpoint on start, and calls trainguard's fault injection after each
 step (set TRAINGUARD_FAULT to crash it).
+
+Knobs for hang-detection tests and demos (all off by default): --progress reports each step
+with trainguard.progress() (and marks slow saves as a phase), --quiet prints no step lines,
+--step-time/--step-jitter/--ckpt-pause shape the timing, and --loader-workers N makes the
+batches in DataLoader worker processes (where the `loaderhang` fault strikes).
 """
 
 import argparse
+import collections
+import contextlib
 import math
 import os
 import random
+import statistics
 import time
 
 import torch
@@ -21,9 +29,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
 
+import trainguard
 from trainguard.checkpoint import Checkpointer
-from trainguard.testing.faults import inject  # no-op unless TRAINGUARD_FAULT is set
+from trainguard.testing.faults import inject, inject_loader  # no-ops unless TRAINGUARD_FAULT
 
 # -----------------------------------------------------------------------------
 # knobs
@@ -38,7 +48,21 @@ parser.add_argument(
     help="checkpoint directory (default: $TRAINGUARD_CHECKPOINT_DIR, else ./checkpoints)",
 )
 parser.add_argument("--seed", type=int, default=1337, help="seed for the data and the model")
-parser.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (s)")
+parser.add_argument("--step-time", type=float, default=0.0,
+                    help="base sleep per step (s): slower, steady steps")
+parser.add_argument("--step-jitter", type=float, default=0.0, metavar="X",
+                    help="each step also sleeps a random extra of up to X times its own time "
+                    "(seeded by --seed, rank and step: reproducible)")
+parser.add_argument("--ckpt-pause", type=float, default=0.0, metavar="X",
+                    help="each checkpoint save also pauses X times the median time of the last 100 "
+                    "steps (a slow save); inside trainguard.phase('checkpoint') with --progress")
+parser.add_argument("--progress", action="store_true",
+                    help="call trainguard.progress(step) every step")
+parser.add_argument("--quiet", action="store_true",
+                    help="no step lines: print only the start and end summary")
+parser.add_argument("--loader-workers", type=int, default=0, metavar="N",
+                    help="make the batches in a torch DataLoader with N worker processes "
+                    "(0: in the training loop)")
 args = parser.parse_args()
 # model: 2 layers, 4 heads, d_model 64, context 32, vocabulary a..z
 vocab, block_size, n_layer, n_head, d_model = 26, 32, 2, 4, 64
@@ -75,6 +99,23 @@ def get_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows.append(word.repeat(reps)[offset : offset + block_size + 1])
     data = torch.stack(rows)
     return data[:, :-1], data[:, 1:]
+
+
+class StepBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Item `step` is the whole batch of that step (for a DataLoader with batch_size=None)."""
+
+    def __len__(self) -> int:
+        return int(args.steps) + 1
+
+    def __getitem__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inject_loader(step)  # TRAINGUARD_FAULT `loaderhang`: this worker blocks forever
+        return get_batch(step)
+
+
+def jitter_s(step: int, base_s: float) -> float:
+    """A random extra sleep in [0, --step-jitter * base_s), the same in every run."""
+    u = random.Random((args.seed * 1_000_003 + rank) * 1_000_003 + step).random()
+    return u * float(args.step_jitter) * base_s
 
 
 # -----------------------------------------------------------------------------
@@ -130,13 +171,21 @@ ckpt = Checkpointer(args.ckpt_dir, every_steps=args.ckpt_every)
 start_step = ckpt.load_latest(state) or 0  # the newest valid checkpoint, loaded in place
 if start_step:
     print(f"resumed from step {start_step}", flush=True)
+if args.quiet and rank == 0:
+    print(f"training steps {start_step + 1}..{args.steps}, no step lines", flush=True)
+batches = None  # --loader-workers: the batches come from DataLoader worker processes
+if args.loader_workers > 0:
+    steps_left = range(start_step + 1, args.steps + 1)
+    batches = iter(DataLoader(StepBatches(), batch_size=None, sampler=steps_left,
+                              num_workers=args.loader_workers))
 
 # -----------------------------------------------------------------------------
 # training loop: steps are numbered from 1; `step` is also the number of steps done
 loss_value = float("nan")
+step_times: collections.deque[float] = collections.deque(maxlen=100)  # for --ckpt-pause
 for step in range(start_step + 1, args.steps + 1):
     t0 = time.perf_counter()
-    x, y = get_batch(step)
+    x, y = next(batches) if batches is not None else get_batch(step)
     loss = ddp_model(x, y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()  # DDP all-reduces (averages) the gradients across ranks here
@@ -146,13 +195,24 @@ for step in range(start_step + 1, args.steps + 1):
     if args.step_time > 0:
         time.sleep(args.step_time)  # pretend to be a bigger model
     loss_value = loss.item()
-    dt_ms = (time.perf_counter() - t0) * 1000
-    print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt_ms:.1f}ms", flush=True)
+    if args.step_jitter > 0:
+        time.sleep(jitter_s(step, time.perf_counter() - t0))  # an uneven step
+    dt = time.perf_counter() - t0
+    step_times.append(dt)
+    if not args.quiet:
+        print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt * 1000:.1f}ms", flush=True)
+    if args.progress:
+        trainguard.progress(step)  # hang detection: this rank is still moving
 
-    if step == args.steps:
-        ckpt.save(step, state)  # the final state, whatever --ckpt-every says
-    else:
-        ckpt.maybe_save(step, state)  # every --ckpt-every steps; the loop goes on at once
+    saving = step == args.steps or (args.ckpt_every > 0 and step % args.ckpt_every == 0)
+    in_phase = saving and args.progress  # a slow save is slow on purpose: its own allowance
+    with trainguard.phase("checkpoint") if in_phase else contextlib.nullcontext():
+        if saving and args.ckpt_pause > 0:
+            time.sleep(args.ckpt_pause * statistics.median(step_times))  # a slow save
+        if step == args.steps:
+            ckpt.save(step, state)  # the final state, whatever --ckpt-every says
+        else:
+            ckpt.maybe_save(step, state)  # every --ckpt-every steps; the loop goes on at once
     inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
 
 ckpt.close()  # wait until the last save is durable

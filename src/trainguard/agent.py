@@ -22,16 +22,21 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from trainguard import procs
+from trainguard.activity import LivenessBook
 from trainguard.channel import ChannelServer
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.sources import scan_file, scan_lines
 from trainguard.errors import LaunchError
 from trainguard.logs import LogRouter, rank_log_path
 from trainguard.protocol import (
+    DumpStacks,
+    FrameMsg,
     NodeReport,
     Progress,
+    StackDump,
     StartWorkers,
     StopWorkers,
+    ThreadMsg,
     WorkerAssignment,
     WorkerFact,
     WorkerMessage,
@@ -51,6 +56,7 @@ class AgentAPI(Protocol):
     def start_workers(self, cmd: StartWorkers) -> NodeReport: ...
     def poll(self, wait_s: float = 0.0) -> NodeReport: ...
     def stop_workers(self, cmd: StopWorkers) -> NodeReport: ...
+    def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]: ...
     def close(self) -> None: ...
 
 
@@ -100,6 +106,7 @@ class NodeAgent:
         self._oom_base: int | None = None
         self._dead_file: Path | None = None
         self._job_dir: Path | None = None
+        self._liveness = LivenessBook()
         self._strays_reaped = 0.0
         procs.become_subreaper()
         self._guardian = procs.Guardian(marker)
@@ -122,6 +129,7 @@ class NodeAgent:
         for a in cmd.workers:
             self._workers.append(self._spawn(cmd, a, router, log_dir))
         self._router = router
+        self._liveness.reset({w.assignment.rank: w.proc.pid for w in self._workers})
         router.start()
         return self.poll()
 
@@ -187,6 +195,23 @@ class NodeAgent:
             self._router.close(timeout=2.0)
         return self._report()
 
+    def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
+        """Every running rank's Python stacks (py-spy), saved under cmd.out_dir."""
+        from trainguard.hang.dump import dump_stacks
+
+        pids = {w.assignment.rank: w.proc.pid for w in self._workers if not w.state.ended}
+        out = Path(cmd.out_dir)
+        found = dump_stacks(pids, out, timeout_s=cmd.timeout_s)
+        return [StackDump(
+            rank=rank, pid=rs.pid, error=rs.error,
+            files=[str(p) for p in sorted(out.glob(f"rank-{rank}.*"))],
+            threads=[ThreadMsg(thread_id=t.thread_id, name=t.name, idle=t.idle,
+                               owns_gil=t.owns_gil,
+                               frames=[FrameMsg(name=f.name, filename=f.filename, line=f.line,
+                                                native=f.native) for f in t.frames])
+                     for t in rs.threads])
+            for rank, rs in sorted(found.items())]
+
     def close(self) -> None:
         if any(not w.state.ended for w in self._workers):
             self.stop_workers(StopWorkers(grace_s=0, reason="agent closing"))
@@ -207,15 +232,38 @@ class NodeAgent:
             if p.last_step is None or step >= p.last_step:
                 p = p.model_copy(update={"last_step": step, "last_step_at": at})
             self._progress = p
+        self._liveness.progress(rank, step, at)
 
     def _report(self) -> NodeReport:
+        messages = [_message(m) for m in self._channel.drain()]
+        for m in messages:
+            self._liveness_message(m)
+        self._liveness.sample()
         with self._progress_lock:
             progress = self._progress
+        running = {w.assignment.rank for w in self._workers if not w.state.ended}
+        last_output = self._router.last_output() if self._router is not None else {}
         return NodeReport(node=self.node, attempt=self._attempt,
                           workers=[self._fact(w) for w in self._workers],
                           progress=progress, at=utcnow(),
-                          messages=[_message(m) for m in self._channel.drain()]
-                          + self._log_errors())
+                          messages=messages + self._log_errors(),
+                          liveness=self._liveness.report(running, last_output))
+
+    def _liveness_message(self, m: WorkerMessage) -> None:
+        """trainguard.progress / trainguard.phase / a checkpoint save: liveness signals."""
+        if m.rank is None:
+            return
+        step = m.data.get("step")
+        step = step if isinstance(step, int) else None
+        if m.kind == "progress" and step is not None:
+            self._on_progress(m.rank, step, m.at)
+        elif m.kind == "checkpoint_saved":
+            self._liveness.progress(m.rank, None, m.at)
+        elif m.kind == "phase":
+            timeout = m.data.get("timeout_s")
+            self._liveness.phase(m.rank, str(m.data.get("name")), str(m.data.get("state")),
+                                 m.at, float(timeout) if isinstance(timeout, (int, float))
+                                 else None)
 
     def _log_errors(self) -> list[WorkerMessage]:
         errors = self._router.take_errors() if self._router is not None else []

@@ -1,8 +1,9 @@
 """The agent's end of the worker channel: receives workers' JSON datagrams.
 
 Workers send with trainguard.worker.channel.send(); the agent binds an abstract Unix socket
-(no file to clean up, no path length limit) and takes what arrived at each poll; the
-kernel keeps unread datagrams meanwhile (a sender drops, never blocks, when it is full).
+(no file to clean up, no path length limit). A reader thread takes datagrams as they come,
+because the kernel queues only a few (net.unix.max_dgram_qlen, 10 by default) and a sender
+drops, never blocks, when the queue is full; each poll takes what the thread gathered.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import socket
+import threading
+from collections import deque
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-MAX_PER_DRAIN = 10_000
+MAX_KEPT = 100_000  # messages kept between two drains (the oldest go first)
 
 
 class ChannelServer:
@@ -24,26 +28,47 @@ class ChannelServer:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind("\0" + name.removeprefix("@"))
         self._sock.setblocking(False)
+        self._got: deque[dict[str, Any]] = deque(maxlen=MAX_KEPT)
+        self._lock = threading.Lock()  # every read happens under it: arrival order is kept
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="trainguard-channel",
+                                        daemon=True)
+        self._thread.start()
 
-    def drain(self) -> list[dict[str, Any]]:
-        """Every well-formed message received since the last drain, in arrival order."""
-        out: list[dict[str, Any]] = []
-        for _ in range(MAX_PER_DRAIN):
+    def _watch(self) -> None:
+        while not self._closed.is_set():
+            try:
+                ready, _, _ = select.select([self._sock], [], [], 0.2)
+            except (OSError, ValueError):  # closed
+                return
+            if ready:
+                with self._lock:
+                    self._read_all()
+
+    def _read_all(self) -> None:
+        while True:
             try:
                 data = self._sock.recv(65536)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
+            except (BlockingIOError, InterruptedError, OSError):
+                return
             try:
                 msg = json.loads(data)
             except ValueError:
                 log.debug("dropped a malformed worker message")
                 continue
             if isinstance(msg, dict) and isinstance(msg.get("kind"), str):
-                out.append(msg)
+                self._got.append(msg)
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Every well-formed message received since the last drain, in arrival order."""
+        with self._lock:
+            self._read_all()
+            out = list(self._got)
+            self._got.clear()
         return out
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
+        self._closed.set()
+        with self._lock, contextlib.suppress(OSError):
             self._sock.close()
+        self._thread.join(timeout=1.0)

@@ -78,6 +78,18 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _flag(h, "grace-period", dest="grace_period_s", type=float,
           help="SIGTERM -> SIGKILL delay when stopping workers (15)")
     _flag(h, "step-pattern", type=str, help="regex with the step number as group 1")
+    h.add_argument("--no-hang-detection", dest="hang_detection", action="store_false",
+                   default=S, help="do not watch for hangs")
+    _flag(h, "hang-timeout", dest="hang_timeout_s", type=float,
+          help="confirm a hang after this many s without progress (default: learned from "
+               "the job's step cadence)")
+    _flag(h, "hang-floor", dest="hang_floor_s", type=float,
+          help="the learned hang threshold is never below this (8 s)")
+    _flag(h, "hang-startup-timeout", dest="hang_startup_s", type=float,
+          help="allowance before the first step is seen (1800 s)")
+    h.add_argument("--restart-on-hang", action="store_true", default=S,
+                   help="on a confirmed hang, dump every rank's stack, stop and restart the "
+                        "ranks in place (at most 3 in a row; not from the restart budget)")
     h.add_argument("--save-on-exit", action="store_true", default=S,
                    help="workers using trainguard.checkpoint save the last completed step "
                         "when they are stopped (within the grace period)")

@@ -20,6 +20,7 @@ from trainguard.diagnosis.attempt import diagnose_attempt
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.errors import LaunchError
 from trainguard.exitcodes import ExitCode, describe_exit
+from trainguard.hang_watch import HangConfirmation, HangWatch
 from trainguard.policy import Action, Decision, History, decide
 from trainguard.protocol import NodeReport, StartWorkers, StopWorkers, WorkerAssignment, WorkerState
 from trainguard.recorder import Recorder
@@ -61,10 +62,15 @@ class SignalReceiver:
             signal.signal(s, h)  # type: ignore[arg-type]
 
 
+# restart upon suspension: at most this many in a row (progress resets the count)
+MAX_HANG_RESTARTS = 3
+
+
 @dataclass
 class _Outcome:
     report: NodeReport
     signal: int | None = None
+    hang: HangConfirmation | None = None
 
 
 class Controller:
@@ -78,6 +84,8 @@ class Controller:
         self._max_step_seen: int | None = None
         self._max_committed_before: int | None = None
         self._started_any = False
+        self._hangs = HangWatch(recorder, agent)
+        self._hang_restarts = 0
 
     def run(self) -> int:
         with self._signals:
@@ -101,6 +109,12 @@ class Controller:
                 return self._not_started(attempt, e)
             if outcome.signal is not None:
                 return self._stopped(attempt, outcome.signal)
+            if outcome.hang is not None:
+                next_type = self._after_hang(attempt, outcome.report, outcome.hang)
+                if isinstance(next_type, int):
+                    return next_type
+                attempt, start_type = attempt + 1, next_type
+                continue
             if not any(w.state == WorkerState.FAILED for w in outcome.report.workers):
                 return self._succeeded(attempt)
             next_type = self._after_failure(attempt, outcome.report)
@@ -116,6 +130,7 @@ class Controller:
         report = self.agent.start_workers(self._start_cmd(attempt, port))
         self._started_any = True
         self.rec.book.workers_started(report.at)
+        self._hangs.start_attempt(attempt, report.at)
         self.rec.sync(report)
         pids = ", ".join(f"rank {w.rank}: pid {w.pid}" for w in report.workers)
         if start_type in (StartType.FIRST_START, StartType.RELAUNCH):
@@ -154,6 +169,9 @@ class Controller:
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)
+            hang = self._hangs.observe(report)
+            if hang is not None and self.spec.restart_on_hang:
+                return _Outcome(report, hang=hang)
 
     def _stop(self, reason: str, dead: list[int] | None = None) -> NodeReport:
         """Stop what is left of the attempt (workers, their children) and read all logs."""
@@ -191,6 +209,38 @@ class Controller:
         if decision.action == Action.RESTART:
             return self._backoff(attempt, decision)
         return self._failed(attempt, decision, diag)
+
+    def _after_hang(self, attempt: int, report: NodeReport,
+                    hang: HangConfirmation) -> StartType | int:
+        """Restart upon suspension: stop the ranks, restart them in place (the restart budget
+        is not used); at most MAX_HANG_RESTARTS in a row without progress."""
+        if self._made_progress(report):
+            self._hang_restarts = 0
+        report = self._stop("a hang was confirmed")
+        stopped = utcnow()
+        self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
+                       f"stopped the hung workers (grace {self.spec.grace_period_s:g}s)",
+                       attempt=attempt)
+        restart = self._hang_restarts < MAX_HANG_RESTARTS
+        self.rec.book.attempt_hanged(attempt, hang.culprit.reason, hang.culprit.rank,
+                                     hang.verdict.last_progress_at, hang.confirmed_at, stopped,
+                                     report.progress, restart)
+        if not restart:
+            self.rec.event(Level.ERROR, Reason.HANG_RESTART_LIMIT_REACHED,
+                           f"{MAX_HANG_RESTARTS} restarts upon suspension in a row made no "
+                           "progress; giving up", attempt=attempt)
+            self.rec.event(Level.ERROR, Reason.JOB_FAILED,
+                           f"job failed: hung again after {MAX_HANG_RESTARTS} restarts in place",
+                           rank=hang.culprit.rank, attempt=attempt)
+            self.rec.finish(JobState.FAILED, ExitCode.FAILED)
+            return int(ExitCode.FAILED)
+        self._hang_restarts += 1
+        self.rec.set_meta(state=JobState.RESTARTING.value)
+        self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED,
+                       f"restart upon suspension {self._hang_restarts}/{MAX_HANG_RESTARTS} in a "
+                       "row (the restart budget is not used); restarting in place",
+                       attempt=attempt)
+        return StartType.SUSPENSION_RESTART
 
     def _backoff(self, attempt: int, decision: Decision) -> StartType | int:
         self.rec.set_meta(state=JobState.RESTARTING.value)

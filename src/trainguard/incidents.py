@@ -112,6 +112,38 @@ class IncidentBook:
         self._pending = (rec, inc) if restart else None
         self._save(rec)
 
+    def attempt_hanged(self, attempt: int, reason: str, culprit_rank: int | None,
+                       fault_at: datetime | None, detected: datetime, stopped: datetime,
+                       progress: Progress, restart: bool) -> None:
+        """A confirmed hang ended `attempt` (the ranks were stopped); restarted in place or not.
+
+        fault_at is the last progress before the hang, so detect = the detection latency.
+        """
+        rec = self.current
+        if rec is None:
+            return
+        self.progress_seen(progress)
+        self._close_pending(RecoverResult.FAILED, detected)
+        if progress.last_step is not None:
+            self._max_step = max(progress.last_step, self._max_step or progress.last_step)
+        now = utcnow()
+        inc = RecoverRecord(
+            attempt=attempt, recover_start_at=detected, fault_scenario=FaultScenario.JOB_HANGED,
+            reason=reason, related_task=_task(culprit_rank),
+            recover="process_restart" if restart else "none",
+            recover_result=RecoverResult.RECOVERING if restart else RecoverResult.QUOTA_EXCEEDED,
+            recover_end_at=None if restart else now, fault_at=fault_at or detected,
+            detected_at=detected, workers_stopped_at=stopped, decided_at=now,
+            backoff_s=0.0 if restart else None,
+            last_step_before=progress.last_step if progress.last_step is not None
+            else self._max_step, category="nccl_timeout_or_hang")
+        rec.recover_records.append(inc)
+        rec.end_at, rec.end_reason = stopped, f"hang: {reason}"
+        rec.end_related_task = _task(culprit_rank)
+        rec.end_recover = inc.recover
+        self._pending = (rec, inc) if restart else None
+        self._save(rec)
+
     def backoff_interrupted(self) -> None:
         """Stopped while waiting to restart: nothing runs; the open incident is terminated."""
         self._close_pending(RecoverResult.TERMINATED, utcnow())

@@ -97,6 +97,7 @@ class LogRouter:
         self._sel = selectors.DefaultSelector()
         self._tails: dict[int, deque[str]] = {}
         self._sinks: dict[int, _Sink] = {}
+        self._last_output: dict[int, datetime] = {}
         self._open: dict[int, int] = {}  # rank -> pipes not yet at end of file
         self._eof = threading.Condition()
         self._files: list[_Sink] = []
@@ -126,6 +127,11 @@ class LogRouter:
     def file_complete(self, rank: int) -> bool:
         """Every line of `rank` reached its log file (no write failed)."""
         return not any(sink.failed for r, sink in self._sinks.items() if r == rank)
+
+    def last_output(self) -> dict[int, datetime]:
+        """When each rank last printed a line."""
+        with self._lock:
+            return dict(self._last_output)
 
     def tail(self, rank: int) -> list[str]:
         with self._lock:
@@ -193,6 +199,7 @@ class LogRouter:
         texts = [b.decode("utf-8", "replace").rstrip("\r") for b in raw]
         stamped = stamp_lines(stamp, stream.name, texts)
         with self._lock:
+            self._last_output[stream.rank] = now
             stream.sink.write("\n".join(stamped) + "\n")
             stream.tail.extend(t[:TAIL_LINE_CHARS] for t in stamped)
         if stream.console:

@@ -106,6 +106,56 @@ class WorkerMessage(_Msg):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class RankLiveness(_Msg):
+    """What a node knows of one running rank's liveness (hang detection, liveness.py)."""
+
+    rank: int
+    last_step: int | None = None
+    last_progress_at: datetime | None = Field(
+        None, description="the latest progress: a step line, trainguard.progress(), a save")
+    intervals: list[float] = Field(default_factory=list,
+                                   description="seconds between progress events since the last "
+                                   "report (the job's step cadence)")
+    phase: str | None = Field(None, description="a phase the script marked (trainguard.phase)")
+    phase_since: datetime | None = None
+    phase_timeout_s: float | None = None
+    last_output_at: datetime | None = Field(None, description="the rank's last line of output")
+    cpu_s: float | None = Field(None, description="CPU time of the rank's process tree so far")
+    io_bytes: int | None = Field(None, description="bytes read + written by its process tree")
+
+
+class FrameMsg(_Msg):
+    name: str
+    filename: str
+    line: int | None = None
+    native: bool = False
+
+
+class ThreadMsg(_Msg):
+    thread_id: int
+    name: str | None = None
+    idle: bool | None = None
+    owns_gil: bool | None = None
+    frames: list[FrameMsg] = Field(default_factory=list, description="innermost first")
+
+
+class StackDump(_Msg):
+    """One rank's Python stacks (py-spy), as the node agent took them."""
+
+    rank: int
+    pid: int | None
+    threads: list[ThreadMsg] = Field(default_factory=list)
+    error: str | None = None
+    files: list[str] = Field(default_factory=list, description="where the dumps were saved")
+
+
+class DumpStacks(_Msg):
+    """Take every running rank's stack now (a hang is confirmed), saving them in `out_dir`."""
+
+    out_dir: str
+    timeout_s: float = 10.0
+
+
 class NodeReport(_Msg):
     node: str
     attempt: int | None
@@ -114,3 +164,5 @@ class NodeReport(_Msg):
     at: datetime
     messages: list[WorkerMessage] = Field(default_factory=list,
                                           description="worker messages since the last report")
+    liveness: list[RankLiveness] = Field(default_factory=list,
+                                         description="per running rank, for hang detection")

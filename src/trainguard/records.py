@@ -43,6 +43,10 @@ class Reason(str, Enum):
     CHECKPOINT_MISSING = "CheckpointMissing"
     RESUMED = "Resumed"
     LOG_WRITE_FAILED = "LogWriteFailed"
+    HANG_SUSPECTED = "HangSuspected"
+    HANG_CONFIRMED = "HangConfirmed"
+    HANG_CLEARED = "HangCleared"
+    HANG_RESTART_LIMIT_REACHED = "HangRestartLimitReached"
 
 
 class JobState(str, Enum):
@@ -81,6 +85,7 @@ class StartType(str, Enum):
     RELAUNCH = "relaunch"  # the same job (run id, job dir) launched again, e.g. requeued
     AUTO_RESTART = "auto_restart"
     UNCONDITIONAL_RESTART = "unconditional_restart"
+    SUSPENSION_RESTART = "suspension_restart"  # restart upon a confirmed hang
 
 
 def utcnow() -> datetime:

@@ -23,10 +23,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "single-node": {"max_restarts": 3, "unconditional_restart": False,
                     "restart_backoff_s": 1.0, "restart_backoff_max_s": 30.0,
                     "no_progress_limit": 3},
-    "multi-node": {"max_restarts": 10, "unconditional_restart": True,
+    "multi-node": {"max_restarts": 10, "unconditional_restart": True, "restart_on_hang": True,
                    "restart_backoff_s": 2.0, "restart_backoff_max_s": 120.0,
                    "no_progress_limit": 3},
-    "llm": {"max_restarts": 100, "unconditional_restart": True,
+    "llm": {"max_restarts": 100, "unconditional_restart": True, "restart_on_hang": True,
             "restart_backoff_s": 5.0, "restart_backoff_max_s": 300.0,
             "no_progress_limit": 5, "save_on_exit": True},
 }
@@ -75,6 +75,18 @@ class JobSpec(BaseModel):
                                "completed step when stopped (trainguard.checkpoint)")
     step_pattern: str = Field(DEFAULT_STEP_PATTERN,
                               description="regex whose first group is the step in a log line")
+    hang_detection: bool = Field(True, description="watch for hangs (no progress while the "
+                                 "workers still run); --no-hang-detection turns it off")
+    hang_timeout_s: float | None = Field(None, gt=0, le=7 * 86400,
+                                         description="a fixed no-progress time (s) that confirms "
+                                         "a hang, instead of the one learned from the step cadence")
+    hang_floor_s: float = Field(8.0, ge=1, le=86400, description="the learned hang threshold "
+                                "is never below this (s)")
+    hang_startup_s: float = Field(1800.0, ge=1, le=7 * 86400,
+                                  description="allowance (s) before the first progress signal")
+    restart_on_hang: bool = Field(False, description="stop and restart the ranks in place on a "
+                                  "confirmed hang (at most 3 in a row; not from the restart "
+                                  "budget)")
 
     @field_validator("step_pattern")
     @classmethod
@@ -140,6 +152,10 @@ FLAG_NAMES = {
     "restart_backoff_s": "--restart-backoff",
     "restart_backoff_max_s": "--restart-backoff-max",
     "grace_period_s": "--grace-period",
+    "hang_detection": "--no-hang-detection",
+    "hang_timeout_s": "--hang-timeout",
+    "hang_floor_s": "--hang-floor",
+    "hang_startup_s": "--hang-startup-timeout",
     "module": "-m/--module",
 }
 

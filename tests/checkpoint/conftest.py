@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -164,15 +165,31 @@ class AgentChannel:
 
     sock: socket.socket
     received: list[dict[str, Any]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        # read all the time, as the agent must: the kernel queues only ~10 datagrams
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while not self._stop.wait(0.002):
+            self.drain()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self.sock.close()
 
     def drain(self) -> list[dict[str, Any]]:
         """Every message that arrived so far (kept in `received` too)."""
-        while True:
-            try:
-                data = self.sock.recv(65536)
-            except BlockingIOError:
-                return self.received
-            self.received.append(json.loads(data))
+        with self._lock:
+            while True:
+                try:
+                    data = self.sock.recv(65536)
+                except (BlockingIOError, OSError):
+                    return self.received
+                self.received.append(json.loads(data))
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.drain() if m["kind"] == kind]
@@ -199,10 +216,11 @@ def agent_channel(monkeypatch: pytest.MonkeyPatch) -> Iterator[AgentChannel]:
     monkeypatch.setenv(ENV_SOCKET, "@" + name)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    channel = AgentChannel(sock)
     try:
-        yield AgentChannel(sock)
+        yield channel
     finally:
-        sock.close()
+        channel.close()
 
 
 @pytest.fixture

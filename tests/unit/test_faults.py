@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.testing import faults
-from trainguard.testing.faults import Fault, FaultSpecError, inject, parse
+from trainguard.testing.faults import Fault, FaultSpecError, inject, inject_loader, parse
 
 SRC = Path(faults.__file__).resolve().parents[2]
 
@@ -69,6 +70,19 @@ def test_signals_parse_by_name_with_or_without_sig_or_by_number(arg: str) -> Non
     assert parse(f"signal:{arg}@step=1")[0].arg == arg
 
 
+@pytest.mark.parametrize("kind", ["spin", "loaderhang"])
+def test_spin_and_loaderhang_take_no_argument(kind: str) -> None:
+    assert parse(f"{kind}@step=4,rank=1") == [Fault(kind, None, step=4, rank=1, attempt=0)]
+
+
+def test_lock_takes_a_path_that_may_hold_escaped_separators() -> None:
+    assert parse(r"lock:/tmp/a b\;c\@d.lock@step=2")[0] == Fault("lock", "/tmp/a b;c@d.lock", 2)
+
+
+def test_the_kinds_tuple_lists_the_new_kinds() -> None:
+    assert {"hang", "spin", "lock", "loaderhang", "slow"} <= set(faults.KINDS)
+
+
 def test_log_text_keeps_colons_and_commas() -> None:
     fault = parse("log:RuntimeError: NCCL error: a, b@step=5")[0]
     assert fault.arg == "RuntimeError: NCCL error: a, b"
@@ -96,6 +110,10 @@ def test_a_backslash_before_an_ordinary_character_is_kept() -> None:
         ("explode@step=1", "unknown fault kind 'explode'"),
         ("crash:1@step=1", "takes no argument"),
         ("hang:5@step=1", "takes no argument"),
+        ("spin:1@step=1", "takes no argument"),
+        ("loaderhang:1@step=1", "takes no argument"),
+        ("lock@step=1", "'lock:/tmp/trainguard.lock'"),
+        ("lock:@step=1", "needs an argument"),
         ("exit@step=1", "needs an argument, e.g. 'exit:1'"),
         ("exit:abc@step=1", "exit code 'abc'"),
         ("exit:256@step=1", "0..255"),
@@ -209,6 +227,32 @@ def test_faults_at_the_same_step_run_in_the_order_given(
     assert "never" not in err
 
 
+def test_inject_skips_loader_faults_and_inject_loader_fires_only_them(
+    env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env.setenv("TRAINGUARD_FAULT", "loaderhang@step=3;log:loop@step=3;crash@step=4")
+    inject(3)  # the loop: log only, no loaderhang
+    inject_loader(4)  # a loader worker: no crash
+    assert capsys.readouterr().err.splitlines() == [
+        "[trainguard.faults] injecting log at step 3 (rank 0, attempt 0)", "loop"]
+    inject_loader(2)  # another step: nothing
+
+
+def test_inject_loader_is_a_no_op_without_the_variable(env: pytest.MonkeyPatch) -> None:
+    inject_loader(1)
+    env.setenv("TRAINGUARD_FAULT", "crash@step=1")
+    inject_loader(1)
+
+
+def test_lock_goes_on_when_the_lock_is_free(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "sub.lock"
+    env.setenv("TRAINGUARD_FAULT", f"lock:{path}@step=1")
+    inject(1)
+    assert path.exists()
+    with path.open("a") as f:  # and left it free
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def test_slow_sleeps_then_continues(env: pytest.MonkeyPatch) -> None:
     env.setenv("TRAINGUARD_FAULT", "slow:0.2@step=1")
     started = time.monotonic()
@@ -245,3 +289,92 @@ def test_a_process_killed_or_exited_by_a_fault_ends_with_that_code(
     assert result.returncode == returncode
     assert result.stdout.split() == ["step", "1", "step", "2", "step", "3"]
     assert "[trainguard.faults] injecting" in result.stderr
+
+
+def _start_worker(spec: str, tmp_path: Path, call: str = "inject") -> subprocess.Popen[str]:
+    """A worker that calls `call(step)` for steps 1..5 and prints `done` at the end;
+    its stderr goes to tmp_path/err (wait for the fault with `_wait_for_fault`)."""
+    script = textwrap.dedent(
+        f"""
+        from trainguard.testing.faults import {call}
+        for step in range(1, 6):
+            print(f"step {{step}}", flush=True)
+            {call}(step)
+        print("done", flush=True)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TRAINGUARD_FAULT": spec, "RANK": "1"}
+    env.pop("TORCHELASTIC_RESTART_COUNT", None)
+    return subprocess.Popen(
+        [sys.executable, "-c", script], env=env, text=True, stdout=subprocess.PIPE,
+        stderr=(tmp_path / "err").open("w"),
+    )
+
+
+def _wait_for_fault(tmp_path: Path, proc: subprocess.Popen[str], timeout_s: float = 20) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        err = (tmp_path / "err").read_text()
+        if "[trainguard.faults] injecting" in err:
+            return err
+        assert proc.poll() is None, f"the worker ended early: {err}"
+        time.sleep(0.02)
+    raise AssertionError("the fault never fired")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.kill()
+    out, _ = proc.communicate(timeout=10)
+    return out
+
+
+@pytest.mark.parametrize(("kind", "busy"), [("hang", False), ("spin", True)])
+def test_hang_sleeps_and_spin_burns_a_cpu_forever_on_the_matching_rank(
+    kind: str, busy: bool, tmp_path: Path
+) -> None:
+    proc = _start_worker(f"{kind}@step=2,rank=1;crash@step=2,rank=0", tmp_path)
+    try:
+        err = _wait_for_fault(tmp_path, proc)
+        assert f"injecting {kind} at step 2 (rank 1, attempt 0)" in err
+        cpu0, t0 = _cpu_s(proc.pid), time.monotonic()
+        time.sleep(1.0)
+        assert proc.poll() is None  # still stuck
+        cpu_share = (_cpu_s(proc.pid) - cpu0) / (time.monotonic() - t0)
+        assert cpu_share > 0.5 if busy else cpu_share < 0.1
+    finally:
+        out = _stop(proc)
+    assert out.split() == ["step", "1", "step", "2"]
+
+
+def test_lock_blocks_while_another_process_holds_it_then_goes_on(tmp_path: Path) -> None:
+    path = tmp_path / "held.lock"
+    with path.open("w") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        proc = _start_worker(f"lock:{path}@step=3", tmp_path)
+        try:
+            assert "injecting lock at step 3" in _wait_for_fault(tmp_path, proc)
+            time.sleep(0.5)
+            assert proc.poll() is None  # blocked on the lock
+        except BaseException:
+            _stop(proc)
+            raise
+        fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    assert out.split()[-3:] == ["step", "5", "done"]
+
+
+def test_loaderhang_blocks_the_loader_worker_forever(tmp_path: Path) -> None:
+    proc = _start_worker("loaderhang@step=2", tmp_path, call="inject_loader")
+    try:
+        assert "injecting loaderhang at step 2" in _wait_for_fault(tmp_path, proc)
+        time.sleep(0.5)
+        assert proc.poll() is None
+    finally:
+        out = _stop(proc)
+    assert out.split() == ["step", "1", "step", "2"]

@@ -20,6 +20,7 @@ FROZEN_FIELDS = [
     "redirects", "local_ranks_filter", "monitor_interval", "scenario", "max_restarts",
     "unconditional_restart", "restart_backoff_s",
     "restart_backoff_max_s", "no_progress_limit", "grace_period_s", "save_on_exit", "step_pattern",
+    "hang_detection", "hang_timeout_s", "hang_floor_s", "hang_startup_s", "restart_on_hang",
 ]
 
 

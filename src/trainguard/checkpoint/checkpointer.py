@@ -46,6 +46,7 @@ from trainguard.checkpoint.state import (
 )
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
+from trainguard.worker.progress import phase
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,10 @@ class Checkpointer:
         return self._save(step, state)
 
     def _save(self, step: int, state: Mapping[str, Any]) -> bool:
+        with phase("checkpoint"):  # the loop's blocking part: a hang allowance of its own
+            return self._save_blocking(step, state)
+
+    def _save_blocking(self, step: int, state: Mapping[str, Any]) -> bool:
         t0 = time.monotonic()
         if self._pending is not None and not self._pending.done():
             if self.if_busy == "skip":
@@ -256,8 +261,9 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the save in flight is durable (or failed: counted as such)."""
-        if self._pending is not None:
-            _wait_quietly(self._pending)
+        if self._pending is not None and not self._pending.done():
+            with phase("checkpoint"):
+                _wait_quietly(self._pending)
         self._raise_if_failing()
 
     def close(self) -> None:
@@ -272,6 +278,10 @@ class Checkpointer:
 
     def load_latest(self, state: Mapping[str, Any]) -> int | None:
         """Load the newest valid checkpoint into `state`'s objects; its step, or None."""
+        with phase("checkpoint"):
+            return self._load_latest(state)
+
+    def _load_latest(self, state: Mapping[str, Any]) -> int | None:
         self.wait()
         loaded = load_newest(self.storage, self.rank, self._agree, self._report)
         if loaded is None:

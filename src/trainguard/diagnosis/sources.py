@@ -7,6 +7,7 @@ on its ranks' logs after a failure. Both end in verdict.diagnose.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.hung import hang_diagnosis
 from trainguard.diagnosis.lines import file_rank
 from trainguard.diagnosis.rules import RuleSet, load_rules
 from trainguard.diagnosis.scan import FileScan, scan_bytes
@@ -123,10 +125,11 @@ def _job_inputs(job_dir: Path, attempt: int | None,
         meta = store.meta()
         rows = store.all_workers()
     attempts = sorted({r.attempt for r in rows})
-    failed = sorted({r.attempt for r in rows if r.state == "failed"})
+    log_dir = Path(str(meta.get("log_dir") or job_dir / "logs"))
+    failed = sorted({r.attempt for r in rows if r.state == "failed"}
+                    | {a for a in attempts if _hang_file(log_dir, a).is_file()})
     if attempt is None:
         attempt = failed[-1] if failed else (attempts[-1] if attempts else 0)
-    log_dir = Path(str(meta.get("log_dir") or job_dir / "logs"))
     adir = attempt_log_dir(log_dir, attempt)
     files = [(p, str(p.relative_to(job_dir)) if p.is_relative_to(job_dir) else str(p))
              for p in (_log_files(adir) if adir.is_dir() else [])]
@@ -139,6 +142,26 @@ def _job_inputs(job_dir: Path, attempt: int | None,
     return attempt, files, exits
 
 
+def _hang_file(log_dir: Path, attempt: int) -> Path:
+    return log_dir / f"attempt-{attempt}" / "stacks" / "hang.json"
+
+
+def _hang_report(job_dir: Path, log_dir: Path, attempt: int) -> Diagnosis | None:
+    """The launcher's hang verdict of `attempt`, with its stack dumps, if it hung."""
+    path = _hang_file(log_dir, attempt)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    texts = {}
+    for f in sorted(path.parent.glob("rank-*.txt")):
+        rank = file_rank(f.name)
+        if rank is not None:
+            name = str(f.relative_to(job_dir)) if f.is_relative_to(job_dir) else str(f)
+            texts[rank] = (name, f.read_text(encoding="utf-8", errors="replace"))
+    return hang_diagnosis(data if isinstance(data, dict) else {}, texts)
+
+
 def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
                    rules: RuleSet | None = None) -> Report:
     """Diagnose job dirs and/or log files (directories of logs are walked)."""
@@ -147,12 +170,15 @@ def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
     report = Report(None)
     files: list[tuple[Path, str]] = []
     exits: list[RankExit] = []
+    hung: Diagnosis | None = None
     for p in paths:
         if (p / "trainguard.db").is_file():
             report.attempt, more, ex = _job_inputs(p, attempt, report.problems)
             report.job_dir = str(p)
             files += more
             exits += ex
+            if not any(e.failed for e in ex):
+                hung = _hang_report(p, _log_dir(p), report.attempt)
         elif p.is_dir():
             found = _log_files(p)
             if not found:
@@ -173,5 +199,12 @@ def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
     if not report.files and not exits:
         raise DiagnoseError("; ".join(report.problems) or "nothing to read: pass a job dir "
                             "(the one `trainguard run` printed) or log files")
-    report.diagnosis = diagnose(findings, exits, rules)
+    report.diagnosis = hung or diagnose(findings, exits, rules)
     return report
+
+
+def _log_dir(job_dir: Path) -> Path:
+    from trainguard.store import JobStore
+
+    with JobStore.open(job_dir) as store:
+        return Path(str(store.meta().get("log_dir") or job_dir / "logs"))

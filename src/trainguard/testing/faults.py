@@ -1,12 +1,34 @@
 """Fault injection for examples, demos and tests, driven by the TRAINGUARD_FAULT variable.
 
-A training script calls `inject(step)` once per finished step. The variable holds faults
+A training script calls `inject(step)` once per finished step; a data-loader worker calls
+`inject_loader(step)` when it makes the batch of `step`. The variable holds faults
 separated by `;`, each `KIND[:ARG]@step=S[,rank=R][,attempt=A|*]`, for example
-`exit:3@rank=1,step=5` or `log:NCCL error@step=5;signal:KILL@step=5`. Stdlib only.
+`exit:3@rank=1,step=5` or `log:NCCL error@step=5;signal:KILL@step=5`. A fault fires on the
+global rank R (env RANK; every rank when absent or `*`) in attempt A (env
+TORCHELASTIC_RESTART_COUNT; the first attempt, 0, when absent; every attempt for `*`).
+
+Kinds, each fired after step S (`loaderhang`: while making the batch of step S):
+
+- `crash`: raise RuntimeError (a Python traceback, exit code 1).
+- `exit:CODE`: os._exit(CODE) at once, no cleanup.
+- `signal:SIG`: send itself SIG (a name such as KILL, SEGV, TERM, or a number).
+- `hang`: sleep forever (idle: 0% CPU, the main thread in time.sleep).
+- `spin`: a busy Python loop forever (100% of one CPU, the main thread running Python).
+- `lock:PATH`: take an exclusive flock on PATH (opened for appending, created if missing),
+  blocking until it is free, then release it and go on: hangs for as long as another
+  process holds the lock (a test, or `flock PATH sleep 600`).
+- `loaderhang`: the data-loader worker making the batch of step S sleeps forever, so the
+  training loop finishes step S-1 and then waits for that batch forever. Fires only
+  through `inject_loader` (examples/train_ddp.py --loader-workers N); `inject` skips it.
+- `slow:SECONDS`: sleep SECONDS, then go on (a slow step).
+- `log:TEXT`: print TEXT to stderr and go on (to test log scanning).
+
+Stdlib only.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import re
@@ -16,8 +38,19 @@ import time
 from dataclasses import dataclass
 
 ENV_VAR = "TRAINGUARD_FAULT"
-KINDS = ("crash", "exit", "signal", "hang", "slow", "log")
-_NO_ARG = ("crash", "hang")
+KINDS = (
+    "crash",       # raise RuntimeError
+    "exit",        # exit:CODE, os._exit(CODE)
+    "signal",      # signal:SIG, kill itself with SIG
+    "hang",        # sleep forever
+    "spin",        # busy loop forever, 100% CPU
+    "lock",        # lock:PATH, block on an exclusive flock of PATH until it is free
+    "loaderhang",  # the data-loader worker making step S's batch sleeps forever
+    "slow",        # slow:SECONDS, sleep, then go on
+    "log",         # log:TEXT, print TEXT to stderr
+)
+_NO_ARG = ("crash", "hang", "spin", "loaderhang")
+_LOADER_KINDS = ("loaderhang",)  # fired by inject_loader, in a data-loader worker
 _ESCAPABLE = ";@\\"
 _UNESCAPE = re.compile(r"\\([;@\\])")
 
@@ -56,14 +89,28 @@ def parse(spec: str) -> list[Fault]:
 
 
 def inject(step: int) -> None:
-    """Fire the faults of TRAINGUARD_FAULT that match this step, rank and attempt."""
+    """Fire the faults of TRAINGUARD_FAULT that match this step, rank and attempt
+    (all kinds but `loaderhang`); call it once per finished step."""
+    _inject(step, loader=False)
+
+
+def inject_loader(step: int) -> None:
+    """Fire the `loaderhang` faults that match; call it in a data-loader worker (a
+    Dataset's __getitem__) while it makes the batch of `step`."""
+    _inject(step, loader=True)
+
+
+def _inject(step: int, loader: bool) -> None:
     spec = os.environ.get(ENV_VAR)
     if not spec:
         return
+    faults = _parse_cached(spec)
+    if not any((f.kind in _LOADER_KINDS) == loader for f in faults):
+        return
     rank = _env_int("RANK")
     attempt = _env_int("TORCHELASTIC_RESTART_COUNT")
-    for fault in _parse_cached(spec):
-        if fault.matches(step, rank, attempt):
+    for fault in faults:
+        if (fault.kind in _LOADER_KINDS) == loader and fault.matches(step, rank, attempt):
             _fire(fault, step, rank, attempt)
 
 
@@ -85,13 +132,29 @@ def _fire(fault: Fault, step: int, rank: int, attempt: int) -> None:
         os._exit(int(fault.arg or 0))
     elif fault.kind == "signal":
         os.kill(os.getpid(), _signal_number(fault.arg or ""))
-    elif fault.kind == "hang":
+    elif fault.kind in ("hang", "loaderhang"):
         while True:
             time.sleep(3600)
+    elif fault.kind == "spin":
+        _spin()
+    elif fault.kind == "lock":
+        _wait_for_lock(fault.arg or "")
     elif fault.kind == "slow":
         time.sleep(float(fault.arg or 0))
     elif fault.kind == "log":
         _say(fault.arg or "")
+
+
+def _spin() -> None:
+    n = 0
+    while True:  # pure Python: holds the GIL between switches, never sleeps
+        n = (n + 1) & 0xFFFF
+
+
+def _wait_for_lock(path: str) -> None:
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # blocks while another process holds it
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _parse_one(part: str) -> Fault:
@@ -120,7 +183,8 @@ def _check_kind(kind: str, arg: str | None, head: str) -> None:
             raise FaultSpecError(f"{kind!r} takes no argument; write '{kind}@step=S'")
         return
     if not arg:
-        example = {"exit": "exit:1", "signal": "signal:KILL", "slow": "slow:2.5"}
+        example = {"exit": "exit:1", "signal": "signal:KILL", "slow": "slow:2.5",
+                   "lock": "lock:/tmp/trainguard.lock"}
         raise FaultSpecError(f"{kind!r} needs an argument, e.g. {example.get(kind, 'log:TEXT')!r}")
     if kind == "exit" and not (arg.strip().isdecimal() and 0 <= int(arg) <= 255):
         raise FaultSpecError(f"exit code {arg!r} is not an integer in 0..255; e.g. 'exit:1'")

@@ -1,0 +1,130 @@
+"""What the node agent knows of each running rank's liveness: progress, phases, output, and
+the CPU and I/O of its process tree (psutil). Feeds liveness.HangDetector through
+protocol.RankLiveness; decides nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psutil
+
+from trainguard.protocol import RankLiveness
+
+SAMPLE_EVERY_S = 1.0  # psutil over a process tree costs about a millisecond
+MAX_PENDING = 10_000  # intervals kept between two reports
+
+
+@dataclass
+class _RankBook:
+    pid: int
+    last_step: int | None = None
+    last_progress_at: datetime | None = None
+    pending: list[float] = field(default_factory=list)
+    phases: list[tuple[str, datetime, float | None]] = field(default_factory=list)
+    cpu_s: float | None = None
+    io_bytes: int | None = None
+
+
+class LivenessBook:
+    """Thread-safe: the log reader thread reports steps while the agent reports liveness."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ranks: dict[int, _RankBook] = {}
+        self._sampled = 0.0
+
+    def reset(self, pids: dict[int, int]) -> None:
+        with self._lock:
+            self._ranks = {rank: _RankBook(pid) for rank, pid in pids.items()}
+            self._sampled = 0.0
+
+    def progress(self, rank: int, step: int | None, at: datetime) -> None:
+        """A step line, trainguard.progress(step), or a checkpoint save of `rank`."""
+        with self._lock:
+            r = self._ranks.get(rank)
+            if r is None:
+                return
+            if (r.last_progress_at is not None and at > r.last_progress_at
+                    and step is not None and r.last_step is not None
+                    and step > r.last_step and len(r.pending) < MAX_PENDING):
+                # several steps in one report: each took the average of the gap
+                gap = (at - r.last_progress_at).total_seconds()
+                r.pending.append(gap / (step - r.last_step))
+            if r.last_progress_at is None or at >= r.last_progress_at:
+                r.last_progress_at = at
+                if step is not None:
+                    r.last_step = step
+
+    def phase(self, rank: int, name: str, state: str, at: datetime,
+              timeout_s: float | None) -> None:
+        """trainguard.phase(name) began or ended on `rank` (phases nest)."""
+        with self._lock:
+            r = self._ranks.get(rank)
+            if r is None:
+                return
+            if state == "begin":
+                r.phases.append((name, at, timeout_s))
+            elif state == "end":
+                for i in range(len(r.phases) - 1, -1, -1):
+                    if r.phases[i][0] == name:
+                        del r.phases[i:]
+                        break
+                # the end of a phase is progress: its work is done
+                r.last_progress_at = max(at, r.last_progress_at or at)
+
+    def sample(self) -> None:
+        """CPU and I/O of each rank's process tree, at most once per SAMPLE_EVERY_S."""
+        now = time.monotonic()
+        if now - self._sampled < SAMPLE_EVERY_S:
+            return
+        self._sampled = now
+        with self._lock:
+            pids = {rank: r.pid for rank, r in self._ranks.items()}
+        found = {rank: _tree_usage(pid) for rank, pid in pids.items()}
+        with self._lock:
+            for rank, (cpu, io) in found.items():
+                r = self._ranks.get(rank)
+                if r is not None:
+                    r.cpu_s, r.io_bytes = cpu, io
+
+    def report(self, running: set[int], last_output: dict[int, datetime]) -> list[RankLiveness]:
+        """Liveness of the running ranks; the intervals reported are dropped here."""
+        out = []
+        with self._lock:
+            for rank in sorted(running):
+                r = self._ranks.get(rank)
+                if r is None:
+                    continue
+                phase = r.phases[-1] if r.phases else None
+                out.append(RankLiveness(
+                    rank=rank, last_step=r.last_step, last_progress_at=r.last_progress_at,
+                    intervals=r.pending, phase=phase[0] if phase else None,
+                    phase_since=phase[1] if phase else None,
+                    phase_timeout_s=phase[2] if phase else None,
+                    last_output_at=last_output.get(rank), cpu_s=r.cpu_s, io_bytes=r.io_bytes))
+                r.pending = []
+        return out
+
+
+def _tree_usage(pid: int) -> tuple[float | None, int | None]:
+    """(CPU seconds, bytes read + written) of a process and its descendants."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except (psutil.Error, OSError):
+        return None, None
+    cpu, io = 0.0, 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            t = p.cpu_times()
+            cpu += t.user + t.system
+        with contextlib.suppress(psutil.Error, OSError, AttributeError):
+            c = p.io_counters()
+            io += int(getattr(c, "read_chars", c.read_bytes)) + int(
+                getattr(c, "write_chars", c.write_bytes))
+    return cpu, io

@@ -1,0 +1,65 @@
+"""A hung attempt's diagnosis, from the verdict the launcher wrote (stacks/hang.json). Pure.
+
+The launcher confirmed the hang, dumped every rank's stack and named the culprit
+(hang_watch.py); this turns that record into the same Diagnosis shape a crash gets, with
+the culprit's stack line as evidence and the other ranks' states as symptoms.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainguard.diagnosis.taxonomy import (
+    Category,
+    Culprit,
+    Diagnosis,
+    Evidence,
+    FaultDomain,
+    RestartHelps,
+)
+
+_WHAT = {"collective": "waits in a collective", "dataloader": "waits for its data loader",
+         "lock": "waits for a lock", "sleep": "sleeps", "io": "waits on I/O",
+         "compute": "runs Python code without finishing a step", "unknown": "gave no stack"}
+
+
+def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
+                   ) -> Diagnosis:
+    """`data`: hang.json; `stack_texts`: rank -> (file name, its text dump)."""
+    c = data.get("culprit") or {}
+    rank = c.get("rank") if isinstance(c.get("rank"), int) else None
+    frame = c.get("frame") if isinstance(c.get("frame"), str) else None
+    by_rank = {int(r): str(w) for r, w in (c.get("by_rank") or {}).items()
+               if str(r).lstrip("-").isdigit()}
+    reason = str(c.get("reason") or "no progress while every rank still ran")
+    evidence = None
+    if rank is not None and rank in stack_texts:
+        evidence = _line_of(stack_texts[rank], frame, rank)
+    symptoms = tuple(
+        Evidence(stack_texts[r][0] if r in stack_texts else "", 1 if r in stack_texts else 0,
+                 _WHAT.get(what, what), r)
+        for r, what in sorted(by_rank.items()) if r != rank)
+    idle = data.get("idle_s")
+    basis = data.get("basis") or ""
+    summary = (f"hang: no progress for {idle}s ({basis}); {reason}" if idle is not None
+               else f"hang: {reason}")
+    return Diagnosis(
+        Category.NCCL_TIMEOUT_OR_HANG, FaultDomain.FRAMEWORK, RestartHelps.YES, summary,
+        "Look at the culprit's stack: a rank that does not reach the collective the others "
+        "wait in (data loading, a lock, a loop) hangs them all; restart upon suspension "
+        "(--restart-on-hang) resumes from the last checkpoint.",
+        Culprit(rank, None, frame), evidence, symptoms, False,
+        float(c.get("confidence") or 0.6), "hang", None, from_log=False)
+
+
+def _line_of(dump: tuple[str, str], frame: str | None, rank: int) -> Evidence:
+    name, text = dump
+    lines = text.splitlines()
+    if frame:
+        func = frame.rsplit(" in ", 1)[-1]
+        where = frame.rsplit(" in ", 1)[0]
+        for i, ln in enumerate(lines, 1):
+            if func in ln and where.rsplit("/", 1)[-1].split(":")[0] in ln:
+                return Evidence(name, i, ln.strip(), rank)
+    first = next(((i, ln) for i, ln in enumerate(lines, 1) if ln.startswith(" ")), (1, ""))
+    return Evidence(name, first[0], first[1].strip() or f"rank {rank}'s stack", rank)

@@ -1,0 +1,129 @@
+"""The controller's eye on hangs: feeds the detector, reports, and gathers the evidence.
+
+Each poll's liveness goes to liveness.HangDetector. On a suspicion: a `HangSuspected`
+Warning ("The system detects that your training job may be suspended"). On a confirmation:
+every rank's stack is dumped (py-spy, through the node agent) into
+`logs/attempt-N/stacks/`, the culprit is named (hang.stacks.name_culprit), the verdict is
+written to `logs/attempt-N/stacks/hang.json` (what `trainguard diagnose` reads) and a
+`HangConfirmed` Warning carries it all. When progress comes back: `HangCleared`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from trainguard.agent import AgentAPI
+from trainguard.hang.stacks import Frame, HangCulprit, RankStack, ThreadStack, name_culprit
+from trainguard.liveness import HangDetector, HangPolicy, HangState, HangVerdict
+from trainguard.protocol import DumpStacks, NodeReport, StackDump
+from trainguard.recorder import Recorder
+from trainguard.records import Level, Reason, utcnow
+
+log = logging.getLogger(__name__)
+
+SUSPENDED = "The system detects that your training job may be suspended"
+HANG_FILE = "hang.json"
+
+
+@dataclass(frozen=True)
+class HangConfirmation:
+    verdict: HangVerdict
+    culprit: HangCulprit
+    confirmed_at: datetime
+    stacks_dir: Path
+
+
+def policy_of(rec: Recorder) -> HangPolicy:
+    s = rec.spec
+    return HangPolicy(fixed_s=s.hang_timeout_s, floor_s=s.hang_floor_s, startup_s=s.hang_startup_s)
+
+
+class HangWatch:
+    def __init__(self, rec: Recorder, agent: AgentAPI) -> None:
+        self.rec, self.agent = rec, agent
+        self.enabled = rec.spec.hang_detection
+        self.detector = HangDetector(policy_of(rec))
+        self._state = HangState.OK
+        self._attempt = 0
+        self.confirmed: HangConfirmation | None = None
+
+    def start_attempt(self, attempt: int, at: datetime) -> None:
+        self._attempt, self._state, self.confirmed = attempt, HangState.OK, None
+        self.detector.start_attempt(at)
+
+    def observe(self, report: NodeReport) -> HangConfirmation | None:
+        """The confirmation, the first time a hang is confirmed in this attempt."""
+        if not self.enabled:
+            return None
+        now = utcnow()
+        v = self.detector.observe(report.liveness, now)
+        before, self._state = self._state, v.state
+        if v.state == HangState.OK and before != HangState.OK:
+            self.rec.event(Level.INFO, Reason.HANG_CLEARED,
+                           "the job makes progress again; the suspected hang is over",
+                           attempt=self._attempt)
+            self.confirmed = None
+        elif v.state == HangState.SUSPECTED and before == HangState.OK:
+            self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED, f"{SUSPENDED}: {v.describe()}",
+                           rank=v.stuck_ranks[0] if len(v.stuck_ranks) == 1 else None,
+                           attempt=self._attempt, data=_verdict_data(v))
+        elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED:
+            self.confirmed = self._confirm(v, report, now)
+            return self.confirmed
+        return None
+
+    def _confirm(self, v: HangVerdict, report: NodeReport, now: datetime) -> HangConfirmation:
+        out = Path(self.rec.paths.log_dir) / f"attempt-{self._attempt}" / "stacks"
+        try:
+            dumps = self.agent.dump_stacks(DumpStacks(out_dir=str(out)))
+        except Exception as e:  # evidence is best effort: never lose the verdict for it
+            log.warning("stack dumps failed: %s", e)
+            dumps = []
+        stacks = {d.rank: _rank_stack(d) for d in dumps}
+        steps = {rl.rank: rl.last_step for rl in report.liveness}
+        culprit = name_culprit(stacks, steps)
+        files = [f for d in dumps for f in d.files]
+        data = {**_verdict_data(v), "culprit": _culprit_data(culprit), "stack_files": files,
+                "stack_errors": {d.rank: d.error for d in dumps if d.error},
+                "confirmed_at": now.isoformat()}
+        _write_json(out / HANG_FILE, {**data, "attempt": self._attempt})
+        who = f"rank {culprit.rank}" if culprit.rank is not None else "no single rank"
+        self.rec.event(Level.WARNING, Reason.HANG_CONFIRMED,
+                       f"hang confirmed: {v.describe()}. Culprit: {who}: {culprit.reason} "
+                       f"Stacks of every rank: {out}", rank=culprit.rank,
+                       attempt=self._attempt, data=data)
+        return HangConfirmation(v, culprit, now, out)
+
+
+def _verdict_data(v: HangVerdict) -> dict[str, Any]:
+    return {"state": v.state.value, "stuck_ranks": list(v.stuck_ranks),
+            "last_progress_at": v.last_progress_at.isoformat() if v.last_progress_at else None,
+            "idle_s": round(v.idle_s, 3), "threshold_s": round(v.threshold_s, 3),
+            "p99_step_s": None if v.p99_s is None else round(v.p99_s, 4), "basis": v.basis,
+            "waiting_for": v.waiting_for}
+
+
+def _culprit_data(c: HangCulprit) -> dict[str, Any]:
+    return {"rank": c.rank, "reason": c.reason, "frame": c.frame,
+            "by_rank": {str(r): what for r, what in c.by_rank.items()},
+            "confidence": c.confidence}
+
+
+def _rank_stack(d: StackDump) -> RankStack:
+    return RankStack(d.rank, d.pid or 0, tuple(
+        ThreadStack(t.thread_id, t.name, t.idle, t.owns_gil, tuple(
+            Frame(f.name, f.filename, f.line or 0, None, f.native) for f in t.frames))
+        for t in d.threads), d.error)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    except OSError as e:
+        log.warning("cannot write %s: %s", path, e)

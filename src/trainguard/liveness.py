@@ -1,0 +1,195 @@
+"""Is the job hung? Pure: per-rank progress and activity over time -> a hang verdict.
+
+Progress is what moves the training forward: a step line in the log, `trainguard.progress`,
+a checkpoint save. The detector learns the job's cadence from the intervals between
+progress events (all ranks pooled, the last `window` of them) and judges each rank by how
+long it has gone without progress:
+
+- **threshold** T = `--hang-timeout` when given, else max(k x p99 interval, floor). k = 3:
+  a healthy step is slower than its p99 once in a hundred, three times slower almost never
+  (a job whose step time varies 10x has a p99 near the slow end, so 3x p99 still clears
+  it). floor = 8 s: restarts, GC pauses and first iterations after a resume stall for a few
+  seconds even in jobs with 20 ms steps, and 8 s keeps a steady job's confirmation within
+  3 x p99 + 10 s with room for the polling and the stack dump.
+- **allowances**: before the first progress of an attempt, `startup_s` (loading, compiling,
+  the rendezvous); while a rank is in a phase it marked (`trainguard.phase`, a checkpoint
+  save), the phase's own timeout or `phase_s`.
+- **suspected** at 2/3 of T: a Warning, nothing is done.
+- **confirmed** at T when the activity signals agree that nothing is being done: no rank
+  printed a line since the suspicion and no rank's process tree read or wrote more than
+  `io_life_bytes` since the last sample. CPU alone is not life (a rank spinning in a loop,
+  or busy-polling a collective, is as hung as one that sleeps). While there is life,
+  confirmation waits, up to `life_cap` x T.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+
+from trainguard.protocol import RankLiveness
+
+
+class HangState(str, Enum):
+    OK = "ok"
+    SUSPECTED = "suspected"
+    CONFIRMED = "confirmed"
+
+
+@dataclass(frozen=True)
+class HangPolicy:
+    k: float = 3.0
+    floor_s: float = 8.0
+    fixed_s: float | None = None
+    startup_s: float = 1800.0
+    phase_s: float = 1800.0
+    suspect_fraction: float = 2 / 3
+    io_life_bytes: int = 1 << 20
+    life_cap: float = 10.0
+    window: int = 2000
+    min_intervals: int = 3  # fewer learned intervals: the floor alone (or the fixed timeout)
+
+
+@dataclass(frozen=True)
+class HangVerdict:
+    state: HangState
+    stuck_ranks: tuple[int, ...] = ()
+    last_progress_at: datetime | None = None  # the job's, for the stuck ranks
+    idle_s: float = 0.0
+    threshold_s: float = 0.0
+    p99_s: float | None = None
+    basis: str = ""
+    waiting_for: str | None = None  # why a suspected hang is not confirmed yet
+
+    def describe(self) -> str:
+        ranks = ", ".join(map(str, self.stuck_ranks)) or "none"
+        return (f"no progress for {self.idle_s:.1f}s on rank(s) {ranks} (threshold "
+                f"{self.threshold_s:.1f}s: {self.basis})")
+
+
+def p99(values: Iterable[float]) -> float | None:
+    xs = sorted(values)
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
+
+
+@dataclass
+class _Rank:
+    last_progress_at: datetime | None = None
+    last_output_at: datetime | None = None
+    io_bytes: int | None = None
+    io_grew: bool = False
+
+
+@dataclass
+class HangDetector:
+    """One per job: `start_attempt` at each attempt, `observe` at each poll."""
+
+    policy: HangPolicy = field(default_factory=HangPolicy)
+    intervals: deque[float] = field(default_factory=deque)
+    _started_at: datetime | None = None
+    _ranks: dict[int, _Rank] = field(default_factory=dict)
+    _state: HangState = HangState.OK
+    _suspected_at: datetime | None = None
+
+    def start_attempt(self, at: datetime) -> None:
+        """Clocks restart; the learned cadence is kept (it is the job's, not the attempt's)."""
+        self._started_at, self._ranks = at, {}
+        self._state, self._suspected_at = HangState.OK, None
+
+    def learned_p99(self) -> float | None:
+        if len(self.intervals) < self.policy.min_intervals:
+            return None
+        return p99(self.intervals)
+
+    def threshold(self) -> tuple[float, str]:
+        pol = self.policy
+        if pol.fixed_s is not None:
+            return pol.fixed_s, f"fixed --hang-timeout {pol.fixed_s:g}s"
+        q = self.learned_p99()
+        if q is None:
+            return pol.floor_s, f"floor {pol.floor_s:g}s (cadence not learned yet)"
+        t = max(pol.k * q, pol.floor_s)
+        return t, f"max({pol.k:g} x p99 {q:.3f}s, floor {pol.floor_s:g}s)"
+
+    def observe(self, liveness: list[RankLiveness], now: datetime) -> HangVerdict:
+        for rl in liveness:
+            self._update(rl)
+        threshold, basis = self.threshold()
+        stuck: list[tuple[int, float, float]] = []  # rank, idle seconds, its allowance
+        for rl in liveness:
+            idle, allowed, why = self._idle(rl, now, threshold)
+            if idle > allowed * self.policy.suspect_fraction:
+                stuck.append((rl.rank, idle, allowed))
+                basis = why or basis
+        if not stuck:
+            self._state, self._suspected_at = HangState.OK, None
+            return HangVerdict(HangState.OK, threshold_s=threshold, p99_s=self.learned_p99(),
+                               basis=basis)
+        ranks = tuple(r for r, _, _ in stuck)
+        idle = max(i for _, i, _ in stuck)
+        allowed = min(a for _, _, a in stuck)
+        last = [self._ranks[r].last_progress_at for r in ranks]
+        known = [t for t in last if t is not None]
+        since = min(known) if known else self._started_at
+        if self._state == HangState.OK:
+            self._state, self._suspected_at = HangState.SUSPECTED, now
+        waiting = None
+        if self._state == HangState.SUSPECTED and idle > allowed:
+            waiting = self._life(liveness, now, allowed)
+            if waiting is None or idle > allowed * self.policy.life_cap:
+                self._state = HangState.CONFIRMED
+        return HangVerdict(self._state, ranks, since, idle, allowed, self.learned_p99(), basis,
+                           waiting if self._state != HangState.CONFIRMED else None)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _update(self, rl: RankLiveness) -> None:
+        r = self._ranks.setdefault(rl.rank, _Rank())
+        for x in rl.intervals:
+            if x >= 0:
+                self.intervals.append(x)
+        while len(self.intervals) > self.policy.window:
+            self.intervals.popleft()
+        if rl.last_progress_at is not None:
+            r.last_progress_at = rl.last_progress_at
+        r.last_output_at = rl.last_output_at
+        if rl.io_bytes is not None:
+            grew = r.io_bytes is not None and rl.io_bytes - r.io_bytes > self.policy.io_life_bytes
+            r.io_grew, r.io_bytes = grew, rl.io_bytes
+
+    def _idle(self, rl: RankLiveness, now: datetime, threshold: float
+              ) -> tuple[float, float, str | None]:
+        """(seconds without progress, the allowance that applies, why it differs from T)."""
+        last = self._ranks[rl.rank].last_progress_at
+        if rl.phase is not None:
+            start = rl.phase_since or last or self._started_at or now
+            allowed = rl.phase_timeout_s or max(self.policy.phase_s, threshold)
+            return ((now - start).total_seconds(), allowed,
+                    f"phase {rl.phase!r} allowance {allowed:g}s")
+        if last is None:
+            start = self._started_at or now
+            allowed = max(self.policy.startup_s, threshold)
+            return (now - start).total_seconds(), allowed, f"start-up allowance {allowed:g}s"
+        return (now - last).total_seconds(), threshold, None
+
+    def _life(self, liveness: list[RankLiveness], now: datetime, threshold: float
+              ) -> str | None:
+        """Why the job still looks busy, or None when nothing is happening: a line printed
+        since the suspicion and within the last third of the threshold (at least 2 s), or
+        more than io_life_bytes read or written since the last sample."""
+        recent = max(threshold / 3, 2.0)
+        for rl in liveness:
+            r = self._ranks[rl.rank]
+            out = r.last_output_at
+            if (out is not None and self._suspected_at is not None and out > self._suspected_at
+                    and (now - out).total_seconds() <= recent):
+                return f"rank {rl.rank} still prints output"
+            if r.io_grew:
+                return f"rank {rl.rank} still reads or writes"
+        return None

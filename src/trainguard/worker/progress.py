@@ -1,0 +1,141 @@
+"""Progress and phase marks: how a training script tells its launcher that it is not hung.
+
+    import trainguard
+
+    for step in range(start + 1, steps + 1):
+        ...                                      # one training step
+        trainguard.progress(step)                # cheap: call it every step
+        if step % eval_every == 0:
+            with trainguard.phase("eval", timeout_s=900):
+                evaluate()                       # slow on purpose: its own allowance
+
+What the agent does with them (hang detection): every `progress` message restarts the
+rank's no-progress clock, and a rank whose clock runs past the job's hang timeout is
+treated as hung. A `phase` gives work that is slow on purpose, such as evaluation or a
+checkpoint save, its own allowance: while a phase is open the rank is judged against the
+phase's `timeout_s` (the agent's default for phases when None) instead of the step
+timeout. trainguard's Checkpointer marks its blocking parts (saving, loading, waiting for a
+save to be durable) as `phase("checkpoint")` by itself, whether or not the script calls
+progress().
+
+Messages (JSON datagrams through trainguard.worker.channel; each also carries `kind`,
+`rank`, `pid` and `at`, the sender's wall-clock time):
+
+- `progress`: `step` (int). Sent on the first call, then at most every
+  PROGRESS_INTERVAL_S, and at once when the step goes backwards (the script restarted from
+  an older checkpoint). So the step the agent knows lags the script's by at most 0.2 s.
+- `phase`: `name`, `state` ("begin" or "end"), `timeout_s` (float or None), `depth` (1 for
+  the outermost phase open in the sending thread, 2 for one nested in it...) and `seq` (per
+  process, the same on a phase's begin and end, to pair them). An end also carries `ok`:
+  False when the phase was left by an exception. Ends are sent on exceptions too.
+
+Delivery: the agent's socket queues only a few datagrams (net.unix.max_dgram_qlen, 10 by
+default) between its polls, and a full queue drops what is sent. A progress message that
+could not be sent is tried again at a call 10 ms later; a phase mark is retried for up to
+about 0.13 s (longer than an agent poll), unless the previous mark failed that way too (the
+agent is gone: no more waiting until a send succeeds again).
+
+Without a launcher (TRAINGUARD_AGENT_SOCKET unset when first used) both are no-ops: a
+progress() call then costs a global lookup and a comparison. Standard library only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from types import TracebackType
+
+from trainguard.worker import channel
+
+__all__ = ["PROGRESS_INTERVAL_S", "phase", "progress"]
+
+PROGRESS_INTERVAL_S = 0.2
+_PROGRESS_RETRY_S = 0.01  # after a progress message was dropped
+_MARK_RETRY_SLEEPS_S = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)
+
+_launcher: bool | None = None  # channel.available(), looked up once on first use
+_last_step = 0
+_next_send_at = -math.inf  # monotonic time after which the next progress is sent
+_monotonic = time.monotonic
+_seq = itertools.count(1)
+_local = threading.local()
+_marks_failing = False  # the last phase mark was dropped despite the retries
+
+
+def _detect() -> bool:
+    global _launcher
+    _launcher = channel.available()
+    return _launcher
+
+
+def progress(step: int) -> None:
+    """Report that the script reached `step` (e.g. the number of optimizer steps done)."""
+    global _last_step, _next_send_at
+    if _launcher is not True and (_launcher is False or not _detect()):
+        return
+    now = _monotonic()
+    if now < _next_send_at and step >= _last_step:
+        _last_step = step
+        return
+    _last_step = step
+    sent = channel.send("progress", step=int(step))
+    _next_send_at = now + (PROGRESS_INTERVAL_S if sent else _PROGRESS_RETRY_S)
+
+
+class phase:  # lower case: used like a function, `with trainguard.phase("eval"):`
+    """A stretch of work that is slow on purpose, with its own hang allowance.
+
+    `timeout_s`: how long the phase may take before the agent calls the rank hung; None
+    leaves it to the agent's default for phases. Phases nest; one object may be re-entered
+    once it has been left.
+    """
+
+    __slots__ = ("_seq", "name", "timeout_s")
+
+    def __init__(self, name: str, timeout_s: float | None = None) -> None:
+        if not name:
+            raise ValueError("a phase needs a name, e.g. phase('eval')")
+        if timeout_s is not None and not 0 < timeout_s < math.inf:
+            raise ValueError(f"phase timeout_s must be > 0 seconds or None, got {timeout_s!r}")
+        self.name = name
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self._seq = 0
+
+    def __enter__(self) -> None:
+        depth = getattr(_local, "depth", 0) + 1
+        _local.depth = depth
+        if _launcher is True or (_launcher is None and _detect()):
+            self._seq = next(_seq)
+            _send_mark(name=self.name, state="begin", timeout_s=self.timeout_s, depth=depth,
+                       seq=self._seq)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        depth = getattr(_local, "depth", 1)
+        _local.depth = depth - 1
+        if _launcher is True:
+            _send_mark(name=self.name, state="end", timeout_s=self.timeout_s, depth=depth,
+                       seq=self._seq, ok=exc_type is None)
+
+
+def _send_mark(**fields: object) -> None:
+    """Send a phase mark; a full agent queue empties at its next poll, so retry a while."""
+    global _marks_failing
+    if channel.send("phase", **fields):
+        _marks_failing = False
+        return
+    if _marks_failing:
+        return
+    for pause in _MARK_RETRY_SLEEPS_S:
+        time.sleep(pause)
+        if channel.send("phase", **fields):
+            return
+    _marks_failing = True
+
+
+def _reset() -> None:
+    """Forget the launcher lookup and the throttle (tests; a process that changed its env)."""
+    global _launcher, _last_step, _next_send_at, _marks_failing
+    _launcher, _last_step, _next_send_at, _marks_failing = None, 0, -math.inf, False

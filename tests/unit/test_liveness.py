@@ -1,0 +1,152 @@
+"""The hang detector (liveness.py): learned threshold, allowances, activity, two stages."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+
+from trainguard.liveness import HangDetector, HangPolicy, HangState, p99
+from trainguard.protocol import RankLiveness
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def live(rank: int, last: float | None, *, step: int | None = None,
+         intervals: list[float] | None = None, output: float | None = None,
+         io: int | None = None, cpu: float | None = None, phase: str | None = None,
+         phase_since: float | None = None, phase_timeout: float | None = None) -> RankLiveness:
+    return RankLiveness(
+        rank=rank, last_step=step, last_progress_at=None if last is None else at(last),
+        intervals=intervals or [], phase=phase,
+        phase_since=None if phase_since is None else at(phase_since),
+        phase_timeout_s=phase_timeout, last_output_at=None if output is None else at(output),
+        cpu_s=cpu, io_bytes=io)
+
+
+def run_steady(det: HangDetector, ranks: int, step_s: float, until: float) -> float:
+    """Feed a healthy job (every rank steps every step_s, polled each step); last time."""
+    t, step = 0.0, 0
+    det.start_attempt(at(0))
+    while t < until:
+        t += step_s
+        step += 1
+        v = det.observe([live(r, t, step=step, intervals=[step_s] if step > 1 else [])
+                         for r in range(ranks)], at(t))
+        assert v.state == HangState.OK, (t, v)
+    return t
+
+
+def test_p99_is_the_value_below_which_99_percent_fall() -> None:
+    assert p99([1.0] * 99 + [50.0]) == 1.0
+    assert p99([1.0] * 98 + [50.0, 50.0]) == 50.0
+    assert p99([]) is None
+
+
+def test_a_steady_job_that_stops_is_suspected_then_confirmed_at_the_floor() -> None:
+    det = HangDetector(HangPolicy(floor_s=8.0))
+    t = run_steady(det, 4, 0.1, 30.0)
+    assert det.threshold()[0] == 8.0  # 3 x p99 0.1 s is under the floor
+    states = {}
+    for dt in (1.0, 5.0, 5.4, 7.9, 8.1):
+        v = det.observe([live(r, t, step=300) for r in range(4)], at(t + dt))
+        states[dt] = v.state
+    assert states[1.0] == HangState.OK
+    assert states[5.4] == HangState.SUSPECTED  # 2/3 of 8 s
+    assert states[7.9] == HangState.SUSPECTED
+    assert states[8.1] == HangState.CONFIRMED
+    v = det.observe([live(r, t, step=300) for r in range(4)], at(t + 9))
+    assert v.stuck_ranks == (0, 1, 2, 3) and v.last_progress_at == at(t)
+
+
+def test_the_learned_threshold_is_three_times_the_p99_step() -> None:
+    det = HangDetector(HangPolicy(floor_s=8.0))
+    t = run_steady(det, 2, 5.0, 200.0)
+    threshold, basis = det.threshold()
+    assert threshold == 15.0 and "p99" in basis
+    assert det.observe([live(0, t), live(1, t)], at(t + 14)).state == HangState.SUSPECTED
+    assert det.observe([live(0, t), live(1, t)], at(t + 15.1)).state == HangState.CONFIRMED
+
+
+def test_one_stuck_rank_is_enough_and_is_named() -> None:
+    det = HangDetector()
+    t = run_steady(det, 3, 0.5, 20.0)
+    v = det.observe([live(0, t + 20), live(1, t), live(2, t + 20)], at(t + 20))
+    assert v.state == HangState.CONFIRMED and v.stuck_ranks == (1,)
+
+
+def test_no_false_alarm_when_step_time_varies_tenfold_and_saves_pause_twenty_fold() -> None:
+    rnd = random.Random(7)
+    det = HangDetector()
+    det.start_attempt(at(0))
+    t, base = 0.0, 0.05
+    for step in range(1, 4_000):
+        dt = base * rnd.uniform(1, 10)
+        if step % 50 == 0:
+            dt = base * 20  # a checkpoint save, not marked as a phase
+        # the poll may come anywhere inside the step: check the worst moment, just before it
+        v = det.observe([live(0, t, step=step - 1)], at(t + dt * 0.999))
+        assert v.state == HangState.OK, (step, dt, det.threshold())
+        t += dt
+        det.observe([live(0, t, step=step, intervals=[dt])], at(t))
+
+
+def test_output_or_io_after_the_suspicion_delays_the_confirmation() -> None:
+    det = HangDetector(HangPolicy(floor_s=8.0, life_cap=3.0))
+    t = run_steady(det, 2, 0.1, 5.0)
+    det.observe([live(0, t, output=t, io=0), live(1, t)], at(t + 6))  # suspected
+    v = det.observe([live(0, t, output=t + 7, io=0), live(1, t)], at(t + 9))
+    assert v.state == HangState.SUSPECTED and v.waiting_for == "rank 0 still prints output"
+    v = det.observe([live(0, t, output=t + 7, io=50 << 20), live(1, t)], at(t + 11))
+    assert v.state == HangState.SUSPECTED and "reads or writes" in (v.waiting_for or "")
+    # life forever does not hide a hang forever: life_cap x threshold
+    v = det.observe([live(0, t, output=t + 23, io=100 << 20), live(1, t)], at(t + 24.5))
+    assert v.state == HangState.CONFIRMED
+
+
+def test_cpu_alone_is_not_life() -> None:
+    det = HangDetector(HangPolicy(floor_s=8.0))
+    t = run_steady(det, 2, 0.1, 5.0)
+    det.observe([live(0, t, cpu=10.0), live(1, t, cpu=10.0)], at(t + 6))
+    v = det.observe([live(0, t, cpu=19.0), live(1, t, cpu=10.0)], at(t + 8.5))
+    assert v.state == HangState.CONFIRMED
+
+
+def test_a_fixed_hang_timeout_overrides_the_learned_one() -> None:
+    det = HangDetector(HangPolicy(fixed_s=60.0))
+    t = run_steady(det, 1, 0.1, 5.0)
+    assert det.observe([live(0, t)], at(t + 30)).state == HangState.OK
+    assert det.observe([live(0, t)], at(t + 45)).state == HangState.SUSPECTED
+    assert det.observe([live(0, t)], at(t + 61)).state == HangState.CONFIRMED
+
+
+def test_start_up_has_its_own_allowance() -> None:
+    det = HangDetector(HangPolicy(startup_s=120.0))
+    det.start_attempt(at(0))
+    assert det.observe([live(0, None)], at(70)).state == HangState.OK
+    assert det.observe([live(0, None)], at(90)).state == HangState.SUSPECTED
+    v = det.observe([live(0, None)], at(121))
+    assert v.state == HangState.CONFIRMED and "start-up" in v.basis
+
+
+def test_a_marked_phase_has_its_own_allowance() -> None:
+    det = HangDetector(HangPolicy(floor_s=8.0))
+    t = run_steady(det, 1, 0.1, 5.0)
+    ev = [live(0, t, phase="eval", phase_since=t, phase_timeout=60.0)]
+    assert det.observe(ev, at(t + 30)).state == HangState.OK
+    v = det.observe(ev, at(t + 61))
+    assert v.state in (HangState.SUSPECTED, HangState.CONFIRMED)
+    assert "phase 'eval'" in v.basis
+
+
+def test_progress_clears_a_suspicion_and_a_new_attempt_keeps_the_cadence() -> None:
+    det = HangDetector(HangPolicy(floor_s=8.0))
+    t = run_steady(det, 1, 2.0, 60.0)
+    assert det.observe([live(0, t)], at(t + 6)).state == HangState.SUSPECTED
+    assert det.observe([live(0, t + 6.5, intervals=[6.5])], at(t + 7)).state == HangState.OK
+    learned = det.learned_p99()
+    det.start_attempt(at(t + 100))
+    assert det.learned_p99() == learned
