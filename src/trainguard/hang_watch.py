@@ -89,7 +89,7 @@ class HangWatch:
         culprit = name_culprit(stacks, steps)
         files = [f for d in dumps for f in d.files]
         data = {**_verdict_data(v), "culprit": _culprit_data(culprit), "stack_files": files,
-                "stack_errors": {d.rank: d.error for d in dumps if d.error},
+                "stack_errors": {str(d.rank): d.error for d in dumps if d.error},
                 "confirmed_at": now.isoformat()}
         _write_json(out / HANG_FILE, {**data, "attempt": self._attempt})
         who = f"rank {culprit.rank}" if culprit.rank is not None else "no single rank"

@@ -137,10 +137,11 @@ class HangDetector:
         last = [self._ranks[r].last_progress_at for r in ranks]
         known = [t for t in last if t is not None]
         since = min(known) if known else self._started_at
-        if self._state == HangState.OK:
+        fresh = self._state == HangState.OK  # two stages: confirmed at a later poll
+        if fresh:
             self._state, self._suspected_at = HangState.SUSPECTED, now
         waiting = None
-        if self._state == HangState.SUSPECTED and idle > allowed:
+        if self._state == HangState.SUSPECTED and idle > allowed and not fresh:
             waiting = self._life(liveness, now, allowed)
             if waiting is None or idle > allowed * self.policy.life_cap:
                 self._state = HangState.CONFIRMED

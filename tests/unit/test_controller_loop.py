@@ -17,8 +17,11 @@ from trainguard.diagnosis.sources import scan_lines
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import JobPaths
 from trainguard.protocol import (
+    DumpStacks,
     NodeReport,
     Progress,
+    RankLiveness,
+    StackDump,
     StartWorkers,
     StopWorkers,
     WorkerFact,
@@ -330,3 +333,54 @@ def test_an_error_inside_the_loop_leaves_the_job_failed_not_running(
     with JobStore.open(tmp_path / "job") as store:
         assert store.meta()["state"] == "failed"
         assert [e.reason for _, e in store.events()][-1] == "JobFailed"
+
+
+# --- hangs: restart upon suspension -------------------------------------------------------
+
+
+def stale(attempt: int) -> NodeReport:
+    """Both ranks run but made no progress for a long time (their last step: at T0)."""
+    r = report(attempt, W(WorkerState.RUNNING), W(WorkerState.RUNNING), first=1, last=5)
+    return r.model_copy(update={"liveness": [
+        RankLiveness(rank=rank, last_step=5, last_progress_at=at(0)) for rank in (0, 1)]})
+
+
+class HangAgent(ScriptedAgent):
+    def __init__(self, attempts: Sequence[Sequence[NodeReport]]) -> None:
+        super().__init__(attempts)
+        self.dumps: list[DumpStacks] = []
+
+    def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
+        self.dumps.append(cmd)
+        return [StackDump(rank=r, pid=1000 + r, error="py-spy is not installed") for r in (0, 1)]
+
+
+def test_a_confirmed_hang_restarts_in_place_three_times_in_a_row_then_fails(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tests.unit.test_controller_loop.ScriptedAgent", HangAgent)
+    running = [report(a, W(WorkerState.RUNNING), W(WorkerState.RUNNING)) for a in range(4)]
+    run = job([[running[a], stale(a)] for a in range(4)], restart_on_hang=True,
+              max_restarts=0)
+    assert run.code == ExitCode.FAILED
+    assert run.reasons.count("HangSuspected") == 4 and run.reasons.count("HangConfirmed") == 4
+    assert run.reasons.count("WorkersRestarted") == 3  # the restart budget (0) is not used
+    assert run.reasons[-2:] == ["HangRestartLimitReached", "JobFailed"]
+    confirmed = [e for e in run.events if e.reason == "HangConfirmed"]
+    assert confirmed[0].data is not None and confirmed[0].data["stuck_ranks"] == [0, 1]
+    recs = run.store.running_records()
+    assert [r.start_type for r in recs] == [StartType.FIRST_START] + [
+        StartType.SUSPENSION_RESTART] * 3
+    inc = recs[0].recover_records[0]
+    assert inc.fault_scenario.value == "job_hanged" and inc.fault_at == at(0)
+    assert recs[-1].recover_records[0].recover_result == RecoverResult.QUOTA_EXCEEDED
+
+
+def test_without_restart_on_hang_a_hang_is_reported_and_the_job_left_running(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tests.unit.test_controller_loop.ScriptedAgent", HangAgent)
+    done = report(0, W(WorkerState.SUCCEEDED, 0), W(WorkerState.SUCCEEDED, 0))
+    start = report(0, W(WorkerState.RUNNING), W(WorkerState.RUNNING))
+    run = job([[start, stale(0), stale(0), stale(0), done]])
+    assert run.code == ExitCode.SUCCESS
+    assert "HangConfirmed" in run.reasons and "WorkersRestarted" not in run.reasons
+    assert run.reasons[-1] == "JobSucceeded"

@@ -75,6 +75,8 @@ def test_one_stuck_rank_is_enough_and_is_named() -> None:
     det = HangDetector()
     t = run_steady(det, 3, 0.5, 20.0)
     v = det.observe([live(0, t + 20), live(1, t), live(2, t + 20)], at(t + 20))
+    assert v.state == HangState.SUSPECTED  # first seen late: confirmed at the next poll
+    v = det.observe([live(0, t + 20), live(1, t), live(2, t + 20)], at(t + 20.1))
     assert v.state == HangState.CONFIRMED and v.stuck_ranks == (1,)
 
 
