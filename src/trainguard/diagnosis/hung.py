@@ -20,7 +20,9 @@ from trainguard.diagnosis.taxonomy import (
 
 _WHAT = {"collective": "waits in a collective", "dataloader": "waits for its data loader",
          "lock": "waits for a lock", "sleep": "sleeps", "io": "waits on I/O",
-         "compute": "runs Python code without finishing a step", "unknown": "gave no stack"}
+         "compute": "runs Python code without finishing a step", "unknown": "gave no stack",
+         "gpu": "waits for the GPU", "blocked": "is blocked in a call py-spy cannot name",
+         "error": "could not be dumped"}
 
 
 def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
