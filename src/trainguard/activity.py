@@ -13,6 +13,7 @@ from datetime import datetime
 
 import psutil
 
+from trainguard.accelerators import Accelerators
 from trainguard.protocol import RankLiveness
 
 SAMPLE_EVERY_S = 1.0  # psutil over a process tree costs about a millisecond
@@ -28,6 +29,8 @@ class _RankBook:
     phases: list[tuple[str, datetime, float | None]] = field(default_factory=list)
     cpu_s: float | None = None
     io_bytes: int | None = None
+    local_rank: int = 0
+    accel_util: int | None = None
 
 
 class LivenessBook:
@@ -37,10 +40,12 @@ class LivenessBook:
         self._lock = threading.Lock()
         self._ranks: dict[int, _RankBook] = {}
         self._sampled = 0.0
+        self._accel: Accelerators | None = None
 
-    def reset(self, pids: dict[int, int]) -> None:
+    def reset(self, pids: dict[int, int], local_ranks: dict[int, int] | None = None) -> None:
         with self._lock:
-            self._ranks = {rank: _RankBook(pid) for rank, pid in pids.items()}
+            self._ranks = {rank: _RankBook(pid, local_rank=(local_ranks or {}).get(rank, 0))
+                           for rank, pid in pids.items()}
             self._sampled = 0.0
 
     def progress(self, rank: int, step: int | None, at: datetime) -> None:
@@ -86,11 +91,16 @@ class LivenessBook:
         with self._lock:
             pids = {rank: r.pid for rank, r in self._ranks.items()}
         found = {rank: _tree_usage(pid) for rank, pid in pids.items()}
+        if self._accel is None:
+            self._accel = Accelerators()
+        util = self._accel.utilisation()
         with self._lock:
             for rank, (cpu, io) in found.items():
                 r = self._ranks.get(rank)
                 if r is not None:
                     r.cpu_s, r.io_bytes = cpu, io
+                    # a local rank uses the device of its index (CUDA_VISIBLE_DEVICES order)
+                    r.accel_util = util.get(r.local_rank)
 
     def report(self, running: set[int], last_output: dict[int, datetime]) -> list[RankLiveness]:
         """Liveness of the running ranks; the intervals reported are dropped here."""
@@ -106,7 +116,8 @@ class LivenessBook:
                     intervals=r.pending, phase=phase[0] if phase else None,
                     phase_since=phase[1] if phase else None,
                     phase_timeout_s=phase[2] if phase else None,
-                    last_output_at=last_output.get(rank), cpu_s=r.cpu_s, io_bytes=r.io_bytes))
+                    last_output_at=last_output.get(rank), cpu_s=r.cpu_s, io_bytes=r.io_bytes,
+                    accel_util=r.accel_util))
                 r.pending = []
         return out
 

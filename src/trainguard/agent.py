@@ -129,7 +129,8 @@ class NodeAgent:
         for a in cmd.workers:
             self._workers.append(self._spawn(cmd, a, router, log_dir))
         self._router = router
-        self._liveness.reset({w.assignment.rank: w.proc.pid for w in self._workers})
+        self._liveness.reset({w.assignment.rank: w.proc.pid for w in self._workers},
+                             {w.assignment.rank: w.assignment.local_rank for w in self._workers})
         router.start()
         return self.poll()
 

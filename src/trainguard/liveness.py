@@ -16,9 +16,12 @@ long it has gone without progress:
   save), the phase's own timeout or `phase_s`.
 - **suspected** at 2/3 of T: a Warning, nothing is done.
 - **confirmed** at T when the activity signals agree that nothing is being done: no rank
-  printed a line since the suspicion and no rank's process tree read or wrote more than
-  `io_life_bytes` since the last sample. CPU alone is not life (a rank spinning in a loop,
-  or busy-polling a collective, is as hung as one that sleeps). While there is life,
+  printed a line lately (since the suspicion, within the last third of T), no rank's process
+  tree read or wrote more than `io_life_bytes` since the last sample, and no rank's
+  accelerator load varies (NVML / npu-smi, where there is one: NCCL kernels spin at a flat
+  100% while a collective hangs, so only a varying load is work). CPU alone is not life (a
+  rank spinning in a loop, or busy-polling a collective, is as hung as one that sleeps).
+  While there is life,
   confirmation waits, up to `life_cap` x T.
 """
 
@@ -32,6 +35,9 @@ from datetime import datetime
 from enum import Enum
 
 from trainguard.protocol import RankLiveness
+
+ACCEL_SAMPLES = 10  # the last utilisation samples of a rank's accelerator
+ACCEL_VARYING = 10  # percentage points between min and max that mean "working"
 
 
 class HangState(str, Enum):
@@ -84,6 +90,7 @@ class _Rank:
     last_output_at: datetime | None = None
     io_bytes: int | None = None
     io_grew: bool = False
+    accel: deque[int] = field(default_factory=lambda: deque(maxlen=ACCEL_SAMPLES))
 
 
 @dataclass
@@ -163,6 +170,8 @@ class HangDetector:
         if rl.io_bytes is not None:
             grew = r.io_bytes is not None and rl.io_bytes - r.io_bytes > self.policy.io_life_bytes
             r.io_grew, r.io_bytes = grew, rl.io_bytes
+        if rl.accel_util is not None:
+            r.accel.append(rl.accel_util)
 
     def _idle(self, rl: RankLiveness, now: datetime, threshold: float
               ) -> tuple[float, float, str | None]:
@@ -193,4 +202,6 @@ class HangDetector:
                 return f"rank {rl.rank} still prints output"
             if r.io_grew:
                 return f"rank {rl.rank} still reads or writes"
+            if len(r.accel) >= 3 and max(r.accel) - min(r.accel) >= ACCEL_VARYING:
+                return f"rank {rl.rank}'s accelerator load still varies"
         return None

@@ -122,6 +122,8 @@ class RankLiveness(_Msg):
     last_output_at: datetime | None = Field(None, description="the rank's last line of output")
     cpu_s: float | None = Field(None, description="CPU time of the rank's process tree so far")
     io_bytes: int | None = Field(None, description="bytes read + written by its process tree")
+    accel_util: int | None = Field(None, description="utilisation (%) of the accelerator of "
+                                   "its local rank, when one can be read (NVML, npu-smi)")
 
 
 class FrameMsg(_Msg):

@@ -152,3 +152,18 @@ def test_progress_clears_a_suspicion_and_a_new_attempt_keeps_the_cadence() -> No
     learned = det.learned_p99()
     det.start_attempt(at(t + 100))
     assert det.learned_p99() == learned
+
+
+def test_a_varying_accelerator_load_is_life_a_flat_one_is_not() -> None:
+    det = HangDetector(HangPolicy(floor_s=8.0))
+    t = run_steady(det, 1, 0.1, 5.0)
+    for i, util in enumerate((100, 100, 100, 100)):  # NCCL spinning: flat 100%
+        v = det.observe([RankLiveness(rank=0, last_progress_at=at(t), accel_util=util)],
+                        at(t + 6 + i))
+    assert v.state == HangState.CONFIRMED
+    det.start_attempt(at(t + 100))
+    t2 = t + 100
+    for i, util in enumerate((50, 10, 80, 30)):  # real work: the load varies
+        v = det.observe([RankLiveness(rank=0, last_progress_at=at(t2), accel_util=util)],
+                        at(t2 + 6 + i * 0.9))
+    assert v.state == HangState.SUSPECTED and "accelerator" in (v.waiting_for or "")
