@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.agent import AgentAPI
-from trainguard.hang.stacks import Frame, HangCulprit, RankStack, ThreadStack, name_culprit
+from trainguard.hang.stacks import (
+    Frame,
+    HangCulprit,
+    RankStack,
+    ThreadStack,
+    main_thread,
+    name_culprit,
+)
 from trainguard.liveness import HangDetector, HangPolicy, HangState, HangVerdict
 from trainguard.protocol import DumpStacks, NodeReport, StackDump
 from trainguard.recorder import Recorder
@@ -88,7 +95,9 @@ class HangWatch:
         steps = {rl.rank: rl.last_step for rl in report.liveness}
         culprit = name_culprit(stacks, steps)
         files = [f for d in dumps for f in d.files]
-        data = {**_verdict_data(v), "culprit": _culprit_data(culprit), "stack_files": files,
+        top = {str(r): _top_frames(rs) for r, rs in stacks.items()}
+        data = {**_verdict_data(v), "culprit": _culprit_data(culprit), "stacks": top,
+                "stack_files": files,
                 "stack_errors": {str(d.rank): d.error for d in dumps if d.error},
                 "confirmed_at": now.isoformat()}
         _write_json(out / HANG_FILE, {**data, "attempt": self._attempt})
@@ -98,6 +107,13 @@ class HangWatch:
                        f"Stacks of every rank: {out}", rank=culprit.rank,
                        attempt=self._attempt, data=data)
         return HangConfirmation(v, culprit, now, out)
+
+
+def _top_frames(rs: RankStack, n: int = 8) -> list[str]:
+    """The innermost frames of a rank's main thread, for the event."""
+    t = main_thread(rs)
+    frames = t.frames[:n] if t is not None else ()
+    return [f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.line})" for f in frames]
 
 
 def _verdict_data(v: HangVerdict) -> dict[str, Any]:
