@@ -1,10 +1,15 @@
-"""`make demo`: a 2-rank DDP job that survives two injected faults, then its recovery report.
+"""`make demo`: a 2-rank DDP job that survives three injected faults, then its recovery report.
 
 1. rank 1 is killed with SIGKILL from outside after step 45: conditional auto
    restart brings the job back from its last checkpoint (step 40);
 2. on the next attempt rank 0 prints a transient NCCL error and exits 1 after step 75:
-   diagnosed as a communication error (restart helps), restarted again from step 70.
-The job then finishes; the events and the recovery records show what happened.
+   diagnosed as a communication error (restart helps), restarted again from step 70;
+3. on the third attempt rank 1 hangs (sleeps forever) after step 85 while rank 0 waits for
+   it in the next allreduce: the hang is confirmed in seconds, both ranks' stacks are
+   dumped, rank 1 is named, and the job is restarted in place (restart upon suspension)
+   from step 80.
+The job then finishes; the events, the recovery records and the diagnosis of the hung
+attempt show what happened.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ FAULTS = ";".join([
     "log:RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"
     "@rank=0,step=75,attempt=1",
     "exit:1@rank=0,step=75,attempt=1",
+    "hang@rank=1,step=85,attempt=2",
 ])
 
 
@@ -30,11 +36,12 @@ def main() -> int:
     job_dir = Path(os.environ.get("DEMO_JOB_DIR") or tempfile.mkdtemp(prefix="trainguard-demo-"))
     env = dict(os.environ, TRAINGUARD_FAULT=FAULTS)
     cmd = [*TRAINGUARD, "run", "--scenario", "single-node", "--nproc-per-node", "2",
-           "--job-dir", str(job_dir), "--local-ranks-filter", "0",
+           "--restart-on-hang", "--job-dir", str(job_dir), "--local-ranks-filter", "0",
            str(HERE / "train_ddp.py"), "--steps", "100", "--ckpt-every", "10"]
     print("$ TRAINGUARD_FAULT='...' " + " ".join(cmd[2:]), flush=True)
     code = subprocess.call(cmd, env=env)
-    for read in (["events", str(job_dir)], ["recovery", str(job_dir)]):
+    for read in (["events", str(job_dir)], ["recovery", str(job_dir)],
+                 ["diagnose", str(job_dir), "--attempt", "2"]):
         print(f"\n$ trainguard {' '.join(read)}", flush=True)
         subprocess.call([*TRAINGUARD, *read])
     verdict = "succeeded" if code == 0 else f"FAILED with exit code {code}"

@@ -56,7 +56,7 @@ class Accelerators:
             try:
                 text = subprocess.run([self._npu_smi or "npu-smi", "info", "-t", "usages",
                                        "-i", str(i)], capture_output=True, text=True,
-                                      timeout=5, check=False).stdout
+                                      timeout=2, check=False).stdout
             except (OSError, subprocess.TimeoutExpired):
                 break
             m = _NPU_USAGE.search(text)

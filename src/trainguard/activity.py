@@ -6,10 +6,11 @@ protocol.RankLiveness; decides nothing.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 
 import psutil
 
@@ -31,6 +32,8 @@ class _RankBook:
     io_bytes: int | None = None
     local_rank: int = 0
     accel_util: int | None = None
+    phase_ended: bool = False  # a phase ended since the last progress
+    sampled_at: datetime | None = None
 
 
 class LivenessBook:
@@ -56,10 +59,12 @@ class LivenessBook:
                 return
             if (r.last_progress_at is not None and at > r.last_progress_at
                     and step is not None and r.last_step is not None
-                    and step > r.last_step and len(r.pending) < MAX_PENDING):
-                # several steps in one report: each took the average of the gap
-                gap = (at - r.last_progress_at).total_seconds()
-                r.pending.append(gap / (step - r.last_step))
+                    and step > r.last_step and not r.phases and not r.phase_ended
+                    and len(r.pending) < MAX_PENDING):
+                # the gap between two progress events, as the detector measures idle time;
+                # a gap that spans a phase (an evaluation, a save) is not the step cadence
+                r.pending.append((at - r.last_progress_at).total_seconds())
+            r.phase_ended = False
             if r.last_progress_at is None or at >= r.last_progress_at:
                 r.last_progress_at = at
                 if step is not None:
@@ -79,8 +84,11 @@ class LivenessBook:
                     if r.phases[i][0] == name:
                         del r.phases[i:]
                         break
-                # the end of a phase is progress: its work is done
-                r.last_progress_at = max(at, r.last_progress_at or at)
+                r.phase_ended = True
+                # the end of a phase is progress (its work is done), once the rank has made
+                # progress at all: before, the start-up allowance still applies
+                if r.last_progress_at is not None:
+                    r.last_progress_at = max(at, r.last_progress_at)
 
     def sample(self) -> None:
         """CPU and I/O of each rank's process tree, at most once per SAMPLE_EVERY_S."""
@@ -94,13 +102,17 @@ class LivenessBook:
         if self._accel is None:
             self._accel = Accelerators()
         util = self._accel.utilisation()
+        devices = visible_devices()
+        stamp = datetime.now(timezone.utc)
         with self._lock:
             for rank, (cpu, io) in found.items():
                 r = self._ranks.get(rank)
                 if r is not None:
-                    r.cpu_s, r.io_bytes = cpu, io
-                    # a local rank uses the device of its index (CUDA_VISIBLE_DEVICES order)
-                    r.accel_util = util.get(r.local_rank)
+                    r.cpu_s, r.io_bytes, r.sampled_at = cpu, io, stamp
+                    # local rank i uses the i-th visible device (CUDA_VISIBLE_DEVICES order)
+                    dev = (devices[r.local_rank] if devices is not None
+                           and r.local_rank < len(devices) else r.local_rank)
+                    r.accel_util = util.get(dev)
 
     def report(self, running: set[int], last_output: dict[int, datetime]) -> list[RankLiveness]:
         """Liveness of the running ranks; the intervals reported are dropped here."""
@@ -117,9 +129,19 @@ class LivenessBook:
                     phase_since=phase[1] if phase else None,
                     phase_timeout_s=phase[2] if phase else None,
                     last_output_at=last_output.get(rank), cpu_s=r.cpu_s, io_bytes=r.io_bytes,
-                    accel_util=r.accel_util))
+                    accel_util=r.accel_util, sampled_at=r.sampled_at))
                 r.pending = []
         return out
+
+
+def visible_devices() -> list[int] | None:
+    """CUDA_VISIBLE_DEVICES (or ASCEND_RT_VISIBLE_DEVICES) as device indices, if numeric."""
+    for var in ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"):
+        raw = os.environ.get(var)
+        if raw:
+            ids = [x.strip() for x in raw.split(",")]
+            return [int(x) for x in ids] if all(x.isdigit() for x in ids) else None
+    return None
 
 
 def _tree_usage(pid: int) -> tuple[float | None, int | None]:

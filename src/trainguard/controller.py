@@ -214,7 +214,7 @@ class Controller:
                     hang: HangConfirmation) -> StartType | int:
         """Restart upon suspension: stop the ranks, restart them in place (the restart budget
         is not used); at most MAX_HANG_RESTARTS in a row without progress."""
-        if self._made_progress(report):
+        if self._made_progress(report, allow_uptime=False):
             self._hang_restarts = 0
         report = self._stop("a hang was confirmed")
         stopped = utcnow()
@@ -254,8 +254,9 @@ class Controller:
             time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
         return decision.start_type or StartType.AUTO_RESTART
 
-    def _made_progress(self, report: NodeReport) -> bool:
-        """New ground: a checkpoint or a step beyond every earlier one (or a long life)."""
+    def _made_progress(self, report: NodeReport, allow_uptime: bool = True) -> bool:
+        """New ground: a checkpoint or a step beyond every earlier one (or a long life, for
+        crashes: a hang always lives long, so it does not count there)."""
         committed = self.rec.messages.committed_this_attempt
         last = report.progress.last_step
         new_ckpt = committed is not None and committed > (self._max_committed_before or -1)
@@ -267,7 +268,7 @@ class Controller:
         if new_ckpt or new_step:
             return True
         record = self.rec.book.current
-        if last is None and self._max_step_seen is None and record is not None:
+        if allow_uptime and last is None and self._max_step_seen is None and record is not None:
             return (utcnow() - record.start_at).total_seconds() >= MIN_UPTIME_FOR_PROGRESS_S
         return False
 

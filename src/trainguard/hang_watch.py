@@ -10,6 +10,7 @@ written to `logs/attempt-N/stacks/hang.json` (what `trainguard diagnose` reads) 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from trainguard.hang.stacks import (
 from trainguard.liveness import HangDetector, HangPolicy, HangState, HangVerdict
 from trainguard.protocol import DumpStacks, NodeReport, StackDump
 from trainguard.recorder import Recorder
-from trainguard.records import Level, Reason, utcnow
+from trainguard.records import Level, Reason
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +68,18 @@ class HangWatch:
         """The confirmation, the first time a hang is confirmed in this attempt."""
         if not self.enabled:
             return None
-        now = utcnow()
+        now = report.at  # the node's clock, as the liveness times it reports
         v = self.detector.observe(report.liveness, now)
         before, self._state = self._state, v.state
         if v.state == HangState.OK and before != HangState.OK:
             self.rec.event(Level.INFO, Reason.HANG_CLEARED,
                            "the job makes progress again; the suspected hang is over",
                            attempt=self._attempt)
+            if self.confirmed is not None:  # diagnose must not report a hang that ended
+                path = self.confirmed.stacks_dir / HANG_FILE
+                with contextlib.suppress(OSError, ValueError):
+                    data = json.loads(path.read_text(encoding="utf-8"))
+                    _write_json(path, {**data, "cleared_at": now.isoformat()})
             self.confirmed = None
         elif v.state == HangState.SUSPECTED and before == HangState.OK:
             self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED, f"{SUSPENDED}: {v.describe()}",
@@ -93,7 +99,11 @@ class HangWatch:
             dumps = []
         stacks = {d.rank: _rank_stack(d) for d in dumps}
         steps = {rl.rank: rl.last_step for rl in report.liveness}
-        culprit = name_culprit(stacks, steps)
+        try:
+            culprit = name_culprit(stacks, steps)
+        except Exception as e:  # a bug there must not take the launcher down
+            log.exception("naming the culprit failed")
+            culprit = HangCulprit(None, f"the culprit could not be named ({e})", {}, None, 0.0)
         files = [f for d in dumps for f in d.files]
         top = {str(r): _top_frames(rs) for r, rs in stacks.items()}
         data = {**_verdict_data(v), "culprit": _culprit_data(culprit), "stacks": top,

@@ -90,6 +90,7 @@ class _Rank:
     last_output_at: datetime | None = None
     io_bytes: int | None = None
     io_grew: bool = False
+    sampled_at: datetime | None = None
     accel: deque[int] = field(default_factory=lambda: deque(maxlen=ACCEL_SAMPLES))
 
 
@@ -119,8 +120,9 @@ class HangDetector:
         if pol.fixed_s is not None:
             return pol.fixed_s, f"fixed --hang-timeout {pol.fixed_s:g}s"
         q = self.learned_p99()
-        if q is None:
-            return pol.floor_s, f"floor {pol.floor_s:g}s (cadence not learned yet)"
+        if q is None:  # too few intervals to know the cadence: a slow step is not a hang
+            t = max(pol.startup_s, pol.floor_s)
+            return t, f"start-up allowance {t:g}s (cadence not learned yet)"
         t = max(pol.k * q, pol.floor_s)
         return t, f"max({pol.k:g} x p99 {q:.3f}s, floor {pol.floor_s:g}s)"
 
@@ -167,6 +169,9 @@ class HangDetector:
         if rl.last_progress_at is not None:
             r.last_progress_at = rl.last_progress_at
         r.last_output_at = rl.last_output_at
+        if rl.sampled_at is not None and rl.sampled_at == r.sampled_at:
+            return  # the same activity sample as at the last poll
+        r.sampled_at = rl.sampled_at
         if rl.io_bytes is not None:
             grew = r.io_bytes is not None and rl.io_bytes - r.io_bytes > self.policy.io_life_bytes
             r.io_grew, r.io_bytes = grew, rl.io_bytes
@@ -177,8 +182,13 @@ class HangDetector:
               ) -> tuple[float, float, str | None]:
         """(seconds without progress, the allowance that applies, why it differs from T)."""
         last = self._ranks[rl.rank].last_progress_at
+        if last is None:  # a rank that reports no progress of its own (only rank 0 logs
+            # steps, say) is judged by the job's progress
+            known = [r.last_progress_at for r in self._ranks.values() if r.last_progress_at]
+            last = max(known) if known else None
         if rl.phase is not None:
-            start = rl.phase_since or last or self._started_at or now
+            marks = [t for t in (rl.phase_since, last) if t is not None]
+            start = max(marks) if marks else (self._started_at or now)
             allowed = rl.phase_timeout_s or max(self.policy.phase_s, threshold)
             return ((now - start).total_seconds(), allowed,
                     f"phase {rl.phase!r} allowance {allowed:g}s")

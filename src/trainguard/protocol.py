@@ -124,6 +124,7 @@ class RankLiveness(_Msg):
     io_bytes: int | None = Field(None, description="bytes read + written by its process tree")
     accel_util: int | None = Field(None, description="utilisation (%) of the accelerator of "
                                    "its local rank, when one can be read (NVML, npu-smi)")
+    sampled_at: datetime | None = Field(None, description="when cpu/io/accel were sampled")
 
 
 class FrameMsg(_Msg):

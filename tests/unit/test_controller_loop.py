@@ -340,7 +340,8 @@ def test_an_error_inside_the_loop_leaves_the_job_failed_not_running(
 
 def stale(attempt: int) -> NodeReport:
     """Both ranks run but made no progress for a long time (their last step: at T0)."""
-    r = report(attempt, W(WorkerState.RUNNING), W(WorkerState.RUNNING), first=1, last=5)
+    r = report(attempt, W(WorkerState.RUNNING), W(WorkerState.RUNNING), first=1, last=5,
+               seconds=7200)
     return r.model_copy(update={"liveness": [
         RankLiveness(rank=rank, last_step=5, last_progress_at=at(0)) for rank in (0, 1)]})
 

@@ -256,9 +256,9 @@ def test_every_rank_in_one_file_lock_is_no_single_culprit() -> None:
 
 
 def test_the_rank_behind_is_named_when_every_rank_waits() -> None:
-    v = culprit({r: AR for r in range(4)}, {0: 42, 1: 41, 2: 42, 3: None})
+    v = culprit({r: AR for r in range(4)}, {0: 42, 1: 30, 2: 42, 3: None})
     assert v.rank == 1
-    assert "rank 1 fell behind" in v.reason and "Its last step is 41; the others reached 42" in (
+    assert "rank 1 fell behind" in v.reason and "Its last step is 30; the others reached 42" in (
         v.reason)
 
 
@@ -270,7 +270,7 @@ def test_every_rank_waiting_at_the_same_step_names_nobody() -> None:
 
 def test_steps_choose_among_several_ranks_outside_the_collective() -> None:
     v = culprit({0: AR, 1: "spin.native", 2: "gloo_sleep_rank1.native", 3: AR},
-                {0: 5, 1: 5, 2: 4, 3: 5})
+                {0: 5, 1: 5, 2: 2, 3: 5})
     assert v.rank == 2
     assert "lowest of those behind" in v.reason
     no_steps = culprit({0: AR, 1: "spin.native", 2: "gloo_sleep_rank1.native", 3: AR})

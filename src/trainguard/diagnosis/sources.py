@@ -132,7 +132,8 @@ def _job_inputs(job_dir: Path, attempt: int | None,
         attempt = failed[-1] if failed else (attempts[-1] if attempts else 0)
     adir = attempt_log_dir(log_dir, attempt)
     files = [(p, str(p.relative_to(job_dir)) if p.is_relative_to(job_dir) else str(p))
-             for p in (_log_files(adir) if adir.is_dir() else [])]
+             for p in (_log_files(adir) if adir.is_dir() else [])
+             if "stacks" not in p.relative_to(adir).parts]  # stack dumps are not logs
     if not files:
         problems.append(f"{adir}: no logs of attempt {attempt} (known attempts: "
                         f"{', '.join(map(str, attempts)) or 'none'})")
@@ -153,13 +154,15 @@ def _hang_report(job_dir: Path, log_dir: Path, attempt: int) -> Diagnosis | None
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    if not isinstance(data, dict) or data.get("cleared_at"):
+        return None  # the job made progress again after that hang
     texts = {}
     for f in sorted(path.parent.glob("rank-*.txt")):
         rank = file_rank(f.name)
         if rank is not None:
             name = str(f.relative_to(job_dir)) if f.is_relative_to(job_dir) else str(f)
             texts[rank] = (name, f.read_text(encoding="utf-8", errors="replace"))
-    return hang_diagnosis(data if isinstance(data, dict) else {}, texts)
+    return hang_diagnosis(data, texts)
 
 
 def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,

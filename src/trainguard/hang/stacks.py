@@ -136,9 +136,13 @@ def _ranks(rs: list[int]) -> str:
             else "ranks " + ", ".join(str(r) for r in sorted(rs)))
 
 
+BEHIND_MIN_STEPS = 2  # progress reports are throttled: a lag of one step is noise
+
+
 def _behind(steps: dict[int, int]) -> list[int]:
-    """The ranks at the lowest last step, when the ranks' last steps differ."""
-    if len(set(steps.values())) < 2:
+    """The ranks at the lowest last step, when the ranks' last steps differ by more than
+    a throttled progress report can explain."""
+    if not steps or max(steps.values()) - min(steps.values()) < BEHIND_MIN_STEPS:
         return []
     low = min(steps.values())
     return sorted(r for r, s in steps.items() if s == low)
