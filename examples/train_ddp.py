@@ -51,8 +51,8 @@ parser.add_argument("--seed", type=int, default=1337, help="seed for the data an
 parser.add_argument("--step-time", type=float, default=0.0,
                     help="base sleep per step (s): slower, steady steps")
 parser.add_argument("--step-jitter", type=float, default=0.0, metavar="X",
-                    help="each step also sleeps a random extra of up to X times its own time "
-                    "(seeded by --seed, rank and step: reproducible)")
+                    help="each step also sleeps a random extra of up to X times --step-time "
+                    "(10 ms without it), seeded by --seed, rank and step: reproducible")
 parser.add_argument("--ckpt-pause", type=float, default=0.0, metavar="X",
                     help="each checkpoint save also pauses X times the median time of the last 100 "
                     "steps (a slow save); inside trainguard.phase('checkpoint') with --progress")
@@ -196,7 +196,9 @@ for step in range(start_step + 1, args.steps + 1):
         time.sleep(args.step_time)  # pretend to be a bigger model
     loss_value = loss.item()
     if args.step_jitter > 0:
-        time.sleep(jitter_s(step, time.perf_counter() - t0))  # an uneven step
+        # an uneven step; scaled by a fixed base: a measured step time would include the
+        # wait for the other ranks' jitter, and the extras would feed on each other
+        time.sleep(jitter_s(step, args.step_time if args.step_time > 0 else 0.01))
     dt = time.perf_counter() - t0
     step_times.append(dt)
     if not args.quiet:
