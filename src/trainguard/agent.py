@@ -25,7 +25,7 @@ from trainguard import procs
 from trainguard.activity import LivenessBook
 from trainguard.channel import ChannelServer
 from trainguard.diagnosis.findings import Finding
-from trainguard.diagnosis.sources import scan_file, scan_lines
+from trainguard.diagnosis.sources import default_trigger, scan_file, scan_lines
 from trainguard.errors import LaunchError
 from trainguard.logs import LogRouter, rank_log_path
 from trainguard.protocol import (
@@ -109,6 +109,8 @@ class NodeAgent:
         self._liveness = LivenessBook()
         self._strays_reaped = 0.0
         procs.become_subreaper()
+        # the failure rules (YAML, RE2) load in the background now, not on the recovery path
+        threading.Thread(target=default_trigger, name="trainguard-rules", daemon=True).start()
         self._guardian = procs.Guardian(marker)
         self._channel = ChannelServer(f"@trainguard-{marker}-{node}")
 
