@@ -13,6 +13,8 @@ import logging
 import re
 import shutil
 import subprocess
+import threading
+import time
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -64,3 +66,37 @@ class Accelerators:
                 break
             out[i] = int(m.group(1))
         return out
+
+
+class AcceleratorSampler:
+    """Reads utilisation in a thread every `every_s` (npu-smi can take seconds, and must never
+    stall the agent's poll); `latest()` returns the last reading at once."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self._every = every_s
+        self._latest: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def latest(self) -> dict[int, int]:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trainguard-accel",
+                                            daemon=True)
+            self._thread.start()
+        with self._lock:
+            return dict(self._latest)
+
+    def _run(self) -> None:
+        acc = Accelerators()
+        if acc.kind is None:
+            return  # nothing to read on this machine: the thread ends here
+        while not self._stop.is_set():
+            t = time.monotonic()
+            util = acc.utilisation()
+            with self._lock:
+                self._latest = util
+            self._stop.wait(max(self._every - (time.monotonic() - t), 0.1))
+
+    def close(self) -> None:
+        self._stop.set()

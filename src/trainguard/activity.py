@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 import psutil
 
-from trainguard.accelerators import Accelerators
+from trainguard.accelerators import AcceleratorSampler
 from trainguard.protocol import RankLiveness
 
 SAMPLE_EVERY_S = 1.0  # psutil over a process tree costs about a millisecond
@@ -43,7 +43,7 @@ class LivenessBook:
         self._lock = threading.Lock()
         self._ranks: dict[int, _RankBook] = {}
         self._sampled = 0.0
-        self._accel: Accelerators | None = None
+        self._accel = AcceleratorSampler()
 
     def reset(self, pids: dict[int, int], local_ranks: dict[int, int] | None = None) -> None:
         with self._lock:
@@ -99,9 +99,7 @@ class LivenessBook:
         with self._lock:
             pids = {rank: r.pid for rank, r in self._ranks.items()}
         found = {rank: _tree_usage(pid) for rank, pid in pids.items()}
-        if self._accel is None:
-            self._accel = Accelerators()
-        util = self._accel.utilisation()
+        util = self._accel.latest()
         devices = visible_devices()
         stamp = datetime.now(timezone.utc)
         with self._lock:
