@@ -62,7 +62,7 @@ from importlib import metadata, resources
 from pathlib import Path
 
 import yaml
-from _common import BenchError, Spread, load_note, markdown_table
+from _common import BenchError, Spread, load_note, markdown_table, trainguard_exe
 
 from trainguard.diagnosis.rules import RuleSet, load_rules, parse_rules
 from trainguard.diagnosis.sources import default_trigger, diagnose_paths
@@ -566,16 +566,6 @@ def check_verdict(ds: Dataset, rules: RuleSet | None) -> tuple[float, float | No
         raise BenchError(f"diagnose on {ds.size_mib} MiB gave a wrong answer: "
                          f"{'; '.join(problems)}{summary}")
     return dt, peak
-
-
-def trainguard_exe() -> str:
-    beside = Path(sys.executable).parent / "trainguard"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("trainguard")
-    if found is None:
-        raise BenchError(f"no `trainguard` next to {sys.executable} or on PATH")
-    return found
 
 
 def time_cli(ds: Dataset) -> float:

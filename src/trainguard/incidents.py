@@ -7,6 +7,7 @@ shapes, the time split and the steps lost, and writes them to the store as they 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.policy import Action, Decision
@@ -87,30 +88,13 @@ class IncidentBook:
     def attempt_failed(self, attempt: int, diag: Diagnosis, decision: Decision,
                        fault_at: datetime, detected: datetime, stopped: datetime,
                        progress: Progress) -> None:
-        rec = self.current
-        if rec is None:
-            return
-        self.progress_seen(progress)
-        self._close_pending(RecoverResult.FAILED, detected)
-        if progress.last_step is not None:
-            self._max_step = max(progress.last_step, self._max_step or progress.last_step)
         restart = decision.action == Action.RESTART
-        now = utcnow()
-        inc = RecoverRecord(
-            attempt=attempt, recover_start_at=detected, fault_scenario=fault_scenario(diag),
-            reason=diag.summary, related_task=_task(diag.culprit_rank),
-            recover="process_restart" if restart else "none",
-            recover_result=decision.result, recover_end_at=None if restart else now,
-            fault_at=fault_at, detected_at=detected, workers_stopped_at=stopped,
-            decided_at=now, backoff_s=decision.delay_s if restart else None,
-            last_step_before=progress.last_step if progress.last_step is not None
-            else self._max_step, category=diag.category.value)
-        rec.recover_records.append(inc)
-        rec.end_at, rec.end_reason = stopped, f"{diag.category.value}: {diag.summary}"
-        rec.end_related_task = _task(diag.culprit_rank)
-        rec.end_recover = inc.recover
-        self._pending = (rec, inc) if restart else None
-        self._save(rec)
+        self._incident(
+            attempt, progress, stopped, f"{diag.category.value}: {diag.summary}", restart,
+            detected=detected, fault_scenario=fault_scenario(diag), reason=diag.summary,
+            related_task=_task(diag.culprit_rank), recover_result=decision.result,
+            fault_at=fault_at, backoff_s=decision.delay_s if restart else None,
+            category=diag.category.value)
 
     def attempt_hanged(self, attempt: int, reason: str, culprit_rank: int | None,
                        fault_at: datetime | None, detected: datetime, stopped: datetime,
@@ -119,6 +103,19 @@ class IncidentBook:
 
         fault_at is the last progress before the hang, so detect = the detection latency.
         """
+        self._incident(
+            attempt, progress, stopped, f"hang: {reason}", restart, detected=detected,
+            fault_scenario=FaultScenario.JOB_HANGED, reason=reason,
+            related_task=_task(culprit_rank),
+            recover_result=RecoverResult.RECOVERING if restart
+            else RecoverResult.QUOTA_EXCEEDED,
+            fault_at=fault_at or detected, backoff_s=0.0 if restart else None,
+            category="nccl_timeout_or_hang")
+
+    def _incident(self, attempt: int, progress: Progress, stopped: datetime, end_reason: str,
+                  restart: bool, *, detected: datetime, **fields: Any) -> None:
+        """Close the attempt's running record with a new recover record (`fields`); with a
+        restart the incident stays open until the next attempt makes progress."""
         rec = self.current
         if rec is None:
             return
@@ -128,18 +125,14 @@ class IncidentBook:
             self._max_step = max(progress.last_step, self._max_step or progress.last_step)
         now = utcnow()
         inc = RecoverRecord(
-            attempt=attempt, recover_start_at=detected, fault_scenario=FaultScenario.JOB_HANGED,
-            reason=reason, related_task=_task(culprit_rank),
+            attempt=attempt, recover_start_at=detected, detected_at=detected,
             recover="process_restart" if restart else "none",
-            recover_result=RecoverResult.RECOVERING if restart else RecoverResult.QUOTA_EXCEEDED,
-            recover_end_at=None if restart else now, fault_at=fault_at or detected,
-            detected_at=detected, workers_stopped_at=stopped, decided_at=now,
-            backoff_s=0.0 if restart else None,
-            last_step_before=progress.last_step if progress.last_step is not None
-            else self._max_step, category="nccl_timeout_or_hang")
+            recover_end_at=None if restart else now, workers_stopped_at=stopped,
+            decided_at=now, last_step_before=progress.last_step
+            if progress.last_step is not None else self._max_step, **fields)
         rec.recover_records.append(inc)
-        rec.end_at, rec.end_reason = stopped, f"hang: {reason}"
-        rec.end_related_task = _task(culprit_rank)
+        rec.end_at, rec.end_reason = stopped, end_reason
+        rec.end_related_task = inc.related_task
         rec.end_recover = inc.recover
         self._pending = (rec, inc) if restart else None
         self._save(rec)

@@ -36,6 +36,11 @@ def default_trigger() -> Trigger:
     return compile_trigger(load_rules())
 
 
+def trigger_for(rules: RuleSet) -> Trigger:
+    """The shipped rules' trigger is compiled once per process; other rules' each call."""
+    return default_trigger() if rules is load_rules() else compile_trigger(rules)
+
+
 def scan_lines(lines: Iterable[str], name: str, rank: int | None = None) -> list[Finding]:
     """Findings of some lines already in memory (a tail kept by the log router, tests);
     `rank`, when given, owns every line."""
@@ -66,7 +71,7 @@ def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
     """
     rules = rules or load_rules()
     if trigger is None or trigger.rules is not rules:
-        trigger = default_trigger() if rules is load_rules() else compile_trigger(rules)
+        trigger = trigger_for(rules)
     label = name or str(path)
     scan = FileScan(rules, label, trigger, rank if rank is not None else file_rank(label),
                     force_rank=rank is not None)
@@ -116,8 +121,10 @@ def _log_files(d: Path) -> list[Path]:
                   and not p.name.endswith(SKIP_SUFFIXES))
 
 
-def _job_inputs(job_dir: Path, attempt: int | None,
-                problems: list[str]) -> tuple[int, list[tuple[Path, str]], list[RankExit]]:
+def _job_inputs(job_dir: Path, attempt: int | None, problems: list[str]
+                ) -> tuple[int, list[tuple[Path, str]], list[RankExit], Diagnosis | None]:
+    """The attempt to diagnose, its log files, its ranks' exits and, when no rank failed
+    but the launcher confirmed a hang, that hang's diagnosis."""
     from trainguard.logs import attempt_log_dir
     from trainguard.store import JobStore
 
@@ -140,7 +147,8 @@ def _job_inputs(job_dir: Path, attempt: int | None,
     exits = [RankExit(r.rank, r.state == "failed", r.exit_code, r.ended_at,
                       r.oom_killed, r.node)
              for r in rows if r.attempt == attempt]
-    return attempt, files, exits
+    hung = None if any(e.failed for e in exits) else _hang_report(job_dir, log_dir, attempt)
+    return attempt, files, exits, hung
 
 
 def _hang_file(log_dir: Path, attempt: int) -> Path:
@@ -169,19 +177,17 @@ def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
                    rules: RuleSet | None = None) -> Report:
     """Diagnose job dirs and/or log files (directories of logs are walked)."""
     rules = rules or load_rules()
-    trigger = default_trigger() if rules is load_rules() else compile_trigger(rules)
+    trigger = trigger_for(rules)
     report = Report(None)
     files: list[tuple[Path, str]] = []
     exits: list[RankExit] = []
     hung: Diagnosis | None = None
     for p in paths:
         if (p / "trainguard.db").is_file():
-            report.attempt, more, ex = _job_inputs(p, attempt, report.problems)
+            report.attempt, more, ex, hung = _job_inputs(p, attempt, report.problems)
             report.job_dir = str(p)
             files += more
             exits += ex
-            if not any(e.failed for e in ex):
-                hung = _hang_report(p, _log_dir(p), report.attempt)
         elif p.is_dir():
             found = _log_files(p)
             if not found:
@@ -205,9 +211,3 @@ def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
     report.diagnosis = hung or diagnose(findings, exits, rules)
     return report
 
-
-def _log_dir(job_dir: Path) -> Path:
-    from trainguard.store import JobStore
-
-    with JobStore.open(job_dir) as store:
-        return Path(str(store.meta().get("log_dir") or job_dir / "logs"))
