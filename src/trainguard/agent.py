@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -57,7 +58,15 @@ class AgentAPI(Protocol):
     def poll(self, wait_s: float = 0.0) -> NodeReport: ...
     def stop_workers(self, cmd: StopWorkers) -> NodeReport: ...
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]: ...
+    def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]: ...
     def close(self) -> None: ...
+
+
+def free_port(addr: str) -> int:
+    """A port nobody listens on right now at `addr` (each attempt gets a fresh one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -198,6 +207,10 @@ class NodeAgent:
             self._router.close(timeout=2.0)
         return self._report()
 
+    def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]:
+        """Rank 0's store address for the next attempt: `addr`, a fresh port unless given."""
+        return addr, preferred_port or free_port(addr)
+
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
         """Every running rank's Python stacks (py-spy), saved under cmd.out_dir."""
         from trainguard.hang.dump import dump_stacks
@@ -280,8 +293,8 @@ class NodeAgent:
             # the pipe may still hold its last lines (a child of the worker can keep it open)
             complete = self._router.wait_rank_eof(w.assignment.rank, timeout=0.5)
         return WorkerFact(
-            rank=w.assignment.rank, local_rank=w.assignment.local_rank, pid=w.proc.pid,
-            state=w.state, returncode=w.returncode, started_at=w.started_at,
+            rank=w.assignment.rank, node=self.node, local_rank=w.assignment.local_rank,
+            pid=w.proc.pid, state=w.state, returncode=w.returncode, started_at=w.started_at,
             ended_at=w.ended_at, start_count=w.assignment.start_count,
             findings=(self._findings(w, complete) if ended and w.state != WorkerState.SUCCEEDED
                       else []),

@@ -32,7 +32,8 @@ from trainguard.records import (
     iso,
     utcnow,
 )
-from trainguard.store import JobStore, WorkerRow
+from trainguard.store import JobStore, NodeRow, WorkerRow
+from trainguard.store_rows import node_order
 
 POLL_INTERVAL_S = 0.5
 EXIT_OK = 0
@@ -40,12 +41,10 @@ EXIT_NO_JOB = 2
 EXIT_INTERRUPTED = 130
 
 _LEVEL_STYLES = {"Info": "cyan", "Warning": "yellow", "Error": "bold red"}
-_WORKER_STYLES = {
-    "starting": "cyan",
-    "running": "green",
-    "succeeded": "green",
-    "failed": "bold red",
-    "stopped": "yellow",
+_STATE_STYLES = {  # of workers, then of nodes
+    "starting": "cyan", "running": "green", "succeeded": "green", "failed": "bold red",
+    "stopped": "yellow", "healthy": "green", "spare": "cyan", "lost": "bold red",
+    "isolated": "yellow",
 }
 _Handler = Callable[[JobStore, argparse.Namespace], int]
 
@@ -61,7 +60,7 @@ def add_read_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "with --json, prints one JSON object per line (JSON Lines) instead of an array",
     )
     _add(subparsers, "recovery", "show running records, recover records and goodput", cmd_recovery)
-    _add(subparsers, "status", "show the job's state and its ranks", cmd_status)
+    _add(subparsers, "status", "show the job's state, its nodes and its ranks", cmd_status)
 
 
 def _add(
@@ -275,7 +274,7 @@ def _summary_line(s: dict[str, Any]) -> str:
 
 def _print_status(store: JobStore, args: argparse.Namespace) -> int:
     meta = store.meta()
-    doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()))
+    doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes())
     if args.json:
         _print_json(doc)
         return EXIT_OK
@@ -290,12 +289,15 @@ def _print_status(store: JobStore, args: argparse.Namespace) -> int:
     when = "never" if at is None else f"at {clock(at)}"
     console.print(f"last progress: step {_dash(progress['step'])} {when}", highlight=False)
     console.print(f"job dir: {doc['job_dir']}", highlight=False, markup=False)
-    console.print(_ranks_table(doc["ranks"]))
+    if doc["nodes"]:
+        console.print(_keyed_table(doc["nodes"], _NODE_KEYS), Text())
+    console.print(_keyed_table(doc["ranks"], _RANK_KEYS))
     return EXIT_OK
 
 
-def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str) -> dict[str, Any]:
-    """The `status --json` document."""
+def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
+               nodes: list[NodeRow] | None = None) -> dict[str, Any]:
+    """The `status --json` document; `nodes` is empty for a single-node job."""
     return {
         "run_id": meta.get("run_id"),
         "state": job_state(meta),
@@ -310,19 +312,27 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str) -> 
             {k: getattr(w, k) for k in _RANK_KEYS} for w in sorted(workers, key=lambda w: w.rank)
         ],
         "job_dir": meta.get("job_dir") or job_dir,
+        "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
     }
 
 
 _RANK_KEYS = ("rank", "local_rank", "node", "pid", "state", "exit_code", "signal", "start_count")
+_NODE_KEYS = ("name", "host", "state", "agent_pid", "slot", "backend", "times_implicated",
+              "updated_at", "reason")
 
 
-def _ranks_table(ranks: list[dict[str, Any]]) -> Table:
+def _node_dict(n: NodeRow) -> dict[str, Any]:
+    return {k: iso(n.updated_at) if k == "updated_at" else getattr(n, k) for k in _NODE_KEYS}
+
+
+def _keyed_table(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> Table:
+    """One column per key (a time as its clock), the state styled; a reason may wrap."""
     table = Table(box=None, pad_edge=False)
-    for key in _RANK_KEYS:
-        table.add_column(key.upper().replace("_", " "), no_wrap=True)
-    for r in ranks:
-        cells = [Text(_dash(r[k])) for k in _RANK_KEYS]
-        cells[_RANK_KEYS.index("state")].stylize(_WORKER_STYLES.get(r["state"], ""))
+    for key in keys:
+        table.add_column(key.upper().replace("_", " "), no_wrap=key != "reason")
+    for r in rows:
+        cells = [Text(_clock_or_dash(r[k]) if k.endswith("_at") else _dash(r[k])) for k in keys]
+        cells[keys.index("state")].stylize(_STATE_STYLES.get(r["state"], ""))
         table.add_row(*cells)
     return table
 
@@ -372,6 +382,11 @@ def _secs(v: float | None) -> str:
 
 def _dash(v: object) -> str:
     return "-" if v is None else str(v)
+
+
+def _clock_or_dash(value: Any) -> str:
+    at = meta_time(value)
+    return "-" if at is None else clock(at)
 
 
 def _print_json(doc: object) -> None:

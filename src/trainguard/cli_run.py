@@ -40,7 +40,7 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Launch TRAINING_SCRIPT on this node like torchrun, restarting it per the "
                     "HA policy. Flags after the script belong to the script.")
     t = p.add_argument_group("torchrun-compatible")
-    _flag(t, "nnodes", type=str, help="nodes, N or MIN:MAX (only 1 in this version)")
+    _flag(t, "nnodes", type=str, help="nodes to train on (N; elastic MIN:MAX is not supported)")
     _flag(t, "nproc-per-node", type=str, help="workers per node: N, cpu, gpu or auto")
     _flag(t, "node-rank", type=int, help="this node's rank (0)")
     _flag(t, "master-addr", type=str, help="rank 0's address (127.0.0.1)")
@@ -93,6 +93,28 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     h.add_argument("--save-on-exit", action="store_true", default=S,
                    help="workers using trainguard.checkpoint save the last completed step "
                         "when they are stopped (within the grace period)")
+    m = p.add_argument_group("multi-node (one controller; an agent per node)")
+    _flag(m, "spare-nodes", type=int, help="standby nodes that replace a lost one (0)")
+    _flag(m, "backend", choices=["local", "slurm"],
+          help="local: virtual nodes on this machine (default); slurm: srun in an allocation "
+               "(the current one, or one made with salloc)")
+    _flag(m, "node-timeout", dest="node_timeout_s", type=float,
+          help="a node agent silent this long is lost (10 s)")
+    _flag(m, "reconnect-grace", dest="reconnect_grace_s", type=float,
+          help="a node agent disconnected this long is lost (3 s)")
+    _flag(m, "max-pod-reschedules", type=int,
+          help="budget for replacing a lost node with a spare (3)")
+    _flag(m, "max-job-reschedules", type=int,
+          help="budget for isolating a faulty node and placing every rank again (3)")
+    _flag(m, "repeat-offender", type=int,
+          help="isolate a node implicated this many times within an hour (3; 0: never)")
+    _flag(m, "queue-timeout", dest="queue_timeout_s", type=float,
+          help="without enough healthy nodes, wait this long, then fail (300 s)")
+    m.add_argument("--no-precheck", dest="precheck", action="store_false", default=S,
+                   help="skip the per-node pre-check (disk, /dev/shm, accelerators, torch, ports)")
+    _flag(m, "min-free-disk-mb", type=float, help="pre-check: free MiB in job/checkpoint dirs")
+    _flag(m, "expect-accelerators", type=int, help="pre-check: accelerators per node (0)")
+    _flag(m, "controller-host", type=str, help="address the controller listens on for agents")
     p.add_argument("training_script", nargs="?", default=S, help="script, module or program")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, default=S)
     p.set_defaults(func=_run_command)
@@ -141,7 +163,8 @@ def _nnodes(s: str) -> int:
     m = re.fullmatch(r"(\d+)(?::(\d+))?", s.strip())
     if not m or (m.group(2) and m.group(1) != m.group(2)):
         raise SpecError("--nnodes", f"{s!r} is not supported",
-                        "use a single number (elastic MIN:MAX ranges are not supported yet)")
+                        "use a single number (elastic MIN:MAX ranges are not supported; "
+                        "give spare nodes with --spare-nodes)")
     return int(m.group(1))
 
 

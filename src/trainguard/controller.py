@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from trainguard.agent import AgentAPI
 from trainguard.diagnosis.attempt import diagnose_attempt
@@ -26,17 +26,13 @@ from trainguard.protocol import NodeReport, StartWorkers, StopWorkers, WorkerAss
 from trainguard.recorder import Recorder
 from trainguard.records import JobState, Level, Reason, RecoverResult, StartType, utcnow
 
+if TYPE_CHECKING:
+    from trainguard.cluster.recovery import NodeRecovery
+
 log = logging.getLogger(__name__)
 
 # A job that never prints a step line still makes progress if an attempt lived this long.
 MIN_UPTIME_FOR_PROGRESS_S = 60.0
-
-
-def free_port(addr: str) -> int:
-    """A port nobody listens on right now at `addr` (each attempt gets a fresh one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])
 
 
 class SignalReceiver:
@@ -71,13 +67,16 @@ class _Outcome:
     report: NodeReport
     signal: int | None = None
     hang: HangConfirmation | None = None
+    lost: dict[str, str] | None = None  # multi-node: placed nodes lost, with why
 
 
 class Controller:
-    """Runs one single-node job to the end and returns the launcher's exit code."""
+    """Runs one job to the end and returns the launcher's exit code. A multi-node job's
+    agent is the fleet, and `nodes` carries out node-level recovery (cluster.recovery)."""
 
-    def __init__(self, recorder: Recorder, agent: AgentAPI) -> None:
-        self.rec, self.agent = recorder, agent
+    def __init__(self, recorder: Recorder, agent: AgentAPI, nodes: NodeRecovery | None = None,
+                 adopt: bool = False) -> None:
+        self.rec, self.agent, self.nodes, self._adopt = recorder, agent, nodes, adopt
         self.spec = recorder.spec
         self._hist = History()
         self._signals = SignalReceiver()
@@ -100,15 +99,29 @@ class Controller:
                 self.agent.close()
 
     def _run(self) -> int:
-        attempt, start_type = self.rec.begin()
+        adopted: int | None = self.rec.adopt() if self._adopt else None
+        attempt, start_type = (adopted, StartType.AUTO_RESTART) if adopted is not None \
+            else self.rec.begin()
+        self._hist = History(restarts_used=int(self.rec.store.meta().get("restarts_used") or 0))
         self._max_step_seen = self.rec.previous_max_step
         while True:
             try:
-                outcome = self._run_attempt(attempt, start_type)
+                if adopted is not None:  # a restarted controller: the workers run on
+                    self._started_any, adopted = True, None
+                    self._hangs.start_attempt(attempt, utcnow())
+                    outcome = self._watch()
+                else:
+                    outcome = self._run_attempt(attempt, start_type)
             except LaunchError as e:
                 return self._not_started(attempt, e)
             if outcome.signal is not None:
                 return self._stopped(attempt, outcome.signal)
+            if outcome.lost and self.nodes is not None:
+                next_type = self._node_level(attempt, self.nodes.after_loss(attempt, outcome.lost))
+                if isinstance(next_type, int):
+                    return next_type
+                attempt, start_type = attempt + 1, next_type
+                continue
             if outcome.hang is not None:
                 next_type = self._after_hang(attempt, outcome.report, outcome.hang)
                 if isinstance(next_type, int):
@@ -123,11 +136,15 @@ class Controller:
             attempt, start_type = attempt + 1, next_type
 
     def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome:
-        port = (self.spec.master_port if attempt == 0 and self.spec.master_port
-                else free_port(self.spec.master_addr))
+        if self.nodes is not None:
+            why = self.nodes.prepare(attempt)
+            if why is not None:
+                raise LaunchError(why)
+        addr, port = self.agent.rendezvous(
+            self.spec.master_addr, self.spec.master_port if attempt == 0 else None)
         self.rec.book.attempt_started(attempt, start_type, port)
         self.rec.messages.new_attempt()
-        report = self.agent.start_workers(self._start_cmd(attempt, port))
+        report = self.agent.start_workers(self._start_cmd(attempt, port, addr))
         self._started_any = True
         self.rec.book.workers_started(report.at)
         self._hangs.start_attempt(attempt, report.at)
@@ -144,18 +161,19 @@ class Controller:
         self.rec.set_meta(state=JobState.RUNNING.value, attempt=attempt)
         return self._watch()
 
-    def _start_cmd(self, attempt: int, port: int) -> StartWorkers:
+    def _start_cmd(self, attempt: int, port: int, addr: str) -> StartWorkers:
         n = self.spec.nproc_per_node
         base = self.spec.node_rank * n
+        ranks = range(self.spec.world_size) if self.nodes is not None else range(base, base + n)
         paths = self.rec.paths
         return StartWorkers(
             run_id=self.spec.run_id, attempt=attempt, argv=self.rec.argv,
             env={"TRAINGUARD_GRACE_PERIOD_S": f"{self.spec.grace_period_s:g}",
                  "TRAINGUARD_SAVE_ON_EXIT": "1" if self.spec.save_on_exit else "0"},
-            workers=[WorkerAssignment(rank=base + i, local_rank=i, start_count=attempt + 1,
-                                      schedule_count=self.rec.launches) for i in range(n)],
+            workers=[WorkerAssignment(rank=r, local_rank=r % n, start_count=attempt + 1,
+                                      schedule_count=self.rec.launches) for r in ranks],
             world_size=self.spec.world_size, group_rank=self.spec.node_rank,
-            group_world_size=self.spec.nnodes, master_addr=self.spec.master_addr,
+            group_world_size=self.spec.nnodes, master_addr=addr,
             master_port=port, max_restarts=self.spec.max_restarts,
             log_dir=str(paths.log_dir), job_dir=str(paths.job_dir),
             checkpoint_dir=str(paths.checkpoint_dir), cwd=os.getcwd())
@@ -166,6 +184,8 @@ class Controller:
                 return _Outcome(self.agent.poll(), self._signals.received)
             report = self.agent.poll(wait_s=self.spec.monitor_interval)
             self.rec.sync(report)
+            if report.lost_nodes and self.nodes is not None:
+                return _Outcome(report, lost=self.nodes.fleet.lost_now())
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)
@@ -194,11 +214,19 @@ class Controller:
         self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
                        f"stopped the other workers (grace {self.spec.grace_period_s:g}s)",
                        attempt=attempt)
+        if self.nodes is not None:  # a peer's failure may be the sign of a node's loss
+            lost = self.nodes.fleet.settle()
+            if lost:
+                return self._node_level(attempt, self.nodes.after_loss(attempt, lost))
         diag = diagnose_attempt(report.workers, detected, node=report.node)
         if diag is None:  # pragma: no cover - _watch returns only with a failed worker
             raise RuntimeError("no failed worker to diagnose")
         self.rec.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
                        rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
+        if self.nodes is not None:
+            node_level = self.nodes.after_failure(attempt, report, diag)
+            if node_level is not None:
+                return self._node_level(attempt, node_level)
         decision = decide(diag, self._made_progress(report), self._hist,
                           self.spec.restart_policy)
         self._hist = decision.history
@@ -271,6 +299,16 @@ class Controller:
         if allow_uptime and last is None and self._max_step_seen is None and record is not None:
             return (utcnow() - record.start_at).total_seconds() >= MIN_UPTIME_FOR_PROGRESS_S
         return False
+
+    def _node_level(self, attempt: int, outcome: StartType | str) -> StartType | int:
+        """After node-level recovery: restart (the start type) or fail (why)."""
+        if isinstance(outcome, StartType):
+            self.rec.set_meta(state=JobState.RESTARTING.value)
+            return outcome
+        self.rec.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {outcome}",
+                       attempt=attempt)
+        self.rec.finish(JobState.FAILED, ExitCode.FAILED)
+        return int(ExitCode.FAILED)
 
     # -- endings --------------------------------------------------------------------------
 

@@ -112,6 +112,30 @@ class IncidentBook:
             fault_at=fault_at or detected, backoff_s=0.0 if restart else None,
             category="nccl_timeout_or_hang")
 
+    def attempt_node_fault(self, attempt: int, *, node: str, reason: str, recover: str | None,
+                           result: RecoverResult, tried: list[tuple[str, RecoverResult, str]],
+                           fault_at: datetime, detected: datetime, stopped: datetime,
+                           progress: Progress, category: str | None = None) -> None:
+        """A lost or faulty node ended `attempt`. Each rung of the ladder that could not act
+        gets a closed record (downgrade / quotaExceeded); the rung that acts (`recover`, None
+        when none could) gets the open one."""
+        rec = self.current
+        if rec is None:
+            return
+        for rung, res, why in tried:
+            rec.recover_records.append(RecoverRecord(
+                attempt=attempt, recover_start_at=detected, detected_at=detected,
+                fault_scenario=FaultScenario.NODE_FAULT, reason=f"{reason}; {why}",
+                related_task=f"node/{node}", recover=rung, recover_result=res,
+                recover_end_at=detected, fault_at=fault_at, workers_stopped_at=stopped,
+                decided_at=utcnow(), category=category))
+        restart = recover is not None
+        self._incident(attempt, progress, stopped, f"node {node}: {reason}", restart,
+                       detected=detected, fault_scenario=FaultScenario.NODE_FAULT,
+                       reason=reason, related_task=f"node/{node}", recover_result=result,
+                       fault_at=fault_at, backoff_s=0.0 if restart else None,
+                       category=category, recover=recover or "none")
+
     def _incident(self, attempt: int, progress: Progress, stopped: datetime, end_reason: str,
                   restart: bool, *, detected: datetime, **fields: Any) -> None:
         """Close the attempt's running record with a new recover record (`fields`); with a
@@ -124,9 +148,10 @@ class IncidentBook:
         if progress.last_step is not None:
             self._max_step = max(progress.last_step, self._max_step or progress.last_step)
         now = utcnow()
+        recover = fields.pop("recover", "process_restart" if restart else "none")
         inc = RecoverRecord(
             attempt=attempt, recover_start_at=detected, detected_at=detected,
-            recover="process_restart" if restart else "none",
+            recover=recover,
             recover_end_at=None if restart else now, workers_stopped_at=stopped,
             decided_at=now, last_step_before=progress.last_step
             if progress.last_step is not None else self._max_step, **fields)

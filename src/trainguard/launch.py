@@ -31,14 +31,24 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
                         f"({e.strerror})", "choose a writable directory") from None
     filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
     with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store:
+        if spec.multi_node:
+            from trainguard.cluster.launch import launch_cluster
+
+            code = launch_cluster(spec, argv, marker, paths, store)
+            _job_dir_line(paths)
+            return code
         agent = NodeAgent("node-0", sys.stdout, ConsoleOptions(spec.redirects, filt),
                           spec.step_pattern, marker)
         recorder = Recorder(spec, paths, store, argv, on_event=console_printer())
         code = Controller(recorder, agent).run()
+    _job_dir_line(paths)
+    return code
+
+
+def _job_dir_line(paths: JobPaths) -> None:
     with contextlib.suppress(OSError, ValueError):
         print(f"[trainguard] job dir: {paths.job_dir}  (trainguard recovery {paths.job_dir})",
               file=sys.stderr, flush=True)
-    return code
 
 
 @contextlib.contextmanager
@@ -72,4 +82,4 @@ def check_master_addr(addr: str) -> None:
     except OSError as e:
         raise SpecError("--master-addr", f"cannot listen on {addr!r} on this node "
                         f"({e.strerror or e})", "use 127.0.0.1 or one of this node's "
-                        "addresses (one node in this version)") from None
+                        "addresses") from None

@@ -70,6 +70,7 @@ class StopWorkers(_Msg):
 
 class WorkerFact(_Msg):
     rank: int
+    node: str | None = Field(None, description="the node the rank runs on")
     local_rank: int
     pid: int | None
     state: WorkerState
@@ -169,3 +170,6 @@ class NodeReport(_Msg):
                                           description="worker messages since the last report")
     liveness: list[RankLiveness] = Field(default_factory=list,
                                          description="per running rank, for hang detection")
+    lost_nodes: list[str] = Field(default_factory=list,
+                                  description="nodes of the placement whose agent was lost "
+                                  "(multi-node: silent, disconnected or its process ended)")

@@ -36,13 +36,16 @@ class Recorder:
         self.launches = 1
         self.previous_max_step: int | None = None
         self._workers_sig: object = None
+        self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
         self._progress_written = 0.0
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
-              attempt: int | None = None, data: dict[str, Any] | None = None) -> None:
+              attempt: int | None = None, data: dict[str, Any] | None = None,
+              node: str | None = None) -> None:
+        if node is None and rank is not None:
+            node = self._node_of.get(rank, "node-0")
         ev = Event(utcnow(), level, reason.value, message,
-                   Involved(job=self.spec.run_id, node=None if rank is None else "node-0",
-                            rank=rank, attempt=attempt), data)
+                   Involved(job=self.spec.run_id, node=node, rank=rank, attempt=attempt), data)
         self.store.add_event(ev)
         if self._on_event is not None:
             self._on_event(ev)
@@ -72,6 +75,24 @@ class Recorder:
         self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}")
         return 0, StartType.FIRST_START
 
+    def adopt(self) -> int:
+        """A restarted controller takes over the attempt that runs (its workers kept
+        running); returns that attempt."""
+        previous = self.store.meta()
+        self.launches = int(previous.get("launches") or 1)
+        last = previous.get("last_step")
+        self.previous_max_step = last if isinstance(last, int) else None
+        attempt = int(previous["attempt"])
+        self.store.set_meta(launcher_pid=os.getpid(), launcher_host=socket.gethostname(),
+                            state=JobState.RUNNING.value)
+        for r in self.store.running_records():
+            if r.attempt == attempt:
+                self.book.current = r
+        self.event(Level.INFO, Reason.CONTROLLER_RESTARTED,
+                   f"a new controller (pid {os.getpid()}) took over attempt {attempt}: the "
+                   "node agents reconnected and the workers kept running", attempt=attempt)
+        return attempt
+
     def set_meta(self, **values: Any) -> None:
         self.store.set_meta(**values)
 
@@ -83,6 +104,7 @@ class Recorder:
         sig = tuple((w.pid, w.state, w.returncode) for w in report.workers)
         if sig != self._workers_sig:
             self._workers_sig = sig
+            self._node_of.update({w.rank: w.node or report.node for w in report.workers})
             self.store.put_workers(report.attempt or 0, workers_rows(report))
         self.messages.handle(report.messages, report.attempt or 0)
         p = report.progress
@@ -96,7 +118,7 @@ class Recorder:
 
 def workers_rows(report: NodeReport) -> list[WorkerRow]:
     return [WorkerRow(attempt=report.attempt or 0, rank=w.rank, local_rank=w.local_rank,
-                      node=report.node, pid=w.pid, state=w.state.value,
+                      node=w.node or report.node, pid=w.pid, state=w.state.value,
                       exit_code=w.returncode, signal=signal_name(w.signal_number),
                       started_at=w.started_at, ended_at=w.ended_at, start_count=w.start_count,
                       oom_killed=w.oom_killed)

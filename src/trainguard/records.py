@@ -47,6 +47,17 @@ class Reason(str, Enum):
     HANG_CONFIRMED = "HangConfirmed"
     HANG_CLEARED = "HangCleared"
     HANG_RESTART_LIMIT_REACHED = "HangRestartLimitReached"
+    NODE_READY = "NodeReady"
+    NODE_LOST = "NodeLost"
+    NODE_ISOLATED = "NodeIsolated"
+    POD_RESCHEDULED = "PodRescheduled"
+    JOB_RESCHEDULED = "JobRescheduled"
+    RESCHEDULE_DOWNGRADED = "RescheduleDowngraded"
+    QUEUING = "Queuing"
+    PRECHECK_STARTED = "PrecheckStarted"
+    PRECHECK_COMPLETED = "PrecheckCompleted"
+    PRECHECK_FAILED = "PrecheckFailed"
+    CONTROLLER_RESTARTED = "ControllerRestarted"
 
 
 class JobState(str, Enum):
@@ -86,6 +97,8 @@ class StartType(str, Enum):
     AUTO_RESTART = "auto_restart"
     UNCONDITIONAL_RESTART = "unconditional_restart"
     SUSPENSION_RESTART = "suspension_restart"  # restart upon a confirmed hang
+    POD_RESCHEDULE = "pod_reschedule"  # a lost node's ranks moved to a spare
+    JOB_RESCHEDULE = "job_reschedule"  # a faulty node isolated, every rank placed again
 
 
 def utcnow() -> datetime:

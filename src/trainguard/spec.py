@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainguard.errors import SpecError
 
 Scenario = Literal["single-node", "multi-node", "llm"]
+BackendName = Literal["local", "slurm"]
 
 # Defaults each scenario of the seed table turns on (docs/scenarios.md says why).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -48,7 +49,33 @@ class JobSpec(BaseModel):
     args: list[str] = Field(default_factory=list, description="the script's own arguments")
     module: bool = Field(False, description="run entrypoint as a Python module (python -m)")
     no_python: bool = Field(False, description="run entrypoint as a program, not with python")
-    nnodes: int = Field(1, description="number of nodes (only 1 in this version)")
+    nnodes: int = Field(1, ge=1, le=4096, description="number of nodes the job trains on")
+    spare_nodes: int = Field(0, ge=0, le=4096, description="standby nodes, ready to replace a "
+                             "faulty or lost one (pod-level rescheduling)")
+    backend: BackendName = Field("local", description="where node agents run: local (virtual "
+                                 "nodes on this machine) or slurm (srun in an allocation)")
+    node_timeout_s: float = Field(10.0, ge=1, le=3600, description="a node agent silent this "
+                                  "long is lost (agents beat every second)")
+    reconnect_grace_s: float = Field(3.0, ge=0, le=3600, description="a node agent "
+                                     "disconnected this long is lost (a blip is shorter)")
+    max_pod_reschedules: int = Field(3, ge=0, le=128, description="pod-level rescheduling "
+                                     "budget: a lost node replaced by a spare")
+    max_job_reschedules: int = Field(3, ge=0, le=128, description="isolated job-level "
+                                     "rescheduling budget: a faulty node isolated, every rank "
+                                     "placed again")
+    repeat_offender: int = Field(3, ge=0, le=128, description="a node implicated this many "
+                                 "times within an hour is isolated (0: never)")
+    queue_timeout_s: float = Field(300.0, ge=0, le=7 * 86400, description="without enough "
+                                   "healthy nodes, wait this long for one, then fail")
+    precheck: bool = Field(True, description="check every node before an attempt starts "
+                           "(disk, /dev/shm, accelerators, python and torch, ports)")
+    min_free_disk_mb: float = Field(1024.0, ge=0, description="pre-check: free space needed in "
+                                    "the job and checkpoint dirs (MiB)")
+    expect_accelerators: int = Field(0, ge=0, le=1024, description="pre-check: accelerators "
+                                     "each node must see (0: not checked)")
+    controller_host: str | None = Field(None, description="address the controller listens on "
+                                        "for node agents (default: 127.0.0.1 for the local "
+                                        "backend, this host's name for slurm)")
     nproc_per_node: int = Field(1, ge=1, le=1024, description="worker processes per node")
     node_rank: int = Field(0, ge=0, description="this node's rank")
     master_addr: str = Field("127.0.0.1", description="address of rank 0's store")
@@ -99,13 +126,6 @@ class JobSpec(BaseModel):
             raise ValueError("needs one capture group around the step number, e.g. 'step (\\d+)'")
         return v
 
-    @field_validator("nnodes")
-    @classmethod
-    def _one_node(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("multi-node runs are not supported yet in this version; use 1")
-        return v
-
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         if self.module and self.no_python:
@@ -114,7 +134,15 @@ class JobSpec(BaseModel):
             raise ValueError("restart_backoff_max_s must be >= restart_backoff_s")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
+        if self.multi_node and self.node_rank != 0:
+            raise ValueError("a multi-node job has one controller, which starts an agent on "
+                             "every node: run trainguard once, without --node-rank")
         return self
+
+    @property
+    def multi_node(self) -> bool:
+        """Agents on nodes of their own (a cluster), not in the launcher's process."""
+        return self.nnodes > 1 or self.spare_nodes > 0 or self.backend != "local"
 
     @property
     def world_size(self) -> int:
@@ -157,6 +185,10 @@ FLAG_NAMES = {
     "hang_floor_s": "--hang-floor",
     "hang_startup_s": "--hang-startup-timeout",
     "module": "-m/--module",
+    "node_timeout_s": "--node-timeout",
+    "reconnect_grace_s": "--reconnect-grace",
+    "queue_timeout_s": "--queue-timeout",
+    "precheck": "--no-precheck",
 }
 
 

@@ -1,38 +1,55 @@
 """The job store: one SQLite file per job (JOB_DIR/trainguard.db) in WAL mode.
 
-One writer (the launcher's controller) records meta, events, running records and worker
-rows as things happen; any number of readers (`trainguard events|recovery|status`) read
+One writer (the launcher's controller) records meta, events, running records, worker rows
+and node rows as things happen; any number of readers (`trainguard events|recovery|status`) read
 it while the job runs and after it ends. Every method is one short transaction.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeAlias
 
 from trainguard.errors import StoreError
-from trainguard.records import Event, Involved, Level, RunningRecord, from_iso
+from trainguard.records import Event, Involved, Level, RunningRecord
+from trainguard.store_rows import (
+    NODE_COLUMNS,
+    WORKER_COLUMNS,
+    NodeRow,
+    WorkerRow,
+    check_nodes,
+    node_from_row,
+    running_to_json,
+    to_row,
+    worker_from_row,
+)
 
 DB_NAME = "trainguard.db"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 5.0
 
 MetaValue: TypeAlias = str | int | float | bool | list[str] | None
 
+_NODES_TABLE = """CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY, host TEXT NOT NULL, state TEXT NOT NULL, agent_pid INTEGER,
+    slot INTEGER, reason TEXT, updated_at TEXT NOT NULL, backend TEXT NOT NULL,
+    times_implicated INTEGER NOT NULL DEFAULT 0
+    )"""
+
 # Version 1 -> 2: events carry structured data; worker rows say whether the OOM killer ran.
+# Version 2 -> 3: the nodes of a multi-node job.
 _MIGRATIONS = {
     1: ("ALTER TABLE events ADD COLUMN data TEXT",
         "ALTER TABLE workers ADD COLUMN oom_killed INTEGER"),
+    2: (_NODES_TABLE,),
 }
 
 _SCHEMA = (
@@ -49,28 +66,8 @@ _SCHEMA = (
     started_at TEXT, ended_at TEXT, start_count INTEGER NOT NULL, oom_killed INTEGER,
     PRIMARY KEY (attempt, rank)
     )""",
+    _NODES_TABLE,
 )
-
-
-@dataclass(frozen=True)
-class WorkerRow:
-    """One worker process of one attempt, as the controller last saw it."""
-
-    attempt: int
-    rank: int
-    local_rank: int
-    node: str
-    pid: int | None
-    state: str  # starting | running | succeeded | failed | stopped
-    exit_code: int | None = None
-    signal: str | None = None  # e.g. "SIGKILL" when a signal ended it
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
-    start_count: int = 1
-    oom_killed: bool | None = None  # SIGKILLed while the kernel's OOM-kill count rose
-
-
-_WORKER_COLUMNS = tuple(f.name for f in dataclasses.fields(WorkerRow))
 
 
 def db_path(job_dir: Path) -> Path:
@@ -225,7 +222,7 @@ class JobStore:
 
     def put_running(self, rec: RunningRecord) -> None:
         """Insert or replace the running record of `rec.attempt`, recover records included."""
-        data = json.dumps(_running_to_json(rec))
+        data = json.dumps(running_to_json(rec))
         with self._tx("write a running record to"):
             self._conn.execute(
                 "INSERT INTO running_records (attempt, data) VALUES (?, ?) "
@@ -248,12 +245,12 @@ class JobStore:
         bad = [w.rank for w in workers if w.attempt != attempt]
         if bad:
             raise ValueError(f"put_workers({attempt}): rows of ranks {bad} have another attempt")
-        rows = [_worker_to_row(w) for w in workers]
-        marks = ", ".join("?" * len(_WORKER_COLUMNS))
+        rows = [to_row(w) for w in workers]
+        marks = ", ".join("?" * len(WORKER_COLUMNS))
         with self._tx("write workers to"):
             self._conn.execute("DELETE FROM workers WHERE attempt = ?", (attempt,))
             self._conn.executemany(
-                f"INSERT INTO workers ({', '.join(_WORKER_COLUMNS)}) VALUES ({marks})", rows
+                f"INSERT INTO workers ({', '.join(WORKER_COLUMNS)}) VALUES ({marks})", rows
             )
 
     def workers(self, attempt: int | None = None) -> list[WorkerRow]:
@@ -267,11 +264,37 @@ class JobStore:
         return self._worker_rows("ORDER BY attempt, rank", ())
 
     def _worker_rows(self, tail: str, params: tuple[int, ...]) -> list[WorkerRow]:
-        cols = [c if c != "oom_killed" or self._version >= 2 else "NULL" for c in _WORKER_COLUMNS]
+        cols = [c if c != "oom_killed" or self._version >= 2 else "NULL" for c in WORKER_COLUMNS]
         with self._errors("read workers from"):
             rows = self._conn.execute(
                 f"SELECT {', '.join(cols)} FROM workers {tail}", params).fetchall()
-        return [_worker_from_row(r) for r in rows]
+        return [worker_from_row(r) for r in rows]
+
+    # -- nodes ------------------------------------------------------------------
+
+    def put_nodes(self, nodes: list[NodeRow]) -> None:
+        """Insert or update the rows of `nodes` by name; other nodes' rows stay."""
+        check_nodes(nodes)
+        rows = [to_row(n) for n in nodes]
+        marks = ", ".join("?" * len(NODE_COLUMNS))
+        updates = ", ".join(f"{c} = excluded.{c}" for c in NODE_COLUMNS if c != "name")
+        with self._tx("write nodes to"):
+            self._conn.executemany(
+                f"INSERT INTO nodes ({', '.join(NODE_COLUMNS)}) VALUES ({marks}) "
+                f"ON CONFLICT(name) DO UPDATE SET {updates}",
+                rows,
+            )
+
+    def nodes(self) -> list[NodeRow]:
+        """Every node, by slot (nodes without one last), then name; [] before schema 3."""
+        if self._version < 3:
+            return []
+        with self._errors("read nodes from"):
+            rows = self._conn.execute(
+                f"SELECT {', '.join(NODE_COLUMNS)} FROM nodes "
+                "ORDER BY slot IS NULL, slot, name"
+            ).fetchall()
+        return [node_from_row(r) for r in rows]
 
     # -- lifetime ---------------------------------------------------------------
 
@@ -344,34 +367,4 @@ def _event_from_row(row: tuple[Any, ...]) -> Event:
     )
 
 
-def _precise_times(obj: Any, d: dict[str, Any]) -> dict[str, Any]:
-    """Replace the millisecond times of to_dict() by full-precision ones (exact round trip)."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, datetime):
-            d[f.name] = value.isoformat()
-    return d
-
-
-def _running_to_json(rec: RunningRecord) -> dict[str, Any]:
-    d = _precise_times(rec, rec.to_dict())
-    d["recover_records"] = [_precise_times(r, r.to_dict()) for r in rec.recover_records]
-    return d
-
-
-def _worker_to_row(w: WorkerRow) -> tuple[Any, ...]:
-    return tuple(
-        v.isoformat() if isinstance(v, datetime) else v
-        for v in (getattr(w, name) for name in _WORKER_COLUMNS)
-    )
-
-
-def _worker_from_row(row: tuple[Any, ...]) -> WorkerRow:
-    values = dict(zip(_WORKER_COLUMNS, row, strict=True))
-    values["started_at"] = from_iso(values["started_at"])
-    values["ended_at"] = from_iso(values["ended_at"])
-    values["oom_killed"] = None if values["oom_killed"] is None else bool(values["oom_killed"])
-    return WorkerRow(**values)
-
-
-__all__ = ["DB_NAME", "JobStore", "MetaValue", "StoreError", "WorkerRow"]
+__all__ = ["DB_NAME", "JobStore", "MetaValue", "NodeRow", "StoreError", "WorkerRow"]

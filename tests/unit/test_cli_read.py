@@ -193,7 +193,9 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "last_progress",
         "ranks",
         "job_dir",
+        "nodes",
     }
+    assert doc["nodes"] == []  # a single-node job keeps no node rows
     assert (doc["state"], doc["attempt"], doc["restarts_used"], doc["max_restarts"]) == (
         "succeeded",
         1,

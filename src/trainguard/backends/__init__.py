@@ -1,0 +1,1 @@
+"""Where node agents run: local (virtual nodes on this machine) and Slurm."""

@@ -1,0 +1,76 @@
+"""The embedded backend: N "virtual nodes" on this machine, one agent process per node.
+
+Each agent runs in its own session (its own process group), so killing a node is killing
+that group: the agent dies, and its guardian kills the node's workers. Isolation keeps the
+node out of the job's placement (there is no cluster to drain it from).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+
+
+class LocalAgent:
+    def __init__(self, node: str, proc: subprocess.Popen[bytes] | None, pid: int | None) -> None:
+        self.node, self._proc, self._pid = node, proc, pid
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else self._pid
+
+    def ended(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is not None
+        if self._pid is None:
+            return True
+        try:
+            return psutil.Process(self._pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
+
+    def kill(self) -> None:
+        pid = self.pid
+        if pid is not None and not self.ended():
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, nodes: int, log_dir: Path) -> None:
+        self._names = [f"node-{i}" for i in range(nodes)]
+        self._log_dir = log_dir
+        self._isolated: set[str] = set()
+
+    def node_names(self) -> list[str]:
+        return list(self._names)
+
+    def start_agent(self, node: str, argv: list[str]) -> LocalAgent:
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self._log_dir / f"{node}.agent.log", "ab") as err:
+            proc = subprocess.Popen([*argv, "--node", node], stdin=subprocess.DEVNULL,
+                                    stderr=err, start_new_session=True, close_fds=True)
+        return LocalAgent(node, proc, proc.pid)
+
+    def adopt_agent(self, node: str, pid: int | None) -> LocalAgent:
+        return LocalAgent(node, None, pid)
+
+    def bad_nodes(self) -> dict[str, str]:
+        return {}
+
+    def isolate(self, node: str, reason: str) -> str:
+        self._isolated.add(node)
+        return "kept out of the job's placement (local backend)"
+
+    def close(self) -> None:
+        return None

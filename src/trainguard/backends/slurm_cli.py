@@ -1,0 +1,228 @@
+"""Slurm's commands, typed: read an allocation, list and isolate nodes, allocate, build srun lines.
+
+A thin I/O layer: each function runs one Slurm command (``sinfo``, ``scontrol``, ``salloc``,
+``scancel``) with a timeout and the caller's environment (``env``: None means this process's;
+pass one with ``SLURM_CONF`` to reach a cluster that is not the system's). A failure raises
+``SlurmError`` naming the command, Slurm's own message and the fix. The parsing functions and
+``srun_argv`` are pure.
+
+Facts this relies on (slurm-wlm 22.05):
+
+- ``srun --overlap`` lets a step share every resource (CPUs, memory, GRES) with the job's other
+  steps; without it a second long-running step on a node waits ("Step creation temporarily
+  disabled") until the first ends. ``--exact`` and ``--mem=0`` are then not needed.
+- ``salloc --no-shell`` prints "Granted job allocation N" on stderr and returns; the
+  allocation lasts until ``scancel``. ``--immediate=S`` makes salloc give up (and withdraw
+  the pending job) after S seconds instead of queueing for ever.
+- Without ``--no-kill``, a node that stops answering ends the whole allocation; with it the
+  job shrinks to the nodes left and carries on.
+- ``scontrol update ... State=RESUME`` on a node that is neither drained nor down fails with
+  "Invalid node state specified"; ``resume`` treats that as already done. A resumed node
+  reads "idle*" (not responding) until slurmctld's next ping, within about a second.
+- Inside a step started with ``srun --jobid J`` from outside the job, SLURM_JOB_NAME is the
+  step's name and SLURM_JOB_NODELIST the step's nodes (in a batch script they are the job's).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from trainguard.errors import TrainguardError
+
+DEFAULT_TIMEOUT_S = 30.0
+_GRANTED = re.compile(r"Granted job allocation (\d+(?:[_+]\d+)?)")
+_FIX_UP = ("check that slurmctld is up (`scontrol ping`) and that SLURM_CONF points at the "
+           "cluster's slurm.conf")
+
+
+class SlurmError(TrainguardError):
+    """A Slurm command failed: the message names the command, Slurm's stderr and the fix."""
+
+    def __init__(self, command: Sequence[str], problem: str, fix: str, stderr: str = "",
+                 returncode: int | None = None) -> None:
+        self.command = list(command)
+        self.problem = problem
+        self.fix = fix
+        self.stderr = stderr.strip()
+        self.returncode = returncode
+        said = f": {self.stderr}" if self.stderr else ""
+        super().__init__(f"`{' '.join(self.command)}` {problem}{said}. Fix: {fix}")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The Slurm job this process runs in, read from the environment Slurm sets."""
+
+    job_id: str
+    nodelist: str  # Slurm's compressed form, e.g. "n[1-3]"; expand_nodelist lists it
+    nnodes: int | None
+    restart_count: int
+    name: str | None
+
+
+def available() -> bool:
+    """Whether Slurm's client commands (srun, scontrol) are on PATH."""
+    return shutil.which("srun") is not None and shutil.which("scontrol") is not None
+
+
+# --- pure ---------------------------------------------------------------------------------------
+def _first(env: Mapping[str, str], *keys: str) -> str | None:
+    for k in keys:
+        v = env.get(k, "").strip()
+        if v:
+            return v
+    return None
+
+
+def parse_allocation(env: Mapping[str, str]) -> Allocation | None:
+    """The allocation described by Slurm's variables in env; None outside a Slurm job."""
+    job_id = _first(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    if job_id is None:
+        return None
+    nnodes_s = _first(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+    nnodes = int(nnodes_s) if nnodes_s is not None and nnodes_s.isdigit() else None
+    restarts_s = _first(env, "SLURM_RESTART_COUNT") or "0"
+    if not restarts_s.isdigit():
+        raise SlurmError(["environment"], f"has SLURM_RESTART_COUNT={restarts_s!r}",
+                         "unset it or set a count (Slurm sets it on a requeued job)")
+    return Allocation(job_id=job_id,
+                      nodelist=_first(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST") or "",
+                      nnodes=nnodes, restart_count=int(restarts_s),
+                      name=_first(env, "SLURM_JOB_NAME"))
+
+
+def parse_sinfo(text: str) -> dict[str, str]:
+    """Node -> lower-case state from `sinfo -h -N -o "%N %T"` (a node listed once per
+    partition appears once; the state keeps Slurm's suffix: "down*", "idle~", "drained")."""
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            states.setdefault(parts[0], parts[1].lower())
+    return states
+
+
+def parse_granted(text: str) -> str | None:
+    """The job id in salloc's "Granted job allocation N" (the last one), else None."""
+    found = _GRANTED.findall(text)
+    return found[-1] if found else None
+
+
+def srun_argv(job_id: str | None, node: str, argv: Sequence[str], *,
+              step_name: str) -> list[str]:
+    """The srun line that runs argv as one task on node, as a step of job_id (None: the job
+    in srun's environment). --overlap lets it run beside the job's other steps on that node
+    (a second step is not blocked); --kill-on-bad-exit=0 keeps one task's failure from ending
+    the job's other steps."""
+    if not node or not argv:
+        raise ValueError("srun_argv needs a node and a command")
+    head = ["srun"] if job_id is None else ["srun", "--jobid", job_id]
+    return [*head, "-N1", "-n1", "-w", node, "--overlap", "--kill-on-bad-exit=0",
+            "-J", step_name, "--export=ALL", *argv]
+
+
+# --- commands -----------------------------------------------------------------------------------
+def _run(argv: list[str], env: Mapping[str, str] | None, timeout_s: float, fix: str,
+         *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.Popen(argv, env=None if env is None else dict(env),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace")
+    except OSError as e:
+        raise SlurmError(argv, f"could not be started ({e.strerror or e})",
+                         f"install Slurm's client commands (slurm-client) or put "
+                         f"{argv[0]} on PATH") from e
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        # SIGTERM first: salloc withdraws its pending job on it, srun its step
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise SlurmError(argv, f"did not finish within {timeout_s:.0f} s", _FIX_UP,
+                         err or "") from e
+    if check and proc.returncode != 0:
+        raise SlurmError(argv, f"failed (exit {proc.returncode})", fix, err or out,
+                         proc.returncode)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def expand_nodelist(nodelist: str, env: Mapping[str, str] | None = None, *,
+                    timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """Host names in a Slurm node list ("n[1-3],gpu07" -> n1 n2 n3 gpu07), in order."""
+    if not nodelist.strip():
+        return []
+    r = _run(["scontrol", "show", "hostnames", nodelist], env, timeout_s,
+             "pass a node list in Slurm's syntax, e.g. n[1-3],gpu07")
+    return r.stdout.split()
+
+
+def node_states(env: Mapping[str, str] | None = None, *,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, str]:
+    """Every node's state, lower case: idle, mixed, allocated, drained, draining, down*..."""
+    r = _run(["sinfo", "-h", "-N", "-o", "%N %T"], env, timeout_s, _FIX_UP)
+    return parse_sinfo(r.stdout)
+
+
+def drain(node: str, reason: str, env: Mapping[str, str] | None = None, *,
+          timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Keep new work off node (its running steps go on); the reason shows in `sinfo -R`."""
+    _run(["scontrol", "update", f"NodeName={node}", "State=DRAIN",
+          f"Reason={reason.strip() or 'trainguard'}"], env, timeout_s,
+         f"check that {node} is a node of this cluster (`sinfo -N`) and that this user may "
+         "change node states (SlurmUser, root or an operator)")
+
+
+def resume(node: str, env: Mapping[str, str] | None = None, *,
+           timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Undo drain (or a down state); a node already in service is left as it is."""
+    argv = ["scontrol", "update", f"NodeName={node}", "State=RESUME"]
+    r = _run(argv, env, timeout_s, "", check=False)
+    if r.returncode == 0 or "Invalid node state specified" in r.stderr:
+        return
+    raise SlurmError(argv, f"failed (exit {r.returncode})",
+                     f"check that {node} is a node of this cluster (`sinfo -N`) and that this "
+                     "user may change node states", r.stderr or r.stdout, r.returncode)
+
+
+def allocate(nnodes: int, *, exclude: Sequence[str] = (), name: str = "trainguard",
+             env: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+             no_kill: bool = False) -> str:
+    """Allocate nnodes nodes (none of exclude) and return the job id; steps go in with srun.
+
+    Waits at most timeout_s for the nodes (salloc --immediate), then raises; nothing is
+    left queued. no_kill: the allocation survives the loss of one of its nodes (it shrinks).
+    """
+    if nnodes < 1:
+        raise ValueError(f"allocate needs at least one node, not {nnodes}")
+    wait = max(1, math.ceil(timeout_s))
+    argv = ["salloc", "--no-shell", f"--immediate={wait}", "-N", str(nnodes), "-J", name]
+    if exclude:
+        argv += ["--exclude", ",".join(exclude)]
+    if no_kill:
+        argv.append("--no-kill")
+    fix = (f"free or resume nodes (`sinfo -N -R`): {nnodes} node(s) "
+           f"{'outside ' + ','.join(exclude) + ' ' if exclude else ''}must be available to "
+           f"this partition within {wait} s, or raise the timeout")
+    r = _run(argv, env, wait + DEFAULT_TIMEOUT_S, fix)
+    job_id = parse_granted(r.stderr + "\n" + r.stdout)
+    if job_id is None:
+        raise SlurmError(argv, "printed no 'Granted job allocation N'",
+                         "check the salloc version's output (22.05 prints it on stderr)",
+                         r.stderr or r.stdout)
+    return job_id
+
+
+def cancel(job_id: str, env: Mapping[str, str] | None = None, *,
+           timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """End a job (allocation) and every step in it."""
+    _run(["scancel", job_id], env, timeout_s,
+         f"check the job id ({job_id}) with `squeue`, and that this user owns the job")

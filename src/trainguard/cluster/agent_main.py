@@ -1,0 +1,209 @@
+"""`trainguard agent`: one node's agent process in a multi-node job (started by a backend).
+
+It owns the node's workers through agent.NodeAgent and serves the controller over the wire:
+it connects (and reconnects after a blip, re-reading where the controller is), pushes a
+NodeReport every report interval and a beat every second (also while a command runs), and
+executes commands. A command is identified by its id: a command resent after a reconnect
+is answered from memory, never run twice. Without a controller for `orphan_timeout_s` it
+stops its workers and ends: a node never trains on for a job nobody watches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from trainguard.agent import ConsoleOptions, NodeAgent
+from trainguard.cluster.messages import (
+    OP_DUMP,
+    OP_EXIT,
+    OP_PORT,
+    OP_PRECHECK,
+    OP_START,
+    OP_STOP,
+    AgentConfig,
+)
+from trainguard.cluster.wire import Conn, WireError, connect, read_token
+from trainguard.protocol import DumpStacks, StartWorkers, StopWorkers
+
+log = logging.getLogger("trainguard.agent")
+
+EXIT_ORPHANED = 3
+_KEEP_REPLIES = 64
+
+
+def controller_address(path: Path) -> tuple[str, int] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return str(doc["host"]), int(doc["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class AgentRunner:
+    def __init__(self, agent: NodeAgent, cfg: AgentConfig, node: str) -> None:
+        self.agent, self.cfg, self.node = agent, cfg, node
+        self._token = read_token(Path(cfg.token_file))
+        self._done: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._exit = False
+        self._import_cache: dict[Any, Any] = {}
+
+    def run(self) -> int:
+        orphan_since: float | None = None
+        while not self._exit:
+            conn = self._connect()
+            if conn is None:
+                orphan_since = orphan_since or time.monotonic()
+                if time.monotonic() - orphan_since > self.cfg.orphan_timeout_s:
+                    log.error("no controller for %.0fs: stopping the workers and ending",
+                              self.cfg.orphan_timeout_s)
+                    self.agent.stop_workers(StopWorkers(grace_s=15, reason="orphaned"))
+                    return EXIT_ORPHANED
+                time.sleep(0.2)
+                continue
+            orphan_since = None
+            self._serve(conn)
+            conn.close()
+        return 0
+
+    def _connect(self) -> Conn | None:
+        addr = controller_address(Path(self.cfg.controller_file))
+        if addr is None:
+            return None
+        report = self.agent.poll()
+        hello = {"host": socket.gethostname(), "agent_pid": os.getpid(),
+                 "report": report.model_dump(mode="json")}
+        try:
+            conn = connect(addr[0], addr[1], self._token, self.node, hello)
+        except WireError as e:
+            log.debug("%s", e)
+            return None
+        node_addr = self.cfg.node_addr or conn.sock.getsockname()[0]
+        try:
+            conn.send({"type": "address", "addr": node_addr})
+        except WireError:
+            return None
+        log.info("connected to the controller at %s:%d", *addr)
+        return conn
+
+    def _serve(self, conn: Conn) -> None:
+        stop = threading.Event()
+        beat = threading.Thread(target=self._beat, args=(conn, stop), daemon=True,
+                                name="trainguard-beat")
+        beat.start()
+        next_report = 0.0
+        try:
+            while not self._exit and not stop.is_set():
+                wait = max(next_report - time.monotonic(), 0.0)
+                try:
+                    msg: dict[str, Any] | None = conn.recv(wait)
+                except TimeoutError:
+                    msg = None
+                if msg is not None and msg["type"] == "cmd":
+                    conn.send(self._command(msg))
+                if time.monotonic() >= next_report and not self._exit:
+                    report = self.agent.poll()
+                    conn.send({"type": "report", "body": report.model_dump(mode="json")})
+                    next_report = time.monotonic() + self.cfg.report_interval_s
+        except WireError as e:
+            log.warning("lost the controller: %s (reconnecting)", e)
+        finally:
+            stop.set()
+
+    def _beat(self, conn: Conn, stop: threading.Event) -> None:
+        while not stop.wait(self.cfg.heartbeat_s):
+            try:
+                conn.send({"type": "beat", "at": time.time()})
+            except WireError:
+                stop.set()
+
+    def _command(self, msg: dict[str, Any]) -> dict[str, Any]:
+        cid = msg.get("id")
+        if not isinstance(cid, int):
+            return {"type": "reply", "id": cid, "ok": False, "error": "no command id"}
+        if cid in self._done:  # resent after a reconnect: answered, not run again
+            return self._done[cid]
+        try:
+            body = self._run_op(str(msg.get("op")), msg.get("body") or {})
+            reply = {"type": "reply", "id": cid, "ok": True, "body": body}
+        except Exception as e:  # the controller gets the error, the agent stays up
+            log.exception("command %s failed", msg.get("op"))
+            reply = {"type": "reply", "id": cid, "ok": False,
+                     "error": f"{type(e).__name__}: {e}"}
+        self._done[cid] = reply
+        while len(self._done) > _KEEP_REPLIES:
+            self._done.popitem(last=False)
+        return reply
+
+    def _run_op(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        if op == OP_START:
+            return self.agent.start_workers(StartWorkers.model_validate(body)).model_dump(
+                mode="json")
+        if op == OP_STOP:
+            return self.agent.stop_workers(StopWorkers.model_validate(body)).model_dump(
+                mode="json")
+        if op == OP_DUMP:
+            dumps = self.agent.dump_stacks(DumpStacks.model_validate(body))
+            return {"dumps": [d.model_dump(mode="json") for d in dumps]}
+        if op == OP_PORT:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("", 0))
+                return {"port": int(s.getsockname()[1])}
+        if op == OP_PRECHECK:
+            from trainguard.precheck import run_precheck
+            from trainguard.precheck_rules import PrecheckConfig
+
+            report = run_precheck(PrecheckConfig.model_validate(body), self.node,
+                                  import_cache=self._import_cache)
+            return report.model_dump(mode="json")
+        if op == OP_EXIT:
+            self.agent.stop_workers(StopWorkers(grace_s=float(body.get("grace_s", 15)),
+                                                reason="the job ended"))
+            self._exit = True
+            return {}
+        raise ValueError(f"unknown op {op!r}")
+
+
+def node_name(given: str | None) -> str:
+    return given or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="trainguard agent",
+                                description="a node agent of a multi-node job (started by "
+                                            "the job's backend, not by hand)")
+    p.add_argument("--config", type=Path, required=True, help="JOB_DIR/cluster/agent.json")
+    p.add_argument("--node", help="this node's name (default: $SLURMD_NODENAME or hostname)")
+    ns = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
+                        format="[trainguard-agent %(asctime)s] %(levelname)s %(message)s")
+    try:
+        cfg = AgentConfig.model_validate_json(ns.config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        print(f"trainguard agent: cannot read {ns.config}: {e}", file=sys.stderr)
+        return 2
+    node = node_name(ns.node)
+    filt = frozenset(cfg.ranks_filter) if cfg.ranks_filter is not None else None
+    agent = NodeAgent(node, sys.stdout, ConsoleOptions(cfg.redirects, filt), cfg.step_pattern,
+                      f"{cfg.marker}-{node}")
+    try:
+        runner = AgentRunner(agent, cfg, node)
+        return runner.run()
+    except WireError as e:
+        print(f"trainguard agent: {e}", file=sys.stderr)
+        return 2
+    finally:
+        agent.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

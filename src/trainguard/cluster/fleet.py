@@ -1,0 +1,270 @@
+"""The job's nodes as one agent: the controller's AgentAPI for a multi-node job.
+
+The fleet keeps the placement (slot = group rank -> node), splits each attempt's command
+per slot, fans commands out through the hub, merges the nodes' reports into one, and says
+which placed nodes are lost: the agent's process (or Slurm step) ended, its connection has
+been down longer than the reconnect grace, or it has been silent past the node timeout.
+Node states: healthy (placed), spare, lost, isolated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from trainguard.backends.base import AgentHandle, Backend
+from trainguard.cluster.hub import Hub, Reply
+from trainguard.cluster.messages import OP_DUMP, OP_EXIT, OP_PORT, OP_START, OP_STOP
+from trainguard.errors import LaunchError
+from trainguard.protocol import (
+    DumpStacks,
+    NodeReport,
+    Progress,
+    RankLiveness,
+    StackDump,
+    StartWorkers,
+    StopWorkers,
+    WorkerFact,
+    WorkerState,
+)
+from trainguard.records import utcnow
+
+log = logging.getLogger(__name__)
+
+HEALTHY, SPARE, LOST, ISOLATED = "healthy", "spare", "lost", "isolated"
+START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Node:
+    name: str
+    state: str
+    handle: AgentHandle | None = None
+    reason: str | None = None
+    times_implicated: int = 0
+    since: datetime | None = None
+
+
+class Fleet:
+    def __init__(self, hub: Hub, backend: Backend, nnodes: int, nproc_per_node: int,
+                 node_timeout_s: float, reconnect_grace_s: float,
+                 publish: Callable[[Fleet], None]) -> None:
+        self.hub, self.backend = hub, backend
+        self.nnodes, self.k = nnodes, nproc_per_node
+        self.node_timeout_s, self.grace_s = node_timeout_s, reconnect_grace_s
+        self._publish = publish
+        self.nodes: dict[str, Node] = {n: Node(n, SPARE) for n in backend.node_names()}
+        self.placement: list[str] = []
+        self.moves: dict[int, int] = {}  # slot -> times its ranks moved to another node
+        self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
+        self._stale: dict[str, NodeReport] = {}  # the last merged facts, deltas taken
+        self._attempt: int | None = None
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def start_agents(self, argv: list[str], names: list[str] | None = None) -> None:
+        for name in names or list(self.nodes):
+            self.nodes[name].handle = self.backend.start_agent(name, argv)
+
+    def ready(self, name: str) -> bool:
+        n = self.nodes[name]
+        return (n.state not in (LOST, ISOLATED) and n.handle is not None
+                and not n.handle.ended() and self.hub.connected(name))
+
+    def spares(self) -> tuple[str, ...]:
+        return tuple(n for n in self.nodes if n not in self.placement and self.ready(n))
+
+    def place(self, placement: list[str], moved: tuple[int, ...] = ()) -> None:
+        for s in moved:
+            self.moves[s] = self.moves.get(s, 0) + 1
+        self.placement = list(placement)
+        for name, node in self.nodes.items():
+            if node.state in (LOST, ISOLATED):
+                continue
+            node.state = HEALTHY if name in self.placement else SPARE
+        self.publish()
+
+    def mark(self, name: str, state: str, reason: str | None) -> None:
+        node = self.nodes[name]
+        node.state, node.reason, node.since = state, reason, utcnow()
+        if state in (LOST, ISOLATED):
+            self._latest.pop(name, None)
+            self.hub.forget(name)
+            if state == LOST and node.handle is not None:
+                node.handle.kill()  # what is left of it must not rejoin the old world
+        self.publish()
+
+    def publish(self) -> None:
+        self._publish(self)
+
+    def lost_now(self) -> dict[str, str]:
+        """Placed nodes that are gone now, with why."""
+        bad = self.backend.bad_nodes()
+        out: dict[str, str] = {}
+        for name in self.placement:
+            node = self.nodes[name]
+            if node.state in (LOST, ISOLATED):
+                continue
+            if node.handle is not None and node.handle.ended():
+                out[name] = "its agent process ended"
+            elif self.hub.disconnected_for(name) > self.grace_s:
+                out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s")
+            elif self.hub.silent_for(name) > self.node_timeout_s:
+                out[name] = f"its agent has been silent for over {self.node_timeout_s:g}s"
+            elif name in bad:
+                out[name] = f"Slurm reports it {bad[name]}"
+        return out
+
+    def settle(self) -> dict[str, str]:
+        """Lost placed nodes, after waiting out the reconnect grace of any disconnected one
+        (a worker failure can be the first sign of a peer node's loss)."""
+        deadline = time.monotonic() + self.grace_s + 0.5
+        while time.monotonic() < deadline:
+            lost = self.lost_now()
+            waiting = [n for n in self.placement if n not in lost and self.nodes[n].state
+                       not in (LOST, ISOLATED) and self.hub.disconnected_for(n) > 0]
+            if not waiting:
+                return lost
+            time.sleep(0.1)
+        return self.lost_now()
+
+    # -- AgentAPI -------------------------------------------------------------------------
+
+    def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]:
+        first = self.placement[0]
+        link = self.hub.links.get(first)
+        host = link.addr if link is not None and link.addr else addr
+        if preferred_port:
+            return host, preferred_port
+        reply = self.hub.call({first: (OP_PORT, {})}, 30, self.grace_s)[first]
+        if not reply.ok:
+            raise LaunchError(f"node {first} cannot offer a rendezvous port: {reply.error}")
+        return host, int(reply.body["port"])
+
+    def start_workers(self, cmd: StartWorkers) -> NodeReport:
+        self._attempt = cmd.attempt
+        self._latest, self._stale = {}, {}
+        calls = {}
+        for slot, name in enumerate(self.placement):
+            workers = [a.model_copy(update={"schedule_count": a.schedule_count
+                                            + self.moves.get(slot, 0)})
+                       for a in cmd.workers if a.rank // self.k == slot]
+            node_cmd = cmd.model_copy(update={"workers": workers, "group_rank": slot})
+            calls[name] = (OP_START, node_cmd.model_dump(mode="json"))
+        replies = self.hub.call(calls, START_TIMEOUT_S, self.grace_s)
+        failed = {n: r.error for n, r in replies.items() if not r.ok and self.ready(n)}
+        if failed:
+            raise LaunchError("; ".join(f"{n}: {e}" for n, e in failed.items()))
+        self._take(replies)
+        return self._merged()
+
+    def poll(self, wait_s: float = 0.0) -> NodeReport:
+        if wait_s > 0:
+            self.hub.wait(wait_s)
+        for name in self.placement:
+            reports = self.hub.take_reports(name)
+            if reports:
+                self._fold(name, reports)
+        return self._merged()
+
+    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+        live = [n for n in self.placement if self.ready(n)]
+        body = cmd.model_dump(mode="json")
+        replies = self.hub.call({n: (OP_STOP, body) for n in live}, cmd.grace_s + 60,
+                                self.grace_s)
+        self._take(replies)
+        return self._merged()
+
+    def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
+        live = [n for n in self.placement if self.ready(n)]
+        replies = self.hub.call({n: (OP_DUMP, cmd.model_dump(mode="json")) for n in live},
+                                cmd.timeout_s + 30, self.grace_s)
+        return [StackDump.model_validate(d) for r in replies.values() if r.ok
+                for d in r.body.get("dumps", [])]
+
+    def adopt_attempt(self, attempt: int) -> None:
+        """A restarted controller watches `attempt` on: the agents' hello reports are its
+        first facts."""
+        self._attempt = attempt
+        self._latest, self._stale = {}, {}
+
+    def end_agents(self, grace_s: float = 15.0) -> None:
+        """Tell every connected agent to stop its workers and end; kill what does not."""
+        live = [n for n in self.nodes if self.hub.connected(n)]
+        self.hub.call({n: (OP_EXIT, {"grace_s": grace_s}) for n in live}, grace_s + 30,
+                      self.grace_s)
+        deadline = time.monotonic() + 10
+        for node in self.nodes.values():
+            h = node.handle
+            while h is not None and not h.ended() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if h is not None and not h.ended():
+                h.kill()
+
+    def close(self, grace_s: float = 15.0) -> None:
+        self.end_agents(grace_s)
+        self.backend.close()
+        self.hub.close()
+
+    # -- reports --------------------------------------------------------------------------
+
+    def _take(self, replies: dict[str, Reply]) -> None:
+        for name, r in replies.items():
+            if r.ok and "node" in r.body:
+                self._fold(name, [NodeReport.model_validate(r.body)])
+
+    def _fold(self, name: str, reports: list[NodeReport]) -> None:
+        """Several pushed reports into one: the newest facts, every message and interval."""
+        reports = [r for r in reports if r.attempt == self._attempt]
+        if not reports:
+            return
+        prev = self._latest.get(name)
+        messages = [*(prev.messages if prev else []), *(m for r in reports for m in r.messages)]
+        intervals: dict[int, list[float]] = {}
+        for r in ([prev] if prev else []) + reports:
+            for lv in r.liveness:
+                intervals.setdefault(lv.rank, []).extend(lv.intervals)
+        last = reports[-1]
+        liveness = [lv.model_copy(update={"intervals": intervals.get(lv.rank, [])})
+                    for lv in last.liveness]
+        self._latest[name] = last.model_copy(update={"messages": messages,
+                                                     "liveness": liveness})
+
+    def _merged(self) -> NodeReport:
+        lost = self.lost_now()
+        now = utcnow()
+        workers: list[WorkerFact] = []
+        messages = []
+        liveness: list[RankLiveness] = []
+        firsts, lasts = [], []
+        for name in self.placement:
+            r = self._latest.pop(name, None)
+            if r is None:
+                r = self._stale.get(name)
+            if r is None:
+                continue
+            self._stale[name] = r.model_copy(update={"messages": [], "liveness": [
+                lv.model_copy(update={"intervals": []}) for lv in r.liveness]})
+            for w in r.workers:
+                if name in lost and not w.state.ended:
+                    w = w.model_copy(update={"state": WorkerState.FAILED, "ended_at": now})
+                workers.append(w)
+            messages.extend(r.messages)
+            liveness.extend(r.liveness)
+            p = r.progress
+            if p.first_step is not None:
+                firsts.append((p.first_step_at or now, p.first_step))
+            if p.last_step is not None:
+                lasts.append((p.last_step, p.last_step_at))
+        progress = Progress(
+            first_step=min(firsts)[1] if firsts else None,
+            first_step_at=min(firsts)[0] if firsts else None,
+            last_step=max(lasts, key=lambda x: x[0])[0] if lasts else None,
+            last_step_at=max(lasts, key=lambda x: x[0])[1] if lasts else None)
+        return NodeReport(node="cluster", attempt=self._attempt,
+                          workers=sorted(workers, key=lambda w: w.rank), progress=progress,
+                          at=now, messages=messages, liveness=liveness,
+                          lost_nodes=sorted(lost))

@@ -1,0 +1,255 @@
+"""The controller's network side: node agents connect here, report, and take commands.
+
+One listening socket, one reader thread per agent connection. Every frame refreshes the
+node's `last_seen`; reports queue up until the fleet takes them; replies are matched to
+commands by id. A node that reconnects (a blip, or a restarted controller) gets its
+unanswered commands again under the same ids: the agent answers those from memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.cluster.wire import Conn, WireError, accept
+from trainguard.protocol import NodeReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeLink:
+    name: str
+    host: str = ""
+    addr: str = ""
+    agent_pid: int | None = None
+    conn: Conn | None = None
+    generation: int = 0
+    last_seen: float = 0.0
+    disconnected_at: float | None = None
+    reports: list[NodeReport] = field(default_factory=list)
+    hello_report: NodeReport | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    ok: bool
+    body: dict[str, Any]
+    error: str = ""
+
+
+class Hub:
+    def __init__(self, token: str, bind_host: str, port: int = 0) -> None:
+        self._token = token
+        self._cond = threading.Condition()
+        self.links: dict[str, NodeLink] = {}
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[str, dict[str, Any]]] = {}
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._closed = False
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._listener.bind((bind_host, port))
+        except OSError:
+            if port == 0:
+                raise
+            self._listener.bind((bind_host, 0))  # the old port is taken: agents re-read
+        self._listener.listen(128)
+        self.host = bind_host
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept_loop, name="trainguard-hub", daemon=True).start()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(Conn(sock),), daemon=True,
+                             name="trainguard-link").start()
+
+    def _serve(self, conn: Conn) -> None:
+        try:
+            hello = accept(conn, self._token)
+            conn.send({"type": "welcome"})
+        except WireError as e:
+            log.warning("refused a connection: %s", e)
+            conn.close()
+            return
+        link, gen = self._attach(conn, hello)
+        while True:
+            try:
+                msg = conn.recv(None)
+            except (WireError, OSError, ValueError) as e:
+                with self._cond:
+                    if link.generation == gen:
+                        link.conn, link.disconnected_at = None, time.monotonic()
+                        log.info("node %s disconnected: %s", link.name, e)
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                link.last_seen = time.monotonic()
+                self._frame(link, msg)
+                self._cond.notify_all()
+
+    def _attach(self, conn: Conn, hello: dict[str, Any]) -> tuple[NodeLink, int]:
+        name = str(hello["node"])
+        report = None
+        with contextlib.suppress(ValueError):
+            report = NodeReport.model_validate(hello.get("report"))
+        with self._cond:
+            link = self.links.setdefault(name, NodeLink(name))
+            if link.conn is not None:
+                link.conn.close()
+            link.generation += 1
+            link.conn, link.disconnected_at = conn, None
+            link.host = str(hello.get("host") or conn.peer)
+            pid = hello.get("agent_pid")
+            link.agent_pid = pid if isinstance(pid, int) else None
+            link.last_seen = time.monotonic()
+            link.hello_report = report
+            if report is not None:
+                link.reports.append(report)
+            for _cid, (node, frame) in sorted(self._pending.items()):
+                if node == name:  # unanswered before the blip: the same id again
+                    with contextlib.suppress(WireError):
+                        conn.send(frame)
+            self._cond.notify_all()
+            log.info("node %s connected from %s (agent pid %s)", name, conn.peer, pid)
+            return link, link.generation
+
+    def _frame(self, link: NodeLink, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "report":
+            try:
+                link.reports.append(NodeReport.model_validate(msg.get("body")))
+            except ValueError as e:
+                log.warning("node %s sent a malformed report: %s", link.name, e)
+        elif kind == "reply" and isinstance(msg.get("id"), int):
+            if msg["id"] in self._pending:
+                self._replies[msg["id"]] = msg
+        elif kind == "address" and isinstance(msg.get("addr"), str):
+            link.addr = msg["addr"]
+
+    # -- queries --------------------------------------------------------------------------
+
+    def connected(self, name: str) -> bool:
+        with self._cond:
+            link = self.links.get(name)
+            return link is not None and link.conn is not None
+
+    def silent_for(self, name: str) -> float:
+        """Seconds since the node's last frame (inf for a node never seen)."""
+        with self._cond:
+            link = self.links.get(name)
+            return float("inf") if link is None else time.monotonic() - link.last_seen
+
+    def disconnected_for(self, name: str) -> float:
+        with self._cond:
+            link = self.links.get(name)
+            if link is None:
+                return float("inf")
+            if link.conn is not None or link.disconnected_at is None:
+                return 0.0
+            return time.monotonic() - link.disconnected_at
+
+    def take_reports(self, name: str) -> list[NodeReport]:
+        with self._cond:
+            link = self.links.get(name)
+            if link is None:
+                return []
+            out, link.reports = link.reports, []
+            return out
+
+    def wait(self, timeout: float) -> None:
+        """Until any frame arrives (or timeout)."""
+        with self._cond:
+            self._cond.wait(timeout)
+
+    def wait_connected(self, names: list[str], timeout: float) -> list[str]:
+        """Wait until every named node is connected; the ones still missing."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                missing = [n for n in names if n not in self.links or self.links[n].conn is None]
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    return missing
+                self._cond.wait(min(left, 0.5))
+
+    # -- commands -------------------------------------------------------------------------
+
+    def call(self, calls: dict[str, tuple[str, dict[str, Any]]], timeout: float,
+             lost_after_s: float) -> dict[str, Reply]:
+        """Send each node its command at once; wait for every answer. A node disconnected
+        for longer than `lost_after_s`, or silent past `timeout`, answers with an error."""
+        ids: dict[int, str] = {}
+        with self._cond:
+            for name, (op, body) in calls.items():
+                cid = next(self._ids)
+                frame = {"type": "cmd", "id": cid, "op": op, "body": body}
+                self._pending[cid] = (name, frame)
+                ids[cid] = name
+                link = self.links.get(name)
+                if link is not None and link.conn is not None:
+                    with contextlib.suppress(WireError):
+                        link.conn.send(frame)
+            out: dict[str, Reply] = {}
+            deadline = time.monotonic() + timeout
+            try:
+                while len(out) < len(ids):
+                    for cid, name in ids.items():
+                        if name in out:
+                            continue
+                        got = self._replies.pop(cid, None)
+                        if got is not None:
+                            rbody = got.get("body")
+                            out[name] = Reply(bool(got.get("ok")),
+                                              rbody if isinstance(rbody, dict) else {},
+                                              str(got.get("error") or ""))
+                        elif self._gone(name, lost_after_s):
+                            out[name] = Reply(False, {}, f"node {name} is unreachable")
+                        elif time.monotonic() > deadline:
+                            out[name] = Reply(False, {}, f"node {name} did not answer "
+                                                         f"within {timeout:.0f}s")
+                    if len(out) < len(ids):
+                        self._cond.wait(0.2)
+            finally:
+                for cid in ids:
+                    self._pending.pop(cid, None)
+                    self._replies.pop(cid, None)
+            return out
+
+    def _gone(self, name: str, lost_after_s: float) -> bool:
+        link = self.links.get(name)
+        if link is None or link.conn is not None:
+            return link is None
+        return (link.disconnected_at is not None
+                and time.monotonic() - link.disconnected_at > lost_after_s)
+
+    def forget(self, name: str) -> None:
+        """Drop a node (isolated or lost): its connection closes, its agent may reconnect
+        but is never placed again unless the fleet says so."""
+        with self._cond:
+            link = self.links.get(name)
+            if link is not None and link.conn is not None:
+                link.conn.close()
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._cond:
+            for link in self.links.values():
+                if link.conn is not None:
+                    link.conn.close()

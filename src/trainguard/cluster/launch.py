@@ -1,0 +1,164 @@
+"""Wire one multi-node job: token, hub, backend, agents, fleet, node recovery, controller.
+
+JOB_DIR/cluster/ holds what agents need to find and prove themselves to the controller:
+`token` (0600), `controller.json` (host, port; rewritten by a restarted controller) and
+`agent.json` (AgentConfig). A controller started on a job whose previous controller died
+while its attempt ran takes the job over: it listens on the same port, the agents
+reconnect, and when every placed node reports that attempt's workers still running, it
+watches them on (no restart); otherwise it stops what is left and relaunches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+from pathlib import Path
+
+from trainguard.backends.base import Backend
+from trainguard.backends.local import LocalBackend
+from trainguard.cluster.fleet import HEALTHY, ISOLATED, LOST, SPARE, Fleet
+from trainguard.cluster.hub import Hub
+from trainguard.cluster.messages import AgentConfig
+from trainguard.cluster.recovery import NodeRecovery
+from trainguard.cluster.wire import new_token, read_token, write_token
+from trainguard.controller import Controller
+from trainguard.errors import LaunchError
+from trainguard.paths import JobPaths
+from trainguard.recorder import Recorder, console_printer
+from trainguard.records import JobState, Level, Reason, utcnow
+from trainguard.spec import JobSpec
+from trainguard.store import JobStore, NodeRow
+
+log = logging.getLogger(__name__)
+
+BRING_UP_TIMEOUT_S = 120.0
+ADOPT_TIMEOUT_S = 20.0
+
+
+def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
+                   store: JobStore) -> int:
+    cdir = paths.job_dir / "cluster"
+    cdir.mkdir(parents=True, exist_ok=True)
+    meta = store.meta()
+    resumable = meta.get("state") in (JobState.RUNNING.value, JobState.RESTARTING.value) and \
+        isinstance(meta.get("controller_port"), int) and (cdir / "token").exists()
+    token = read_token(cdir / "token") if resumable else new_token()
+    if not resumable:
+        write_token(cdir / "token", token)
+    host = spec.controller_host or ("127.0.0.1" if spec.backend == "local"
+                                    else socket.gethostname())
+    hub = Hub(token, "0.0.0.0" if spec.backend != "local" else host,
+              int(meta["controller_port"]) if resumable else 0)
+    (cdir / "controller.json").write_text(json.dumps({"host": host, "port": hub.port}))
+    cfg = AgentConfig.model_validate({
+        "run_id": spec.run_id, "controller_file": str(cdir / "controller.json"),
+        "token_file": str(cdir / "token"), "step_pattern": spec.step_pattern,
+        "marker": marker, "redirects": spec.redirects, "ranks_filter": spec.local_ranks_filter,
+        "report_interval_s": max(spec.monitor_interval, 0.25)})
+    (cdir / "agent.json").write_text(cfg.model_dump_json(indent=1))
+    agent_argv = [sys.executable, "-m", "trainguard.cluster.agent_main", "--config",
+                  str(cdir / "agent.json")]
+    backend = make_backend(spec, cdir)
+    rec = Recorder(spec, paths, store, argv, on_event=console_printer())
+    fleet = Fleet(hub, backend, spec.nnodes, spec.nproc_per_node, spec.node_timeout_s,
+                  spec.reconnect_grace_s, publish=lambda f: store.put_nodes(node_rows(f)))
+    store.set_meta(controller_port=hub.port, controller_host=host, nnodes=spec.nnodes,
+                   spare_nodes=spec.spare_nodes, backend=backend.name)
+    adopt = resumable and _adopt(fleet, store, int(meta.get("attempt") or 0))
+    try:
+        if not adopt:
+            _bring_up(fleet, rec, agent_argv)
+    except LaunchError as e:
+        rec.begin()
+        rec.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {e}")
+        rec.finish(JobState.FAILED, 1)
+        fleet.close(grace_s=0)
+        return 1
+    nodes = NodeRecovery(rec, fleet)
+    return Controller(rec, fleet, nodes, adopt=adopt).run()
+
+
+def make_backend(spec: JobSpec, cdir: Path) -> Backend:
+    total = spec.nnodes + spec.spare_nodes
+    if spec.backend == "slurm":
+        from trainguard.backends.slurm import SlurmBackend
+
+        return SlurmBackend(total, spec.run_id, cdir)
+    return LocalBackend(total, cdir)
+
+
+def _bring_up(fleet: Fleet, rec: Recorder, agent_argv: list[str]) -> None:
+    """Start an agent on every node; place the first nnodes that connect."""
+    names = list(fleet.nodes)
+    fleet.start_agents(agent_argv)
+    missing = fleet.hub.wait_connected(names, BRING_UP_TIMEOUT_S)
+    for name in names:
+        if name in missing:
+            fleet.mark(name, LOST, f"its agent did not connect within {BRING_UP_TIMEOUT_S:g}s")
+            continue
+        link = fleet.hub.links[name]
+        rec.event(Level.INFO, Reason.NODE_READY,
+                  f"node {name}: agent pid {link.agent_pid} on {link.host} connected",
+                  node=name)
+    ready = [n for n in names if n not in missing]
+    if len(ready) < fleet.nnodes:
+        raise LaunchError(f"only {len(ready)} of {len(names)} node agents connected "
+                          f"({', '.join(missing)} did not); the job needs {fleet.nnodes}. "
+                          "Fix: see JOB_DIR/cluster/*.agent.log")
+    fleet.place(ready[:fleet.nnodes])
+
+
+def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> bool:
+    """Take over from a dead controller when every placed node's workers still run."""
+    rows = {r.name: r for r in store.nodes()}
+    placement = sorted((r for r in rows.values() if r.slot is not None),
+                       key=lambda r: r.slot or 0)
+    for name, node in fleet.nodes.items():
+        row = rows.get(name)
+        if row is not None:
+            node.state, node.reason = row.state, row.reason
+            node.times_implicated = row.times_implicated
+            node.handle = fleet.backend.adopt_agent(name, row.agent_pid)
+    names = [r.name for r in placement]
+    if len(names) != fleet.nnodes:
+        return _give_up_adoption(fleet)
+    live = [n for n, node in fleet.nodes.items() if node.state in (HEALTHY, SPARE)]
+    missing = fleet.hub.wait_connected(live, ADOPT_TIMEOUT_S)
+    for name in names:
+        report = fleet.hub.links[name].hello_report if name in fleet.hub.links else None
+        if name in missing or report is None or report.attempt != attempt or not report.workers \
+                or any(w.state.ended for w in report.workers):
+            return _give_up_adoption(fleet)
+    for name in missing:
+        fleet.mark(name, LOST, "its agent did not reconnect to the restarted controller")
+    fleet.placement = names
+    fleet.adopt_attempt(attempt)
+    fleet.publish()
+    return True
+
+
+def _give_up_adoption(fleet: Fleet) -> bool:
+    """The running attempt cannot be taken over: end the old agents; a fresh start follows."""
+    fleet.end_agents()
+    for node in fleet.nodes.values():
+        if node.state != ISOLATED:
+            node.state, node.reason = SPARE, None
+    return False
+
+
+def node_rows(fleet: Fleet) -> list[NodeRow]:
+    now = utcnow()
+    rows = []
+    for name, node in fleet.nodes.items():
+        link = fleet.hub.links.get(name)
+        pid = link.agent_pid if link is not None and link.agent_pid else (
+            node.handle.pid if node.handle is not None else None)
+        rows.append(NodeRow(
+            name=name, host=link.host if link is not None and link.host else "",
+            state=node.state, agent_pid=pid,
+            slot=fleet.placement.index(name) if name in fleet.placement else None,
+            reason=node.reason, updated_at=now, backend=fleet.backend.name,
+            times_implicated=node.times_implicated))
+    return rows

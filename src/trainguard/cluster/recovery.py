@@ -1,0 +1,223 @@
+"""Node-level recovery for the controller: pre-check, lost nodes, implicated nodes, queuing.
+
+The decisions are ladder.plan's (pure); this module carries them out on the fleet and
+writes them down: NodeLost / NodeIsolated / PodRescheduled / JobRescheduled /
+RescheduleDowngraded / Queuing / Precheck* events and one recover record per rung tried.
+A method returns the next attempt's start type, or a sentence saying why the job fails.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime
+
+from trainguard.cluster.fleet import ISOLATED, LOST, Fleet
+from trainguard.cluster.messages import OP_PRECHECK
+from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.ladder import (
+    LadderHistory,
+    LadderPolicy,
+    NodePlan,
+    Rung,
+    Trigger,
+    implicate,
+    is_repeat_offender,
+    plan,
+)
+from trainguard.precheck_rules import PrecheckConfig, PrecheckReport
+from trainguard.protocol import NodeReport, StopWorkers
+from trainguard.recorder import Recorder
+from trainguard.records import Level, Reason, RecoverResult, StartType, utcnow
+
+PRECHECK_TIMEOUT_S = 300.0
+
+
+class NodeRecovery:
+    def __init__(self, rec: Recorder, fleet: Fleet) -> None:
+        self.rec, self.fleet = rec, fleet
+        s = rec.spec
+        self.policy = LadderPolicy(max_pod_reschedules=s.max_pod_reschedules,
+                                   max_job_reschedules=s.max_job_reschedules,
+                                   repeat_offender_count=s.repeat_offender)
+        meta = rec.store.meta()
+        self.hist = LadderHistory(pod_used=int(meta.get("pod_reschedules_used") or 0),
+                                  job_used=int(meta.get("job_reschedules_used") or 0))
+        self._start = time.monotonic()
+
+    def _stop(self, reason: str) -> NodeReport:
+        """Stop the workers left on the placed nodes (they restart in the next attempt)."""
+        report = self.fleet.stop_workers(StopWorkers(grace_s=self.rec.spec.grace_period_s,
+                                                     reason=reason))
+        self.rec.sync(report, force=True)
+        return report
+
+    # -- before an attempt ----------------------------------------------------------------
+
+    def prepare(self, attempt: int, names: list[str] | None = None) -> str | None:
+        """Pre-check the placed nodes (and `names`); a failing one is isolated and replaced
+        by a spare. None when the placement is ready, else why the job cannot start."""
+        if not self.rec.spec.precheck:
+            return None
+        names = names or list(self.fleet.placement)
+        for name, report in self.precheck(names, attempt).items():
+            if report.ok:
+                continue
+            self.isolate(name, f"pre-check failed: {report.summary()}", attempt)
+            if name in self.fleet.placement:
+                p = plan(Trigger.FAULTY, name, "failed its pre-check",
+                         tuple(self.fleet.placement), self.fleet.spares(), self.hist,
+                         LadderPolicy(max_job_reschedules=1 << 30))
+                placement = self._wait_for_nodes(p, attempt)
+                if placement is None:
+                    return (f"not enough healthy nodes: {name} failed its pre-check and no "
+                            f"spare took its place within {self.rec.spec.queue_timeout_s:g}s")
+                self.fleet.place(list(placement), tuple(i for i, (a, b) in enumerate(
+                    zip(self.fleet.placement, placement, strict=True)) if a != b))
+        return None
+
+    def precheck(self, names: list[str], attempt: int) -> dict[str, PrecheckReport]:
+        s, paths = self.rec.spec, self.rec.paths
+        cfg = PrecheckConfig.model_validate({
+            "python": sys.executable, "paths": [str(paths.job_dir), str(paths.checkpoint_dir)],
+            "min_free_disk_mb": s.min_free_disk_mb,
+            "expect_accelerators": s.expect_accelerators})
+        live = [n for n in names if self.fleet.ready(n)]
+        self.rec.event(Level.INFO, Reason.PRECHECK_STARTED,
+                       f"pre-check of {', '.join(live)}: free disk, /dev/shm, accelerators, "
+                       "python and torch, ports, open files", attempt=attempt)
+        replies = self.fleet.hub.call({n: (OP_PRECHECK, cfg.model_dump(mode="json"))
+                                       for n in live}, PRECHECK_TIMEOUT_S, s.reconnect_grace_s)
+        out: dict[str, PrecheckReport] = {}
+        for name, r in replies.items():
+            if not r.ok:
+                continue  # an unreachable node shows up as lost, not as a failed check
+            report = PrecheckReport.model_validate(r.body)
+            out[name] = report
+            data = {"checks": [c.model_dump() for c in report.checks]}
+            if report.ok:
+                self.rec.event(Level.INFO, Reason.PRECHECK_COMPLETED,
+                               f"{name} passed its pre-check ({len(report.checks)} checks)",
+                               node=name, attempt=attempt, data=data)
+            else:
+                self.rec.event(Level.WARNING, Reason.PRECHECK_FAILED,
+                               f"{name} failed its pre-check: {report.summary()}",
+                               node=name, attempt=attempt, data=data)
+        return out
+
+    # -- after an attempt -----------------------------------------------------------------
+
+    def after_loss(self, attempt: int, lost: dict[str, str]) -> StartType | str:
+        detected = utcnow()
+        for name, why in lost.items():
+            what = self.fleet.backend.isolate(name, f"trainguard: lost ({why})")
+            self.rec.event(Level.WARNING, Reason.NODE_LOST,
+                           f"node {name} was lost: {why}; {what}", node=name, attempt=attempt)
+            self.fleet.mark(name, LOST, why)
+        report = self._stop(f"node {', '.join(lost)} was lost")
+        stopped = utcnow()
+        start: StartType | str = StartType.AUTO_RESTART
+        for name, why in lost.items():
+            p = plan(Trigger.LOST, name, f"was lost ({why})", tuple(self.fleet.placement),
+                     self.fleet.spares(), self.hist, self.policy)
+            start = self._carry_out(p, attempt, report, detected, stopped)
+            if isinstance(start, str):
+                return start
+        return start
+
+    def after_failure(self, attempt: int, report: NodeReport,
+                      diag: Diagnosis) -> StartType | str | None:
+        """An implicated node (the diagnosis says isolate it, or a repeat offender) is
+        isolated and the job placed again; None: not a node matter (process restart)."""
+        node = next((w.node for w in report.workers if w.rank == diag.culprit_rank and w.node),
+                    None)
+        if node is None or node not in self.fleet.placement:
+            return None
+        self.hist, count = implicate(self.hist, node, time.monotonic() - self._start,
+                                     self.policy)
+        self.fleet.nodes[node].times_implicated += 1
+        self.fleet.publish()
+        if diag.isolate_node:
+            why = f"{diag.category.value}: {diag.summary.rstrip('.')}"
+        elif is_repeat_offender(count, self.policy):
+            why = (f"a repeat offender: implicated {count} times within "
+                   f"{self.policy.repeat_window_s / 3600:g} h (last: {diag.category.value})")
+        else:
+            return None
+        when = utcnow()
+        self.isolate(node, why, attempt)
+        p = plan(Trigger.FAULTY, node, f"is faulty ({why})", tuple(self.fleet.placement),
+                 self.fleet.spares(), self.hist, self.policy)
+        return self._carry_out(p, attempt, report, when, when, category=diag.category.value)
+
+    def isolate(self, node: str, why: str, attempt: int) -> None:
+        what = self.fleet.backend.isolate(node, f"trainguard: {why}"[:200])
+        self.fleet.mark(node, ISOLATED, why)
+        self.rec.event(Level.WARNING, Reason.NODE_ISOLATED,
+                       f"node {node} isolated: {why}; {what}", node=node, attempt=attempt)
+
+    # -- carrying out a plan --------------------------------------------------------------
+
+    def _carry_out(self, p: NodePlan, attempt: int, report: NodeReport, detected: datetime,
+                   stopped: datetime, category: str | None = None) -> StartType | str:
+        for t in p.tried:
+            self.rec.event(Level.WARNING, Reason.RESCHEDULE_DOWNGRADED,
+                           f"{t.rung.value} not possible for {p.node}: {t.why} "
+                           f"({t.result.value}); trying the next level", node=p.node,
+                           attempt=attempt)
+        tried = [(t.rung.value, t.result, t.why) for t in p.tried]
+        placement: tuple[str, ...] | None = p.placement
+        if p.rung is not None and p.missing:
+            placement = self._wait_for_nodes(p, attempt)
+        if p.rung is None or placement is None:
+            why = (p.reason if p.rung is None else
+                   f"{p.node}: not enough healthy nodes for {self.fleet.nnodes} "
+                   f"(waited {self.rec.spec.queue_timeout_s:g}s)")
+            result = p.result if p.rung is None else RecoverResult.FAILED
+            if p.rung is not None:
+                tried.append((p.rung.value, RecoverResult.FAILED, why))
+            self.rec.book.attempt_node_fault(
+                attempt, node=p.node, reason=why, recover=None, result=result, tried=tried,
+                fault_at=detected, detected=detected, stopped=stopped,
+                progress=report.progress, category=category)
+            return why
+        self.hist = p.history
+        self.rec.set_meta(pod_reschedules_used=self.hist.pod_used,
+                          job_reschedules_used=self.hist.job_used)
+        self.fleet.place(list(placement), p.moved_slots)
+        pod = p.rung == Rung.POD_RESCHEDULE
+        used, budget = ((self.hist.pod_used, self.policy.max_pod_reschedules) if pod
+                        else (self.hist.job_used, self.policy.max_job_reschedules))
+        self.rec.event(Level.WARNING, Reason.POD_RESCHEDULED if pod else Reason.JOB_RESCHEDULED,
+                       f"{p.reason} ({p.rung.value} {used}/{budget}); placement: "
+                       f"{', '.join(f'{i}:{n}' for i, n in enumerate(placement))}",
+                       node=p.node, attempt=attempt)
+        self.rec.book.attempt_node_fault(
+            attempt, node=p.node, reason=p.reason, recover=p.rung.value,
+            result=RecoverResult.RECOVERING, tried=tried, fault_at=detected, detected=detected,
+            stopped=stopped, progress=report.progress, category=category)
+        return StartType.POD_RESCHEDULE if pod else StartType.JOB_RESCHEDULE
+
+    def _wait_for_nodes(self, p: NodePlan, attempt: int) -> tuple[str, ...] | None:
+        """Queuing: wait for enough ready nodes, up to the queue timeout."""
+        need = self.fleet.nnodes
+        timeout = self.rec.spec.queue_timeout_s
+        pool = self._pool(p)
+        if len(pool) >= need:
+            return tuple(pool[:need])
+        self.rec.set_meta(state="queuing")
+        self.rec.event(Level.WARNING, Reason.QUEUING,
+                       f"waiting up to {timeout:g}s for {need - len(pool)} more healthy "
+                       f"node(s): the job needs {need}, ready: {', '.join(pool) or 'none'}",
+                       attempt=attempt)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            pool = self._pool(p)
+            if len(pool) >= need:
+                return tuple(pool[:need])
+        return None
+
+    def _pool(self, p: NodePlan) -> list[str]:
+        placed = [n for n in p.placement if self.fleet.ready(n)]
+        return placed + [s for s in self.fleet.spares() if s not in placed]

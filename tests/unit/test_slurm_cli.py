@@ -1,0 +1,144 @@
+"""slurm_cli's parsing and command lines (pure), and its error paths with stand-in commands."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from trainguard.backends import slurm_cli
+from trainguard.backends.slurm_cli import Allocation, SlurmError
+from trainguard.errors import TrainguardError
+
+BATCH_ENV = {
+    "SLURM_JOB_ID": "41", "SLURM_JOBID": "41", "SLURM_JOB_NODELIST": "n[1-2]",
+    "SLURM_NODELIST": "n[1-2]", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_JOB_NAME": "train", "SLURM_RESTART_COUNT": "3", "PATH": "/usr/bin",
+}
+
+
+def test_parse_allocation_reads_a_batch_jobs_environment() -> None:
+    assert slurm_cli.parse_allocation(BATCH_ENV) == Allocation(
+        job_id="41", nodelist="n[1-2]", nnodes=2, restart_count=3, name="train")
+
+
+def test_parse_allocation_outside_slurm_is_none() -> None:
+    assert slurm_cli.parse_allocation({"PATH": "/usr/bin"}) is None
+    assert slurm_cli.parse_allocation({"SLURM_JOB_ID": " "}) is None
+
+
+def test_parse_allocation_falls_back_to_the_old_names_and_defaults() -> None:
+    alloc = slurm_cli.parse_allocation({"SLURM_JOBID": "7", "SLURM_NODELIST": "gpu[01-04]"})
+    assert alloc == Allocation(job_id="7", nodelist="gpu[01-04]", nnodes=None,
+                               restart_count=0, name=None)
+
+
+def test_parse_allocation_prefers_the_jobs_node_count_over_the_steps() -> None:
+    # inside `srun -N1` in a 2-node batch job: SLURM_NNODES is the step's, the job's is apart
+    env = {"SLURM_JOB_ID": "5", "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "2"}
+    alloc = slurm_cli.parse_allocation(env)
+    assert alloc is not None and alloc.nnodes == 2
+    assert slurm_cli.parse_allocation({"SLURM_JOB_ID": "5", "SLURM_NNODES": "x"}) == Allocation(
+        "5", "", None, 0, None)
+
+
+def test_parse_allocation_rejects_a_bad_restart_count() -> None:
+    with pytest.raises(SlurmError, match=r"SLURM_RESTART_COUNT='two'.*Fix:"):
+        slurm_cli.parse_allocation({"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "two"})
+
+
+def test_allocation_is_frozen() -> None:
+    alloc = slurm_cli.parse_allocation(BATCH_ENV)
+    assert alloc is not None
+    with pytest.raises(AttributeError):
+        alloc.job_id = "1"  # type: ignore[misc]
+
+
+def test_parse_sinfo_lowercases_keeps_suffixes_and_dedupes_partitions() -> None:
+    text = "n1 IDLE\nn2 down*\nn3 drained\nn1 idle\n\ngarbage line here\nn4 mixed-\n"
+    assert slurm_cli.parse_sinfo(text) == {"n1": "idle", "n2": "down*", "n3": "drained",
+                                           "n4": "mixed-"}
+    assert slurm_cli.parse_sinfo("") == {}
+
+
+@pytest.mark.parametrize(("text", "job"), [
+    ("salloc: Granted job allocation 12\n", "12"),
+    ("salloc: Required node not available (down, drained or reserved)\n"
+     "salloc: Pending job allocation 2\nsalloc: job 2 queued and waiting for resources\n"
+     "salloc: job 2 has been allocated resources\nsalloc: Granted job allocation 2\n", "2"),
+    ("salloc: Granted job allocation 77_3", "77_3"),
+    ("salloc: Pending job allocation 9\nsalloc: error: Unable to allocate resources: "
+     "Connection timed out\n", None),
+    ("", None),
+])
+def test_parse_granted(text: str, job: str | None) -> None:
+    assert slurm_cli.parse_granted(text) == job
+
+
+def test_srun_argv_is_one_overlapping_task_on_one_node() -> None:
+    assert slurm_cli.srun_argv("12", "n2", ["python", "-m", "agent", "--x"],
+                               step_name="tg-agent-n2") == [
+        "srun", "--jobid", "12", "-N1", "-n1", "-w", "n2", "--overlap",
+        "--kill-on-bad-exit=0", "-J", "tg-agent-n2", "--export=ALL", "python", "-m", "agent",
+        "--x"]
+    no_job = slurm_cli.srun_argv(None, "n1", ["true"], step_name="s")
+    assert no_job[:2] == ["srun", "-N1"] and "--jobid" not in no_job
+    with pytest.raises(ValueError):
+        slurm_cli.srun_argv("1", "n1", [], step_name="s")
+
+
+def test_slurm_error_names_command_stderr_and_fix() -> None:
+    e = SlurmError(["scontrol", "update", "NodeName=x"], "failed (exit 1)", "check the name",
+                   "slurm_update error: Invalid node name specified\n", 1)
+    assert str(e) == ("`scontrol update NodeName=x` failed (exit 1): slurm_update error: "
+                      "Invalid node name specified. Fix: check the name")
+    assert isinstance(e, TrainguardError) and e.returncode == 1
+
+
+def fake_bin(tmp_path: Path, name: str, script: str) -> dict[str, str]:
+    """An environment whose PATH finds only a stand-in `name` (a shell script)."""
+    exe = tmp_path / name
+    exe.write_text(f"#!/bin/sh\n{script}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return {**os.environ, "PATH": f"{tmp_path}:/bin:/usr/bin"}
+
+
+def test_a_missing_command_says_to_install_slurm(tmp_path: Path) -> None:
+    with pytest.raises(SlurmError, match=r"`sinfo -h -N -o %N %T` could not be started.*Fix: "
+                                         r"install Slurm's client commands"):
+        slurm_cli.node_states({"PATH": str(tmp_path)})
+
+
+def test_a_hung_command_times_out_with_the_fix(tmp_path: Path) -> None:
+    env = fake_bin(tmp_path, "sinfo", "exec sleep 30")
+    t0 = time.monotonic()
+    with pytest.raises(SlurmError, match=r"did not finish within 1 s.*scontrol ping"):
+        slurm_cli.node_states(env, timeout_s=1)
+    assert time.monotonic() - t0 < 10
+
+
+def test_allocate_reads_the_job_id_from_stderr_and_reports_failures(tmp_path: Path) -> None:
+    env = fake_bin(tmp_path, "salloc",
+                   'echo "$@" > "$(dirname "$0")/args"; '
+                   'echo "salloc: Granted job allocation 321" >&2')
+    assert slurm_cli.allocate(2, exclude=["n1", "n4"], name="tg", env=env, timeout_s=5) == "321"
+    assert (tmp_path / "args").read_text().split() == [
+        "--no-shell", "--immediate=5", "-N", "2", "-J", "tg", "--exclude", "n1,n4"]
+    env = fake_bin(tmp_path, "salloc", 'echo "salloc: error: Invalid partition" >&2; exit 1')
+    with pytest.raises(SlurmError, match=r"salloc .*exit 1\): salloc: error: Invalid partition"):
+        slurm_cli.allocate(1, env=env, timeout_s=5)
+    with pytest.raises(ValueError):
+        slurm_cli.allocate(0, env=env)
+
+
+def test_resume_of_a_node_in_service_is_a_no_op(tmp_path: Path) -> None:
+    env = fake_bin(tmp_path, "scontrol",
+                   'echo "slurm_update error: Invalid node state specified" >&2; exit 1')
+    slurm_cli.resume("n1", env)
+    env = fake_bin(tmp_path, "scontrol",
+                   'echo "slurm_update error: Invalid node name specified" >&2; exit 1')
+    with pytest.raises(SlurmError, match="Invalid node name specified"):
+        slurm_cli.resume("nx", env)

@@ -1,0 +1,143 @@
+"""`trainguard status` of a multi-node job: the nodes array and the nodes table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from trainguard.cli_read import add_read_commands, clock, status_doc
+from trainguard.records import iso
+from trainguard.store import JobStore, NodeRow, WorkerRow
+
+T0 = datetime(2025, 3, 1, 12, 0, 0, 250000, tzinfo=timezone.utc)
+NODE_KEYS = {"name", "host", "state", "agent_pid", "slot", "reason", "updated_at", "backend",
+             "times_implicated"}
+NODES = [
+    NodeRow("n2", "host-c", "spare", 5102, None, None, T0, "slurm"),
+    NodeRow("n1", "host-b", "lost", None, None, "agent silent for 30s", T0 + timedelta(seconds=3),
+            "slurm", times_implicated=1),
+    NodeRow("n3", "host-d", "healthy", 5103, 1, None, T0, "slurm"),
+    NodeRow("n0", "host-a", "healthy", 5100, 0, None, T0, "slurm"),
+]
+
+
+def workers() -> list[WorkerRow]:
+    return [WorkerRow(2, rank, 0, node, 6000 + rank, "running", started_at=T0, start_count=2)
+            for rank, node in ((1, "n3"), (0, "n0"))]
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    """A running two-slot job: n0 and n3 in the placement, n2 spare, n1 lost."""
+    job_dir = tmp_path / "job"
+    with JobStore.create(job_dir, "run-1") as s:
+        s.put_workers(2, workers())
+        s.put_nodes(NODES)
+        s.set_meta(state="restarting", attempt=2, restarts_used=1, max_restarts=3)
+    return job_dir
+
+
+def run(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="trainguard")
+    add_read_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def status_json(job: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    assert run("status", str(job), "--json") == 0
+    doc: dict[str, object] = json.loads(capsys.readouterr().out)
+    return doc
+
+
+def test_status_json_has_one_object_per_node_by_slot_then_name(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = status_json(job, capsys)
+    nodes = doc["nodes"]
+    assert isinstance(nodes, list)
+    assert all(set(n) == NODE_KEYS for n in nodes)
+    assert [(n["name"], n["slot"]) for n in nodes] == [
+        ("n0", 0), ("n3", 1), ("n1", None), ("n2", None)]
+    assert nodes[2] == {
+        "name": "n1",
+        "host": "host-b",
+        "state": "lost",
+        "agent_pid": None,
+        "slot": None,
+        "reason": "agent silent for 30s",
+        "updated_at": iso(T0 + timedelta(seconds=3)),
+        "backend": "slurm",
+        "times_implicated": 1,
+    }
+    assert datetime.fromisoformat(nodes[2]["updated_at"]) == T0 + timedelta(seconds=3)
+    assert (nodes[0]["agent_pid"], nodes[0]["times_implicated"]) == (5100, 0)
+
+
+def test_status_json_ranks_still_name_their_node(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = status_json(job, capsys)
+    assert [(r["rank"], r["node"]) for r in doc["ranks"]] == [(0, "n0"), (1, "n3")]  # type: ignore[attr-defined]
+
+
+def test_status_json_of_a_job_without_node_rows_has_an_empty_nodes_array(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with JobStore.create(tmp_path, "run-1") as s:
+        s.put_workers(2, workers()[:1])
+    assert status_json(tmp_path, capsys)["nodes"] == []
+
+
+def test_status_of_a_version_2_store_reads_with_no_nodes(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = sqlite3.connect(job / "trainguard.db")
+    raw.execute("DROP TABLE nodes")
+    raw.execute("PRAGMA user_version=2")
+    raw.commit()
+    raw.close()
+    doc = status_json(job, capsys)
+    assert doc["nodes"] == [] and len(doc["ranks"]) == 2  # type: ignore[arg-type]
+    assert run("status", str(job)) == 0
+    assert "HOST" not in capsys.readouterr().out
+
+
+def test_status_text_shows_a_nodes_table_with_states_reasons_and_update_times(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("status", str(job)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("NAME"))
+    for column in ("HOST", "STATE", "AGENT PID", "SLOT", "BACKEND", "TIMES IMPLICATED",
+                   "UPDATED AT", "REASON"):
+        assert column in lines[header]
+    rows = lines[header + 1: header + 5]
+    assert [r.split()[0] for r in rows] == ["n0", "n3", "n1", "n2"]
+    assert rows[2].split()[:6] == ["n1", "host-b", "lost", "-", "-", "slurm"]
+    assert "agent silent for 30s" in rows[2]
+    assert clock(T0 + timedelta(seconds=3)) in rows[2]
+    assert any(line.startswith("RANK") for line in lines[header + 5:])
+
+
+def test_status_text_of_a_single_node_job_has_no_nodes_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with JobStore.create(tmp_path, "run-1") as s:
+        s.put_workers(2, workers()[:1])
+    assert run("status", str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "HOST" not in out and "AGENT PID" not in out
+    assert "RANK" in out
+
+
+def test_status_doc_keeps_its_three_argument_form_and_orders_the_nodes_it_gets() -> None:
+    assert status_doc({}, [], "/jobs/a")["nodes"] == []
+    doc = status_doc({}, [], "/jobs/a", NODES)
+    assert [n["name"] for n in doc["nodes"]] == ["n0", "n3", "n1", "n2"]
