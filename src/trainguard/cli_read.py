@@ -250,11 +250,11 @@ def _attempt_line(rec: RunningRecord) -> Text:
 
 
 def _recover_lines(rr: RecoverRecord) -> Text:
-    """`↳ scenario · result · reason (related)` over the time split and steps lost."""
+    """`↳ scenario · recovery · result · reason (related)` over the time split, steps lost."""
     split = "  ".join(f"{phase} {_secs(v)}" for phase, v in rr.durations().items())
     return Text.assemble(
         "  ↳ ",
-        (f"{rr.fault_scenario.value} · {rr.recover_result.value}", "bold"),
+        (f"{rr.fault_scenario.value} · {rr.recover} · {rr.recover_result.value}", "bold"),
         f" · {rr.reason} (related: {rr.related_task})\n",
         (f"    {split}  steps lost {_dash(rr.steps_lost)}", "dim"),
     )

@@ -112,29 +112,29 @@ class IncidentBook:
             fault_at=fault_at or detected, backoff_s=0.0 if restart else None,
             category="nccl_timeout_or_hang")
 
-    def attempt_node_fault(self, attempt: int, *, node: str, reason: str, recover: str | None,
+    def attempt_node_fault(self, attempt: int, *, node: str, reason: str, recover: str,
                            result: RecoverResult, tried: list[tuple[str, RecoverResult, str]],
                            fault_at: datetime, detected: datetime, stopped: datetime,
                            progress: Progress, category: str | None = None) -> None:
         """A lost or faulty node ended `attempt`. Each rung of the ladder that could not act
-        gets a closed record (downgrade / quotaExceeded); the rung that acts (`recover`, None
-        when none could) gets the open one."""
+        gets a closed record (downgrade / quotaExceeded); the last rung gets the last record,
+        open while it recovers (result `recovering`), closed when it could not (`failed`)."""
         rec = self.current
         if rec is None:
             return
         for rung, res, why in tried:
             rec.recover_records.append(RecoverRecord(
                 attempt=attempt, recover_start_at=detected, detected_at=detected,
-                fault_scenario=FaultScenario.NODE_FAULT, reason=f"{reason}; {why}",
+                fault_scenario=FaultScenario.NODE_FAULT, reason=why,
                 related_task=f"node/{node}", recover=rung, recover_result=res,
                 recover_end_at=detected, fault_at=fault_at, workers_stopped_at=stopped,
                 decided_at=utcnow(), category=category))
-        restart = recover is not None
+        restart = result == RecoverResult.RECOVERING
         self._incident(attempt, progress, stopped, f"node {node}: {reason}", restart,
                        detected=detected, fault_scenario=FaultScenario.NODE_FAULT,
                        reason=reason, related_task=f"node/{node}", recover_result=result,
                        fault_at=fault_at, backoff_s=0.0 if restart else None,
-                       category=category, recover=recover or "none")
+                       category=category, recover=recover)
 
     def _incident(self, attempt: int, progress: Progress, stopped: datetime, end_reason: str,
                   restart: bool, *, detected: datetime, **fields: Any) -> None:

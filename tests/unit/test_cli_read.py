@@ -164,7 +164,8 @@ def test_recovery_text_shows_each_attempt_its_incident_and_the_summary(
     out = capsys.readouterr().out
     assert "attempt 0  first_start" in out and "attempt 1  auto_restart" in out
     assert "ended: WorkerFailed (rank 1)" in out
-    assert "job_failed · success · rank 1 exited with code 1 (related: rank 1)" in out
+    assert ("job_failed · process_restart · success · rank 1 exited with code 1 "
+            "(related: rank 1)") in out
     split = {"detect": 1, "stop": 1.5, "decide": 0.5, "start": 2, "resume": 10, "total": 15}
     for phase, seconds in split.items():
         assert f"{phase} {seconds:.3f}s" in out

@@ -151,9 +151,18 @@ def test_the_etcd_backend_is_a_spec_error_with_a_clear_message() -> None:
     assert "drop it" in err.fix
 
 
-@pytest.mark.parametrize("nnodes", ["1:2", "2", "x"])
-def test_more_than_one_node_or_an_elastic_range_is_a_spec_error(nnodes: str) -> None:
+@pytest.mark.parametrize("nnodes", ["1:2", "x"])
+def test_an_elastic_range_or_a_non_number_is_a_spec_error(nnodes: str) -> None:
     assert spec_error("--nnodes", nnodes, "train.py").key in ("--nnodes", "nnodes")
+
+
+def test_several_nodes_with_spares_on_a_backend_make_a_multi_node_spec() -> None:
+    s = spec("--nnodes", "2", "--spare-nodes", "1", "--backend", "slurm", "--node-timeout",
+             "5", "--queue-timeout", "30", "--no-precheck", "train.py")
+    assert (s.nnodes, s.spare_nodes, s.backend, s.node_timeout_s, s.queue_timeout_s,
+            s.precheck, s.multi_node, s.world_size) == (2, 1, "slurm", 5.0, 30.0, False, True,
+                                                       2 * s.nproc_per_node)
+    assert not spec("train.py").multi_node
 
 
 def test_a_degenerate_range_of_one_node_is_accepted() -> None:

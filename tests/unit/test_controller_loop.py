@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from trainguard.agent import AgentAPI
+from trainguard.agent import AgentAPI, free_port
 from trainguard.controller import Controller
 from trainguard.diagnosis.sources import scan_lines
 from trainguard.exitcodes import ExitCode
@@ -103,6 +103,9 @@ class ScriptedAgent:
             "ended_at": self._last.at}) for w in self._last.workers]
         self._last = self._last.model_copy(update={"workers": workers})
         return self._last
+
+    def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]:
+        return addr, preferred_port or free_port(addr)
 
     def close(self) -> None:
         self.closed = True

@@ -18,11 +18,12 @@ PURE = ("spec", "policy", "records", "protocol", "exitcodes", "errors", "logform
         "diagnosis", "diagnosis.taxonomy", "diagnosis.findings", "diagnosis.lines",
         "diagnosis.rules", "diagnosis.scan", "diagnosis.verdict", "diagnosis.attempt",
         "diagnosis.trigger", "diagnosis.hung", "liveness", "hang", "hang.stacks",
-        "hang.classify")
+        "hang.classify", "ladder", "precheck_rules", "cluster", "cluster.messages")
 # Modules that do I/O or drive processes (prefix match: cli covers cli_run, cli_read).
 IO_MODULES = ("agent", "procs", "logs", "store", "controller", "launch", "cli", "guardian",
               "incidents", "paths", "__main__", "diagnosis.sources", "activity", "hang_watch",
-              "hang.dump")
+              "hang.dump", "precheck", "backends", "cluster.wire", "cluster.hub",
+              "cluster.fleet", "cluster.recovery", "cluster.launch", "cluster.agent_main")
 FORBIDDEN_IN_PURE = ("subprocess", "os", "socket", "sqlite3", "torch", "multiprocessing",
                      "psutil", "ctypes", "pty", "selectors", "shutil", "threading", "asyncio")
 # The signal module is allowed for its constants and names only, never to send or handle.

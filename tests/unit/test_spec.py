@@ -21,6 +21,9 @@ FROZEN_FIELDS = [
     "unconditional_restart", "restart_backoff_s",
     "restart_backoff_max_s", "no_progress_limit", "grace_period_s", "save_on_exit", "step_pattern",
     "hang_detection", "hang_timeout_s", "hang_floor_s", "hang_startup_s", "restart_on_hang",
+    "spare_nodes", "backend", "node_timeout_s", "reconnect_grace_s", "max_pod_reschedules",
+    "max_job_reschedules", "repeat_offender", "queue_timeout_s", "precheck", "min_free_disk_mb",
+    "expect_accelerators", "controller_host",
 ]
 
 
@@ -177,7 +180,8 @@ def test_the_source_of_an_unknown_key_is_named() -> None:
         ({"grace_period_s": -1.0}, "grace_period_s", ["'grace_period_s'"]),
         ({"step_pattern": r"step \d+"}, "step_pattern", ["capture group", "step (\\d+)"]),
         ({"step_pattern": "step (\\d+"}, "step_pattern", ["regular expression"]),
-        ({"nnodes": 2}, "nnodes", ["use 1"]),
+        ({"nnodes": 2, "node_rank": 1}, "job", ["one controller", "without --node-rank"]),
+        ({"spare_nodes": -1}, "spare_nodes", ["--spare-nodes"]),
         ({"nproc_per_node": 0}, "nproc_per_node", ["--nproc-per-node"]),
         ({"monitor_interval": 0}, "monitor_interval", ["--monitor-interval"]),
     ],

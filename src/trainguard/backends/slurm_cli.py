@@ -226,3 +226,11 @@ def cancel(job_id: str, env: Mapping[str, str] | None = None, *,
     """End a job (allocation) and every step in it."""
     _run(["scancel", job_id], env, timeout_s,
          f"check the job id ({job_id}) with `squeue`, and that this user owns the job")
+
+
+def job_nodelist(job_id: str, env: Mapping[str, str] | None = None, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """The node list of a running job (squeue's %N), e.g. "n[1-3]"."""
+    r = _run(["squeue", "-h", "-j", job_id, "-o", "%N"], env, timeout_s,
+             f"check that job {job_id} still runs (`squeue -j {job_id}`)")
+    return r.stdout.strip()

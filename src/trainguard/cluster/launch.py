@@ -85,7 +85,8 @@ def make_backend(spec: JobSpec, cdir: Path) -> Backend:
     if spec.backend == "slurm":
         from trainguard.backends.slurm import SlurmBackend
 
-        return SlurmBackend(total, spec.run_id, cdir)
+        slurm: Backend = SlurmBackend(total, spec.run_id, cdir)
+        return slurm
     return LocalBackend(total, cdir)
 
 

@@ -59,7 +59,9 @@ class NodeRecovery:
         by a spare. None when the placement is ready, else why the job cannot start."""
         if not self.rec.spec.precheck:
             return None
-        names = names or list(self.fleet.placement)
+        # the spares too: a broken one is found before it is needed, and their import
+        # checks are cached for the restart that needs them
+        names = names or [*self.fleet.placement, *self.fleet.spares()]
         for name, report in self.precheck(names, attempt).items():
             if report.ok:
                 continue
@@ -125,8 +127,8 @@ class NodeRecovery:
                 return start
         return start
 
-    def after_failure(self, attempt: int, report: NodeReport,
-                      diag: Diagnosis) -> StartType | str | None:
+    def after_failure(self, attempt: int, report: NodeReport, diag: Diagnosis,
+                      times: tuple[datetime, datetime]) -> StartType | str | None:
         """An implicated node (the diagnosis says isolate it, or a repeat offender) is
         isolated and the job placed again; None: not a node matter (process restart)."""
         node = next((w.node for w in report.workers if w.rank == diag.culprit_rank and w.node),
@@ -144,11 +146,10 @@ class NodeRecovery:
                    f"{self.policy.repeat_window_s / 3600:g} h (last: {diag.category.value})")
         else:
             return None
-        when = utcnow()
         self.isolate(node, why, attempt)
         p = plan(Trigger.FAULTY, node, f"is faulty ({why})", tuple(self.fleet.placement),
                  self.fleet.spares(), self.hist, self.policy)
-        return self._carry_out(p, attempt, report, when, when, category=diag.category.value)
+        return self._carry_out(p, attempt, report, *times, category=diag.category.value)
 
     def isolate(self, node: str, why: str, attempt: int) -> None:
         what = self.fleet.backend.isolate(node, f"trainguard: {why}"[:200])
@@ -170,14 +171,16 @@ class NodeRecovery:
         if p.rung is not None and p.missing:
             placement = self._wait_for_nodes(p, attempt)
         if p.rung is None or placement is None:
-            why = (p.reason if p.rung is None else
-                   f"{p.node}: not enough healthy nodes for {self.fleet.nnodes} "
-                   f"(waited {self.rec.spec.queue_timeout_s:g}s)")
-            result = p.result if p.rung is None else RecoverResult.FAILED
-            if p.rung is not None:
-                tried.append((p.rung.value, RecoverResult.FAILED, why))
+            if p.rung is None:  # out of budget: the last rung tried is the last record
+                recover, result, why = tried.pop()
+                why = f"{p.node}: {why}"
+            else:
+                recover, result = p.rung.value, RecoverResult.FAILED
+                why = (f"{p.node} is out and not enough healthy nodes are left for "
+                       f"{self.fleet.nnodes} (waited {self.rec.spec.queue_timeout_s:g}s for "
+                       "one)")
             self.rec.book.attempt_node_fault(
-                attempt, node=p.node, reason=why, recover=None, result=result, tried=tried,
+                attempt, node=p.node, reason=why, recover=recover, result=result, tried=tried,
                 fault_at=detected, detected=detected, stopped=stopped,
                 progress=report.progress, category=category)
             return why

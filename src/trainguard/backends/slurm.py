@@ -1,0 +1,126 @@
+"""The Slurm backend: one agent per node as a step of the job's allocation (srun).
+
+Inside an allocation (sbatch or salloc: SLURM_JOB_ID and its node list are set) the job
+uses its nodes; elsewhere it makes one with `salloc --no-shell --no-kill` (a lost node then
+shrinks the allocation instead of ending it) and cancels it at the end. A node is lost when
+its agent's srun ends, when its agent is disconnected or silent (the fleet's watch, faster
+than Slurm's SlurmdTimeout), or when Slurm itself reports it down or failing. Isolation
+drains the node (`scontrol update NodeName=.. State=DRAIN Reason=..`) where this user may,
+and always keeps it out of the job's placement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from trainguard.backends import slurm_cli
+from trainguard.backends.slurm_cli import SlurmError
+from trainguard.errors import LaunchError
+
+log = logging.getLogger(__name__)
+
+STATES_EVERY_S = 2.0  # sinfo at most this often
+_BAD = ("down", "fail", "not_responding", "*")
+
+
+class SrunAgent:
+    """An agent started here as `srun ... trainguard agent` (pid = srun's pid)."""
+
+    def __init__(self, node: str, proc: subprocess.Popen[bytes] | None) -> None:
+        self.node, self._proc = node, proc
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def ended(self) -> bool:
+        # an adopted agent (a restarted controller) has no srun here: the hub watches it
+        return self._proc is not None and self._proc.poll() is not None
+
+    def kill(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.terminate()  # srun passes SIGTERM to the agent; its guardian ends workers
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+class SlurmBackend:
+    name = "slurm"
+
+    def __init__(self, nodes: int, run_id: str, log_dir: Path) -> None:
+        if not slurm_cli.available():
+            raise LaunchError("--backend slurm: srun/scontrol are not on PATH. Fix: run on a "
+                              "Slurm login or compute node, or use --backend local")
+        self._log_dir = log_dir
+        self._own = False
+        alloc = slurm_cli.parse_allocation(os.environ)
+        try:
+            if alloc is not None:
+                self.job_id = alloc.job_id
+                names = slurm_cli.expand_nodelist(alloc.nodelist)
+                self.restart_count = alloc.restart_count
+            else:
+                self.job_id = slurm_cli.allocate(nodes, name=f"trainguard-{run_id}",
+                                                 no_kill=True, timeout_s=300)
+                self._own = True
+                names = slurm_cli.expand_nodelist(slurm_cli.job_nodelist(self.job_id))
+                self.restart_count = 0
+        except SlurmError as e:
+            raise LaunchError(str(e)) from None
+        if len(names) < nodes:
+            self.close()
+            raise LaunchError(f"Slurm job {self.job_id} has {len(names)} node(s) "
+                              f"({', '.join(names)}); this job needs {nodes} (--nnodes plus "
+                              "--spare-nodes). Fix: allocate more nodes (sbatch -N / salloc -N)")
+        self._names = names[:nodes]
+        self._states: dict[str, str] = {}
+        self._states_at = 0.0
+
+    def node_names(self) -> list[str]:
+        return list(self._names)
+
+    def start_agent(self, node: str, argv: list[str]) -> SrunAgent:
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        cmd = slurm_cli.srun_argv(self.job_id, node, [*argv, "--node", node],
+                                  step_name=f"trainguard-agent-{node}")
+        with open(self._log_dir / f"{node}.agent.log", "ab") as err:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True, close_fds=True)
+        return SrunAgent(node, proc)
+
+    def adopt_agent(self, node: str, pid: int | None) -> SrunAgent:
+        return SrunAgent(node, None)
+
+    def bad_nodes(self) -> dict[str, str]:
+        """Nodes of the job that Slurm reports down, failing or not responding."""
+        if time.monotonic() - self._states_at > STATES_EVERY_S:
+            self._states_at = time.monotonic()
+            try:
+                self._states = slurm_cli.node_states()
+            except SlurmError as e:
+                log.warning("cannot read Slurm's node states: %s", e)
+        return {n: s for n, s in self._states.items()
+                if n in self._names and any(b in s for b in _BAD)}
+
+    def isolate(self, node: str, reason: str) -> str:
+        try:
+            slurm_cli.drain(node, reason)
+        except SlurmError as e:
+            return (f"not drained in Slurm ({e.problem}; {e.stderr or 'no detail'}); kept out "
+                    "of the job's placement")
+        return f"drained in Slurm (scontrol update NodeName={node} State=DRAIN)"
+
+    def close(self) -> None:
+        if self._own:
+            self._own = False
+            with contextlib.suppress(SlurmError):
+                slurm_cli.cancel(self.job_id)
