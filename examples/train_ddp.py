@@ -169,6 +169,11 @@ scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
 state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
 ckpt = Checkpointer(args.ckpt_dir, every_steps=args.ckpt_every)
 start_step = ckpt.load_latest(state) or 0  # the newest valid checkpoint, loaded in place
+# trainguard tells each process how often it was started and how often its rank was placed
+# on a node (a script can skip one-time setup on a process restart)
+starts = os.environ.get("TRAINGUARD_PROCESS_START_COUNT", "1")
+print(f"rank {rank}/{world_size}: process start {starts}, scheduled "
+      f"{os.environ.get('TRAINGUARD_SCHEDULE_COUNT', '1')}", flush=True)
 if start_step:
     print(f"resumed from step {start_step}", flush=True)
 if args.quiet and rank == 0:

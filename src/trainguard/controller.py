@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from trainguard.agent import AgentAPI
 from trainguard.diagnosis.attempt import diagnose_attempt
 from trainguard.diagnosis.taxonomy import Diagnosis
-from trainguard.errors import LaunchError
+from trainguard.errors import LaunchError, NodesUnavailable
 from trainguard.exitcodes import ExitCode, describe_exit
 from trainguard.hang_watch import HangConfirmation, HangWatch
 from trainguard.policy import Action, Decision, History, decide
@@ -139,7 +139,7 @@ class Controller:
         if self.nodes is not None:
             why = self.nodes.prepare(attempt)
             if why is not None:
-                raise LaunchError(why)
+                raise NodesUnavailable(why)
         addr, port = self.agent.rendezvous(
             self.spec.master_addr, self.spec.master_port if attempt == 0 else None)
         self.rec.book.attempt_started(attempt, start_type, port)
@@ -356,7 +356,8 @@ class Controller:
 
     def _not_started(self, attempt: int, e: LaunchError) -> int:
         self.rec.book.attempt_not_started(attempt, str(e))
-        code = ExitCode.FAILED if self._started_any else ExitCode.USAGE
+        code = (ExitCode.FAILED if self._started_any or isinstance(e, NodesUnavailable)
+                else ExitCode.USAGE)
         self.rec.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {e}", attempt=attempt)
         self.rec.finish(JobState.FAILED, code)
         return int(code)

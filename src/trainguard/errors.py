@@ -33,6 +33,10 @@ class LaunchError(TrainguardError):
     """Workers could not be started."""
 
 
+class NodesUnavailable(LaunchError):
+    """Not enough healthy nodes to start an attempt (a fault of the cluster, not of usage)."""
+
+
 class RulesError(TrainguardError):
     """A rules file (diagnosis signatures) is not valid."""
 

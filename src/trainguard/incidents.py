@@ -115,7 +115,8 @@ class IncidentBook:
     def attempt_node_fault(self, attempt: int, *, node: str, reason: str, recover: str,
                            result: RecoverResult, tried: list[tuple[str, RecoverResult, str]],
                            fault_at: datetime, detected: datetime, stopped: datetime,
-                           progress: Progress, category: str | None = None) -> None:
+                           progress: Progress, category: str | None = None,
+                           scenario: FaultScenario = FaultScenario.NODE_FAULT) -> None:
         """A lost or faulty node ended `attempt`. Each rung of the ladder that could not act
         gets a closed record (downgrade / quotaExceeded); the last rung gets the last record,
         open while it recovers (result `recovering`), closed when it could not (`failed`)."""
@@ -125,13 +126,13 @@ class IncidentBook:
         for rung, res, why in tried:
             rec.recover_records.append(RecoverRecord(
                 attempt=attempt, recover_start_at=detected, detected_at=detected,
-                fault_scenario=FaultScenario.NODE_FAULT, reason=why,
+                fault_scenario=scenario, reason=why,
                 related_task=f"node/{node}", recover=rung, recover_result=res,
                 recover_end_at=detected, fault_at=fault_at, workers_stopped_at=stopped,
                 decided_at=utcnow(), category=category))
         restart = result == RecoverResult.RECOVERING
         self._incident(attempt, progress, stopped, f"node {node}: {reason}", restart,
-                       detected=detected, fault_scenario=FaultScenario.NODE_FAULT,
+                       detected=detected, fault_scenario=scenario,
                        reason=reason, related_task=f"node/{node}", recover_result=result,
                        fault_at=fault_at, backoff_s=0.0 if restart else None,
                        category=category, recover=recover)

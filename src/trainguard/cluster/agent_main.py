@@ -53,7 +53,7 @@ class AgentRunner:
     def __init__(self, agent: NodeAgent, cfg: AgentConfig, node: str) -> None:
         self.agent, self.cfg, self.node = agent, cfg, node
         self._token = read_token(Path(cfg.token_file))
-        self._done: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._exit = False
         self._import_cache: dict[Any, Any] = {}
 
@@ -128,7 +128,7 @@ class AgentRunner:
 
     def _command(self, msg: dict[str, Any]) -> dict[str, Any]:
         cid = msg.get("id")
-        if not isinstance(cid, int):
+        if not isinstance(cid, str):
             return {"type": "reply", "id": cid, "ok": False, "error": "no command id"}
         if cid in self._done:  # resent after a reconnect: answered, not run again
             return self._done[cid]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -49,9 +50,11 @@ class Hub:
         self._token = token
         self._cond = threading.Condition()
         self.links: dict[str, NodeLink] = {}
+        # command ids are unique across controllers: an agent answers a known id from memory
+        self._session = secrets.token_hex(6)
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[str, dict[str, Any]]] = {}
-        self._replies: dict[int, dict[str, Any]] = {}
+        self._pending: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._replies: dict[str, dict[str, Any]] = {}
         self._closed = False
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -135,7 +138,7 @@ class Hub:
                 link.reports.append(NodeReport.model_validate(msg.get("body")))
             except ValueError as e:
                 log.warning("node %s sent a malformed report: %s", link.name, e)
-        elif kind == "reply" and isinstance(msg.get("id"), int):
+        elif kind == "reply" and isinstance(msg.get("id"), str):
             if msg["id"] in self._pending:
                 self._replies[msg["id"]] = msg
         elif kind == "address" and isinstance(msg.get("addr"), str):
@@ -193,10 +196,10 @@ class Hub:
              lost_after_s: float) -> dict[str, Reply]:
         """Send each node its command at once; wait for every answer. A node disconnected
         for longer than `lost_after_s`, or silent past `timeout`, answers with an error."""
-        ids: dict[int, str] = {}
+        ids: dict[str, str] = {}
         with self._cond:
             for name, (op, body) in calls.items():
-                cid = next(self._ids)
+                cid = f"{self._session}-{next(self._ids)}"
                 frame = {"type": "cmd", "id": cid, "op": op, "body": body}
                 self._pending[cid] = (name, frame)
                 ids[cid] = name

@@ -66,7 +66,14 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
                   spec.reconnect_grace_s, publish=lambda f: store.put_nodes(node_rows(f)))
     store.set_meta(controller_port=hub.port, controller_host=host, nnodes=spec.nnodes,
                    spare_nodes=spec.spare_nodes, backend=backend.name)
-    adopt = resumable and _adopt(fleet, store, int(meta.get("attempt") or 0))
+    adopt = False
+    if resumable:
+        why_not = _adopt(fleet, store, int(meta.get("attempt") or 0))
+        adopt = why_not is None
+        if not adopt:
+            rec.event(Level.WARNING, Reason.CONTROLLER_RESTARTED,
+                      f"a new controller cannot take the running attempt over ({why_not}): "
+                      "its workers are stopped and the job is launched again")
     try:
         if not adopt:
             _bring_up(fleet, rec, agent_argv)
@@ -111,8 +118,9 @@ def _bring_up(fleet: Fleet, rec: Recorder, agent_argv: list[str]) -> None:
     fleet.place(ready[:fleet.nnodes])
 
 
-def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> bool:
-    """Take over from a dead controller when every placed node's workers still run."""
+def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> str | None:
+    """Take over from a dead controller when every placed node's workers still run; None
+    when taken over, else why not."""
     rows = {r.name: r for r in store.nodes()}
     placement = sorted((r for r in rows.values() if r.slot is not None),
                        key=lambda r: r.slot or 0)
@@ -124,29 +132,36 @@ def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> bool:
             node.handle = fleet.backend.adopt_agent(name, row.agent_pid)
     names = [r.name for r in placement]
     if len(names) != fleet.nnodes:
-        return _give_up_adoption(fleet)
+        return _give_up_adoption(fleet, f"the store places {len(names)} node(s), not "
+                                        f"{fleet.nnodes}")
     live = [n for n, node in fleet.nodes.items() if node.state in (HEALTHY, SPARE)]
     missing = fleet.hub.wait_connected(live, ADOPT_TIMEOUT_S)
     for name in names:
         report = fleet.hub.links[name].hello_report if name in fleet.hub.links else None
-        if name in missing or report is None or report.attempt != attempt or not report.workers \
-                or any(w.state.ended for w in report.workers):
-            return _give_up_adoption(fleet)
+        if name in missing or report is None:
+            why = f"node {name} did not reconnect within {ADOPT_TIMEOUT_S:g}s"
+        elif report.attempt != attempt or not report.workers:
+            why = f"node {name} runs no workers of attempt {attempt}"
+        elif any(w.state.ended for w in report.workers):
+            why = f"workers of node {name} ended while no controller watched"
+        else:
+            continue
+        return _give_up_adoption(fleet, why)
     for name in missing:
         fleet.mark(name, LOST, "its agent did not reconnect to the restarted controller")
     fleet.placement = names
     fleet.adopt_attempt(attempt)
     fleet.publish()
-    return True
+    return None
 
 
-def _give_up_adoption(fleet: Fleet) -> bool:
+def _give_up_adoption(fleet: Fleet, why: str) -> str:
     """The running attempt cannot be taken over: end the old agents; a fresh start follows."""
     fleet.end_agents()
     for node in fleet.nodes.values():
         if node.state != ISOLATED:
             node.state, node.reason = SPARE, None
-    return False
+    return why
 
 
 def node_rows(fleet: Fleet) -> list[NodeRow]:

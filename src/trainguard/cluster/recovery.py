@@ -15,6 +15,7 @@ from datetime import datetime
 from trainguard.cluster.fleet import ISOLATED, LOST, Fleet
 from trainguard.cluster.messages import OP_PRECHECK
 from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.incidents import fault_scenario
 from trainguard.ladder import (
     LadderHistory,
     LadderPolicy,
@@ -28,7 +29,7 @@ from trainguard.ladder import (
 from trainguard.precheck_rules import PrecheckConfig, PrecheckReport
 from trainguard.protocol import NodeReport, StopWorkers
 from trainguard.recorder import Recorder
-from trainguard.records import Level, Reason, RecoverResult, StartType, utcnow
+from trainguard.records import FaultScenario, Level, Reason, RecoverResult, StartType, utcnow
 
 PRECHECK_TIMEOUT_S = 300.0
 
@@ -62,21 +63,42 @@ class NodeRecovery:
         # the spares too: a broken one is found before it is needed, and their import
         # checks are cached for the restart that needs them
         names = names or [*self.fleet.placement, *self.fleet.spares()]
-        for name, report in self.precheck(names, attempt).items():
-            if report.ok:
-                continue
+        failing = {n: r for n, r in self.precheck(names, attempt).items() if not r.ok}
+        for name, report in failing.items():
             self.isolate(name, f"pre-check failed: {report.summary()}", attempt)
-            if name in self.fleet.placement:
-                p = plan(Trigger.FAULTY, name, "failed its pre-check",
-                         tuple(self.fleet.placement), self.fleet.spares(), self.hist,
-                         LadderPolicy(max_job_reschedules=1 << 30))
-                placement = self._wait_for_nodes(p, attempt)
-                if placement is None:
-                    return (f"not enough healthy nodes: {name} failed its pre-check and no "
-                            f"spare took its place within {self.rec.spec.queue_timeout_s:g}s")
-                self.fleet.place(list(placement), tuple(i for i, (a, b) in enumerate(
-                    zip(self.fleet.placement, placement, strict=True)) if a != b))
+        if not any(n in failing for n in self.fleet.placement):
+            return None
+        placement = self._refill(attempt)
+        if placement is None:
+            return (f"not enough healthy nodes: {', '.join(failing)} failed the pre-check and "
+                    f"no spare took their place within {self.rec.spec.queue_timeout_s:g}s")
+        moved = tuple(i for i, (a, b) in enumerate(zip(self.fleet.placement, placement,
+                                                       strict=True)) if a != b)
+        self.fleet.place(list(placement), moved)
         return None
+
+    def _refill(self, attempt: int) -> list[str] | None:
+        """The placement with every slot whose node is out given to a spare (queuing for
+        spares when there are too few); None when the queue timed out."""
+        deadline = time.monotonic() + self.rec.spec.queue_timeout_s
+        announced = False
+        while True:
+            spares = list(self.fleet.spares())
+            out = [i for i, n in enumerate(self.fleet.placement) if not self.fleet.ready(n)]
+            if len(spares) >= len(out):
+                new = list(self.fleet.placement)
+                for i in out:
+                    new[i] = spares.pop(0)
+                return new
+            if not announced:
+                announced = True
+                self.rec.event(Level.WARNING, Reason.QUEUING,
+                               f"waiting up to {self.rec.spec.queue_timeout_s:g}s for "
+                               f"{len(out) - len(spares)} more healthy node(s)",
+                               attempt=attempt)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
 
     def precheck(self, names: list[str], attempt: int) -> dict[str, PrecheckReport]:
         s, paths = self.rec.spec, self.rec.paths
@@ -149,7 +171,8 @@ class NodeRecovery:
         self.isolate(node, why, attempt)
         p = plan(Trigger.FAULTY, node, f"is faulty ({why})", tuple(self.fleet.placement),
                  self.fleet.spares(), self.hist, self.policy)
-        return self._carry_out(p, attempt, report, *times, category=diag.category.value)
+        return self._carry_out(p, attempt, report, *times, category=diag.category.value,
+                               scenario=fault_scenario(diag))
 
     def isolate(self, node: str, why: str, attempt: int) -> None:
         what = self.fleet.backend.isolate(node, f"trainguard: {why}"[:200])
@@ -160,7 +183,8 @@ class NodeRecovery:
     # -- carrying out a plan --------------------------------------------------------------
 
     def _carry_out(self, p: NodePlan, attempt: int, report: NodeReport, detected: datetime,
-                   stopped: datetime, category: str | None = None) -> StartType | str:
+                   stopped: datetime, category: str | None = None,
+                   scenario: FaultScenario = FaultScenario.NODE_FAULT) -> StartType | str:
         for t in p.tried:
             self.rec.event(Level.WARNING, Reason.RESCHEDULE_DOWNGRADED,
                            f"{t.rung.value} not possible for {p.node}: {t.why} "
@@ -182,7 +206,7 @@ class NodeRecovery:
             self.rec.book.attempt_node_fault(
                 attempt, node=p.node, reason=why, recover=recover, result=result, tried=tried,
                 fault_at=detected, detected=detected, stopped=stopped,
-                progress=report.progress, category=category)
+                progress=report.progress, category=category, scenario=scenario)
             return why
         self.hist = p.history
         self.rec.set_meta(pod_reschedules_used=self.hist.pod_used,
@@ -198,7 +222,7 @@ class NodeRecovery:
         self.rec.book.attempt_node_fault(
             attempt, node=p.node, reason=p.reason, recover=p.rung.value,
             result=RecoverResult.RECOVERING, tried=tried, fault_at=detected, detected=detected,
-            stopped=stopped, progress=report.progress, category=category)
+            stopped=stopped, progress=report.progress, category=category, scenario=scenario)
         return StartType.POD_RESCHEDULE if pod else StartType.JOB_RESCHEDULE
 
     def _wait_for_nodes(self, p: NodePlan, attempt: int) -> tuple[str, ...] | None:

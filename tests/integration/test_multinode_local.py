@@ -1,0 +1,191 @@
+"""Multi-node jobs on the local backend: virtual nodes (an agent process each, in its own
+process group) on this machine, real DDP over gloo, real faults.
+
+- a node killed (its agent's process group, and with it its workers) -> pod-level
+  rescheduling onto the spare, resumed from the checkpoint, the same world size;
+- a GPU hardware line (Xid 79) in one node's rank log -> that node isolated, every rank
+  placed again on healthy + spare nodes (isolated job-level rescheduling);
+- no spare left -> pod-level downgrades, job-level queues, then a clear failure;
+- the controller SIGKILLed mid-run and started again -> it takes the job over, the workers
+  never stop, nothing is lost;
+- every node failing its pre-check -> isolated, and a clear failure before any start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.integration.conftest import EXAMPLE, TG, read_json, reasons, run_tg
+
+XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+
+
+def job_args(job_dir: Path, *extra: str, steps: int = 60) -> list[str]:
+    return ["run", "--nnodes", "2", "--nproc-per-node", "2", "--job-dir", str(job_dir),
+            "--run-id", "mn", "--max-restarts", "3", "--grace-period", "5", *extra,
+            str(EXAMPLE), "--steps", str(steps), "--step-time", "0.1", "--ckpt-every", "10",
+            "--progress", "--quiet"]
+
+
+class Background:
+    """The controller in the background, its console in a file (the node agents inherit it
+    and outlive a killed controller, so a pipe would stay open)."""
+
+    def __init__(self, args: list[str], cwd: Path, name: str = "console") -> None:
+        env = dict(os.environ)
+        env.pop("TRAINGUARD_FAULT", None)
+        self.console = cwd / f"{name}.log"
+        with open(self.console, "w") as out:
+            self.proc = subprocess.Popen([*TG, *args], cwd=cwd, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT)
+
+    def finish(self, timeout: float = 180) -> tuple[int, str]:
+        code = self.proc.wait(timeout=timeout)
+        return code, self.console.read_text()
+
+
+def wait_for(job_dir: Path, pred: Any, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (job_dir / "trainguard.db").exists():
+            status = read_json("status", job_dir)
+            if pred(status):
+                return status  # type: ignore[no-any-return]
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting on {job_dir}")
+
+
+def node(status: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(n for n in status["nodes"] if n["name"] == name)
+
+
+def events_of(job_dir: Path, reason: str) -> list[dict[str, Any]]:
+    return [e for e in read_json("events", job_dir) if e["reason"] == reason]
+
+
+def kill_node(status: dict[str, Any], name: str) -> None:
+    os.killpg(node(status, name)["agent_pid"], signal.SIGKILL)
+
+
+def log_of(job_dir: Path, attempt: int, rank: int) -> str:
+    return (job_dir / "logs" / f"attempt-{attempt}" / f"rank-{rank}.log").read_text()
+
+
+def test_a_killed_node_is_replaced_by_the_spare_and_training_resumes(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    bg = Background(job_args(job, "--spare-nodes", "1"), tmp_path)
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 25)
+    assert [(n["name"], n["state"], n["slot"]) for n in status["nodes"]] == [
+        ("node-0", "healthy", 0), ("node-1", "healthy", 1), ("node-2", "spare", None)]
+    assert all(isinstance(n["agent_pid"], int) and n["host"] for n in status["nodes"])
+    kill_node(status, "node-1")
+    code, out = bg.finish()
+    assert code == 0, out
+    assert "NodeLost" in reasons(job) and "PodRescheduled" in reasons(job)
+    lost = events_of(job, "NodeLost")[0]
+    assert lost["involved"]["node"] == "node-1" and "agent process ended" in lost["message"]
+    resumed = events_of(job, "Resumed")
+    assert resumed and int(resumed[0]["message"].split("step ")[1].split()[0]) >= 20
+    final = read_json("status", job)
+    assert {n["name"]: n["state"] for n in final["nodes"]} == {
+        "node-0": "healthy", "node-2": "healthy", "node-1": "lost"}
+    ranks = {r["rank"]: r for r in final["ranks"]}
+    assert len(ranks) == 4
+    assert {r: ranks[r]["node"] for r in ranks} == {0: "node-0", 1: "node-0", 2: "node-2",
+                                                     3: "node-2"}
+    # same world size; the moved ranks were scheduled twice, every process started twice
+    assert "rank 2/4: process start 2, scheduled 2" in log_of(job, 1, 2)
+    assert "rank 0/4: process start 2, scheduled 1" in log_of(job, 1, 0)
+    recovery = read_json("recovery", job)
+    first, second = recovery["running_records"]
+    assert second["start_type"] == "pod_reschedule"
+    (rr,) = first["recover_records"]
+    assert (rr["recover"], rr["recover_result"], rr["fault_scenario"], rr["related_task"]) == (
+        "pod_reschedule", "success", "node_fault", "node/node-1")
+    assert rr["resumed_step"] >= 20 and rr["durations_s"]["detect"] < 2
+
+
+def test_a_gpu_fault_isolates_its_node_and_reschedules_the_whole_job(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    fault = f"log:{XID}@rank=2,step=15;exit:1@rank=2,step=15"
+    r = run_tg(job_args(job, "--spare-nodes", "1", steps=40), cwd=tmp_path, fault=fault)
+    assert r.returncode == 0, r.stderr
+    key = ("FailureDiagnosed", "NodeIsolated", "JobRescheduled")
+    assert [x for x in reasons(job) if x in key] == list(key)
+    isolated = events_of(job, "NodeIsolated")[0]
+    assert isolated["involved"]["node"] == "node-1" and "Xid" in isolated["message"]
+    status = read_json("status", job)
+    bad = node(status, "node-1")
+    assert bad["state"] == "isolated" and "gpu_hardware" in bad["reason"]
+    assert bad["times_implicated"] == 1
+    assert {r["node"] for r in status["ranks"]} == {"node-0", "node-2"}
+    for rank in range(4):  # every rank placed again
+        assert f"rank {rank}/4: process start 2, scheduled 2" in log_of(job, 1, rank)
+    first = read_json("recovery", job)["running_records"][0]
+    (rr,) = first["recover_records"]
+    assert (rr["recover"], rr["recover_result"], rr["fault_scenario"], rr["category"]) == (
+        "job_reschedule_with_taint", "success", "chip_fault", "gpu_hardware")
+
+
+def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    bg = Background(job_args(job, "--queue-timeout", "3"), tmp_path)
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 5)
+    kill_node(status, "node-1")
+    code, out = bg.finish()
+    assert code == 1, out
+    got = reasons(job)
+    assert got[-4:] == ["NodeLost", "RescheduleDowngraded", "Queuing", "JobFailed"]
+    failed = events_of(job, "JobFailed")[0]["message"]
+    assert "not enough healthy nodes" in failed and "waited 3s" in failed
+    assert "no spare node" in events_of(job, "RescheduleDowngraded")[0]["message"]
+    records = read_json("recovery", job)["running_records"][0]["recover_records"]
+    assert [(x["recover"], x["recover_result"]) for x in records] == [
+        ("pod_reschedule", "downgrade"), ("job_reschedule_with_taint", "failed")]
+    final = read_json("status", job)
+    assert final["state"] == "failed" and node(final, "node-1")["state"] == "lost"
+
+
+def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
+        tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    args = job_args(job, "--spare-nodes", "1", steps=80)
+    first = Background(args, tmp_path)
+    before = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 10)
+    first.proc.kill()  # the controller only: the agents and workers live on
+    first.finish(timeout=30)
+    r = run_tg(args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "ControllerRestarted" in reasons(job) and "took over attempt 0" in r.stderr
+    after = read_json("status", job)
+    assert after["state"] == "succeeded" and after["attempt"] == 0
+    # every step trained once, in the first attempt, by the first workers
+    saved = " ".join(e["message"] for e in events_of(job, "CheckpointSaved"))
+    assert all(f"checkpoint of step {s} committed" in saved for s in range(10, 81, 10))
+    assert "[rank 0] done: 80 steps" in first.console.read_text()
+    assert {w["rank"]: w["pid"] for w in before["ranks"]} == \
+        {w["rank"]: w["pid"] for w in after["ranks"]}
+    assert "WorkersRestarted" not in reasons(job)
+    (rec,) = read_json("recovery", job)["running_records"]
+    assert rec["recover_records"] == [] and rec["end_reason"] == "succeeded"
+
+
+def test_nodes_failing_their_pre_check_are_isolated_and_the_job_fails_clearly(
+        tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    r = run_tg(job_args(job, "--spare-nodes", "1", "--queue-timeout", "1",
+                        "--min-free-disk-mb", "1e12"), cwd=tmp_path)
+    assert r.returncode == 1
+    got = reasons(job)
+    assert got.count("PrecheckFailed") == 3 and got.count("NodeIsolated") == 3
+    assert "JobRunning" not in got
+    failed = events_of(job, "JobFailed")[0]["message"]
+    assert "pre-check" in failed and "not enough healthy nodes" in failed
+    fails = events_of(job, "PrecheckFailed")[0]
+    assert "disk" in fails["message"] and fails["data"]["checks"]
+    assert {n["state"] for n in read_json("status", job)["nodes"]} == {"isolated"}
