@@ -77,6 +77,9 @@ class Hub:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
+            if self._closed:
+                sock.close()
+                return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._serve, args=(Conn(sock),), daemon=True,
                              name="trainguard-link").start()
@@ -250,6 +253,8 @@ class Hub:
 
     def close(self) -> None:
         self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() that waits
         with contextlib.suppress(OSError):
             self._listener.close()
         with self._cond:
