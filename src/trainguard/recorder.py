@@ -53,7 +53,10 @@ class Recorder:
     def begin(self) -> tuple[int, StartType]:
         """Record the job's start; a relaunch of the same job continues its attempts."""
         previous = self.store.meta()
-        self.launches = int(previous.get("launches") or 0) + 1
+        # a job requeued by Slurm (sbatch --requeue) counts Slurm's restarts as launches
+        requeues = os.environ.get("SLURM_RESTART_COUNT", "")
+        self.launches = max(int(previous.get("launches") or 0) + 1,
+                            int(requeues) + 1 if requeues.isdigit() else 1)
         last = previous.get("last_step")
         self.previous_max_step = last if isinstance(last, int) else None
         self.store.set_meta(
@@ -68,9 +71,12 @@ class Recorder:
         what = (f"{self.spec.nproc_per_node} worker(s), max {self.spec.max_restarts} restarts, "
                 f"job dir {self.paths.job_dir}")
         if isinstance(previous.get("attempt"), int):  # the same job launched again (a requeue)
+            requeued = f" (Slurm requeue {requeues})" if requeues.isdigit() and \
+                int(requeues) > 0 else ""
             self.event(Level.INFO, Reason.JOB_RELAUNCHED,
-                       f"job {self.spec.run_id} launched again after its previous launch ended "
-                       f"{previous.get('state')} at attempt {previous['attempt']}: {what}")
+                       f"job {self.spec.run_id} launched again{requeued} after its previous "
+                       f"launch ended {previous.get('state')} at attempt {previous['attempt']}: "
+                       f"{what}")
             return previous["attempt"] + 1, StartType.RELAUNCH
         self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}")
         return 0, StartType.FIRST_START

@@ -189,3 +189,23 @@ def test_nodes_failing_their_pre_check_are_isolated_and_the_job_fails_clearly(
     fails = events_of(job, "PrecheckFailed")[0]
     assert "disk" in fails["message"] and fails["data"]["checks"]
     assert {n["state"] for n in read_json("status", job)["nodes"]} == {"isolated"}
+
+
+def test_a_node_implicated_again_and_again_is_isolated_as_a_repeat_offender(
+        tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    fault = "crash@rank=2,step=3,attempt=0;crash@rank=3,step=3,attempt=1"
+    r = run_tg(job_args(job, "--spare-nodes", "1", "--repeat-offender", "2",
+                        "--unconditional-restart", "--restart-backoff", "0", steps=20),
+               cwd=tmp_path, fault=fault)
+    assert r.returncode == 0, r.stderr
+    got = [x for x in reasons(job) if x in ("WorkersRestarted", "NodeIsolated",
+                                             "JobRescheduled")]
+    assert got == ["WorkersRestarted", "NodeIsolated", "JobRescheduled", "WorkersRestarted"]
+    isolated = events_of(job, "NodeIsolated")[0]
+    assert isolated["involved"]["node"] == "node-1"
+    assert "repeat offender: implicated 2 times" in isolated["message"]
+    records = [rr for rec in read_json("recovery", job)["running_records"]
+               for rr in rec["recover_records"]]
+    assert [rr["recover"] for rr in records] == ["process_restart", "job_reschedule_with_taint"]
+    assert node(read_json("status", job), "node-1")["times_implicated"] == 2

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.multinode.slurm_cluster import ClusterError, SlurmCluster, ensure_installed
@@ -34,3 +37,46 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         yield cluster
     finally:
         cluster.stop()
+
+
+def _slurmd_running(cluster: SlurmCluster, node: str) -> bool:
+    """Whether this cluster's slurmd for node runs (found by its -f <conf> -N <node>)."""
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if (cmd and cmd[0].endswith("slurmd") and str(cluster.conf) in cmd
+                and node in cmd and p.info["status"] != psutil.STATUS_ZOMBIE):
+            return True
+    return False
+
+
+def _squeue_ids(cluster: SlurmCluster) -> list[str]:
+    r = subprocess.run(["squeue", "-h", "-o", "%i"], env=cluster.env(), capture_output=True,
+                       text=True, timeout=20, check=False)
+    return r.stdout.split()
+
+
+@pytest.fixture
+def clean_cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The session's cluster, left clean after each test whatever it did: killed slurmd's
+    started again, every job cancelled (and gone from squeue), drained or down nodes
+    resumed, every node idle."""
+    yield slurm_cluster
+    cluster = slurm_cluster
+    for node in cluster.nodes:
+        if not _slurmd_running(cluster, node):
+            cluster.restart_node(node)
+    subprocess.run(["scancel", "--user", "root"], env=cluster.env(), capture_output=True,
+                   timeout=20, check=False)
+    deadline = time.monotonic() + 45
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = cluster.node_states()
+        for node in cluster.nodes:
+            if states.get(node, "").startswith(("drain", "down")):
+                cluster.resume(node)
+        if not _squeue_ids(cluster) and all(states.get(n) == "idle" for n in cluster.nodes):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"the Slurm cluster did not come back clean within 45 s: {states}, jobs "
+                f"{_squeue_ids(cluster)}\n{cluster.sinfo_text()}\n{cluster.daemon_logs()}",
+                pytrace=False)

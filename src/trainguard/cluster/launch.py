@@ -49,8 +49,10 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
         write_token(cdir / "token", token)
     host = spec.controller_host or ("127.0.0.1" if spec.backend == "local"
                                     else socket.gethostname())
-    hub = Hub(token, "0.0.0.0" if spec.backend != "local" else host,
-              int(meta["controller_port"]) if resumable else 0)
+    # bound where agents connect from: loopback for virtual nodes, else the given address
+    # (every interface when none is given: the nodes' addresses are not known in advance)
+    bind = spec.controller_host or ("127.0.0.1" if spec.backend == "local" else "0.0.0.0")
+    hub = Hub(token, bind, int(meta["controller_port"]) if resumable else 0)
     (cdir / "controller.json").write_text(json.dumps({"host": host, "port": hub.port}))
     cfg = AgentConfig.model_validate({
         "run_id": spec.run_id, "controller_file": str(cdir / "controller.json"),

@@ -1,0 +1,331 @@
+"""Multi-node jobs on the Slurm backend, on a real Slurm cluster (n1..n3 on this machine).
+
+The scenarios of tests/integration/test_multinode_local.py, run through srun: every node
+agent is a job step (`srun --jobid J -w NODE --overlap`), a node's loss is its slurmd and
+its step daemons (with the agent and workers) SIGKILLed, and isolation drains the node in
+Slurm, where `sinfo` shows it.
+
+- inside an `sbatch -N 3 --no-kill` job: a placed node lost -> pod-level rescheduling onto
+  the spare node of the same allocation, resumed from the checkpoint;
+- outside any allocation (trainguard's own `salloc`): a GPU hardware line (Xid 79) on one
+  node -> that node drained, every rank placed again on the other nodes; the allocation
+  is cancelled at the end;
+- no spare -> pod-level downgrades, job-level queues, then a clear failure;
+- the controller SIGKILLed mid-run and started again -> it takes the job over, the
+  workers never stop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.integration.conftest import EXAMPLE, read_json, reasons
+from tests.multinode.slurm_cluster import SlurmCluster
+
+XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+NODES = ["n1", "n2", "n3"]
+PY = sys.executable  # the venv's python, by its absolute path (batch steps run it too)
+
+
+def job_args(job_dir: Path, *extra: str, steps: int = 60, spares: int = 1) -> list[str]:
+    return ["run", "--backend", "slurm", "--nnodes", "2", "--nproc-per-node", "2",
+            "--spare-nodes", str(spares), "--job-dir", str(job_dir), "--run-id", "mn",
+            "--max-restarts", "3", "--grace-period", "5", *extra, str(EXAMPLE),
+            "--steps", str(steps), "--step-time", "0.1", "--ckpt-every", "10",
+            "--progress", "--quiet"]
+
+
+def tg_env(cluster: SlurmCluster, fault: str | None = None,
+           extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The cluster's client environment (no SLURM_* job variables), TRAINGUARD_FAULT set
+    only when asked."""
+    env = cluster.env()
+    env.pop("TRAINGUARD_FAULT", None)
+    if fault:
+        env["TRAINGUARD_FAULT"] = fault
+    env.update(extra or {})
+    return env
+
+
+class Controller:
+    """`trainguard run` in the background, its console in a file (srun'd agents outlive a
+    killed controller and would hold a pipe open)."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str],
+                 name: str = "console") -> None:
+        self.console = cwd / f"{name}.log"
+        with open(self.console, "w") as out:
+            self.proc = subprocess.Popen([PY, "-m", "trainguard", *args], cwd=cwd, env=env,
+                                         stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def finish(self, timeout: float = 90) -> tuple[int, str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the controller ran over {timeout:.0f} s:\n"
+                                 f"{self.console.read_text()[-6000:]}") from None
+        return code, self.console.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def status_of(job_dir: Path) -> dict[str, Any] | None:
+    if not (job_dir / "trainguard.db").exists():
+        return None
+    try:
+        return read_json("status", job_dir)  # type: ignore[no-any-return]
+    except subprocess.CalledProcessError:
+        return None  # the store is being created
+
+
+def wait_for(job_dir: Path, pred: Any, timeout: float = 45, alive: Any = None) -> dict[str, Any]:
+    """The job's status once pred holds; alive() False (its launcher ended) fails at once."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = status_of(job_dir)
+        if status is not None and status["nodes"] and pred(status):
+            return status
+        if alive is not None and not alive():
+            raise AssertionError(f"the job ended before the wait on {job_dir} was met: "
+                                 f"{status}")
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting on {job_dir}: "
+                         f"{status_of(job_dir)}")
+
+
+def step_at_least(n: int) -> Any:
+    return lambda s: (s["last_progress"]["step"] or 0) >= n
+
+
+def placed(status: dict[str, Any]) -> dict[int, str]:
+    """slot -> node name of the healthy placed nodes."""
+    return {n["slot"]: n["name"] for n in status["nodes"]
+            if n["state"] == "healthy" and n["slot"] is not None}
+
+
+def events_of(job_dir: Path, reason: str) -> list[dict[str, Any]]:
+    return [e for e in read_json("events", job_dir) if e["reason"] == reason]
+
+
+def resumed_step(job_dir: Path) -> int:
+    resumed = events_of(job_dir, "Resumed")
+    assert resumed, reasons(job_dir)
+    m = re.search(r"step (\d+)", resumed[0]["message"])
+    assert m, resumed[0]["message"]
+    return int(m.group(1))
+
+
+def log_of(job_dir: Path, attempt: int, rank: int) -> str:
+    return (job_dir / "logs" / f"attempt-{attempt}" / f"rank-{rank}.log").read_text()
+
+
+def squeue(cluster: SlurmCluster, *args: str) -> list[list[str]]:
+    r = subprocess.run(["squeue", "-h", *args], env=cluster.env(), capture_output=True,
+                       text=True, timeout=20, check=True)
+    return [line.split() for line in r.stdout.splitlines() if line.strip()]
+
+
+def drain_reason(cluster: SlurmCluster, node: str) -> str:
+    r = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%E"], env=cluster.env(),
+                       capture_output=True, text=True, timeout=20, check=True)
+    return r.stdout.strip()
+
+
+def test_in_an_sbatch_job_a_lost_node_is_replaced_by_the_spare(
+        clean_cluster: SlurmCluster, tmp_path: Path) -> None:
+    cluster = clean_cluster
+    job = tmp_path / "job"
+    seen = tmp_path / "slurm-env.txt"
+    script = tmp_path / "train.sbatch"
+    argv = " ".join([PY, "-m", "trainguard", *job_args(job)])
+    script.write_text(
+        "#!/bin/bash\n"
+        f"env | grep ^SLURM_ | sort > {seen}\n"
+        f"echo SLURMD_NODENAME=$SLURMD_NODENAME >> {seen}\n"
+        f"exec {argv}\n")
+    # --no-kill: without it Slurm ends the whole job once it sees the node down
+    # (SlurmdTimeout after the loss), whatever trainguard recovers
+    sbatch = subprocess.Popen(
+        ["sbatch", "--wait", "--parsable", "--no-kill", "-N", "3", "-J", "tg-sbatch",
+         "-D", str(tmp_path), "-o", str(tmp_path / "batch.out"), str(script)],
+        env=tg_env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        status = wait_for(job, step_at_least(25), alive=lambda: sbatch.poll() is None)
+        jobs = squeue(cluster, "-o", "%i %j %T")
+        assert len(jobs) == 1 and jobs[0][1:] == ["tg-sbatch", "RUNNING"], jobs
+        job_id = jobs[0][0]
+        env_seen = dict(line.split("=", 1) for line in seen.read_text().splitlines())
+        # trainguard used the batch job's allocation (no salloc of its own): its nodes,
+        # its agents as steps of that job
+        assert env_seen["SLURM_JOB_ID"] == job_id
+        assert [n["name"] for n in status["nodes"]] == NODES
+        assert [(n["state"], n["slot"]) for n in status["nodes"]] == [
+            ("healthy", 0), ("healthy", 1), ("spare", None)]
+        steps = {s[0] for s in squeue(cluster, "-s", "-j", job_id, "-o", "%j")}
+        assert {f"trainguard-agent-{n}" for n in NODES} <= steps, steps
+        victim = placed(status)[1]
+        assert victim != env_seen["SLURMD_NODENAME"]  # not the node the controller runs on
+        survivor = placed(status)[0]
+        spare = next(n["name"] for n in status["nodes"] if n["state"] == "spare")
+        t_kill = time.monotonic()
+        cluster.kill_node(victim)
+        out, err = sbatch.communicate(timeout=80)
+    finally:
+        if sbatch.poll() is None:
+            sbatch.kill()
+            sbatch.wait()
+    console = (tmp_path / "batch.out").read_text()
+    assert sbatch.returncode == 0, f"{out}{err}\n{console[-6000:]}"
+    assert time.monotonic() - t_kill < 60
+    got = reasons(job)
+    assert "NodeLost" in got and "PodRescheduled" in got and got[-1] == "JobSucceeded", got
+    lost = events_of(job, "NodeLost")[0]
+    assert lost["involved"]["node"] == victim
+    assert "drained in Slurm" in lost["message"], lost["message"]
+    assert resumed_step(job) >= 20
+    final = read_json("status", job)
+    assert final["state"] == "succeeded"
+    assert {n["name"]: n["state"] for n in final["nodes"]} == {
+        survivor: "healthy", spare: "healthy", victim: "lost"}
+    ranks = {r["rank"]: r["node"] for r in final["ranks"]}
+    assert ranks == {0: survivor, 1: survivor, 2: spare, 3: spare}
+    assert "rank 2/4: process start 2, scheduled 2" in log_of(job, 1, 2)
+    assert "[rank 0] done: 60 steps" in console
+    first, second = read_json("recovery", job)["running_records"]
+    assert second["start_type"] == "pod_reschedule"
+    (rr,) = first["recover_records"]
+    assert (rr["recover"], rr["recover_result"], rr["fault_scenario"], rr["related_task"]) == (
+        "pod_reschedule", "success", "node_fault", f"node/{victim}")
+    assert rr["resumed_step"] >= 20
+    # the lost node is drained too (Slurm alone would call it down only SlurmdTimeout later)
+    assert cluster.node_state(victim).startswith("drain"), cluster.sinfo_text()
+    assert "trainguard" in drain_reason(cluster, victim)
+
+
+def test_a_gpu_fault_drains_its_node_and_the_job_moves_off_it(
+        clean_cluster: SlurmCluster, tmp_path: Path) -> None:
+    cluster = clean_cluster
+    job = tmp_path / "job"
+    fault = f"log:{XID}@rank=2,step=15;exit:1@rank=2,step=15"
+    ctl = Controller(job_args(job, steps=40), tmp_path, tg_env(cluster, fault))
+    try:
+        status = wait_for(job, lambda s: len(placed(s)) == 2,
+                          alive=lambda: ctl.proc.poll() is None)
+        bad, good = placed(status)[1], placed(status)[0]
+        (alloc,) = squeue(cluster, "-o", "%i %j")
+        assert alloc[1] == "trainguard-mn"  # trainguard's own salloc
+        code, out = ctl.finish()
+    finally:
+        ctl.kill()
+    assert code == 0, out[-6000:]
+    key = ("FailureDiagnosed", "NodeIsolated", "JobRescheduled")
+    assert [x for x in reasons(job) if x in key] == list(key)
+    isolated = events_of(job, "NodeIsolated")[0]
+    assert isolated["involved"]["node"] == bad and "Xid" in isolated["message"]
+    assert "drained in Slurm" in isolated["message"], isolated["message"]
+    final = read_json("status", job)
+    assert final["state"] == "succeeded"
+    node = next(n for n in final["nodes"] if n["name"] == bad)
+    assert node["state"] == "isolated" and "gpu_hardware" in node["reason"]
+    spare = next(n for n in NODES if n not in (bad, good))
+    assert {r["node"] for r in final["ranks"]} == {good, spare}
+    for rank in range(4):  # every rank placed again
+        assert f"rank {rank}/4: process start 2, scheduled 2" in log_of(job, 1, rank)
+    (rr,) = read_json("recovery", job)["running_records"][0]["recover_records"]
+    assert (rr["recover"], rr["recover_result"], rr["fault_scenario"], rr["category"]) == (
+        "job_reschedule_with_taint", "success", "chip_fault", "gpu_hardware")
+    # isolation shows in sinfo: drained (the allocation is gone), with trainguard's reason
+    assert squeue(cluster) == []  # the allocation trainguard made is cancelled
+    assert cluster.wait_state(bad, {"drained"}, timeout_s=15) == "drained"
+    assert "trainguard" in drain_reason(cluster, bad), cluster.sinfo_text()
+    line = next(x for x in cluster.sinfo_text().splitlines() if x.startswith(bad))
+    assert "drained" in line and "trainguard" in line
+    assert all(cluster.node_state(n) == "idle" for n in NODES if n != bad)
+
+
+def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(
+        clean_cluster: SlurmCluster, tmp_path: Path) -> None:
+    cluster = clean_cluster
+    job = tmp_path / "job"
+    ctl = Controller(job_args(job, "--queue-timeout", "3", spares=0), tmp_path,
+                     tg_env(cluster))
+    try:
+        status = wait_for(job, step_at_least(5), alive=lambda: ctl.proc.poll() is None)
+        assert len(status["nodes"]) == 2 and len(placed(status)) == 2
+        victim = placed(status)[1]
+        cluster.kill_node(victim)
+        code, out = ctl.finish()
+    finally:
+        ctl.kill()
+    assert code == 1, out[-6000:]
+    got = reasons(job)
+    assert got[-4:] == ["NodeLost", "RescheduleDowngraded", "Queuing", "JobFailed"], got
+    failed = events_of(job, "JobFailed")[0]["message"]
+    assert "not enough healthy nodes" in failed and "waited 3s" in failed
+    assert "no spare node" in events_of(job, "RescheduleDowngraded")[0]["message"]
+    records = read_json("recovery", job)["running_records"][0]["recover_records"]
+    assert [(x["recover"], x["recover_result"]) for x in records] == [
+        ("pod_reschedule", "downgrade"), ("job_reschedule_with_taint", "failed")]
+    final = read_json("status", job)
+    assert final["state"] == "failed"
+    assert next(n for n in final["nodes"] if n["name"] == victim)["state"] == "lost"
+    assert squeue(cluster) == []  # the allocation is cancelled even on failure
+
+
+def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
+        clean_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Inside an allocation (as in an salloc shell): both controllers use the same job."""
+    cluster = clean_cluster
+    job = tmp_path / "job"
+    r = subprocess.run(["salloc", "--no-shell", "--no-kill", "-N", "3", "-J", "tg-salloc"],
+                       env=cluster.env(), capture_output=True, text=True, timeout=30,
+                       check=True)
+    m = re.search(r"Granted job allocation (\d+)", r.stderr)
+    assert m, r.stderr
+    job_id = m.group(1)
+    inside = tg_env(cluster, extra={"SLURM_JOB_ID": job_id, "SLURM_JOB_NODELIST": "n[1-3]",
+                                    "SLURM_JOB_NUM_NODES": "3"})
+    args = job_args(job, steps=80)
+    first = Controller(args, tmp_path, inside, name="first")
+    try:
+        before = wait_for(job, step_at_least(10), alive=lambda: first.proc.poll() is None)
+        os.kill(first.proc.pid, signal.SIGKILL)  # the controller only: agents, workers live
+        first.proc.wait(10)
+        second = Controller(args, tmp_path, inside, name="second")
+        try:
+            code, out = second.finish()
+        finally:
+            second.kill()
+    finally:
+        first.kill()
+    assert code == 0, out[-6000:]
+    got = reasons(job)
+    assert "ControllerRestarted" in got and "took over attempt 0" in out, out[-4000:]
+    assert "WorkersRestarted" not in got
+    after = read_json("status", job)
+    assert after["state"] == "succeeded" and after["attempt"] == 0
+    assert {w["rank"]: w["pid"] for w in before["ranks"]} == \
+        {w["rank"]: w["pid"] for w in after["ranks"]}
+    saved = " ".join(e["message"] for e in events_of(job, "CheckpointSaved"))
+    assert all(f"checkpoint of step {s} committed" in saved for s in range(10, 81, 10))
+    (rec,) = read_json("recovery", job)["running_records"]
+    assert rec["recover_records"] == [] and rec["end_reason"] == "succeeded"
+    # the allocation was not trainguard's: it is left running, its agent steps ended
+    jobs = squeue(cluster, "-o", "%i %T")
+    assert jobs == [[job_id, "RUNNING"]], jobs
+    deadline = time.monotonic() + 15
+    while squeue(cluster, "-s", "-j", job_id, "-o", "%j") and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert squeue(cluster, "-s", "-j", job_id, "-o", "%j") == []
