@@ -72,12 +72,12 @@ class Hub:
     # -- connections ----------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
-        while not self._closed:
+        while True:
             try:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
-            if self._closed:
+            if self._closed:  # woken by close()
                 sock.close()
                 return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
