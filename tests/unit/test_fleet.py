@@ -1,0 +1,217 @@
+"""The fleet's own logic with fakes of its I/O (hub, backend): per-slot commands, merged
+reports, loss detection, placement and schedule counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from trainguard.cluster.fleet import HEALTHY, LOST, SPARE, Fleet
+from trainguard.cluster.hub import Reply
+from trainguard.protocol import (
+    NodeReport,
+    Progress,
+    RankLiveness,
+    StartWorkers,
+    WorkerAssignment,
+    WorkerFact,
+    WorkerMessage,
+    WorkerState,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass
+class FakeLink:
+    addr: str
+
+
+@dataclass
+class FakeHub:
+    connected_nodes: set[str]
+    links: dict[str, FakeLink] = field(default_factory=dict)
+    reports: dict[str, list[NodeReport]] = field(default_factory=dict)
+    calls: list[dict[str, tuple[str, dict[str, Any]]]] = field(default_factory=list)
+    disconnected: dict[str, float] = field(default_factory=dict)
+    silent: dict[str, float] = field(default_factory=dict)
+
+    def connected(self, name: str) -> bool:
+        return name in self.connected_nodes
+
+    def disconnected_for(self, name: str) -> float:
+        return self.disconnected.get(name, 0.0)
+
+    def silent_for(self, name: str) -> float:
+        return self.silent.get(name, 0.1)
+
+    def take_reports(self, name: str) -> list[NodeReport]:
+        return self.reports.pop(name, [])
+
+    def wait(self, timeout: float) -> None:
+        return None
+
+    def forget(self, name: str) -> None:
+        self.connected_nodes.discard(name)
+
+    def call(self, calls: dict[str, tuple[str, dict[str, Any]]], timeout: float,
+             lost_after_s: float) -> dict[str, Reply]:
+        self.calls.append(calls)
+        out = {}
+        for name, (_op, body) in calls.items():
+            cmd = StartWorkers.model_validate(body)
+            out[name] = Reply(True, report(name, cmd.attempt, [w.rank for w in cmd.workers])
+                              .model_dump(mode="json"))
+        return out
+
+
+@dataclass
+class FakeHandle:
+    node: str
+    dead: bool = False
+    killed: bool = False
+
+    @property
+    def pid(self) -> int | None:
+        return 1
+
+    def ended(self) -> bool:
+        return self.dead
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+@dataclass
+class FakeBackend:
+    names: list[str]
+    bad: dict[str, str] = field(default_factory=dict)
+    name: str = "local"
+
+    def node_names(self) -> list[str]:
+        return list(self.names)
+
+    def start_agent(self, node: str, argv: list[str]) -> FakeHandle:
+        return FakeHandle(node)
+
+    def adopt_agent(self, node: str, pid: int | None) -> FakeHandle:
+        return FakeHandle(node)
+
+    def bad_nodes(self) -> dict[str, str]:
+        return dict(self.bad)
+
+    def isolate(self, node: str, reason: str) -> str:
+        return "kept out"
+
+    def close(self) -> None:
+        return None
+
+
+def report(node: str, attempt: int, ranks: list[int], last: int | None = None,
+           messages: int = 0, intervals: tuple[float, ...] = ()) -> NodeReport:
+    return NodeReport(
+        node=node, attempt=attempt, at=T0,
+        workers=[WorkerFact(rank=r, node=node, local_rank=r % 2, pid=100 + r,
+                            state=WorkerState.RUNNING) for r in ranks],
+        progress=Progress(first_step=1 if last else None, first_step_at=T0 if last else None,
+                          last_step=last, last_step_at=T0 if last else None),
+        messages=[WorkerMessage(kind="progress", rank=ranks[0], at=T0) for _ in range(messages)],
+        liveness=[RankLiveness(rank=r, intervals=list(intervals)) for r in ranks])
+
+
+def fleet(names: tuple[str, ...] = ("a", "b", "c")) -> tuple[Fleet, FakeHub, FakeBackend]:
+    hub = FakeHub(set(names), {n: FakeLink(f"10.0.0.{i}") for i, n in enumerate(names)})
+    backend = FakeBackend(list(names))
+    f = Fleet(hub, backend, nnodes=2, nproc_per_node=2, node_timeout_s=10,  # type: ignore[arg-type]
+              reconnect_grace_s=3, publish=lambda _: None)
+    f.start_agents(["agent"])
+    f.place(["a", "b"])
+    return f, hub, backend
+
+
+def start_cmd(attempt: int = 0) -> StartWorkers:
+    return StartWorkers(
+        run_id="r", attempt=attempt, argv=["x"], env={}, world_size=4, group_rank=0,
+        group_world_size=2, master_addr="10.0.0.0", master_port=1, max_restarts=0,
+        log_dir="/l", job_dir="/j", checkpoint_dir="/c",
+        workers=[WorkerAssignment(rank=r, local_rank=r % 2, start_count=1, schedule_count=1)
+                 for r in range(4)])
+
+
+def test_placement_states_and_spares() -> None:
+    f, _, _ = fleet()
+    assert [f.nodes[n].state for n in "abc"] == [HEALTHY, HEALTHY, SPARE]
+    assert f.spares() == ("c",)
+
+
+def test_each_slot_gets_its_ranks_its_group_rank_and_the_schedule_count_of_its_moves() -> None:
+    f, hub, _ = fleet()
+    f.mark("b", LOST, "gone")
+    f.place(["a", "c"], moved=(1,))
+    f.start_workers(start_cmd())
+    sent = {n: StartWorkers.model_validate(body) for n, (_, body) in hub.calls[-1].items()}
+    assert sorted(sent) == ["a", "c"]
+    assert [w.rank for w in sent["a"].workers] == [0, 1] and sent["a"].group_rank == 0
+    assert [w.rank for w in sent["c"].workers] == [2, 3] and sent["c"].group_rank == 1
+    assert [w.schedule_count for w in sent["c"].workers] == [2, 2]
+    assert [w.schedule_count for w in sent["a"].workers] == [1, 1]
+
+
+def test_reports_merge_into_one_with_every_message_and_interval() -> None:
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd())
+    hub.reports["a"] = [report("a", 0, [0, 1], last=5, messages=1, intervals=(0.1,)),
+                        report("a", 0, [0, 1], last=7, messages=2, intervals=(0.2,))]
+    hub.reports["b"] = [report("b", 0, [2, 3], last=6, messages=1)]
+    merged = f.poll()
+    assert [w.rank for w in merged.workers] == [0, 1, 2, 3]
+    assert [w.node for w in merged.workers] == ["a", "a", "b", "b"]
+    assert merged.progress.last_step == 7 and merged.progress.first_step == 1
+    assert len(merged.messages) == 4  # none lost, none twice
+    assert {lv.rank: lv.intervals for lv in merged.liveness}[0] == [0.1, 0.2]
+    again = f.poll()  # facts kept, deltas taken once
+    assert len(again.workers) == 4 and again.messages == []
+    assert all(lv.intervals == [] for lv in again.liveness)
+
+
+def test_a_report_of_another_attempt_is_ignored() -> None:
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd(attempt=1))
+    hub.reports["a"] = [report("a", 0, [0, 1], last=99)]
+    assert f.poll().progress.last_step is None
+
+
+def test_loss_is_seen_from_the_process_the_connection_the_silence_and_the_engine() -> None:
+    f, hub, backend = fleet()
+    assert f.lost_now() == {}
+    handle = f.nodes["b"].handle
+    assert isinstance(handle, FakeHandle)
+    handle.dead = True
+    assert "agent process ended" in f.lost_now()["b"]
+    handle.dead = False
+    hub.disconnected["b"] = 2.0
+    assert f.lost_now() == {}  # a blip, within the grace
+    hub.disconnected["b"] = 4.0
+    assert "disconnected for over 3s" in f.lost_now()["b"]
+    hub.disconnected["b"] = 0.0
+    hub.silent["a"] = 11.0
+    assert "silent for over 10s" in f.lost_now()["a"]
+    hub.silent["a"] = 0.1
+    backend.bad["b"] = "down*"
+    assert f.lost_now() == {"b": "Slurm reports it down*"}
+
+
+def test_a_lost_nodes_running_workers_read_failed_in_the_merged_report() -> None:
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd())
+    handle = f.nodes["b"].handle
+    assert isinstance(handle, FakeHandle)
+    handle.dead = True
+    merged = f.poll()
+    assert merged.lost_nodes == ["b"]
+    assert {w.rank: w.state for w in merged.workers} == {
+        0: WorkerState.RUNNING, 1: WorkerState.RUNNING, 2: WorkerState.FAILED,
+        3: WorkerState.FAILED}
+    f.mark("b", LOST, "gone")
+    assert handle.killed and "b" not in hub.connected_nodes and f.spares() == ("c",)
