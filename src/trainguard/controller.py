@@ -224,7 +224,9 @@ class Controller:
         self.rec.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
                        rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
         if self.nodes is not None:
-            node_level = self.nodes.after_failure(attempt, report, diag, (detected, stopped))
+            first = min((w.ended_at for w in failed if w.ended_at), default=detected)
+            node_level = self.nodes.after_failure(attempt, report, diag,
+                                                  (first, detected, stopped))
             if node_level is not None:
                 return self._node_level(attempt, node_level)
         decision = decide(diag, self._made_progress(report), self._hist,

@@ -53,10 +53,20 @@ class SrunAgent:
             self._proc.wait()
 
 
+def _still_runs(job_id: str) -> bool:
+    try:
+        return bool(slurm_cli.job_nodelist(job_id))
+    except SlurmError:
+        return False
+
+
 class SlurmBackend:
     name = "slurm"
 
-    def __init__(self, nodes: int, run_id: str, log_dir: Path) -> None:
+    def __init__(self, nodes: int, run_id: str, log_dir: Path,
+                 own_job: str | None = None) -> None:
+        """`own_job`: the allocation an earlier controller of this job made (a restarted
+        controller takes it over instead of making a second one)."""
         if not slurm_cli.available():
             raise LaunchError("--backend slurm: srun/scontrol are not on PATH. Fix: run on a "
                               "Slurm login or compute node, or use --backend local")
@@ -68,6 +78,10 @@ class SlurmBackend:
                 self.job_id = alloc.job_id
                 names = slurm_cli.expand_nodelist(alloc.nodelist)
                 self.restart_count = alloc.restart_count
+            elif own_job is not None and _still_runs(own_job):
+                self.job_id, self._own = own_job, True
+                names = slurm_cli.expand_nodelist(slurm_cli.job_nodelist(own_job))
+                self.restart_count = 0
             else:
                 self.job_id = slurm_cli.allocate(nodes, name=f"trainguard-{run_id}",
                                                  no_kill=True, timeout_s=300)
@@ -118,6 +132,11 @@ class SlurmBackend:
             return (f"not drained in Slurm ({e.problem}; {e.stderr or 'no detail'}); kept out "
                     "of the job's placement")
         return f"drained in Slurm (scontrol update NodeName={node} State=DRAIN)"
+
+    @property
+    def owned_job(self) -> str | None:
+        """The allocation this backend made (cancelled at the end), if any."""
+        return self.job_id if self._own else None
 
     def close(self) -> None:
         if self._own:

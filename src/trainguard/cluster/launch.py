@@ -62,12 +62,13 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     (cdir / "agent.json").write_text(cfg.model_dump_json(indent=1))
     agent_argv = [sys.executable, "-m", "trainguard.cluster.agent_main", "--config",
                   str(cdir / "agent.json")]
-    backend = make_backend(spec, cdir)
+    backend = make_backend(spec, cdir, meta.get("slurm_own_job") if resumable else None)
     rec = Recorder(spec, paths, store, argv, on_event=console_printer())
     fleet = Fleet(hub, backend, spec.nnodes, spec.nproc_per_node, spec.node_timeout_s,
                   spec.reconnect_grace_s, publish=lambda f: store.put_nodes(node_rows(f)))
     store.set_meta(controller_port=hub.port, controller_host=host, nnodes=spec.nnodes,
-                   spare_nodes=spec.spare_nodes, backend=backend.name)
+                   spare_nodes=spec.spare_nodes, backend=backend.name,
+                   slurm_own_job=getattr(backend, "owned_job", None))
     adopt = False
     if resumable:
         why_not = _adopt(fleet, store, int(meta.get("attempt") or 0))
@@ -89,12 +90,13 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     return Controller(rec, fleet, nodes, adopt=adopt).run()
 
 
-def make_backend(spec: JobSpec, cdir: Path) -> Backend:
+def make_backend(spec: JobSpec, cdir: Path, own_job: object = None) -> Backend:
     total = spec.nnodes + spec.spare_nodes
     if spec.backend == "slurm":
         from trainguard.backends.slurm import SlurmBackend
 
-        slurm: Backend = SlurmBackend(total, spec.run_id, cdir)
+        slurm: Backend = SlurmBackend(total, spec.run_id, cdir,
+                                      own_job if isinstance(own_job, str) else None)
         return slurm
     return LocalBackend(total, cdir)
 

@@ -150,7 +150,8 @@ class NodeRecovery:
         return start
 
     def after_failure(self, attempt: int, report: NodeReport, diag: Diagnosis,
-                      times: tuple[datetime, datetime]) -> StartType | str | None:
+                      times: tuple[datetime, datetime, datetime]) -> StartType | str | None:
+        """`times`: the first failed worker's exit, the detection, the stop."""
         """An implicated node (the diagnosis says isolate it, or a repeat offender) is
         isolated and the job placed again; None: not a node matter (process restart)."""
         node = next((w.node for w in report.workers if w.rank == diag.culprit_rank and w.node),
@@ -171,8 +172,9 @@ class NodeRecovery:
         self.isolate(node, why, attempt)
         p = plan(Trigger.FAULTY, node, f"is faulty ({why})", tuple(self.fleet.placement),
                  self.fleet.spares(), self.hist, self.policy)
-        return self._carry_out(p, attempt, report, *times, category=diag.category.value,
-                               scenario=fault_scenario(diag))
+        fault_at, detected, stopped = times
+        return self._carry_out(p, attempt, report, detected, stopped, fault_at=fault_at,
+                               category=diag.category.value, scenario=fault_scenario(diag))
 
     def isolate(self, node: str, why: str, attempt: int) -> None:
         what = self.fleet.backend.isolate(node, f"trainguard: {why}"[:200])
@@ -184,7 +186,8 @@ class NodeRecovery:
 
     def _carry_out(self, p: NodePlan, attempt: int, report: NodeReport, detected: datetime,
                    stopped: datetime, category: str | None = None,
-                   scenario: FaultScenario = FaultScenario.NODE_FAULT) -> StartType | str:
+                   scenario: FaultScenario = FaultScenario.NODE_FAULT,
+                   fault_at: datetime | None = None) -> StartType | str:
         for t in p.tried:
             self.rec.event(Level.WARNING, Reason.RESCHEDULE_DOWNGRADED,
                            f"{t.rung.value} not possible for {p.node}: {t.why} "
@@ -205,7 +208,7 @@ class NodeRecovery:
                        "one)")
             self.rec.book.attempt_node_fault(
                 attempt, node=p.node, reason=why, recover=recover, result=result, tried=tried,
-                fault_at=detected, detected=detected, stopped=stopped,
+                fault_at=fault_at or detected, detected=detected, stopped=stopped,
                 progress=report.progress, category=category, scenario=scenario)
             return why
         self.hist = p.history
@@ -221,7 +224,8 @@ class NodeRecovery:
                        node=p.node, attempt=attempt)
         self.rec.book.attempt_node_fault(
             attempt, node=p.node, reason=p.reason, recover=p.rung.value,
-            result=RecoverResult.RECOVERING, tried=tried, fault_at=detected, detected=detected,
+            result=RecoverResult.RECOVERING, tried=tried, fault_at=fault_at or detected,
+            detected=detected,
             stopped=stopped, progress=report.progress, category=category, scenario=scenario)
         return StartType.POD_RESCHEDULE if pod else StartType.JOB_RESCHEDULE
 
