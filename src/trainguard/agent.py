@@ -10,11 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from trainguard.protocol import (
 )
 from trainguard.records import utcnow
 from trainguard.worker.channel import ENV_SOCKET
+from trainguard.worker_env import worker_env
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +175,25 @@ class NodeAgent:
         running = [w.proc for w in self._workers if not w.state.ended]
         if wait_s > 0 and running:
             procs.wait_any_exit(running, wait_s)
+        self._update_states()
+        if time.monotonic() - self._strays_reaped > 1.0:
+            self._strays_reaped = time.monotonic()
+            procs.reap_strays({w.proc.pid for w in self._workers} | {self._guardian.pid})
+        if self._router is not None and all(w.state.ended for w in self._workers):
+            self._router.join(timeout=0.5)  # their last lines, before the facts go up
+        return self._report()
+
+    def snapshot(self) -> NodeReport:
+        """The workers' facts and the progress now, taking nothing: the worker messages and
+        liveness deltas stay for the next poll (a report that may never be delivered)."""
+        self._update_states()
+        with self._progress_lock:
+            progress = self._progress
+        return NodeReport(node=self.node, attempt=self._attempt,
+                          workers=[self._fact(w) for w in self._workers], progress=progress,
+                          at=utcnow())
+
+    def _update_states(self) -> None:
         now = utcnow()
         for w in self._workers:
             rc = procs.exit_status(w.proc.pid) if not w.state.ended else None
@@ -184,12 +202,6 @@ class NodeAgent:
                 w.ended_at, w.returncode = now, rc
                 if rc == -signal.SIGKILL:
                     w.oom_killed = self._oom_rose()
-        if time.monotonic() - self._strays_reaped > 1.0:
-            self._strays_reaped = time.monotonic()
-            procs.reap_strays({w.proc.pid for w in self._workers} | {self._guardian.pid})
-        if self._router is not None and all(w.state.ended for w in self._workers):
-            self._router.join(timeout=0.5)  # their last lines, before the facts go up
-        return self._report()
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
         self.poll()
@@ -327,37 +339,6 @@ class NodeAgent:
                 return found
             w.findings = found
         return w.findings
-
-
-def worker_env(cmd: StartWorkers, a: WorkerAssignment, error_file: str,
-               marker: str) -> dict[str, str]:
-    """torchrun's worker environment, plus trainguard's own variables."""
-    env = dict(os.environ)
-    env.update(cmd.env)
-    local_world = len(cmd.workers)
-    env.update({
-        "RANK": str(a.rank), "LOCAL_RANK": str(a.local_rank),
-        "WORLD_SIZE": str(cmd.world_size), "LOCAL_WORLD_SIZE": str(local_world),
-        "GROUP_RANK": str(cmd.group_rank), "GROUP_WORLD_SIZE": str(cmd.group_world_size),
-        "ROLE_RANK": str(a.rank), "ROLE_WORLD_SIZE": str(cmd.world_size),
-        "ROLE_NAME": "default",
-        "MASTER_ADDR": cmd.master_addr, "MASTER_PORT": str(cmd.master_port),
-        "TORCHELASTIC_RESTART_COUNT": str(cmd.attempt),
-        "TORCHELASTIC_MAX_RESTARTS": str(cmd.max_restarts),
-        "TORCHELASTIC_RUN_ID": cmd.run_id,
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "TORCHELASTIC_ERROR_FILE": error_file,
-        "PYTHON_EXEC": sys.executable,
-        "TRAINGUARD_PROCESS_START_COUNT": str(a.start_count),
-        "TRAINGUARD_SCHEDULE_COUNT": str(a.schedule_count),
-        "TRAINGUARD_ATTEMPT": str(cmd.attempt),
-        "TRAINGUARD_JOB_DIR": cmd.job_dir,
-        "TRAINGUARD_CHECKPOINT_DIR": cmd.checkpoint_dir,
-        "TRAINGUARD_MARKER": marker,
-    })
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
 
 
 def _message(raw: dict[str, Any]) -> WorkerMessage:

@@ -39,7 +39,8 @@ def test_a_misspelt_job_file_key_is_an_error_that_names_the_key_and_the_fix(
 @pytest.mark.parametrize(("args", "expect"), [
     (["run", "missing.py"], "'missing.py' is not a file"),
     (["run", "--max-restarts", "500", "w.py"], "max_restarts"),
-    (["run", "--nnodes", "2", "w.py"], "multi-node"),
+    (["run", "--nnodes", "2", "--node-rank", "1", "w.py"], "one controller"),
+    (["run", "--nnodes", "2", "--backend", "pbs", "w.py"], "invalid choice: 'pbs'"),
     (["run", "--rdzv-backend", "etcd", "w.py"], "etcd"),
     (["run", "--nproc-per-node", "many", "w.py"], "use N, cpu, gpu or auto"),
     (["events", "no-such-dir"], "no trainguard job"),

@@ -22,7 +22,7 @@ PURE = ("spec", "policy", "records", "protocol", "exitcodes", "errors", "logform
 # Modules that do I/O or drive processes (prefix match: cli covers cli_run, cli_read).
 IO_MODULES = ("agent", "procs", "logs", "store", "controller", "launch", "cli", "guardian",
               "incidents", "paths", "__main__", "diagnosis.sources", "activity", "hang_watch",
-              "hang.dump", "precheck", "backends", "cluster.wire", "cluster.hub",
+              "hang.dump", "precheck", "worker_env", "backends", "cluster.wire", "cluster.hub",
               "cluster.fleet", "cluster.recovery", "cluster.launch", "cluster.agent_main")
 FORBIDDEN_IN_PURE = ("subprocess", "os", "socket", "sqlite3", "torch", "multiprocessing",
                      "psutil", "ctypes", "pty", "selectors", "shutil", "threading", "asyncio")

@@ -79,7 +79,7 @@ class AgentRunner:
         addr = controller_address(Path(self.cfg.controller_file))
         if addr is None:
             return None
-        report = self.agent.poll()
+        report = self.agent.snapshot()  # the messages wait for a connection that holds
         hello = {"host": socket.gethostname(), "agent_pid": os.getpid(),
                  "report": report.model_dump(mode="json")}
         try:
