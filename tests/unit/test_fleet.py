@@ -108,7 +108,7 @@ class FakeBackend:
         return None
 
 
-def report(node: str, attempt: int, ranks: list[int], last: int | None = None,
+def report(node: str, attempt: int | None, ranks: list[int], last: int | None = None,
            messages: int = 0, intervals: tuple[float, ...] = ()) -> NodeReport:
     return NodeReport(
         node=node, attempt=attempt, at=T0,
@@ -215,3 +215,11 @@ def test_a_lost_nodes_running_workers_read_failed_in_the_merged_report() -> None
         3: WorkerState.FAILED}
     f.mark("b", LOST, "gone")
     assert handle.killed and "b" not in hub.connected_nodes and f.spares() == ("c",)
+
+
+def test_a_spares_reports_are_taken_and_dropped_so_they_never_pile_up() -> None:
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd())
+    hub.reports["c"] = [report("c", None, [9]) for _ in range(3)]
+    merged = f.poll()
+    assert "c" not in hub.reports and all(w.node != "c" for w in merged.workers)

@@ -90,6 +90,8 @@ class Fleet:
     def mark(self, name: str, state: str, reason: str | None) -> None:
         node = self.nodes[name]
         node.state, node.reason, node.since = state, reason, utcnow()
+        if state == ISOLATED and self.hub.connected(name):  # its agent ends (workers stopped)
+            self.hub.call({name: (OP_EXIT, {"grace_s": 5.0})}, 30, self.grace_s)
         if state in (LOST, ISOLATED):
             self._latest.pop(name, None)
             self.hub.forget(name)
@@ -164,9 +166,9 @@ class Fleet:
     def poll(self, wait_s: float = 0.0) -> NodeReport:
         if wait_s > 0:
             self.hub.wait(wait_s)
-        for name in self.placement:
-            reports = self.hub.take_reports(name)
-            if reports:
+        for name in self.nodes:
+            reports = self.hub.take_reports(name)  # a spare's reports only say it is alive
+            if reports and name in self.placement:
                 self._fold(name, reports)
         return self._merged()
 
