@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/recovery_time.py
 	$(BIN)/python benchmarks/launcher_overhead.py
 	$(BIN)/python benchmarks/checkpoint_blocking.py
+	$(BIN)/python benchmarks/rescheduling.py
 
 clean:
 	rm -rf $(VENV) trainguard-runs .mypy_cache .ruff_cache .pytest_cache
