@@ -77,6 +77,8 @@ class Controller:
     def __init__(self, recorder: Recorder, agent: AgentAPI, nodes: NodeRecovery | None = None,
                  adopt: bool = False) -> None:
         self.rec, self.agent, self.nodes, self._adopt = recorder, agent, nodes, adopt
+        if nodes is not None:
+            nodes.stop_requested = lambda: self._signals.received is not None
         self.spec = recorder.spec
         self._hist = History()
         self._signals = SignalReceiver()
@@ -304,6 +306,8 @@ class Controller:
 
     def _node_level(self, attempt: int, outcome: StartType | str) -> StartType | int:
         """After node-level recovery: restart (the start type) or fail (why)."""
+        if self._signals.received is not None:  # stopped while waiting for nodes
+            return self._record_stop(attempt, self._signals.received)
         if isinstance(outcome, StartType):
             self.rec.set_meta(state=JobState.RESTARTING.value)
             return outcome

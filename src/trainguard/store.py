@@ -272,13 +272,18 @@ class JobStore:
 
     # -- nodes ------------------------------------------------------------------
 
-    def put_nodes(self, nodes: list[NodeRow]) -> None:
-        """Insert or update the rows of `nodes` by name; other nodes' rows stay."""
+    def put_nodes(self, nodes: list[NodeRow], replace: bool = False) -> None:
+        """Insert or update the rows of `nodes` by name; other nodes' rows stay, or with
+        `replace` go (the job now runs on these nodes only, e.g. requeued elsewhere)."""
         check_nodes(nodes)
         rows = [to_row(n) for n in nodes]
         marks = ", ".join("?" * len(NODE_COLUMNS))
         updates = ", ".join(f"{c} = excluded.{c}" for c in NODE_COLUMNS if c != "name")
         with self._tx("write nodes to"):
+            if replace:
+                names = [n.name for n in nodes]
+                self._conn.execute(f"DELETE FROM nodes WHERE name NOT IN "
+                                   f"({', '.join('?' * len(names))})", names)
             self._conn.executemany(
                 f"INSERT INTO nodes ({', '.join(NODE_COLUMNS)}) VALUES ({marks}) "
                 f"ON CONFLICT(name) DO UPDATE SET {updates}",

@@ -5,8 +5,10 @@ to its new port, a command is answered once, and an agent without a controller e
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from trainguard.cluster.hub import Hub
 from trainguard.cluster.messages import OP_PORT, AgentConfig
-from trainguard.cluster.wire import WireError, connect, new_token, write_token
+from trainguard.cluster.wire import Conn, WireError, connect, new_token, write_token
 from trainguard.spec import DEFAULT_STEP_PATTERN
 
 
@@ -59,6 +61,31 @@ def test_a_connection_without_the_job_token_is_refused(tmp_path: Path) -> None:
         assert "n9" not in hub.links or not hub.connected("n9")
     finally:
         hub.close()
+
+
+def test_an_agent_refuses_a_peer_that_does_not_know_the_job_token(tmp_path: Path) -> None:
+    """A process that took a dead controller's port gets no command run: the welcome must
+    prove the token too."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def impostor() -> None:
+        sock, _ = listener.accept()
+        conn = Conn(sock)
+        conn.send({"type": "challenge", "nonce": "00"})
+        conn.recv(5)
+        conn.send({"type": "welcome", "mac": "0" * 64})
+        time.sleep(1)
+        conn.close()
+
+    t = threading.Thread(target=impostor, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(WireError, match="does not know the job token"):
+            connect("127.0.0.1", port, new_token(), "n0", {})
+    finally:
+        t.join(5)
+        listener.close()
 
 
 def test_an_agent_reports_and_beats_and_answers_commands(

@@ -189,12 +189,16 @@ def test_nodes_failing_their_pre_check_are_isolated_and_the_job_fails_clearly(
     fails = events_of(job, "PrecheckFailed")[0]
     assert "disk" in fails["message"] and fails["data"]["checks"]
     assert {n["state"] for n in read_json("status", job)["nodes"]} == {"isolated"}
+    # the same check failed everywhere: not a node's own fault, so nothing is drained
+    assert all("not drained" in e["message"] for e in events_of(job, "NodeIsolated"))
 
 
 def test_a_node_implicated_again_and_again_is_isolated_as_a_repeat_offender(
         tmp_path: Path) -> None:
     job = tmp_path / "job"
-    fault = "crash@rank=2,step=3,attempt=0;crash@rank=3,step=3,attempt=1"
+    nccl = "log:RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"
+    fault = (f"{nccl}@rank=2,step=3,attempt=0;exit:1@rank=2,step=3,attempt=0;"
+             f"{nccl}@rank=3,step=3,attempt=1;exit:1@rank=3,step=3,attempt=1")
     r = run_tg(job_args(job, "--spare-nodes", "1", "--repeat-offender", "2",
                         "--unconditional-restart", "--restart-backoff", "0", steps=20),
                cwd=tmp_path, fault=fault)

@@ -223,3 +223,22 @@ def test_a_spares_reports_are_taken_and_dropped_so_they_never_pile_up() -> None:
     hub.reports["c"] = [report("c", None, [9]) for _ in range(3)]
     merged = f.poll()
     assert "c" not in hub.reports and all(w.node != "c" for w in merged.workers)
+
+
+def test_a_node_whose_clock_is_off_has_its_liveness_times_moved_onto_the_controllers() -> None:
+    from datetime import timedelta
+
+    from trainguard.records import utcnow
+
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd())
+    behind = utcnow() - timedelta(seconds=30)  # node b's clock is 30 s behind
+    r = report("b", 0, [2, 3])
+    r = r.model_copy(update={"at": behind, "liveness": [
+        RankLiveness(rank=2, last_progress_at=behind - timedelta(seconds=1))]})
+    hub.reports["b"] = [r]
+    hub.reports["a"] = [report("a", 0, [0, 1]).model_copy(update={"at": utcnow()})]
+    merged = f.poll()
+    lv = next(x for x in merged.liveness if x.rank == 2)
+    assert lv.last_progress_at is not None
+    assert abs((utcnow() - lv.last_progress_at).total_seconds() - 1) < 1  # 1 s ago, our clock

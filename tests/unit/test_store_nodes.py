@@ -173,3 +173,9 @@ def test_a_reader_of_a_version_2_store_sees_no_nodes_and_changes_nothing(
     tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     raw.close()
     assert "nodes" not in tables
+
+
+def test_replace_drops_the_rows_of_nodes_the_job_no_longer_has(store: JobStore) -> None:
+    store.put_nodes([node("n1", 0), node("n2", 1)])
+    store.put_nodes([node("m1", 0), node("m2", 1)], replace=True)
+    assert [n.name for n in store.nodes()] == ["m1", "m2"]

@@ -25,7 +25,7 @@ from trainguard.errors import LaunchError
 log = logging.getLogger(__name__)
 
 STATES_EVERY_S = 2.0  # sinfo at most this often
-_BAD = ("down", "fail", "not_responding", "*")
+_BAD = ("down", "fail", "not_responding")  # a bare "*" (e.g. mixed*) is a passing blip
 
 
 class SrunAgent:
@@ -73,13 +73,16 @@ class SlurmBackend:
         self._log_dir = log_dir
         self._own = False
         alloc = slurm_cli.parse_allocation(os.environ)
+        adopted = False
         try:
             if alloc is not None:
                 self.job_id = alloc.job_id
                 names = slurm_cli.expand_nodelist(alloc.nodelist)
                 self.restart_count = alloc.restart_count
             elif own_job is not None and _still_runs(own_job):
-                self.job_id, self._own = own_job, True
+                # taken over from a dead controller of this job: it may have shrunk (a lost
+                # node leaves a --no-kill allocation); the job store knows which nodes
+                self.job_id, self._own, adopted = own_job, True, True
                 names = slurm_cli.expand_nodelist(slurm_cli.job_nodelist(own_job))
                 self.restart_count = 0
             else:
@@ -90,12 +93,14 @@ class SlurmBackend:
                 self.restart_count = 0
         except SlurmError as e:
             raise LaunchError(str(e)) from None
-        if len(names) < nodes:
+        if len(names) < nodes and not adopted:
             self.close()
             raise LaunchError(f"Slurm job {self.job_id} has {len(names)} node(s) "
                               f"({', '.join(names)}); this job needs {nodes} (--nnodes plus "
                               "--spare-nodes). Fix: allocate more nodes (sbatch -N / salloc -N)")
         self._names = names[:nodes]
+        if adopted and len(names) < nodes:  # the nodes it lost are in the store, not in Slurm
+            self._names = names
         self._states: dict[str, str] = {}
         self._states_at = 0.0
 

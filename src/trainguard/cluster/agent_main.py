@@ -56,6 +56,7 @@ class AgentRunner:
         self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._exit = False
         self._import_cache: dict[Any, Any] = {}
+        self._complained = -1e9
 
     def run(self) -> int:
         orphan_since: float | None = None
@@ -78,22 +79,28 @@ class AgentRunner:
     def _connect(self) -> Conn | None:
         addr = controller_address(Path(self.cfg.controller_file))
         if addr is None:
+            self._complain(f"cannot read the controller's address from "
+                           f"{self.cfg.controller_file}")
             return None
         report = self.agent.snapshot()  # the messages wait for a connection that holds
-        hello = {"host": socket.gethostname(), "agent_pid": os.getpid(),
-                 "report": report.model_dump(mode="json")}
+        hello: dict[str, Any] = {"host": socket.gethostname(), "agent_pid": os.getpid(),
+                                 "report": report.model_dump(mode="json")}
+        if self.cfg.node_addr:
+            hello["addr"] = self.cfg.node_addr
         try:
             conn = connect(addr[0], addr[1], self._token, self.node, hello)
         except WireError as e:
-            log.debug("%s", e)
-            return None
-        node_addr = self.cfg.node_addr or conn.sock.getsockname()[0]
-        try:
-            conn.send({"type": "address", "addr": node_addr})
-        except WireError:
+            self._complain(str(e))
             return None
         log.info("connected to the controller at %s:%d", *addr)
         return conn
+
+    def _complain(self, why: str) -> None:
+        """Why the agent cannot reach its controller, at most every 30 s."""
+        if time.monotonic() - self._complained > 30:
+            self._complained = time.monotonic()
+            log.warning("%s (retrying; controller address in %s)", why,
+                        self.cfg.controller_file)
 
     def _serve(self, conn: Conn) -> None:
         stop = threading.Event()

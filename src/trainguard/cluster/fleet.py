@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from trainguard.backends.base import AgentHandle, Backend
 from trainguard.cluster.hub import Hub, Reply
@@ -35,6 +35,9 @@ from trainguard.records import utcnow
 log = logging.getLogger(__name__)
 
 HEALTHY, SPARE, LOST, ISOLATED = "healthy", "spare", "lost", "isolated"
+# liveness times of a node whose clock is further off than this are moved onto the
+# controller's clock (hang detection compares them with the controller's now)
+SKEW_TOLERATED_S = 2.0
 START_TIMEOUT_S = 120.0
 
 
@@ -61,6 +64,7 @@ class Fleet:
         self.moves: dict[int, int] = {}  # slot -> times its ranks moved to another node
         self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
         self._stale: dict[str, NodeReport] = {}  # the last merged facts, deltas taken
+        self._broken: dict[str, str] = {}  # placed nodes that failed a command: why
         self._attempt: int | None = None
 
     # -- nodes ----------------------------------------------------------------------------
@@ -70,9 +74,16 @@ class Fleet:
             self.nodes[name].handle = self.backend.start_agent(name, argv)
 
     def ready(self, name: str) -> bool:
+        """In the job, its agent's process alive, connected and heard from lately."""
         n = self.nodes[name]
         return (n.state not in (LOST, ISOLATED) and n.handle is not None
-                and not n.handle.ended() and self.hub.connected(name))
+                and not n.handle.ended() and self.hub.connected(name)
+                and self.hub.silent_for(name) <= self.node_timeout_s)
+
+    def _in_job(self) -> list[str]:
+        """Placed nodes not given up: commands go to them even while they reconnect (the
+        hub resends after a blip; one gone for good answers with an error)."""
+        return [n for n in self.placement if self.nodes[n].state not in (LOST, ISOLATED)]
 
     def spares(self) -> tuple[str, ...]:
         return tuple(n for n in self.nodes if n not in self.placement and self.ready(n))
@@ -90,6 +101,7 @@ class Fleet:
     def mark(self, name: str, state: str, reason: str | None) -> None:
         node = self.nodes[name]
         node.state, node.reason, node.since = state, reason, utcnow()
+        self._broken.pop(name, None)
         if state == ISOLATED and self.hub.connected(name):  # its agent ends (workers stopped)
             self.hub.call({name: (OP_EXIT, {"grace_s": 5.0})}, 30, self.grace_s)
         if state in (LOST, ISOLATED):
@@ -110,7 +122,9 @@ class Fleet:
             node = self.nodes[name]
             if node.state in (LOST, ISOLATED):
                 continue
-            if node.handle is not None and node.handle.ended():
+            if name in self._broken:
+                out[name] = self._broken[name]
+            elif node.handle is not None and node.handle.ended():
                 out[name] = "its agent process ended"
             elif self.hub.disconnected_for(name) > self.grace_s:
                 out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s")
@@ -157,9 +171,11 @@ class Fleet:
             node_cmd = cmd.model_copy(update={"workers": workers, "group_rank": slot})
             calls[name] = (OP_START, node_cmd.model_dump(mode="json"))
         replies = self.hub.call(calls, START_TIMEOUT_S, self.grace_s)
-        failed = {n: r.error for n, r in replies.items() if not r.ok and self.ready(n)}
-        if failed:
+        failed = {n: r.error for n, r in replies.items() if not r.ok}
+        if failed and len(failed) == len(replies):  # the same on every node: not a node's
             raise LaunchError("; ".join(f"{n}: {e}" for n, e in failed.items()))
+        for name, error in failed.items():  # one node's own trouble: it is lost
+            self._broken[name] = f"it could not start its workers ({error})"
         self._take(replies)
         return self._merged()
 
@@ -173,7 +189,7 @@ class Fleet:
         return self._merged()
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
-        live = [n for n in self.placement if self.ready(n)]
+        live = self._in_job()
         body = cmd.model_dump(mode="json")
         replies = self.hub.call({n: (OP_STOP, body) for n in live}, cmd.grace_s + 60,
                                 self.grace_s)
@@ -181,7 +197,7 @@ class Fleet:
         return self._merged()
 
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
-        live = [n for n in self.placement if self.ready(n)]
+        live = self._in_job()
         replies = self.hub.call({n: (OP_DUMP, cmd.model_dump(mode="json")) for n in live},
                                 cmd.timeout_s + 30, self.grace_s)
         return [StackDump.model_validate(d) for r in replies.values() if r.ok
@@ -214,9 +230,11 @@ class Fleet:
     # -- reports --------------------------------------------------------------------------
 
     def _take(self, replies: dict[str, Reply]) -> None:
+        """A command's reply reports, after the reports pushed before it (none lost)."""
         for name, r in replies.items():
             if r.ok and "node" in r.body:
-                self._fold(name, [NodeReport.model_validate(r.body)])
+                pushed = self.hub.take_reports(name)
+                self._fold(name, [*pushed, NodeReport.model_validate(r.body)])
 
     def _fold(self, name: str, reports: list[NodeReport]) -> None:
         """Several pushed reports into one: the newest facts, every message and interval."""
@@ -230,7 +248,10 @@ class Fleet:
             for lv in r.liveness:
                 intervals.setdefault(lv.rank, []).extend(lv.intervals)
         last = reports[-1]
-        liveness = [lv.model_copy(update={"intervals": intervals.get(lv.rank, [])})
+        skew = utcnow() - last.at  # the node's clock behind ours (+ a little transit)
+        shift = skew if abs(skew.total_seconds()) > SKEW_TOLERATED_S else timedelta(0)
+        liveness = [_on_our_clock(lv, shift).model_copy(
+                        update={"intervals": intervals.get(lv.rank, [])})
                     for lv in last.liveness]
         self._latest[name] = last.model_copy(update={"messages": messages,
                                                      "liveness": liveness})
@@ -270,3 +291,12 @@ class Fleet:
                           workers=sorted(workers, key=lambda w: w.rank), progress=progress,
                           at=now, messages=messages, liveness=liveness,
                           lost_nodes=sorted(lost))
+
+
+def _on_our_clock(lv: RankLiveness, shift: timedelta) -> RankLiveness:
+    if not shift:
+        return lv
+    moved = {k: getattr(lv, k) + shift for k in ("last_progress_at", "phase_since",
+                                                  "last_output_at", "sampled_at")
+             if getattr(lv, k) is not None}
+    return lv.model_copy(update=moved)

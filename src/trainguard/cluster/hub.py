@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.cluster.wire import Conn, WireError, accept
+from trainguard.cluster.wire import Conn, WireError, accept, keepalive
 from trainguard.protocol import NodeReport
 
 log = logging.getLogger(__name__)
@@ -80,14 +80,13 @@ class Hub:
             if self._closed:  # woken by close()
                 sock.close()
                 return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keepalive(sock)
             threading.Thread(target=self._serve, args=(Conn(sock),), daemon=True,
                              name="trainguard-link").start()
 
     def _serve(self, conn: Conn) -> None:
         try:
             hello = accept(conn, self._token)
-            conn.send({"type": "welcome"})
         except WireError as e:
             log.warning("refused a connection: %s", e)
             conn.close()
@@ -120,6 +119,8 @@ class Hub:
             link.generation += 1
             link.conn, link.disconnected_at = conn, None
             link.host = str(hello.get("host") or conn.peer)
+            if isinstance(hello.get("addr"), str) and hello["addr"]:
+                link.addr = hello["addr"]
             pid = hello.get("agent_pid")
             link.agent_pid = pid if isinstance(pid, int) else None
             link.last_seen = time.monotonic()
@@ -141,11 +142,8 @@ class Hub:
                 link.reports.append(NodeReport.model_validate(msg.get("body")))
             except ValueError as e:
                 log.warning("node %s sent a malformed report: %s", link.name, e)
-        elif kind == "reply" and isinstance(msg.get("id"), str):
-            if msg["id"] in self._pending:
-                self._replies[msg["id"]] = msg
-        elif kind == "address" and isinstance(msg.get("addr"), str):
-            link.addr = msg["addr"]
+        elif kind == "reply" and isinstance(msg.get("id"), str) and msg["id"] in self._pending:
+            self._replies[msg["id"]] = msg
 
     # -- queries --------------------------------------------------------------------------
 
@@ -239,7 +237,7 @@ class Hub:
     def _gone(self, name: str, lost_after_s: float) -> bool:
         link = self.links.get(name)
         if link is None or link.conn is not None:
-            return link is None
+            return link is None  # a silent one is caught by the caller's timeout
         return (link.disconnected_at is not None
                 and time.monotonic() - link.disconnected_at > lost_after_s)
 

@@ -65,7 +65,8 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     backend = make_backend(spec, cdir, meta.get("slurm_own_job") if resumable else None)
     rec = Recorder(spec, paths, store, argv, on_event=console_printer())
     fleet = Fleet(hub, backend, spec.nnodes, spec.nproc_per_node, spec.node_timeout_s,
-                  spec.reconnect_grace_s, publish=lambda f: store.put_nodes(node_rows(f)))
+                  spec.reconnect_grace_s,
+                  publish=lambda f: store.put_nodes(node_rows(f), replace=True))
     store.set_meta(controller_port=hub.port, controller_host=host, nnodes=spec.nnodes,
                    spare_nodes=spec.spare_nodes, backend=backend.name,
                    slurm_own_job=getattr(backend, "owned_job", None))
@@ -79,7 +80,7 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
                       "its workers are stopped and the job is launched again")
     try:
         if not adopt:
-            _bring_up(fleet, rec, agent_argv)
+            _bring_up(fleet, rec, agent_argv, cdir)
     except LaunchError as e:
         rec.begin()
         rec.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {e}")
@@ -101,10 +102,11 @@ def make_backend(spec: JobSpec, cdir: Path, own_job: object = None) -> Backend:
     return LocalBackend(total, cdir)
 
 
-def _bring_up(fleet: Fleet, rec: Recorder, agent_argv: list[str]) -> None:
-    """Start an agent on every node; place the first nnodes that connect."""
-    names = list(fleet.nodes)
-    fleet.start_agents(agent_argv)
+def _bring_up(fleet: Fleet, rec: Recorder, agent_argv: list[str], log_dir: Path) -> None:
+    """Start an agent on every node not lost or isolated; place the first nnodes that
+    connect."""
+    names = [n for n, node in fleet.nodes.items() if node.state not in (LOST, ISOLATED)]
+    fleet.start_agents(agent_argv, names)
     missing = fleet.hub.wait_connected(names, BRING_UP_TIMEOUT_S)
     for name in names:
         if name in missing:
@@ -116,9 +118,10 @@ def _bring_up(fleet: Fleet, rec: Recorder, agent_argv: list[str]) -> None:
                   node=name)
     ready = [n for n in names if n not in missing]
     if len(ready) < fleet.nnodes:
-        raise LaunchError(f"only {len(ready)} of {len(names)} node agents connected "
-                          f"({', '.join(missing)} did not); the job needs {fleet.nnodes}. "
-                          "Fix: see JOB_DIR/cluster/*.agent.log")
+        raise LaunchError(f"only {len(ready)} of {len(names)} usable node agents connected "
+                          f"({', '.join(missing) or 'none missing'}); the job needs "
+                          f"{fleet.nnodes}. Fix: read {log_dir}/<node>.agent.log, or add "
+                          "nodes (--spare-nodes, a larger allocation)")
     fleet.place(ready[:fleet.nnodes])
 
 
@@ -163,7 +166,7 @@ def _give_up_adoption(fleet: Fleet, why: str) -> str:
     """The running attempt cannot be taken over: end the old agents; a fresh start follows."""
     fleet.end_agents()
     for node in fleet.nodes.values():
-        if node.state != ISOLATED:
+        if node.state not in (LOST, ISOLATED):  # those stay out of the job
             node.state, node.reason = SPARE, None
     return why
 

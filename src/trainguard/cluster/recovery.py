@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from trainguard.cluster.fleet import ISOLATED, LOST, Fleet
 from trainguard.cluster.messages import OP_PRECHECK
-from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.diagnosis.taxonomy import Diagnosis, FaultDomain
 from trainguard.incidents import fault_scenario
 from trainguard.ladder import (
     LadderHistory,
@@ -45,6 +46,9 @@ class NodeRecovery:
         self.hist = LadderHistory(pod_used=int(meta.get("pod_reschedules_used") or 0),
                                   job_used=int(meta.get("job_reschedules_used") or 0))
         self._start = time.monotonic()
+        # the controller's: a signal ends a wait for nodes at once (Slurm's time limit sends
+        # SIGTERM, then SIGKILL after KillWait)
+        self.stop_requested: Callable[[], bool] = lambda: False
 
     def _stop(self, reason: str) -> NodeReport:
         """Stop the workers left on the placed nodes (they restart in the next attempt)."""
@@ -63,9 +67,14 @@ class NodeRecovery:
         # the spares too: a broken one is found before it is needed, and their import
         # checks are cached for the restart that needs them
         names = names or [*self.fleet.placement, *self.fleet.spares()]
-        failing = {n: r for n, r in self.precheck(names, attempt).items() if not r.ok}
+        reports = self.precheck(names, attempt)
+        failing = {n: r for n, r in reports.items() if not r.ok}
+        # drained in the cluster only when it is this node's own fault: a check that fails
+        # everywhere (a full shared file system, a broken shared venv) is not the node's
+        node_own = len(failing) < len(reports)
         for name, report in failing.items():
-            self.isolate(name, f"pre-check failed: {report.summary()}", attempt)
+            self.isolate(name, f"pre-check failed: {report.summary()}", attempt,
+                         drain=node_own)
         if not any(n in failing for n in self.fleet.placement):
             return None
         placement = self._refill(attempt)
@@ -92,11 +101,12 @@ class NodeRecovery:
                 return new
             if not announced:
                 announced = True
+                self.rec.set_meta(state="queuing")
                 self.rec.event(Level.WARNING, Reason.QUEUING,
                                f"waiting up to {self.rec.spec.queue_timeout_s:g}s for "
                                f"{len(out) - len(spares)} more healthy node(s)",
                                attempt=attempt)
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.stop_requested():
                 return None
             time.sleep(0.5)
 
@@ -114,9 +124,14 @@ class NodeRecovery:
                                        for n in live}, PRECHECK_TIMEOUT_S, s.reconnect_grace_s)
         out: dict[str, PrecheckReport] = {}
         for name, r in replies.items():
-            if not r.ok:
-                continue  # an unreachable node shows up as lost, not as a failed check
-            report = PrecheckReport.model_validate(r.body)
+            if r.ok:
+                report = PrecheckReport.model_validate(r.body)
+            else:  # no answer (silent, gone, or the check itself broke): not a usable node
+                report = PrecheckReport.model_validate({
+                    "node": name, "host": "", "at": utcnow(), "checks": [{
+                        "name": "agent", "ok": False, "detail": f"no pre-check answer: "
+                        f"{r.error}", "fix": f"read {self.rec.paths.job_dir}/cluster/"
+                        f"{name}.agent.log"}]})
             out[name] = report
             data = {"checks": [c.model_dump() for c in report.checks]}
             if report.ok:
@@ -134,9 +149,9 @@ class NodeRecovery:
     def after_loss(self, attempt: int, lost: dict[str, str]) -> StartType | str:
         detected = utcnow()
         for name, why in lost.items():
-            what = self.fleet.backend.isolate(name, f"trainguard: lost ({why})")
             self.rec.event(Level.WARNING, Reason.NODE_LOST,
-                           f"node {name} was lost: {why}; {what}", node=name, attempt=attempt)
+                           f"node {name} was lost: {why}; it is kept out of the job's "
+                           "placement", node=name, attempt=attempt)
             self.fleet.mark(name, LOST, why)
         report = self._stop(f"node {', '.join(lost)} was lost")
         stopped = utcnow()
@@ -158,6 +173,9 @@ class NodeRecovery:
                     None)
         if node is None or node not in self.fleet.placement:
             return None
+        if diag.fault_domain in (FaultDomain.USER_CODE, FaultDomain.FRAMEWORK) and \
+                not diag.isolate_node:
+            return None  # a bug follows the rank wherever it runs: no node to blame
         self.hist, count = implicate(self.hist, node, time.monotonic() - self._start,
                                      self.policy)
         self.fleet.nodes[node].times_implicated += 1
@@ -176,8 +194,11 @@ class NodeRecovery:
         return self._carry_out(p, attempt, report, detected, stopped, fault_at=fault_at,
                                category=diag.category.value, scenario=fault_scenario(diag))
 
-    def isolate(self, node: str, why: str, attempt: int) -> None:
-        what = self.fleet.backend.isolate(node, f"trainguard: {why}"[:200])
+    def isolate(self, node: str, why: str, attempt: int, drain: bool = True) -> None:
+        """Keep `node` out of the job; `drain`: also out of the cluster (Slurm: DRAIN)."""
+        what = (self.fleet.backend.isolate(node, f"trainguard: {why}"[:200]) if drain
+                else "kept out of the job's placement (not drained: the same check failed "
+                     "on every node)")
         self.fleet.mark(node, ISOLATED, why)
         self.rec.event(Level.WARNING, Reason.NODE_ISOLATED,
                        f"node {node} isolated: {why}; {what}", node=node, attempt=attempt)
@@ -242,7 +263,7 @@ class NodeRecovery:
                        f"node(s): the job needs {need}, ready: {', '.join(pool) or 'none'}",
                        attempt=attempt)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.stop_requested():
             time.sleep(0.5)
             pool = self._pool(p)
             if len(pool) >= need:

@@ -4,11 +4,15 @@ A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON (one obj
 Handshake, initiated by the agent (it connects; it reconnects after a blip):
 
     controller -> {"type": "challenge", "nonce": HEX}
-    agent      -> {"type": "hello", "node": NAME, "mac": HMAC-SHA256(token, nonce|node), ...}
-    controller -> {"type": "welcome"} | {"type": "denied", "why": TEXT} (then closes)
+    agent      -> {"type": "hello", "node": NAME, "mac": HMAC-SHA256(token, nonce|node),
+                   "nonce": HEX2, "addr": its address, ...}
+    controller -> {"type": "welcome", "mac": HMAC-SHA256(token, HEX2|controller:NAME)}
+                  | {"type": "denied", "why": TEXT} (then closes)
 
-The token never travels: a listener that is not the controller learns nothing from a
-hello, and a connection that does not know the job's token is refused.
+Both sides prove they know the job's token, which never travels: an agent obeys only the
+controller of its job (a process that took the controller's port after it died gets no
+command run), and a connection that does not know the token is refused. Frames before the
+handshake is done are at most 1 MiB.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import select
 import socket
 import struct
 import threading
@@ -25,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 MAX_FRAME = 64 << 20
+MAX_HANDSHAKE_FRAME = 1 << 20
+SEND_TIMEOUT_S = 30.0  # a peer that takes no bytes for this long is gone
 _HEADER = struct.Struct(">I")
 
 
@@ -69,6 +76,9 @@ class Conn:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        # one fixed timeout for sends and for the rest of a started frame; waiting for the
+        # next frame uses select(), so the reader's short waits never shorten a send
+        sock.settimeout(SEND_TIMEOUT_S)
         self._send_lock = threading.Lock()
         self.peer = _peer(sock)
 
@@ -82,15 +92,19 @@ class Conn:
             except OSError as e:
                 raise WireError(f"send to {self.peer} failed: {e}") from e
 
-    def recv(self, timeout: float | None = None) -> dict[str, Any]:
-        """The next frame; socket.timeout when none came within `timeout`."""
-        self.sock.settimeout(None if timeout is None else max(timeout, 0.001))
-        header = self._exact(_HEADER.size, first=True)
+    def recv(self, timeout: float | None = None, limit: int = MAX_FRAME) -> dict[str, Any]:
+        """The next frame; TimeoutError when none began within `timeout` (None: wait)."""
+        try:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+        except (OSError, ValueError) as e:
+            raise WireError(f"connection to {self.peer} is closed: {e}") from e
+        if not ready:
+            raise TimeoutError
+        header = self._exact(_HEADER.size)
         (size,) = _HEADER.unpack(header)
-        if size > MAX_FRAME:
-            raise WireError(f"{self.peer} announced a {size}-byte frame (limit {MAX_FRAME})")
-        self.sock.settimeout(max(timeout or 0, 30.0))  # the rest of a started frame comes soon
-        body = self._exact(size, first=False)
+        if size > limit:
+            raise WireError(f"{self.peer} announced a {size}-byte frame (limit {limit})")
+        body = self._exact(size)
         try:
             msg = json.loads(body)
         except ValueError as e:
@@ -99,14 +113,12 @@ class Conn:
             raise WireError(f"{self.peer} sent a frame without a type")
         return msg
 
-    def _exact(self, n: int, first: bool) -> bytes:
+    def _exact(self, n: int) -> bytes:
         buf = bytearray()
         while len(buf) < n:
             try:
                 chunk = self.sock.recv(n - len(buf))
             except TimeoutError:
-                if first and not buf:
-                    raise
                 raise WireError(f"{self.peer} stopped in the middle of a frame") from None
             except OSError as e:
                 raise WireError(f"connection to {self.peer} broke: {e}") from e
@@ -129,28 +141,45 @@ def _peer(sock: socket.socket) -> str:
         return "?"
 
 
+def keepalive(sock: socket.socket) -> None:
+    """Let the kernel notice a peer that vanished (power cut) within about a minute."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 6),
+                       ("TCP_USER_TIMEOUT", 60_000)):
+        if hasattr(socket, opt):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
 def connect(host: str, port: int, token: str, node: str, hello: dict[str, Any],
             timeout: float = 5.0) -> Conn:
-    """Connect to the controller and pass its challenge; WireError when refused."""
+    """Connect to the controller, pass its challenge and check that it knows the job's
+    token too; WireError when refused or when the peer is not the job's controller."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as e:
         raise WireError(f"cannot reach the controller at {host}:{port}: {e}") from e
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    keepalive(sock)
     conn = Conn(sock)
+    own_nonce = secrets.token_hex(16)
     try:
-        challenge = conn.recv(timeout)
+        challenge = conn.recv(timeout, MAX_HANDSHAKE_FRAME)
         if challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
             raise WireError(f"{host}:{port} is not a trainguard controller")
-        conn.send({**hello, "type": "hello", "node": node,
-                   "mac": mac(token, challenge["nonce"], node)})
-        answer = conn.recv(timeout)
+        conn.send({"addr": sock.getsockname()[0], **hello, "type": "hello", "node": node,
+                   "mac": mac(token, challenge["nonce"], node), "nonce": own_nonce})
+        answer = conn.recv(timeout, MAX_HANDSHAKE_FRAME)
     except (TimeoutError, WireError) as e:
         conn.close()
         raise WireError(f"handshake with {host}:{port} failed: {e}") from e
     if answer.get("type") != "welcome":
         conn.close()
         raise WireError(f"the controller refused node {node}: {answer.get('why', answer)}")
+    if not check_mac(token, own_nonce, f"controller:{node}", answer.get("mac")):
+        conn.close()
+        raise WireError(f"{host}:{port} does not know the job token: not this job's "
+                        "controller (another process may have taken its port)")
     return conn
 
 
@@ -159,7 +188,7 @@ def accept(conn: Conn, token: str, timeout: float = 5.0) -> dict[str, Any]:
     nonce = secrets.token_hex(16)
     try:
         conn.send({"type": "challenge", "nonce": nonce})
-        hello = conn.recv(timeout)
+        hello = conn.recv(timeout, MAX_HANDSHAKE_FRAME)
     except (TimeoutError, WireError) as e:
         raise WireError(f"{conn.peer} did not say hello: {e}") from e
     node = hello.get("node")
@@ -169,5 +198,9 @@ def accept(conn: Conn, token: str, timeout: float = 5.0) -> dict[str, Any]:
         with contextlib.suppress(WireError):
             conn.send({"type": "denied", "why": "wrong job token"})
         raise WireError(f"{conn.peer} (node {node!r}) does not know the job token")
+    agent_nonce = hello.get("nonce")
+    if not isinstance(agent_nonce, str):
+        raise WireError(f"{conn.peer} (node {node!r}) sent no nonce")
+    conn.send({"type": "welcome", "mac": mac(token, agent_nonce, f"controller:{node}")})
     return hello
 
