@@ -148,10 +148,10 @@ class NodeRecovery:
 
     def after_loss(self, attempt: int, lost: dict[str, str]) -> StartType | str:
         detected = utcnow()
-        for name, why in lost.items():
+        for name, why in lost.items():  # a lost agent implicates its node: isolated too
+            what = self.fleet.backend.isolate(name, f"trainguard: lost ({why})")
             self.rec.event(Level.WARNING, Reason.NODE_LOST,
-                           f"node {name} was lost: {why}; it is kept out of the job's "
-                           "placement", node=name, attempt=attempt)
+                           f"node {name} was lost: {why}; {what}", node=name, attempt=attempt)
             self.fleet.mark(name, LOST, why)
         report = self._stop(f"node {', '.join(lost)} was lost")
         stopped = utcnow()
