@@ -242,3 +242,11 @@ def test_a_node_whose_clock_is_off_has_its_liveness_times_moved_onto_the_control
     lv = next(x for x in merged.liveness if x.rank == 2)
     assert lv.last_progress_at is not None
     assert abs((utcnow() - lv.last_progress_at).total_seconds() - 1) < 1  # 1 s ago, our clock
+
+
+def test_every_node_silent_at_once_is_a_stalled_controller_not_a_lost_cluster() -> None:
+    f, hub, _ = fleet()
+    hub.silent.update({"a": 30.0, "b": 30.0, "c": 30.0})
+    assert f.lost_now() == {}
+    hub.silent["c"] = 0.2  # the spare is heard: a and b really are silent
+    assert set(f.lost_now()) == {"a", "b"}

@@ -117,6 +117,9 @@ class Fleet:
     def lost_now(self) -> dict[str, str]:
         """Placed nodes that are gone now, with why."""
         bad = self.backend.bad_nodes()
+        # silence means a node's loss only while others are heard: every node silent at
+        # once is this controller stalled (SIGSTOP, a paused VM), not the cluster gone
+        heard_lately = any(self.hub.silent_for(n) <= self.node_timeout_s for n in self.nodes)
         out: dict[str, str] = {}
         for name in self.placement:
             node = self.nodes[name]
@@ -128,7 +131,7 @@ class Fleet:
                 out[name] = "its agent process ended"
             elif self.hub.disconnected_for(name) > self.grace_s:
                 out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s")
-            elif self.hub.silent_for(name) > self.node_timeout_s:
+            elif self.hub.silent_for(name) > self.node_timeout_s and heard_lately:
                 out[name] = f"its agent has been silent for over {self.node_timeout_s:g}s"
             elif name in bad:
                 out[name] = f"Slurm reports it {bad[name]}"
