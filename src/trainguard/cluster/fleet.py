@@ -91,7 +91,7 @@ class Fleet:
     def place(self, placement: list[str], moved: tuple[int, ...] = ()) -> None:
         for s in moved:
             self.moves[s] = self.moves.get(s, 0) + 1
-        self.placement = list(placement)
+        self.placement = list(placement)  # published with the moves (the store keeps both)
         for name, node in self.nodes.items():
             if node.state in (LOST, ISOLATED):
                 continue

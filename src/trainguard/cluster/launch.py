@@ -10,6 +10,7 @@ watches them on (no restart); otherwise it stops what is left and relaunches.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -65,8 +66,11 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     backend = make_backend(spec, cdir, meta.get("slurm_own_job") if resumable else None)
     rec = Recorder(spec, paths, store, argv, on_event=console_printer())
     fleet = Fleet(hub, backend, spec.nnodes, spec.nproc_per_node, spec.node_timeout_s,
-                  spec.reconnect_grace_s,
-                  publish=lambda f: store.put_nodes(node_rows(f), replace=True))
+                  spec.reconnect_grace_s, publish=lambda f: _publish(store, f))
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        # schedule counts keep growing across launches
+        moves = json.loads(meta.get("slot_moves") or "{}")
+        fleet.moves = {int(k): int(v) for k, v in moves.items()}
     store.set_meta(controller_port=hub.port, controller_host=host, nnodes=spec.nnodes,
                    spare_nodes=spec.spare_nodes, backend=backend.name,
                    slurm_own_job=getattr(backend, "owned_job", None))
@@ -169,6 +173,11 @@ def _give_up_adoption(fleet: Fleet, why: str) -> str:
         if node.state not in (LOST, ISOLATED):  # those stay out of the job
             node.state, node.reason = SPARE, None
     return why
+
+
+def _publish(store: JobStore, fleet: Fleet) -> None:
+    store.put_nodes(node_rows(fleet), replace=True)
+    store.set_meta(slot_moves=json.dumps(fleet.moves))
 
 
 def node_rows(fleet: Fleet) -> list[NodeRow]:

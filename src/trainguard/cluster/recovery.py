@@ -8,6 +8,8 @@ A method returns the next attempt's start type, or a sentence saying why the job
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -43,9 +45,13 @@ class NodeRecovery:
                                    max_job_reschedules=s.max_job_reschedules,
                                    repeat_offender_count=s.repeat_offender)
         meta = rec.store.meta()
-        self.hist = LadderHistory(pod_used=int(meta.get("pod_reschedules_used") or 0),
+        implicated: tuple[tuple[str, float], ...] = ()
+        with contextlib.suppress(TypeError, ValueError):  # [[node, unix time], ...]
+            seen = json.loads(meta.get("implicated") or "[]")
+            implicated = tuple((str(n), float(t)) for n, t in seen)
+        self.hist = LadderHistory(implicated=implicated,
+                                  pod_used=int(meta.get("pod_reschedules_used") or 0),
                                   job_used=int(meta.get("job_reschedules_used") or 0))
-        self._start = time.monotonic()
         # the controller's: a signal ends a wait for nodes at once (Slurm's time limit sends
         # SIGTERM, then SIGKILL after KillWait)
         self.stop_requested: Callable[[], bool] = lambda: False
@@ -176,8 +182,8 @@ class NodeRecovery:
         if diag.fault_domain in (FaultDomain.USER_CODE, FaultDomain.FRAMEWORK) and \
                 not diag.isolate_node:
             return None  # a bug follows the rank wherever it runs: no node to blame
-        self.hist, count = implicate(self.hist, node, time.monotonic() - self._start,
-                                     self.policy)
+        self.hist, count = implicate(self.hist, node, time.time(), self.policy)
+        self.rec.set_meta(implicated=json.dumps(self.hist.implicated))
         self.fleet.nodes[node].times_implicated += 1
         self.fleet.publish()
         if diag.isolate_node:
