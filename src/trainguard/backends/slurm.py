@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import subprocess
-import time
+import threading
 from pathlib import Path
 
 from trainguard.backends import slurm_cli
@@ -72,6 +72,7 @@ class SlurmBackend:
                               "Slurm login or compute node, or use --backend local")
         self._log_dir = log_dir
         self._own = False
+        self._closed = threading.Event()
         alloc = slurm_cli.parse_allocation(os.environ)
         adopted = False
         try:
@@ -102,7 +103,9 @@ class SlurmBackend:
         if adopted and len(names) < nodes:  # the nodes it lost are in the store, not in Slurm
             self._names = names
         self._states: dict[str, str] = {}
-        self._states_at = 0.0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read_states, name="trainguard-sinfo",
+                         daemon=True).start()
 
     def node_names(self) -> list[str]:
         return list(self._names)
@@ -120,15 +123,22 @@ class SlurmBackend:
         return SrunAgent(node, None)
 
     def bad_nodes(self) -> dict[str, str]:
-        """Nodes of the job that Slurm reports down, failing or not responding."""
-        if time.monotonic() - self._states_at > STATES_EVERY_S:
-            self._states_at = time.monotonic()
+        """Nodes of the job that Slurm reports down, failing or not responding (as last
+        read by the background reader: a slow slurmctld never stalls the controller)."""
+        with self._lock:
+            states = dict(self._states)
+        return {n: s for n, s in states.items()
+                if n in self._names and any(b in s for b in _BAD)}
+
+    def _read_states(self) -> None:
+        while not self._closed.wait(STATES_EVERY_S):
             try:
-                self._states = slurm_cli.node_states()
+                states = slurm_cli.node_states(timeout_s=10)
             except SlurmError as e:
                 log.warning("cannot read Slurm's node states: %s", e)
-        return {n: s for n, s in self._states.items()
-                if n in self._names and any(b in s for b in _BAD)}
+                continue
+            with self._lock:
+                self._states = states
 
     def isolate(self, node: str, reason: str) -> str:
         try:
@@ -144,6 +154,7 @@ class SlurmBackend:
         return self.job_id if self._own else None
 
     def close(self) -> None:
+        self._closed.set()
         if self._own:
             self._own = False
             with contextlib.suppress(SlurmError):
