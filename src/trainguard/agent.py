@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -120,7 +121,7 @@ class NodeAgent:
         # the failure rules (YAML, RE2) load in the background now, not on the recovery path
         threading.Thread(target=default_trigger, name="trainguard-rules", daemon=True).start()
         self._guardian = procs.Guardian(marker)
-        self._channel = ChannelServer(f"@trainguard-{marker}-{node}")
+        self._channel = ChannelServer(f"@trainguard-{marker}-{node}-{os.getpid()}")
 
     # -- commands -------------------------------------------------------------------------
 

@@ -150,3 +150,27 @@ def test_an_agent_without_a_controller_ends_after_the_orphan_timeout(tmp_path: P
     _, err = agent.communicate(timeout=30)
     assert agent.returncode == 3, err
     assert b"no controller for 1s" in err
+
+
+def test_a_second_agent_for_a_node_is_told_to_end_and_a_replacement_is_welcome(
+        hub_and_agent: tuple[Hub, subprocess.Popen[bytes], Path]) -> None:
+    """Two agents for one node would each run the commands meant for it: the one that
+    serves the node stays, a newcomer ends (exit 4); once the first is gone, a new one is
+    welcome."""
+    hub, first, d = hub_and_agent
+    second = start_agent(d / "agent.json")
+    _, err = second.communicate(timeout=30)
+    assert second.returncode == 4, err
+    assert b"serves node n0" in err
+    assert hub.links["n0"].agent_pid == first.pid and hub.connected("n0")
+    first.kill()
+    first.wait()
+    third = start_agent(d / "agent.json")
+    try:
+        deadline = time.monotonic() + 15
+        while hub.links["n0"].agent_pid != third.pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hub.links["n0"].agent_pid == third.pid and hub.connected("n0")
+    finally:
+        third.kill()
+        third.wait()

@@ -32,12 +32,13 @@ from trainguard.cluster.messages import (
     OP_STOP,
     AgentConfig,
 )
-from trainguard.cluster.wire import Conn, WireError, connect, read_token
+from trainguard.cluster.wire import Conn, Superseded, WireError, connect, read_token
 from trainguard.protocol import DumpStacks, StartWorkers, StopWorkers
 
 log = logging.getLogger("trainguard.agent")
 
 EXIT_ORPHANED = 3
+EXIT_SUPERSEDED = 4
 _KEEP_REPLIES = 64
 
 
@@ -57,11 +58,14 @@ class AgentRunner:
         self._exit = False
         self._import_cache: dict[Any, Any] = {}
         self._complained = -1e9
+        self._superseded = False
 
     def run(self) -> int:
         orphan_since: float | None = None
         while not self._exit:
             conn = self._connect()
+            if conn is None and self._superseded:
+                return EXIT_SUPERSEDED
             if conn is None:
                 orphan_since = orphan_since or time.monotonic()
                 if time.monotonic() - orphan_since > self.cfg.orphan_timeout_s:
@@ -89,6 +93,11 @@ class AgentRunner:
             hello["addr"] = self.cfg.node_addr
         try:
             conn = connect(addr[0], addr[1], self._token, self.node, hello)
+        except Superseded as e:  # a newer agent serves this node: this one ends
+            log.error("%s: stopping the workers and ending", e)
+            self.agent.stop_workers(StopWorkers(grace_s=15, reason="superseded"))
+            self._superseded = True
+            return None
         except WireError as e:
             self._complain(str(e))
             return None

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.cluster.wire import Conn, WireError, accept, keepalive
+from trainguard.cluster.wire import Conn, WireError, accept, deny, keepalive, welcome
 from trainguard.protocol import NodeReport
 
 log = logging.getLogger(__name__)
@@ -87,11 +87,15 @@ class Hub:
     def _serve(self, conn: Conn) -> None:
         try:
             hello = accept(conn, self._token)
+            attached = self._attach(conn, hello)
         except WireError as e:
             log.warning("refused a connection: %s", e)
             conn.close()
             return
-        link, gen = self._attach(conn, hello)
+        if attached is None:
+            conn.close()
+            return
+        link, gen = attached
         while True:
             try:
                 msg = conn.recv(None)
@@ -107,21 +111,29 @@ class Hub:
                 self._frame(link, msg)
                 self._cond.notify_all()
 
-    def _attach(self, conn: Conn, hello: dict[str, Any]) -> tuple[NodeLink, int]:
+    def _attach(self, conn: Conn, hello: dict[str, Any]) -> tuple[NodeLink, int] | None:
+        """Welcome the agent as its node's link; None when another agent (another process)
+        serves that node on a live connection: this one is told to end."""
         name = str(hello["node"])
+        pid = hello.get("agent_pid")
         report = None
         with contextlib.suppress(ValueError):
             report = NodeReport.model_validate(hello.get("report"))
         with self._cond:
             link = self.links.setdefault(name, NodeLink(name))
-            if link.conn is not None:
+            if link.conn is not None and link.agent_pid is not None and pid != link.agent_pid:
+                deny(conn, f"agent pid {link.agent_pid} serves node {name}", superseded=True)
+                log.warning("node %s: a second agent (pid %s) was told to end; pid %s serves "
+                            "it", name, pid, link.agent_pid)
+                return None
+            welcome(conn, self._token, hello)
+            if link.conn is not None:  # the same agent again: its old connection is dead
                 link.conn.close()
             link.generation += 1
             link.conn, link.disconnected_at = conn, None
             link.host = str(hello.get("host") or conn.peer)
             if isinstance(hello.get("addr"), str) and hello["addr"]:
                 link.addr = hello["addr"]
-            pid = hello.get("agent_pid")
             link.agent_pid = pid if isinstance(pid, int) else None
             link.last_seen = time.monotonic()
             link.hello_report = report

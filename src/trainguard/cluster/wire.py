@@ -39,6 +39,10 @@ class WireError(ConnectionError):
     """The peer closed, sent garbage, or failed the handshake."""
 
 
+class Superseded(WireError):
+    """The controller has another agent for this node: this one must end."""
+
+
 def new_token() -> str:
     return secrets.token_hex(32)
 
@@ -175,7 +179,8 @@ def connect(host: str, port: int, token: str, node: str, hello: dict[str, Any],
         raise WireError(f"handshake with {host}:{port} failed: {e}") from e
     if answer.get("type") != "welcome":
         conn.close()
-        raise WireError(f"the controller refused node {node}: {answer.get('why', answer)}")
+        why = f"the controller refused node {node}: {answer.get('why', answer)}"
+        raise Superseded(why) if answer.get("superseded") else WireError(why)
     if not check_mac(token, own_nonce, f"controller:{node}", answer.get("mac")):
         conn.close()
         raise WireError(f"{host}:{port} does not know the job token: not this job's "
@@ -184,7 +189,8 @@ def connect(host: str, port: int, token: str, node: str, hello: dict[str, Any],
 
 
 def accept(conn: Conn, token: str, timeout: float = 5.0) -> dict[str, Any]:
-    """The controller's side of the handshake: the agent's hello, or WireError."""
+    """The controller's side of the handshake: the agent's hello, or WireError. The caller
+    answers with welcome(...) or deny(...)."""
     nonce = secrets.token_hex(16)
     try:
         conn.send({"type": "challenge", "nonce": nonce})
@@ -198,9 +204,18 @@ def accept(conn: Conn, token: str, timeout: float = 5.0) -> dict[str, Any]:
         with contextlib.suppress(WireError):
             conn.send({"type": "denied", "why": "wrong job token"})
         raise WireError(f"{conn.peer} (node {node!r}) does not know the job token")
-    agent_nonce = hello.get("nonce")
-    if not isinstance(agent_nonce, str):
+    if not isinstance(hello.get("nonce"), str):
         raise WireError(f"{conn.peer} (node {node!r}) sent no nonce")
-    conn.send({"type": "welcome", "mac": mac(token, agent_nonce, f"controller:{node}")})
     return hello
+
+
+def welcome(conn: Conn, token: str, hello: dict[str, Any]) -> None:
+    """The controller's proof that it knows the token too, answering the agent's nonce."""
+    conn.send({"type": "welcome",
+               "mac": mac(token, str(hello["nonce"]), f"controller:{hello['node']}")})
+
+
+def deny(conn: Conn, why: str, superseded: bool = False) -> None:
+    with contextlib.suppress(WireError):
+        conn.send({"type": "denied", "why": why, "superseded": superseded})
 
