@@ -208,7 +208,8 @@ def test_in_an_sbatch_job_a_lost_node_is_replaced_by_the_spare(
     cluster.kill_node(victim)
     state, exit_code = wait_batch(cluster, job_id, timeout=80)
     console = (tmp_path / "batch.out").read_text()
-    assert (state, exit_code) == ("COMPLETED", "0:0"), console[-6000:]
+    # COMPLETING: the batch script ended 0, Slurm still cleans up after the dead node
+    assert state in ("COMPLETED", "COMPLETING") and exit_code == "0:0", console[-6000:]
     assert time.monotonic() - t_kill < 60
     got = reasons(job)
     assert "NodeLost" in got and "PodRescheduled" in got and got[-1] == "JobSucceeded", got
