@@ -187,7 +187,7 @@ class Controller:
             report = self.agent.poll(wait_s=self.spec.monitor_interval)
             self.rec.sync(report)
             if report.lost_nodes and self.nodes is not None:
-                return _Outcome(report, lost=self.nodes.fleet.lost_now())
+                return _Outcome(report, lost=self.nodes.fleet.lost)
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)

@@ -50,7 +50,6 @@ class LocalBackend:
     def __init__(self, nodes: int, log_dir: Path) -> None:
         self._names = [f"node-{i}" for i in range(nodes)]
         self._log_dir = log_dir
-        self._isolated: set[str] = set()
 
     def node_names(self) -> list[str]:
         return list(self._names)
@@ -69,7 +68,6 @@ class LocalBackend:
         return {}
 
     def isolate(self, node: str, reason: str) -> str:
-        self._isolated.add(node)
         return "kept out of the job's placement (local backend)"
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from trainguard.backends.base import AgentHandle, Backend
 from trainguard.cluster.hub import Hub, Reply
@@ -48,7 +48,6 @@ class Node:
     handle: AgentHandle | None = None
     reason: str | None = None
     times_implicated: int = 0
-    since: datetime | None = None
 
 
 class Fleet:
@@ -65,6 +64,7 @@ class Fleet:
         self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
         self._stale: dict[str, NodeReport] = {}  # the last merged facts, deltas taken
         self._broken: dict[str, str] = {}  # placed nodes that failed a command: why
+        self.lost: dict[str, str] = {}  # lost placed nodes with why, as of the last report
         self._attempt: int | None = None
 
     # -- nodes ----------------------------------------------------------------------------
@@ -100,7 +100,7 @@ class Fleet:
 
     def mark(self, name: str, state: str, reason: str | None) -> None:
         node = self.nodes[name]
-        node.state, node.reason, node.since = state, reason, utcnow()
+        node.state, node.reason = state, reason
         self._broken.pop(name, None)
         if state == ISOLATED and self.hub.connected(name):  # its agent ends (workers stopped)
             self.hub.call({name: (OP_EXIT, {"grace_s": 5.0})}, 30, self.grace_s)
@@ -260,7 +260,7 @@ class Fleet:
                                                      "liveness": liveness})
 
     def _merged(self) -> NodeReport:
-        lost = self.lost_now()
+        lost = self.lost = self.lost_now()
         now = utcnow()
         workers: list[WorkerFact] = []
         messages = []

@@ -65,14 +65,14 @@ class NodeRecovery:
 
     # -- before an attempt ----------------------------------------------------------------
 
-    def prepare(self, attempt: int, names: list[str] | None = None) -> str | None:
-        """Pre-check the placed nodes (and `names`); a failing one is isolated and replaced
-        by a spare. None when the placement is ready, else why the job cannot start."""
+    def prepare(self, attempt: int) -> str | None:
+        """Pre-check the placed nodes and the spares; a failing one is isolated and a placed
+        one replaced by a spare. None when the placement is ready, else why the job cannot start."""
         if not self.rec.spec.precheck:
             return None
         # the spares too: a broken one is found before it is needed, and their import
         # checks are cached for the restart that needs them
-        names = names or [*self.fleet.placement, *self.fleet.spares()]
+        names = [*self.fleet.placement, *self.fleet.spares()]
         reports = self.precheck(names, attempt)
         failing = {n: r for n, r in reports.items() if not r.ok}
         # drained in the cluster only when it is this node's own fault: a check that fails
@@ -95,26 +95,17 @@ class NodeRecovery:
     def _refill(self, attempt: int) -> list[str] | None:
         """The placement with every slot whose node is out given to a spare (queuing for
         spares when there are too few); None when the queue timed out."""
-        deadline = time.monotonic() + self.rec.spec.queue_timeout_s
-        announced = False
-        while True:
+        def fill() -> tuple[list[str] | None, int]:
             spares = list(self.fleet.spares())
             out = [i for i, n in enumerate(self.fleet.placement) if not self.fleet.ready(n)]
-            if len(spares) >= len(out):
-                new = list(self.fleet.placement)
-                for i in out:
-                    new[i] = spares.pop(0)
-                return new
-            if not announced:
-                announced = True
-                self.rec.set_meta(state="queuing")
-                self.rec.event(Level.WARNING, Reason.QUEUING,
-                               f"waiting up to {self.rec.spec.queue_timeout_s:g}s for "
-                               f"{len(out) - len(spares)} more healthy node(s)",
-                               attempt=attempt)
-            if time.monotonic() > deadline or self.stop_requested():
-                return None
-            time.sleep(0.5)
+            if len(spares) < len(out):
+                return None, len(out) - len(spares)
+            new = list(self.fleet.placement)
+            for i in out:
+                new[i] = spares.pop(0)
+            return new, 0
+
+        return self._queue(attempt, fill)
 
     def precheck(self, names: list[str], attempt: int) -> dict[str, PrecheckReport]:
         s, paths = self.rec.spec, self.rec.paths
@@ -221,7 +212,7 @@ class NodeRecovery:
                            f"({t.result.value}); trying the next level", node=p.node,
                            attempt=attempt)
         tried = [(t.rung.value, t.result, t.why) for t in p.tried]
-        placement: tuple[str, ...] | None = p.placement
+        placement: list[str] | None = list(p.placement)
         if p.rung is not None and p.missing:
             placement = self._wait_for_nodes(p, attempt)
         if p.rung is None or placement is None:
@@ -256,26 +247,33 @@ class NodeRecovery:
             stopped=stopped, progress=report.progress, category=category, scenario=scenario)
         return StartType.POD_RESCHEDULE if pod else StartType.JOB_RESCHEDULE
 
-    def _wait_for_nodes(self, p: NodePlan, attempt: int) -> tuple[str, ...] | None:
-        """Queuing: wait for enough ready nodes, up to the queue timeout."""
-        need = self.fleet.nnodes
-        timeout = self.rec.spec.queue_timeout_s
-        pool = self._pool(p)
-        if len(pool) >= need:
-            return tuple(pool[:need])
-        self.rec.set_meta(state="queuing")
-        self.rec.event(Level.WARNING, Reason.QUEUING,
-                       f"waiting up to {timeout:g}s for {need - len(pool)} more healthy "
-                       f"node(s): the job needs {need}, ready: {', '.join(pool) or 'none'}",
-                       attempt=attempt)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.stop_requested():
-            time.sleep(0.5)
-            pool = self._pool(p)
-            if len(pool) >= need:
-                return tuple(pool[:need])
-        return None
+    def _wait_for_nodes(self, p: NodePlan, attempt: int) -> list[str] | None:
+        """Enough ready nodes for the plan: its healthy ones first, then spares."""
+        def fill() -> tuple[list[str] | None, int]:
+            placed = [n for n in p.placement if self.fleet.ready(n)]
+            pool = placed + [s for s in self.fleet.spares() if s not in placed]
+            need = self.fleet.nnodes
+            return (pool[:need], 0) if len(pool) >= need else (None, need - len(pool))
 
-    def _pool(self, p: NodePlan) -> list[str]:
-        placed = [n for n in p.placement if self.fleet.ready(n)]
-        return placed + [s for s in self.fleet.spares() if s not in placed]
+        return self._queue(attempt, fill)
+
+    def _queue(self, attempt: int,
+               fill: Callable[[], tuple[list[str] | None, int]]) -> list[str] | None:
+        """Queuing: `fill` gives the placement, or how many nodes are missing; wait for
+        them up to the queue timeout (a signal ends the wait). None: still missing."""
+        timeout = self.rec.spec.queue_timeout_s
+        deadline = time.monotonic() + timeout
+        announced = False
+        while True:
+            placement, missing = fill()
+            if placement is not None:
+                return placement
+            if not announced:
+                announced = True
+                self.rec.set_meta(state="queuing")
+                self.rec.event(Level.WARNING, Reason.QUEUING,
+                               f"waiting up to {timeout:g}s for {missing} more healthy "
+                               f"node(s): the job needs {self.fleet.nnodes}", attempt=attempt)
+            if time.monotonic() > deadline or self.stop_requested():
+                return None
+            time.sleep(0.5)
