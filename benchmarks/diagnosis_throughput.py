@@ -64,10 +64,10 @@ from pathlib import Path
 import yaml
 from _common import BenchError, Spread, load_note, markdown_table, trainguard_exe
 
+from trainguard.diagnosis.prefilter import compile_trigger, prefilter_source
 from trainguard.diagnosis.rules import RuleSet, load_rules, parse_rules
 from trainguard.diagnosis.sources import default_trigger, diagnose_paths
 from trainguard.diagnosis.taxonomy import Category
-from trainguard.diagnosis.trigger import compile_trigger, prefilter_source
 
 MIB = 1 << 20
 RANKS = 8

@@ -196,7 +196,7 @@ class Job:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if "agent_main" in cmdline and str(self.job_dir) in cmdline:
+            if "trainguard.node.main" in cmdline and str(self.job_dir) in cmdline:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
 

@@ -1,22 +1,42 @@
-"""Wire one single-node job: job dir, store, node agent, controller. Returns the exit code."""
+"""The composition root: builds both sides of a job and runs it. Returns the exit code.
+
+One node: the job dir, the store, one NodeAgent called in-process, the Controller. Several
+nodes: a token, the hub, a backend, agent processes, the fleet, node recovery and the same
+Controller. JOB_DIR/cluster/ holds what agents need to find and prove themselves to the
+controller: `token` (0600), `controller.json` (host, port; rewritten by a restarted
+controller) and `agent.json` (AgentConfig). A controller started on a job whose previous
+controller died while its attempt ran takes the job over: it listens on the same port, the
+agents reconnect, and when every placed node reports that attempt's workers still running,
+it watches them on (no restart); otherwise it stops what is left and relaunches.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import logging
 import os
 import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainguard.agent import ConsoleOptions, NodeAgent
-from trainguard.controller import Controller
-from trainguard.errors import SpecError
+from trainguard.backends.base import Backend
+from trainguard.backends.local import LocalBackend
+from trainguard.controller.fleet import HEALTHY, ISOLATED, LOST, SPARE, Fleet
+from trainguard.controller.hub import Hub
+from trainguard.controller.loop import Controller
+from trainguard.controller.nodes import NodeRecovery
+from trainguard.controller.recorder import Recorder, console_printer
+from trainguard.controller.store import JobStore, NodeRow
+from trainguard.errors import LaunchError, SpecError
+from trainguard.node.agent import ConsoleOptions, NodeAgent
 from trainguard.paths import JobPaths
-from trainguard.recorder import Recorder, console_printer
+from trainguard.protocol import AgentConfig
+from trainguard.records import JobState, Level, Reason, utcnow
 from trainguard.spec import JobSpec
-from trainguard.store import JobStore
+from trainguard.wire import new_token, read_token, write_token
 
 LOCK_NAME = ".lock"
 
@@ -32,8 +52,6 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
     filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
     with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store:
         if spec.multi_node:
-            from trainguard.cluster.launch import launch_cluster
-
             code = launch_cluster(spec, argv, marker, paths, store)
             _job_dir_line(paths)
             return code
@@ -83,3 +101,167 @@ def check_master_addr(addr: str) -> None:
         raise SpecError("--master-addr", f"cannot listen on {addr!r} on this node "
                         f"({e.strerror or e})", "use 127.0.0.1 or one of this node's "
                         "addresses") from None
+
+
+log = logging.getLogger(__name__)
+
+BRING_UP_TIMEOUT_S = 120.0
+ADOPT_TIMEOUT_S = 20.0
+
+
+def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
+                   store: JobStore) -> int:
+    cdir = paths.job_dir / "cluster"
+    cdir.mkdir(parents=True, exist_ok=True)
+    meta = store.meta()
+    resumable = meta.get("state") in (JobState.RUNNING.value, JobState.RESTARTING.value) and \
+        isinstance(meta.get("controller_port"), int) and (cdir / "token").exists()
+    token = read_token(cdir / "token") if resumable else new_token()
+    if not resumable:
+        write_token(cdir / "token", token)
+    host = spec.controller_host or ("127.0.0.1" if spec.backend == "local"
+                                    else socket.gethostname())
+    # bound where agents connect from: loopback for virtual nodes, else the given address
+    # (every interface when none is given: the nodes' addresses are not known in advance)
+    bind = spec.controller_host or ("127.0.0.1" if spec.backend == "local" else "0.0.0.0")
+    hub = Hub(token, bind, int(meta["controller_port"]) if resumable else 0)
+    (cdir / "controller.json").write_text(json.dumps({"host": host, "port": hub.port}))
+    cfg = AgentConfig.model_validate({
+        "run_id": spec.run_id, "controller_file": str(cdir / "controller.json"),
+        "token_file": str(cdir / "token"), "step_pattern": spec.step_pattern,
+        "marker": marker, "redirects": spec.redirects, "ranks_filter": spec.local_ranks_filter,
+        "report_interval_s": max(spec.monitor_interval, 0.25)})
+    (cdir / "agent.json").write_text(cfg.model_dump_json(indent=1))
+    agent_argv = [sys.executable, "-m", "trainguard.node.main", "--config",
+                  str(cdir / "agent.json")]
+    backend = make_backend(spec, cdir, meta.get("slurm_own_job") if resumable else None)
+    rec = Recorder(spec, paths, store, argv, on_event=console_printer())
+    fleet = Fleet(hub, backend, spec.nnodes, spec.nproc_per_node, spec.node_timeout_s,
+                  spec.reconnect_grace_s, publish=lambda f: _publish(store, f))
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        # schedule counts keep growing across launches
+        moves = json.loads(meta.get("slot_moves") or "{}")
+        fleet.moves = {int(k): int(v) for k, v in moves.items()}
+    store.set_meta(controller_port=hub.port, controller_host=host, nnodes=spec.nnodes,
+                   spare_nodes=spec.spare_nodes, backend=backend.name,
+                   slurm_own_job=getattr(backend, "owned_job", None))
+    adopt = False
+    if resumable:
+        why_not = _adopt(fleet, store, int(meta.get("attempt") or 0))
+        adopt = why_not is None
+        if not adopt:
+            rec.event(Level.WARNING, Reason.CONTROLLER_RESTARTED,
+                      f"a new controller cannot take the running attempt over ({why_not}): "
+                      "its workers are stopped and the job is launched again")
+    try:
+        if not adopt:
+            _bring_up(fleet, rec, agent_argv, cdir)
+    except LaunchError as e:
+        rec.begin()
+        rec.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {e}")
+        rec.finish(JobState.FAILED, 1)
+        fleet.close(grace_s=0)
+        return 1
+    nodes = NodeRecovery(rec, fleet)
+    return Controller(rec, fleet, nodes, adopt=adopt).run()
+
+
+def make_backend(spec: JobSpec, cdir: Path, own_job: object = None) -> Backend:
+    total = spec.nnodes + spec.spare_nodes
+    if spec.backend == "slurm":
+        from trainguard.backends.slurm import SlurmBackend
+
+        slurm: Backend = SlurmBackend(total, spec.run_id, cdir,
+                                      own_job if isinstance(own_job, str) else None)
+        return slurm
+    return LocalBackend(total, cdir)
+
+
+def _bring_up(fleet: Fleet, rec: Recorder, agent_argv: list[str], log_dir: Path) -> None:
+    """Start an agent on every node not lost or isolated; place the first nnodes that
+    connect."""
+    names = [n for n, node in fleet.nodes.items() if node.state not in (LOST, ISOLATED)]
+    fleet.start_agents(agent_argv, names)
+    missing = fleet.hub.wait_connected(names, BRING_UP_TIMEOUT_S)
+    for name in names:
+        if name in missing:
+            fleet.mark(name, LOST, f"its agent did not connect within {BRING_UP_TIMEOUT_S:g}s")
+            continue
+        link = fleet.hub.links[name]
+        rec.event(Level.INFO, Reason.NODE_READY,
+                  f"node {name}: agent pid {link.agent_pid} on {link.host} connected",
+                  node=name)
+    ready = [n for n in names if n not in missing]
+    if len(ready) < fleet.nnodes:
+        raise LaunchError(f"only {len(ready)} of {len(names)} usable node agents connected "
+                          f"({', '.join(missing) or 'none missing'}); the job needs "
+                          f"{fleet.nnodes}. Fix: read {log_dir}/<node>.agent.log, or add "
+                          "nodes (--spare-nodes, a larger allocation)")
+    fleet.place(ready[:fleet.nnodes])
+
+
+def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> str | None:
+    """Take over from a dead controller when every placed node's workers still run; None
+    when taken over, else why not."""
+    rows = {r.name: r for r in store.nodes()}
+    placement = sorted((r for r in rows.values() if r.slot is not None),
+                       key=lambda r: r.slot or 0)
+    for name, node in fleet.nodes.items():
+        row = rows.get(name)
+        if row is not None:
+            node.state, node.reason = row.state, row.reason
+            node.times_implicated = row.times_implicated
+            node.handle = fleet.backend.adopt_agent(name, row.agent_pid)
+    names = [r.name for r in placement]
+    if len(names) != fleet.nnodes:
+        return _give_up_adoption(fleet, f"the store places {len(names)} node(s), not "
+                                        f"{fleet.nnodes}")
+    live = [n for n, node in fleet.nodes.items() if node.state in (HEALTHY, SPARE)]
+    missing = fleet.hub.wait_connected(live, ADOPT_TIMEOUT_S)
+    for name in names:
+        report = fleet.hub.links[name].hello_report if name in fleet.hub.links else None
+        if name in missing or report is None:
+            why = f"node {name} did not reconnect within {ADOPT_TIMEOUT_S:g}s"
+        elif report.attempt != attempt or not report.workers:
+            why = f"node {name} runs no workers of attempt {attempt}"
+        elif any(w.state.ended for w in report.workers):
+            why = f"workers of node {name} ended while no controller watched"
+        else:
+            continue
+        return _give_up_adoption(fleet, why)
+    for name in missing:
+        fleet.mark(name, LOST, "its agent did not reconnect to the restarted controller")
+    fleet.placement = names
+    fleet.adopt_attempt(attempt)
+    fleet.publish()
+    return None
+
+
+def _give_up_adoption(fleet: Fleet, why: str) -> str:
+    """The running attempt cannot be taken over: end the old agents; a fresh start follows."""
+    fleet.end_agents()
+    for node in fleet.nodes.values():
+        if node.state not in (LOST, ISOLATED):  # those stay out of the job
+            node.state, node.reason = SPARE, None
+    return why
+
+
+def _publish(store: JobStore, fleet: Fleet) -> None:
+    store.put_nodes(node_rows(fleet), replace=True)
+    store.set_meta(slot_moves=json.dumps(fleet.moves))
+
+
+def node_rows(fleet: Fleet) -> list[NodeRow]:
+    now = utcnow()
+    rows = []
+    for name, node in fleet.nodes.items():
+        link = fleet.hub.links.get(name)
+        pid = link.agent_pid if link is not None and link.agent_pid else (
+            node.handle.pid if node.handle is not None else None)
+        rows.append(NodeRow(
+            name=name, host=link.host if link is not None and link.host else "",
+            state=node.state, agent_pid=pid,
+            slot=fleet.placement.index(name) if name in fleet.placement else None,
+            reason=node.reason, updated_at=now, backend=fleet.backend.name,
+            times_implicated=node.times_implicated))
+    return rows

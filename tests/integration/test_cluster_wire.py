@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.cluster.hub import Hub
-from trainguard.cluster.messages import OP_PORT, AgentConfig
-from trainguard.cluster.wire import Conn, WireError, connect, new_token, write_token
+from trainguard.controller.hub import Hub
+from trainguard.protocol import OP_PORT, AgentConfig
 from trainguard.spec import DEFAULT_STEP_PATTERN
+from trainguard.wire import Conn, WireError, connect, new_token, write_token
 
 
 def write_config(d: Path, port: int, token: str, orphan_s: float = 60) -> Path:
@@ -34,7 +34,7 @@ def write_config(d: Path, port: int, token: str, orphan_s: float = 60) -> Path:
 
 
 def start_agent(config: Path, node: str = "n0") -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "trainguard.cluster.agent_main", "--config",
+    return subprocess.Popen([sys.executable, "-m", "trainguard.node.main", "--config",
                              str(config), "--node", node], stderr=subprocess.PIPE)
 
 

@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import EXAMPLE, TG, read_json, run_tg
-from trainguard.hang.dump import find_pyspy
+from trainguard.node.stacks import find_pyspy
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(find_pyspy() is None, reason="py-spy is not installed")]

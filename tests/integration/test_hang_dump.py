@@ -17,9 +17,9 @@ from typing import Any
 import psutil
 import pytest
 
-from trainguard.hang import dump
-from trainguard.hang.dump import NO_PTRACE, NOT_INSTALLED, dump_stacks, find_pyspy
 from trainguard.hang.stacks import RankStack, describe, main_thread, name_culprit
+from trainguard.node import stacks as dump
+from trainguard.node.stacks import NO_PTRACE, NOT_INSTALLED, dump_stacks, find_pyspy
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(find_pyspy() is None, reason="py-spy is not installed")]

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from trainguard.precheck import count_accelerators, run_precheck
-from trainguard.precheck_rules import MIB, CheckResult, PrecheckConfig, PrecheckReport
+from trainguard.node.precheck import count_accelerators, run_precheck
+from trainguard.policy.precheck import MIB, CheckResult, PrecheckConfig, PrecheckReport
 
 pytestmark = pytest.mark.integration
 
@@ -155,8 +155,8 @@ def test_a_read_only_filesystem_fails(read_only_fs: Path) -> None:
 
 SCRIPT = textwrap.dedent("""
     import json, resource, sys
-    from trainguard.precheck import run_precheck
-    from trainguard.precheck_rules import PrecheckConfig
+    from trainguard.node.precheck import run_precheck
+    from trainguard.policy.precheck import PrecheckConfig
     soft = int(sys.argv[2])
     if soft:
         resource.setrlimit(resource.RLIMIT_NOFILE,

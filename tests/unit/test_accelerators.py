@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard import accelerators
-from trainguard.accelerators import Accelerators
+from trainguard.node import accelerators
+from trainguard.node.accelerators import Accelerators
 
 
 def test_without_nvml_or_npu_smi_there_is_nothing_to_read(monkeypatch: pytest.MonkeyPatch

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from trainguard.channel import ChannelServer
+from trainguard.node.channel import ChannelServer
 from trainguard.worker import channel
 
 

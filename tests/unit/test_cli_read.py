@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.cli_read import add_read_commands, summarize
+from trainguard.cli.read import add_read_commands, summarize
+from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.records import (
     Event,
     FaultScenario,
@@ -23,7 +24,6 @@ from trainguard.records import (
     StartType,
     iso,
 )
-from trainguard.store import JobStore, WorkerRow
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 REASONS = ["JobCreated", "JobRunning", "WorkerFailed", "RestartScheduled", "JobSucceeded"]

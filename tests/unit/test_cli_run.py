@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from trainguard.cli import main, parser
-from trainguard.cli_run import spec_from_args, worker_argv
+from trainguard.cli.run import spec_from_args, worker_argv
 from trainguard.errors import SpecError
 from trainguard.spec import JobSpec, build_spec
 

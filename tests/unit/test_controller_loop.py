@@ -11,12 +11,15 @@ from typing import Any
 
 import pytest
 
-from trainguard.agent import AgentAPI, free_port
-from trainguard.controller import Controller
+from trainguard.controller.loop import Controller
+from trainguard.controller.recorder import Recorder
+from trainguard.controller.store import JobStore
 from trainguard.diagnosis.sources import scan_lines
 from trainguard.exitcodes import ExitCode
+from trainguard.node.agent import free_port
 from trainguard.paths import JobPaths
 from trainguard.protocol import (
+    AgentAPI,
     DumpStacks,
     NodeReport,
     Progress,
@@ -27,10 +30,8 @@ from trainguard.protocol import (
     WorkerFact,
     WorkerState,
 )
-from trainguard.recorder import Recorder
 from trainguard.records import Event, RecoverResult, StartType
 from trainguard.spec import JobSpec, build_spec
-from trainguard.store import JobStore
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 FIRST_PORT = 29500  # below Linux's ephemeral range, so a fresh port always differs
@@ -305,7 +306,7 @@ def test_a_signal_during_the_restart_backoff_stops_the_job_and_terminates_the_in
     def interrupt_sleep(_: float) -> None:  # the first backoff sleep "receives" SIGINT
         signal.raise_signal(signal.SIGINT)
 
-    monkeypatch.setattr("trainguard.controller.time.sleep", interrupt_sleep)
+    monkeypatch.setattr("trainguard.controller.loop.time.sleep", interrupt_sleep)
     attempts = [[report(0, W(RUNNING), W(RUNNING), first=1, last=3),
                  report(0, W(RUNNING), W(FAILED, -9), first=1, last=15, seconds=1)]]
     run = job(attempts, restart_backoff_s=5, restart_backoff_max_s=5, max_restarts=3)

@@ -112,7 +112,7 @@ def test_the_re2_rule_set_picks_the_same_rule_as_python_re_on_every_corpus_line(
     from pathlib import Path
 
     from trainguard.diagnosis.lines import split_prefix
-    from trainguard.diagnosis.trigger import compile_trigger
+    from trainguard.diagnosis.prefilter import compile_trigger
 
     rules = load_rules()
     trigger = compile_trigger(rules)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from trainguard.cluster.fleet import HEALTHY, LOST, SPARE, Fleet
-from trainguard.cluster.hub import Reply
+from trainguard.controller.fleet import HEALTHY, LOST, SPARE, Fleet
+from trainguard.controller.hub import Reply
 from trainguard.protocol import (
     NodeReport,
     Progress,

@@ -3,7 +3,7 @@ one, downgrade / quotaExceeded on the way, repeat offenders."""
 
 from __future__ import annotations
 
-from trainguard.ladder import (
+from trainguard.policy.nodes import (
     LadderHistory,
     LadderPolicy,
     Rung,

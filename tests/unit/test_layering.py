@@ -65,7 +65,7 @@ def imports(name: str) -> frozenset[str]:
             else:
                 mod = node.module or ""
             found.add(mod)
-            # `from trainguard import agent` imports the submodule trainguard.agent
+            # `from trainguard import agent` imports the submodule trainguard.node.agent
             found.update(f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES)
     return frozenset(found)
 
@@ -159,7 +159,7 @@ def test_every_module_is_under_400_lines(name: str) -> None:
     assert lines < MAX_LINES, f"{short(name)} has {lines} lines: split it by concern"
 
 
-LAUNCHER = ("trainguard.controller", "trainguard.agent", "trainguard.procs", "trainguard.store",
+LAUNCHER = ("trainguard.controller.loop", "trainguard.node.agent", "trainguard.node.procs", "trainguard.controller.store",
             "trainguard.cli", "trainguard.launch", "sqlite3", "psutil")
 
 
@@ -168,7 +168,7 @@ LAUNCHER = ("trainguard.controller", "trainguard.agent", "trainguard.procs", "tr
                  id="fault injection: no launcher, no torch"),
     pytest.param("trainguard.checkpoint, trainguard.worker.channel", (*LAUNCHER, "pydantic"),
                  id="checkpoint library: no launcher"),
-    pytest.param("trainguard.cli, trainguard.launch, trainguard.cli_ckpt", ("torch", "numpy"),
+    pytest.param("trainguard.cli, trainguard.launch, trainguard.cli.ckpt", ("torch", "numpy"),
                  id="launcher and its commands: no torch"),
 ])
 def test_importing_one_side_loads_nothing_of_the_other(

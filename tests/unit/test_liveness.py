@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta, timezone
 
-from trainguard.liveness import HangDetector, HangPolicy, HangState, p99
+from trainguard.hang.detector import HangDetector, HangPolicy, HangState, p99
 from trainguard.protocol import RankLiveness
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -15,7 +15,7 @@ from trainguard.diagnosis.taxonomy import (
     FaultDomain,
     RestartHelps,
 )
-from trainguard.policy import Action, Decision, History, backoff, decide
+from trainguard.policy.process import Action, Decision, History, backoff, decide
 from trainguard.records import RecoverResult, StartType
 from trainguard.spec import RestartPolicy
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from pydantic import ValidationError
 
-from trainguard.precheck_rules import (
+from trainguard.policy.precheck import (
     MIB,
     CheckResult,
     PrecheckConfig,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import trainguard
-from trainguard.channel import ChannelServer
+from trainguard.node.channel import ChannelServer
 from trainguard.worker import channel
 from trainguard.worker import progress as prog
 from trainguard.worker.progress import PROGRESS_INTERVAL_S, phase, progress

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.cli_read import add_read_commands, clock, status_doc
+from trainguard.cli.read import add_read_commands, clock, status_doc
+from trainguard.controller.store import JobStore, NodeRow, WorkerRow
 from trainguard.records import iso
-from trainguard.store import JobStore, NodeRow, WorkerRow
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 250000, tzinfo=timezone.utc)
 NODE_KEYS = {"name", "host", "state", "agent_pid", "slot", "reason", "updated_at", "backend",

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import trainguard.store
+import trainguard.controller.store
+from trainguard.controller.store import SCHEMA_VERSION, JobStore, WorkerRow
 from trainguard.errors import StoreError, TrainguardError
 from trainguard.records import (
     Event,
@@ -26,10 +27,9 @@ from trainguard.records import (
     RunningRecord,
     StartType,
 )
-from trainguard.store import SCHEMA_VERSION, JobStore, WorkerRow
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
-SRC_DIR = Path(trainguard.store.__file__).resolve().parents[1]
+SRC_DIR = Path(trainguard.controller.store.__file__).resolve().parents[1]
 
 
 def event(
@@ -244,7 +244,7 @@ def test_a_file_that_is_not_a_database_gives_a_store_error(tmp_path: Path) -> No
 READER = """
 import json, sys, time
 from pathlib import Path
-from trainguard.store import JobStore
+from trainguard.controller.store import JobStore
 n = int(sys.argv[2])
 store = JobStore.open(Path(sys.argv[1]))
 print("ready", flush=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.controller.store import SCHEMA_VERSION, JobStore, NodeRow, WorkerRow
 from trainguard.errors import StoreError
 from trainguard.records import Event, Involved, Level
-from trainguard.store import SCHEMA_VERSION, JobStore, NodeRow, WorkerRow
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
 

@@ -6,11 +6,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trainguard.incidents import IncidentBook
+from trainguard.controller.incidents import IncidentBook
+from trainguard.controller.store import JobStore
+from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.protocol import WorkerMessage
 from trainguard.records import Level, Reason
-from trainguard.store import JobStore
-from trainguard.worker_messages import WorkerMessages
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -23,8 +23,8 @@ from trainguard.diagnosis.lines import (
     line_time,
     split_prefix,
 )
+from trainguard.diagnosis.prefilter import Trigger, compile_trigger
 from trainguard.diagnosis.rules import RuleSet
-from trainguard.diagnosis.trigger import Trigger, compile_trigger
 
 __all__ = ["FileScan", "compile_trigger", "scan_bytes"]
 

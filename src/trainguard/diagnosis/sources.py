@@ -19,10 +19,10 @@ from typing import BinaryIO, cast
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.hung import hang_diagnosis
 from trainguard.diagnosis.lines import file_rank
+from trainguard.diagnosis.prefilter import Trigger, compile_trigger
 from trainguard.diagnosis.rules import RuleSet, load_rules
 from trainguard.diagnosis.scan import FileScan, scan_bytes
 from trainguard.diagnosis.taxonomy import Diagnosis
-from trainguard.diagnosis.trigger import Trigger, compile_trigger
 from trainguard.diagnosis.verdict import RankExit, diagnose
 from trainguard.errors import DiagnoseError
 
@@ -125,8 +125,8 @@ def _job_inputs(job_dir: Path, attempt: int | None, problems: list[str]
                 ) -> tuple[int, list[tuple[Path, str]], list[RankExit], Diagnosis | None]:
     """The attempt to diagnose, its log files, its ranks' exits and, when no rank failed
     but the launcher confirmed a hang, that hang's diagnosis."""
-    from trainguard.logs import attempt_log_dir
-    from trainguard.store import JobStore
+    from trainguard.controller.store import JobStore
+    from trainguard.node.logs import attempt_log_dir
 
     with JobStore.open(job_dir) as store:
         meta = store.meta()

@@ -7,10 +7,10 @@ import logging
 import sys
 
 from trainguard import __version__
-from trainguard.cli_ckpt import add_ckpt_command
-from trainguard.cli_diagnose import add_diagnose_command
-from trainguard.cli_read import add_read_commands
-from trainguard.cli_run import add_run_command
+from trainguard.cli.ckpt import add_ckpt_command
+from trainguard.cli.diagnose import add_diagnose_command
+from trainguard.cli.read import add_read_commands
+from trainguard.cli.run import add_run_command
 from trainguard.errors import TrainguardError
 from trainguard.exitcodes import ExitCode
 

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from trainguard.cluster.fleet import ISOLATED, LOST, Fleet
-from trainguard.cluster.messages import OP_PRECHECK
+from trainguard.controller.fleet import ISOLATED, LOST, Fleet
+from trainguard.controller.incidents import fault_scenario
+from trainguard.controller.recorder import Recorder
 from trainguard.diagnosis.taxonomy import Diagnosis, FaultDomain
-from trainguard.incidents import fault_scenario
-from trainguard.ladder import (
+from trainguard.policy.nodes import (
     LadderHistory,
     LadderPolicy,
     NodePlan,
@@ -29,9 +29,8 @@ from trainguard.ladder import (
     is_repeat_offender,
     plan,
 )
-from trainguard.precheck_rules import PrecheckConfig, PrecheckReport
-from trainguard.protocol import NodeReport, StopWorkers
-from trainguard.recorder import Recorder
+from trainguard.policy.precheck import PrecheckConfig, PrecheckReport
+from trainguard.protocol import OP_PRECHECK, NodeReport, StopWorkers
 from trainguard.records import FaultScenario, Level, Reason, RecoverResult, StartType, utcnow
 
 PRECHECK_TIMEOUT_S = 300.0

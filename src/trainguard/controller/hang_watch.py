@@ -18,7 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trainguard.agent import AgentAPI
+from trainguard.controller.recorder import Recorder
+from trainguard.hang.detector import HangDetector, HangPolicy, HangState, HangVerdict
 from trainguard.hang.stacks import (
     Frame,
     HangCulprit,
@@ -27,9 +28,7 @@ from trainguard.hang.stacks import (
     main_thread,
     name_culprit,
 )
-from trainguard.liveness import HangDetector, HangPolicy, HangState, HangVerdict
-from trainguard.protocol import DumpStacks, NodeReport, StackDump
-from trainguard.recorder import Recorder
+from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, StackDump
 from trainguard.records import Level, Reason
 
 log = logging.getLogger(__name__)

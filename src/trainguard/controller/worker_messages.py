@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainguard.incidents import IncidentBook
+from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
 from trainguard.records import Level, Reason
 

@@ -16,10 +16,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from trainguard.backends.base import AgentHandle, Backend
-from trainguard.cluster.hub import Hub, Reply
-from trainguard.cluster.messages import OP_DUMP, OP_EXIT, OP_PORT, OP_START, OP_STOP
+from trainguard.controller.hub import Hub, Reply
 from trainguard.errors import LaunchError
 from trainguard.protocol import (
+    OP_DUMP,
+    OP_EXIT,
+    OP_PORT,
+    OP_START,
+    OP_STOP,
     DumpStacks,
     NodeReport,
     Progress,

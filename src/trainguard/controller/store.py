@@ -18,9 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeAlias
 
-from trainguard.errors import StoreError
-from trainguard.records import Event, Involved, Level, RunningRecord
-from trainguard.store_rows import (
+from trainguard.controller.store_rows import (
     NODE_COLUMNS,
     WORKER_COLUMNS,
     NodeRow,
@@ -31,6 +29,8 @@ from trainguard.store_rows import (
     to_row,
     worker_from_row,
 )
+from trainguard.errors import StoreError
+from trainguard.records import Event, Involved, Level, RunningRecord
 
 DB_NAME = "trainguard.db"
 SCHEMA_VERSION = 3

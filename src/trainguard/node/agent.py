@@ -19,15 +19,16 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
-from trainguard import procs
-from trainguard.activity import LivenessBook
-from trainguard.channel import ChannelServer
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.sources import default_trigger, scan_file, scan_lines
 from trainguard.errors import LaunchError
-from trainguard.logs import LogRouter, rank_log_path
+from trainguard.node import procs
+from trainguard.node.channel import ChannelServer
+from trainguard.node.env import worker_env
+from trainguard.node.liveness import LivenessBook
+from trainguard.node.logs import LogRouter, rank_log_path
 from trainguard.protocol import (
     DumpStacks,
     FrameMsg,
@@ -44,22 +45,12 @@ from trainguard.protocol import (
 )
 from trainguard.records import utcnow
 from trainguard.worker.channel import ENV_SOCKET
-from trainguard.worker_env import worker_env
 
 log = logging.getLogger(__name__)
 
 SCAN_TAIL_BYTES = 64 << 20  # a failed rank's log is scanned from this far before its end
 
 
-class AgentAPI(Protocol):
-    """What the controller needs from a node, wherever the node is."""
-
-    def start_workers(self, cmd: StartWorkers) -> NodeReport: ...
-    def poll(self, wait_s: float = 0.0) -> NodeReport: ...
-    def stop_workers(self, cmd: StopWorkers) -> NodeReport: ...
-    def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]: ...
-    def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]: ...
-    def close(self) -> None: ...
 
 
 def free_port(addr: str) -> int:
@@ -226,7 +217,7 @@ class NodeAgent:
 
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
         """Every running rank's Python stacks (py-spy), saved under cmd.out_dir."""
-        from trainguard.hang.dump import dump_stacks
+        from trainguard.node.stacks import dump_stacks
 
         pids = {w.assignment.rank: w.proc.pid for w in self._workers if not w.state.ended}
         out = Path(cmd.out_dir)

@@ -1,4 +1,4 @@
-"""The per-node pre-check, I/O side: reads this node's facts and has precheck_rules judge them.
+"""The per-node pre-check, I/O side: reads this node's facts and has policy.precheck judge them.
 
 `run_precheck` never raises for a failed check: a check that raises becomes a failed
 CheckResult naming the exception. The interpreter and module imports are the slow part (~1.5 s
@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeAlias
 
-from trainguard.precheck_rules import (
+from trainguard.policy.precheck import (
     CHECK_ACCELERATORS,
     CHECK_NOFILE,
     CHECK_PORTS,

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 import psutil
 
-from trainguard.accelerators import AcceleratorSampler
+from trainguard.node.accelerators import AcceleratorSampler
 from trainguard.protocol import RankLiveness
 
 SAMPLE_EVERY_S = 1.0  # psutil over a process tree costs about a millisecond

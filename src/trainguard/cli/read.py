@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainguard.controller.store import JobStore, NodeRow, WorkerRow
+from trainguard.controller.store_rows import node_order
 from trainguard.errors import StoreError
 from trainguard.records import (
     Event,
@@ -32,8 +34,6 @@ from trainguard.records import (
     iso,
     utcnow,
 )
-from trainguard.store import JobStore, NodeRow, WorkerRow
-from trainguard.store_rows import node_order
 
 POLL_INTERVAL_S = 0.5
 EXIT_OK = 0

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TextIO
 
-from trainguard.logformat import stamp_lines
+from trainguard.worker.contract import stamp_lines
 
 CHUNK = 64 * 1024
 MAX_LINE = 64 * 1024  # longer lines are split into pieces of this size

@@ -9,8 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from trainguard.controller.store import JobStore
 from trainguard.diagnosis.taxonomy import Diagnosis
-from trainguard.policy import Action, Decision
+from trainguard.policy.process import Action, Decision
 from trainguard.protocol import Progress
 from trainguard.records import (
     FaultScenario,
@@ -20,7 +21,6 @@ from trainguard.records import (
     StartType,
     utcnow,
 )
-from trainguard.store import JobStore
 
 _CHIP_CATEGORIES = {"gpu_hardware", "npu_hardware_or_driver"}
 

@@ -1,4 +1,4 @@
-"""`python -m trainguard.guardian MARKER`: kills a dead launcher's workers.
+"""`python -m trainguard.node.guardian MARKER`: kills a dead launcher's workers.
 
 Reads `+PGID` / `-PGID` lines on stdin. On `exit` it leaves quietly; on end of input
 without `exit` (the launcher died, even by SIGKILL) it SIGKILLs every group it still
@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from trainguard.procs import kill_marked
+from trainguard.node.procs import kill_marked
 
 
 def main(argv: list[str]) -> int:

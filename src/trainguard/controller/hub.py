@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.cluster.wire import Conn, WireError, accept, deny, keepalive, welcome
 from trainguard.protocol import NodeReport
+from trainguard.wire import Conn, WireError, accept, deny, keepalive, welcome
 
 log = logging.getLogger(__name__)
 

@@ -15,19 +15,25 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from trainguard.agent import AgentAPI
+from trainguard.controller.hang_watch import HangConfirmation, HangWatch
+from trainguard.controller.recorder import Recorder
 from trainguard.diagnosis.attempt import diagnose_attempt
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.errors import LaunchError, NodesUnavailable
 from trainguard.exitcodes import ExitCode, describe_exit
-from trainguard.hang_watch import HangConfirmation, HangWatch
-from trainguard.policy import Action, Decision, History, decide
-from trainguard.protocol import NodeReport, StartWorkers, StopWorkers, WorkerAssignment, WorkerState
-from trainguard.recorder import Recorder
+from trainguard.policy.process import Action, Decision, History, decide
+from trainguard.protocol import (
+    AgentAPI,
+    NodeReport,
+    StartWorkers,
+    StopWorkers,
+    WorkerAssignment,
+    WorkerState,
+)
 from trainguard.records import JobState, Level, Reason, RecoverResult, StartType, utcnow
 
 if TYPE_CHECKING:
-    from trainguard.cluster.recovery import NodeRecovery
+    from trainguard.controller.nodes import NodeRecovery
 
 log = logging.getLogger(__name__)
 

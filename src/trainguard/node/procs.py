@@ -3,7 +3,7 @@
 Stopping: SIGTERM to every process group, one shared grace period, SIGKILL to the groups
 still alive, then reap (the launcher is a child subreaper, so grandchildren orphaned by a
 dead worker come back to it and are reaped too). If the launcher itself dies, even by
-SIGKILL, the guardian (trainguard.guardian, a tiny process in its own session) sees its
+SIGKILL, the guardian (trainguard.node.guardian, a tiny process in its own session) sees its
 pipe close and kills every group it was told about.
 """
 
@@ -41,7 +41,7 @@ class Guardian:
 
     def __init__(self, marker: str) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "trainguard.guardian", marker],
+            [sys.executable, "-m", "trainguard.node.guardian", marker],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
         )
 

@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from trainguard.controller.incidents import IncidentBook
+from trainguard.controller.store import JobStore, WorkerRow
+from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.exitcodes import signal_name
-from trainguard.incidents import IncidentBook
 from trainguard.paths import JobPaths
 from trainguard.protocol import NodeReport
 from trainguard.records import Event, Involved, JobState, Level, Reason, StartType, utcnow
 from trainguard.spec import JobSpec
-from trainguard.store import JobStore, WorkerRow
-from trainguard.worker_messages import WorkerMessages
 
 PROGRESS_WRITE_EVERY_S = 1.0
 

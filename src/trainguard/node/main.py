@@ -22,8 +22,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from trainguard.agent import ConsoleOptions, NodeAgent
-from trainguard.cluster.messages import (
+from trainguard.node.agent import ConsoleOptions, NodeAgent
+from trainguard.protocol import (
     OP_DUMP,
     OP_EXIT,
     OP_PORT,
@@ -31,11 +31,13 @@ from trainguard.cluster.messages import (
     OP_START,
     OP_STOP,
     AgentConfig,
+    DumpStacks,
+    StartWorkers,
+    StopWorkers,
 )
-from trainguard.cluster.wire import Conn, Superseded, WireError, connect, read_token
-from trainguard.protocol import DumpStacks, StartWorkers, StopWorkers
+from trainguard.wire import Conn, Superseded, WireError, connect, read_token
 
-log = logging.getLogger("trainguard.agent")
+log = logging.getLogger("trainguard.node.agent")
 
 EXIT_ORPHANED = 3
 EXIT_SUPERSEDED = 4
@@ -175,8 +177,8 @@ class AgentRunner:
                 s.bind(("", 0))
                 return {"port": int(s.getsockname()[1])}
         if op == OP_PRECHECK:
-            from trainguard.precheck import run_precheck
-            from trainguard.precheck_rules import PrecheckConfig
+            from trainguard.node.precheck import run_precheck
+            from trainguard.policy.precheck import PrecheckConfig
 
             report = run_precheck(PrecheckConfig.model_validate(body), self.node,
                                   import_cache=self._import_cache)

@@ -1,0 +1,1 @@
+"""The job controller's side: one per job (loop, recorder, store, fleet)."""

@@ -1,0 +1,1 @@
+"""The node agent's side: one process per node (agent, processes, logs, liveness)."""

@@ -1,0 +1,1 @@
+"""Pure decisions: what follows an incident."""
