@@ -1,4 +1,5 @@
-"""The launcher's exit codes (docs/cli.md, Exit codes), and how to name an exit. Pure."""
+"""Every exit code trainguard's processes end with (docs/cli.md, Exit codes; the agent's in
+docs/multi-node.md), and how to name an exit. Pure."""
 
 from __future__ import annotations
 
@@ -7,13 +8,29 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    SUCCESS = 0
+    """The numbers are an interface (schedulers, scripts and tests read them): never change
+    one. Where another command gives a number its own meaning, it has its own name here, an
+    alias of the same member (NOTHING_FOUND is FAILED, NO_JOB is USAGE...)."""
+
+    # -- the launcher (`trainguard run`) --
+    SUCCESS = 0  # every worker exited 0; for the other commands: done
     FAILED = 1  # the job failed (user error, restart budget spent), as torchrun
     USAGE = 2  # bad flags, job file or job dir: nothing was started
     # Attempts kept failing without progress: a scheduler should NOT requeue this job
     # (e.g. Slurm: `scontrol requeue` only when the exit code is not this one).
     NO_PROGRESS = 86
     # Stopped by a signal: 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
+    # -- a node agent (`python -m trainguard.node.main`; USAGE: its config is unreadable) --
+    ORPHANED = 3  # no controller for its orphan timeout: it stopped its workers and ended
+    SUPERSEDED = 4  # a newer agent serves its node (told at the handshake): it ended
+    # -- the read commands (`events`, `recovery`, `status`) --
+    NO_JOB = 2  # no readable job store at JOB_DIR
+    INTERRUPTED = 130  # `events --follow` ended by Ctrl-C (128 + SIGINT)
+    # -- `trainguard diagnose` --
+    NOTHING_FOUND = 1  # no failure found in the logs
+    # -- `trainguard ckpt ls|verify` --
+    NOT_VALID = 1  # verify: no checkpoint, or the newest one is not valid
+    UNREADABLE = 2  # the location cannot be read (path, URL, credentials)
 
 
 def signal_name(sig: int | None) -> str | None:

@@ -5,9 +5,10 @@ nodes: a token, the hub, a backend, agent processes, the fleet, node recovery an
 Controller. JOB_DIR/cluster/ holds what agents need to find and prove themselves to the
 controller: `token` (0600), `controller.json` (host, port; rewritten by a restarted
 controller) and `agent.json` (AgentConfig). A controller started on a job whose previous
-controller died while its attempt ran takes the job over: it listens on the same port, the
-agents reconnect, and when every placed node reports that attempt's workers still running,
-it watches them on (no restart); otherwise it stops what is left and relaunches.
+controller died while the job ran, restarted or queued (JobState.resumable) takes the job
+over: it listens on the same port, the agents reconnect, and when every placed node reports
+that attempt's workers still running, it watches them on (no restart); otherwise it stops
+what is left and relaunches.
 """
 
 from __future__ import annotations
@@ -24,18 +25,20 @@ from pathlib import Path
 
 from trainguard.backends.base import Backend
 from trainguard.backends.local import LocalBackend
-from trainguard.controller.fleet import HEALTHY, ISOLATED, LOST, SPARE, Fleet
+from trainguard.controller.fleet import Fleet
 from trainguard.controller.hub import Hub
 from trainguard.controller.loop import Controller
 from trainguard.controller.nodes import NodeRecovery
 from trainguard.controller.recorder import Recorder, console_printer
 from trainguard.controller.store import JobStore, NodeRow
 from trainguard.errors import LaunchError, SpecError
+from trainguard.exitcodes import ExitCode
 from trainguard.node.agent import ConsoleOptions, NodeAgent
 from trainguard.paths import JobPaths
 from trainguard.protocol import AgentConfig
-from trainguard.records import JobState, Level, Reason, utcnow
+from trainguard.records import Level, Reason, utcnow
 from trainguard.spec import JobSpec
+from trainguard.states import JobState, NodeState
 from trainguard.wire import new_token, read_token, write_token
 
 LOCK_NAME = ".lock"
@@ -107,6 +110,8 @@ log = logging.getLogger(__name__)
 
 BRING_UP_TIMEOUT_S = 120.0
 ADOPT_TIMEOUT_S = 20.0
+# the stored states a dead controller's job is taken over from (JobState.resumable says why)
+_RESUMABLE = frozenset(s.value for s in JobState if s.resumable)
 
 
 def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
@@ -114,7 +119,7 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     cdir = paths.job_dir / "cluster"
     cdir.mkdir(parents=True, exist_ok=True)
     meta = store.meta()
-    resumable = meta.get("state") in (JobState.RUNNING.value, JobState.RESTARTING.value) and \
+    resumable = meta.get("state") in _RESUMABLE and \
         isinstance(meta.get("controller_port"), int) and (cdir / "token").exists()
     token = read_token(cdir / "token") if resumable else new_token()
     if not resumable:
@@ -158,10 +163,8 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
             _bring_up(fleet, rec, agent_argv, cdir)
     except LaunchError as e:
         rec.begin()
-        rec.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {e}")
-        rec.finish(JobState.FAILED, 1)
         fleet.close(grace_s=0)
-        return 1
+        return rec.end_job(JobState.FAILED, ExitCode.FAILED, f"job failed: {e}")
     nodes = NodeRecovery(rec, fleet)
     return Controller(rec, fleet, nodes, adopt=adopt).run()
 
@@ -180,12 +183,13 @@ def make_backend(spec: JobSpec, cdir: Path, own_job: object = None) -> Backend:
 def _bring_up(fleet: Fleet, rec: Recorder, agent_argv: list[str], log_dir: Path) -> None:
     """Start an agent on every node not lost or isolated; place the first nnodes that
     connect."""
-    names = [n for n, node in fleet.nodes.items() if node.state not in (LOST, ISOLATED)]
+    names = [n for n, node in fleet.nodes.items() if node.state.usable]
     fleet.start_agents(agent_argv, names)
     missing = fleet.hub.wait_connected(names, BRING_UP_TIMEOUT_S)
     for name in names:
         if name in missing:
-            fleet.mark(name, LOST, f"its agent did not connect within {BRING_UP_TIMEOUT_S:g}s")
+            fleet.mark(name, NodeState.LOST,
+                       f"its agent did not connect within {BRING_UP_TIMEOUT_S:g}s")
             continue
         link = fleet.hub.links[name]
         rec.event(Level.INFO, Reason.NODE_READY,
@@ -216,7 +220,7 @@ def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> str | None:
     if len(names) != fleet.nnodes:
         return _give_up_adoption(fleet, f"the store places {len(names)} node(s), not "
                                         f"{fleet.nnodes}")
-    live = [n for n, node in fleet.nodes.items() if node.state in (HEALTHY, SPARE)]
+    live = [n for n, node in fleet.nodes.items() if node.state.usable]
     missing = fleet.hub.wait_connected(live, ADOPT_TIMEOUT_S)
     for name in names:
         report = fleet.hub.links[name].hello_report if name in fleet.hub.links else None
@@ -230,7 +234,7 @@ def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> str | None:
             continue
         return _give_up_adoption(fleet, why)
     for name in missing:
-        fleet.mark(name, LOST, "its agent did not reconnect to the restarted controller")
+        fleet.mark(name, NodeState.LOST, "its agent did not reconnect to the restarted controller")
     fleet.placement = names
     fleet.adopt_attempt(attempt)
     fleet.publish()
@@ -241,8 +245,8 @@ def _give_up_adoption(fleet: Fleet, why: str) -> str:
     """The running attempt cannot be taken over: end the old agents; a fresh start follows."""
     fleet.end_agents()
     for node in fleet.nodes.values():
-        if node.state not in (LOST, ISOLATED):  # those stay out of the job
-            node.state, node.reason = SPARE, None
+        if node.state.usable:  # lost and isolated nodes stay out of the job
+            node.state, node.reason = NodeState.SPARE, None
     return why
 
 

@@ -1,4 +1,9 @@
-"""Where a job keeps its things: JOB_DIR/{trainguard.db, logs/, checkpoints/}."""
+"""Where a job keeps its things: JOB_DIR/{trainguard.db, logs/, checkpoints/}.
+
+Under the log dir, one dir per attempt: `attempt-N/rank-R.log` (each rank's output, written
+by the node agent), `attempt-N/stacks/` (the stack dumps of a confirmed hang and the
+controller's verdict, `hang.json`), read back by `trainguard diagnose`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from pathlib import Path
 from trainguard.spec import JobSpec
 
 DEFAULT_RUNS_DIR = "trainguard-runs"
+STACKS_DIR = "stacks"  # in an attempt's log dir
+HANG_FILE = "hang.json"  # in its stacks dir
 
 
 @dataclass(frozen=True)
@@ -27,3 +34,16 @@ class JobPaths:
     def make(self) -> None:
         for d in (self.job_dir, self.log_dir, self.checkpoint_dir):
             d.mkdir(parents=True, exist_ok=True)
+
+
+def attempt_log_dir(log_dir: Path, attempt: int) -> Path:
+    return log_dir / f"attempt-{attempt}"
+
+
+def rank_log_path(log_dir: Path, attempt: int, rank: int) -> Path:
+    return attempt_log_dir(log_dir, attempt) / f"rank-{rank}.log"
+
+
+def stacks_dir(log_dir: Path, attempt: int) -> Path:
+    """Where a confirmed hang's stack dumps and verdict (HANG_FILE) go."""
+    return attempt_log_dir(log_dir, attempt) / STACKS_DIR

@@ -1,7 +1,8 @@
 """The controller <-> node agent protocol: commands down, facts up.
 
-Plain pydantic models so the same messages travel in-process today and as JSON over
-the network between nodes (`model_dump_json` / `model_validate_json`). Pure data.
+Plain pydantic models so the same messages travel in-process (one node: the controller
+calls its NodeAgent) and as JSON over the wire between nodes (`model_dump_json` /
+`model_validate_json`). Pure data.
 """
 
 from __future__ import annotations
@@ -13,24 +14,11 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainguard.diagnosis.findings import Finding
+from trainguard.states import WorkerState
 
 
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class WorkerState(str, Enum):
-    """Lifecycle of one worker process: STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"  # exited 0
-    FAILED = "failed"  # exited non-zero or died of a signal on its own
-    STOPPED = "stopped"  # ended because the agent stopped it
-
-    @property
-    def ended(self) -> bool:
-        return self in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED)
 
 
 class WorkerAssignment(_Msg):
@@ -108,7 +96,8 @@ class WorkerMessage(_Msg):
 
 
 class RankLiveness(_Msg):
-    """What a node knows of one running rank's liveness (hang detection, liveness.py)."""
+    """What a node knows of one running rank's liveness (node/liveness.py gathers it,
+    hang/detector.py judges it)."""
 
     rank: int
     last_step: int | None = None
@@ -187,13 +176,15 @@ class AgentAPI(Protocol):
 
 # -- node agent processes (multi-node) ----------------------------------------
 
-# ops the agent serves: body in -> body out
-OP_START = "start"  # StartWorkers -> NodeReport
-OP_STOP = "stop"  # StopWorkers -> NodeReport
-OP_DUMP = "dump"  # DumpStacks -> {"dumps": [StackDump]}
-OP_PORT = "port"  # {} -> {"port": int}: a port free on this node now (the rendezvous)
-OP_PRECHECK = "precheck"  # PrecheckConfig -> PrecheckReport
-OP_EXIT = "exit"  # {"grace_s": float} -> {}: stop the workers and end the agent
+class Op(str, Enum):
+    """The commands a node agent serves (the wire's `op`): body in -> body out."""
+
+    START = "start"  # StartWorkers -> NodeReport
+    STOP = "stop"  # StopWorkers -> NodeReport
+    DUMP = "dump"  # DumpStacks -> {"dumps": [StackDump]}
+    PORT = "port"  # {} -> {"port": int}: a port free on this node now (the rendezvous)
+    PRECHECK = "precheck"  # PrecheckConfig -> PrecheckReport
+    EXIT = "exit"  # {"grace_s": float} -> {}: stop the workers and end the agent
 
 
 class AgentConfig(BaseModel):

@@ -1,8 +1,8 @@
 """What the job store holds: events, running records and recover records.
 
 Shapes follow ARCHITECTURE.md (Vocabulary): Kubernetes-style events, and the managed
-platform's running/recover records extended with the time split of each incident.
-Pure data: no I/O here.
+platform's running/recover records extended with the time split of each incident (the job's
+state and the other lifecycles: trainguard.states). Pure data: no I/O here.
 """
 
 from __future__ import annotations
@@ -60,19 +60,6 @@ class Reason(str, Enum):
     CONTROLLER_RESTARTED = "ControllerRestarted"
 
 
-class JobState(str, Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    @property
-    def finished(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
-
-
 class FaultScenario(str, Enum):
     CHIP_FAULT = "chip_fault"
     NODE_FAULT = "node_fault"
@@ -112,6 +99,11 @@ def iso(t: datetime | None) -> str | None:
 
 def from_iso(s: str | None) -> datetime | None:
     return None if s is None else datetime.fromisoformat(s)
+
+
+def secs(v: object, missing: str = "?") -> str:
+    """A duration as events and the CLI show it (`1.234s`); `missing` when not a number."""
+    return f"{v:.3f}s" if isinstance(v, (int, float)) else missing
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.controller.hub import Hub
-from trainguard.protocol import OP_PORT, AgentConfig
+from trainguard.protocol import AgentConfig, Op
 from trainguard.spec import DEFAULT_STEP_PATTERN
 from trainguard.wire import Conn, WireError, connect, new_token, write_token
 
@@ -96,7 +96,7 @@ def test_an_agent_reports_and_beats_and_answers_commands(
     assert hub.silent_for("n0") < 1.0
     link = hub.links["n0"]
     assert link.agent_pid == agent.pid and link.addr == "127.0.0.1"
-    reply = hub.call({"n0": (OP_PORT, {})}, 10, 3)["n0"]
+    reply = hub.call({"n0": (Op.PORT, {})}, 10, 3)["n0"]
     assert reply.ok and 0 < reply.body["port"] < 65536
     bad = hub.call({"n0": ("no-such-op", {})}, 10, 3)["n0"]
     assert not bad.ok and "unknown op" in bad.error and agent.poll() is None
@@ -111,7 +111,7 @@ def test_an_agent_reconnects_after_a_blip(
     while hub.links["n0"].generation == first and time.monotonic() < deadline:
         time.sleep(0.05)
     assert hub.links["n0"].generation == first + 1 and hub.connected("n0")
-    assert hub.call({"n0": (OP_PORT, {})}, 10, 3)["n0"].ok
+    assert hub.call({"n0": (Op.PORT, {})}, 10, 3)["n0"].ok
     assert agent.poll() is None
 
 
@@ -137,7 +137,7 @@ def test_a_command_to_a_node_that_stays_away_fails_after_the_grace(
     agent.kill()
     agent.wait()
     t = time.monotonic()
-    reply = hub.call({"n0": (OP_PORT, {})}, 30, 1.0)["n0"]
+    reply = hub.call({"n0": (Op.PORT, {})}, 30, 1.0)["n0"]
     assert not reply.ok and "unreachable" in reply.error
     assert time.monotonic() - t < 5
 

@@ -292,7 +292,8 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(
     finally:
         ctl.kill()
     assert code == 1, out[-6000:]
-    got = reasons(job)
+    # a checkpoint the surviving node committed may be reported with the stop, after NodeLost
+    got = [r for r in reasons(job) if r != "CheckpointSaved"]
     assert got[-4:] == ["NodeLost", "RescheduleDowngraded", "Queuing", "JobFailed"], got
     failed = events_of(job, "JobFailed")[0]["message"]
     assert "not enough healthy nodes" in failed and "waited 3s" in failed

@@ -28,10 +28,10 @@ from trainguard.protocol import (
     StartWorkers,
     StopWorkers,
     WorkerFact,
-    WorkerState,
 )
 from trainguard.records import Event, RecoverResult, StartType
 from trainguard.spec import JobSpec, build_spec
+from trainguard.states import WorkerState
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 FIRST_PORT = 29500  # below Linux's ephemeral range, so a fresh port always differs

@@ -12,7 +12,8 @@ import pytest
 from trainguard.diagnosis.attempt import diagnose_attempt
 from trainguard.diagnosis.sources import scan_lines
 from trainguard.diagnosis.taxonomy import Diagnosis, RestartHelps
-from trainguard.protocol import WorkerFact, WorkerState
+from trainguard.protocol import WorkerFact
+from trainguard.states import WorkerState
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from trainguard.controller.fleet import HEALTHY, LOST, SPARE, Fleet
+from trainguard.controller.fleet import Fleet
 from trainguard.controller.hub import Reply
 from trainguard.protocol import (
     NodeReport,
@@ -17,8 +17,8 @@ from trainguard.protocol import (
     WorkerAssignment,
     WorkerFact,
     WorkerMessage,
-    WorkerState,
 )
+from trainguard.states import NodeState, WorkerState
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -141,13 +141,14 @@ def start_cmd(attempt: int = 0) -> StartWorkers:
 
 def test_placement_states_and_spares() -> None:
     f, _, _ = fleet()
-    assert [f.nodes[n].state for n in "abc"] == [HEALTHY, HEALTHY, SPARE]
+    healthy, spare = NodeState.HEALTHY, NodeState.SPARE
+    assert [f.nodes[n].state for n in "abc"] == [healthy, healthy, spare]
     assert f.spares() == ("c",)
 
 
 def test_each_slot_gets_its_ranks_its_group_rank_and_the_schedule_count_of_its_moves() -> None:
     f, hub, _ = fleet()
-    f.mark("b", LOST, "gone")
+    f.mark("b", NodeState.LOST, "gone")
     f.place(["a", "c"], moved=(1,))
     f.start_workers(start_cmd())
     sent = {n: StartWorkers.model_validate(body) for n, (_, body) in hub.calls[-1].items()}
@@ -213,7 +214,7 @@ def test_a_lost_nodes_running_workers_read_failed_in_the_merged_report() -> None
     assert {w.rank: w.state for w in merged.workers} == {
         0: WorkerState.RUNNING, 1: WorkerState.RUNNING, 2: WorkerState.FAILED,
         3: WorkerState.FAILED}
-    f.mark("b", LOST, "gone")
+    f.mark("b", NodeState.LOST, "gone")
     assert handle.killed and "b" not in hub.connected_nodes and f.spares() == ("c",)
 
 

@@ -1,65 +1,221 @@
-"""The node-level ladder (pure): pod-level for a lost node, isolated job-level for a faulty
-one, downgrade / quotaExceeded on the way, repeat offenders."""
+"""The recovery ladder (pure): one decide() for every incident, driven through a table of
+incidents and histories, with the downgrade and quotaExceeded paths; then the node rules."""
 
 from __future__ import annotations
 
-from trainguard.policy.nodes import (
-    LadderHistory,
-    LadderPolicy,
-    Rung,
-    Trigger,
-    implicate,
-    is_repeat_offender,
-    plan,
-)
-from trainguard.records import RecoverResult
+from dataclasses import dataclass, replace
 
-POL = LadderPolicy(max_pod_reschedules=2, max_job_reschedules=2, repeat_offender_count=3,
-                   repeat_window_s=100)
+import pytest
+
+from trainguard.diagnosis.taxonomy import Category, Culprit, Diagnosis, FaultDomain, RestartHelps
+from trainguard.exitcodes import ExitCode
+from trainguard.policy.decision import (
+    Action,
+    Decision,
+    HAPolicy,
+    History,
+    Incident,
+    IncidentKind,
+    Rung,
+)
+from trainguard.policy.ladder import decide
+from trainguard.policy.nodes import implicate, is_repeat_offender
+from trainguard.records import Reason, RecoverResult, StartType
+from trainguard.spec import RestartPolicy
+
+POL = HAPolicy(restart=RestartPolicy(max_restarts=3, backoff_s=1.0, backoff_max_s=8.0),
+               max_hang_restarts=3, max_pod_reschedules=2, max_job_reschedules=2,
+               repeat_offender_count=3, repeat_window_s=100)
 PLACED = ("a", "b")
 
 
+def diag(category: str = "host_oom", domain: FaultDomain = FaultDomain.INFRASTRUCTURE,
+         helps: RestartHelps = RestartHelps.YES, isolate: bool = False) -> Diagnosis:
+    return Diagnosis(Category(category), domain, helps, f"rank 0: {category}", "advice",
+                     Culprit(0), isolate_node=isolate)
+
+
+OOM = diag()
+USER_BUG = diag("user_code_error", FaultDomain.USER_CODE, RestartHelps.NO)
+GPU = diag("gpu_hardware", FaultDomain.HARDWARE, isolate=True)
+
+
+def crash(d: Diagnosis = OOM, node: str | None = None, spares: tuple[str, ...] = (),
+          progress: bool = True, now: float = 0.0) -> Incident:
+    return Incident(IncidentKind.CRASH, made_progress=progress, diagnosis=d, node=node,
+                    placement=PLACED if node else (), spares=spares, now_s=now)
+
+
+def lost(node: str = "b", spares: tuple[str, ...] = ("c",)) -> Incident:
+    return Incident(IncidentKind.NODE_LOST, node=node, why="silent for 30s",
+                    placement=PLACED, spares=spares)
+
+
+def hang(progress: bool = False) -> Incident:
+    return Incident(IncidentKind.HANG, made_progress=progress)
+
+
+def precheck(*failing: str, checked: int = 3) -> Incident:
+    return Incident(IncidentKind.PRECHECK_FAILED, failing=tuple((n, "disk full") for n in failing),
+                    checked=checked, placement=PLACED, spares=("c",))
+
+
+@dataclass(frozen=True)
+class Want:
+    action: Action
+    rung: Rung | None = None
+    start_type: StartType | None = None
+    tried: tuple[tuple[Rung, RecoverResult], ...] = ()
+    result: RecoverResult = RecoverResult.RECOVERING
+    exit_code: ExitCode | None = None
+    limit: Reason | None = None
+
+
+RESTART_IN_PLACE = Want(Action.RESTART, Rung.PROCESS_RESTART, StartType.AUTO_RESTART)
+POD = Want(Action.RESCHEDULE, Rung.POD_RESCHEDULE, StartType.POD_RESCHEDULE)
+JOB = Want(Action.RESCHEDULE, Rung.JOB_RESCHEDULE, StartType.JOB_RESCHEDULE)
+
+TABLE: list[tuple[str, Incident, History, Want]] = [
+    ("a crash that a restart can fix restarts the processes in place",
+     crash(), History(), RESTART_IN_PLACE),
+    ("a user bug is not restarted (conditional restart)",
+     crash(USER_BUG), History(), Want(Action.GIVE_UP, exit_code=ExitCode.FAILED,
+                                      result=RecoverResult.FAILED)),
+    ("a spent restart budget is quotaExceeded and says RestartLimitReached",
+     crash(), History(restarts_used=3),
+     Want(Action.GIVE_UP, result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.FAILED,
+          limit=Reason.RESTART_LIMIT_REACHED)),
+    ("attempts without progress give up with the do-not-requeue code",
+     crash(progress=False), History(attempts_without_progress=2),
+     Want(Action.GIVE_UP, result=RecoverResult.FAILED, exit_code=ExitCode.NO_PROGRESS,
+          limit=Reason.NO_PROGRESS)),
+    ("a hang restarts in place outside the restart budget",
+     hang(), History(restarts_used=3, hang_restarts=2),
+     Want(Action.RESTART, Rung.PROCESS_RESTART, StartType.SUSPENSION_RESTART)),
+    ("the fourth hang in a row without progress gives up",
+     hang(), History(hang_restarts=3),
+     Want(Action.GIVE_UP, result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.FAILED,
+          limit=Reason.HANG_RESTART_LIMIT_REACHED)),
+    ("a hang after progress starts the count again",
+     hang(progress=True), History(hang_restarts=3),
+     Want(Action.RESTART, Rung.PROCESS_RESTART, StartType.SUSPENSION_RESTART)),
+    ("a lost node with a spare: pod-level",
+     lost(), History(), POD),
+    ("a lost node without a spare: pod-level downgrades to job-level",
+     lost(spares=()), History(),
+     replace(JOB, tried=((Rung.POD_RESCHEDULE, RecoverResult.DOWNGRADE),))),
+    ("a lost node with the pod budget spent: quotaExceeded, then job-level",
+     lost(), History(pod_used=2),
+     replace(JOB, tried=((Rung.POD_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED),))),
+    ("a lost node with every budget spent: give up, both rungs quotaExceeded",
+     lost(), History(pod_used=2, job_used=2),
+     Want(Action.GIVE_UP, tried=((Rung.POD_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED),
+                                 (Rung.JOB_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED)),
+          result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.FAILED)),
+    ("a node the diagnosis isolates: straight to isolated job-level",
+     crash(GPU, node="a", spares=("c",)), History(), JOB),
+    ("a user bug on a node implicates no node: process restart is not possible, give up",
+     crash(USER_BUG, node="a", spares=("c",)), History(),
+     Want(Action.GIVE_UP, exit_code=ExitCode.FAILED, result=RecoverResult.FAILED)),
+    ("an infrastructure crash implicates its node but restarts in place the first time",
+     crash(node="a", spares=("c",)), History(), RESTART_IN_PLACE),
+    ("the third implication within the window isolates a repeat offender",
+     crash(node="a", spares=("c",), now=20.0),
+     History(implicated=(("a", 0.0), ("a", 10.0))), JOB),
+    ("an isolating crash with the job budget spent gives up (quotaExceeded)",
+     crash(GPU, node="a", spares=("c",)), History(job_used=2),
+     Want(Action.GIVE_UP, tried=((Rung.JOB_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED),),
+          result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.FAILED)),
+    ("a placed node failing the pre-check: spares take its slot",
+     precheck("a"), History(), Want(Action.REPLACE)),
+]
+
+
+@pytest.mark.parametrize(("name", "incident", "hist", "want"), TABLE, ids=[t[0] for t in TABLE])
+def test_decide(name: str, incident: Incident, hist: History, want: Want) -> None:
+    d = decide(incident, hist, POL)
+    got = Want(d.action, d.rung, d.start_type, tuple((t.rung, t.result) for t in d.tried),
+               d.result, d.exit_code, d.limit)
+    assert got == want
+    assert d.reason  # every decision says why
+
+
+def budgets(h: History) -> tuple[int, int, int, int]:
+    return h.restarts_used, h.hang_restarts, h.pod_used, h.job_used
+
+
+def test_each_rung_spends_only_its_own_budget() -> None:
+    assert budgets(decide(crash(), History(), POL).history) == (1, 0, 0, 0)
+    assert budgets(decide(hang(), History(), POL).history) == (0, 1, 0, 0)
+    assert budgets(decide(lost(), History(), POL).history) == (0, 0, 1, 0)
+    assert budgets(decide(lost(spares=()), History(), POL).history) == (0, 0, 0, 1)
+    assert budgets(decide(crash(GPU, node="a"), History(), POL).history) == (0, 0, 0, 1)
+    assert budgets(decide(precheck("a"), History(), POL).history) == (0, 0, 0, 0)
+
+
+def test_a_giving_up_decision_spends_nothing() -> None:
+    spent = History(restarts_used=3, pod_used=2, job_used=2, hang_restarts=3)
+    for incident in (crash(), hang(), lost()):
+        assert budgets(decide(incident, spent, POL).history) == budgets(spent)
+
+
 def test_a_lost_node_is_replaced_by_a_spare_in_its_own_slot_only() -> None:
-    p = plan(Trigger.LOST, "b", "was lost", PLACED, ("c",), LadderHistory(), POL)
-    assert p.rung == Rung.POD_RESCHEDULE and p.placement == ("a", "c")
-    assert p.moved_slots == (1,) and p.tried == () and p.missing == 0
-    assert p.history.pod_used == 1 and p.history.job_used == 0
-    assert "spare c" in p.reason
+    d = decide(lost("b", ("c",)), History(), POL)
+    assert d.placement == ("a", "c") and d.moved_slots == (1,) and d.missing == 0
+    assert d.node == "b" and "spare c" in d.reason
 
 
-def test_without_a_spare_pod_level_downgrades_to_job_level_which_waits_for_a_node() -> None:
-    p = plan(Trigger.LOST, "b", "was lost", PLACED, (), LadderHistory(), POL)
-    assert [(t.rung, t.result) for t in p.tried] == [(Rung.POD_RESCHEDULE,
-                                                      RecoverResult.DOWNGRADE)]
-    assert p.rung == Rung.JOB_RESCHEDULE and p.missing == 1 and p.placement == ("a",)
+def test_job_level_without_enough_nodes_waits_for_the_missing_ones() -> None:
+    d = decide(lost("b", ()), History(), POL)
+    assert d.placement == ("a",) and d.missing == 1 and "waiting" in d.reason
 
 
-def test_a_spent_pod_budget_is_quota_exceeded_and_job_level_places_every_rank_again() -> None:
-    p = plan(Trigger.LOST, "a", "was lost", PLACED, ("c",), LadderHistory(pod_used=2), POL)
-    assert [(t.rung, t.result) for t in p.tried] == [(Rung.POD_RESCHEDULE,
-                                                      RecoverResult.QUOTA_EXCEEDED)]
-    assert p.rung == Rung.JOB_RESCHEDULE and p.placement == ("b", "c")
-    assert p.moved_slots == (0, 1) and p.history.job_used == 1
+def test_job_level_places_every_rank_again_on_healthy_and_spare_nodes() -> None:
+    d = decide(lost("a", ("c",)), History(pod_used=2), POL)
+    assert d.placement == ("b", "c") and d.moved_slots == (0, 1)
 
 
-def test_a_faulty_node_goes_straight_to_isolated_job_level() -> None:
-    p = plan(Trigger.FAULTY, "a", "is faulty", PLACED, ("c", "d"), LadderHistory(), POL)
-    assert p.rung == Rung.JOB_RESCHEDULE and p.tried == ()
-    assert p.placement == ("b", "c") and p.missing == 0
+def test_an_isolating_crash_isolates_and_drains_the_culprit_node() -> None:
+    d = decide(crash(GPU, node="a", spares=("c", "d")), History(), POL)
+    assert [(i.node, i.drain) for i in d.isolate] == [("a", True)]
+    assert d.placement == ("b", "c") and d.tried == ()
+    assert d.history.implicated == (("a", 0.0),)
 
 
-def test_when_every_rung_is_spent_the_plan_gives_up_with_quota_exceeded() -> None:
-    hist = LadderHistory(pod_used=2, job_used=2)
-    p = plan(Trigger.LOST, "a", "was lost", PLACED, ("c",), hist, POL)
-    assert p.rung is None and p.result == RecoverResult.QUOTA_EXCEEDED
-    assert [(t.rung, t.result) for t in p.tried] == [
-        (Rung.POD_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED),
-        (Rung.JOB_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED)]
-    assert p.history == hist
+def test_a_user_bug_implicates_no_node_and_an_infrastructure_fault_does() -> None:
+    assert decide(crash(USER_BUG, node="a"), History(), POL).history.implicated == ()
+    d = decide(crash(node="a"), History(), POL)
+    assert d.history.implicated == (("a", 0.0),) and d.node == "a" and d.isolate == ()
+
+
+def test_a_crash_on_an_unplaced_node_implicates_nothing() -> None:
+    d = decide(replace(crash(node="a"), placement=("x", "y")), History(), POL)
+    assert d.history.implicated == () and d.node is None
+
+
+def test_a_precheck_failure_drains_only_when_it_is_the_nodes_own() -> None:
+    own = decide(precheck("a", "c", checked=3), History(), POL)
+    assert [(i.node, i.drain) for i in own.isolate] == [("a", True), ("c", True)]
+    assert own.missing == 1  # c is a spare: only a's slot needs a replacement
+    everywhere = decide(precheck("a", "b", "c", checked=3), History(), POL)
+    assert all(not i.drain for i in everywhere.isolate) and everywhere.missing == 2
+
+
+def test_a_crash_incident_without_a_diagnosis_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="diagnosis"):
+        decide(Incident(IncidentKind.CRASH), History(), POL)
+
+
+def test_the_persisted_history_round_trips_and_tolerates_damage() -> None:
+    h = History(restarts_used=2, hang_restarts=1, pod_used=1, job_used=1,
+                implicated=(("a", 5.0),), consecutive_failures=4)
+    back = History.from_meta(h.to_meta())
+    assert back == replace(h, consecutive_failures=0)  # consecutive counters are per launcher
+    assert History.from_meta({"restarts_used": "x", "implicated": "{bad"}) == History()
 
 
 def test_a_node_implicated_k_times_within_the_window_is_a_repeat_offender() -> None:
-    h = LadderHistory()
+    h = History()
     counts = []
     for t in (0.0, 10.0, 20.0):
         h, n = implicate(h, "a", t, POL)
@@ -70,7 +226,7 @@ def test_a_node_implicated_k_times_within_the_window_is_a_repeat_offender() -> N
 
 
 def test_implications_older_than_the_window_are_forgotten() -> None:
-    h = LadderHistory()
+    h = History()
     for t in (0.0, 10.0):
         h, _ = implicate(h, "a", t, POL)
     h, n = implicate(h, "a", 150.0, POL)
@@ -78,4 +234,9 @@ def test_implications_older_than_the_window_are_forgotten() -> None:
 
 
 def test_repeat_offender_zero_turns_the_rule_off() -> None:
-    assert not is_repeat_offender(99, LadderPolicy(repeat_offender_count=0))
+    assert not is_repeat_offender(99, HAPolicy(repeat_offender_count=0))
+
+
+def test_a_decision_is_one_type_for_every_incident() -> None:
+    for incident in (crash(), hang(), lost(), precheck("a"), crash(GPU, node="a")):
+        assert isinstance(decide(incident, History(), POL), Decision)

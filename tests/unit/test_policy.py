@@ -15,7 +15,17 @@ from trainguard.diagnosis.taxonomy import (
     FaultDomain,
     RestartHelps,
 )
-from trainguard.policy.process import Action, Decision, History, backoff, decide
+from trainguard.exitcodes import ExitCode
+from trainguard.policy.decision import (
+    Action,
+    Decision,
+    HAPolicy,
+    History,
+    Incident,
+    IncidentKind,
+)
+from trainguard.policy.ladder import decide as ladder_decide
+from trainguard.policy.process import backoff
 from trainguard.records import RecoverResult, StartType
 from trainguard.spec import RestartPolicy
 
@@ -27,6 +37,22 @@ def diag(helps: RestartHelps = RestartHelps.YES, category: str = "host_oom") -> 
 
 USER_BUG = diag(RestartHelps.NO, "user_code_error")
 KILLED = diag(RestartHelps.YES)
+
+
+def decide(d: Diagnosis, progressed: bool, hist: History, pol: RestartPolicy) -> Decision:
+    """A single-node crash through the whole ladder: only rung 1 can answer it."""
+    return ladder_decide(Incident(IncidentKind.CRASH, made_progress=progressed, diagnosis=d),
+                         hist, HAPolicy(restart=pol))
+
+
+RESTART, FAIL, NO_PROGRESS = "restart", "fail", "no_progress"
+
+
+def outcome(d: Decision) -> str:
+    if d.action == Action.RESTART:
+        return RESTART
+    assert d.action == Action.GIVE_UP
+    return NO_PROGRESS if d.exit_code == ExitCode.NO_PROGRESS else FAIL
 
 
 def run(pol: RestartPolicy, attempts: Iterable[tuple[Diagnosis, bool]]) -> list[Decision]:
@@ -41,8 +67,8 @@ def run(pol: RestartPolicy, attempts: Iterable[tuple[Diagnosis, bool]]) -> list[
     return out
 
 
-def actions(decisions: list[Decision]) -> list[Action]:
-    return [d.action for d in decisions]
+def actions(decisions: list[Decision]) -> list[str]:
+    return [outcome(d) for d in decisions]
 
 
 # --- on / off and the budget -------------------------------------------------------------
@@ -50,7 +76,7 @@ def actions(decisions: list[Decision]) -> list[Action]:
 
 def test_auto_restart_is_off_when_max_restarts_is_zero() -> None:
     dec = decide(KILLED, True, History(), RestartPolicy(max_restarts=0))
-    assert dec.action == Action.FAIL
+    assert outcome(dec) == FAIL
     assert dec.result == RecoverResult.TERMINATED
     assert "--max-restarts 0" in dec.reason
 
@@ -71,7 +97,7 @@ def test_maybe_counts_as_restartable_for_the_conditional_policy() -> None:
 def test_every_restart_spends_one_of_the_budget_until_it_is_gone() -> None:
     pol = RestartPolicy(max_restarts=3, no_progress_limit=100)
     decisions = run(pol, [(KILLED, True)] * 10)
-    assert actions(decisions) == [Action.RESTART] * 3 + [Action.FAIL]
+    assert actions(decisions) == [RESTART] * 3 + [FAIL]
     assert decisions[-1].result == RecoverResult.QUOTA_EXCEEDED
     assert "budget" in decisions[-1].reason
 
@@ -81,7 +107,7 @@ def test_every_restart_spends_one_of_the_budget_until_it_is_gone() -> None:
 
 def test_the_conditional_policy_refuses_a_failure_a_restart_does_not_fix() -> None:
     dec = decide(USER_BUG, True, History(), RestartPolicy(max_restarts=5))
-    assert dec.action == Action.FAIL
+    assert outcome(dec) == FAIL
     assert "user_code_error" in dec.reason
     assert "--unconditional-restart" in dec.reason
     assert dec.history.restarts_used == 0
@@ -101,7 +127,7 @@ def test_the_unconditional_policy_still_calls_a_restartable_failure_an_auto_rest
 def test_unconditional_restarts_stop_after_three_in_a_row() -> None:
     pol = RestartPolicy(max_restarts=50, unconditional=True, no_progress_limit=100)
     decisions = run(pol, [(USER_BUG, False)] * 10)
-    assert actions(decisions) == [Action.RESTART] * 3 + [Action.FAIL]
+    assert actions(decisions) == [RESTART] * 3 + [FAIL]
     assert decisions[-1].result == RecoverResult.QUOTA_EXCEEDED
     assert "3 unconditional restarts in a row" in decisions[-1].reason
 
@@ -110,7 +136,7 @@ def test_the_unconditional_counter_resets_after_an_attempt_that_made_progress() 
     pol = RestartPolicy(max_restarts=50, unconditional=True, no_progress_limit=100)
     seq = [(USER_BUG, False)] * 3 + [(USER_BUG, True)] + [(USER_BUG, False)] * 2
     decisions = run(pol, seq)
-    assert actions(decisions) == [Action.RESTART] * 6
+    assert actions(decisions) == [RESTART] * 6
     assert decisions[-1].history.consecutive_unconditional == 3
 
 
@@ -118,14 +144,14 @@ def test_restartable_failures_do_not_count_towards_the_unconditional_limit() -> 
     pol = RestartPolicy(max_restarts=50, unconditional=True, no_progress_limit=100)
     seq = [(USER_BUG, False), (KILLED, False)] * 3
     decisions = run(pol, seq)
-    assert actions(decisions) == [Action.RESTART] * 6
+    assert actions(decisions) == [RESTART] * 6
     assert decisions[-1].history.consecutive_unconditional == 3
 
 
 def test_the_unconditional_limit_follows_the_policy() -> None:
     pol = RestartPolicy(max_restarts=50, unconditional=True, unconditional_max_consecutive=1,
                         no_progress_limit=100)
-    assert actions(run(pol, [(USER_BUG, False)] * 3)) == [Action.RESTART, Action.FAIL]
+    assert actions(run(pol, [(USER_BUG, False)] * 3)) == [RESTART, FAIL]
 
 
 # --- the no-progress guard ---------------------------------------------------------------
@@ -134,20 +160,20 @@ def test_the_unconditional_limit_follows_the_policy() -> None:
 def test_attempts_without_progress_give_up_after_the_limit() -> None:
     pol = RestartPolicy(max_restarts=100, no_progress_limit=3)
     decisions = run(pol, [(KILLED, False)] * 10)
-    assert actions(decisions) == [Action.RESTART] * 2 + [Action.GIVE_UP_NO_PROGRESS]
+    assert actions(decisions) == [RESTART] * 2 + [NO_PROGRESS]
     assert "3 attempts in a row made no progress" in decisions[-1].reason
 
 
 def test_one_attempt_with_progress_resets_the_no_progress_count() -> None:
     pol = RestartPolicy(max_restarts=100, no_progress_limit=3)
     seq = [(KILLED, False)] * 2 + [(KILLED, True)] + [(KILLED, False)] * 3
-    assert actions(run(pol, seq)) == [Action.RESTART] * 5 + [Action.GIVE_UP_NO_PROGRESS]
+    assert actions(run(pol, seq)) == [RESTART] * 5 + [NO_PROGRESS]
 
 
 def test_the_no_progress_guard_comes_before_the_conditional_verdict() -> None:
     dec = decide(USER_BUG, False, History(attempts_without_progress=2),
                  RestartPolicy(max_restarts=5, no_progress_limit=3))
-    assert dec.action == Action.GIVE_UP_NO_PROGRESS
+    assert outcome(dec) == NO_PROGRESS
 
 
 # --- backoff ------------------------------------------------------------------------------

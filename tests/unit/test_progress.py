@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 import time
@@ -21,13 +22,14 @@ from trainguard.worker.progress import PROGRESS_INTERVAL_S, phase, progress
 
 
 @pytest.fixture(autouse=True)
-def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No launcher unless a test adds one; the cached lookup and throttle start clean."""
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No launcher unless a test adds one; the cached lookup and throttle start clean, as in
+    a new process (and are put back as they were after the test)."""
     monkeypatch.delenv(channel.ENV_SOCKET, raising=False)
     monkeypatch.setenv("RANK", "2")
-    prog._reset()
-    yield
-    prog._reset()
+    for name, new_process in (("_launcher", None), ("_last_step", 0),
+                              ("_next_send_at", -math.inf), ("_marks_failing", False)):
+        monkeypatch.setattr(prog, name, new_process)
 
 
 @pytest.fixture

@@ -25,11 +25,12 @@ from trainguard.errors import LaunchError
 log = logging.getLogger(__name__)
 
 STATES_EVERY_S = 2.0  # sinfo at most this often
+STATES_TIMEOUT_S = 10.0  # one sinfo call at most this long
 _BAD = ("down", "fail", "not_responding")  # a bare "*" (e.g. mixed*) is a passing blip
 
 
 class SrunAgent:
-    """An agent started here as `srun ... trainguard agent` (pid = srun's pid)."""
+    """An agent started here as `srun ... python -m trainguard.node.main` (pid = srun's)."""
 
     def __init__(self, node: str, proc: subprocess.Popen[bytes] | None) -> None:
         self.node, self._proc = node, proc
@@ -73,6 +74,7 @@ class SlurmBackend:
         self._log_dir = log_dir
         self._own = False
         self._closed = threading.Event()
+        self._reader: threading.Thread | None = None  # reads Slurm's node states until close
         alloc = slurm_cli.parse_allocation(os.environ)
         adopted = False
         try:
@@ -104,8 +106,9 @@ class SlurmBackend:
             self._names = names
         self._states: dict[str, str] = {}
         self._lock = threading.Lock()
-        threading.Thread(target=self._read_states, name="trainguard-sinfo",
-                         daemon=True).start()
+        self._reader = threading.Thread(target=self._read_states, name="trainguard-sinfo",
+                                        daemon=True)
+        self._reader.start()
 
     def node_names(self) -> list[str]:
         return list(self._names)
@@ -133,7 +136,7 @@ class SlurmBackend:
     def _read_states(self) -> None:
         while not self._closed.wait(STATES_EVERY_S):
             try:
-                states = slurm_cli.node_states(timeout_s=10)
+                states = slurm_cli.node_states(timeout_s=STATES_TIMEOUT_S)
             except SlurmError as e:
                 log.warning("cannot read Slurm's node states: %s", e)
                 continue
@@ -155,6 +158,8 @@ class SlurmBackend:
 
     def close(self) -> None:
         self._closed.set()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(STATES_TIMEOUT_S + 1)  # at most one sinfo call to wait for
         if self._own:
             self._own = False
             with contextlib.suppress(SlurmError):

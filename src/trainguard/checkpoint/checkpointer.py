@@ -46,12 +46,20 @@ from trainguard.checkpoint.state import (
 )
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
+from trainguard.worker.contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_RESTART_COUNT,
+    ENV_RUN_ID,
+    ENV_WORLD_SIZE,
+    MessageKind,
+)
 from trainguard.worker.progress import phase
 
 log = logging.getLogger(__name__)
 
 RNG_KEY = "__rng__"
-ENV_LOCATION = "TRAINGUARD_CHECKPOINT_DIR"
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,7 @@ def _dist() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     env = os.environ
-    return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    return int(env.get(ENV_RANK, "0")), int(env.get(ENV_WORLD_SIZE, "1"))
 
 
 _TOKEN: list[str] = []  # agreed once per process when the launcher's variables are absent
@@ -75,8 +83,7 @@ _TOKEN: list[str] = []  # agreed once per process when the launcher's variables 
 def _token() -> str:
     """The same on every rank of one attempt, different across attempts."""
     env = os.environ
-    parts = [env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                                      "MASTER_PORT")]
+    parts = [env.get(k, "") for k in (ENV_RUN_ID, ENV_RESTART_COUNT, ENV_MASTER_PORT)]
     token = "-".join(p for p in parts if p)
     if token:
         return token
@@ -91,7 +98,7 @@ def _agreed_token() -> str:
         box = [uuid.uuid4().hex[:12]]
         dist.broadcast_object_list(box, src=0)  # collective: every rank builds a Checkpointer
         return str(box[0])
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if int(os.environ.get(ENV_WORLD_SIZE, "1")) > 1:
         raise CheckpointError("several ranks but no shared save token. Fix: launch with "
                               "trainguard run or torchrun, or init the process group first")
     return uuid.uuid4().hex[:12]
@@ -111,10 +118,10 @@ class Checkpointer:
         if_busy: Literal["wait", "skip"] = "wait",
         save_on_exit: bool | None = None,
     ) -> None:
-        location = location if location is not None else os.environ.get(ENV_LOCATION)
+        location = location if location is not None else os.environ.get(ENV_CHECKPOINT_DIR)
         if not location:
             raise CheckpointError(f"no checkpoint location. Fix: pass one, or run under "
-                                  f"`trainguard run` (which sets {ENV_LOCATION})")
+                                  f"`trainguard run` (which sets {ENV_CHECKPOINT_DIR})")
         if keep < 1 or max_consecutive_failures < 1:
             raise CheckpointError("keep and max_consecutive_failures must be >= 1")
         self.storage = Storage(location, storage_options)
@@ -236,10 +243,10 @@ class Checkpointer:
         if result.already_valid:
             log.info("checkpoint of step %s is already committed: not written again", job.step)
         elif result.committed:
-            channel.send("checkpoint_saved", step=job.step, location=self.storage.location,
-                         bytes=result.bytes_written, write_s=round(result.write_s, 4),
-                         blocked_s=round(blocked_s, 4), on_exit=on_exit,
-                         missing_ranks=list(result.missing_ranks))
+            channel.send(MessageKind.CHECKPOINT_SAVED, step=job.step,
+                         location=self.storage.location, bytes=result.bytes_written,
+                         write_s=round(result.write_s, 4), blocked_s=round(blocked_s, 4),
+                         on_exit=on_exit, missing_ranks=list(result.missing_ranks))
         return result
 
     def _failed(self, step: int, e: Exception) -> None:
@@ -248,7 +255,7 @@ class Checkpointer:
             self._last_error = e
             n = self._failures
         log.warning("checkpoint save of step %s failed (%s in a row): %s", step, n, e)
-        channel.send("checkpoint_save_failed", step=step, error=str(e)[:500],
+        channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step, error=str(e)[:500],
                      consecutive=n, location=self.storage.location)
 
     def _raise_if_failing(self) -> None:
@@ -286,7 +293,7 @@ class Checkpointer:
         loaded = load_newest(self.storage, self.rank, self._agree, self._report)
         if loaded is None:
             if self.rank == 0:
-                channel.send("no_checkpoint", location=self.storage.location)
+                channel.send(MessageKind.NO_CHECKPOINT, location=self.storage.location)
             return None
         apply(state, loaded.replicated, "replicated")
         load_sharded(self.storage, step_dir(loaded.step), state,
@@ -300,7 +307,7 @@ class Checkpointer:
             log.warning("checkpoint step %s has no part of rank %s (it died before the save, "
                         "or the world grew): data position from rank %s, fresh RNG",
                         loaded.step, self.rank, loaded.borrowed_from)
-        channel.send("resumed", step=loaded.step, location=self.storage.location)
+        channel.send(MessageKind.RESUMED, step=loaded.step, location=self.storage.location)
         self.last_saved_step = loaded.step
         return loaded.step
 
@@ -318,8 +325,9 @@ class Checkpointer:
         log.warning("skipping checkpoint step %s (%s): %s", verdict.step,
                     verdict.status.value, verdict.reason)
         if self.rank == 0:
-            channel.send("checkpoint_corrupt", step=verdict.step, status=verdict.status.value,
-                         reason=verdict.reason, location=self.storage.location)
+            channel.send(MessageKind.CHECKPOINT_CORRUPT, step=verdict.step,
+                         status=verdict.status.value, reason=verdict.reason,
+                         location=self.storage.location)
 
     # -- listing --------------------------------------------------------------------------
 

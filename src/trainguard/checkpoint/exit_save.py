@@ -31,15 +31,12 @@ import torch
 from trainguard.checkpoint.sampler import data_state, is_data_position
 from trainguard.checkpoint.state import capture_rng
 from trainguard.worker import channel
+from trainguard.worker.contract import ENV_DEAD_RANKS, ENV_GRACE, ENV_SAVE_ON_EXIT, MessageKind
 
 if TYPE_CHECKING:
     from trainguard.checkpoint.checkpointer import Checkpointer
 
 log = logging.getLogger(__name__)
-
-ENV_SAVE_ON_EXIT = "TRAINGUARD_SAVE_ON_EXIT"
-ENV_GRACE = "TRAINGUARD_GRACE_PERIOD_S"
-ENV_DEAD_RANKS = "TRAINGUARD_DEAD_RANKS_FILE"  # the launcher lists ranks that died there
 
 
 def dead_ranks() -> set[int]:
@@ -122,7 +119,7 @@ class ExitSaver:
     def _skip(self, step: int, why: str) -> None:
         self._done = True
         log.warning("no checkpoint on the way out: %s", why)
-        channel.send("checkpoint_exit_skipped", step=step, reason=why)
+        channel.send(MessageKind.CHECKPOINT_EXIT_SKIPPED, step=step, reason=why)
 
     def _save(self, reason: str) -> None:
         self._done = True

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from trainguard.checkpoint.manifest import LATEST, Status, step_dir
 from trainguard.errors import SpecError
+from trainguard.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from trainguard.checkpoint.storage import Storage
@@ -86,7 +87,7 @@ def _run(ns: argparse.Namespace) -> int:
         print(f"trainguard ckpt: cannot read {ns.location}: {type(e).__name__}: {e}. Fix: "
               "check the path or URL, and credentials / AWS_ENDPOINT_URL for object stores",
               file=sys.stderr)
-        return 2
+        return ExitCode.UNREADABLE
 
 
 def _list(ns: argparse.Namespace) -> int:
@@ -107,9 +108,10 @@ def _list(ns: argparse.Namespace) -> int:
     if ns.verb == "verify":
         if not docs:
             print(f"trainguard ckpt verify: no checkpoint at {ns.location}", file=sys.stderr)
-            return 1
-        return 0 if docs[0]["status"] == Status.VALID.value else 1
-    return 0
+            return ExitCode.NOT_VALID
+        return ExitCode.SUCCESS if docs[0]["status"] == Status.VALID.value \
+            else ExitCode.NOT_VALID
+    return ExitCode.SUCCESS
 
 
 def _table(location: str, docs: list[dict[str, Any]]) -> None:

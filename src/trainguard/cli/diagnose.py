@@ -11,12 +11,12 @@ import json
 import sys
 from pathlib import Path
 
+from trainguard.cli.diagnose_job import job_reader
 from trainguard.diagnosis.rules import RuleSet, load_rules, parse_rules
 from trainguard.diagnosis.sources import Report, diagnose_paths
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.errors import RulesError
-
-NOTHING_FOUND = 1
+from trainguard.exitcodes import ExitCode
 
 
 def add_diagnose_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,14 +46,14 @@ def _rules(path: Path | None) -> RuleSet:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    report = diagnose_paths(ns.paths, ns.attempt, _rules(ns.rules))
+    report = diagnose_paths(ns.paths, rules=_rules(ns.rules), read_job=job_reader(ns.attempt))
     if ns.json:
         print(json.dumps(to_json(report), indent=2))
     else:
         print(render(report))
     for problem in report.problems:
         print(f"trainguard: warning: {problem}", file=sys.stderr)
-    return 0 if report.diagnosis is not None else NOTHING_FOUND
+    return ExitCode.SUCCESS if report.diagnosis is not None else ExitCode.NOTHING_FOUND
 
 
 def to_json(report: Report) -> dict[str, object]:

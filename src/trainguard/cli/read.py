@@ -1,19 +1,19 @@
 """The read commands: `trainguard events|recovery|status JOB_DIR [--json]`.
 
 They only read the job store, so they work while the job runs and after it ends.
-Exit codes: 0 done, 2 no readable job at JOB_DIR, 130 interrupted (`events --follow`).
+Exit codes (ExitCode): 0 done, 2 no readable job at JOB_DIR, 130 interrupted
+(`events --follow`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +22,29 @@ from rich.table import Table
 from rich.text import Text
 
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
-from trainguard.controller.store_rows import node_order
+from trainguard.controller.store_rows import node_order, shown_state
 from trainguard.errors import StoreError
+from trainguard.exitcodes import ExitCode
 from trainguard.records import (
     Event,
     Involved,
-    JobState,
     RecoverRecord,
     RunningRecord,
     StartType,
     iso,
+    secs,
     utcnow,
 )
+from trainguard.states import JobState, NodeState, WorkerState
 
 POLL_INTERVAL_S = 0.5
-EXIT_OK = 0
-EXIT_NO_JOB = 2
-EXIT_INTERRUPTED = 130
 
 _LEVEL_STYLES = {"Info": "cyan", "Warning": "yellow", "Error": "bold red"}
-_STATE_STYLES = {  # of workers, then of nodes
-    "starting": "cyan", "running": "green", "succeeded": "green", "failed": "bold red",
-    "stopped": "yellow", "healthy": "green", "spare": "cyan", "lost": "bold red",
-    "isolated": "yellow",
+_STATE_STYLES: dict[str, str] = {  # of workers, then of nodes
+    WorkerState.STARTING: "cyan", WorkerState.RUNNING: "green",
+    WorkerState.SUCCEEDED: "green", WorkerState.FAILED: "bold red",
+    WorkerState.STOPPED: "yellow", NodeState.HEALTHY: "green", NodeState.SPARE: "cyan",
+    NodeState.LOST: "bold red", NodeState.ISOLATED: "yellow",
 }
 _Handler = Callable[[JobStore, argparse.Namespace], int]
 
@@ -98,7 +98,7 @@ def _with_store(command: str, args: argparse.Namespace, body: _Handler) -> int:
             return body(store, args)
     except StoreError as e:
         print(f"trainguard {command}: {e}", file=sys.stderr)
-        return EXIT_NO_JOB
+        return ExitCode.NO_JOB
 
 
 # -- events -------------------------------------------------------------------
@@ -108,7 +108,7 @@ def _print_events(store: JobStore, args: argparse.Namespace) -> int:
     events = [ev for _, ev in store.events()]
     if args.json:
         _print_json([ev.to_dict() for ev in events])
-        return EXIT_OK
+        return ExitCode.SUCCESS
     table = Table(box=None, pad_edge=False)
     for name in ("TIME", "LEVEL", "REASON", "INVOLVED"):
         table.add_column(name, no_wrap=True)
@@ -122,7 +122,7 @@ def _print_events(store: JobStore, args: argparse.Namespace) -> int:
             Text(ev.message),
         )
     _console().print(table)
-    return EXIT_OK
+    return ExitCode.SUCCESS
 
 
 def _follow_events(store: JobStore, args: argparse.Namespace) -> int:
@@ -138,11 +138,11 @@ def _follow_events(store: JobStore, args: argparse.Namespace) -> int:
                 _emit_event_line(console, ev, as_json=args.json)
                 last_id = event_id
             if finished_before and not new:
-                return EXIT_OK
+                return ExitCode.SUCCESS
             finished_before = finished
             time.sleep(POLL_INTERVAL_S)
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
 
 
 def _emit_event_line(console: Console, ev: Event, as_json: bool) -> None:
@@ -164,30 +164,12 @@ def _emit_event_line(console: Console, ev: Event, as_json: bool) -> None:
     console.print(line)
 
 
-def job_state(meta: dict[str, Any]) -> str | None:
-    """The recorded state, or "lost" when it says the job runs but its launcher is dead
-    (killed with SIGKILL, or its machine rebooted: nothing could record the end)."""
-    state = meta.get("state")
-    try:
-        finished = JobState(state).finished
-    except ValueError:
-        return state if isinstance(state, str) else None
-    pid, host = meta.get("launcher_pid"), meta.get("launcher_host")
-    if not finished and isinstance(pid, int) and host == socket.gethostname():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return "lost"
-        except PermissionError:
-            pass
-    return str(state)
+_ENDED = frozenset(s.value for s in JobState if s.ended)
 
 
 def job_finished(meta: dict[str, Any]) -> bool:
-    """Whether the job has ended (or its launcher is gone)."""
-    state = job_state(meta)
-    return state == "lost" or (state in {s.value for s in JobState}
-                               and JobState(state).finished)
+    """Whether the job has ended (or its launcher is gone: shown as lost)."""
+    return shown_state(meta) in _ENDED
 
 
 # -- recovery -----------------------------------------------------------------
@@ -201,12 +183,12 @@ def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
         _print_json(
             {
                 "run_id": meta.get("run_id"),
-                "state": job_state(meta),
+                "state": shown_state(meta),
                 "running_records": [r.to_dict() for r in records],
                 "summary": summary,
             }
         )
-        return EXIT_OK
+        return ExitCode.SUCCESS
     console = _console()
     console.print(Text(f"run {meta.get('run_id')} · {meta.get('state', 'unknown')}", "bold"))
     for rec in records:
@@ -214,7 +196,7 @@ def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
         for rr in rec.recover_records:
             console.print(_recover_lines(rr))
     console.print(Text(_summary_line(summary), "bold"))
-    return EXIT_OK
+    return ExitCode.SUCCESS
 
 
 def summarize(
@@ -251,7 +233,7 @@ def _attempt_line(rec: RunningRecord) -> Text:
 
 def _recover_lines(rr: RecoverRecord) -> Text:
     """`↳ scenario · recovery · result · reason (related)` over the time split, steps lost."""
-    split = "  ".join(f"{phase} {_secs(v)}" for phase, v in rr.durations().items())
+    split = "  ".join(f"{phase} {secs(v, '-')}" for phase, v in rr.durations().items())
     return Text.assemble(
         "  ↳ ",
         (f"{rr.fault_scenario.value} · {rr.recover} · {rr.recover_result.value}", "bold"),
@@ -277,7 +259,7 @@ def _print_status(store: JobStore, args: argparse.Namespace) -> int:
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes())
     if args.json:
         _print_json(doc)
-        return EXIT_OK
+        return ExitCode.SUCCESS
     console = _console()
     restarts = f"{_dash(doc['restarts_used'])}/{_dash(doc['max_restarts'])}"
     console.print(
@@ -292,7 +274,7 @@ def _print_status(store: JobStore, args: argparse.Namespace) -> int:
     if doc["nodes"]:
         console.print(_keyed_table(doc["nodes"], _NODE_KEYS), Text())
     console.print(_keyed_table(doc["ranks"], _RANK_KEYS))
-    return EXIT_OK
+    return ExitCode.SUCCESS
 
 
 def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
@@ -300,7 +282,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
     """The `status --json` document; `nodes` is empty for a single-node job."""
     return {
         "run_id": meta.get("run_id"),
-        "state": job_state(meta),
+        "state": shown_state(meta),
         "attempt": meta.get("attempt"),
         "restarts_used": meta.get("restarts_used"),
         "max_restarts": meta.get("max_restarts"),
@@ -309,7 +291,8 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
             "time": iso(meta_time(meta.get("last_progress_at"))),
         },
         "ranks": [
-            {k: getattr(w, k) for k in _RANK_KEYS} for w in sorted(workers, key=lambda w: w.rank)
+            {k: _plain(getattr(w, k)) for k in _RANK_KEYS}
+            for w in sorted(workers, key=lambda w: w.rank)
         ],
         "job_dir": meta.get("job_dir") or job_dir,
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
@@ -322,7 +305,13 @@ _NODE_KEYS = ("name", "host", "state", "agent_pid", "slot", "backend", "times_im
 
 
 def _node_dict(n: NodeRow) -> dict[str, Any]:
-    return {k: iso(n.updated_at) if k == "updated_at" else getattr(n, k) for k in _NODE_KEYS}
+    return {k: iso(n.updated_at) if k == "updated_at" else _plain(getattr(n, k))
+            for k in _NODE_KEYS}
+
+
+def _plain(v: Any) -> Any:
+    """A state as its stored string (the JSON document and the table show values)."""
+    return v.value if isinstance(v, Enum) else v
 
 
 def _keyed_table(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> Table:
@@ -374,10 +363,6 @@ def _wall(t: datetime, since: datetime | None = None) -> str:
     day = t.astimezone().strftime("%Y-%m-%d ")
     same_day = since is not None and since.astimezone().strftime("%Y-%m-%d ") == day
     return clock(t) if same_day else day + clock(t)
-
-
-def _secs(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f}s"
 
 
 def _dash(v: object) -> str:

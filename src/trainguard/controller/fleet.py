@@ -4,7 +4,7 @@ The fleet keeps the placement (slot = group rank -> node), splits each attempt's
 per slot, fans commands out through the hub, merges the nodes' reports into one, and says
 which placed nodes are lost: the agent's process (or Slurm step) ended, its connection has
 been down longer than the reconnect grace, or it has been silent past the node timeout.
-Node states: healthy (placed), spare, lost, isolated.
+Node states: trainguard.states.NodeState (healthy = placed, spare, lost, isolated).
 """
 
 from __future__ import annotations
@@ -19,26 +19,21 @@ from trainguard.backends.base import AgentHandle, Backend
 from trainguard.controller.hub import Hub, Reply
 from trainguard.errors import LaunchError
 from trainguard.protocol import (
-    OP_DUMP,
-    OP_EXIT,
-    OP_PORT,
-    OP_START,
-    OP_STOP,
     DumpStacks,
     NodeReport,
+    Op,
     Progress,
     RankLiveness,
     StackDump,
     StartWorkers,
     StopWorkers,
     WorkerFact,
-    WorkerState,
 )
 from trainguard.records import utcnow
+from trainguard.states import NodeState, WorkerState
 
 log = logging.getLogger(__name__)
 
-HEALTHY, SPARE, LOST, ISOLATED = "healthy", "spare", "lost", "isolated"
 # liveness times of a node whose clock is further off than this are moved onto the
 # controller's clock (hang detection compares them with the controller's now)
 SKEW_TOLERATED_S = 2.0
@@ -48,7 +43,7 @@ START_TIMEOUT_S = 120.0
 @dataclass
 class Node:
     name: str
-    state: str
+    state: NodeState
     handle: AgentHandle | None = None
     reason: str | None = None
     times_implicated: int = 0
@@ -62,7 +57,7 @@ class Fleet:
         self.nnodes, self.k = nnodes, nproc_per_node
         self.node_timeout_s, self.grace_s = node_timeout_s, reconnect_grace_s
         self._publish = publish
-        self.nodes: dict[str, Node] = {n: Node(n, SPARE) for n in backend.node_names()}
+        self.nodes: dict[str, Node] = {n: Node(n, NodeState.SPARE) for n in backend.node_names()}
         self.placement: list[str] = []
         self.moves: dict[int, int] = {}  # slot -> times its ranks moved to another node
         self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
@@ -80,14 +75,14 @@ class Fleet:
     def ready(self, name: str) -> bool:
         """In the job, its agent's process alive, connected and heard from lately."""
         n = self.nodes[name]
-        return (n.state not in (LOST, ISOLATED) and n.handle is not None
+        return (n.state.usable and n.handle is not None
                 and not n.handle.ended() and self.hub.connected(name)
                 and self.hub.silent_for(name) <= self.node_timeout_s)
 
     def _in_job(self) -> list[str]:
         """Placed nodes not given up: commands go to them even while they reconnect (the
         hub resends after a blip; one gone for good answers with an error)."""
-        return [n for n in self.placement if self.nodes[n].state not in (LOST, ISOLATED)]
+        return [n for n in self.placement if self.nodes[n].state.usable]
 
     def spares(self) -> tuple[str, ...]:
         return tuple(n for n in self.nodes if n not in self.placement and self.ready(n))
@@ -97,21 +92,21 @@ class Fleet:
             self.moves[s] = self.moves.get(s, 0) + 1
         self.placement = list(placement)  # published with the moves (the store keeps both)
         for name, node in self.nodes.items():
-            if node.state in (LOST, ISOLATED):
+            if node.state.out:
                 continue
-            node.state = HEALTHY if name in self.placement else SPARE
+            node.state = NodeState.HEALTHY if name in self.placement else NodeState.SPARE
         self.publish()
 
-    def mark(self, name: str, state: str, reason: str | None) -> None:
+    def mark(self, name: str, state: NodeState, reason: str | None) -> None:
         node = self.nodes[name]
         node.state, node.reason = state, reason
         self._broken.pop(name, None)
-        if state == ISOLATED and self.hub.connected(name):  # its agent ends (workers stopped)
-            self.hub.call({name: (OP_EXIT, {"grace_s": 5.0})}, 30, self.grace_s)
-        if state in (LOST, ISOLATED):
+        if state == NodeState.ISOLATED and self.hub.connected(name):  # its agent ends
+            self.hub.call({name: (Op.EXIT, {"grace_s": 5.0})}, 30, self.grace_s)
+        if state.out:
             self._latest.pop(name, None)
             self.hub.forget(name)
-            if state == LOST and node.handle is not None:
+            if state == NodeState.LOST and node.handle is not None:
                 node.handle.kill()  # what is left of it must not rejoin the old world
         self.publish()
 
@@ -127,7 +122,7 @@ class Fleet:
         out: dict[str, str] = {}
         for name in self.placement:
             node = self.nodes[name]
-            if node.state in (LOST, ISOLATED):
+            if node.state.out:
                 continue
             if name in self._broken:
                 out[name] = self._broken[name]
@@ -147,8 +142,8 @@ class Fleet:
         deadline = time.monotonic() + self.grace_s + 0.5
         while time.monotonic() < deadline:
             lost = self.lost_now()
-            waiting = [n for n in self.placement if n not in lost and self.nodes[n].state
-                       not in (LOST, ISOLATED) and self.hub.disconnected_for(n) > 0]
+            waiting = [n for n in self.placement if n not in lost and self.nodes[n].state.usable
+                       and self.hub.disconnected_for(n) > 0]
             if not waiting:
                 return lost
             time.sleep(0.1)
@@ -162,7 +157,7 @@ class Fleet:
         host = link.addr if link is not None and link.addr else addr
         if preferred_port:
             return host, preferred_port
-        reply = self.hub.call({first: (OP_PORT, {})}, 30, self.grace_s)[first]
+        reply = self.hub.call({first: (Op.PORT, {})}, 30, self.grace_s)[first]
         if not reply.ok:
             raise LaunchError(f"node {first} cannot offer a rendezvous port: {reply.error}")
         return host, int(reply.body["port"])
@@ -176,7 +171,7 @@ class Fleet:
                                             + self.moves.get(slot, 0)})
                        for a in cmd.workers if a.rank // self.k == slot]
             node_cmd = cmd.model_copy(update={"workers": workers, "group_rank": slot})
-            calls[name] = (OP_START, node_cmd.model_dump(mode="json"))
+            calls[name] = (Op.START, node_cmd.model_dump(mode="json"))
         replies = self.hub.call(calls, START_TIMEOUT_S, self.grace_s)
         failed = {n: r.error for n, r in replies.items() if not r.ok}
         if failed and len(failed) == len(replies):  # the same on every node: not a node's
@@ -198,14 +193,14 @@ class Fleet:
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
         live = self._in_job()
         body = cmd.model_dump(mode="json")
-        replies = self.hub.call({n: (OP_STOP, body) for n in live}, cmd.grace_s + 60,
+        replies = self.hub.call({n: (Op.STOP, body) for n in live}, cmd.grace_s + 60,
                                 self.grace_s)
         self._take(replies)
         return self._merged()
 
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
         live = self._in_job()
-        replies = self.hub.call({n: (OP_DUMP, cmd.model_dump(mode="json")) for n in live},
+        replies = self.hub.call({n: (Op.DUMP, cmd.model_dump(mode="json")) for n in live},
                                 cmd.timeout_s + 30, self.grace_s)
         return [StackDump.model_validate(d) for r in replies.values() if r.ok
                 for d in r.body.get("dumps", [])]
@@ -219,7 +214,7 @@ class Fleet:
     def end_agents(self, grace_s: float = 15.0) -> None:
         """Tell every connected agent to stop its workers and end; kill what does not."""
         live = [n for n in self.nodes if self.hub.connected(n)]
-        self.hub.call({n: (OP_EXIT, {"grace_s": grace_s}) for n in live}, grace_s + 30,
+        self.hub.call({n: (Op.EXIT, {"grace_s": grace_s}) for n in live}, grace_s + 30,
                       self.grace_s)
         deadline = time.monotonic() + 10
         for node in self.nodes.values():

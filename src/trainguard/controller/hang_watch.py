@@ -1,6 +1,6 @@
 """The controller's eye on hangs: feeds the detector, reports, and gathers the evidence.
 
-Each poll's liveness goes to liveness.HangDetector. On a suspicion: a `HangSuspected`
+Each poll's liveness goes to hang.detector.HangDetector. On a suspicion: a `HangSuspected`
 Warning ("The system detects that your training job may be suspended"). On a confirmation:
 every rank's stack is dumped (py-spy, through the node agent) into
 `logs/attempt-N/stacks/`, the culprit is named (hang.stacks.name_culprit), the verdict is
@@ -28,13 +28,13 @@ from trainguard.hang.stacks import (
     main_thread,
     name_culprit,
 )
+from trainguard.paths import HANG_FILE, stacks_dir
 from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, StackDump
 from trainguard.records import Level, Reason
 
 log = logging.getLogger(__name__)
 
 SUSPENDED = "The system detects that your training job may be suspended"
-HANG_FILE = "hang.json"
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class HangWatch:
         return None
 
     def _confirm(self, v: HangVerdict, report: NodeReport, now: datetime) -> HangConfirmation:
-        out = Path(self.rec.paths.log_dir) / f"attempt-{self._attempt}" / "stacks"
+        out = stacks_dir(Path(self.rec.paths.log_dir), self._attempt)
         try:
             dumps = self.agent.dump_stacks(DumpStacks(out_dir=str(out)))
         except Exception as e:  # evidence is best effort: never lose the verdict for it

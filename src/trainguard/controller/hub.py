@@ -1,9 +1,10 @@
 """The controller's network side: node agents connect here, report, and take commands.
 
-One listening socket, one reader thread per agent connection. Every frame refreshes the
-node's `last_seen`; reports queue up until the fleet takes them; replies are matched to
-commands by id. A node that reconnects (a blip, or a restarted controller) gets its
-unanswered commands again under the same ids: the agent answers those from memory.
+One listening socket, one reader thread per agent connection (close() ends and joins them
+all, and the accept thread). Every frame refreshes the node's `last_seen`; reports queue up
+until the fleet takes them; replies are matched to commands by id. A node that reconnects
+(a blip, or a restarted controller) gets its unanswered commands again under the same ids:
+the agent answers those from memory.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.protocol import NodeReport
+from trainguard.protocol import NodeReport, Op
 from trainguard.wire import Conn, WireError, accept, deny, keepalive, welcome
 
 log = logging.getLogger(__name__)
+
+JOIN_TIMEOUT_S = 5.0  # close(): for all of the hub's threads together to end
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Hub:
         self._pending: dict[str, tuple[str, dict[str, Any]]] = {}
         self._replies: dict[str, dict[str, Any]] = {}
         self._closed = False
+        self._readers: dict[threading.Thread, Conn] = {}  # one per connection
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -67,7 +71,9 @@ class Hub:
         self._listener.listen(128)
         self.host = bind_host
         self.port = int(self._listener.getsockname()[1])
-        threading.Thread(target=self._accept_loop, name="trainguard-hub", daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="trainguard-hub",
+                                          daemon=True)
+        self._acceptor.start()
 
     # -- connections ----------------------------------------------------------------------
 
@@ -77,12 +83,17 @@ class Hub:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
-            if self._closed:  # woken by close()
-                sock.close()
-                return
-            keepalive(sock)
-            threading.Thread(target=self._serve, args=(Conn(sock),), daemon=True,
-                             name="trainguard-link").start()
+            with self._cond:
+                if self._closed:  # woken by close()
+                    sock.close()
+                    return
+                keepalive(sock)
+                conn = Conn(sock)
+                reader = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                                          name="trainguard-link")
+                self._readers = {t: c for t, c in self._readers.items() if t.is_alive()}
+                self._readers[reader] = conn
+                reader.start()
 
     def _serve(self, conn: Conn) -> None:
         try:
@@ -205,7 +216,7 @@ class Hub:
 
     # -- commands -------------------------------------------------------------------------
 
-    def call(self, calls: dict[str, tuple[str, dict[str, Any]]], timeout: float,
+    def call(self, calls: dict[str, tuple[Op, dict[str, Any]]], timeout: float,
              lost_after_s: float) -> dict[str, Reply]:
         """Send each node its command at once; wait for every answer. A node disconnected
         for longer than `lost_after_s`, or silent past `timeout`, answers with an error."""
@@ -262,7 +273,11 @@ class Hub:
                 link.conn.close()
 
     def close(self) -> None:
-        self._closed = True
+        """Stop listening, close every connection (a closed one wakes its reader) and join
+        the accept thread and every reader."""
+        with self._cond:
+            self._closed = True
+            readers = dict(self._readers)
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() that waits
         with contextlib.suppress(OSError):
@@ -271,3 +286,9 @@ class Hub:
             for link in self.links.values():
                 if link.conn is not None:
                     link.conn.close()
+        for conn in readers.values():  # also those still in their handshake
+            conn.close()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for t in [self._acceptor, *readers]:
+            if t is not threading.current_thread():
+                t.join(max(deadline - time.monotonic(), 0.0))

@@ -6,12 +6,13 @@ shapes, the time split and the steps lost, and writes them to the store as they 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from trainguard.controller.store import JobStore
 from trainguard.diagnosis.taxonomy import Diagnosis
-from trainguard.policy.process import Action, Decision
+from trainguard.policy.decision import Action, Decision
 from trainguard.protocol import Progress
 from trainguard.records import (
     FaultScenario,
@@ -33,6 +34,25 @@ def fault_scenario(diag: Diagnosis) -> FaultScenario:
     if diag.from_log:
         return FaultScenario.ERROR_IN_LOG
     return FaultScenario.JOB_FAILED
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What an incident's records say of the fault itself."""
+
+    scenario: FaultScenario
+    reason: str  # the recover record's reason
+    end_reason: str  # the running record's end reason
+    related_task: str  # worker-N, node/NAME or job
+    fault_at: datetime  # the first sign (a worker's exit, the last progress before a hang)
+    detected: datetime
+    stopped: datetime  # the attempt's workers were stopped
+    progress: Progress
+    category: str | None = None
+
+
+def task_of(rank: int | None) -> str:
+    return "job" if rank is None else f"worker-{rank}"
 
 
 class IncidentBook:
@@ -85,57 +105,33 @@ class IncidentBook:
         if changed and persist:
             self._save(rec)
 
-    def attempt_failed(self, attempt: int, diag: Diagnosis, decision: Decision,
-                       fault_at: datetime, detected: datetime, stopped: datetime,
-                       progress: Progress) -> None:
-        restart = decision.action == Action.RESTART
-        self._incident(
-            attempt, progress, stopped, f"{diag.category.value}: {diag.summary}", restart,
-            detected=detected, fault_scenario=fault_scenario(diag), reason=diag.summary,
-            related_task=_task(diag.culprit_rank), recover_result=decision.result,
-            fault_at=fault_at, backoff_s=decision.delay_s if restart else None,
-            category=diag.category.value)
-
-    def attempt_hanged(self, attempt: int, reason: str, culprit_rank: int | None,
-                       fault_at: datetime | None, detected: datetime, stopped: datetime,
-                       progress: Progress, restart: bool) -> None:
-        """A confirmed hang ended `attempt` (the ranks were stopped); restarted in place or not.
-
-        fault_at is the last progress before the hang, so detect = the detection latency.
-        """
-        self._incident(
-            attempt, progress, stopped, f"hang: {reason}", restart, detected=detected,
-            fault_scenario=FaultScenario.JOB_HANGED, reason=reason,
-            related_task=_task(culprit_rank),
-            recover_result=RecoverResult.RECOVERING if restart
-            else RecoverResult.QUOTA_EXCEEDED,
-            fault_at=fault_at or detected, backoff_s=0.0 if restart else None,
-            category="nccl_timeout_or_hang")
-
-    def attempt_node_fault(self, attempt: int, *, node: str, reason: str, recover: str,
-                           result: RecoverResult, tried: list[tuple[str, RecoverResult, str]],
-                           fault_at: datetime, detected: datetime, stopped: datetime,
-                           progress: Progress, category: str | None = None,
-                           scenario: FaultScenario = FaultScenario.NODE_FAULT) -> None:
-        """A lost or faulty node ended `attempt`. Each rung of the ladder that could not act
-        gets a closed record (downgrade / quotaExceeded); the last rung gets the last record,
-        open while it recovers (result `recovering`), closed when it could not (`failed`)."""
+    def record(self, attempt: int, decision: Decision, fault: Fault) -> None:
+        """One incident ended `attempt`: each rung of the ladder that could not act gets a
+        closed record (downgrade / quotaExceeded); the rung that acts gets the last record,
+        open while it recovers (`recovering`), closed when the job gives up."""
         rec = self.current
         if rec is None:
             return
-        for rung, res, why in tried:
+        tried = list(decision.tried)
+        recover = decision.rung.value if decision.rung is not None else "none"
+        result = decision.result
+        if decision.action == Action.GIVE_UP and decision.rung is None and tried:
+            last = tried.pop()  # out of every budget: the last rung tried is the last record
+            recover, result = last.rung.value, last.result
+        for t in tried:
             rec.recover_records.append(RecoverRecord(
-                attempt=attempt, recover_start_at=detected, detected_at=detected,
-                fault_scenario=scenario, reason=why,
-                related_task=f"node/{node}", recover=rung, recover_result=res,
-                recover_end_at=detected, fault_at=fault_at, workers_stopped_at=stopped,
-                decided_at=utcnow(), category=category))
-        restart = result == RecoverResult.RECOVERING
-        self._incident(attempt, progress, stopped, f"node {node}: {reason}", restart,
-                       detected=detected, fault_scenario=scenario,
-                       reason=reason, related_task=f"node/{node}", recover_result=result,
-                       fault_at=fault_at, backoff_s=0.0 if restart else None,
-                       category=category, recover=recover)
+                attempt=attempt, recover_start_at=fault.detected, detected_at=fault.detected,
+                fault_scenario=fault.scenario, reason=t.why, related_task=fault.related_task,
+                recover=t.rung.value, recover_result=t.result, recover_end_at=fault.detected,
+                fault_at=fault.fault_at, workers_stopped_at=fault.stopped, decided_at=utcnow(),
+                category=fault.category))
+        restart = decision.action != Action.GIVE_UP
+        self._incident(attempt, fault.progress, fault.stopped, fault.end_reason, restart,
+                       detected=fault.detected, fault_scenario=fault.scenario,
+                       reason=fault.reason, related_task=fault.related_task,
+                       recover_result=result, fault_at=fault.fault_at,
+                       backoff_s=decision.delay_s if restart else None,
+                       category=fault.category, recover=recover)
 
     def _incident(self, attempt: int, progress: Progress, stopped: datetime, end_reason: str,
                   restart: bool, *, detected: datetime, **fields: Any) -> None:
@@ -149,7 +145,7 @@ class IncidentBook:
         if progress.last_step is not None:
             self._max_step = max(progress.last_step, self._max_step or progress.last_step)
         now = utcnow()
-        recover = fields.pop("recover", "process_restart" if restart else "none")
+        recover = fields.pop("recover")
         inc = RecoverRecord(
             attempt=attempt, recover_start_at=detected, detected_at=detected,
             recover=recover,
@@ -196,7 +192,3 @@ class IncidentBook:
         inc.recover_result, inc.recover_end_at = result, at
         self._pending = None
         self._save(owner)
-
-
-def _task(rank: int | None) -> str:
-    return "job" if rank is None else f"worker-{rank}"

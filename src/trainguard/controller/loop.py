@@ -1,6 +1,7 @@
-"""The controller: one per job. Owns the attempt loop and the restart policy.
+"""The controller: one per job. Owns the attempt loop; carries out the ladder's decisions.
 
-start -> watch -> (failure) stop -> diagnose -> decide -> (backoff) -> start again.
+start -> watch -> (incident) stop -> diagnose -> decide (policy.ladder) -> carry out
+(backoff, node-level rescheduling) -> start again, or end the job (Recorder.end_job).
 It talks to node agents only through protocol messages; the Recorder writes everything
 down as it happens. Signal handlers only record the signal; the loop acts on it.
 """
@@ -12,25 +13,36 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from trainguard.controller.hang_watch import HangConfirmation, HangWatch
+from trainguard.controller.incidents import Fault, fault_scenario, task_of
 from trainguard.controller.recorder import Recorder
+from trainguard.controller.signals import SignalReceiver
 from trainguard.diagnosis.attempt import diagnose_attempt
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.errors import LaunchError, NodesUnavailable
 from trainguard.exitcodes import ExitCode, describe_exit
-from trainguard.policy.process import Action, Decision, History, decide
+from trainguard.policy.decision import (
+    Action,
+    Decision,
+    HAPolicy,
+    History,
+    Incident,
+    IncidentKind,
+    Rung,
+)
+from trainguard.policy.ladder import decide
 from trainguard.protocol import (
     AgentAPI,
     NodeReport,
     StartWorkers,
     StopWorkers,
     WorkerAssignment,
-    WorkerState,
 )
-from trainguard.records import JobState, Level, Reason, RecoverResult, StartType, utcnow
+from trainguard.records import FaultScenario, Level, Reason, StartType, utcnow
+from trainguard.states import JobState, WorkerState
+from trainguard.worker.contract import ENV_GRACE, ENV_SAVE_ON_EXIT
 
 if TYPE_CHECKING:
     from trainguard.controller.nodes import NodeRecovery
@@ -41,33 +53,6 @@ log = logging.getLogger(__name__)
 MIN_UPTIME_FOR_PROGRESS_S = 60.0
 
 
-class SignalReceiver:
-    """Records SIGINT/SIGTERM/SIGHUP for the main loop; restores the old handlers on exit."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._old: dict[int, object] = {}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is None:
-            self.received = signum
-
-    def __enter__(self) -> SignalReceiver:
-        for s in self.SIGNALS:
-            self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)  # type: ignore[arg-type]
-
-
-# restart upon suspension: at most this many in a row (progress resets the count)
-MAX_HANG_RESTARTS = 3
-
-
 @dataclass
 class _Outcome:
     report: NodeReport
@@ -76,32 +61,43 @@ class _Outcome:
     lost: dict[str, str] | None = None  # multi-node: placed nodes lost, with why
 
 
+@dataclass(frozen=True)
+class _Next:
+    """The ladder's decision after an incident, carried out as far as it goes before the
+    next attempt; a GIVE_UP comes with the JobFailed text and the culprit rank."""
+
+    decision: Decision
+    failure: str = ""
+    rank: int | None = None
+    node_level: bool = False  # nodes were (or would have been) waited for
+
+
 class Controller:
-    """Runs one job to the end and returns the launcher's exit code. A multi-node job's
-    agent is the fleet, and `nodes` carries out node-level recovery (cluster.recovery)."""
+    """Runs one job to the end and returns the launcher's exit code. After every incident it
+    asks the ladder (policy.ladder.decide) what to do and carries the Decision out; a
+    multi-node job's agent is the fleet, and `nodes` carries out node-level decisions."""
 
     def __init__(self, recorder: Recorder, agent: AgentAPI, nodes: NodeRecovery | None = None,
                  adopt: bool = False) -> None:
         self.rec, self.agent, self.nodes, self._adopt = recorder, agent, nodes, adopt
-        if nodes is not None:
-            nodes.stop_requested = lambda: self._signals.received is not None
         self.spec = recorder.spec
+        self._policy = HAPolicy.from_spec(self.spec)
         self._hist = History()
         self._signals = SignalReceiver()
+        if nodes is not None:  # a signal ends a wait for nodes at once
+            nodes.stop_requested = lambda: self._signals.received is not None
         self._max_step_seen: int | None = None
         self._max_committed_before: int | None = None
         self._started_any = False
         self._hangs = HangWatch(recorder, agent)
-        self._hang_restarts = 0
 
     def run(self) -> int:
         with self._signals:
             try:
                 return self._run()
             except BaseException as e:  # a bug or an interrupt: never leave the job "running"
-                self.rec.event(Level.ERROR, Reason.JOB_FAILED,
-                               f"the launcher failed: {type(e).__name__}: {e}")
-                self.rec.finish(JobState.FAILED, ExitCode.FAILED)
+                self.rec.end_job(JobState.FAILED, ExitCode.FAILED,
+                                 f"the launcher failed: {type(e).__name__}: {e}")
                 raise
             finally:
                 self.agent.close()
@@ -110,7 +106,7 @@ class Controller:
         adopted: int | None = self.rec.adopt() if self._adopt else None
         attempt, start_type = (adopted, StartType.AUTO_RESTART) if adopted is not None \
             else self.rec.begin()
-        self._hist = History(restarts_used=int(self.rec.store.meta().get("restarts_used") or 0))
+        self._hist = History.from_meta(self.rec.store.meta())
         self._max_step_seen = self.rec.previous_max_step
         while True:
             try:
@@ -124,30 +120,28 @@ class Controller:
                 return self._not_started(attempt, e)
             if outcome.signal is not None:
                 return self._stopped(attempt, outcome.signal)
-            if outcome.lost and self.nodes is not None:
-                next_type = self._node_level(attempt, self.nodes.after_loss(attempt, outcome.lost))
-                if isinstance(next_type, int):
-                    return next_type
-                attempt, start_type = attempt + 1, next_type
-                continue
-            if outcome.hang is not None:
-                next_type = self._after_hang(attempt, outcome.report, outcome.hang)
-                if isinstance(next_type, int):
-                    return next_type
-                attempt, start_type = attempt + 1, next_type
-                continue
-            if not any(w.state == WorkerState.FAILED for w in outcome.report.workers):
+            if outcome.lost:
+                nxt = self._after_loss(attempt, outcome.lost)
+            elif outcome.hang is not None:
+                nxt = self._after_hang(attempt, outcome.report, outcome.hang)
+            elif not any(w.state == WorkerState.FAILED for w in outcome.report.workers):
                 return self._succeeded(attempt)
-            next_type = self._after_failure(attempt, outcome.report)
-            if isinstance(next_type, int):
-                return next_type
-            attempt, start_type = attempt + 1, next_type
+            else:
+                nxt = self._after_failure(attempt, outcome.report)
+            decision = nxt.decision
+            if nxt.node_level and self._signals.received is not None:
+                return self._record_stop(attempt, self._signals.received)  # waiting for nodes
+            if decision.action == Action.GIVE_UP:
+                return self._give_up(attempt, nxt)
+            self.rec.set_meta(state=JobState.RESTARTING.value)
+            if decision.delay_s > 0 and not self._backoff(decision.delay_s):
+                self.rec.book.backoff_interrupted()
+                return self._record_stop(attempt, self._signals.received or signal.SIGTERM)
+            attempt, start_type = attempt + 1, decision.start_type or StartType.AUTO_RESTART
 
     def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome:
         if self.nodes is not None:
-            why = self.nodes.prepare(attempt)
-            if why is not None:
-                raise NodesUnavailable(why)
+            self._precheck(attempt)
         addr, port = self.agent.rendezvous(
             self.spec.master_addr, self.spec.master_port if attempt == 0 else None)
         self.rec.book.attempt_started(attempt, start_type, port)
@@ -176,8 +170,8 @@ class Controller:
         paths = self.rec.paths
         return StartWorkers(
             run_id=self.spec.run_id, attempt=attempt, argv=self.rec.argv,
-            env={"TRAINGUARD_GRACE_PERIOD_S": f"{self.spec.grace_period_s:g}",
-                 "TRAINGUARD_SAVE_ON_EXIT": "1" if self.spec.save_on_exit else "0"},
+            env={ENV_GRACE: f"{self.spec.grace_period_s:g}",
+                 ENV_SAVE_ON_EXIT: "1" if self.spec.save_on_exit else "0"},
             workers=[WorkerAssignment(rank=r, local_rank=r % n, start_count=attempt + 1,
                                       schedule_count=self.rec.launches) for r in ranks],
             world_size=self.spec.world_size, group_rank=self.spec.node_rank,
@@ -208,9 +202,39 @@ class Controller:
         self.rec.sync(report, force=True)
         return report
 
-    # -- after an attempt -----------------------------------------------------------------
+    # -- after an attempt: ask the ladder, carry out its decision -------------------------
 
-    def _after_failure(self, attempt: int, report: NodeReport) -> StartType | int:
+    def _decide(self, incident: Incident) -> Decision:
+        decision = decide(incident, self._hist, self._policy)
+        self._hist = decision.history
+        self.rec.set_meta(**self._hist.to_meta())
+        return decision
+
+    def _precheck(self, attempt: int) -> None:
+        """Pre-check the nodes; failing ones are isolated and spares take their slots."""
+        assert self.nodes is not None
+        incident = self.nodes.precheck_incident(attempt)
+        if incident is None:
+            return
+        decision = self.nodes.carry_out_replace(attempt, self._decide(incident))
+        if decision.action == Action.GIVE_UP:
+            raise NodesUnavailable(decision.reason)
+
+    def _after_loss(self, attempt: int, lost: dict[str, str]) -> _Next:
+        """Placed nodes were lost: each one's ranks are placed again (pod-level, else job)."""
+        assert self.nodes is not None
+        report, times = self.nodes.lost(attempt, lost)
+        decision = Decision(Action.RESTART, "", self._hist, start_type=StartType.AUTO_RESTART)
+        for name, why in lost.items():
+            placement, spares = self.nodes.snapshot()
+            decision = self.nodes.carry_out(attempt, self._decide(Incident(
+                IncidentKind.NODE_LOST, node=name, why=why, placement=placement,
+                spares=spares)), report, times)
+            if decision.action == Action.GIVE_UP:
+                break
+        return _Next(decision, decision.reason, node_level=True)
+
+    def _after_failure(self, attempt: int, report: NodeReport) -> _Next:
         detected = utcnow()
         failed = [w for w in report.workers if w.state == WorkerState.FAILED]
         for w in failed:
@@ -225,72 +249,67 @@ class Controller:
         if self.nodes is not None:  # a peer's failure may be the sign of a node's loss
             lost = self.nodes.fleet.settle()
             if lost:
-                return self._node_level(attempt, self.nodes.after_loss(attempt, lost))
+                return self._after_loss(attempt, lost)
         diag = diagnose_attempt(report.workers, detected, node=report.node)
         if diag is None:  # pragma: no cover - _watch returns only with a failed worker
             raise RuntimeError("no failed worker to diagnose")
         self.rec.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
                        rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
-        if self.nodes is not None:
-            first = min((w.ended_at for w in failed if w.ended_at), default=detected)
-            node_level = self.nodes.after_failure(attempt, report, diag,
-                                                  (first, detected, stopped))
-            if node_level is not None:
-                return self._node_level(attempt, node_level)
-        decision = decide(diag, self._made_progress(report), self._hist,
-                          self.spec.restart_policy)
-        self._hist = decision.history
-        first_fail = min((w.ended_at for w in failed if w.ended_at), default=detected)
-        self.rec.book.attempt_failed(attempt, diag, decision, first_fail, detected, stopped,
-                                     report.progress)
-        self.rec.set_meta(restarts_used=self._hist.restarts_used)
-        if decision.action == Action.RESTART:
-            return self._backoff(attempt, decision)
-        return self._failed(attempt, decision, diag)
+        first = min((w.ended_at for w in failed if w.ended_at), default=detected)
+        placement, spares = self.nodes.snapshot() if self.nodes is not None else ((), ())
+        node = next((w.node for w in report.workers
+                     if w.rank == diag.culprit_rank and w.node), None)
+        incident = Incident(IncidentKind.CRASH, made_progress=self._made_progress(report),
+                            diagnosis=diag, node=node if self.nodes is not None else None,
+                            placement=placement, spares=spares, now_s=time.time())
+        decision = self._decide(incident)
+        if self.nodes is not None and decision.node is not None:
+            self.nodes.implicated(decision.node)
+        fault = Fault(fault_scenario(diag), diag.summary, f"{diag.category.value}: {diag.summary}",
+                      task_of(diag.culprit_rank), first, detected, stopped, report.progress,
+                      diag.category.value)
+        if decision.rung in (Rung.POD_RESCHEDULE, Rung.JOB_RESCHEDULE) or decision.isolate:
+            assert self.nodes is not None
+            decision = self.nodes.carry_out(attempt, decision, report,
+                                            (first, detected, stopped), fault)
+            return _Next(decision, decision.reason, node_level=True)
+        self.rec.book.record(attempt, decision, fault)
+        if decision.action == Action.GIVE_UP:
+            return _Next(decision, f"{diag.summary} ({decision.reason})", diag.culprit_rank)
+        self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED,
+                       f"{decision.reason}; restarting in {decision.delay_s:.1f}s",
+                       attempt=attempt)
+        return _Next(decision)
 
     def _after_hang(self, attempt: int, report: NodeReport,
-                    hang: HangConfirmation) -> StartType | int:
-        """Restart upon suspension: stop the ranks, restart them in place (the restart budget
-        is not used); at most MAX_HANG_RESTARTS in a row without progress."""
-        if self._made_progress(report, allow_uptime=False):
-            self._hang_restarts = 0
+                    hang: HangConfirmation) -> _Next:
+        """Restart upon suspension: stop the ranks, restart them in place."""
+        made_progress = self._made_progress(report, allow_uptime=False)
         report = self._stop("a hang was confirmed")
         stopped = utcnow()
         self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
                        f"stopped the hung workers (grace {self.spec.grace_period_s:g}s)",
                        attempt=attempt)
-        restart = self._hang_restarts < MAX_HANG_RESTARTS
-        self.rec.book.attempt_hanged(attempt, hang.culprit.reason, hang.culprit.rank,
-                                     hang.verdict.last_progress_at, hang.confirmed_at, stopped,
-                                     report.progress, restart)
-        if not restart:
-            self.rec.event(Level.ERROR, Reason.HANG_RESTART_LIMIT_REACHED,
-                           f"{MAX_HANG_RESTARTS} restarts upon suspension in a row made no "
-                           "progress; giving up", attempt=attempt)
-            self.rec.event(Level.ERROR, Reason.JOB_FAILED,
-                           f"job failed: hung again after {MAX_HANG_RESTARTS} restarts in place",
-                           rank=hang.culprit.rank, attempt=attempt)
-            self.rec.finish(JobState.FAILED, ExitCode.FAILED)
-            return int(ExitCode.FAILED)
-        self._hang_restarts += 1
-        self.rec.set_meta(state=JobState.RESTARTING.value)
-        self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED,
-                       f"restart upon suspension {self._hang_restarts}/{MAX_HANG_RESTARTS} in a "
-                       "row (the restart budget is not used); restarting in place",
-                       attempt=attempt)
-        return StartType.SUSPENSION_RESTART
+        decision = self._decide(Incident(IncidentKind.HANG, made_progress=made_progress))
+        reason = hang.culprit.reason
+        self.rec.book.record(attempt, decision, Fault(
+            FaultScenario.JOB_HANGED, reason, f"hang: {reason}", task_of(hang.culprit.rank),
+            hang.verdict.last_progress_at or hang.confirmed_at, hang.confirmed_at, stopped,
+            report.progress, "nccl_timeout_or_hang"))
+        if decision.action == Action.GIVE_UP:
+            return _Next(decision, f"hung again after {self._policy.max_hang_restarts} restarts "
+                         "in place", hang.culprit.rank)
+        self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, decision.reason, attempt=attempt)
+        return _Next(decision)
 
-    def _backoff(self, attempt: int, decision: Decision) -> StartType | int:
-        self.rec.set_meta(state=JobState.RESTARTING.value)
-        self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED,
-                       f"{decision.reason}; restarting in {decision.delay_s:.1f}s",
-                       attempt=attempt)
-        deadline = time.monotonic() + decision.delay_s
+    def _backoff(self, delay_s: float) -> bool:
+        """Wait before a restart; False when a signal came first."""
+        deadline = time.monotonic() + delay_s
         while time.monotonic() < deadline:
             if self._signals.received is not None:
-                return self._stopped_in_backoff(attempt, self._signals.received)
+                return False
             time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
-        return decision.start_type or StartType.AUTO_RESTART
+        return True
 
     def _made_progress(self, report: NodeReport, allow_uptime: bool = True) -> bool:
         """New ground: a checkpoint or a step beyond every earlier one (or a long life, for
@@ -310,44 +329,23 @@ class Controller:
             return (utcnow() - record.start_at).total_seconds() >= MIN_UPTIME_FOR_PROGRESS_S
         return False
 
-    def _node_level(self, attempt: int, outcome: StartType | str) -> StartType | int:
-        """After node-level recovery: restart (the start type) or fail (why)."""
-        if self._signals.received is not None:  # stopped while waiting for nodes
-            return self._record_stop(attempt, self._signals.received)
-        if isinstance(outcome, StartType):
-            self.rec.set_meta(state=JobState.RESTARTING.value)
-            return outcome
-        self.rec.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {outcome}",
-                       attempt=attempt)
-        self.rec.finish(JobState.FAILED, ExitCode.FAILED)
-        return int(ExitCode.FAILED)
+    # -- endings: every one goes through Recorder.end_job ---------------------------------
 
-    # -- endings --------------------------------------------------------------------------
-
-    def _failed(self, attempt: int, decision: Decision, diag: Diagnosis) -> int:
-        if decision.action == Action.GIVE_UP_NO_PROGRESS:
-            self.rec.event(Level.ERROR, Reason.NO_PROGRESS, f"giving up: {decision.reason}",
-                           attempt=attempt)
-            code = ExitCode.NO_PROGRESS
-        else:
-            if decision.result == RecoverResult.QUOTA_EXCEEDED:
-                self.rec.event(Level.ERROR, Reason.RESTART_LIMIT_REACHED, decision.reason,
-                               attempt=attempt)
-            code = ExitCode.FAILED
-        self.rec.event(Level.ERROR, Reason.JOB_FAILED,
-                       f"job failed: {diag.summary} ({decision.reason})",
-                       rank=diag.culprit_rank, attempt=attempt)
-        self.rec.finish(JobState.FAILED, code)
-        return int(code)
+    def _give_up(self, attempt: int, nxt: _Next) -> int:
+        d, limit = nxt.decision, None
+        if d.limit is not None:  # the budget that ran out, in its own event
+            limit = (d.limit, f"giving up: {d.reason}" if d.limit == Reason.NO_PROGRESS
+                     else d.reason)
+        return self.rec.end_job(JobState.FAILED, d.exit_code or ExitCode.FAILED,
+                                f"job failed: {nxt.failure}", attempt=attempt, rank=nxt.rank,
+                                limit=limit)
 
     def _succeeded(self, attempt: int) -> int:
         report = self._stop("every worker exited 0")  # reaps leftovers, reads the last lines
         self.rec.book.attempt_succeeded(attempt, report.progress)
-        self.rec.event(Level.INFO, Reason.JOB_SUCCEEDED,
-                       f"all {len(report.workers)} worker(s) exited 0 after {attempt + 1} "
-                       "attempt(s)", attempt=attempt)
-        self.rec.finish(JobState.SUCCEEDED, ExitCode.SUCCESS)
-        return int(ExitCode.SUCCESS)
+        return self.rec.end_job(JobState.SUCCEEDED, ExitCode.SUCCESS,
+                                f"all {len(report.workers)} worker(s) exited 0 after "
+                                f"{attempt + 1} attempt(s)", attempt=attempt)
 
     def _stopped(self, attempt: int, signum: int) -> int:
         name = signal.Signals(signum).name
@@ -355,25 +353,16 @@ class Controller:
         self.rec.book.attempt_stopped(attempt, f"launcher received {name}", report.progress)
         return self._record_stop(attempt, signum)
 
-    def _stopped_in_backoff(self, attempt: int, signum: int) -> int:
-        self.rec.book.backoff_interrupted()
-        return self._record_stop(attempt, signum)
-
     def _record_stop(self, attempt: int, signum: int) -> int:
-        self.rec.event(Level.WARNING, Reason.JOB_STOPPED,
-                       f"stopped by {signal.Signals(signum).name}: workers got SIGTERM and "
-                       f"{self.spec.grace_period_s:g}s to exit", attempt=attempt)
-        self.rec.finish(JobState.STOPPED, 128 + signum)
-        return 128 + signum
+        return self.rec.end_job(JobState.STOPPED, 128 + signum,
+                                f"stopped by {signal.Signals(signum).name}: workers got SIGTERM "
+                                f"and {self.spec.grace_period_s:g}s to exit", attempt=attempt)
 
     def _not_started(self, attempt: int, e: LaunchError) -> int:
         self.rec.book.attempt_not_started(attempt, str(e))
         code = (ExitCode.FAILED if self._started_any or isinstance(e, NodesUnavailable)
                 else ExitCode.USAGE)
-        self.rec.event(Level.ERROR, Reason.JOB_FAILED, f"job failed: {e}", attempt=attempt)
-        self.rec.finish(JobState.FAILED, code)
-        return int(code)
-
+        return self.rec.end_job(JobState.FAILED, code, f"job failed: {e}", attempt=attempt)
 
 def diagnosis_message(d: Diagnosis) -> str:
     """The FailureDiagnosed event's text: verdict, evidence location, advice."""

@@ -20,8 +20,9 @@ from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.exitcodes import signal_name
 from trainguard.paths import JobPaths
 from trainguard.protocol import NodeReport
-from trainguard.records import Event, Involved, JobState, Level, Reason, StartType, utcnow
+from trainguard.records import Event, Involved, Level, Reason, StartType, utcnow
 from trainguard.spec import JobSpec
+from trainguard.states import JobState
 
 PROGRESS_WRITE_EVERY_S = 1.0
 
@@ -102,8 +103,16 @@ class Recorder:
     def set_meta(self, **values: Any) -> None:
         self.store.set_meta(**values)
 
-    def finish(self, state: JobState, code: int) -> None:
+    def end_job(self, state: JobState, code: int, message: str, *, attempt: int | None = None,
+                rank: int | None = None, limit: tuple[Reason, str] | None = None) -> int:
+        """Every job ending goes through here: the budget that ran out (`limit`: its event's
+        reason and text), the final event, the job's state and exit code. Returns the code."""
+        if limit is not None:
+            self.event(Level.ERROR, limit[0], limit[1], attempt=attempt)
+        level, reason = _ENDINGS[state]
+        self.event(level, reason, message, rank=rank, attempt=attempt)
         self.store.set_meta(state=state.value, exit_code=int(code), ended_at=utcnow().isoformat())
+        return int(code)
 
     def sync(self, report: NodeReport, force: bool = False) -> None:
         """Workers' states, worker messages and progress from one report."""
@@ -115,16 +124,22 @@ class Recorder:
         self.messages.handle(report.messages, report.attempt or 0)
         p = report.progress
         now = time.monotonic()
-        self.book.progress_seen(p, persist=force or now - self._progress_written >= 1.0)
-        if p.last_step is not None and (force or now - self._progress_written >= 1.0):
+        due = force or now - self._progress_written >= PROGRESS_WRITE_EVERY_S
+        self.book.progress_seen(p, persist=due)
+        if p.last_step is not None and due:
             self._progress_written = now
             self.store.set_meta(last_step=p.last_step, last_progress_at=p.last_step_at.isoformat()
                                 if p.last_step_at else None)
 
 
+_ENDINGS = {JobState.SUCCEEDED: (Level.INFO, Reason.JOB_SUCCEEDED),
+            JobState.FAILED: (Level.ERROR, Reason.JOB_FAILED),
+            JobState.STOPPED: (Level.WARNING, Reason.JOB_STOPPED)}
+
+
 def workers_rows(report: NodeReport) -> list[WorkerRow]:
     return [WorkerRow(attempt=report.attempt or 0, rank=w.rank, local_rank=w.local_rank,
-                      node=w.node or report.node, pid=w.pid, state=w.state.value,
+                      node=w.node or report.node, pid=w.pid, state=w.state,
                       exit_code=w.returncode, signal=signal_name(w.signal_number),
                       started_at=w.started_at, ended_at=w.ended_at, start_count=w.start_count,
                       oom_killed=w.oom_killed)

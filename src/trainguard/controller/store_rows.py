@@ -1,19 +1,25 @@
-"""The row types of the job store and their conversion to and from what SQLite keeps.
+"""The row types of the job store, their conversion to and from what SQLite keeps, and the
+job's state as a reader shows it (`shown_state`: lost when its launcher is dead).
 
-Times are stored as full-precision ISO 8601 strings, so a row reads back exactly as written.
+Times are stored as full-precision ISO 8601 strings, so a row reads back exactly as written;
+states as their enum values (trainguard.states).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 from trainguard.records import RunningRecord, from_iso
+from trainguard.states import JobState, NodeState, WorkerState
 
-NODE_STATES = ("healthy", "spare", "lost", "isolated")
 NODE_BACKENDS = ("local", "slurm")
+_NODE_STATE_VALUES = tuple(s.value for s in NodeState)
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,7 @@ class WorkerRow:
     local_rank: int
     node: str
     pid: int | None
-    state: str  # starting | running | succeeded | failed | stopped
+    state: WorkerState
     exit_code: int | None = None
     signal: str | None = None  # e.g. "SIGKILL" when a signal ended it
     started_at: datetime | None = None
@@ -40,7 +46,7 @@ class NodeRow:
 
     name: str
     host: str
-    state: str  # healthy | spare | lost | isolated (NODE_STATES)
+    state: NodeState
     agent_pid: int | None  # the node agent's pid, None when none runs
     slot: int | None  # group rank in the current placement; None for spares and isolated
     reason: str | None  # why the node is lost or isolated
@@ -65,18 +71,19 @@ def check_nodes(nodes: list[NodeRow]) -> None:
     if twice:
         raise ValueError(f"put_nodes: nodes {twice} are given more than once")
     for n in nodes:
-        if n.state not in NODE_STATES:
+        if n.state not in _NODE_STATE_VALUES:
             raise ValueError(f"put_nodes: node {n.name!r} has state {n.state!r}, "
-                             f"not one of {', '.join(NODE_STATES)}")
+                             f"not one of {', '.join(_NODE_STATE_VALUES)}")
         if n.backend not in NODE_BACKENDS:
             raise ValueError(f"put_nodes: node {n.name!r} has backend {n.backend!r}, "
                              f"not one of {', '.join(NODE_BACKENDS)}")
 
 
 def to_row(obj: WorkerRow | NodeRow) -> tuple[Any, ...]:
-    """The column values of a row object, times as full-precision ISO strings."""
+    """The column values of a row object, times as full-precision ISO strings, states as
+    their values."""
     return tuple(
-        v.isoformat() if isinstance(v, datetime) else v
+        v.isoformat() if isinstance(v, datetime) else v.value if isinstance(v, Enum) else v
         for v in (getattr(obj, f.name) for f in dataclasses.fields(obj))
     )
 
@@ -101,10 +108,42 @@ def worker_from_row(row: tuple[Any, ...]) -> WorkerRow:
     values["started_at"] = from_iso(values["started_at"])
     values["ended_at"] = from_iso(values["ended_at"])
     values["oom_killed"] = None if values["oom_killed"] is None else bool(values["oom_killed"])
+    values["state"] = WorkerState(values["state"])
     return WorkerRow(**values)
 
 
 def node_from_row(row: tuple[Any, ...]) -> NodeRow:
     values = dict(zip(NODE_COLUMNS, row, strict=True))
     values["updated_at"] = datetime.fromisoformat(values["updated_at"])
+    values["state"] = NodeState(values["state"])
     return NodeRow(**values)
+
+
+def shown_state(meta: dict[str, Any]) -> str | None:
+    """The job's state as the read commands show it: the recorded one, or `lost` when the
+    store says the job is active but its launcher is dead (killed with SIGKILL, or its
+    machine rebooted: nothing could record the end). A state this version does not know
+    is shown as recorded; None when none is."""
+    state = meta.get("state")
+    try:
+        recorded = JobState(state)
+    except ValueError:
+        return state if isinstance(state, str) else None
+    if recorded.active and launcher_dead(meta):
+        return JobState.LOST.value
+    return recorded.value
+
+
+def launcher_dead(meta: dict[str, Any]) -> bool:
+    """Whether the launcher recorded in meta is known to be gone: it ran on this host and
+    its pid is no longer there (on another host nobody here can tell: False)."""
+    pid, host = meta.get("launcher_pid"), meta.get("launcher_host")
+    if not isinstance(pid, int) or host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False

@@ -1,7 +1,8 @@
 """What workers report through the channel -> job events and recovery-record facts.
 
-Kinds: `checkpoint_saved` (rank 0, once committed), `checkpoint_save_failed`,
-`checkpoint_corrupt` (skipped while loading), `resumed` (every rank; one event per attempt).
+The kinds and their fields are in trainguard.worker.contract; `WorkerMessages._handlers`
+maps each kind that makes an event to its handler (progress and phase marks are liveness
+signals, which the node agent takes).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from typing import Any
 
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
-from trainguard.records import Level, Reason
+from trainguard.records import Level, Reason, secs
+from trainguard.worker.contract import MessageKind
 
-EmitEvent = Callable[..., None]  # Controller.event(level, reason, message, rank=, attempt=)
+EmitEvent = Callable[..., None]  # Recorder.event(level, reason, message, rank=, attempt=)
+Handler = Callable[[WorkerMessage, dict[str, Any], int], None]
 
 
 class WorkerMessages:
@@ -23,13 +26,22 @@ class WorkerMessages:
         self._resumed_attempts: set[int] = set()
         self.max_committed_step: int | None = None  # over the whole job
         self.committed_this_attempt: int | None = None
+        self._handlers: dict[str, Handler] = {
+            MessageKind.CHECKPOINT_SAVED: self._on_checkpoint_saved,
+            MessageKind.CHECKPOINT_EXIT_SKIPPED: self._on_checkpoint_exit_skipped,
+            MessageKind.CHECKPOINT_SAVE_FAILED: self._on_checkpoint_save_failed,
+            MessageKind.CHECKPOINT_CORRUPT: self._on_checkpoint_corrupt,
+            MessageKind.LOG_WRITE_FAILED: self._on_log_write_failed,
+            MessageKind.NO_CHECKPOINT: self._on_no_checkpoint,
+            MessageKind.RESUMED: self._on_resumed,
+        }
 
     def new_attempt(self) -> None:
         self.committed_this_attempt = None
 
     def handle(self, messages: list[WorkerMessage], attempt: int) -> None:
         for m in messages:
-            handler = getattr(self, f"_on_{m.kind}", None)
+            handler = self._handlers.get(m.kind)
             if handler is not None:
                 handler(m, m.data, attempt)
 
@@ -40,12 +52,12 @@ class WorkerMessages:
         size = d.get("bytes")
         mib = f", {size / 2**20:.1f} MiB" if isinstance(size, (int, float)) else ""
         how = (f"on the way out ({d['on_exit']})" if d.get("on_exit")
-               else f"loop blocked {_secs(d.get('blocked_s'))}")
+               else f"loop blocked {secs(d.get('blocked_s'))}")
         missing = d.get("missing_ranks") or []
         gone = f"; without the part of rank(s) {missing}, which had died" if missing else ""
         self._emit(Level.INFO, Reason.CHECKPOINT_SAVED,
                    f"checkpoint of step {step} committed at {d.get('location')} ({how}, "
-                   f"written in {_secs(d.get('write_s'))}{mib}){gone}",
+                   f"written in {secs(d.get('write_s'))}{mib}){gone}",
                    rank=m.rank, attempt=attempt)
 
     def _on_checkpoint_exit_skipped(self, m: WorkerMessage, d: dict[str, Any],
@@ -87,7 +99,3 @@ class WorkerMessages:
         self._emit(Level.INFO, Reason.RESUMED,
                    f"resumed from the checkpoint of step {step} at {d.get('location')}",
                    rank=m.rank, attempt=attempt)
-
-
-def _secs(v: object) -> str:
-    return f"{v:.3f}s" if isinstance(v, (int, float)) else "?"

@@ -13,7 +13,8 @@ from trainguard.diagnosis.lines import EXCEPTION_LINE
 from trainguard.diagnosis.rules import load_rules
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.diagnosis.verdict import RankExit, diagnose
-from trainguard.protocol import WorkerFact, WorkerState
+from trainguard.protocol import WorkerFact
+from trainguard.states import WorkerState
 
 
 def error_file_finding(data: dict[str, object] | None, rank: int, name: str) -> Finding | None:

@@ -1,8 +1,9 @@
 """A hung attempt's diagnosis, from the verdict the launcher wrote (stacks/hang.json). Pure.
 
 The launcher confirmed the hang, dumped every rank's stack and named the culprit
-(hang_watch.py); this turns that record into the same Diagnosis shape a crash gets, with
-the culprit's stack line as evidence and the other ranks' states as symptoms.
+(controller/hang_watch.py); this turns that record into the same Diagnosis shape a crash
+gets, with the culprit's stack line as evidence and the other ranks' states as symptoms
+(phrased as hang.classify.PHRASES, as in the culprit's reason).
 """
 
 from __future__ import annotations
@@ -17,12 +18,7 @@ from trainguard.diagnosis.taxonomy import (
     FaultDomain,
     RestartHelps,
 )
-
-_WHAT = {"collective": "waits in a collective", "dataloader": "waits for its data loader",
-         "lock": "waits for a lock", "sleep": "sleeps", "io": "waits on I/O",
-         "compute": "runs Python code without finishing a step", "unknown": "gave no stack",
-         "gpu": "waits for the GPU", "blocked": "is blocked in a call py-spy cannot name",
-         "error": "could not be dumped"}
+from trainguard.hang.classify import PHRASES
 
 
 def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
@@ -39,7 +35,7 @@ def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
         evidence = _line_of(stack_texts[rank], frame, rank)
     symptoms = tuple(
         Evidence(stack_texts[r][0] if r in stack_texts else "", 1 if r in stack_texts else 0,
-                 _WHAT.get(what, what), r)
+                 PHRASES[what][0] if what in PHRASES else what, r)
         for r, what in sorted(by_rank.items()) if r != rank)
     idle = data.get("idle_s")
     basis = data.get("basis") or ""

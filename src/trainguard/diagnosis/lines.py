@@ -6,8 +6,10 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-# trainguard's own stamp (logformat.py): `<ISO time read> <out|err> `
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?) (?:out|err) ")
+from trainguard.worker.contract import STAMP_PATTERN
+
+# trainguard's own stamp (worker.contract): `<ISO time read> <out|err> `, group 1 the time
+_STAMP = re.compile("^" + STAMP_PATTERN)
 # line numbers some issue trackers add in front of pasted lines: "[1830] [rank3]:..."
 _PASTE_NUMBER = re.compile(r"^\[\d+\]\s+(?=\[(?:rank|default)\d+\])")
 # pdsh/DeepSpeed/mpirun host prefix in front of a rank prefix: "worker-1: [rank9]: ..."

@@ -98,10 +98,6 @@ class RuleSet:
                 return r
         raise KeyError(rule_id)
 
-    def trigger_source(self) -> str:
-        """One regex that finds every line some rule could match (a prefilter)."""
-        return "|".join(f"(?:{r.regex.pattern})" for r in self.rules if not r.exception)
-
 
 def parse_rules(text: str, origin: str = "rules") -> RuleSet:
     try:

@@ -1,23 +1,22 @@
-"""Where findings come from: log files, job dirs (their attempt logs and worker exits). I/O.
+"""Where findings come from: log files and directories of logs. I/O (reads files only).
 
-`diagnose_paths` is what `trainguard diagnose` runs; `scan_file` is what a node agent runs
-on its ranks' logs after a failure. Both end in verdict.diagnose.
+`scan_file` is what a node agent runs on its ranks' logs after a failure; `diagnose_paths`
+is what `trainguard diagnose` runs, with the CLI's reader of job dirs (cli/diagnose_job.py:
+the job store, its attempt logs and hang verdict). Both end in verdict.diagnose.
 """
 
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import BinaryIO, cast
 
 from trainguard.diagnosis.findings import Finding
-from trainguard.diagnosis.hung import hang_diagnosis
 from trainguard.diagnosis.lines import file_rank
 from trainguard.diagnosis.prefilter import Trigger, compile_trigger
 from trainguard.diagnosis.rules import RuleSet, load_rules
@@ -116,66 +115,32 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def _log_files(d: Path) -> list[Path]:
+def log_files(d: Path) -> list[Path]:
+    """The files under `d` that may be logs (not the store, configs, checkpoints...)."""
     return sorted(p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")
                   and not p.name.endswith(SKIP_SUFFIXES))
 
 
-def _job_inputs(job_dir: Path, attempt: int | None, problems: list[str]
-                ) -> tuple[int, list[tuple[Path, str]], list[RankExit], Diagnosis | None]:
-    """The attempt to diagnose, its log files, its ranks' exits and, when no rank failed
-    but the launcher confirmed a hang, that hang's diagnosis."""
-    from trainguard.controller.store import JobStore
-    from trainguard.node.logs import attempt_log_dir
+@dataclass
+class JobInputs:
+    """What a job dir gives a diagnosis (read on the CLI side: cli/diagnose_job.py)."""
 
-    with JobStore.open(job_dir) as store:
-        meta = store.meta()
-        rows = store.all_workers()
-    attempts = sorted({r.attempt for r in rows})
-    log_dir = Path(str(meta.get("log_dir") or job_dir / "logs"))
-    failed = sorted({r.attempt for r in rows if r.state == "failed"}
-                    | {a for a in attempts if _hang_file(log_dir, a).is_file()})
-    if attempt is None:
-        attempt = failed[-1] if failed else (attempts[-1] if attempts else 0)
-    adir = attempt_log_dir(log_dir, attempt)
-    files = [(p, str(p.relative_to(job_dir)) if p.is_relative_to(job_dir) else str(p))
-             for p in (_log_files(adir) if adir.is_dir() else [])
-             if "stacks" not in p.relative_to(adir).parts]  # stack dumps are not logs
-    if not files:
-        problems.append(f"{adir}: no logs of attempt {attempt} (known attempts: "
-                        f"{', '.join(map(str, attempts)) or 'none'})")
-    exits = [RankExit(r.rank, r.state == "failed", r.exit_code, r.ended_at,
-                      r.oom_killed, r.node)
-             for r in rows if r.attempt == attempt]
-    hung = None if any(e.failed for e in exits) else _hang_report(job_dir, log_dir, attempt)
-    return attempt, files, exits, hung
+    attempt: int  # the attempt diagnosed
+    files: list[tuple[Path, str]]  # its logs: (path, the name shown)
+    exits: list[RankExit]  # its ranks' exits
+    hung: Diagnosis | None  # the launcher's hang verdict, when no rank failed but it hung
 
 
-def _hang_file(log_dir: Path, attempt: int) -> Path:
-    return log_dir / f"attempt-{attempt}" / "stacks" / "hang.json"
+# Reads `path` as a job dir (problems go to the list); None: `path` is not one.
+JobReader = Callable[[Path, list[str]], JobInputs | None]
 
 
-def _hang_report(job_dir: Path, log_dir: Path, attempt: int) -> Diagnosis | None:
-    """The launcher's hang verdict of `attempt`, with its stack dumps, if it hung."""
-    path = _hang_file(log_dir, attempt)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("cleared_at"):
-        return None  # the job made progress again after that hang
-    texts = {}
-    for f in sorted(path.parent.glob("rank-*.txt")):
-        rank = file_rank(f.name)
-        if rank is not None:
-            name = str(f.relative_to(job_dir)) if f.is_relative_to(job_dir) else str(f)
-            texts[rank] = (name, f.read_text(encoding="utf-8", errors="replace"))
-    return hang_diagnosis(data, texts)
-
-
-def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
-                   rules: RuleSet | None = None) -> Report:
-    """Diagnose job dirs and/or log files (directories of logs are walked)."""
+def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
+                   read_job: JobReader | None = None) -> Report:
+    """Diagnose log files and directories of logs (walked). A path that `read_job` reads as
+    a job dir gives that job's attempt logs, its ranks' exits and its hang verdict instead
+    (`trainguard diagnose` passes cli.diagnose_job's reader; without one a job dir is
+    walked as a directory of logs)."""
     rules = rules or load_rules()
     trigger = trigger_for(rules)
     report = Report(None)
@@ -183,13 +148,14 @@ def diagnose_paths(paths: Sequence[Path], attempt: int | None = None,
     exits: list[RankExit] = []
     hung: Diagnosis | None = None
     for p in paths:
-        if (p / "trainguard.db").is_file():
-            report.attempt, more, ex, hung = _job_inputs(p, attempt, report.problems)
+        job = read_job(p, report.problems) if read_job is not None else None
+        if job is not None:
+            report.attempt, hung = job.attempt, job.hung
             report.job_dir = str(p)
-            files += more
-            exits += ex
+            files += job.files
+            exits += job.exits
         elif p.is_dir():
-            found = _log_files(p)
+            found = log_files(p)
             if not found:
                 report.problems.append(f"{p}: a directory with no log files in it")
             files += [(f, _printable(str(f))) for f in found]

@@ -3,7 +3,7 @@ Ascend NPUs through `npu-smi`. Skipped cleanly where there is neither (this is r
 a machine without the library or the tool costs nothing after that).
 
 Utilisation is a second opinion only: NCCL kernels spin at 100% while a collective hangs,
-so a busy accelerator is not life; a *varying* one is (liveness.py).
+so a busy accelerator is not life; a *varying* one is (hang/detector.py).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +29,8 @@ from trainguard.node import procs
 from trainguard.node.channel import ChannelServer
 from trainguard.node.env import worker_env
 from trainguard.node.liveness import LivenessBook
-from trainguard.node.logs import LogRouter, rank_log_path
+from trainguard.node.logs import LogRouter
+from trainguard.paths import attempt_log_dir, rank_log_path
 from trainguard.protocol import (
     DumpStacks,
     FrameMsg,
@@ -41,14 +43,15 @@ from trainguard.protocol import (
     WorkerAssignment,
     WorkerFact,
     WorkerMessage,
-    WorkerState,
 )
 from trainguard.records import utcnow
-from trainguard.worker.channel import ENV_SOCKET
+from trainguard.states import WorkerState
+from trainguard.worker.contract import ENV_DEAD_RANKS, ENV_SOCKET, MessageKind
 
 log = logging.getLogger(__name__)
 
 SCAN_TAIL_BYTES = 64 << 20  # a failed rank's log is scanned from this far before its end
+PRELOAD_JOIN_S = 30.0  # close(): the rules take about a second to load; never hang on them
 
 
 
@@ -107,10 +110,18 @@ class NodeAgent:
         self._dead_file: Path | None = None
         self._job_dir: Path | None = None
         self._liveness = LivenessBook()
+        # the worker messages that are liveness signals, by kind (all go on to the controller)
+        self._signals: dict[str, Callable[[int, WorkerMessage], None]] = {
+            MessageKind.PROGRESS: self._progress_signal,
+            MessageKind.PHASE: self._phase_signal,
+            MessageKind.CHECKPOINT_SAVED: self._saved_signal,
+        }
         self._strays_reaped = 0.0
         procs.become_subreaper()
         # the failure rules (YAML, RE2) load in the background now, not on the recovery path
-        threading.Thread(target=default_trigger, name="trainguard-rules", daemon=True).start()
+        self._preloader = threading.Thread(target=default_trigger, name="trainguard-rules",
+                                           daemon=True)  # ends by itself; joined in close()
+        self._preloader.start()
         self._guardian = procs.Guardian(marker)
         self._channel = ChannelServer(f"@trainguard-{marker}-{node}-{os.getpid()}")
 
@@ -137,7 +148,7 @@ class NodeAgent:
         return self.poll()
 
     def _dead_ranks_file(self, cmd: StartWorkers) -> Path:
-        return Path(cmd.log_dir) / f"attempt-{cmd.attempt}" / "dead-ranks.json"
+        return attempt_log_dir(Path(cmd.log_dir), cmd.attempt) / "dead-ranks.json"
 
     def _spawn(self, cmd: StartWorkers, a: WorkerAssignment, router: LogRouter,
                log_dir: Path) -> _Worker:
@@ -146,7 +157,7 @@ class NodeAgent:
         err_file.unlink(missing_ok=True)
         env = worker_env(cmd, a, str(err_file), self._marker)
         env[ENV_SOCKET] = self._channel.name
-        env["TRAINGUARD_DEAD_RANKS_FILE"] = str(self._dead_ranks_file(cmd))
+        env[ENV_DEAD_RANKS] = str(self._dead_ranks_file(cmd))
         try:
             proc = procs.spawn(cmd.argv, env, cmd.cwd)
         except OSError as e:
@@ -237,6 +248,7 @@ class NodeAgent:
             self.stop_workers(StopWorkers(grace_s=0, reason="agent closing"))
         self._guardian.close()
         self._channel.close()
+        self._preloader.join(PRELOAD_JOIN_S)
 
     # -- facts ----------------------------------------------------------------------------
 
@@ -270,24 +282,26 @@ class NodeAgent:
                           liveness=self._liveness.report(running, last_output))
 
     def _liveness_message(self, m: WorkerMessage) -> None:
-        """trainguard.progress / trainguard.phase / a checkpoint save: liveness signals."""
-        if m.rank is None:
-            return
-        step = m.data.get("step")
-        step = step if isinstance(step, int) else None
-        if m.kind == "progress" and step is not None:
-            self._on_progress(m.rank, step, m.at)
-        elif m.kind == "checkpoint_saved":
-            self._liveness.progress(m.rank, None, m.at)
-        elif m.kind == "phase":
-            timeout = m.data.get("timeout_s")
-            self._liveness.phase(m.rank, str(m.data.get("name")), str(m.data.get("state")),
-                                 m.at, float(timeout) if isinstance(timeout, (int, float))
-                                 else None)
+        """trainguard.progress / trainguard.phase / a checkpoint save: liveness signals
+        (the fields as worker.contract checked them)."""
+        handler = self._signals.get(m.kind)
+        if handler is not None and m.rank is not None:
+            handler(m.rank, m)
+
+    def _progress_signal(self, rank: int, m: WorkerMessage) -> None:
+        self._on_progress(rank, int(m.data["step"]), m.at)
+
+    def _saved_signal(self, rank: int, m: WorkerMessage) -> None:
+        self._liveness.progress(rank, None, m.at)
+
+    def _phase_signal(self, rank: int, m: WorkerMessage) -> None:
+        timeout = m.data.get("timeout_s")
+        self._liveness.phase(rank, str(m.data["name"]), str(m.data["state"]), m.at,
+                             None if timeout is None else float(timeout))
 
     def _log_errors(self) -> list[WorkerMessage]:
         errors = self._router.take_errors() if self._router is not None else []
-        return [WorkerMessage(kind="log_write_failed", rank=None, at=utcnow(),
+        return [WorkerMessage(kind=MessageKind.LOG_WRITE_FAILED, rank=None, at=utcnow(),
                               data={"error": e}) for e in errors]
 
     def _fact(self, w: _Worker) -> WorkerFact:

@@ -4,6 +4,9 @@ Workers send with trainguard.worker.channel.send(); the agent binds an abstract 
 (no file to clean up, no path length limit). A reader thread takes datagrams as they come,
 because the kernel queues only a few (net.unix.max_dgram_qlen, 10 by default) and a sender
 drops, never blocks, when the queue is full; each poll takes what the thread gathered.
+Each datagram is checked against the worker contract (worker.contract.parse_message): one
+that is not JSON, of an unknown kind, or with a missing, mistyped or out-of-bounds field is
+dropped with a debug log.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import threading
 from collections import deque
 from typing import Any
 
+from trainguard.worker.contract import ContractError, parse_message
+
 log = logging.getLogger(__name__)
 
 MAX_KEPT = 100_000  # messages kept between two drains (the oldest go first)
@@ -24,7 +29,7 @@ MAX_KEPT = 100_000  # messages kept between two drains (the oldest go first)
 
 class ChannelServer:
     def __init__(self, name: str) -> None:
-        self.name = name  # `@name` form, as workers get it in TRAINGUARD_AGENT_SOCKET
+        self.name = name  # `@name` form, as workers get it in contract.ENV_SOCKET
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind("\0" + name.removeprefix("@"))
         self._sock.setblocking(False)
@@ -52,15 +57,18 @@ class ChannelServer:
             except (BlockingIOError, InterruptedError, OSError):
                 return
             try:
-                msg = json.loads(data)
-            except ValueError:
-                log.debug("dropped a malformed worker message")
+                msg = parse_message(json.loads(data))
+            except ContractError as e:
+                log.debug("dropped a worker message: %s", e)
                 continue
-            if isinstance(msg, dict) and isinstance(msg.get("kind"), str):
-                self._got.append(msg)
+            except (ValueError, RecursionError):  # not JSON (or nested past the parser)
+                log.debug("dropped a malformed worker message (not JSON)")
+                continue
+            self._got.append(msg)
 
     def drain(self) -> list[dict[str, Any]]:
-        """Every well-formed message received since the last drain, in arrival order."""
+        """Every valid message received since the last drain, in arrival order (each as
+        contract.parse_message returns it: `kind` a MessageKind)."""
         with self._lock:
             self._read_all()
             out = list(self._got)

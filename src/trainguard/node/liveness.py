@@ -1,5 +1,5 @@
 """What the node agent knows of each running rank's liveness: progress, phases, output, and
-the CPU and I/O of its process tree (psutil). Feeds liveness.HangDetector through
+the CPU and I/O of its process tree (psutil). Feeds hang.detector.HangDetector through
 protocol.RankLiveness; decides nothing.
 """
 

@@ -1,8 +1,9 @@
 """Per-attempt, per-rank logs: every line stamped with the wall-clock time it was read.
 
 One thread per node reads all workers' pipes (selectors), writes
-`LOG_DIR/attempt-N/rank-R.log` as `<ISO time> <out|err> <text>` (logformat.py), echoes
-`[rank R] text` to the console (unless redirected or filtered) and keeps a bounded tail per rank.
+`LOG_DIR/attempt-N/rank-R.log` (paths.rank_log_path) as `<ISO time> <out|err> <text>`
+(worker/contract.py), echoes `[rank R] text` to the console (unless redirected or
+filtered) and keeps a bounded tail per rank.
 Memory stays bounded however much a rank prints: reads are chunked, over-long lines are
 split, tails are fixed-size deques.
 """
@@ -28,14 +29,6 @@ TAIL_LINES = 200
 TAIL_LINE_CHARS = 4096
 
 ProgressCallback = Callable[[int, int, datetime], None]  # (rank, step, seen_at)
-
-
-def attempt_log_dir(log_dir: Path, attempt: int) -> Path:
-    return log_dir / f"attempt-{attempt}"
-
-
-def rank_log_path(log_dir: Path, attempt: int, rank: int) -> Path:
-    return attempt_log_dir(log_dir, attempt) / f"rank-{rank}.log"
 
 
 class _Sink:

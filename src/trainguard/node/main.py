@@ -1,4 +1,5 @@
-"""`trainguard agent`: one node's agent process in a multi-node job (started by a backend).
+"""One node's agent process in a multi-node job: `python -m trainguard.node.main`, started by
+a backend (launch.py builds its command line), never by hand.
 
 It owns the node's workers through agent.NodeAgent and serves the controller over the wire:
 it connects (and reconnects after a blip, re-reading where the controller is), pushes a
@@ -22,16 +23,12 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from trainguard.node.agent import ConsoleOptions, NodeAgent
+from trainguard.exitcodes import ExitCode
+from trainguard.node.agent import ConsoleOptions, NodeAgent, free_port
 from trainguard.protocol import (
-    OP_DUMP,
-    OP_EXIT,
-    OP_PORT,
-    OP_PRECHECK,
-    OP_START,
-    OP_STOP,
     AgentConfig,
     DumpStacks,
+    Op,
     StartWorkers,
     StopWorkers,
 )
@@ -39,8 +36,6 @@ from trainguard.wire import Conn, Superseded, WireError, connect, read_token
 
 log = logging.getLogger("trainguard.node.agent")
 
-EXIT_ORPHANED = 3
-EXIT_SUPERSEDED = 4
 _KEEP_REPLIES = 64
 
 
@@ -67,20 +62,20 @@ class AgentRunner:
         while not self._exit:
             conn = self._connect()
             if conn is None and self._superseded:
-                return EXIT_SUPERSEDED
+                return ExitCode.SUPERSEDED
             if conn is None:
                 orphan_since = orphan_since or time.monotonic()
                 if time.monotonic() - orphan_since > self.cfg.orphan_timeout_s:
                     log.error("no controller for %.0fs: stopping the workers and ending",
                               self.cfg.orphan_timeout_s)
                     self.agent.stop_workers(StopWorkers(grace_s=15, reason="orphaned"))
-                    return EXIT_ORPHANED
+                    return ExitCode.ORPHANED
                 time.sleep(0.2)
                 continue
             orphan_since = None
             self._serve(conn)
             conn.close()
-        return 0
+        return ExitCode.SUCCESS
 
     def _connect(self) -> Conn | None:
         addr = controller_address(Path(self.cfg.controller_file))
@@ -162,33 +157,35 @@ class AgentRunner:
             self._done.popitem(last=False)
         return reply
 
-    def _run_op(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
-        if op == OP_START:
+    def _run_op(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            op = Op(name)
+        except ValueError:
+            raise ValueError(f"unknown op {name!r}") from None
+        if op == Op.START:
             return self.agent.start_workers(StartWorkers.model_validate(body)).model_dump(
                 mode="json")
-        if op == OP_STOP:
+        if op == Op.STOP:
             return self.agent.stop_workers(StopWorkers.model_validate(body)).model_dump(
                 mode="json")
-        if op == OP_DUMP:
+        if op == Op.DUMP:
             dumps = self.agent.dump_stacks(DumpStacks.model_validate(body))
             return {"dumps": [d.model_dump(mode="json") for d in dumps]}
-        if op == OP_PORT:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("", 0))
-                return {"port": int(s.getsockname()[1])}
-        if op == OP_PRECHECK:
+        if op == Op.PORT:
+            return {"port": free_port("")}
+        if op == Op.PRECHECK:
             from trainguard.node.precheck import run_precheck
             from trainguard.policy.precheck import PrecheckConfig
 
             report = run_precheck(PrecheckConfig.model_validate(body), self.node,
                                   import_cache=self._import_cache)
             return report.model_dump(mode="json")
-        if op == OP_EXIT:
+        if op == Op.EXIT:
             self.agent.stop_workers(StopWorkers(grace_s=float(body.get("grace_s", 15)),
                                                 reason="the job ended"))
             self._exit = True
             return {}
-        raise ValueError(f"unknown op {op!r}")
+        raise ValueError(f"op {op.value!r} has no handler")
 
 
 def node_name(given: str | None) -> str:
@@ -208,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = AgentConfig.model_validate_json(ns.config.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         print(f"trainguard agent: cannot read {ns.config}: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     node = node_name(ns.node)
     filt = frozenset(cfg.ranks_filter) if cfg.ranks_filter is not None else None
     agent = NodeAgent(node, sys.stdout, ConsoleOptions(cfg.redirects, filt), cfg.step_pattern,
@@ -218,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return runner.run()
     except WireError as e:
         print(f"trainguard agent: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     finally:
         agent.close()
 

@@ -18,9 +18,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
+
+from trainguard.worker.contract import ENV_MARKER
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +186,7 @@ def kill_marked(marker: str) -> int:
         if p.pid == me:
             continue
         try:
-            if p.environ().get("TRAINGUARD_MARKER") == marker:
+            if p.environ().get(ENV_MARKER) == marker:
                 p.kill()
                 killed += 1
         except (psutil.Error, OSError):
@@ -203,17 +205,15 @@ def stop_groups(
     pgids = list(known)  # each worker leads its own session and group
     for pgid in pgids:
         signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        for pgid in pgids:
-            reap(known, os.P_PGID, pgid)
-        if not any(group_alive(g) for g in pgids):
-            break
+
+    def wait_a_little(left_s: float) -> None:
         leaders = [p for p in procs if p.returncode is None]
         if leaders:
-            wait_any_exit(leaders, min(poll_s, max(deadline - time.monotonic(), 0)))
+            wait_any_exit(leaders, min(poll_s, left_s))
         else:
-            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0)))
+            time.sleep(min(poll_s, left_s))
+
+    _reap_until_gone(known, pgids, time.monotonic() + grace_s, wait_a_little)
     for pgid in pgids:
         if group_alive(pgid):
             log.info("process group %s outlived the grace period; sending SIGKILL", pgid)
@@ -223,21 +223,25 @@ def stop_groups(
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.warning("pid %s does not die even after SIGKILL (uninterruptible I/O?)", p.pid)
-    _wait_groups_gone(known, pgids)
+    if not _reap_until_gone(known, pgids, time.monotonic() + 5.0,
+                            lambda _left_s: time.sleep(0.02)):
+        log.warning("process groups %s still have members after SIGKILL", pgids)
     if kill_marked(marker):
         log.info("killed processes of this job that had left their process group")
         time.sleep(0.05)
         reap(known)
 
 
-def _wait_groups_gone(
-    known: dict[int, subprocess.Popen[bytes]], pgids: list[int], timeout_s: float = 5.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
+def _reap_until_gone(
+    known: dict[int, subprocess.Popen[bytes]], pgids: list[int], deadline: float,
+    wait: Callable[[float], None],
+) -> bool:
+    """Reap every group's exited members until no group has one alive (True) or the
+    monotonic `deadline` passes (False); `wait(seconds left)` between rounds."""
     while time.monotonic() < deadline:
         for pgid in pgids:
             reap(known, os.P_PGID, pgid)
         if not any(group_alive(g) for g in pgids):
-            return
-        time.sleep(0.02)
-    log.warning("process groups %s still have members after SIGKILL", pgids)
+            return True
+        wait(max(deadline - time.monotonic(), 0))
+    return False

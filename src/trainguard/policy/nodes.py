@@ -1,101 +1,95 @@
-"""Node-level recovery: which rung of the ladder answers a faulty or lost node. Pure.
+"""Rungs 2 and 3, node-level recovery: which rung answers a lost or faulty node, and when a
+node is to blame at all. Pure.
 
-The ladder (ARCHITECTURE.md, "The policy ladder"), finest first:
-  process restart in place (policy.decide) -> pod-level rescheduling (replace only the
-  faulty node with a spare; healthy nodes restart their processes in place) -> isolated
-  job-level rescheduling (isolate the node, re-place every rank on healthy + spare nodes).
-Each rung has its own budget. A rung that cannot act (no spare) says `downgrade`, one out
-of budget says `quotaExceeded`, and the next rung is tried; the controller writes one
-recover record per rung tried.
-
-When a node is *lost* (agent gone, silent, its step ended) the first rung is pod-level: the
-node is replaced. When a node is *implicated* (diagnosis says isolate, pre-check failed, a
-repeat offender) the answer is isolated job-level rescheduling.
+When a node is *lost* (agent gone, silent, its step ended) the first rung is pod-level
+rescheduling: its ranks move to a spare, the other nodes restart their processes in place.
+When a node is *implicated* (the diagnosis says isolate it, or it is a repeat offender) the
+answer is isolated job-level rescheduling: the node is isolated and every rank is placed
+again on healthy + spare nodes. Each rung has its own budget; a rung that cannot act (no
+spare) is tried with `downgrade`, one out of budget with `quotaExceeded`, and the next rung
+answers. A pre-check failure isolates the failing nodes (drained only when the check did not
+fail everywhere: a full shared file system is no node's fault) and gives their slots to spares.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 
-from trainguard.records import RecoverResult
-
-
-class Rung(str, Enum):
-    PROCESS_RESTART = "process_restart"
-    POD_RESCHEDULE = "pod_reschedule"
-    JOB_RESCHEDULE = "job_reschedule_with_taint"
-
-
-class Trigger(str, Enum):
-    LOST = "lost"  # the node's agent is gone
-    FAULTY = "faulty"  # the node is implicated: diagnosis, pre-check, repeat offender
-
-
-@dataclass(frozen=True)
-class LadderPolicy:
-    max_pod_reschedules: int = 3
-    max_job_reschedules: int = 3
-    repeat_offender_count: int = 3  # implicated this many times in the window: isolated
-    repeat_window_s: float = 3600.0
+from trainguard.diagnosis.taxonomy import Diagnosis, FaultDomain
+from trainguard.exitcodes import ExitCode
+from trainguard.policy.decision import (
+    Action,
+    Decision,
+    HAPolicy,
+    History,
+    Isolation,
+    Rung,
+    Tried,
+)
+from trainguard.records import RecoverResult, StartType
 
 
-@dataclass(frozen=True)
-class LadderHistory:
-    pod_used: int = 0
-    job_used: int = 0
-    implicated: tuple[tuple[str, float], ...] = ()  # (node, time in s) per implication
-
-
-@dataclass(frozen=True)
-class Tried:
-    """A rung that could not act: why, and what its record says."""
-
-    rung: Rung
-    result: RecoverResult
-    why: str
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    rung: Rung | None  # None: give up
-    node: str  # the faulty or lost node
-    placement: tuple[str, ...]  # the new slot -> node list (all slots filled when not waiting)
-    moved_slots: tuple[int, ...]  # slots whose ranks land on another node
-    tried: tuple[Tried, ...]
-    reason: str
-    history: LadderHistory
-    missing: int = 0  # job-level without enough nodes: how many are missing (wait, then fail)
-    result: RecoverResult = RecoverResult.RECOVERING
-
-
-def implicate(hist: LadderHistory, node: str, now_s: float,
-              pol: LadderPolicy) -> tuple[LadderHistory, int]:
+def implicate(hist: History, node: str, now_s: float, pol: HAPolicy) -> tuple[History, int]:
     """Count one implication of `node`; how many it has within the window (itself included)."""
     recent = tuple((n, t) for n, t in hist.implicated if now_s - t <= pol.repeat_window_s)
     recent += ((node, now_s),)
     return replace(hist, implicated=recent), sum(1 for n, _ in recent if n == node)
 
 
-def is_repeat_offender(count: int, pol: LadderPolicy) -> bool:
+def is_repeat_offender(count: int, pol: HAPolicy) -> bool:
     return pol.repeat_offender_count > 0 and count >= pol.repeat_offender_count
 
 
-def plan(trigger: Trigger, node: str, why: str, placement: tuple[str, ...],
-         spares: tuple[str, ...], hist: LadderHistory, pol: LadderPolicy) -> NodePlan:
-    """The rung that answers `node` being lost or faulty, given the current placement
-    (slot -> node) and the spare nodes ready now (connected, healthy, not placed)."""
+def blames_node(diag: Diagnosis) -> bool:
+    """Whether a failure implicates the node it ran on: a bug in the user's code or the
+    framework follows the rank wherever it runs, unless the diagnosis says isolate."""
+    return diag.isolate_node or diag.fault_domain not in (FaultDomain.USER_CODE,
+                                                          FaultDomain.FRAMEWORK)
+
+
+def why_isolated(diag: Diagnosis, count: int, pol: HAPolicy) -> str | None:
+    """Why an implicated node is isolated now; None: it is not (yet)."""
+    if diag.isolate_node:
+        return f"{diag.category.value}: {diag.summary.rstrip('.')}"
+    if is_repeat_offender(count, pol):
+        return (f"a repeat offender: implicated {count} times within "
+                f"{pol.repeat_window_s / 3600:g} h (last: {diag.category.value})")
+    return None
+
+
+def lost_isolation(node: str, why: str) -> Isolation:
+    """A lost agent implicates its node: it is drained (the reconnect grace, spent before a
+    node counts as lost, keeps a network blip from doing it)."""
+    return Isolation(node, f"lost ({why})", drain=True)
+
+
+def after_precheck(failing: tuple[tuple[str, str], ...], checked: int,
+                   placement: tuple[str, ...], hist: History) -> Decision:
+    """Isolate the nodes that failed the pre-check; the placed ones are replaced by spares."""
+    own = len(failing) < checked  # a check failing everywhere is not one node's fault
+    isolations = tuple(Isolation(n, f"pre-check failed: {what}", drain=own) for n, what in failing)
+    out = [n for n, _ in failing if n in placement]
+    return Decision(Action.REPLACE, f"{', '.join(out) or 'no placed node'} failed the pre-check",
+                    hist, isolate=isolations, node=out[0] if out else None,
+                    missing=len(out))
+
+
+def after_node_trouble(lost: bool, node: str, why: str, placement: tuple[str, ...],
+                       spares: tuple[str, ...], hist: History, pol: HAPolicy,
+                       isolate: tuple[Isolation, ...] = ()) -> Decision:
+    """The rung that answers `node` being lost (pod-level first) or faulty (job-level),
+    given the placement (slot -> node) and the spare nodes ready now."""
     tried: list[Tried] = []
-    if trigger == Trigger.LOST:
-        pod = _pod(node, why, placement, spares, hist, pol)
-        if isinstance(pod, NodePlan):
+    if lost:
+        pod = _pod(node, why, placement, spares, hist, pol, isolate)
+        if isinstance(pod, Decision):
             return pod
         tried.append(pod)
-    return _job(node, why, placement, spares, hist, pol, tuple(tried))
+    return _job(node, why, placement, spares, hist, pol, tuple(tried), isolate)
 
 
 def _pod(node: str, why: str, placement: tuple[str, ...], spares: tuple[str, ...],
-         hist: LadderHistory, pol: LadderPolicy) -> NodePlan | Tried:
+         hist: History, pol: HAPolicy, isolate: tuple[Isolation, ...]) -> Decision | Tried:
     if hist.pod_used >= pol.max_pod_reschedules:
         return Tried(Rung.POD_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED,
                      f"pod-level rescheduling budget spent ({pol.max_pod_reschedules})")
@@ -106,25 +100,31 @@ def _pod(node: str, why: str, placement: tuple[str, ...], spares: tuple[str, ...
     new = list(placement)
     for s in slots:
         new[s] = spares[0]
-    return NodePlan(Rung.POD_RESCHEDULE, node, tuple(new), slots, (),
+    return Decision(Action.RESCHEDULE,
                     f"{node} {why}: its ranks move to spare {spares[0]}; the other nodes "
                     "restart their processes in place",
-                    replace(hist, pod_used=hist.pod_used + 1))
+                    replace(hist, pod_used=hist.pod_used + 1), rung=Rung.POD_RESCHEDULE,
+                    start_type=StartType.POD_RESCHEDULE, isolate=isolate, node=node,
+                    placement=tuple(new), moved_slots=slots)
 
 
 def _job(node: str, why: str, placement: tuple[str, ...], spares: tuple[str, ...],
-         hist: LadderHistory, pol: LadderPolicy, tried: tuple[Tried, ...]) -> NodePlan:
+         hist: History, pol: HAPolicy, tried: tuple[Tried, ...],
+         isolate: tuple[Isolation, ...]) -> Decision:
     if hist.job_used >= pol.max_job_reschedules:
         last = Tried(Rung.JOB_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED,
                      f"isolated job-level rescheduling budget spent ({pol.max_job_reschedules})")
-        return NodePlan(None, node, placement, (), (*tried, last),
-                        f"{node} {why}; {last.why}", hist, result=RecoverResult.QUOTA_EXCEEDED)
+        return Decision(Action.GIVE_UP, f"{node} {why}; {last.why}", hist, tried=(*tried, last),
+                        isolate=isolate, node=node, placement=placement,
+                        result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.FAILED)
     pool = [n for n in placement if n != node] + [s for s in spares if s not in placement]
     need = len(placement)
     new = tuple(pool[:need])
     missing = max(need - len(new), 0)
-    return NodePlan(Rung.JOB_RESCHEDULE, node, new, tuple(range(need)), tried,
+    return Decision(Action.RESCHEDULE,
                     f"{node} {why}: isolated; every rank is placed again on "
                     f"{', '.join(new) or 'no node'}"
                     + (f" ({missing} node(s) missing: waiting)" if missing else ""),
-                    replace(hist, job_used=hist.job_used + 1), missing=missing)
+                    replace(hist, job_used=hist.job_used + 1), rung=Rung.JOB_RESCHEDULE,
+                    start_type=StartType.JOB_RESCHEDULE, tried=tried, isolate=isolate,
+                    node=node, placement=new, moved_slots=tuple(range(need)), missing=missing)

@@ -1,4 +1,5 @@
-"""Restart or give up? Pure: (Diagnosis, history, RestartPolicy) -> Decision.
+"""Rung 1, restart the processes in place: after a crash (the restart policy) and after a
+confirmed hang (restart upon suspension). Pure.
 
 Rules (docs/restart-policy.md):
 - auto restart is off when max_restarts == 0 (torchrun's default);
@@ -6,71 +7,47 @@ Rules (docs/restart-policy.md):
 - unconditional: also restart what conditional would not, at most N consecutive;
 - every restart spends one of max_restarts;
 - an attempt that made progress resets the consecutive counters and the backoff;
-- after `no_progress_limit` attempts in a row without progress: give up, do not requeue.
+- after `no_progress_limit` attempts in a row without progress: give up, do not requeue;
+- a hang restarts in place without spending max_restarts, at most max_hang_restarts in a
+  row (progress resets the count).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 
 from trainguard.diagnosis.taxonomy import Diagnosis, RestartHelps
-from trainguard.records import RecoverResult, StartType
+from trainguard.exitcodes import ExitCode
+from trainguard.policy.decision import Action, Decision, HAPolicy, History, Rung
+from trainguard.records import Reason, RecoverResult, StartType
 from trainguard.spec import RestartPolicy
 
 
-class Action(str, Enum):
-    RESTART = "restart"
-    FAIL = "fail"
-    GIVE_UP_NO_PROGRESS = "give_up_no_progress"
-
-
-@dataclass(frozen=True)
-class History:
-    """What the policy remembers between attempts."""
-
-    restarts_used: int = 0
-    consecutive_failures: int = 0  # failed attempts since the last one that made progress
-    consecutive_unconditional: int = 0
-    attempts_without_progress: int = 0
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: Action
-    reason: str
-    delay_s: float = 0.0
-    start_type: StartType | None = None
-    result: RecoverResult = RecoverResult.FAILED
-    history: History = History()
-
-
-def decide(diag: Diagnosis, made_progress: bool, hist: History, pol: RestartPolicy) -> Decision:
-    """Decide what follows a failed attempt."""
+def after_crash(diag: Diagnosis, made_progress: bool, hist: History,
+                pol: RestartPolicy) -> Decision:
+    """Restart in place or give up, after a failed attempt."""
     h = _after_attempt(hist, made_progress)
     if pol.max_restarts == 0:
-        return Decision(Action.FAIL, "auto restart is off (--max-restarts 0)",
-                        result=RecoverResult.TERMINATED, history=h)
+        return _give_up("auto restart is off (--max-restarts 0)", h,
+                        result=RecoverResult.TERMINATED)
     if h.attempts_without_progress >= pol.no_progress_limit:
-        return Decision(Action.GIVE_UP_NO_PROGRESS,
-                        f"{h.attempts_without_progress} attempts in a row made no progress "
-                        f"(limit {pol.no_progress_limit})", history=h)
+        return _give_up(f"{h.attempts_without_progress} attempts in a row made no progress "
+                        f"(limit {pol.no_progress_limit})", h, code=ExitCode.NO_PROGRESS,
+                        limit=Reason.NO_PROGRESS)
     conditional_ok = diag.restart_helps != RestartHelps.NO
     if not conditional_ok and not pol.unconditional:
-        return Decision(Action.FAIL,
-                        f"not restarted: {diag.category.value} in the "
+        return _give_up(f"not restarted: {diag.category.value} in the "
                         f"{diag.fault_domain.value} domain will fail again (use "
-                        "--unconditional-restart to restart anyway)",
-                        history=h)
+                        "--unconditional-restart to restart anyway)", h)
     if h.restarts_used >= pol.max_restarts:
-        return Decision(Action.FAIL, f"restart budget spent ({pol.max_restarts} restarts)",
-                        result=RecoverResult.QUOTA_EXCEEDED, history=h)
+        return _give_up(f"restart budget spent ({pol.max_restarts} restarts)", h,
+                        result=RecoverResult.QUOTA_EXCEEDED, limit=Reason.RESTART_LIMIT_REACHED)
     if not conditional_ok:
         if h.consecutive_unconditional >= pol.unconditional_max_consecutive:
-            return Decision(Action.FAIL,
-                            f"{h.consecutive_unconditional} unconditional restarts in a row "
-                            f"(limit {pol.unconditional_max_consecutive})",
-                            result=RecoverResult.QUOTA_EXCEEDED, history=h)
+            return _give_up(f"{h.consecutive_unconditional} unconditional restarts in a row "
+                            f"(limit {pol.unconditional_max_consecutive})", h,
+                            result=RecoverResult.QUOTA_EXCEEDED,
+                            limit=Reason.RESTART_LIMIT_REACHED)
         h = replace(h, consecutive_unconditional=h.consecutive_unconditional + 1)
         start_type = StartType.UNCONDITIONAL_RESTART
     else:
@@ -79,8 +56,28 @@ def decide(diag: Diagnosis, made_progress: bool, hist: History, pol: RestartPoli
     h = replace(h, restarts_used=h.restarts_used + 1)
     return Decision(Action.RESTART,
                     f"restart {h.restarts_used}/{pol.max_restarts} after {diag.category.value}",
-                    delay_s=delay, start_type=start_type, result=RecoverResult.RECOVERING,
-                    history=h)
+                    h, rung=Rung.PROCESS_RESTART, start_type=start_type, delay_s=delay)
+
+
+def after_hang(made_progress: bool, hist: History, pol: HAPolicy) -> Decision:
+    """Restart upon suspension: in place, at once, outside the restart budget."""
+    h = replace(hist, hang_restarts=0) if made_progress else hist
+    n = pol.max_hang_restarts
+    if h.hang_restarts >= n:
+        return _give_up(f"{n} restarts upon suspension in a row made no progress; giving up",
+                        h, result=RecoverResult.QUOTA_EXCEEDED,
+                        limit=Reason.HANG_RESTART_LIMIT_REACHED)
+    h = replace(h, hang_restarts=h.hang_restarts + 1)
+    return Decision(Action.RESTART,
+                    f"restart upon suspension {h.hang_restarts}/{n} in a row (the restart "
+                    "budget is not used); restarting in place", h, rung=Rung.PROCESS_RESTART,
+                    start_type=StartType.SUSPENSION_RESTART)
+
+
+def _give_up(reason: str, h: History, *, result: RecoverResult = RecoverResult.FAILED,
+             code: ExitCode = ExitCode.FAILED, limit: Reason | None = None) -> Decision:
+    return Decision(Action.GIVE_UP, reason, h, result=result,
+                    exit_code=code, limit=limit)
 
 
 def _after_attempt(h: History, made_progress: bool) -> History:

@@ -37,7 +37,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-ENV_VAR = "TRAINGUARD_FAULT"
+from trainguard.worker.contract import ENV_FAULT, ENV_RANK, ENV_RESTART_COUNT
+
 KINDS = (
     "crash",       # raise RuntimeError
     "exit",        # exit:CODE, os._exit(CODE)
@@ -101,14 +102,14 @@ def inject_loader(step: int) -> None:
 
 
 def _inject(step: int, loader: bool) -> None:
-    spec = os.environ.get(ENV_VAR)
+    spec = os.environ.get(ENV_FAULT)
     if not spec:
         return
     faults = _parse_cached(spec)
     if not any((f.kind in _LOADER_KINDS) == loader for f in faults):
         return
-    rank = _env_int("RANK")
-    attempt = _env_int("TORCHELASTIC_RESTART_COUNT")
+    rank = _env_int(ENV_RANK)
+    attempt = _env_int(ENV_RESTART_COUNT)
     for fault in faults:
         if (fault.kind in _LOADER_KINDS) == loader and fault.matches(step, rank, attempt):
             _fire(fault, step, rank, attempt)
@@ -119,7 +120,7 @@ def _parse_cached(spec: str) -> tuple[Fault, ...]:
     try:
         return tuple(parse(spec))
     except FaultSpecError as e:
-        raise FaultSpecError(f"{ENV_VAR}={spec!r}: {e}") from None
+        raise FaultSpecError(f"{ENV_FAULT}={spec!r}: {e}") from None
 
 
 def _fire(fault: Fault, step: int, rank: int, attempt: int) -> None:
@@ -266,7 +267,7 @@ def _unescape(text: str) -> str:
 def _env_int(name: str) -> int:
     value = os.environ.get(name, "0")
     if not value.strip().isdecimal():
-        raise ValueError(f"{ENV_VAR} needs {name} to be an integer >= 0, got {value!r}")
+        raise ValueError(f"{ENV_FAULT} needs {name} to be an integer >= 0, got {value!r}")
     return int(value)
 
 

@@ -2,7 +2,9 @@
 
 The agent names the socket in TRAINGUARD_AGENT_SOCKET (an abstract name, `@...`). Sending
 never blocks and never fails the training script: without a launcher, or when the agent is
-gone or busy, a message is dropped. Standard library only.
+gone or busy, a message is dropped. The message kinds and their fields are in
+trainguard.worker.contract, which the agent checks each datagram against. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import threading
 import time
 from typing import Any
 
-ENV_SOCKET = "TRAINGUARD_AGENT_SOCKET"
-MAX_BYTES = 60_000  # well under the default datagram limit
+from trainguard.worker.contract import ENV_RANK, ENV_SOCKET, MAX_DATAGRAM_BYTES, MessageKind
+
+__all__ = ["ENV_SOCKET", "available", "send"]
 
 _lock = threading.Lock()
 _sock: socket.socket | None = None
@@ -33,16 +36,17 @@ def available() -> bool:
     return _address() is not None
 
 
-def send(kind: str, **fields: Any) -> bool:
-    """Send one message (`kind` plus JSON-able fields); True when it was handed to the kernel."""
+def send(kind: MessageKind, **fields: Any) -> bool:
+    """Send one message (`kind` plus its fields, as worker.contract.FIELDS names them); True
+    when it was handed to the kernel."""
     global _sock, _addr
     addr = _address()
     if addr is None:
         return False
-    msg = {"kind": kind, "rank": _env_int("RANK"), "pid": os.getpid(), "at": time.time(),
+    msg = {"kind": kind, "rank": _env_int(ENV_RANK), "pid": os.getpid(), "at": time.time(),
            **fields}
     data = json.dumps(msg, default=str).encode()
-    if len(data) > MAX_BYTES:
+    if len(data) > MAX_DATAGRAM_BYTES:
         return False
     with _lock:
         try:

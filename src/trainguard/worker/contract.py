@@ -1,20 +1,283 @@
-"""The rank log line format, `<ISO time read> <out|err> <text>`. Pure."""
+"""The launcher <-> worker contract: every name and shape both sides rely on. Pure, stdlib only.
+
+Training scripts load this module (through trainguard.worker.channel and the checkpoint
+library); the node agent and the controller import it too. It never imports pydantic,
+torch or launcher code, and does no I/O.
+
+- The environment: every variable trainguard sets for a worker or reads in one (`ENV_*`,
+  listed in TRAINGUARD_ENV), and torchrun's variables, which the agent sets as torchrun
+  would (TORCHRUN_ENV).
+- The channel: every kind of message a worker sends its agent (MessageKind), each with its
+  typed, bounded fields (FIELDS). The agent checks each datagram with `parse_message` and
+  drops what fails.
+- The rank log line: `<ISO time read> <out|err> <text>` (stamp_lines, STAMP_PATTERN).
+
+Adding a message kind: a MessageKind member, its fields in FIELDS, a sender
+(`channel.send(MessageKind.X, ...)`), and an entry in the receiving side's dispatch table
+(node/agent.py for liveness signals, controller/worker_messages.py for job events).
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
+from enum import Enum
+from typing import Any, NamedTuple
+
+# -- the environment: trainguard's own variables ------------------------------------------
+ENV_SOCKET = "TRAINGUARD_AGENT_SOCKET"  # the agent's channel, an abstract socket `@name`
+ENV_MARKER = "TRAINGUARD_MARKER"  # the job's mark: finds its strays after an agent died
+ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"  # the attempt (as TORCHELASTIC_RESTART_COUNT)
+ENV_PROCESS_START_COUNT = "TRAINGUARD_PROCESS_START_COUNT"  # starts of this rank, this one too
+ENV_SCHEDULE_COUNT = "TRAINGUARD_SCHEDULE_COUNT"  # how often this rank was placed on a node
+ENV_JOB_DIR = "TRAINGUARD_JOB_DIR"
+ENV_CHECKPOINT_DIR = "TRAINGUARD_CHECKPOINT_DIR"  # Checkpointer()'s default location
+ENV_DEAD_RANKS = "TRAINGUARD_DEAD_RANKS_FILE"  # the agent lists the ranks that died there
+ENV_GRACE = "TRAINGUARD_GRACE_PERIOD_S"  # seconds between SIGTERM and SIGKILL
+ENV_SAVE_ON_EXIT = "TRAINGUARD_SAVE_ON_EXIT"  # "1": save a checkpoint on the way out
+ENV_FAULT = "TRAINGUARD_FAULT"  # set by a user: trainguard.testing.faults
+TRAINGUARD_ENV = (ENV_SOCKET, ENV_MARKER, ENV_ATTEMPT, ENV_PROCESS_START_COUNT,
+                  ENV_SCHEDULE_COUNT, ENV_JOB_DIR, ENV_CHECKPOINT_DIR, ENV_DEAD_RANKS,
+                  ENV_GRACE, ENV_SAVE_ON_EXIT, ENV_FAULT)
+
+# -- the environment: torchrun's variables (set by the agent, read by the library) --------
+ENV_RANK = "RANK"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ENV_GROUP_RANK = "GROUP_RANK"
+ENV_GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+ENV_ROLE_RANK = "ROLE_RANK"
+ENV_ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+ENV_ROLE_NAME = "ROLE_NAME"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+ENV_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+ENV_RUN_ID = "TORCHELASTIC_RUN_ID"
+ENV_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch's @record writes the exception there
+ENV_PYTHON_EXEC = "PYTHON_EXEC"
+ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # 1 unless set, as torchrun
+ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # 1 unless set: lines reach the log as printed
+TORCHRUN_ENV = (ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE, ENV_LOCAL_WORLD_SIZE, ENV_GROUP_RANK,
+                ENV_GROUP_WORLD_SIZE, ENV_ROLE_RANK, ENV_ROLE_WORLD_SIZE, ENV_ROLE_NAME,
+                ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RESTART_COUNT, ENV_MAX_RESTARTS,
+                ENV_RUN_ID, ENV_USE_AGENT_STORE, ENV_ERROR_FILE, ENV_PYTHON_EXEC,
+                ENV_OMP_NUM_THREADS, ENV_PYTHONUNBUFFERED)
+
+
+# -- the channel: message kinds and their fields -------------------------------------------
+MAX_DATAGRAM_BYTES = 60_000  # a sender drops a larger message (well under the kernel's limit)
+
+
+class MessageKind(str, Enum):
+    """What a worker tells its agent; the agent forges LOG_WRITE_FAILED itself."""
+
+    PROGRESS = "progress"  # trainguard.progress(step)
+    PHASE = "phase"  # trainguard.phase(...) began or ended
+    CHECKPOINT_SAVED = "checkpoint_saved"  # rank 0, once a save is committed
+    CHECKPOINT_SAVE_FAILED = "checkpoint_save_failed"
+    CHECKPOINT_EXIT_SKIPPED = "checkpoint_exit_skipped"  # no save on the way out, and why
+    CHECKPOINT_CORRUPT = "checkpoint_corrupt"  # rank 0: a checkpoint skipped while loading
+    NO_CHECKPOINT = "no_checkpoint"  # rank 0: nothing valid to load
+    RESUMED = "resumed"  # every rank, once it loaded a checkpoint
+    LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
+
+    def __str__(self) -> str:  # the value, as StrEnum (f-strings, %s)
+        return str.__str__(self)
+
+
+class PhaseState(str, Enum):
+    BEGIN = "begin"
+    END = "end"
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+
+AGENT_ONLY = frozenset({MessageKind.LOG_WRITE_FAILED})  # a datagram of these kinds is dropped
+
+# bounds: anything outside is a broken or hostile sender, never a real value
+MAX_INT32 = 2**31 - 1
+MAX_RANK = MAX_INT32  # torch's ranks are int32
+MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
+MAX_INT64 = 2**63 - 1
+MAX_TIME = 32_503_680_000.0  # 3000-01-01 in Unix seconds: `at`, a sender's wall clock
+MAX_SECONDS = 1e9  # any duration (about 31 years)
+MAX_NAME = 1_024  # a phase name, a status
+MAX_PATH = 4_096  # a checkpoint location (a path or a URL)
+MAX_TEXT = 16_384  # an error message, a reason
+MAX_LIST = 65_536  # ranks listed in one message
+
+
+class ContractError(ValueError):
+    """A message that breaks the contract (unknown kind, missing or bad field)."""
+
+
+class Field(NamedTuple):
+    """One field of a message: its type, and its bounds (inclusive) or longest length."""
+
+    of: type  # int, float (int accepted), str, bool, list (of ranks), or a str Enum
+    required: bool = False
+    nullable: bool = False  # None allowed
+    low: float = 0
+    high: float = 0
+    max_len: int = 0
+
+    def problem(self, value: object) -> str | None:
+        """Why `value` does not fit, or None when it does."""
+        if value is None:
+            return None if self.nullable else "is null"
+        t = self.of
+        if t is bool:
+            return None if isinstance(value, bool) else f"is not a bool: {_show(value)}"
+        if t is int or t is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    t is int and not isinstance(value, int)):
+                return f"is not {'an int' if t is int else 'a number'}: {_show(value)}"
+            finite = not isinstance(value, float) or math.isfinite(value)
+            if not (finite and self.low <= value <= self.high):
+                return f"is out of [{self.low:g}, {self.high:g}]: {_show(value)}"
+            return None
+        if t is list:
+            if not isinstance(value, list):
+                return f"is not a list: {_show(value)}"
+            if len(value) > self.max_len:
+                return f"lists {len(value)} items, more than {self.max_len}"
+            bad = next((v for v in value if _RANK.problem(v) is not None), None)
+            return None if bad is None else f"lists a bad rank: {_show(bad)}"
+        if not isinstance(value, str):
+            return f"is not a string: {_show(value)}"
+        if issubclass(t, Enum):
+            ok = value in {m.value for m in t}
+            return None if ok else f"is not one of {_values(t)}: {_show(value)}"
+        if len(value) > self.max_len:
+            return f"is {len(value)} characters long, more than {self.max_len}"
+        return None
+
+
+def _int(low: int, high: int, required: bool = False, nullable: bool = False) -> Field:
+    return Field(int, required, nullable, low, high)
+
+
+def _seconds(low: float = 0.0, nullable: bool = True) -> Field:
+    return Field(float, nullable=nullable, low=low, high=MAX_SECONDS)
+
+
+def _text(max_len: int, required: bool = False, nullable: bool = False) -> Field:
+    return Field(str, required, nullable, max_len=max_len)
+
+
+_RANK = _int(0, MAX_RANK)
+_STEP = _int(-MAX_INT64 - 1, MAX_INT64, required=True)
+
+# set by channel.send on every message; each may be absent (None: RANK unset)
+ENVELOPE: dict[str, Field] = {
+    "rank": _int(0, MAX_RANK, nullable=True),
+    "pid": _int(1, MAX_PID),
+    "at": Field(float, low=0.0, high=MAX_TIME),
+}
+
+FIELDS: dict[MessageKind, dict[str, Field]] = {
+    MessageKind.PROGRESS: {"step": _STEP},
+    MessageKind.PHASE: {
+        "name": _text(MAX_NAME, required=True),
+        "state": Field(PhaseState, required=True),
+        "timeout_s": Field(float, nullable=True, low=1e-9, high=MAX_SECONDS),  # None: default
+        "depth": _int(1, MAX_INT32),  # 1: the outermost phase open in the sending thread
+        "seq": _int(0, MAX_INT64),  # per process; the same on a phase's begin and end
+        "ok": Field(bool),  # on an end: False when left by an exception
+    },
+    MessageKind.CHECKPOINT_SAVED: {
+        "step": _STEP,
+        "location": _text(MAX_PATH),
+        "bytes": _int(0, MAX_INT64, nullable=True),
+        "write_s": _seconds(),
+        "blocked_s": _seconds(),
+        "on_exit": _text(MAX_TEXT, nullable=True),  # why it was saved on the way out
+        "missing_ranks": Field(list, max_len=MAX_LIST),  # dead ranks whose part is missing
+    },
+    MessageKind.CHECKPOINT_SAVE_FAILED: {
+        "step": _STEP,
+        "error": _text(MAX_TEXT, required=True),
+        "consecutive": _int(0, MAX_INT64),
+        "location": _text(MAX_PATH),
+    },
+    MessageKind.CHECKPOINT_EXIT_SKIPPED: {"step": _STEP, "reason": _text(MAX_TEXT, True)},
+    MessageKind.CHECKPOINT_CORRUPT: {
+        "step": _STEP,
+        "status": _text(MAX_NAME, required=True),
+        "reason": _text(MAX_TEXT, required=True),
+        "location": _text(MAX_PATH),
+    },
+    MessageKind.NO_CHECKPOINT: {"location": _text(MAX_PATH, required=True)},
+    MessageKind.RESUMED: {"step": _STEP, "location": _text(MAX_PATH)},
+    MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
+}
+
+
+def validate(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` of a `kind` message, checked: the ones the contract names, in their order.
+
+    Fields the contract does not name are left out (a newer sender may add some); an unknown
+    kind, a missing required field or a value of the wrong type or out of bounds raises
+    ContractError.
+    """
+    try:
+        k = MessageKind(kind)
+    except ValueError:
+        raise ContractError(f"unknown message kind {_show(kind)}") from None
+    spec = FIELDS[k]
+    for name, f in spec.items():
+        if name not in fields:
+            if f.required:
+                raise ContractError(f"{k.value}: required field {name!r} is missing")
+            continue
+        why = f.problem(fields[name])
+        if why is not None:
+            raise ContractError(f"{k.value}: field {name!r} {why}")
+    return {name: v for name, v in fields.items() if name in spec}
+
+
+def parse_message(raw: object) -> dict[str, Any]:
+    """A decoded datagram, checked: `kind` (a MessageKind), the envelope (rank, pid, at; each
+    may be absent) and the kind's fields. Raises ContractError for anything else, including
+    the kinds only the agent may forge."""
+    if not isinstance(raw, dict):
+        raise ContractError(f"not a JSON object: {_show(raw)}")
+    kind = raw.get("kind")
+    if not isinstance(kind, str):
+        raise ContractError(f"no kind: {_show(raw)}")
+    if kind in AGENT_ONLY:
+        raise ContractError(f"{kind!r} is the agent's own kind; a worker cannot send it")
+    fields = validate(kind, raw)
+    out: dict[str, Any] = {"kind": MessageKind(kind)}
+    for name, f in ENVELOPE.items():
+        if name in raw:
+            why = f.problem(raw[name])
+            if why is not None:
+                raise ContractError(f"{kind}: {name} {why}")
+            out[name] = raw[name]
+    out.update(fields)
+    return out
+
+
+def _show(v: object) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _values(t: type[Enum]) -> str:
+    return "/".join(str(m.value) for m in t)
+
+
+# -- the rank log line ------------------------------------------------------------------------
+STREAMS = ("out", "err")
+# `<ISO time read> <out|err> `, group 1 the time (as datetime.isoformat writes it)
+STAMP_PATTERN = (r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?) "
+                 rf"(?:{'|'.join(STREAMS)}) ")
 
 
 def stamp_lines(stamp: str, stream: str, texts: list[str]) -> list[str]:
+    """Rank log lines: `stamp` is the ISO time the agent read them, `stream` out or err."""
     return [f"{stamp} {stream} {t}" for t in texts]
-
-
-def parse_stamped(line: str) -> tuple[datetime | None, str, str]:
-    """Split a rank log line into (time read, stream, text); tolerant of foreign lines."""
-    parts = line.rstrip("\n").split(" ", 2)
-    if len(parts) >= 2 and parts[1] in ("out", "err") and len(parts[0]) >= 19:
-        try:
-            return datetime.fromisoformat(parts[0]), parts[1], parts[2] if len(parts) > 2 else ""
-        except ValueError:
-            pass
-    return None, "", line.rstrip("\n")

@@ -48,6 +48,7 @@ import time
 from types import TracebackType
 
 from trainguard.worker import channel
+from trainguard.worker.contract import MAX_NAME, MAX_SECONDS, MessageKind, PhaseState
 
 __all__ = ["PROGRESS_INTERVAL_S", "phase", "progress"]
 
@@ -80,7 +81,7 @@ def progress(step: int) -> None:
         _last_step = step
         return
     _last_step = step
-    sent = channel.send("progress", step=int(step))
+    sent = channel.send(MessageKind.PROGRESS, step=int(step))
     _next_send_at = now + (PROGRESS_INTERVAL_S if sent else _PROGRESS_RETRY_S)
 
 
@@ -88,8 +89,8 @@ class phase:  # lower case: used like a function, `with trainguard.phase("eval")
     """A stretch of work that is slow on purpose, with its own hang allowance.
 
     `timeout_s`: how long the phase may take before the agent calls the rank hung; None
-    leaves it to the agent's default for phases. Phases nest; one object may be re-entered
-    once it has been left.
+    leaves it to the agent's default for phases; one over MAX_SECONDS (about 31 years) counts
+    as MAX_SECONDS. Phases nest; one object may be re-entered once it has been left.
     """
 
     __slots__ = ("_seq", "name", "timeout_s")
@@ -100,7 +101,7 @@ class phase:  # lower case: used like a function, `with trainguard.phase("eval")
         if timeout_s is not None and not 0 < timeout_s < math.inf:
             raise ValueError(f"phase timeout_s must be > 0 seconds or None, got {timeout_s!r}")
         self.name = name
-        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.timeout_s = None if timeout_s is None else min(float(timeout_s), MAX_SECONDS)
         self._seq = 0
 
     def __enter__(self) -> None:
@@ -108,34 +109,28 @@ class phase:  # lower case: used like a function, `with trainguard.phase("eval")
         _local.depth = depth
         if _launcher is True or (_launcher is None and _detect()):
             self._seq = next(_seq)
-            _send_mark(name=self.name, state="begin", timeout_s=self.timeout_s, depth=depth,
-                       seq=self._seq)
+            _send_mark(name=self.name[:MAX_NAME], state=PhaseState.BEGIN,
+                       timeout_s=self.timeout_s, depth=depth, seq=self._seq)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         depth = getattr(_local, "depth", 1)
         _local.depth = depth - 1
         if _launcher is True:
-            _send_mark(name=self.name, state="end", timeout_s=self.timeout_s, depth=depth,
-                       seq=self._seq, ok=exc_type is None)
+            _send_mark(name=self.name[:MAX_NAME], state=PhaseState.END,
+                       timeout_s=self.timeout_s, depth=depth, seq=self._seq, ok=exc_type is None)
 
 
 def _send_mark(**fields: object) -> None:
     """Send a phase mark; a full agent queue empties at its next poll, so retry a while."""
     global _marks_failing
-    if channel.send("phase", **fields):
+    if channel.send(MessageKind.PHASE, **fields):
         _marks_failing = False
         return
     if _marks_failing:
         return
     for pause in _MARK_RETRY_SLEEPS_S:
         time.sleep(pause)
-        if channel.send("phase", **fields):
+        if channel.send(MessageKind.PHASE, **fields):
             return
     _marks_failing = True
-
-
-def _reset() -> None:
-    """Forget the launcher lookup and the throttle (tests; a process that changed its env)."""
-    global _launcher, _last_step, _next_send_at, _marks_failing
-    _launcher, _last_step, _next_send_at, _marks_failing = None, 0, -math.inf, False

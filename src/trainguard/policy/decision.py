@@ -1,0 +1,152 @@
+"""The shapes of the recovery ladder: what happened (Incident), what is remembered
+(History), the knobs (HAPolicy) and the one answer (Decision). Pure data."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.exitcodes import ExitCode
+from trainguard.records import Reason, RecoverResult, StartType
+from trainguard.spec import JobSpec, RestartPolicy
+
+
+class IncidentKind(str, Enum):
+    CRASH = "crash"  # a worker failed; the attempt's diagnosis says why
+    HANG = "hang"  # a hang was confirmed (restart upon suspension is on)
+    NODE_LOST = "node_lost"  # a placed node's agent is gone, silent, or its step ended
+    PRECHECK_FAILED = "precheck_failed"  # nodes failed the pre-check before an attempt
+
+
+class Rung(str, Enum):
+    """The ladder's rungs, finest first (rung 0, step re-execution, is still to come)."""
+
+    PROCESS_RESTART = "process_restart"  # rung 1: restart the processes in place
+    POD_RESCHEDULE = "pod_reschedule"  # rung 2: replace one node with a spare
+    JOB_RESCHEDULE = "job_reschedule_with_taint"  # rung 3: isolate, place every rank again
+
+
+class Action(str, Enum):
+    RESTART = "restart"  # start the next attempt in place (start_type), after delay_s
+    RESCHEDULE = "reschedule"  # place the ranks again (placement), then start the next attempt
+    REPLACE = "replace"  # before an attempt: give the isolated nodes' slots to spares
+    GIVE_UP = "give_up"  # end the job with exit_code
+
+
+@dataclass(frozen=True)
+class HAPolicy:
+    """Every budget of the ladder (built from JobSpec.ha_policy)."""
+
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    max_hang_restarts: int = 3  # restarts upon suspension in a row without progress
+    max_pod_reschedules: int = 3
+    max_job_reschedules: int = 3
+    repeat_offender_count: int = 3  # implicated this many times in the window: isolated
+    repeat_window_s: float = 3600.0
+
+    @staticmethod
+    def from_spec(spec: JobSpec) -> HAPolicy:
+        return HAPolicy(restart=spec.restart_policy,
+                        max_pod_reschedules=spec.max_pod_reschedules,
+                        max_job_reschedules=spec.max_job_reschedules,
+                        repeat_offender_count=spec.repeat_offender)
+
+
+@dataclass(frozen=True)
+class History:
+    """What the ladder remembers between attempts. The budgets' counters (restarts_used,
+    hang_restarts, pod_used, job_used, implicated) are kept in the job store and survive a
+    relaunch; the consecutive counters start afresh with each launcher."""
+
+    restarts_used: int = 0
+    consecutive_failures: int = 0  # failed attempts since the last one that made progress
+    consecutive_unconditional: int = 0
+    attempts_without_progress: int = 0
+    hang_restarts: int = 0  # restarts upon suspension in a row without progress
+    pod_used: int = 0
+    job_used: int = 0
+    implicated: tuple[tuple[str, float], ...] = ()  # (node, unix time) per implication
+
+    def to_meta(self) -> dict[str, Any]:
+        """The persisted counters, as job-store meta keys."""
+        return {"restarts_used": self.restarts_used, "hang_restarts": self.hang_restarts,
+                "pod_reschedules_used": self.pod_used, "job_reschedules_used": self.job_used,
+                "implicated": json.dumps(self.implicated)}
+
+    @staticmethod
+    def from_meta(meta: Mapping[str, Any]) -> History:
+        """The persisted counters back (missing or damaged keys count as 0 / none)."""
+        def count(key: str) -> int:
+            try:
+                return max(int(meta.get(key) or 0), 0)
+            except (TypeError, ValueError):
+                return 0
+
+        implicated: tuple[tuple[str, float], ...] = ()
+        with contextlib.suppress(TypeError, ValueError):  # [[node, unix time], ...]
+            implicated = tuple((str(n), float(t))
+                               for n, t in json.loads(meta.get("implicated") or "[]"))
+        return History(restarts_used=count("restarts_used"), hang_restarts=count("hang_restarts"),
+                       pod_used=count("pod_reschedules_used"),
+                       job_used=count("job_reschedules_used"), implicated=implicated)
+
+
+@dataclass(frozen=True)
+class Incident:
+    """What ended (or would start) an attempt, with the facts the ladder needs."""
+
+    kind: IncidentKind
+    made_progress: bool = False  # the attempt got further than every earlier one
+    diagnosis: Diagnosis | None = None  # CRASH
+    node: str | None = None  # NODE_LOST: the lost node; CRASH: the culprit's placed node
+    why: str = ""  # NODE_LOST: how it was lost
+    failing: tuple[tuple[str, str], ...] = ()  # PRECHECK_FAILED: (node, what failed)
+    checked: int = 0  # PRECHECK_FAILED: how many nodes were checked
+    placement: tuple[str, ...] = ()  # slot -> node, now
+    spares: tuple[str, ...] = ()  # ready spare nodes, now
+    now_s: float = 0.0  # unix time (the repeat-offender window)
+
+
+@dataclass(frozen=True)
+class Tried:
+    """A rung that could not act: why, and what its recover record says."""
+
+    rung: Rung
+    result: RecoverResult  # DOWNGRADE (cannot act) or QUOTA_EXCEEDED (budget spent)
+    why: str
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """Keep `node` out of the job; `drain`: out of the cluster too (Slurm: DRAIN)."""
+
+    node: str
+    why: str
+    drain: bool = True
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The ladder's one answer. `tried` lists the rungs that could not act (their records
+    say downgrade / quotaExceeded); `rung` is the one that acts (None: none could)."""
+
+    action: Action
+    reason: str
+    history: History
+    rung: Rung | None = None
+    start_type: StartType | None = None  # RESTART / RESCHEDULE: the next attempt's
+    delay_s: float = 0.0
+    result: RecoverResult = RecoverResult.RECOVERING  # the incident's recover record
+    tried: tuple[Tried, ...] = ()
+    isolate: tuple[Isolation, ...] = ()  # carried out before anything else
+    node: str | None = None  # the node the decision is about
+    placement: tuple[str, ...] = ()  # RESCHEDULE: the new slot -> node list
+    moved_slots: tuple[int, ...] = ()  # RESCHEDULE: slots whose ranks land on another node
+    missing: int = 0  # RESCHEDULE/REPLACE: nodes to wait for (queuing) before starting
+    exit_code: ExitCode | None = None  # GIVE_UP
+    limit: Reason | None = None  # GIVE_UP on a spent budget: the event that says which

@@ -1,0 +1,52 @@
+"""The recovery ladder: one pure decide() for every incident. The controller only carries
+the Decision out (controller/loop.py, controller/nodes.py).
+
+| incident        | rung tried first                  | then                             |
+|-----------------|-----------------------------------|----------------------------------|
+| CRASH           | 3 if the culprit's node is to     | 1: process restart (restart      |
+|                 |   blame (isolate / repeat offender)|   policy) or give up            |
+| HANG            | 1: restart upon suspension        | give up (HangRestartLimitReached)|
+| NODE_LOST       | 2: pod-level (a spare takes over) | 3: job-level, else give up       |
+| PRECHECK_FAILED | isolate, spares take the slots    | give up when none come (queuing) |
+
+docs/architecture.md has the full table (triggers, budgets, downgrade targets, records).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from trainguard.policy import nodes, process
+from trainguard.policy.decision import (
+    Decision,
+    HAPolicy,
+    History,
+    Incident,
+    IncidentKind,
+    Isolation,
+)
+
+
+def decide(incident: Incident, hist: History, pol: HAPolicy) -> Decision:
+    """What follows `incident`, given what the ladder remembers and its budgets."""
+    if incident.kind == IncidentKind.HANG:
+        return process.after_hang(incident.made_progress, hist, pol)
+    if incident.kind == IncidentKind.NODE_LOST:
+        return nodes.after_node_trouble(True, incident.node or "?", f"was lost ({incident.why})",
+                                        incident.placement, incident.spares, hist, pol)
+    if incident.kind == IncidentKind.PRECHECK_FAILED:
+        return nodes.after_precheck(incident.failing, incident.checked, incident.placement,
+                                    hist)
+    diag = incident.diagnosis
+    if diag is None:
+        raise ValueError("a CRASH incident needs its diagnosis")
+    node = incident.node
+    if node is None or node not in incident.placement or not nodes.blames_node(diag):
+        return process.after_crash(diag, incident.made_progress, hist, pol.restart)
+    hist, count = nodes.implicate(hist, node, incident.now_s, pol)
+    why = nodes.why_isolated(diag, count, pol)
+    if why is None:  # implicated, not (yet) isolated: the processes restart in place
+        return replace(process.after_crash(diag, incident.made_progress, hist, pol.restart),
+                       node=node)
+    return nodes.after_node_trouble(False, node, f"is faulty ({why})", incident.placement,
+                                    incident.spares, hist, pol, isolate=(Isolation(node, why),))

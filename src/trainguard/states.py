@@ -1,0 +1,168 @@
+"""The three lifecycles: a job's, a node's and a worker's, each with its transitions. Pure.
+
+Each lifecycle is an enum whose values are what the job store (SQLite) and the JSON documents
+(`trainguard status --json`, the wire) hold: never change a value. Its transitions are written
+here once, as a mapping state -> the states that may follow it, and the groups the code asks
+about (`JobState.active`, `NodeState.usable`, `WorkerState.ended`...) are properties of the
+states, so a rule reads as `node.state.usable`, not as a tuple of strings. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+
+class JobState(str, Enum):
+    """Lifecycle of one launch of a job (the `state` key of the store's meta):
+
+        PENDING ──► RUNNING | QUEUING
+        RUNNING ◄─► RESTARTING ◄─► QUEUING ◄─► RUNNING
+        RUNNING ──► SUCCEEDED
+        each of those four (active) ──► FAILED | STOPPED | LOST   (ended: nothing follows)
+
+    PENDING: recorded, no attempt started yet. RUNNING: an attempt's workers run.
+    RESTARTING: an attempt ended, the next one is scheduled (backoff). QUEUING: waiting for
+    enough healthy nodes (multi-node: a lost or isolated node, a failed pre-check).
+    SUCCEEDED, FAILED, STOPPED: recorded by the launcher as the job ended.
+    LOST is never stored: `trainguard status` shows it when the store says the job is
+    active but its launcher's process is dead (`controller.store.shown_state`).
+
+    A launcher started again on the same job dir begins a new lifecycle: at PENDING
+    (Recorder.begin, any previous state), or at RUNNING when it takes over the attempt a
+    dead controller left running (Recorder.adopt, from a `resumable` state).
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    QUEUING = "queuing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+    @property
+    def next_states(self) -> frozenset[JobState]:
+        return JOB_TRANSITIONS[self]
+
+    @property
+    def ended(self) -> bool:
+        """Nothing follows it in this launch: the job ended, or its launcher is gone."""
+        return not JOB_TRANSITIONS[self]
+
+    @property
+    def active(self) -> bool:
+        """A launcher should be alive (the store says so; LOST when its pid is dead)."""
+        return bool(JOB_TRANSITIONS[self])
+
+    @property
+    def resumable(self) -> bool:
+        """A controller that died in this state is taken over by the next launcher of the
+        job (multi-node, launch.py): same token and port, so its agents reconnect; it
+        watches the attempt on when every placed node still runs it, else it ends the old
+        agents and launches again on the same nodes (the Slurm allocation and the store's
+        lost and isolated nodes kept). QUEUING counts: its workers were stopped, but
+        taking over still ends the old agents at once (not at their orphan timeout) and
+        keeps what the store knows of the nodes. PENDING does not: no attempt was placed."""
+        return self in (JobState.RUNNING, JobState.RESTARTING, JobState.QUEUING)
+
+
+JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.QUEUING, JobState.FAILED,
+                                 JobState.STOPPED, JobState.LOST}),
+    JobState.RUNNING: frozenset({JobState.RESTARTING, JobState.QUEUING, JobState.SUCCEEDED,
+                                 JobState.FAILED, JobState.STOPPED, JobState.LOST}),
+    JobState.RESTARTING: frozenset({JobState.RUNNING, JobState.QUEUING, JobState.FAILED,
+                                    JobState.STOPPED, JobState.LOST}),
+    JobState.QUEUING: frozenset({JobState.RUNNING, JobState.RESTARTING, JobState.FAILED,
+                                 JobState.STOPPED, JobState.LOST}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.STOPPED: frozenset(),
+    JobState.LOST: frozenset(),
+}
+
+
+class NodeState(str, Enum):
+    """Lifecycle of one node of a multi-node job (controller.fleet; the store's `nodes`):
+
+        SPARE ◄──► HEALTHY          (placed: HEALTHY; in the job, not placed: SPARE)
+          │           │
+          └─────┬─────┘
+                ▼
+          LOST | ISOLATED           (out of this job for good: never placed again)
+
+    LOST: its agent's process ended, it stayed disconnected past the reconnect grace or
+    silent past the node timeout, or it did not connect. ISOLATED: kept out (implicated in
+    faults, a failed pre-check), and drained where the backend can.
+    """
+
+    HEALTHY = "healthy"
+    SPARE = "spare"
+    LOST = "lost"
+    ISOLATED = "isolated"
+
+    @property
+    def next_states(self) -> frozenset[NodeState]:
+        return NODE_TRANSITIONS[self]
+
+    @property
+    def usable(self) -> bool:
+        """In the job: placed or spare (commands go to it; it may be placed)."""
+        return bool(NODE_TRANSITIONS[self])
+
+    @property
+    def out(self) -> bool:
+        """Lost or isolated: out of this job for good."""
+        return not NODE_TRANSITIONS[self]
+
+
+NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
+    NodeState.SPARE: frozenset({NodeState.HEALTHY, NodeState.LOST, NodeState.ISOLATED}),
+    NodeState.HEALTHY: frozenset({NodeState.SPARE, NodeState.LOST, NodeState.ISOLATED}),
+    NodeState.LOST: frozenset(),
+    NodeState.ISOLATED: frozenset(),
+}
+
+
+class WorkerState(str, Enum):
+    """Lifecycle of one worker process (node.agent; the store's `workers`):
+
+        STARTING ──► RUNNING ──► SUCCEEDED | FAILED | STOPPED
+            └──────────────────► SUCCEEDED | FAILED | STOPPED   (ended before seen running)
+
+    A worker of a node the controller declares lost is reported FAILED (controller.fleet).
+    """
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # exited 0
+    FAILED = "failed"  # exited non-zero or died of a signal on its own
+    STOPPED = "stopped"  # ended because the agent stopped it
+
+    @property
+    def next_states(self) -> frozenset[WorkerState]:
+        return WORKER_TRANSITIONS[self]
+
+    @property
+    def ended(self) -> bool:
+        return not WORKER_TRANSITIONS[self]
+
+
+_WORKER_ENDINGS = frozenset({WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED})
+WORKER_TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = {
+    WorkerState.STARTING: _WORKER_ENDINGS | {WorkerState.RUNNING},
+    WorkerState.RUNNING: _WORKER_ENDINGS,
+    WorkerState.SUCCEEDED: frozenset(),
+    WorkerState.FAILED: frozenset(),
+    WorkerState.STOPPED: frozenset(),
+}
+
+# every lifecycle with its transitions (state -> the states that may follow it)
+TRANSITIONS: Mapping[type[Enum], Mapping[Any, frozenset[Any]]] = {
+    JobState: JOB_TRANSITIONS,
+    NodeState: NODE_TRANSITIONS,
+    WorkerState: WORKER_TRANSITIONS,
+}
