@@ -5,7 +5,7 @@ nodes: a token, the hub, a backend, agent processes, the fleet, node recovery an
 Controller. JOB_DIR/cluster/ holds what agents need to find and prove themselves to the
 controller: `token` (0600), `controller.json` (host, port; rewritten by a restarted
 controller) and `agent.json` (AgentConfig). A controller started on a job whose previous
-controller died while the job ran, restarted or queued (JobState.resumable) takes the job
+controller died while the job ran or restarted (JobState.resumable) takes the job
 over: it listens on the same port, the agents reconnect, and when every placed node reports
 that attempt's workers still running, it watches them on (no restart); otherwise it stops
 what is left and relaunches.
@@ -163,8 +163,9 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
             _bring_up(fleet, rec, agent_argv, cdir)
     except LaunchError as e:
         rec.begin()
+        code = rec.end_job(JobState.FAILED, ExitCode.FAILED, f"job failed: {e}")
         fleet.close(grace_s=0)
-        return rec.end_job(JobState.FAILED, ExitCode.FAILED, f"job failed: {e}")
+        return code
     nodes = NodeRecovery(rec, fleet)
     return Controller(rec, fleet, nodes, adopt=adopt).run()
 

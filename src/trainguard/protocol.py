@@ -163,6 +163,7 @@ class NodeReport(_Msg):
                                   description="nodes of the placement whose agent was lost "
                                   "(multi-node: silent, disconnected or its process ended)")
 
+
 class AgentAPI(Protocol):
     """What the controller needs from a node, wherever the node is."""
 
@@ -175,6 +176,7 @@ class AgentAPI(Protocol):
 
 
 # -- node agent processes (multi-node) ----------------------------------------
+
 
 class Op(str, Enum):
     """The commands a node agent serves (the wire's `op`): body in -> body out."""

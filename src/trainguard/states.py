@@ -62,11 +62,10 @@ class JobState(str, Enum):
         """A controller that died in this state is taken over by the next launcher of the
         job (multi-node, launch.py): same token and port, so its agents reconnect; it
         watches the attempt on when every placed node still runs it, else it ends the old
-        agents and launches again on the same nodes (the Slurm allocation and the store's
-        lost and isolated nodes kept). QUEUING counts: its workers were stopped, but
-        taking over still ends the old agents at once (not at their orphan timeout) and
-        keeps what the store knows of the nodes. PENDING does not: no attempt was placed."""
-        return self in (JobState.RUNNING, JobState.RESTARTING, JobState.QUEUING)
+        agents and launches again. QUEUING and PENDING do not count: no attempt runs, and a
+        takeover would keep the lost and isolated nodes out, so a relaunch on the same
+        allocation could not find enough nodes; a fresh launch starts every node again."""
+        return self in (JobState.RUNNING, JobState.RESTARTING)
 
 
 JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {

@@ -79,9 +79,8 @@ def test_job_groups() -> None:
     active = {JobState.PENDING, JobState.RUNNING, JobState.RESTARTING, JobState.QUEUING}
     assert {s for s in JobState if s.active} == active
     assert all(s.active != s.ended for s in JobState)
-    # a dead controller is taken over from these (launch.py); PENDING placed no attempt
-    assert {s for s in JobState if s.resumable} == {
-        JobState.RUNNING, JobState.RESTARTING, JobState.QUEUING}
+    # a dead controller is taken over from these (launch.py); no attempt runs in the others
+    assert {s for s in JobState if s.resumable} == {JobState.RUNNING, JobState.RESTARTING}
     assert JobState.SUCCEEDED in JobState.RUNNING.next_states
     assert not any(JobState.SUCCEEDED in s.next_states for s in JobState
                    if s != JobState.RUNNING)  # only a running attempt succeeds

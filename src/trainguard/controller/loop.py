@@ -133,7 +133,8 @@ class Controller:
                 return self._record_stop(attempt, self._signals.received)  # waiting for nodes
             if decision.action == Action.GIVE_UP:
                 return self._give_up(attempt, nxt)
-            self.rec.set_meta(state=JobState.RESTARTING.value)
+            if nxt.node_level:
+                self.rec.set_meta(state=JobState.RESTARTING.value)
             if decision.delay_s > 0 and not self._backoff(decision.delay_s):
                 self.rec.book.backoff_interrupted()
                 return self._record_stop(attempt, self._signals.received or signal.SIGTERM)
@@ -273,9 +274,11 @@ class Controller:
             decision = self.nodes.carry_out(attempt, decision, report,
                                             (first, detected, stopped), fault)
             return _Next(decision, decision.reason, node_level=True)
+        self._note_progress(report)  # the high-water marks move on the process path only
         self.rec.book.record(attempt, decision, fault)
         if decision.action == Action.GIVE_UP:
             return _Next(decision, f"{diag.summary} ({decision.reason})", diag.culprit_rank)
+        self.rec.set_meta(state=JobState.RESTARTING.value)
         self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED,
                        f"{decision.reason}; restarting in {decision.delay_s:.1f}s",
                        attempt=attempt)
@@ -285,6 +288,7 @@ class Controller:
                     hang: HangConfirmation) -> _Next:
         """Restart upon suspension: stop the ranks, restart them in place."""
         made_progress = self._made_progress(report, allow_uptime=False)
+        self._note_progress(report)
         report = self._stop("a hang was confirmed")
         stopped = utcnow()
         self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
@@ -299,6 +303,7 @@ class Controller:
         if decision.action == Action.GIVE_UP:
             return _Next(decision, f"hung again after {self._policy.max_hang_restarts} restarts "
                          "in place", hang.culprit.rank)
+        self.rec.set_meta(state=JobState.RESTARTING.value)
         self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, decision.reason, attempt=attempt)
         return _Next(decision)
 
@@ -313,21 +318,26 @@ class Controller:
 
     def _made_progress(self, report: NodeReport, allow_uptime: bool = True) -> bool:
         """New ground: a checkpoint or a step beyond every earlier one (or a long life, for
-        crashes: a hang always lives long, so it does not count there)."""
+        crashes: a hang always lives long, so it does not count there). Reads only."""
         committed = self.rec.messages.committed_this_attempt
         last = report.progress.last_step
         new_ckpt = committed is not None and committed > (self._max_committed_before or -1)
         new_step = last is not None and (self._max_step_seen is None or last > self._max_step_seen)
-        if committed is not None:
-            self._max_committed_before = max(committed, self._max_committed_before or committed)
-        if last is not None:
-            self._max_step_seen = max(last, self._max_step_seen or last)
         if new_ckpt or new_step:
             return True
         record = self.rec.book.current
         if allow_uptime and last is None and self._max_step_seen is None and record is not None:
             return (utcnow() - record.start_at).total_seconds() >= MIN_UPTIME_FOR_PROGRESS_S
         return False
+
+    def _note_progress(self, report: NodeReport) -> None:
+        """Move the high-water marks to this attempt's checkpoint and step."""
+        committed = self.rec.messages.committed_this_attempt
+        last = report.progress.last_step
+        if committed is not None:
+            self._max_committed_before = max(committed, self._max_committed_before or committed)
+        if last is not None:
+            self._max_step_seen = max(last, self._max_step_seen or last)
 
     # -- endings: every one goes through Recorder.end_job ---------------------------------
 
@@ -363,6 +373,7 @@ class Controller:
         code = (ExitCode.FAILED if self._started_any or isinstance(e, NodesUnavailable)
                 else ExitCode.USAGE)
         return self.rec.end_job(JobState.FAILED, code, f"job failed: {e}", attempt=attempt)
+
 
 def diagnosis_message(d: Diagnosis) -> str:
     """The FailureDiagnosed event's text: verdict, evidence location, advice."""

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -162,30 +163,38 @@ class AgentRunner:
             op = Op(name)
         except ValueError:
             raise ValueError(f"unknown op {name!r}") from None
-        if op == Op.START:
-            return self.agent.start_workers(StartWorkers.model_validate(body)).model_dump(
-                mode="json")
-        if op == Op.STOP:
-            return self.agent.stop_workers(StopWorkers.model_validate(body)).model_dump(
-                mode="json")
-        if op == Op.DUMP:
-            dumps = self.agent.dump_stacks(DumpStacks.model_validate(body))
-            return {"dumps": [d.model_dump(mode="json") for d in dumps]}
-        if op == Op.PORT:
-            return {"port": free_port("")}
-        if op == Op.PRECHECK:
-            from trainguard.node.precheck import run_precheck
-            from trainguard.policy.precheck import PrecheckConfig
+        handlers: dict[Op, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            Op.START: self._op_start, Op.STOP: self._op_stop, Op.DUMP: self._op_dump,
+            Op.PORT: self._op_port, Op.PRECHECK: self._op_precheck, Op.EXIT: self._op_exit}
+        return handlers[op](body)
 
-            report = run_precheck(PrecheckConfig.model_validate(body), self.node,
-                                  import_cache=self._import_cache)
-            return report.model_dump(mode="json")
-        if op == Op.EXIT:
-            self.agent.stop_workers(StopWorkers(grace_s=float(body.get("grace_s", 15)),
-                                                reason="the job ended"))
-            self._exit = True
-            return {}
-        raise ValueError(f"op {op.value!r} has no handler")
+    def _op_start(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.agent.start_workers(StartWorkers.model_validate(body)).model_dump(
+            mode="json")
+
+    def _op_stop(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.agent.stop_workers(StopWorkers.model_validate(body)).model_dump(mode="json")
+
+    def _op_dump(self, body: dict[str, Any]) -> dict[str, Any]:
+        dumps = self.agent.dump_stacks(DumpStacks.model_validate(body))
+        return {"dumps": [d.model_dump(mode="json") for d in dumps]}
+
+    def _op_port(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"port": free_port("")}
+
+    def _op_precheck(self, body: dict[str, Any]) -> dict[str, Any]:
+        from trainguard.node.precheck import run_precheck
+        from trainguard.policy.precheck import PrecheckConfig
+
+        report = run_precheck(PrecheckConfig.model_validate(body), self.node,
+                              import_cache=self._import_cache)
+        return report.model_dump(mode="json")
+
+    def _op_exit(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.agent.stop_workers(StopWorkers(grace_s=float(body.get("grace_s", 15)),
+                                            reason="the job ended"))
+        self._exit = True
+        return {}
 
 
 def node_name(given: str | None) -> str:
