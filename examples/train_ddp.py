@@ -18,6 +18,8 @@ batches in DataLoader worker processes (where the `loaderhang` fault strikes).
 import argparse
 import collections
 import contextlib
+import functools
+import hashlib
 import math
 import os
 import random
@@ -28,12 +30,16 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
 import trainguard
 from trainguard.checkpoint import Checkpointer
-from trainguard.testing.faults import inject, inject_loader  # no-ops unless TRAINGUARD_FAULT
+from trainguard.testing.faults import (  # no-ops unless TRAINGUARD_FAULT
+    inject,
+    inject_loader,
+    inject_step,
+)
+from trainguard.worker.step import StepGuard
 
 # -----------------------------------------------------------------------------
 # knobs
@@ -63,6 +69,8 @@ parser.add_argument("--quiet", action="store_true",
 parser.add_argument("--loader-workers", type=int, default=0, metavar="N",
                     help="make the batches in a torch DataLoader with N worker processes "
                     "(0: in the training loop)")
+parser.add_argument("--digest", action="store_true",
+                    help="rank 0 prints a SHA-256 of the final weights (exactness checks)")
 args = parser.parse_args()
 # model: 2 layers, 4 heads, d_model 64, context 32, vocabulary a..z
 vocab, block_size, n_layer, n_head, d_model = 26, 32, 2, 4, 64
@@ -163,7 +171,9 @@ def lr_lambda(step: int) -> float:
 # model, optimizer, schedule, and resuming: trainguard's checkpoints are atomic, validated
 # (manifest + checksums), written in the background, and restore the RNG states too
 model = GPT()
-ddp_model = DDP(model) if ddp else model
+# DDP when distributed; under `trainguard run --operator-reexecution` a step that fails with a
+# transient collective error is re-executed in these same processes (rung 0 of the ladder)
+guard = StepGuard(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
 state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
@@ -184,6 +194,16 @@ if args.loader_workers > 0:
     batches = iter(DataLoader(StepBatches(), batch_size=None, sampler=steps_left,
                               num_workers=args.loader_workers))
 
+
+def train_step(step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Forward and backward of one step; a StepGuard may run it again with the same batch."""
+    inject_step(step)  # TRAINGUARD_FAULT `collective`: a transient collective failure
+    loss = guard.model(x, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # DDP all-reduces (averages) the gradients across ranks here
+    return loss
+
+
 # -----------------------------------------------------------------------------
 # training loop: steps are numbered from 1; `step` is also the number of steps done
 loss_value = float("nan")
@@ -191,9 +211,7 @@ step_times: collections.deque[float] = collections.deque(maxlen=100)  # for --ck
 for step in range(start_step + 1, args.steps + 1):
     t0 = time.perf_counter()
     x, y = next(batches) if batches is not None else get_batch(step)
-    loss = ddp_model(x, y)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()  # DDP all-reduces (averages) the gradients across ranks here
+    loss = guard.run(step, functools.partial(train_step, step, x, y))  # every rank agreed
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()
@@ -223,6 +241,13 @@ for step in range(start_step + 1, args.steps + 1):
     inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
 
 ckpt.close()  # wait until the last save is durable
+guard.close()
+if args.digest and rank == 0:
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().contiguous().numpy().tobytes())
+    print(f"weights sha256 {h.hexdigest()}", flush=True)
 if rank == 0 and start_step >= args.steps:
     print(f"done: already at step {start_step}, nothing to train", flush=True)
 elif rank == 0:

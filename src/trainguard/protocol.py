@@ -149,6 +149,17 @@ class DumpStacks(_Msg):
     timeout_s: float = 10.0
 
 
+class StepVerdict(_Msg):
+    """The ladder's answer to a failed step, for every rank's StepGuard (rung 0)."""
+
+    step: int
+    reexecute: bool  # True: re-form the group at master_addr:master_port and run the step again
+    generation: int = 0  # the new group's generation
+    master_addr: str = ""
+    master_port: int = 0
+    reason: str = ""  # why not (reexecute False)
+
+
 class NodeReport(_Msg):
     node: str
     attempt: int | None
@@ -171,6 +182,7 @@ class AgentAPI(Protocol):
     def poll(self, wait_s: float = 0.0) -> NodeReport: ...
     def stop_workers(self, cmd: StopWorkers) -> NodeReport: ...
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]: ...
+    def step_verdict(self, cmd: StepVerdict) -> int: ...
     def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]: ...
     def close(self) -> None: ...
 
@@ -187,6 +199,7 @@ class Op(str, Enum):
     PORT = "port"  # {} -> {"port": int}: a port free on this node now (the rendezvous)
     PRECHECK = "precheck"  # PrecheckConfig -> PrecheckReport
     EXIT = "exit"  # {"grace_s": float} -> {}: stop the workers and end the agent
+    VERDICT = "verdict"  # StepVerdict -> {"told": int}: the ranks' StepGuards were told
 
 
 class AgentConfig(BaseModel):

@@ -58,6 +58,9 @@ class Reason(str, Enum):
     PRECHECK_COMPLETED = "PrecheckCompleted"
     PRECHECK_FAILED = "PrecheckFailed"
     CONTROLLER_RESTARTED = "ControllerRestarted"
+    STEP_RETRYING = "StepRetrying"  # rung 0: the ranks re-form their group, re-run the step
+    STEP_REEXECUTED = "StepReexecuted"  # the re-executed step succeeded on every rank
+    STEP_RETRY_DOWNGRADED = "StepRetryDowngraded"  # no re-execution: the next rung takes over
 
 
 class FaultScenario(str, Enum):

@@ -29,7 +29,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "no_progress_limit": 3},
     "llm": {"max_restarts": 100, "unconditional_restart": True, "restart_on_hang": True,
             "restart_backoff_s": 5.0, "restart_backoff_max_s": 300.0,
-            "no_progress_limit": 5, "save_on_exit": True},
+            "no_progress_limit": 5, "save_on_exit": True, "operator_reexecution": True},
 }
 
 # A line that *starts* with "step N" / "iteration N" / "global_step=N" (after optional
@@ -114,6 +114,15 @@ class JobSpec(BaseModel):
     restart_on_hang: bool = Field(False, description="stop and restart the ranks in place on a "
                                   "confirmed hang (at most 3 in a row; not from the restart "
                                   "budget)")
+    operator_reexecution: bool = Field(False, description="a step that fails with a transient "
+                                       "collective error is re-executed in the same processes "
+                                       "(scripts using trainguard.worker.step.StepGuard)")
+    step_retries: int = Field(1, ge=1, le=10, description="re-executions of one step before the "
+                              "next rung (a process restart)")
+    max_step_retries: int = Field(10, ge=0, le=100_000, description="step re-executions in the "
+                                  "whole job")
+    step_retry_timeout_s: float = Field(60.0, gt=0, le=3600, description="how long a rank waits "
+                                        "for the re-formed group before it gives the step up")
 
     @field_validator("step_pattern")
     @classmethod

@@ -33,7 +33,10 @@ from trainguard.worker.contract import (
     MAX_PATH,
     MAX_TEXT,
     ContractError,
+    ControlKind,
     MessageKind,
+    control_socket,
+    parse_control,
     parse_message,
     validate,
 )
@@ -56,6 +59,9 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
                                      "location": "s3://bucket/ckpt"},
     MessageKind.NO_CHECKPOINT: {"location": "/ckpt"},
     MessageKind.RESUMED: {"step": 8, "location": "/ckpt"},
+    MessageKind.STEP_FAILED: {"step": 5, "generation": 0,
+                              "error": "RuntimeError: Connection closed by peer"},
+    MessageKind.STEP_REEXECUTED: {"step": 5, "generation": 1, "retry_s": 0.13},
     MessageKind.LOG_WRITE_FAILED: {"error": "No space left on device"},
 }
 WORKER_KINDS = [k for k in MessageKind if k not in AGENT_ONLY]
@@ -410,3 +416,17 @@ def test_the_contract_imports_only_the_standard_library() -> None:
     bad = sorted(m for m in imported
                  if m != "__future__" and m not in sys.stdlib_module_names)
     assert not bad, f"worker/contract.py imports {bad}: standard library only"
+
+
+def test_a_control_verdict_is_checked_like_a_message() -> None:
+    reform = {"kind": "reform", "step": 5, "generation": 1, "master_addr": "127.0.0.1",
+              "master_port": 29500}
+    assert parse_control(reform)["kind"] == ControlKind.REFORM
+    give_up = {"kind": "give_up", "step": 5, "reason": "budget spent"}
+    assert parse_control(give_up)["reason"] == "budget spent"
+    for bad in ({**reform, "master_port": 70000}, {**reform, "generation": 0},
+                {**reform, "master_addr": None}, {"kind": "reform", "step": 5},
+                {"kind": "explode"}, [reform], {**give_up, "step": "5"}):
+        with pytest.raises(ContractError):
+            parse_control(bad)
+    assert control_socket("@tg-x", 3) == "@tg-x-rank-3"

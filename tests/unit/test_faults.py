@@ -378,3 +378,20 @@ def test_loaderhang_blocks_the_loader_worker_forever(tmp_path: Path) -> None:
     finally:
         out = _stop(proc)
     assert out.split() == ["step", "1", "step", "2"]
+
+
+def test_a_collective_fault_fires_only_inside_the_step_and_only_n_times(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert [(f.kind, f.arg) for f in faults.parse("collective@step=5;collective:2@step=6")] == [
+        ("collective", None), ("collective", "2")]
+    with pytest.raises(faults.FaultSpecError, match="run count"):
+        faults.parse("collective:0@step=5")
+    fired: list[int] = []
+    monkeypatch.setattr(faults, "_break_connections", lambda: fired.append(1) or 0)
+    monkeypatch.setenv("TRAINGUARD_FAULT", "collective:2@step=3")
+    monkeypatch.setenv("RANK", "0")
+    faults.inject(3)  # after the step: not this kind's place
+    assert fired == []
+    for _ in range(4):
+        faults.inject_step(3)  # the step runs 4 times: the fault fires on the first 2
+    assert len(fired) == 2

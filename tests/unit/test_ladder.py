@@ -25,7 +25,8 @@ from trainguard.spec import RestartPolicy
 
 POL = HAPolicy(restart=RestartPolicy(max_restarts=3, backoff_s=1.0, backoff_max_s=8.0),
                max_hang_restarts=3, max_pod_reschedules=2, max_job_reschedules=2,
-               repeat_offender_count=3, repeat_window_s=100)
+               repeat_offender_count=3, repeat_window_s=100, operator_reexecution=True,
+               step_retries=1, max_step_retries=5)
 PLACED = ("a", "b")
 
 
@@ -58,6 +59,10 @@ def hang(progress: bool = False) -> Incident:
 def precheck(*failing: str, checked: int = 3) -> Incident:
     return Incident(IncidentKind.PRECHECK_FAILED, failing=tuple((n, "disk full") for n in failing),
                     checked=checked, placement=PLACED, spares=("c",))
+
+
+def step_failed(step: int = 7) -> Incident:
+    return Incident(IncidentKind.STEP_FAILED, step=step, why="Connection closed by peer")
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,19 @@ TABLE: list[tuple[str, Incident, History, Want]] = [
           result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.FAILED)),
     ("a placed node failing the pre-check: spares take its slot",
      precheck("a"), History(), Want(Action.REPLACE)),
+    ("a failed step is re-executed in place (rung 0)",
+     step_failed(), History(), Want(Action.REEXECUTE, Rung.STEP_REEXECUTION)),
+    ("a step re-executed once that fails again downgrades (quotaExceeded)",
+     step_failed(7), History(step_retries=1, retried_step=7, retried_step_count=1),
+     Want(Action.DOWNGRADE, tried=((Rung.STEP_REEXECUTION, RecoverResult.QUOTA_EXCEEDED),),
+          result=RecoverResult.QUOTA_EXCEEDED)),
+    ("another step after a re-executed one has its own per-step budget",
+     step_failed(9), History(step_retries=1, retried_step=7, retried_step_count=1),
+     Want(Action.REEXECUTE, Rung.STEP_REEXECUTION)),
+    ("the job's re-execution budget spent downgrades (quotaExceeded)",
+     step_failed(), History(step_retries=5),
+     Want(Action.DOWNGRADE, tried=((Rung.STEP_REEXECUTION, RecoverResult.QUOTA_EXCEEDED),),
+          result=RecoverResult.QUOTA_EXCEEDED)),
 ]
 
 
@@ -151,6 +169,26 @@ def test_each_rung_spends_only_its_own_budget() -> None:
     assert budgets(decide(lost(spares=()), History(), POL).history) == (0, 0, 0, 1)
     assert budgets(decide(crash(GPU, node="a"), History(), POL).history) == (0, 0, 0, 1)
     assert budgets(decide(precheck("a"), History(), POL).history) == (0, 0, 0, 0)
+
+
+def test_step_reexecution_off_downgrades_at_once() -> None:
+    d = decide(step_failed(), History(), replace(POL, operator_reexecution=False))
+    assert d.action == Action.DOWNGRADE and "--operator-reexecution" in d.reason
+    assert [(t.rung, t.result) for t in d.tried] == [(Rung.STEP_REEXECUTION,
+                                                      RecoverResult.DOWNGRADE)]
+
+
+def test_a_step_failure_with_a_dead_rank_downgrades_at_once() -> None:
+    d = decide(replace(step_failed(), ended_ranks=(1,)), History(), POL)
+    assert d.action == Action.DOWNGRADE and "rank(s) 1 ended" in d.reason
+    assert d.history.step_retries == 0
+
+
+def test_a_step_reexecution_spends_only_the_step_budgets() -> None:
+    h = decide(step_failed(7), History(), POL).history
+    assert (h.step_retries, h.retried_step, h.retried_step_count) == (1, 7, 1)
+    assert budgets(h) == (0, 0, 0, 0)
+    assert History.from_meta(h.to_meta()).step_retries == 1  # persisted
 
 
 def test_a_giving_up_decision_spends_nothing() -> None:
@@ -238,5 +276,6 @@ def test_repeat_offender_zero_turns_the_rule_off() -> None:
 
 
 def test_a_decision_is_one_type_for_every_incident() -> None:
-    for incident in (crash(), hang(), lost(), precheck("a"), crash(GPU, node="a")):
+    for incident in (crash(), hang(), lost(), precheck("a"), crash(GPU, node="a"),
+                     step_failed()):
         assert isinstance(decide(incident, History(), POL), Decision)

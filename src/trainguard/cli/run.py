@@ -90,6 +90,14 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     h.add_argument("--restart-on-hang", action="store_true", default=S,
                    help="on a confirmed hang, dump every rank's stack, stop and restart the "
                         "ranks in place (at most 3 in a row; not from the restart budget)")
+    h.add_argument("--operator-reexecution", action="store_true", default=S,
+                   help="re-execute a step that failed with a transient collective error in the "
+                        "same processes (scripts that use trainguard.worker.step.StepGuard)")
+    _flag(h, "step-retries", type=int,
+          help="re-executions of one step before a process restart (1; at most 10)")
+    _flag(h, "max-step-retries", type=int, help="step re-executions in the whole job (10)")
+    _flag(h, "step-retry-timeout", dest="step_retry_timeout_s", type=float,
+          help="how long a rank waits for the re-formed process group (60 s)")
     h.add_argument("--save-on-exit", action="store_true", default=S,
                    help="workers using trainguard.checkpoint save the last completed step "
                         "when they are stopped (within the grace period)")

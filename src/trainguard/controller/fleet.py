@@ -26,6 +26,7 @@ from trainguard.protocol import (
     RankLiveness,
     StackDump,
     StartWorkers,
+    StepVerdict,
     StopWorkers,
     WorkerFact,
 )
@@ -204,6 +205,12 @@ class Fleet:
                                 cmd.timeout_s + 30, self.grace_s)
         return [StackDump.model_validate(d) for r in replies.values() if r.ok
                 for d in r.body.get("dumps", [])]
+
+    def step_verdict(self, cmd: StepVerdict) -> int:
+        live = self._in_job()
+        replies = self.hub.call({n: (Op.VERDICT, cmd.model_dump(mode="json")) for n in live},
+                                10.0, self.grace_s)
+        return sum(int(r.body.get("told", 0)) for r in replies.values() if r.ok)
 
     def adopt_attempt(self, attempt: int) -> None:
         """A restarted controller watches `attempt` on: the agents' hello reports are its

@@ -12,7 +12,7 @@ from typing import Any
 
 from trainguard.controller.store import JobStore
 from trainguard.diagnosis.taxonomy import Diagnosis
-from trainguard.policy.decision import Action, Decision
+from trainguard.policy.decision import Action, Decision, Rung
 from trainguard.protocol import Progress
 from trainguard.records import (
     FaultScenario,
@@ -61,6 +61,7 @@ class IncidentBook:
         self.current: RunningRecord | None = None
         self._pending: tuple[RunningRecord, RecoverRecord] | None = None
         self._max_step: int | None = None
+        self._step_open: RecoverRecord | None = None  # rung 0's record while it recovers
 
     def _save(self, rec: RunningRecord | None) -> None:
         if rec is not None:
@@ -133,6 +134,43 @@ class IncidentBook:
                        backoff_s=decision.delay_s if restart else None,
                        category=fault.category, recover=recover)
 
+    def step_incident(self, attempt: int, decision: Decision, fault: Fault, step: int) -> None:
+        """Rung 0 acted (or could not): a record in the running attempt, which goes on. A
+        retry of the same step that failed again closes the open one as failed."""
+        rec = self.current
+        if rec is None:
+            return
+        now = utcnow()
+        self._close_step(fault.detected)
+        acting = decision.action == Action.REEXECUTE
+        inc = RecoverRecord(
+            attempt=attempt, recover_start_at=fault.detected, detected_at=fault.detected,
+            fault_scenario=fault.scenario, reason=fault.reason, related_task=fault.related_task,
+            recover=Rung.STEP_REEXECUTION.value,
+            recover_result=RecoverResult.RECOVERING if acting else decision.result,
+            recover_end_at=None if acting else now, fault_at=fault.fault_at,
+            decided_at=now, backoff_s=0.0, last_step_before=step - 1, resumed_step=step - 1,
+            steps_lost=0, category=fault.category)
+        rec.recover_records.append(inc)
+        self._step_open = inc if acting else None
+        self._save(rec)
+
+    def _close_step(self, at: datetime) -> None:
+        """The attempt ended while a re-executed step had not succeeded: that retry failed."""
+        if self._step_open is not None:
+            self._step_open.recover_result = RecoverResult.FAILED
+            self._step_open.recover_end_at = at
+            self._step_open = None
+
+    def step_reexecuted(self, at: datetime) -> None:
+        """The re-executed step succeeded on every rank: its record ends in success."""
+        if self._step_open is None or self.current is None:
+            return
+        inc, self._step_open = self._step_open, None
+        inc.recover_result, inc.recover_end_at, inc.first_progress_at = (
+            RecoverResult.SUCCESS, at, at)
+        self._save(self.current)
+
     def _incident(self, attempt: int, progress: Progress, stopped: datetime, end_reason: str,
                   restart: bool, *, detected: datetime, **fields: Any) -> None:
         """Close the attempt's running record with a new recover record (`fields`); with a
@@ -142,6 +180,7 @@ class IncidentBook:
             return
         self.progress_seen(progress)
         self._close_pending(RecoverResult.FAILED, detected)
+        self._close_step(detected)
         if progress.last_step is not None:
             self._max_step = max(progress.last_step, self._max_step or progress.last_step)
         now = utcnow()
@@ -182,6 +221,7 @@ class IncidentBook:
             return
         self.progress_seen(progress)
         self._close_pending(pending_result, utcnow())
+        self._close_step(utcnow())
         self.current.end_at, self.current.end_reason = utcnow(), reason
         self._save(self.current)
 

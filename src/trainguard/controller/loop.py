@@ -19,6 +19,7 @@ from trainguard.controller.hang_watch import HangConfirmation, HangWatch
 from trainguard.controller.incidents import Fault, fault_scenario, task_of
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.signals import SignalReceiver
+from trainguard.controller.step_retry import StepRetries
 from trainguard.diagnosis.attempt import diagnose_attempt
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.errors import LaunchError, NodesUnavailable
@@ -42,7 +43,12 @@ from trainguard.protocol import (
 )
 from trainguard.records import FaultScenario, Level, Reason, StartType, utcnow
 from trainguard.states import JobState, WorkerState
-from trainguard.worker.contract import ENV_GRACE, ENV_SAVE_ON_EXIT
+from trainguard.worker.contract import (
+    ENV_GRACE,
+    ENV_SAVE_ON_EXIT,
+    ENV_STEP_RETRY,
+    ENV_STEP_RETRY_TIMEOUT,
+)
 
 if TYPE_CHECKING:
     from trainguard.controller.nodes import NodeRecovery
@@ -90,6 +96,7 @@ class Controller:
         self._max_committed_before: int | None = None
         self._started_any = False
         self._hangs = HangWatch(recorder, agent)
+        self._steps = StepRetries(recorder, agent, self._decide)
 
     def run(self) -> int:
         with self._signals:
@@ -147,6 +154,7 @@ class Controller:
             self.spec.master_addr, self.spec.master_port if attempt == 0 else None)
         self.rec.book.attempt_started(attempt, start_type, port)
         self.rec.messages.new_attempt()
+        self._steps.new_attempt()
         report = self.agent.start_workers(self._start_cmd(attempt, port, addr))
         self._started_any = True
         self.rec.book.workers_started(report.at)
@@ -172,7 +180,9 @@ class Controller:
         return StartWorkers(
             run_id=self.spec.run_id, attempt=attempt, argv=self.rec.argv,
             env={ENV_GRACE: f"{self.spec.grace_period_s:g}",
-                 ENV_SAVE_ON_EXIT: "1" if self.spec.save_on_exit else "0"},
+                 ENV_SAVE_ON_EXIT: "1" if self.spec.save_on_exit else "0",
+                 ENV_STEP_RETRY: "1" if self.spec.operator_reexecution else "0",
+                 ENV_STEP_RETRY_TIMEOUT: f"{self.spec.step_retry_timeout_s:g}"},
             workers=[WorkerAssignment(rank=r, local_rank=r % n, start_count=attempt + 1,
                                       schedule_count=self.rec.launches) for r in ranks],
             world_size=self.spec.world_size, group_rank=self.spec.node_rank,
@@ -187,6 +197,7 @@ class Controller:
                 return _Outcome(self.agent.poll(), self._signals.received)
             report = self.agent.poll(wait_s=self.spec.monitor_interval)
             self.rec.sync(report)
+            self._steps.observe(report, report.attempt or 0)
             if report.lost_nodes and self.nodes is not None:
                 return _Outcome(report, lost=self.nodes.fleet.lost)
             states = [w.state for w in report.workers]

@@ -38,6 +38,7 @@ from trainguard.protocol import (
     Progress,
     StackDump,
     StartWorkers,
+    StepVerdict,
     StopWorkers,
     ThreadMsg,
     WorkerAssignment,
@@ -46,7 +47,12 @@ from trainguard.protocol import (
 )
 from trainguard.records import utcnow
 from trainguard.states import WorkerState
-from trainguard.worker.contract import ENV_DEAD_RANKS, ENV_SOCKET, MessageKind
+from trainguard.worker.contract import (
+    ENV_DEAD_RANKS,
+    ENV_SOCKET,
+    ControlKind,
+    MessageKind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +231,16 @@ class NodeAgent:
     def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]:
         """Rank 0's store address for the next attempt: `addr`, a fresh port unless given."""
         return addr, preferred_port or free_port(addr)
+
+    def step_verdict(self, cmd: StepVerdict) -> int:
+        """Hand the ladder's verdict on a failed step to every running rank's StepGuard, out
+        of band (node/channel.py); how many ranks were told."""
+        msg: dict[str, Any] = (
+            {"kind": ControlKind.REFORM.value, "step": cmd.step, "generation": cmd.generation,
+             "master_addr": cmd.master_addr, "master_port": cmd.master_port} if cmd.reexecute
+            else {"kind": ControlKind.GIVE_UP.value, "step": cmd.step, "reason": cmd.reason})
+        ranks = [w.assignment.rank for w in self._workers if not w.state.ended]
+        return self._channel.tell(ranks, msg)
 
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
         """Every running rank's Python stacks (py-spy), saved under cmd.out_dir."""

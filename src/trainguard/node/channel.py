@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from trainguard.worker.contract import ContractError, parse_message
+from trainguard.worker.contract import ContractError, control_socket, parse_message
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +80,19 @@ class ChannelServer:
         with self._lock, contextlib.suppress(OSError):
             self._sock.close()
         self._thread.join(timeout=1.0)
+
+    def tell(self, ranks: list[int], msg: dict[str, Any]) -> int:
+        """The other direction: one control datagram (worker.contract.ControlKind) to each
+        rank's StepGuard; how many were handed to the kernel (a rank without one: not)."""
+        data = json.dumps(msg).encode()
+        told = 0
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.setblocking(False)
+            for rank in ranks:
+                name = control_socket(self.name, rank)
+                try:
+                    s.sendto(data, "\0" + name.removeprefix("@"))
+                    told += 1
+                except OSError as e:  # no StepGuard listens there (or its queue is full)
+                    log.debug("rank %s: control message not delivered (%s)", rank, e)
+        return told

@@ -21,11 +21,13 @@ class IncidentKind(str, Enum):
     HANG = "hang"  # a hang was confirmed (restart upon suspension is on)
     NODE_LOST = "node_lost"  # a placed node's agent is gone, silent, or its step ended
     PRECHECK_FAILED = "precheck_failed"  # nodes failed the pre-check before an attempt
+    STEP_FAILED = "step_failure"  # a rank's StepGuard reported a failed step; the ranks wait
 
 
 class Rung(str, Enum):
-    """The ladder's rungs, finest first (rung 0, step re-execution, is still to come)."""
+    """The ladder's rungs, finest first."""
 
+    STEP_REEXECUTION = "step_reexecution"  # rung 0: re-form the group, re-run the step
     PROCESS_RESTART = "process_restart"  # rung 1: restart the processes in place
     POD_RESCHEDULE = "pod_reschedule"  # rung 2: replace one node with a spare
     JOB_RESCHEDULE = "job_reschedule_with_taint"  # rung 3: isolate, place every rank again
@@ -36,6 +38,8 @@ class Action(str, Enum):
     RESCHEDULE = "reschedule"  # place the ranks again (placement), then start the next attempt
     REPLACE = "replace"  # before an attempt: give the isolated nodes' slots to spares
     GIVE_UP = "give_up"  # end the job with exit_code
+    REEXECUTE = "reexecute"  # rung 0: every rank re-forms the group and re-runs the step
+    DOWNGRADE = "downgrade"  # rung 0 cannot act: the ranks raise, their exit is the next rung's
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,9 @@ class HAPolicy:
     """Every budget of the ladder (built from JobSpec.ha_policy)."""
 
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    operator_reexecution: bool = False  # rung 0 on (--operator-reexecution)
+    step_retries: int = 1  # re-executions of one step (the platform's MaxCnt)
+    max_step_retries: int = 10  # re-executions in the whole job
     max_hang_restarts: int = 3  # restarts upon suspension in a row without progress
     max_pod_reschedules: int = 3
     max_job_reschedules: int = 3
@@ -52,6 +59,8 @@ class HAPolicy:
     @staticmethod
     def from_spec(spec: JobSpec) -> HAPolicy:
         return HAPolicy(restart=spec.restart_policy,
+                        operator_reexecution=spec.operator_reexecution,
+                        step_retries=spec.step_retries, max_step_retries=spec.max_step_retries,
                         max_pod_reschedules=spec.max_pod_reschedules,
                         max_job_reschedules=spec.max_job_reschedules,
                         repeat_offender_count=spec.repeat_offender)
@@ -68,6 +77,9 @@ class History:
     consecutive_unconditional: int = 0
     attempts_without_progress: int = 0
     hang_restarts: int = 0  # restarts upon suspension in a row without progress
+    step_retries: int = 0  # step re-executions in the job
+    retried_step: int | None = None  # the last step re-executed, and how often
+    retried_step_count: int = 0
     pod_used: int = 0
     job_used: int = 0
     implicated: tuple[tuple[str, float], ...] = ()  # (node, unix time) per implication
@@ -75,6 +87,7 @@ class History:
     def to_meta(self) -> dict[str, Any]:
         """The persisted counters, as job-store meta keys."""
         return {"restarts_used": self.restarts_used, "hang_restarts": self.hang_restarts,
+                "step_retries_used": self.step_retries,
                 "pod_reschedules_used": self.pod_used, "job_reschedules_used": self.job_used,
                 "implicated": json.dumps(self.implicated)}
 
@@ -92,6 +105,7 @@ class History:
             implicated = tuple((str(n), float(t))
                                for n, t in json.loads(meta.get("implicated") or "[]"))
         return History(restarts_used=count("restarts_used"), hang_restarts=count("hang_restarts"),
+                       step_retries=count("step_retries_used"),
                        pod_used=count("pod_reschedules_used"),
                        job_used=count("job_reschedules_used"), implicated=implicated)
 
@@ -104,7 +118,9 @@ class Incident:
     made_progress: bool = False  # the attempt got further than every earlier one
     diagnosis: Diagnosis | None = None  # CRASH
     node: str | None = None  # NODE_LOST: the lost node; CRASH: the culprit's placed node
-    why: str = ""  # NODE_LOST: how it was lost
+    why: str = ""  # NODE_LOST: how it was lost; STEP_FAILED: the error
+    step: int | None = None  # STEP_FAILED: the step that failed
+    ended_ranks: tuple[int, ...] = ()  # STEP_FAILED: ranks whose process already ended
     failing: tuple[tuple[str, str], ...] = ()  # PRECHECK_FAILED: (node, what failed)
     checked: int = 0  # PRECHECK_FAILED: how many nodes were checked
     placement: tuple[str, ...] = ()  # slot -> node, now

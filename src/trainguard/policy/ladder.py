@@ -8,6 +8,8 @@ the Decision out (controller/loop.py, controller/nodes.py).
 | HANG            | 1: restart upon suspension        | give up (HangRestartLimitReached)|
 | NODE_LOST       | 2: pod-level (a spare takes over) | 3: job-level, else give up       |
 | PRECHECK_FAILED | isolate, spares take the slots    | give up when none come (queuing) |
+| STEP_FAILED     | 0: re-form the group, re-run step | downgrade: the ranks raise, then |
+|                 |   (--operator-reexecution)        |   their exit is a CRASH (rung 1) |
 
 docs/architecture.md has the full table (triggers, budgets, downgrade targets, records).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainguard.policy import nodes, process
+from trainguard.policy import nodes, process, step
 from trainguard.policy.decision import (
     Decision,
     HAPolicy,
@@ -34,6 +36,8 @@ def decide(incident: Incident, hist: History, pol: HAPolicy) -> Decision:
     if incident.kind == IncidentKind.NODE_LOST:
         return nodes.after_node_trouble(True, incident.node or "?", f"was lost ({incident.why})",
                                         incident.placement, incident.spares, hist, pol)
+    if incident.kind == IncidentKind.STEP_FAILED:
+        return step.after_step_failure(incident.step or 0, hist, pol, incident.ended_ranks)
     if incident.kind == IncidentKind.PRECHECK_FAILED:
         return nodes.after_precheck(incident.failing, incident.checked, incident.placement,
                                     hist)

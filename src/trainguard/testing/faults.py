@@ -22,6 +22,12 @@ Kinds, each fired after step S (`loaderhang`: while making the batch of step S):
   through `inject_loader` (examples/train_ddp.py --loader-workers N); `inject` skips it.
 - `slow:SECONDS`: sleep SECONDS, then go on (a slow step).
 - `log:TEXT`: print TEXT to stderr and go on (to test log scanning).
+- `collective[:N]`: a transient collective failure inside step S: the rank shuts down its
+  TCP connections (its process group's links to its peers and to the rendezvous store), so
+  every rank's next collective fails with a real gloo error ("Connection closed by peer")
+  while every process lives on. Fires through `inject_step` (called inside the step, e.g.
+  by the step function a StepGuard runs), on the first N runs of step S in the process
+  (default 1: a re-executed step S runs clean; 2: the re-execution fails too).
 
 Stdlib only.
 """
@@ -33,6 +39,8 @@ import functools
 import os
 import re
 import signal
+import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -49,9 +57,13 @@ KINDS = (
     "loaderhang",  # the data-loader worker making step S's batch sleeps forever
     "slow",        # slow:SECONDS, sleep, then go on
     "log",         # log:TEXT, print TEXT to stderr
+    "collective",  # collective[:N], break this rank's connections in step S (N runs of it)
 )
 _NO_ARG = ("crash", "hang", "spin", "loaderhang")
 _LOADER_KINDS = ("loaderhang",)  # fired by inject_loader, in a data-loader worker
+_IN_STEP_KINDS = ("collective",)  # fired by inject_step, inside the step
+_OPTIONAL_ARG = ("collective",)
+_runs: dict[tuple[str, int], int] = {}  # (spec, fault index) -> runs of its step so far
 _ESCAPABLE = ";@\\"
 _UNESCAPE = re.compile(r"\\([;@\\])")
 
@@ -91,27 +103,43 @@ def parse(spec: str) -> list[Fault]:
 
 def inject(step: int) -> None:
     """Fire the faults of TRAINGUARD_FAULT that match this step, rank and attempt
-    (all kinds but `loaderhang`); call it once per finished step."""
-    _inject(step, loader=False)
+    (all kinds but `loaderhang` and `collective`); call it once per finished step."""
+    _inject(step, "step")
 
 
 def inject_loader(step: int) -> None:
     """Fire the `loaderhang` faults that match; call it in a data-loader worker (a
     Dataset's __getitem__) while it makes the batch of `step`."""
-    _inject(step, loader=True)
+    _inject(step, "loader")
 
 
-def _inject(step: int, loader: bool) -> None:
+def inject_step(step: int) -> None:
+    """Fire the `collective` faults that match; call it inside the step (before its
+    collectives), each time the step runs."""
+    _inject(step, "in_step")
+
+
+def _where(kind: str) -> str:
+    return ("loader" if kind in _LOADER_KINDS else "in_step" if kind in _IN_STEP_KINDS
+            else "step")
+
+
+def _inject(step: int, where: str) -> None:
     spec = os.environ.get(ENV_FAULT)
     if not spec:
         return
     faults = _parse_cached(spec)
-    if not any((f.kind in _LOADER_KINDS) == loader for f in faults):
+    if not any(_where(f.kind) == where for f in faults):
         return
     rank = _env_int(ENV_RANK)
     attempt = _env_int(ENV_RESTART_COUNT)
-    for fault in faults:
-        if (fault.kind in _LOADER_KINDS) == loader and fault.matches(step, rank, attempt):
+    for i, fault in enumerate(faults):
+        if _where(fault.kind) == where and fault.matches(step, rank, attempt):
+            if fault.kind in _IN_STEP_KINDS:
+                runs = _runs.get((spec, i), 0) + 1
+                _runs[(spec, i)] = runs
+                if runs > int(fault.arg or 1):
+                    continue
             _fire(fault, step, rank, attempt)
 
 
@@ -144,6 +172,33 @@ def _fire(fault: Fault, step: int, rank: int, attempt: int) -> None:
         time.sleep(float(fault.arg or 0))
     elif fault.kind == "log":
         _say(fault.arg or "")
+    elif fault.kind == "collective":
+        _say(f"[trainguard.faults] shut down {_break_connections()} TCP connection(s)")
+
+
+def _break_connections() -> int:
+    """Shut down every connected TCP socket of this process: its process group's links and
+    its rendezvous store connection. The peers' next collective fails at once."""
+    n = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except (OSError, ValueError):
+            continue
+        with s:
+            if s.family not in (socket.AF_INET, socket.AF_INET6) or \
+                    s.type != socket.SOCK_STREAM:
+                continue
+            try:
+                s.getpeername()
+                s.shutdown(socket.SHUT_RDWR)
+                n += 1
+            except OSError:  # a listening or unconnected socket
+                continue
+    return n
 
 
 def _spin() -> None:
@@ -179,6 +234,11 @@ def _check_kind(kind: str, arg: str | None, head: str) -> None:
     if kind not in KINDS:
         kinds = ", ".join(KINDS)
         raise FaultSpecError(f"unknown fault kind {kind!r} in {head!r}; use one of: {kinds}")
+    if kind in _OPTIONAL_ARG:
+        if arg is not None and not (arg.strip().isdecimal() and 1 <= int(arg) <= 100):
+            raise FaultSpecError(f"{kind} takes a run count 1..100, got {arg!r}; "
+                                 f"e.g. '{kind}:2@step=5'")
+        return
     if kind in _NO_ARG:
         if arg is not None:
             raise FaultSpecError(f"{kind!r} takes no argument; write '{kind}@step=S'")

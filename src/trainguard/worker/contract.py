@@ -35,9 +35,12 @@ ENV_DEAD_RANKS = "TRAINGUARD_DEAD_RANKS_FILE"  # the agent lists the ranks that 
 ENV_GRACE = "TRAINGUARD_GRACE_PERIOD_S"  # seconds between SIGTERM and SIGKILL
 ENV_SAVE_ON_EXIT = "TRAINGUARD_SAVE_ON_EXIT"  # "1": save a checkpoint on the way out
 ENV_FAULT = "TRAINGUARD_FAULT"  # set by a user: trainguard.testing.faults
+ENV_STEP_RETRY = "TRAINGUARD_STEP_RETRY"  # "1": StepGuard re-executes a failed step
+ENV_STEP_RETRY_TIMEOUT = "TRAINGUARD_STEP_RETRY_TIMEOUT_S"  # a rank's wait for the new group
 TRAINGUARD_ENV = (ENV_SOCKET, ENV_MARKER, ENV_ATTEMPT, ENV_PROCESS_START_COUNT,
                   ENV_SCHEDULE_COUNT, ENV_JOB_DIR, ENV_CHECKPOINT_DIR, ENV_DEAD_RANKS,
-                  ENV_GRACE, ENV_SAVE_ON_EXIT, ENV_FAULT)
+                  ENV_GRACE, ENV_SAVE_ON_EXIT, ENV_FAULT, ENV_STEP_RETRY,
+                  ENV_STEP_RETRY_TIMEOUT)
 
 # -- the environment: torchrun's variables (set by the agent, read by the library) --------
 ENV_RANK = "RANK"
@@ -81,6 +84,8 @@ class MessageKind(str, Enum):
     CHECKPOINT_CORRUPT = "checkpoint_corrupt"  # rank 0: a checkpoint skipped while loading
     NO_CHECKPOINT = "no_checkpoint"  # rank 0: nothing valid to load
     RESUMED = "resumed"  # every rank, once it loaded a checkpoint
+    STEP_FAILED = "step_failed"  # StepGuard: a step failed; the rank waits for a verdict
+    STEP_REEXECUTED = "step_reexecuted"  # StepGuard: the step ran again and every rank agreed
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
 
     def __str__(self) -> str:  # the value, as StrEnum (f-strings, %s)
@@ -213,7 +218,64 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
     MessageKind.NO_CHECKPOINT: {"location": _text(MAX_PATH, required=True)},
     MessageKind.RESUMED: {"step": _STEP, "location": _text(MAX_PATH)},
     MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
+    MessageKind.STEP_FAILED: {
+        "step": _STEP,
+        "generation": _int(0, MAX_INT32, required=True),  # the process group's generation
+        "error": _text(MAX_TEXT, required=True),
+    },
+    MessageKind.STEP_REEXECUTED: {
+        "step": _STEP,
+        "generation": _int(0, MAX_INT32, required=True),  # the group it succeeded on
+        "retry_s": _seconds(),  # from the failure to the re-executed step's end
+    },
 }
+
+
+# -- the control channel: the agent's verdicts to a StepGuard ----------------------------------
+class ControlKind(str, Enum):
+    """What a rank's agent tells its StepGuard after the rank reported a failed step."""
+
+    REFORM = "reform"  # re-form the process group at master_addr:master_port, re-run the step
+    GIVE_UP = "give_up"  # no re-execution: the rank raises the step's error (the next rung)
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+
+CONTROL_FIELDS: dict[ControlKind, dict[str, Field]] = {
+    ControlKind.REFORM: {
+        "step": _STEP,
+        "generation": _int(1, MAX_INT32, required=True),
+        "master_addr": _text(MAX_NAME, required=True),
+        "master_port": _int(1, 65_535, required=True),
+    },
+    ControlKind.GIVE_UP: {"step": _STEP, "reason": _text(MAX_TEXT, required=True)},
+}
+
+
+def control_socket(agent_socket: str, rank: int) -> str:
+    """The abstract socket (`@name`) a rank's StepGuard listens on for its agent's verdicts."""
+    return f"{agent_socket}-rank-{rank}"
+
+
+def parse_control(raw: object) -> dict[str, Any]:
+    """A decoded control datagram, checked: `kind` (a ControlKind) and its fields."""
+    if not isinstance(raw, dict):
+        raise ContractError(f"not a JSON object: {_show(raw)}")
+    try:
+        kind = ControlKind(raw.get("kind"))
+    except ValueError:
+        raise ContractError(f"unknown control kind {_show(raw.get('kind'))}") from None
+    spec = CONTROL_FIELDS[kind]
+    for name, f in spec.items():
+        if name not in raw:
+            if f.required:
+                raise ContractError(f"{kind.value}: required field {name!r} is missing")
+            continue
+        why = f.problem(raw[name])
+        if why is not None:
+            raise ContractError(f"{kind.value}: field {name!r} {why}")
+    return {"kind": kind, **{n: v for n, v in raw.items() if n in spec}}
 
 
 def validate(kind: str, fields: dict[str, Any]) -> dict[str, Any]:

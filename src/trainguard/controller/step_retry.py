@@ -1,0 +1,89 @@
+"""Rung 0 for the controller: carries out the ladder's decisions on failed steps.
+
+A rank's StepGuard reports a failed step (STEP_FAILED, with its process group's generation)
+and waits. The first report of a (step, generation) becomes a STEP_FAILED incident for
+policy.ladder.decide; the verdict goes to every rank out of band (AgentAPI.step_verdict):
+REFORM with a fresh rendezvous port and the next generation, or GIVE_UP (the ranks raise,
+and their exit is the next rung's incident). The first STEP_REEXECUTED of that generation
+ends the incident. Events: StepRetrying, StepReexecuted, StepRetryDowngraded; one recover
+record of type `step_reexecution` per decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trainguard.controller.incidents import Fault
+from trainguard.controller.recorder import Recorder
+from trainguard.policy.decision import Action, Decision, Incident, IncidentKind
+from trainguard.protocol import AgentAPI, NodeReport, StepVerdict, WorkerMessage
+from trainguard.records import FaultScenario, Level, Reason, utcnow
+from trainguard.worker.contract import MessageKind
+
+
+class StepRetries:
+    def __init__(self, rec: Recorder, agent: AgentAPI,
+                 decide: Callable[[Incident], Decision]) -> None:
+        self.rec, self.agent, self._decide = rec, agent, decide
+        self._answered: set[tuple[int, int]] = set()  # (step, generation) of failures
+        self._reexecuting: tuple[int, int] | None = None  # (step, new generation)
+
+    def new_attempt(self) -> None:
+        self._answered.clear()
+        self._reexecuting = None
+
+    def observe(self, report: NodeReport, attempt: int) -> None:
+        for m in report.messages:
+            if m.kind == MessageKind.STEP_FAILED:
+                self._failed(m, attempt, report)
+            elif m.kind == MessageKind.STEP_REEXECUTED:
+                self._reexecuted(m, attempt)
+
+    def _failed(self, m: WorkerMessage, attempt: int, report: NodeReport) -> None:
+        step, generation = int(m.data["step"]), int(m.data["generation"])
+        if (step, generation) in self._answered:
+            return  # another rank of the same failure: answered once
+        self._answered.add((step, generation))
+        error = str(m.data.get("error") or "")
+        first = (error.strip().splitlines() or ["?"])[0]
+        first = first if len(first) <= 160 else first[:157] + "..."
+        ended = tuple(sorted(w.rank for w in report.workers if w.state.ended))
+        decision = self._decide(Incident(IncidentKind.STEP_FAILED, step=step, why=error,
+                                         ended_ranks=ended))
+        fault = Fault(FaultScenario.ERROR_IN_LOG, f"step {step} failed: {first}",
+                      f"step {step} failed", f"worker-{m.rank}" if m.rank is not None else "job",
+                      m.at, utcnow(), utcnow(), report.progress, "nccl_communication_error")
+        if decision.action == Action.REEXECUTE:
+            addr, port = self.agent.rendezvous(self.rec.spec.master_addr, None)
+            told = self.agent.step_verdict(StepVerdict(
+                step=step, reexecute=True, generation=generation + 1, master_addr=addr,
+                master_port=port))
+            self._reexecuting = (step, generation + 1)
+            self.rec.book.step_incident(attempt, decision, fault, step)
+            self.rec.event(Level.WARNING, Reason.STEP_RETRYING,
+                           f"rank {m.rank}: step {step} failed ({first}); {decision.reason}: "
+                           f"{told} rank(s) re-form "
+                           f"the process group (generation {generation + 1}, port {port})",
+                           rank=m.rank, attempt=attempt)
+            return
+        told = self.agent.step_verdict(StepVerdict(step=step, reexecute=False,
+                                                   reason=decision.reason))
+        self._reexecuting = None
+        self.rec.book.step_incident(attempt, decision, fault, step)
+        self.rec.event(Level.WARNING, Reason.STEP_RETRY_DOWNGRADED,
+                       f"rank {m.rank}: step {step} failed ({first}); not re-executed: "
+                       f"{decision.reason}; {told} rank(s) raise it, the next level (process "
+                       "restart) takes over", rank=m.rank, attempt=attempt)
+
+    def _reexecuted(self, m: WorkerMessage, attempt: int) -> None:
+        key = (int(m.data["step"]), int(m.data["generation"]))
+        if key != self._reexecuting:
+            return  # another rank of the same success, or a stale report
+        self._reexecuting = None
+        retry_s = m.data.get("retry_s")
+        self.rec.book.step_reexecuted(m.at)
+        self.rec.event(Level.INFO, Reason.STEP_REEXECUTED,
+                       f"step {key[0]} re-executed on every rank on process group generation "
+                       f"{key[1]}" + (f", {float(retry_s):.3f}s after it failed" if retry_s
+                                      is not None else "") + "; no process was restarted",
+                       attempt=attempt)

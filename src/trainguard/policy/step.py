@@ -1,0 +1,46 @@
+"""Rung 0, step re-execution (the platform's operator re-execution): every rank discards the
+failed step, re-forms the process group in the same processes and runs the step again. Pure.
+
+Budgets: `step_retries` re-executions of one step (the platform's default is one retry per
+operator) and `max_step_retries` in the whole job. A rung that cannot act (off, a budget
+spent) downgrades: the ranks raise the step's error, and their exit is the next rung's
+incident (a process restart, decided by the restart policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from trainguard.policy.decision import Action, Decision, HAPolicy, History, Rung, Tried
+from trainguard.records import RecoverResult
+
+
+def after_step_failure(step: int, hist: History, pol: HAPolicy,
+                       ended_ranks: tuple[int, ...] = ()) -> Decision:
+    """Re-execute `step`, or downgrade to the next rung (with why)."""
+    if not pol.operator_reexecution:
+        return _downgrade("operator re-execution is off (--operator-reexecution)", hist,
+                          RecoverResult.DOWNGRADE)
+    if ended_ranks:
+        return _downgrade(f"the process of rank(s) {', '.join(map(str, ended_ranks))} ended: a "
+                          "re-formed group cannot include it", hist, RecoverResult.DOWNGRADE)
+    tries = hist.retried_step_count if hist.retried_step == step else 0
+    if tries >= pol.step_retries:
+        return _downgrade(f"step {step} was re-executed {tries} time(s) and failed again "
+                          f"(--step-retries {pol.step_retries})", hist,
+                          RecoverResult.QUOTA_EXCEEDED)
+    if hist.step_retries >= pol.max_step_retries:
+        return _downgrade(f"the job's step re-execution budget is spent "
+                          f"({pol.max_step_retries}, --max-step-retries)", hist,
+                          RecoverResult.QUOTA_EXCEEDED)
+    h = replace(hist, step_retries=hist.step_retries + 1, retried_step=step,
+                retried_step_count=tries + 1)
+    return Decision(Action.REEXECUTE,
+                    f"re-executing step {step} ({tries + 1}/{pol.step_retries} for this step, "
+                    f"{h.step_retries}/{pol.max_step_retries} in the job)", h,
+                    rung=Rung.STEP_REEXECUTION)
+
+
+def _downgrade(why: str, hist: History, result: RecoverResult) -> Decision:
+    return Decision(Action.DOWNGRADE, why, hist, result=result,
+                    tried=(Tried(Rung.STEP_REEXECUTION, result, why),))

@@ -1,0 +1,231 @@
+"""Step re-execution in the training script: one training step as a transaction (rung 0).
+
+    guard = StepGuard(model)                 # wraps the model in DDP, as the script did
+    for step in range(start, steps + 1):
+        x, y = get_batch(step)               # fetched outside: a re-run takes the same batch
+        def train_step():
+            optimizer.zero_grad(set_to_none=True)
+            loss = guard.model(x, y)         # guard.model: the current DDP wrapper
+            loss.backward()
+            return loss
+        loss = guard.run(step, train_step)   # every rank agreed the step is good
+        optimizer.step()                     # only then the update
+
+When the launcher runs the job with --operator-reexecution, a step that fails with a
+transient collective error (a broken connection, a timeout) on any rank is discarded on every
+rank (gradients dropped, the RNG states put back to the step's start), the rank reports it to
+its agent and waits for the verdict, which comes out of band (agent -> controller -> every
+rank's agent), never through the broken group. On REFORM it destroys the process group, joins
+a fresh one at the address the controller handed out, wraps the model in a new DDP and runs
+the step again; on GIVE_UP (a budget spent), or when no verdict comes in time, it raises the
+step's error, and the process restart (the next rung) takes over. Without the launcher, or
+with re-execution off, `run` only calls the step. docs/operator-reexecution.md has the rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from trainguard.worker import channel
+from trainguard.worker.contract import (
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_SOCKET,
+    ENV_STEP_RETRY,
+    ENV_STEP_RETRY_TIMEOUT,
+    ContractError,
+    ControlKind,
+    MessageKind,
+    control_socket,
+    parse_control,
+)
+
+T = TypeVar("T")
+
+# the words of a transient collective failure: a peer's connection broke, a collective or
+# the store timed out (gloo, NCCL, c10d); anything else is the script's own error
+TRANSIENT_MARKS = ("connection closed by peer", "connection reset by peer", "broken pipe",
+                   "connection refused", "timed out", "timeout", "ncclsystemerror",
+                   "ncclremoteerror", "ncclinternalerror", "nccl error", "unhandled system error",
+                   "socket closed", "read error", "write error", "end of file")
+MAX_ERROR_CHARS = 4_000
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether `e` is a collective failure that a re-formed group may not see again."""
+    if isinstance(e, getattr(dist, "DistNetworkError", ())):
+        return True
+    if not isinstance(e, RuntimeError):  # DistBackendError and DistStoreError included
+        return False
+    text = str(e).lower()
+    return any(m in text for m in TRANSIENT_MARKS)
+
+
+class StepGuard:
+    """Runs training steps as transactions; see the module docstring."""
+
+    def __init__(self, module: torch.nn.Module, **ddp_kwargs: Any) -> None:
+        self.module = module
+        self._ddp_kwargs = ddp_kwargs
+        self.distributed = dist.is_available() and dist.is_initialized() \
+            and dist.get_world_size() > 1
+        self.model: torch.nn.Module = self._wrap()
+        self.generation = 0
+        self.reexecuted = 0  # steps re-executed in this process
+        self.enabled = self.distributed and os.environ.get(ENV_STEP_RETRY) == "1" \
+            and channel.available()
+        self._timeout_s = _env_float(ENV_STEP_RETRY_TIMEOUT, 60.0)
+        self._control: socket.socket | None = None
+        if self.enabled:
+            name = control_socket(os.environ[ENV_SOCKET], dist.get_rank())
+            self._control = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                self._control.bind("\0" + name.removeprefix("@"))
+            except OSError as e:  # another process of this rank holds it: run unguarded
+                self._control.close()
+                self._control, self.enabled = None, False
+                _say(f"step re-execution is off for this process: cannot listen on {name} ({e})")
+
+    def _wrap(self) -> torch.nn.Module:
+        if not self.distributed:
+            return self.module
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(self.module, **self._ddp_kwargs)
+
+    def run(self, step: int, fn: Callable[[], T]) -> T:
+        """Run `fn` (forward and backward of `step`) until every rank agrees it succeeded."""
+        if not self.enabled:
+            return fn()
+        rng = _rng_state()
+        failed_at: float | None = None
+        while True:
+            try:
+                out = fn()
+                self._agree()
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                failed_at = failed_at or time.monotonic()
+                self._discard(rng)
+                self._recover(step, e)
+                continue
+            if failed_at is not None:
+                self.reexecuted += 1
+                channel.send(MessageKind.STEP_REEXECUTED, step=step, generation=self.generation,
+                             retry_s=round(time.monotonic() - failed_at, 6))
+                _say(f"step {step} re-executed on process group generation {self.generation} "
+                     f"({time.monotonic() - failed_at:.3f}s after it failed)")
+            return out
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+
+    # -- the transaction ---------------------------------------------------------------------
+
+    def _agree(self) -> None:
+        """Every rank finished the step: one small all-reduce before any optimizer update (a
+        rank whose step failed never gets here, so its peers fail here too)."""
+        flag = torch.ones(1)
+        dist.all_reduce(flag)
+
+    def _discard(self, rng: dict[str, Any]) -> None:
+        self.module.zero_grad(set_to_none=True)
+        _set_rng_state(rng)
+
+    def _recover(self, step: int, error: BaseException) -> None:
+        """Report the failed step; re-form the group on REFORM, raise `error` otherwise."""
+        text = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
+        first = (text.splitlines() or [""])[0]
+        _say(f"step {step} failed on process group generation {self.generation} ({first}); "
+             "waiting for the launcher's verdict")
+        # a verdict may be here already (a peer reported first): _await_verdict keeps it
+        channel.send(MessageKind.STEP_FAILED, step=step, generation=self.generation, error=text)
+        verdict = self._await_verdict(step)
+        if verdict is None:
+            _say(f"no verdict within {self._timeout_s:g}s: giving step {step} up")
+            raise error
+        if verdict["kind"] == ControlKind.GIVE_UP:
+            _say(f"step {step} is not re-executed: {verdict['reason']}")
+            raise error
+        self._reform(verdict)
+
+    def _reform(self, v: dict[str, Any]) -> None:
+        t0 = time.monotonic()
+        backend = dist.get_backend()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        with contextlib.suppress(Exception):  # the old group is broken: tear down what is left
+            dist.destroy_process_group()
+        addr, port = str(v["master_addr"]), int(v["master_port"])
+        os.environ[ENV_MASTER_ADDR], os.environ[ENV_MASTER_PORT] = addr, str(port)
+        from datetime import timedelta
+
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=self._timeout_s))
+        self.generation = int(v["generation"])
+        self.model = self._wrap()
+        _say(f"process group re-formed (generation {self.generation}, {addr}:{port}) in "
+             f"{time.monotonic() - t0:.3f}s")
+
+    def _await_verdict(self, step: int) -> dict[str, Any] | None:
+        assert self._control is not None
+        deadline = time.monotonic() + self._timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            self._control.settimeout(left)
+            try:
+                data = self._control.recv(65536)
+            except TimeoutError:
+                return None
+            try:
+                v = parse_control(json.loads(data))
+            except (ValueError, ContractError, RecursionError):
+                continue  # not a verdict: ignore it
+            if v.get("step") == step and (v["kind"] == ControlKind.GIVE_UP
+                                          or v["generation"] > self.generation):
+                return v
+        return None
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        sys.modules["numpy"].random.set_state(state["numpy"])
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _say(line: str) -> None:
+    rank = os.environ.get(ENV_RANK, "?")
+    print(f"[trainguard.step] rank {rank}: {line}", file=sys.stderr, flush=True)
