@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/launcher_overhead.py
 	$(BIN)/python benchmarks/checkpoint_blocking.py
 	$(BIN)/python benchmarks/rescheduling.py
+	$(BIN)/python benchmarks/step_reexecution.py
 
 clean:
 	rm -rf $(VENV) trainguard-runs .mypy_cache .ruff_cache .pytest_cache

@@ -96,9 +96,11 @@ def measure(job_dir: Path, steps: int, reexecute: bool, timeout_s: float) -> Run
             break
     if fault_at is None:
         raise BenchError(f"{job_dir}: no 'injecting collective' line in rank 1's log")
+    # after the fault: in attempt 0 only step S or later (a peer's line of step S-1 may be
+    # read a moment after the fault line), in a restarted attempt any step
     lines = [ln for a in attempts for r in range(NPROC)
              for ln in read_step_lines(logs / f"attempt-{a}" / f"rank-{r}.log", r, stamped=True)
-             if ln.stamp is not None and ln.stamp > fault_at]
+             if ln.stamp is not None and ln.stamp > fault_at and (a > 0 or ln.step >= FAULT_STEP)]
     if not lines:
         raise BenchError(f"{job_dir}: no step line after the fault")
     first_good = min(ln.stamp for ln in lines if ln.stamp is not None)

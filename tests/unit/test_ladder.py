@@ -184,6 +184,12 @@ def test_a_step_failure_with_a_dead_rank_downgrades_at_once() -> None:
     assert d.history.step_retries == 0
 
 
+def test_a_report_on_an_older_group_means_the_ranks_disagree_and_downgrades() -> None:
+    d = decide(replace(step_failed(9), stale_group=True), History(), POL)
+    assert d.action == Action.DOWNGRADE and "disagree" in d.reason
+    assert d.history.step_retries == 0
+
+
 def test_a_step_reexecution_spends_only_the_step_budgets() -> None:
     h = decide(step_failed(7), History(), POL).history
     assert (h.step_retries, h.retried_step, h.retried_step_count) == (1, 7, 1)

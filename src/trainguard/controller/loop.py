@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from trainguard.controller.hang_watch import HangConfirmation, HangWatch
@@ -20,8 +20,7 @@ from trainguard.controller.incidents import Fault, fault_scenario, task_of
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.signals import SignalReceiver
 from trainguard.controller.step_retry import StepRetries
-from trainguard.diagnosis.attempt import diagnose_attempt
-from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.diagnosis.attempt import diagnose_attempt, diagnosis_message
 from trainguard.errors import LaunchError, NodesUnavailable
 from trainguard.exitcodes import ExitCode, describe_exit
 from trainguard.policy.decision import (
@@ -155,6 +154,7 @@ class Controller:
         self.rec.book.attempt_started(attempt, start_type, port)
         self.rec.messages.new_attempt()
         self._steps.new_attempt()
+        self._hist = replace(self._hist, retried_step=None, retried_step_count=0)
         report = self.agent.start_workers(self._start_cmd(attempt, port, addr))
         self._started_any = True
         self.rec.book.workers_started(report.at)
@@ -197,12 +197,12 @@ class Controller:
                 return _Outcome(self.agent.poll(), self._signals.received)
             report = self.agent.poll(wait_s=self.spec.monitor_interval)
             self.rec.sync(report)
-            self._steps.observe(report, report.attempt or 0)
             if report.lost_nodes and self.nodes is not None:
                 return _Outcome(report, lost=self.nodes.fleet.lost)
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
-                return _Outcome(report)
+                return _Outcome(report)  # a rank's exit wins over its peers' failed steps
+            self._steps.observe(report, report.attempt or 0)
             hang = self._hangs.observe(report)
             if hang is not None and self.spec.restart_on_hang:
                 return _Outcome(report, hang=hang)
@@ -384,16 +384,3 @@ class Controller:
         code = (ExitCode.FAILED if self._started_any or isinstance(e, NodesUnavailable)
                 else ExitCode.USAGE)
         return self.rec.end_job(JobState.FAILED, code, f"job failed: {e}", attempt=attempt)
-
-
-def diagnosis_message(d: Diagnosis) -> str:
-    """The FailureDiagnosed event's text: verdict, evidence location, advice."""
-    parts = [f"{d.category.value} ({d.fault_domain.value}, restart helps: "
-             f"{d.restart_helps.value}{', isolate node' if d.isolate_node else ''}): "
-             f"{d.summary.rstrip('.')}."]
-    if d.evidence is not None:
-        parts.append(f"Evidence: {d.evidence.where()}.")
-    if d.symptoms:
-        parts.append(f"Explains {len(d.symptoms)} symptom(s).")
-    parts.append(d.advice)
-    return " ".join(parts)

@@ -71,6 +71,8 @@ class Recorder:
             launcher_host=socket.gethostname())
         what = (f"{self.spec.nproc_per_node} worker(s), max {self.spec.max_restarts} restarts, "
                 f"job dir {self.paths.job_dir}")
+        if self.spec.operator_reexecution:
+            what += "; operator re-execution on (scripts that run their steps in a StepGuard)"
         if isinstance(previous.get("attempt"), int):  # the same job launched again (a requeue)
             requeued = f" (Slurm requeue {requeues})" if requeues.isdigit() and \
                 int(requeues) > 0 else ""

@@ -12,12 +12,21 @@ record of type `step_reexecution` per decision.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from trainguard.controller.incidents import Fault
 from trainguard.controller.recorder import Recorder
-from trainguard.policy.decision import Action, Decision, Incident, IncidentKind
+from trainguard.errors import LaunchError
+from trainguard.policy.decision import (
+    Action,
+    Decision,
+    Incident,
+    IncidentKind,
+    Rung,
+    Tried,
+)
 from trainguard.protocol import AgentAPI, NodeReport, StepVerdict, WorkerMessage
-from trainguard.records import FaultScenario, Level, Reason, utcnow
+from trainguard.records import FaultScenario, Level, Reason, RecoverResult, utcnow
 from trainguard.worker.contract import MessageKind
 
 
@@ -27,10 +36,12 @@ class StepRetries:
         self.rec, self.agent, self._decide = rec, agent, decide
         self._answered: set[tuple[int, int]] = set()  # (step, generation) of failures
         self._reexecuting: tuple[int, int] | None = None  # (step, new generation)
+        self._generation = 0  # the newest process group generation handed out
 
     def new_attempt(self) -> None:
         self._answered.clear()
         self._reexecuting = None
+        self._generation = 0
 
     def observe(self, report: NodeReport, attempt: int) -> None:
         for m in report.messages:
@@ -42,38 +53,59 @@ class StepRetries:
     def _failed(self, m: WorkerMessage, attempt: int, report: NodeReport) -> None:
         step, generation = int(m.data["step"]), int(m.data["generation"])
         if (step, generation) in self._answered:
-            return  # another rank of the same failure: answered once
+            return  # another rank of the same failure, or a report sent again: answered
         self._answered.add((step, generation))
         error = str(m.data.get("error") or "")
         first = (error.strip().splitlines() or ["?"])[0]
         first = first if len(first) <= 160 else first[:157] + "..."
+        running = [w.rank for w in report.workers if not w.state.ended]
         ended = tuple(sorted(w.rank for w in report.workers if w.state.ended))
         decision = self._decide(Incident(IncidentKind.STEP_FAILED, step=step, why=error,
-                                         ended_ranks=ended))
+                                         ended_ranks=ended,
+                                         stale_group=generation < self._generation))
         fault = Fault(FaultScenario.ERROR_IN_LOG, f"step {step} failed: {first}",
                       f"step {step} failed", f"worker-{m.rank}" if m.rank is not None else "job",
                       m.at, utcnow(), utcnow(), report.progress, "nccl_communication_error")
         if decision.action == Action.REEXECUTE:
-            addr, port = self.agent.rendezvous(self.rec.spec.master_addr, None)
-            told = self.agent.step_verdict(StepVerdict(
-                step=step, reexecute=True, generation=generation + 1, master_addr=addr,
-                master_port=port))
-            self._reexecuting = (step, generation + 1)
+            decision = self._reform(step, generation + 1, len(running), decision)
+        if decision.action == Action.REEXECUTE:
             self.rec.book.step_incident(attempt, decision, fault, step)
             self.rec.event(Level.WARNING, Reason.STEP_RETRYING,
                            f"rank {m.rank}: step {step} failed ({first}); {decision.reason}: "
-                           f"{told} rank(s) re-form "
-                           f"the process group (generation {generation + 1}, port {port})",
-                           rank=m.rank, attempt=attempt)
+                           f"{len(running)} rank(s) re-form the process group (generation "
+                           f"{self._generation})", rank=m.rank, attempt=attempt)
             return
-        told = self.agent.step_verdict(StepVerdict(step=step, reexecute=False,
-                                                   reason=decision.reason))
+        told = self._tell(StepVerdict(step=step, reexecute=False, reason=decision.reason))
         self._reexecuting = None
         self.rec.book.step_incident(attempt, decision, fault, step)
         self.rec.event(Level.WARNING, Reason.STEP_RETRY_DOWNGRADED,
                        f"rank {m.rank}: step {step} failed ({first}); not re-executed: "
-                       f"{decision.reason}; {told} rank(s) raise it, the next level (process "
-                       "restart) takes over", rank=m.rank, attempt=attempt)
+                       f"{decision.reason}; {told} rank(s) raise it and the next level of the "
+                       "recovery ladder takes over", rank=m.rank, attempt=attempt)
+
+    def _reform(self, step: int, generation: int, ranks: int, decision: Decision) -> Decision:
+        """Hand every rank a fresh rendezvous; the decision as carried out (a DOWNGRADE when
+        the port or the delivery failed: a rank left waiting would only time out)."""
+        try:
+            addr, port = self.agent.rendezvous(self.rec.spec.master_addr, None)
+            told = self.agent.step_verdict(StepVerdict(
+                step=step, reexecute=True, generation=generation, master_addr=addr,
+                master_port=port))
+            why = None if told >= ranks else f"only {told} of {ranks} rank(s) got the verdict"
+        except (LaunchError, OSError) as e:
+            why = f"no new rendezvous could be handed out ({e})"
+        if why is None:
+            self._generation, self._reexecuting = generation, (step, generation)
+            return replace(decision, reason=f"{decision.reason} on port {port}")
+        return replace(decision, action=Action.DOWNGRADE, result=RecoverResult.DOWNGRADE,
+                       reason=why, tried=(Tried(Rung.STEP_REEXECUTION,
+                                                RecoverResult.DOWNGRADE, why),))
+
+    def _tell(self, verdict: StepVerdict) -> int:
+        try:
+            return self.agent.step_verdict(verdict)
+        except (LaunchError, OSError):
+            return 0
 
     def _reexecuted(self, m: WorkerMessage, attempt: int) -> None:
         key = (int(m.data["step"]), int(m.data["generation"]))

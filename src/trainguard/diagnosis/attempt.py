@@ -61,3 +61,16 @@ def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = Non
         exits.append(RankExit(f.rank, f.state == WorkerState.FAILED, f.returncode, f.ended_at,
                               f.oom_killed, f.node or node))
     return diagnose(findings, exits, load_rules(), detected_at)
+
+
+def diagnosis_message(d: Diagnosis) -> str:
+    """The FailureDiagnosed event's text: verdict, evidence location, advice."""
+    parts = [f"{d.category.value} ({d.fault_domain.value}, restart helps: "
+             f"{d.restart_helps.value}{', isolate node' if d.isolate_node else ''}): "
+             f"{d.summary.rstrip('.')}."]
+    if d.evidence is not None:
+        parts.append(f"Evidence: {d.evidence.where()}.")
+    if d.symptoms:
+        parts.append(f"Explains {len(d.symptoms)} symptom(s).")
+    parts.append(d.advice)
+    return " ".join(parts)

@@ -69,8 +69,9 @@ class HAPolicy:
 @dataclass(frozen=True)
 class History:
     """What the ladder remembers between attempts. The budgets' counters (restarts_used,
-    hang_restarts, pod_used, job_used, implicated) are kept in the job store and survive a
-    relaunch; the consecutive counters start afresh with each launcher."""
+    hang_restarts, step_retries, pod_used, job_used, implicated) are kept in the job store
+    (a relaunch starts restarts_used again, Recorder.begin); the consecutive counters and
+    the per-step count start afresh with each launcher."""
 
     restarts_used: int = 0
     consecutive_failures: int = 0  # failed attempts since the last one that made progress
@@ -121,6 +122,7 @@ class Incident:
     why: str = ""  # NODE_LOST: how it was lost; STEP_FAILED: the error
     step: int | None = None  # STEP_FAILED: the step that failed
     ended_ranks: tuple[int, ...] = ()  # STEP_FAILED: ranks whose process already ended
+    stale_group: bool = False  # STEP_FAILED: reported on a group older than the newest formed
     failing: tuple[tuple[str, str], ...] = ()  # PRECHECK_FAILED: (node, what failed)
     checked: int = 0  # PRECHECK_FAILED: how many nodes were checked
     placement: tuple[str, ...] = ()  # slot -> node, now

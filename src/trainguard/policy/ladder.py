@@ -37,7 +37,8 @@ def decide(incident: Incident, hist: History, pol: HAPolicy) -> Decision:
         return nodes.after_node_trouble(True, incident.node or "?", f"was lost ({incident.why})",
                                         incident.placement, incident.spares, hist, pol)
     if incident.kind == IncidentKind.STEP_FAILED:
-        return step.after_step_failure(incident.step or 0, hist, pol, incident.ended_ranks)
+        return step.after_step_failure(incident.step or 0, hist, pol, incident.ended_ranks,
+                                       incident.stale_group)
     if incident.kind == IncidentKind.PRECHECK_FAILED:
         return nodes.after_precheck(incident.failing, incident.checked, incident.placement,
                                     hist)

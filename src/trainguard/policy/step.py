@@ -16,10 +16,14 @@ from trainguard.records import RecoverResult
 
 
 def after_step_failure(step: int, hist: History, pol: HAPolicy,
-                       ended_ranks: tuple[int, ...] = ()) -> Decision:
+                       ended_ranks: tuple[int, ...] = (), stale_group: bool = False) -> Decision:
     """Re-execute `step`, or downgrade to the next rung (with why)."""
     if not pol.operator_reexecution:
         return _downgrade("operator re-execution is off (--operator-reexecution)", hist,
+                          RecoverResult.DOWNGRADE)
+    if stale_group:  # one rank committed a step its peers are re-executing
+        return _downgrade(f"step {step} failed on an older process group than the one the "
+                          "other ranks re-formed: the ranks disagree on the step", hist,
                           RecoverResult.DOWNGRADE)
     if ended_ranks:
         return _downgrade(f"the process of rank(s) {', '.join(map(str, ended_ranks))} ended: a "

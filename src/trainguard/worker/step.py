@@ -32,10 +32,12 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _set_pg_timeout
 
 from trainguard.worker import channel
 from trainguard.worker.contract import (
@@ -51,6 +53,7 @@ from trainguard.worker.contract import (
     control_socket,
     parse_control,
 )
+from trainguard.worker.progress import phase
 
 T = TypeVar("T")
 
@@ -81,13 +84,13 @@ class StepGuard:
         self._ddp_kwargs = ddp_kwargs
         self.distributed = dist.is_available() and dist.is_initialized() \
             and dist.get_world_size() > 1
-        self.model: torch.nn.Module = self._wrap()
         self.generation = 0
         self.reexecuted = 0  # steps re-executed in this process
         self.enabled = self.distributed and os.environ.get(ENV_STEP_RETRY) == "1" \
             and channel.available()
         self._timeout_s = _env_float(ENV_STEP_RETRY_TIMEOUT, 60.0)
         self._control: socket.socket | None = None
+        # listening before DDP is built (a collective): a fast peer may fail its first step
         if self.enabled:
             name = control_socket(os.environ[ENV_SOCKET], dist.get_rank())
             self._control = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -97,6 +100,8 @@ class StepGuard:
                 self._control.close()
                 self._control, self.enabled = None, False
                 _say(f"step re-execution is off for this process: cannot listen on {name} ({e})")
+        self.model: torch.nn.Module = self._wrap()
+        self._group_timeout = _group_timeout() if self.enabled else None
 
     def _wrap(self) -> torch.nn.Module:
         if not self.distributed:
@@ -140,7 +145,8 @@ class StepGuard:
     def _agree(self) -> None:
         """Every rank finished the step: one small all-reduce before any optimizer update (a
         rank whose step failed never gets here, so its peers fail here too)."""
-        flag = torch.ones(1)
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.ones(1, device=device)
         dist.all_reduce(flag)
 
     def _discard(self, rng: dict[str, Any]) -> None:
@@ -154,15 +160,17 @@ class StepGuard:
         _say(f"step {step} failed on process group generation {self.generation} ({first}); "
              "waiting for the launcher's verdict")
         # a verdict may be here already (a peer reported first): _await_verdict keeps it
-        channel.send(MessageKind.STEP_FAILED, step=step, generation=self.generation, error=text)
-        verdict = self._await_verdict(step)
+        report = {"step": step, "generation": self.generation, "error": text}
+        with phase("step_reexecution", timeout_s=2 * self._timeout_s + 10):  # not a hang
+            verdict = self._await_verdict(step, report)
+            if verdict is not None and verdict["kind"] == ControlKind.REFORM:
+                self._reform(verdict)
+                return
         if verdict is None:
             _say(f"no verdict within {self._timeout_s:g}s: giving step {step} up")
-            raise error
-        if verdict["kind"] == ControlKind.GIVE_UP:
+        else:
             _say(f"step {step} is not re-executed: {verdict['reason']}")
-            raise error
-        self._reform(verdict)
+        raise error
 
     def _reform(self, v: dict[str, Any]) -> None:
         t0 = time.monotonic()
@@ -172,24 +180,32 @@ class StepGuard:
             dist.destroy_process_group()
         addr, port = str(v["master_addr"]), int(v["master_port"])
         os.environ[ENV_MASTER_ADDR], os.environ[ENV_MASTER_PORT] = addr, str(port)
-        from datetime import timedelta
-
+        # the rendezvous waits --step-retry-timeout; the group then keeps the script's timeout
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=self._timeout_s))
+        if self._group_timeout is not None:
+            with contextlib.suppress(Exception):
+                _set_pg_timeout(self._group_timeout)
         self.generation = int(v["generation"])
         self.model = self._wrap()
         _say(f"process group re-formed (generation {self.generation}, {addr}:{port}) in "
              f"{time.monotonic() - t0:.3f}s")
 
-    def _await_verdict(self, step: int) -> dict[str, Any] | None:
+    def _await_verdict(self, step: int, report: dict[str, Any]) -> dict[str, Any] | None:
+        """The verdict on `step`; the report goes again every second until one comes (a
+        datagram is dropped when the agent's queue is full)."""
         assert self._control is not None
         deadline = time.monotonic() + self._timeout_s
+        resend = 0.0
         while (left := deadline - time.monotonic()) > 0:
-            self._control.settimeout(left)
+            if time.monotonic() >= resend:
+                channel.send(MessageKind.STEP_FAILED, **report)
+                resend = time.monotonic() + 1.0
+            self._control.settimeout(min(left, 1.0))
             try:
                 data = self._control.recv(65536)
             except TimeoutError:
-                return None
+                continue
             try:
                 v = parse_control(json.loads(data))
             except (ValueError, ContractError, RecursionError):
@@ -197,6 +213,19 @@ class StepGuard:
             if v.get("step") == step and (v["kind"] == ControlKind.GIVE_UP
                                           or v["generation"] > self.generation):
                 return v
+        return None
+
+
+def _group_timeout() -> timedelta | None:
+    """The default group's collective timeout as the script set it (gloo keeps it in its
+    options); None when it cannot be read."""
+    try:
+        world = dist.group.WORLD
+        if world is None:
+            return None
+        value = world._get_backend(torch.device("cpu")).options._timeout
+        return value if isinstance(value, timedelta) else None
+    except Exception:
         return None
 
 
