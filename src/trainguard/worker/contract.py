@@ -266,16 +266,7 @@ def parse_control(raw: object) -> dict[str, Any]:
         kind = ControlKind(raw.get("kind"))
     except ValueError:
         raise ContractError(f"unknown control kind {_show(raw.get('kind'))}") from None
-    spec = CONTROL_FIELDS[kind]
-    for name, f in spec.items():
-        if name not in raw:
-            if f.required:
-                raise ContractError(f"{kind.value}: required field {name!r} is missing")
-            continue
-        why = f.problem(raw[name])
-        if why is not None:
-            raise ContractError(f"{kind.value}: field {name!r} {why}")
-    return {"kind": kind, **{n: v for n, v in raw.items() if n in spec}}
+    return {"kind": kind, **_checked(kind.value, CONTROL_FIELDS[kind], raw)}
 
 
 def validate(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
@@ -289,15 +280,19 @@ def validate(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
         k = MessageKind(kind)
     except ValueError:
         raise ContractError(f"unknown message kind {_show(kind)}") from None
-    spec = FIELDS[k]
+    return _checked(k.value, FIELDS[k], fields)
+
+
+def _checked(kind: str, spec: dict[str, Field], fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields `spec` names, each checked (required ones present, values in bounds)."""
     for name, f in spec.items():
         if name not in fields:
             if f.required:
-                raise ContractError(f"{k.value}: required field {name!r} is missing")
+                raise ContractError(f"{kind}: required field {name!r} is missing")
             continue
         why = f.problem(fields[name])
         if why is not None:
-            raise ContractError(f"{k.value}: field {name!r} {why}")
+            raise ContractError(f"{kind}: field {name!r} {why}")
     return {name: v for name, v in fields.items() if name in spec}
 
 
