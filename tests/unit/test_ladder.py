@@ -11,7 +11,6 @@ from trainguard.diagnosis.taxonomy import Category, Culprit, Diagnosis, FaultDom
 from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import (
     Action,
-    Decision,
     HAPolicy,
     History,
     Incident,
@@ -279,9 +278,3 @@ def test_implications_older_than_the_window_are_forgotten() -> None:
 
 def test_repeat_offender_zero_turns_the_rule_off() -> None:
     assert not is_repeat_offender(99, HAPolicy(repeat_offender_count=0))
-
-
-def test_a_decision_is_one_type_for_every_incident() -> None:
-    for incident in (crash(), hang(), lost(), precheck("a"), crash(GPU, node="a"),
-                     step_failed()):
-        assert isinstance(decide(incident, History(), POL), Decision)

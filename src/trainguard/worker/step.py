@@ -102,6 +102,8 @@ class StepGuard:
                 _say(f"step re-execution is off for this process: cannot listen on {name} ({e})")
         self.model: torch.nn.Module = self._wrap()
         self._group_timeout = _group_timeout() if self.enabled else None
+        # the vote's tensor lives where the backend reduces (a re-formed group keeps it)
+        self._vote_device = "cuda" if self.enabled and dist.get_backend() == "nccl" else "cpu"
 
     def _wrap(self) -> torch.nn.Module:
         if not self.distributed:
@@ -145,9 +147,7 @@ class StepGuard:
     def _agree(self) -> None:
         """Every rank finished the step: one small all-reduce before any optimizer update (a
         rank whose step failed never gets here, so its peers fail here too)."""
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.ones(1, device=device)
-        dist.all_reduce(flag)
+        dist.all_reduce(torch.ones(1, device=self._vote_device))
 
     def _discard(self, rng: dict[str, Any]) -> None:
         self.module.zero_grad(set_to_none=True)
