@@ -69,6 +69,9 @@ parser.add_argument("--quiet", action="store_true",
 parser.add_argument("--loader-workers", type=int, default=0, metavar="N",
                     help="make the batches in a torch DataLoader with N worker processes "
                     "(0: in the training loop)")
+parser.add_argument("--resilient", action="store_true",
+                    help="run the training in trainguard.run_resilient: when a peer rank dies "
+                    "or hangs, this process re-enters it in place (in-process restart)")
 parser.add_argument("--digest", action="store_true",
                     help="rank 0 prints a SHA-256 of the final weights (exactness checks)")
 args = parser.parse_args()
@@ -82,11 +85,7 @@ rank = int(os.environ.get("RANK", "0"))
 world_size = int(os.environ.get("WORLD_SIZE", "1"))
 local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # would pick the GPU; unused on CPU
 ddp = world_size > 1
-if ddp:
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)  # MASTER_ADDR/PORT
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))  # tiny model: 1 is fastest
-torch.manual_seed(args.seed)  # same initial weights on every rank
-random.seed(args.seed)
 
 # -----------------------------------------------------------------------------
 # data: a synthetic character language. A seed-derived lexicon of short "words"; each
@@ -167,91 +166,107 @@ def lr_lambda(step: int) -> float:
     return 0.1 + 0.45 * (1.0 + math.cos(math.pi * progress))
 
 
-# -----------------------------------------------------------------------------
-# model, optimizer, schedule, and resuming: trainguard's checkpoints are atomic, validated
-# (manifest + checksums), written in the background, and restore the RNG states too
-model = GPT()
-# DDP when distributed; under `trainguard run --operator-reexecution` a step that fails with a
-# transient collective error is re-executed in these same processes (rung 0 of the ladder)
-guard = StepGuard(model)
-optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
-state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
-ckpt = Checkpointer(args.ckpt_dir, every_steps=args.ckpt_every)
-start_step = ckpt.load_latest(state) or 0  # the newest valid checkpoint, loaded in place
-# trainguard tells each process how often it was started and how often its rank was placed
-# on a node (a script can skip one-time setup on a process restart)
-starts = os.environ.get("TRAINGUARD_PROCESS_START_COUNT", "1")
-print(f"rank {rank}/{world_size}: process start {starts}, scheduled "
-      f"{os.environ.get('TRAINGUARD_SCHEDULE_COUNT', '1')}", flush=True)
-if start_step:
-    print(f"resumed from step {start_step}", flush=True)
-if args.quiet and rank == 0:
-    print(f"training steps {start_step + 1}..{args.steps}, no step lines", flush=True)
-batches = None  # --loader-workers: the batches come from DataLoader worker processes
-if args.loader_workers > 0:
-    steps_left = range(start_step + 1, args.steps + 1)
-    batches = iter(DataLoader(StepBatches(), batch_size=None, sampler=steps_left,
-                              num_workers=args.loader_workers))
+def main() -> None:
+    """Build, resume from the newest checkpoint and train: re-entrant (--resilient runs it
+    in trainguard.run_resilient, which calls it again in place after a peer's death)."""
+    if ddp:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)  # MASTER_ADDR/PORT
+    torch.manual_seed(args.seed)  # same initial weights on every rank
+    random.seed(args.seed)
+
+    # -----------------------------------------------------------------------------
+    # model, optimizer, schedule, and resuming: trainguard's checkpoints are atomic, validated
+    # (manifest + checksums), written in the background, and restore the RNG states too
+    model = GPT()
+    # DDP when distributed; under `trainguard run --operator-reexecution` a step that fails
+    # with a transient collective error is re-executed in these processes (rung 0)
+    guard = StepGuard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+    ckpt = Checkpointer(args.ckpt_dir, every_steps=args.ckpt_every)
+    start_step = ckpt.load_latest(state) or 0  # the newest valid checkpoint, loaded in place
+    # trainguard tells each process how often it was started and how often its rank was
+    # placed on a node (a script can skip one-time setup on a process restart)
+    starts = os.environ.get("TRAINGUARD_PROCESS_START_COUNT", "1")
+    print(f"rank {rank}/{world_size}: process start {starts}, scheduled "
+          f"{os.environ.get('TRAINGUARD_SCHEDULE_COUNT', '1')}", flush=True)
+    if start_step:
+        print(f"resumed from step {start_step}", flush=True)
+    if args.quiet and rank == 0:
+        print(f"training steps {start_step + 1}..{args.steps}, no step lines", flush=True)
+    batches = None  # --loader-workers: the batches come from DataLoader worker processes
+    if args.loader_workers > 0:
+        steps_left = range(start_step + 1, args.steps + 1)
+        batches = iter(DataLoader(StepBatches(), batch_size=None, sampler=steps_left,
+                                  num_workers=args.loader_workers))
+
+    def train_step(step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one step; a StepGuard may re-run it with the same batch."""
+        inject_step(step)  # TRAINGUARD_FAULT `collective`: a transient collective failure
+        loss = guard.model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP all-reduces (averages) the gradients across ranks here
+        return loss
+
+    # -----------------------------------------------------------------------------
+    # training loop: steps are numbered from 1; `step` is also the number of steps done
+    try:
+        loss_value = float("nan")
+        step_times: collections.deque[float] = collections.deque(maxlen=100)  # for --ckpt-pause
+        for step in range(start_step + 1, args.steps + 1):
+            t0 = time.perf_counter()
+            x, y = next(batches) if batches is not None else get_batch(step)
+            loss = guard.run(step, functools.partial(train_step, step, x, y))  # every rank agreed
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            if args.step_time > 0:
+                time.sleep(args.step_time)  # pretend to be a bigger model
+            loss_value = loss.item()
+            if args.step_jitter > 0:
+                # an uneven step; scaled by a fixed base: a measured step time would include the
+                # wait for the other ranks' jitter, and the extras would feed on each other
+                time.sleep(jitter_s(step, args.step_time if args.step_time > 0 else 0.01))
+            dt = time.perf_counter() - t0
+            step_times.append(dt)
+            if not args.quiet:
+                print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt * 1000:.1f}ms",
+                      flush=True)
+            if args.progress:
+                trainguard.progress(step)  # hang detection: this rank is still moving
+
+            saving = step == args.steps or (args.ckpt_every > 0 and step % args.ckpt_every == 0)
+            in_phase = saving and args.progress  # a slow save is slow on purpose: its own allowance
+            with trainguard.phase("checkpoint") if in_phase else contextlib.nullcontext():
+                if saving and args.ckpt_pause > 0:
+                    time.sleep(args.ckpt_pause * statistics.median(step_times))  # a slow save
+                if step == args.steps:
+                    ckpt.save(step, state)  # the final state, whatever --ckpt-every says
+                else:
+                    ckpt.maybe_save(step, state)  # every --ckpt-every steps; goes on at once
+            inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
+    except BaseException:
+        ckpt.wait_quietly()  # a save in flight ends first: a re-entry may load it
+        raise
+    ckpt.close()  # wait until the last save is durable
+    guard.close()
+    if args.digest and rank == 0:
+        h = hashlib.sha256()
+        for name, p in sorted(model.state_dict().items()):
+            h.update(name.encode())
+            h.update(p.detach().contiguous().numpy().tobytes())
+        print(f"weights sha256 {h.hexdigest()}", flush=True)
+    if rank == 0 and start_step >= args.steps:
+        print(f"done: already at step {start_step}, nothing to train", flush=True)
+    elif rank == 0:
+        print(f"done: {args.steps} steps, final loss {loss_value:.4f}", flush=True)
+    if ddp:
+        dist.barrier()  # nobody tears gloo down while a peer still talks to it
+        dist.destroy_process_group()
 
 
-def train_step(step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Forward and backward of one step; a StepGuard may run it again with the same batch."""
-    inject_step(step)  # TRAINGUARD_FAULT `collective`: a transient collective failure
-    loss = guard.model(x, y)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()  # DDP all-reduces (averages) the gradients across ranks here
-    return loss
-
-
-# -----------------------------------------------------------------------------
-# training loop: steps are numbered from 1; `step` is also the number of steps done
-loss_value = float("nan")
-step_times: collections.deque[float] = collections.deque(maxlen=100)  # for --ckpt-pause
-for step in range(start_step + 1, args.steps + 1):
-    t0 = time.perf_counter()
-    x, y = next(batches) if batches is not None else get_batch(step)
-    loss = guard.run(step, functools.partial(train_step, step, x, y))  # every rank agreed
-    lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    scheduler.step()
-    if args.step_time > 0:
-        time.sleep(args.step_time)  # pretend to be a bigger model
-    loss_value = loss.item()
-    if args.step_jitter > 0:
-        # an uneven step; scaled by a fixed base: a measured step time would include the
-        # wait for the other ranks' jitter, and the extras would feed on each other
-        time.sleep(jitter_s(step, args.step_time if args.step_time > 0 else 0.01))
-    dt = time.perf_counter() - t0
-    step_times.append(dt)
-    if not args.quiet:
-        print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt * 1000:.1f}ms", flush=True)
-    if args.progress:
-        trainguard.progress(step)  # hang detection: this rank is still moving
-
-    saving = step == args.steps or (args.ckpt_every > 0 and step % args.ckpt_every == 0)
-    in_phase = saving and args.progress  # a slow save is slow on purpose: its own allowance
-    with trainguard.phase("checkpoint") if in_phase else contextlib.nullcontext():
-        if saving and args.ckpt_pause > 0:
-            time.sleep(args.ckpt_pause * statistics.median(step_times))  # a slow save
-        if step == args.steps:
-            ckpt.save(step, state)  # the final state, whatever --ckpt-every says
-        else:
-            ckpt.maybe_save(step, state)  # every --ckpt-every steps; the loop goes on at once
-    inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
-
-ckpt.close()  # wait until the last save is durable
-guard.close()
-if args.digest and rank == 0:
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().contiguous().numpy().tobytes())
-    print(f"weights sha256 {h.hexdigest()}", flush=True)
-if rank == 0 and start_step >= args.steps:
-    print(f"done: already at step {start_step}, nothing to train", flush=True)
-elif rank == 0:
-    print(f"done: {args.steps} steps, final loss {loss_value:.4f}", flush=True)
-if ddp:
-    dist.barrier()  # nobody tears gloo down while a peer still talks to it
-    dist.destroy_process_group()
+if args.resilient:
+    trainguard.run_resilient(main)  # a peer's death or hang: re-entered in this process
+else:
+    main()

@@ -160,6 +160,18 @@ class StepVerdict(_Msg):
     reason: str = ""  # why not (reexecute False)
 
 
+class RestartRanks(_Msg):
+    """In-process restart: kill and start again only `ranks` (the dead or hung), and tell
+    every other running rank to leave its training function, join the process group
+    `generation` at master_addr:master_port and re-enter (worker/resilient.py)."""
+
+    ranks: list[int]
+    generation: int
+    master_addr: str
+    master_port: int
+    reason: str = ""
+
+
 class NodeReport(_Msg):
     node: str
     attempt: int | None
@@ -183,6 +195,8 @@ class AgentAPI(Protocol):
     def stop_workers(self, cmd: StopWorkers) -> NodeReport: ...
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]: ...
     def step_verdict(self, cmd: StepVerdict) -> int: ...
+    def restart_ranks(self, cmd: RestartRanks) -> int: ...
+    def refuse_restart(self, ranks: list[int], generation: int, reason: str) -> int: ...
     def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]: ...
     def close(self) -> None: ...
 

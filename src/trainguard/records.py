@@ -61,6 +61,8 @@ class Reason(str, Enum):
     STEP_RETRYING = "StepRetrying"  # rung 0: the ranks re-form their group, re-run the step
     STEP_REEXECUTED = "StepReexecuted"  # the re-executed step succeeded on every rank
     STEP_RETRY_DOWNGRADED = "StepRetryDowngraded"  # no re-execution: the next rung takes over
+    IN_PROCESS_RESTARTING = "InProcessRestarting"  # one rank starts again, the rest re-enter
+    IN_PROCESS_RESTARTED = "InProcessRestarted"  # every rank entered its function again
 
 
 class FaultScenario(str, Enum):

@@ -123,6 +123,12 @@ class JobSpec(BaseModel):
                                   "whole job")
     step_retry_timeout_s: float = Field(60.0, gt=0, le=3600, description="how long a rank waits "
                                         "for the re-formed group before it gives the step up")
+    in_process_restart: bool = Field(True, description="when a rank dies or hangs, start only it "
+                                     "again and let the other ranks re-enter their training "
+                                     "function in place (scripts that call "
+                                     "trainguard.run_resilient; others restart as processes)")
+    in_process_timeout_s: float = Field(60.0, gt=0, le=3600, description="how long a surviving "
+                                        "rank waits for the launcher's in-process restart")
 
     @field_validator("step_pattern")
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.node.agent import oom_kill_count
+from trainguard.node.facts import oom_kill_count
 
 
 def test_the_oom_kill_count_is_read_from_vmstat(tmp_path: Path) -> None:

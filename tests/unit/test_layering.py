@@ -468,10 +468,12 @@ def test_in_script_library_modules_load_nothing_from_the_launcher_side(mod: str)
     assert not bad, f"{short(mod)} loads {bad}"
 
 
-def test_the_package_root_imports_only_the_in_script_progress_api() -> None:
-    # `import trainguard; trainguard.progress(step)`: standard library only, no launcher side
-    assert closure(PKG) <= {f"{PKG}.worker", f"{PKG}.worker.progress", f"{PKG}.worker.channel",
-                            f"{PKG}.worker.contract"}
+def test_the_package_root_imports_only_the_in_script_api() -> None:
+    # `import trainguard; trainguard.progress(step)` / `trainguard.run_resilient(main)`:
+    # standard library only, no launcher side
+    assert closure(PKG) <= {f"{PKG}.worker.{m}" for m in (
+        "progress", "channel", "contract", "resilient", "control", "transient")} | {
+        f"{PKG}.worker"}
     assert not {m for m in parsed(PKG).every if m.split(".")[0] in ("torch", "psutil",
                                                                      "pydantic")}
 

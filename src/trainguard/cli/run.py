@@ -98,6 +98,12 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _flag(h, "max-step-retries", type=int, help="step re-executions in the whole job (10)")
     _flag(h, "step-retry-timeout", dest="step_retry_timeout_s", type=float,
           help="how long a rank waits for the re-formed process group (60 s)")
+    h.add_argument("--no-in-process-restart", dest="in_process_restart", action="store_false",
+                   default=S, help="restart every rank as a process, even in scripts that "
+                   "call trainguard.run_resilient (default: only the dead or hung rank starts "
+                   "again; the others re-enter their training function in place)")
+    _flag(h, "in-process-timeout", dest="in_process_timeout_s", type=float,
+          help="how long a surviving rank waits for the launcher's in-process restart (60 s)")
     h.add_argument("--save-on-exit", action="store_true", default=S,
                    help="workers using trainguard.checkpoint save the last completed step "
                         "when they are stopped (within the grace period)")

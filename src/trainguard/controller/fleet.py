@@ -24,6 +24,7 @@ from trainguard.protocol import (
     Op,
     Progress,
     RankLiveness,
+    RestartRanks,
     StackDump,
     StartWorkers,
     StepVerdict,
@@ -211,6 +212,13 @@ class Fleet:
         replies = self.hub.call({n: (Op.VERDICT, cmd.model_dump(mode="json")) for n in live},
                                 10.0, self.grace_s)
         return sum(int(r.body.get("told", 0)) for r in replies.values() if r.ok)
+
+    def restart_ranks(self, cmd: RestartRanks) -> int:
+        raise LaunchError("in-process restart runs on one node only for now: a multi-node "
+                          "job restarts its ranks as processes")
+
+    def refuse_restart(self, ranks: list[int], generation: int, reason: str) -> int:
+        return 0  # never asked: the ranks of a multi-node job run without in-process restart
 
     def adopt_attempt(self, attempt: int) -> None:
         """A restarted controller watches `attempt` on: the agents' hello reports are its

@@ -91,8 +91,9 @@ class IncidentBook:
         rec = self.current
         if rec is None:
             return
-        changed = rec.first_step != p.first_step or rec.last_step != p.last_step
-        rec.first_step, rec.last_step = p.first_step, p.last_step
+        first = rec.first_step if rec.first_step is not None else p.first_step  # the attempt's
+        changed = rec.first_step != first or rec.last_step != p.last_step
+        rec.first_step, rec.last_step = first, p.last_step
         if self._pending is not None and p.first_step is not None and p.first_step_at:
             owner, inc = self._pending
             inc.first_progress_at = inc.recover_end_at = p.first_step_at
@@ -107,9 +108,10 @@ class IncidentBook:
             self._save(rec)
 
     def record(self, attempt: int, decision: Decision, fault: Fault) -> None:
-        """One incident ended `attempt`: each rung of the ladder that could not act gets a
-        closed record (downgrade / quotaExceeded); the rung that acts gets the last record,
-        open while it recovers (`recovering`), closed when the job gives up."""
+        """One incident ended `attempt` (or, restarted in-process, goes on in it): each rung
+        of the ladder that could not act gets a closed record (downgrade / quotaExceeded);
+        the rung that acts gets the last record, open while it recovers (`recovering`),
+        closed when the job gives up."""
         rec = self.current
         if rec is None:
             return
@@ -132,7 +134,8 @@ class IncidentBook:
                        reason=fault.reason, related_task=fault.related_task,
                        recover_result=result, fault_at=fault.fault_at,
                        backoff_s=decision.delay_s if restart else None,
-                       category=fault.category, recover=recover)
+                       category=fault.category, recover=recover,
+                       ends_attempt=decision.action != Action.RESTART_RANKS)
 
     def step_incident(self, attempt: int, decision: Decision, fault: Fault, step: int) -> None:
         """Rung 0 acted (or could not): a record in the running attempt, which goes on. A
@@ -172,9 +175,11 @@ class IncidentBook:
         self._save(self.current)
 
     def _incident(self, attempt: int, progress: Progress, stopped: datetime, end_reason: str,
-                  restart: bool, *, detected: datetime, **fields: Any) -> None:
+                  restart: bool, *, detected: datetime, ends_attempt: bool = True,
+                  **fields: Any) -> None:
         """Close the attempt's running record with a new recover record (`fields`); with a
-        restart the incident stays open until the next attempt makes progress."""
+        restart the incident stays open until the next attempt makes progress (an
+        in-process restart: the attempt goes on, until it makes progress again)."""
         rec = self.current
         if rec is None:
             return
@@ -192,9 +197,12 @@ class IncidentBook:
             decided_at=now, last_step_before=progress.last_step
             if progress.last_step is not None else self._max_step, **fields)
         rec.recover_records.append(inc)
-        rec.end_at, rec.end_reason = stopped, end_reason
-        rec.end_related_task = inc.related_task
-        rec.end_recover = inc.recover
+        if not ends_attempt:  # in-process: the replacement started just now
+            inc.workers_started_at = now
+        else:
+            rec.end_at, rec.end_reason = stopped, end_reason
+            rec.end_related_task = inc.related_task
+            rec.end_recover = inc.recover
         self._pending = (rec, inc) if restart else None
         self._save(rec)
 

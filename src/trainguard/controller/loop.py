@@ -1,14 +1,14 @@
 """The controller: one per job. Owns the attempt loop; carries out the ladder's decisions.
 
 start -> watch -> (incident) stop -> diagnose -> decide (policy.ladder) -> carry out
-(backoff, node-level rescheduling) -> start again, or end the job (Recorder.end_job).
+(backoff, node-level rescheduling) -> start again, or end the job (Recorder.end_job). An
+in-process restart (controller/inprocess.py) leaves the survivors running: the watch goes on.
 It talks to node agents only through protocol messages; the Recorder writes everything
 down as it happens. Signal handlers only record the signal; the loop acts on it.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from trainguard.controller.hang_watch import HangConfirmation, HangWatch
+from trainguard.controller.high_water import HighWater
 from trainguard.controller.incidents import Fault, fault_scenario, task_of
+from trainguard.controller.inprocess import InProcessRestarts
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.signals import SignalReceiver
 from trainguard.controller.step_retry import StepRetries
@@ -30,6 +32,7 @@ from trainguard.policy.decision import (
     History,
     Incident,
     IncidentKind,
+    InProcessCase,
     Rung,
 )
 from trainguard.policy.ladder import decide
@@ -44,6 +47,8 @@ from trainguard.records import FaultScenario, Level, Reason, StartType, utcnow
 from trainguard.states import JobState, WorkerState
 from trainguard.worker.contract import (
     ENV_GRACE,
+    ENV_IN_PROCESS,
+    ENV_IN_PROCESS_TIMEOUT,
     ENV_SAVE_ON_EXIT,
     ENV_STEP_RETRY,
     ENV_STEP_RETRY_TIMEOUT,
@@ -51,12 +56,6 @@ from trainguard.worker.contract import (
 
 if TYPE_CHECKING:
     from trainguard.controller.nodes import NodeRecovery
-
-log = logging.getLogger(__name__)
-
-# A job that never prints a step line still makes progress if an attempt lived this long.
-MIN_UPTIME_FOR_PROGRESS_S = 60.0
-
 
 @dataclass
 class _Outcome:
@@ -91,11 +90,11 @@ class Controller:
         self._signals = SignalReceiver()
         if nodes is not None:  # a signal ends a wait for nodes at once
             nodes.stop_requested = lambda: self._signals.received is not None
-        self._max_step_seen: int | None = None
-        self._max_committed_before: int | None = None
+        self._marks = HighWater()
         self._started_any = False
         self._hangs = HangWatch(recorder, agent)
         self._steps = StepRetries(recorder, agent, self._decide)
+        self._inproc = InProcessRestarts(recorder, agent, self._steps, nodes is None)
 
     def run(self) -> int:
         with self._signals:
@@ -113,11 +112,12 @@ class Controller:
         attempt, start_type = (adopted, StartType.AUTO_RESTART) if adopted is not None \
             else self.rec.begin()
         self._hist = History.from_meta(self.rec.store.meta())
-        self._max_step_seen = self.rec.previous_max_step
+        self._marks = HighWater(self.rec.previous_max_step)
+        watch_on = adopted is not None  # a restarted controller: the workers run on
         while True:
             try:
-                if adopted is not None:  # a restarted controller: the workers run on
-                    self._started_any, adopted = True, None
+                if watch_on:  # (or an in-process restart: the attempt goes on)
+                    self._started_any, watch_on = True, False
                     self._hangs.start_attempt(attempt, utcnow())
                     outcome = self._watch()
                 else:
@@ -135,6 +135,9 @@ class Controller:
             else:
                 nxt = self._after_failure(attempt, outcome.report)
             decision = nxt.decision
+            if decision.action == Action.RESTART_RANKS:
+                watch_on = True
+                continue
             if nxt.node_level and self._signals.received is not None:
                 return self._record_stop(attempt, self._signals.received)  # waiting for nodes
             if decision.action == Action.GIVE_UP:
@@ -154,6 +157,7 @@ class Controller:
         self.rec.book.attempt_started(attempt, start_type, port)
         self.rec.messages.new_attempt()
         self._steps.new_attempt()
+        self._inproc.new_attempt()
         self._hist = replace(self._hist, retried_step=None, retried_step_count=0)
         report = self.agent.start_workers(self._start_cmd(attempt, port, addr))
         self._started_any = True
@@ -182,7 +186,9 @@ class Controller:
             env={ENV_GRACE: f"{self.spec.grace_period_s:g}",
                  ENV_SAVE_ON_EXIT: "1" if self.spec.save_on_exit else "0",
                  ENV_STEP_RETRY: "1" if self.spec.operator_reexecution else "0",
-                 ENV_STEP_RETRY_TIMEOUT: f"{self.spec.step_retry_timeout_s:g}"},
+                 ENV_STEP_RETRY_TIMEOUT: f"{self.spec.step_retry_timeout_s:g}",
+                 ENV_IN_PROCESS: "1" if self._inproc.enabled else "0",
+                 ENV_IN_PROCESS_TIMEOUT: f"{self.spec.in_process_timeout_s:g}"},
             workers=[WorkerAssignment(rank=r, local_rank=r % n, start_count=attempt + 1,
                                       schedule_count=self.rec.launches) for r in ranks],
             world_size=self.spec.world_size, group_rank=self.spec.node_rank,
@@ -203,9 +209,27 @@ class Controller:
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)  # a rank's exit wins over its peers' failed steps
             self._steps.observe(report, report.attempt or 0)
+            self._inproc.observe(report, report.attempt or 0)
             hang = self._hangs.observe(report)
             if hang is not None and self.spec.restart_on_hang:
                 return _Outcome(report, hang=hang)
+
+    def _stop_rest(self, attempt: int, reason: str, dead: list[int] | None = None
+                   ) -> NodeReport:
+        report = self._stop(reason, dead)
+        self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
+                       f"stopped the {'other' if dead else 'hung'} workers (grace "
+                       f"{self.spec.grace_period_s:g}s)", attempt=attempt)
+        return report
+
+    def _in_place(self, attempt: int, decision: Decision, case: InProcessCase | None,
+                  reason: str, dead: list[int] | None = None) -> Decision:
+        """Carry out an in-process restart; any other decision stops the ranks first."""
+        if decision.action == Action.RESTART_RANKS:
+            decision = self._inproc.carry_out(attempt, decision)
+        if case is not None and decision.action != Action.RESTART_RANKS:
+            self._stop_rest(attempt, reason, dead)
+        return decision
 
     def _stop(self, reason: str, dead: list[int] | None = None) -> NodeReport:
         """Stop what is left of the attempt (workers, their children) and read all logs."""
@@ -253,11 +277,10 @@ class Controller:
             self.rec.event(Level.WARNING, Reason.WORKER_FAILED,
                            f"rank {w.rank} (pid {w.pid}) {describe_exit(w.returncode)}",
                            rank=w.rank, attempt=attempt)
-        report = self._stop("a worker failed", [w.rank for w in failed])
+        case = self._inproc.case(report, tuple(w.rank for w in failed))
+        if case is None:  # else the survivors run on until the ladder decided
+            report = self._stop_rest(attempt, "a worker failed", [w.rank for w in failed])
         stopped = utcnow()
-        self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
-                       f"stopped the other workers (grace {self.spec.grace_period_s:g}s)",
-                       attempt=attempt)
         if self.nodes is not None:  # a peer's failure may be the sign of a node's loss
             lost = self.nodes.fleet.settle()
             if lost:
@@ -273,8 +296,10 @@ class Controller:
                      if w.rank == diag.culprit_rank and w.node), None)
         incident = Incident(IncidentKind.CRASH, made_progress=self._made_progress(report),
                             diagnosis=diag, node=node if self.nodes is not None else None,
-                            placement=placement, spares=spares, now_s=time.time())
-        decision = self._decide(incident)
+                            placement=placement, spares=spares, now_s=time.time(),
+                            in_process=case)
+        decision = self._in_place(attempt, self._decide(incident), case,
+                                  "a worker failed", [w.rank for w in failed])
         if self.nodes is not None and decision.node is not None:
             self.nodes.implicated(decision.node)
         fault = Fault(fault_scenario(diag), diag.summary, f"{diag.category.value}: {diag.summary}",
@@ -289,10 +314,10 @@ class Controller:
         self.rec.book.record(attempt, decision, fault)
         if decision.action == Action.GIVE_UP:
             return _Next(decision, f"{diag.summary} ({decision.reason})", diag.culprit_rank)
-        self.rec.set_meta(state=JobState.RESTARTING.value)
-        self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED,
-                       f"{decision.reason}; restarting in {decision.delay_s:.1f}s",
-                       attempt=attempt)
+        if decision.action != Action.RESTART_RANKS:
+            self.rec.set_meta(state=JobState.RESTARTING.value)
+            self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, f"{decision.reason}; "
+                           f"restarting in {decision.delay_s:.1f}s", attempt=attempt)
         return _Next(decision)
 
     def _after_hang(self, attempt: int, report: NodeReport,
@@ -300,12 +325,14 @@ class Controller:
         """Restart upon suspension: stop the ranks, restart them in place."""
         made_progress = self._made_progress(report, allow_uptime=False)
         self._note_progress(report)
-        report = self._stop("a hang was confirmed")
+        culprit = hang.culprit.rank
+        case = self._inproc.case(report, () if culprit is None else (culprit,))
+        if case is None:
+            report = self._stop_rest(attempt, "a hang was confirmed")
         stopped = utcnow()
-        self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
-                       f"stopped the hung workers (grace {self.spec.grace_period_s:g}s)",
-                       attempt=attempt)
-        decision = self._decide(Incident(IncidentKind.HANG, made_progress=made_progress))
+        decision = self._in_place(attempt, self._decide(Incident(
+            IncidentKind.HANG, made_progress=made_progress, in_process=case)), case,
+            "a hang was confirmed")
         reason = hang.culprit.reason
         self.rec.book.record(attempt, decision, Fault(
             FaultScenario.JOB_HANGED, reason, f"hang: {reason}", task_of(hang.culprit.rank),
@@ -314,8 +341,10 @@ class Controller:
         if decision.action == Action.GIVE_UP:
             return _Next(decision, f"hung again after {self._policy.max_hang_restarts} restarts "
                          "in place", hang.culprit.rank)
-        self.rec.set_meta(state=JobState.RESTARTING.value)
-        self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, decision.reason, attempt=attempt)
+        if decision.action != Action.RESTART_RANKS:
+            self.rec.set_meta(state=JobState.RESTARTING.value)
+            self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, decision.reason,
+                           attempt=attempt)
         return _Next(decision)
 
     def _backoff(self, delay_s: float) -> bool:
@@ -328,27 +357,11 @@ class Controller:
         return True
 
     def _made_progress(self, report: NodeReport, allow_uptime: bool = True) -> bool:
-        """New ground: a checkpoint or a step beyond every earlier one (or a long life, for
-        crashes: a hang always lives long, so it does not count there). Reads only."""
-        committed = self.rec.messages.committed_this_attempt
-        last = report.progress.last_step
-        new_ckpt = committed is not None and committed > (self._max_committed_before or -1)
-        new_step = last is not None and (self._max_step_seen is None or last > self._max_step_seen)
-        if new_ckpt or new_step:
-            return True
-        record = self.rec.book.current
-        if allow_uptime and last is None and self._max_step_seen is None and record is not None:
-            return (utcnow() - record.start_at).total_seconds() >= MIN_UPTIME_FOR_PROGRESS_S
-        return False
+        return self._marks.made_progress(report, self.rec.messages.committed_this_attempt,
+                                         self.rec.book.current, allow_uptime)
 
     def _note_progress(self, report: NodeReport) -> None:
-        """Move the high-water marks to this attempt's checkpoint and step."""
-        committed = self.rec.messages.committed_this_attempt
-        last = report.progress.last_step
-        if committed is not None:
-            self._max_committed_before = max(committed, self._max_committed_before or committed)
-        if last is not None:
-            self._max_step_seen = max(last, self._max_step_seen or last)
+        self._marks.note(report, self.rec.messages.committed_this_attempt)
 
     # -- endings: every one goes through Recorder.end_job ---------------------------------
 

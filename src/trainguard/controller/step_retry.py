@@ -37,11 +37,24 @@ class StepRetries:
         self._answered: set[tuple[int, int]] = set()  # (step, generation) of failures
         self._reexecuting: tuple[int, int] | None = None  # (step, new generation)
         self._generation = 0  # the newest process group generation handed out
+        self._floor = 0  # reports on older generations came before an in-process restart
 
     def new_attempt(self) -> None:
         self._answered.clear()
         self._reexecuting = None
-        self._generation = 0
+        self._generation = self._floor = 0
+
+    def next_generation(self) -> int:
+        """A process group generation nobody used yet in this attempt (in-process restarts
+        share the count)."""
+        return self._generation + 1
+
+    def restarted(self, generation: int) -> None:
+        """The ranks restarted in place on `generation`: failed steps reported on an older
+        group are of the functions they left."""
+        self._generation = self._floor = generation
+        self._answered.clear()
+        self._reexecuting = None
 
     def observe(self, report: NodeReport, attempt: int) -> None:
         for m in report.messages:
@@ -52,6 +65,8 @@ class StepRetries:
 
     def _failed(self, m: WorkerMessage, attempt: int, report: NodeReport) -> None:
         step, generation = int(m.data["step"]), int(m.data["generation"])
+        if generation < self._floor:
+            return  # from before an in-process restart: that function was left
         if (step, generation) in self._answered:
             return  # another rank of the same failure, or a report sent again: answered
         self._answered.add((step, generation))

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,19 +28,19 @@ from trainguard.errors import LaunchError
 from trainguard.node import procs
 from trainguard.node.channel import ChannelServer
 from trainguard.node.env import worker_env
+from trainguard.node.facts import oom_kill_count, read_error_file, worker_message
 from trainguard.node.liveness import LivenessBook
 from trainguard.node.logs import LogRouter
 from trainguard.paths import attempt_log_dir, rank_log_path
 from trainguard.protocol import (
     DumpStacks,
-    FrameMsg,
     NodeReport,
     Progress,
+    RestartRanks,
     StackDump,
     StartWorkers,
     StepVerdict,
     StopWorkers,
-    ThreadMsg,
     WorkerAssignment,
     WorkerFact,
     WorkerMessage,
@@ -49,6 +49,7 @@ from trainguard.records import utcnow
 from trainguard.states import WorkerState
 from trainguard.worker.contract import (
     ENV_DEAD_RANKS,
+    ENV_PG_GENERATION,
     ENV_SOCKET,
     ControlKind,
     MessageKind,
@@ -110,6 +111,7 @@ class NodeAgent:
         self._workers: list[_Worker] = []
         self._router: LogRouter | None = None
         self._attempt: int | None = None
+        self._start: StartWorkers | None = None  # the attempt's command (in-process restarts)
         self._progress = Progress()
         self._progress_lock = threading.Lock()
         self._oom_base: int | None = None
@@ -136,7 +138,7 @@ class NodeAgent:
     def start_workers(self, cmd: StartWorkers) -> NodeReport:
         if any(not w.state.ended for w in self._workers):
             raise LaunchError("start_workers while workers of the last attempt still run")
-        self._attempt = cmd.attempt
+        self._attempt, self._start = cmd.attempt, cmd
         self._job_dir = Path(cmd.job_dir)
         self._oom_base = oom_kill_count()
         self._dead_file = self._dead_ranks_file(cmd)
@@ -242,22 +244,52 @@ class NodeAgent:
         ranks = [w.assignment.rank for w in self._workers if not w.state.ended]
         return self._channel.tell(ranks, msg)
 
+    def restart_ranks(self, cmd: RestartRanks) -> int:
+        """In-process restart: kill `cmd.ranks` (dead already, or hung: a gloo peer cannot be
+        aborted, only killed), tell every other running rank to re-enter its training
+        function on the new group, then start only `cmd.ranks` again; how many were told."""
+        if self._start is None or self._router is None:
+            raise LaunchError("restart_ranks before start_workers")
+        old = [w for w in self._workers if w.assignment.rank in cmd.ranks]
+        if len(old) != len(set(cmd.ranks)):
+            raise LaunchError(f"restart_ranks: rank(s) {cmd.ranks} are not all on this node")
+        live = [w for w in old if not w.state.ended]
+        procs.stop_groups([w.proc for w in live], 0.0)  # SIGKILL now; no marker: peers live on
+        self._update_states()
+        for w in old:
+            self._guardian.forget(w.proc.pid)
+        survivors = [w.assignment.rank for w in self._workers
+                     if not w.state.ended and w.assignment.rank not in cmd.ranks]
+        told = self._channel.tell(survivors, {
+            "kind": ControlKind.RESTART.value, "generation": cmd.generation,
+            "master_addr": cmd.master_addr, "master_port": cmd.master_port})
+        with self._progress_lock:  # the first step from now ends the incident
+            self._progress = Progress()
+        start = self._start.model_copy(update={
+            "master_addr": cmd.master_addr, "master_port": cmd.master_port,
+            "env": {**self._start.env, ENV_PG_GENERATION: str(cmd.generation)}})
+        log_dir = Path(start.log_dir)
+        for w in old:
+            a = w.assignment.model_copy(update={"start_count": w.assignment.start_count + 1})
+            new = self._spawn(start, a, self._router, log_dir)
+            self._workers[self._workers.index(w)] = new
+            self._liveness.replace(a.rank, new.proc.pid, a.local_rank)
+            log.info("rank %d restarted in-process as pid %d (%s)", a.rank, new.proc.pid,
+                     cmd.reason)
+        return told
+
+    def refuse_restart(self, ranks: list[int], generation: int, reason: str) -> int:
+        """Tell ranks waiting in run_resilient that no in-process restart comes: they raise."""
+        running = {w.assignment.rank for w in self._workers if not w.state.ended}
+        return self._channel.tell([r for r in ranks if r in running], {
+            "kind": ControlKind.NO_RESTART.value, "generation": generation, "reason": reason})
+
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
         """Every running rank's Python stacks (py-spy), saved under cmd.out_dir."""
-        from trainguard.node.stacks import dump_stacks
+        from trainguard.node.stacks import dump_stack_messages
 
         pids = {w.assignment.rank: w.proc.pid for w in self._workers if not w.state.ended}
-        out = Path(cmd.out_dir)
-        found = dump_stacks(pids, out, timeout_s=cmd.timeout_s)
-        return [StackDump(
-            rank=rank, pid=rs.pid, error=rs.error,
-            files=[str(p) for p in sorted(out.glob(f"rank-{rank}.*"))],
-            threads=[ThreadMsg(thread_id=t.thread_id, name=t.name, idle=t.idle,
-                               owns_gil=t.owns_gil,
-                               frames=[FrameMsg(name=f.name, filename=f.filename, line=f.line,
-                                                native=f.native) for f in t.frames])
-                     for t in rs.threads])
-            for rank, rs in sorted(found.items())]
+        return dump_stack_messages(pids, Path(cmd.out_dir), cmd.timeout_s)
 
     def close(self) -> None:
         if any(not w.state.ended for w in self._workers):
@@ -283,7 +315,7 @@ class NodeAgent:
         self._liveness.progress(rank, step, at)
 
     def _report(self) -> NodeReport:
-        messages = [_message(m) for m in self._channel.drain()]
+        messages = [worker_message(m) for m in self._channel.drain()]
         for m in messages:
             self._liveness_message(m)
         self._liveness.sample()
@@ -332,7 +364,7 @@ class NodeAgent:
             ended_at=w.ended_at, start_count=w.assignment.start_count,
             findings=(self._findings(w, complete) if ended and w.state != WorkerState.SUCCEEDED
                       else []),
-            error_file=_read_error_file(w.error_file) if ended else None,
+            error_file=read_error_file(w.error_file) if ended else None,
             oom_killed=w.oom_killed,
         )
 
@@ -361,33 +393,3 @@ class NodeAgent:
                 return found
             w.findings = found
         return w.findings
-
-
-def _message(raw: dict[str, Any]) -> WorkerMessage:
-    at = raw.get("at")
-    when = (datetime.fromtimestamp(at, timezone.utc) if isinstance(at, (int, float))
-            else utcnow())
-    rank = raw.get("rank")
-    data = {k: v for k, v in raw.items() if k not in ("kind", "rank", "at")}
-    return WorkerMessage(kind=str(raw["kind"]), rank=rank if isinstance(rank, int) else None,
-                         at=when, data=data)
-
-
-def oom_kill_count(vmstat: Path = Path("/proc/vmstat")) -> int | None:
-    """The kernel's count of OOM kills since boot (Linux 4.13+); None where unknown."""
-    try:
-        for line in vmstat.read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _read_error_file(path: Path) -> dict[str, object] | None:
-    """torch's @record error file, if the worker wrote one (unreadable -> None)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -83,7 +83,8 @@ class ChannelServer:
 
     def tell(self, ranks: list[int], msg: dict[str, Any]) -> int:
         """The other direction: one control datagram (worker.contract.ControlKind) to each
-        rank's StepGuard; how many were handed to the kernel (a rank without one: not)."""
+        rank (worker/control.py); how many were handed to the kernel (a rank that does not
+        listen: not)."""
         data = json.dumps(msg).encode()
         told = 0
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
@@ -93,6 +94,6 @@ class ChannelServer:
                 try:
                     s.sendto(data, "\0" + name.removeprefix("@"))
                     told += 1
-                except OSError as e:  # no StepGuard listens there (or its queue is full)
+                except OSError as e:  # nobody listens there (or its queue is full)
                     log.debug("rank %s: control message not delivered (%s)", rank, e)
         return told

@@ -101,7 +101,8 @@ class LogRouter:
 
     def add(self, rank: int, path: Path, stdout: IO[bytes], stderr: IO[bytes],
             console_streams: tuple[bool, bool]) -> None:
-        """Route one worker's pipes; call before start()."""
+        """Route one worker's pipes: before start(), or while it runs for a rank started
+        again in its attempt (an in-process restart; its log file is appended to)."""
         sink = _Sink(path, self._errors)
         self._files.append(sink)
         self._sinks[rank] = sink

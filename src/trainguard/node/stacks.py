@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.hang.stacks import RankStack, main_thread, parse_pyspy_json, render_text
+from trainguard.protocol import FrameMsg, StackDump, ThreadMsg
 
 log = logging.getLogger(__name__)
 
@@ -205,3 +206,18 @@ def dump_stacks(pids: dict[int, int], out_dir: Path, timeout_s: float = 10.0,
     log.info("stacks of %d rank(s) taken in %.2fs (%d failed) into %s", len(found),
              time.monotonic() - t0, sum(1 for r in found.values() if r.error), out_dir)
     return found
+
+
+def dump_stack_messages(pids: dict[int, int], out_dir: Path, timeout_s: float
+                        ) -> list[StackDump]:
+    """dump_stacks, as the protocol's StackDump messages (one per rank)."""
+    found = dump_stacks(pids, out_dir, timeout_s=timeout_s)
+    return [StackDump(
+        rank=rank, pid=rs.pid, error=rs.error,
+        files=[str(p) for p in sorted(out_dir.glob(f"rank-{rank}.*"))],
+        threads=[ThreadMsg(thread_id=t.thread_id, name=t.name, idle=t.idle,
+                           owns_gil=t.owns_gil,
+                           frames=[FrameMsg(name=f.name, filename=f.filename, line=f.line,
+                                            native=f.native) for f in t.frames])
+                 for t in rs.threads])
+        for rank, rs in sorted(found.items())]

@@ -28,7 +28,8 @@ class Rung(str, Enum):
     """The ladder's rungs, finest first."""
 
     STEP_REEXECUTION = "step_reexecution"  # rung 0: re-form the group, re-run the step
-    PROCESS_RESTART = "process_restart"  # rung 1: restart the processes in place
+    IN_PROCESS_RESTART = "in_process_restart"  # rung 1a: replace one rank, the rest re-enter
+    PROCESS_RESTART = "process_restart"  # rung 1b: restart the processes in place
     POD_RESCHEDULE = "pod_reschedule"  # rung 2: replace one node with a spare
     JOB_RESCHEDULE = "job_reschedule_with_taint"  # rung 3: isolate, place every rank again
 
@@ -40,6 +41,7 @@ class Action(str, Enum):
     GIVE_UP = "give_up"  # end the job with exit_code
     REEXECUTE = "reexecute"  # rung 0: every rank re-forms the group and re-runs the step
     DOWNGRADE = "downgrade"  # rung 0 cannot act: the ranks raise, their exit is the next rung's
+    RESTART_RANKS = "restart_ranks"  # in-process: start `ranks` again, the rest re-enter in place
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class History:
     step_retries: int = 0  # step re-executions in the job
     retried_step: int | None = None  # the last step re-executed, and how often
     retried_step_count: int = 0
+    in_process_in_a_row: int = 0  # in-process restarts since the last progress
     pod_used: int = 0
     job_used: int = 0
     implicated: tuple[tuple[str, float], ...] = ()  # (node, unix time) per implication
@@ -112,6 +115,16 @@ class History:
 
 
 @dataclass(frozen=True)
+class InProcessCase:
+    """In-process restart applies (it is on, every surviving rank runs run_resilient, one
+    node): `ranks` would start again (the dead, the hung culprit; empty: no single one),
+    `survivors` would re-enter their training function."""
+
+    ranks: tuple[int, ...]
+    survivors: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Incident:
     """What ended (or would start) an attempt, with the facts the ladder needs."""
 
@@ -128,6 +141,7 @@ class Incident:
     placement: tuple[str, ...] = ()  # slot -> node, now
     spares: tuple[str, ...] = ()  # ready spare nodes, now
     now_s: float = 0.0  # unix time (the repeat-offender window)
+    in_process: InProcessCase | None = None  # CRASH / HANG: None when the rung does not apply
 
 
 @dataclass(frozen=True)
@@ -163,6 +177,7 @@ class Decision:
     tried: tuple[Tried, ...] = ()
     isolate: tuple[Isolation, ...] = ()  # carried out before anything else
     node: str | None = None  # the node the decision is about
+    ranks: tuple[int, ...] = ()  # RESTART_RANKS: the ranks started again
     placement: tuple[str, ...] = ()  # RESCHEDULE: the new slot -> node list
     moved_slots: tuple[int, ...] = ()  # RESCHEDULE: slots whose ranks land on another node
     missing: int = 0  # RESCHEDULE/REPLACE: nodes to wait for (queuing) before starting

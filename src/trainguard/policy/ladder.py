@@ -3,9 +3,11 @@ the Decision out (controller/loop.py, controller/nodes.py).
 
 | incident        | rung tried first                  | then                             |
 |-----------------|-----------------------------------|----------------------------------|
-| CRASH           | 3 if the culprit's node is to     | 1: process restart (restart      |
-|                 |   blame (isolate / repeat offender)|   policy) or give up            |
-| HANG            | 1: restart upon suspension        | give up (HangRestartLimitReached)|
+| CRASH           | 3 if the culprit's node is to     | 1a: in-process restart (the dead |
+|                 |   blame (isolate / repeat offender)|   rank only; run_resilient), else|
+|                 |                                   |   1b: process restart (restart   |
+|                 |                                   |   policy) or give up             |
+| HANG            | 1a/1b: restart upon suspension    | give up (HangRestartLimitReached)|
 | NODE_LOST       | 2: pod-level (a spare takes over) | 3: job-level, else give up       |
 | PRECHECK_FAILED | isolate, spares take the slots    | give up when none come (queuing) |
 | STEP_FAILED     | 0: re-form the group, re-run step | downgrade: the ranks raise, then |
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainguard.policy import nodes, process, step
+from trainguard.policy import inprocess, nodes, process, step
 from trainguard.policy.decision import (
     Decision,
     HAPolicy,
@@ -32,7 +34,8 @@ from trainguard.policy.decision import (
 def decide(incident: Incident, hist: History, pol: HAPolicy) -> Decision:
     """What follows `incident`, given what the ladder remembers and its budgets."""
     if incident.kind == IncidentKind.HANG:
-        return process.after_hang(incident.made_progress, hist, pol)
+        return inprocess.in_place(process.after_hang(incident.made_progress, hist, pol),
+                                  incident)
     if incident.kind == IncidentKind.NODE_LOST:
         return nodes.after_node_trouble(True, incident.node or "?", f"was lost ({incident.why})",
                                         incident.placement, incident.spares, hist, pol)
@@ -47,7 +50,8 @@ def decide(incident: Incident, hist: History, pol: HAPolicy) -> Decision:
         raise ValueError("a CRASH incident needs its diagnosis")
     node = incident.node
     if node is None or node not in incident.placement or not nodes.blames_node(diag):
-        return process.after_crash(diag, incident.made_progress, hist, pol.restart)
+        return inprocess.in_place(
+            process.after_crash(diag, incident.made_progress, hist, pol.restart), incident)
     hist, count = nodes.implicate(hist, node, incident.now_s, pol)
     why = nodes.why_isolated(diag, count, pol)
     if why is None:  # implicated, not (yet) isolated: the processes restart in place

@@ -5,7 +5,10 @@ A training script calls `inject(step)` once per finished step; a data-loader wor
 separated by `;`, each `KIND[:ARG]@step=S[,rank=R][,attempt=A|*]`, for example
 `exit:3@rank=1,step=5` or `log:NCCL error@step=5;signal:KILL@step=5`. A fault fires on the
 global rank R (env RANK; every rank when absent or `*`) in attempt A (env
-TORCHELASTIC_RESTART_COUNT; the first attempt, 0, when absent; every attempt for `*`).
+TORCHELASTIC_RESTART_COUNT; the first attempt, 0, when absent; every attempt for `*`), in
+the rank's first process of that attempt (an in-process restart's replacement, a later
+start of the rank in the same attempt, does not fire it again), and once per process (a
+training function re-entered by trainguard.run_resilient passes step S again without it).
 
 Kinds, each fired after step S (`loaderhang`: while making the batch of step S):
 
@@ -45,7 +48,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from trainguard.worker.contract import ENV_FAULT, ENV_RANK, ENV_RESTART_COUNT
+from trainguard.worker.contract import (
+    ENV_FAULT,
+    ENV_PROCESS_START_COUNT,
+    ENV_RANK,
+    ENV_RESTART_COUNT,
+)
 
 KINDS = (
     "crash",       # raise RuntimeError
@@ -84,11 +92,14 @@ class Fault:
     attempt: int | None = 0
     """Restart count (env TORCHELASTIC_RESTART_COUNT) it fires on; None fires on every one."""
 
-    def matches(self, step: int, rank: int, attempt: int) -> bool:
+    def matches(self, step: int, rank: int, attempt: int, start: int | None = None) -> bool:
+        """`start`: the rank's process start count (TRAINGUARD_PROCESS_START_COUNT), which
+        is attempt + 1 for its first process of the attempt; None when unknown."""
         return (
             step == self.step
             and (self.rank is None or rank == self.rank)
-            and (self.attempt is None or attempt == self.attempt)
+            and (self.attempt is None or (attempt == self.attempt
+                                          and (start is None or start <= attempt + 1)))
         )
 
 
@@ -133,13 +144,16 @@ def _inject(step: int, where: str) -> None:
         return
     rank = _env_int(ENV_RANK)
     attempt = _env_int(ENV_RESTART_COUNT)
+    start = _env_int(ENV_PROCESS_START_COUNT) if os.environ.get(ENV_PROCESS_START_COUNT) \
+        else None
     for i, fault in enumerate(faults):
-        if _where(fault.kind) == where and fault.matches(step, rank, attempt):
-            if fault.kind in _IN_STEP_KINDS:
-                runs = _runs.get((spec, i), 0) + 1
-                _runs[(spec, i)] = runs
-                if runs > int(fault.arg or 1):
-                    continue
+        if _where(fault.kind) == where and fault.matches(step, rank, attempt, start):
+            runs = _runs.get((spec, i), 0) + 1
+            _runs[(spec, i)] = runs
+            if fault.kind in _IN_STEP_KINDS and runs > int(fault.arg or 1):
+                continue  # the first N runs of the step only
+            if fault.kind not in _IN_STEP_KINDS and runs > 1 and fault.attempt is not None:
+                continue  # fired already in this process
             _fire(fault, step, rank, attempt)
 
 

@@ -37,10 +37,14 @@ ENV_SAVE_ON_EXIT = "TRAINGUARD_SAVE_ON_EXIT"  # "1": save a checkpoint on the wa
 ENV_FAULT = "TRAINGUARD_FAULT"  # set by a user: trainguard.testing.faults
 ENV_STEP_RETRY = "TRAINGUARD_STEP_RETRY"  # "1": StepGuard re-executes a failed step
 ENV_STEP_RETRY_TIMEOUT = "TRAINGUARD_STEP_RETRY_TIMEOUT_S"  # a rank's wait for the new group
+ENV_IN_PROCESS = "TRAINGUARD_IN_PROCESS_RESTART"  # "1": run_resilient re-enters in place
+ENV_IN_PROCESS_TIMEOUT = "TRAINGUARD_IN_PROCESS_TIMEOUT_S"  # a survivor's wait for a verdict
+ENV_PG_GENERATION = "TRAINGUARD_PG_GENERATION"  # the process group generation to join
 TRAINGUARD_ENV = (ENV_SOCKET, ENV_MARKER, ENV_ATTEMPT, ENV_PROCESS_START_COUNT,
                   ENV_SCHEDULE_COUNT, ENV_JOB_DIR, ENV_CHECKPOINT_DIR, ENV_DEAD_RANKS,
                   ENV_GRACE, ENV_SAVE_ON_EXIT, ENV_FAULT, ENV_STEP_RETRY,
-                  ENV_STEP_RETRY_TIMEOUT)
+                  ENV_STEP_RETRY_TIMEOUT, ENV_IN_PROCESS, ENV_IN_PROCESS_TIMEOUT,
+                  ENV_PG_GENERATION)
 
 # -- the environment: torchrun's variables (set by the agent, read by the library) --------
 ENV_RANK = "RANK"
@@ -86,6 +90,8 @@ class MessageKind(str, Enum):
     RESUMED = "resumed"  # every rank, once it loaded a checkpoint
     STEP_FAILED = "step_failed"  # StepGuard: a step failed; the rank waits for a verdict
     STEP_REEXECUTED = "step_reexecuted"  # StepGuard: the step ran again and every rank agreed
+    RESILIENT = "resilient"  # run_resilient: this rank (re-)entered the training function
+    RESTART_WAITING = "restart_waiting"  # run_resilient: the function raised; waits a verdict
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
 
     def __str__(self) -> str:  # the value, as StrEnum (f-strings, %s)
@@ -228,15 +234,26 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "generation": _int(0, MAX_INT32, required=True),  # the group it succeeded on
         "retry_s": _seconds(),  # from the failure to the re-executed step's end
     },
+    MessageKind.RESILIENT: {
+        "generation": _int(0, MAX_INT32, required=True),  # the group it is about to join
+        "restart_s": _seconds(),  # a re-entry: from the verdict to the new entry
+    },
+    MessageKind.RESTART_WAITING: {
+        "generation": _int(0, MAX_INT32, required=True),  # the group that failed under it
+        "error": _text(MAX_TEXT, required=True),
+    },
 }
 
 
-# -- the control channel: the agent's verdicts to a StepGuard ----------------------------------
+# -- the control channel: the agent's verdicts to a rank (worker/control.py) -------------------
 class ControlKind(str, Enum):
-    """What a rank's agent tells its StepGuard after the rank reported a failed step."""
+    """What a rank's agent tells it: StepGuard's verdict on a failed step, run_resilient's
+    on an in-process restart."""
 
     REFORM = "reform"  # re-form the process group at master_addr:master_port, re-run the step
     GIVE_UP = "give_up"  # no re-execution: the rank raises the step's error (the next rung)
+    RESTART = "restart"  # leave the training function, join the group at the address, re-enter
+    NO_RESTART = "no_restart"  # no in-process restart: the rank raises (a process restart)
 
     def __str__(self) -> str:
         return str.__str__(self)
@@ -250,11 +267,20 @@ CONTROL_FIELDS: dict[ControlKind, dict[str, Field]] = {
         "master_port": _int(1, 65_535, required=True),
     },
     ControlKind.GIVE_UP: {"step": _STEP, "reason": _text(MAX_TEXT, required=True)},
+    ControlKind.RESTART: {
+        "generation": _int(1, MAX_INT32, required=True),
+        "master_addr": _text(MAX_NAME, required=True),
+        "master_port": _int(1, 65_535, required=True),
+    },
+    ControlKind.NO_RESTART: {
+        "generation": _int(0, MAX_INT32, required=True),  # the group it is about
+        "reason": _text(MAX_TEXT, required=True),
+    },
 }
 
 
 def control_socket(agent_socket: str, rank: int) -> str:
-    """The abstract socket (`@name`) a rank's StepGuard listens on for its agent's verdicts."""
+    """The abstract socket (`@name`) a rank listens on for its agent's verdicts."""
     return f"{agent_socket}-rank-{rank}"
 
 

@@ -25,10 +25,8 @@ with re-execution off, `run` only calls the step. docs/operator-reexecution.md h
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -39,41 +37,23 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _set_pg_timeout
 
-from trainguard.worker import channel
+from trainguard.worker import channel, control
 from trainguard.worker.contract import (
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
+    ENV_PG_GENERATION,
     ENV_RANK,
-    ENV_SOCKET,
     ENV_STEP_RETRY,
     ENV_STEP_RETRY_TIMEOUT,
-    ContractError,
     ControlKind,
     MessageKind,
-    control_socket,
-    parse_control,
 )
 from trainguard.worker.progress import phase
+from trainguard.worker.transient import is_transient
 
 T = TypeVar("T")
 
-# the words of a transient collective failure: a peer's connection broke, a collective or
-# the store timed out (gloo, NCCL, c10d); anything else is the script's own error
-TRANSIENT_MARKS = ("connection closed by peer", "connection reset by peer", "broken pipe",
-                   "connection refused", "timed out", "timeout", "ncclsystemerror",
-                   "ncclremoteerror", "ncclinternalerror", "nccl error", "unhandled system error",
-                   "socket closed", "read error", "write error", "end of file")
 MAX_ERROR_CHARS = 4_000
-
-
-def is_transient(e: BaseException) -> bool:
-    """Whether `e` is a collective failure that a re-formed group may not see again."""
-    if isinstance(e, getattr(dist, "DistNetworkError", ())):
-        return True
-    if not isinstance(e, RuntimeError):  # DistBackendError and DistStoreError included
-        return False
-    text = str(e).lower()
-    return any(m in text for m in TRANSIENT_MARKS)
 
 
 class StepGuard:
@@ -84,22 +64,14 @@ class StepGuard:
         self._ddp_kwargs = ddp_kwargs
         self.distributed = dist.is_available() and dist.is_initialized() \
             and dist.get_world_size() > 1
-        self.generation = 0
+        # the group's generation: 0, or the one an in-process restart joined
+        self.generation = int(_env_float(ENV_PG_GENERATION, 0))
         self.reexecuted = 0  # steps re-executed in this process
-        self.enabled = self.distributed and os.environ.get(ENV_STEP_RETRY) == "1" \
-            and channel.available()
+        self.enabled = self.distributed and os.environ.get(ENV_STEP_RETRY) == "1"
         self._timeout_s = _env_float(ENV_STEP_RETRY_TIMEOUT, 60.0)
-        self._control: socket.socket | None = None
         # listening before DDP is built (a collective): a fast peer may fail its first step
-        if self.enabled:
-            name = control_socket(os.environ[ENV_SOCKET], dist.get_rank())
-            self._control = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            try:
-                self._control.bind("\0" + name.removeprefix("@"))
-            except OSError as e:  # another process of this rank holds it: run unguarded
-                self._control.close()
-                self._control, self.enabled = None, False
-                _say(f"step re-execution is off for this process: cannot listen on {name} ({e})")
+        self._inbox = control.inbox() if self.enabled else None
+        self.enabled = self._inbox is not None
         self.model: torch.nn.Module = self._wrap()
         self._group_timeout = _group_timeout() if self.enabled else None
         # the vote's tensor lives where the backend reduces (a re-formed group keeps it)
@@ -138,9 +110,7 @@ class StepGuard:
             return out
 
     def close(self) -> None:
-        if self._control is not None:
-            self._control.close()
-            self._control = None
+        """Nothing to release: the control socket is the process's (worker/control.py)."""
 
     # -- the transaction ---------------------------------------------------------------------
 
@@ -163,6 +133,8 @@ class StepGuard:
         report = {"step": step, "generation": self.generation, "error": text}
         with phase("step_reexecution", timeout_s=2 * self._timeout_s + 10):  # not a hang
             verdict = self._await_verdict(step, report)
+            if verdict is not None and verdict["kind"] == ControlKind.RESTART:
+                raise control.RestartRequested(verdict)  # run_resilient re-enters
             if verdict is not None and verdict["kind"] == ControlKind.REFORM:
                 self._reform(verdict)
                 return
@@ -192,28 +164,19 @@ class StepGuard:
              f"{time.monotonic() - t0:.3f}s")
 
     def _await_verdict(self, step: int, report: dict[str, Any]) -> dict[str, Any] | None:
-        """The verdict on `step`; the report goes again every second until one comes (a
-        datagram is dropped when the agent's queue is full)."""
-        assert self._control is not None
-        deadline = time.monotonic() + self._timeout_s
-        resend = 0.0
-        while (left := deadline - time.monotonic()) > 0:
-            if time.monotonic() >= resend:
-                channel.send(MessageKind.STEP_FAILED, **report)
-                resend = time.monotonic() + 1.0
-            self._control.settimeout(min(left, 1.0))
-            try:
-                data = self._control.recv(65536)
-            except TimeoutError:
-                continue
-            try:
-                v = parse_control(json.loads(data))
-            except (ValueError, ContractError, RecursionError):
-                continue  # not a verdict: ignore it
-            if v.get("step") == step and (v["kind"] == ControlKind.GIVE_UP
-                                          or v["generation"] > self.generation):
-                return v
-        return None
+        """The verdict on `step` (or an in-process restart's); the report goes again every
+        second until one comes (a datagram is dropped when the agent's queue is full)."""
+        assert self._inbox is not None
+
+        def accept(v: dict[str, Any]) -> bool:
+            if v["kind"] == ControlKind.RESTART:
+                return bool(v["generation"] > self.generation)
+            return v.get("step") == step and (v["kind"] == ControlKind.GIVE_UP
+                                              or (v["kind"] == ControlKind.REFORM
+                                                  and v["generation"] > self.generation))
+
+        return self._inbox.wait(accept, self._timeout_s,
+                                lambda: channel.send(MessageKind.STEP_FAILED, **report))
 
 
 def _group_timeout() -> timedelta | None:

@@ -1,0 +1,39 @@
+"""The job's high-water marks: the furthest step and checkpoint any attempt reached. An
+incident made progress when its attempt got beyond them (the restart policy resets its
+consecutive counters and backoff on progress)."""
+
+from __future__ import annotations
+
+from trainguard.protocol import NodeReport
+from trainguard.records import RunningRecord, utcnow
+
+# A job that never prints a step line still makes progress if an attempt lived this long.
+MIN_UPTIME_FOR_PROGRESS_S = 60.0
+
+
+class HighWater:
+    def __init__(self, max_step: int | None = None) -> None:
+        self.max_step = max_step
+        self.max_committed: int | None = None
+
+    def made_progress(self, report: NodeReport, committed: int | None,
+                      record: RunningRecord | None, allow_uptime: bool = True) -> bool:
+        """New ground: a checkpoint (`committed` this attempt) or a step beyond every
+        earlier one (or a long life, for crashes: a hang always lives long, so it does not
+        count there). Reads only."""
+        last = report.progress.last_step
+        new_ckpt = committed is not None and committed > (self.max_committed or -1)
+        new_step = last is not None and (self.max_step is None or last > self.max_step)
+        if new_ckpt or new_step:
+            return True
+        if allow_uptime and last is None and self.max_step is None and record is not None:
+            return (utcnow() - record.start_at).total_seconds() >= MIN_UPTIME_FOR_PROGRESS_S
+        return False
+
+    def note(self, report: NodeReport, committed: int | None) -> None:
+        """Move the marks to this attempt's checkpoint and step."""
+        last = report.progress.last_step
+        if committed is not None:
+            self.max_committed = max(committed, self.max_committed or committed)
+        if last is not None:
+            self.max_step = max(last, self.max_step or last)

@@ -1,0 +1,53 @@
+"""Rung 1a, in-process restart: a process restart the ladder decided, done in place. Pure.
+
+When a rank's process dies, or a hang has one culprit, and every other rank runs its
+training function in trainguard.run_resilient: only that rank is killed and started again,
+and the others re-enter their function in their own processes (no interpreter start, no
+imports). It spends what the process restart would (the restart budget after a crash, the
+suspension budget after a hang) and waits no backoff: the survivors wait for it.
+
+Downgrades to the process restart (rung 1b), recorded with why, when: no single rank can be
+named to replace (a hang with no culprit), no rank survived, or the last in-process restart
+made no progress (a restart in place that fails again is not tried twice in a row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from trainguard.policy.decision import (
+    Action,
+    Decision,
+    Incident,
+    Rung,
+    Tried,
+)
+from trainguard.records import RecoverResult
+
+
+def in_place(d: Decision, incident: Incident) -> Decision:
+    """`d` (decided for `incident`), carried out in-process where it can be."""
+    case = incident.in_process
+    if d.action != Action.RESTART or d.rung != Rung.PROCESS_RESTART or case is None:
+        return d
+    h = replace(d.history, in_process_in_a_row=0) if incident.made_progress else d.history
+    why = None
+    if not case.ranks:
+        why = "no single rank to replace (the hang has no one culprit)"
+    elif not case.survivors:
+        why = "no rank survived to restart in place"
+    elif h.in_process_in_a_row >= 1:
+        why = "the last in-process restart made no progress"
+    if why is not None:
+        return replace(d, history=replace(h, in_process_in_a_row=0),
+                       tried=(*d.tried, Tried(Rung.IN_PROCESS_RESTART, RecoverResult.DOWNGRADE,
+                                              why)),
+                       reason=f"{d.reason}; as processes: {why}")
+    ranks = ", ".join(map(str, case.ranks))
+    who = "rank" if len(case.ranks) == 1 else "ranks"
+    return replace(d, action=Action.RESTART_RANKS, rung=Rung.IN_PROCESS_RESTART,
+                   history=replace(h, in_process_in_a_row=h.in_process_in_a_row + 1),
+                   ranks=case.ranks, delay_s=0.0,
+                   reason=f"{d.reason}, in-process: only {who} {ranks} starts again; "
+                          f"{len(case.survivors)} rank(s) re-enter their training function "
+                          "in place")

@@ -1,0 +1,110 @@
+"""A rank's end of the control channel: its agent's verdicts, out of band. Stdlib only.
+
+The agent sends datagrams to the rank's abstract socket (contract.control_socket); this
+process binds it once, on first use, and StepGuard (worker/step.py) and run_resilient
+(worker/resilient.py) both read it through the one Inbox. A verdict that the reader waiting
+now does not take is kept for the next (a RESTART that comes while a StepGuard waits for
+its step's REFORM is run_resilient's), up to KEEP of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainguard.worker import channel
+from trainguard.worker.contract import (
+    ENV_RANK,
+    ENV_SOCKET,
+    ContractError,
+    control_socket,
+    parse_control,
+)
+
+KEEP = 64
+Verdict = dict[str, Any]
+
+
+class RestartRequested(BaseException):
+    """The launcher restarts this rank in place: leave the training function for
+    run_resilient, which re-enters it. A BaseException, so `except Exception` lets it by."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(f"in-process restart on process group generation "
+                         f"{verdict.get('generation')}")
+        self.verdict = verdict
+
+
+class Inbox:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self._sock.bind("\0" + name.removeprefix("@"))
+        except OSError:
+            self._sock.close()
+            raise
+        self._kept: list[Verdict] = []
+
+    def wait(self, accept: Callable[[Verdict], bool], timeout_s: float,
+             tick: Callable[[], object] | None = None) -> Verdict | None:
+        """The first verdict (kept or arriving) that `accept` takes, or None after
+        `timeout_s`; `tick` runs first and then every second (a report sent again)."""
+        for i, v in enumerate(self._kept):
+            if accept(v):
+                return self._kept.pop(i)
+        deadline = time.monotonic() + timeout_s
+        next_tick = 0.0
+        while (left := deadline - time.monotonic()) > 0:
+            if tick is not None and time.monotonic() >= next_tick:
+                tick()
+                next_tick = time.monotonic() + 1.0
+            self._sock.settimeout(min(left, 1.0))
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                continue
+            try:
+                v = parse_control(json.loads(data))
+            except (ValueError, ContractError, RecursionError):
+                continue  # not a verdict: ignore it
+            if accept(v):
+                return v
+            self._kept = ([*self._kept, v])[-KEEP:]
+        return None
+
+    def take(self, accept: Callable[[Verdict], bool]) -> Verdict | None:
+        """A verdict `accept` takes that is here already, without waiting."""
+        return self.wait(accept, 0.0)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+_inbox: Inbox | None = None
+_failed = False
+
+
+def inbox() -> Inbox | None:
+    """This process's inbox, bound on the first call; None outside the launcher (no agent
+    channel, no RANK) or when the socket is taken (another process of this rank holds it)."""
+    global _inbox, _failed
+    if _inbox is not None or _failed:
+        return _inbox
+    rank = os.environ.get(ENV_RANK, "")
+    if not channel.available() or not rank.isdigit():
+        return None
+    name = control_socket(os.environ[ENV_SOCKET], int(rank))
+    try:
+        _inbox = Inbox(name)
+    except OSError as e:
+        _failed = True
+        print(f"[trainguard] rank {rank}: cannot listen on {name} ({e}): no verdicts reach "
+              "this process (step re-execution and in-process restart are off in it)",
+              file=sys.stderr, flush=True)
+    return _inbox

@@ -1,0 +1,128 @@
+"""In-process restart in the training script: re-enter the training function in place.
+
+    def main():
+        dist.init_process_group("gloo")        # from MASTER_ADDR / MASTER_PORT, as today
+        ...                                   # build, load the newest checkpoint, train
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        trainguard.run_resilient(main)
+
+Under `trainguard run` (in-process restart is on unless --no-in-process-restart), when a
+peer rank dies or hangs, the launcher kills it (a hung gloo peer cannot be aborted, only
+killed), starts only that rank again, and tells every surviving rank to restart in place:
+`main` raises in the survivor (its collective fails at once when the peer dies; a
+StepGuard waiting on a failed step raises RestartRequested), run_resilient reports it,
+takes the launcher's verdict (out of band, worker/control.py), tears the process group
+down, points MASTER_ADDR / MASTER_PORT at the new rendezvous and calls `main` again. The
+survivors keep their process, their imported modules and their warm caches; the
+replacement is the only cold start.
+
+What `main` must do to be re-entrant: init the process group itself from the environment,
+reload its state (the newest checkpoint) on every entry, keep no state across entries that
+depends on the old group, and let BaseException through. docs/operator-reexecution.md has
+the rules. Without the launcher, or with the restart off, run_resilient only calls `main`.
+Standard library only (torch.distributed is torn down when the script imported it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from trainguard.worker import channel, control
+from trainguard.worker.contract import (
+    ENV_IN_PROCESS,
+    ENV_IN_PROCESS_TIMEOUT,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_PG_GENERATION,
+    ENV_RANK,
+    ControlKind,
+    MessageKind,
+)
+from trainguard.worker.progress import phase
+from trainguard.worker.transient import is_transient
+
+T = TypeVar("T")
+MAX_ERROR_CHARS = 4_000
+
+
+def run_resilient(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call `fn(*args, **kwargs)`; after a peer's death or hang, re-enter it in this process
+    on the launcher's word. See the module docstring."""
+    box = control.inbox() if os.environ.get(ENV_IN_PROCESS) == "1" else None
+    if box is None:
+        return fn(*args, **kwargs)
+    generation = int(_env_float(ENV_PG_GENERATION, 0))
+    timeout_s = _env_float(ENV_IN_PROCESS_TIMEOUT, 60.0)
+    restart_s: float | None = None
+    while True:
+        channel.send(MessageKind.RESILIENT, generation=generation, restart_s=restart_s)
+        try:
+            return fn(*args, **kwargs)
+        except control.RestartRequested as r:
+            verdict = r.verdict
+        except Exception as e:
+            if not is_transient(e):
+                raise  # the script's own error: this process ends; the ladder decides
+            verdict = _await_restart(box, generation, e, timeout_s)
+        t0 = time.monotonic()
+        _tear_down()
+        generation = int(verdict["generation"])
+        os.environ[ENV_MASTER_ADDR] = str(verdict["master_addr"])
+        os.environ[ENV_MASTER_PORT] = str(verdict["master_port"])
+        os.environ[ENV_PG_GENERATION] = str(generation)
+        restart_s = round(time.monotonic() - t0, 6)
+        _say(f"restarting in place on process group generation {generation} "
+             f"({verdict['master_addr']}:{verdict['master_port']}), torn down in "
+             f"{restart_s:.3f}s")
+
+
+def _await_restart(box: control.Inbox, generation: int, error: Exception,
+                   timeout_s: float) -> dict[str, Any]:
+    """The launcher's RESTART after `error` broke the group; raises `error` on NO_RESTART
+    or when none comes within `timeout_s`."""
+    text = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
+    first = (text.splitlines() or [""])[0]
+    _say(f"the process group failed under this rank ({first}); waiting for the launcher")
+
+    def accept(v: dict[str, Any]) -> bool:
+        if v["kind"] == ControlKind.RESTART:
+            return bool(v["generation"] > generation)
+        return bool(v["kind"] == ControlKind.NO_RESTART and v["generation"] >= generation)
+
+    with phase("in_process_restart", timeout_s=timeout_s + 10):  # a wait, not a hang
+        v = box.wait(accept, timeout_s, lambda: channel.send(
+            MessageKind.RESTART_WAITING, generation=generation, error=text))
+    if v is not None and v["kind"] == ControlKind.RESTART:
+        return v
+    _say(f"no in-process restart: {v['reason'] if v else f'no verdict within {timeout_s:g}s'}")
+    raise error
+
+
+def _tear_down() -> None:
+    """Destroy what is left of the old process group (it is broken) and drop its objects."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        with contextlib.suppress(Exception):
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+    gc.collect()
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _say(line: str) -> None:
+    rank = os.environ.get(ENV_RANK, "?")
+    print(f"[trainguard.resilient] rank {rank}: {line}", file=sys.stderr, flush=True)
