@@ -5,9 +5,11 @@ with the process group generation it joins). When a rank dies or a hang has one 
 every rank said so, the ladder may decide RESTART_RANKS: a fresh rendezvous and the next
 generation go to the agent (AgentAPI.restart_ranks), which kills the named ranks, tells the
 others to re-enter in place and starts only the named ones again. The restart is done when
-every rank entered the new generation (InProcessRestarted). A survivor that reports its
-group broke (RESTART_WAITING) while no rank died and no restart comes is told NO_RESTART
-after REFUSE_AFTER_S: it raises, and its exit is the incident.
+every rank entered the new generation (InProcessRestarted). When every rank reports its
+group broke under it (RESTART_WAITING) and every process lives, `broken` says so: the
+controller asks the ladder (GROUP_FAILED) and every rank re-enters, none is replaced. A
+rank that waits while others run on, with nothing dead, is told NO_RESTART after
+REFUSE_AFTER_S: it raises, and its exit is the incident.
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ class InProcessRestarts:
         self._resilient: dict[int, int] = {}  # rank -> the generation it last entered
         self._waiting: dict[int, tuple[int, float]] = {}  # rank -> (generation, since)
         self._pending: tuple[int, float, int] | None = None  # (generation, since, ranks)
+        self._errors: dict[int, str] = {}  # rank -> the error its group failed with
+        self._refused: set[int] = set()  # told NO_RESTART: they raise and exit
+        self.broken: str | None = None  # every rank waits, none died: the first error
 
     def new_attempt(self) -> None:
         self._resilient.clear()
         self._waiting.clear()
-        self._pending = None
+        self._errors.clear()
+        self._refused.clear()
+        self._pending, self.broken = None, None
 
     def case(self, report: NodeReport, ranks: tuple[int, ...]) -> InProcessCase | None:
         """The in-process case for replacing `ranks`, or None when the rung does not apply
@@ -47,6 +54,8 @@ class InProcessRestarts:
             return None
         if any(w.rank not in self._resilient for w in report.workers):
             return None
+        if any(not w.state.ended and w.rank in self._refused for w in report.workers):
+            return None  # told to raise: about to exit
         survivors = tuple(w.rank for w in report.workers
                           if not w.state.ended and w.rank not in ranks)
         return InProcessCase(ranks, survivors)
@@ -58,10 +67,17 @@ class InProcessRestarts:
             if m.kind == MessageKind.RESILIENT:
                 self._resilient[m.rank] = int(m.data["generation"])
                 self._waiting.pop(m.rank, None)
-            elif m.kind == MessageKind.RESTART_WAITING:
+            elif m.kind == MessageKind.RESTART_WAITING and m.rank not in self._refused:
                 self._waiting.setdefault(m.rank, (int(m.data["generation"]), time.monotonic()))
+                self._errors.setdefault(m.rank, str(m.data["error"]))
         self._done(report, attempt)
-        self._refuse(report)
+        running = {w.rank for w in report.workers if not w.state.ended}
+        if (self._waiting and self._pending is None and running <= set(self._waiting)
+                and len(running) == len(report.workers)):
+            first = min(self._waiting, key=lambda r: self._waiting[r][1])
+            self.broken = f"rank {first}: {self._errors.get(first, '?')}"
+        else:
+            self._refuse(report)
 
     def carry_out(self, attempt: int, decision: Decision) -> Decision:
         """Restart decision.ranks in place; the decision as carried out (a process restart,
@@ -82,12 +98,14 @@ class InProcessRestarts:
                                                          RecoverResult.DOWNGRADE, why)))
         self._steps.restarted(generation)
         self._waiting.clear()
+        self._errors.clear()
+        self.broken = None
         self._pending = (generation, time.monotonic(), len(self._resilient))
         ranks = ", ".join(map(str, decision.ranks))
+        started = f"rank(s) {ranks} killed and started again, " if ranks else ""
         self.rec.event(Level.WARNING, Reason.IN_PROCESS_RESTARTING,
-                       f"{decision.reason}: rank(s) {ranks} killed and started again, {told} "
-                       f"rank(s) told to re-enter on process group generation {generation} "
-                       f"({addr}:{port})", attempt=attempt,
+                       f"{decision.reason}: {started}{told} rank(s) told to re-enter on process "
+                       f"group generation {generation} ({addr}:{port})", attempt=attempt,
                        rank=decision.ranks[0] if len(decision.ranks) == 1 else None)
         return decision
 
@@ -104,22 +122,29 @@ class InProcessRestarts:
                            f"{time.monotonic() - since:.3f}s after the restart began; the "
                            "surviving processes were not restarted", attempt=attempt)
 
+    def refuse(self, reason: str, ranks: list[int] | None = None) -> None:
+        """Tell waiting ranks (all, unless `ranks`) that no in-process restart comes."""
+        due = list(self._waiting) if ranks is None else ranks
+        if not due:
+            return
+        generation = min(self._waiting[r][0] for r in due)
+        try:
+            self.agent.refuse_restart(due, generation, reason)
+        except (LaunchError, OSError):
+            return  # they give up by themselves after --in-process-timeout
+        for r in due:
+            self._waiting.pop(r, None)
+            self._refused.add(r)
+        self.broken = None
+
     def _refuse(self, report: NodeReport) -> None:
-        """Survivors waiting for a restart that will not come (nothing died, none planned)."""
+        """Ranks waiting for a restart that will not come: some wait, the others run on,
+        nothing died, none is planned."""
         if not self._waiting or self._pending is not None:
             return
         if any(w.state.ended for w in report.workers):
             return  # a death: the controller decides about it now
         now = time.monotonic()
         due = [r for r, (_, since) in self._waiting.items() if now - since >= REFUSE_AFTER_S]
-        if not due:
-            return
-        generation = min(self._waiting[r][0] for r in due)
-        reason = (f"no rank's process ended within {REFUSE_AFTER_S:g}s of the failure: "
-                  "nothing to restart in place")
-        try:
-            self.agent.refuse_restart(due, generation, reason)
-        except (LaunchError, OSError):
-            return
-        for r in due:
-            self._waiting.pop(r, None)
+        self.refuse(f"no rank's process ended within {REFUSE_AFTER_S:g}s of the failure and "
+                    "the other ranks run on: nothing to restart in place", due)

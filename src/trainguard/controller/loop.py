@@ -63,6 +63,7 @@ class _Outcome:
     signal: int | None = None
     hang: HangConfirmation | None = None
     lost: dict[str, str] | None = None  # multi-node: placed nodes lost, with why
+    broken: str | None = None  # every rank's group broke, every process lives: the error
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class _Next:
     failure: str = ""
     rank: int | None = None
     node_level: bool = False  # nodes were (or would have been) waited for
+
+
+_WATCH_ON = _Next(Decision(Action.RESTART_RANKS, "the attempt goes on", History()))
 
 
 class Controller:
@@ -123,13 +127,15 @@ class Controller:
                 else:
                     outcome = self._run_attempt(attempt, start_type)
             except LaunchError as e:
-                return self._not_started(attempt, e)
+                return self.rec.not_started(attempt, e, self._started_any)
             if outcome.signal is not None:
                 return self._stopped(attempt, outcome.signal)
             if outcome.lost:
                 nxt = self._after_loss(attempt, outcome.lost)
             elif outcome.hang is not None:
                 nxt = self._after_hang(attempt, outcome.report, outcome.hang)
+            elif outcome.broken is not None:
+                nxt = self._after_broken(attempt, outcome.report, outcome.broken) or _WATCH_ON
             elif not any(w.state == WorkerState.FAILED for w in outcome.report.workers):
                 return self._succeeded(attempt)
             else:
@@ -139,14 +145,14 @@ class Controller:
                 watch_on = True
                 continue
             if nxt.node_level and self._signals.received is not None:
-                return self._record_stop(attempt, self._signals.received)  # waiting for nodes
+                return self.rec.stopped_by(attempt, self._signals.received)  # waiting for nodes
             if decision.action == Action.GIVE_UP:
-                return self._give_up(attempt, nxt)
+                return self.rec.give_up(attempt, nxt.decision, nxt.failure, nxt.rank)
             if nxt.node_level:
                 self.rec.set_meta(state=JobState.RESTARTING.value)
-            if decision.delay_s > 0 and not self._backoff(decision.delay_s):
+            if decision.delay_s > 0 and not self._signals.sleep(decision.delay_s):
                 self.rec.book.backoff_interrupted()
-                return self._record_stop(attempt, self._signals.received or signal.SIGTERM)
+                return self.rec.stopped_by(attempt, self._signals.received or signal.SIGTERM)
             attempt, start_type = attempt + 1, decision.start_type or StartType.AUTO_RESTART
 
     def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome:
@@ -210,6 +216,8 @@ class Controller:
                 return _Outcome(report)  # a rank's exit wins over its peers' failed steps
             self._steps.observe(report, report.attempt or 0)
             self._inproc.observe(report, report.attempt or 0)
+            if self._inproc.broken is not None:
+                return _Outcome(report, broken=self._inproc.broken)
             hang = self._hangs.observe(report)
             if hang is not None and self.spec.restart_on_hang:
                 return _Outcome(report, hang=hang)
@@ -320,6 +328,24 @@ class Controller:
                            f"restarting in {decision.delay_s:.1f}s", attempt=attempt)
         return _Next(decision)
 
+    def _after_broken(self, attempt: int, report: NodeReport, error: str) -> _Next | None:
+        """Every rank's group broke under it (a transient collective error), every process
+        lives: all re-enter in place, or (None) are told to raise: their exit is a CRASH."""
+        incident = Incident(IncidentKind.GROUP_FAILED, why=error, in_process=self._inproc.case(
+            report, ()), made_progress=self._made_progress(report))
+        decision = decide(incident, self._hist, self._policy)  # committed when carried out
+        if decision.action == Action.RESTART_RANKS:
+            self._note_progress(report)
+            decision = self._inproc.carry_out(attempt, self._decide(incident))
+        if decision.action != Action.RESTART_RANKS:
+            self._inproc.refuse(f"not restarted in place: {decision.reason}")
+            return None
+        now = utcnow()
+        self.rec.book.record(attempt, decision, Fault(
+            FaultScenario.ERROR_IN_LOG, f"the process group failed on every rank: {error}",
+            "group failed", "job", now, now, now, report.progress, "nccl_communication_error"))
+        return _Next(decision)
+
     def _after_hang(self, attempt: int, report: NodeReport,
                     hang: HangConfirmation) -> _Next:
         """Restart upon suspension: stop the ranks, restart them in place."""
@@ -347,15 +373,6 @@ class Controller:
                            attempt=attempt)
         return _Next(decision)
 
-    def _backoff(self, delay_s: float) -> bool:
-        """Wait before a restart; False when a signal came first."""
-        deadline = time.monotonic() + delay_s
-        while time.monotonic() < deadline:
-            if self._signals.received is not None:
-                return False
-            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
-        return True
-
     def _made_progress(self, report: NodeReport, allow_uptime: bool = True) -> bool:
         return self._marks.made_progress(report, self.rec.messages.committed_this_attempt,
                                          self.rec.book.current, allow_uptime)
@@ -364,15 +381,6 @@ class Controller:
         self._marks.note(report, self.rec.messages.committed_this_attempt)
 
     # -- endings: every one goes through Recorder.end_job ---------------------------------
-
-    def _give_up(self, attempt: int, nxt: _Next) -> int:
-        d, limit = nxt.decision, None
-        if d.limit is not None:  # the budget that ran out, in its own event
-            limit = (d.limit, f"giving up: {d.reason}" if d.limit == Reason.NO_PROGRESS
-                     else d.reason)
-        return self.rec.end_job(JobState.FAILED, d.exit_code or ExitCode.FAILED,
-                                f"job failed: {nxt.failure}", attempt=attempt, rank=nxt.rank,
-                                limit=limit)
 
     def _succeeded(self, attempt: int) -> int:
         report = self._stop("every worker exited 0")  # reaps leftovers, reads the last lines
@@ -385,15 +393,4 @@ class Controller:
         name = signal.Signals(signum).name
         report = self._stop(f"launcher got {name}")
         self.rec.book.attempt_stopped(attempt, f"launcher received {name}", report.progress)
-        return self._record_stop(attempt, signum)
-
-    def _record_stop(self, attempt: int, signum: int) -> int:
-        return self.rec.end_job(JobState.STOPPED, 128 + signum,
-                                f"stopped by {signal.Signals(signum).name}: workers got SIGTERM "
-                                f"and {self.spec.grace_period_s:g}s to exit", attempt=attempt)
-
-    def _not_started(self, attempt: int, e: LaunchError) -> int:
-        self.rec.book.attempt_not_started(attempt, str(e))
-        code = (ExitCode.FAILED if self._started_any or isinstance(e, NodesUnavailable)
-                else ExitCode.USAGE)
-        return self.rec.end_job(JobState.FAILED, code, f"job failed: {e}", attempt=attempt)
+        return self.rec.stopped_by(attempt, signum)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import sys
 import time
@@ -17,8 +18,10 @@ from typing import Any, TextIO
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.controller.worker_messages import WorkerMessages
-from trainguard.exitcodes import signal_name
+from trainguard.errors import LaunchError, NodesUnavailable
+from trainguard.exitcodes import ExitCode, signal_name
 from trainguard.paths import JobPaths
+from trainguard.policy.decision import Decision
 from trainguard.protocol import NodeReport
 from trainguard.records import Event, Involved, Level, Reason, StartType, utcnow
 from trainguard.spec import JobSpec
@@ -115,6 +118,27 @@ class Recorder:
         self.event(level, reason, message, rank=rank, attempt=attempt)
         self.store.set_meta(state=state.value, exit_code=int(code), ended_at=utcnow().isoformat())
         return int(code)
+
+    def give_up(self, attempt: int, d: Decision, failure: str, rank: int | None) -> int:
+        """The ladder gave up: JobFailed, after the budget that ran out in its own event."""
+        limit = None
+        if d.limit is not None:
+            limit = (d.limit, f"giving up: {d.reason}" if d.limit == Reason.NO_PROGRESS
+                     else d.reason)
+        return self.end_job(JobState.FAILED, d.exit_code or ExitCode.FAILED,
+                            f"job failed: {failure}", attempt=attempt, rank=rank, limit=limit)
+
+    def stopped_by(self, attempt: int, signum: int) -> int:
+        return self.end_job(JobState.STOPPED, 128 + signum,
+                            f"stopped by {signal.Signals(signum).name}: workers got SIGTERM "
+                            f"and {self.spec.grace_period_s:g}s to exit", attempt=attempt)
+
+    def not_started(self, attempt: int, e: LaunchError, started_any: bool) -> int:
+        """An attempt's workers could not be started: a usage error before any ever ran."""
+        self.book.attempt_not_started(attempt, str(e))
+        code = (ExitCode.FAILED if started_any or isinstance(e, NodesUnavailable)
+                else ExitCode.USAGE)
+        return self.end_job(JobState.FAILED, code, f"job failed: {e}", attempt=attempt)
 
     def sync(self, report: NodeReport, force: bool = False) -> None:
         """Workers' states, worker messages and progress from one report."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from types import FrameType
 
 
@@ -18,6 +19,15 @@ class SignalReceiver:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signum
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait (a restart's backoff); False when a signal came first."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.received is not None:
+                return False
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+        return True
 
     def __enter__(self) -> SignalReceiver:
         for s in self.SIGNALS:

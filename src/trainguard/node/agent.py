@@ -273,9 +273,12 @@ class NodeAgent:
             a = w.assignment.model_copy(update={"start_count": w.assignment.start_count + 1})
             new = self._spawn(start, a, self._router, log_dir)
             self._workers[self._workers.index(w)] = new
-            self._liveness.replace(a.rank, new.proc.pid, a.local_rank)
             log.info("rank %d restarted in-process as pid %d (%s)", a.rank, new.proc.pid,
                      cmd.reason)
+        # every rank starts its function again: the hang watch waits for a first step anew
+        self._liveness.reset({w.assignment.rank: w.proc.pid for w in self._workers
+                              if not w.state.ended},
+                             {w.assignment.rank: w.assignment.local_rank for w in self._workers})
         return told
 
     def refuse_restart(self, ranks: list[int], generation: int, reason: str) -> int:

@@ -51,11 +51,6 @@ class LivenessBook:
                            for rank, pid in pids.items()}
             self._sampled = 0.0
 
-    def replace(self, rank: int, pid: int, local_rank: int) -> None:
-        """A rank started again in its attempt (an in-process restart): a fresh book."""
-        with self._lock:
-            self._ranks[rank] = _RankBook(pid, local_rank=local_rank)
-
     def progress(self, rank: int, step: int | None, at: datetime) -> None:
         """A step line, trainguard.progress(step), or a checkpoint save of `rank`."""
         with self._lock:

@@ -22,6 +22,7 @@ class IncidentKind(str, Enum):
     NODE_LOST = "node_lost"  # a placed node's agent is gone, silent, or its step ended
     PRECHECK_FAILED = "precheck_failed"  # nodes failed the pre-check before an attempt
     STEP_FAILED = "step_failure"  # a rank's StepGuard reported a failed step; the ranks wait
+    GROUP_FAILED = "group_failed"  # every rank's process group broke; every process lives
 
 
 class Rung(str, Enum):

@@ -6,9 +6,11 @@ and the others re-enter their function in their own processes (no interpreter st
 imports). It spends what the process restart would (the restart budget after a crash, the
 suspension budget after a hang) and waits no backoff: the survivors wait for it.
 
-Downgrades to the process restart (rung 1b), recorded with why, when: no single rank can be
-named to replace (a hang with no culprit), no rank survived, or the last in-process restart
-made no progress (a restart in place that fails again is not tried twice in a row).
+Also after GROUP_FAILED (every rank's group broke, every process lives): no rank is
+replaced, every rank re-enters. Downgrades to the process restart (rung 1b), recorded with
+why, when: no single rank can be named to replace (a hang with no culprit), no rank
+survived, or the last in-process restart made no progress (a restart in place that fails
+again is not tried twice in a row).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from trainguard.policy.decision import (
     Action,
     Decision,
     Incident,
+    IncidentKind,
     Rung,
     Tried,
 )
@@ -32,22 +35,24 @@ def in_place(d: Decision, incident: Incident) -> Decision:
         return d
     h = replace(d.history, in_process_in_a_row=0) if incident.made_progress else d.history
     why = None
-    if not case.ranks:
+    if incident.kind == IncidentKind.HANG and not case.ranks:
         why = "no single rank to replace (the hang has no one culprit)"
     elif not case.survivors:
         why = "no rank survived to restart in place"
     elif h.in_process_in_a_row >= 1:
-        why = "the last in-process restart made no progress"
+        why = ("the last in-process restart made no new progress (no step beyond the "
+               "furthest before it)")
     if why is not None:
         return replace(d, history=replace(h, in_process_in_a_row=0),
                        tried=(*d.tried, Tried(Rung.IN_PROCESS_RESTART, RecoverResult.DOWNGRADE,
                                               why)),
                        reason=f"{d.reason}; as processes: {why}")
     ranks = ", ".join(map(str, case.ranks))
-    who = "rank" if len(case.ranks) == 1 else "ranks"
+    who = "no process starts again" if not case.ranks else (
+        f"only rank {ranks} starts again" if len(case.ranks) == 1
+        else f"only ranks {ranks} start again")
     return replace(d, action=Action.RESTART_RANKS, rung=Rung.IN_PROCESS_RESTART,
                    history=replace(h, in_process_in_a_row=h.in_process_in_a_row + 1),
                    ranks=case.ranks, delay_s=0.0,
-                   reason=f"{d.reason}, in-process: only {who} {ranks} starts again; "
-                          f"{len(case.survivors)} rank(s) re-enter their training function "
-                          "in place")
+                   reason=f"{d.reason}, in-process: {who}; {len(case.survivors)} rank(s) "
+                          "re-enter their training function in place")

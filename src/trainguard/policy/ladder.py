@@ -12,6 +12,8 @@ the Decision out (controller/loop.py, controller/nodes.py).
 | PRECHECK_FAILED | isolate, spares take the slots    | give up when none come (queuing) |
 | STEP_FAILED     | 0: re-form the group, re-run step | downgrade: the ranks raise, then |
 |                 |   (--operator-reexecution)        |   their exit is a CRASH (rung 1) |
+| GROUP_FAILED    | 1a: every rank re-enters in place | the ranks raise: their exit is a |
+|                 |   (run_resilient, restart budget) |   CRASH (rung 1b)                |
 
 docs/architecture.md has the full table (triggers, budgets, downgrade targets, records).
 """
@@ -39,6 +41,9 @@ def decide(incident: Incident, hist: History, pol: HAPolicy) -> Decision:
     if incident.kind == IncidentKind.NODE_LOST:
         return nodes.after_node_trouble(True, incident.node or "?", f"was lost ({incident.why})",
                                         incident.placement, incident.spares, hist, pol)
+    if incident.kind == IncidentKind.GROUP_FAILED:
+        return inprocess.in_place(process.after_group_failure(
+            incident.made_progress, hist, pol.restart), incident)
     if incident.kind == IncidentKind.STEP_FAILED:
         return step.after_step_failure(incident.step or 0, hist, pol, incident.ended_ranks,
                                        incident.stale_group)

@@ -26,6 +26,20 @@ from trainguard.spec import RestartPolicy
 def after_crash(diag: Diagnosis, made_progress: bool, hist: History,
                 pol: RestartPolicy) -> Decision:
     """Restart in place or give up, after a failed attempt."""
+    why_not = None if diag.restart_helps != RestartHelps.NO else (
+        f"{diag.category.value} in the {diag.fault_domain.value} domain will fail again")
+    return _restart(diag.category.value, why_not, made_progress, hist, pol)
+
+
+def after_group_failure(made_progress: bool, hist: History, pol: RestartPolicy) -> Decision:
+    """Every rank's process group broke under it while every process lives (a transient
+    collective error): a restart helps."""
+    return _restart("a broken process group", None, made_progress, hist, pol)
+
+
+def _restart(what: str, why_not: str | None, made_progress: bool, hist: History,
+             pol: RestartPolicy) -> Decision:
+    """`why_not`: why the conditional policy would not restart (None: a restart helps)."""
     h = _after_attempt(hist, made_progress)
     if pol.max_restarts == 0:
         return _give_up("auto restart is off (--max-restarts 0)", h,
@@ -34,15 +48,13 @@ def after_crash(diag: Diagnosis, made_progress: bool, hist: History,
         return _give_up(f"{h.attempts_without_progress} attempts in a row made no progress "
                         f"(limit {pol.no_progress_limit})", h, code=ExitCode.NO_PROGRESS,
                         limit=Reason.NO_PROGRESS)
-    conditional_ok = diag.restart_helps != RestartHelps.NO
-    if not conditional_ok and not pol.unconditional:
-        return _give_up(f"not restarted: {diag.category.value} in the "
-                        f"{diag.fault_domain.value} domain will fail again (use "
-                        "--unconditional-restart to restart anyway)", h)
+    if why_not is not None and not pol.unconditional:
+        return _give_up(f"not restarted: {why_not} (use --unconditional-restart to restart "
+                        "anyway)", h)
     if h.restarts_used >= pol.max_restarts:
         return _give_up(f"restart budget spent ({pol.max_restarts} restarts)", h,
                         result=RecoverResult.QUOTA_EXCEEDED, limit=Reason.RESTART_LIMIT_REACHED)
-    if not conditional_ok:
+    if why_not is not None:
         if h.consecutive_unconditional >= pol.unconditional_max_consecutive:
             return _give_up(f"{h.consecutive_unconditional} unconditional restarts in a row "
                             f"(limit {pol.unconditional_max_consecutive})", h,
@@ -54,8 +66,7 @@ def after_crash(diag: Diagnosis, made_progress: bool, hist: History,
         start_type = StartType.AUTO_RESTART
     delay = backoff(h.consecutive_failures, pol)
     h = replace(h, restarts_used=h.restarts_used + 1)
-    return Decision(Action.RESTART,
-                    f"restart {h.restarts_used}/{pol.max_restarts} after {diag.category.value}",
+    return Decision(Action.RESTART, f"restart {h.restarts_used}/{pol.max_restarts} after {what}",
                     h, rung=Rung.PROCESS_RESTART, start_type=start_type, delay_s=delay)
 
 

@@ -1,0 +1,154 @@
+"""Rung 1a, in-process restart: only the dead or hung rank starts again; the others re-enter
+their training function in their own processes (examples/train_ddp.py --resilient runs it
+in trainguard.run_resilient).
+
+Real `trainguard run`, real worker processes, real torch DDP over gloo, real faults: a rank
+SIGKILLed, a rank SIGSTOPped (hung: a gloo peer cannot be aborted, it must be killed), a
+rank that breaks every connection of its group (every process lives).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import EXAMPLE, read_json, reasons, run_tg
+
+pytestmark = pytest.mark.integration
+
+STEPS = 14
+
+
+def job(job_dir: Path, *flags: str, resilient: bool = True) -> list[str]:
+    return ["run", "--nproc-per-node", "2", "--job-dir", str(job_dir), "--max-restarts", "3",
+            "--restart-backoff", "0.1", "--grace-period", "5", *flags, str(EXAMPLE),
+            "--steps", str(STEPS), "--ckpt-every", "4", "--digest",
+            *(["--resilient"] if resilient else [])]
+
+
+def digest(stdout: str) -> str:
+    found = re.findall(r"weights sha256 ([0-9a-f]{64})", stdout)
+    assert len(found) == 1, stdout[-2000:]
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def clean_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The final weights of the same job, same seed, without any fault."""
+    tmp = tmp_path_factory.mktemp("clean")
+    r = run_tg(job(tmp / "job"), cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return digest(r.stdout)
+
+
+def first_pids(job_dir: Path) -> dict[int, int]:
+    """rank -> the pid the first attempt started it with (its JobRunning event)."""
+    running = next(e for e in read_json("events", job_dir) if e["reason"] == "JobRunning")
+    return {int(r): int(p) for r, p in re.findall(r"rank (\d+): pid (\d+)", running["message"])}
+
+
+def final_ranks(job_dir: Path) -> dict[int, tuple[int, int]]:
+    """rank -> (pid, process start count) at the end."""
+    return {int(r["rank"]): (int(r["pid"]), int(r["start_count"]))
+            for r in read_json("status", job_dir)["ranks"]}
+
+
+def only_rank_1_is_new(job_dir: Path) -> None:
+    before, after = first_pids(job_dir), final_ranks(job_dir)
+    assert after[0] == (before[0], 1)  # the survivor: the same process, started once
+    assert after[1][0] != before[1] and after[1][1] == 2  # the replacement: a new process
+
+
+def the_one_record(job_dir: Path) -> dict[str, object]:
+    records = read_json("recovery", job_dir)["running_records"]
+    assert len(records) == 1  # one attempt: the job was never restarted as processes
+    (rr,) = records[0]["recover_records"]
+    return dict(rr)
+
+
+def test_a_killed_rank_is_started_again_alone_and_its_peer_reenters_in_place(
+        tmp_path: Path, job_dir: Path, clean_digest: str) -> None:
+    r = run_tg(job(job_dir), cwd=tmp_path, fault="signal:KILL@rank=1,step=6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert digest(r.stdout) == clean_digest  # resumed from step 4: the same weights
+    got = reasons(job_dir)
+    assert got.index("WorkerFailed") < got.index("InProcessRestarting") < got.index(
+        "InProcessRestarted")
+    assert "WorkersRestarted" not in got and "WorkersStopped" not in got[:-1]
+    assert got[-1] == "JobSucceeded"
+    only_rank_1_is_new(job_dir)
+    rr = the_one_record(job_dir)
+    assert (rr["recover"], rr["recover_result"], rr["resumed_step"], rr["related_task"]) == (
+        "in_process_restart", "success", 4, "worker-1")
+    restarting = next(e for e in read_json("events", job_dir)
+                      if e["reason"] == "InProcessRestarting")
+    assert "only rank 1 starts again" in restarting["message"]
+    assert "re-enter" in restarting["message"]
+
+
+def test_a_hung_rank_is_dumped_killed_and_replaced_while_its_peer_goes_on_in_place(
+        tmp_path: Path, job_dir: Path, clean_digest: str) -> None:
+    r = run_tg(job(job_dir, "--restart-on-hang", "--hang-timeout", "4"), cwd=tmp_path,
+               fault="signal:STOP@rank=1,step=6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert digest(r.stdout) == clean_digest
+    got = reasons(job_dir)
+    assert got.index("HangConfirmed") < got.index("InProcessRestarting") < got.index(
+        "InProcessRestarted")
+    assert "WorkersRestarted" not in got
+    hang = json.loads((job_dir / "logs" / "attempt-0" / "stacks" / "hang.json").read_text())
+    assert hang["culprit"]["rank"] == 1 and hang["stack_files"]  # the stacks were dumped
+    only_rank_1_is_new(job_dir)
+    rr = the_one_record(job_dir)
+    assert (rr["recover"], rr["recover_result"], rr["fault_scenario"]) == (
+        "in_process_restart", "success", "job_hanged")
+
+
+def test_a_group_broken_under_every_live_rank_reenters_without_a_new_process(
+        tmp_path: Path, job_dir: Path, clean_digest: str) -> None:
+    r = run_tg(job(job_dir), cwd=tmp_path, fault="collective@rank=1,step=6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert digest(r.stdout) == clean_digest
+    got = reasons(job_dir)
+    assert "InProcessRestarted" in got and "WorkerFailed" not in got
+    before, after = first_pids(job_dir), final_ranks(job_dir)
+    assert after == {rank: (pid, 1) for rank, pid in before.items()}  # nobody new
+    rr = the_one_record(job_dir)
+    assert (rr["recover"], rr["recover_result"]) == ("in_process_restart", "success")
+
+
+def test_an_in_process_restart_that_fails_again_downgrades_to_a_process_restart(
+        tmp_path: Path, job_dir: Path) -> None:
+    # every start of rank 1 dies at step 6: the in-process replacement too
+    r = run_tg(job(job_dir, "--max-restarts", "2", "--unconditional-restart"), cwd=tmp_path,
+               fault="signal:KILL@rank=1,step=6,attempt=*")
+    assert r.returncode != 0
+    first = read_json("recovery", job_dir)["running_records"][0]
+    kinds = [(x["recover"], x["recover_result"]) for x in first["recover_records"]]
+    # recovered (a step ran after it), then the same death, no step further than before
+    assert kinds[:3] == [("in_process_restart", "success"), ("in_process_restart", "downgrade"),
+                         ("process_restart", "success")], kinds
+    assert "made no new progress" in first["recover_records"][1]["reason"]
+    assert "WorkersRestarted" in reasons(job_dir)
+
+
+def test_without_in_process_restart_every_rank_restarts_as_a_process(
+        tmp_path: Path, job_dir: Path) -> None:
+    r = run_tg(job(job_dir, "--no-in-process-restart"), cwd=tmp_path,
+               fault="signal:KILL@rank=1,step=6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = reasons(job_dir)
+    assert "InProcessRestarting" not in got and "WorkersRestarted" in got
+    assert {n for _, n in final_ranks(job_dir).values()} == {2}  # every process was new
+
+
+def test_a_script_without_run_resilient_restarts_as_processes(
+        tmp_path: Path, job_dir: Path) -> None:
+    r = run_tg(job(job_dir, resilient=False), cwd=tmp_path, fault="signal:KILL@rank=1,step=6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = reasons(job_dir)
+    assert "InProcessRestarting" not in got and "WorkersRestarted" in got
+    assert {n for _, n in final_ranks(job_dir).values()} == {2}
