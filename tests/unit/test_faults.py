@@ -25,6 +25,8 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.delenv("TRAINGUARD_FAULT", raising=False)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("TRAINGUARD_PROCESS_START_COUNT", raising=False)
+    monkeypatch.setattr(faults, "_runs", {})  # a fresh process: nothing fired yet
     return monkeypatch
 
 
@@ -179,6 +181,25 @@ def test_a_fault_with_an_attempt_fires_only_on_that_attempt(env: pytest.MonkeyPa
     env.setenv("TRAINGUARD_FAULT", "crash@step=2,attempt=1")
     inject(2)
     env.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with pytest.raises(RuntimeError):
+        inject(2)
+
+
+def test_a_fault_fires_once_per_process(env: pytest.MonkeyPatch) -> None:
+    # a function re-entered in place (trainguard.run_resilient) passes step 2 again
+    env.setenv("TRAINGUARD_FAULT", "crash@step=2")
+    with pytest.raises(RuntimeError):
+        inject(2)
+    inject(2)
+
+
+def test_an_in_process_replacement_does_not_fire_its_attempts_fault_again(
+        env: pytest.MonkeyPatch) -> None:
+    env.setenv("TRAINGUARD_FAULT", "crash@step=2,attempt=1")
+    env.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    env.setenv("TRAINGUARD_PROCESS_START_COUNT", "3")  # started again within attempt 1
+    inject(2)
+    env.setenv("TRAINGUARD_PROCESS_START_COUNT", "2")  # the attempt's first process
     with pytest.raises(RuntimeError):
         inject(2)
 

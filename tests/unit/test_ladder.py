@@ -15,6 +15,7 @@ from trainguard.policy.decision import (
     History,
     Incident,
     IncidentKind,
+    InProcessCase,
     Rung,
 )
 from trainguard.policy.ladder import decide
@@ -60,6 +61,19 @@ def precheck(*failing: str, checked: int = 3) -> Incident:
                     checked=checked, placement=PLACED, spares=("c",))
 
 
+ONE_DEAD = InProcessCase(ranks=(1,), survivors=(0,))
+
+
+def in_process(incident: Incident, case: InProcessCase = ONE_DEAD) -> Incident:
+    """`incident` where every surviving rank runs run_resilient (in-process restart on)."""
+    return replace(incident, in_process=case)
+
+
+def group_failed(progress: bool = True) -> Incident:
+    return Incident(IncidentKind.GROUP_FAILED, made_progress=progress,
+                    why="Connection closed by peer")
+
+
 def step_failed(step: int = 7) -> Incident:
     return Incident(IncidentKind.STEP_FAILED, step=step, why="Connection closed by peer")
 
@@ -76,6 +90,8 @@ class Want:
 
 
 RESTART_IN_PLACE = Want(Action.RESTART, Rung.PROCESS_RESTART, StartType.AUTO_RESTART)
+IN_PROCESS = Want(Action.RESTART_RANKS, Rung.IN_PROCESS_RESTART, StartType.AUTO_RESTART)
+IN_PROCESS_DOWN = ((Rung.IN_PROCESS_RESTART, RecoverResult.DOWNGRADE),)
 POD = Want(Action.RESCHEDULE, Rung.POD_RESCHEDULE, StartType.POD_RESCHEDULE)
 JOB = Want(Action.RESCHEDULE, Rung.JOB_RESCHEDULE, StartType.JOB_RESCHEDULE)
 
@@ -145,6 +161,33 @@ TABLE: list[tuple[str, Incident, History, Want]] = [
      step_failed(), History(step_retries=5),
      Want(Action.DOWNGRADE, tried=((Rung.STEP_REEXECUTION, RecoverResult.QUOTA_EXCEEDED),),
           result=RecoverResult.QUOTA_EXCEEDED)),
+    ("a crash with resilient survivors restarts only the dead rank in-process (rung 1a)",
+     in_process(crash()), History(), IN_PROCESS),
+    ("an in-process restart that made no new progress downgrades to a process restart",
+     in_process(crash(progress=False)), History(in_process_in_a_row=1),
+     replace(RESTART_IN_PLACE, tried=IN_PROCESS_DOWN)),
+    ("after progress an in-process restart is tried again",
+     in_process(crash()), History(in_process_in_a_row=1), IN_PROCESS),
+    ("no survivor: nothing to re-enter, a process restart (downgrade)",
+     in_process(crash(), InProcessCase(ranks=(0, 1), survivors=())), History(),
+     replace(RESTART_IN_PLACE, tried=IN_PROCESS_DOWN)),
+    ("a user bug is not restarted in-process either",
+     in_process(crash(USER_BUG)), History(),
+     Want(Action.GIVE_UP, exit_code=ExitCode.FAILED, result=RecoverResult.FAILED)),
+    ("the restart budget spent: no in-process restart either",
+     in_process(crash()), History(restarts_used=3),
+     Want(Action.GIVE_UP, result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.FAILED,
+          limit=Reason.RESTART_LIMIT_REACHED)),
+    ("a hang with a culprit: only the culprit is killed and started again",
+     in_process(hang()), History(),
+     Want(Action.RESTART_RANKS, Rung.IN_PROCESS_RESTART, StartType.SUSPENSION_RESTART)),
+    ("a hang without one culprit restarts as processes (downgrade)",
+     in_process(hang(), InProcessCase(ranks=(), survivors=(0, 1))), History(),
+     Want(Action.RESTART, Rung.PROCESS_RESTART, StartType.SUSPENSION_RESTART,
+          tried=IN_PROCESS_DOWN)),
+    ("a group broken under every live rank: all re-enter, none is replaced",
+     in_process(group_failed(), InProcessCase(ranks=(), survivors=(0, 1))), History(),
+     IN_PROCESS),
 ]
 
 
@@ -168,6 +211,24 @@ def test_each_rung_spends_only_its_own_budget() -> None:
     assert budgets(decide(lost(spares=()), History(), POL).history) == (0, 0, 0, 1)
     assert budgets(decide(crash(GPU, node="a"), History(), POL).history) == (0, 0, 0, 1)
     assert budgets(decide(precheck("a"), History(), POL).history) == (0, 0, 0, 0)
+
+
+def test_an_in_process_restart_spends_what_the_process_restart_would_and_waits_no_backoff(
+        ) -> None:
+    d = decide(in_process(crash(progress=False)), History(consecutive_failures=3), POL)
+    assert (d.ranks, d.delay_s, d.history.restarts_used, d.history.in_process_in_a_row) == (
+        (1,), 0.0, 1, 1)
+    assert "only rank 1 starts again" in d.reason
+    h = decide(in_process(hang()), History(), POL).history
+    assert (h.restarts_used, h.hang_restarts) == (0, 1)
+    down = decide(in_process(crash(progress=False)), History(in_process_in_a_row=1), POL)
+    assert down.history.in_process_in_a_row == 0 and down.delay_s > 0  # the next may try again
+    assert "no new progress" in down.tried[0].why
+
+
+def test_without_the_case_a_crash_is_a_plain_process_restart() -> None:
+    d = decide(crash(), History(in_process_in_a_row=1), POL)
+    assert d.action == Action.RESTART and not d.tried
 
 
 def test_step_reexecution_off_downgrades_at_once() -> None:

@@ -1,0 +1,129 @@
+"""The rank's control inbox (real abstract datagram sockets) and run_resilient without a
+launcher verdict: what a training script sees of in-process restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from trainguard.worker import control, resilient
+from trainguard.worker.contract import ControlKind
+from trainguard.worker.transient import is_transient
+
+
+def send(name: str, msg: dict[str, object] | bytes) -> None:
+    data = msg if isinstance(msg, bytes) else json.dumps(msg).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(data, "\0" + name.removeprefix("@"))
+
+
+RESTART = {"kind": "restart", "generation": 2, "master_addr": "127.0.0.1", "master_port": 29501}
+REFORM = {"kind": "reform", "step": 4, "generation": 1, "master_addr": "127.0.0.1",
+          "master_port": 29502}
+
+
+def test_a_verdict_the_waiter_does_not_take_is_kept_for_the_next() -> None:
+    box = control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}")
+    try:
+        send(box.name, b"not json")  # ignored
+        send(box.name, {"kind": "explode"})  # not a verdict: ignored
+        send(box.name, RESTART)
+        send(box.name, REFORM)
+        got = box.wait(lambda v: v["kind"] == ControlKind.REFORM, 2.0)
+        assert got is not None and got["step"] == 4
+        kept = box.take(lambda v: v["kind"] == ControlKind.RESTART)
+        assert kept is not None and kept["generation"] == 2
+        assert box.take(lambda v: True) is None
+    finally:
+        box.close()
+
+
+def test_a_wait_ticks_every_second_and_gives_up_at_its_deadline() -> None:
+    box = control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}")
+    ticks: list[int] = []
+    try:
+        assert box.wait(lambda v: True, 1.5, lambda: ticks.append(1)) is None
+        assert len(ticks) == 2  # at once, then a second later
+    finally:
+        box.close()
+
+
+def test_without_a_launcher_run_resilient_calls_the_function_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRAINGUARD_IN_PROCESS_RESTART", raising=False)
+    calls: list[int] = []
+
+    def main(x: int) -> int:
+        calls.append(x)
+        if len(calls) == 1:
+            raise RuntimeError("Connection closed by peer")
+        return x
+
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        resilient.run_resilient(main, 3)
+    assert calls == [3]
+
+
+def test_only_collective_failures_count_as_transient() -> None:
+    assert is_transient(RuntimeError("[gloo/pair.cc:553] Connection closed by peer"))
+    assert is_transient(type("DistNetworkError", (RuntimeError,), {})("anything"))
+    assert not is_transient(ValueError("Connection closed by peer"))  # not a RuntimeError
+    assert not is_transient(RuntimeError("CUDA out of memory"))
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A rank under the launcher with in-process restart on; its inbox's socket name."""
+    agent = f"@tg-test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("TRAINGUARD_AGENT_SOCKET", agent)
+    monkeypatch.setenv("TRAINGUARD_IN_PROCESS_RESTART", "1")
+    monkeypatch.setenv("TRAINGUARD_IN_PROCESS_TIMEOUT_S", "2")
+    monkeypatch.setenv("RANK", "1")
+    for var in ("MASTER_ADDR", "MASTER_PORT", "TRAINGUARD_PG_GENERATION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(control, "_inbox", None)
+    monkeypatch.setattr(control, "_failed", False)
+    box = control.inbox()
+    assert box is not None
+    yield box.name
+    box.close()
+
+
+def test_on_the_launchers_restart_the_function_is_entered_again_on_the_new_group(
+        launched: str) -> None:
+    entries: list[tuple[str | None, str | None]] = []
+
+    def main() -> str:
+        entries.append((os.environ.get("MASTER_PORT"),
+                        os.environ.get("TRAINGUARD_PG_GENERATION")))
+        if len(entries) == 1:
+            send(launched, RESTART)  # the launcher's verdict, as the peer's death brings it
+            raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer")
+        return "done"
+
+    assert resilient.run_resilient(main) == "done"
+    assert entries == [(None, None), ("29501", "2")]
+
+
+def test_no_restart_or_no_verdict_raises_the_error_and_a_script_error_is_raised_at_once(
+        launched: str) -> None:
+    def broken() -> None:
+        send(launched, {"kind": "no_restart", "generation": 0, "reason": "nothing died"})
+        raise RuntimeError("Connection reset by peer")
+
+    with pytest.raises(RuntimeError, match="reset by peer"):
+        resilient.run_resilient(broken)
+    calls: list[int] = []
+
+    def bug() -> None:
+        calls.append(1)
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        resilient.run_resilient(bug)
+    assert calls == [1]
