@@ -39,7 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/launcher_overhead.py
 	$(BIN)/python benchmarks/checkpoint_blocking.py
 	$(BIN)/python benchmarks/rescheduling.py
-	$(BIN)/python benchmarks/step_reexecution.py
+	$(BIN)/python benchmarks/recovery_rungs.py
 
 clean:
 	rm -rf $(VENV) trainguard-runs .mypy_cache .ruff_cache .pytest_cache

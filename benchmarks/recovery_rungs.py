@@ -1,0 +1,236 @@
+"""The recovery ladder's lowest rungs side by side: step re-execution, in-process restart and
+a process restart, on the same job and the same fault, interleaved in one run.
+
+The example DDP job (2 ranks, gloo, a checkpoint every 10 steps) gets one of two faults at
+step S (12):
+
+* `group`: TRAINGUARD_FAULT='collective@rank=1,step=S': inside step S rank 1 shuts down its
+  TCP connections, so every rank's collective fails with a real gloo error while every
+  process lives. Three rungs:
+  - step re-execution: `--operator-reexecution`; every rank discards step S, re-forms the
+    group in the same processes and runs step S again;
+  - in-process restart: the script runs in trainguard.run_resilient (`--resilient`); every
+    rank leaves its training function, joins a new group and re-enters it in place,
+    resuming from the checkpoint of step 10 (no process is started);
+  - process restart: neither; every rank exits and all are started again (today's path).
+* `kill`: TRAINGUARD_FAULT='signal:KILL@rank=1,step=S': rank 1 is SIGKILLed. Two rungs:
+  - in-process restart (`--resilient`): only rank 1 starts again (the one cold start),
+    rank 0 re-enters in place;
+  - process restart: both ranks start again.
+
+Every run uses `--restart-backoff 0` (no deliberate wait). Measured from the rank logs' stamps
+(the time trainguard read each line): the fault (rank 1's "injecting" line) -> the first
+step line a rank prints after its recovery (the first good step), and -> step S done again
+(the work a restart re-does counts here). Every run also checks that the final weights are
+bit-identical to an uninterrupted run, and that each rung kept or replaced the processes it
+should.
+
+    .venv/bin/python benchmarks/recovery_rungs.py [--repeats 3] [--faults group,kill]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import (
+    EXAMPLE,
+    REPO,
+    STAMPED_LINE,
+    STEP_LINE,
+    BenchError,
+    Spread,
+    bench_env,
+    machine_line,
+    markdown_table,
+    parse_iso,
+    tail,
+    trainguard_exe,
+    wait_exit,
+)
+
+NPROC = 2
+FAULT_STEP = 12
+FAULTS = {"group": f"collective@rank=1,step={FAULT_STEP}",
+          "kill": f"signal:KILL@rank=1,step={FAULT_STEP}"}
+RUNGS = {"group": ("step re-execution", "in-process restart", "process restart"),
+         "kill": ("in-process restart", "process restart")}
+FLAGS = {"step re-execution": (["--operator-reexecution"], []),
+         "in-process restart": ([], ["--resilient"]),
+         "process restart": ([], [])}
+INJECTED = re.compile(r"\[trainguard\.faults\] injecting ")
+# a rank's own recovery: its group re-formed (rung 0), it re-enters its function (rung 1a)
+RECOVERED = re.compile(r"\[trainguard\.(step|resilient)\] rank \d+: (process group re-formed|"
+                       r"restarting in place)")
+DIGEST = re.compile(r"weights sha256 ([0-9a-f]{64})")
+
+
+@dataclass(frozen=True)
+class Run:
+    first_good_s: float  # fault -> the first step line after a rank's recovery
+    back_at_s: float  # fault -> step FAULT_STEP done again (or for the first time)
+    attempts: int
+    new_processes: int  # ranks whose final process is not the one they started with
+    digest: str
+
+
+def run_job(job_dir: Path, steps: int, rung: str | None, fault: str | None,
+            timeout_s: float) -> str:
+    """One `trainguard run` to the end; returns its console output."""
+    launcher, script = FLAGS[rung] if rung else ([], [])
+    argv = [trainguard_exe(), "run", "--nproc-per-node", str(NPROC), "--max-restarts", "3",
+            "--restart-backoff", "0", "--job-dir", str(job_dir), *launcher, str(EXAMPLE),
+            "--steps", str(steps), "--ckpt-every", "10", "--digest", *script]
+    env = bench_env(**({"TRAINGUARD_FAULT": fault} if fault else {}))
+    console = job_dir.with_name(job_dir.name + ".console.txt")
+    what = f"`trainguard run` for {job_dir.name}"
+    with open(console, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT)
+        rc = wait_exit(proc, timeout_s, what)
+    if rc != 0:
+        raise BenchError(f"{what} exited {rc}; its last console lines:\n{tail(console)}")
+    return console.read_text(encoding="utf-8", errors="replace")
+
+
+def digest_of(console: str, what: str) -> str:
+    found = DIGEST.findall(console)
+    if len(found) != 1:
+        raise BenchError(f"{what}: expected one 'weights sha256' line, found {len(found)}")
+    return str(found[0])
+
+
+def steps_after_recovery(log: Path, whole: bool) -> tuple[list[tuple[float, int]], float | None]:
+    """(stamp, step) of the step lines after the rank's recovery (all of them in a restarted
+    attempt: `whole`), and the stamp of an 'injecting' line."""
+    steps: list[tuple[float, int]] = []
+    fault_at, recovered = None, whole
+    for raw in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        m = STAMPED_LINE.match(raw)
+        if m is None:
+            continue
+        at, text = parse_iso(m.group(1)), m.group(3).strip()
+        if fault_at is None and INJECTED.search(text):
+            fault_at = at
+        elif RECOVERED.search(text):
+            recovered = True
+        elif (s := STEP_LINE.match(text)) is not None and m.group(2) == "out":
+            step = int(s.group(1))
+            # rung 0 re-runs step S itself; a restart's first step comes after its recovery
+            if recovered or (fault_at is not None and step >= FAULT_STEP):
+                steps.append((at, step))
+    return steps, fault_at
+
+
+def measure(job_dir: Path, steps: int, rung: str, fault: str, timeout_s: float) -> Run:
+    console = run_job(job_dir, steps, rung, fault, timeout_s)
+    logs = job_dir / "logs"
+    attempts = sorted(int(p.name.split("-")[1]) for p in logs.glob("attempt-*"))
+    fault_at, after = None, []
+    for a in attempts:
+        for r in range(NPROC):
+            found, at = steps_after_recovery(logs / f"attempt-{a}" / f"rank-{r}.log", a > 0)
+            after += found
+            fault_at = at if fault_at is None else fault_at
+    if fault_at is None:
+        raise BenchError(f"{job_dir}: no 'injecting' line in the rank logs")
+    after = [(at, step) for at, step in after if at > fault_at]
+    back = [at for at, step in after if step == FAULT_STEP]
+    if not after or not back:
+        raise BenchError(f"{job_dir}: no step after the fault, or step {FAULT_STEP} never done")
+    return Run(min(at for at, _ in after) - fault_at, max(back) - fault_at, len(attempts),
+               new_processes(job_dir), digest_of(console, str(job_dir)))
+
+
+def new_processes(job_dir: Path) -> int:
+    """Ranks whose final process is not the first one (a later process start count)."""
+    out = subprocess.run([trainguard_exe(), "status", str(job_dir), "--json"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    return sum(int(r["start_count"]) > 1 for r in json.loads(out.stdout)["ranks"])
+
+
+def fmt(s: Spread) -> list[str]:
+    return [f"{s.median:.3f}", f"{s.lo:.3f}", f"{s.hi:.3f}"]
+
+
+def report(fault: str, runs: dict[str, list[Run]]) -> str:
+    base = runs["process restart"]
+    rows = []
+    for rung, rs in runs.items():
+        rows.append([f"{rung}: fault -> first good step", *fmt(Spread.of(
+            [r.first_good_s for r in rs]))])
+    for rung, rs in runs.items():
+        if rung != "process restart":
+            rows.append([f"ratio {rung} / process restart (per repeat)", *fmt(Spread.of(
+                [a.first_good_s / b.first_good_s for a, b in zip(rs, base, strict=True)]))])
+    for rung, rs in runs.items():
+        rows.append([f"{rung}: fault -> step {FAULT_STEP} done again", *fmt(Spread.of(
+            [r.back_at_s for r in rs]))])
+    return (f"fault `{fault}` (TRAINGUARD_FAULT='{FAULTS[fault]}')\n\n"
+            + markdown_table(["metric (s)", "median", "min", "max"], rows))
+
+
+# what each rung must have done: (attempts, ranks with a new process)
+EXPECTED = {("group", "step re-execution"): (1, 0), ("group", "in-process restart"): (1, 0),
+            ("group", "process restart"): (2, 2), ("kill", "in-process restart"): (1, 1),
+            ("kill", "process restart"): (2, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Step re-execution, in-process restart and process restart on the example "
+        "DDP job: 2 ranks, the same fault, interleaved repeats; prints markdown tables.")
+    parser.add_argument("--repeats", type=int, default=3, help="measured rounds (default 3)")
+    parser.add_argument("--steps", type=int, default=20, help="steps per job (default 20)")
+    parser.add_argument("--faults", default="group,kill", help="group, kill or both")
+    parser.add_argument("--timeout", type=float, default=180.0, help="per job (s)")
+    args = parser.parse_args(argv)
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    if args.repeats < 1 or args.steps <= FAULT_STEP or not faults or \
+            any(f not in FAULTS for f in faults):
+        parser.error(f"--repeats >= 1, --steps > {FAULT_STEP}, --faults from {list(FAULTS)}")
+    print(machine_line())
+    print(f"{args.repeats} interleaved rounds per fault\n", flush=True)
+    with tempfile.TemporaryDirectory(prefix="tg-bench-rungs-") as tmp:
+        base = Path(tmp)
+        clean = digest_of(run_job(base / "clean", args.steps, None, None, args.timeout),
+                          "the uninterrupted run")
+        for fault in faults:
+            runs: dict[str, list[Run]] = {rung: [] for rung in RUNGS[fault]}
+            for i in range(args.repeats):
+                t0 = time.monotonic()
+                for rung in RUNGS[fault]:
+                    name = f"{fault}-{rung.split()[0]}-{i}"
+                    run = measure(base / name, args.steps, rung, FAULTS[fault], args.timeout)
+                    if run.digest != clean:
+                        raise BenchError(f"{name}: final weights differ from the uninterrupted "
+                                         "run")
+                    if (run.attempts, run.new_processes) != EXPECTED[(fault, rung)]:
+                        raise BenchError(f"{name}: {run.attempts} attempt(s), "
+                                         f"{run.new_processes} new process(es); expected "
+                                         f"{EXPECTED[(fault, rung)]}")
+                    runs[rung].append(run)
+                print(f"{fault} round {i + 1}/{args.repeats}: " + ", ".join(
+                    f"{rung} {rs[-1].first_good_s:.3f} s" for rung, rs in runs.items())
+                    + f" ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+            print(report(fault, runs) + "\n", flush=True)
+    print("every run's final weights: bit-identical to the uninterrupted run; attempts and new "
+          "processes as each rung promises (re-execution and in-process on a broken group: one "
+          "attempt, no new process; in-process after a kill: one attempt, one new process; "
+          "process restart: two attempts, every process new)")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
