@@ -211,44 +211,41 @@ def main() -> None:
 
     # -----------------------------------------------------------------------------
     # training loop: steps are numbered from 1; `step` is also the number of steps done
-    try:
-        loss_value = float("nan")
-        step_times: collections.deque[float] = collections.deque(maxlen=100)  # for --ckpt-pause
-        for step in range(start_step + 1, args.steps + 1):
-            t0 = time.perf_counter()
-            x, y = next(batches) if batches is not None else get_batch(step)
-            loss = guard.run(step, functools.partial(train_step, step, x, y))  # every rank agreed
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
-            if args.step_time > 0:
-                time.sleep(args.step_time)  # pretend to be a bigger model
-            loss_value = loss.item()
-            if args.step_jitter > 0:
-                # an uneven step; scaled by a fixed base: a measured step time would include the
-                # wait for the other ranks' jitter, and the extras would feed on each other
-                time.sleep(jitter_s(step, args.step_time if args.step_time > 0 else 0.01))
-            dt = time.perf_counter() - t0
-            step_times.append(dt)
-            if not args.quiet:
-                print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt * 1000:.1f}ms",
-                      flush=True)
-            if args.progress:
-                trainguard.progress(step)  # hang detection: this rank is still moving
+    loss_value = float("nan")
+    step_times: collections.deque[float] = collections.deque(maxlen=100)  # for --ckpt-pause
+    for step in range(start_step + 1, args.steps + 1):
+        t0 = time.perf_counter()
+        x, y = next(batches) if batches is not None else get_batch(step)
+        loss = guard.run(step, functools.partial(train_step, step, x, y))  # every rank agreed
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        if args.step_time > 0:
+            time.sleep(args.step_time)  # pretend to be a bigger model
+        loss_value = loss.item()
+        if args.step_jitter > 0:
+            # an uneven step; scaled by a fixed base: a measured step time would include the
+            # wait for the other ranks' jitter, and the extras would feed on each other
+            time.sleep(jitter_s(step, args.step_time if args.step_time > 0 else 0.01))
+        dt = time.perf_counter() - t0
+        step_times.append(dt)
+        if not args.quiet:
+            print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt * 1000:.1f}ms",
+                  flush=True)
+        if args.progress:
+            trainguard.progress(step)  # hang detection: this rank is still moving
 
-            saving = step == args.steps or (args.ckpt_every > 0 and step % args.ckpt_every == 0)
-            in_phase = saving and args.progress  # a slow save is slow on purpose: its own allowance
-            with trainguard.phase("checkpoint") if in_phase else contextlib.nullcontext():
-                if saving and args.ckpt_pause > 0:
-                    time.sleep(args.ckpt_pause * statistics.median(step_times))  # a slow save
-                if step == args.steps:
-                    ckpt.save(step, state)  # the final state, whatever --ckpt-every says
-                else:
-                    ckpt.maybe_save(step, state)  # every --ckpt-every steps; goes on at once
-            inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
-    except BaseException:
-        ckpt.wait_quietly()  # a save in flight ends first: a re-entry may load it
-        raise
+        saving = step == args.steps or (args.ckpt_every > 0 and step % args.ckpt_every == 0)
+        in_phase = saving and args.progress  # a slow save is slow on purpose: its own allowance
+        with trainguard.phase("checkpoint") if in_phase else contextlib.nullcontext():
+            if saving and args.ckpt_pause > 0:
+                time.sleep(args.ckpt_pause * statistics.median(step_times))  # a slow save
+            if step == args.steps:
+                ckpt.save(step, state)  # the final state, whatever --ckpt-every says
+            else:
+                ckpt.maybe_save(step, state)  # every --ckpt-every steps; goes on at once
+        inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
+
     ckpt.close()  # wait until the last save is durable
     guard.close()
     if args.digest and rank == 0:

@@ -33,7 +33,8 @@ from trainguard.controller.recorder import Recorder, console_printer
 from trainguard.controller.store import JobStore, NodeRow
 from trainguard.errors import LaunchError, SpecError
 from trainguard.exitcodes import ExitCode
-from trainguard.node.agent import ConsoleOptions, NodeAgent
+from trainguard.node.agent import NodeAgent
+from trainguard.node.logs import ConsoleOptions
 from trainguard.paths import JobPaths
 from trainguard.protocol import AgentConfig
 from trainguard.records import Level, Reason, utcnow

@@ -47,6 +47,8 @@ class StartWorkers(_Msg):
     job_dir: str
     checkpoint_dir: str
     cwd: str | None = None
+    standby: bool = Field(False, description="keep a pre-warmed standby worker per rank of "
+                          "the node for the next restart (node/standby.py)")
 
 
 class StopWorkers(_Msg):
@@ -66,6 +68,7 @@ class WorkerFact(_Msg):
     started_at: datetime | None = None
     ended_at: datetime | None = None
     start_count: int = 1
+    standby: bool = Field(False, description="started from a pre-warmed standby, not cold")
     findings: list[Finding] = Field(default_factory=list,
                                     description="what the agent's scan of the rank log found")
     error_file: dict[str, object] | None = Field(None, description="torch @record error file")

@@ -129,6 +129,9 @@ class JobSpec(BaseModel):
                                      "trainguard.run_resilient; others restart as processes)")
     in_process_timeout_s: float = Field(60.0, gt=0, le=3600, description="how long a surviving "
                                         "rank waits for the launcher's in-process restart")
+    standby_workers: bool = Field(True, description="keep a pre-warmed standby process per rank "
+                                  "(torch and DDP's imports done) so that a restarted rank "
+                                  "starts warm; --no-standby-workers turns it off")
 
     @field_validator("step_pattern")
     @classmethod

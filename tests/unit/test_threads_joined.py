@@ -14,7 +14,8 @@ import pytest
 from trainguard.backends import slurm, slurm_cli
 from trainguard.controller.hub import Hub
 from trainguard.node import agent as agent_mod
-from trainguard.node.agent import ConsoleOptions, NodeAgent
+from trainguard.node.agent import NodeAgent
+from trainguard.node.logs import ConsoleOptions
 from trainguard.spec import DEFAULT_STEP_PATTERN
 from trainguard.wire import connect, new_token
 

@@ -56,6 +56,7 @@ from trainguard.worker.contract import (
     MessageKind,
 )
 from trainguard.worker.progress import phase
+from trainguard.worker.resilient import on_restart
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,8 @@ class Checkpointer:
         self.last_blocked_s: float | None = None
         on_exit = enabled_by_env() if save_on_exit is None else save_on_exit
         self._exit = ExitSaver(self) if on_exit else None
+        self._abandoned = False
+        on_restart(self.abandon)  # an in-process restart gives the save in flight up
 
     # -- saving ---------------------------------------------------------------------------
 
@@ -213,7 +216,7 @@ class Checkpointer:
             token=_token(), keep=self.keep, commit_timeout_s=commit_timeout_s,
             replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
             per_rank=stage(per_rank, self._pool, "p"), library_version=__version__,
-            allow_missing=allow_missing, dead=dead_ranks, extra_files=extra,
+            allow_missing=allow_missing, dead=self._dead, extra_files=extra,
             rewrite=step in self._bad_steps, bad_steps=frozenset(self._bad_steps))
 
     def save_snapshot(self, step: int, state: Mapping[str, Any], rng: dict[str, Any],
@@ -224,6 +227,21 @@ class Checkpointer:
         job = self._job(step, state, rng, data, commit_timeout_s, allow_missing=True)
         result = self._run(job, 0.0, on_exit=reason)
         log.info("checkpoint of step %s saved on the way out (%s)", result.step, reason)
+
+    def abandon(self) -> None:
+        """Give up the save in flight when its parts are not all written (an in-process
+        restart: a rank that died never writes its part) and wait for it to end (at most
+        one storage poll). run_resilient calls it; the Checkpointer is not used after."""
+        self._abandoned = True
+        self.wait_quietly()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _dead(self) -> set[int]:
+        """Ranks the save need not wait for: those the launcher saw die; every rank once
+        abandoned."""
+        return set(range(self.world_size)) if self._abandoned else dead_ranks()
 
     def wait_quietly(self) -> None:
         if self._pending is not None:

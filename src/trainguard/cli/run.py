@@ -104,6 +104,9 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "again; the others re-enter their training function in place)")
     _flag(h, "in-process-timeout", dest="in_process_timeout_s", type=float,
           help="how long a surviving rank waits for the launcher's in-process restart (60 s)")
+    h.add_argument("--no-standby-workers", dest="standby_workers", action="store_false",
+                   default=S, help="start restarted ranks cold (default: from pre-warmed "
+                   "standby processes, one per rank of the node, that already imported torch)")
     h.add_argument("--save-on-exit", action="store_true", default=S,
                    help="workers using trainguard.checkpoint save the last completed step "
                         "when they are stopped (within the grace period)")

@@ -116,11 +116,14 @@ class InProcessRestarts:
         ranks = [w.rank for w in report.workers]
         if all(self._resilient.get(r, -1) >= generation for r in ranks):
             self._pending = None
+            warm = [w.rank for w in report.workers if w.standby and w.start_count > 1]
             self.rec.event(Level.INFO, Reason.IN_PROCESS_RESTARTED,
                            f"all {len(ranks)} rank(s) entered their training function on "
                            f"process group generation {generation}, "
                            f"{time.monotonic() - since:.3f}s after the restart began; the "
-                           "surviving processes were not restarted", attempt=attempt)
+                           "surviving processes were not restarted" + (
+                               f"; rank(s) {', '.join(map(str, warm))} from a pre-warmed "
+                               "standby" if warm else ""), attempt=attempt)
 
     def refuse(self, reason: str, ranks: list[int] | None = None) -> None:
         """Tell waiting ranks (all, unless `ranks`) that no in-process restart comes."""

@@ -170,7 +170,8 @@ class Controller:
         self.rec.book.workers_started(report.at)
         self._hangs.start_attempt(attempt, report.at)
         self.rec.sync(report)
-        pids = ", ".join(f"rank {w.rank}: pid {w.pid}" for w in report.workers)
+        pids = ", ".join(f"rank {w.rank}: pid {w.pid}{' (standby)' if w.standby else ''}"
+                         for w in report.workers)
         if start_type in (StartType.FIRST_START, StartType.RELAUNCH):
             self.rec.event(Level.INFO, Reason.JOB_RUNNING,
                            f"started {len(report.workers)} worker(s) ({pids}), port {port}",
@@ -201,7 +202,8 @@ class Controller:
             group_world_size=self.spec.nnodes, master_addr=addr,
             master_port=port, max_restarts=self.spec.max_restarts,
             log_dir=str(paths.log_dir), job_dir=str(paths.job_dir),
-            checkpoint_dir=str(paths.checkpoint_dir), cwd=os.getcwd())
+            checkpoint_dir=str(paths.checkpoint_dir), cwd=os.getcwd(),
+            standby=self.spec.standby_workers)
 
     def _watch(self) -> _Outcome:
         while True:

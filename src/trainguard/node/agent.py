@@ -30,7 +30,8 @@ from trainguard.node.channel import ChannelServer
 from trainguard.node.env import worker_env
 from trainguard.node.facts import oom_kill_count, read_error_file, worker_message
 from trainguard.node.liveness import LivenessBook
-from trainguard.node.logs import LogRouter
+from trainguard.node.logs import ConsoleOptions, LogRouter
+from trainguard.node.standby import StandbyPool
 from trainguard.paths import attempt_log_dir, rank_log_path
 from trainguard.protocol import (
     DumpStacks,
@@ -82,20 +83,7 @@ class _Worker:
     oom_killed: bool | None = None
     log: Path | None = None
     findings: list[Finding] | None = None  # the scan of its log, once it ended
-
-
-@dataclass(frozen=True)
-class ConsoleOptions:
-    """Which ranks' streams reach the console (torchrun's --redirects / --local-ranks-filter)."""
-
-    redirects: dict[int, int]  # local rank -> 0 none, 1 stdout, 2 stderr, 3 both kept off
-    ranks_filter: frozenset[int] | None = None
-
-    def streams(self, rank: int, local_rank: int) -> tuple[bool, bool]:
-        if self.ranks_filter is not None and rank not in self.ranks_filter:
-            return (False, False)
-        r = self.redirects.get(local_rank, self.redirects.get(-1, 0))
-        return (not r & 1, not r & 2)
+    standby: bool = False  # a pre-warmed standby took this rank (else a cold start)
 
 
 class NodeAgent:
@@ -131,6 +119,7 @@ class NodeAgent:
                                            daemon=True)  # ends by itself; joined in close()
         self._preloader.start()
         self._guardian = procs.Guardian(marker)
+        self._standby = StandbyPool(self._guardian)
         self._channel = ChannelServer(f"@trainguard-{marker}-{node}-{os.getpid()}")
 
     # -- commands -------------------------------------------------------------------------
@@ -153,6 +142,9 @@ class NodeAgent:
         self._liveness.reset({w.assignment.rank: w.proc.pid for w in self._workers},
                              {w.assignment.rank: w.assignment.local_rank for w in self._workers})
         router.start()
+        a = cmd.workers[0]  # the standbys' environment: any rank's, per-rank variables aside
+        self._standby.configure(len(cmd.workers) if cmd.standby else 0, cmd.argv,
+                                self._env(cmd, a, ""), cmd.cwd or os.getcwd())
         return self.poll()
 
     def _dead_ranks_file(self, cmd: StartWorkers) -> Path:
@@ -163,11 +155,11 @@ class NodeAgent:
         err_file = rank_log_path(log_dir, cmd.attempt, a.rank).with_suffix(".error.json")
         err_file.parent.mkdir(parents=True, exist_ok=True)
         err_file.unlink(missing_ok=True)
-        env = worker_env(cmd, a, str(err_file), self._marker)
-        env[ENV_SOCKET] = self._channel.name
-        env[ENV_DEAD_RANKS] = str(self._dead_ranks_file(cmd))
+        env = self._env(cmd, a, str(err_file))
         try:
-            proc = procs.spawn(cmd.argv, env, cmd.cwd)
+            proc = self._standby.take(cmd.argv, env, cmd.cwd or os.getcwd())
+            standby = proc is not None
+            proc = proc or procs.spawn(cmd.argv, env, cmd.cwd)
         except OSError as e:
             self.stop_workers(StopWorkers(grace_s=0, reason="launch failed"))
             raise LaunchError(f"cannot start {cmd.argv[0]!r}: {e.strerror or e}. Fix: check "
@@ -177,9 +169,16 @@ class NodeAgent:
         assert proc.stdout is not None and proc.stderr is not None
         router.add(a.rank, rank_log_path(log_dir, cmd.attempt, a.rank), proc.stdout,
                    proc.stderr, self._console_opts.streams(a.rank, a.local_rank))
-        log.debug("started rank %s as pid %s", a.rank, proc.pid)
+        log.debug("started rank %s as pid %s%s", a.rank, proc.pid,
+                  " (a standby)" if standby else "")
         return _Worker(a, proc, utcnow(), err_file,
-                       log=rank_log_path(log_dir, cmd.attempt, a.rank))
+                       log=rank_log_path(log_dir, cmd.attempt, a.rank), standby=standby)
+
+    def _env(self, cmd: StartWorkers, a: WorkerAssignment, error_file: str) -> dict[str, str]:
+        env = worker_env(cmd, a, error_file, self._marker)
+        env[ENV_SOCKET] = self._channel.name
+        env[ENV_DEAD_RANKS] = str(self._dead_ranks_file(cmd))
+        return env
 
     def poll(self, wait_s: float = 0.0) -> NodeReport:
         """Facts now; with wait_s, first wait up to that long for a worker to exit."""
@@ -192,6 +191,8 @@ class NodeAgent:
             procs.reap_strays({w.proc.pid for w in self._workers} | {self._guardian.pid})
         if self._router is not None and all(w.state.ended for w in self._workers):
             self._router.join(timeout=0.5)  # their last lines, before the facts go up
+        first = self._progress.first_step_at
+        self._standby.maintain(None if first is None else (utcnow() - first).total_seconds())
         return self._report()
 
     def snapshot(self) -> NodeReport:
@@ -297,6 +298,7 @@ class NodeAgent:
     def close(self) -> None:
         if any(not w.state.ended for w in self._workers):
             self.stop_workers(StopWorkers(grace_s=0, reason="agent closing"))
+        self._standby.close()
         self._guardian.close()
         self._channel.close()
         self._preloader.join(PRELOAD_JOIN_S)
@@ -364,7 +366,7 @@ class NodeAgent:
         return WorkerFact(
             rank=w.assignment.rank, node=self.node, local_rank=w.assignment.local_rank,
             pid=w.proc.pid, state=w.state, returncode=w.returncode, started_at=w.started_at,
-            ended_at=w.ended_at, start_count=w.assignment.start_count,
+            ended_at=w.ended_at, start_count=w.assignment.start_count, standby=w.standby,
             findings=(self._findings(w, complete) if ended and w.state != WorkerState.SUCCEEDED
                       else []),
             error_file=read_error_file(w.error_file) if ended else None,

@@ -17,6 +17,7 @@ import selectors
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TextIO
@@ -29,6 +30,20 @@ TAIL_LINES = 200
 TAIL_LINE_CHARS = 4096
 
 ProgressCallback = Callable[[int, int, datetime], None]  # (rank, step, seen_at)
+
+
+@dataclass(frozen=True)
+class ConsoleOptions:
+    """Which ranks' streams reach the console (torchrun's --redirects / --local-ranks-filter)."""
+
+    redirects: dict[int, int]  # local rank -> 0 none, 1 stdout, 2 stderr, 3 both kept off
+    ranks_filter: frozenset[int] | None = None
+
+    def streams(self, rank: int, local_rank: int) -> tuple[bool, bool]:
+        if self.ranks_filter is not None and rank not in self.ranks_filter:
+            return (False, False)
+        r = self.redirects.get(local_rank, self.redirects.get(-1, 0))
+        return (not r & 1, not r & 2)
 
 
 class _Sink:

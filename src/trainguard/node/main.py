@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.exitcodes import ExitCode
-from trainguard.node.agent import ConsoleOptions, NodeAgent, free_port
+from trainguard.node.agent import NodeAgent, free_port
+from trainguard.node.logs import ConsoleOptions
 from trainguard.protocol import (
     AgentConfig,
     DumpStacks,

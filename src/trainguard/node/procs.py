@@ -78,10 +78,11 @@ class Guardian:
             self._proc.wait()
 
 
-def spawn(argv: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen[bytes]:
+def spawn(argv: list[str], env: dict[str, str], cwd: str | None,
+          stdin: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     """Start one worker in a new session with its stdout/stderr on pipes."""
     return subprocess.Popen(
-        argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+        argv, env=env, cwd=cwd, stdin=stdin,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True, close_fds=True,
     )

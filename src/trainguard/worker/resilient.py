@@ -32,6 +32,7 @@ import gc
 import os
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -51,6 +52,14 @@ from trainguard.worker.transient import is_transient
 
 T = TypeVar("T")
 MAX_ERROR_CHARS = 4_000
+_hooks: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+
+def on_restart(method: Callable[[], None]) -> None:
+    """Call the bound `method` when this process restarts in place, before the group is torn
+    down (a Checkpointer gives up its save in flight: a rank that died never writes its
+    part). Held weakly: a hook of an object that is gone is dropped."""
+    _hooks.append(weakref.WeakMethod(method))
 
 
 def run_resilient(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -107,7 +116,16 @@ def _await_restart(box: control.Inbox, generation: int, error: Exception,
 
 
 def _tear_down() -> None:
-    """Destroy what is left of the old process group (it is broken) and drop its objects."""
+    """Run the restart hooks, destroy what is left of the old process group (it is broken)
+    and drop its objects."""
+    hooks, _hooks[:] = list(_hooks), []
+    for ref in hooks:
+        fn = ref()
+        if fn is not None:
+            try:
+                fn()
+            except Exception as e:  # a hook must not stop the restart
+                _say(f"a restart hook failed: {type(e).__name__}: {e}")
     dist = sys.modules.get("torch.distributed")
     if dist is not None:
         with contextlib.suppress(Exception):

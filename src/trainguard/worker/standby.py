@@ -1,0 +1,104 @@
+"""A pre-warmed standby worker: `python -u -m trainguard.worker.standby [MODULE...]`.
+
+The node agent spawns it (never forks it: a fork after torch used its OpenMP pool hangs the
+child, pytorch/pytorch#41197) with the job's worker environment, ahead of need. It imports
+MODULE... (torch, torch.distributed, DDP's `_dynamo`, DCP...) with its output thrown away,
+then waits for one line on stdin: the assignment, `{"argv": [...], "env": {...}, "cwd": ...}`
+where argv is what follows the interpreter and its flags (`script.py ARGS` or `-m MODULE
+ARGS`). Then it becomes that worker as a fresh `python -u` would be: the environment replaced,
+the working directory, stdin on /dev/null, `sys.argv`, `sys.path[0]`, the script run as
+`__main__`, the exit code (an uncaught exception prints its traceback from the script's
+frame and exits 1; KeyboardInterrupt ends by SIGINT). Its pid, its session and its
+stdout/stderr pipes (the rank's log) are the ones the agent spawned it with. If the agent
+closes stdin without an assignment, it exits 0.
+
+Standard library only; imports nothing else before the assignment except MODULE...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import signal
+import sys
+from types import TracebackType
+from typing import Any
+
+_HERE = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
+
+
+def warm(modules: list[str]) -> None:
+    """Import `modules`, printing nothing (a failed import is left to the script)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    saved = os.dup(1), os.dup(2)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        for name in modules:
+            with contextlib.suppress(BaseException):
+                importlib.import_module(name)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def become(job: dict[str, Any]) -> None:
+    """Take the assignment's environment, directory and stdin, as a fresh process has them."""
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in job["env"].items()})
+    os.chdir(str(job["cwd"]))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def run(argv: list[str]) -> None:
+    """Run `script ARGS` or `-m MODULE ARGS` as `__main__`, as the interpreter would."""
+    if argv[:1] == ["-m"]:
+        sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's path in argv[0]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def _script_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's first frame on (this module's and runpy's left out)."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+                              or os.path.realpath(tb.tb_frame.f_code.co_filename) in _HERE):
+        tb = tb.tb_next
+    return tb
+
+
+def main() -> None:
+    warm(sys.argv[1:])
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        sys.exit(0)  # the agent let this standby go unused
+    job = json.loads(line)
+    become(job)
+    try:
+        run(list(job["argv"]))
+    except SystemExit:
+        raise
+    except BaseException as e:
+        tb = _script_frames(e.__traceback__)
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        sys.stderr.flush()
+        if isinstance(e, KeyboardInterrupt):  # as CPython: end by the signal itself
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

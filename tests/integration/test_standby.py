@@ -1,0 +1,169 @@
+"""Pre-warmed standby workers (node/standby.py, worker/standby.py): real processes.
+
+A standby must be indistinguishable to the script from a fresh `python -u script`: what the
+script sees of itself is compared with a cold start of the same command, environment and
+directory. Then the launcher's use of them: restarted ranks come from standbys, and none is
+left behind when the job ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.integration.conftest import EXAMPLE, read_json, reasons, run_tg
+from trainguard.node import procs
+from trainguard.node.standby import FILL_AFTER_S, StandbyPool
+
+pytestmark = pytest.mark.integration
+
+PROBE = textwrap.dedent("""\
+    import json, os, signal, sys, time
+    if __name__ == "__main__":
+        start = os.getpid()
+        what = {"name": __name__, "argv": sys.argv, "cwd": os.getcwd(),
+                "path0": sys.path[0], "stdin": sys.stdin.read(), "tg": os.environ.get("TG_X"),
+                "rank": os.environ.get("RANK"), "unbuffered": sys.stdout.write_through,
+                "sigterm": str(signal.getsignal(signal.SIGTERM)),
+                "sigint": str(signal.getsignal(signal.SIGINT)),
+                "main_file": sys.modules["__main__"].__file__}
+        print(json.dumps(what), flush=True)
+        mode = sys.argv[1]
+        if mode == "exit":
+            assert os.getpid() == start
+            sys.exit(3)
+        if mode == "raise":
+            def inner():
+                raise ValueError("boom")
+            inner()
+        if mode == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+""")
+
+
+def start(pool: StandbyPool | None, argv: list[str], env: dict[str, str], cwd: str
+          ) -> subprocess.Popen[bytes]:
+    proc = pool.take(argv, env, cwd) if pool is not None else None
+    return proc or procs.spawn(argv, env, cwd)
+
+
+def outcome(proc: subprocess.Popen[bytes]) -> tuple[dict[str, object], int, list[str]]:
+    out, err = proc.communicate(timeout=60)
+    lines = out.decode().splitlines()
+    assert lines, err.decode()[-3000:]
+    return json.loads(lines[0]), proc.returncode, err.decode().splitlines()
+
+
+@pytest.fixture
+def pool() -> StandbyPool:
+    guardian = procs.Guardian("")
+    p = StandbyPool(guardian, imports=("json",))
+    yield p
+    p.close()
+    guardian.close()
+
+
+@pytest.mark.parametrize("mode", ["exit", "raise", "term"])
+def test_a_standby_is_indistinguishable_from_a_cold_start(
+        tmp_path: Path, pool: StandbyPool, mode: str) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = {**os.environ, "TG_X": "1", "RANK": "0", "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-u", str(script), mode]
+    pool.configure(1, argv, {**env, "RANK": "5"}, str(tmp_path))  # another rank's: fine
+    pool.maintain(None)
+    assert len(pool) == 0  # not before the attempt's first step (and FILL_AFTER_S)
+    pool.maintain(FILL_AFTER_S)
+    assert len(pool) == 1
+    time.sleep(0.5)  # warm
+    warm = start(pool, argv, env, str(tmp_path))
+    assert pool.taken == 1
+    cold = start(None, argv, env, str(tmp_path))
+    (w_what, w_rc, w_err), (c_what, c_rc, c_err) = outcome(warm), outcome(cold)
+    assert w_what == c_what and w_what["stdin"] == "" and w_what["name"] == "__main__"
+    assert w_rc == c_rc == {"exit": 3, "raise": 1, "term": -signal.SIGTERM}[mode]
+    assert w_err == c_err  # the same traceback: from the script's first frame
+
+
+def test_a_module_run_with_dash_m_is_the_same_too(tmp_path: Path, pool: StandbyPool) -> None:
+    (tmp_path / "probemod.py").write_text(PROBE)
+    env = {**os.environ, "TG_X": "2", "PYTHONPATH": str(tmp_path)}
+    argv = [sys.executable, "-u", "-m", "probemod", "exit"]
+    pool.configure(1, argv, env, str(tmp_path))
+    pool.maintain(FILL_AFTER_S)
+    warm, cold = start(pool, argv, env, str(tmp_path)), start(None, argv, env, str(tmp_path))
+    (w_what, w_rc, _), (c_what, c_rc, _) = outcome(warm), outcome(cold)
+    assert w_what == c_what and w_rc == c_rc == 3
+
+
+def test_a_standby_is_not_used_when_the_environment_or_the_command_differs(
+        tmp_path: Path, pool: StandbyPool) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = {**os.environ, "TG_X": "1"}
+    argv = [sys.executable, "-u", str(script), "exit"]
+    pool.configure(1, argv, env, str(tmp_path))
+    pool.maintain(FILL_AFTER_S)
+    assert pool.take(argv, {**env, "OMP_NUM_THREADS": "7"}, str(tmp_path)) is None  # import-time
+    assert pool.take(["/bin/true"], env, str(tmp_path)) is None  # --no-python: never
+    assert len(pool) == 0  # the mismatched one was ended, not kept
+    pool.configure(0, ["/bin/true"], env, str(tmp_path))
+    pool.maintain(FILL_AFTER_S)
+    assert len(pool) == 0
+
+
+def standbys_in(cwd: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if "trainguard.worker.standby" in " ".join(p.info["cmdline"] or []) and \
+                    Path(p.cwd()) == cwd:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_restarted_ranks_come_from_standbys_and_none_is_left_behind(
+        tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(job), "--max-restarts", "2",
+                "--restart-backoff", "0", str(EXAMPLE), "--steps", "80", "--ckpt-every", "10",
+                "--step-time", "0.2"], cwd=tmp_path, fault="signal:KILL@rank=1,step=70")
+    assert r.returncode == 0, r.stderr[-3000:]
+    restarted = next(e for e in read_json("events", job) if e["reason"] == "WorkersRestarted")
+    assert restarted["message"].count("(standby)") == 2, restarted["message"]
+    assert not standbys_in(tmp_path)
+
+
+def test_the_in_process_replacement_comes_from_a_standby(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(job), "--max-restarts", "2",
+                str(EXAMPLE), "--steps", "80", "--ckpt-every", "10", "--step-time", "0.2",
+                "--resilient"], cwd=tmp_path, fault="signal:KILL@rank=1,step=70")
+    assert r.returncode == 0, r.stderr[-3000:]
+    done = next(e for e in read_json("events", job) if e["reason"] == "InProcessRestarted")
+    assert "rank(s) 1 from a pre-warmed standby" in done["message"]
+    assert "InProcessRestarting" in reasons(job)
+    assert not standbys_in(tmp_path)
+
+
+def test_without_standby_workers_restarts_start_cold(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(job), "--max-restarts", "2",
+                "--restart-backoff", "0", "--no-standby-workers", str(EXAMPLE), "--steps", "40",
+                "--ckpt-every", "10", "--step-time", "0.2"], cwd=tmp_path,
+               fault="signal:KILL@rank=1,step=30")
+    assert r.returncode == 0, r.stderr[-3000:]
+    restarted = next(e for e in read_json("events", job) if e["reason"] == "WorkersRestarted")
+    assert "(standby)" not in restarted["message"]
