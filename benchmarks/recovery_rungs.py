@@ -1,22 +1,21 @@
 """The recovery ladder's lowest rungs side by side: step re-execution, in-process restart and
-a process restart, on the same job and the same fault, interleaved in one run.
+a process restart, each with and without pre-warmed standby workers, on the same job and the
+same fault, interleaved in one run.
 
-The example DDP job (2 ranks, gloo, a checkpoint every 10 steps) gets one of two faults at
-step S (12):
+The example DDP job (2 ranks, gloo, a checkpoint every 10 steps, 0.3 s per step so that the
+fault comes after the node's standby workers are ready: they fill 10 s after the first step)
+gets one of two faults after step S (75, some 20 s in: the standbys are warm):
 
 * `group`: TRAINGUARD_FAULT='collective@rank=1,step=S': inside step S rank 1 shuts down its
   TCP connections, so every rank's collective fails with a real gloo error while every
-  process lives. Three rungs:
-  - step re-execution: `--operator-reexecution`; every rank discards step S, re-forms the
-    group in the same processes and runs step S again;
-  - in-process restart: the script runs in trainguard.run_resilient (`--resilient`); every
-    rank leaves its training function, joins a new group and re-enters it in place,
-    resuming from the checkpoint of step 10 (no process is started);
-  - process restart: neither; every rank exits and all are started again (today's path).
-* `kill`: TRAINGUARD_FAULT='signal:KILL@rank=1,step=S': rank 1 is SIGKILLed. Two rungs:
-  - in-process restart (`--resilient`): only rank 1 starts again (the one cold start),
-    rank 0 re-enters in place;
-  - process restart: both ranks start again.
+  process lives. Rungs: step re-execution (`--operator-reexecution`: step S re-run on a
+  re-formed group); in-process restart (the script in trainguard.run_resilient,
+  `--resilient`: every rank re-enters its training function in place and resumes from the
+  checkpoint of step 70; no process is started); the process restart, from standbys (today's
+  default) and cold (`--no-standby-workers`: every rank a new interpreter).
+* `kill`: TRAINGUARD_FAULT='signal:KILL@rank=1,step=S': rank 1 is SIGKILLed. Rungs: the
+  in-process restart (only rank 1 starts again, rank 0 re-enters in place) from a standby
+  and cold, and the process restart from standbys and cold.
 
 Every run uses `--restart-backoff 0` (no deliberate wait). Measured from the rank logs' stamps
 (the time trainguard read each line): the fault (rank 1's "injecting" line) -> the first
@@ -57,14 +56,22 @@ from _common import (
 )
 
 NPROC = 2
-FAULT_STEP = 12
+FAULT_STEP = 75
+STEP_TIME = "0.3"
 FAULTS = {"group": f"collective@rank=1,step={FAULT_STEP}",
           "kill": f"signal:KILL@rank=1,step={FAULT_STEP}"}
-RUNGS = {"group": ("step re-execution", "in-process restart", "process restart"),
-         "kill": ("in-process restart", "process restart")}
+COLD = ["--no-standby-workers"]
+# rung -> (launcher flags, script flags)
 FLAGS = {"step re-execution": (["--operator-reexecution"], []),
          "in-process restart": ([], ["--resilient"]),
-         "process restart": ([], [])}
+         "in-process restart, cold": (COLD, ["--resilient"]),
+         "process restart": ([], []),
+         "process restart, cold": (COLD, [])}
+RUNGS = {"group": ("step re-execution", "in-process restart", "process restart",
+                   "process restart, cold"),
+         "kill": ("in-process restart", "in-process restart, cold", "process restart",
+                  "process restart, cold")}
+BASELINE = "process restart, cold"  # a new interpreter for every rank: the restart of old
 INJECTED = re.compile(r"\[trainguard\.faults\] injecting ")
 # a rank's own recovery: its group re-formed (rung 0), it re-enters its function (rung 1a)
 RECOVERED = re.compile(r"\[trainguard\.(step|resilient)\] rank \d+: (process group re-formed|"
@@ -78,6 +85,7 @@ class Run:
     back_at_s: float  # fault -> step FAULT_STEP done again (or for the first time)
     attempts: int
     new_processes: int  # ranks whose final process is not the one they started with
+    from_standby: int  # new processes that came from a pre-warmed standby
     digest: str
 
 
@@ -87,7 +95,8 @@ def run_job(job_dir: Path, steps: int, rung: str | None, fault: str | None,
     launcher, script = FLAGS[rung] if rung else ([], [])
     argv = [trainguard_exe(), "run", "--nproc-per-node", str(NPROC), "--max-restarts", "3",
             "--restart-backoff", "0", "--job-dir", str(job_dir), *launcher, str(EXAMPLE),
-            "--steps", str(steps), "--ckpt-every", "10", "--digest", *script]
+            "--steps", str(steps), "--ckpt-every", "10", "--step-time", STEP_TIME, "--digest",
+            *script]
     env = bench_env(**({"TRAINGUARD_FAULT": fault} if fault else {}))
     console = job_dir.with_name(job_dir.name + ".console.txt")
     what = f"`trainguard run` for {job_dir.name}"
@@ -121,11 +130,10 @@ def steps_after_recovery(log: Path, whole: bool) -> tuple[list[tuple[float, int]
             fault_at = at
         elif RECOVERED.search(text):
             recovered = True
-        elif (s := STEP_LINE.match(text)) is not None and m.group(2) == "out":
-            step = int(s.group(1))
-            # rung 0 re-runs step S itself; a restart's first step comes after its recovery
-            if recovered or (fault_at is not None and step >= FAULT_STEP):
-                steps.append((at, step))
+        elif (s := STEP_LINE.match(text)) is not None and m.group(2) == "out" and recovered:
+            # only after the rank's own recovery: a peer's line of step S itself may be read
+            # a moment after the fault's line (a kill comes after step S)
+            steps.append((at, int(s.group(1))))
     return steps, fault_at
 
 
@@ -146,7 +154,21 @@ def measure(job_dir: Path, steps: int, rung: str, fault: str, timeout_s: float) 
     if not after or not back:
         raise BenchError(f"{job_dir}: no step after the fault, or step {FAULT_STEP} never done")
     return Run(min(at for at, _ in after) - fault_at, max(back) - fault_at, len(attempts),
-               new_processes(job_dir), digest_of(console, str(job_dir)))
+               new_processes(job_dir), from_standby(job_dir), digest_of(console, str(job_dir)))
+
+
+def from_standby(job_dir: Path) -> int:
+    """New processes that came from standbys, as the restart events say."""
+    out = subprocess.run([trainguard_exe(), "events", str(job_dir), "--json"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    n = 0
+    for e in json.loads(out.stdout):
+        if e["reason"] == "WorkersRestarted":
+            n += str(e["message"]).count("(standby)")
+        elif e["reason"] == "InProcessRestarted":
+            m = re.search(r"rank\(s\) ([\d, ]+) from a pre-warmed standby", str(e["message"]))
+            n += len(m.group(1).split(",")) if m else 0
+    return n
 
 
 def new_processes(job_dir: Path) -> int:
@@ -161,14 +183,14 @@ def fmt(s: Spread) -> list[str]:
 
 
 def report(fault: str, runs: dict[str, list[Run]]) -> str:
-    base = runs["process restart"]
+    base = runs[BASELINE]
     rows = []
     for rung, rs in runs.items():
         rows.append([f"{rung}: fault -> first good step", *fmt(Spread.of(
             [r.first_good_s for r in rs]))])
     for rung, rs in runs.items():
-        if rung != "process restart":
-            rows.append([f"ratio {rung} / process restart (per repeat)", *fmt(Spread.of(
+        if rung != BASELINE:
+            rows.append([f"ratio {rung} / {BASELINE} (per repeat)", *fmt(Spread.of(
                 [a.first_good_s / b.first_good_s for a, b in zip(rs, base, strict=True)]))])
     for rung, rs in runs.items():
         rows.append([f"{rung}: fault -> step {FAULT_STEP} done again", *fmt(Spread.of(
@@ -179,8 +201,9 @@ def report(fault: str, runs: dict[str, list[Run]]) -> str:
 
 # what each rung must have done: (attempts, ranks with a new process)
 EXPECTED = {("group", "step re-execution"): (1, 0), ("group", "in-process restart"): (1, 0),
-            ("group", "process restart"): (2, 2), ("kill", "in-process restart"): (1, 1),
-            ("kill", "process restart"): (2, 2)}
+            ("group", "process restart"): (2, 2), ("group", "process restart, cold"): (2, 2),
+            ("kill", "in-process restart"): (1, 1), ("kill", "in-process restart, cold"): (1, 1),
+            ("kill", "process restart"): (2, 2), ("kill", "process restart, cold"): (2, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Step re-execution, in-process restart and process restart on the example "
         "DDP job: 2 ranks, the same fault, interleaved repeats; prints markdown tables.")
     parser.add_argument("--repeats", type=int, default=3, help="measured rounds (default 3)")
-    parser.add_argument("--steps", type=int, default=20, help="steps per job (default 20)")
+    parser.add_argument("--steps", type=int, default=80, help="steps per job (default 80)")
     parser.add_argument("--faults", default="group,kill", help="group, kill or both")
     parser.add_argument("--timeout", type=float, default=180.0, help="per job (s)")
     args = parser.parse_args(argv)
@@ -207,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.repeats):
                 t0 = time.monotonic()
                 for rung in RUNGS[fault]:
-                    name = f"{fault}-{rung.split()[0]}-{i}"
+                    name = f"{fault}-{rung.replace(' ', '_').replace(',', '')}-{i}"
                     run = measure(base / name, args.steps, rung, FAULTS[fault], args.timeout)
                     if run.digest != clean:
                         raise BenchError(f"{name}: final weights differ from the uninterrupted "
@@ -216,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
                         raise BenchError(f"{name}: {run.attempts} attempt(s), "
                                          f"{run.new_processes} new process(es); expected "
                                          f"{EXPECTED[(fault, rung)]}")
+                    warm = 0 if rung.endswith("cold") else run.new_processes
+                    if run.from_standby != warm:
+                        raise BenchError(f"{name}: {run.from_standby} of {run.new_processes} "
+                                         f"new process(es) came from a standby, not {warm}")
                     runs[rung].append(run)
                 print(f"{fault} round {i + 1}/{args.repeats}: " + ", ".join(
                     f"{rung} {rs[-1].first_good_s:.3f} s" for rung, rs in runs.items())

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.conftest import EXAMPLE, read_json, reasons, run_tg
+from tests.integration.conftest import EXAMPLE, TG, read_json, reasons, run_tg
 from trainguard.node import procs
 from trainguard.node.standby import FILL_AFTER_S, StandbyPool
 
@@ -167,3 +167,24 @@ def test_without_standby_workers_restarts_start_cold(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     restarted = next(e for e in read_json("events", job) if e["reason"] == "WorkersRestarted")
     assert "(standby)" not in restarted["message"]
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_standbys_with_it(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    proc = subprocess.Popen([*TG, "run", "--nproc-per-node", "2", "--job-dir", str(job),
+                             str(EXAMPLE), "--steps", "400", "--step-time", "0.2"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while len(standbys_in(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(standbys_in(tmp_path)) == 2  # filled FILL_AFTER_S after the first step
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while standbys_in(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not standbys_in(tmp_path)  # the guardian ended them with the workers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
