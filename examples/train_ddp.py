@@ -247,7 +247,7 @@ def main() -> None:
         inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
 
     ckpt.close()  # wait until the last save is durable
-    guard.close()
+    guard.close()  # the DDP wrapper goes now, while the process group is still registered
     if args.digest and rank == 0:
         h = hashlib.sha256()
         for name, p in sorted(model.state_dict().items()):

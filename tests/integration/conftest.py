@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,16 @@ def reasons(job_dir: Path) -> list[str]:
 @pytest.fixture
 def job_dir(tmp_path: Path) -> Path:
     return tmp_path / "job"
+
+
+@pytest.fixture(scope="session")
+def clean_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The final weights (SHA-256) of the example DDP job, 2 ranks, 14 steps, a checkpoint
+    every 4, without any fault: what every exact recovery of that job must end with."""
+    tmp = tmp_path_factory.mktemp("clean")
+    r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(tmp / "job"), str(EXAMPLE),
+                "--steps", "14", "--ckpt-every", "4", "--digest"], cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = re.findall(r"weights sha256 ([0-9a-f]{64})", r.stdout)
+    assert len(found) == 1, r.stdout[-2000:]
+    return str(found[0])

@@ -35,15 +35,6 @@ def digest(stdout: str) -> str:
     return found[0]
 
 
-@pytest.fixture(scope="module")
-def clean_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The final weights of the same job, same seed, without any fault."""
-    tmp = tmp_path_factory.mktemp("clean")
-    r = run_tg(job(tmp / "job"), cwd=tmp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return digest(r.stdout)
-
-
 def first_pids(job_dir: Path) -> dict[int, int]:
     """rank -> the pid the first attempt started it with (its JobRunning event)."""
     running = next(e for e in read_json("events", job_dir) if e["reason"] == "JobRunning")
@@ -143,12 +134,3 @@ def test_without_in_process_restart_every_rank_restarts_as_a_process(
     got = reasons(job_dir)
     assert "InProcessRestarting" not in got and "WorkersRestarted" in got
     assert {n for _, n in final_ranks(job_dir).values()} == {2}  # every process was new
-
-
-def test_a_script_without_run_resilient_restarts_as_processes(
-        tmp_path: Path, job_dir: Path) -> None:
-    r = run_tg(job(job_dir, resilient=False), cwd=tmp_path, fault="signal:KILL@rank=1,step=6")
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = reasons(job_dir)
-    assert "InProcessRestarting" not in got and "WorkersRestarted" in got
-    assert {n for _, n in final_ranks(job_dir).values()} == {2}

@@ -31,15 +31,6 @@ def digest(stdout: str) -> str:
     return found[0]
 
 
-@pytest.fixture(scope="module")
-def clean_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The final weights of the same job, same seed, without any fault."""
-    tmp = tmp_path_factory.mktemp("clean")
-    r = run_tg(job(tmp / "job"), cwd=tmp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return digest(r.stdout)
-
-
 def started_pids(job_dir: Path) -> set[int]:
     """The pids the first attempt started with (its JobRunning event)."""
     running = next(e for e in read_json("events", job_dir) if e["reason"] == "JobRunning")

@@ -92,10 +92,8 @@ class NodeAgent:
     def __init__(self, node: str, console: TextIO, console_opts: ConsoleOptions,
                  step_pattern: str, marker: str) -> None:
         self.node = node
-        self._console = console
-        self._console_opts = console_opts
-        self._step_pattern = step_pattern
-        self._marker = marker
+        self._console, self._console_opts = console, console_opts
+        self._step_pattern, self._marker = step_pattern, marker
         self._workers: list[_Worker] = []
         self._router: LogRouter | None = None
         self._attempt: int | None = None

@@ -110,7 +110,11 @@ class StepGuard:
             return out
 
     def close(self) -> None:
-        """Nothing to release: the control socket is the process's (worker/control.py)."""
+        """Drop the DDP wrapper. Call it before `destroy_process_group`: the wrapper's reducer
+        holds the group, and a group whose last reference goes with the reducer is destroyed
+        while this thread holds the GIL, which gloo's worker thread may be waiting for
+        (a deadlock in ~ProcessGroupGloo). `destroy_process_group` releases the GIL."""
+        self.model = self.module
 
     # -- the transaction ---------------------------------------------------------------------
 
