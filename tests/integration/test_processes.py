@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -87,12 +88,21 @@ def test_a_launcher_killed_with_sigkill_takes_its_workers_and_their_children_wit
         tmp_path: Path) -> None:
     proc, job = _start(tmp_path, SLEEPER)
     pids = _workers_and_children(proc.pid)
+    # the children exist a moment before the line is printed: wait until the launcher has
+    # read it (its console echo), then kill it; the line must be in the file by then
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    echoed = ""
+    while "[rank 0] step 1 child" not in echoed and time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.2)[0]:
+            echoed += proc.stdout.readline()
+    assert "[rank 0] step 1 child" in echoed
     proc.kill()
     proc.wait(timeout=10)
     assert _gone(pids) == []  # the setsid "loner" too: the guardian sweeps the job's marker
     assert read_json("status", job)["state"] == "lost"  # nothing could record the end
-    rank_log = (job / "logs" / "attempt-0" / "rank-0.log").read_text()
-    assert "step 1 child" in rank_log  # flushed as it was read, not lost with the launcher
+    rank_log = job / "logs" / "attempt-0" / "rank-0.log"
+    assert "step 1 child" in rank_log.read_text()  # on disk as read, not lost with the launcher
 
 
 def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:

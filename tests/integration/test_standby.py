@@ -158,17 +158,6 @@ def test_the_in_process_replacement_comes_from_a_standby(tmp_path: Path) -> None
     assert not standbys_in(tmp_path)
 
 
-def test_without_standby_workers_restarts_start_cold(tmp_path: Path) -> None:
-    job = tmp_path / "job"
-    r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(job), "--max-restarts", "2",
-                "--restart-backoff", "0", "--no-standby-workers", str(EXAMPLE), "--steps", "40",
-                "--ckpt-every", "10", "--step-time", "0.2"], cwd=tmp_path,
-               fault="signal:KILL@rank=1,step=30")
-    assert r.returncode == 0, r.stderr[-3000:]
-    restarted = next(e for e in read_json("events", job) if e["reason"] == "WorkersRestarted")
-    assert "(standby)" not in restarted["message"]
-
-
 def test_a_launcher_killed_with_sigkill_takes_its_standbys_with_it(tmp_path: Path) -> None:
     job = tmp_path / "job"
     proc = subprocess.Popen([*TG, "run", "--nproc-per-node", "2", "--job-dir", str(job),

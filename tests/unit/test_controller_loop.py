@@ -212,6 +212,17 @@ def test_start_commands_count_the_starts_of_each_rank(job: Any) -> None:
     assert first.argv == ["python", "train.py"]
 
 
+def test_start_commands_turn_standbys_and_in_process_restart_on_by_default(job: Any) -> None:
+    on = job(CRASH_THEN_RECOVER, max_restarts=3).agent.started[0]
+    assert on.standby and on.env["TRAINGUARD_IN_PROCESS_RESTART"] == "1"
+
+
+def test_start_commands_carry_the_flags_that_turn_them_off(job: Any) -> None:
+    off = job(CRASH_THEN_RECOVER, max_restarts=3, standby_workers=False,
+              in_process_restart=False).agent.started[0]
+    assert not off.standby and off.env["TRAINGUARD_IN_PROCESS_RESTART"] == "0"
+
+
 def test_the_other_ranks_are_stopped_once_per_failed_attempt(job: Any) -> None:
     run = job(CRASH_THEN_RECOVER, max_restarts=3)
     assert [s.reason for s in run.agent.stops] == ["a worker failed", "every worker exited 0"]
