@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -91,12 +91,17 @@ def test_a_launcher_killed_with_sigkill_takes_its_workers_and_their_children_wit
     # the children exist a moment before the line is printed: wait until the launcher has
     # read it (its console echo), then kill it; the line must be in the file by then
     assert proc.stdout is not None
-    deadline = time.monotonic() + 30
-    echoed = ""
-    while "[rank 0] step 1 child" not in echoed and time.monotonic() < deadline:
-        if select.select([proc.stdout], [], [], 0.2)[0]:
-            echoed += proc.stdout.readline()
-    assert "[rank 0] step 1 child" in echoed
+    out = proc.stdout
+    seen = threading.Event()
+
+    def watch() -> None:
+        for line in out:
+            if line.startswith("[rank 0] step 1 child"):
+                seen.set()
+                return
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert seen.wait(30)
     proc.kill()
     proc.wait(timeout=10)
     assert _gone(pids) == []  # the setsid "loner" too: the guardian sweeps the job's marker
