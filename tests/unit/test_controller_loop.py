@@ -215,6 +215,7 @@ def test_start_commands_count_the_starts_of_each_rank(job: Any) -> None:
 def test_start_commands_turn_standbys_and_in_process_restart_on_by_default(job: Any) -> None:
     on = job(CRASH_THEN_RECOVER, max_restarts=3).agent.started[0]
     assert on.standby and on.env["TRAINGUARD_IN_PROCESS_RESTART"] == "1"
+    assert on.env["TRAINGUARD_PG_GENERATION"] == "0"  # never one from the launcher's env
 
 
 def test_start_commands_carry_the_flags_that_turn_them_off(job: Any) -> None:

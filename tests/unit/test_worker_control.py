@@ -85,7 +85,8 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("TRAINGUARD_IN_PROCESS_TIMEOUT_S", "2")
     monkeypatch.setenv("RANK", "1")
     for var in ("MASTER_ADDR", "MASTER_PORT", "TRAINGUARD_PG_GENERATION"):
-        monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv(var, "")  # recorded: run_resilient sets them, the test undoes it
+        monkeypatch.delenv(var)
     monkeypatch.setattr(control, "_inbox", None)
     monkeypatch.setattr(control, "_failed", False)
     box = control.inbox()

@@ -34,16 +34,15 @@ class InProcessRestarts:
         self.rec, self.agent, self._steps = rec, agent, steps
         self.enabled = rec.spec.in_process_restart and single_node
         self._resilient: dict[int, int] = {}  # rank -> the generation it last entered
-        self._waiting: dict[int, tuple[int, float]] = {}  # rank -> (generation, since)
-        self._pending: tuple[int, float, int] | None = None  # (generation, since, ranks)
-        self._errors: dict[int, str] = {}  # rank -> the error its group failed with
+        # rank -> (generation, since, the error its group failed with)
+        self._waiting: dict[int, tuple[int, float, str]] = {}
+        self._pending: tuple[int, float] | None = None  # (generation, since)
         self._refused: set[int] = set()  # told NO_RESTART: they raise and exit
         self.broken: str | None = None  # every rank waits, none died: the first error
 
     def new_attempt(self) -> None:
         self._resilient.clear()
         self._waiting.clear()
-        self._errors.clear()
         self._refused.clear()
         self._pending, self.broken = None, None
 
@@ -68,14 +67,14 @@ class InProcessRestarts:
                 self._resilient[m.rank] = int(m.data["generation"])
                 self._waiting.pop(m.rank, None)
             elif m.kind == MessageKind.RESTART_WAITING and m.rank not in self._refused:
-                self._waiting.setdefault(m.rank, (int(m.data["generation"]), time.monotonic()))
-                self._errors.setdefault(m.rank, str(m.data["error"]))
+                self._waiting.setdefault(m.rank, (int(m.data["generation"]), time.monotonic(),
+                                                  str(m.data["error"])))
         self._done(report, attempt)
         running = {w.rank for w in report.workers if not w.state.ended}
         if (self._waiting and self._pending is None and running <= set(self._waiting)
                 and len(running) == len(report.workers)):
             first = min(self._waiting, key=lambda r: self._waiting[r][1])
-            self.broken = f"rank {first}: {self._errors.get(first, '?')}"
+            self.broken = f"rank {first}: {self._waiting[first][2]}"
         else:
             self._refuse(report)
 
@@ -98,9 +97,8 @@ class InProcessRestarts:
                                                          RecoverResult.DOWNGRADE, why)))
         self._steps.restarted(generation)
         self._waiting.clear()
-        self._errors.clear()
         self.broken = None
-        self._pending = (generation, time.monotonic(), len(self._resilient))
+        self._pending = (generation, time.monotonic())
         ranks = ", ".join(map(str, decision.ranks))
         started = f"rank(s) {ranks} killed and started again, " if ranks else ""
         self.rec.event(Level.WARNING, Reason.IN_PROCESS_RESTARTING,
@@ -112,7 +110,7 @@ class InProcessRestarts:
     def _done(self, report: NodeReport, attempt: int) -> None:
         if self._pending is None:
             return
-        generation, since, _ = self._pending
+        generation, since = self._pending
         ranks = [w.rank for w in report.workers]
         if all(self._resilient.get(r, -1) >= generation for r in ranks):
             self._pending = None
@@ -148,6 +146,6 @@ class InProcessRestarts:
         if any(w.state.ended for w in report.workers):
             return  # a death: the controller decides about it now
         now = time.monotonic()
-        due = [r for r, (_, since) in self._waiting.items() if now - since >= REFUSE_AFTER_S]
+        due = [r for r, (_, since, _) in self._waiting.items() if now - since >= REFUSE_AFTER_S]
         self.refuse(f"no rank's process ended within {REFUSE_AFTER_S:g}s of the failure and "
                     "the other ranks run on: nothing to restart in place", due)

@@ -49,6 +49,7 @@ from trainguard.worker.contract import (
     ENV_GRACE,
     ENV_IN_PROCESS,
     ENV_IN_PROCESS_TIMEOUT,
+    ENV_PG_GENERATION,
     ENV_SAVE_ON_EXIT,
     ENV_STEP_RETRY,
     ENV_STEP_RETRY_TIMEOUT,
@@ -75,9 +76,6 @@ class _Next:
     failure: str = ""
     rank: int | None = None
     node_level: bool = False  # nodes were (or would have been) waited for
-
-
-_WATCH_ON = _Next(Decision(Action.RESTART_RANKS, "the attempt goes on", History()))
 
 
 class Controller:
@@ -130,20 +128,21 @@ class Controller:
                 return self.rec.not_started(attempt, e, self._started_any)
             if outcome.signal is not None:
                 return self._stopped(attempt, outcome.signal)
+            nxt: _Next | None
             if outcome.lost:
                 nxt = self._after_loss(attempt, outcome.lost)
             elif outcome.hang is not None:
                 nxt = self._after_hang(attempt, outcome.report, outcome.hang)
             elif outcome.broken is not None:
-                nxt = self._after_broken(attempt, outcome.report, outcome.broken) or _WATCH_ON
+                nxt = self._after_broken(attempt, outcome.report, outcome.broken)
             elif not any(w.state == WorkerState.FAILED for w in outcome.report.workers):
                 return self._succeeded(attempt)
             else:
                 nxt = self._after_failure(attempt, outcome.report)
-            decision = nxt.decision
-            if decision.action == Action.RESTART_RANKS:
-                watch_on = True
+            if nxt is None or nxt.decision.action == Action.RESTART_RANKS:
+                watch_on = True  # restarted in place, or nothing decided yet: the attempt goes on
                 continue
+            decision = nxt.decision
             if nxt.node_level and self._signals.received is not None:
                 return self.rec.stopped_by(attempt, self._signals.received)  # waiting for nodes
             if decision.action == Action.GIVE_UP:
@@ -195,7 +194,8 @@ class Controller:
                  ENV_STEP_RETRY: "1" if self.spec.operator_reexecution else "0",
                  ENV_STEP_RETRY_TIMEOUT: f"{self.spec.step_retry_timeout_s:g}",
                  ENV_IN_PROCESS: "1" if self._inproc.enabled else "0",
-                 ENV_IN_PROCESS_TIMEOUT: f"{self.spec.in_process_timeout_s:g}"},
+                 ENV_IN_PROCESS_TIMEOUT: f"{self.spec.in_process_timeout_s:g}",
+                 ENV_PG_GENERATION: "0"},  # never one inherited from the launcher's env
             workers=[WorkerAssignment(rank=r, local_rank=r % n, start_count=attempt + 1,
                                       schedule_count=self.rec.launches) for r in ranks],
             world_size=self.spec.world_size, group_rank=self.spec.node_rank,
@@ -224,8 +224,7 @@ class Controller:
             if hang is not None and self.spec.restart_on_hang:
                 return _Outcome(report, hang=hang)
 
-    def _stop_rest(self, attempt: int, reason: str, dead: list[int] | None = None
-                   ) -> NodeReport:
+    def _stop_rest(self, attempt: int, reason: str, dead: list[int] | None = None) -> NodeReport:
         report = self._stop(reason, dead)
         self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
                        f"stopped the {'other' if dead else 'hung'} workers (grace "
@@ -251,7 +250,9 @@ class Controller:
     # -- after an attempt: ask the ladder, carry out its decision -------------------------
 
     def _decide(self, incident: Incident) -> Decision:
-        decision = decide(incident, self._hist, self._policy)
+        return self._commit(decide(incident, self._hist, self._policy))
+
+    def _commit(self, decision: Decision) -> Decision:  # the ladder's memory, persisted
         self._hist = decision.history
         self.rec.set_meta(**self._hist.to_meta())
         return decision
@@ -338,7 +339,7 @@ class Controller:
         decision = decide(incident, self._hist, self._policy)  # committed when carried out
         if decision.action == Action.RESTART_RANKS:
             self._note_progress(report)
-            decision = self._inproc.carry_out(attempt, self._decide(incident))
+            decision = self._inproc.carry_out(attempt, self._commit(decision))
         if decision.action != Action.RESTART_RANKS:
             self._inproc.refuse(f"not restarted in place: {decision.reason}")
             return None

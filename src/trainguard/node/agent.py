@@ -137,8 +137,7 @@ class NodeAgent:
         for a in cmd.workers:
             self._workers.append(self._spawn(cmd, a, router, log_dir))
         self._router = router
-        self._liveness.reset({w.assignment.rank: w.proc.pid for w in self._workers},
-                             {w.assignment.rank: w.assignment.local_rank for w in self._workers})
+        self._reset_liveness()
         router.start()
         a = cmd.workers[0]  # the standbys' environment: any rank's, per-rank variables aside
         self._standby.configure(len(cmd.workers) if cmd.standby else 0, cmd.argv,
@@ -274,11 +273,13 @@ class NodeAgent:
             self._workers[self._workers.index(w)] = new
             log.info("rank %d restarted in-process as pid %d (%s)", a.rank, new.proc.pid,
                      cmd.reason)
-        # every rank starts its function again: the hang watch waits for a first step anew
-        self._liveness.reset({w.assignment.rank: w.proc.pid for w in self._workers
-                              if not w.state.ended},
-                             {w.assignment.rank: w.assignment.local_rank for w in self._workers})
+        self._reset_liveness()  # every rank starts its function again: a first step anew
         return told
+
+    def _reset_liveness(self) -> None:
+        running = [w for w in self._workers if not w.state.ended]
+        self._liveness.reset({w.assignment.rank: w.proc.pid for w in running},
+                             {w.assignment.rank: w.assignment.local_rank for w in running})
 
     def refuse_restart(self, ranks: list[int], generation: int, reason: str) -> int:
         """Tell ranks waiting in run_resilient that no in-process restart comes: they raise."""

@@ -126,7 +126,8 @@ class LogRouter:
         for pipe, name, echo in ((stdout, "out", console_streams[0]),
                                  (stderr, "err", console_streams[1])):
             os.set_blocking(pipe.fileno(), False)
-            self._open[rank] = self._open.get(rank, 0) + 1
+            with self._eof:  # the reader thread may be counting this rank's old pipes down
+                self._open[rank] = self._open.get(rank, 0) + 1
             self._sel.register(pipe, selectors.EVENT_READ, _Stream(rank, name, sink, tail, echo))
 
     def start(self) -> None:

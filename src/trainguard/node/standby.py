@@ -92,7 +92,7 @@ class StandbyPool:
     def take(self, argv: list[str], env: dict[str, str], cwd: str
              ) -> subprocess.Popen[bytes] | None:
         """A live matching standby, handed this worker's assignment; None: start it cold."""
-        split = interpreter(argv)
+        split = interpreter(argv) if self._ready else None
         if split is None:
             return None
         shared = _shared(env)

@@ -148,12 +148,13 @@ def _inject(step: int, where: str) -> None:
         else None
     for i, fault in enumerate(faults):
         if _where(fault.kind) == where and fault.matches(step, rank, attempt, start):
-            runs = _runs.get((spec, i), 0) + 1
-            _runs[(spec, i)] = runs
-            if fault.kind in _IN_STEP_KINDS and runs > int(fault.arg or 1):
-                continue  # the first N runs of the step only
-            if fault.kind not in _IN_STEP_KINDS and runs > 1 and fault.attempt is not None:
-                continue  # fired already in this process
+            runs = _runs[(spec, i)] = _runs.get((spec, i), 0) + 1
+            # in-step kinds: the first N runs of the step; the rest: once per process
+            # (every time with attempt=*)
+            limit = int(fault.arg or 1) if fault.kind in _IN_STEP_KINDS else (
+                1 if fault.attempt is not None else None)
+            if limit is not None and runs > limit:
+                continue
             _fire(fault, step, rank, attempt)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from trainguard.worker import channel
 from trainguard.worker.contract import (
+    ENV_PG_GENERATION,
     ENV_RANK,
     ENV_SOCKET,
     ContractError,
@@ -27,6 +28,7 @@ from trainguard.worker.contract import (
 )
 
 KEEP = 64
+MAX_ERROR_CHARS = 4_000  # of an error sent in a report
 Verdict = dict[str, Any]
 
 
@@ -104,7 +106,33 @@ def inbox() -> Inbox | None:
         _inbox = Inbox(name)
     except OSError as e:
         _failed = True
-        print(f"[trainguard] rank {rank}: cannot listen on {name} ({e}): no verdicts reach "
-              "this process (step re-execution and in-process restart are off in it)",
-              file=sys.stderr, flush=True)
+        say("control", f"cannot listen on {name} ({e}): no verdicts reach this process "
+            "(step re-execution and in-process restart are off in it)")
     return _inbox
+
+
+# -- what StepGuard and run_resilient share ----------------------------------------------------
+
+def env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def pg_generation() -> int:
+    """The process group generation this process joins: 0, or the one an in-process restart
+    handed out (TRAINGUARD_PG_GENERATION)."""
+    return int(env_float(ENV_PG_GENERATION, 0))
+
+
+def error_text(e: BaseException) -> tuple[str, str]:
+    """An error as a report carries it (bounded), and its first line for a log line."""
+    text = f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+    return text, (text.splitlines() or [""])[0]
+
+
+def say(who: str, line: str) -> None:
+    """A line on the rank's stderr (its log): `[trainguard.WHO] rank R: line`."""
+    rank = os.environ.get(ENV_RANK, "?")
+    print(f"[trainguard.{who}] rank {rank}: {line}", file=sys.stderr, flush=True)

@@ -43,7 +43,6 @@ from trainguard.worker.contract import (
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_PG_GENERATION,
-    ENV_RANK,
     ControlKind,
     MessageKind,
 )
@@ -51,7 +50,6 @@ from trainguard.worker.progress import phase
 from trainguard.worker.transient import is_transient
 
 T = TypeVar("T")
-MAX_ERROR_CHARS = 4_000
 _hooks: list[weakref.WeakMethod[Callable[[], None]]] = []
 
 
@@ -68,8 +66,8 @@ def run_resilient(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     box = control.inbox() if os.environ.get(ENV_IN_PROCESS) == "1" else None
     if box is None:
         return fn(*args, **kwargs)
-    generation = int(_env_float(ENV_PG_GENERATION, 0))
-    timeout_s = _env_float(ENV_IN_PROCESS_TIMEOUT, 60.0)
+    generation = control.pg_generation()
+    timeout_s = control.env_float(ENV_IN_PROCESS_TIMEOUT, 60.0)
     restart_s: float | None = None
     while True:
         channel.send(MessageKind.RESILIENT, generation=generation, restart_s=restart_s)
@@ -97,8 +95,7 @@ def _await_restart(box: control.Inbox, generation: int, error: Exception,
                    timeout_s: float) -> dict[str, Any]:
     """The launcher's RESTART after `error` broke the group; raises `error` on NO_RESTART
     or when none comes within `timeout_s`."""
-    text = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
-    first = (text.splitlines() or [""])[0]
+    text, first = control.error_text(error)
     _say(f"the process group failed under this rank ({first}); waiting for the launcher")
 
     def accept(v: dict[str, Any]) -> bool:
@@ -134,13 +131,5 @@ def _tear_down() -> None:
     gc.collect()
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 def _say(line: str) -> None:
-    rank = os.environ.get(ENV_RANK, "?")
-    print(f"[trainguard.resilient] rank {rank}: {line}", file=sys.stderr, flush=True)
+    control.say("resilient", line)

@@ -41,8 +41,6 @@ from trainguard.worker import channel, control
 from trainguard.worker.contract import (
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
-    ENV_PG_GENERATION,
-    ENV_RANK,
     ENV_STEP_RETRY,
     ENV_STEP_RETRY_TIMEOUT,
     ControlKind,
@@ -53,7 +51,6 @@ from trainguard.worker.transient import is_transient
 
 T = TypeVar("T")
 
-MAX_ERROR_CHARS = 4_000
 
 
 class StepGuard:
@@ -65,10 +62,10 @@ class StepGuard:
         self.distributed = dist.is_available() and dist.is_initialized() \
             and dist.get_world_size() > 1
         # the group's generation: 0, or the one an in-process restart joined
-        self.generation = int(_env_float(ENV_PG_GENERATION, 0))
+        self.generation = control.pg_generation()
         self.reexecuted = 0  # steps re-executed in this process
         self.enabled = self.distributed and os.environ.get(ENV_STEP_RETRY) == "1"
-        self._timeout_s = _env_float(ENV_STEP_RETRY_TIMEOUT, 60.0)
+        self._timeout_s = control.env_float(ENV_STEP_RETRY_TIMEOUT, 60.0)
         # listening before DDP is built (a collective): a fast peer may fail its first step
         self._inbox = control.inbox() if self.enabled else None
         self.enabled = self._inbox is not None
@@ -129,8 +126,7 @@ class StepGuard:
 
     def _recover(self, step: int, error: BaseException) -> None:
         """Report the failed step; re-form the group on REFORM, raise `error` otherwise."""
-        text = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
-        first = (text.splitlines() or [""])[0]
+        text, first = control.error_text(error)
         _say(f"step {step} failed on process group generation {self.generation} ({first}); "
              "waiting for the launcher's verdict")
         # a verdict may be here already (a peer reported first): _await_verdict keeps it
@@ -215,13 +211,5 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         sys.modules["numpy"].random.set_state(state["numpy"])
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 def _say(line: str) -> None:
-    rank = os.environ.get(ENV_RANK, "?")
-    print(f"[trainguard.step] rank {rank}: {line}", file=sys.stderr, flush=True)
+    control.say("step", line)
