@@ -152,15 +152,12 @@ class DumpStacks(_Msg):
     timeout_s: float = 10.0
 
 
-class StepVerdict(_Msg):
-    """The ladder's answer to a failed step, for every rank's StepGuard (rung 0)."""
+class Tell(_Msg):
+    """A control message (worker.contract.ControlKind and its fields) for running ranks,
+    out of band: StepGuard's verdicts, run_resilient's, load_latest's resume step."""
 
-    step: int
-    reexecute: bool  # True: re-form the group at master_addr:master_port and run the step again
-    generation: int = 0  # the new group's generation
-    master_addr: str = ""
-    master_port: int = 0
-    reason: str = ""  # why not (reexecute False)
+    control: dict[str, Any]
+    ranks: list[int] | None = None  # None: every running rank of the node
 
 
 class RestartRanks(_Msg):
@@ -197,9 +194,8 @@ class AgentAPI(Protocol):
     def poll(self, wait_s: float = 0.0) -> NodeReport: ...
     def stop_workers(self, cmd: StopWorkers) -> NodeReport: ...
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]: ...
-    def step_verdict(self, cmd: StepVerdict) -> int: ...
+    def tell(self, cmd: Tell) -> int: ...
     def restart_ranks(self, cmd: RestartRanks) -> int: ...
-    def refuse_restart(self, ranks: list[int], generation: int, reason: str) -> int: ...
     def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]: ...
     def close(self) -> None: ...
 
@@ -216,7 +212,7 @@ class Op(str, Enum):
     PORT = "port"  # {} -> {"port": int}: a port free on this node now (the rendezvous)
     PRECHECK = "precheck"  # PrecheckConfig -> PrecheckReport
     EXIT = "exit"  # {"grace_s": float} -> {}: stop the workers and end the agent
-    VERDICT = "verdict"  # StepVerdict -> {"told": int}: the ranks' StepGuards were told
+    TELL = "tell"  # Tell -> {"told": int}: how many running ranks were told
 
 
 class AgentConfig(BaseModel):

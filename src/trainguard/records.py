@@ -187,6 +187,8 @@ class RecoverRecord:
     resumed_step: int | None = None
     steps_lost: int | None = None
     category: str | None = None
+    workers_from: str | None = None  # the restarted workers: "standby", "cold" or "mixed"
+    resumed_from: str | None = None  # their state: "memory" or "storage" (checkpoint loads)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -29,7 +29,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "no_progress_limit": 3},
     "llm": {"max_restarts": 100, "unconditional_restart": True, "restart_on_hang": True,
             "restart_backoff_s": 5.0, "restart_backoff_max_s": 300.0,
-            "no_progress_limit": 5, "save_on_exit": True, "operator_reexecution": True},
+            "no_progress_limit": 5, "save_on_exit": True, "operator_reexecution": True,
+            "memory_every": 10},
 }
 
 # A line that *starts* with "step N" / "iteration N" / "global_step=N" (after optional
@@ -129,6 +130,9 @@ class JobSpec(BaseModel):
                                      "trainguard.run_resilient; others restart as processes)")
     in_process_timeout_s: float = Field(60.0, gt=0, le=3600, description="how long a surviving "
                                         "rank waits for the launcher's in-process restart")
+    memory_every: int = Field(0, ge=0, le=1_000_000, description="steps between memory "
+                              "snapshots (trainguard.checkpoint, in the node's /dev/shm): a "
+                              "restart on the same node resumes from memory; 0: off")
     standby_workers: bool = Field(True, description="keep a pre-warmed standby process per rank "
                                   "(torch and DDP's imports done) so that a restarted rank "
                                   "starts warm; --no-standby-workers turns it off")

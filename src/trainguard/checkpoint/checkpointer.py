@@ -31,8 +31,9 @@ import torch
 from trainguard import __version__
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
-from trainguard.checkpoint.loading import load_newest
+from trainguard.checkpoint.loading import load_newest, newest_valid_step
 from trainguard.checkpoint.manifest import Status, Verdict, step_dir
+from trainguard.checkpoint.memory_tier import MemoryTier, memory_every_from_env
 from trainguard.checkpoint.saving import SaveJob, SaveResult, quick_verdict, run_save
 from trainguard.checkpoint.sharded import KEYS as SHARDED_KEYS
 from trainguard.checkpoint.sharded import load_sharded, save_sharded
@@ -53,6 +54,8 @@ from trainguard.worker.contract import (
     ENV_RESTART_COUNT,
     ENV_RUN_ID,
     ENV_WORLD_SIZE,
+    SOURCE_MEMORY,
+    SOURCE_STORAGE,
     MessageKind,
 )
 from trainguard.worker.progress import phase
@@ -118,6 +121,7 @@ class Checkpointer:
         commit_timeout_s: float = 300.0,
         if_busy: Literal["wait", "skip"] = "wait",
         save_on_exit: bool | None = None,
+        memory_every: int | None = None,
     ) -> None:
         location = location if location is not None else os.environ.get(ENV_CHECKPOINT_DIR)
         if not location:
@@ -143,6 +147,8 @@ class Checkpointer:
         on_exit = enabled_by_env() if save_on_exit is None else save_on_exit
         self._exit = ExitSaver(self) if on_exit else None
         self._abandoned = False
+        every = memory_every_from_env(memory_every)
+        self._memory = MemoryTier(every, self.rank, self.world_size) if every else None
         on_restart(self.abandon)  # an in-process restart gives the save in flight up
 
     # -- saving ---------------------------------------------------------------------------
@@ -152,6 +158,9 @@ class Checkpointer:
         a save was started); with save_on_exit, also marks the step boundary."""
         if self._exit is not None:
             self._exit.step_done(step, state)
+        if self._memory is not None and step % self._memory.every == 0:
+            with phase("checkpoint"):
+                self._memory.maybe_snapshot(step, state, capture_rng())
         if self.every_steps and step % self.every_steps == 0:
             return self._save(step, state)
         return False
@@ -237,6 +246,8 @@ class Checkpointer:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._memory is not None:
+            self._memory.close()
 
     def _dead(self) -> set[int]:
         """Ranks the save need not wait for: those the launcher saw die; every rank once
@@ -298,6 +309,8 @@ class Checkpointer:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            if self._memory is not None:
+                self._memory.close()
 
     # -- loading --------------------------------------------------------------------------
 
@@ -308,6 +321,17 @@ class Checkpointer:
 
     def _load_latest(self, state: Mapping[str, Any]) -> int | None:
         self.wait()
+        if self._memory is not None:
+            step, tree = self._memory.resume_step(newest_valid_step(self.storage))
+            if step is not None:
+                apply(state, tree["replicated"], "replicated")
+                rng = tree["rank"].pop(RNG_KEY, None)
+                apply(state, tree["rank"], "rank")
+                if rng is not None:
+                    restore_rng(rng)
+                channel.send(MessageKind.RESUMED, step=step, location=self.storage.location,
+                             source=SOURCE_MEMORY)
+                return step
         loaded = load_newest(self.storage, self.rank, self._agree, self._report)
         if loaded is None:
             if self.rank == 0:
@@ -325,7 +349,8 @@ class Checkpointer:
             log.warning("checkpoint step %s has no part of rank %s (it died before the save, "
                         "or the world grew): data position from rank %s, fresh RNG",
                         loaded.step, self.rank, loaded.borrowed_from)
-        channel.send(MessageKind.RESUMED, step=loaded.step, location=self.storage.location)
+        channel.send(MessageKind.RESUMED, step=loaded.step, location=self.storage.location,
+                     source=SOURCE_STORAGE)
         self.last_saved_step = loaded.step
         return loaded.step
 

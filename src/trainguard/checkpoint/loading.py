@@ -63,6 +63,14 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report) -> Loaded 
     return None
 
 
+def newest_valid_step(st: Storage) -> int | None:
+    """The newest step whose manifest and file sizes are right (checksums: on load)."""
+    for step in st.steps():
+        if quick_verdict(st, step)[0].status == Status.VALID:
+            return step
+    return None
+
+
 def _read(st: Storage, manifest: Manifest, rank: int) -> Loaded:
     d = step_dir(manifest.step)
     replicated = _load(st, manifest, d, REPLICATED)

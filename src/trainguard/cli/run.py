@@ -107,6 +107,10 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     h.add_argument("--no-standby-workers", dest="standby_workers", action="store_false",
                    default=S, help="start restarted ranks cold (default: from pre-warmed "
                    "standby processes, one per rank of the node, that already imported torch)")
+    _flag(h, "memory-every", type=int,
+          help="steps between memory snapshots of scripts using trainguard.checkpoint: a "
+               "rank restarted on the same node resumes from the node's shared memory "
+               "(0: off, the default; 1: lose no step)")
     h.add_argument("--save-on-exit", action="store_true", default=S,
                    help="workers using trainguard.checkpoint save the last completed step "
                         "when they are stopped (within the grace period)")

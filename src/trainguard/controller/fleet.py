@@ -27,8 +27,8 @@ from trainguard.protocol import (
     RestartRanks,
     StackDump,
     StartWorkers,
-    StepVerdict,
     StopWorkers,
+    Tell,
     WorkerFact,
 )
 from trainguard.records import utcnow
@@ -207,18 +207,15 @@ class Fleet:
         return [StackDump.model_validate(d) for r in replies.values() if r.ok
                 for d in r.body.get("dumps", [])]
 
-    def step_verdict(self, cmd: StepVerdict) -> int:
+    def tell(self, cmd: Tell) -> int:
         live = self._in_job()
-        replies = self.hub.call({n: (Op.VERDICT, cmd.model_dump(mode="json")) for n in live},
+        replies = self.hub.call({n: (Op.TELL, cmd.model_dump(mode="json")) for n in live},
                                 10.0, self.grace_s)
         return sum(int(r.body.get("told", 0)) for r in replies.values() if r.ok)
 
     def restart_ranks(self, cmd: RestartRanks) -> int:
         raise LaunchError("in-process restart runs on one node only for now: a multi-node "
                           "job restarts its ranks as processes")
-
-    def refuse_restart(self, ranks: list[int], generation: int, reason: str) -> int:
-        return 0  # never asked: the ranks of a multi-node job run without in-process restart
 
     def adopt_attempt(self, attempt: int) -> None:
         """A restarted controller watches `attempt` on: the agents' hello reports are its

@@ -71,17 +71,21 @@ class IncidentBook:
         self.current = RunningRecord(attempt, utcnow(), start_type, master_port=port)
         self._save(self.current)
 
-    def workers_started(self, at: datetime) -> None:
+    def workers_started(self, at: datetime, standby: list[bool]) -> None:
+        """The restarted workers are up; `standby`: per started worker, whether it came
+        from a pre-warmed standby."""
         if self._pending is not None:
             owner, inc = self._pending
             inc.workers_started_at = at
+            inc.workers_from = workers_from(standby)
             self._save(owner)
 
-    def resumed(self, step: int) -> None:
-        """The library loaded the checkpoint of `step`: the authoritative resume point."""
+    def resumed(self, step: int, source: str) -> None:
+        """The library loaded the checkpoint of `step` from `source` (memory or storage):
+        the authoritative resume point."""
         if self._pending is not None:
             owner, inc = self._pending
-            inc.resumed_step = step
+            inc.resumed_step, inc.resumed_from = step, source
             if inc.last_step_before is not None:
                 inc.steps_lost = max(0, inc.last_step_before - step)
             self._save(owner)
@@ -240,3 +244,9 @@ class IncidentBook:
         inc.recover_result, inc.recover_end_at = result, at
         self._pending = None
         self._save(owner)
+
+
+def workers_from(standby: list[bool]) -> str | None:
+    if not standby:
+        return None
+    return "standby" if all(standby) else "cold" if not any(standby) else "mixed"

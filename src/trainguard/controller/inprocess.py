@@ -21,9 +21,9 @@ from trainguard.controller.recorder import Recorder
 from trainguard.controller.step_retry import StepRetries
 from trainguard.errors import LaunchError
 from trainguard.policy.decision import Action, Decision, InProcessCase, Rung, Tried
-from trainguard.protocol import AgentAPI, NodeReport, RestartRanks
+from trainguard.protocol import AgentAPI, NodeReport, RestartRanks, Tell
 from trainguard.records import Level, Reason, RecoverResult, StartType
-from trainguard.worker.contract import MessageKind
+from trainguard.worker.contract import ControlKind, MessageKind
 
 REFUSE_AFTER_S = 5.0  # a survivor waits this long for a death before it is told NO_RESTART
 
@@ -130,7 +130,9 @@ class InProcessRestarts:
             return
         generation = min(self._waiting[r][0] for r in due)
         try:
-            self.agent.refuse_restart(due, generation, reason)
+            self.agent.tell(Tell(ranks=due, control={
+                "kind": ControlKind.NO_RESTART.value, "generation": generation,
+                "reason": reason}))
         except (LaunchError, OSError):
             return  # they give up by themselves after --in-process-timeout
         for r in due:

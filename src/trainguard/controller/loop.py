@@ -9,7 +9,6 @@ down as it happens. Signal handlers only record the signal; the loop acts on it.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -20,7 +19,9 @@ from trainguard.controller.high_water import HighWater
 from trainguard.controller.incidents import Fault, fault_scenario, task_of
 from trainguard.controller.inprocess import InProcessRestarts
 from trainguard.controller.recorder import Recorder
+from trainguard.controller.resume_agree import ResumeAgreement
 from trainguard.controller.signals import SignalReceiver
+from trainguard.controller.start import start_command
 from trainguard.controller.step_retry import StepRetries
 from trainguard.diagnosis.attempt import diagnose_attempt, diagnosis_message
 from trainguard.errors import LaunchError, NodesUnavailable
@@ -39,21 +40,10 @@ from trainguard.policy.ladder import decide
 from trainguard.protocol import (
     AgentAPI,
     NodeReport,
-    StartWorkers,
     StopWorkers,
-    WorkerAssignment,
 )
 from trainguard.records import FaultScenario, Level, Reason, StartType, utcnow
 from trainguard.states import JobState, WorkerState
-from trainguard.worker.contract import (
-    ENV_GRACE,
-    ENV_IN_PROCESS,
-    ENV_IN_PROCESS_TIMEOUT,
-    ENV_PG_GENERATION,
-    ENV_SAVE_ON_EXIT,
-    ENV_STEP_RETRY,
-    ENV_STEP_RETRY_TIMEOUT,
-)
 
 if TYPE_CHECKING:
     from trainguard.controller.nodes import NodeRecovery
@@ -97,6 +87,7 @@ class Controller:
         self._hangs = HangWatch(recorder, agent)
         self._steps = StepRetries(recorder, agent, self._decide)
         self._inproc = InProcessRestarts(recorder, agent, self._steps, nodes is None)
+        self._resume = ResumeAgreement(agent, self.spec.world_size)
 
     def run(self) -> int:
         with self._signals:
@@ -163,10 +154,13 @@ class Controller:
         self.rec.messages.new_attempt()
         self._steps.new_attempt()
         self._inproc.new_attempt()
+        self._resume.new_attempt(attempt)
         self._hist = replace(self._hist, retried_step=None, retried_step_count=0)
-        report = self.agent.start_workers(self._start_cmd(attempt, port, addr))
+        report = self.agent.start_workers(start_command(
+            self.rec, attempt, port, addr, all_ranks=self.nodes is not None,
+            in_process=self._inproc.enabled))
         self._started_any = True
-        self.rec.book.workers_started(report.at)
+        self.rec.book.workers_started(report.at, [w.standby for w in report.workers])
         self._hangs.start_attempt(attempt, report.at)
         self.rec.sync(report)
         pids = ", ".join(f"rank {w.rank}: pid {w.pid}{' (standby)' if w.standby else ''}"
@@ -182,29 +176,6 @@ class Controller:
         self.rec.set_meta(state=JobState.RUNNING.value, attempt=attempt)
         return self._watch()
 
-    def _start_cmd(self, attempt: int, port: int, addr: str) -> StartWorkers:
-        n = self.spec.nproc_per_node
-        base = self.spec.node_rank * n
-        ranks = range(self.spec.world_size) if self.nodes is not None else range(base, base + n)
-        paths = self.rec.paths
-        return StartWorkers(
-            run_id=self.spec.run_id, attempt=attempt, argv=self.rec.argv,
-            env={ENV_GRACE: f"{self.spec.grace_period_s:g}",
-                 ENV_SAVE_ON_EXIT: "1" if self.spec.save_on_exit else "0",
-                 ENV_STEP_RETRY: "1" if self.spec.operator_reexecution else "0",
-                 ENV_STEP_RETRY_TIMEOUT: f"{self.spec.step_retry_timeout_s:g}",
-                 ENV_IN_PROCESS: "1" if self._inproc.enabled else "0",
-                 ENV_IN_PROCESS_TIMEOUT: f"{self.spec.in_process_timeout_s:g}",
-                 ENV_PG_GENERATION: "0"},  # never one inherited from the launcher's env
-            workers=[WorkerAssignment(rank=r, local_rank=r % n, start_count=attempt + 1,
-                                      schedule_count=self.rec.launches) for r in ranks],
-            world_size=self.spec.world_size, group_rank=self.spec.node_rank,
-            group_world_size=self.spec.nnodes, master_addr=addr,
-            master_port=port, max_restarts=self.spec.max_restarts,
-            log_dir=str(paths.log_dir), job_dir=str(paths.job_dir),
-            checkpoint_dir=str(paths.checkpoint_dir), cwd=os.getcwd(),
-            standby=self.spec.standby_workers)
-
     def _watch(self) -> _Outcome:
         while True:
             if self._signals.received is not None:
@@ -216,6 +187,7 @@ class Controller:
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)  # a rank's exit wins over its peers' failed steps
+            self._resume.observe(report)
             self._steps.observe(report, report.attempt or 0)
             self._inproc.observe(report, report.attempt or 0)
             if self._inproc.broken is not None:

@@ -2,7 +2,7 @@
 
 A rank's StepGuard reports a failed step (STEP_FAILED, with its process group's generation)
 and waits. The first report of a (step, generation) becomes a STEP_FAILED incident for
-policy.ladder.decide; the verdict goes to every rank out of band (AgentAPI.step_verdict):
+policy.ladder.decide; the verdict goes to every rank out of band (AgentAPI.tell):
 REFORM with a fresh rendezvous port and the next generation, or GIVE_UP (the ranks raise,
 and their exit is the next rung's incident). The first STEP_REEXECUTED of that generation
 ends the incident. Events: StepRetrying, StepReexecuted, StepRetryDowngraded; one recover
@@ -25,9 +25,9 @@ from trainguard.policy.decision import (
     Rung,
     Tried,
 )
-from trainguard.protocol import AgentAPI, NodeReport, StepVerdict, WorkerMessage
+from trainguard.protocol import AgentAPI, NodeReport, Tell, WorkerMessage
 from trainguard.records import FaultScenario, Level, Reason, RecoverResult, utcnow
-from trainguard.worker.contract import MessageKind
+from trainguard.worker.contract import ControlKind, MessageKind
 
 
 class StepRetries:
@@ -90,7 +90,8 @@ class StepRetries:
                            f"{len(running)} rank(s) re-form the process group (generation "
                            f"{self._generation})", rank=m.rank, attempt=attempt)
             return
-        told = self._tell(StepVerdict(step=step, reexecute=False, reason=decision.reason))
+        told = self._tell({"kind": ControlKind.GIVE_UP.value, "step": step,
+                           "reason": decision.reason})
         self._reexecuting = None
         self.rec.book.step_incident(attempt, decision, fault, step)
         self.rec.event(Level.WARNING, Reason.STEP_RETRY_DOWNGRADED,
@@ -103,9 +104,9 @@ class StepRetries:
         the port or the delivery failed: a rank left waiting would only time out)."""
         try:
             addr, port = self.agent.rendezvous(self.rec.spec.master_addr, None)
-            told = self.agent.step_verdict(StepVerdict(
-                step=step, reexecute=True, generation=generation, master_addr=addr,
-                master_port=port))
+            told = self.agent.tell(Tell(control={
+                "kind": ControlKind.REFORM.value, "step": step, "generation": generation,
+                "master_addr": addr, "master_port": port}))
             why = None if told >= ranks else f"only {told} of {ranks} rank(s) got the verdict"
         except (LaunchError, OSError) as e:
             why = f"no new rendezvous could be handed out ({e})"
@@ -116,9 +117,9 @@ class StepRetries:
                        reason=why, tried=(Tried(Rung.STEP_REEXECUTION,
                                                 RecoverResult.DOWNGRADE, why),))
 
-    def _tell(self, verdict: StepVerdict) -> int:
+    def _tell(self, control: dict[str, object]) -> int:
         try:
-            return self.agent.step_verdict(verdict)
+            return self.agent.tell(Tell(control=control))
         except (LaunchError, OSError):
             return 0
 

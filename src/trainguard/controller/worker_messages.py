@@ -13,7 +13,7 @@ from typing import Any
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
 from trainguard.records import Level, Reason, secs
-from trainguard.worker.contract import MessageKind
+from trainguard.worker.contract import SOURCE_MEMORY, SOURCE_STORAGE, MessageKind
 
 EmitEvent = Callable[..., None]  # Recorder.event(level, reason, message, rank=, attempt=)
 Handler = Callable[[WorkerMessage, dict[str, Any], int], None]
@@ -52,6 +52,8 @@ class WorkerMessages:
         size = d.get("bytes")
         mib = f", {size / 2**20:.1f} MiB" if isinstance(size, (int, float)) else ""
         how = (f"on the way out ({d['on_exit']})" if d.get("on_exit")
+               else "by the node agent from the ranks' memory snapshots, after a worker died"
+               if d.get("source") == SOURCE_MEMORY
                else f"loop blocked {secs(d.get('blocked_s'))}")
         missing = d.get("missing_ranks") or []
         gone = f"; without the part of rank(s) {missing}, which had died" if missing else ""
@@ -95,7 +97,9 @@ class WorkerMessages:
             return
         self._resumed_attempts.add(attempt)
         step = int(d.get("step", 0))
-        self._book.resumed(step)
-        self._emit(Level.INFO, Reason.RESUMED,
-                   f"resumed from the checkpoint of step {step} at {d.get('location')}",
+        source = str(d.get("source") or SOURCE_STORAGE)
+        self._book.resumed(step, source)
+        where = ("the node's memory snapshot" if source == SOURCE_MEMORY
+                 else f"the checkpoint at {d.get('location')}")
+        self._emit(Level.INFO, Reason.RESUMED, f"resumed from {where} of step {step}",
                    rank=m.rank, attempt=attempt)

@@ -20,17 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from trainguard.diagnosis.findings import Finding
-from trainguard.diagnosis.sources import default_trigger, scan_file, scan_lines
+from trainguard.diagnosis.sources import default_trigger
 from trainguard.errors import LaunchError
 from trainguard.node import procs
 from trainguard.node.channel import ChannelServer
 from trainguard.node.env import worker_env
-from trainguard.node.facts import oom_kill_count, read_error_file, worker_message
+from trainguard.node.facts import log_findings, oom_kill_count, read_error_file, worker_message
 from trainguard.node.liveness import LivenessBook
 from trainguard.node.logs import ConsoleOptions, LogRouter
+from trainguard.node.memory import MemoryRegion
 from trainguard.node.standby import StandbyPool
 from trainguard.paths import attempt_log_dir, rank_log_path
 from trainguard.protocol import (
@@ -40,8 +41,8 @@ from trainguard.protocol import (
     RestartRanks,
     StackDump,
     StartWorkers,
-    StepVerdict,
     StopWorkers,
+    Tell,
     WorkerAssignment,
     WorkerFact,
     WorkerMessage,
@@ -52,16 +53,15 @@ from trainguard.worker.contract import (
     ENV_DEAD_RANKS,
     ENV_PG_GENERATION,
     ENV_SOCKET,
+    ContractError,
     ControlKind,
     MessageKind,
+    parse_control,
 )
 
 log = logging.getLogger(__name__)
 
-SCAN_TAIL_BYTES = 64 << 20  # a failed rank's log is scanned from this far before its end
 PRELOAD_JOIN_S = 30.0  # close(): the rules take about a second to load; never hang on them
-
-
 
 
 def free_port(addr: str) -> int:
@@ -118,6 +118,7 @@ class NodeAgent:
         self._preloader.start()
         self._guardian = procs.Guardian(marker)
         self._standby = StandbyPool(self._guardian)
+        self._memory = MemoryRegion(marker, node, self._guardian)
         self._channel = ChannelServer(f"@trainguard-{marker}-{node}-{os.getpid()}")
 
     # -- commands -------------------------------------------------------------------------
@@ -175,6 +176,7 @@ class NodeAgent:
         env = worker_env(cmd, a, error_file, self._marker)
         env[ENV_SOCKET] = self._channel.name
         env[ENV_DEAD_RANKS] = str(self._dead_ranks_file(cmd))
+        env.update(self._memory.env(cmd.env))
         return env
 
     def poll(self, wait_s: float = 0.0) -> NodeReport:
@@ -211,6 +213,14 @@ class NodeAgent:
                 w.ended_at, w.returncode = now, rc
                 if rc == -signal.SIGKILL:
                     w.oom_killed = self._oom_rose()
+                if rc != 0 and self._start is not None:  # save at breakpoint
+                    self._persist_memory(self._start, w.assignment)
+        self._memory.reap()
+
+    def _persist_memory(self, cmd: StartWorkers, a: WorkerAssignment) -> None:
+        if len(cmd.workers) == cmd.world_size:  # every rank's snapshot is on this node
+            self._memory.persist(self._env(cmd, a, ""), cmd.checkpoint_dir, cmd.world_size,
+                                 self._dead_ranks_file(cmd).with_name("persist.log"))
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
         self.poll()
@@ -232,15 +242,16 @@ class NodeAgent:
         """Rank 0's store address for the next attempt: `addr`, a fresh port unless given."""
         return addr, preferred_port or free_port(addr)
 
-    def step_verdict(self, cmd: StepVerdict) -> int:
-        """Hand the ladder's verdict on a failed step to every running rank's StepGuard, out
-        of band (node/channel.py); how many ranks were told."""
-        msg: dict[str, Any] = (
-            {"kind": ControlKind.REFORM.value, "step": cmd.step, "generation": cmd.generation,
-             "master_addr": cmd.master_addr, "master_port": cmd.master_port} if cmd.reexecute
-            else {"kind": ControlKind.GIVE_UP.value, "step": cmd.step, "reason": cmd.reason})
-        ranks = [w.assignment.rank for w in self._workers if not w.state.ended]
-        return self._channel.tell(ranks, msg)
+    def tell(self, cmd: Tell) -> int:
+        """Hand a control message to the running ranks `cmd.ranks` (all when None), out of
+        band (node/channel.py); how many ranks were told."""
+        try:
+            parse_control(cmd.control)
+        except ContractError as e:
+            raise LaunchError(f"not a control message: {e}") from e
+        running = [w.assignment.rank for w in self._workers if not w.state.ended]
+        return self._channel.tell([r for r in running if cmd.ranks is None or r in cmd.ranks],
+                                  cmd.control)
 
     def restart_ranks(self, cmd: RestartRanks) -> int:
         """In-process restart: kill `cmd.ranks` (dead already, or hung: a gloo peer cannot be
@@ -281,12 +292,6 @@ class NodeAgent:
         self._liveness.reset({w.assignment.rank: w.proc.pid for w in running},
                              {w.assignment.rank: w.assignment.local_rank for w in running})
 
-    def refuse_restart(self, ranks: list[int], generation: int, reason: str) -> int:
-        """Tell ranks waiting in run_resilient that no in-process restart comes: they raise."""
-        running = {w.assignment.rank for w in self._workers if not w.state.ended}
-        return self._channel.tell([r for r in ranks if r in running], {
-            "kind": ControlKind.NO_RESTART.value, "generation": generation, "reason": reason})
-
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
         """Every running rank's Python stacks (py-spy), saved under cmd.out_dir."""
         from trainguard.node.stacks import dump_stack_messages
@@ -298,6 +303,7 @@ class NodeAgent:
         if any(not w.state.ended for w in self._workers):
             self.stop_workers(StopWorkers(grace_s=0, reason="agent closing"))
         self._standby.close()
+        self._memory.close()
         self._guardian.close()
         self._channel.close()
         self._preloader.join(PRELOAD_JOIN_S)
@@ -372,27 +378,10 @@ class NodeAgent:
             oom_killed=w.oom_killed,
         )
 
-
     def _findings(self, w: _Worker, complete: bool) -> list[Finding]:
-        """Scan an ended rank's log (its end: a failure shows there); once its pipes are
-        closed the result is kept."""
+        """Scan an ended rank's log; once its pipes are closed the result is kept."""
         if w.findings is None:
-            found: list[Finding] = []
-            name = f"rank-{w.assignment.rank}.log"
-            if w.log is not None:
-                name = w.log.name
-                with contextlib.suppress(ValueError):
-                    name = str(w.log.relative_to(self._job_dir)) if self._job_dir else name
-                try:
-                    found = scan_file(w.log, name, rank=w.assignment.rank,
-                                      tail_bytes=SCAN_TAIL_BYTES)
-                except OSError as e:
-                    log.warning("cannot scan the log of rank %d (%s): %s",
-                                w.assignment.rank, w.log, e)
-            if self._router is not None and not self._router.file_complete(w.assignment.rank):
-                # the file lost lines (disk full): the in-memory tail still has the last ones
-                found += scan_lines(self._router.tail(w.assignment.rank),
-                                    f"{name} (memory tail)", w.assignment.rank)
+            found = log_findings(w.log, w.assignment.rank, self._job_dir, self._router)
             if not complete:
                 return found
             w.findings = found

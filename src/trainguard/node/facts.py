@@ -1,15 +1,44 @@
 """Facts about an ended or running worker that the agent reads from the system: the
-kernel's OOM-kill count, torch's error file, and a channel datagram as a WorkerMessage."""
+kernel's OOM-kill count, torch's error file, the failure findings of its log, and a channel
+datagram as a WorkerMessage."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.sources import scan_file, scan_lines
+from trainguard.node.logs import LogRouter
 from trainguard.protocol import WorkerMessage
 from trainguard.records import utcnow
+
+log = logging.getLogger(__name__)
+
+SCAN_TAIL_BYTES = 64 << 20  # a failed rank's log is scanned from this far before its end
+
+
+def log_findings(path: Path | None, rank: int, job_dir: Path | None,
+                 router: LogRouter | None) -> list[Finding]:
+    """The failure findings of an ended rank's log (its end: a failure shows there), and of
+    the router's in-memory tail when the file lost lines (a full disk)."""
+    found: list[Finding] = []
+    name = f"rank-{rank}.log"
+    if path is not None:
+        name = path.name
+        with contextlib.suppress(ValueError):
+            name = str(path.relative_to(job_dir)) if job_dir else name
+        try:
+            found = scan_file(path, name, rank=rank, tail_bytes=SCAN_TAIL_BYTES)
+        except OSError as e:
+            log.warning("cannot scan the log of rank %d (%s): %s", rank, path, e)
+    if router is not None and not router.file_complete(rank):
+        found += scan_lines(router.tail(rank), f"{name} (memory tail)", rank)
+    return found
 
 
 def worker_message(raw: dict[str, Any]) -> WorkerMessage:

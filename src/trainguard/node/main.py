@@ -32,8 +32,8 @@ from trainguard.protocol import (
     DumpStacks,
     Op,
     StartWorkers,
-    StepVerdict,
     StopWorkers,
+    Tell,
 )
 from trainguard.wire import Conn, Superseded, WireError, connect, read_token
 
@@ -168,7 +168,7 @@ class AgentRunner:
         handlers: dict[Op, Callable[[dict[str, Any]], dict[str, Any]]] = {
             Op.START: self._op_start, Op.STOP: self._op_stop, Op.DUMP: self._op_dump,
             Op.PORT: self._op_port, Op.PRECHECK: self._op_precheck, Op.EXIT: self._op_exit,
-            Op.VERDICT: self._op_verdict}
+            Op.TELL: self._op_tell}
         return handlers[op](body)
 
     def _op_start(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -182,8 +182,8 @@ class AgentRunner:
         dumps = self.agent.dump_stacks(DumpStacks.model_validate(body))
         return {"dumps": [d.model_dump(mode="json") for d in dumps]}
 
-    def _op_verdict(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"told": self.agent.step_verdict(StepVerdict.model_validate(body))}
+    def _op_tell(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"told": self.agent.tell(Tell.model_validate(body))}
 
     def _op_port(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"port": free_port("")}

@@ -61,6 +61,10 @@ class Guardian:
     def forget(self, pgid: int) -> None:
         self._send(f"-{pgid}")
 
+    def free_on_death(self, path: str) -> None:
+        """Remove `path` (a shared-memory region) when this process dies without closing."""
+        self._send(f"={path}")
+
     @property
     def pid(self) -> int:
         return self._proc.pid

@@ -40,11 +40,14 @@ ENV_STEP_RETRY_TIMEOUT = "TRAINGUARD_STEP_RETRY_TIMEOUT_S"  # a rank's wait for 
 ENV_IN_PROCESS = "TRAINGUARD_IN_PROCESS_RESTART"  # "1": run_resilient re-enters in place
 ENV_IN_PROCESS_TIMEOUT = "TRAINGUARD_IN_PROCESS_TIMEOUT_S"  # a survivor's wait for a verdict
 ENV_PG_GENERATION = "TRAINGUARD_PG_GENERATION"  # the process group generation to join
+ENV_MEMORY_EVERY = "TRAINGUARD_MEMORY_EVERY"  # steps between memory snapshots; 0: none
+ENV_MEMORY_DIR = "TRAINGUARD_MEMORY_DIR"  # the node agent's shared-memory region
+ENV_SHM_ROOT = "TRAINGUARD_SHM_ROOT"  # the agent makes its region there (default /dev/shm)
 TRAINGUARD_ENV = (ENV_SOCKET, ENV_MARKER, ENV_ATTEMPT, ENV_PROCESS_START_COUNT,
                   ENV_SCHEDULE_COUNT, ENV_JOB_DIR, ENV_CHECKPOINT_DIR, ENV_DEAD_RANKS,
                   ENV_GRACE, ENV_SAVE_ON_EXIT, ENV_FAULT, ENV_STEP_RETRY,
                   ENV_STEP_RETRY_TIMEOUT, ENV_IN_PROCESS, ENV_IN_PROCESS_TIMEOUT,
-                  ENV_PG_GENERATION)
+                  ENV_PG_GENERATION, ENV_MEMORY_EVERY, ENV_MEMORY_DIR, ENV_SHM_ROOT)
 
 # -- the environment: torchrun's variables (set by the agent, read by the library) --------
 ENV_RANK = "RANK"
@@ -92,6 +95,7 @@ class MessageKind(str, Enum):
     STEP_REEXECUTED = "step_reexecuted"  # StepGuard: the step ran again and every rank agreed
     RESILIENT = "resilient"  # run_resilient: this rank (re-)entered the training function
     RESTART_WAITING = "restart_waiting"  # run_resilient: the function raised; waits a verdict
+    MEMORY_STEPS = "memory_steps"  # load_latest: the memory snapshots this rank can load
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
 
     def __str__(self) -> str:  # the value, as StrEnum (f-strings, %s)
@@ -105,6 +109,10 @@ class PhaseState(str, Enum):
     def __str__(self) -> str:
         return str.__str__(self)
 
+
+# where a RESUMED's state came from; a CHECKPOINT_SAVED from memory: the agent persisted it
+SOURCE_MEMORY = "memory"  # the ranks' memory snapshots (the node's shared memory)
+SOURCE_STORAGE = "storage"  # the checkpoint location
 
 AGENT_ONLY = frozenset({MessageKind.LOG_WRITE_FAILED})  # a datagram of these kinds is dropped
 
@@ -155,8 +163,9 @@ class Field(NamedTuple):
                 return f"is not a list: {_show(value)}"
             if len(value) > self.max_len:
                 return f"lists {len(value)} items, more than {self.max_len}"
-            bad = next((v for v in value if _RANK.problem(v) is not None), None)
-            return None if bad is None else f"lists a bad rank: {_show(bad)}"
+            item = Field(int, low=self.low, high=self.high or MAX_RANK)  # default: ranks
+            bad = next((v for v in value if item.problem(v) is not None), None)
+            return None if bad is None else f"lists a bad item: {_show(bad)}"
         if not isinstance(value, str):
             return f"is not a string: {_show(value)}"
         if issubclass(t, Enum):
@@ -207,6 +216,7 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "blocked_s": _seconds(),
         "on_exit": _text(MAX_TEXT, nullable=True),  # why it was saved on the way out
         "missing_ranks": Field(list, max_len=MAX_LIST),  # dead ranks whose part is missing
+        "source": Field(str, max_len=MAX_NAME),  # SOURCE_MEMORY: by the agent
     },
     MessageKind.CHECKPOINT_SAVE_FAILED: {
         "step": _STEP,
@@ -222,7 +232,8 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "location": _text(MAX_PATH),
     },
     MessageKind.NO_CHECKPOINT: {"location": _text(MAX_PATH, required=True)},
-    MessageKind.RESUMED: {"step": _STEP, "location": _text(MAX_PATH)},
+    MessageKind.RESUMED: {"step": _STEP, "location": _text(MAX_PATH),
+                          "source": Field(str, max_len=MAX_NAME)},  # SOURCE_*
     MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
     MessageKind.STEP_FAILED: {
         "step": _STEP,
@@ -237,6 +248,12 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
     MessageKind.RESILIENT: {
         "generation": _int(0, MAX_INT32, required=True),  # the group it is about to join
         "restart_s": _seconds(),  # a re-entry: from the verdict to the new entry
+    },
+    MessageKind.MEMORY_STEPS: {
+        "steps": Field(list, max_len=16, low=0, high=MAX_INT64),  # snapshots it can load
+        "storage_step": _int(0, MAX_INT64, nullable=True),  # newest valid in storage
+        "attempt": _int(0, MAX_INT32, required=True),
+        "generation": _int(0, MAX_INT32, required=True),
     },
     MessageKind.RESTART_WAITING: {
         "generation": _int(0, MAX_INT32, required=True),  # the group that failed under it
@@ -254,6 +271,7 @@ class ControlKind(str, Enum):
     GIVE_UP = "give_up"  # no re-execution: the rank raises the step's error (the next rung)
     RESTART = "restart"  # leave the training function, join the group at the address, re-enter
     NO_RESTART = "no_restart"  # no in-process restart: the rank raises (a process restart)
+    RESUME_FROM = "resume_from"  # load_latest: the memory snapshot every rank resumes from
 
     def __str__(self) -> str:
         return str.__str__(self)
@@ -275,6 +293,11 @@ CONTROL_FIELDS: dict[ControlKind, dict[str, Field]] = {
     ControlKind.NO_RESTART: {
         "generation": _int(0, MAX_INT32, required=True),  # the group it is about
         "reason": _text(MAX_TEXT, required=True),
+    },
+    ControlKind.RESUME_FROM: {
+        "attempt": _int(0, MAX_INT32, required=True),
+        "generation": _int(0, MAX_INT32, required=True),
+        "step": _int(0, MAX_INT64, nullable=True),  # None: from storage
     },
 }
 

@@ -1,0 +1,123 @@
+"""When the Checkpointer uses memory snapshots, and whether a resume comes from one.
+
+On under the launcher when `memory_every` > 0 (`Checkpointer(memory_every=N)`, or
+`trainguard run --memory-every N`): the agent made the region (TRAINGUARD_MEMORY_DIR).
+
+Resuming: every rank lists the snapshot steps it can load (bytes checked) and the newest
+valid step in storage; the ranks agree on the newest step every rank holds in memory, and
+use it when it is at least as new as storage's. The agreement goes through the launcher's
+controller (no process group needed: a script may load before init_process_group), or an
+all-gather when a process group exists and the launcher is absent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from trainguard.checkpoint.errors import CheckpointError
+from trainguard.checkpoint.memory import RankSlots
+from trainguard.checkpoint.memory_format import memory_resume_step
+from trainguard.checkpoint.state import split
+from trainguard.worker import channel, control
+from trainguard.worker.contract import (
+    ENV_ATTEMPT,
+    ENV_MEMORY_DIR,
+    ENV_MEMORY_EVERY,
+    ENV_RUN_ID,
+    ControlKind,
+    MessageKind,
+)
+
+log = logging.getLogger(__name__)
+
+AGREE_TIMEOUT_S = 120.0  # a rank's wait for every rank's list (they start within seconds)
+
+
+def memory_every_from_env(explicit: int | None) -> int:
+    if explicit is not None:
+        if explicit < 0:
+            raise CheckpointError("memory_every must be >= 0 (0: no memory snapshots)")
+        return explicit
+    raw = os.environ.get(ENV_MEMORY_EVERY, "0")
+    return int(raw) if raw.isdigit() else 0
+
+
+class MemoryTier:
+    """The Checkpointer's memory snapshots (None of this runs when they are off)."""
+
+    def __init__(self, every: int, rank: int, world_size: int) -> None:
+        region = os.environ.get(ENV_MEMORY_DIR, "")
+        if not region or not os.path.isdir(region):
+            raise CheckpointError(
+                f"memory snapshots need the region the trainguard launcher makes "
+                f"({ENV_MEMORY_DIR} is {'unset' if not region else 'not a directory'}). "
+                "Fix: run under `trainguard run`, or pass memory_every=0")
+        self.every, self.rank, self.world_size = every, rank, world_size
+        self.slots = RankSlots(region, rank, world_size, os.environ.get(ENV_RUN_ID, ""))
+        self._off_reason: str | None = None
+
+    def maybe_snapshot(self, step: int, state: Mapping[str, Any],
+                       rng: dict[str, Any]) -> bool:
+        if self._off_reason is not None or step % self.every:
+            return False
+        replicated, per_rank, sharded = split(state)
+        if sharded:
+            self._off_reason = (f"{sorted(sharded)} hold sharded (DTensor) state, which "
+                                "memory snapshots do not cover")
+            log.warning("memory snapshots off: %s", self._off_reason)
+            return False
+        per_rank["__rng__"] = rng
+        return self.slots.snapshot(step, {"replicated": replicated, "rank": per_rank})
+
+    def resume_step(self, storage_step: int | None) -> tuple[int | None, Any]:
+        """The step every rank resumes from memory, with this rank's snapshot tree; or
+        (None, None): resume from storage."""
+        valid = self.slots.valid()
+        step = self._agree(sorted(valid), storage_step)
+        if step is None:
+            return None, None
+        return step, self.slots.read(valid[step])
+
+    def _agree(self, steps: list[int], storage_step: int | None) -> int | None:
+        if self.world_size == 1:
+            return memory_resume_step([steps], [storage_step])
+        dist = torch.distributed
+        inbox = control.inbox()
+        if inbox is not None:
+            return _agree_through_controller(inbox, steps, storage_step)
+        if dist.is_available() and dist.is_initialized():
+            box: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(box, [steps, storage_step])
+            return memory_resume_step([b[0] for b in box], [b[1] for b in box])
+        log.warning("memory snapshots not used to resume: no launcher and no process group "
+                    "to agree on a step with")
+        return None
+
+    def close(self) -> None:
+        self.slots.close()
+
+
+def _agree_through_controller(inbox: control.Inbox, steps: Sequence[int],
+                              storage_step: int | None) -> int | None:
+    attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)
+    generation = control.pg_generation()
+
+    def ask() -> None:
+        channel.send(MessageKind.MEMORY_STEPS, steps=list(steps), storage_step=storage_step,
+                     attempt=attempt, generation=generation)
+
+    verdict = inbox.wait(lambda v: v["kind"] == ControlKind.RESUME_FROM
+                         and v.get("attempt") == attempt and v.get("generation") == generation,
+                         AGREE_TIMEOUT_S, tick=ask)
+    if verdict is None:
+        raise CheckpointError(
+            f"no answer from the launcher on which step to resume from within "
+            f"{AGREE_TIMEOUT_S:g}s (every rank must call load_latest). Fix: call "
+            "load_latest on every rank, or pass memory_every=0")
+    step = verdict.get("step")
+    return int(step) if step is not None else None

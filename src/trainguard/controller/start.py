@@ -1,0 +1,46 @@
+"""What the node agents get to start an attempt's workers: StartWorkers from the job spec."""
+
+from __future__ import annotations
+
+import os
+
+from trainguard.controller.recorder import Recorder
+from trainguard.protocol import StartWorkers, WorkerAssignment
+from trainguard.worker.contract import (
+    ENV_GRACE,
+    ENV_IN_PROCESS,
+    ENV_IN_PROCESS_TIMEOUT,
+    ENV_MEMORY_EVERY,
+    ENV_PG_GENERATION,
+    ENV_SAVE_ON_EXIT,
+    ENV_STEP_RETRY,
+    ENV_STEP_RETRY_TIMEOUT,
+)
+
+
+def start_command(rec: Recorder, attempt: int, port: int, addr: str, *, all_ranks: bool,
+                  in_process: bool) -> StartWorkers:
+    """The attempt's StartWorkers: every rank of the job (`all_ranks`: the fleet splits them
+    by node), or this node's."""
+    spec, paths = rec.spec, rec.paths
+    n = spec.nproc_per_node
+    base = spec.node_rank * n
+    ranks = range(spec.world_size) if all_ranks else range(base, base + n)
+    return StartWorkers(
+        run_id=spec.run_id, attempt=attempt, argv=rec.argv,
+        env={ENV_GRACE: f"{spec.grace_period_s:g}",
+             ENV_SAVE_ON_EXIT: "1" if spec.save_on_exit else "0",
+             ENV_STEP_RETRY: "1" if spec.operator_reexecution else "0",
+             ENV_STEP_RETRY_TIMEOUT: f"{spec.step_retry_timeout_s:g}",
+             ENV_IN_PROCESS: "1" if in_process else "0",
+             ENV_IN_PROCESS_TIMEOUT: f"{spec.in_process_timeout_s:g}",
+             ENV_PG_GENERATION: "0",  # never one inherited from the launcher's env
+             ENV_MEMORY_EVERY: str(spec.memory_every)},
+        workers=[WorkerAssignment(rank=r, local_rank=r % n, start_count=attempt + 1,
+                                  schedule_count=rec.launches) for r in ranks],
+        world_size=spec.world_size, group_rank=spec.node_rank,
+        group_world_size=spec.nnodes, master_addr=addr,
+        master_port=port, max_restarts=spec.max_restarts,
+        log_dir=str(paths.log_dir), job_dir=str(paths.job_dir),
+        checkpoint_dir=str(paths.checkpoint_dir), cwd=os.getcwd(),
+        standby=spec.standby_workers)

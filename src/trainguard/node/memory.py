@@ -1,0 +1,111 @@
+"""The node agent's shared-memory region for its ranks' memory snapshots (checkpoint/memory.py).
+
+The agent makes the region before its first workers start (when the job asked for memory
+snapshots), hands its path to every worker (TRAINGUARD_MEMORY_DIR), and frees it when it
+closes; the guardian frees it when the agent dies without closing (even by SIGKILL). When a
+worker fails, the agent persists the ranks' newest common snapshot to storage in the
+background (`python -m trainguard.checkpoint.persist`: torch is needed to write the
+checkpoint format, and the agent never imports it): the restart does not wait for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from trainguard.checkpoint.memory_format import DEFAULT_ROOT, free_region, region_path
+from trainguard.node import procs
+from trainguard.worker.contract import (
+    ENV_MARKER,
+    ENV_MEMORY_DIR,
+    ENV_MEMORY_EVERY,
+    ENV_RANK,
+    ENV_SHM_ROOT,
+)
+
+log = logging.getLogger(__name__)
+
+PERSIST_WAIT_S = 120.0  # close(): a persistence in flight may finish this long
+
+
+class MemoryRegion:
+    def __init__(self, marker: str, node: str, guardian: procs.Guardian) -> None:
+        root = os.environ.get(ENV_SHM_ROOT, DEFAULT_ROOT)
+        self.path = region_path(root, marker, node)
+        self._guardian = guardian
+        self._made = False
+        self._persisting: subprocess.Popen[bytes] | None = None
+        self._persist_log: Path | None = None
+
+    def env(self, job_env: dict[str, str]) -> dict[str, str]:
+        """The variables a worker gets: the region's path, made now, when the job takes
+        memory snapshots; nothing otherwise."""
+        if job_env.get(ENV_MEMORY_EVERY, "0") in ("", "0"):
+            return {}
+        if not self._made:
+            try:
+                self.path.mkdir(mode=0o700, parents=False, exist_ok=True)
+            except OSError as e:
+                log.warning("no memory snapshots on this node: cannot make %s (%s). Fix: "
+                            "mount /dev/shm, or set %s to a tmpfs directory", self.path,
+                            e.strerror, ENV_SHM_ROOT)
+                return {ENV_MEMORY_EVERY: "0"}
+            self._guardian.free_on_death(str(self.path))
+            self._made = True
+        return {ENV_MEMORY_DIR: str(self.path)}
+
+    def persist(self, worker_env: dict[str, str], location: str, world_size: int,
+                log_file: Path) -> bool:
+        """Start persisting the ranks' newest common snapshot (one at a time), its lines
+        appended to `log_file`; False when one is still running or there is no region."""
+        if not self._made or (self._persisting is not None and self._persisting.poll() is None):
+            return False
+        # not a worker: no rank, and no marker (stopping the workers kills marked strays)
+        env = {k: v for k, v in worker_env.items() if k not in (ENV_RANK, ENV_MARKER)}
+        argv = [sys.executable, "-m", "trainguard.checkpoint.persist", str(self.path),
+                location, str(world_size)]
+        try:
+            with open(log_file, "ab") as out:
+                self._persisting = subprocess.Popen(
+                    argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                    start_new_session=True)
+        except OSError as e:
+            log.warning("cannot persist the memory snapshots: %s", e)
+            return False
+        self._guardian.watch(self._persisting.pid)
+        self._persist_log = log_file
+        log.info("persisting the memory snapshots of %s (pid %d, log %s)", self.path,
+                 self._persisting.pid, log_file)
+        return True
+
+    def reap(self) -> None:
+        """Log the end of a persistence that finished (non-blocking)."""
+        p = self._persisting
+        if p is None or p.poll() is None:
+            return
+        self._persisting = None
+        self._guardian.forget(p.pid)
+        if p.returncode != 0:
+            log.warning("persisting the memory snapshots failed (exit %s): see %s",
+                        p.returncode, self._persist_log)
+
+    def close(self) -> None:
+        """Let a persistence in flight finish (bounded), then free the region."""
+        p = self._persisting
+        if p is not None:
+            try:
+                p.wait(timeout=PERSIST_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("persisting the memory snapshots took over %ss: stopped",
+                            PERSIST_WAIT_S)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, 9)
+                p.wait()
+            self.reap()
+        if self._made:
+            free_region(self.path)
+            self._made = False
