@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration bench clean
+.PHONY: demo test lint typecheck unit integration bench torture clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,3 +43,6 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) trainguard-runs .mypy_cache .ruff_cache .pytest_cache
+
+torture: $(STAMP)
+	$(BIN)/python -m tests.torture.memory_kills --kills 200

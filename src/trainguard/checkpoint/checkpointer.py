@@ -148,7 +148,7 @@ class Checkpointer:
         self._exit = ExitSaver(self) if on_exit else None
         self._abandoned = False
         every = memory_every_from_env(memory_every)
-        self._memory = MemoryTier(every, self.rank, self.world_size) if every else None
+        self._memory = MemoryTier(every, self.rank, self.world_size, keep) if every else None
         on_restart(self.abandon)  # an in-process restart gives the save in flight up
 
     # -- saving ---------------------------------------------------------------------------

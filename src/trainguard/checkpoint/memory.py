@@ -122,7 +122,9 @@ class _Slot:
 def open_slot_bytes(region: str | os.PathLike[str], rank: int, entry: SlotEntry,
                     lock: bool = False) -> tuple[memoryview, Any]:
     """A committed slot's bytes, checked against the manifest's CRC; raises ValueError when
-    they are not whole. `lock`: hold a shared lock (a writer skips a slot being read)."""
+    they are not whole. `lock` (another process's snapshot, whose writer may live): hold a
+    shared lock, so a writer skips the slot, and check that the manifest still names this
+    snapshot (a writer drops it from the manifest before it writes the slot)."""
     path = slot_path(region, rank, entry.slot)
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -131,6 +133,10 @@ def open_slot_bytes(region: str | os.PathLike[str], rank: int, entry: SlotEntry,
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise ValueError(f"{path.name} is being written") from None
+            now = read_manifest(region, rank)
+            if now is None or not any(s.slot == entry.slot and s.generation == entry.generation
+                                      for s in now.slots):
+                raise ValueError(f"{path.name} was overwritten since the manifest was read")
         if os.fstat(fd).st_size < entry.size:
             raise ValueError(f"{path.name} is shorter than its snapshot")
         # copy-on-write: writable for torch.frombuffer, never written (the file stays as is)
@@ -173,11 +179,12 @@ class RankSlots:
     """A rank's double-buffered snapshots in `region` (made by its node agent)."""
 
     def __init__(self, region: str | os.PathLike[str], rank: int, world_size: int,
-                 run_id: str) -> None:
+                 run_id: str, keep: int = 3) -> None:
         self.region, self.rank, self.world_size, self.run_id = (
             Path(region), rank, world_size, run_id)
         rank_dir(region, rank).mkdir(mode=0o700, exist_ok=True)
         self._manifest = read_manifest(region, rank) or MemoryManifest(rank)
+        self._manifest.keep = keep
         newest = self._manifest.newest()
         self._generation = newest.generation if newest is not None else 0
         self._slots: dict[int, _Slot] = {}
@@ -254,7 +261,8 @@ class RankSlots:
             return
         if not self.checked_space:
             self._check_space(size)
-        want = -(-size // GROW_STEP) * GROW_STEP
+        # a slot file a previous worker of this rank allocated is reused as it is
+        want = max(-(-size // GROW_STEP) * GROW_STEP, os.fstat(slot.fd).st_size)
         if slot.map is not None:
             slot.buf = None
             slot.map.close()
@@ -264,10 +272,9 @@ class RankSlots:
         except OSError as e:
             slot.size = 0
             raise CheckpointError(
-                f"no room for a {size / 2**20:.1f} MiB memory snapshot in {self.region} "
-                f"({e.strerror}). Fix: give the node more shared memory (docker run "
-                "--shm-size, a larger /dev/shm), or turn memory snapshots off "
-                "(--memory-every 0)") from e
+                f"no room for a {size / 2**20:.1f} MiB memory snapshot ({e.strerror}). Fix: "
+                f"docker run --shm-size (a larger {self.region.parent}), or --memory-every 0"
+                ) from e
         slot.map = mmap.mmap(slot.fd, want)
         slot.size = want
         slot.buf = torch.frombuffer(slot.map, dtype=torch.uint8)
@@ -276,14 +283,13 @@ class RankSlots:
     def _check_space(self, size: int) -> None:
         """The pre-check: room for both slots of a snapshot of this size."""
         st = os.statvfs(self.region)
-        free = st.f_bavail * st.f_frsize + sum(s.size for s in self._slots.values())
+        allocated = sum(os.fstat(self._open(n).fd).st_size for n in SLOTS)  # reusable
+        free = st.f_bavail * st.f_frsize + allocated
         if free < 2 * size:
             raise CheckpointError(
-                f"memory snapshots need {2 * size / 2**20:.1f} MiB (two slots of "
-                f"{size / 2**20:.1f} MiB) in {self.region}, which has "
-                f"{free / 2**20:.1f} MiB free. Fix: give the node more shared memory "
-                "(docker run --shm-size, a larger /dev/shm), or turn memory snapshots off "
-                "(--memory-every 0)")
+                f"memory snapshots need {2 * size / 2**20:.1f} MiB of shared memory (two "
+                f"slots of {size / 2**20:.1f} MiB), {free / 2**20:.1f} MiB free. Fix: docker "
+                f"run --shm-size (a larger {self.region.parent}), or --memory-every 0")
         self.checked_space = True
 
     def wait(self) -> None:

@@ -9,15 +9,20 @@ its own subdirectory:
     <region>/rank-R/manifest.json   the slots that hold a whole snapshot: step, generation,
                                   size, CRC-32 of the bytes, and the tree (plain values
                                   inline, tensors as dtype, shape, offset) - no pickle
+    <region>/rank-R/.manifest.spare   the next manifest is written here, then swapped in
 
 Double buffering: a snapshot is written into the slot the manifest does not name as the
 newest, after the manifest stopped naming that slot at all; the manifest naming it again
-(atomic rename) commits it. A crash at any moment leaves the other slot whole.
+(an atomic swap of the two manifest files) commits it. A crash at any moment leaves the
+other slot whole. Nothing is allocated after the first snapshot: a /dev/shm that fills up
+later cannot break a copy or a commit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -50,16 +55,17 @@ class SlotEntry:
 class MemoryManifest:
     rank: int
     slots: list[SlotEntry] = field(default_factory=list)
+    keep: int = 3  # the rank's Checkpointer's `keep`: what persisting it to storage prunes to
     format: int = FORMAT
 
     def newest(self) -> SlotEntry | None:
         return max(self.slots, key=lambda s: s.generation, default=None)
 
     def without(self, slot: int) -> MemoryManifest:
-        return MemoryManifest(self.rank, [s for s in self.slots if s.slot != slot])
+        return MemoryManifest(self.rank, [s for s in self.slots if s.slot != slot], self.keep)
 
     def with_entry(self, entry: SlotEntry) -> MemoryManifest:
-        return MemoryManifest(self.rank, [*self.without(entry.slot).slots, entry])
+        return MemoryManifest(self.rank, [*self.without(entry.slot).slots, entry], self.keep)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -72,7 +78,7 @@ class MemoryManifest:
         slots = [SlotEntry(**s) for s in d["slots"]]
         if any(s.slot not in SLOTS for s in slots) or len({s.slot for s in slots}) != len(slots):
             raise ValueError("the manifest names a slot twice or a slot that does not exist")
-        return cls(int(d["rank"]), slots)
+        return cls(int(d["rank"]), slots, max(1, int(d.get("keep", 3))))
 
 
 def rank_dir(region: str | os.PathLike[str], rank: int) -> Path:
@@ -91,12 +97,48 @@ def read_manifest(region: str | os.PathLike[str], rank: int) -> MemoryManifest |
         return None
 
 
+SPARE = ".manifest.spare"  # the manifest's other file: written, then swapped in
+MANIFEST_ROOM = 64 << 10  # bytes each manifest file holds at first (grown when needed)
+
+
 def write_manifest(region: str | os.PathLike[str], manifest: MemoryManifest) -> None:
-    """Replace the manifest atomically (tmpfs: a rename is the commit; nothing to fsync)."""
+    """Replace the manifest atomically without allocating memory: the JSON, padded with
+    spaces to the spare file's allocated size, goes into the spare, and the two names are
+    swapped (renameat2 RENAME_EXCHANGE). A /dev/shm that filled up since cannot fail it;
+    only growing past the room allocated can (OSError ENOSPC)."""
     d = rank_dir(region, manifest.rank)
-    tmp = d / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_bytes(manifest.to_json())
-    os.replace(tmp, d / MANIFEST)
+    data = manifest.to_json()
+    spare, current = d / SPARE, d / MANIFEST
+    fd = os.open(spare, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        room = os.fstat(fd).st_size
+        if room < len(data):
+            room = max(MANIFEST_ROOM, 2 * len(data))
+            os.posix_fallocate(fd, 0, room)
+        os.pwrite(fd, data.ljust(room), 0)
+    finally:
+        os.close(fd)
+    if not current.exists():
+        os.rename(spare, current)
+        write_manifest(region, manifest)  # and make the spare, while there is room
+        return
+    try:
+        _exchange(spare, current)
+    except OSError as e:  # a kernel or file system without RENAME_EXCHANGE
+        if e.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise
+        os.replace(spare, current)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def agreed_step(per_rank: Sequence[Iterable[int]]) -> int | None:

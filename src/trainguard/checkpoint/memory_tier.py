@@ -50,16 +50,18 @@ def memory_every_from_env(explicit: int | None) -> int:
 class MemoryTier:
     """The Checkpointer's memory snapshots (None of this runs when they are off)."""
 
-    def __init__(self, every: int, rank: int, world_size: int) -> None:
+    def __init__(self, every: int, rank: int, world_size: int, keep: int) -> None:
         region = os.environ.get(ENV_MEMORY_DIR, "")
         if not region or not os.path.isdir(region):
             raise CheckpointError(
-                f"memory snapshots need the region the trainguard launcher makes "
+                f"memory snapshots need the shared-memory region the node agent makes "
                 f"({ENV_MEMORY_DIR} is {'unset' if not region else 'not a directory'}). "
-                "Fix: run under `trainguard run`, or pass memory_every=0")
+                "Fix: launch with `trainguard run --memory-every N` (or `memory_every: N` in "
+                "the job file), or pass memory_every=0")
         self.every, self.rank, self.world_size = every, rank, world_size
-        self.slots = RankSlots(region, rank, world_size, os.environ.get(ENV_RUN_ID, ""))
+        self.slots = RankSlots(region, rank, world_size, os.environ.get(ENV_RUN_ID, ""), keep)
         self._off_reason: str | None = None
+        self._failures = 0  # snapshots skipped in a row (OSError after the first)
 
     def maybe_snapshot(self, step: int, state: Mapping[str, Any],
                        rng: dict[str, Any]) -> bool:
@@ -72,7 +74,21 @@ class MemoryTier:
             log.warning("memory snapshots off: %s", self._off_reason)
             return False
         per_rank["__rng__"] = rng
-        return self.slots.snapshot(step, {"replicated": replicated, "rank": per_rank})
+        try:
+            done = self.slots.snapshot(step, {"replicated": replicated, "rank": per_rank})
+        except (OSError, CheckpointError) as e:
+            if self.slots.last_step is None:  # the first: the set-up is wrong, say so now
+                if isinstance(e, CheckpointError):
+                    raise
+                raise CheckpointError(f"cannot write a memory snapshot: {e}. Fix: check "
+                                      "/dev/shm, or --memory-every 0") from e
+            self._failures += 1  # later (a /dev/shm that filled up): training goes on
+            if self._failures == 1:
+                control.say("memory", f"memory snapshot of step {step} skipped ({e}); the "
+                            f"snapshot of step {self.slots.last_step} stays loadable")
+            return False
+        self._failures = 0
+        return done
 
     def resume_step(self, storage_step: int | None) -> tuple[int | None, Any]:
         """The step every rank resumes from memory, with this rank's snapshot tree; or

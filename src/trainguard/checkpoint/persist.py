@@ -29,7 +29,6 @@ from trainguard.worker.contract import ENV_RUN_ID, SOURCE_MEMORY, MessageKind
 log = logging.getLogger("trainguard.persist")
 
 COMMIT_TIMEOUT_S = 60.0
-KEEP_ALL = 1 << 30  # prune nothing: how many to keep is the workers' Checkpointer's choice
 
 
 def loadable(region: str, rank: int, world_size: int, run_id: str) -> dict[int, SlotEntry]:
@@ -64,13 +63,15 @@ def persist(region: str, location: str, world_size: int, run_id: str) -> int | N
                  stored, step)
         return None
     token = f"memory-{run_id}-{step}-{int(time.time())}"
+    manifest = read_manifest(region, 0)
+    keep = manifest.keep if manifest is not None else 3  # as the workers' Checkpointer prunes
     pool = BufferPool()
     written = 0
     for rank in [*range(1, world_size), 0]:  # rank 0 last: it commits
         tree = read_entry(region, rank, per_rank[rank][step], lock=True)
         job = SaveJob(storage=st, step=step, rank=rank, world_size=world_size, token=token,
                       replicated=stage(tree["replicated"], pool, "r") if rank == 0 else None,
-                      per_rank=stage(tree["rank"], pool, "p"), keep=KEEP_ALL,
+                      per_rank=stage(tree["rank"], pool, "p"), keep=keep,
                       commit_timeout_s=COMMIT_TIMEOUT_S, library_version=__version__)
         result = run_save(job)
         written += result.bytes_written

@@ -1,0 +1,149 @@
+"""Memory snapshots end to end: real launcher, real workers, real faults, a real tmpfs.
+
+Each test gives the agent its own shared-memory root (TRAINGUARD_SHM_ROOT) so that "no
+region is left behind" is checked exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import EXAMPLE, TG, read_json, run_tg
+from tests.torture.memory_kills import torture
+
+
+def ddp(job: Path, *extra: str) -> list[str]:
+    return ["run", "--nproc-per-node", "2", "--memory-every", "1", "--restart-backoff", "0",
+            "--job-dir", str(job), *extra, str(EXAMPLE), "--steps", "14", "--ckpt-every", "4",
+            "--digest"]
+
+
+def digest(text: str) -> str:
+    found = re.findall(r"weights sha256 ([0-9a-f]{64})", text)
+    assert len(found) == 1, text[-2000:]
+    return str(found[0])
+
+
+def messages(job: Path, reason: str) -> list[str]:
+    return [str(e["message"]) for e in read_json("events", job) if e["reason"] == reason]
+
+
+def steps_in_storage(ckpt_dir: Path) -> list[int]:
+    out = subprocess.run([*TG, "ckpt", "ls", str(ckpt_dir), "--json"], capture_output=True,
+                         text=True, check=True, timeout=60)
+    rows = json.loads(out.stdout)
+    assert all(r["status"] == "valid" for r in rows), rows
+    return [int(r["step"]) for r in rows]
+
+
+def test_a_rank_killed_after_step_n_resumes_at_n_from_memory_with_the_exact_weights(
+        tmp_path: Path, clean_digest: str) -> None:
+    job, shm = tmp_path / "job", tmp_path / "shm"
+    shm.mkdir()
+    r = run_tg(ddp(job, "--max-restarts", "2"), cwd=tmp_path,
+               fault="signal:KILL@rank=1,step=9", env={"TRAINGUARD_SHM_ROOT": str(shm)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert digest(r.stdout) == clean_digest  # bit for bit the uninterrupted run's weights
+    assert messages(job, "Resumed") == ["resumed from the node's memory snapshot of step 9"]
+    (inc,) = read_json("recovery", job)["running_records"][0]["recover_records"]
+    assert (inc["resumed_step"], inc["steps_lost"], inc["resumed_from"]) == (9, 0, "memory")
+    assert inc["workers_from"] in ("standby", "cold", "mixed")
+    assert list(shm.iterdir()) == []  # the region went with the job
+
+
+def test_when_a_worker_dies_the_agent_persists_its_snapshot_and_a_relaunch_resumes_there(
+        tmp_path: Path, clean_digest: str) -> None:
+    job, shm = tmp_path / "job", tmp_path / "shm"
+    shm.mkdir()
+    ckpt = tmp_path / "ckpt"
+    r = run_tg(ddp(job, "--checkpoint-dir", str(ckpt)), cwd=tmp_path,
+               fault="signal:KILL@rank=1,step=10", env={"TRAINGUARD_SHM_ROOT": str(shm)})
+    assert r.returncode != 0  # no restart budget: the job fails...
+    assert steps_in_storage(ckpt) == [10, 8, 4]  # ...but step 10 reached storage from memory
+    log = (job / "logs" / "attempt-0" / "persist.log").read_text()
+    assert "persisted the memory snapshot of step 10" in log
+    assert list(shm.iterdir()) == []
+    again = run_tg(ddp(tmp_path / "job2", "--checkpoint-dir", str(ckpt)), cwd=tmp_path,
+                   env={"TRAINGUARD_SHM_ROOT": str(shm)})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert messages(tmp_path / "job2", "Resumed")[0].endswith(f"{ckpt} of step 10")
+    assert digest(again.stdout) == clean_digest
+
+
+def test_a_launcher_killed_while_persisting_leaves_no_region_and_no_broken_checkpoint(
+        tmp_path: Path) -> None:
+    job, shm, ckpt = tmp_path / "job", tmp_path / "shm", tmp_path / "ckpt"
+    shm.mkdir()
+    env = {**os.environ, "TRAINGUARD_SHM_ROOT": str(shm),
+           "TRAINGUARD_FAULT": "signal:KILL@rank=1,step=10"}
+    launcher = subprocess.Popen([*TG, *ddp(job, "--checkpoint-dir", str(ckpt))],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    persist_log = job / "logs" / "attempt-0" / "persist.log"
+    deadline = time.monotonic() + 120
+    while not persist_log.exists():  # the agent started persisting: kill it now
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while list(shm.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the guardian frees the region once the workers are gone
+    assert list(shm.iterdir()) == []
+    assert set(steps_in_storage(ckpt)) <= {10, 8, 4}  # what is committed is whole
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_shared_memory_too_small_for_two_snapshots_is_a_clear_error(tmp_path: Path) -> None:
+    with tiny_tmpfs(tmp_path / "shm", "1m") as shm:  # the example's state is 1.3 MiB
+        r = run_tg(ddp(tmp_path / "job"), cwd=tmp_path, env={"TRAINGUARD_SHM_ROOT": str(shm)})
+        assert r.returncode != 0
+        assert "two slots" in r.stderr and "--shm-size" in r.stderr, r.stderr[-3000:]
+        assert list(shm.iterdir()) == []
+
+
+def test_a_shared_memory_that_fills_up_after_the_first_snapshot_changes_nothing(
+        tmp_path: Path, clean_digest: str) -> None:
+    """Docker's 64 MB /dev/shm crashed DLRover's workers with SIGBUS when it filled up: the
+    slots here are allocated up front, so whoever fills it later cannot hurt a copy."""
+    with tiny_tmpfs(tmp_path / "shm", "16m") as shm:
+        slots = " ".join(f"[ -s {shm}/trainguard-*/rank-{r}/slot-1.bin ]" for r in (0, 1))
+        fill = subprocess.Popen(  # once both ranks allocated both slots: fill it up
+            ["sh", "-c", f"until {slots.replace('] [', '] && [')}; do sleep 0.01; done; "
+             f"dd if=/dev/zero of={shm}/filler bs=64k 2>/dev/null; true"])
+        r = run_tg(ddp(tmp_path / "job", "--max-restarts", "2"), cwd=tmp_path,
+                   fault="signal:KILL@rank=0,step=9", env={"TRAINGUARD_SHM_ROOT": str(shm)})
+        fill.wait(timeout=60)
+        assert (shm / "filler").stat().st_size > 0  # it did fill up
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert digest(r.stdout) == clean_digest
+        assert messages(tmp_path / "job", "Resumed") == [
+            "resumed from the node's memory snapshot of step 9"]
+
+
+def test_random_kills_during_snapshot_copies_never_resume_wrong_state(tmp_path: Path) -> None:
+    result = torture(tmp_path, kills=3, seed=7, mib=16)  # `make torture`: 200 kills
+    assert result["problems"] == [], result
+    assert result["resumes_checked"] == 6 and result["max_steps_lost"] <= 1
