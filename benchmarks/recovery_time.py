@@ -5,15 +5,22 @@ Runs, interleaved and repeated --repeats times, on this machine side by side:
 * cold start: a fresh job (no checkpoint); wall time from launching `trainguard run` to
   the first `step N` line in the rank logs (the time stamp trainguard wrote when it read
   the line), split at the attempt's start (`start_at` of running record 0);
-* recovery: the same job with TRAINGUARD_FAULT='signal:KILL@rank=1,step=25'; time from
-  the crash (`fault_at`) to the first step after the restart (`first_progress_at`), and
-  its split, all from `trainguard recovery DIR --json`. As a cross-check of `fault_at`
-  (the time trainguard saw the worker exit), the table also shows the gap from the killed
-  rank's last step line (it dies right after printing it) to `fault_at`.
+* a process restart after TRAINGUARD_FAULT='signal:KILL@rank=1,step=75' (some 20 s in, when
+  the node's standby workers are warm), three ways, all with a durable checkpoint every 10
+  steps:
+  - `cold, storage`: as before issue 13 (`--no-standby-workers`, no memory snapshots): new
+    interpreters, state from the checkpoint of step 70;
+  - `standby, storage`: pre-warmed standby workers (the default), state from storage;
+  - `standby, memory`: standby workers and `--memory-every 1`: state from the node's
+    shared memory, the step the rank died after.
+  Each: fault (`fault_at`) -> first step after the restart (`first_progress_at`), its
+  split and the steps lost, from `trainguard recovery DIR --json`; and fault -> step 76 done
+  by every rank (the lost steps redone on top), from the rank logs.
 
 Measured runs use `--restart-backoff 0`, so the recovery time is what trainguard itself
 costs (detect, stop, decide, start workers, and the workers' own start up to the first
-step); the default backoff adds a deliberate wait and is run once, reported apart.
+step). Targets (issue 13): the process restart <= 0.35x the job's cold start; 0 steps lost
+with `--memory-every 1`.
 
     .venv/bin/python benchmarks/recovery_time.py [--repeats 3]
 """
@@ -48,9 +55,15 @@ from _common import (
 )
 
 NPROC = 2
-FAULT_RANK, FAULT_STEP = 1, 25
+FAULT_RANK, FAULT_STEP = 1, 75
 FAULT = f"signal:KILL@rank={FAULT_RANK},step={FAULT_STEP}"
+STEP_TIME = "0.3"  # the standbys fill 10 s after the first step: the fault comes after
 SPLIT = ("detect", "stop", "decide", "start", "resume")
+VARIANTS: dict[str, list[str]] = {
+    "cold, storage": ["--no-standby-workers"],
+    "standby, storage": [],
+    "standby, memory": ["--memory-every", "1"],
+}
 
 
 @dataclass(frozen=True)
@@ -63,21 +76,19 @@ class ColdStart:
 @dataclass(frozen=True)
 class Recovery:
     total_s: float  # fault_at -> first_progress_at
+    back_s: float  # fault_at -> the first new step (FAULT_STEP + 1) done by every rank
     durations: dict[str, float]  # detect, stop, decide, start, resume (s)
-    backoff_s: float
     steps_lost: int | None
-    line_to_fault_s: float  # killed rank's last step line (stamp) -> fault_at: a cross-check
+    workers_from: str | None
+    resumed_from: str | None
 
 
-def launch(
-    job_dir: Path, steps: int, backoff: float | None, fault: str | None, timeout_s: float
-) -> float:
+def launch(job_dir: Path, steps: int, flags: list[str], fault: str | None,
+           timeout_s: float) -> float:
     """Run one `trainguard run` job to the end; returns the launch time (Unix time)."""
     argv = [trainguard_exe(), "run", "--nproc-per-node", str(NPROC), "--max-restarts", "3",
-            "--job-dir", str(job_dir)]
-    if backoff is not None:
-        argv += ["--restart-backoff", f"{backoff:g}"]
-    argv += [str(EXAMPLE), "--steps", str(steps)]
+            "--restart-backoff", "0", "--job-dir", str(job_dir), *flags, str(EXAMPLE),
+            "--steps", str(steps), "--ckpt-every", "10", "--step-time", STEP_TIME]
     env = bench_env(**({"TRAINGUARD_FAULT": fault} if fault else {}))
     console = job_dir.with_name(job_dir.name + ".console.txt")
     what = f"`trainguard run` for {job_dir.name}"
@@ -105,7 +116,7 @@ def recovery_json(job_dir: Path) -> dict[str, Any]:
 
 
 def cold_start(job_dir: Path, steps: int, timeout_s: float) -> ColdStart:
-    launched = launch(job_dir, steps, backoff=0, fault=None, timeout_s=timeout_s)
+    launched = launch(job_dir, steps, [], fault=None, timeout_s=timeout_s)
     stamps = [
         line.stamp
         for rank, path in rank_logs(job_dir, 0, NPROC).items()
@@ -122,8 +133,8 @@ def cold_start(job_dir: Path, steps: int, timeout_s: float) -> ColdStart:
     return ColdStart(first_step - launched, started - launched, first_step - started)
 
 
-def recovery(job_dir: Path, steps: int, backoff: float | None, timeout_s: float) -> Recovery:
-    launch(job_dir, steps, backoff=backoff, fault=FAULT, timeout_s=timeout_s)
+def recovery(job_dir: Path, steps: int, flags: list[str], timeout_s: float) -> Recovery:
+    launch(job_dir, steps, flags, fault=FAULT, timeout_s=timeout_s)
     data = recovery_json(job_dir)
     recs = [r for rr in data["running_records"] for r in rr["recover_records"]]
     if len(recs) != 1:
@@ -135,63 +146,46 @@ def recovery(job_dir: Path, steps: int, backoff: float | None, timeout_s: float)
     missing = [k for k in ("fault_at", "first_progress_at") if not rec.get(k)]
     dur = rec.get("durations_s") or {}
     missing += [f"durations_s.{k}" for k in SPLIT if dur.get(k) is None]
-    if rec.get("backoff_s") is None:
-        missing.append("backoff_s")
     if missing:
         raise BenchError(f"{job_dir}: recover record lacks {', '.join(missing)}")
     fault_at = parse_iso(rec["fault_at"])
-    total = parse_iso(rec["first_progress_at"]) - fault_at
-    # the fault fires right after the killed rank prints its step line: that line's stamp is
-    # an estimate of the crash time independent of trainguard's exit detection
-    killed_log = rank_logs(job_dir, 0, NPROC)[FAULT_RANK]
-    last = [ln.stamp for ln in read_step_lines(killed_log, FAULT_RANK, stamped=True)
-            if ln.step == FAULT_STEP and ln.stamp is not None]
-    if not last:
-        raise BenchError(f"{killed_log}: no step {FAULT_STEP} line before the fault")
-    return Recovery(total, {k: float(dur[k]) for k in SPLIT}, float(rec["backoff_s"]),
-                    rec.get("steps_lost"), fault_at - last[0])
+    new = [ln.stamp for rank, path in rank_logs(job_dir, 1, NPROC).items()
+           for ln in read_step_lines(path, rank, stamped=True)
+           if ln.step == FAULT_STEP + 1 and ln.stamp is not None]
+    if len(new) < NPROC:
+        raise BenchError(f"{job_dir}: step {FAULT_STEP + 1} not done by every rank")
+    return Recovery(parse_iso(rec["first_progress_at"]) - fault_at, max(new) - fault_at,
+                    {k: float(dur[k]) for k in SPLIT}, rec.get("steps_lost"),
+                    rec.get("workers_from"), rec.get("resumed_from"))
 
 
 def fmt(s: Spread, digits: int = 3) -> list[str]:
     return [f"{s.median:.{digits}f}", f"{s.lo:.{digits}f}", f"{s.hi:.{digits}f}"]
 
 
-def report(colds: list[ColdStart], recs: list[Recovery], default: Recovery | None) -> str:
-    ratios = [r.total_s / c.total_s for c, r in zip(colds, recs, strict=True)]
+def report(colds: list[ColdStart], runs: dict[str, list[Recovery]]) -> str:
     rows = [
         ["cold start: launch -> first step", *fmt(Spread.of([c.total_s for c in colds]))],
         ["  launch -> attempt started", *fmt(Spread.of([c.launcher_s for c in colds]))],
         ["  attempt started -> first step", *fmt(Spread.of([c.workers_s for c in colds]))],
-        ["recovery: fault -> first step after restart",
-         *fmt(Spread.of([r.total_s for r in recs]))],
     ]
-    labels = {
-        "detect": "  detect (fault -> detected)",
-        "stop": "  stop (other workers stopped)",
-        "decide": "  decide",
-        "start": "  start (backoff included)",
-        "resume": "  resume (workers started -> first step)",
-    }
-    for key in SPLIT:
-        rows.append([labels[key], *fmt(Spread.of([r.durations[key] for r in recs]))])
-        if key == "start":
-            rows.append(["    of which backoff (backoff_s)",
-                         *fmt(Spread.of([r.backoff_s for r in recs]))])
-    rows.append(["check: killed rank's last line -> fault_at",
-                 *fmt(Spread.of([r.line_to_fault_s for r in recs]))])
-    rows.append(["ratio recovery / cold start (per pair)", *fmt(Spread.of(ratios), 2)])
+    for name, recs in runs.items():
+        rows.append([f"restart ({name}): fault -> first step",
+                     *fmt(Spread.of([r.total_s for r in recs]))])
+        for key in SPLIT:
+            rows.append([f"  {key}", *fmt(Spread.of([r.durations[key] for r in recs]))])
+        rows.append(["  ratio to the cold start (per pair)", *fmt(Spread.of(
+            [r.total_s / c.total_s for c, r in zip(colds, recs, strict=True)]), 2)])
+        rows.append([f"restart ({name}): fault -> step {FAULT_STEP + 1} done (lost steps "
+                     "redone)",
+                     *fmt(Spread.of([r.back_s for r in recs]))])
     table = markdown_table(["metric (s)", "median", "min", "max"], rows)
-    lines = [table, ""]
-    lost = sorted({r.steps_lost for r in recs if r.steps_lost is not None})
-    if lost:
-        lines.append(f"steps lost per recovery: {', '.join(map(str, lost))}")
-    if default is not None:
-        lines.append(
-            f"default backoff (once, no --restart-backoff): recovery "
-            f"{default.total_s:.3f} s, of which backoff {default.backoff_s:.3f} s "
-            f"(start {default.durations['start']:.3f} s)"
-        )
-    return "\n".join(lines)
+    facts = markdown_table(
+        ["restart", "steps lost", "workers from", "state from"],
+        [[name, ", ".join(str(r.steps_lost) for r in recs),
+          ", ".join(str(r.workers_from) for r in recs),
+          ", ".join(str(r.resumed_from) for r in recs)] for name, recs in runs.items()])
+    return f"{table}\n\n{facts}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,13 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         "2 ranks, interleaved repeats; prints a markdown table.",
     )
     parser.add_argument("--repeats", type=int, default=3, help="measured pairs (default 3)")
-    parser.add_argument("--steps", type=int, default=30,
-                        help="--steps for the fault runs; the fault fires after step 25 "
-                        "(default 30)")
+    parser.add_argument("--steps", type=int, default=80,
+                        help=f"--steps for the fault runs; the fault fires after step "
+                        f"{FAULT_STEP} (default 80)")
     parser.add_argument("--cold-steps", type=int, default=10,
                         help="--steps for the cold-start runs (default 10)")
-    parser.add_argument("--no-default-backoff", action="store_true",
-                        help="skip the one extra run with the default restart backoff")
     parser.add_argument("--no-warmup", action="store_true",
                         help="skip the unmeasured warm-up run (fills the file cache)")
     parser.add_argument("--timeout", type=float, default=120.0,
@@ -215,43 +207,41 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
-    if args.steps <= 25:
-        parser.error("--steps must be > 25: the fault fires after step 25")
+    if args.steps <= FAULT_STEP:
+        parser.error(f"--steps must be > {FAULT_STEP}: the fault fires after it")
     if args.cold_steps < 1:
         parser.error("--cold-steps must be >= 1")
 
     try:
         print(machine_line())
         print(f"repeats: {args.repeats} (interleaved); workers: {NPROC} (gloo, CPU); "
-              f"measured runs with --restart-backoff 0; fault: {FAULT}; "
-              f"fault runs --steps {args.steps}, cold runs --steps {args.cold_steps}",
-              flush=True)
+              f"--restart-backoff 0; fault: {FAULT}; --step-time {STEP_TIME}; fault runs "
+              f"--steps {args.steps}, cold runs --steps {args.cold_steps}", flush=True)
         colds: list[ColdStart] = []
-        recs: list[Recovery] = []
-        default: Recovery | None = None
+        runs: dict[str, list[Recovery]] = {name: [] for name in VARIANTS}
         with tempfile.TemporaryDirectory(prefix="tg-bench-recovery-") as tmp:
             root = Path(tmp)
             if not args.no_warmup:
                 cold_start(root / "warmup", args.cold_steps, args.timeout)
             for i in range(args.repeats):
-                order = ("cold", "recovery") if i % 2 == 0 else ("recovery", "cold")
+                order = ["cold", *VARIANTS]
+                order = order[i % len(order):] + order[:i % len(order)]  # rotate
                 for kind in order:
                     if kind == "cold":
                         c = cold_start(root / f"cold-{i}", args.cold_steps, args.timeout)
                         colds.append(c)
                         print(f"  [{i + 1}/{args.repeats}] cold start {c.total_s:.3f} s "
-                              f"({load_note()})",
-                              flush=True)
+                              f"({load_note()})", flush=True)
                     else:
-                        r = recovery(root / f"recovery-{i}", args.steps, 0, args.timeout)
-                        recs.append(r)
-                        print(f"  [{i + 1}/{args.repeats}] recovery {r.total_s:.3f} s "
-                              f"({load_note()})",
-                              flush=True)
-            if not args.no_default_backoff:
-                default = recovery(root / "recovery-default", args.steps, None, args.timeout)
+                        slug = kind.replace(", ", "-")
+                        r = recovery(root / f"{slug}-{i}", args.steps, VARIANTS[kind],
+                                     args.timeout)
+                        runs[kind].append(r)
+                        print(f"  [{i + 1}/{args.repeats}] restart ({kind}) {r.total_s:.3f} s, "
+                              f"{r.steps_lost} step(s) lost, workers {r.workers_from}, "
+                              f"state from {r.resumed_from} ({load_note()})", flush=True)
         print()
-        print(report(colds, recs, default))
+        print(report(colds, runs))
     except BenchError as e:
         print(f"recovery_time: error: {e}", file=sys.stderr)
         return 1

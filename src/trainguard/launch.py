@@ -29,6 +29,7 @@ from trainguard.controller.fleet import Fleet
 from trainguard.controller.hub import Hub
 from trainguard.controller.loop import Controller
 from trainguard.controller.nodes import NodeRecovery
+from trainguard.controller.peer_copies import PeerCopies
 from trainguard.controller.recorder import Recorder, console_printer
 from trainguard.controller.store import JobStore, NodeRow
 from trainguard.errors import LaunchError, SpecError
@@ -144,6 +145,8 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     rec = Recorder(spec, paths, store, argv, on_event=console_printer())
     fleet = Fleet(hub, backend, spec.nnodes, spec.nproc_per_node, spec.node_timeout_s,
                   spec.reconnect_grace_s, publish=lambda f: _publish(store, f))
+    if spec.memory_every:  # each node's memory snapshots copied to the next node
+        fleet.peer = PeerCopies(hub, lambda: list(fleet.placement))
     with contextlib.suppress(TypeError, ValueError, AttributeError):
         # schedule counts keep growing across launches
         moves = json.loads(meta.get("slot_moves") or "{}")

@@ -213,6 +213,11 @@ class Op(str, Enum):
     PRECHECK = "precheck"  # PrecheckConfig -> PrecheckReport
     EXIT = "exit"  # {"grace_s": float} -> {}: stop the workers and end the agent
     TELL = "tell"  # Tell -> {"told": int}: how many running ranks were told
+    PREPARE = "prepare"  # StartWorkers -> {}: a spare keeps standbys ready for such workers
+    # peer copies of memory snapshots (node/peer.py, controller/peer_copies.py)
+    PEER_TAKE = "peer_take"  # {list} -> {"steps"} | {peer, rank, step, offset} -> a chunk
+    PEER_STORE = "peer_store"  # a chunk + {peer, origin} -> {"whole": bool}
+    PEER_PIN = "peer_pin"  # {step} -> {}: every rank of the node keeps that step
 
 
 class AgentConfig(BaseModel):

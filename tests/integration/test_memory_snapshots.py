@@ -120,7 +120,7 @@ def test_a_shared_memory_too_small_for_two_snapshots_is_a_clear_error(tmp_path: 
     with tiny_tmpfs(tmp_path / "shm", "1m") as shm:  # the example's state is 1.3 MiB
         r = run_tg(ddp(tmp_path / "job"), cwd=tmp_path, env={"TRAINGUARD_SHM_ROOT": str(shm)})
         assert r.returncode != 0
-        assert "two slots" in r.stderr and "--shm-size" in r.stderr, r.stderr[-3000:]
+        assert "2 slots" in r.stderr and "--shm-size" in r.stderr, r.stderr[-3000:]
         assert list(shm.iterdir()) == []
 
 
@@ -147,3 +147,40 @@ def test_random_kills_during_snapshot_copies_never_resume_wrong_state(tmp_path: 
     result = torture(tmp_path, kills=3, seed=7, mib=16)  # `make torture`: 200 kills
     assert result["problems"] == [], result
     assert result["resumes_checked"] == 6 and result["max_steps_lost"] <= 1
+
+
+def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(tmp_path: Path) -> None:
+    """Pod-level move with memory snapshots: node-1 dies; its ranks start on the spare with
+    the copy node-0 kept of their snapshots, the others from their own memory: every rank
+    resumes at the step last copied (no durable checkpoint yet), and the job ends with the
+    uninterrupted job's weights, bit for bit (one rank per node: a sum of two gradients is
+    exact in any order; with more ranks a restart's new DDP buckets change the order)."""
+    from tests.integration.test_multinode_local import Background, kill_node, wait_for
+
+    def args(job: Path) -> list[str]:
+        return ["run", "--nnodes", "2", "--nproc-per-node", "1", "--spare-nodes", "1",
+                "--memory-every", "1", "--restart-backoff", "0", "--job-dir", str(job),
+                "--max-restarts", "3", "--grace-period", "5", str(EXAMPLE), "--steps", "50",
+                "--step-time", "0.1", "--ckpt-every", "50", "--progress", "--digest"]
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    clean = run_tg(args(tmp_path / "clean"), cwd=tmp_path, env={"TRAINGUARD_SHM_ROOT": str(shm)})
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    job = tmp_path / "job"
+    os.environ["TRAINGUARD_SHM_ROOT"] = str(shm)  # the agents inherit the launcher's
+    try:
+        bg = Background(args(job), tmp_path)
+    finally:
+        del os.environ["TRAINGUARD_SHM_ROOT"]
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 30)
+    kill_node(status, "node-1")
+    code, out = bg.finish()
+    assert code == 0, out
+    assert digest(out) == digest(clean.stdout)
+    resumed = messages(job, "Resumed")
+    assert len(resumed) == 2 and any("peer node" in m for m in resumed), resumed
+    (inc,) = read_json("recovery", job)["running_records"][0]["recover_records"]
+    assert inc["recover"] == "pod_reschedule" and inc["resumed_from"] == "memory+peer", inc
+    assert 0 < inc["resumed_step"] <= inc["last_step_before"], inc
+    assert list(shm.iterdir()) == []

@@ -118,7 +118,7 @@ def test_too_little_shared_memory_is_a_clear_error_before_any_copy(
 
     monkeypatch.setattr(os, "statvfs", lambda p: Tiny())
     slots = RankSlots(tmp_path, 0, 1, "run")
-    with pytest.raises(CheckpointError, match=r"two slots.*--shm-size.*--memory-every 0"):
+    with pytest.raises(CheckpointError, match=r"2 slots.*--shm-size.*--memory-every 0"):
         slots.snapshot(1, tree(1))
     assert slots.valid() == {}
     slots.close()

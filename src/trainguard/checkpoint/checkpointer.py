@@ -55,6 +55,7 @@ from trainguard.worker.contract import (
     ENV_RUN_ID,
     ENV_WORLD_SIZE,
     SOURCE_MEMORY,
+    SOURCE_PEER,
     SOURCE_STORAGE,
     MessageKind,
 )
@@ -322,7 +323,7 @@ class Checkpointer:
     def _load_latest(self, state: Mapping[str, Any]) -> int | None:
         self.wait()
         if self._memory is not None:
-            step, tree = self._memory.resume_step(newest_valid_step(self.storage))
+            step, tree, origin = self._memory.resume_step(newest_valid_step(self.storage))
             if step is not None:
                 apply(state, tree["replicated"], "replicated")
                 rng = tree["rank"].pop(RNG_KEY, None)
@@ -330,7 +331,7 @@ class Checkpointer:
                 if rng is not None:
                     restore_rng(rng)
                 channel.send(MessageKind.RESUMED, step=step, location=self.storage.location,
-                             source=SOURCE_MEMORY)
+                             source=SOURCE_PEER if origin else SOURCE_MEMORY)
                 return step
         loaded = load_newest(self.storage, self.rank, self._agree, self._report)
         if loaded is None:

@@ -30,11 +30,16 @@ import torch
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.memory_format import (
     ALIGN,
+    PINNED_SLOTS,
     SLOTS,
     MemoryManifest,
     SlotEntry,
+    close_slot_bytes,
+    free_slot,
+    open_slot_bytes,
     rank_dir,
     read_manifest,
+    read_pin,
     slot_path,
     write_manifest,
 )
@@ -119,45 +124,6 @@ class _Slot:
     buf: torch.Tensor | None = None  # uint8 over the map
 
 
-def open_slot_bytes(region: str | os.PathLike[str], rank: int, entry: SlotEntry,
-                    lock: bool = False) -> tuple[memoryview, Any]:
-    """A committed slot's bytes, checked against the manifest's CRC; raises ValueError when
-    they are not whole. `lock` (another process's snapshot, whose writer may live): hold a
-    shared lock, so a writer skips the slot, and check that the manifest still names this
-    snapshot (a writer drops it from the manifest before it writes the slot)."""
-    path = slot_path(region, rank, entry.slot)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if lock:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ValueError(f"{path.name} is being written") from None
-            now = read_manifest(region, rank)
-            if now is None or not any(s.slot == entry.slot and s.generation == entry.generation
-                                      for s in now.slots):
-                raise ValueError(f"{path.name} was overwritten since the manifest was read")
-        if os.fstat(fd).st_size < entry.size:
-            raise ValueError(f"{path.name} is shorter than its snapshot")
-        # copy-on-write: writable for torch.frombuffer, never written (the file stays as is)
-        m = mmap.mmap(fd, entry.size, access=mmap.ACCESS_COPY) if entry.size else None
-        view = memoryview(m) if m is not None else memoryview(b"")
-        if entry.crc32 is not None and zlib.crc32(view) != entry.crc32:
-            raise ValueError(f"{path.name}: CRC-32 differs from the manifest (a torn copy)")
-        return view, (fd, m)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def close_slot_bytes(handle: Any) -> None:
-    fd, m = handle
-    if m is not None:
-        with contextlib.suppress(BufferError):
-            m.close()
-    os.close(fd)
-
-
 def read_entry(region: str | os.PathLike[str], rank: int, entry: SlotEntry,
                lock: bool = False) -> Any:
     """A committed snapshot's tree, its tensors copied out of shared memory."""
@@ -179,7 +145,7 @@ class RankSlots:
     """A rank's double-buffered snapshots in `region` (made by its node agent)."""
 
     def __init__(self, region: str | os.PathLike[str], rank: int, world_size: int,
-                 run_id: str, keep: int = 3) -> None:
+                 run_id: str, keep: int = 3, pinned: bool = False) -> None:
         self.region, self.rank, self.world_size, self.run_id = (
             Path(region), rank, world_size, run_id)
         rank_dir(region, rank).mkdir(mode=0o700, exist_ok=True)
@@ -193,6 +159,8 @@ class RankSlots:
         self._mutex = threading.Lock()  # the manifest, between the loop and the commit
         self.last_step: int | None = None
         self.checked_space = False
+        self.pinned = pinned  # peer copies: a third slot keeps the step copied to a peer
+        self._slot_ids = PINNED_SLOTS if pinned else SLOTS
 
     # -- writing --------------------------------------------------------------------------
 
@@ -204,8 +172,8 @@ class RankSlots:
         skeleton = flatten(tree, tensors)
         specs, size = layout(tensors)
         with self._mutex:
-            newest = self._manifest.newest()
-            target = SLOTS[1] if newest is not None and newest.slot == SLOTS[0] else SLOTS[0]
+            target = free_slot(self._manifest, self._slot_ids,
+                               read_pin(self.region, self.rank) if self.pinned else None)
         slot = self._open(target)
         try:
             fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -283,11 +251,12 @@ class RankSlots:
     def _check_space(self, size: int) -> None:
         """The pre-check: room for both slots of a snapshot of this size."""
         st = os.statvfs(self.region)
-        allocated = sum(os.fstat(self._open(n).fd).st_size for n in SLOTS)  # reusable
+        allocated = sum(os.fstat(self._open(n).fd).st_size for n in self._slot_ids)
         free = st.f_bavail * st.f_frsize + allocated
-        if free < 2 * size:
+        n = len(self._slot_ids)
+        if free < n * size:
             raise CheckpointError(
-                f"memory snapshots need {2 * size / 2**20:.1f} MiB of shared memory (two "
+                f"memory snapshots need {n * size / 2**20:.1f} MiB of shared memory ({n} "
                 f"slots of {size / 2**20:.1f} MiB), {free / 2**20:.1f} MiB free. Fix: docker "
                 f"run --shm-size (a larger {self.region.parent}), or --memory-every 0")
         self.checked_space = True

@@ -23,16 +23,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import json
+import mmap
 import os
+import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 FORMAT = 1
 MANIFEST = "manifest.json"
-SLOTS = (0, 1)
+SLOTS = (0, 1)  # double buffering
+PINNED_SLOTS = (0, 1, 2)  # with peer copies: a third keeps the pinned step
+PIN = "pin"  # in a rank's directory: the step its snapshots keep (the one copied to peers)
 ALIGN = 64  # every tensor starts on a cache line
 DEFAULT_ROOT = "/dev/shm"
 REGION_PREFIX = "trainguard-"
@@ -49,6 +54,7 @@ class SlotEntry:
     tensors: list[dict[str, Any]]  # {"dtype", "shape", "offset", "nbytes"}
     world_size: int
     run_id: str
+    origin: str = ""  # "": the rank's own snapshot; else the node whose copy it came from
 
 
 @dataclass
@@ -68,7 +74,11 @@ class MemoryManifest:
         return MemoryManifest(self.rank, [*self.without(entry.slot).slots, entry], self.keep)
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        """The manifest as JSON; each entry encoded once (the tree is the costly part, and
+        an entry is written unchanged many times)."""
+        entries = ",".join(_encoded(e) for e in self.slots)
+        return (f'{{"rank":{self.rank},"slots":[{entries}],"keep":{self.keep},'
+                f'"format":{self.format}}}').encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> MemoryManifest:
@@ -76,9 +86,90 @@ class MemoryManifest:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError(f"not a memory snapshot manifest of format {FORMAT}")
         slots = [SlotEntry(**s) for s in d["slots"]]
-        if any(s.slot not in SLOTS for s in slots) or len({s.slot for s in slots}) != len(slots):
+        if any(s.slot not in PINNED_SLOTS for s in slots) or \
+                len({s.slot for s in slots}) != len(slots):
             raise ValueError("the manifest names a slot twice or a slot that does not exist")
         return cls(int(d["rank"]), slots, max(1, int(d.get("keep", 3))))
+
+
+def open_slot_bytes(region: str | os.PathLike[str], rank: int, entry: SlotEntry,
+                    lock: bool = False) -> tuple[memoryview, Any]:
+    """A committed slot's bytes, checked against the manifest's CRC; raises ValueError when
+    they are not whole. `lock` (another process's snapshot, whose writer may live): hold a
+    shared lock, so a writer skips the slot, and check that the manifest still names this
+    snapshot (a writer drops it from the manifest before it writes the slot)."""
+    path = slot_path(region, rank, entry.slot)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if lock:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ValueError(f"{path.name} is being written") from None
+            now = read_manifest(region, rank)
+            if now is None or not any(s.slot == entry.slot and s.generation == entry.generation
+                                      for s in now.slots):
+                raise ValueError(f"{path.name} was overwritten since the manifest was read")
+        if os.fstat(fd).st_size < entry.size:
+            raise ValueError(f"{path.name} is shorter than its snapshot")
+        # copy-on-write: writable for torch.frombuffer, never written (the file stays as is)
+        m = mmap.mmap(fd, entry.size, access=mmap.ACCESS_COPY) if entry.size else None
+        view = memoryview(m) if m is not None else memoryview(b"")
+        if entry.crc32 is not None and zlib.crc32(view) != entry.crc32:
+            raise ValueError(f"{path.name}: CRC-32 differs from the manifest (a torn copy)")
+        return view, (fd, m)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def close_slot_bytes(handle: Any) -> None:
+    fd, m = handle
+    if m is not None:
+        with contextlib.suppress(BufferError):
+            m.close()
+    os.close(fd)
+
+
+def free_slot(manifest: MemoryManifest, slots: Sequence[int], pinned: int | None) -> int:
+    """The slot the next snapshot goes into: not the newest, not the pinned step's; the
+    empty or oldest of the others."""
+    by_slot = {e.slot: e for e in manifest.slots}
+    newest = manifest.newest()
+    keep = {e.slot for e in manifest.slots if e.step == pinned}
+    if newest is not None:
+        keep.add(newest.slot)
+    free = [s for s in slots if s not in keep] or [s for s in slots if newest is None
+                                                    or s != newest.slot]
+    return min(free, key=lambda s: by_slot[s].generation if s in by_slot else -1)
+
+
+def read_pin(region: str | os.PathLike[str], rank: int) -> int | None:
+    try:
+        return int((rank_dir(region, rank) / PIN).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_pin(region: str | os.PathLike[str], rank: int, step: int) -> None:
+    d = rank_dir(region, rank)
+    tmp = d / f".{PIN}.tmp"
+    tmp.write_text(str(step))
+    os.replace(tmp, d / PIN)
+
+
+_ENCODED: dict[int, tuple[SlotEntry, str]] = {}  # id(entry) -> (entry, its JSON)
+
+
+def _encoded(e: SlotEntry) -> str:
+    hit = _ENCODED.get(id(e))
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    text = json.dumps(dict(vars(e)), separators=(",", ":"))
+    if len(_ENCODED) >= 16:
+        _ENCODED.clear()
+    _ENCODED[id(e)] = (e, text)
+    return text
 
 
 def rank_dir(region: str | os.PathLike[str], rank: int) -> Path:

@@ -28,6 +28,7 @@ from trainguard.worker.contract import (
     ENV_ATTEMPT,
     ENV_MEMORY_DIR,
     ENV_MEMORY_EVERY,
+    ENV_MEMORY_PEER,
     ENV_RUN_ID,
     ControlKind,
     MessageKind,
@@ -59,7 +60,8 @@ class MemoryTier:
                 "Fix: launch with `trainguard run --memory-every N` (or `memory_every: N` in "
                 "the job file), or pass memory_every=0")
         self.every, self.rank, self.world_size = every, rank, world_size
-        self.slots = RankSlots(region, rank, world_size, os.environ.get(ENV_RUN_ID, ""), keep)
+        self.slots = RankSlots(region, rank, world_size, os.environ.get(ENV_RUN_ID, ""), keep,
+                               pinned=os.environ.get(ENV_MEMORY_PEER) == "1")
         self._off_reason: str | None = None
         self._failures = 0  # snapshots skipped in a row (OSError after the first)
 
@@ -90,14 +92,14 @@ class MemoryTier:
         self._failures = 0
         return done
 
-    def resume_step(self, storage_step: int | None) -> tuple[int | None, Any]:
-        """The step every rank resumes from memory, with this rank's snapshot tree; or
-        (None, None): resume from storage."""
+    def resume_step(self, storage_step: int | None) -> tuple[int | None, Any, str]:
+        """The step every rank resumes from memory, with this rank's snapshot tree and the
+        node its copy came from ("": its own); or (None, None, ""): resume from storage."""
         valid = self.slots.valid()
         step = self._agree(sorted(valid), storage_step)
         if step is None:
-            return None, None
-        return step, self.slots.read(valid[step])
+            return None, None, ""
+        return step, self.slots.read(valid[step]), valid[step].origin
 
     def _agree(self, steps: list[int], storage_step: int | None) -> int | None:
         if self.world_size == 1:

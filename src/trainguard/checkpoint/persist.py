@@ -18,8 +18,14 @@ import time
 from trainguard import __version__
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.loading import newest_valid_step
-from trainguard.checkpoint.memory import close_slot_bytes, open_slot_bytes, read_entry
-from trainguard.checkpoint.memory_format import SlotEntry, agreed_step, read_manifest
+from trainguard.checkpoint.memory import read_entry
+from trainguard.checkpoint.memory_format import (
+    SlotEntry,
+    agreed_step,
+    close_slot_bytes,
+    open_slot_bytes,
+    read_manifest,
+)
 from trainguard.checkpoint.saving import SaveJob, run_save
 from trainguard.checkpoint.state import BufferPool, stage
 from trainguard.checkpoint.storage import Storage

@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from trainguard.backends.base import AgentHandle, Backend
 from trainguard.controller.hub import Hub, Reply
+from trainguard.controller.peer_copies import PeerCopies
 from trainguard.errors import LaunchError
 from trainguard.protocol import (
     DumpStacks,
@@ -67,6 +68,8 @@ class Fleet:
         self._broken: dict[str, str] = {}  # placed nodes that failed a command: why
         self.lost: dict[str, str] = {}  # lost placed nodes with why, as of the last report
         self._attempt: int | None = None
+        self.peer: PeerCopies | None = None  # memory snapshots copied to a buddy node
+        self._started: list[str] = []  # the placement the last attempt started on
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -167,6 +170,12 @@ class Fleet:
     def start_workers(self, cmd: StartWorkers) -> NodeReport:
         self._attempt = cmd.attempt
         self._latest, self._stale = {}, {}
+        if self.peer is not None:  # a moved slot's ranks find their snapshots on the new node
+            for old, new in zip(self._started, self.placement, strict=False):
+                if old != new:
+                    self.peer.restore(old, new)
+            self.peer.start()
+        self._started = list(self.placement)
         calls = {}
         for slot, name in enumerate(self.placement):
             workers = [a.model_copy(update={"schedule_count": a.schedule_count
@@ -181,7 +190,21 @@ class Fleet:
         for name, error in failed.items():  # one node's own trouble: it is lost
             self._broken[name] = f"it could not start its workers ({error})"
         self._take(replies)
+        self._prepare_spares(cmd)
         return self._merged()
+
+    def _prepare_spares(self, cmd: StartWorkers) -> None:
+        """Spares keep standby workers ready for one node's ranks: a pod-level move starts
+        the lost node's ranks there warm."""
+        spares = self.spares()
+        if not spares or not cmd.standby:
+            return
+        template = cmd.model_copy(update={"workers": cmd.workers[:self.k], "group_rank": 0})
+        body = template.model_dump(mode="json")
+        for name, reply in self.hub.call({n: (Op.PREPARE, body) for n in spares}, 30,
+                                         self.grace_s).items():
+            if not reply.ok:
+                log.info("spare %s keeps no standby workers: %s", name, reply.error)
 
     def poll(self, wait_s: float = 0.0) -> NodeReport:
         if wait_s > 0:
@@ -237,6 +260,8 @@ class Fleet:
                 h.kill()
 
     def close(self, grace_s: float = 15.0) -> None:
+        if self.peer is not None:
+            self.peer.close()
         self.end_agents(grace_s)
         self.backend.close()
         self.hub.close()

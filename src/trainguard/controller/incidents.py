@@ -60,6 +60,7 @@ class IncidentBook:
         self._store = store
         self.current: RunningRecord | None = None
         self._pending: tuple[RunningRecord, RecoverRecord] | None = None
+        self._recovered: tuple[RunningRecord, RecoverRecord] | None = None  # the last one
         self._max_step: int | None = None
         self._step_open: RecoverRecord | None = None  # rung 0's record while it recovers
 
@@ -81,8 +82,14 @@ class IncidentBook:
             self._save(owner)
 
     def resumed(self, step: int, source: str) -> None:
-        """The library loaded the checkpoint of `step` from `source` (memory or storage):
+        """The library loaded the checkpoint of `step` from `source` (memory, peer, storage,
+        "+"-joined when the ranks loaded from several):
         the authoritative resume point."""
+        if self._pending is None and self._recovered is not None:
+            owner, inc = self._recovered  # a later rank's report, after the first step
+            if inc.resumed_step == step:
+                inc.resumed_from = source
+                self._save(owner)
         if self._pending is not None:
             owner, inc = self._pending
             inc.resumed_step, inc.resumed_from = step, source
@@ -106,7 +113,7 @@ class IncidentBook:
             if inc.last_step_before is not None:
                 inc.steps_lost = max(0, inc.last_step_before - inc.resumed_step)
             inc.recover_result = RecoverResult.SUCCESS
-            self._pending = None
+            self._recovered, self._pending = self._pending, None
             self._save(owner)
         if changed and persist:
             self._save(rec)

@@ -11,6 +11,7 @@ from trainguard.worker.contract import (
     ENV_IN_PROCESS,
     ENV_IN_PROCESS_TIMEOUT,
     ENV_MEMORY_EVERY,
+    ENV_MEMORY_PEER,
     ENV_PG_GENERATION,
     ENV_SAVE_ON_EXIT,
     ENV_STEP_RETRY,
@@ -35,7 +36,8 @@ def start_command(rec: Recorder, attempt: int, port: int, addr: str, *, all_rank
              ENV_IN_PROCESS: "1" if in_process else "0",
              ENV_IN_PROCESS_TIMEOUT: f"{spec.in_process_timeout_s:g}",
              ENV_PG_GENERATION: "0",  # never one inherited from the launcher's env
-             ENV_MEMORY_EVERY: str(spec.memory_every)},
+             ENV_MEMORY_EVERY: str(spec.memory_every),
+             ENV_MEMORY_PEER: "1" if spec.memory_every and spec.nnodes > 1 else "0"},
         workers=[WorkerAssignment(rank=r, local_rank=r % n, start_count=attempt + 1,
                                   schedule_count=rec.launches) for r in ranks],
         world_size=spec.world_size, group_rank=spec.node_rank,

@@ -13,7 +13,7 @@ from typing import Any
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
 from trainguard.records import Level, Reason, secs
-from trainguard.worker.contract import SOURCE_MEMORY, SOURCE_STORAGE, MessageKind
+from trainguard.worker.contract import SOURCE_MEMORY, SOURCE_PEER, SOURCE_STORAGE, MessageKind
 
 EmitEvent = Callable[..., None]  # Recorder.event(level, reason, message, rank=, attempt=)
 Handler = Callable[[WorkerMessage, dict[str, Any], int], None]
@@ -23,7 +23,7 @@ class WorkerMessages:
     def __init__(self, emit: EmitEvent, book: IncidentBook) -> None:
         self._emit = emit
         self._book = book
-        self._resumed_attempts: set[int] = set()
+        self._resumed_sources: dict[int, set[str]] = {}  # attempt -> where ranks loaded from
         self.max_committed_step: int | None = None  # over the whole job
         self.committed_this_attempt: int | None = None
         self._handlers: dict[str, Handler] = {
@@ -93,13 +93,19 @@ class WorkerMessages:
                    rank=m.rank, attempt=attempt)
 
     def _on_resumed(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
-        if attempt in self._resumed_attempts:
-            return
-        self._resumed_attempts.add(attempt)
+        """One event per attempt, and one more for each other source a rank loaded from
+        (the moved ranks of a pod-level move: a peer's copy; the others: their memory)."""
         step = int(d.get("step", 0))
         source = str(d.get("source") or SOURCE_STORAGE)
-        self._book.resumed(step, source)
-        where = ("the node's memory snapshot" if source == SOURCE_MEMORY
-                 else f"the checkpoint at {d.get('location')}")
-        self._emit(Level.INFO, Reason.RESUMED, f"resumed from {where} of step {step}",
+        sources = self._resumed_sources.setdefault(attempt, set())
+        if source in sources:
+            return
+        first = not sources
+        sources.add(source)
+        self._book.resumed(step, "+".join(sorted(sources)))
+        where = {SOURCE_MEMORY: "the node's memory snapshot",
+                 SOURCE_PEER: "a copy of its memory snapshot kept by a peer node"}.get(
+                     source, f"the checkpoint at {d.get('location')}")
+        who = "" if first else f"rank {m.rank} "
+        self._emit(Level.INFO, Reason.RESUMED, f"{who}resumed from {where} of step {step}",
                    rank=m.rank, attempt=attempt)

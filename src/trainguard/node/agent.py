@@ -118,7 +118,8 @@ class NodeAgent:
         self._preloader.start()
         self._guardian = procs.Guardian(marker)
         self._standby = StandbyPool(self._guardian)
-        self._memory = MemoryRegion(marker, node, self._guardian)
+        self.memory = MemoryRegion(marker, node, self._guardian)  # memory snapshots' region
+        self._prepared_at: datetime | None = None  # a spare told to keep standbys ready
         self._channel = ChannelServer(f"@trainguard-{marker}-{node}-{os.getpid()}")
 
     # -- commands -------------------------------------------------------------------------
@@ -144,6 +145,15 @@ class NodeAgent:
         self._standby.configure(len(cmd.workers) if cmd.standby else 0, cmd.argv,
                                 self._env(cmd, a, ""), cmd.cwd or os.getcwd())
         return self.poll()
+
+    def prepare(self, cmd: StartWorkers) -> None:
+        """A spare node: keep standbys ready for workers like these (a pod-level move starts
+        them here); they fill FILL_AFTER_S from now."""
+        if any(not w.state.ended for w in self._workers) or not cmd.workers:
+            return
+        self._prepared_at = utcnow()
+        self._standby.configure(len(cmd.workers) if cmd.standby else 0, cmd.argv,
+                                self._env(cmd, cmd.workers[0], ""), cmd.cwd or os.getcwd())
 
     def _dead_ranks_file(self, cmd: StartWorkers) -> Path:
         return attempt_log_dir(Path(cmd.log_dir), cmd.attempt) / "dead-ranks.json"
@@ -176,7 +186,7 @@ class NodeAgent:
         env = worker_env(cmd, a, error_file, self._marker)
         env[ENV_SOCKET] = self._channel.name
         env[ENV_DEAD_RANKS] = str(self._dead_ranks_file(cmd))
-        env.update(self._memory.env(cmd.env))
+        env.update(self.memory.env(cmd.env))
         return env
 
     def poll(self, wait_s: float = 0.0) -> NodeReport:
@@ -190,8 +200,8 @@ class NodeAgent:
             procs.reap_strays({w.proc.pid for w in self._workers} | {self._guardian.pid})
         if self._router is not None and all(w.state.ended for w in self._workers):
             self._router.join(timeout=0.5)  # their last lines, before the facts go up
-        first = self._progress.first_step_at
-        self._standby.maintain(None if first is None else (utcnow() - first).total_seconds())
+        since = self._progress.first_step_at or (None if self._workers else self._prepared_at)
+        self._standby.maintain(None if since is None else (utcnow() - since).total_seconds())
         return self._report()
 
     def snapshot(self) -> NodeReport:
@@ -215,11 +225,11 @@ class NodeAgent:
                     w.oom_killed = self._oom_rose()
                 if rc != 0 and self._start is not None:  # save at breakpoint
                     self._persist_memory(self._start, w.assignment)
-        self._memory.reap()
+        self.memory.reap()
 
     def _persist_memory(self, cmd: StartWorkers, a: WorkerAssignment) -> None:
         if len(cmd.workers) == cmd.world_size:  # every rank's snapshot is on this node
-            self._memory.persist(self._env(cmd, a, ""), cmd.checkpoint_dir, cmd.world_size,
+            self.memory.persist(self._env(cmd, a, ""), cmd.checkpoint_dir, cmd.world_size,
                                  self._dead_ranks_file(cmd).with_name("persist.log"))
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
@@ -243,8 +253,7 @@ class NodeAgent:
         return addr, preferred_port or free_port(addr)
 
     def tell(self, cmd: Tell) -> int:
-        """Hand a control message to the running ranks `cmd.ranks` (all when None), out of
-        band (node/channel.py); how many ranks were told."""
+        """A control message to the running ranks `cmd.ranks` (all: None); how many."""
         try:
             parse_control(cmd.control)
         except ContractError as e:
@@ -303,7 +312,7 @@ class NodeAgent:
         if any(not w.state.ended for w in self._workers):
             self.stop_workers(StopWorkers(grace_s=0, reason="agent closing"))
         self._standby.close()
-        self._memory.close()
+        self.memory.close()
         self._guardian.close()
         self._channel.close()
         self._preloader.join(PRELOAD_JOIN_S)

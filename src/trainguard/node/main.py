@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.exitcodes import ExitCode
+from trainguard.node import peer
 from trainguard.node.agent import NodeAgent, free_port
 from trainguard.node.logs import ConsoleOptions
 from trainguard.protocol import (
@@ -168,7 +169,9 @@ class AgentRunner:
         handlers: dict[Op, Callable[[dict[str, Any]], dict[str, Any]]] = {
             Op.START: self._op_start, Op.STOP: self._op_stop, Op.DUMP: self._op_dump,
             Op.PORT: self._op_port, Op.PRECHECK: self._op_precheck, Op.EXIT: self._op_exit,
-            Op.TELL: self._op_tell}
+            Op.TELL: self._op_tell, Op.PREPARE: self._op_prepare,
+            Op.PEER_TAKE: self._op_peer_take, Op.PEER_STORE: self._op_peer_store,
+            Op.PEER_PIN: self._op_peer_pin}
         return handlers[op](body)
 
     def _op_start(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +187,28 @@ class AgentRunner:
 
     def _op_tell(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"told": self.agent.tell(Tell.model_validate(body))}
+
+    def _op_prepare(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.agent.prepare(StartWorkers.model_validate(body))
+        return {}
+
+    def _op_peer_take(self, body: dict[str, Any]) -> dict[str, Any]:
+        region = self.agent.memory.path
+        if body.get("list"):
+            return {"steps": peer.steps(region)}
+        step = body.get("step")
+        chunk = peer.take(region, bool(body.get("peer")), int(body["rank"]),
+                          None if step is None else int(step), int(body.get("offset") or 0))
+        return chunk or {}
+
+    def _op_peer_pin(self, body: dict[str, Any]) -> dict[str, Any]:
+        peer.pin(self.agent.memory.path, int(body["step"]))
+        return {}
+
+    def _op_peer_store(self, body: dict[str, Any]) -> dict[str, Any]:
+        whole = peer.store(self.agent.memory.path, bool(body.get("peer")), body,
+                           str(body.get("origin") or ""))
+        return {"whole": whole}
 
     def _op_port(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"port": free_port("")}

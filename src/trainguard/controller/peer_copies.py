@@ -1,0 +1,155 @@
+"""Peer copies of memory snapshots between nodes (a multi-node job with --memory-every).
+
+A background thread copies, round after round, one step of every rank's memory snapshots
+to the rank's buddy node (the next node of the placement), over the agent links:
+
+1. each placed node lists its ranks' whole snapshots (Op.PEER_TAKE with `list`);
+2. the round's step S is the newest one every rank of the job holds;
+3. every node pins S (Op.PEER_PIN): its ranks keep S in a third slot while they go on
+   snapshotting (TRAINGUARD_MEMORY_PEER), so the survivors of a node loss still hold S;
+4. each rank's snapshot of S goes to the buddy chunk by chunk (Op.PEER_TAKE on the node,
+   Op.PEER_STORE on the buddy), each chunk checked, the copy's CRC-32 checked when whole.
+
+A round is as long as its copies take: a larger state is copied less often, and a node
+loss costs the steps since the last whole round. When a pod-level move starts a lost
+node's ranks on another node, `restore` first copies their snapshots of S from the lost
+node's buddy into the new node's region, where the workers find them as their own
+(`origin`: the buddy), and every rank resumes at S (checkpoint/memory_tier.py agrees on
+it). When the node and its buddy are both gone, the job resumes from storage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from trainguard.checkpoint.memory_format import agreed_step
+from trainguard.controller.hub import Hub
+from trainguard.protocol import Op
+
+log = logging.getLogger(__name__)
+
+ROUND_S = 0.2  # between rounds when there was nothing new to copy
+CALL_TIMEOUT_S = 30.0  # a chunk is 16 MiB: seconds at worst; a node gone answers at once
+
+
+class PeerCopies:
+    def __init__(self, hub: Hub, placement: Callable[[], list[str]]) -> None:
+        self.hub, self._placement = hub, placement
+        self._lock = threading.Lock()  # one copy at a time: rounds and restores
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.step: int | None = None  # the step whose copies are whole on every buddy
+        self._buddy: dict[str, str] = {}  # node -> the node keeping its copies, as of `step`
+        self._ranks: dict[str, list[int]] = {}  # node -> its ranks, as of `step`
+        self.rounds = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="trainguard-peer",
+                                            daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=CALL_TIMEOUT_S)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            copied = False
+            try:
+                with self._lock:
+                    copied = self._round()
+            except Exception:  # never the job's end: the next round tries again
+                log.exception("peer copy round failed")
+            if not copied:
+                self._stop.wait(ROUND_S)
+
+    def _round(self) -> bool:
+        placement = self._placement()
+        if len(placement) < 2 or not all(self.hub.connected(n) for n in placement):
+            return False
+        bodies = self._call_all({n: (Op.PEER_TAKE, {"list": True}) for n in placement})
+        if bodies is None:
+            return False
+        listed = {n: {int(r): [int(s) for s in steps]
+                      for r, steps in dict(bodies[n].get("steps") or {}).items()}
+                  for n in placement}
+        step = agreed_step([s for ranks in listed.values() for s in ranks.values()])
+        if step is None or (self.step is not None and step <= self.step):
+            return False
+        # from now on every rank keeps `step`
+        if self._call_all({n: (Op.PEER_PIN, {"step": step}) for n in placement}) is None:
+            return False
+        buddy = {n: placement[(i + 1) % len(placement)] for i, n in enumerate(placement)}
+        for j in range(max(len(r) for r in listed.values())):  # the nodes in parallel
+            jobs = [(n, False, buddy[n], True, sorted(listed[n])[j]) for n in placement
+                    if j < len(listed[n])]
+            if not self._copy(jobs, step):
+                return False  # overwritten before the pin, or a node went: next round
+        self.step, self.rounds = step, self.rounds + 1
+        self._buddy, self._ranks = buddy, {n: sorted(listed[n]) for n in placement}
+        return True
+
+    def restore(self, lost: str, to: str) -> list[int]:
+        """Before a pod-level move starts `lost`'s ranks on `to`: copy the snapshots its
+        buddy keeps for it into `to`'s own places. The ranks restored."""
+        with self._lock:
+            buddy, step = self._buddy.get(lost), self.step
+            if buddy is None or step is None or not self.hub.connected(buddy):
+                return []
+            restored = [r for r in self._ranks.get(lost, [])
+                        if self._copy([(buddy, True, to, False, r)], step)]
+            self.step = None  # the placement changed: rounds start over
+            log.info("restored the memory snapshots of rank(s) %s (step %s) from %s onto %s",
+                     restored, step, buddy, to)
+            return restored
+
+    def _copy(self, jobs: list[tuple[str, bool, str, bool, int]], step: int) -> bool:
+        """Copy rank snapshots of `step` chunk by chunk, each (source, from its peer copies,
+        target, into its peer copies, rank) of `jobs` with its own source and target (one
+        command per node at a time); True once every one is whole at its target."""
+        offsets = {src: 0 for src, *_ in jobs}
+        generation: dict[str, int] = {}
+        pending = list(jobs)
+        while pending:
+            chunks = self._call_all({src: (Op.PEER_TAKE, {
+                "peer": src_peer, "rank": rank, "step": step, "offset": offsets[src]})
+                for src, src_peer, _, _, rank in pending})
+            if chunks is None or any("rank" not in c for c in chunks.values()):
+                return False
+            for src, c in chunks.items():
+                if generation.setdefault(src, int(c["entry"]["generation"])) != \
+                        int(c["entry"]["generation"]):
+                    return False  # another snapshot of the step under way: not one copy
+            stored = self._call_all({dst: (Op.PEER_STORE, {**chunks[src], "peer": dst_peer,
+                                                           "origin": src})
+                                     for src, _, dst, dst_peer, _ in pending})
+            if stored is None:
+                return False
+            left = []
+            for job in pending:
+                src, dst = job[0], job[2]
+                if not stored[dst].get("whole"):
+                    offsets[src] += int(chunks[src]["length"])
+                    if offsets[src] >= int(chunks[src]["total"]):
+                        return False
+                    left.append(job)
+            pending = left
+        return True
+
+    def _call_all(self, calls: dict[str, tuple[Op, dict[str, Any]]]
+                  ) -> dict[str, dict[str, Any]] | None:
+        """Every node's reply body, or None when one failed."""
+        # lost_after_s 0: a node that disconnected is no source or target of copies
+        replies = self.hub.call(calls, CALL_TIMEOUT_S, 0.0)
+        bad = {n: r.error for n, r in replies.items() if not r.ok}
+        if bad:
+            log.debug("peer copy calls failed: %s", bad)
+            return None
+        return {n: r.body for n, r in replies.items()}
