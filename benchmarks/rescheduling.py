@@ -5,14 +5,20 @@ one spare node (`--nnodes 2 --nproc-per-node 2 --spare-nodes 1`), `--step-time 0
 --ckpt-every 10 --progress --quiet`. Runs, `--repeats` times, the order rotated each repeat,
 on this machine side by side:
 
-* (a) pod-level rescheduling: once the job reports step >= 15 (`trainguard status --json`,
-  so the step-10 checkpoint is behind it), node-1's agent process group is SIGKILLed
+* (a) pod-level rescheduling as before issue 13 (`--no-standby-workers`, no memory
+  snapshots): once the job reports step >= 15 (`trainguard status --json`, so the step-10
+  checkpoint is behind it) and has run LATE_KILL_S since its launch (the nodes' and the
+  spare's standby workers would be ready by then), node-1's agent process group is SIGKILLed
   (`os.killpg(agent_pid, SIGKILL)`); the wall clock (UTC) is read just before the kill.
   Measured: kill -> `first_progress_at` of the recover record (`trainguard recovery --json`),
   with the record's split (detect, stop, decide, start, resume) and kill -> `fault_at`
   (for a lost node `fault_at` is when the controller saw the loss). Checked: NodeLost and
   PodRescheduled events, one recover record (pod_reschedule, success, node_fault,
   node/node-1), attempt 1 started as pod_reschedule and resumed from a checkpoint.
+* (a2) the same pod-level move today: standby workers (the default; the spare keeps them
+  too) and `--memory-every 1`, so node-1's ranks start warm on the spare with the copy of
+  their memory snapshots node-0 kept, and the others resume from their own memory. Same
+  measurement; checked as (a), and the record says `resumed_from: memory+peer`.
 * (b) isolated job-level rescheduling after the same node loss: the same job and kill with
   `--max-pod-reschedules 0`, so the pod-level rung is out of budget (quotaExceeded) and the
   job is placed again with node-1 kept out. Same measurement; checked: RescheduleDowngraded
@@ -89,7 +95,9 @@ XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
 FAULT = f"log:{XID}@rank={FAULT_RANK},step={FAULT_STEP};exit:1@rank={FAULT_RANK},step={FAULT_STEP}"
 SPLIT = ("detect", "stop", "decide", "start", "resume")
 FIRST_LINE = re.compile(r"^rank (\d+)/(\d+): process start \d+, scheduled \d+$")
-KINDS = ("cold", "pod", "job", "xid")
+KINDS = ("cold", "pod", "pod-warm", "job", "xid")
+LATE_KILL_S = 25.0  # (a), (a2): after launch; the standbys fill 10 s after their trigger
+LATE = {"pod": ["--no-standby-workers"], "pod-warm": ["--memory-every", "1"]}
 IMPORT_REF = "import torch, torch.distributed"
 
 
@@ -296,6 +304,7 @@ class Reschedule:
     first_step_s: float  # that line -> first_progress_at (inside `resume`)
     resumed_step: int
     steps_lost: int | None
+    origin: tuple[str, str] = ("?", "?")  # the record's workers_from, resumed_from
 
 
 def cold_start(job_dir: Path, steps: int, timeout_s: float) -> ColdStart:
@@ -332,15 +341,18 @@ def step_of(status: dict[str, Any]) -> int:
 
 def reschedule(kind: str, job_dir: Path, steps: int, timeout_s: float,
                extra_env: dict[str, str] | None = None) -> Reschedule:
-    extra = ["--max-pod-reschedules", "0"] if kind == "job" else []
+    extra = ["--max-pod-reschedules", "0"] if kind == "job" else LATE.get(kind, [])
+    late = kind in LATE
     job = Job(job_dir, [*run_flags(job_dir, *extra), *job_flags(steps)],
               fault=FAULT if kind == "xid" else None, extra_env=extra_env or {})
     job.start()
     killed_at: float | None = None
     try:
-        if kind in ("pod", "job"):
-            status = job.status_when(lambda s: step_of(s) >= KILL_AT_STEP, timeout_s,
-                                     f"step >= {KILL_AT_STEP}")
+        if kind in ("pod", "pod-warm", "job"):
+            status = job.status_when(
+                lambda s: step_of(s) >= KILL_AT_STEP and (
+                    not late or time.time() - job.launched >= LATE_KILL_S), timeout_s,
+                f"step >= {KILL_AT_STEP}" + (f", {LATE_KILL_S:g} s in" if late else ""))
             nodes = {n["name"]: n for n in status["nodes"]}
             placed = [(n, nodes.get(n, {}).get("state"), nodes.get(n, {}).get("slot"))
                       for n in ("node-0", KILL_NODE, SPARE_NODE)]
@@ -359,6 +371,9 @@ def reschedule(kind: str, job_dir: Path, steps: int, timeout_s: float,
     return read_reschedule(kind, job_dir, steps, killed_at)
 
 
+
+
+
 def read_reschedule(kind: str, job_dir: Path, steps: int,
                     killed_at: float | None) -> Reschedule:
     data = cli_json("recovery", job_dir)
@@ -368,7 +383,7 @@ def read_reschedule(kind: str, job_dir: Path, steps: int,
                          f"{json.dumps(runs)[:600]}")
     recs = runs[0]["recover_records"]
     got = [(r["recover"], r["recover_result"]) for r in recs]
-    want = {"pod": [("pod_reschedule", "success")],
+    want = {"pod": [("pod_reschedule", "success")], "pod-warm": [("pod_reschedule", "success")],
             "job": [("pod_reschedule", "quotaExceeded"),
                     ("job_reschedule_with_taint", "success")],
             "xid": [("job_reschedule_with_taint", "success")]}[kind]
@@ -382,7 +397,7 @@ def read_reschedule(kind: str, job_dir: Path, steps: int,
         raise BenchError(f"{job_dir}: record says {rec['fault_scenario']}, {rec['category']}, "
                          f"{rec['related_task']}; expected {scenario}, {category}, "
                          f"node/{KILL_NODE}")
-    start_type = "pod_reschedule" if kind == "pod" else "job_reschedule"
+    start_type = "pod_reschedule" if kind.startswith("pod") else "job_reschedule"
     if runs[1]["start_type"] != start_type:
         raise BenchError(f"{job_dir}: attempt 1 started as {runs[1]['start_type']}, "
                          f"expected {start_type}")
@@ -400,6 +415,7 @@ def read_reschedule(kind: str, job_dir: Path, steps: int,
     evs = events(job_dir)
     got_reasons = reasons(evs)
     need = {"pod": ("NodeLost", "PodRescheduled", "Resumed"),
+            "pod-warm": ("NodeLost", "PodRescheduled", "Resumed", "Resumed"),
             "job": ("NodeLost", "RescheduleDowngraded", "JobRescheduled", "Resumed"),
             "xid": ("FailureDiagnosed", "NodeIsolated", "JobRescheduled", "Resumed")}[kind]
     order = [r for r in got_reasons if r in need]
@@ -410,6 +426,9 @@ def read_reschedule(kind: str, job_dir: Path, steps: int,
     first_ev = next(e for e in evs if e["reason"] == need[0])
     if (first_ev.get("involved") or {}).get("node") != KILL_NODE and kind != "xid":
         raise BenchError(f"{job_dir}: {need[0]} names {first_ev.get('involved')}")
+    if kind == "pod-warm" and rec.get("resumed_from") != "memory+peer":
+        raise BenchError(f"{job_dir}: resumed from {rec.get('resumed_from')}, expected "
+                         "memory+peer (the peer copy and the survivors' own memory)")
     if kind == "xid":
         iso = next(e for e in evs if e["reason"] == "NodeIsolated")
         if (iso.get("involved") or {}).get("node") != KILL_NODE or "Xid" not in iso["message"]:
@@ -436,7 +455,8 @@ def read_reschedule(kind: str, job_dir: Path, steps: int,
                          f"{started}, ready {ready}, first progress {first}")
     return Reschedule(first - origin, to_fault, {k: float(dur[k]) for k in SPLIT},
                       pc_end - pc_start, ready - started, first - ready, resumed,
-                      rec.get("steps_lost"))
+                      rec.get("steps_lost"),
+                      (str(rec.get("workers_from")), str(rec.get("resumed_from"))))
 
 
 # `python -X importtime` lines (stderr, so stamped `err` in the rank log): depth 0 = an
@@ -554,7 +574,8 @@ def fmt(values: list[float], digits: int = 3) -> list[str]:
 
 
 TITLES = {
-    "pod": "(a) pod-level rescheduling: kill node-1 -> first step",
+    "pod": "(a) pod-level, cold spare, storage: kill node-1 -> first step",
+    "pod-warm": "(a2) pod-level, standbys + peer memory copy: kill -> first step",
     "job": "(b) isolated job-level rescheduling: kill node-1 -> first step",
     "xid": "(c) job-level rescheduling on Xid 79: fault_at -> first step",
 }
@@ -570,7 +591,7 @@ def report(colds: list[ColdStart], res: dict[str, list[Reschedule]],
         ["  workers started -> last rank's first line", *fmt([c.ready_s for c in colds])],
         ["  last rank's first line -> first step", *fmt([c.first_step_s for c in colds])],
     ]
-    for kind in ("pod", "job", "xid"):
+    for kind in ("pod", "pod-warm", "job", "xid"):
         rs = res[kind]
         rows.append([TITLES[kind], *fmt([r.total_s for r in rs])])
         if kind == "xid":
@@ -592,11 +613,12 @@ def report(colds: list[ColdStart], res: dict[str, list[Reschedule]],
         rows.append(["  ratio to cold start (same repeat)", *fmt(ratios, 2)])
     rows.append([f"reference: 4 x `python -c \"{IMPORT_REF}\"`", *fmt(imports)])
     lines = [markdown_table(["metric (s)", "median", "min", "max"], rows), ""]
-    for kind in ("pod", "job", "xid"):
+    for kind in ("pod", "pod-warm", "job", "xid"):
         lost = sorted({r.steps_lost for r in res[kind] if r.steps_lost is not None})
         steps = sorted({r.resumed_step for r in res[kind]})
         lines.append(f"{kind}: resumed from step {', '.join(map(str, steps))}; steps lost "
-                     f"{', '.join(map(str, lost)) or '?'}")
+                     f"{', '.join(map(str, lost)) or '?'}; workers from, state from: "
+                     + "; ".join(f"{w}, {st}" for w, st in (r.origin for r in res[kind])))
     return "\n".join(lines)
 
 
@@ -610,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40,
                         help=f"--steps for the rescheduling runs; the kill/fault comes at "
                         f"step >= {KILL_AT_STEP} (default 40)")
+    parser.add_argument("--late-steps", type=int, default=200,
+                        help=f"--steps for (a) and (a2), killed {LATE_KILL_S:g} s in "
+                        "(default 200)")
     parser.add_argument("--cold-steps", type=int, default=10,
                         help="--steps for the cold-start runs (default 10)")
     parser.add_argument("--no-warmup", action="store_true",
@@ -635,12 +660,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
         print(f"job: trainguard {' '.join(run_flags(Path('DIR')))} "
               f"{' '.join(job_flags(args.steps))}")
-        print(f"  (b) adds --max-pod-reschedules 0; (c) TRAINGUARD_FAULT='{FAULT}'; "
-              f"(d) --steps {args.cold_steps}, no --quiet")
+        print(f"  (a) adds --no-standby-workers, (a2) --memory-every 1, both --steps "
+              f"{args.late_steps} and killed {LATE_KILL_S:g} s after launch; (b) adds "
+              f"--max-pod-reschedules 0; (c) TRAINGUARD_FAULT='{FAULT}'; (d) --steps "
+              f"{args.cold_steps}, no --quiet")
         print(f"repeats: {args.repeats}, order rotated each repeat; kill {KILL_NODE} at "
               f"status step >= {KILL_AT_STEP}", flush=True)
         colds: list[ColdStart] = []
-        res: dict[str, list[Reschedule]] = {"pod": [], "job": [], "xid": []}
+        res: dict[str, list[Reschedule]] = {"pod": [], "pod-warm": [], "job": [], "xid": []}
         imports: list[float] = []
         with tempfile.TemporaryDirectory(prefix="tg-bench-resched-") as tmp:
             root = Path(tmp)
@@ -655,7 +682,8 @@ def main(argv: list[str] | None = None) -> int:
                         colds.append(c)
                         print(f"{tag} cold start {c.total_s:.3f} s ({load_note()})", flush=True)
                     else:
-                        r = reschedule(kind, root / f"{kind}-{i}", args.steps, args.timeout)
+                        steps = args.late_steps if kind in LATE else args.steps
+                        r = reschedule(kind, root / f"{kind}-{i}", steps, args.timeout)
                         res[kind].append(r)
                         print(f"{tag} {kind} {r.total_s:.3f} s (start {r.durations['start']:.3f},"
                               f" resume {r.durations['resume']:.3f}; {load_note()})",
@@ -665,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
             profile = None
             if not args.no_import_profile:
-                _, profile = import_profile(root / "pod-importtime", args.steps, args.timeout)
+                _, profile = import_profile(root / "pod-importtime", args.late_steps,
+                                            args.timeout)
                 print(f"  import profile run done ({load_note()})", flush=True)
         print()
         print(report(colds, res, imports))
