@@ -49,6 +49,8 @@ class StartWorkers(_Msg):
     cwd: str | None = None
     standby: bool = Field(False, description="keep a pre-warmed standby worker per rank of "
                           "the node for the next restart (node/standby.py)")
+    prewarm_imports: list[str] = Field(default_factory=list, description="modules a standby "
+                                       "imports besides torch's (--prewarm-imports)")
 
 
 class StopWorkers(_Msg):

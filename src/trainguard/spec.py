@@ -133,9 +133,20 @@ class JobSpec(BaseModel):
     memory_every: int = Field(0, ge=0, le=1_000_000, description="steps between memory "
                               "snapshots (trainguard.checkpoint, in the node's /dev/shm): a "
                               "restart on the same node resumes from memory; 0: off")
+    prewarm_imports: list[str] = Field(default_factory=list, description="modules the "
+                                       "standby workers import besides torch's and the ones "
+                                       "the job's workers are seen to import")
     standby_workers: bool = Field(True, description="keep a pre-warmed standby process per rank "
                                   "(torch and DDP's imports done) so that a restarted rank "
                                   "starts warm; --no-standby-workers turns it off")
+
+    @field_validator("prewarm_imports")
+    @classmethod
+    def _modules(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if not all(part.isidentifier() for part in m.split("."))]
+        if bad:
+            raise ValueError(f"not module names: {bad} (e.g. transformers, numpy.linalg)")
+        return v
 
     @field_validator("step_pattern")
     @classmethod

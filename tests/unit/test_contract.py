@@ -64,6 +64,7 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
     MessageKind.STEP_REEXECUTED: {"step": 5, "generation": 1, "retry_s": 0.13},
     MessageKind.RESILIENT: {"generation": 2, "restart_s": 0.2},
     MessageKind.RESTART_WAITING: {"generation": 1, "error": "Connection reset by peer"},
+    MessageKind.IMPORTS: {"modules": "numpy,transformers"},
     MessageKind.MEMORY_STEPS: {"steps": [41, 42], "storage_step": 40, "attempt": 1,
                                "generation": 0},
     MessageKind.LOG_WRITE_FAILED: {"error": "No space left on device"},

@@ -302,7 +302,7 @@ def test_checkpoint_save_and_load_are_checkpoint_phases(
     monkeypatch.setenv("RANK", "0")  # a world of one
 
     def seen() -> list[tuple[str, str | None]]:
-        return [(m["kind"], m.get("state")) for m in agent.drain()]
+        return [(m["kind"], m.get("state")) for m in agent.drain() if m["kind"] != "imports"]
 
     begin, end = ("phase", "begin"), ("phase", "end")
     state = {"model": torch.nn.Linear(2, 2)}
@@ -316,3 +316,22 @@ def test_checkpoint_save_and_load_are_checkpoint_phases(
     assert ("checkpoint_saved", None) in got
     assert ckpt.load_latest(state) == 1
     assert seen() == [begin, ("resumed", None), end]
+
+
+def test_load_latest_tells_the_agent_once_which_installed_packages_the_script_imported(
+        agent: ChannelServer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    from trainguard.checkpoint import Checkpointer
+    from trainguard.worker import imports
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(imports, "_sent", [])
+    ckpt = Checkpointer(tmp_path / "ckpt", save_on_exit=False)
+    state = {"model": torch.nn.Linear(2, 2)}
+    ckpt.load_latest(state)
+    ckpt.load_latest(state)
+    sent = [m for m in agent.drain() if m["kind"] == "imports"]
+    assert len(sent) == 1
+    modules = sent[0]["modules"].split(",")
+    assert "pytest" in modules and "numpy" in modules  # installed, imported here
+    assert not any(m.startswith(("torch", "trainguard", "_")) for m in modules)

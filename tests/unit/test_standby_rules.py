@@ -29,3 +29,15 @@ def test_per_rank_variables_do_not_matter_and_import_time_ones_do() -> None:
     assert _shared(base) != _shared({**base, "OMP_NUM_THREADS": "4"})
     assert {c.ENV_RANK, c.ENV_RESTART_COUNT, c.ENV_PG_GENERATION} <= PER_RANK_ENV
     assert "OMP_NUM_THREADS" not in PER_RANK_ENV and "PYTHONHASHSEED" not in PER_RANK_ENV
+
+
+def test_standbys_import_the_prewarm_list_and_what_the_workers_imported_bounded() -> None:
+    from trainguard.node.standby import DEFAULT_IMPORTS, MAX_LEARNED, StandbyPool
+
+    pool = StandbyPool(guardian=None, imports=DEFAULT_IMPORTS)  # type: ignore[arg-type]
+    argv = [sys.executable, "-u", "train.py"]
+    pool.configure(0, argv, {}, "/", ["transformers", "bad name", "numpy.linalg"])
+    pool.learn(["numpy", "transformers", "torch", "1x"])  # known, default, not a name
+    assert pool.imports == (*DEFAULT_IMPORTS, "transformers", "numpy.linalg", "numpy")
+    pool.learn([f"pkg{i}" for i in range(2 * MAX_LEARNED)])
+    assert len(pool.imports) == len(DEFAULT_IMPORTS) + MAX_LEARNED

@@ -59,6 +59,7 @@ from trainguard.worker.contract import (
     SOURCE_STORAGE,
     MessageKind,
 )
+from trainguard.worker.imports import report_once as report_imports
 from trainguard.worker.progress import phase
 from trainguard.worker.resilient import on_restart
 
@@ -317,6 +318,7 @@ class Checkpointer:
 
     def load_latest(self, state: Mapping[str, Any]) -> int | None:
         """Load the newest valid checkpoint into `state`'s objects; its step, or None."""
+        report_imports()  # the script's imports are done: standby workers learn them
         with phase("checkpoint"):
             return self._load_latest(state)
 

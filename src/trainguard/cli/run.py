@@ -34,6 +34,11 @@ def _flag(p: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, *shor
     p.add_argument(*names, default=S, **kw)
 
 
+def _module_list(text: str) -> list[str]:
+    """`a,b.c` -> ["a", "b.c"] (checked as module names by the job spec)."""
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
 def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run", help="launch a training job that survives faults (torchrun-compatible)",
@@ -104,6 +109,9 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "again; the others re-enter their training function in place)")
     _flag(h, "in-process-timeout", dest="in_process_timeout_s", type=float,
           help="how long a surviving rank waits for the launcher's in-process restart (60 s)")
+    _flag(h, "prewarm-imports", type=_module_list,
+          help="comma-separated modules the standby workers import ahead (besides torch, "
+               "DDP and DCP, and what the job's workers were seen to import)")
     h.add_argument("--no-standby-workers", dest="standby_workers", action="store_false",
                    default=S, help="start restarted ranks cold (default: from pre-warmed "
                    "standby processes, one per rank of the node, that already imported torch)")

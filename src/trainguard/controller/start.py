@@ -45,4 +45,4 @@ def start_command(rec: Recorder, attempt: int, port: int, addr: str, *, all_rank
         master_port=port, max_restarts=spec.max_restarts,
         log_dir=str(paths.log_dir), job_dir=str(paths.job_dir),
         checkpoint_dir=str(paths.checkpoint_dir), cwd=os.getcwd(),
-        standby=spec.standby_workers)
+        standby=spec.standby_workers, prewarm_imports=list(spec.prewarm_imports))

@@ -109,6 +109,7 @@ class NodeAgent:
             MessageKind.PROGRESS: self._progress_signal,
             MessageKind.PHASE: self._phase_signal,
             MessageKind.CHECKPOINT_SAVED: self._saved_signal,
+            MessageKind.IMPORTS: lambda r, m: self._standby.learn(m.data["modules"].split(",")),
         }
         self._strays_reaped = 0.0
         procs.become_subreaper()
@@ -143,17 +144,18 @@ class NodeAgent:
         router.start()
         a = cmd.workers[0]  # the standbys' environment: any rank's, per-rank variables aside
         self._standby.configure(len(cmd.workers) if cmd.standby else 0, cmd.argv,
-                                self._env(cmd, a, ""), cmd.cwd or os.getcwd())
+                                self._env(cmd, a, ""), cmd.cwd or os.getcwd(),
+                                cmd.prewarm_imports)
         return self.poll()
 
     def prepare(self, cmd: StartWorkers) -> None:
-        """A spare node: keep standbys ready for workers like these (a pod-level move starts
-        them here); they fill FILL_AFTER_S from now."""
+        """A spare: keep standbys ready for such workers (a pod-level move brings them)."""
         if any(not w.state.ended for w in self._workers) or not cmd.workers:
             return
         self._prepared_at = utcnow()
         self._standby.configure(len(cmd.workers) if cmd.standby else 0, cmd.argv,
-                                self._env(cmd, cmd.workers[0], ""), cmd.cwd or os.getcwd())
+                                self._env(cmd, cmd.workers[0], ""), cmd.cwd or os.getcwd(),
+                                cmd.prewarm_imports)
 
     def _dead_ranks_file(self, cmd: StartWorkers) -> Path:
         return attempt_log_dir(Path(cmd.log_dir), cmd.attempt) / "dead-ranks.json"

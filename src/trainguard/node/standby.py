@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 REFILL_DELAY_S = 5.0  # after a take: the new worker's own start goes first
 FILL_AFTER_S = 10.0  # after the attempt's first step: the job's own start goes first
+MAX_LEARNED = 64  # modules learned from the workers' imports
 # what a standby imports before it is needed (the job's script imports the rest itself)
 DEFAULT_IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
                    "torch.distributed.checkpoint", "trainguard.checkpoint",
@@ -67,6 +68,7 @@ class StandbyPool:
                  ) -> None:
         self._guardian = guardian
         self._imports = imports
+        self._extra: list[str] = []  # --prewarm-imports, then what the workers imported
         self._ready: list[_Standby] = []
         self._want = 0
         self._template: tuple[list[str], dict[str, str], str] | None = None
@@ -76,9 +78,12 @@ class StandbyPool:
     def __len__(self) -> int:
         return len(self._ready)
 
-    def configure(self, size: int, argv: list[str], env: dict[str, str], cwd: str) -> None:
+    def configure(self, size: int, argv: list[str], env: dict[str, str], cwd: str,
+                  imports: list[str] | None = None) -> None:
         """Keep `size` standbys for workers started as `argv` in `env` (one rank's: its
-        per-rank variables do not matter) and `cwd`; ones that no longer match go."""
+        per-rank variables do not matter) and `cwd`, importing `imports` too; ones that no
+        longer match go."""
+        self.learn(imports or [])
         split = interpreter(argv)
         if split is None:
             size = 0
@@ -116,6 +121,18 @@ class StandbyPool:
             return s.proc
         return None
 
+    def learn(self, modules: list[str]) -> None:
+        """Standbys spawned from now on import `modules` as well (installed packages a
+        worker of the job imported; at most MAX_LEARNED)."""
+        for m in modules:
+            if m not in self._imports and m not in self._extra and len(self._extra) < \
+                    MAX_LEARNED and all(part.isidentifier() for part in m.split(".")):
+                self._extra.append(m)
+
+    @property
+    def imports(self) -> tuple[str, ...]:
+        return (*self._imports, *self._extra)
+
     def maintain(self, running_s: float | None) -> None:
         """Spawn a standby when the pool is short: `running_s` is how long ago the attempt's
         first step was seen (None: not yet)."""
@@ -129,7 +146,7 @@ class StandbyPool:
         # the guardian still ends it with the launcher, and the assignment brings the marker
         env = {k: v for k, v in env.items() if k != c.ENV_MARKER}
         try:
-            proc = procs.spawn([*interp, "-m", "trainguard.worker.standby", *self._imports],
+            proc = procs.spawn([*interp, "-m", "trainguard.worker.standby", *self.imports],
                                env, cwd, stdin=subprocess.PIPE)
         except OSError as e:
             log.warning("cannot start a standby worker (%s); restarts start cold", e)

@@ -98,6 +98,7 @@ class MessageKind(str, Enum):
     RESILIENT = "resilient"  # run_resilient: this rank (re-)entered the training function
     RESTART_WAITING = "restart_waiting"  # run_resilient: the function raised; waits a verdict
     MEMORY_STEPS = "memory_steps"  # load_latest: the memory snapshots this rank can load
+    IMPORTS = "imports"  # load_latest, once: the installed packages this process imported
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
 
     def __str__(self) -> str:  # the value, as StrEnum (f-strings, %s)
@@ -258,6 +259,7 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "attempt": _int(0, MAX_INT32, required=True),
         "generation": _int(0, MAX_INT32, required=True),
     },
+    MessageKind.IMPORTS: {"modules": _text(MAX_TEXT, required=True)},  # comma-separated
     MessageKind.RESTART_WAITING: {
         "generation": _int(0, MAX_INT32, required=True),  # the group that failed under it
         "error": _text(MAX_TEXT, required=True),
