@@ -76,7 +76,8 @@ def test_when_a_worker_dies_the_agent_persists_its_snapshot_and_a_relaunch_resum
     again = run_tg(ddp(tmp_path / "job2", "--checkpoint-dir", str(ckpt)), cwd=tmp_path,
                    env={"TRAINGUARD_SHM_ROOT": str(shm)})
     assert again.returncode == 0, again.stderr[-3000:]
-    assert messages(tmp_path / "job2", "Resumed")[0].endswith(f"{ckpt} of step 10")
+    assert messages(tmp_path / "job2", "Resumed")[0] == (
+        f"resumed from the checkpoint of step 10 at {ckpt}")
     assert digest(again.stdout) == clean_digest
 
 
@@ -174,7 +175,7 @@ def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
     assert code == 0, out
     assert digest(out) == clean_digest
     resumed = messages(job, "Resumed")
-    assert len(resumed) == 2 and any("peer node" in m for m in resumed), resumed
+    assert len(resumed) == 2 and any("peer node's copy" in m for m in resumed), resumed
     (inc,) = read_json("recovery", job)["running_records"][0]["recover_records"]
     assert inc["recover"] == "pod_reschedule" and inc["resumed_from"] == "memory+peer", inc
     assert 0 < inc["resumed_step"] <= inc["last_step_before"], inc

@@ -103,9 +103,9 @@ class WorkerMessages:
         first = not sources
         sources.add(source)
         self._book.resumed(step, "+".join(sorted(sources)))
-        where = {SOURCE_MEMORY: "the node's memory snapshot",
-                 SOURCE_PEER: "a copy of its memory snapshot kept by a peer node"}.get(
-                     source, f"the checkpoint at {d.get('location')}")
+        what = {SOURCE_MEMORY: f"the node's memory snapshot of step {step}",
+                SOURCE_PEER: f"a peer node's copy of its memory snapshot of step {step}"}.get(
+                    source, f"the checkpoint of step {step} at {d.get('location')}")
         who = "" if first else f"rank {m.rank} "
-        self._emit(Level.INFO, Reason.RESUMED, f"{who}resumed from {where} of step {step}",
-                   rank=m.rank, attempt=attempt)
+        self._emit(Level.INFO, Reason.RESUMED, f"{who}resumed from {what}", rank=m.rank,
+                   attempt=attempt)
