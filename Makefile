@@ -44,5 +44,7 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) trainguard-runs .mypy_cache .ruff_cache .pytest_cache
 
+# the long runs of the kill tests; `make test` runs each with a few kills
 torture: $(STAMP)
+	TG_CRASH_KILLS=200 $(BIN)/pytest -q -p no:cacheprovider tests/checkpoint/test_crash_consistency.py -k random
 	$(BIN)/python -m tests.torture.memory_kills --kills 200

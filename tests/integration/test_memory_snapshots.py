@@ -145,9 +145,9 @@ def test_a_shared_memory_that_fills_up_after_the_first_snapshot_changes_nothing(
 
 
 def test_random_kills_during_snapshot_copies_never_resume_wrong_state(tmp_path: Path) -> None:
-    result = torture(tmp_path, kills=3, seed=7, mib=16)  # `make torture`: 200 kills
+    result = torture(tmp_path, kills=2, seed=7, mib=16)  # `make torture`: 200 kills
     assert result["problems"] == [], result
-    assert result["resumes_checked"] == 6 and result["max_steps_lost"] <= 1
+    assert result["resumes_checked"] == 4 and result["max_steps_lost"] <= 1
 
 
 def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
