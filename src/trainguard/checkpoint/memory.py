@@ -184,7 +184,8 @@ class RankSlots:
             with self._mutex:  # from now on the slot holds no whole snapshot
                 self._manifest = self._manifest.without(target)
                 write_manifest(self.region, self._manifest)
-            self._reserve(slot, size)
+            for n in self._slot_ids:  # all at once: no later snapshot pays for allocation
+                self._reserve(self._open(n), size)
             buf = slot.buf
             for t, spec in zip(tensors, specs, strict=True):
                 if buf is not None and spec["nbytes"]:
@@ -230,7 +231,8 @@ class RankSlots:
         if not self.checked_space:
             self._check_space(size)
         # a slot file a previous worker of this rank allocated is reused as it is
-        want = max(-(-size // GROW_STEP) * GROW_STEP, os.fstat(slot.fd).st_size)
+        had = os.fstat(slot.fd).st_size  # bytes a snapshot may still live in: kept as is
+        want = max(-(-size // GROW_STEP) * GROW_STEP, had)
         if slot.map is not None:
             slot.buf = None
             slot.map.close()
@@ -246,7 +248,7 @@ class RankSlots:
         slot.map = mmap.mmap(slot.fd, want)
         slot.size = want
         slot.buf = torch.frombuffer(slot.map, dtype=torch.uint8)
-        slot.buf.zero_()  # touch every page now, not during the first copy
+        slot.buf[had:].zero_()  # touch the new pages now, not during the first copy
 
     def _check_space(self, size: int) -> None:
         """The pre-check: room for both slots of a snapshot of this size."""
