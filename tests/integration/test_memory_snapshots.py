@@ -13,13 +13,12 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.integration.conftest import EXAMPLE, TG, read_json, run_tg
+from tests.integration.conftest import EXAMPLE, TG, mount_tmpfs, read_json, run_tg
 from tests.torture.memory_kills import torture
+
+tmpfs = contextlib.contextmanager(mount_tmpfs)  # a real tmpfs of a given size, or a skip
 
 
 def ddp(job: Path, *extra: str) -> list[str]:
@@ -104,21 +103,8 @@ def test_a_launcher_killed_while_persisting_leaves_no_region_and_no_broken_check
     assert set(steps_in_storage(ckpt)) <= {10, 8, 4}  # what is committed is whole
 
 
-@contextlib.contextmanager
-def tiny_tmpfs(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def test_a_shared_memory_too_small_for_two_snapshots_is_a_clear_error(tmp_path: Path) -> None:
-    with tiny_tmpfs(tmp_path / "shm", "1m") as shm:  # the example's state is 1.3 MiB
+    with tmpfs(tmp_path / "shm", "size=1m") as shm:  # the example's state is 1.3 MiB
         r = run_tg(ddp(tmp_path / "job"), cwd=tmp_path, env={"TRAINGUARD_SHM_ROOT": str(shm)})
         assert r.returncode != 0
         assert "2 slots" in r.stderr and "--shm-size" in r.stderr, r.stderr[-3000:]
@@ -129,7 +115,7 @@ def test_a_shared_memory_that_fills_up_after_the_first_snapshot_changes_nothing(
         tmp_path: Path, clean_digest: str) -> None:
     """Docker's 64 MB /dev/shm crashed DLRover's workers with SIGBUS when it filled up: the
     slots here are allocated up front, so whoever fills it later cannot hurt a copy."""
-    with tiny_tmpfs(tmp_path / "shm", "16m") as shm:
+    with tmpfs(tmp_path / "shm", "size=16m") as shm:
         slots = " ".join(f"[ -s {shm}/trainguard-*/rank-{r}/slot-1.bin ]" for r in (0, 1))
         fill = subprocess.Popen(  # once both ranks allocated both slots: fill it up
             ["sh", "-c", f"until {slots.replace('] [', '] && [')}; do sleep 0.01; done; "

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.conftest import mount_tmpfs
 from trainguard.node.precheck import count_accelerators, run_precheck
 from trainguard.policy.precheck import MIB, CheckResult, PrecheckConfig, PrecheckReport
 
@@ -109,21 +110,9 @@ def test_a_path_under_a_file_cannot_be_created_and_fails(tmp_path: Path) -> None
 
 # -- filesystems (root) -----------------------------------------------------------------------
 
-def _mount_tmpfs(target: Path, options: str) -> Iterator[Path]:
-    target.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
-                       capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=False)
-
-
 @pytest.fixture
 def full_fs(tmp_path: Path) -> Iterator[Path]:
-    for mnt in _mount_tmpfs(tmp_path / "small", "size=1m"):
+    for mnt in mount_tmpfs(tmp_path / "small", "size=1m"):
         with open(mnt / "filler", "wb") as f:
             try:
                 while True:
@@ -136,7 +125,7 @@ def full_fs(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def read_only_fs(tmp_path: Path) -> Iterator[Path]:
-    yield from _mount_tmpfs(tmp_path / "ro", "ro,size=1m")
+    yield from mount_tmpfs(tmp_path / "ro", "ro,size=1m")
 
 
 def test_a_full_filesystem_fails_for_a_dir_not_created_yet(full_fs: Path) -> None:

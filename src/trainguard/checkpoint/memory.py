@@ -36,6 +36,7 @@ from trainguard.checkpoint.memory_format import (
     SlotEntry,
     close_slot_bytes,
     free_slot,
+    loadable,
     open_slot_bytes,
     rank_dir,
     read_manifest,
@@ -274,20 +275,7 @@ class RankSlots:
     def valid(self) -> dict[int, SlotEntry]:
         """Snapshots this rank can load, by step: of this run and world size, bytes whole."""
         self.wait()
-        out: dict[int, SlotEntry] = {}
-        for e in (read_manifest(self.region, self.rank) or MemoryManifest(self.rank)).slots:
-            if e.run_id != self.run_id or e.world_size != self.world_size:
-                continue
-            try:
-                view, handle = open_slot_bytes(self.region, self.rank, e)
-                view.release()
-                close_slot_bytes(handle)
-            except (OSError, ValueError) as err:
-                log.warning("memory snapshot of step %s is not usable: %s", e.step, err)
-                continue
-            if e.step not in out or e.generation > out[e.step].generation:
-                out[e.step] = e
-        return out
+        return loadable(self.region, self.rank, self.world_size, self.run_id)
 
     def read(self, entry: SlotEntry) -> Any:
         return read_entry(self.region, self.rank, entry)

@@ -25,6 +25,7 @@ import ctypes
 import errno
 import fcntl
 import json
+import logging
 import mmap
 import os
 import zlib
@@ -32,6 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -170,6 +173,28 @@ def _encoded(e: SlotEntry) -> str:
         _ENCODED.clear()
     _ENCODED[id(e)] = (e, text)
     return text
+
+
+def loadable(region: str | os.PathLike[str], rank: int, world_size: int,
+             run_id: str) -> dict[int, SlotEntry]:
+    """The rank's snapshots that can be loaded, by step: of this run (any, when `run_id` is
+    empty) and world size, their bytes whole (the CRC-32 checked when known)."""
+    manifest = read_manifest(region, rank)
+    out: dict[int, SlotEntry] = {}
+    for e in manifest.slots if manifest is not None else []:
+        if e.world_size != world_size or (run_id and e.run_id != run_id):
+            continue
+        try:
+            view, handle = open_slot_bytes(region, rank, e)
+        except (OSError, ValueError) as err:
+            log.warning("memory snapshot of step %s of rank %s is not usable: %s", e.step,
+                        rank, err)
+            continue
+        view.release()
+        close_slot_bytes(handle)
+        if e.step not in out or e.generation > out[e.step].generation:
+            out[e.step] = e
+    return out
 
 
 def rank_dir(region: str | os.PathLike[str], rank: int) -> Path:

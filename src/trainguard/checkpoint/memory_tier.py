@@ -67,7 +67,8 @@ class MemoryTier:
 
     def maybe_snapshot(self, step: int, state: Mapping[str, Any],
                        rng: dict[str, Any]) -> bool:
-        if self._off_reason is not None or step % self.every:
+        """Called by maybe_save every `every` steps."""
+        if self._off_reason is not None:
             return False
         replicated, per_rank, sharded = split(state)
         if sharded:

@@ -19,13 +19,7 @@ from trainguard import __version__
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.loading import newest_valid_step
 from trainguard.checkpoint.memory import read_entry
-from trainguard.checkpoint.memory_format import (
-    SlotEntry,
-    agreed_step,
-    close_slot_bytes,
-    open_slot_bytes,
-    read_manifest,
-)
+from trainguard.checkpoint.memory_format import agreed_step, loadable, read_manifest
 from trainguard.checkpoint.saving import SaveJob, run_save
 from trainguard.checkpoint.state import BufferPool, stage
 from trainguard.checkpoint.storage import Storage
@@ -35,23 +29,6 @@ from trainguard.worker.contract import ENV_RUN_ID, SOURCE_MEMORY, MessageKind
 log = logging.getLogger("trainguard.persist")
 
 COMMIT_TIMEOUT_S = 60.0
-
-
-def loadable(region: str, rank: int, world_size: int, run_id: str) -> dict[int, SlotEntry]:
-    """The rank's whole snapshots, by step."""
-    manifest = read_manifest(region, rank)
-    out: dict[int, SlotEntry] = {}
-    for e in manifest.slots if manifest is not None else []:
-        if e.world_size != world_size or (run_id and e.run_id != run_id):
-            continue
-        try:
-            view, handle = open_slot_bytes(region, rank, e)
-        except (OSError, ValueError):
-            continue
-        view.release()
-        close_slot_bytes(handle)
-        out[e.step] = e
-    return out
 
 
 def persist(region: str, location: str, world_size: int, run_id: str) -> int | None:

@@ -44,7 +44,6 @@ class PeerCopies:
         self.step: int | None = None  # the step whose copies are whole on every buddy
         self._buddy: dict[str, str] = {}  # node -> the node keeping its copies, as of `step`
         self._ranks: dict[str, list[int]] = {}  # node -> its ranks, as of `step`
-        self.rounds = 0
 
     def start(self) -> None:
         if self._thread is None:
@@ -92,7 +91,7 @@ class PeerCopies:
                     if j < len(listed[n])]
             if not self._copy(jobs, step):
                 return False  # overwritten before the pin, or a node went: next round
-        self.step, self.rounds = step, self.rounds + 1
+        self.step = step
         self._buddy, self._ranks = buddy, {n: sorted(listed[n]) for n in placement}
         return True
 
