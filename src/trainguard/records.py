@@ -246,7 +246,8 @@ class RunningRecord:
     master_port: int | None = None
     first_step: int | None = None
     last_step: int | None = None
-    recover_records: list[RecoverRecord] = field(default_factory=list)
+    first_output_at: datetime | None = None  # a rank's first output line: bounds a script
+    recover_records: list[RecoverRecord] = field(default_factory=list)  # with no step reports
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -260,6 +261,7 @@ class RunningRecord:
             "master_port": self.master_port,
             "first_step": self.first_step,
             "last_step": self.last_step,
+            "first_output_at": iso(self.first_output_at),
             "recover_records": [r.to_dict() for r in self.recover_records],
         }
 
@@ -277,6 +279,7 @@ class RunningRecord:
             master_port=d.get("master_port"),
             first_step=d.get("first_step"),
             last_step=d.get("last_step"),
+            first_output_at=from_iso(d.get("first_output_at")),
             recover_records=[RecoverRecord.from_dict(r) for r in d.get("recover_records", [])],
         )
 

@@ -97,6 +97,14 @@ class IncidentBook:
                 inc.steps_lost = max(0, inc.last_step_before - step)
             self._save(owner)
 
+    def output_seen(self, at: datetime) -> None:
+        """A rank of the current attempt wrote a line: the first one is the attempt's first
+        sign of life (what bounds a restart's downtime for a script that reports no steps)."""
+        rec = self.current
+        if rec is not None and rec.first_output_at is None and at >= rec.start_at:
+            rec.first_output_at = at
+            self._save(rec)
+
     def progress_seen(self, p: Progress, persist: bool = True) -> None:
         """Steps of the current attempt; ends the open incident at the first one."""
         rec = self.current

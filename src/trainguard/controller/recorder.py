@@ -22,7 +22,7 @@ from trainguard.errors import LaunchError, NodesUnavailable
 from trainguard.exitcodes import ExitCode, signal_name
 from trainguard.paths import JobPaths
 from trainguard.policy.decision import Decision
-from trainguard.protocol import NodeReport
+from trainguard.protocol import NodeReport, Progress
 from trainguard.records import Event, Involved, Level, Reason, StartType, utcnow
 from trainguard.spec import JobSpec
 from trainguard.states import JobState
@@ -42,6 +42,8 @@ class Recorder:
         self._workers_sig: object = None
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
         self._progress_written = 0.0
+        self._ledger: list[tuple[int, int, float]] = []  # progress samples not yet written
+        self._sampled: tuple[object, ...] = ()  # (attempt, first step time, last step)
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
               attempt: int | None = None, data: dict[str, Any] | None = None,
@@ -148,14 +150,35 @@ class Recorder:
             self._node_of.update({w.rank: w.node or report.node for w in report.workers})
             self.store.put_workers(report.attempt or 0, workers_rows(report))
         self.messages.handle(report.messages, report.attempt or 0)
+        outputs = [lv.last_output_at for lv in report.liveness if lv.last_output_at]
+        if outputs:
+            self.book.output_seen(min(outputs))
         p = report.progress
+        self._sample(report.attempt or 0, p)
         now = time.monotonic()
         due = force or now - self._progress_written >= PROGRESS_WRITE_EVERY_S
         self.book.progress_seen(p, persist=due)
+        if due:
+            self.store.add_progress(self._ledger)
+            self._ledger = []
         if p.last_step is not None and due:
             self._progress_written = now
             self.store.set_meta(last_step=p.last_step, last_progress_at=p.last_step_at.isoformat()
                                 if p.last_step_at else None)
+
+    def _sample(self, attempt: int, p: Progress) -> None:
+        """The step ledger: the first step of each attempt (or in-process restart) and every
+        new last step, with the time the workers reached it."""
+        if p.first_step is None or p.first_step_at is None:
+            return
+        first = (attempt, p.first_step_at)
+        if self._sampled[:2] != first:
+            self._ledger.append((attempt, p.first_step, p.first_step_at.timestamp()))
+            self._sampled = (*first, p.first_step)
+        if p.last_step is not None and p.last_step_at is not None \
+                and p.last_step != self._sampled[2]:
+            self._ledger.append((attempt, p.last_step, p.last_step_at.timestamp()))
+            self._sampled = (*first, p.last_step)
 
 
 _ENDINGS = {JobState.SUCCEEDED: (Level.INFO, Reason.JOB_SUCCEEDED),

@@ -13,7 +13,6 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeAlias
@@ -24,16 +23,17 @@ from trainguard.controller.store_rows import (
     NodeRow,
     WorkerRow,
     check_nodes,
+    event_from_row,
     node_from_row,
     running_to_json,
     to_row,
     worker_from_row,
 )
 from trainguard.errors import StoreError
-from trainguard.records import Event, Involved, Level, RunningRecord
+from trainguard.records import Event, RunningRecord
 
 DB_NAME = "trainguard.db"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
 
 MetaValue: TypeAlias = str | int | float | bool | list[str] | None
@@ -46,10 +46,16 @@ _NODES_TABLE = """CREATE TABLE IF NOT EXISTS nodes (
 
 # Version 1 -> 2: events carry structured data; worker rows say whether the OOM killer ran.
 # Version 2 -> 3: the nodes of a multi-node job.
+# Version 3 -> 4: the step ledger (when each attempt reached which step; trainguard.goodput).
+_PROGRESS_TABLE = """CREATE TABLE IF NOT EXISTS progress (
+    attempt INTEGER NOT NULL, step INTEGER NOT NULL, at REAL NOT NULL
+    )"""
+
 _MIGRATIONS = {
     1: ("ALTER TABLE events ADD COLUMN data TEXT",
         "ALTER TABLE workers ADD COLUMN oom_killed INTEGER"),
     2: (_NODES_TABLE,),
+    3: (_PROGRESS_TABLE,),
 }
 
 _SCHEMA = (
@@ -67,6 +73,7 @@ _SCHEMA = (
     PRIMARY KEY (attempt, rank)
     )""",
     _NODES_TABLE,
+    _PROGRESS_TABLE,
 )
 
 
@@ -207,16 +214,18 @@ class JobStore:
             )
         return int(cur.lastrowid or 0)
 
-    def events(self, after_id: int = 0) -> list[tuple[int, Event]]:
-        """Events with an id above `after_id`, oldest first."""
+    def events(self, after_id: int = 0,
+               reasons: tuple[str, ...] = ()) -> list[tuple[int, Event]]:
+        """Events with an id above `after_id` (and one of `reasons`, if given), oldest first."""
+        only = f" AND reason IN ({', '.join('?' * len(reasons))})" if reasons else ""
         with self._errors("read events from"):
             rows = self._conn.execute(
                 f"SELECT id, time, level, reason, message, job, node, rank, attempt, "
                 f"{'data' if self._version >= 2 else 'NULL'} "
-                "FROM events WHERE id > ? ORDER BY id",
-                (after_id,),
+                f"FROM events WHERE id > ?{only} ORDER BY id",
+                (after_id, *reasons),
             ).fetchall()
-        return [(row[0], _event_from_row(row[1:])) for row in rows]
+        return [(row[0], event_from_row(row[1:])) for row in rows]
 
     # -- running records --------------------------------------------------------
 
@@ -301,6 +310,24 @@ class JobStore:
             ).fetchall()
         return [node_from_row(r) for r in rows]
 
+    # -- the step ledger --------------------------------------------------------
+
+    def add_progress(self, samples: list[tuple[int, int, float]]) -> None:
+        """Append (attempt, step, epoch seconds) samples: a step an attempt reached, and when."""
+        if samples:
+            with self._tx("write progress to"):
+                self._conn.executemany(
+                    "INSERT INTO progress (attempt, step, at) VALUES (?, ?, ?)", samples)
+
+    def progress(self) -> list[tuple[int, int, float]]:
+        """Every progress sample, by time; [] before schema 4."""
+        if self._version < 4:
+            return []
+        with self._errors("read progress from"):
+            rows = self._conn.execute(
+                "SELECT attempt, step, at FROM progress ORDER BY at, rowid").fetchall()
+        return [(int(a), int(s), float(t)) for a, s, t in rows]
+
     # -- lifetime ---------------------------------------------------------------
 
     def close(self) -> None:
@@ -358,18 +385,6 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
     except sqlite3.Error as e:
         raise StoreError(f"cannot read the job store {path}: {e}") from e
     return conn
-
-
-def _event_from_row(row: tuple[Any, ...]) -> Event:
-    time, level, reason, message, job, node, rank, attempt, data = row
-    return Event(
-        time=datetime.fromisoformat(time),
-        level=Level(level),
-        reason=reason,
-        message=message,
-        involved=Involved(job=job, node=node, rank=rank, attempt=attempt),
-        data=None if data is None else json.loads(data),
-    )
 
 
 __all__ = ["DB_NAME", "JobStore", "MetaValue", "NodeRow", "StoreError", "WorkerRow"]

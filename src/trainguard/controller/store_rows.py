@@ -8,6 +8,7 @@ states as their enum values (trainguard.states).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from trainguard.records import RunningRecord, from_iso
+from trainguard.records import Event, Involved, Level, RunningRecord, from_iso
 from trainguard.states import JobState, NodeState, WorkerState
 
 NODE_BACKENDS = ("local", "slurm")
@@ -147,3 +148,16 @@ def launcher_dead(meta: dict[str, Any]) -> bool:
     except PermissionError:
         pass
     return False
+
+
+def event_from_row(row: tuple[Any, ...]) -> Event:
+    """An events row (time .. data) as an Event."""
+    time, level, reason, message, job, node, rank, attempt, data = row
+    return Event(
+        time=datetime.fromisoformat(time),
+        level=Level(level),
+        reason=reason,
+        message=message,
+        involved=Involved(job=job, node=node, rank=rank, attempt=attempt),
+        data=None if data is None else json.loads(data),
+    )

@@ -60,7 +60,9 @@ class WorkerMessages:
         self._emit(Level.INFO, Reason.CHECKPOINT_SAVED,
                    f"checkpoint of step {step} committed at {d.get('location')} ({how}, "
                    f"written in {secs(d.get('write_s'))}{mib}){gone}",
-                   rank=m.rank, attempt=attempt)
+                   rank=m.rank, attempt=attempt, data={
+                       k: d[k] for k in ("step", "blocked_s", "write_s", "bytes", "on_exit",
+                                         "source") if d.get(k) is not None})
 
     def _on_checkpoint_exit_skipped(self, m: WorkerMessage, d: dict[str, Any],
                                     attempt: int) -> None:
@@ -108,4 +110,4 @@ class WorkerMessages:
                     source, f"the checkpoint of step {step} at {d.get('location')}")
         who = "" if first else f"rank {m.rank} "
         self._emit(Level.INFO, Reason.RESUMED, f"{who}resumed from {what}", rank=m.rank,
-                   attempt=attempt)
+                   attempt=attempt, data={"step": step, "source": source})

@@ -1,0 +1,325 @@
+"""Where a job's wall time went: productive steps and badput by cause. Pure: no I/O.
+
+The definition (docs/goodput.md): the wall time runs from the job's first launch to its end
+(now while it runs; a lost launcher's last sign of life). Every instant of it gets exactly
+one cause, so the parts add up to the wall time. Instants are painted in layers; where layers
+overlap the higher one wins (`_LAYERS`, lowest first):
+
+- other       whatever no layer claims: teardown after the last step, a failed job's end
+- queued      between two launches of the same job (requeued, not running)
+- startup     a launch -> its first step (imports, rendezvous, checkpoint load, first step)
+- recovery    a restart's workers starting -> their first step; detection -> first step
+- productive  steps that survive: completed and never done again
+- checkpoint_blocking  the training loop waiting on a save
+- wasted_progress      steps a later attempt did again (it resumed from an earlier
+              checkpoint), and the part of a step a crash cut short
+- detection   the fault -> the controller noticed it
+- hang        the last progress before a hang -> the hang was confirmed (or the job stopped)
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+PRODUCTIVE = "productive"
+CAUSES = ("startup", "checkpoint_blocking", "wasted_progress", "detection", "recovery",
+          "hang", "queued", "other")
+_LAYERS = {"other": 0, "queued": 1, "startup": 2, PRODUCTIVE: 3, "checkpoint_blocking": 4,
+           "wasted_progress": 5, "detection": 6, "recovery": 6, "hang": 6}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt: int
+    start: float  # epoch seconds
+    end: float | None  # None: still running, or its launcher died
+    launch: bool  # a first start or a relaunch (not a restart)
+    first_output: float | None = None
+
+
+@dataclass(frozen=True)
+class Incident:
+    attempt: int
+    detected: float
+    fault: float | None = None
+    recovered: float | None = None  # the first progress after the recovery
+    restarted: bool = False  # the ladder acted (not: gave up)
+    hang: bool = False
+    ends_attempt: bool = True  # False: in-process restart or step re-execution
+    resumed_step: int | None = None
+
+
+@dataclass(frozen=True)
+class LedgerInput:
+    start: float
+    end: float
+    attempts: list[Attempt]
+    incidents: list[Incident] = field(default_factory=list)
+    samples: list[tuple[int, int, float]] = field(default_factory=list)  # attempt, step, at
+    saves: list[tuple[float, float]] = field(default_factory=list)  # (committed at, blocked s)
+    hangs: list[tuple[int, float]] = field(default_factory=list)  # confirmed: attempt, at
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float
+    end: float
+    cause: str  # PRODUCTIVE or one of CAUSES
+    attempt: int | None
+
+
+@dataclass
+class Goodput:
+    wall_s: float
+    segments: list[Segment]
+    steps_productive: int
+    steps_wasted: int
+    step_seconds: list[tuple[int, int, float]]  # (attempt, step, seconds per step)
+    measured_steps: bool  # False: no step reports; productive = output seen between faults
+
+    def seconds(self, cause: str, since: float | None = None) -> float:
+        return sum(max(0.0, s.end - max(s.start, since or s.start))
+                   for s in self.segments if s.cause == cause)
+
+    @property
+    def productive_s(self) -> float:
+        return self.seconds(PRODUCTIVE)
+
+    def badput_s(self) -> dict[str, float]:
+        return {c: round(self.seconds(c), 3) for c in CAUSES}
+
+    def ratio(self, window_s: float | None = None) -> float | None:
+        """Productive / wall time; over the last `window_s` seconds when given."""
+        if not self.segments:
+            return None
+        end = self.segments[-1].end
+        since = None if window_s is None else end - window_s
+        total = sum(max(0.0, s.end - max(s.start, since or s.start)) for s in self.segments)
+        return None if total <= 0 else round(self.seconds(PRODUCTIVE, since) / total, 4)
+
+    def ideal_step_s(self) -> float | None:
+        return ideal_step_s([(n, d) for _, n, d in self.step_seconds])
+
+    def to_dict(self, max_steps: int = 2000) -> dict[str, Any]:
+        return {"wall_s": round(self.wall_s, 3), "productive_s": round(self.productive_s, 3),
+                "goodput": self.ratio(), "badput_s": self.badput_s(),
+                "steps": {"productive": self.steps_productive, "wasted": self.steps_wasted},
+                "measured_steps": self.measured_steps, "ideal_step_s": self.ideal_step_s(),
+                "segments": [{"attempt": s.attempt, "cause": s.cause, "start": s.start,
+                              "end": s.end} for s in self.segments],
+                "step_seconds": [list(x) for x in self.step_seconds[-max_steps:]]}
+
+
+def account(inp: LedgerInput) -> Goodput:
+    """Paint the wall time [inp.start, inp.end] with causes; count steps."""
+    by_attempt: dict[int, list[tuple[int, float]]] = {}
+    for a, step, at in sorted(inp.samples, key=lambda x: x[2]):
+        by_attempt.setdefault(a, []).append((step, at))
+    spans: list[tuple[float, float, str, int | None]] = []
+    order = sorted(inp.attempts, key=lambda a: a.attempt)
+    spans += _attempt_spans(inp, order, by_attempt)
+    wasted, productive_n, wasted_n, step_seconds = _steps(order, by_attempt, inp.incidents)
+    spans += wasted
+    spans += [(at - blocked, at, "checkpoint_blocking", None) for at, blocked in inp.saves
+              if blocked > 0]
+    spans += _incident_spans(inp, order, by_attempt)
+    segments = _paint(inp.start, inp.end, spans)
+    return Goodput(max(0.0, inp.end - inp.start), segments, productive_n, wasted_n,
+                   step_seconds, measured_steps=bool(inp.samples))
+
+
+def _first_sign(a: Attempt, samples: list[tuple[int, float]]) -> float | None:
+    return samples[0][1] if samples else a.first_output
+
+
+def _last_sign(a: Attempt, samples: list[tuple[int, float]], inp: LedgerInput) -> float:
+    """When the attempt ended: its end, else (a dead launcher) its last progress or output."""
+    if a.end is not None:
+        return a.end
+    signs = [a.start, *(at for _, at in samples[-1:]), *([a.first_output] if a.first_output
+                                                          else [])]
+    signs += [i.detected for i in inp.incidents if i.attempt == a.attempt]
+    return max(signs)
+
+
+def _attempt_spans(inp: LedgerInput, order: list[Attempt],
+                   by_attempt: dict[int, list[tuple[int, float]]]
+                   ) -> list[tuple[float, float, str, int | None]]:
+    spans: list[tuple[float, float, str, int | None]] = []
+    if order:
+        spans.append((inp.start, order[0].start, "startup", None))
+    for i, a in enumerate(order):
+        samples = by_attempt.get(a.attempt, [])
+        end = _last_sign(a, samples, inp) if a.end is not None or i + 1 < len(order) \
+            else inp.end
+        first = _first_sign(a, samples)
+        opening = "startup" if a.launch else "recovery"
+        spans.append((a.start, end if first is None else min(first, end), opening, a.attempt))
+        if first is not None:
+            last = samples[-1][1] if samples else _unmeasured_end(a, end, inp)
+            spans.append((first, last, PRODUCTIVE, a.attempt))
+        if i + 1 < len(order) and order[i + 1].launch:  # the job was not running
+            prev_end = _last_sign(a, samples, inp)
+            spans.append((prev_end, order[i + 1].start, "queued", None))
+    return spans
+
+
+def _unmeasured_end(a: Attempt, end: float, inp: LedgerInput) -> float:
+    """No step reports: output was seen, so it ran until its fault (or its end)."""
+    faults = [i.fault or i.detected for i in inp.incidents
+              if i.attempt == a.attempt and i.ends_attempt]
+    return min([end, *faults])
+
+
+def _incident_spans(inp: LedgerInput, order: list[Attempt],
+                    by_attempt: dict[int, list[tuple[int, float]]]
+                    ) -> list[tuple[float, float, str, int | None]]:
+    spans: list[tuple[float, float, str, int | None]] = []
+    nexts = {a.attempt: order[i + 1] for i, a in enumerate(order[:-1])}
+    for inc in inp.incidents:
+        fault = inc.fault if inc.fault is not None else inc.detected
+        samples = by_attempt.get(inc.attempt, [])
+        if inc.hang:
+            spans.append((fault, inc.detected, "hang", inc.attempt))
+        else:
+            spans.append((fault, inc.detected, "detection", inc.attempt))
+            if inc.ends_attempt and samples and samples[-1][1] < fault:  # a step cut short
+                spans.append((samples[-1][1], fault, "wasted_progress", inc.attempt))
+        if not inc.restarted:
+            continue
+        end = inc.recovered
+        if end is None and inc.ends_attempt and inc.attempt in nexts:
+            nxt = nexts[inc.attempt]
+            end = _first_sign(nxt, by_attempt.get(nxt.attempt, []))
+            if end is None and nxt.end is not None:
+                end = nxt.end
+        spans.append((inc.detected, inp.end if end is None else end, "recovery", inc.attempt))
+    hung = {i.attempt for i in inp.incidents if i.hang}
+    for attempt, at in inp.hangs:  # confirmed and left running (or stopped): no incident
+        if attempt in hung:
+            continue
+        samples = by_attempt.get(attempt, [])
+        a = next((x for x in order if x.attempt == attempt), None)
+        since = samples[-1][1] if samples and samples[-1][1] <= at else (a.start if a else at)
+        until = a.end if a is not None and a.end is not None else inp.end
+        spans.append((since, until, "hang", attempt))
+    return spans
+
+
+def _steps(order: list[Attempt], by_attempt: dict[int, list[tuple[int, float]]],
+           incidents: list[Incident]
+           ) -> tuple[list[tuple[float, float, str, int | None]], int, int,
+                      list[tuple[int, int, float]]]:
+    """Wasted spans, productive and wasted step counts, and per-interval step times.
+
+    A step is wasted when a later restart point (an attempt's or an in-process restart's
+    resume step) lies below it: it was done again."""
+    points = _restart_points(order, by_attempt, incidents)
+    times = [t for t, _ in points]
+    suffix_min: list[float] = []
+    low = float("inf")
+    for _, step in reversed(points):
+        low = min(low, step)
+        suffix_min.append(low)
+    suffix_min.reverse()
+
+    def floor_after(t: float) -> float:
+        k = bisect.bisect_right(times, t)
+        return suffix_min[k] if k < len(suffix_min) else float("inf")
+
+    spans: list[tuple[float, float, str, int | None]] = []
+    productive = wasted = 0
+    step_seconds: list[tuple[int, int, float]] = []
+    for a in order:
+        samples = by_attempt.get(a.attempt, [])
+        if samples and samples[0][0] > floor_after(samples[0][1]):
+            wasted += 1  # the first step (its time is start-up) was done again
+        elif samples:
+            productive += 1
+        for (s0, t0), (s1, t1) in pairwise(samples):
+            if s1 <= s0:
+                continue  # an in-process restart went back: its time is recovery
+            n = s1 - s0
+            step_seconds.append((a.attempt, s1, (t1 - t0) / n))
+            floor = floor_after(t1)
+            lost = 0 if s1 <= floor else n if s0 >= floor else int(s1 - floor)
+            wasted += lost
+            productive += n - lost
+            if lost:
+                spans.append((t1 - (t1 - t0) * lost / n, t1, "wasted_progress", a.attempt))
+    return spans, productive, wasted, step_seconds
+
+
+def _restart_points(order: list[Attempt], by_attempt: dict[int, list[tuple[int, float]]],
+                    incidents: list[Incident]) -> list[tuple[float, int]]:
+    """(time, step it resumed after), by time: where the job went back to redo steps."""
+    points: list[tuple[float, int]] = []
+    resumed_after = {i.attempt: i.resumed_step for i in incidents
+                     if i.ends_attempt and i.resumed_step is not None}
+    for prev, a in pairwise(order):
+        samples = by_attempt.get(a.attempt, [])
+        if samples:
+            step = resumed_after.get(prev.attempt)
+            points.append((samples[0][1], samples[0][0] - 1 if step is None else step))
+    for a in order:
+        samples = by_attempt.get(a.attempt, [])
+        points += [(t1, s1 - 1) for (s0, _), (s1, t1) in pairwise(samples) if s1 <= s0]
+    return sorted(points)
+
+
+def _paint(start: float, end: float,
+           spans: list[tuple[float, float, str, int | None]]) -> list[Segment]:
+    """Each instant of [start, end] gets the highest layer's cause over it ("other" where
+    none); neighbours with the same cause and attempt merge."""
+    adds: dict[float, list[int]] = {}
+    removes: dict[float, list[int]] = {}
+    points = {start, end}
+    for i, (s, e, _, _) in enumerate(spans):
+        s, e = max(s, start), min(e, end)
+        if e <= s:
+            continue
+        adds.setdefault(s, []).append(i)
+        removes.setdefault(e, []).append(i)
+        points.update((s, e))
+    heap: list[tuple[int, int]] = []
+    dead: set[int] = set()
+    out: list[Segment] = []
+    ordered = sorted(points)
+    for t0, t1 in pairwise(ordered):
+        dead.update(removes.get(t0, ()))
+        for i in adds.get(t0, ()):
+            heapq.heappush(heap, (-_LAYERS[spans[i][2]], -i))
+        while heap and -heap[0][1] in dead:
+            heapq.heappop(heap)
+        cause, attempt = ("other", None) if not heap else spans[-heap[0][1]][2:]
+        if out and out[-1].cause == cause and out[-1].attempt == attempt and out[-1].end == t0:
+            out[-1] = Segment(out[-1].start, t1, cause, attempt)
+        else:
+            out.append(Segment(t0, t1, cause, attempt))
+    return out
+
+
+def ideal_step_s(weighted: list[tuple[int, float]]) -> float | None:
+    """The ideal step time: the mean of step times up to median + 3·MAD (weighted by steps),
+    as ml-goodput-measurement computes it, without its 1 s floor."""
+    if not weighted:
+        return None
+    med = _weighted_median(weighted)
+    mad = _weighted_median([(n, abs(d - med)) for n, d in weighted])
+    kept = [(n, d) for n, d in weighted if d <= med + 3 * mad]
+    return round(sum(n * d for n, d in kept) / sum(n for n, _ in kept), 6)
+
+
+def _weighted_median(weighted: list[tuple[int, float]]) -> float:
+    items = sorted(weighted, key=lambda x: x[1])
+    half = sum(n for n, _ in items) / 2
+    seen = 0
+    for n, d in items:
+        seen += n
+        if seen >= half:
+            return d
+    return items[-1][1]

@@ -1,0 +1,82 @@
+"""A job's ledger input, read from its store (running records, progress, events)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from trainguard.controller.store import JobStore
+from trainguard.controller.store_rows import shown_state
+from trainguard.goodput.ledger import Attempt, Goodput, Incident, LedgerInput, account
+from trainguard.records import (
+    Event,
+    FaultScenario,
+    Reason,
+    RecoverResult,
+    RunningRecord,
+    StartType,
+    from_iso,
+    utcnow,
+)
+from trainguard.states import JobState
+
+_LAUNCHES = (StartType.FIRST_START, StartType.RELAUNCH)
+_RESTARTED = (RecoverResult.SUCCESS, RecoverResult.RECOVERING)
+_ENDED = frozenset(s.value for s in JobState if s.ended)
+LEDGER_REASONS = (Reason.CHECKPOINT_SAVED.value, Reason.HANG_CONFIRMED.value)
+
+
+def job_goodput(store: JobStore, now: datetime | None = None) -> Goodput:
+    """The goodput of the job in `store`, as of `now` while it runs."""
+    events = [ev for _, ev in store.events(reasons=LEDGER_REASONS)]
+    return account(ledger_input(store.meta(), store.running_records(), store.progress(),
+                                events, now or utcnow()))
+
+
+def ledger_input(meta: dict[str, object], records: list[RunningRecord],
+                 samples: list[tuple[int, int, float]], events: list[Event],
+                 now: datetime) -> LedgerInput:
+    attempts = [Attempt(r.attempt, r.start_at.timestamp(), _ts(r.end_at),
+                        r.start_type in _LAUNCHES, _ts(r.first_output_at)) for r in records]
+    incidents = [
+        Incident(attempt=rr.attempt, detected=(rr.detected_at or rr.recover_start_at).timestamp(),
+                 fault=_ts(rr.fault_at), recovered=_ts(rr.first_progress_at),
+                 restarted=rr.recover_result in _RESTARTED,
+                 hang=rr.fault_scenario == FaultScenario.JOB_HANGED,
+                 ends_attempt=rec.end_at is not None and rr.workers_stopped_at == rec.end_at,
+                 resumed_step=rr.resumed_step)
+        for rec in records for rr in rec.recover_records]
+    saves = [(ev.time.timestamp(), float(ev.data.get("blocked_s") or 0.0)) for ev in events
+             if ev.reason == Reason.CHECKPOINT_SAVED.value and ev.data
+             and isinstance(ev.data.get("blocked_s"), int | float)]
+    hangs = [(ev.involved.attempt, ev.time.timestamp()) for ev in events
+             if ev.reason == Reason.HANG_CONFIRMED.value and ev.involved.attempt is not None]
+    created = _meta_ts(meta.get("created_at"))
+    start = created if created is not None else (
+        attempts[0].start if attempts else now.timestamp())
+    return LedgerInput(start=start, end=_end(meta, attempts, samples, events, now),
+                       attempts=attempts, incidents=incidents, samples=samples, saves=saves,
+                       hangs=hangs)
+
+
+def _end(meta: dict[str, object], attempts: list[Attempt],
+         samples: list[tuple[int, int, float]], events: list[Event], now: datetime) -> float:
+    """The job's end: its end time; now while it runs; a lost launcher's last sign of life."""
+    state = shown_state(meta)
+    ended = _meta_ts(meta.get("ended_at"))
+    if state in _ENDED and ended is not None and state != JobState.LOST.value:
+        return ended
+    if state != JobState.LOST.value:
+        return now.timestamp()
+    signs = [a.start for a in attempts] + [a.end for a in attempts if a.end] + \
+        [a.first_output for a in attempts if a.first_output] + [t for _, _, t in samples[-1:]]
+    signs += [ev.time.timestamp() for ev in events[-1:]]
+    last = _meta_ts(meta.get("last_progress_at"))
+    return max(signs + ([last] if last else []), default=now.timestamp())
+
+
+def _ts(t: datetime | None) -> float | None:
+    return None if t is None else t.timestamp()
+
+
+def _meta_ts(v: object) -> float | None:
+    return _ts(from_iso(v)) if isinstance(v, str) else None

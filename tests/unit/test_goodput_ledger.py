@@ -1,0 +1,167 @@
+"""The goodput ledger's accounting on synthetic ledgers (trainguard.goodput.ledger)."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainguard.goodput.ledger import (
+    CAUSES,
+    PRODUCTIVE,
+    Attempt,
+    Incident,
+    LedgerInput,
+    account,
+    ideal_step_s,
+)
+
+
+def steps(attempt: int, first: int, last: int, t0: float, dt: float = 1.0
+          ) -> list[tuple[int, int, float]]:
+    """Steps first..last of `attempt`, step `first` done at t0, one every dt seconds."""
+    return [(attempt, s, t0 + (s - first) * dt) for s in range(first, last + 1)]
+
+
+def parts_sum(g) -> float:  # type: ignore[no-untyped-def]
+    return g.productive_s + sum(g.seconds(c) for c in CAUSES)
+
+
+def test_a_restart_at_17_after_a_checkpoint_at_10_wastes_exactly_7_steps() -> None:
+    # attempt 0: starts at 0, step 1 at 5 s, ..., step 17 at 21 s; crash right at 21 s
+    # attempt 1 starts at 23 s, resumes from step 10, steps 11..20 at 26..35 s
+    inp = LedgerInput(
+        start=0.0, end=36.0,
+        attempts=[Attempt(0, 0.0, 22.0, launch=True), Attempt(1, 23.0, 36.0, launch=False)],
+        incidents=[Incident(0, detected=21.5, fault=21.0, recovered=26.0, restarted=True,
+                            resumed_step=10)],
+        samples=steps(0, 1, 17, 5.0) + steps(1, 11, 20, 26.0))
+    g = account(inp)
+    assert g.steps_wasted == 7
+    assert math.isclose(g.seconds("wasted_progress"), 7.0)
+    assert math.isclose(g.seconds("detection"), 0.5)
+    assert math.isclose(g.seconds("recovery"), 26.0 - 21.5)
+    assert math.isclose(g.seconds("startup"), 5.0)
+    assert math.isclose(g.productive_s, (16 - 7) + 9)  # 9 surviving intervals per attempt
+    assert math.isclose(parts_sum(g), 36.0)
+    assert g.steps_productive == 17 - 7 + 10
+
+
+def test_the_gap_between_two_launches_is_queued_never_productive() -> None:
+    inp = LedgerInput(
+        start=0.0, end=1000.0,
+        attempts=[Attempt(0, 0.0, 11.0, launch=True), Attempt(1, 900.0, 1000.0, launch=True)],
+        samples=steps(0, 1, 10, 1.0) + steps(1, 11, 20, 901.0))
+    g = account(inp)
+    assert math.isclose(g.seconds("queued"), 889.0)
+    assert g.ratio() is not None and g.ratio() < 0.05
+    assert math.isclose(parts_sum(g), 1000.0)
+
+
+def test_a_lost_launcher_then_a_relaunch_wastes_the_steps_it_redid() -> None:
+    # the launcher was SIGKILLed at step 30 (no end), relaunched; it resumed from 20
+    inp = LedgerInput(
+        start=0.0, end=100.0,
+        attempts=[Attempt(0, 0.0, None, launch=True), Attempt(1, 50.0, 100.0, launch=True)],
+        samples=steps(0, 1, 30, 1.0) + steps(1, 21, 60, 55.0))
+    g = account(inp)
+    assert g.steps_wasted == 10
+    assert math.isclose(g.seconds("wasted_progress"), 10.0)
+    assert math.isclose(g.seconds("queued"), 50.0 - 30.0)
+
+
+def test_without_step_reports_a_restart_still_costs_time() -> None:
+    inp = LedgerInput(
+        start=0.0, end=60.0,
+        attempts=[Attempt(0, 0.0, 31.0, launch=True, first_output=3.0),
+                  Attempt(1, 32.0, 60.0, launch=False, first_output=40.0)],
+        incidents=[Incident(0, detected=30.5, fault=30.0, restarted=True)])
+    g = account(inp)
+    assert not g.measured_steps
+    assert math.isclose(g.seconds("recovery"), 40.0 - 30.5)
+    assert math.isclose(g.seconds("detection"), 0.5)
+    assert g.ratio() is not None and g.ratio() < 1.0
+    assert math.isclose(parts_sum(g), 60.0)
+
+
+def test_a_confirmed_hang_left_running_is_hang_time() -> None:
+    inp = LedgerInput(start=0.0, end=100.0, attempts=[Attempt(0, 0.0, 100.0, launch=True)],
+                      samples=steps(0, 1, 20, 1.0), hangs=[(0, 50.0)])
+    g = account(inp)
+    assert math.isclose(g.seconds("hang"), 80.0)
+    assert math.isclose(g.productive_s, 19.0)
+
+
+def test_a_hang_incident_counts_last_progress_to_confirmation_as_hang() -> None:
+    inp = LedgerInput(
+        start=0.0, end=60.0,
+        attempts=[Attempt(0, 0.0, 41.0, launch=True), Attempt(1, 42.0, 60.0, launch=False)],
+        incidents=[Incident(0, detected=40.0, fault=10.0, recovered=45.0, restarted=True,
+                            hang=True, resumed_step=10)],
+        samples=steps(0, 1, 10, 1.0) + steps(1, 11, 25, 45.0))
+    g = account(inp)
+    assert math.isclose(g.seconds("hang"), 30.0)
+    assert math.isclose(g.seconds("recovery"), 5.0)
+    assert g.steps_wasted == 0
+
+
+def test_checkpoint_blocking_comes_out_of_productive_time() -> None:
+    inp = LedgerInput(start=0.0, end=21.0, attempts=[Attempt(0, 0.0, 21.0, launch=True)],
+                      samples=steps(0, 1, 20, 1.0), saves=[(10.0, 0.25), (20.0, 0.25)])
+    g = account(inp)
+    assert math.isclose(g.seconds("checkpoint_blocking"), 0.5)
+    assert math.isclose(g.productive_s, 19.0 - 0.5)
+
+
+def test_an_in_process_restart_counts_its_redone_steps() -> None:
+    # one attempt; at 12 s the ranks restart in process and go back to step 5
+    samples = [*steps(0, 1, 10, 1.0), (0, 6, 14.0), (0, 7, 15.0), (0, 12, 20.0)]
+    inp = LedgerInput(start=0.0, end=20.0, attempts=[Attempt(0, 0.0, 20.0, launch=True)],
+                      incidents=[Incident(0, detected=11.0, fault=10.5, recovered=14.0,
+                                          restarted=True, ends_attempt=False,
+                                          resumed_step=5)],
+                      samples=samples)
+    g = account(inp)
+    assert g.steps_wasted == 5  # steps 6..10 of the first pass
+    assert math.isclose(parts_sum(g), 20.0)
+
+
+def test_ideal_step_time_drops_outliers_without_a_one_second_floor() -> None:
+    times = [(1, 0.1)] * 50 + [(1, 0.12)] * 50 + [(1, 5.0)]
+    ideal = ideal_step_s(times)
+    assert ideal is not None and 0.1 <= ideal <= 0.12
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 30), st.floats(0.5, 20), st.booleans(),
+                          st.integers(0, 40)), min_size=1, max_size=6),
+       st.floats(0, 50))
+def test_the_parts_always_add_up_to_the_wall_time(
+        plan: list[tuple[int, float, bool, int]], tail: float) -> None:
+    """Random attempts (steps, step time, crashed?, resume point): every instant of the wall
+    time has exactly one cause."""
+    t = 0.0
+    attempts, incidents, samples = [], [], []
+    step = 0
+    for i, (n, dt, crashed, back) in enumerate(plan):
+        attempts.append(Attempt(i, t, None, launch=i == 0))
+        t += dt
+        for _ in range(n):
+            step += 1
+            samples.append((i, step, t))
+            t += dt / 4
+        end = t + 0.1
+        attempts[-1] = Attempt(i, attempts[-1].start, end, launch=i == 0)
+        if crashed:
+            step = max(0, step - back)
+            incidents.append(Incident(i, detected=t + 0.05, fault=t, restarted=True,
+                                      resumed_step=step))
+        t = end + 0.2
+    inp = LedgerInput(start=0.0, end=t + tail, attempts=attempts, incidents=incidents,
+                      samples=samples, saves=[(s[2], 0.01) for s in samples[::3]])
+    g = account(inp)
+    assert math.isclose(parts_sum(g), t + tail, rel_tol=1e-9, abs_tol=1e-6)
+    assert all(s.cause in (*CAUSES, PRODUCTIVE) for s in g.segments)
+    assert all(a.end <= b.start + 1e-9 for a, b in pairwise(g.segments))
