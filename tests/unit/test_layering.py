@@ -69,6 +69,7 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
     f"{PKG}.backends": frozenset({BACKENDS}),
     f"{PKG}.launch": frozenset({ROOT}),
     f"{PKG}.cli": frozenset({CLI}),
+    f"{PKG}.ui": frozenset({CLI}),  # `trainguard ui`'s server: a reader, like the commands
     f"{PKG}.__main__": frozenset({CLI}),  # `python -m trainguard`: the command line
 }
 # The top-level shared modules, the one explicit list.

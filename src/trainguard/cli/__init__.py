@@ -11,6 +11,7 @@ from trainguard.cli.ckpt import add_ckpt_command
 from trainguard.cli.diagnose import add_diagnose_command
 from trainguard.cli.read import add_read_commands
 from trainguard.cli.run import add_run_command
+from trainguard.cli.ui import add_ui_command
 from trainguard.errors import TrainguardError
 from trainguard.exitcodes import ExitCode
 
@@ -27,6 +28,7 @@ def parser() -> argparse.ArgumentParser:
     add_read_commands(sub)
     add_ckpt_command(sub)
     add_diagnose_command(sub)
+    add_ui_command(sub)
     return p
 
 

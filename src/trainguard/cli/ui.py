@@ -1,0 +1,56 @@
+"""`trainguard ui [JOB_DIR ...] [--root DIR]`: a read-only web dashboard of jobs
+(docs/ui.md). Exit codes: 0 stopped (Ctrl-C), 2 bad arguments or the port cannot be had."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trainguard.exitcodes import ExitCode
+from trainguard.ui.catalog import Catalog
+
+DEFAULT_PORT = 8642
+
+
+def add_ui_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    text = "serve a read-only web dashboard of jobs (loopback by default)"
+    p = sub.add_parser("ui", help=text, description=text + "; see docs/ui.md.")
+    p.add_argument("job_dirs", nargs="*", metavar="JOB_DIR",
+                   help="job dirs to show (printed by `trainguard run`)")
+    p.add_argument("--root", metavar="DIR",
+                   help="also show every job dir under DIR (two levels down), looked for "
+                        "again on each listing")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (127.0.0.1); any other than loopback needs "
+                        "a token, made and printed unless --token is given")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"port to listen on ({DEFAULT_PORT}; 0: any free one)")
+    p.add_argument("--token", help="the token every request must carry (?token= or "
+                                    "Authorization: Bearer); default: none on loopback, a "
+                                    "new one elsewhere")
+    p.set_defaults(func=_run)
+
+
+def _run(ns: argparse.Namespace) -> int:
+    if not ns.job_dirs and ns.root is None:
+        print("trainguard ui: name at least one JOB_DIR or --root DIR", file=sys.stderr)
+        return ExitCode.USAGE
+    if ns.root is not None and not Path(ns.root).is_dir():
+        print(f"trainguard ui: --root {ns.root} is not a directory", file=sys.stderr)
+        return ExitCode.USAGE
+    if not 0 <= ns.port <= 65535:
+        print(f"trainguard ui: --port {ns.port} is not a TCP port", file=sys.stderr)
+        return ExitCode.USAGE
+    from trainguard.ui.server import serve  # starlette, uvicorn: only for this command
+
+    catalog = Catalog([Path(d) for d in ns.job_dirs],
+                      Path(ns.root) if ns.root is not None else None)
+    try:
+        serve(catalog, ns.host, ns.port, ns.token or None)
+    except OSError as e:
+        print(f"trainguard ui: cannot listen on {ns.host}:{ns.port}: {e}", file=sys.stderr)
+        return ExitCode.USAGE
+    except KeyboardInterrupt:
+        pass
+    return ExitCode.SUCCESS

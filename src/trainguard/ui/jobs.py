@@ -1,0 +1,142 @@
+"""What the dashboard shows of one job, as JSON-ready dicts: a row of the job list, and the
+job view (attempts with their recover records, workers, nodes, checkpoints, diagnoses,
+hangs). Read-only over the job store; every read is bounded (ui/eventlog.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from trainguard.controller.store import JobStore
+from trainguard.controller.store_rows import NodeRow, WorkerRow, shown_state, to_row
+from trainguard.errors import StoreError
+from trainguard.records import Event, Reason, RunningRecord
+from trainguard.states import JobState
+from trainguard.ui.eventlog import EventLog
+from trainguard.ui.goodput_view import goodput_of
+
+RECENT_CHECKPOINTS = 50
+RECENT_INCIDENTS = 100
+_ENDED = frozenset(s.value for s in JobState if s.ended)
+_SAVED = re.compile(r"checkpoint of step (-?\d+) committed at (.*?) \((.*)\)")
+_BLOCKED = re.compile(r"loop blocked ([\d.]+)s")
+_WRITTEN = re.compile(r"written in ([\d.]+)s")
+_MIB = re.compile(r"([\d.]+) MiB")
+_META_SHOWN = ("run_id", "created_at", "ended_at", "exit_code", "command", "nproc_per_node",
+               "max_restarts", "restarts_used", "hang_restarts", "launches", "scenario",
+               "log_dir", "last_step", "last_progress_at", "attempt", "launcher_host")
+
+
+def log_dir(meta: dict[str, Any], job_dir: Path) -> Path:
+    """Where the job's rank logs are (`--log-dir`, else JOB_DIR/logs)."""
+    d = meta.get("log_dir")
+    return Path(d) if isinstance(d, str) and d else job_dir / "logs"
+
+
+def is_ended(state: str | None) -> bool:
+    return state in _ENDED
+
+
+def summary(jid: str, job_dir: Path) -> dict[str, Any]:
+    """A row of the job list; a job dir that cannot be read becomes a row with `error`."""
+    try:
+        with JobStore.open(job_dir) as store:
+            return _summary(jid, job_dir, store, store.meta(), store.running_records())
+    except StoreError as e:
+        return {"id": jid, "job_dir": str(job_dir), "error": str(e), "state": None}
+
+
+def _summary(jid: str, job_dir: Path, store: JobStore, meta: dict[str, Any],
+             records: list[RunningRecord]) -> dict[str, Any]:
+    state = shown_state(meta)
+    return {
+        "id": jid, "job_dir": str(job_dir), "run_id": meta.get("run_id"), "state": state,
+        "ended": is_ended(state), "attempts": len(records),
+        "restarts": max(len(records) - 1, 0),
+        "incidents": sum(len(r.recover_records) for r in records),
+        "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
+        "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at"),
+        "goodput": goodput_of(store).get("goodput"), "error": None,
+    }
+
+
+def detail(jid: str, job_dir: Path) -> dict[str, Any]:
+    """The job view's data (StoreError when the store cannot be read)."""
+    with JobStore.open(job_dir) as store, EventLog(job_dir) as log:
+        meta = store.meta()
+        records = store.running_records()
+        doc = _summary(jid, job_dir, store, meta, records)
+        doc.update(live_parts(store, meta, records))
+        doc["meta"] = {k: meta.get(k) for k in _META_SHOWN if k in meta}
+        doc["log_dir"] = str(log_dir(meta, job_dir))
+        doc["checkpoints"] = checkpoints(log)
+        doc["diagnoses"] = [diagnosis_item(i, e) for i, e in
+                            log.newest(RECENT_INCIDENTS, [Reason.FAILURE_DIAGNOSED.value])]
+        doc["hangs"] = [hang_item(i, e) for i, e in
+                        log.newest(RECENT_INCIDENTS, [Reason.HANG_CONFIRMED.value])]
+        doc["last_event_id"] = log.last_id()
+        doc["events_total"] = log.count()
+        doc["goodput_detail"] = goodput_of(store)
+    return doc
+
+
+def live_parts(store: JobStore, meta: dict[str, Any],
+               records: list[RunningRecord]) -> dict[str, Any]:
+    """What changes while a job runs, without its events: state, attempts, ranks, nodes
+    (pushed on the live stream whenever it changes)."""
+    state = shown_state(meta)
+    return {
+        "state": state, "ended": is_ended(state), "attempts": len(records),
+        "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
+        "records": [r.to_dict() for r in records],
+        "workers": [row_dict(w) for w in store.workers()],
+        "nodes": [row_dict(n) for n in store.nodes()],
+    }
+
+
+def row_dict(row: WorkerRow | NodeRow) -> dict[str, Any]:
+    names = [f for f in row.__dataclass_fields__]
+    return dict(zip(names, to_row(row), strict=True))
+
+
+def checkpoints(log: EventLog) -> dict[str, Any]:
+    """The newest committed checkpoints, from CheckpointSaved events, and how many."""
+    reason = [Reason.CHECKPOINT_SAVED.value]
+    items = [checkpoint_item(i, e) for i, e in log.newest(RECENT_CHECKPOINTS, reason)]
+    return {"count": log.count(reason), "items": items[::-1]}
+
+
+def checkpoint_item(eid: int, ev: Event) -> dict[str, Any]:
+    """A committed checkpoint: from the event's data, or (stores before it had data) from
+    its message."""
+    m = _SAVED.match(ev.message)
+    how = m.group(3) if m else ""
+    d = ev.data or {}
+    size = d.get("bytes")
+    return {"id": eid, "time": ev.to_dict()["time"], "attempt": ev.involved.attempt,
+            "step": d.get("step", int(m.group(1)) if m else None),
+            "location": m.group(2) if m else None,
+            "blocked_s": d.get("blocked_s", _num(_BLOCKED, how)),
+            "write_s": d.get("write_s", _num(_WRITTEN, how)),
+            "mib": round(size / 2**20, 1) if isinstance(size, int | float) else _num(_MIB, how),
+            "source": d.get("source"), "message": ev.message}
+
+
+def _num(pattern: re.Pattern[str], text: str) -> float | None:
+    m = pattern.search(text)
+    return float(m.group(1)) if m else None
+
+
+def diagnosis_item(eid: int, ev: Event) -> dict[str, Any]:
+    return {"id": eid, "time": ev.to_dict()["time"], "attempt": ev.involved.attempt,
+            "rank": ev.involved.rank, "message": ev.message, "diagnosis": ev.data or {}}
+
+
+def hang_item(eid: int, ev: Event) -> dict[str, Any]:
+    data = ev.data or {}
+    return {"id": eid, "time": ev.to_dict()["time"], "attempt": ev.involved.attempt,
+            "message": ev.message, "culprit": data.get("culprit"),
+            "stuck_ranks": data.get("stuck_ranks"), "idle_s": data.get("idle_s"),
+            "threshold_s": data.get("threshold_s"), "basis": data.get("basis"),
+            "stacks": data.get("stacks") or {}, "stack_errors": data.get("stack_errors") or {}}

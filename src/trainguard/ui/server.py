@@ -1,0 +1,56 @@
+"""Serving the dashboard with uvicorn: the listening socket bound first (so the printed URL
+has the real port, `--port 0` included), the token made when one is needed."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import sys
+from typing import TextIO
+
+import uvicorn
+
+from trainguard.ui.app import create_app
+from trainguard.ui.auth import is_loopback
+from trainguard.ui.catalog import Catalog
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (OSError when it cannot be had)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket, host: str, token: str | None) -> str:
+    port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def serve(catalog: Catalog, host: str, port: int, token: str | None,
+          out: TextIO = sys.stdout) -> None:
+    """Serve until SIGINT/SIGTERM. Off loopback a token is required: `token`, or a new one,
+    printed in the URL."""
+    if token is None and not is_loopback(host):
+        token = secrets.token_urlsafe(24)
+    sock = bind(host, port)
+    app = create_app(catalog, token=token)
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=1, lifespan="off")
+    count = len(catalog.jobs())
+    print(f"trainguard ui: {count} job(s) at {url_of(sock, host, token)}", file=out,
+          flush=True)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
