@@ -55,7 +55,8 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
         raise SpecError("--job-dir", f"cannot create {e.filename or paths.job_dir} "
                         f"({e.strerror})", "choose a writable directory") from None
     filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
-    with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store:
+    with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store, \
+            _metrics_endpoint(spec, paths, store):
         if spec.multi_node:
             code = launch_cluster(spec, argv, marker, paths, store)
             _job_dir_line(paths)
@@ -66,6 +67,29 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
         code = Controller(recorder, agent).run()
     _job_dir_line(paths)
     return code
+
+
+@contextlib.contextmanager
+def _metrics_endpoint(spec: JobSpec, paths: JobPaths, store: JobStore) -> Iterator[None]:
+    """`--metrics-port`: the job's /metrics, served by this process while the job runs."""
+    if spec.metrics_port is None:
+        store.set_meta(metrics_url=None)
+        yield
+        return
+    from trainguard.goodput.metrics import serve
+
+    try:
+        url, close = serve(paths.job_dir, spec.metrics_host, spec.metrics_port)
+    except OSError as e:
+        raise SpecError("--metrics-port", f"cannot serve metrics on {spec.metrics_host}:"
+                        f"{spec.metrics_port} ({e.strerror or e})",
+                        "pick a free port, or 0 for any") from None
+    store.set_meta(metrics_url=url)
+    print(f"[trainguard] metrics: {url}", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        close()
 
 
 def _job_dir_line(paths: JobPaths) -> None:

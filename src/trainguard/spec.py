@@ -77,6 +77,11 @@ class JobSpec(BaseModel):
     controller_host: str | None = Field(None, description="address the controller listens on "
                                         "for node agents (default: 127.0.0.1 for the local "
                                         "backend, this host's name for slurm)")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve the job's "
+                                     "Prometheus metrics live at http://HOST:PORT/metrics "
+                                     "(0: any free port; default: not served)")
+    metrics_host: str = Field("127.0.0.1", description="address the metrics endpoint binds "
+                              "(loopback by default)")
     nproc_per_node: int = Field(1, ge=1, le=1024, description="worker processes per node")
     node_rank: int = Field(0, ge=0, description="this node's rank")
     master_addr: str = Field("127.0.0.1", description="address of rank 0's store")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.cli.read import add_read_commands, summarize
+from trainguard.cli.read import add_read_commands
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.records import (
     Event,
@@ -82,6 +82,10 @@ def job(tmp_path: Path) -> Path:
         s.put_running(first)
         s.put_running(RunningRecord(1, at(105), StartType.AUTO_RESTART, at(300), "JobSucceeded"))
         s.put_workers(1, workers(1))
+        # steps 1..120 every 0.75 s from 10 s; after the restart 101..500 every 0.45 s from 115 s
+        s.add_progress([(0, k, at(10 + (k - 1) * 0.75).timestamp()) for k in range(1, 121)]
+                       + [(1, k, at(115 + (k - 101) * 0.45).timestamp())
+                          for k in range(101, 501)])
         s.set_meta(
             state="succeeded",
             attempt=1,
@@ -146,15 +150,23 @@ def test_recovery_json_has_the_records_and_a_summary(
         "resume": 10.0,
         "total": 15.0,
     }
-    assert doc["summary"] == {
+    summary = doc["summary"]
+    badput = summary.pop("badput_s")
+    assert summary == {
         "attempts": 2,
         "restarts": 1,
         "launches": 1,
         "incidents": 1,
-        "total_downtime_s": 15.0,
         "steps_lost": 20,
-        "goodput": 0.95,
+        "wall_s": 300.0,
+        "productive_s": 253.8,
+        "goodput": 0.846,
     }
+    # start-up to step 1; steps 101..120 done again (20 x 0.75 s) and the step the crash cut
+    # short; fault -> detected; detected -> first step after the restart; after the last step
+    assert badput == {"startup": 10.0, "checkpoint_blocking": 0.0, "wasted_progress": 15.75,
+                      "detection": 1.0, "recovery": 14.0, "hang": 0.0, "queued": 0.0,
+                      "other": 5.45}
 
 
 def test_recovery_text_shows_each_attempt_its_incident_and_the_summary(
@@ -170,14 +182,8 @@ def test_recovery_text_shows_each_attempt_its_incident_and_the_summary(
     for phase, seconds in split.items():
         assert f"{phase} {seconds:.3f}s" in out
     assert "steps lost 20" in out
-    assert "goodput 95.0%" in out
-
-
-def test_goodput_is_unknown_without_a_creation_time() -> None:
-    rec = RunningRecord(0, at(0), StartType.FIRST_START, recover_records=[recover_record()])
-    assert summarize([rec], {})["goodput"] is None
-    ongoing = summarize([rec], {"created_at": iso(at(0))}, now=at(150))
-    assert ongoing["goodput"] == 0.9
+    assert "goodput 84.6%" in out
+    assert "wasted_progress 15.750s" in out
 
 
 def test_status_json_has_the_exact_keys_and_one_entry_per_rank(

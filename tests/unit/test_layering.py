@@ -65,6 +65,11 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
     f"{PKG}.diagnosis": frozenset({PURE}),
     f"{PKG}.diagnosis.sources": frozenset({SHARED}),  # reads log files (node agent, cli)
     f"{PKG}.controller": frozenset({CONTROLLER}),
+    # goodput reads the job store (the controller serves /metrics; cli reads it); its
+    # accounting and the checkpoint-interval advice are pure
+    f"{PKG}.goodput": frozenset({CONTROLLER}),
+    f"{PKG}.goodput.ledger": frozenset({PURE}),
+    f"{PKG}.goodput.interval": frozenset({PURE}),
     f"{PKG}.node": frozenset({NODE}),
     f"{PKG}.backends": frozenset({BACKENDS}),
     f"{PKG}.launch": frozenset({ROOT}),

@@ -10,6 +10,7 @@ from trainguard import __version__
 from trainguard.cli.ckpt import add_ckpt_command
 from trainguard.cli.diagnose import add_diagnose_command
 from trainguard.cli.read import add_read_commands
+from trainguard.cli.report import add_report_commands
 from trainguard.cli.run import add_run_command
 from trainguard.cli.ui import add_ui_command
 from trainguard.errors import TrainguardError
@@ -26,6 +27,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     add_run_command(sub)
     add_read_commands(sub)
+    add_report_commands(sub)
     add_ckpt_command(sub)
     add_diagnose_command(sub)
     add_ui_command(sub)

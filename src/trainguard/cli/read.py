@@ -25,6 +25,7 @@ from trainguard.controller.store import JobStore, NodeRow, WorkerRow
 from trainguard.controller.store_rows import node_order, shown_state
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
+from trainguard.goodput import Goodput, job_goodput
 from trainguard.records import (
     Event,
     Involved,
@@ -33,7 +34,6 @@ from trainguard.records import (
     StartType,
     iso,
     secs,
-    utcnow,
 )
 from trainguard.states import JobState, NodeState, WorkerState
 
@@ -80,18 +80,18 @@ def _add(
 
 def cmd_events(args: argparse.Namespace) -> int:
     body = _follow_events if getattr(args, "follow", False) else _print_events
-    return _with_store("events", args, body)
+    return with_store("events", args, body)
 
 
 def cmd_recovery(args: argparse.Namespace) -> int:
-    return _with_store("recovery", args, _print_recovery)
+    return with_store("recovery", args, _print_recovery)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    return _with_store("status", args, _print_status)
+    return with_store("status", args, _print_status)
 
 
-def _with_store(command: str, args: argparse.Namespace, body: _Handler) -> int:
+def with_store(command: str, args: argparse.Namespace, body: _Handler) -> int:
     """Open the store read-only, run `body`; a StoreError becomes one line and exit code 2."""
     try:
         with JobStore.open(Path(args.job_dir)) as store:
@@ -178,7 +178,7 @@ def job_finished(meta: dict[str, Any]) -> bool:
 def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
     meta = store.meta()
     records = store.running_records()
-    summary = summarize(records, meta)
+    summary = summarize(records, job_goodput(store))
     if args.json:
         _print_json(
             {
@@ -199,17 +199,10 @@ def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
     return ExitCode.SUCCESS
 
 
-def summarize(
-    records: list[RunningRecord], meta: dict[str, Any], now: datetime | None = None
-) -> dict[str, Any]:
-    """Attempts, restarts, incidents, downtime, steps lost and goodput of a job."""
+def summarize(records: list[RunningRecord], g: Goodput) -> dict[str, Any]:
+    """Attempts, restarts, incidents, steps lost and the goodput ledger's figures (the
+    definition: docs/goodput.md)."""
     incidents = [rr for rec in records for rr in rec.recover_records]
-    totals = [t for rr in incidents if (t := rr.durations()["total"]) is not None]
-    downtime = round(sum(totals), 3)
-    created = meta_time(meta.get("created_at"))
-    ended = meta_time(meta.get("ended_at")) or now or utcnow()
-    wall = None if created is None else (ended - created).total_seconds()
-    goodput = None if wall is None or wall <= 0 else round(max(0.0, 1 - downtime / wall), 4)
     return {
         "attempts": len(records),
         "restarts": sum(1 for r in records
@@ -217,9 +210,11 @@ def summarize(
         "launches": sum(1 for r in records
                         if r.start_type in (StartType.FIRST_START, StartType.RELAUNCH)),
         "incidents": len(incidents),
-        "total_downtime_s": downtime,
         "steps_lost": sum(rr.steps_lost or 0 for rr in incidents),
-        "goodput": goodput,
+        "wall_s": round(g.wall_s, 3),
+        "productive_s": round(g.productive_s, 3),
+        "badput_s": g.badput_s(),
+        "goodput": g.ratio(),
     }
 
 
@@ -244,10 +239,12 @@ def _recover_lines(rr: RecoverRecord) -> Text:
 
 def _summary_line(s: dict[str, Any]) -> str:
     goodput = "unknown" if s["goodput"] is None else f"{s['goodput'] * 100:.1f}%"
+    lost = "  ".join(f"{cause} {v:.3f}s" for cause, v in s["badput_s"].items() if v > 0)
     return (
         f"summary: {s['attempts']} attempts, {s['restarts']} restarts, "
-        f"{s['incidents']} incidents, downtime {s['total_downtime_s']:.3f}s, "
-        f"steps lost {s['steps_lost']}, goodput {goodput}"
+        f"{s['incidents']} incidents, steps lost {s['steps_lost']}, goodput {goodput} "
+        f"(productive {s['productive_s']:.3f}s of {s['wall_s']:.3f}s)\n"
+        f"  lost: {lost or 'nothing'}  (trainguard report JOB_DIR explains; docs/goodput.md)"
     )
 
 

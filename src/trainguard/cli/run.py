@@ -144,6 +144,12 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _flag(m, "min-free-disk-mb", type=float, help="pre-check: free MiB in job/checkpoint dirs")
     _flag(m, "expect-accelerators", type=int, help="pre-check: accelerators per node (0)")
     _flag(m, "controller-host", type=str, help="address the controller listens on for agents")
+    o = p.add_argument_group("monitoring")
+    _flag(o, "metrics-port", type=int, help="serve Prometheus metrics live at "
+          "http://127.0.0.1:PORT/metrics while the job runs (0: any free port; the URL is "
+          "printed and kept as metrics_url in the job store)")
+    _flag(o, "metrics-host", type=str, help="address the metrics endpoint binds (127.0.0.1; "
+          "the metrics carry no secrets, but bind elsewhere only on a trusted network)")
     p.add_argument("training_script", nargs="?", default=S, help="script, module or program")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, default=S)
     p.set_defaults(func=_run_command)

@@ -7,6 +7,7 @@ from datetime import datetime
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import shown_state
 from trainguard.goodput.ledger import Attempt, Goodput, Incident, LedgerInput, account
+from trainguard.policy.decision import Rung
 from trainguard.records import (
     Event,
     FaultScenario,
@@ -21,6 +22,7 @@ from trainguard.states import JobState
 
 _LAUNCHES = (StartType.FIRST_START, StartType.RELAUNCH)
 _RESTARTED = (RecoverResult.SUCCESS, RecoverResult.RECOVERING)
+_IN_ATTEMPT = (Rung.STEP_REEXECUTION.value, Rung.IN_PROCESS_RESTART.value)
 _ENDED = frozenset(s.value for s in JobState if s.ended)
 LEDGER_REASONS = (Reason.CHECKPOINT_SAVED.value, Reason.HANG_CONFIRMED.value)
 
@@ -42,7 +44,8 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                  fault=_ts(rr.fault_at), recovered=_ts(rr.first_progress_at),
                  restarted=rr.recover_result in _RESTARTED,
                  hang=rr.fault_scenario == FaultScenario.JOB_HANGED,
-                 ends_attempt=rec.end_at is not None and rr.workers_stopped_at == rec.end_at,
+                 ends_attempt=rec.end_at is not None and (
+                     rr.recover not in _IN_ATTEMPT or rr.recover_result not in _RESTARTED),
                  resumed_step=rr.resumed_step)
         for rec in records for rr in rec.recover_records]
     saves = [(ev.time.timestamp(), float(ev.data.get("blocked_s") or 0.0)) for ev in events

@@ -1,0 +1,240 @@
+"""Prometheus metrics of one job, read from its store at each scrape.
+
+One collector (`JobCollector`) serves both `trainguard metrics JOB_DIR` (the text exposition
+for a textfile collector or a finished job) and the controller's live `/metrics`
+(`--metrics-port`). prometheus-client writes the exposition format, so its own parser reads
+what we print. Names follow Prometheus' conventions: the `trainguard_` prefix, base units
+(seconds), `_total` on counters, ratios 0-1, labels only from small fixed sets. Times that a
+later restart can re-classify (productive, badput) are gauges, not counters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from trainguard.controller.store import JobStore
+from trainguard.controller.store_rows import shown_state
+from trainguard.goodput.interval import IntervalAdvice, advise
+from trainguard.goodput.ledger import CAUSES, Goodput
+from trainguard.goodput.read import job_goodput
+from trainguard.policy.decision import Rung
+from trainguard.records import Event, Reason, RecoverResult, RunningRecord, from_iso
+from trainguard.states import JobState, NodeState
+
+STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+RECOVERY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+BLOCKING_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+WINDOWS = {"5m": 300.0, "1h": 3600.0}
+PHASES = ("detect", "stop", "decide", "start", "resume", "total")
+_EVENT_REASONS = (Reason.CHECKPOINT_SAVED.value, Reason.CHECKPOINT_SAVE_FAILED.value,
+                  Reason.HANG_CONFIRMED.value, Reason.FAILURE_DIAGNOSED.value)
+
+
+class JobCollector(Collector):
+    """Collects one job's metrics from its store (opened read-only per scrape)."""
+
+    def __init__(self, job_dir: Path) -> None:
+        self.job_dir = Path(job_dir)
+
+    def collect(self) -> Iterator[Metric]:
+        with JobStore.open(self.job_dir) as store:
+            yield from job_metrics(store)
+
+
+def exposition(job_dir: Path) -> bytes:
+    """The text exposition of a job's metrics."""
+    from prometheus_client import generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(job_dir))
+    return generate_latest(registry)
+
+
+def serve(job_dir: Path, host: str, port: int) -> tuple[str, Callable[[], None]]:
+    """Serve the job's /metrics from a thread of this process; returns its URL and a closer."""
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(job_dir))
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    url = f"http://{host}:{server.server_port}/metrics"
+
+    def close() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return url, close
+
+
+def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric]:
+    meta = store.meta()
+    records = store.running_records()
+    events = [ev for _, ev in store.events(reasons=_EVENT_REASONS)]
+    g = job_goodput(store, now)
+    yield from _job(meta, records)
+    yield from _goodput(g)
+    yield from _recoveries(records)
+    yield from _steps(g)
+    yield from _checkpoints(events)
+    yield from _advice(g, records, events)
+    nodes = GaugeMetricFamily("trainguard_nodes", "nodes of the job by state",
+                              labels=["state"])
+    counts = Counter(n.state.value for n in store.nodes())
+    for state in NodeState:
+        nodes.add_metric([state.value], counts.get(state.value, 0))
+    yield nodes
+
+
+def _job(meta: dict[str, object], records: list[RunningRecord]) -> Iterator[Metric]:
+    state = GaugeMetricFamily("trainguard_job_state", "1 for the job's current state",
+                              labels=["state"])
+    now = shown_state(meta)
+    for s in JobState:
+        state.add_metric([s.value], 1.0 if s.value == now else 0.0)
+    yield state
+    attempt = meta.get("attempt")
+    yield GaugeMetricFamily("trainguard_attempt", "the current attempt (0: the first)",
+                            value=float(attempt) if isinstance(attempt, int) else float("nan"))
+    step = meta.get("last_step")
+    yield GaugeMetricFamily("trainguard_step", "the last step the workers reported",
+                            value=float(step) if isinstance(step, int) else float("nan"))
+    at = meta.get("last_progress_at")
+    last = from_iso(at) if isinstance(at, str) else None
+    yield GaugeMetricFamily("trainguard_last_progress_timestamp_seconds",
+                            "when the workers last reported a step (Unix time)",
+                            value=last.timestamp() if last else float("nan"))
+
+
+def _goodput(g: Goodput) -> Iterator[Metric]:
+    yield GaugeMetricFamily("trainguard_elapsed_seconds", "wall time since the first launch",
+                            value=g.wall_s)
+    yield GaugeMetricFamily("trainguard_productive_seconds",
+                            "time of steps that survive (not done again)", value=g.productive_s)
+    badput = GaugeMetricFamily("trainguard_badput_seconds", "wall time lost, by cause",
+                               labels=["cause"])
+    for cause in CAUSES:
+        badput.add_metric([cause], g.seconds(cause))
+    yield badput
+    ratio = GaugeMetricFamily("trainguard_goodput_ratio",
+                              "productive / wall time, whole run and recent windows",
+                              labels=["window"])
+    for name, seconds in (("all", None), *WINDOWS.items()):
+        value = g.ratio(seconds)
+        ratio.add_metric([name], float("nan") if value is None else value)
+    yield ratio
+    steps = GaugeMetricFamily("trainguard_steps", "steps completed, by fate (a later "
+                              "restart can turn productive steps into wasted ones)",
+                              labels=["fate"])
+    steps.add_metric(["productive"], g.steps_productive)
+    steps.add_metric(["wasted"], g.steps_wasted)
+    yield steps
+
+
+def _recoveries(records: list[RunningRecord]) -> Iterator[Metric]:
+    incidents = [rr for r in records for rr in r.recover_records]
+    restarts = CounterMetricFamily("trainguard_restarts", "recoveries carried out, by rung of "
+                                   "the ladder", labels=["rung"])
+    acted = Counter(rr.recover for rr in incidents
+                    if rr.recover_result in (RecoverResult.SUCCESS, RecoverResult.RECOVERING))
+    for rung in Rung:
+        restarts.add_metric([rung.value], acted.get(rung.value, 0))
+    yield restarts
+    results = CounterMetricFamily("trainguard_recoveries", "incidents by fault scenario and "
+                                  "result", labels=["fault_scenario", "result"])
+    for (scenario, result), n in sorted(Counter(
+            (rr.fault_scenario.value, rr.recover_result.value) for rr in incidents).items()):
+        results.add_metric([scenario, result], n)
+    yield results
+    hist = HistogramMetricFamily("trainguard_recovery_duration_seconds",
+                                 "recovery time split by phase", labels=["phase"])
+    for phase in PHASES:
+        values = [v for rr in incidents if (v := rr.durations()[phase]) is not None]
+        hist.add_metric([phase], *_buckets([(1, v) for v in values], RECOVERY_BUCKETS))
+    yield hist
+
+
+def _steps(g: Goodput) -> Iterator[Metric]:
+    hist = HistogramMetricFamily("trainguard_step_duration_seconds",
+                                 "time per training step (between progress reports)")
+    hist.add_metric([], *_buckets([(1, d) for _, _, d in g.step_seconds], STEP_BUCKETS))
+    yield hist
+    ideal = g.ideal_step_s()
+    yield GaugeMetricFamily("trainguard_ideal_step_seconds",
+                            "mean step time without outliers (median + 3 MAD)",
+                            value=float("nan") if ideal is None else ideal)
+
+
+def _checkpoints(events: list[Event]) -> Iterator[Metric]:
+    saved = [ev for ev in events if ev.reason == Reason.CHECKPOINT_SAVED.value]
+    blocking = [float(ev.data["blocked_s"]) for ev in saved
+                if ev.data and isinstance(ev.data.get("blocked_s"), int | float)]
+    hist = HistogramMetricFamily("trainguard_checkpoint_blocking_seconds",
+                                 "training loop blocked per checkpoint save")
+    hist.add_metric([], *_buckets([(1, b) for b in blocking], BLOCKING_BUCKETS))
+    yield hist
+    steps = [int(ev.data["step"]) for ev in saved
+             if ev.data and isinstance(ev.data.get("step"), int)]
+    yield GaugeMetricFamily("trainguard_checkpoint_last_committed_step",
+                            "the newest committed checkpoint's step",
+                            value=float(max(steps)) if steps else float("nan"))
+    yield CounterMetricFamily("trainguard_checkpoint_failures", "checkpoint saves that failed",
+                              value=sum(ev.reason == Reason.CHECKPOINT_SAVE_FAILED.value
+                                        for ev in events))
+    yield CounterMetricFamily("trainguard_hangs", "hangs confirmed",
+                              value=sum(ev.reason == Reason.HANG_CONFIRMED.value
+                                        for ev in events))
+    diag = CounterMetricFamily("trainguard_diagnoses", "failures diagnosed, by category",
+                               labels=["category"])
+    for category, n in sorted(Counter(
+            str((ev.data or {}).get("category", "other")) for ev in events
+            if ev.reason == Reason.FAILURE_DIAGNOSED.value).items()):
+        diag.add_metric([category], n)
+    yield diag
+
+
+
+def _advice(g: Goodput, records: list[RunningRecord], events: list[Event]) -> Iterator[Metric]:
+    a = interval_advice(g, records, events)
+    for name, help_text, value in (
+            ("trainguard_mtbf_seconds", "observed mean time between failures", a.mtbf_s),
+            ("trainguard_checkpoint_interval_seconds", "median time between saves now",
+             a.current_s),
+            ("trainguard_checkpoint_interval_optimal_seconds",
+             "Young/Daly checkpoint interval from the observed MTBF and blocking time",
+             a.optimal_s)):
+        yield GaugeMetricFamily(name, help_text, value=float("nan") if value is None else value)
+
+
+def interval_advice(g: Goodput, records: list[RunningRecord],
+                    events: list[Event]) -> IntervalAdvice:
+    """The checkpoint interval advice of a job (trainguard.goodput.interval)."""
+    failures = sum(1 for r in records for rr in r.recover_records
+                   if rr.recover_result != RecoverResult.DOWNGRADE)
+    saved = [ev for ev in events if ev.reason == Reason.CHECKPOINT_SAVED.value and ev.data
+             and isinstance(ev.data.get("blocked_s"), int | float)
+             and not ev.data.get("on_exit") and ev.data.get("source") != "memory"]
+    return advise(g.wall_s - g.seconds("queued"), failures,
+                  [ev.time.timestamp() for ev in saved],
+                  [float(ev.data["blocked_s"]) for ev in saved if ev.data])
+
+
+def _buckets(weighted: list[tuple[int, float]], bounds: tuple[float, ...]
+             ) -> tuple[list[tuple[str, float]], float]:
+    """Cumulative (le, count) buckets and the sum, for HistogramMetricFamily.add_metric."""
+    out = []
+    for le in (*bounds, float("inf")):
+        out.append(("+Inf" if le == float("inf") else repr(float(le)),
+                    float(sum(n for n, v in weighted if v <= le))))
+    return out, sum(n * v for n, v in weighted)

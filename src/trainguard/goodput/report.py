@@ -1,0 +1,136 @@
+"""`trainguard report`: goodput and where the rest went, each incident, and advice. Pure
+over what `gather` reads from the store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from trainguard.controller.store import JobStore, NodeRow
+from trainguard.controller.store_rows import shown_state
+from trainguard.goodput.interval import IntervalAdvice
+from trainguard.goodput.ledger import CAUSES, Goodput
+from trainguard.goodput.metrics import interval_advice
+from trainguard.goodput.read import job_goodput
+from trainguard.records import Event, Reason, RunningRecord, StartType, secs
+
+_REASONS = (Reason.CHECKPOINT_SAVED.value, Reason.FAILURE_DIAGNOSED.value,
+            Reason.HANG_CONFIRMED.value, Reason.HANG_SUSPECTED.value)
+
+
+@dataclass
+class ReportInput:
+    meta: dict[str, Any]
+    records: list[RunningRecord]
+    events: list[Event]
+    nodes: list[NodeRow]
+    goodput: Goodput
+
+
+def gather(store: JobStore, now: datetime | None = None) -> ReportInput:
+    return ReportInput(store.meta(), store.running_records(),
+                       [ev for _, ev in store.events(reasons=_REASONS)], store.nodes(),
+                       job_goodput(store, now))
+
+
+def report_doc(r: ReportInput) -> dict[str, Any]:
+    """The `report --json` document."""
+    g = r.goodput
+    diagnoses = {ev.involved.attempt: ev.data or {} for ev in r.events
+                 if ev.reason == Reason.FAILURE_DIAGNOSED.value}
+    hangs = {ev.involved.attempt: ev.data or {} for ev in r.events
+             if ev.reason == Reason.HANG_CONFIRMED.value}
+    incidents = []
+    for rec in r.records:
+        for rr in rec.recover_records:
+            d = diagnoses.get(rr.attempt) or {}
+            h = hangs.get(rr.attempt) or {}
+            evidence = d.get("evidence") if isinstance(d.get("evidence"), dict) else None
+            incidents.append({
+                "attempt": rr.attempt, "fault_scenario": rr.fault_scenario.value,
+                "recover": rr.recover, "result": rr.recover_result.value,
+                "reason": rr.reason, "related_task": rr.related_task,
+                "category": rr.category or d.get("category"),
+                "deciding_line": None if evidence is None else
+                f"{evidence.get('file')}:{evidence.get('line')}: {evidence.get('text')}",
+                "hang_culprit": (h.get("culprit") or {}).get("reason") if h else None,
+                "durations_s": rr.durations(), "steps_lost": rr.steps_lost,
+                "resumed_from": rr.resumed_from})
+    advice = interval_advice(g, r.records, r.events)
+    return {"run_id": r.meta.get("run_id"), "state": shown_state(r.meta),
+            "attempts": len(r.records),
+            "restarts": sum(1 for rec in r.records if rec.start_type not in
+                            (StartType.FIRST_START, StartType.RELAUNCH)),
+            "goodput": g.to_dict(max_steps=0) | {"segments": None},
+            "incidents": incidents, "checkpoint_interval": advice.to_dict(),
+            "advice": advice_lines(r, advice)}
+
+
+def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
+    out: list[str] = []
+    g = r.goodput
+    if a.optimal_s is not None and a.current_s is not None and a.loss_now is not None \
+            and a.loss_optimal is not None:
+        verb = "about right" if 0.67 <= a.current_s / a.optimal_s <= 1.5 else (
+            "too often" if a.current_s < a.optimal_s else "too rarely")
+        out.append(
+            f"checkpoints: every {a.current_s:.1f}s now ({verb}); with the observed MTBF "
+            f"{a.mtbf_s:.0f}s and {a.blocking_s:.3f}s blocking per save the optimal interval "
+            f"(Young/Daly) is {a.optimal_s:.1f}s: expected loss {a.loss_now:.1%} -> "
+            f"{a.loss_optimal:.1%} of the run")
+    elif a.mtbf_s is None:
+        out.append("checkpoints: no failure yet, so no MTBF to size the interval by")
+    elif a.current_s is None:
+        out.append("checkpoints: no two loop saves recorded; save through trainguard.checkpoint "
+                   "to get interval advice")
+    suspected = [ev.data or {} for ev in r.events if ev.reason == Reason.HANG_SUSPECTED.value]
+    ideal = g.ideal_step_s()
+    if suspected and ideal:
+        thr = suspected[-1].get("threshold_s")
+        if isinstance(thr, int | float):
+            out.append(f"hang detection: threshold {thr:g}s against a {ideal:.3f}s step "
+                       f"({thr / ideal:.0f}x); a hang costs at least that before it is confirmed")
+    wasted = g.seconds("wasted_progress")
+    if wasted > 0.05 * max(g.wall_s, 1e-9):
+        out.append(f"wasted progress: {wasted:.1f}s of steps were done again; checkpoint more "
+                   "often or use memory snapshots (--memory-every)")
+    implicated = [n for n in r.nodes if n.times_implicated]
+    if implicated:
+        out.append("nodes implicated: " + ", ".join(
+            f"{n.name} ({n.times_implicated}x, {n.state.value})" for n in implicated))
+    return out
+
+
+def render(doc: dict[str, Any]) -> str:
+    """One page of text."""
+    g = doc["goodput"]
+    ratio = "unknown" if g["goodput"] is None else f"{g['goodput']:.1%}"
+    lines = [f"run {doc['run_id']} · {doc['state']} · {doc['attempts']} attempt(s), "
+             f"{doc['restarts']} restart(s) · wall {g['wall_s']:.1f}s",
+             f"goodput {ratio}: productive {g['productive_s']:.1f}s; steps kept "
+             f"{g['steps']['productive']}, done again {g['steps']['wasted']}"
+             + ("" if g["measured_steps"] else " (no step reports: time between a restart's "
+                "first output and the next fault counts as productive)"),
+             "", "where the rest went:"]
+    wall = max(g["wall_s"], 1e-9)
+    for cause in sorted(CAUSES, key=lambda c: -g["badput_s"][c]):
+        s = g["badput_s"][cause]
+        if s > 0:
+            lines.append(f"  {cause:<20} {s:9.3f}s {s / wall:6.1%}  {'#' * round(40 * s / wall)}")
+    if doc["incidents"]:
+        lines += ["", "incidents:"]
+    for i in doc["incidents"]:
+        d = i["durations_s"]
+        lines.append(f"  attempt {i['attempt']}: {i['fault_scenario']} -> {i['recover']} -> "
+                     f"{i['result']} ({i['related_task']}): {i['reason']}")
+        lines.append(f"    recovered in {secs(d['total'], '-')} (detect {secs(d['detect'], '-')}"
+                     f", stop {secs(d['stop'], '-')}, start {secs(d['start'], '-')}, resume "
+                     f"{secs(d['resume'], '-')}); steps lost {i['steps_lost']}"
+                     + (f"; from {i['resumed_from']}" if i["resumed_from"] else ""))
+        if i["deciding_line"]:
+            lines.append(f"    {i['category']}: {i['deciding_line']}")
+        if i["hang_culprit"]:
+            lines.append(f"    hang: {i['hang_culprit']}")
+    lines += ["", "advice:"] + [f"  - {a}" for a in doc["advice"] or ["none"]]
+    return "\n".join(lines)
