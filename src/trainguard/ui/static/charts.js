@@ -2,7 +2,10 @@
 // (seconds per step, one colour per attempt, the ideal step time as a dashed line). Plain SVG.
 "use strict";
 
-TG.BADPUT_COLOURS = { productive: "#54a24b" };
+TG.BADPUT_COLOURS = {
+  productive: "#54a24b", startup: "#4c78a8", checkpoint_blocking: "#b279a2", wasted_progress: "#f58518",
+  detection: "#e45756", recovery: "#eeca3b", hang: "#ff9da6", queued: "#9d755d", other: "#bab0ac",
+};
 
 TG.renderGoodput = function (box, g) {
   if (!g || g.goodput === undefined || g.error) {
@@ -32,9 +35,29 @@ TG.renderGoodput = function (box, g) {
     TG.el("b", { class: "goodput-value", text: TG.pct(g.goodput) }),
     ` productive: ${TG.secs(g.productive_s)} of ${TG.secs(wall)} wall time`,
     g.ideal_step_s ? ` · ideal step ${TG.secs(g.ideal_step_s)}` : "");
-  box.replaceChildren(head, svg, legend);
+  box.replaceChildren(head, svg, segmentStrip(g.segments || [], width), legend);
   TG.paintSwatches(box);
 };
+
+// the wall time from start to now, each instant coloured by what it was spent on
+function segmentStrip(segments, width) {
+  if (!segments.length) return null;
+  const lo = segments[0].start, hi = segments[segments.length - 1].end;
+  const span = hi > lo ? hi - lo : 1, h = 14;
+  const svg = TG.svg("svg", { width, height: h + 14, viewBox: `0 0 ${width} ${h + 14}`, class: "segments-svg",
+                              role: "img", "aria-label": "where the wall time went" });
+  for (const s of segments) {
+    const x = ((s.start - lo) / span) * width, w = ((s.end - s.start) / span) * width;
+    const rect = TG.svg("rect", { x, y: 0, width: Math.max(w, 0.5), height: h, class: "segment",
+                                  "data-cause": s.cause, fill: TG.colourOf(s.cause, TG.BADPUT_COLOURS) });
+    rect.append(TG.svg("title", { text: `attempt ${s.attempt}: ${s.cause} ${TG.secs(s.end - s.start)}` }));
+    svg.append(rect);
+  }
+  svg.append(TG.svg("text", { x: 0, y: h + 12, class: "tl-axis", text: TG.clock(new Date(lo * 1000).toISOString()) }));
+  svg.append(TG.svg("text", { x: width, y: h + 12, "text-anchor": "end", class: "tl-axis",
+                              text: TG.clock(new Date(hi * 1000).toISOString()) }));
+  return svg;
+}
 
 TG.renderSteps = function (box, g) {
   const pts = (g && g.step_seconds) || [];
