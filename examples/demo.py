@@ -8,8 +8,9 @@
    it in the next allreduce: the hang is confirmed in seconds, both ranks' stacks are
    dumped, rank 1 is named, and the job is restarted in place (restart upon suspension)
    from step 80.
-The job then finishes; the events, the recovery records and the diagnosis of the hung
-attempt show what happened.
+The job then finishes; the events, the recovery records, the diagnosis of the hung attempt
+and the goodput report show what happened, and the last line is the `trainguard ui` command
+that shows it in a browser.
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ def main() -> int:
     print("$ TRAINGUARD_FAULT='...' " + " ".join(cmd[2:]), flush=True)
     code = subprocess.call(cmd, env=env)
     for read in (["events", str(job_dir)], ["recovery", str(job_dir)],
-                 ["diagnose", str(job_dir), "--attempt", "2"]):
+                 ["diagnose", str(job_dir), "--attempt", "2"], ["report", str(job_dir)]):
         print(f"\n$ trainguard {' '.join(read)}", flush=True)
         subprocess.call([*TRAINGUARD, *read])
     verdict = "succeeded" if code == 0 else f"FAILED with exit code {code}"
     print(f"\nThe demo job {verdict}; job dir: {job_dir}")
+    print(f"See it in a browser: .venv/bin/trainguard ui {job_dir}  (then open the URL it "
+          "prints; Ctrl-C stops it)")
     return code
 
 
