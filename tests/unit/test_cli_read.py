@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
+import subprocess
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -292,3 +294,24 @@ def test_events_follow_on_a_finished_job_prints_everything_and_returns(
     out = capsys.readouterr().out
     assert [r for r in REASONS if r in out] == REASONS
     assert "rank 1 · attempt 0" in out
+
+
+def test_a_job_whose_launcher_died_reads_lost_and_its_wall_time_ends_at_its_last_sign(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    job_dir = tmp_path / "lost"
+    with JobStore.create(job_dir, "run-2") as s:
+        s.put_running(RunningRecord(0, at(0), StartType.FIRST_START))
+        s.add_progress([(0, k, at(10 + k).timestamp()) for k in range(1, 31)])
+        s.set_meta(state="running", attempt=0, created_at=iso(at(0)), launcher_pid=dead.pid,
+                   launcher_host=socket.gethostname(), last_step=30,
+                   last_progress_at=iso(at(40)))
+    assert run("recovery", str(job_dir)) == 0
+    out = capsys.readouterr().out
+    assert "run run-2 · lost" in out and "→ lost (its launcher died)" in out
+    assert run("recovery", str(job_dir), "--json") == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["wall_s"] == 40.0  # to the last step, not to now
+    assert summary["badput_s"]["startup"] == 11.0

@@ -190,9 +190,10 @@ def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
         )
         return ExitCode.SUCCESS
     console = _console()
-    console.print(Text(f"run {meta.get('run_id')} · {meta.get('state', 'unknown')}", "bold"))
+    state = shown_state(meta) or "unknown"
+    console.print(Text(f"run {meta.get('run_id')} · {state}", "bold"))
     for rec in records:
-        console.print(_attempt_line(rec))
+        console.print(_attempt_line(rec, state))
         for rr in rec.recover_records:
             console.print(_recover_lines(rr))
     console.print(Text(_summary_line(summary), "bold"))
@@ -218,8 +219,10 @@ def summarize(records: list[RunningRecord], g: Goodput) -> dict[str, Any]:
     }
 
 
-def _attempt_line(rec: RunningRecord) -> Text:
-    end = "running" if rec.end_at is None else _wall(rec.end_at, since=rec.start_at)
+def _attempt_line(rec: RunningRecord, state: str) -> Text:
+    """An attempt that has not ended reads `running`, or `lost` when its launcher is gone."""
+    unended = "lost (its launcher died)" if state == JobState.LOST.value else "running"
+    end = unended if rec.end_at is None else _wall(rec.end_at, since=rec.start_at)
     ended = "" if rec.end_reason is None else f"  ended: {rec.end_reason}"
     related = "" if rec.end_related_task is None else f" ({rec.end_related_task})"
     head = f"attempt {rec.attempt}  {rec.start_type.value:<21}"
