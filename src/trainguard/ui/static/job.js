@@ -64,7 +64,10 @@ function scheduleDetail() {  // new checkpoints, diagnoses, hangs, goodput: one 
 function connect() {
   const es = new EventSource(`/api/jobs/${encodeURIComponent(JOB_ID)}/stream`);
   const live = $("live");
-  es.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
+  es.addEventListener("open", () => {  // an ended job's stream only replays, then ends
+    live.textContent = job.ended ? "ended" : "live";
+    live.className = job.ended ? "live ended" : "live on";
+  });
   es.addEventListener("error", () => {
     if (es.readyState !== EventSource.CLOSED) { live.textContent = "reconnecting"; live.className = "live off"; }
   });
