@@ -31,8 +31,8 @@ from trainguard.controller.loop import Controller
 from trainguard.controller.nodes import NodeRecovery
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.controller.recorder import Recorder, console_printer
-from trainguard.controller.store import JobStore, NodeRow
-from trainguard.errors import LaunchError, SpecError
+from trainguard.controller.store import JobStore, NodeRow, db_path
+from trainguard.errors import LaunchError, SpecError, StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.node.agent import NodeAgent
 from trainguard.node.logs import ConsoleOptions
@@ -54,6 +54,7 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
     except OSError as e:
         raise SpecError("--job-dir", f"cannot create {e.filename or paths.job_dir} "
                         f"({e.strerror})", "choose a writable directory") from None
+    spec = continued_run(spec, paths.job_dir)
     filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
     with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store, \
             _metrics_endpoint(spec, paths, store):
@@ -67,6 +68,20 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
         code = Controller(recorder, agent).run()
     _job_dir_line(paths)
     return code
+
+
+def continued_run(spec: JobSpec, job_dir: Path) -> JobSpec:
+    """Launching a job dir that holds a job again, with no --run-id, continues that job (a
+    retry, `sbatch --requeue`): it takes the stored run id. An explicit, different --run-id is
+    refused by the store."""
+    if "run_id" in spec.model_fields_set or not db_path(job_dir).is_file():
+        return spec
+    try:
+        with JobStore.open(job_dir) as store:
+            stored = store.meta().get("run_id")
+    except StoreError:
+        return spec  # being created, or unreadable: JobStore.create says why
+    return spec.model_copy(update={"run_id": stored}) if isinstance(stored, str) else spec
 
 
 @contextlib.contextmanager

@@ -103,17 +103,24 @@ def test_a_module_runs_with_dash_m_and_a_program_with_no_python(tmp_path: Path) 
 
 def test_the_same_job_launched_again_continues_its_attempts_and_counts_the_scheduling(
         tmp_path: Path) -> None:
-    args = ["run", "--run-id", "requeued", "--job-dir", "j", "--no-python", "sh", "-c",
+    """The same command again, no --run-id (a retry, `sbatch --requeue`): the job goes on;
+    a different explicit --run-id on that job dir is refused, naming the fix."""
+    args = ["run", "--job-dir", "j", "--no-python", "sh", "-c",
             "echo step $TRAINGUARD_ATTEMPT start $TRAINGUARD_PROCESS_START_COUNT "
             "sched $TRAINGUARD_SCHEDULE_COUNT"]
     assert run_tg(args, cwd=tmp_path).returncode == 0
+    run_id = read_json("status", tmp_path / "j")["run_id"]
     r = run_tg(args, cwd=tmp_path)
-    assert r.returncode == 0
+    assert r.returncode == 0, r.stderr
     assert "[rank 0] step 1 start 2 sched 2" in r.stdout
     rec = read_json("recovery", tmp_path / "j")
     assert [x["start_type"] for x in rec["running_records"]] == ["first_start", "relaunch"]
     assert rec["summary"]["restarts"] == 0 and rec["summary"]["launches"] == 2
     assert "JobRelaunched" in reasons(tmp_path / "j")
+    assert read_json("status", tmp_path / "j")["run_id"] == run_id
+    other = run_tg(["run", "--run-id", "other", *args[1:]], cwd=tmp_path)
+    assert other.returncode == 2
+    assert f"holds the job {run_id!r}, not 'other': drop --run-id" in other.stderr
 
 
 def test_a_program_that_cannot_start_fails_the_job_with_a_clear_event(tmp_path: Path) -> None:

@@ -157,8 +157,8 @@ class JobStore:
                 self._write_meta({"run_id": run_id})
         if existing is not None and existing != run_id:
             raise StoreError(
-                f"{self.job_dir} already holds the store of run {existing!r}, not {run_id!r}; "
-                "use another --job-dir or --run-id"
+                f"{self.job_dir} holds the job {existing!r}, not {run_id!r}: drop --run-id "
+                f"(or pass --run-id {existing}) to continue that job, or use another --job-dir"
             )
 
     def _check_version(self) -> int:
