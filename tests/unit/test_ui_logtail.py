@@ -13,7 +13,7 @@ def test_tail_and_around_agree_with_the_file_on_any_layout(tmp_path: Path) -> No
     rnd = random.Random(7)
     path = tmp_path / "x.log"
     for _ in range(200):
-        lines = [("y" * rnd.choice([0, 3, 40, 70_000])) + str(i)
+        lines = [("y" * rnd.choice([0, 3, 40, 60_000])) + str(i)
                  for i in range(rnd.randint(0, 40))]
         data = "\n".join(lines) + ("\n" if lines and rnd.random() < 0.7 else "")
         path.write_text(data)
@@ -53,3 +53,11 @@ def test_stamped_lines_are_split_and_others_kept_whole() -> None:
     plain = logtail.split_line("Traceback (most recent call last):", None)
     assert (plain.time, plain.stream, plain.text) == (None, None,
                                                       "Traceback (most recent call last):")
+
+
+def test_a_line_longer_than_the_writer_ever_writes_is_shown_cut(tmp_path: Path) -> None:
+    path = tmp_path / "long.log"
+    path.write_text("a\n" + "z" * (logtail.MAX_LINE + 10) + "\nb\n")
+    long_line = logtail.tail(path, 2).lines[0]
+    assert long_line.n == 2 and long_line.text.endswith(" ... (10 more bytes)")
+    assert len(long_line.text) < logtail.MAX_LINE + 30

@@ -21,7 +21,7 @@ from trainguard.ui import hangs, jobs, logview
 from trainguard.ui.auth import Guard
 from trainguard.ui.catalog import Catalog
 from trainguard.ui.eventlog import PAGE, EventLog
-from trainguard.ui.goodput_view import goodput_of
+from trainguard.ui.goodput_view import GoodputCache
 from trainguard.ui.stream import JobFeed, event_doc, job_stream
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -58,6 +58,7 @@ def create_app(catalog: Catalog, token: str | None = None) -> Starlette:
     app = Starlette(routes=routes, middleware=[Middleware(Guard, token=token)],
                     exception_handlers={HTTPException: _http_error, StoreError: _store_error})
     app.state.catalog = catalog
+    app.state.goodput = GoodputCache()
     return app
 
 
@@ -98,11 +99,13 @@ def _int(request: Request, name: str, default: int | None, low: int = 0) -> int 
 
 def list_jobs(request: Request) -> Response:
     catalog: Catalog = request.app.state.catalog
-    return _json([jobs.summary(jid, d) for jid, d in catalog.jobs().items()])
+    return _json([jobs.summary(jid, d, request.app.state.goodput)
+                  for jid, d in catalog.jobs().items()])
 
 
 def job_detail(request: Request) -> Response:
-    return _json(jobs.detail(request.path_params["jid"], _job_dir(request)))
+    return _json(jobs.detail(request.path_params["jid"], _job_dir(request),
+                             request.app.state.goodput))
 
 
 def job_events(request: Request) -> Response:
@@ -140,8 +143,10 @@ def job_hangs(request: Request) -> Response:
 
 
 def job_goodput(request: Request) -> Response:
-    with JobStore.open(_job_dir(request)) as store:
-        return _json(goodput_of(store))
+    job_dir = _job_dir(request)
+    with JobStore.open(job_dir) as store, EventLog(job_dir) as log:
+        return _json(jobs.goodput_for(request.app.state.goodput, job_dir, store, store.meta(),
+                                      log.last_id()))
 
 
 def job_events_stream(request: Request) -> Response:

@@ -14,7 +14,7 @@ from trainguard.errors import StoreError
 from trainguard.records import Event, Reason, RunningRecord
 from trainguard.states import JobState
 from trainguard.ui.eventlog import EventLog
-from trainguard.ui.goodput_view import goodput_of
+from trainguard.ui.goodput_view import GoodputCache
 
 RECENT_CHECKPOINTS = 50
 RECENT_INCIDENTS = 100
@@ -38,17 +38,27 @@ def is_ended(state: str | None) -> bool:
     return state in _ENDED
 
 
-def summary(jid: str, job_dir: Path) -> dict[str, Any]:
+def summary(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
     """A row of the job list; a job dir that cannot be read becomes a row with `error`."""
     try:
-        with JobStore.open(job_dir) as store:
-            return _summary(jid, job_dir, store, store.meta(), store.running_records())
+        with JobStore.open(job_dir) as store, EventLog(job_dir) as log:
+            meta = store.meta()
+            ratio = goodput_for(goodput, job_dir, store, meta, log.last_id()).get("goodput")
+            return _summary(jid, job_dir, meta, store.running_records(), ratio)
     except StoreError as e:
         return {"id": jid, "job_dir": str(job_dir), "error": str(e), "state": None}
 
 
-def _summary(jid: str, job_dir: Path, store: JobStore, meta: dict[str, Any],
-             records: list[RunningRecord]) -> dict[str, Any]:
+def goodput_for(goodput: GoodputCache, job_dir: Path, store: JobStore, meta: dict[str, Any],
+                last_event: int) -> dict[str, Any]:
+    """The job's goodput, computed again only when its store says something new."""
+    state = shown_state(meta)
+    return goodput.get(job_dir, store, (last_event, state, meta.get("ended_at"),
+                                        meta.get("last_progress_at")), is_ended(state))
+
+
+def _summary(jid: str, job_dir: Path, meta: dict[str, Any], records: list[RunningRecord],
+             ratio: float | None) -> dict[str, Any]:
     state = shown_state(meta)
     return {
         "id": jid, "job_dir": str(job_dir), "run_id": meta.get("run_id"), "state": state,
@@ -57,16 +67,18 @@ def _summary(jid: str, job_dir: Path, store: JobStore, meta: dict[str, Any],
         "incidents": sum(len(r.recover_records) for r in records),
         "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
         "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at"),
-        "goodput": goodput_of(store).get("goodput"), "error": None,
+        "goodput": ratio, "error": None,
     }
 
 
-def detail(jid: str, job_dir: Path) -> dict[str, Any]:
+def detail(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
     """The job view's data (StoreError when the store cannot be read)."""
     with JobStore.open(job_dir) as store, EventLog(job_dir) as log:
         meta = store.meta()
         records = store.running_records()
-        doc = _summary(jid, job_dir, store, meta, records)
+        last = log.last_id()
+        ledger = goodput_for(goodput, job_dir, store, meta, last)
+        doc = _summary(jid, job_dir, meta, records, ledger.get("goodput"))
         doc.update(live_parts(store, meta, records))
         doc["meta"] = {k: meta.get(k) for k in _META_SHOWN if k in meta}
         doc["log_dir"] = str(log_dir(meta, job_dir))
@@ -75,9 +87,9 @@ def detail(jid: str, job_dir: Path) -> dict[str, Any]:
                             log.newest(RECENT_INCIDENTS, [Reason.FAILURE_DIAGNOSED.value])]
         doc["hangs"] = [hang_item(i, e) for i, e in
                         log.newest(RECENT_INCIDENTS, [Reason.HANG_CONFIRMED.value])]
-        doc["last_event_id"] = log.last_id()
+        doc["last_event_id"] = last
         doc["events_total"] = log.count()
-        doc["goodput_detail"] = goodput_of(store)
+        doc["goodput_detail"] = ledger
     return doc
 
 

@@ -17,6 +17,7 @@ MAX_LINES = 5000  # the most lines one request returns
 MAX_BYTES = 4 * 2**20  # the most bytes of lines one request returns
 NUMBER_LIMIT = 8 * 2**20  # files up to this size get line numbers on a tail (one scan)
 BIG_BLOCK = 16 * BLOCK  # forward reads
+MAX_LINE = 64 * 1024  # a longer line is shown cut (the node's log writer splits at this)
 _STREAMS = ("out", "err")
 
 
@@ -55,7 +56,9 @@ def split_line(raw: str, n: int | None) -> LogLine:
 
 
 def _decode(raw: bytes) -> str:
-    return raw.decode("utf-8", errors="replace").rstrip("\r")
+    cut = len(raw) > MAX_LINE
+    text = raw[:MAX_LINE].decode("utf-8", errors="replace").rstrip("\r")
+    return text + f" ... ({len(raw) - MAX_LINE} more bytes)" if cut else text
 
 
 def tail(path: Path, lines: int) -> Slice:
