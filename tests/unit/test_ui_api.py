@@ -91,6 +91,8 @@ def make_job(job_dir: Path, *, running: bool = False) -> JobStore:
                                                                                "1": "sleep"}},
             "stuck_ranks": [0, 1], "idle_s": 8.0, "threshold_s": 8.0,
             "stacks": {"0": ["all_reduce (c10d:0)"], "1": ["sleep (time:0)"]}}
+    store.add_progress([(0, i, at(1 + i).timestamp()) for i in range(1, 15)]
+                       + [(1, i, at(15 + i).timestamp()) for i in range(11, 31)])
     for e in (event("JobCreated", 0, None), event("JobRunning", 1),
               event("CheckpointSaved", 5, rank=0, data={"step": 10, "blocked_s": 0.25,
                                                         "write_s": 1.5, "bytes": 3 * 2**20}),
