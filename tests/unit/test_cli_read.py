@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -203,8 +204,17 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "ranks",
         "job_dir",
         "nodes",
+        "restarts",
+        "restarts_by_rung",
+        "budgets",
+        "hang",
+        "launcher",
     }
     assert doc["nodes"] == []  # a single-node job keeps no node rows
+    assert (doc["restarts"], doc["restarts_by_rung"]) == (1, {"process_restart": 1})
+    assert doc["budgets"]["restarts"] == {"used": 1, "max": 3}
+    assert doc["hang"] is None and doc["launcher"] == {"pid": None, "host": None,
+                                                       "alive": None}
     assert (doc["state"], doc["attempt"], doc["restarts_used"], doc["max_restarts"]) == (
         "succeeded",
         1,
@@ -231,7 +241,8 @@ def test_status_text_shows_the_header_and_each_rank(
 ) -> None:
     assert run("status", str(job)) == 0
     out = capsys.readouterr().out
-    assert "run run-1 · succeeded · attempt 1 · restarts 1/3" in out
+    assert "run run-1 · succeeded · attempt 1 · restarts 1" in out
+    assert "budgets: restarts 1/3  hang_restarts_in_a_row 0/-" in out
     assert "step 500" in out
     assert "SIGKILL" in out and "failed" in out and "4101" in out
 
@@ -315,3 +326,25 @@ def test_a_job_whose_launcher_died_reads_lost_and_its_wall_time_ends_at_its_last
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert summary["wall_s"] == 40.0  # to the last step, not to now
     assert summary["badput_s"]["startup"] == 11.0
+
+
+def test_status_shows_a_confirmed_hang_left_running_and_the_launcher_to_stop(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with JobStore.create(job, "run-1") as s:
+        s.set_meta(state="running", ended_at=None, launcher_pid=os.getpid(),
+                   launcher_host=socket.gethostname())
+        s.add_event(Event(at(290), Level.WARNING, "HangConfirmed", "hang confirmed",
+                          Involved("run-1", None, 1, 1),
+                          {"stuck_ranks": [0, 1], "culprit": {"rank": 1, "reason": "Rank 1 "
+                                                               "is sleeping"}}))
+    assert run("status", str(job)) == 0
+    out = capsys.readouterr().out
+    assert "running · HUNG (confirmed, left running)" in out
+    assert "culprit: Rank 1 is sleeping" in out
+    assert f"launcher: pid {os.getpid()}" in out and "trainguard stop" in out
+    with JobStore.create(job, "run-1") as s:
+        s.add_event(Event(at(295), Level.INFO, "HangCleared", "progress again",
+                          Involved("run-1", None, None, 1)))
+    assert run("status", str(job), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["hang"] is None

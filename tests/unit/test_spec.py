@@ -25,7 +25,8 @@ FROZEN_FIELDS = [
     "in_process_restart", "in_process_timeout_s", "standby_workers", "memory_every",
     "prewarm_imports",
     "spare_nodes", "backend", "node_timeout_s", "reconnect_grace_s", "max_pod_reschedules",
-    "max_job_reschedules", "repeat_offender", "queue_timeout_s", "precheck", "min_free_disk_mb",
+    "max_job_reschedules", "repeat_offender", "queue_timeout_s", "precheck", "metrics_host",
+    "metrics_port", "min_free_disk_mb",
     "expect_accelerators", "controller_host",
 ]
 

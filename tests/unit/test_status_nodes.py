@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.cli.read import add_read_commands, clock, status_doc
+from trainguard.cli.fmt import clock
+from trainguard.cli.read import add_read_commands
+from trainguard.cli.status import status_doc
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
 from trainguard.records import iso
 

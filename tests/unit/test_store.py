@@ -187,7 +187,8 @@ def test_creating_a_store_with_another_run_id_names_the_dir_and_the_fix(tmp_path
     with pytest.raises(StoreError) as info:
         JobStore.create(tmp_path, "run-2")
     assert str(tmp_path) in str(info.value)
-    assert "use another --job-dir or --run-id" in str(info.value)
+    assert ("drop --run-id (or pass --run-id run-1) to continue that job, or use another "
+            "--job-dir") in str(info.value)
     assert isinstance(info.value, TrainguardError)
 
 

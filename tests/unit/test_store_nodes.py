@@ -80,10 +80,10 @@ def store(tmp_path: Path) -> Iterator[JobStore]:
         yield s
 
 
-def test_the_schema_is_version_3(store: JobStore) -> None:
-    assert SCHEMA_VERSION == 3
-    assert user_version(store.path) == 3
-    assert store.nodes() == []
+def test_the_schema_is_version_4(store: JobStore) -> None:
+    assert SCHEMA_VERSION == 4
+    assert user_version(store.path) == 4
+    assert store.nodes() == [] and store.progress() == []
 
 
 def test_node_rows_round_trip_exactly_times_and_zones_included(store: JobStore) -> None:

@@ -12,8 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
-from enum import Enum
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,31 +20,31 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.controller.store import JobStore, NodeRow, WorkerRow
-from trainguard.controller.store_rows import node_order, shown_state
+from trainguard.cli.fmt import (
+    clock,
+    console_out,
+    dash,
+    involved_text,
+    print_json,
+)
+from trainguard.cli.status import print_status
+from trainguard.controller.store import JobStore
+from trainguard.controller.store_rows import shown_state
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.goodput import Goodput, job_goodput
 from trainguard.records import (
     Event,
-    Involved,
     RecoverRecord,
     RunningRecord,
     StartType,
-    iso,
     secs,
 )
-from trainguard.states import JobState, NodeState, WorkerState
+from trainguard.states import JobState
 
 POLL_INTERVAL_S = 0.5
 
 _LEVEL_STYLES = {"Info": "cyan", "Warning": "yellow", "Error": "bold red"}
-_STATE_STYLES: dict[str, str] = {  # of workers, then of nodes
-    WorkerState.STARTING: "cyan", WorkerState.RUNNING: "green",
-    WorkerState.SUCCEEDED: "green", WorkerState.FAILED: "bold red",
-    WorkerState.STOPPED: "yellow", NodeState.HEALTHY: "green", NodeState.SPARE: "cyan",
-    NodeState.LOST: "bold red", NodeState.ISOLATED: "yellow",
-}
 _Handler = Callable[[JobStore, argparse.Namespace], int]
 
 
@@ -88,7 +87,7 @@ def cmd_recovery(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    return with_store("status", args, _print_status)
+    return with_store("status", args, print_status)
 
 
 def with_store(command: str, args: argparse.Namespace, body: _Handler) -> int:
@@ -107,7 +106,7 @@ def with_store(command: str, args: argparse.Namespace, body: _Handler) -> int:
 def _print_events(store: JobStore, args: argparse.Namespace) -> int:
     events = [ev for _, ev in store.events()]
     if args.json:
-        _print_json([ev.to_dict() for ev in events])
+        print_json([ev.to_dict() for ev in events])
         return ExitCode.SUCCESS
     table = Table(box=None, pad_edge=False)
     for name in ("TIME", "LEVEL", "REASON", "INVOLVED"):
@@ -121,13 +120,13 @@ def _print_events(store: JobStore, args: argparse.Namespace) -> int:
             Text(involved_text(ev.involved)),
             Text(ev.message),
         )
-    _console().print(table)
+    console_out().print(table)
     return ExitCode.SUCCESS
 
 
 def _follow_events(store: JobStore, args: argparse.Namespace) -> int:
     """Print events as they come; stop once a poll after the job finished finds nothing new."""
-    console = _console()
+    console = console_out()
     last_id = 0
     finished_before = False
     try:
@@ -180,7 +179,7 @@ def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
     records = store.running_records()
     summary = summarize(records, job_goodput(store))
     if args.json:
-        _print_json(
+        print_json(
             {
                 "run_id": meta.get("run_id"),
                 "state": shown_state(meta),
@@ -189,7 +188,7 @@ def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
             }
         )
         return ExitCode.SUCCESS
-    console = _console()
+    console = console_out()
     state = shown_state(meta) or "unknown"
     console.print(Text(f"run {meta.get('run_id')} · {state}", "bold"))
     for rec in records:
@@ -236,7 +235,7 @@ def _recover_lines(rr: RecoverRecord) -> Text:
         "  ↳ ",
         (f"{rr.fault_scenario.value} · {rr.recover} · {rr.recover_result.value}", "bold"),
         f" · {rr.reason} (related: {rr.related_task})\n",
-        (f"    {split}  steps lost {_dash(rr.steps_lost)}", "dim"),
+        (f"    {split}  steps lost {dash(rr.steps_lost)}", "dim"),
     )
 
 
@@ -251,134 +250,8 @@ def _summary_line(s: dict[str, Any]) -> str:
     )
 
 
-# -- status -------------------------------------------------------------------
-
-
-def _print_status(store: JobStore, args: argparse.Namespace) -> int:
-    meta = store.meta()
-    doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes())
-    if args.json:
-        _print_json(doc)
-        return ExitCode.SUCCESS
-    console = _console()
-    restarts = f"{_dash(doc['restarts_used'])}/{_dash(doc['max_restarts'])}"
-    console.print(
-        Text(f"run {doc['run_id']} · {doc['state']} · attempt {_dash(doc['attempt'])}", "bold")
-        + Text(f" · restarts {restarts}")
-    )
-    progress = doc["last_progress"]
-    at = meta_time(progress["time"])
-    when = "never" if at is None else f"at {clock(at)}"
-    console.print(f"last progress: step {_dash(progress['step'])} {when}", highlight=False)
-    console.print(f"job dir: {doc['job_dir']}", highlight=False, markup=False)
-    if doc["nodes"]:
-        console.print(_keyed_table(doc["nodes"], _NODE_KEYS), Text())
-    console.print(_keyed_table(doc["ranks"], _RANK_KEYS))
-    return ExitCode.SUCCESS
-
-
-def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
-               nodes: list[NodeRow] | None = None) -> dict[str, Any]:
-    """The `status --json` document; `nodes` is empty for a single-node job."""
-    return {
-        "run_id": meta.get("run_id"),
-        "state": shown_state(meta),
-        "attempt": meta.get("attempt"),
-        "restarts_used": meta.get("restarts_used"),
-        "max_restarts": meta.get("max_restarts"),
-        "last_progress": {
-            "step": meta.get("last_step"),
-            "time": iso(meta_time(meta.get("last_progress_at"))),
-        },
-        "ranks": [
-            {k: _plain(getattr(w, k)) for k in _RANK_KEYS}
-            for w in sorted(workers, key=lambda w: w.rank)
-        ],
-        "job_dir": meta.get("job_dir") or job_dir,
-        "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
-    }
-
-
-_RANK_KEYS = ("rank", "local_rank", "node", "pid", "state", "exit_code", "signal", "start_count")
-_NODE_KEYS = ("name", "host", "state", "agent_pid", "slot", "backend", "times_implicated",
-              "updated_at", "reason")
-
-
-def _node_dict(n: NodeRow) -> dict[str, Any]:
-    return {k: iso(n.updated_at) if k == "updated_at" else _plain(getattr(n, k))
-            for k in _NODE_KEYS}
-
-
-def _plain(v: Any) -> Any:
-    """A state as its stored string (the JSON document and the table show values)."""
-    return v.value if isinstance(v, Enum) else v
-
-
-def _keyed_table(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> Table:
-    """One column per key (a time as its clock), the state styled; a reason may wrap."""
-    table = Table(box=None, pad_edge=False)
-    for key in keys:
-        table.add_column(key.upper().replace("_", " "), no_wrap=key != "reason")
-    for r in rows:
-        cells = [Text(_clock_or_dash(r[k]) if k.endswith("_at") else _dash(r[k])) for k in keys]
-        cells[keys.index("state")].stylize(_STATE_STYLES.get(r["state"], ""))
-        table.add_row(*cells)
-    return table
-
-
-# -- formatting ---------------------------------------------------------------
-
-
-def clock(t: datetime) -> str:
-    """Local wall-clock time HH:MM:SS.mmm."""
-    local = t.astimezone()
-    return local.strftime("%H:%M:%S.") + f"{local.microsecond // 1000:03d}"
-
-
-def involved_text(inv: Involved) -> str:
-    """`node n1 · rank 1 · attempt 0`; `job` when only the job is involved."""
-    parts = [
-        f"{name} {value}"
-        for name, value in (("node", inv.node), ("rank", inv.rank), ("attempt", inv.attempt))
-        if value is not None
-    ]
-    return " · ".join(parts) or "job"
-
-
-def meta_time(value: Any) -> datetime | None:
-    """A time kept in meta: an ISO 8601 string or epoch seconds."""
-    if isinstance(value, str):
-        try:
-            t = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value, tz=timezone.utc)
-    return None
-
-
 def _wall(t: datetime, since: datetime | None = None) -> str:
     """Local date and clock; the date is left out when it is that of `since`."""
     day = t.astimezone().strftime("%Y-%m-%d ")
     same_day = since is not None and since.astimezone().strftime("%Y-%m-%d ") == day
     return clock(t) if same_day else day + clock(t)
-
-
-def _dash(v: object) -> str:
-    return "-" if v is None else str(v)
-
-
-def _clock_or_dash(value: Any) -> str:
-    at = meta_time(value)
-    return "-" if at is None else clock(at)
-
-
-def _print_json(doc: object) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-
-
-def _console() -> Console:
-    """Lines are not cut at the console width; tables fit a terminal, or 200 columns in a pipe."""
-    width = None if sys.stdout.isatty() else 200
-    return Console(highlight=False, soft_wrap=True, width=width)

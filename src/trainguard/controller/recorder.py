@@ -21,7 +21,7 @@ from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.errors import LaunchError, NodesUnavailable
 from trainguard.exitcodes import ExitCode, signal_name
 from trainguard.paths import JobPaths
-from trainguard.policy.decision import Decision
+from trainguard.policy.decision import Decision, HAPolicy
 from trainguard.protocol import NodeReport, Progress
 from trainguard.records import Event, Involved, Level, Reason, StartType, utcnow
 from trainguard.spec import JobSpec
@@ -70,11 +70,17 @@ class Recorder:
             command=self.argv, job_dir=str(self.paths.job_dir),
             nproc_per_node=self.spec.nproc_per_node, scenario=self.spec.scenario,
             max_restarts=self.spec.max_restarts, restarts_used=0,
+            budgets={"max_hang_restarts": HAPolicy.max_hang_restarts,
+                     "max_step_retries": self.spec.max_step_retries,
+                     "max_pod_reschedules": self.spec.max_pod_reschedules,
+                     "max_job_reschedules": self.spec.max_job_reschedules},
             created_at=previous.get("created_at") or utcnow().isoformat(),
             exit_code=None, ended_at=None, launcher_pid=os.getpid(),
             log_dir=str(self.paths.log_dir),
             launcher_host=socket.gethostname())
-        what = (f"{self.spec.nproc_per_node} worker(s), max {self.spec.max_restarts} restarts, "
+        nodes = f" on {self.spec.nnodes} nodes" if self.spec.nnodes > 1 else ""
+        what = (f"{self.spec.nnodes * self.spec.nproc_per_node} worker(s){nodes}, "
+                f"max {self.spec.max_restarts} restarts, "
                 f"job dir {self.paths.job_dir}")
         if self.spec.operator_reexecution:
             what += "; operator re-execution on (scripts that run their steps in a StepGuard)"

@@ -1,0 +1,165 @@
+"""`trainguard status JOB_DIR [--json]`: the job's state as it is, not as last recorded.
+
+Besides the recorded state it shows what a user needs while the job runs: a confirmed hang
+left running, the launcher's pid (to stop the job), every restart whatever the rung that
+made it, each budget of the ladder, and `lost` ranks when the launcher is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from enum import Enum
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from trainguard.cli.fmt import clock, clock_or_dash, console_out, dash, meta_time, print_json
+from trainguard.controller.store import JobStore, NodeRow, WorkerRow
+from trainguard.controller.store_rows import launcher_dead, node_order, shown_state
+from trainguard.exitcodes import ExitCode
+from trainguard.records import Event, Reason, RecoverResult, RunningRecord, iso
+from trainguard.states import JobState, NodeState, WorkerState
+
+_HANG_REASONS = (Reason.HANG_CONFIRMED.value, Reason.HANG_CLEARED.value)
+_STATE_STYLES: dict[str, str] = {  # of workers, then of nodes
+    WorkerState.STARTING: "cyan", WorkerState.RUNNING: "green",
+    WorkerState.SUCCEEDED: "green", WorkerState.FAILED: "bold red",
+    WorkerState.STOPPED: "yellow", NodeState.HEALTHY: "green", NodeState.SPARE: "cyan",
+    NodeState.LOST: "bold red", NodeState.ISOLATED: "yellow", "lost": "bold red",
+}
+# (budget name, meta key of what is used, meta key of the maximum in `budgets`)
+_BUDGETS = (("restarts", "restarts_used", "max_restarts"),
+            ("hang_restarts_in_a_row", "hang_restarts", "max_hang_restarts"),
+            ("step_retries", "step_retries_used", "max_step_retries"),
+            ("pod_reschedules", "pod_reschedules_used", "max_pod_reschedules"),
+            ("job_reschedules", "job_reschedules_used", "max_job_reschedules"))
+
+
+def print_status(store: JobStore, args: argparse.Namespace) -> int:
+    meta = store.meta()
+    hang_events = [ev for _, ev in store.events(reasons=_HANG_REASONS)]
+    doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes(),
+                     store.running_records(), hang_events)
+    if args.json:
+        print_json(doc)
+        return ExitCode.SUCCESS
+    console = console_out()
+    state = dash(doc["state"]) + (" · HUNG (confirmed, left running)" if doc["hang"] else "")
+    console.print(Text(f"run {doc['run_id']} · {state} · attempt {dash(doc['attempt'])}",
+                       "bold red" if doc["hang"] else "bold")
+                  + Text(f" · restarts {doc['restarts']}"))
+    progress = doc["last_progress"]
+    at = meta_time(progress["time"])
+    when = "never" if at is None else f"at {clock(at)}"
+    console.print(f"last progress: step {dash(progress['step'])} {when}", highlight=False)
+    if doc["hang"]:
+        h = doc["hang"]
+        console.print(f"hang: confirmed at {clock_or_dash(h['confirmed_at'])} on rank(s) "
+                      f"{h['ranks']}; culprit: {h['culprit']}", highlight=False)
+    launcher = doc["launcher"]
+    gone = " (gone)" if launcher["alive"] is False else ""
+    console.print(f"launcher: pid {dash(launcher['pid'])} on {dash(launcher['host'])}{gone}"
+                  + ("" if gone or launcher["pid"] is None else
+                     f"  (stop the job: trainguard stop {doc['job_dir']})"), highlight=False)
+    budgets = "  ".join(f"{name} {b['used']}/{dash(b['max'])}"
+                        for name, b in doc["budgets"].items())
+    console.print(f"budgets: {budgets}", highlight=False)
+    console.print(f"job dir: {doc['job_dir']}", highlight=False, markup=False)
+    if doc["nodes"]:
+        console.print(keyed_table(doc["nodes"], _NODE_KEYS), Text())
+    console.print(keyed_table(doc["ranks"], _RANK_KEYS))
+    return ExitCode.SUCCESS
+
+
+def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
+               nodes: list[NodeRow] | None = None, records: list[RunningRecord] | None = None,
+               hang_events: list[Event] | None = None) -> dict[str, Any]:
+    """The `status --json` document; `nodes` is empty for a single-node job."""
+    state = shown_state(meta)
+    by_rung = restarts_by_rung(records or [])
+    return {
+        "run_id": meta.get("run_id"),
+        "state": state,
+        "attempt": meta.get("attempt"),
+        "restarts": sum(by_rung.values()),
+        "restarts_by_rung": by_rung,
+        "restarts_used": meta.get("restarts_used"),
+        "max_restarts": meta.get("max_restarts"),
+        "budgets": _budgets(meta),
+        "hang": _hang(state, meta.get("attempt"), hang_events or []),
+        "launcher": {"pid": meta.get("launcher_pid"), "host": meta.get("launcher_host"),
+                     "alive": None if meta.get("launcher_pid") is None
+                     else not launcher_dead(meta)},
+        "last_progress": {
+            "step": meta.get("last_step"),
+            "time": iso(meta_time(meta.get("last_progress_at"))),
+        },
+        "ranks": [_rank_dict(w, state) for w in sorted(workers, key=lambda w: w.rank)],
+        "job_dir": meta.get("job_dir") or job_dir,
+        "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
+    }
+
+
+def restarts_by_rung(records: list[RunningRecord]) -> dict[str, int]:
+    """Recoveries that acted, by rung: what `recovery` counts, whatever the budget."""
+    return dict(Counter(rr.recover for r in records for rr in r.recover_records
+                        if rr.recover_result in (RecoverResult.SUCCESS,
+                                                 RecoverResult.RECOVERING)))
+
+
+def _budgets(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    limits = meta.get("budgets") if isinstance(meta.get("budgets"), dict) else {}
+    limits = {"max_restarts": meta.get("max_restarts"), **(limits or {})}
+    return {name: {"used": int(meta.get(used) or 0), "max": limits.get(limit)}
+            for name, used, limit in _BUDGETS}
+
+
+def _hang(state: str | None, attempt: Any, events: list[Event]) -> dict[str, Any] | None:
+    """A hang confirmed in the current attempt and not cleared, while the job is active."""
+    if state not in {s.value for s in JobState if s.active}:
+        return None
+    last = [ev for ev in events if ev.involved.attempt == attempt][-1:]
+    if not last or last[0].reason != Reason.HANG_CONFIRMED.value:
+        return None
+    data = last[0].data or {}
+    culprit = data.get("culprit") if isinstance(data.get("culprit"), dict) else {}
+    return {"confirmed_at": iso(last[0].time), "ranks": data.get("stuck_ranks"),
+            "culprit": (culprit or {}).get("reason") or "none named"}
+
+
+_RANK_KEYS = ("rank", "local_rank", "node", "pid", "state", "exit_code", "signal", "start_count")
+_NODE_KEYS = ("name", "host", "state", "agent_pid", "slot", "backend", "times_implicated",
+              "updated_at", "reason")
+
+
+def _rank_dict(w: WorkerRow, job_state: str | None) -> dict[str, Any]:
+    """A rank's row; a rank not ended when its launcher died reads `lost` (the guardian
+    killed it with the launcher: nothing recorded its end)."""
+    d = {k: _plain(getattr(w, k)) for k in _RANK_KEYS}
+    if job_state == JobState.LOST.value and not WorkerState(w.state).ended:
+        d["state"] = "lost"
+    return d
+
+
+def _node_dict(n: NodeRow) -> dict[str, Any]:
+    return {k: iso(n.updated_at) if k == "updated_at" else _plain(getattr(n, k))
+            for k in _NODE_KEYS}
+
+
+def _plain(v: Any) -> Any:
+    """A state as its stored string (the JSON document and the table show values)."""
+    return v.value if isinstance(v, Enum) else v
+
+
+def keyed_table(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> Table:
+    """One column per key (a time as its clock), the state styled; a reason may wrap."""
+    table = Table(box=None, pad_edge=False)
+    for key in keys:
+        table.add_column(key.upper().replace("_", " "), no_wrap=key != "reason")
+    for r in rows:
+        cells = [Text(clock_or_dash(r[k]) if k.endswith("_at") else dash(r[k])) for k in keys]
+        cells[keys.index("state")].stylize(_STATE_STYLES.get(r["state"], ""))
+        table.add_row(*cells)
+    return table
