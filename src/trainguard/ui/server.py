@@ -32,8 +32,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def url_of(sock: socket.socket, host: str, token: str | None) -> str:
+    """The URL to print; a wildcard address (every interface) shows this host's name."""
     port = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
+    shown = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+    shown = f"[{shown}]" if ":" in shown else shown
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
 
