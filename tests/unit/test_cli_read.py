@@ -348,3 +348,30 @@ def test_status_shows_a_confirmed_hang_left_running_and_the_launcher_to_stop(
                           Involved("run-1", None, None, 1)))
     assert run("status", str(job), "--json") == 0
     assert json.loads(capsys.readouterr().out)["hang"] is None
+
+
+def test_events_filter_by_level_reason_attempt_and_tail(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def shown(*flags: str) -> list[str]:
+        assert run("events", str(job), "--json", *flags) == 0
+        return [e["reason"] for e in json.loads(capsys.readouterr().out)]
+
+    assert shown("--level", "error") == ["WorkerFailed"]
+    assert shown("--reason", "JobCreated,JobSucceeded") == ["JobCreated", "JobSucceeded"]
+    assert shown("--reason", "JobRunning", "--reason", "JobCreated") == ["JobCreated",
+                                                                         "JobRunning"]
+    assert shown("--attempt", "0", "--tail", "2") == ["RestartScheduled", "JobSucceeded"]
+    assert shown("--tail", "0") == []
+
+
+def test_tables_end_without_trailing_blanks_and_fit_columns_in_a_pipe(
+    job: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    for command in ("events", "status"):
+        assert run(command, str(job)) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines and all(line == line.rstrip() for line in lines)
+        table = lines[lines.index(next(x for x in lines if x.startswith(("TIME", "RANK")))):]
+        assert max(len(line) for line in table) <= 80, command

@@ -368,3 +368,19 @@ def test_the_fix_for_a_bad_value_names_a_flag_that_trainguard_run_accepts(
     flags = [f for f in re.findall(r"--[a-z][a-z-]*", info.value.fix) if f != "--help"]
     assert flags, info.value.fix
     assert all(flag_accepted(f, capsys) for f in flags), flags
+
+
+def test_dry_run_prints_the_effective_settings_and_starts_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    job = tmp_path / "job.yaml"
+    job.write_text("max_restarts: 7\nhang_floor_s: 30\n")
+    code = main(["run", "--dry-run", "--scenario", "llm", "--config", str(job),
+                 "--max-restarts", "9", "--job-dir", str(tmp_path / "j"), "train.py", "--x"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    # preset (llm: memory snapshots) < job file (hang floor) < flags (max restarts)
+    assert (doc["memory_every"], doc["hang_floor_s"], doc["max_restarts"]) == (10, 30.0, 9)
+    assert doc["entrypoint"] == "train.py" and doc["args"] == ["--x"]
+    assert not (tmp_path / "j").exists()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from trainguard.records import Involved
 
@@ -55,6 +57,27 @@ def print_json(doc: object) -> None:
 
 
 def console_out() -> Console:
-    """Lines are not cut at the console width; tables fit a terminal, or 200 columns in a pipe."""
-    width = None if sys.stdout.isatty() else 200
+    """Lines are not cut at the console width; tables fit a terminal, or COLUMNS (200 when
+    unset) in a pipe."""
+    width = None if sys.stdout.isatty() else _columns()
     return Console(highlight=False, soft_wrap=True, width=width)
+
+
+def _columns() -> int:
+    try:
+        return max(40, int(os.environ.get("COLUMNS") or 200))
+    except ValueError:
+        return 200
+
+
+def print_table(table: Table) -> None:
+    """A table without the trailing blanks rich pads its last column with."""
+    console = console_out()
+    with console.capture() as captured:
+        console.print(table)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+
+def plural(n: int, noun: str) -> str:
+    """`1 attempt`, `2 attempts`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

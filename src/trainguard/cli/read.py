@@ -25,7 +25,9 @@ from trainguard.cli.fmt import (
     console_out,
     dash,
     involved_text,
+    plural,
     print_json,
+    print_table,
 )
 from trainguard.cli.status import print_status
 from trainguard.controller.store import JobStore
@@ -35,6 +37,7 @@ from trainguard.exitcodes import ExitCode
 from trainguard.goodput import Goodput, job_goodput
 from trainguard.records import (
     Event,
+    Level,
     RecoverRecord,
     RunningRecord,
     StartType,
@@ -43,6 +46,8 @@ from trainguard.records import (
 from trainguard.states import JobState
 
 POLL_INTERVAL_S = 0.5
+REASON_WIDTH = 19  # `events --follow` columns: most reasons and involved texts fit
+INVOLVED_WIDTH = 33
 
 _LEVEL_STYLES = {"Info": "cyan", "Warning": "yellow", "Error": "bold red"}
 _Handler = Callable[[JobStore, argparse.Namespace], int]
@@ -58,6 +63,14 @@ def add_read_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="keep printing new events until the job has finished (Ctrl-C stops); "
         "with --json, prints one JSON object per line (JSON Lines) instead of an array",
     )
+    events.add_argument("--level", choices=[lv.value for lv in Level], type=str.capitalize,
+                        help="only events of this level or worse (Info < Warning < Error)")
+    events.add_argument("--reason", action="append", metavar="REASON",
+                        help="only events with this reason (e.g. WorkerFailed); repeatable, "
+                        "or comma-separated")
+    events.add_argument("--attempt", type=int, help="only events of this attempt")
+    events.add_argument("--tail", type=int, metavar="N",
+                        help="only the last N events (with --follow: then the new ones)")
     _add(subparsers, "recovery", "show running records, recover records and goodput", cmd_recovery)
     _add(subparsers, "status", "show the job's state, its nodes and its ranks", cmd_status)
 
@@ -103,15 +116,40 @@ def with_store(command: str, args: argparse.Namespace, body: _Handler) -> int:
 # -- events -------------------------------------------------------------------
 
 
+_LEVEL_ORDER = {Level.INFO.value: 0, Level.WARNING.value: 1, Level.ERROR.value: 2}
+
+
+def event_filter(args: argparse.Namespace) -> Callable[[Event], bool]:
+    """The --level/--reason/--attempt filters of `events`."""
+    level = _LEVEL_ORDER.get(getattr(args, "level", None) or "", 0)
+    reasons = {r.strip() for arg in getattr(args, "reason", None) or [] for r in arg.split(",")
+               if r.strip()}
+    attempt = getattr(args, "attempt", None)
+
+    def keep(ev: Event) -> bool:
+        return (_LEVEL_ORDER.get(ev.level.value, 0) >= level
+                and (not reasons or ev.reason in reasons)
+                and (attempt is None or ev.involved.attempt == attempt))
+
+    return keep
+
+
+def _tail(items: list[Any], args: argparse.Namespace) -> list[Any]:
+    n = getattr(args, "tail", None)
+    return items if n is None else items[-n:] if n > 0 else []
+
+
 def _print_events(store: JobStore, args: argparse.Namespace) -> int:
-    events = [ev for _, ev in store.events()]
+    keep = event_filter(args)
+    events = _tail([ev for _, ev in store.events() if keep(ev)], args)
     if args.json:
         print_json([ev.to_dict() for ev in events])
         return ExitCode.SUCCESS
     table = Table(box=None, pad_edge=False)
-    for name in ("TIME", "LEVEL", "REASON", "INVOLVED"):
+    for name in ("TIME", "LEVEL", "REASON"):
         table.add_column(name, no_wrap=True)
-    table.add_column("MESSAGE")
+    table.add_column("INVOLVED", min_width=10)
+    table.add_column("MESSAGE", min_width=24)
     for ev in events:
         table.add_row(
             clock(ev.time),
@@ -120,22 +158,26 @@ def _print_events(store: JobStore, args: argparse.Namespace) -> int:
             Text(involved_text(ev.involved)),
             Text(ev.message),
         )
-    console_out().print(table)
+    print_table(table)
     return ExitCode.SUCCESS
 
 
 def _follow_events(store: JobStore, args: argparse.Namespace) -> int:
     """Print events as they come; stop once a poll after the job finished finds nothing new."""
     console = console_out()
+    keep = event_filter(args)
     last_id = 0
     finished_before = False
+    first = True
     try:
         while True:
             finished = job_finished(store.meta())
             new = store.events(last_id)
-            for event_id, ev in new:
+            last_id = new[-1][0] if new else last_id
+            shown = [ev for _, ev in new if keep(ev)]
+            for ev in _tail(shown, args) if first else shown:
                 _emit_event_line(console, ev, as_json=args.json)
-                last_id = event_id
+            first = False
             if finished_before and not new:
                 return ExitCode.SUCCESS
             finished_before = finished
@@ -154,9 +196,9 @@ def _emit_event_line(console: Console, ev: Event, as_json: bool) -> None:
         "  ",
         (f"{ev.level.value:<7}", _LEVEL_STYLES.get(ev.level.value, "")),
         "  ",
-        (ev.reason, "bold"),
+        (f"{ev.reason:<{REASON_WIDTH}}", "bold"),
         "  ",
-        (involved_text(ev.involved), "dim"),
+        (f"{involved_text(ev.involved):<{INVOLVED_WIDTH}}", "dim"),
         "  ",
         ev.message,
     )
@@ -243,8 +285,8 @@ def _summary_line(s: dict[str, Any]) -> str:
     goodput = "unknown" if s["goodput"] is None else f"{s['goodput'] * 100:.1f}%"
     lost = "  ".join(f"{cause} {v:.3f}s" for cause, v in s["badput_s"].items() if v > 0)
     return (
-        f"summary: {s['attempts']} attempts, {s['restarts']} restarts, "
-        f"{s['incidents']} incidents, steps lost {s['steps_lost']}, goodput {goodput} "
+        f"summary: {plural(s['attempts'], 'attempt')}, {plural(s['restarts'], 'restart')}, "
+        f"{plural(s['incidents'], 'incident')}, steps lost {s['steps_lost']}, goodput {goodput} "
         f"(productive {s['productive_s']:.3f}s of {s['wall_s']:.3f}s)\n"
         f"  lost: {lost or 'nothing'}  (trainguard report JOB_DIR explains; docs/goodput.md)"
     )

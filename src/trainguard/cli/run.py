@@ -7,6 +7,7 @@ and a scenario preset can fill the rest. The script's own arguments pass through
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from trainguard.errors import SpecError
+from trainguard.exitcodes import ExitCode
 from trainguard.spec import PRESETS, JobSpec, build_spec
 
 S = argparse.SUPPRESS
@@ -150,6 +152,9 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
           "printed and kept as metrics_url in the job store)")
     _flag(o, "metrics-host", type=str, help="address the metrics endpoint binds (127.0.0.1; "
           "the metrics carry no secrets, but bind elsewhere only on a trusted network)")
+    p.add_argument("--dry-run", action="store_true", help="print the effective settings "
+                   "(preset < job file < flags, every default filled in) as JSON and exit "
+                   "without starting anything")
     p.add_argument("training_script", nargs="?", default=S, help="script, module or program")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, default=S)
     p.set_defaults(func=_run_command)
@@ -157,7 +162,8 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def flags_to_spec_values(ns: argparse.Namespace) -> dict[str, Any]:
     """Turn parsed flags into JobSpec fields; errors name the flag and the fix."""
-    v = {k: val for k, val in vars(ns).items() if k not in ("func", "config", "command", "verbose")}
+    v = {k: val for k, val in vars(ns).items()
+         if k not in ("func", "config", "command", "verbose", "dry_run")}
     out: dict[str, Any] = {}
     script_args = v.pop("training_script_args", None)
     if "training_script" in v:  # the script's arguments belong to the script on the command line
@@ -300,4 +306,7 @@ def _run_command(ns: argparse.Namespace) -> int:
         if key in vars(ns):
             print(f"trainguard: note: {note}", file=sys.stderr)
     spec = spec_from_args(ns)
+    if getattr(ns, "dry_run", False):
+        sys.stdout.write(json.dumps(spec.model_dump(mode="json"), indent=2) + "\n")
+        return int(ExitCode.SUCCESS)
     return launch(spec, worker_argv(spec), marker=uuid.uuid4().hex)

@@ -15,7 +15,15 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.cli.fmt import clock, clock_or_dash, console_out, dash, meta_time, print_json
+from trainguard.cli.fmt import (
+    clock,
+    clock_or_dash,
+    console_out,
+    dash,
+    meta_time,
+    print_json,
+    print_table,
+)
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
 from trainguard.controller.store_rows import launcher_dead, node_order, shown_state
 from trainguard.exitcodes import ExitCode
@@ -68,8 +76,9 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     console.print(f"budgets: {budgets}", highlight=False)
     console.print(f"job dir: {doc['job_dir']}", highlight=False, markup=False)
     if doc["nodes"]:
-        console.print(keyed_table(doc["nodes"], _NODE_KEYS), Text())
-    console.print(keyed_table(doc["ranks"], _RANK_KEYS))
+        print_table(keyed_table(doc["nodes"], _NODE_KEYS))
+        console.print()
+    print_table(keyed_table(doc["ranks"], _RANK_KEYS))
     return ExitCode.SUCCESS
 
 

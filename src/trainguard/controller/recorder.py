@@ -90,9 +90,10 @@ class Recorder:
             self.event(Level.INFO, Reason.JOB_RELAUNCHED,
                        f"job {self.spec.run_id} launched again{requeued} after its previous "
                        f"launch ended {previous.get('state')} at attempt {previous['attempt']}: "
-                       f"{what}")
+                       f"{what}", data={"settings": self.spec.model_dump(mode="json")})
             return previous["attempt"] + 1, StartType.RELAUNCH
-        self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}")
+        self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}",
+                   data={"settings": self.spec.model_dump(mode="json")})
         return 0, StartType.FIRST_START
 
     def adopt(self) -> int:
