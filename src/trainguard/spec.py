@@ -10,9 +10,17 @@ import difflib
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trainguard.errors import SpecError
 
@@ -39,6 +47,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 DEFAULT_STEP_PATTERN = (
     r"(?i)^\s*(?:\[[^\]]*\]:?\s*)*(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*\[?\s*(\d+)"
 )
+
+
+class Conflict(ValueError):
+    """Settings that are fine alone but not together: `keys` are the fields involved."""
+
+    def __init__(self, keys: tuple[str, ...], problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.keys = keys
+        self.problem = problem
+        self.fix = fix
 
 
 class JobSpec(BaseModel):
@@ -167,14 +185,27 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         if self.module and self.no_python:
-            raise ValueError("module and no_python cannot both be set")
+            raise Conflict(("module", "no_python"), "cannot both be set",
+                           "keep one: -m runs a Python module, --no-python runs a program")
         if self.restart_backoff_max_s < self.restart_backoff_s:
-            raise ValueError("restart_backoff_max_s must be >= restart_backoff_s")
-        if self.node_rank >= self.nnodes:
-            raise ValueError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
+            raise Conflict(("restart_backoff_max_s", "restart_backoff_s"),
+                           f"the cap {self.restart_backoff_max_s:g} s is below the first delay "
+                           f"{self.restart_backoff_s:g} s",
+                           f"raise --restart-backoff-max / 'restart_backoff_max_s' to at least "
+                           f"{self.restart_backoff_s:g}, or lower --restart-backoff / "
+                           f"'restart_backoff_s'")
         if self.multi_node and self.node_rank != 0:
-            raise ValueError("a multi-node job has one controller, which starts an agent on "
-                             "every node: run trainguard once, without --node-rank")
+            raise Conflict(("node_rank",), f"{self.node_rank} in a multi-node job",
+                           "drop --node-rank / 'node_rank': a multi-node job has one "
+                           "controller, which starts an agent on every node; run trainguard "
+                           "once, on one node")
+        if self.node_rank >= self.nnodes:
+            raise Conflict(("node_rank", "nnodes"),
+                           f"node rank {self.node_rank} needs {self.node_rank + 1} nodes "
+                           f"or more, and the job has {self.nnodes}",
+                           "drop --node-rank / 'node_rank' (trainguard needs it for no job: "
+                           "a single-node job is node 0, and a multi-node job (--nnodes N) "
+                           "is started once, with one command)")
         return self
 
     @property
@@ -240,19 +271,24 @@ def build_spec(
     """Merge preset < job file < flags and validate; errors name the key and the fix."""
     job_file = dict(job_file or {})
     _check_keys(job_file, source)
+    job_file = {key: _job_file_value(key, value, source) for key, value in job_file.items()}
     scenario = flags.get("scenario", job_file.get("scenario"))
     merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
     if scenario is not None:
         if scenario not in PRESETS:
             raise SpecError("scenario", f"unknown scenario {scenario!r}",
                             f"use one of {', '.join(PRESETS)}")
         merged.update(PRESETS[scenario])
+        origin.update(dict.fromkeys(PRESETS[scenario], f"the {scenario} preset"))
     merged.update(job_file)
+    origin.update(dict.fromkeys(job_file, f"the {source}"))
     merged.update(flags)
+    origin.update(dict.fromkeys(flags, "the command line"))
     try:
         return JobSpec(**merged)
     except ValidationError as e:
-        raise _spec_error(e, source) from None
+        raise _spec_error(e, source, origin) from None
 
 
 def _check_keys(job_file: dict[str, Any], source: str) -> None:
@@ -263,9 +299,47 @@ def _check_keys(job_file: dict[str, Any], source: str) -> None:
             raise SpecError(f"{source}: {key}", "unknown key", fix)
 
 
-def _spec_error(e: ValidationError, source: str) -> SpecError:
+_KINDS = ((bool, "true or false", "true"), (int, "a whole number", "3"),
+          (float, "a number", "2.5"), (str, "a string", "'...'"))
+
+
+def _job_file_value(key: str, value: Any, source: str) -> Any:
+    """A job-file value as strict as the flag: `max_restarts: yes` is not 1, `precheck: "no"`
+    is not false. Numbers in `args` become strings (`args: [--steps, 200]`)."""
+    if key == "args" and isinstance(value, list):
+        value = [str(a) if isinstance(a, int | float) and not isinstance(a, bool) else a
+                 for a in value]
+    annotation: Any = JobSpec.model_fields[key].annotation
+    try:
+        return TypeAdapter(annotation, config=ConfigDict(strict=True)).validate_python(value)
+    except ValidationError:
+        pass
+    got = f"{value!r} ({type(value).__name__})"
+    note = "; YAML reads yes/no/on/off as true/false" if isinstance(value, bool) else ""
+    inner = [a for a in get_args(annotation) if a is not type(None)]
+    if type(None) in get_args(annotation) and len(inner) == 1:
+        annotation = inner[0]  # X | None
+    if get_origin(annotation) is list:
+        want, fix = "a list", f"write a list, e.g. `{key}: [a, b]`"
+    elif get_origin(annotation) is dict:
+        want, fix = "a mapping", f"write a mapping, e.g. `{key}: {{0: 1}}`"
+    elif get_origin(annotation) is Literal:
+        want = "one of " + ", ".join(map(str, get_args(annotation)))
+        fix = f"write {want}"
+    else:
+        kinds = [k for k in _KINDS if k[0] in (annotation, *get_args(annotation))]
+        want = " or ".join(k[1] for k in kinds) if kinds else str(annotation)
+        fix = f"write {want}, e.g. `{key}: {kinds[0][2]}`" if kinds else f"write {want}"
+    raise SpecError(f"{source}: {key}", f"{got} is not {want}{note}", fix)
+
+
+def _spec_error(e: ValidationError, source: str, origin: dict[str, str]) -> SpecError:
     err = e.errors()[0]
-    key = ".".join(str(p) for p in err["loc"]) or "job"
+    conflict = (err.get("ctx") or {}).get("error")
+    if isinstance(conflict, Conflict):
+        names = " and ".join(_named(k, origin) for k in conflict.keys)
+        return SpecError(names, conflict.problem, conflict.fix)
+    key = ".".join(str(p) for p in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         return SpecError(key, "is required", "give the training script after the flags")
@@ -275,3 +349,9 @@ def _spec_error(e: ValidationError, source: str) -> SpecError:
     flag = flag_name(key)
     return SpecError(key, f"{msg} (got {err.get('input')!r})",
                      f"set {flag} / '{key}' in the {source}: {hint}")
+
+
+def _named(key: str, origin: dict[str, str]) -> str:
+    """`--restart-backoff-max / 'restart_backoff_max_s' (from the llm preset)`."""
+    where = origin.get(key)
+    return f"{flag_name(key)} / '{key}'" + (f" (from {where})" if where else "")

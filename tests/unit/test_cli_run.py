@@ -214,12 +214,12 @@ def test_a_job_file_may_spell_keys_with_dashes(tmp_path: Path) -> None:
 def test_a_job_file_may_name_the_entrypoint_and_its_arguments(tmp_path: Path) -> None:
     job = write(tmp_path, "entrypoint: train.py\nargs: ['--lr', '0.1']\n")
     s = spec("--config", str(job))
-    assert (s.entrypoint, s.args) == ("train.py", ["--lr", "0.1"])
+    assert (s.entrypoint, s.args) == (str(tmp_path / "train.py"), ["--lr", "0.1"])
 
 
 def test_a_job_file_may_name_the_entrypoint(tmp_path: Path) -> None:
     assert spec("--config", str(write(tmp_path, "entrypoint: train.py\n"))).entrypoint == (
-        "train.py")
+        str(tmp_path / "train.py"))
 
 
 def test_an_empty_job_file_is_fine(tmp_path: Path) -> None:

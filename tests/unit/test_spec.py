@@ -184,7 +184,6 @@ def test_the_source_of_an_unknown_key_is_named() -> None:
         ({"grace_period_s": -1.0}, "grace_period_s", ["'grace_period_s'"]),
         ({"step_pattern": r"step \d+"}, "step_pattern", ["capture group", "step (\\d+)"]),
         ({"step_pattern": "step (\\d+"}, "step_pattern", ["regular expression"]),
-        ({"nnodes": 2, "node_rank": 1}, "job", ["one controller", "without --node-rank"]),
         ({"spare_nodes": -1}, "spare_nodes", ["--spare-nodes"]),
         ({"nproc_per_node": 0}, "nproc_per_node", ["--nproc-per-node"]),
         ({"monitor_interval": 0}, "monitor_interval", ["--monitor-interval"]),
@@ -212,12 +211,51 @@ def test_a_missing_entrypoint_asks_for_the_training_script() -> None:
 
 def test_module_and_no_python_together_are_refused() -> None:
     err = spec_error(None, {"module": True, "no_python": True})
-    assert "module and no_python" in err.problem
+    assert "-m/--module" in err.key and "--no-python" in err.key
+    assert "cannot both be set" in err.problem
 
 
 def test_a_backoff_cap_below_the_first_delay_is_refused() -> None:
     err = spec_error(None, {"restart_backoff_s": 10, "restart_backoff_max_s": 5})
-    assert "restart_backoff_max_s" in err.problem
+    assert "--restart-backoff-max / 'restart_backoff_max_s'" in err.key
+    assert "--restart-backoff / 'restart_backoff_s'" in err.key
+    assert "at least 10" in err.fix
+
+
+def test_a_node_rank_in_a_multi_node_job_names_the_flag_and_says_to_drop_it() -> None:
+    err = spec_error(None, {"nnodes": 2, "node_rank": 1})
+    assert err.key.startswith("--node-rank / 'node_rank'")
+    assert "one controller" in err.fix and "drop --node-rank" in err.fix
+
+
+def test_a_conflict_names_where_each_value_came_from() -> None:
+    err = spec_error({"restart_backoff_s": 400}, {"scenario": "llm"})
+    assert "'restart_backoff_s' (from the job file)" in err.key
+    assert "'restart_backoff_max_s' (from the llm preset)" in err.key
+
+
+@pytest.mark.parametrize(
+    ("values", "key", "want"),
+    [
+        ({"max_restarts": True}, "max_restarts", "whole number"),  # YAML `yes`
+        ({"max_restarts": 1.5}, "max_restarts", "whole number"),
+        ({"precheck": "no"}, "precheck", "true or false"),
+        ({"restart_backoff_s": "2"}, "restart_backoff_s", "a number"),
+        ({"backend": "k8s"}, "backend", "one of local, slurm"),
+        ({"args": "--lr 1"}, "args", "a list"),
+    ],
+)
+def test_a_job_file_value_of_the_wrong_type_is_refused_not_coerced(
+    values: dict[str, Any], key: str, want: str
+) -> None:
+    err = spec_error(values, {})
+    assert err.key == f"job file: {key}"
+    assert want in err.problem and "Fix: write" in str(err)
+
+
+def test_numbers_in_the_job_files_args_become_strings() -> None:
+    assert build_spec({"args": ["--steps", 200, "--lr", 0.5]}, SCRIPT).args == [
+        "--steps", "200", "--lr", "0.5"]
 
 
 def test_a_spec_is_frozen_and_has_no_extra_keys() -> None:

@@ -209,7 +209,7 @@ def _nnodes(s: str) -> int:
     return int(m.group(1))
 
 
-def nproc(s: str) -> int:
+def nproc(s: str, name: str = "--nproc-per-node") -> int:
     s = s.strip().lower()
     if s.isdigit():
         return int(s)
@@ -218,10 +218,9 @@ def nproc(s: str) -> int:
     if s == "gpu":
         n = _visible_gpus()
         if not n:
-            raise SpecError("--nproc-per-node", "'gpu' but no GPU is visible",
-                            "give a number, or 'cpu'")
+            raise SpecError(name, "'gpu' but no GPU is visible", "give a number, or 'cpu'")
         return n
-    raise SpecError("--nproc-per-node", f"{s!r} is not a number", "use N, cpu, gpu or auto")
+    raise SpecError(name, f"{s!r} is not a number", "use N, cpu, gpu or auto")
 
 
 def _visible_gpus() -> int:
@@ -275,10 +274,35 @@ def load_job_file(path: Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): val for k, val in data.items()}
 
 
+def job_file_values(data: dict[str, Any], path: Path, flags: dict[str, Any]) -> dict[str, Any]:
+    """What a job file may spell as the flag does (`nproc_per_node: auto`, `nnodes: "2"`,
+    `redirects: 3`, `local_ranks_filter: 0,2`), and an `entrypoint` relative to the job
+    file's directory rather than the cwd (unless the command line names the script)."""
+    out = dict(data)
+    source = f"job file {path}"
+    if isinstance(out.get("nproc_per_node"), str):
+        out["nproc_per_node"] = nproc(out["nproc_per_node"], f"{source}: nproc_per_node")
+    if isinstance(out.get("nnodes"), str):
+        out["nnodes"] = _nnodes(out["nnodes"])
+    if isinstance(out.get("redirects"), str | int) and not isinstance(out["redirects"], bool):
+        out["redirects"] = parse_std_map(str(out["redirects"]), f"{source}: redirects")
+    if isinstance(out.get("local_ranks_filter"), str | int):
+        out["local_ranks_filter"] = _ranks(str(out["local_ranks_filter"]))
+    entry = out.get("entrypoint")
+    module = flags.get("module", out.get("module")) is True
+    no_python = flags.get("no_python", out.get("no_python")) is True
+    if (isinstance(entry, str) and "entrypoint" not in flags and not module
+            and not Path(entry).is_absolute() and (not no_python or "/" in entry)):
+        out["entrypoint"] = os.path.normpath(path.parent / entry)
+    return out
+
+
 def spec_from_args(ns: argparse.Namespace) -> JobSpec:
-    job_file = load_job_file(ns.config) if ns.config is not None else None
-    source = f"job file {ns.config}" if ns.config is not None else "job file"
-    return build_spec(job_file, flags_to_spec_values(ns), source)
+    flags = flags_to_spec_values(ns)
+    if ns.config is None:
+        return build_spec(None, flags)
+    job_file = job_file_values(load_job_file(ns.config), ns.config, flags)
+    return build_spec(job_file, flags, f"job file {ns.config}")
 
 
 def worker_argv(spec: JobSpec) -> list[str]:
