@@ -1,7 +1,11 @@
 """The controller's network side: node agents connect here, report, and take commands.
 
 One listening socket, one reader thread per agent connection (close() ends and joins them
-all, and the accept thread). Every frame refreshes the node's `last_seen`; reports queue up
+all, and the accept thread). The accept loop outlives any accept() error (out of fds: it
+waits and goes on); at most MAX_HANDSHAKES connections, MAX_HANDSHAKES_PER_HOST from one
+address, may be in their handshake (which has one deadline), the rest are closed at once.
+A frame that fails its MAC or sequence check ends its connection and is counted
+(`rejected_frames`) and logged. Every frame refreshes the node's `last_seen`; reports queue up
 until the fleet takes them; replies are matched to commands by id. A node that reconnects
 (a blip, or a restarted controller) gets its unanswered commands again under the same ids:
 the agent answers those from memory.
@@ -10,6 +14,7 @@ the agent answers those from memory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import secrets
@@ -20,11 +25,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.protocol import NodeReport, Op
-from trainguard.wire import Conn, WireError, accept, deny, keepalive, welcome
+from trainguard.wire import (
+    Conn,
+    FrameRejected,
+    WireError,
+    accept,
+    deny,
+    keepalive,
+    out_of_fds,
+    raise_fd_limit,
+    welcome,
+)
 
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 5.0  # close(): for all of the hub's threads together to end
+MAX_HANDSHAKES = 256  # connections not authenticated yet, all peers together
+MAX_HANDSHAKES_PER_HOST = 64  # from one address (the local backend's agents share one)
+ACCEPT_BACKOFF_S = 0.1  # after accept() ran out of fds (or memory)
 
 
 @dataclass
@@ -60,6 +78,9 @@ class Hub:
         self._replies: dict[str, dict[str, Any]] = {}
         self._closed = False
         self._readers: dict[threading.Thread, Conn] = {}  # one per connection
+        self._handshakes: dict[str, int] = {}  # peer address -> connections in handshake
+        self.rejected_frames = 0  # authenticated connections ended by a forged frame
+        self._complained = 0.0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -68,7 +89,8 @@ class Hub:
             if port == 0:
                 raise
             self._listener.bind((bind_host, 0))  # the old port is taken: agents re-read
-        self._listener.listen(128)
+        raise_fd_limit()
+        self._listener.listen(1024)
         self.host = bind_host
         self.port = int(self._listener.getsockname()[1])
         self._acceptor = threading.Thread(target=self._accept_loop, name="trainguard-hub",
@@ -80,27 +102,79 @@ class Hub:
     def _accept_loop(self) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
+                sock, addr = self._listener.accept()
+            except OSError as e:
+                if self._closed:
+                    return
+                self._accept_failed(e)
+                continue
+            host = str(addr[0]) if addr else "?"
             with self._cond:
                 if self._closed:  # woken by close()
                     sock.close()
                     return
-                keepalive(sock)
+                if not self._admit(host):
+                    sock.close()
+                    continue
                 conn = Conn(sock)
-                reader = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                keepalive(sock)
+                reader = threading.Thread(target=self._serve, args=(conn, host), daemon=True,
                                           name="trainguard-link")
                 self._readers = {t: c for t, c in self._readers.items() if t.is_alive()}
+                try:
+                    reader.start()
+                except RuntimeError as e:  # can't start new thread
+                    self._handshake_done(host)
+                    conn.close()
+                    self._complain("cannot start a link thread (%s): connection closed", e)
+                    continue
                 self._readers[reader] = conn
-                reader.start()
 
-    def _serve(self, conn: Conn) -> None:
+    def _accept_failed(self, e: OSError) -> None:
+        if out_of_fds(e):
+            self._complain("accept() failed (%s): retrying in %.1fs", e, ACCEPT_BACKOFF_S)
+            time.sleep(ACCEPT_BACKOFF_S)
+        elif e.errno not in (errno.ECONNABORTED, errno.EINTR, errno.EPROTO, errno.EAGAIN):
+            self._complain("accept() failed (%s): retrying", e)
+            time.sleep(ACCEPT_BACKOFF_S)
+
+    def _complain(self, fmt: str, *args: object) -> None:
+        """A warning at most every 10 s (a flood must not flood the log too)."""
+        if time.monotonic() - self._complained > 10:
+            self._complained = time.monotonic()
+            log.warning(fmt, *args)
+
+    def _admit(self, host: str) -> bool:
+        """Count one more connection in its handshake, unless a cap is reached (lock held)."""
+        if (sum(self._handshakes.values()) >= MAX_HANDSHAKES
+                or self._handshakes.get(host, 0) >= MAX_HANDSHAKES_PER_HOST):
+            self._complain("too many unauthenticated connections (from %s): refusing new "
+                           "ones until their handshakes end", host)
+            return False
+        self._handshakes[host] = self._handshakes.get(host, 0) + 1
+        return True
+
+    def _handshake_done(self, host: str) -> None:
+        with self._cond:
+            left = self._handshakes.get(host, 0) - 1
+            if left > 0:
+                self._handshakes[host] = left
+            else:
+                self._handshakes.pop(host, None)
+
+    def _serve(self, conn: Conn, host: str) -> None:
         try:
-            hello = accept(conn, self._token)
-            attached = self._attach(conn, hello)
+            try:
+                hello = accept(conn, self._token)
+                attached = self._attach(conn, hello)
+            finally:
+                self._handshake_done(host)
         except WireError as e:
             log.warning("refused a connection: %s", e)
+            conn.close()
+            return
+        except Exception:  # a bug must not leave the connection open or kill silently
+            log.exception("refused a connection from %s", conn.peer)
             conn.close()
             return
         if attached is None:
@@ -111,7 +185,13 @@ class Hub:
             try:
                 msg = conn.recv(None)
             except (WireError, OSError, ValueError) as e:
+                if isinstance(e, FrameRejected):
+                    log.warning("node %s: refused a forged frame, connection closed: %s",
+                                link.name, e)
+                conn.close()
                 with self._cond:
+                    if isinstance(e, FrameRejected):
+                        self.rejected_frames += 1
                     if link.generation == gen:
                         link.conn, link.disconnected_at = None, time.monotonic()
                         log.info("node %s disconnected: %s", link.name, e)
@@ -124,22 +204,25 @@ class Hub:
 
     def _attach(self, conn: Conn, hello: dict[str, Any]) -> tuple[NodeLink, int] | None:
         """Welcome the agent as its node's link; None when another agent (another process)
-        serves that node on a live connection: this one is told to end."""
+        serves that node on a live connection: this one is told to end. Nothing is sent
+        while the hub's lock is held (a stalled peer must not stall every link)."""
         name = str(hello["node"])
         pid = hello.get("agent_pid")
         report = None
         with contextlib.suppress(ValueError):
             report = NodeReport.model_validate(hello.get("report"))
         with self._cond:
+            link = self.links.get(name)
+            serving = link.agent_pid if link is not None and link.conn is not None else None
+        if serving is not None and pid != serving:
+            deny(conn, f"agent pid {serving} serves node {name}", superseded=True)
+            log.warning("node %s: a second agent (pid %s) was told to end; pid %s serves "
+                        "it", name, pid, serving)
+            return None
+        welcome(conn, self._token, hello)
+        with self._cond:
             link = self.links.setdefault(name, NodeLink(name))
-            if link.conn is not None and link.agent_pid is not None and pid != link.agent_pid:
-                deny(conn, f"agent pid {link.agent_pid} serves node {name}", superseded=True)
-                log.warning("node %s: a second agent (pid %s) was told to end; pid %s serves "
-                            "it", name, pid, link.agent_pid)
-                return None
-            welcome(conn, self._token, hello)
-            if link.conn is not None:  # the same agent again: its old connection is dead
-                link.conn.close()
+            old = link.conn  # the same agent again: its old connection is dead
             link.generation += 1
             link.conn, link.disconnected_at = conn, None
             link.host = str(hello.get("host") or conn.peer)
@@ -150,13 +233,17 @@ class Hub:
             link.hello_report = report
             if report is not None:
                 link.reports.append(report)
-            for _cid, (node, frame) in sorted(self._pending.items()):
-                if node == name:  # unanswered before the blip: the same id again
-                    with contextlib.suppress(WireError):
-                        conn.send(frame)
+            resend = [frame for _cid, (node, frame) in sorted(self._pending.items())
+                      if node == name]  # unanswered before the blip: the same id again
             self._cond.notify_all()
-            log.info("node %s connected from %s (agent pid %s)", name, conn.peer, pid)
-            return link, link.generation
+            gen = link.generation
+        if old is not None:
+            old.close()
+        for frame in resend:
+            with contextlib.suppress(WireError):
+                conn.send(frame)
+        log.info("node %s connected from %s (agent pid %s)", name, conn.peer, pid)
+        return link, gen
 
     def _frame(self, link: NodeLink, msg: dict[str, Any]) -> None:
         kind = msg["type"]
@@ -221,6 +308,7 @@ class Hub:
         """Send each node its command at once; wait for every answer. A node disconnected
         for longer than `lost_after_s`, or silent past `timeout`, answers with an error."""
         ids: dict[str, str] = {}
+        sends: list[tuple[Conn, dict[str, Any]]] = []
         with self._cond:
             for name, (op, body) in calls.items():
                 cid = f"{self._session}-{next(self._ids)}"
@@ -229,8 +317,11 @@ class Hub:
                 ids[cid] = name
                 link = self.links.get(name)
                 if link is not None and link.conn is not None:
-                    with contextlib.suppress(WireError):
-                        link.conn.send(frame)
+                    sends.append((link.conn, frame))
+        for conn, frame in sends:  # outside the lock: a stalled agent stalls only this call
+            with contextlib.suppress(WireError, OSError):
+                conn.send(frame)
+        with self._cond:
             out: dict[str, Reply] = {}
             deadline = time.monotonic() + timeout
             try:

@@ -36,7 +36,7 @@ from trainguard.protocol import (
     StopWorkers,
     Tell,
 )
-from trainguard.wire import Conn, Superseded, WireError, connect, read_token
+from trainguard.wire import Conn, FrameRejected, Superseded, WireError, connect, read_token
 
 log = logging.getLogger("trainguard.node.agent")
 
@@ -131,6 +131,9 @@ class AgentRunner:
                     report = self.agent.poll()
                     conn.send({"type": "report", "body": report.model_dump(mode="json")})
                     next_report = time.monotonic() + self.cfg.report_interval_s
+        except FrameRejected as e:  # injected, replayed or relayed: the link is not trusted
+            log.warning("refused a forged frame from the controller's address: %s "
+                        "(reconnecting with a fresh handshake)", e)
         except WireError as e:
             log.warning("lost the controller: %s (reconnecting)", e)
         finally:
