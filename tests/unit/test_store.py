@@ -283,3 +283,23 @@ def test_a_reader_in_another_process_reads_events_while_the_writer_appends(
     assert result["ids"] == list(range(1, n + 1))
     assert result["partial_reads"] > 0, "the reader never saw the store mid-write"
     assert slowest < 1.0, f"a write took {slowest:.3f}s with a reader polling"
+
+
+def test_a_copy_of_the_db_file_alone_holds_every_event_once_the_writer_closed(
+        tmp_path: Path) -> None:
+    import shutil
+
+    from trainguard.records import Event, Involved, Level, utcnow
+
+    """A reader (a dashboard, `events -f`) still has the store open when the job ends: the
+    writer's close folds the WAL in anyway."""
+    with JobStore.create(tmp_path / "a", "run-1") as s:
+        reader = JobStore.open(tmp_path / "a")
+        for i in range(50):
+            s.add_event(Event(utcnow(), Level.INFO, "JobRunning", f"event {i}",
+                              Involved("run-1")))
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "a" / "trainguard.db", tmp_path / "b" / "trainguard.db")
+    with JobStore.open(tmp_path / "b") as copy:
+        assert len(copy.events()) == 50
+    reader.close()

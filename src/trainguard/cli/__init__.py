@@ -9,6 +9,8 @@ import sys
 from trainguard import __version__
 from trainguard.cli.ckpt import add_ckpt_command
 from trainguard.cli.diagnose import add_diagnose_command
+from trainguard.cli.logs import add_logs_command
+from trainguard.cli.ops import add_ops_commands
 from trainguard.cli.read import add_read_commands
 from trainguard.cli.report import add_report_commands
 from trainguard.cli.run import add_run_command
@@ -27,6 +29,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     add_run_command(sub)
     add_read_commands(sub)
+    add_ops_commands(sub)
+    add_logs_command(sub)
     add_report_commands(sub)
     add_ckpt_command(sub)
     add_diagnose_command(sub)

@@ -7,6 +7,7 @@ it while the job runs and after it ends. Every method is one short transaction.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -331,7 +332,12 @@ class JobStore:
     # -- lifetime ---------------------------------------------------------------
 
     def close(self) -> None:
+        """Close; the writer first folds the WAL into the db file, so that a copy of
+        trainguard.db alone (an archived job) holds everything."""
         with self._lock:
+            if not self.readonly:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.close()
 
     def __enter__(self) -> JobStore:

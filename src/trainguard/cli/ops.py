@@ -1,0 +1,247 @@
+"""`trainguard stop JOB_DIR`, `trainguard ls [ROOT]` and `trainguard prune ROOT`: the everyday
+commands around a job (the ones people otherwise do with `kill` and `rm -rf`).
+
+`stop` sends SIGTERM to the job's launcher, the same as Ctrl-C in its terminal: the launcher
+stops every worker on every node with the grace period (`--grace-period`), records
+`JobStopped` and exits 143. It refuses a pid that is no longer a trainguard launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.table import Table
+
+from trainguard.cli.fmt import clock_or_dash, dash, meta_time, plural, print_json, print_table
+from trainguard.controller.store import JobStore
+from trainguard.controller.store_rows import shown_state
+from trainguard.errors import StoreError
+from trainguard.exitcodes import ExitCode
+from trainguard.paths import DEFAULT_RUNS_DIR
+from trainguard.records import utcnow
+from trainguard.states import JobState
+from trainguard.ui.catalog import find_job_dirs
+
+STOP_POLL_S = 0.2
+_ENDED = frozenset(s.value for s in JobState if s.ended)
+
+
+def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("stop", help="stop a running job gracefully (every node, with the grace "
+                       "period), as Ctrl-C in its terminal would",
+                       description="Send SIGTERM to the job's launcher: it stops every worker "
+                       "on every node (SIGTERM, the grace period, then SIGKILL), records "
+                       "JobStopped and exits. Waits for it to end.")
+    p.add_argument("job_dir", metavar="JOB_DIR", help="the job dir printed by `trainguard run`")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for the launcher to end (120)")
+    p.add_argument("--force", action="store_true", help="SIGKILL the launcher if it has not "
+                   "ended within --timeout (its guardian then kills the workers; the job "
+                   "reads `lost`)")
+    p.set_defaults(func=cmd_stop)
+    ls = sub.add_parser("ls", help="list the jobs under a directory",
+                        description="Every job dir under ROOT (two levels deep): state, "
+                        "attempts, last step and progress, and size on disk.")
+    ls.add_argument("root", metavar="ROOT", nargs="?", default=DEFAULT_RUNS_DIR,
+                    help=f"where to look ({DEFAULT_RUNS_DIR}, the default job dirs' parent)")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.set_defaults(func=cmd_ls)
+    pr = sub.add_parser("prune", help="delete ended jobs older than N days",
+                        description="Delete the job dirs under ROOT (their store, logs and "
+                        "checkpoints) of jobs that ended (or whose launcher is gone) more than "
+                        "--older-than days ago. Lists them only, unless --yes. A job that "
+                        "runs is never touched.")
+    pr.add_argument("root", metavar="ROOT", help="where to look (two levels deep)")
+    pr.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+                    help="ended at least this many days ago")
+    pr.add_argument("--yes", action="store_true", help="delete them (default: list only)")
+    pr.set_defaults(func=cmd_prune)
+
+
+# -- stop ---------------------------------------------------------------------------------
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    try:
+        with JobStore.open(Path(args.job_dir)) as store:
+            meta = store.meta()
+    except StoreError as e:
+        print(f"trainguard stop: {e}", file=sys.stderr)
+        return ExitCode.NO_JOB
+    state = shown_state(meta)
+    if state in _ENDED:
+        why = "its launcher is gone" if state == JobState.LOST.value else "nothing to stop"
+        print(f"trainguard stop: the job has already ended ({state}): {why}")
+        return ExitCode.SUCCESS
+    pid, host = meta.get("launcher_pid"), meta.get("launcher_host")
+    if not isinstance(pid, int):
+        print("trainguard stop: the store names no launcher pid (is the job still being "
+              "created?); try again", file=sys.stderr)
+        return ExitCode.NO_JOB
+    if host != socket.gethostname():
+        print(f"trainguard stop: the launcher runs on {host} (pid {pid}), not here: run "
+              f"`trainguard stop` on {host}, or `kill -TERM {pid}` there", file=sys.stderr)
+        return ExitCode.USAGE
+    proc = _launcher(pid)
+    if proc is None:
+        print(f"trainguard stop: pid {pid} is not a trainguard launcher any more (the job's "
+              "launcher died and the pid was reused?): nothing sent", file=sys.stderr)
+        return ExitCode.NO_JOB
+    print(f"stopping job {meta.get('run_id')}: SIGTERM to its launcher (pid {pid}); the "
+          "workers get their grace period", flush=True)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    if _wait_gone(proc, args.timeout):
+        return _stopped(Path(args.job_dir))
+    if not args.force:
+        print(f"trainguard stop: the launcher (pid {pid}) is still running after "
+              f"{args.timeout:g}s; wait longer (--timeout) or --force", file=sys.stderr)
+        return ExitCode.FAILED
+    print(f"the launcher did not end within {args.timeout:g}s: SIGKILL (its guardian kills "
+          "the workers)", flush=True)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGKILL)
+    _wait_gone(proc, 10.0)
+    return _stopped(Path(args.job_dir))
+
+
+def _launcher(pid: int) -> psutil.Process | None:
+    """The process `pid` if it is a trainguard launcher (`trainguard run` or `python -m
+    trainguard run`), else None: a stale pid is never signalled."""
+    try:
+        proc = psutil.Process(pid)
+        cmd = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    text = " ".join(cmd)
+    return proc if "trainguard" in text and " run" in f" {text}" else None
+
+
+def _wait_gone(proc: psutil.Process, timeout_s: float) -> bool:
+    """Whether the process ended within `timeout_s` (an exited, not yet reaped one too: it
+    is not our child, its parent reaps it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(STOP_POLL_S)
+
+
+def _stopped(job_dir: Path) -> int:
+    with JobStore.open(job_dir) as store:
+        meta = store.meta()
+    print(f"job {meta.get('run_id')}: {shown_state(meta)} (exit code "
+          f"{dash(meta.get('exit_code'))})")
+    return ExitCode.SUCCESS
+
+
+# -- ls and prune -------------------------------------------------------------------------
+
+
+def job_row(job_dir: Path) -> dict[str, Any]:
+    """One job's line of `ls`: what its store says, or the error reading it."""
+    row: dict[str, Any] = {"job_dir": str(job_dir), "size_bytes": _du(job_dir)}
+    try:
+        with JobStore.open(job_dir) as store:
+            meta = store.meta()
+            attempts = len(store.running_records())
+    except StoreError as e:
+        return row | {"run_id": None, "state": "unreadable", "error": str(e)}
+    return row | {
+        "run_id": meta.get("run_id"), "state": shown_state(meta), "attempts": attempts,
+        "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
+        "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at")}
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    if not root.is_dir():
+        print(f"trainguard ls: {root} is not a directory; pass the directory that holds the "
+              "job dirs", file=sys.stderr)
+        return ExitCode.NO_JOB
+    rows = [job_row(d) for d in find_job_dirs(root.resolve())]
+    if args.json:
+        print_json(rows)
+        return ExitCode.SUCCESS
+    if not rows:
+        print(f"no trainguard jobs under {root}")
+        return ExitCode.SUCCESS
+    table = Table(box=None, pad_edge=False)
+    for name in ("RUN ID", "STATE", "ATTEMPTS", "STEP", "LAST PROGRESS", "SIZE", "JOB DIR"):
+        table.add_column(name, no_wrap=name != "JOB DIR")
+    for r in rows:
+        table.add_row(dash(r["run_id"]), dash(r["state"]), dash(r.get("attempts")),
+                      dash(r.get("last_step")), _when(r.get("last_progress_at")),
+                      _size(r["size_bytes"]), r["job_dir"])
+    print_table(table)
+    return ExitCode.SUCCESS
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    if not root.is_dir():
+        print(f"trainguard prune: {root} is not a directory", file=sys.stderr)
+        return ExitCode.NO_JOB
+    cutoff = utcnow() - timedelta(days=args.older_than)
+    old = [r for r in (job_row(d) for d in find_job_dirs(root.resolve())) if _prunable(r, cutoff)]
+    freed = sum(r["size_bytes"] for r in old)
+    for r in old:
+        print(f"{'deleting' if args.yes else 'would delete'} {r['job_dir']} ({r['state']}, "
+              f"ended {_when(r.get('ended_at') or r.get('last_progress_at'))}, "
+              f"{_size(r['size_bytes'])})")
+        if args.yes:
+            shutil.rmtree(r["job_dir"], ignore_errors=True)
+    verb = "freed" if args.yes else "would free (add --yes to delete)"
+    print(f"{plural(len(old), 'job')} older than {args.older_than:g} days; {verb} "
+          f"{_size(freed)}")
+    return ExitCode.SUCCESS
+
+
+def _prunable(r: dict[str, Any], cutoff: datetime) -> bool:
+    """Ended (or lost) before `cutoff`; an unreadable store or a running job never is."""
+    if r["state"] not in _ENDED:
+        return False
+    ended = meta_time(r.get("ended_at")) or meta_time(r.get("last_progress_at")) or \
+        meta_time(r.get("created_at"))
+    return ended is not None and ended <= cutoff
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+    return total
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _when(value: Any) -> str:
+    at = meta_time(value)
+    if at is None:
+        return "-"
+    return clock_or_dash(value) if at.date() == utcnow().date() else at.strftime("%Y-%m-%d")
+

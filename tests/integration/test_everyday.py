@@ -1,0 +1,90 @@
+"""The everyday loop around a job, with real commands on a real job: `logs -f` follows a
+rank across a restart, `stop` ends the job gracefully, `ls` lists it, `prune` removes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from tests.integration.conftest import EXAMPLE, TG, read_json
+
+
+def _wait(pred, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if pred():
+                return
+        except (subprocess.CalledProcessError, json.JSONDecodeError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError("timed out waiting")
+
+
+def tg(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def test_logs_follow_a_rank_across_a_restart_stop_ends_the_job_ls_and_prune_see_it(
+        tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    job = root / "exp"
+    env = {**os.environ, "TRAINGUARD_FAULT": "signal:KILL@rank=0,step=4,attempt=0"}
+    launcher = subprocess.Popen(
+        [*TG, "run", "--nproc-per-node", "2", "--max-restarts", "2", "--job-dir", str(job),
+         str(EXAMPLE), "--steps", "400", "--step-time", "0.1", "--ckpt-every", "2"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(lambda: (job / "trainguard.db").is_file())
+        follower = subprocess.Popen([*TG, "logs", str(job), "--rank", "0", "-f"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait(lambda: read_json("status", job)["attempt"] == 1
+              and (read_json("status", job)["last_progress"]["step"] or 0) >= 8)
+        status = read_json("status", job)
+        assert status["launcher"]["pid"] == launcher.pid and status["launcher"]["alive"]
+        stop = tg("stop", str(job), "--timeout", "60")
+        assert stop.returncode == 0, stop.stderr
+        assert f"SIGTERM to its launcher (pid {launcher.pid})" in stop.stdout
+        assert "stopped (exit code 143)" in stop.stdout
+        assert launcher.wait(timeout=30) == 143
+        out, err = follower.communicate(timeout=30)  # -f ends by itself once the job ended
+        assert follower.returncode == 0, err
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    before, _, after = out.partition("==> attempt 1 <==\n")
+    assert " step 3 " in before and after, out[-2000:]
+    assert " step 8 " in after  # the restarted attempt, resumed from step 4's checkpoint
+    assert "already ended (stopped)" in tg("stop", str(job)).stdout
+
+    listed = json.loads(tg("ls", str(root), "--json").stdout)
+    assert [(r["job_dir"], r["state"], r["attempts"]) for r in listed] == [
+        (str(job.resolve()), "stopped", 2)]
+    assert listed[0]["size_bytes"] > 0
+    dry = tg("prune", str(root), "--older-than", "0")
+    assert "would delete" in dry.stdout and job.exists()
+    gone = tg("prune", str(root), "--older-than", "0", "--yes")
+    assert gone.returncode == 0 and not job.exists()
+    assert "no trainguard jobs" in tg("ls", str(root)).stdout
+
+
+def test_stop_refuses_a_pid_that_is_not_the_launcher_any_more(tmp_path: Path) -> None:
+    """The launcher died and its pid now belongs to another process: nothing is signalled."""
+    import socket
+
+    from trainguard.controller.store import JobStore
+
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        with JobStore.create(tmp_path / "j", "run-x") as s:
+            s.set_meta(state="running", launcher_pid=other.pid,
+                       launcher_host=socket.gethostname())
+        r = tg("stop", str(tmp_path / "j"))
+        assert r.returncode == 2 and "not a trainguard launcher any more" in r.stderr
+        assert other.poll() is None
+    finally:
+        other.kill()
