@@ -1,8 +1,9 @@
 """`trainguard ckpt ls|verify LOCATION`: what is at a checkpoint location, and is it valid.
 
-LOCATION is a directory or an fsspec URL (s3://bucket/prefix). For S3-compatible servers
-set AWS_ENDPOINT_URL (and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), or pass
-`--storage-option client_kwargs.endpoint_url=http://...` style options.
+LOCATION is a job dir (its checkpoints), a directory or an fsspec URL (s3://bucket/prefix).
+For S3-compatible servers set AWS_ENDPOINT_URL (and AWS_ACCESS_KEY_ID /
+AWS_SECRET_ACCESS_KEY), or pass `--storage-option client_kwargs.endpoint_url=http://...`
+style options.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import argparse
 import json
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from trainguard.checkpoint.manifest import LATEST, Status, step_dir
-from trainguard.errors import SpecError
+from trainguard.controller.store import JobStore, db_path
+from trainguard.errors import SpecError, StoreError
 from trainguard.exitcodes import ExitCode
 
 if TYPE_CHECKING:
@@ -30,7 +33,8 @@ def add_ckpt_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     for verb, text in (("ls", "list checkpoints with their status (sizes checked)"),
                        ("verify", "check every file's checksum; exit 1 if the newest is bad")):
         v = verbs.add_parser(verb, help=text, description=text)
-        v.add_argument("location", help="directory or fsspec URL")
+        v.add_argument("location", help="job dir (its checkpoints), checkpoint directory or "
+                       "fsspec URL")
         v.add_argument("--json", action="store_true", help="print JSON")
         v.add_argument("--storage-option", "-o", action="append", default=[],
                        metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
@@ -78,7 +82,28 @@ def describe(st: Storage, step: int, full: bool) -> dict[str, Any]:
     return doc
 
 
+def checkpoint_location(location: str) -> str:
+    """A job dir stands for its checkpoints (where its store says, or JOB_DIR/checkpoints);
+    a local path that is not there is an error, not "no checkpoints"."""
+    if "://" in location:
+        return location
+    path = Path(location)
+    if not path.exists():
+        raise SpecError("LOCATION", f"{location} does not exist",
+                        "give a job dir, a checkpoint directory or an fsspec URL "
+                        "(s3://bucket/prefix)")
+    if not db_path(path).is_file():
+        return location
+    try:
+        with JobStore.open(path) as store:
+            recorded = store.meta().get("checkpoint_dir")
+    except StoreError:
+        recorded = None
+    return str(recorded) if recorded else str(path / "checkpoints")
+
+
 def _run(ns: argparse.Namespace) -> int:
+    ns.location = checkpoint_location(ns.location)
     try:
         return _list(ns)
     except (SpecError, KeyboardInterrupt):
@@ -96,7 +121,13 @@ def _list(ns: argparse.Namespace) -> int:
     st = Storage(ns.location, storage_options(ns.storage_option))
     steps = st.steps()
     if ns.verb == "verify" and ns.step is not None:
-        steps = [s for s in steps if s == ns.step]
+        if ns.step not in steps:
+            there = ", ".join(map(str, steps)) if steps else "none"
+            print(f"trainguard ckpt verify: step {ns.step} is not at {ns.location} "
+                  f"(steps there: {there}). Fix: pass one of those to --step, or leave --step "
+                  "out to verify every step", file=sys.stderr)
+            return ExitCode.NOT_VALID
+        steps = [ns.step]
     docs = [describe(st, s, full=ns.verb == "verify") for s in steps]
     latest = st.read_bytes(LATEST).decode(errors="replace").strip() if st.exists(LATEST) else None
     for d in docs:

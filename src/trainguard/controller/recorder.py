@@ -76,7 +76,7 @@ class Recorder:
                      "max_job_reschedules": self.spec.max_job_reschedules},
             created_at=previous.get("created_at") or utcnow().isoformat(),
             exit_code=None, ended_at=None, launcher_pid=os.getpid(),
-            log_dir=str(self.paths.log_dir),
+            log_dir=str(self.paths.log_dir), checkpoint_dir=str(self.paths.checkpoint_dir),
             launcher_host=socket.gethostname())
         nodes = f" on {self.spec.nnodes} nodes" if self.spec.nnodes > 1 else ""
         what = (f"{self.spec.nnodes * self.spec.nproc_per_node} worker(s){nodes}, "
