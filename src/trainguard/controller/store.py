@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeAlias
 
+from trainguard.controller.store_ledger import LedgerTables
 from trainguard.controller.store_rows import (
     NODE_COLUMNS,
     WORKER_COLUMNS,
@@ -83,7 +84,7 @@ def db_path(job_dir: Path) -> Path:
     return Path(job_dir) / DB_NAME
 
 
-class JobStore:
+class JobStore(LedgerTables):
     """A connection to one job's store; build it with `create` (writer) or `open` (reader)."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool) -> None:
@@ -310,24 +311,6 @@ class JobStore:
                 "ORDER BY slot IS NULL, slot, name"
             ).fetchall()
         return [node_from_row(r) for r in rows]
-
-    # -- the step ledger --------------------------------------------------------
-
-    def add_progress(self, samples: list[tuple[int, int, float]]) -> None:
-        """Append (attempt, step, epoch seconds) samples: a step an attempt reached, and when."""
-        if samples:
-            with self._tx("write progress to"):
-                self._conn.executemany(
-                    "INSERT INTO progress (attempt, step, at) VALUES (?, ?, ?)", samples)
-
-    def progress(self) -> list[tuple[int, int, float]]:
-        """Every progress sample, by time; [] before schema 4."""
-        if self._version < 4:
-            return []
-        with self._errors("read progress from"):
-            rows = self._conn.execute(
-                "SELECT attempt, step, at FROM progress ORDER BY at, rowid").fetchall()
-        return [(int(a), int(s), float(t)) for a, s, t in rows]
 
     # -- lifetime ---------------------------------------------------------------
 

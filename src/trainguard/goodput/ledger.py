@@ -26,6 +26,7 @@ from itertools import pairwise
 from typing import Any
 
 PRODUCTIVE = "productive"
+BLOCKING = "checkpoint_blocking"
 CAUSES = ("startup", "checkpoint_blocking", "wasted_progress", "detection", "recovery",
           "hang", "queued", "other")
 _LAYERS = {"other": 0, "queued": 1, "startup": 2, PRODUCTIVE: 3, "checkpoint_blocking": 4,
@@ -250,7 +251,10 @@ def _steps(order: list[Attempt], by_attempt: dict[int, list[tuple[int, float]]],
             wasted += lost
             productive += n - lost
             if lost:
-                spans.append((t1 - (t1 - t0) * lost / n, t1, "wasted_progress", a.attempt))
+                w0 = t1 - (t1 - t0) * lost / n
+                if spans and spans[-1][1] == t0 and spans[-1][3] == a.attempt:
+                    w0 = spans.pop()[0]  # the previous interval's waste runs into this one
+                spans.append((w0, t1, "wasted_progress", a.attempt))
     return spans, productive, wasted, step_seconds
 
 
@@ -274,7 +278,16 @@ def _restart_points(order: list[Attempt], by_attempt: dict[int, list[tuple[int, 
 def _paint(start: float, end: float,
            spans: list[tuple[float, float, str, int | None]]) -> list[Segment]:
     """Each instant of [start, end] gets the highest layer's cause over it ("other" where
-    none); neighbours with the same cause and attempt merge."""
+    none); neighbours with the same cause and attempt merge.
+
+    The many short checkpoint-blocking spans (one per save) are laid over the few others in
+    one linear pass; everything else is swept once with a heap of the open spans."""
+    blocking = _merged(sorted((s, e) for s, e, c, _ in spans if c == BLOCKING))
+    return _overlay(_sweep(start, end, [x for x in spans if x[2] != BLOCKING]), blocking)
+
+
+def _sweep(start: float, end: float,
+           spans: list[tuple[float, float, str, int | None]]) -> list[Segment]:
     adds: dict[float, list[int]] = {}
     removes: dict[float, list[int]] = {}
     points = {start, end}
@@ -288,18 +301,55 @@ def _paint(start: float, end: float,
     heap: list[tuple[int, int]] = []
     dead: set[int] = set()
     out: list[Segment] = []
-    ordered = sorted(points)
-    for t0, t1 in pairwise(ordered):
+    for t0, t1 in pairwise(sorted(points)):
         dead.update(removes.get(t0, ()))
         for i in adds.get(t0, ()):
             heapq.heappush(heap, (-_LAYERS[spans[i][2]], -i))
         while heap and -heap[0][1] in dead:
             heapq.heappop(heap)
         cause, attempt = ("other", None) if not heap else spans[-heap[0][1]][2:]
-        if out and out[-1].cause == cause and out[-1].attempt == attempt and out[-1].end == t0:
-            out[-1] = Segment(out[-1].start, t1, cause, attempt)
-        else:
-            out.append(Segment(t0, t1, cause, attempt))
+        _append(out, t0, t1, cause, attempt)
+    return out
+
+
+def _overlay(segments: list[Segment], cuts: list[tuple[float, float]]) -> list[Segment]:
+    """Lay the blocking `cuts` (sorted, disjoint) over the segments of lower layers."""
+    out: list[Segment] = []
+    j = 0
+    below = _LAYERS[BLOCKING]
+    for seg in segments:
+        if _LAYERS[seg.cause] >= below:
+            _append(out, seg.start, seg.end, seg.cause, seg.attempt)
+            continue
+        while j < len(cuts) and cuts[j][1] <= seg.start:
+            j += 1
+        at, k = seg.start, j
+        while k < len(cuts) and cuts[k][0] < seg.end:
+            a, b = max(cuts[k][0], seg.start), min(cuts[k][1], seg.end)
+            _append(out, at, a, seg.cause, seg.attempt)
+            _append(out, a, b, BLOCKING, seg.attempt)
+            at = b
+            k += 1
+        _append(out, at, seg.end, seg.cause, seg.attempt)
+    return out
+
+
+def _append(out: list[Segment], t0: float, t1: float, cause: str, attempt: int | None) -> None:
+    if t1 <= t0:
+        return
+    if out and out[-1].cause == cause and out[-1].attempt == attempt and out[-1].end == t0:
+        out[-1] = Segment(out[-1].start, t1, cause, attempt)
+    else:
+        out.append(Segment(t0, t1, cause, attempt))
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in intervals:
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        elif e > s:
+            out.append((s, e))
     return out
 
 

@@ -27,9 +27,9 @@ from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import shown_state
 from trainguard.goodput.interval import IntervalAdvice, advise
 from trainguard.goodput.ledger import CAUSES, Goodput
-from trainguard.goodput.read import job_goodput
+from trainguard.goodput.read import Save, job_goodput, saves
 from trainguard.policy.decision import Rung
-from trainguard.records import Event, Reason, RecoverResult, RunningRecord, from_iso
+from trainguard.records import Reason, RecoverResult, RunningRecord, from_iso
 from trainguard.states import JobState, NodeState
 
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -37,8 +37,6 @@ RECOVERY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 BLOCKING_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 WINDOWS = {"5m": 300.0, "1h": 3600.0}
 PHASES = ("detect", "stop", "decide", "start", "resume", "total")
-_EVENT_REASONS = (Reason.CHECKPOINT_SAVED.value, Reason.CHECKPOINT_SAVE_FAILED.value,
-                  Reason.HANG_CONFIRMED.value, Reason.FAILURE_DIAGNOSED.value)
 
 
 class JobCollector(Collector):
@@ -81,14 +79,14 @@ def serve(job_dir: Path, host: str, port: int) -> tuple[str, Callable[[], None]]
 def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric]:
     meta = store.meta()
     records = store.running_records()
-    events = [ev for _, ev in store.events(reasons=_EVENT_REASONS)]
-    g = job_goodput(store, now)
+    commits = saves(store)
+    g = job_goodput(store, now, commits)
     yield from _job(meta, records)
     yield from _goodput(g)
     yield from _recoveries(records)
     yield from _steps(g)
-    yield from _checkpoints(events)
-    yield from _advice(g, records, events)
+    yield from _checkpoints(store, commits)
+    yield from _advice(g, records, commits)
     nodes = GaugeMetricFamily("trainguard_nodes", "nodes of the job by state",
                               labels=["state"])
     counts = Counter(n.state.value for n in store.nodes())
@@ -176,37 +174,32 @@ def _steps(g: Goodput) -> Iterator[Metric]:
                             value=float("nan") if ideal is None else ideal)
 
 
-def _checkpoints(events: list[Event]) -> Iterator[Metric]:
-    saved = [ev for ev in events if ev.reason == Reason.CHECKPOINT_SAVED.value]
-    blocking = [float(ev.data["blocked_s"]) for ev in saved
-                if ev.data and isinstance(ev.data.get("blocked_s"), int | float)]
+def _checkpoints(store: JobStore, commits: list[Save]) -> Iterator[Metric]:
+    blocking = [c.blocked_s for c in commits if c.blocked_s is not None]
     hist = HistogramMetricFamily("trainguard_checkpoint_blocking_seconds",
                                  "training loop blocked per checkpoint save")
     hist.add_metric([], *_buckets([(1, b) for b in blocking], BLOCKING_BUCKETS))
     yield hist
-    steps = [int(ev.data["step"]) for ev in saved
-             if ev.data and isinstance(ev.data.get("step"), int)]
+    steps = [c.step for c in commits if c.step is not None]
     yield GaugeMetricFamily("trainguard_checkpoint_last_committed_step",
                             "the newest committed checkpoint's step",
                             value=float(max(steps)) if steps else float("nan"))
     yield CounterMetricFamily("trainguard_checkpoint_failures", "checkpoint saves that failed",
-                              value=sum(ev.reason == Reason.CHECKPOINT_SAVE_FAILED.value
-                                        for ev in events))
-    yield CounterMetricFamily("trainguard_hangs", "hangs confirmed",
-                              value=sum(ev.reason == Reason.HANG_CONFIRMED.value
-                                        for ev in events))
+                              value=len(store.event_values(
+                                  Reason.CHECKPOINT_SAVE_FAILED.value, ())))
+    yield CounterMetricFamily("trainguard_hangs", "hangs confirmed", value=len(
+        store.event_values(Reason.HANG_CONFIRMED.value, ())))
     diag = CounterMetricFamily("trainguard_diagnoses", "failures diagnosed, by category",
                                labels=["category"])
     for category, n in sorted(Counter(
-            str((ev.data or {}).get("category", "other")) for ev in events
-            if ev.reason == Reason.FAILURE_DIAGNOSED.value).items()):
+            str(v[0] or "other") for _, _, v in store.event_values(
+                Reason.FAILURE_DIAGNOSED.value, ("category",))).items()):
         diag.add_metric([category], n)
     yield diag
 
 
-
-def _advice(g: Goodput, records: list[RunningRecord], events: list[Event]) -> Iterator[Metric]:
-    a = interval_advice(g, records, events)
+def _advice(g: Goodput, records: list[RunningRecord], commits: list[Save]) -> Iterator[Metric]:
+    a = interval_advice(g, records, commits)
     for name, help_text, value in (
             ("trainguard_mtbf_seconds", "observed mean time between failures", a.mtbf_s),
             ("trainguard_checkpoint_interval_seconds", "median time between saves now",
@@ -218,16 +211,15 @@ def _advice(g: Goodput, records: list[RunningRecord], events: list[Event]) -> It
 
 
 def interval_advice(g: Goodput, records: list[RunningRecord],
-                    events: list[Event]) -> IntervalAdvice:
-    """The checkpoint interval advice of a job (trainguard.goodput.interval)."""
+                    commits: list[Save]) -> IntervalAdvice:
+    """The checkpoint interval advice of a job (trainguard.goodput.interval): the loop's own
+    saves only (not those on the way out, nor the agent's from memory)."""
     failures = sum(1 for r in records for rr in r.recover_records
                    if rr.recover_result != RecoverResult.DOWNGRADE)
-    saved = [ev for ev in events if ev.reason == Reason.CHECKPOINT_SAVED.value and ev.data
-             and isinstance(ev.data.get("blocked_s"), int | float)
-             and not ev.data.get("on_exit") and ev.data.get("source") != "memory"]
-    return advise(g.wall_s - g.seconds("queued"), failures,
-                  [ev.time.timestamp() for ev in saved],
-                  [float(ev.data["blocked_s"]) for ev in saved if ev.data])
+    loop = [c for c in commits if c.blocked_s is not None and not c.on_exit
+            and not c.by_agent]
+    return advise(g.wall_s - g.seconds("queued"), failures, [c.at for c in loop],
+                  [c.blocked_s for c in loop if c.blocked_s is not None])
 
 
 def _buckets(weighted: list[tuple[int, float]], bounds: tuple[float, ...]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from trainguard.controller.store import JobStore
@@ -9,7 +10,6 @@ from trainguard.controller.store_rows import shown_state
 from trainguard.goodput.ledger import Attempt, Goodput, Incident, LedgerInput, account
 from trainguard.policy.decision import Rung
 from trainguard.records import (
-    Event,
     FaultScenario,
     Reason,
     RecoverResult,
@@ -19,23 +19,51 @@ from trainguard.records import (
     utcnow,
 )
 from trainguard.states import JobState
+from trainguard.worker.contract import SOURCE_MEMORY
 
 _LAUNCHES = (StartType.FIRST_START, StartType.RELAUNCH)
 _RESTARTED = (RecoverResult.SUCCESS, RecoverResult.RECOVERING)
 _IN_ATTEMPT = (Rung.STEP_REEXECUTION.value, Rung.IN_PROCESS_RESTART.value)
 _ENDED = frozenset(s.value for s in JobState if s.ended)
-LEDGER_REASONS = (Reason.CHECKPOINT_SAVED.value, Reason.HANG_CONFIRMED.value)
 
 
-def job_goodput(store: JobStore, now: datetime | None = None) -> Goodput:
-    """The goodput of the job in `store`, as of `now` while it runs."""
-    events = [ev for _, ev in store.events(reasons=LEDGER_REASONS)]
+@dataclass(frozen=True)
+class Save:
+    """One committed checkpoint, as its CheckpointSaved event says."""
+
+    at: float  # epoch seconds
+    attempt: int | None
+    step: int | None
+    blocked_s: float | None  # the training loop's wait (None: not reported)
+    on_exit: bool  # saved on the way out (not the loop's cadence)
+    by_agent: bool  # persisted by the node agent from memory snapshots
+
+
+def saves(store: JobStore) -> list[Save]:
+    """Every checkpoint commit, read field by field (a long job has tens of thousands)."""
+    rows = store.event_values(Reason.CHECKPOINT_SAVED.value,
+                              ("step", "blocked_s", "on_exit", "source"))
+    return [Save(_iso_ts(t), a, step if isinstance(step, int) else None,
+                 float(b) if isinstance(b, int | float) else None, bool(on_exit),
+                 source == SOURCE_MEMORY)
+            for t, a, (step, b, on_exit, source) in rows]
+
+
+def job_goodput(store: JobStore, now: datetime | None = None,
+                commits: list[Save] | None = None) -> Goodput:
+    """The goodput of the job in `store`, as of `now` while it runs (`commits`: its saves,
+    when the caller has read them already)."""
+    hangs = [(a, _iso_ts(t)) for t, a, _ in store.event_values(Reason.HANG_CONFIRMED.value, ())
+             if a is not None]
+    last_event = store.last_event_time()
     return account(ledger_input(store.meta(), store.running_records(), store.progress(),
-                                events, now or utcnow()))
+                                saves(store) if commits is None else commits, hangs,
+                                last_event, now or utcnow()))
 
 
 def ledger_input(meta: dict[str, object], records: list[RunningRecord],
-                 samples: list[tuple[int, int, float]], events: list[Event],
+                 samples: list[tuple[int, int, float]], commits: list[Save],
+                 hangs: list[tuple[int, float]], last_event: float | None,
                  now: datetime) -> LedgerInput:
     attempts = [Attempt(r.attempt, r.start_at.timestamp(), _ts(r.end_at),
                         r.start_type in _LAUNCHES, _ts(r.first_output_at)) for r in records]
@@ -48,21 +76,22 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                      rr.recover not in _IN_ATTEMPT or rr.recover_result not in _RESTARTED),
                  resumed_step=rr.resumed_step)
         for rec in records for rr in rec.recover_records]
-    saves = [(ev.time.timestamp(), float(ev.data.get("blocked_s") or 0.0)) for ev in events
-             if ev.reason == Reason.CHECKPOINT_SAVED.value and ev.data
-             and isinstance(ev.data.get("blocked_s"), int | float)]
-    hangs = [(ev.involved.attempt, ev.time.timestamp()) for ev in events
-             if ev.reason == Reason.HANG_CONFIRMED.value and ev.involved.attempt is not None]
     created = _meta_ts(meta.get("created_at"))
     start = created if created is not None else (
         attempts[0].start if attempts else now.timestamp())
-    return LedgerInput(start=start, end=_end(meta, attempts, samples, events, now),
-                       attempts=attempts, incidents=incidents, samples=samples, saves=saves,
+    return LedgerInput(start=start, end=_end(meta, attempts, samples, last_event, now),
+                       attempts=attempts, incidents=incidents, samples=samples,
+                       saves=[(c.at, c.blocked_s) for c in commits if c.blocked_s],
                        hangs=hangs)
 
 
+def _iso_ts(t: str) -> float:
+    return datetime.fromisoformat(t).timestamp()
+
+
 def _end(meta: dict[str, object], attempts: list[Attempt],
-         samples: list[tuple[int, int, float]], events: list[Event], now: datetime) -> float:
+         samples: list[tuple[int, int, float]], last_event: float | None,
+         now: datetime) -> float:
     """The job's end: its end time; now while it runs; a lost launcher's last sign of life."""
     state = shown_state(meta)
     ended = _meta_ts(meta.get("ended_at"))
@@ -72,7 +101,7 @@ def _end(meta: dict[str, object], attempts: list[Attempt],
         return now.timestamp()
     signs = [a.start for a in attempts] + [a.end for a in attempts if a.end] + \
         [a.first_output for a in attempts if a.first_output] + [t for _, _, t in samples[-1:]]
-    signs += [ev.time.timestamp() for ev in events[-1:]]
+    signs += [last_event] if last_event is not None else []
     last = _meta_ts(meta.get("last_progress_at"))
     return max(signs + ([last] if last else []), default=now.timestamp())
 

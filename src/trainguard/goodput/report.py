@@ -12,11 +12,11 @@ from trainguard.controller.store_rows import shown_state
 from trainguard.goodput.interval import IntervalAdvice
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.metrics import interval_advice
-from trainguard.goodput.read import job_goodput
+from trainguard.goodput.read import Save, job_goodput, saves
 from trainguard.records import Event, Reason, RunningRecord, StartType, secs
 
-_REASONS = (Reason.CHECKPOINT_SAVED.value, Reason.FAILURE_DIAGNOSED.value,
-            Reason.HANG_CONFIRMED.value, Reason.HANG_SUSPECTED.value)
+_REASONS = (Reason.FAILURE_DIAGNOSED.value, Reason.HANG_CONFIRMED.value,
+            Reason.HANG_SUSPECTED.value)
 
 
 @dataclass
@@ -26,12 +26,14 @@ class ReportInput:
     events: list[Event]
     nodes: list[NodeRow]
     goodput: Goodput
+    commits: list[Save]
 
 
 def gather(store: JobStore, now: datetime | None = None) -> ReportInput:
+    commits = saves(store)
     return ReportInput(store.meta(), store.running_records(),
                        [ev for _, ev in store.events(reasons=_REASONS)], store.nodes(),
-                       job_goodput(store, now))
+                       job_goodput(store, now, commits), commits)
 
 
 def report_doc(r: ReportInput) -> dict[str, Any]:
@@ -57,7 +59,7 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
                 "hang_culprit": (h.get("culprit") or {}).get("reason") if h else None,
                 "durations_s": rr.durations(), "steps_lost": rr.steps_lost,
                 "resumed_from": rr.resumed_from})
-    advice = interval_advice(g, r.records, r.events)
+    advice = interval_advice(g, r.records, r.commits)
     return {"run_id": r.meta.get("run_id"), "state": shown_state(r.meta),
             "attempts": len(r.records),
             "restarts": sum(1 for rec in r.records if rec.start_type not in

@@ -1,0 +1,57 @@
+"""The job store's reads and writes for the goodput ledger (trainguard.goodput): progress
+samples, and chosen fields of one kind of event without decoding whole events (a long job
+has tens of thousands of CheckpointSaved events). A mixin of JobStore."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+
+class LedgerTables:
+    _conn: sqlite3.Connection
+    _version: int
+
+    def _errors(self, action: str) -> AbstractContextManager[None]:
+        raise NotImplementedError  # JobStore's: sqlite errors as StoreError
+
+    def _tx(self, action: str) -> AbstractContextManager[None]:
+        raise NotImplementedError  # JobStore's: one short write transaction
+
+    def add_progress(self, samples: list[tuple[int, int, float]]) -> None:
+        """Append (attempt, step, epoch seconds) samples: a step an attempt reached, and when."""
+        if samples:
+            with self._tx("write progress to"):
+                self._conn.executemany(
+                    "INSERT INTO progress (attempt, step, at) VALUES (?, ?, ?)", samples)
+
+    def progress(self) -> list[tuple[int, int, float]]:
+        """Every progress sample, by time; [] before schema 4."""
+        if self._version < 4:
+            return []
+        with self._errors("read progress from"):
+            rows = self._conn.execute(
+                "SELECT attempt, step, at FROM progress ORDER BY at, rowid").fetchall()
+        return [(int(a), int(s), float(t)) for a, s, t in rows]
+
+    def event_values(self, reason: str, keys: tuple[str, ...]
+                     ) -> list[tuple[str, int | None, tuple[Any, ...]]]:
+        """(time, attempt, the values of `keys` in its data) of each event of `reason`, oldest
+        first; a key the event's data lacks reads None."""
+        if self._version < 2:
+            return []
+        picks = "".join(", json_extract(data, ?)" for _ in keys)
+        with self._errors("read events from"):
+            rows = self._conn.execute(
+                f"SELECT time, attempt{picks} FROM events WHERE reason = ? ORDER BY id",
+                (*(f'$."{k}"' for k in keys), reason)).fetchall()
+        return [(r[0], r[1], tuple(r[2:])) for r in rows]
+
+    def last_event_time(self) -> float | None:
+        """When the newest event was recorded (epoch seconds); None without events."""
+        with self._errors("read events from"):
+            row = self._conn.execute(
+                "SELECT time FROM events ORDER BY id DESC LIMIT 1").fetchone()
+        return None if row is None else datetime.fromisoformat(row[0]).timestamp()
