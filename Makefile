@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff check src tests examples benchmarks scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
