@@ -13,6 +13,7 @@ process group) on this machine, real DDP over gloo, real faults.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -108,6 +109,18 @@ def test_a_killed_node_is_replaced_by_the_spare_and_training_resumes(tmp_path: P
     assert (rr["recover"], rr["recover_result"], rr["fault_scenario"], rr["related_task"]) == (
         "pod_reschedule", "success", "node_fault", "node/node-1")
     assert rr["resumed_step"] >= 20 and rr["durations_s"]["detect"] < 2
+    # `diagnose JOB_DIR` picks the attempt the loss ended (not the one that succeeded) and
+    # blames the lost node, not a rank of a healthy node
+    for args in ([], ["--attempt", "0"]):
+        out = subprocess.run([*TG, "diagnose", str(job), "--json", *args], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert report["attempt"] == 0
+        d = report["diagnosis"]
+        assert (d["subcategory"], d["culprit"]["node"], d["culprit"]["rank"]) == (
+            "node_lost", "node-1", 2)
+        assert d["confidence"] >= 0.9
 
 
 def test_a_gpu_fault_isolates_its_node_and_reschedules_the_whole_job(tmp_path: Path) -> None:

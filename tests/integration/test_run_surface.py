@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -52,6 +53,21 @@ def test_bad_input_gets_one_clear_error_line_and_exit_code_2(
     assert r.returncode == 2
     assert expect in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_module_that_does_not_exist_is_diagnosed_from_pythons_line_and_exits_2(
+        tmp_path: Path) -> None:
+    # docs/cli.md: 2 for a program that could not start at all; restarts would not help
+    r = run_tg(["run", "--job-dir", "j", "--max-restarts", "3", "--unconditional-restart",
+                "-m", "nosuchmod"], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "WorkersRestarted" not in reasons(tmp_path / "j")
+    out = run_tg(["diagnose", "j", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)["diagnosis"]
+    assert (d["category"], d["subcategory"], d["rule"]) == (
+        "dependency_or_import_error", "not_started", "program-not-started")
+    assert "No module named nosuchmod" in d["evidence"]["text"]
 
 
 def test_the_console_shows_only_the_filtered_ranks_but_every_rank_is_logged(

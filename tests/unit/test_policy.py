@@ -241,3 +241,27 @@ def test_restarts_never_exceed_the_budget_and_delays_stay_within_bounds(
             assert dec.start_type is None
         assert restarts <= pol.max_restarts
         assert hist.restarts_used == restarts
+
+
+@pytest.mark.parametrize("pol", [RestartPolicy(max_restarts=0),
+                                 RestartPolicy(max_restarts=5, unconditional=True)])
+def test_a_program_that_could_not_start_gives_up_at_once_with_the_usage_exit_code(
+    pol: RestartPolicy,
+) -> None:
+    from dataclasses import replace
+
+    from trainguard.diagnosis.taxonomy import NOT_STARTED
+
+    not_started = replace(diag(RestartHelps.NO, "dependency_or_import_error"),
+                          subcategory=NOT_STARTED)
+    d = decide(not_started, False, History(), pol)
+    assert (d.action, d.exit_code) == (Action.GIVE_UP, ExitCode.USAGE)
+    assert "could not start" in d.reason
+
+
+def test_the_rules_file_marks_a_program_that_could_not_start_with_the_shared_name() -> None:
+    from trainguard.diagnosis.rules import load_rules
+    from trainguard.diagnosis.taxonomy import NOT_STARTED
+
+    rule = load_rules().match("/usr/bin/python3: No module named nosuchmod")
+    assert rule is not None and rule.subcategory == NOT_STARTED

@@ -1,10 +1,11 @@
 """`trainguard diagnose JOB_DIR`: what a job dir gives the diagnosis. I/O.
 
 The job store names the attempts and their ranks' exits. The attempt diagnosed is the one
-asked for, else the last that failed (a rank failed, or the controller confirmed a hang),
-else the last. Its rank logs are scanned (diagnosis.sources); when none of its ranks failed
-but the controller confirmed a hang, that verdict (stacks/hang.json, with every rank's
-stack dump) is the diagnosis.
+asked for, else the last that failed (a rank failed, the controller confirmed a hang, or a
+node was lost), else the last. An attempt a node loss ended blames the lost node (what
+its logs say is a consequence: diagnosis.lost). Its rank logs are scanned
+(diagnosis.sources); when none of its ranks failed but the controller confirmed a hang,
+that verdict (stacks/hang.json, with every rank's stack dump) is the diagnosis.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from pathlib import Path
 from trainguard.controller.store import JobStore, db_path
 from trainguard.diagnosis.hung import hang_diagnosis
 from trainguard.diagnosis.lines import file_rank
+from trainguard.diagnosis.lost import lost_node
 from trainguard.diagnosis.sources import JobInputs, JobReader, log_files
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.diagnosis.verdict import RankExit
 from trainguard.paths import HANG_FILE, STACKS_DIR, attempt_log_dir, stacks_dir
+from trainguard.records import FaultScenario, RunningRecord
 from trainguard.states import WorkerState
 
 
@@ -37,10 +40,17 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
     with JobStore.open(job_dir) as store:
         meta = store.meta()
         rows = store.all_workers()
+        records = store.running_records()
     attempts = sorted({r.attempt for r in rows})
     log_dir = Path(str(meta.get("log_dir") or job_dir / "logs"))
+    losses = _node_losses(records)
+    # every rank exited 0: a hang confirmed as the ranks were ending is no failure
+    ok = {a for a in attempts if all(r.state == WorkerState.SUCCEEDED
+                                     for r in rows if r.attempt == a)}
     failed = sorted({r.attempt for r in rows if r.state == WorkerState.FAILED}
-                    | {a for a in attempts if (stacks_dir(log_dir, a) / HANG_FILE).is_file()})
+                    | {a for a in attempts if a not in ok
+                       and (stacks_dir(log_dir, a) / HANG_FILE).is_file()}
+                    | set(losses))
     if attempt is None:
         attempt = failed[-1] if failed else (attempts[-1] if attempts else 0)
     adir = attempt_log_dir(log_dir, attempt)
@@ -53,8 +63,23 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
     exits = [RankExit(r.rank, r.state == WorkerState.FAILED, r.exit_code, r.ended_at,
                       r.oom_killed, r.node)
              for r in rows if r.attempt == attempt]
+    if attempt in losses:
+        node, reason = losses[attempt]
+        ranks = sorted(r.rank for r in rows if r.attempt == attempt and r.node == node)
+        return JobInputs(attempt, files, exits, None, lost=(node, reason, ranks))
     hung = None if any(e.failed for e in exits) else _hang_report(job_dir, log_dir, attempt)
     return JobInputs(attempt, files, exits, hung)
+
+
+def _node_losses(records: list[RunningRecord]) -> dict[int, tuple[str, str]]:
+    """attempt -> (the node lost, the controller's reason), for attempts a node loss ended."""
+    out: dict[int, tuple[str, str]] = {}
+    for rec in records:
+        for rr in rec.recover_records:
+            node = lost_node(rr.related_task)
+            if rr.fault_scenario == FaultScenario.NODE_FAULT and node is not None:
+                out.setdefault(rec.attempt, (node, rr.reason))
+    return out
 
 
 def _hang_report(job_dir: Path, log_dir: Path, attempt: int) -> Diagnosis | None:

@@ -28,6 +28,10 @@ _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 _FILE_RANK = re.compile(r"rank[-_]?(\d{1,7})(?!\d)", re.IGNORECASE)
 _LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/usr/lib/", "<string>")
+# trainguard's fault injection (trainguard.testing.faults) raises, sleeps or spins where the
+# script called it: that call, not the injector's own frames, is the culprit's frame, even
+# where trainguard is installed from a source tree (not under site-packages).
+FAULT_INJECTION_PATH = "/trainguard/testing/"
 
 # The last line of a Python traceback: `Type: message` (module path allowed) or `Type`.
 EXCEPTION_LINE = re.compile(
@@ -126,4 +130,9 @@ def file_rank(name: str) -> int | None:
 
 
 def is_library_path(path: str) -> bool:
-    return any(p in path for p in _LIBRARY)
+    return any(p in path for p in _LIBRARY) or is_fault_injection(path)
+
+
+def is_fault_injection(path: str) -> bool:
+    """A frame of trainguard's fault injection (never the user's own code)."""
+    return FAULT_INJECTION_PATH in path.replace("\\", "/")

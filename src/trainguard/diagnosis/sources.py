@@ -18,6 +18,7 @@ from typing import BinaryIO, cast
 
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import file_rank
+from trainguard.diagnosis.lost import node_loss_diagnosis
 from trainguard.diagnosis.prefilter import Trigger, compile_trigger
 from trainguard.diagnosis.rules import RuleSet, load_rules
 from trainguard.diagnosis.scan import FileScan, scan_bytes
@@ -129,6 +130,7 @@ class JobInputs:
     files: list[tuple[Path, str]]  # its logs: (path, the name shown)
     exits: list[RankExit]  # its ranks' exits
     hung: Diagnosis | None  # the launcher's hang verdict, when no rank failed but it hung
+    lost: tuple[str, str, list[int]] | None = None  # a node loss ended it: node, why, ranks
 
 
 # Reads `path` as a job dir (problems go to the list); None: `path` is not one.
@@ -147,10 +149,11 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
     files: list[tuple[Path, str]] = []
     exits: list[RankExit] = []
     hung: Diagnosis | None = None
+    lost = None
     for p in paths:
         job = read_job(p, report.problems) if read_job is not None else None
         if job is not None:
-            report.attempt, hung = job.attempt, job.hung
+            report.attempt, hung, lost = job.attempt, job.hung, job.lost
             report.job_dir = str(p)
             files += job.files
             exits += job.exits
@@ -175,5 +178,7 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
         raise DiagnoseError("; ".join(report.problems) or "nothing to read: pass a job dir "
                             "(the one `trainguard run` printed) or log files")
     report.diagnosis = hung or diagnose(findings, exits, rules)
+    if lost is not None:
+        report.diagnosis = node_loss_diagnosis(*lost, report.diagnosis)
     return report
 

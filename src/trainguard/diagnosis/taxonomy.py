@@ -31,6 +31,11 @@ class Category(str, Enum):
     OTHER = "other"
 
 
+# The subcategory of a program Python could not start (no module for -m, no script): nothing
+# of the job ran, so the launcher exits as for bad flags (ExitCode.USAGE). rules.yaml uses it.
+NOT_STARTED = "not_started"
+
+
 class FaultDomain(str, Enum):
     HARDWARE = "hardware"
     INFRASTRUCTURE = "infrastructure"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from trainguard.diagnosis.lines import is_fault_injection
+
 COLLECTIVE, GPU, DATALOADER, LOCK = "collective", "gpu", "dataloader", "lock"
 SLEEP, IO, BLOCKED, COMPUTE, UNKNOWN, ERROR = ("sleep", "io", "blocked", "compute", "unknown",
                                                "error")
@@ -95,7 +97,8 @@ class Frame:
     def is_user_code(self) -> bool:
         """A Python frame outside the standard library and installed packages."""
         return not (self.native or self.filename.startswith("<frozen")
-                    or _LIB_ROOT.match(self.filename.replace("\\", "/")))
+                    or _LIB_ROOT.match(self.filename.replace("\\", "/"))
+                    or is_fault_injection(self.filename))
 
     def where(self) -> str:
         """`train.py:88 in step`."""

@@ -3,6 +3,7 @@ confirmed hang (restart upon suspension). Pure.
 
 Rules (docs/restart-policy.md):
 - auto restart is off when max_restarts == 0 (torchrun's default);
+- a program that could not start (no module for -m): give up at once, exit 2 (usage);
 - conditional (default): restart only when the diagnosis says a restart can help;
 - unconditional: also restart what conditional would not, at most N consecutive;
 - every restart spends one of max_restarts;
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainguard.diagnosis.taxonomy import Diagnosis, RestartHelps
+from trainguard.diagnosis.taxonomy import NOT_STARTED, Diagnosis, RestartHelps
 from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import Action, Decision, HAPolicy, History, Rung
 from trainguard.records import Reason, RecoverResult, StartType
@@ -26,6 +27,10 @@ from trainguard.spec import RestartPolicy
 def after_crash(diag: Diagnosis, made_progress: bool, hist: History,
                 pol: RestartPolicy) -> Decision:
     """Restart in place or give up, after a failed attempt."""
+    if diag.subcategory == NOT_STARTED:  # nothing ran: a usage error, as a bad flag
+        return _give_up("the program could not start; a restart would fail the same way",
+                        _after_attempt(hist, made_progress),
+                        code=ExitCode.USAGE)
     why_not = None if diag.restart_helps != RestartHelps.NO else (
         f"{diag.category.value} in the {diag.fault_domain.value} domain will fail again")
     return _restart(diag.category.value, why_not, made_progress, hist, pol)

@@ -1,0 +1,95 @@
+"""`trainguard diagnose JOB_DIR` on the store a node-loss job leaves (as a real 2-node job
+with a spare writes it: tests/integration/test_multinode_local.py runs one): the attempt the
+loss ended is picked, and the lost node is blamed, not a rank on a healthy node."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.cli import main
+from trainguard.controller.store import JobStore, WorkerRow
+from trainguard.records import FaultScenario, RecoverRecord, RunningRecord, StartType
+from trainguard.states import WorkerState
+
+T0 = datetime(2026, 12, 2, 7, 7, tzinfo=timezone.utc)
+REASON = ("node-1 was lost (its agent process ended): its ranks move to spare node-2; the "
+          "other nodes restart their processes in place")
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def node_loss_job(tmp_path: Path, healthy_rank_failed: bool) -> Path:
+    """2 nodes x 1 rank and a spare; node-1 lost in attempt 0; attempt 1 succeeded. With
+    `healthy_rank_failed`, rank 0 (node-0) died of the broken connection first."""
+    job = tmp_path / "job"
+    with JobStore.create(job, "nl") as store:
+        store.set_meta(log_dir=str(job / "logs"), attempt=1, state="succeeded")
+        rr = RecoverRecord(0, at(12), FaultScenario.NODE_FAULT, REASON, "node/node-1",
+                           recover="pod_reschedule")
+        store.put_running(RunningRecord(0, at(0), StartType.FIRST_START, end_at=at(12),
+                                        end_reason=f"node node-1: {REASON}",
+                                        end_related_task="node/node-1",
+                                        end_recover="pod_reschedule", recover_records=[rr]))
+        store.put_running(RunningRecord(1, at(12), StartType.POD_RESCHEDULE, end_at=at(24),
+                                        end_reason="succeeded"))
+        rank0 = (WorkerRow(0, 0, 0, "node-0", 100, WorkerState.FAILED, 1, ended_at=at(11.9))
+                 if healthy_rank_failed else
+                 WorkerRow(0, 0, 0, "node-0", 100, WorkerState.STOPPED, -15, "SIGTERM"))
+        store.put_workers(0, [rank0, WorkerRow(0, 1, 0, "node-1", 101, WorkerState.RUNNING)])
+        store.put_workers(1, [WorkerRow(1, r, 0, n, 200 + r, WorkerState.SUCCEEDED, 0)
+                              for r, n in ((0, "node-0"), (1, "node-2"))])
+    gloo = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+            "closed by peer [127.0.0.1]:29500")
+    logs = {0: ["step 25", "Traceback (most recent call last):",
+                '  File "train.py", line 9, in <module>', gloo] if healthy_rank_failed
+            else ["step 25"], 1: ["step 25"]}
+    for attempt in (0, 1):
+        d = job / "logs" / f"attempt-{attempt}"
+        d.mkdir(parents=True)
+        for rank in (0, 1):
+            lines = logs[rank] if attempt == 0 else ["step 60", "done"]
+            (d / f"rank-{rank}.log").write_text("".join(
+                f"{at(11).isoformat()} err {ln}\n" for ln in lines), encoding="utf-8")
+    return job
+
+
+def diagnose(capsys: pytest.CaptureFixture[str], job: Path, *args: str) -> dict[str, Any]:
+    assert main(["diagnose", str(job), "--json", *args]) == 0
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return doc
+
+
+@pytest.mark.parametrize("healthy_rank_failed", [False, True])
+def test_diagnose_a_job_dir_picks_the_attempt_a_node_loss_ended_not_the_one_that_succeeded(
+    healthy_rank_failed: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = diagnose(capsys, node_loss_job(tmp_path, healthy_rank_failed))
+    assert report["attempt"] == 0
+    assert report["diagnosis"]["subcategory"] == "node_lost"
+
+
+@pytest.mark.parametrize("healthy_rank_failed", [False, True])
+def test_diagnose_the_node_loss_attempt_blames_the_lost_node_not_a_healthy_nodes_rank(
+    healthy_rank_failed: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = diagnose(capsys, node_loss_job(tmp_path, healthy_rank_failed), "--attempt", "0")[
+        "diagnosis"]
+    assert (d["culprit"]["node"], d["culprit"]["rank"]) == ("node-1", 1)
+    assert d["fault_domain"] == "infrastructure" and d["restart_helps"] == "yes"
+    assert d["confidence"] >= 0.9
+    assert "node-1 was lost" in d["summary"] and "node-1.agent.log" in d["advice"]
+    if healthy_rank_failed:  # the healthy node's error is a consequence, shown as a symptom
+        assert any("Connection closed by peer" in s["text"] for s in d["symptoms"])
+
+
+def test_diagnose_the_attempt_after_the_loss_finds_no_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["diagnose", str(node_loss_job(tmp_path, False)), "--attempt", "1"]) == 1
