@@ -1,4 +1,4 @@
-# make demo: set up .venv and run the main job (survives an injected crash).
+# make demo: set up .venv and run the example job (survives three injected faults).
 # make test: set up .venv and run lint, type check and the whole test suite.
 SHELL := /bin/bash
 PY ?= python3
