@@ -348,7 +348,8 @@ def _spec_error(e: ValidationError, source: str, origin: dict[str, str]) -> Spec
             else "see `trainguard run --help`")
     flag = flag_name(key)
     return SpecError(key, f"{msg} (got {err.get('input')!r})",
-                     f"set {flag} / '{key}' in the {source}: {hint}")
+                     f"set {flag} / '{key}' (this value came from "
+                     f"{origin.get(key, 'the ' + source)}): {hint}")
 
 
 def _named(key: str, origin: dict[str, str]) -> str:

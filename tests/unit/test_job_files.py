@@ -160,3 +160,14 @@ def test_the_example_job_file_loads_and_validates(
 def test_the_docs_show_the_example_job_file() -> None:
     docs = (REPO / "docs" / "scenarios.md").read_text(encoding="utf-8")
     assert "../examples/job.yaml" in docs
+
+
+def test_a_bad_value_says_where_it_came_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = refused(capsys, "--max-restarts", "129", "t.py")
+    assert "--max-restarts / 'max_restarts' (this value came from the command line)" in err
+    assert "in the job file" not in err
+    path = job(tmp_path, "max_restarts: 500\n")
+    assert f"(this value came from the job file {path})" in refused(
+        capsys, "--config", str(path), "t.py")
