@@ -171,3 +171,18 @@ def test_a_bad_value_says_where_it_came_from(
     path = job(tmp_path, "max_restarts: 500\n")
     assert f"(this value came from the job file {path})" in refused(
         capsys, "--config", str(path), "t.py")
+
+
+def test_the_error_samples_in_the_docs_are_what_the_command_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/scenarios.md shows two errors; job.yaml there holds `max_restarts: yes`."""
+    monkeypatch.chdir(tmp_path)
+    job(tmp_path, "max_restarts: yes\n")
+    lines = (REPO / "docs" / "scenarios.md").read_text(encoding="utf-8").splitlines()
+    samples = [(a.removeprefix("$ trainguard "), b) for a, b in zip(lines, lines[1:])
+               if a.startswith("$ trainguard run") and b.startswith("trainguard: error:")]
+    assert len(samples) == 2
+    for command, shown in samples:
+        assert main(command.split()) == 2
+        assert capsys.readouterr().err.strip() == shown
