@@ -41,7 +41,7 @@ from trainguard.protocol import AgentConfig
 from trainguard.records import Level, Reason, utcnow
 from trainguard.spec import JobSpec
 from trainguard.states import JobState, NodeState
-from trainguard.wire import new_token, read_token, write_token
+from trainguard.wire import WireError, new_token, read_token, write_token
 
 LOCK_NAME = ".lock"
 
@@ -162,7 +162,11 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     meta = store.meta()
     resumable = meta.get("state") in _RESUMABLE and \
         isinstance(meta.get("controller_port"), int) and (cdir / "token").exists()
-    token = read_token(cdir / "token") if resumable else new_token()
+    try:
+        token = read_token(cdir / "token") if resumable else new_token()
+    except WireError as e:  # damaged, or readable by others: a message, not a traceback
+        raise LaunchError(f"{e} (or remove {cdir / 'token'}: the running attempt is then "
+                          "not taken over)") from e
     if not resumable:
         write_token(cdir / "token", token)
     host = spec.controller_host or ("127.0.0.1" if spec.backend == "local"

@@ -43,6 +43,7 @@ class Reason(str, Enum):
     CHECKPOINT_MISSING = "CheckpointMissing"
     RESUMED = "Resumed"
     LOG_WRITE_FAILED = "LogWriteFailed"
+    STORE_WRITE_FAILED = "StoreWriteFailed"
     HANG_SUSPECTED = "HangSuspected"
     HANG_CONFIRMED = "HangConfirmed"
     HANG_CLEARED = "HangCleared"

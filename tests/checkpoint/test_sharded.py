@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,23 @@ def test_an_fsdp2_job_killed_mid_run_resumes_to_exactly_the_uninterrupted_parame
     manifest = (step_dir / "manifest.json").read_text()
     assert "sharded/__0_0.distcp" in manifest and "sharded/__1_0.distcp" in manifest
     assert "sharded/.metadata" in manifest
+
+
+class _Boom:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch PWNED",))
+
+
+def test_a_dcp_metadata_file_that_would_run_code_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audit D7: DCP unpickles `.metadata`; ours admits only DCP's metadata classes."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from trainguard.checkpoint.dcp_safe import load_metadata
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+        load_metadata(pickle.dumps(_Boom()))
+    assert not (tmp_path / "PWNED").exists()
+    md = Metadata(state_dict_metadata={})
+    assert isinstance(load_metadata(pickle.dumps(md)), Metadata)

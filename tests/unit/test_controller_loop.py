@@ -15,6 +15,7 @@ from trainguard.controller.loop import Controller
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.store import JobStore
 from trainguard.diagnosis.sources import scan_lines
+from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.node.agent import free_port
 from trainguard.paths import JobPaths
@@ -401,3 +402,36 @@ def test_without_restart_on_hang_a_hang_is_reported_and_the_job_left_running(
     assert run.code == ExitCode.SUCCESS
     assert "HangConfirmed" in run.reasons and "WorkersRestarted" not in run.reasons
     assert run.reasons[-1] == "JobSucceeded"
+
+
+def test_a_job_store_that_cannot_be_written_for_a_while_does_not_end_a_healthy_job(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audit D9: a full job-dir disk (SQLITE_FULL) while the job runs: the console says so,
+    the events wait in memory and reach the store once it takes writes again; the job
+    ends as it would have."""
+    failing = {"left": 0}
+    real = {name: getattr(JobStore, name)
+            for name in ("add_event", "put_workers", "add_progress", "set_meta")}
+
+    def flaky(name: str) -> Any:
+        def write(self: JobStore, *args: Any, **kwargs: Any) -> Any:
+            if failing["left"] > 0:
+                failing["left"] -= 1
+                raise StoreError("cannot add an event to the job store: database or disk is "
+                                 "full")
+            return real[name](self, *args, **kwargs)
+        return write
+
+    for name in real:
+        monkeypatch.setattr(JobStore, name, flaky(name))
+    original_start = ScriptedAgent.start_workers
+
+    def start(self: ScriptedAgent, cmd: StartWorkers) -> NodeReport:
+        if not self.started:
+            failing["left"] = 12  # the disk fills up once the first attempt runs
+        return original_start(self, cmd)
+
+    monkeypatch.setattr(ScriptedAgent, "start_workers", start)
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    assert run.code == ExitCode.SUCCESS
+    assert "StoreWriteFailed" in run.reasons and run.reasons[-1] == "JobSucceeded"

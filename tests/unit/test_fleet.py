@@ -3,12 +3,14 @@ reports, loss detection, placement and schedule counts."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.hub import Reply
+from trainguard.policy.nodes import lost_isolation
 from trainguard.protocol import (
     NodeReport,
     Progress,
@@ -251,3 +253,30 @@ def test_every_node_silent_at_once_is_a_stalled_controller_not_a_lost_cluster() 
     assert f.lost_now() == {}
     hub.silent["c"] = 0.2  # the spare is heard: a and b really are silent
     assert set(f.lost_now()) == {"a", "b"}
+
+
+def test_every_link_down_at_once_is_a_full_disruption_no_node_is_lost_until_the_wait() -> None:
+    """A controller-side outage (its network, every connection reset) must not make every
+    node LOST and drained: Kubernetes' node controller stops evicting in a full
+    disruption. After the wait they count as lost, but none is drained."""
+    f, hub, _ = fleet()
+    f.disruption_wait_s = 0.3
+    hub.connected_nodes.clear()
+    hub.disconnected.update({"a": 5.0, "b": 5.0, "c": 5.0})
+    assert f.lost_now() == {} and f.disrupted_since is not None
+    time.sleep(0.35)
+    lost = f.lost_now()
+    assert set(lost) == {"a", "b"} and "every node's link went down at once" in lost["a"]
+    assert not lost_isolation("a", lost["a"], f.disrupted_since is not None).drain
+    hub.connected_nodes.update({"a", "b", "c"})  # the links come back
+    hub.disconnected.clear()
+    assert f.lost_now() == {} and f.disrupted_since is None
+
+
+def test_one_link_down_while_another_is_up_is_that_nodes_loss() -> None:
+    f, hub, _ = fleet()
+    f.disruption_wait_s = 100.0
+    hub.connected_nodes.discard("a")
+    hub.disconnected["a"] = 5.0
+    assert set(f.lost_now()) == {"a"} and f.disrupted_since is None
+    assert lost_isolation("a", "x", f.disrupted_since is not None).drain

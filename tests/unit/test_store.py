@@ -303,3 +303,21 @@ def test_a_copy_of_the_db_file_alone_holds_every_event_once_the_writer_closed(
     with JobStore.open(tmp_path / "b") as copy:
         assert len(copy.events()) == 50
     reader.close()
+
+
+def test_a_reader_that_cannot_write_the_dir_sees_a_live_writers_latest_meta(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audit D11: `immutable=1` ignores the write-ahead log, so a reader without write
+    access to the job dir saw stale meta while the job ran."""
+    writer = JobStore.create(tmp_path / "job", "r")
+    try:
+        writer.set_meta(x=1)
+        writer.set_meta(y=2)
+        monkeypatch.setattr("trainguard.controller.store.os.access", lambda p, mode: False)
+        reader = JobStore.open(tmp_path / "job")
+        try:
+            assert reader.meta().get("y") == 2
+        finally:
+            reader.close()
+    finally:
+        writer.close()

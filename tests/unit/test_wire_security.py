@@ -378,3 +378,18 @@ def test_a_token_readable_by_others_is_refused(tmp_path: Path) -> None:
     path.chmod(0o600)
     with pytest.raises(WireError, match="not ASCII"):
         read_token(path)
+
+
+def test_a_hello_with_a_non_ascii_mac_is_refused_without_a_traceback(
+        hub: tuple[Hub, str], caplog: pytest.LogCaptureFixture) -> None:
+    """Found by the wire fuzzer: hmac.compare_digest raises TypeError on such text."""
+    h, _ = hub
+    s = socket.create_connection(("127.0.0.1", h.port))
+    try:
+        nonce = read_raw_frame(s)["nonce"]
+        s.sendall(raw_frame({"type": "hello", "node": "n0", "mac": "é" * 64, "nonce": nonce,
+                             "version": WIRE_VERSION}))
+        assert read_raw_frame(s)["why"] == "wrong job token"
+    finally:
+        s.close()
+    assert "Traceback" not in caplog.text and "TypeError" not in caplog.text

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -128,3 +130,18 @@ def test_no_restart_or_no_verdict_raises_the_error_and_a_script_error_is_raised_
     with pytest.raises(ValueError, match="a bug"):
         resilient.run_resilient(bug)
     assert calls == [1]
+
+
+def test_a_verdict_from_another_user_is_dropped() -> None:
+    """Abstract sockets have no permissions: the kernel's credentials decide."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to send as another user")
+    box = control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}")
+    try:
+        send = ("import os, socket, sys; os.setuid(65534); s = socket.socket(socket.AF_UNIX, "
+                "socket.SOCK_DGRAM); s.sendto(sys.argv[2].encode(), '\\0' + sys.argv[1][1:])")
+        verdict = json.dumps({"kind": "give_up", "step": 1, "reason": "forged"})
+        subprocess.run([sys.executable, "-c", send, box.name, verdict], check=True, timeout=30)
+        assert box.wait(lambda v: True, 0.5) is None
+    finally:
+        box.close()

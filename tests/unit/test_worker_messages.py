@@ -59,3 +59,13 @@ def test_unknown_kinds_are_ignored(tmp_path: Path) -> None:
     h, seen = handler(tmp_path)
     h.handle([msg("from_the_future", x=1)], attempt=0)
     assert seen == []
+
+
+def test_a_message_that_cannot_be_handled_is_dropped_and_the_next_one_counts(
+        tmp_path: Path) -> None:
+    """An agent of another version (or a bug) must not fail the job with one message."""
+    h, seen = handler(tmp_path)
+    h.handle([msg("checkpoint_saved", step="x"), msg("checkpoint_saved", step=1e400),
+              msg("checkpoint_saved", step=30, location="/ck")], attempt=0)
+    assert [s[1] for s in seen] == [Reason.CHECKPOINT_SAVED]
+    assert h.max_committed_step == 30

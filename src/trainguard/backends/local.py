@@ -2,18 +2,36 @@
 
 Each agent runs in its own session (its own process group), so killing a node is killing
 that group: the agent dies, and its guardian kills the node's workers. Isolation keeps the
-node out of the job's placement (there is no cluster to drain it from).
+node out of the job's placement (there is no cluster to drain it from). An agent adopted by
+PID (a restarted controller's) is signalled only while that PID still leads its group and
+runs `trainguard.node.main --node NODE`: a PID reused by another process is never killed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
 from pathlib import Path
 
 import psutil
+
+AGENT_MODULE = "trainguard.node.main"
+
+
+def is_agent_of(pid: int, node: str) -> bool:
+    """`pid` is a live node agent of `node` leading its own group (not a reused PID)."""
+    try:
+        p = psutil.Process(pid)
+        argv = p.cmdline()
+        if p.status() == psutil.STATUS_ZOMBIE or os.getpgid(pid) != pid:
+            return False
+    except (psutil.Error, OSError):
+        return False
+    pairs = set(itertools.pairwise(argv))
+    return AGENT_MODULE in argv and ("--node", node) in pairs
 
 
 class LocalAgent:
@@ -27,12 +45,7 @@ class LocalAgent:
     def ended(self) -> bool:
         if self._proc is not None:
             return self._proc.poll() is not None
-        if self._pid is None:
-            return True
-        try:
-            return psutil.Process(self._pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return True
+        return self._pid is None or not is_agent_of(self._pid, self.node)
 
     def kill(self) -> None:
         pid = self.pid

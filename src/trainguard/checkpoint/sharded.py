@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
+from trainguard.checkpoint.dcp_safe import SafeLoadPlanner, safe_reader
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.storage import Storage
 
@@ -53,9 +54,14 @@ def _writer(st: Storage, rel: str) -> Any:
 
 
 def _reader(st: Storage, rel: str) -> Any:
+    """DCP's reader, its `.metadata` read without running pickled code (dcp_safe)."""
+    def metadata() -> bytes:
+        return st.read_bytes(f"{rel}/.metadata")
+
     if st.local:
-        return FileSystemReader(st.path(rel))
-    return FsspecReader(st.location.rstrip("/") + "/" + rel, **st.storage_options)
+        return safe_reader(FileSystemReader, metadata, st.path(rel))
+    return safe_reader(FsspecReader, metadata, st.location.rstrip("/") + "/" + rel,
+                       **st.storage_options)
 
 
 def _owner(opt: torch.optim.Optimizer, state: Mapping[str, Any]) -> nn.Module:
@@ -97,7 +103,8 @@ def load_sharded(st: Storage, step_dir: str, state: Mapping[str, Any], keys: lis
     template = {k: sharded_state_dict(k, state) for k in keys if k in state}
     if not template:
         return
-    dcp_load(template, storage_reader=_reader(st, f"{step_dir}/{SUBDIR}"))
+    dcp_load(template, storage_reader=_reader(st, f"{step_dir}/{SUBDIR}"),
+             planner=SafeLoadPlanner())
     for k, sd in template.items():
         obj = state[k]
         if isinstance(obj, nn.Module):

@@ -4,6 +4,9 @@ The fleet keeps the placement (slot = group rank -> node), splits each attempt's
 per slot, fans commands out through the hub, merges the nodes' reports into one, and says
 which placed nodes are lost: the agent's process (or Slurm step) ended, its connection has
 been down longer than the reconnect grace, or it has been silent past the node timeout.
+Every link down at once is a "full disruption" (Kubernetes' word): this controller's side
+(its network, a stall) is suspect, so links count as lost only after DISRUPTION_WAIT_S and
+such nodes are not drained.
 Node states: trainguard.states.NodeState (healthy = placed, spare, lost, isolated).
 """
 
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 # controller's clock (hang detection compares them with the controller's now)
 SKEW_TOLERATED_S = 2.0
 START_TIMEOUT_S = 120.0
+DISRUPTION_WAIT_S = 120.0  # every link down at once: how long before any counts as lost
 
 
 @dataclass
@@ -70,6 +74,8 @@ class Fleet:
         self._attempt: int | None = None
         self.peer: PeerCopies | None = None  # memory snapshots copied to a buddy node
         self._started: list[str] = []  # the placement the last attempt started on
+        self.disruption_wait_s = DISRUPTION_WAIT_S
+        self.disrupted_since: float | None = None  # every link down since (monotonic)
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -124,6 +130,7 @@ class Fleet:
         # silence means a node's loss only while others are heard: every node silent at
         # once is this controller stalled (SIGSTOP, a paused VM), not the cluster gone
         heard_lately = any(self.hub.silent_for(n) <= self.node_timeout_s for n in self.nodes)
+        waiting = self._full_disruption()
         out: dict[str, str] = {}
         for name in self.placement:
             node = self.nodes[name]
@@ -133,13 +140,32 @@ class Fleet:
                 out[name] = self._broken[name]
             elif node.handle is not None and node.handle.ended():
                 out[name] = "its agent process ended"
-            elif self.hub.disconnected_for(name) > self.grace_s:
-                out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s")
+            elif self.hub.disconnected_for(name) > self.grace_s and not waiting:
+                out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s"
+                             + (" (every node's link went down at once)"
+                                if self.disrupted_since is not None else ""))
             elif self.hub.silent_for(name) > self.node_timeout_s and heard_lately:
                 out[name] = f"its agent has been silent for over {self.node_timeout_s:g}s"
             elif name in bad:
                 out[name] = f"Slurm reports it {bad[name]}"
         return out
+
+    def _full_disruption(self) -> bool:
+        """True while every node's link is down at once and not for disruption_wait_s yet:
+        the controller's side is suspect, so no link counts as lost meanwhile."""
+        live = [n for n, node in self.nodes.items() if not node.state.out]
+        up = any(self.hub.disconnected_for(n) == 0 and self.hub.connected(n) for n in live)
+        if up or not live:
+            if self.disrupted_since is not None:
+                log.warning("full disruption over: links are back")
+            self.disrupted_since = None
+            return False
+        if self.disrupted_since is None:
+            self.disrupted_since = time.monotonic()
+            log.warning("every node's link is down at once (a full disruption): this "
+                        "controller's side is suspect; no node counts as lost for %gs, and "
+                        "none is drained", self.disruption_wait_s)
+        return time.monotonic() - self.disrupted_since < self.disruption_wait_s
 
     def settle(self) -> dict[str, str]:
         """Lost placed nodes, after waiting out the reconnect grace of any disconnected one

@@ -145,8 +145,9 @@ class NodeRecovery:
         node), then the workers left on the other nodes are stopped."""
         detected = utcnow()
         for name, why in lost.items():
-            iso = lost_isolation(name, why)
-            what = self.fleet.backend.isolate(name, f"trainguard: {iso.why}")
+            iso = lost_isolation(name, why, self.fleet.disrupted_since is not None)
+            what = (self.fleet.backend.isolate(name, f"trainguard: {iso.why}") if iso.drain
+                    else "not drained: every node's link went down at once")
             self.rec.event(Level.WARNING, Reason.NODE_LOST,
                            f"node {name} was lost: {why}; {what}", node=name, attempt=attempt)
             self.fleet.mark(name, NodeState.LOST, why)

@@ -1,7 +1,10 @@
 """Everything the controller writes down: job meta, events, workers, progress, records.
 
 The controller decides; the recorder keeps the job store (and the console) current. Writes
-that could happen at every poll (progress) are throttled to one a second.
+that could happen at every poll (progress) are throttled to one a second. Once the job
+runs, a failed store write (a full disk, an I/O error) never ends it: the console says so
+(StoreWriteFailed, at most once a minute), events wait in memory and every write is tried
+again later; only the writes at the job's start must succeed.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.controller.worker_messages import WorkerMessages
-from trainguard.errors import LaunchError, NodesUnavailable
+from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, signal_name
 from trainguard.paths import JobPaths
 from trainguard.policy.decision import Decision, HAPolicy
@@ -28,6 +32,8 @@ from trainguard.spec import JobSpec
 from trainguard.states import JobState
 
 PROGRESS_WRITE_EVERY_S = 1.0
+STORE_WARN_EVERY_S = 60.0
+MAX_UNWRITTEN = 10_000  # events kept in memory while the store cannot be written
 
 
 class Recorder:
@@ -44,6 +50,9 @@ class Recorder:
         self._progress_written = 0.0
         self._ledger: list[tuple[int, int, float]] = []  # progress samples not yet written
         self._sampled: tuple[object, ...] = ()  # (attempt, first step time, last step)
+        self._unwritten: deque[Event] = deque(maxlen=MAX_UNWRITTEN)
+        self._meta_pending: dict[str, Any] = {}
+        self._store_warned = -STORE_WARN_EVERY_S
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
               attempt: int | None = None, data: dict[str, Any] | None = None,
@@ -52,9 +61,31 @@ class Recorder:
             node = self._node_of.get(rank, "node-0")
         ev = Event(utcnow(), level, reason.value, message,
                    Involved(job=self.spec.run_id, node=node, rank=rank, attempt=attempt), data)
-        self.store.add_event(ev)
         if self._on_event is not None:
             self._on_event(ev)
+        self._unwritten.append(ev)
+        with self._best_effort():
+            while self._unwritten:
+                self.store.add_event(self._unwritten[0])
+                self._unwritten.popleft()
+
+    @contextlib.contextmanager
+    def _best_effort(self) -> Iterator[None]:
+        """A store write that may fail while the job runs: warn, and let it be retried."""
+        try:
+            yield
+        except (StoreError, OverflowError, OSError) as e:
+            if time.monotonic() - self._store_warned < STORE_WARN_EVERY_S:
+                return
+            self._store_warned = time.monotonic()
+            ev = Event(utcnow(), Level.WARNING, Reason.STORE_WRITE_FAILED.value,
+                       f"cannot write the job store ({e}); the job goes on, "
+                       f"{len(self._unwritten)} event(s) wait and every write is retried",
+                       Involved(job=self.spec.run_id))
+            if len(self._unwritten) < MAX_UNWRITTEN:
+                self._unwritten.append(ev)  # written once the store takes writes again
+            if self._on_event is not None:
+                self._on_event(ev)
 
     def begin(self) -> tuple[int, StartType]:
         """Record the job's start; a relaunch of the same job continues its attempts."""
@@ -115,7 +146,11 @@ class Recorder:
         return attempt
 
     def set_meta(self, **values: Any) -> None:
-        self.store.set_meta(**values)
+        """Best effort once the job runs: what could not be written goes with the next."""
+        self._meta_pending.update(values)
+        with self._best_effort():
+            self.store.set_meta(**self._meta_pending)
+            self._meta_pending.clear()
 
     def end_job(self, state: JobState, code: int, message: str, *, attempt: int | None = None,
                 rank: int | None = None, limit: tuple[Reason, str] | None = None) -> int:
@@ -125,7 +160,9 @@ class Recorder:
             self.event(Level.ERROR, limit[0], limit[1], attempt=attempt)
         level, reason = _ENDINGS[state]
         self.event(level, reason, message, rank=rank, attempt=attempt)
-        self.store.set_meta(state=state.value, exit_code=int(code), ended_at=utcnow().isoformat())
+        with self._best_effort():  # the exit code says it anyway
+            self.store.set_meta(state=state.value, exit_code=int(code),
+                                ended_at=utcnow().isoformat())
         return int(code)
 
     def give_up(self, attempt: int, d: Decision, failure: str, rank: int | None) -> int:
@@ -150,13 +187,19 @@ class Recorder:
         return self.end_job(JobState.FAILED, code, f"job failed: {e}", attempt=attempt)
 
     def sync(self, report: NodeReport, force: bool = False) -> None:
-        """Workers' states, worker messages and progress from one report."""
+        """Workers' states, worker messages and progress from one report (best effort: a
+        write that fails is tried again with a later report)."""
         sig = tuple((w.pid, w.state, w.returncode) for w in report.workers)
         if sig != self._workers_sig:
-            self._workers_sig = sig
             self._node_of.update({w.rank: w.node or report.node for w in report.workers})
-            self.store.put_workers(report.attempt or 0, workers_rows(report))
+            with self._best_effort():
+                self.store.put_workers(report.attempt or 0, workers_rows(report))
+                self._workers_sig = sig
         self.messages.handle(report.messages, report.attempt or 0)
+        with self._best_effort():
+            self._sync_progress(report, force)
+
+    def _sync_progress(self, report: NodeReport, force: bool) -> None:
         outputs = [lv.last_output_at for lv in report.liveness if lv.last_output_at]
         if outputs:
             self.book.output_seen(min(outputs))

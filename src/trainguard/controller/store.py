@@ -360,8 +360,13 @@ class JobStore(LedgerTables):
 
 
 def _connect_readonly(path: Path) -> sqlite3.Connection:
-    """A read-only connection; immutable when nobody can write the dir (an archived job)."""
-    query = "mode=ro" if os.access(path.parent, os.W_OK) else "mode=ro&immutable=1"
+    """A read-only connection. Immutable (no locks, no WAL read) only where nobody writes:
+    this user cannot write the dir and no write-ahead log is left (a live writer keeps
+    one; an immutable reader would miss what it holds)."""
+    wal = path.with_name(path.name + "-wal")
+    idle = not wal.exists() or wal.stat().st_size == 0
+    query = ("mode=ro" if os.access(path.parent, os.W_OK) or not idle
+             else "mode=ro&immutable=1")
     try:
         conn = sqlite3.connect(
             f"{path.resolve().as_uri()}?{query}",
@@ -372,7 +377,10 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
         )
         conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
     except sqlite3.Error as e:
-        raise StoreError(f"cannot read the job store {path}: {e}") from e
+        why = ("; it is being written (a -wal file exists) and this user cannot write "
+               f"{path.parent}. Fix: read it as the job's owner, or once the job ended"
+               if not idle and not os.access(path.parent, os.W_OK) else "")
+        raise StoreError(f"cannot read the job store {path}: {e}{why}") from e
     return conn
 
 

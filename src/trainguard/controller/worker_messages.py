@@ -7,6 +7,7 @@ signals, which the node agent takes).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,8 @@ from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
 from trainguard.records import Level, Reason, secs
 from trainguard.worker.contract import SOURCE_MEMORY, SOURCE_PEER, SOURCE_STORAGE, MessageKind
+
+log = logging.getLogger(__name__)
 
 EmitEvent = Callable[..., None]  # Recorder.event(level, reason, message, rank=, attempt=)
 Handler = Callable[[WorkerMessage, dict[str, Any], int], None]
@@ -42,8 +45,13 @@ class WorkerMessages:
     def handle(self, messages: list[WorkerMessage], attempt: int) -> None:
         for m in messages:
             handler = self._handlers.get(m.kind)
-            if handler is not None:
+            if handler is None:
+                continue
+            try:
                 handler(m, m.data, attempt)
+            except Exception:  # one bad message is dropped, never fatal to the job
+                log.warning("dropped a worker message of rank %s (%s) that could not be "
+                            "handled", m.rank, m.kind, exc_info=True)
 
     def _on_checkpoint_saved(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         step = int(d.get("step", -1))

@@ -1,8 +1,7 @@
 """The node agent: owns one node's worker processes and reports facts; decides nothing.
 
-Commands (protocol.StartWorkers / StopWorkers) come from the controller; NodeReport goes
-back. For one node the controller calls it in-process; between nodes the same messages
-travel as JSON. Worker lifecycle: STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED.
+Commands (protocol.StartWorkers / StopWorkers) come from the controller; NodeReport goes back
+(in-process or as JSON). Worker lifecycle: STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.sources import default_trigger
 from trainguard.errors import LaunchError
 from trainguard.node import procs
-from trainguard.node.channel import ChannelServer
+from trainguard.node.channel import ChannelServer, JobProcesses
 from trainguard.node.env import worker_env
 from trainguard.node.facts import log_findings, oom_kill_count, read_error_file, worker_message
 from trainguard.node.liveness import LivenessBook
@@ -121,7 +120,8 @@ class NodeAgent:
         self._standby = StandbyPool(self._guardian)
         self.memory = MemoryRegion(marker, node, self._guardian)  # memory snapshots' region
         self._prepared_at: datetime | None = None  # a spare told to keep standbys ready
-        self._channel = ChannelServer(f"@trainguard-{marker}-{node}-{os.getpid()}")
+        self._channel = ChannelServer(  # only this job's processes may send
+            f"@trainguard-{marker}-{node}-{os.getpid()}", JobProcesses(self._guardian.groups))
 
     # -- commands -------------------------------------------------------------------------
 

@@ -4,9 +4,13 @@ Workers send with trainguard.worker.channel.send(); the agent binds an abstract 
 (no file to clean up, no path length limit). A reader thread takes datagrams as they come,
 because the kernel queues only a few (net.unix.max_dgram_qlen, 10 by default) and a sender
 drops, never blocks, when the queue is full; each poll takes what the thread gathered.
-Each datagram is checked against the worker contract (worker.contract.parse_message): one
-that is not JSON, of an unknown kind, or with a missing, mistyped or out-of-bounds field is
-dropped with a debug log.
+Abstract sockets have no file permissions, so the socket takes the sender's credentials
+from the kernel (SO_PASSCRED, SCM_CREDENTIALS) with every datagram and keeps only those the
+`admit` policy accepts (default: processes of this user; the agent's: its own workers,
+standbys and their descendants, JobProcesses). Each admitted datagram is checked against
+the worker contract (worker.contract.parse_message): one that is not JSON, of an unknown
+kind, or with a missing, mistyped or out-of-bounds field is dropped. Drops are counted
+(`dropped`) and logged as a warning at most every 10 s; none is ever fatal.
 """
 
 from __future__ import annotations
@@ -14,10 +18,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import select
 import socket
+import struct
 import threading
+import time
 from collections import deque
+from collections.abc import Callable, Container
 from typing import Any
 
 from trainguard.worker.contract import ContractError, control_socket, parse_message
@@ -25,12 +33,42 @@ from trainguard.worker.contract import ContractError, control_socket, parse_mess
 log = logging.getLogger(__name__)
 
 MAX_KEPT = 100_000  # messages kept between two drains (the oldest go first)
+WARN_EVERY_S = 10.0
+_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+Admit = Callable[[int, int], bool]  # (sender pid, sender uid) -> keep its datagrams?
+
+
+def same_user(pid: int, uid: int) -> bool:
+    return uid == os.getuid()
+
+
+class JobProcesses:
+    """The agent's policy: this user's processes whose session is one of `groups` (each
+    worker and standby leads its own session, so their children count too)."""
+
+    def __init__(self, groups: Container[int]) -> None:
+        self._groups = groups
+
+    def __call__(self, pid: int, uid: int) -> bool:
+        if uid != os.getuid():
+            return False
+        if pid in self._groups:
+            return True
+        try:
+            return os.getsid(pid) in self._groups
+        except OSError:  # gone already
+            return False
 
 
 class ChannelServer:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, admit: Admit = same_user) -> None:
         self.name = name  # `@name` form, as workers get it in contract.ENV_SOCKET
+        self._admit = admit
+        self.dropped = 0  # datagrams dropped: a stranger's, malformed, or out of bounds
+        self._warned = 0.0
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self._sock.bind("\0" + name.removeprefix("@"))
         self._sock.setblocking(False)
         self._got: deque[dict[str, Any]] = deque(maxlen=MAX_KEPT)
@@ -43,7 +81,9 @@ class ChannelServer:
     def _watch(self) -> None:
         while not self._closed.is_set():
             try:
-                ready, _, _ = select.select([self._sock], [], [], 0.2)
+                p = select.poll()
+                p.register(self._sock, select.POLLIN)
+                ready = p.poll(200)
             except (OSError, ValueError):  # closed
                 return
             if ready:
@@ -53,18 +93,36 @@ class ChannelServer:
     def _read_all(self) -> None:
         while True:
             try:
-                data = self._sock.recv(65536)
+                data, anc, flags, _ = self._sock.recvmsg(65536, socket.CMSG_SPACE(_CREDS.size))
             except (BlockingIOError, InterruptedError, OSError):
                 return
+            creds = next((_CREDS.unpack(c[:_CREDS.size]) for level, kind, c in anc
+                          if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
+                          and len(c) >= _CREDS.size), None)
+            if creds is None or not self._admit(creds[0], creds[1]):
+                self._drop("from pid %s uid %s, not a process of this job",
+                           *(creds[:2] if creds else ("?", "?")))
+                continue
+            if flags & socket.MSG_TRUNC:
+                self._drop("of over 64 KiB from pid %s", creds[0])
+                continue
             try:
                 msg = parse_message(json.loads(data))
             except ContractError as e:
-                log.debug("dropped a worker message: %s", e)
+                self._drop("from pid %s: %s", creds[0], e)
                 continue
             except (ValueError, RecursionError):  # not JSON (or nested past the parser)
-                log.debug("dropped a malformed worker message (not JSON)")
+                self._drop("from pid %s: not JSON", creds[0])
                 continue
             self._got.append(msg)
+
+    def _drop(self, why: str, *args: object) -> None:
+        self.dropped += 1
+        text = why % args
+        log.debug("dropped a worker message %s", text)
+        if time.monotonic() - self._warned > WARN_EVERY_S:
+            self._warned = time.monotonic()
+            log.warning("%d worker message(s) refused so far; this one %s", self.dropped, text)
 
     def drain(self) -> list[dict[str, Any]]:
         """Every valid message received since the last drain, in arrival order (each as

@@ -46,6 +46,7 @@ class Guardian:
             [sys.executable, "-m", "trainguard.node.guardian", marker],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
         )
+        self.groups: set[int] = set()  # watched now (the worker channel admits these)
 
     def _send(self, line: str) -> None:
         stdin = self._proc.stdin
@@ -56,9 +57,11 @@ class Guardian:
             stdin.flush()
 
     def watch(self, pgid: int) -> None:
+        self.groups.add(pgid)
         self._send(f"+{pgid}")
 
     def forget(self, pgid: int) -> None:
+        self.groups.discard(pgid)
         self._send(f"-{pgid}")
 
     def free_on_death(self, path: str) -> None:

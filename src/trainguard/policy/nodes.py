@@ -57,10 +57,11 @@ def why_isolated(diag: Diagnosis, count: int, pol: HAPolicy) -> str | None:
     return None
 
 
-def lost_isolation(node: str, why: str) -> Isolation:
+def lost_isolation(node: str, why: str, full_disruption: bool = False) -> Isolation:
     """A lost agent implicates its node: it is drained (the reconnect grace, spent before a
-    node counts as lost, keeps a network blip from doing it)."""
-    return Isolation(node, f"lost ({why})", drain=True)
+    node counts as lost, keeps a network blip from doing it), unless every node's link
+    went down at once: then the controller's side is as likely to blame, and no node is."""
+    return Isolation(node, f"lost ({why})", drain=not full_disruption)
 
 
 def after_precheck(failing: tuple[tuple[str, str], ...], checked: int,

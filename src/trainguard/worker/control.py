@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -46,7 +47,8 @@ class Inbox:
     def __init__(self, name: str) -> None:
         self.name = name
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
+        try:  # the kernel's credentials of each sender: another user's verdicts are dropped
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             self._sock.bind("\0" + name.removeprefix("@"))
         except OSError:
             self._sock.close()
@@ -68,8 +70,10 @@ class Inbox:
                 next_tick = time.monotonic() + 1.0
             self._sock.settimeout(min(left, 1.0))
             try:
-                data = self._sock.recv(65536)
+                data, anc, _, _ = self._sock.recvmsg(65536, socket.CMSG_SPACE(_UCRED.size))
             except TimeoutError:
+                continue
+            if not _same_user(anc):
                 continue
             try:
                 v = parse_control(json.loads(data))
@@ -86,6 +90,19 @@ class Inbox:
 
     def close(self) -> None:
         self._sock.close()
+
+
+_UCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+def _same_user(ancillary: list[tuple[int, int, bytes]]) -> bool:
+    """The datagram's sender (SCM_CREDENTIALS, filled in by the kernel) is this user."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS \
+                and len(data) >= _UCRED.size:
+            uid: int = _UCRED.unpack(data[:_UCRED.size])[1]
+            return uid == os.getuid()
+    return False
 
 
 _inbox: Inbox | None = None
