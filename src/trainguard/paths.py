@@ -21,19 +21,28 @@ HANG_FILE = "hang.json"  # in its stacks dir
 class JobPaths:
     job_dir: Path
     log_dir: Path
-    checkpoint_dir: Path
+    checkpoint_dir: str  # an absolute local path, or an fsspec URL (s3://bucket/run1) as given
 
     @classmethod
     def for_spec(cls, spec: JobSpec, cwd: Path) -> JobPaths:
         job_dir = (cwd / (spec.job_dir or f"{DEFAULT_RUNS_DIR}/{spec.run_id}")).resolve()
         log_dir = (cwd / spec.log_dir).resolve() if spec.log_dir else job_dir / "logs"
-        ckpt = ((cwd / spec.checkpoint_dir).resolve() if spec.checkpoint_dir
-                else job_dir / "checkpoints")
+        ckpt = spec.checkpoint_dir
+        if ckpt is None:
+            ckpt = str(job_dir / "checkpoints")
+        elif not is_url(ckpt):
+            ckpt = str((cwd / ckpt).resolve())
         return cls(job_dir, log_dir, ckpt)
 
     def make(self) -> None:
-        for d in (self.job_dir, self.log_dir, self.checkpoint_dir):
+        local = [] if is_url(self.checkpoint_dir) else [Path(self.checkpoint_dir)]
+        for d in (self.job_dir, self.log_dir, *local):
             d.mkdir(parents=True, exist_ok=True)
+
+
+def is_url(location: str) -> bool:
+    """`s3://bucket/x`, `file:///x`: an fsspec URL, not a local path."""
+    return "://" in location
 
 
 def attempt_log_dir(log_dir: Path, attempt: int) -> Path:

@@ -70,6 +70,17 @@ def test_a_module_that_does_not_exist_is_diagnosed_from_pythons_line_and_exits_2
     assert "No module named nosuchmod" in d["evidence"]["text"]
 
 
+def test_an_fsspec_url_as_checkpoint_dir_reaches_the_workers_as_given(tmp_path: Path) -> None:
+    # README: `--checkpoint-dir` may be an fsspec URL such as s3://bucket/run1
+    (tmp_path / "w.py").write_text(
+        "import os\nprint('ckpt at', os.environ['TRAINGUARD_CHECKPOINT_DIR'])\n")
+    r = run_tg(["run", "--job-dir", "j", "--checkpoint-dir", "s3://bucket/run1", "w.py"],
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "ckpt at s3://bucket/run1" in (tmp_path / "j/logs/attempt-0/rank-0.log").read_text()
+    assert not (tmp_path / "s3:").exists()
+
+
 def test_the_console_shows_only_the_filtered_ranks_but_every_rank_is_logged(
         tmp_path: Path) -> None:
     (tmp_path / "w.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")

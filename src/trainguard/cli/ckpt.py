@@ -22,6 +22,7 @@ from trainguard.checkpoint.manifest import LATEST, Status, step_dir
 from trainguard.controller.store import JobStore, db_path
 from trainguard.errors import SpecError, StoreError
 from trainguard.exitcodes import ExitCode
+from trainguard.paths import is_url
 
 if TYPE_CHECKING:
     from trainguard.checkpoint.storage import Storage
@@ -85,7 +86,7 @@ def describe(st: Storage, step: int, full: bool) -> dict[str, Any]:
 def checkpoint_location(location: str) -> str:
     """A job dir stands for its checkpoints (where its store says, or JOB_DIR/checkpoints);
     a local path that is not there is an error, not "no checkpoints"."""
-    if "://" in location:
+    if is_url(location):
         return location
     path = Path(location)
     if not path.exists():
