@@ -40,9 +40,9 @@ class JobPaths:
             d.mkdir(parents=True, exist_ok=True)
 
 
-def is_url(location: str) -> bool:
+def is_url(location: str | Path) -> bool:
     """`s3://bucket/x`, `file:///x`: an fsspec URL, not a local path."""
-    return "://" in location
+    return "://" in str(location)
 
 
 def attempt_log_dir(log_dir: Path, attempt: int) -> Path:
