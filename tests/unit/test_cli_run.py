@@ -384,3 +384,18 @@ def test_dry_run_prints_the_effective_settings_and_starts_nothing(
     assert (doc["memory_every"], doc["hang_floor_s"], doc["max_restarts"]) == (10, 30.0, 9)
     assert doc["entrypoint"] == "train.py" and doc["args"] == ["--x"]
     assert not (tmp_path / "j").exists()
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\xff\xfe\x00 not text", "is not UTF-8 text"),
+    (b"a: " + b"[" * 5000, "nested too deeply"),
+])
+def test_a_job_file_that_is_not_text_or_nested_too_deep_is_an_error_not_a_traceback(
+        tmp_path: Path, content: bytes, says: str) -> None:
+    """Audit D13."""
+    from trainguard.cli.run import load_job_file
+
+    path = tmp_path / "job.yaml"
+    path.write_bytes(content)
+    with pytest.raises(SpecError, match=says):
+        load_job_file(path)

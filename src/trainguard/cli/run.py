@@ -266,6 +266,12 @@ def load_job_file(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise SpecError("--config", f"{path} is not valid YAML ({e})",
                         "fix the syntax at the position shown") from None
+    except UnicodeDecodeError as e:
+        raise SpecError("--config", f"{path} is not UTF-8 text ({e.reason} at byte {e.start})",
+                        "save it as UTF-8") from None
+    except RecursionError:
+        raise SpecError("--config", f"{path} is nested too deeply to read",
+                        "a job file is one mapping of keys to plain values") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
