@@ -320,9 +320,12 @@ def _job_file_value(key: str, value: Any, source: str) -> Any:
     if type(None) in get_args(annotation) and len(inner) == 1:
         annotation = inner[0]  # X | None
     if get_origin(annotation) is list:
-        want, fix = "a list", f"write a list, e.g. `{key}: [a, b]`"
+        ints = int in get_args(annotation)
+        want = "a list of whole numbers" if ints else "a list of strings"
+        fix = f"write {want}, e.g. `{key}: {'[0, 1]' if ints else '[a, b]'}`"
     elif get_origin(annotation) is dict:
-        want, fix = "a mapping", f"write a mapping, e.g. `{key}: {{0: 1}}`"
+        want = "a mapping of whole numbers"
+        fix = f"write {want}, e.g. `{key}: {{0: 1}}`"
     elif get_origin(annotation) is Literal:
         want = "one of " + ", ".join(map(str, get_args(annotation)))
         fix = f"write {want}"

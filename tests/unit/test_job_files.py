@@ -186,3 +186,10 @@ def test_the_error_samples_in_the_docs_are_what_the_command_prints(
     for command, shown in samples:
         assert main(command.split()) == 2
         assert capsys.readouterr().err.strip() == shown
+
+
+def test_a_list_of_the_wrong_items_says_what_the_items_must_be(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = refused(capsys, "--config", str(job(tmp_path, "local_ranks_filter: [a]\n")), "t.py")
+    assert "is not a list of whole numbers" in err and "`local_ranks_filter: [0, 1]`" in err
