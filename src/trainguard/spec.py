@@ -163,6 +163,15 @@ class JobSpec(BaseModel):
                                   "(torch and DDP's imports done) so that a restarted rank "
                                   "starts warm; --no-standby-workers turns it off")
 
+    @field_validator("redirects")
+    @classmethod
+    def _streams(cls, v: dict[int, int]) -> dict[int, int]:
+        bad = {k: n for k, n in v.items() if not 0 <= n <= 3 or k < -1}
+        if bad:
+            raise ValueError(f"not local rank -> stream: {bad} (streams: 0 none, 1 stdout, "
+                             "2 stderr, 3 both; e.g. {0: 3} or, for every rank, 3)")
+        return v
+
     @field_validator("prewarm_imports")
     @classmethod
     def _modules(cls, v: list[str]) -> list[str]:

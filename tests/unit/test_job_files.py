@@ -193,3 +193,12 @@ def test_a_list_of_the_wrong_items_says_what_the_items_must_be(
 ) -> None:
     err = refused(capsys, "--config", str(job(tmp_path, "local_ranks_filter: [a]\n")), "t.py")
     assert "is not a list of whole numbers" in err and "`local_ranks_filter: [0, 1]`" in err
+
+
+def test_redirects_in_a_job_file_take_the_flags_values_and_no_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert dry_run(capsys, "--config", str(job(tmp_path, "redirects: 3\n")), "t.py")[
+        "redirects"] == {"-1": 3}
+    err = refused(capsys, "--config", str(job(tmp_path, "redirects: {0: 9}\n")), "t.py")
+    assert "redirects" in err and "0 none, 1 stdout, 2 stderr, 3 both" in err
