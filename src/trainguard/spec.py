@@ -46,6 +46,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # torchtitan and most hand-written loops. "resumed from step 20" is not progress.
 DEFAULT_STEP_PATTERN = (
     r"(?i)^\s*(?:\[[^\]]*\]:?\s*)*(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*\[?\s*(\d+)"
+    r"|\|\s*(\d+)/\d+\s*\["  # a progress bar (tqdm: HF Trainer, Lightning): `| 3/10 [`
 )
 
 
@@ -162,6 +163,12 @@ class JobSpec(BaseModel):
     standby_workers: bool = Field(True, description="keep a pre-warmed standby process per rank "
                                   "(torch and DDP's imports done) so that a restarted rank "
                                   "starts warm; --no-standby-workers turns it off")
+    auto_resume: Literal["hf", "lightning"] | None = Field(
+        None, description="make an unmodified Hugging Face Trainer (hf) or Lightning script "
+        "resume from its newest committed checkpoint and report its steps")
+    restart_args: list[str] = Field(default_factory=list, description="arguments added after "
+                                    "the script's own on every attempt but the job's first "
+                                    "(e.g. --init_from=resume)")
 
     @field_validator("redirects")
     @classmethod

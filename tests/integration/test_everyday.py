@@ -88,3 +88,16 @@ def test_stop_refuses_a_pid_that_is_not_the_launcher_any_more(tmp_path: Path) ->
         assert other.poll() is None
     finally:
         other.kill()
+
+
+def test_restart_args_are_added_on_every_attempt_but_the_first(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import os, sys\nprint('args', sys.argv[1:], flush=True)\n"
+                      "sys.exit(1 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")
+    r = subprocess.run([*TG, "run", "--max-restarts", "1", "--unconditional-restart",
+                        "--restart-args=--init_from=resume --x 1", "--job-dir",
+                        str(tmp_path / "j"), str(script), "--base"], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "args ['--base']" in r.stdout
+    assert "args ['--base', '--init_from=resume', '--x', '1']" in r.stdout

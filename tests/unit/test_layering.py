@@ -60,6 +60,7 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
     f"{PKG}.worker.contract": frozenset({LIBRARY, PURE}),  # the launcher side reads it too
     f"{PKG}.checkpoint": frozenset({LIBRARY}),
     f"{PKG}.testing": frozenset({LIBRARY}),
+    f"{PKG}.integrations": frozenset({LIBRARY}),  # imported by training scripts
     f"{PKG}.policy": frozenset({PURE}),
     f"{PKG}.hang": frozenset({PURE}),
     f"{PKG}.diagnosis": frozenset({PURE}),
@@ -86,6 +87,8 @@ SHARED_TOP: dict[str, frozenset[str]] = {
 SIDES = (CONTROLLER, NODE)
 # outside trainguard, besides the standard library
 LIBRARY_EXTRAS = {f"{PKG}.checkpoint": frozenset({"torch", "fsspec"}),
+                  f"{PKG}.integrations.hf": frozenset({"torch", "transformers"}),
+                  f"{PKG}.integrations.lightning": frozenset({"torch", "pytorch_lightning"}),
                   f"{PKG}.worker.step": frozenset({"torch"})}  # the step guard drives DDP
 
 FORBIDDEN_IN_PURE = ("subprocess", "os", "socket", "sqlite3", "torch", "multiprocessing",

@@ -23,7 +23,7 @@ FROZEN_FIELDS = [
     "hang_detection", "hang_timeout_s", "hang_floor_s", "hang_startup_s", "restart_on_hang",
     "operator_reexecution", "step_retries", "max_step_retries", "step_retry_timeout_s",
     "in_process_restart", "in_process_timeout_s", "standby_workers", "memory_every",
-    "prewarm_imports",
+    "prewarm_imports", "auto_resume", "restart_args",
     "spare_nodes", "backend", "node_timeout_s", "reconnect_grace_s", "max_pod_reschedules",
     "max_job_reschedules", "repeat_offender", "queue_timeout_s", "precheck", "metrics_host",
     "metrics_port", "min_free_disk_mb",

@@ -63,11 +63,14 @@ def console_out() -> Console:
     return Console(highlight=False, soft_wrap=True, width=width)
 
 
+PIPE_WIDTH = 200  # columns in a pipe when COLUMNS is unset
+
+
 def _columns() -> int:
     try:
-        return max(40, int(os.environ.get("COLUMNS") or 200))
+        return max(40, int(os.environ.get("COLUMNS") or PIPE_WIDTH))
     except ValueError:
-        return 200
+        return PIPE_WIDTH
 
 
 def print_table(table: Table) -> None:

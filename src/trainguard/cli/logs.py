@@ -27,6 +27,7 @@ from trainguard.ui.logtail import tail
 
 FOLLOW_POLL_S = 0.25
 BLOCK = 1 << 16
+FILE_START = 0  # offset
 _ATTEMPT_DIR = re.compile(r"attempt-(\d+)$")
 
 
@@ -117,7 +118,7 @@ def _print_existing(path: Path, attempt: int, tail_n: int | None, out: _Out) -> 
     try:
         size = path.stat().st_size
     except OSError:
-        return 0
+        return FILE_START
     if tail_n is not None:
         got = tail(path, tail_n)
         out.lines(attempt, "".join(

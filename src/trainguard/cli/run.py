@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import uuid
 from pathlib import Path
@@ -117,6 +118,13 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     h.add_argument("--no-standby-workers", dest="standby_workers", action="store_false",
                    default=S, help="start restarted ranks cold (default: from pre-warmed "
                    "standby processes, one per rank of the node, that already imported torch)")
+    _flag(h, "auto-resume", choices=["hf", "lightning"],
+          help="make an unmodified Hugging Face Trainer or Lightning script resume from its "
+               "newest committed checkpoint (a site hook wraps Trainer.train / Trainer.fit) "
+               "and report its steps")
+    _flag(h, "restart-args", type=shlex.split,
+          help="arguments added after the script's own on every attempt but the job's first, "
+               "e.g. --restart-args='--init_from=resume' (one string, split as a shell would)")
     _flag(h, "memory-every", type=int,
           help="steps between memory snapshots of scripts using trainguard.checkpoint: a "
                "rank restarted on the same node resumes from the node's shared memory "

@@ -7,6 +7,7 @@ import os
 from trainguard.controller.recorder import Recorder
 from trainguard.protocol import StartWorkers, WorkerAssignment
 from trainguard.worker.contract import (
+    ENV_AUTO_RESUME,
     ENV_GRACE,
     ENV_IN_PROCESS,
     ENV_IN_PROCESS_TIMEOUT,
@@ -28,8 +29,10 @@ def start_command(rec: Recorder, attempt: int, port: int, addr: str, *, all_rank
     base = spec.node_rank * n
     ranks = range(spec.world_size) if all_ranks else range(base, base + n)
     return StartWorkers(
-        run_id=spec.run_id, attempt=attempt, argv=rec.argv,
-        env={ENV_GRACE: f"{spec.grace_period_s:g}",
+        run_id=spec.run_id, attempt=attempt,
+        argv=[*rec.argv, *spec.restart_args] if attempt > 0 else rec.argv,
+        env={**auto_resume_env(spec.auto_resume),
+             ENV_GRACE: f"{spec.grace_period_s:g}",
              ENV_SAVE_ON_EXIT: "1" if spec.save_on_exit else "0",
              ENV_STEP_RETRY: "1" if spec.operator_reexecution else "0",
              ENV_STEP_RETRY_TIMEOUT: f"{spec.step_retry_timeout_s:g}",
@@ -46,3 +49,13 @@ def start_command(rec: Recorder, attempt: int, port: int, addr: str, *, all_rank
         log_dir=str(paths.log_dir), job_dir=str(paths.job_dir),
         checkpoint_dir=str(paths.checkpoint_dir), cwd=os.getcwd(),
         standby=spec.standby_workers, prewarm_imports=list(spec.prewarm_imports))
+
+
+def auto_resume_env(framework: str | None) -> dict[str, str]:
+    """`--auto-resume`: the site hook first on the workers' PYTHONPATH, and its framework."""
+    if framework is None:
+        return {}
+    from trainguard.integrations.autoresume import site_dir
+
+    path = os.pathsep.join(p for p in (site_dir(), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, ENV_AUTO_RESUME: framework}

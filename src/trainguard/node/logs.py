@@ -25,6 +25,7 @@ from typing import IO, TextIO
 from trainguard.worker.contract import stamp_lines
 
 CHUNK = 64 * 1024
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 MAX_LINE = 64 * 1024  # longer lines are split into pieces of this size
 TAIL_LINES = 200
 TAIL_LINE_CHARS = 4096
@@ -195,7 +196,9 @@ class LogRouter:
                 self._open[stream.rank] -= 1
                 self._eof.notify_all()
             return
-        lines = (stream.partial + data).split(b"\n")
+        # a carriage return ends a line too: progress bars (tqdm) redraw with it
+        lines = (stream.partial + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(
+            b"\n")
         stream.partial = lines.pop()
         while len(stream.partial) > MAX_LINE:
             lines.append(stream.partial[:MAX_LINE])
@@ -217,12 +220,18 @@ class LogRouter:
             with self._console_lock, contextlib.suppress(OSError, ValueError):
                 self._console.write("".join(prefix + t + "\n" for t in texts))
                 self._console.flush()
-        steps = [int(m.group(1)) for t in texts
-                 if (m := self._step.search(t)) is not None and m.group(1).isdigit()]
+        steps = [int(n) for t in texts if (n := self.step_of(t)) is not None]
         if steps:
             self._on_progress(stream.rank, steps[0], now)
             if len(steps) > 1:
                 self._on_progress(stream.rank, steps[-1], now)
+
+    def step_of(self, text: str) -> str | None:
+        """The step a line reports (the pattern's first group that matched), colour codes
+        (ANSI escapes, as torchtitan prints) taken off first; None when it reports none."""
+        m = self._step.search(_ANSI.sub("", text) if "\x1b" in text else text)
+        n = None if m is None else next((g for g in m.groups() if g is not None), None)
+        return n if n is not None and n.isdigit() else None
 
     def _close(self) -> None:
         with self._eof:

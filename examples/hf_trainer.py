@@ -1,0 +1,104 @@
+"""A Hugging Face Trainer job, tiny and CPU-only (a 2-layer GPT-2 built from a config, random
+tokens: no hub download), for trainguard's HF integration.
+
+    # unmodified: trainguard's site hook makes Trainer.train() resume
+    trainguard run --auto-resume hf --nproc-per-node 2 examples/hf_trainer.py --out runs/hf
+    # one line changed: the callback and train() from trainguard.integrations.hf
+    trainguard run --nproc-per-node 2 examples/hf_trainer.py --out runs/hf --trainguard
+
+At the end rank 0 prints `losses [[step, loss], ...]` (the trainer's log history: the whole
+run's, across restarts) and `weights sha256 HEX`. For the tests, EXAMPLE_KILL_AT=STEP makes
+rank 1 SIGKILL itself after that step on the first attempt (EXAMPLE_LEFTOVER=1: after leaving
+a half-written checkpoint directory behind, as a kill during a save would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
+
+VOCAB, SEQ = 128, 32
+
+
+class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.data = torch.randint(0, VOCAB, (n, SEQ), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.data[i], "labels": self.data[i]}
+
+
+class KillAt(TrainerCallback):
+    """The tests' fault: rank 1 SIGKILLs itself after step N of the first attempt."""
+
+    def __init__(self, step: int, leftover: bool) -> None:
+        self.step, self.leftover = step, leftover
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if state.global_step == self.step and first and os.environ.get("RANK") == "1":
+            if self.leftover:  # a save cut short: no trainer_state.json, half a model file
+                d = Path(args.output_dir) / f"checkpoint-{self.step + 1000}"
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "model.safetensors").write_bytes(b"\0" * 1000)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True, help="the Trainer's output_dir")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--save-every", type=int, default=5)
+    p.add_argument("--trainguard", action="store_true",
+                   help="use trainguard.integrations.hf (else plain Trainer.train())")
+    a = p.parse_args()
+    set_seed(7)  # the model's initial weights too
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
+    args = TrainingArguments(
+        output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=4,
+        save_strategy="steps", save_steps=a.save_every, logging_steps=1, seed=7, data_seed=7,
+        full_determinism=True, report_to=[], use_cpu=True, ddp_backend="gloo",
+        dataloader_num_workers=0, disable_tqdm=True, learning_rate=1e-3)
+    trainer = Trainer(model=GPT2LMHeadModel(cfg), args=args,
+                      train_dataset=RandomTokens(512, seed=11))
+    kill = os.environ.get("EXAMPLE_KILL_AT")
+    if kill:
+        trainer.add_callback(KillAt(int(kill), os.environ.get("EXAMPLE_LEFTOVER") == "1"))
+    if a.trainguard:
+        from trainguard.integrations.hf import TrainguardCallback, train
+
+        trainer.add_callback(TrainguardCallback())
+        train(trainer)
+    else:
+        trainer.train()
+    if trainer.is_world_process_zero():
+        losses = [[h["step"], h["loss"]] for h in trainer.state.log_history if "loss" in h]
+        print("losses " + json.dumps(losses), flush=True)
+        digest = hashlib.sha256()
+        for name, t in sorted(trainer.model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+        print(f"weights sha256 {digest.hexdigest()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Hugging Face Trainer: progress, committed checkpoints and a resume that cannot pick an
+incomplete one.
+
+    from trainguard.integrations.hf import TrainguardCallback, train
+    trainer = Trainer(..., callbacks=[TrainguardCallback()])
+    train(trainer)          # resumes from the newest committed checkpoint-N, or starts fresh
+
+Trainer writes `trainer_state.json` last in each `checkpoint-N`; the callback waits for every
+rank's `on_save` (a barrier), checks that file is there and no `checkpoint-is-incomplete.txt`
+sentinel, then marks the directory committed (integrations.common). `last_checkpoint`
+returns the newest committed directory, or None on a first attempt (where
+`resume_from_checkpoint=True` would raise).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from transformers import Trainer, TrainerCallback
+
+from trainguard.integrations.common import mark_committed, newest, numbered_dirs, resumed
+from trainguard.worker.progress import progress
+
+STATE_FILE = "trainer_state.json"  # Trainer writes it last
+INCOMPLETE = "checkpoint-is-incomplete.txt"  # Trainer's save-on-SIGTERM sentinel
+CHECKPOINT_DIR = r"checkpoint-(\d+)"
+
+
+def complete(ckpt_dir: Path) -> bool:
+    """Trainer finished writing it: its state file (written last) and no sentinel."""
+    return (ckpt_dir / STATE_FILE).is_file() and not (ckpt_dir / INCOMPLETE).exists()
+
+
+def last_checkpoint(output_dir: str | Path | None) -> str | None:
+    """The newest committed `checkpoint-N` under `output_dir`, or None; the launcher hears
+    which (its recover record's resume point and source)."""
+    if output_dir is None:
+        return None
+    found = newest(numbered_dirs(Path(output_dir), CHECKPOINT_DIR), complete)
+    if found is None:
+        return None
+    resumed(found, int(found.name.rsplit("-", 1)[1]))
+    return str(found)
+
+
+class TrainguardCallback(TrainerCallback):
+    """Reports each step as progress (hang detection, the goodput ledger) and commits each
+    save once every rank's part of it is written."""
+
+    def __init__(self) -> None:
+        self._step_started = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        progress(int(state.global_step))
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank's files (its RNG state among them) are written
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and complete(ckpt):
+            mark_committed(ckpt, int(state.global_step))
+
+
+def ensure_callback(trainer: Trainer) -> None:
+    if not any(isinstance(cb, TrainguardCallback) for cb in trainer.callback_handler.callbacks):
+        trainer.add_callback(TrainguardCallback())
+
+
+def train(trainer: Trainer, **kwargs: Any) -> Any:
+    """`trainer.train(...)` resuming from the newest committed checkpoint (or from scratch)."""
+    ensure_callback(trainer)
+    return trainer.train(resume_from_checkpoint=last_checkpoint(trainer.args.output_dir),
+                         **kwargs)
+
+
+def patch() -> None:
+    """Make `Trainer.train` resume by itself (the `--auto-resume hf` site hook): an absent or
+    `True` resume_from_checkpoint becomes the newest committed checkpoint, or None."""
+    original = Trainer.train
+    if getattr(original, "__trainguard__", False):
+        return
+
+    def train_resuming(self: Trainer, resume_from_checkpoint: Any = None,
+                       *args: Any, **kwargs: Any) -> Any:
+        ensure_callback(self)
+        if resume_from_checkpoint is None or resume_from_checkpoint is True:
+            resume_from_checkpoint = last_checkpoint(self.args.output_dir)
+            what = resume_from_checkpoint or "no committed checkpoint yet: starting fresh"
+            print(f"[trainguard] auto-resume: {what}", flush=True)
+        return original(self, resume_from_checkpoint, *args, **kwargs)
+
+    train_resuming.__trainguard__ = True  # type: ignore[attr-defined]
+    train_resuming.__wrapped__ = original  # type: ignore[attr-defined]
+    Trainer.train = train_resuming  # type: ignore[method-assign]
