@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint_blocking.py
 	$(BIN)/python benchmarks/rescheduling.py
 	$(BIN)/python benchmarks/recovery_rungs.py
+	$(BIN)/python benchmarks/ui_latency.py
 
 clean:
 	rm -rf $(VENV) trainguard-runs .mypy_cache .ruff_cache .pytest_cache
