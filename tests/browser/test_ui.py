@@ -57,7 +57,7 @@ def gate(root: Path) -> Iterator[Gate]:
 def jobs(root: Path, gate: Gate) -> Iterator[dict[str, Job]]:
     started = {
         "hangfail": Job(root / "hangfail", "hang@rank=1,step=8;crash@rank=1,step=12,attempt=1",
-                        ["--max-restarts", "2", "--restart-on-hang", "--hang-floor", "4"],
+                        ["--max-restarts", "2", "--restart-on-hang", "--hang-floor", "6"],
                         ["--steps", "16", "--ckpt-every", "4", "--step-time", "0.02"]),
         "recovering": Job(root / "recovering", f"lock:{gate.path}@rank=1,step=5;"
                           "signal:KILL@rank=1,step=6", ["--max-restarts", "2",
