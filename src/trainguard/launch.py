@@ -37,7 +37,7 @@ from trainguard.exitcodes import ExitCode
 from trainguard.node.agent import NodeAgent
 from trainguard.node.logs import ConsoleOptions
 from trainguard.paths import JobPaths
-from trainguard.protocol import AgentConfig
+from trainguard.protocol import AgentConfig, report_interval
 from trainguard.records import Level, Reason, utcnow
 from trainguard.spec import JobSpec
 from trainguard.states import JobState, NodeState
@@ -180,7 +180,8 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
         "run_id": spec.run_id, "controller_file": str(cdir / "controller.json"),
         "token_file": str(cdir / "token"), "step_pattern": spec.step_pattern,
         "marker": marker, "redirects": spec.redirects, "ranks_filter": spec.local_ranks_filter,
-        "report_interval_s": max(spec.monitor_interval, 0.25)})
+        "report_interval_s": report_interval(spec.nnodes + spec.spare_nodes,
+                                             spec.monitor_interval)})
     (cdir / "agent.json").write_text(cfg.model_dump_json(indent=1))
     agent_argv = [sys.executable, "-m", "trainguard.node.main", "--config",
                   str(cdir / "agent.json")]

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trainguard.controller.fleet import Fleet
-from trainguard.controller.hub import Reply
+from trainguard.controller.hub import LinkState, Reply
 from trainguard.policy.nodes import lost_isolation
 from trainguard.protocol import (
     NodeReport,
@@ -50,6 +50,14 @@ class FakeHub:
 
     def take_reports(self, name: str) -> list[NodeReport]:
         return self.reports.pop(name, [])
+
+    def take_all_reports(self) -> dict[str, list[NodeReport]]:
+        out, self.reports = self.reports, {}
+        return out
+
+    def links_now(self) -> dict[str, LinkState]:
+        return {n: LinkState(self.connected(n), self.silent_for(n), self.disconnected_for(n))
+                for n in self.links}
 
     def wait(self, timeout: float) -> None:
         return None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from trainguard.backends.base import AgentHandle, Backend
-from trainguard.controller.hub import Hub, Reply
+from trainguard.controller.hub import Hub, LinkState, Reply
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.errors import LaunchError
 from trainguard.protocol import (
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 # controller's clock (hang detection compares them with the controller's now)
 SKEW_TOLERATED_S = 2.0
 START_TIMEOUT_S = 120.0
+MIN_POLL_S = 0.05  # poll(wait_s) merges the nodes' reports at most this often
 DISRUPTION_WAIT_S = 120.0  # every link down at once: how long before any counts as lost
 
 
@@ -76,6 +77,7 @@ class Fleet:
         self._started: list[str] = []  # the placement the last attempt started on
         self.disruption_wait_s = DISRUPTION_WAIT_S
         self.disrupted_since: float | None = None  # every link down since (monotonic)
+        self._polled_at = 0.0
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -127,34 +129,37 @@ class Fleet:
     def lost_now(self) -> dict[str, str]:
         """Placed nodes that are gone now, with why."""
         bad = self.backend.bad_nodes()
+        links = self.hub.links_now()
+        never = LinkState(False, float("inf"), float("inf"))
         # silence means a node's loss only while others are heard: every node silent at
         # once is this controller stalled (SIGSTOP, a paused VM), not the cluster gone
-        heard_lately = any(self.hub.silent_for(n) <= self.node_timeout_s for n in self.nodes)
-        waiting = self._full_disruption()
+        heard_lately = any(links.get(n, never).silent_s <= self.node_timeout_s
+                           for n in self.nodes)
+        waiting = self._full_disruption(links)
         out: dict[str, str] = {}
         for name in self.placement:
-            node = self.nodes[name]
+            node, link = self.nodes[name], links.get(name, never)
             if node.state.out:
                 continue
             if name in self._broken:
                 out[name] = self._broken[name]
             elif node.handle is not None and node.handle.ended():
                 out[name] = "its agent process ended"
-            elif self.hub.disconnected_for(name) > self.grace_s and not waiting:
+            elif link.disconnected_s > self.grace_s and not waiting:
                 out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s"
                              + (" (every node's link went down at once)"
                                 if self.disrupted_since is not None else ""))
-            elif self.hub.silent_for(name) > self.node_timeout_s and heard_lately:
+            elif link.silent_s > self.node_timeout_s and heard_lately:
                 out[name] = f"its agent has been silent for over {self.node_timeout_s:g}s"
             elif name in bad:
                 out[name] = f"Slurm reports it {bad[name]}"
         return out
 
-    def _full_disruption(self) -> bool:
+    def _full_disruption(self, links: dict[str, LinkState]) -> bool:
         """True while every node's link is down at once and not for disruption_wait_s yet:
         the controller's side is suspect, so no link counts as lost meanwhile."""
         live = [n for n, node in self.nodes.items() if not node.state.out]
-        up = any(self.hub.disconnected_for(n) == 0 and self.hub.connected(n) for n in live)
+        up = any(n in links and links[n].connected for n in live)
         if up or not live:
             if self.disrupted_since is not None:
                 log.warning("full disruption over: links are back")
@@ -233,11 +238,13 @@ class Fleet:
                 log.info("spare %s keeps no standby workers: %s", name, reply.error)
 
     def poll(self, wait_s: float = 0.0) -> NodeReport:
-        if wait_s > 0:
-            self.hub.wait(wait_s)
-        for name in self.nodes:
-            reports = self.hub.take_reports(name)  # a spare's reports only say it is alive
-            if reports and name in self.placement:
+        if wait_s > 0:  # woken by any frame: thousands of nodes send thousands a second,
+            self.hub.wait(wait_s)  # so a merge of every node's facts runs 20 times a second
+            time.sleep(max(self._polled_at + MIN_POLL_S - time.monotonic(), 0.0))
+        self._polled_at = time.monotonic()
+        placed = set(self.placement)
+        for name, reports in self.hub.take_all_reports().items():
+            if name in placed:  # a spare's reports only say it is alive
                 self._fold(name, reports)
         return self._merged()
 

@@ -2,8 +2,8 @@
 
 One listening socket, one reader thread per agent connection (close() ends and joins them
 all, and the accept thread). The accept loop outlives any accept() error (out of fds: it
-waits and goes on); at most MAX_HANDSHAKES connections, MAX_HANDSHAKES_PER_HOST from one
-address, may be in their handshake (which has one deadline), the rest are closed at once.
+waits and goes on); controller/admission.py caps the connections in their handshake
+(which has one deadline) and closes the rest at once.
 A frame that fails its MAC or sequence check ends its connection and is counted
 (`rejected_frames`) and logged. Every frame refreshes the node's `last_seen`; reports queue up
 until the fleet takes them; replies are matched to commands by id. A node that reconnects
@@ -14,16 +14,17 @@ the agent answers those from memory.
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import logging
 import secrets
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.controller.admission import Admission
 from trainguard.protocol import NodeReport, Op
 from trainguard.wire import (
     Conn,
@@ -32,7 +33,6 @@ from trainguard.wire import (
     accept,
     deny,
     keepalive,
-    out_of_fds,
     raise_fd_limit,
     welcome,
 )
@@ -40,9 +40,6 @@ from trainguard.wire import (
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 5.0  # close(): for all of the hub's threads together to end
-MAX_HANDSHAKES = 256  # connections not authenticated yet, all peers together
-MAX_HANDSHAKES_PER_HOST = 64  # from one address (the local backend's agents share one)
-ACCEPT_BACKOFF_S = 0.1  # after accept() ran out of fds (or memory)
 
 
 @dataclass
@@ -55,8 +52,17 @@ class NodeLink:
     generation: int = 0
     last_seen: float = 0.0
     disconnected_at: float | None = None
-    reports: list[NodeReport] = field(default_factory=list)
+    reports: deque[NodeReport] = field(default_factory=deque)  # appended without the lock
     hello_report: NodeReport | None = None
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """One node's link at one instant (Hub.links_now: every node under one lock)."""
+
+    connected: bool
+    silent_s: float  # since its last frame
+    disconnected_s: float  # 0 while connected (or never connected)
 
 
 @dataclass(frozen=True)
@@ -78,9 +84,9 @@ class Hub:
         self._replies: dict[str, dict[str, Any]] = {}
         self._closed = False
         self._readers: dict[threading.Thread, Conn] = {}  # one per connection
-        self._handshakes: dict[str, int] = {}  # peer address -> connections in handshake
+        self._news = threading.Event()  # a report, a reply, a link up or down: wait() returns
+        self._admission = Admission()  # who may be in a handshake (controller/admission.py)
         self.rejected_frames = 0  # authenticated connections ended by a forged frame
-        self._complained = 0.0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -106,14 +112,14 @@ class Hub:
             except OSError as e:
                 if self._closed:
                     return
-                self._accept_failed(e)
+                self._admission.accept_failed(e)
                 continue
             host = str(addr[0]) if addr else "?"
             with self._cond:
                 if self._closed:  # woken by close()
                     sock.close()
                     return
-                if not self._admit(host):
+                if not self._admission.enter(host):
                     sock.close()
                     continue
                 conn = Conn(sock)
@@ -124,43 +130,12 @@ class Hub:
                 try:
                     reader.start()
                 except RuntimeError as e:  # can't start new thread
-                    self._handshake_done(host)
+                    self._admission.leave(host)
                     conn.close()
-                    self._complain("cannot start a link thread (%s): connection closed", e)
+                    self._admission.warn("cannot start a link thread (%s): connection "
+                                         "closed", e)
                     continue
                 self._readers[reader] = conn
-
-    def _accept_failed(self, e: OSError) -> None:
-        if out_of_fds(e):
-            self._complain("accept() failed (%s): retrying in %.1fs", e, ACCEPT_BACKOFF_S)
-            time.sleep(ACCEPT_BACKOFF_S)
-        elif e.errno not in (errno.ECONNABORTED, errno.EINTR, errno.EPROTO, errno.EAGAIN):
-            self._complain("accept() failed (%s): retrying", e)
-            time.sleep(ACCEPT_BACKOFF_S)
-
-    def _complain(self, fmt: str, *args: object) -> None:
-        """A warning at most every 10 s (a flood must not flood the log too)."""
-        if time.monotonic() - self._complained > 10:
-            self._complained = time.monotonic()
-            log.warning(fmt, *args)
-
-    def _admit(self, host: str) -> bool:
-        """Count one more connection in its handshake, unless a cap is reached (lock held)."""
-        if (sum(self._handshakes.values()) >= MAX_HANDSHAKES
-                or self._handshakes.get(host, 0) >= MAX_HANDSHAKES_PER_HOST):
-            self._complain("too many unauthenticated connections (from %s): refusing new "
-                           "ones until their handshakes end", host)
-            return False
-        self._handshakes[host] = self._handshakes.get(host, 0) + 1
-        return True
-
-    def _handshake_done(self, host: str) -> None:
-        with self._cond:
-            left = self._handshakes.get(host, 0) - 1
-            if left > 0:
-                self._handshakes[host] = left
-            else:
-                self._handshakes.pop(host, None)
 
     def _serve(self, conn: Conn, host: str) -> None:
         try:
@@ -168,7 +143,7 @@ class Hub:
                 hello = accept(conn, self._token)
                 attached = self._attach(conn, hello)
             finally:
-                self._handshake_done(host)
+                self._admission.leave(host)
         except WireError as e:
             log.warning("refused a connection: %s", e)
             conn.close()
@@ -196,11 +171,10 @@ class Hub:
                         link.conn, link.disconnected_at = None, time.monotonic()
                         log.info("node %s disconnected: %s", link.name, e)
                     self._cond.notify_all()
+                self._news.set()
                 return
-            with self._cond:
-                link.last_seen = time.monotonic()
-                self._frame(link, msg)
-                self._cond.notify_all()
+            link.last_seen = time.monotonic()  # no lock per frame: thousands of links
+            self._frame(link, msg)
 
     def _attach(self, conn: Conn, hello: dict[str, Any]) -> tuple[NodeLink, int] | None:
         """Welcome the agent as its node's link; None when another agent (another process)
@@ -237,6 +211,7 @@ class Hub:
                       if node == name]  # unanswered before the blip: the same id again
             self._cond.notify_all()
             gen = link.generation
+        self._news.set()
         if old is not None:
             old.close()
         for frame in resend:
@@ -246,14 +221,20 @@ class Hub:
         return link, gen
 
     def _frame(self, link: NodeLink, msg: dict[str, Any]) -> None:
+        """A report is queued (deque: no lock) and wakes wait(); a reply wakes call()."""
         kind = msg["type"]
         if kind == "report":
             try:
                 link.reports.append(NodeReport.model_validate(msg.get("body")))
             except ValueError as e:
                 log.warning("node %s sent a malformed report: %s", link.name, e)
-        elif kind == "reply" and isinstance(msg.get("id"), str) and msg["id"] in self._pending:
-            self._replies[msg["id"]] = msg
+            self._news.set()
+        elif kind == "reply" and isinstance(msg.get("id"), str):
+            with self._cond:
+                if msg["id"] in self._pending:
+                    self._replies[msg["id"]] = msg
+                self._cond.notify_all()
+            self._news.set()
 
     # -- queries --------------------------------------------------------------------------
 
@@ -277,18 +258,33 @@ class Hub:
                 return 0.0
             return time.monotonic() - link.disconnected_at
 
+    def links_now(self) -> dict[str, LinkState]:
+        """Every known node's link, taken under the lock once (thousands of links contend
+        for it: per-node queries would queue behind every reader thread)."""
+        with self._cond:
+            links = list(self.links.items())
+        now = time.monotonic()
+        return {n: LinkState(link.conn is not None, now - link.last_seen,
+                             0.0 if link.conn is not None or link.disconnected_at is None
+                             else now - link.disconnected_at)
+                for n, link in links}
+
+    def take_all_reports(self) -> dict[str, list[NodeReport]]:
+        """Every node's pushed reports since the last take."""
+        with self._cond:
+            links = list(self.links.items())
+        out = {n: _drain(link.reports) for n, link in links if link.reports}
+        return {n: r for n, r in out.items() if r}
+
     def take_reports(self, name: str) -> list[NodeReport]:
         with self._cond:
             link = self.links.get(name)
-            if link is None:
-                return []
-            out, link.reports = link.reports, []
-            return out
+        return [] if link is None else _drain(link.reports)
 
     def wait(self, timeout: float) -> None:
-        """Until any frame arrives (or timeout)."""
-        with self._cond:
-            self._cond.wait(timeout)
+        """Until a report or reply arrives, or a node connects or disconnects (or timeout)."""
+        if self._news.wait(timeout):
+            self._news.clear()
 
     def wait_connected(self, names: list[str], timeout: float) -> list[str]:
         """Wait until every named node is connected; the ones still missing."""
@@ -383,3 +379,10 @@ class Hub:
         for t in [self._acceptor, *readers]:
             if t is not threading.current_thread():
                 t.join(max(deadline - time.monotonic(), 0.0))
+
+
+def _drain(q: deque[NodeReport]) -> list[NodeReport]:
+    out: list[NodeReport] = []
+    while q:
+        out.append(q.popleft())
+    return out
