@@ -288,3 +288,18 @@ def test_one_link_down_while_another_is_up_is_that_nodes_loss() -> None:
     hub.disconnected["a"] = 5.0
     assert set(f.lost_now()) == {"a"} and f.disrupted_since is None
     assert lost_isolation("a", "x", f.disrupted_since is not None).drain
+
+
+def test_most_links_of_a_big_fleet_down_is_a_full_disruption_too() -> None:
+    """Thousands of links are not all seen to drop at one instant."""
+    names = tuple(f"n{i}" for i in range(6))
+    f, hub, _ = fleet(names)
+    f.place(["n2", "n3"])
+    f.disruption_wait_s = 100.0
+    for n in names[:4]:
+        hub.connected_nodes.discard(n)
+        hub.disconnected[n] = 5.0
+    assert f.lost_now() == {} and f.disrupted_since is not None
+    hub.connected_nodes.update(names[:2])
+    hub.disconnected.update({"n0": 0.0, "n1": 0.0})
+    assert set(f.lost_now()) == {"n2", "n3"} and f.disrupted_since is None  # 2 of 6: theirs

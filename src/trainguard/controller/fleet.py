@@ -4,9 +4,9 @@ The fleet keeps the placement (slot = group rank -> node), splits each attempt's
 per slot, fans commands out through the hub, merges the nodes' reports into one, and says
 which placed nodes are lost: the agent's process (or Slurm step) ended, its connection has
 been down longer than the reconnect grace, or it has been silent past the node timeout.
-Every link down at once is a "full disruption" (Kubernetes' word): this controller's side
-(its network, a stall) is suspect, so links count as lost only after DISRUPTION_WAIT_S and
-such nodes are not drained.
+Every link down at once (of four or more nodes: most) is a "full disruption" (Kubernetes'
+word): this controller's side (its network, a stall) is suspect, so links count as lost only
+after DISRUPTION_WAIT_S and such nodes are not drained.
 Node states: trainguard.states.NodeState (healthy = placed, spare, lost, isolated).
 """
 
@@ -156,11 +156,14 @@ class Fleet:
         return out
 
     def _full_disruption(self, links: dict[str, LinkState]) -> bool:
-        """True while every node's link is down at once and not for disruption_wait_s yet:
-        the controller's side is suspect, so no link counts as lost meanwhile."""
+        """True while every node's link is down (of four or more nodes: most links) and not
+        for disruption_wait_s yet: the controller's side is suspect, so no link counts as
+        lost meanwhile. "Most" because thousands of links are not all seen to drop at one
+        instant."""
         live = [n for n, node in self.nodes.items() if not node.state.out]
-        up = any(n in links and links[n].connected for n in live)
-        if up or not live:
+        down = sum(1 for n in live if n not in links or not links[n].connected)
+        disrupted = bool(live) and (down == len(live) or (len(live) >= 4 and 2 * down > len(live)))
+        if not disrupted:
             if self.disrupted_since is not None:
                 log.warning("full disruption over: links are back")
             self.disrupted_since = None
