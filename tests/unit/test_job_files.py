@@ -5,6 +5,7 @@ strict as a flag's, its script is found next to it, and an error names real flag
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +181,7 @@ def test_the_error_samples_in_the_docs_are_what_the_command_prints(
     monkeypatch.chdir(tmp_path)
     job(tmp_path, "max_restarts: yes\n")
     lines = (REPO / "docs" / "scenarios.md").read_text(encoding="utf-8").splitlines()
-    samples = [(a.removeprefix("$ trainguard "), b) for a, b in zip(lines, lines[1:])
+    samples = [(a.removeprefix("$ trainguard "), b) for a, b in pairwise(lines)
                if a.startswith("$ trainguard run") and b.startswith("trainguard: error:")]
     assert len(samples) == 2
     for command, shown in samples:
