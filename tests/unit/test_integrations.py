@@ -11,10 +11,16 @@ import pytest
 from trainguard.integrations import autoresume
 from trainguard.integrations.common import (
     COMMIT_MARKER,
+    checkpoint_files,
+    file_committed_step,
+    file_marker,
     is_committed,
     mark_committed,
+    mark_file_committed,
     newest,
+    newest_file,
     numbered_dirs,
+    unmark_file,
 )
 from trainguard.integrations.hf import last_checkpoint
 
@@ -87,3 +93,132 @@ def test_without_the_variable_the_hook_does_nothing(monkeypatch: pytest.MonkeyPa
     n = len(sys.meta_path)
     autoresume.install()
     assert len(sys.meta_path) == n
+
+
+# -- single-file checkpoints (Lightning's .ckpt): the sidecar marker --------------------------
+
+def ckpt_file(root: Path, step: int, *, marked: bool = False, whole: bool = True) -> Path:
+    """A .ckpt as Lightning names it: a whole zip (what torch.save writes) or a cut one."""
+    import zipfile
+
+    root.mkdir(parents=True, exist_ok=True)
+    f = root / f"epoch=0-step={step}.ckpt"
+    if whole:
+        with zipfile.ZipFile(f, "w") as z:
+            z.writestr("archive/data.pkl", b"x" * 10)
+    else:
+        f.write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    if marked:
+        mark_file_committed(f, step)
+    return f
+
+
+def test_a_committed_file_carries_a_sidecar_with_its_step_and_size(tmp_path: Path) -> None:
+    f = ckpt_file(tmp_path, 8, marked=True)
+    assert file_marker(f) == tmp_path / "epoch=0-step=8.ckpt.trainguard-committed"
+    assert file_committed_step(f) == 8
+    assert not list(tmp_path.glob("*.tmp"))  # written atomically
+    assert checkpoint_files(tmp_path, ".ckpt") == [f]  # the marker is no checkpoint
+
+
+def test_a_file_rewritten_or_gone_after_its_commit_no_longer_counts(tmp_path: Path) -> None:
+    f = ckpt_file(tmp_path, 4, marked=True)
+    f.write_bytes(b"PK\x03\x04")  # overwritten in place and cut short
+    assert file_committed_step(f) is None
+    g = ckpt_file(tmp_path, 6, marked=True)
+    g.unlink()
+    assert file_committed_step(g) is None
+    h = ckpt_file(tmp_path, 9, marked=True)
+    unmark_file(h)
+    unmark_file(h)  # twice is fine
+    assert file_committed_step(h) is None and not file_marker(h).exists()
+
+
+def test_the_newest_committed_file_wins_over_newer_unmarked_ones(tmp_path: Path) -> None:
+    def step_in_name(f: Path) -> int | None:
+        return int(f.name.split("step=")[1].split(".")[0])
+
+    ckpt_file(tmp_path, 4, marked=True)
+    ckpt_file(tmp_path, 8)  # whole, but never committed (the save's commit never ran)
+    ckpt_file(tmp_path, 1006, whole=False)  # a save cut short
+    found = newest_file(checkpoint_files(tmp_path, ".ckpt"), step_in_name)
+    assert found == (4, tmp_path / "epoch=0-step=4.ckpt")
+    (file_marker(tmp_path / "epoch=0-step=4.ckpt")).write_text("{not json")
+    # a marker is there but none holds: trust nothing unmarked
+    assert newest_file(checkpoint_files(tmp_path, ".ckpt"), step_in_name) is None
+    assert newest_file([], step_in_name) is None
+
+
+def test_lightning_resumes_from_the_newest_committed_ckpt_or_none(tmp_path: Path) -> None:
+    from trainguard.integrations import lightning
+
+    assert lightning.last_checkpoint(tmp_path / "not-yet") is None
+    assert lightning.last_checkpoint(None) is None
+    ckpt_file(tmp_path / "a", 1006, whole=False)
+    assert lightning.last_checkpoint(tmp_path / "a") is None  # cut short: no zip directory
+    ckpt_file(tmp_path / "a", 3)  # saved before trainguard ran the job: whole, so it counts
+    assert lightning.last_checkpoint(tmp_path / "a") == str(tmp_path / "a/epoch=0-step=3.ckpt")
+    ckpt_file(tmp_path / "b", 4, marked=True)
+    ckpt_file(tmp_path / "b", 8)
+    ckpt_file(tmp_path / "b", 1006, whole=False)
+    assert lightning.last_checkpoint(tmp_path / "b") == str(tmp_path / "b/epoch=0-step=4.ckpt")
+
+
+def test_the_lightning_checkpoint_io_commits_after_the_write_and_unmarks_on_remove(
+        tmp_path: Path) -> None:
+    from trainguard.integrations.lightning import TrainguardCheckpointIO
+
+    io = TrainguardCheckpointIO()
+    f = tmp_path / "epoch=0-step=5.ckpt"
+    io.save_checkpoint({"global_step": 5, "state_dict": {}}, f)
+    assert file_committed_step(f) == 5
+    assert io.load_checkpoint(f)["global_step"] == 5
+    io.remove_checkpoint(f)
+    assert not f.exists() and not file_marker(f).exists()
+
+
+def test_under_trainguard_lightnings_slurm_requeue_is_switched_off_and_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.plugins.environments import (  # type: ignore[attr-defined]
+        SLURMEnvironment,
+    )
+
+    from trainguard.integrations import lightning
+
+    monkeypatch.setattr("trainguard.worker.channel.available", lambda: True)
+    trainer = Trainer(accelerator="cpu", devices=1, plugins=[SLURMEnvironment()], logger=False,
+                      default_root_dir=tmp_path, enable_progress_bar=False)
+    env = trainer._accelerator_connector.cluster_environment
+    assert isinstance(env, SLURMEnvironment)
+    before = env.auto_requeue
+    lightning.prepare(trainer)
+    lightning.prepare(trainer)  # idempotent
+    assert before and not env.auto_requeue
+    assert "switched off Lightning's Slurm auto-requeue" in capsys.readouterr().err
+    assert isinstance(trainer.strategy.checkpoint_io, lightning.TrainguardCheckpointIO)
+    assert not isinstance(trainer.strategy.checkpoint_io.checkpoint_io,
+                          lightning.TrainguardCheckpointIO)
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]
+    assert sum(isinstance(cb, lightning.TrainguardCallback) for cb in callbacks) == 1
+
+
+def test_without_a_dirpath_every_logger_versions_checkpoints_are_searched(
+        tmp_path: Path) -> None:
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from trainguard.integrations import lightning
+
+    # each attempt logs to a new version_N: the commit of attempt 0 is in version_0
+    ckpt_file(tmp_path / "lightning_logs/version_0/checkpoints", 4, marked=True)
+    ckpt_file(tmp_path / "lightning_logs/version_1/checkpoints", 1006, whole=False)
+    trainer = Trainer(accelerator="cpu", devices=1, callbacks=[ModelCheckpoint()],
+                      default_root_dir=tmp_path, enable_progress_bar=False)
+    assert lightning.resume_path(trainer) == str(
+        tmp_path / "lightning_logs/version_0/checkpoints/epoch=0-step=4.ckpt")
+    pinned = Trainer(accelerator="cpu", devices=1, default_root_dir=tmp_path,
+                     callbacks=[ModelCheckpoint(dirpath=tmp_path / "elsewhere")])
+    assert lightning.checkpoint_dirs(pinned) == [tmp_path / "elsewhere"]
+    assert lightning.resume_path(pinned) is None

@@ -4,7 +4,9 @@ checkpoint. Standard library only (the frameworks are imported by their own modu
 A framework's checkpoint directory counts as committed only once trainguard wrote its marker
 (COMMIT_MARKER, a small JSON file written atomically after every rank's part of the save has
 returned). Resume takes the newest committed directory, or none: never an incomplete one
-left by a kill in the middle of a save, and never an error on the first attempt.
+left by a kill in the middle of a save, and never an error on the first attempt. A checkpoint
+that is a single file (Lightning's .ckpt) gets a sidecar marker instead, `<name>` +
+COMMIT_MARKER, which also records the file's size (mark_file_committed, newest_file).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from trainguard.worker import channel
 from trainguard.worker.contract import ENV_AUTO_RESUME, SOURCE_STORAGE, MessageKind
 
 COMMIT_MARKER = ".trainguard-committed"
-__all__ = ["COMMIT_MARKER", "ENV_AUTO_RESUME", "is_committed", "mark_committed", "newest"]
+__all__ = ["COMMIT_MARKER", "ENV_AUTO_RESUME", "is_committed", "mark_committed",
+           "mark_file_committed", "newest", "newest_file"]
 
 
 def mark_committed(ckpt_dir: Path, step: int, write_s: float | None = None,
@@ -93,3 +96,83 @@ def dir_bytes(path: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+# -- single-file checkpoints (Lightning's .ckpt): a sidecar marker per file ------------------
+
+def file_marker(ckpt_file: Path) -> Path:
+    """The commit marker of a checkpoint *file*: a sidecar `<name>.trainguard-committed`
+    next to it (e.g. `epoch=0-step=8.ckpt.trainguard-committed`)."""
+    return ckpt_file.with_name(ckpt_file.name + COMMIT_MARKER)
+
+
+def mark_file_committed(ckpt_file: Path, step: int, write_s: float | None = None,
+                        blocked_s: float | None = None) -> None:
+    """Write `ckpt_file`'s sidecar marker (atomically, durably: the file's size and the step
+    in it) and tell the launcher (CheckpointSaved). Call once the file's write returned."""
+    size = ckpt_file.stat().st_size
+    marker = file_marker(ckpt_file)
+    tmp = marker.with_name(marker.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"step": step, "bytes": size, "committed_at": time.time()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, marker)
+    fd = os.open(ckpt_file.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_file),
+                 bytes=size, write_s=write_s, blocked_s=blocked_s)
+
+
+def unmark_file(ckpt_file: Path) -> None:
+    """Remove `ckpt_file`'s marker (before the file itself is removed or overwritten)."""
+    file_marker(ckpt_file).unlink(missing_ok=True)
+
+
+def file_committed_step(ckpt_file: Path) -> int | None:
+    """The step `ckpt_file`'s marker records, or None: no marker, an unreadable one, or a
+    file that is gone or no longer the size it had when it was committed."""
+    try:
+        info = json.loads(file_marker(ckpt_file).read_text())
+        step, size = int(info["step"]), int(info["bytes"])
+        if step < 0 or ckpt_file.stat().st_size != size:
+            return None
+        return step
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def checkpoint_files(root: Path, suffix: str) -> list[Path]:
+    """The files in `root` whose name ends with `suffix` (not the markers), or none."""
+    try:
+        return [f for f in root.iterdir() if f.name.endswith(suffix) and f.is_file()]
+    except OSError:
+        return []
+
+
+def newest_file(files: Iterable[Path],
+                complete: Callable[[Path], int | None]) -> tuple[int, Path] | None:
+    """(step, file) of the newest committed checkpoint file (the highest committed step; the
+    latest modified among equal steps). When none carries a marker (saved before trainguard
+    ran the job), the newest that `complete` gives a step for; else None."""
+    def mtime(f: Path) -> float:
+        try:
+            return f.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    ordered = list(files)
+    committed = [(s, mtime(f), f) for f in ordered if (s := file_committed_step(f)) is not None]
+    if committed:
+        step, _, found = max(committed, key=lambda x: (x[0], x[1]))
+        return step, found
+    if any(file_marker(f).exists() for f in ordered):
+        return None  # markers exist but none holds: trust nothing unmarked
+    unmarked = [(s, mtime(f), f) for f in ordered if (s := complete(f)) is not None]
+    if not unmarked:
+        return None
+    step, _, found = max(unmarked, key=lambda x: (x[0], x[1]))
+    return step, found

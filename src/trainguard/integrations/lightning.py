@@ -1,0 +1,202 @@
+"""PyTorch Lightning: progress, committed checkpoints, a resume that cannot pick a
+half-written one, and Lightning's own Slurm requeue out of trainguard's way.
+
+    from trainguard.integrations.lightning import fit
+    fit(trainer, model)   # resumes from the newest committed .ckpt, or starts fresh
+
+`fit` adds TrainguardCallback (the global step as progress), wraps the strategy's
+CheckpointIO in TrainguardCheckpointIO (each .ckpt file is committed, with a sidecar marker
+`<name>.ckpt.trainguard-committed`, once its write has returned: a callback's
+`on_save_checkpoint` runs before the write), and passes `ckpt_path=` the newest committed
+checkpoint of the trainer's ModelCheckpoint directories. `patch()` does the same inside
+`Trainer.fit` for unmodified scripts (`trainguard run --auto-resume lightning`).
+
+The commit happens where the file is written: on global rank 0, for strategies that write
+through the CheckpointIO plugin (single device, DDP, FSDP with a full state dict).
+Strategies that write sharded checkpoints themselves (DeepSpeed, FSDP sharded) and
+AsyncCheckpointIO (its save returns before the write) are not committed.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from pytorch_lightning.plugins.environments import (  # type: ignore[attr-defined]
+    SLURMEnvironment,
+)
+from pytorch_lightning.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
+from pytorch_lightning.trainer.trainer import Trainer
+
+from trainguard.integrations.common import (
+    checkpoint_files,
+    mark_file_committed,
+    newest_file,
+    resumed,
+    unmark_file,
+)
+from trainguard.worker import channel
+from trainguard.worker.progress import progress
+
+SUFFIX = ".ckpt"
+STEP_IN_NAME = re.compile(r"step=(\d+)")  # ModelCheckpoint's default name: epoch=E-step=S
+SEARCH_DEPTH = 3  # default_root_dir/lightning_logs/version_N/checkpoints
+
+
+def log(message: str) -> None:
+    print(f"[trainguard] {message}", file=sys.stderr, flush=True)
+
+
+def complete(ckpt_file: Path) -> int | None:
+    """For a .ckpt saved before trainguard ran the job: its step (from the name) when the
+    file is a whole torch.save zip (its central directory, written last, is there)."""
+    m = STEP_IN_NAME.search(ckpt_file.name)
+    try:
+        return int(m.group(1)) if m and zipfile.is_zipfile(ckpt_file) else None
+    except OSError:
+        return None
+
+
+def newest_committed(dirs: Iterable[str | Path]) -> tuple[int, Path] | None:
+    files = [f for d in dirs for f in checkpoint_files(Path(d), SUFFIX)]
+    return newest_file(files, complete)
+
+
+def last_checkpoint(dirpath: str | Path | None) -> str | None:
+    """The newest committed .ckpt in `dirpath` (the highest step), or None; the launcher
+    hears which (its recover record's resume point and source)."""
+    if dirpath is None:
+        return None
+    return _resume_from(newest_committed([dirpath]))
+
+
+def _resume_from(found: tuple[int, Path] | None) -> str | None:
+    if found is None:
+        return None
+    resumed(found[1], found[0])
+    return str(found[1])
+
+
+def checkpoint_dirs(trainer: Trainer) -> list[Path]:
+    """Where the trainer's ModelCheckpoint callbacks save: their `dirpath`, or (not set: it
+    depends on the logger's version, new on each attempt) every `checkpoints` directory up
+    to SEARCH_DEPTH levels under the trainer's default_root_dir."""
+    dirs: list[Path] = []
+    unset = False
+    for cb in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(cb, ModelCheckpoint):
+            if cb.dirpath:
+                dirs.append(Path(cb.dirpath))
+            else:
+                unset = True
+    if unset or not dirs:
+        root = Path(trainer.default_root_dir)
+        for depth in range(SEARCH_DEPTH + 1):
+            dirs.extend(p for p in root.glob("/".join(["*"] * depth + ["checkpoints"]))
+                        if p.is_dir())
+    return dirs
+
+
+def resume_path(trainer: Trainer) -> str | None:
+    """The newest committed checkpoint of the trainer's checkpoint directories, or None."""
+    return _resume_from(newest_committed(checkpoint_dirs(trainer)))
+
+
+class TrainguardCallback(Callback):
+    """Reports the global step (optimizer steps, across epochs and restarts) as progress."""
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        progress(int(trainer.global_step))
+
+
+class TrainguardCheckpointIO(CheckpointIO):
+    """Wraps a CheckpointIO (the strategy's; TorchCheckpointIO when none): each local .ckpt
+    is committed once `save_checkpoint` returned, and unmarked before it is overwritten or
+    removed."""
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
+                        storage_options: Any | None = None) -> None:
+        local = "://" not in str(path)
+        if local:
+            unmark_file(Path(path))
+        started = time.monotonic()
+        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        if local and Path(path).is_file():
+            mark_file_committed(Path(path), int(checkpoint.get("global_step", 0)),
+                                write_s=time.monotonic() - started)
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        loaded: dict[str, Any] = self.checkpoint_io.load_checkpoint(
+            path, map_location=map_location, weights_only=weights_only)
+        return loaded
+
+    def remove_checkpoint(self, path: Any) -> None:
+        if "://" not in str(path):
+            unmark_file(Path(path))
+        self.checkpoint_io.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.checkpoint_io.teardown()
+
+
+def prepare(trainer: Trainer) -> None:
+    """Add the callback, wrap the checkpoint IO, and (launched by trainguard) switch off
+    Lightning's Slurm auto-requeue. Idempotent."""
+    if not any(isinstance(cb, TrainguardCallback) for cb in trainer.callbacks):  # type: ignore[attr-defined]
+        trainer.callbacks.append(TrainguardCallback())  # type: ignore[attr-defined]
+    strategy = trainer.strategy
+    io = strategy.checkpoint_io
+    if isinstance(io, AsyncCheckpointIO):
+        log("lightning: AsyncCheckpointIO returns before the file is written: "
+            "its checkpoints are not committed")
+    elif not isinstance(io, TrainguardCheckpointIO):
+        strategy.checkpoint_io = TrainguardCheckpointIO(io)
+    # what the signal connector reads when fit() registers its handlers
+    env = getattr(trainer._accelerator_connector, "cluster_environment", None)
+    if isinstance(env, SLURMEnvironment) and env.auto_requeue and channel.available():
+        env.auto_requeue = False
+        log("lightning: switched off Lightning's Slurm auto-requeue (save on SIGUSR1, "
+            "then `scontrol requeue`): trainguard restarts this job")
+
+
+def fit(trainer: Trainer, model: Any, train_dataloaders: Any = None,
+        val_dataloaders: Any = None, datamodule: Any = None, **kwargs: Any) -> Any:
+    """`trainer.fit(model, ...)` resuming from the newest committed checkpoint (or from
+    scratch); the other arguments are passed on (not ckpt_path: that is trainguard's pick)."""
+    prepare(trainer)
+    return trainer.fit(model, train_dataloaders, val_dataloaders, datamodule,
+                       ckpt_path=resume_path(trainer), **kwargs)
+
+
+def patch() -> None:
+    """Make `Trainer.fit` resume by itself (the `--auto-resume lightning` site hook): an
+    absent or "last" ckpt_path becomes the newest committed checkpoint, or None."""
+    original = Trainer.fit
+    if getattr(original, "__trainguard__", False):
+        return
+
+    def fit_resuming(self: Trainer, model: Any, train_dataloaders: Any = None,
+                     val_dataloaders: Any = None, datamodule: Any = None,
+                     ckpt_path: Any = None, *args: Any, **kwargs: Any) -> Any:
+        prepare(self)
+        if ckpt_path is None or ckpt_path == "last":
+            ckpt_path = resume_path(self)
+            what = ckpt_path or "no committed checkpoint yet: starting fresh"
+            print(f"[trainguard] auto-resume: {what}", flush=True)
+        return original(self, model, train_dataloaders, val_dataloaders, datamodule,
+                        ckpt_path, *args, **kwargs)
+
+    fit_resuming.__trainguard__ = True  # type: ignore[attr-defined]
+    fit_resuming.__wrapped__ = original  # type: ignore[attr-defined]
+    Trainer.fit = fit_resuming  # type: ignore[method-assign]
