@@ -153,6 +153,7 @@ class Conn:
         self._key: bytes | None = None
         self._out_dir, self._in_dir = b"", b""
         self._out_seq = self._in_seq = 0
+        self._buf = bytearray()  # feed(): bytes of a frame not complete yet
 
     def secure(self, key: bytes, controller_side: bool) -> None:
         """From now on every frame carries a MAC under `key` and a sequence number."""
@@ -194,7 +195,26 @@ class Conn:
         (size,) = _HEADER.unpack(header)
         if size > limit:
             raise WireError(f"{self.peer} announced a {size}-byte frame (limit {limit})")
-        body = self._open(self._exact(size, deadline))
+        return self._parse(self._open(self._exact(size, deadline)))
+
+    def feed(self, data: bytes, limit: int = MAX_FRAME) -> list[dict[str, Any]]:
+        """The frames that `data` (bytes a selector read from the socket) completes; the
+        rest waits for the next call. The same checks as recv()."""
+        self._buf += data
+        out: list[dict[str, Any]] = []
+        while len(self._buf) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buf)
+            if size > limit:
+                raise WireError(f"{self.peer} announced a {size}-byte frame (limit {limit})")
+            end = _HEADER.size + size
+            if len(self._buf) < end:
+                break
+            body = bytes(self._buf[_HEADER.size:end])
+            del self._buf[:end]
+            out.append(self._parse(self._open(body)))
+        return out
+
+    def _parse(self, body: bytes) -> dict[str, Any]:
         try:
             msg = json.loads(body)
         except (ValueError, RecursionError) as e:
@@ -239,9 +259,14 @@ class Conn:
             buf += chunk
         return bytes(buf)
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
+        """End the connection but keep its fd: the thread that reads it sees the end and
+        closes it (closing an fd a selector watches would lose that event)."""
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.shutdown()
         self.sock.close()
 
 

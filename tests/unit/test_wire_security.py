@@ -133,14 +133,16 @@ for s in socks:
 deadline = time.monotonic() + 25
 while True:
     try:
-        connect("127.0.0.1", hub.port, token, "n0", {}, timeout=2).close()
+        agent = connect("127.0.0.1", hub.port, token, "n0", {}, timeout=2)
         break
     except WireError as e:
         if time.monotonic() > deadline:
             print("agent refused:", e)
-            break
+            raise SystemExit(1)
         time.sleep(0.2)
-print("accept thread alive:", hub._acceptor.is_alive(), "connected:", "n0" in hub.links)
+missing = hub.wait_connected(["n0"], 10)
+print("accept thread alive:", hub._acceptor.is_alive(), "connected:", not missing)
+agent.close()
 hub.close()
 """
 

@@ -1,7 +1,8 @@
 """The controller's network side: node agents connect here, report, and take commands.
 
-One listening socket, one reader thread per agent connection (close() ends and joins them
-all, and the accept thread). The accept loop outlives any accept() error (out of fds: it
+One listening socket, a thread per connection for its handshake, then one thread that
+reads every welcomed link (controller/links.py; close() ends and joins them all, and the
+accept thread). The accept loop outlives any accept() error (out of fds: it
 waits and goes on); controller/admission.py caps the connections in their handshake
 (which has one deadline) and closes the rest at once.
 A frame that fails its MAC or sequence check ends its connection and is counted
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.controller.admission import Admission
+from trainguard.controller.links import LinkReader
 from trainguard.protocol import NodeReport, Op
 from trainguard.wire import (
     Conn,
@@ -85,6 +87,7 @@ class Hub:
         self._closed = False
         self._readers: dict[threading.Thread, Conn] = {}  # one per connection
         self._news = threading.Event()  # a report, a reply, a link up or down: wait() returns
+        self._links = LinkReader(self._on_frame, self._on_closed)  # every welcomed link
         self._admission = Admission()  # who may be in a handshake (controller/admission.py)
         self.rejected_frames = 0  # authenticated connections ended by a forged frame
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -155,26 +158,25 @@ class Hub:
         if attached is None:
             conn.close()
             return
+        self._links.add(conn, attached)  # from now on one thread reads every link
+
+    def _on_frame(self, attached: tuple[NodeLink, int], msg: dict[str, Any]) -> None:
+        link = attached[0]
+        link.last_seen = time.monotonic()  # no lock per frame: thousands of links
+        self._frame(link, msg)
+
+    def _on_closed(self, attached: tuple[NodeLink, int], conn: Conn, e: Exception) -> None:
         link, gen = attached
-        while True:
-            try:
-                msg = conn.recv(None)
-            except (WireError, OSError, ValueError) as e:
-                if isinstance(e, FrameRejected):
-                    log.warning("node %s: refused a forged frame, connection closed: %s",
-                                link.name, e)
-                conn.close()
-                with self._cond:
-                    if isinstance(e, FrameRejected):
-                        self.rejected_frames += 1
-                    if link.generation == gen:
-                        link.conn, link.disconnected_at = None, time.monotonic()
-                        log.info("node %s disconnected: %s", link.name, e)
-                    self._cond.notify_all()
-                self._news.set()
-                return
-            link.last_seen = time.monotonic()  # no lock per frame: thousands of links
-            self._frame(link, msg)
+        if isinstance(e, FrameRejected):
+            log.warning("node %s: refused a forged frame, connection closed: %s", link.name, e)
+        with self._cond:
+            if isinstance(e, FrameRejected):
+                self.rejected_frames += 1
+            if link.generation == gen:
+                link.conn, link.disconnected_at = None, time.monotonic()
+                log.info("node %s disconnected: %s", link.name, e)
+            self._cond.notify_all()
+        self._news.set()
 
     def _attach(self, conn: Conn, hello: dict[str, Any]) -> tuple[NodeLink, int] | None:
         """Welcome the agent as its node's link; None when another agent (another process)
@@ -213,7 +215,7 @@ class Hub:
             gen = link.generation
         self._news.set()
         if old is not None:
-            old.close()
+            old.shutdown()  # the link reader sees it end and closes it
         for frame in resend:
             with contextlib.suppress(WireError):
                 conn.send(frame)
@@ -357,11 +359,11 @@ class Hub:
         with self._cond:
             link = self.links.get(name)
             if link is not None and link.conn is not None:
-                link.conn.close()
+                link.conn.shutdown()  # the link reader sees it end and closes it
 
     def close(self) -> None:
-        """Stop listening, close every connection (a closed one wakes its reader) and join
-        the accept thread and every reader."""
+        """Stop listening, close every connection and join the accept thread, the link
+        reader and every handshake thread."""
         with self._cond:
             self._closed = True
             readers = dict(self._readers)
@@ -369,6 +371,7 @@ class Hub:
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() that waits
         with contextlib.suppress(OSError):
             self._listener.close()
+        self._links.close()  # joins the link reader and closes what it read
         with self._cond:
             for link in self.links.values():
                 if link.conn is not None:
