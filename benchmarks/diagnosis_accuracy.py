@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from trainguard.diagnosis.sources import diagnose_paths, scan_file
+from trainguard.diagnosis.taxonomy import Diagnosis
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "diagnosis" / "cases"
 
@@ -58,10 +59,21 @@ def evaluate(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "want": label["category"], "got": got,
             "want_restart": restart_label(label["restart_helps"]), "got_restart": got_restart,
             "evidence": d.evidence.text[:160] if d and d.evidence else None,
+            "layer": layer(d),
             # the deciding line is not the last error-looking line of the case
             "root_not_last": decided is not None and len(lines) > 1 and decided != lines[-1],
         })
     return rows
+
+
+def layer(d: Diagnosis | None) -> str:
+    """Which layer decided: the rules, a failure family, the learned model, the fallback's
+    last error line (nothing supported more), or none (no answer)."""
+    if d is None:
+        return "none"
+    if d.rule in ("model", "fallback"):
+        return d.rule
+    return "family" if (d.rule or "").startswith("family:") else "rules"
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -77,6 +89,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "category_accuracy": sum(r["got"] == r["want"] for r in rows) / n,
         "restart_accuracy": sum(r["got_restart"] == r["want_restart"] for r in rows) / n,
         "root_not_last": sum(r["root_not_last"] for r in rows),
+        "layers": {k: {"cases": sum(r["layer"] == k for r in rows),
+                       "category_ok": sum(r["layer"] == k and r["got"] == r["want"]
+                                          for r in rows)}
+                   for k in ("rules", "family", "model", "fallback", "none")},
         "per_category": {k: {"cases": v[0], "category_ok": v[1], "restart_ok": v[2]}
                          for k, v in sorted(per.items())},
     }
@@ -100,7 +116,9 @@ def main() -> int:
               f"| {v['restart_ok']} ({v['restart_ok'] / v['cases']:.0%}) |")
     print(f"| **all** | {s['cases']} | {s['category_accuracy']:.1%} | "
           f"{s['restart_accuracy']:.1%} |")
-    print(f"\nIn {s['root_not_last']} of {s['cases']} cases the deciding line is not the last "
+    print("\nDecided by: " + ", ".join(
+        f"{k} {v['cases']} ({v['category_ok']} right)" for k, v in s["layers"].items()))
+    print(f"In {s['root_not_last']} of {s['cases']} cases the deciding line is not the last "
           "error-looking line of the logs.")
     if args.show_misses:
         for r in rows:

@@ -33,3 +33,6 @@ class Finding(BaseModel):
     final: bool = False  # the last exception chain of its stream: what the process died of
     # exit notices printed by launchers/shells ("exitcode: -9", "task 3: Killed")
     returncode: int | None = None
+    # one of the file's last lines that no rule or exception picked: read only by the
+    # fallback (diagnosis/fallback.py) when the rules are silent or weak
+    context: bool = False

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from trainguard.diagnosis.context import CONTEXT_BYTES, context_findings
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import (
     CODE_LINE,
@@ -97,6 +98,7 @@ class FileScan:
     trigger: Trigger  # the compiled prefilter and rule set
     default_rank: int | None = None
     force_rank: bool = False  # the file is one rank's (a launcher's log): ignore prefixes
+    context_lines: int = 0  # keep this many of the file's last lines as context findings
     findings: list[Finding] = field(default_factory=list)
     dropped: int = 0
     lines: int = 0  # lines seen so far (complete ones)
@@ -108,6 +110,8 @@ class FileScan:
     _consumed: set[int] = field(default_factory=set)  # offsets of parsed traceback lines
     _last_at: datetime | None = None
     _year: int | None = None
+    _tail: bytes = b""  # the last CONTEXT_BYTES fed (context_lines > 0)
+    _fed: int = 0  # bytes fed
 
     def start_mid_file(self, offset: int, lines_before: int, mid_line: bool = True) -> None:
         """The bytes fed next start at `offset`, after `lines_before` newlines; when that is
@@ -118,6 +122,10 @@ class FileScan:
             self._skip_counts = True
 
     def feed(self, data: bytes) -> None:
+        if self.context_lines:
+            self._fed += len(data)
+            self._tail = data[-CONTEXT_BYTES:] if len(data) >= CONTEXT_BYTES else (
+                self._tail + data)[-CONTEXT_BYTES:]
         if self._skipping:
             nl = data.find(b"\n")
             if nl < 0:
@@ -146,7 +154,14 @@ class FileScan:
             tail = self._carry if self._carry.endswith(b"\n") else self._carry + b"\n"
             self._process(tail, self._offset - len(self._carry), final=True)
             self._carry = b""
-        return self._mark_final()
+        found = self._mark_final()
+        if self.context_lines and self._tail:
+            whole = self._fed == len(self._tail) and self._offset == self._fed
+            found += context_findings(
+                self._tail, self.name, end=self._offset, last_line=self.lines, whole=whole,
+                keep=self.context_lines, taken={f.offset for f in found},
+                rank_of=self._rank_of)
+        return found
 
     # -- internals ------------------------------------------------------------------------
 
@@ -337,9 +352,10 @@ def _short(path: str) -> str:
 
 
 def scan_bytes(rules: RuleSet, trigger: Trigger, name: str, chunks: Iterable[bytes],
-               default_rank: int | None = None, force_rank: bool = False) -> list[Finding]:
+               default_rank: int | None = None, force_rank: bool = False,
+               context_lines: int = 0) -> list[Finding]:
     scan = FileScan(rules, name, trigger, default_rank if default_rank is not None
-                    else file_rank(name), force_rank)
+                    else file_rank(name), force_rank, context_lines)
     for chunk in chunks:
         scan.feed(chunk)
     return scan.finish()

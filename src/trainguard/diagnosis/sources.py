@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from trainguard.diagnosis.context import CONTEXT_LINES
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import file_rank
 from trainguard.diagnosis.lost import node_loss_diagnosis
@@ -62,19 +63,20 @@ def _open(path: Path) -> BinaryIO:
 
 def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
               tail_bytes: int | None = None, rules: RuleSet | None = None,
-              trigger: Trigger | None = None) -> list[Finding]:
+              trigger: Trigger | None = None, context_lines: int = 0) -> list[Finding]:
     """Findings of one log file (gzip read transparently). OSError propagates.
 
     `rank`: the file is that rank's alone (rank prefixes in it are ignored).
     `tail_bytes`: scan only the end of a big file (line numbers stay true: the newlines of
     the skipped part are counted, which is fast).
+    `context_lines`: also keep that many of its last lines as context (diagnosis/context.py).
     """
     rules = rules or load_rules()
     if trigger is None or trigger.rules is not rules:
         trigger = trigger_for(rules)
     label = name or str(path)
     scan = FileScan(rules, label, trigger, rank if rank is not None else file_rank(label),
-                    force_rank=rank is not None)
+                    force_rank=rank is not None, context_lines=context_lines)
     with _open(path) as fh:
         if tail_bytes is not None and path.suffix != ".gz":
             size = os.fstat(fh.fileno()).st_size
@@ -169,7 +171,8 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
     findings: list[Finding] = []
     for path, name in files:
         try:
-            findings += scan_file(path, name, rules=rules, trigger=trigger)
+            findings += scan_file(path, name, rules=rules, trigger=trigger,
+                                  context_lines=CONTEXT_LINES)
             report.files.append(name)
         except (OSError, EOFError, zlib.error) as e:  # EOFError, zlib: a damaged .gz
             what = getattr(e, "strerror", None) or str(e) or type(e).__name__

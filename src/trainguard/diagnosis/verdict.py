@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from trainguard.diagnosis.fallback import refine
 from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.restart import story_restart
 from trainguard.diagnosis.rules import Rule, RuleSet
 from trainguard.diagnosis.taxonomy import (
     Category,
@@ -217,14 +219,25 @@ def _pick(cands: list[_Candidate]) -> _Candidate:
 
 
 def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: RuleSet,
-             detected_at: datetime | None = None) -> Diagnosis | None:
+             detected_at: datetime | None = None, *, fallback: bool = True) -> Diagnosis | None:
     """The root cause across ranks, or None when nothing failed and nothing was found.
 
     `detected_at`: lines read after the launcher saw the failure are its consequences (the
-    launcher stopping the survivors) and are left out.
+    launcher stopping the survivors) and are left out. `fallback`: when the rules are
+    silent or weak, ask the failure families and the learned model (diagnosis/fallback.py);
+    either way the restart verdict is read from the whole story (diagnosis/restart.py).
     """
     seen = [f for f in findings if detected_at is None or f.at is None or f.at_inherited
             or f.at <= detected_at]
+    d, others = _rules_verdict(seen, exits, rules)
+    if fallback:
+        d = refine(d, seen)
+    return None if d is None else story_restart(d, seen, others)
+
+
+def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],
+                   rules: RuleSet) -> tuple[Diagnosis | None, list[Category]]:
+    """The rules' verdict, and the categories of the exceptions other candidates died of."""
     # a rank killed by a signal did not die of an exception line it printed without a
     # traceback (a warning such as "ImportError: no apex, using native")
     killed = {e.rank for e in exits if e.failed and signal_of(e.returncode) is not None}
@@ -259,15 +272,18 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
     if not cands:
         failed = [e for e in exits if e.failed]
         if not failed:
-            return None
+            return None, []
         first = min(failed, key=lambda e: (e.ended_at is None, e.ended_at or datetime.max))
         return Diagnosis(
             Category.OTHER, FaultDomain.USER_CODE, RestartHelps.NO,
             f"rank {first.rank} exited with code {first.returncode} and left no known error "
             "in its log", "The script chose to exit non-zero; read the end of its log.",
-            Culprit(first.rank, first.node), confidence=0.2)
+            Culprit(first.rank, first.node), confidence=0.2), []
     root = _pick(cands)
-    return _diagnosis(root, [c for c in cands if c is not root], exits)
+    others = [c for c in cands if c is not root]
+    died_of = [c.category for c in others if c.finding is not None and c.finding.final
+               and c.rank != root.rank]
+    return _diagnosis(root, others, exits), died_of
 
 
 def _evidence(c: _Candidate) -> Evidence | None:

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from trainguard.diagnosis.context import CONTEXT_LINES
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.sources import scan_file, scan_lines
 from trainguard.node.logs import LogRouter
@@ -33,7 +34,8 @@ def log_findings(path: Path | None, rank: int, job_dir: Path | None,
         with contextlib.suppress(ValueError):
             name = str(path.relative_to(job_dir)) if job_dir else name
         try:
-            found = scan_file(path, name, rank=rank, tail_bytes=SCAN_TAIL_BYTES)
+            found = scan_file(path, name, rank=rank, tail_bytes=SCAN_TAIL_BYTES,
+                              context_lines=CONTEXT_LINES)
         except OSError as e:
             log.warning("cannot scan the log of rank %d (%s): %s", rank, path, e)
     if router is not None and not router.file_complete(rank):

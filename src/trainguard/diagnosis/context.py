@@ -1,0 +1,56 @@
+"""A log's last lines, kept as context for the fallback. Pure.
+
+The rules see only the lines the prefilter hits. When none of them decides (a process
+killed with nothing but `Killed` on a progress line, an error phrased in words no rule
+knows), the cause is almost always among the last lines the process wrote: the scanner keeps
+the last CONTEXT_BYTES of each file and hands the last few lines no rule or exception took
+over as `context` findings, which only diagnosis/fallback.py reads. Cost: one slice per
+chunk and a few dozen lines decoded per file, whatever its size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.lines import CODE_LINE, split_prefix
+
+CONTEXT_BYTES = 16 << 10  # the end of a file kept for its context lines
+CONTEXT_LINES = 24  # lines kept per file
+CONTEXT_TEXT = 400  # characters of a context line kept
+_SKIP = ("Traceback (most recent call last)", "File \"", "frame #")  # and C++ stack frames
+
+
+def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole: bool,
+                     keep: int, taken: set[int],
+                     rank_of: Callable[[int | None], int | None]) -> list[Finding]:
+    """The last `keep` meaningful lines of `tail` (the bytes that end at offset `end`, the
+    file's line `last_line` being its last) that are not findings already (`taken`:
+    offsets). `whole`: tail is the whole file (else its first, partial line is dropped)."""
+    pieces = tail.split(b"\n")
+    if tail.endswith(b"\n"):
+        pieces.pop()
+    pos = end - (1 if tail.endswith(b"\n") else 0)  # where the last piece ends
+    out: list[Finding] = []
+    line = last_line
+    for i in range(len(pieces) - 1, -1, -1):
+        raw = pieces[i]
+        start = pos - len(raw)
+        pos = start - 1
+        if (i == 0 and not whole) or line < 1:
+            break
+        no = line
+        line -= 1
+        if start in taken or not raw.strip():
+            continue
+        pre = split_prefix(raw[:CONTEXT_TEXT * 4].decode("utf-8", "replace").rstrip("\r"))
+        text = pre.text.strip()
+        if not text or CODE_LINE.match(pre.text) or pre.text.startswith("    ") \
+                or text.startswith(_SKIP) or not any(c.isalpha() for c in text):
+            continue
+        out.append(Finding(file=name, line=no, offset=start, text=text[:CONTEXT_TEXT],
+                           rank=rank_of(pre.rank), node=pre.node, context=True))
+        if len(out) >= keep:
+            break
+    out.reverse()
+    return out

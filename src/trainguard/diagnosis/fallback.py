@@ -1,0 +1,146 @@
+"""When the rules are silent or weak: the failure families, then the learned model. Pure.
+
+The rules (rules.yaml) decide whenever one of them names a cause. They are *weak* when the
+verdict is a symptom, a hint, an exit with no line, `other`, or none at all although the
+logs show an error; then the candidate lines (every finding and each file's last lines) are
+scored by the failure families (families.yaml) and by the naive Bayes model (model.json):
+
+1. a family signature with support >= FAMILY_MIN (a structure, not one word) gives its
+   category and the line that supports it;
+2. else the model, when its posterior is >= MODEL_MIN, gives its category and the line whose
+   words weigh most for it;
+3. the answer replaces the rules' verdict only when it is more confident than it.
+
+A generic exception (no rule knows it: user_code_error) whose own line belongs to a family
+with support >= RELABEL_MIN takes that family's category (`RuntimeError: File x.pt cannot be
+opened` is a checkpoint's problem). Every answer keeps the line that decided it as evidence
+and says which layer decided (`rule`: `family:<category>`, `model`, or `fallback` for the
+last error line when nothing supports more).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+
+from trainguard.diagnosis.families import Families, best_line, load_families
+from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.learned import Model, load_model, predict
+from trainguard.diagnosis.taxonomy import Category, Culprit, Diagnosis, Evidence
+
+FAMILY_MIN = 2.5
+RELABEL_MIN = 2.9
+MODEL_MIN = 0.99
+WEAK = 0.45  # a verdict below this confidence is weak (hints, bare exits, `other`)
+GENERIC = 0.6  # a generic exception at least this sure is relabelled, not replaced
+# a context line that shows an error although no rule or exception pattern took it
+_ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort(?:ed)?|panic|"
+                       r"critical)\b|[a-z](?:Error|Exception)\b", re.IGNORECASE)
+_ADVICE = {
+    "family": "No rule knows this wording; the line matches the {cat} family (words: "
+              "{why}). Check it, and add a rule (rules.yaml) if it is right.",
+    "none": "No rule and no failure family knows this line, the last error line the logs "
+            "show; read the lines before it.",
+    "model": "No rule knows this wording; the trained model reads it as {cat} (its words: "
+             "{why}). Check it, and add a rule (rules.yaml) if it is right.",
+}
+
+
+def _lines(findings: Sequence[Finding]) -> list[Finding]:
+    """Candidate lines in reading order: by file (as first seen), then position."""
+    order: dict[str, int] = {}
+    for f in findings:
+        order.setdefault(f.file, len(order))
+    return sorted(findings, key=lambda f: (order[f.file], f.offset))
+
+
+def _answer(f: Finding, cat: Category, conf: float, how: str, why: str,
+            fam: Families) -> Diagnosis:
+    domain, restart = fam.defaults[cat]
+    who = f"rank {f.rank}: " if f.rank is not None else ""
+    return Diagnosis(
+        cat, domain, restart, f"{who}{f.text.strip()[:300]}",
+        _ADVICE[how].format(cat=cat.value, why=why), Culprit(f.rank, f.node),
+        Evidence(f.file, f.line, f.text, f.rank, None if f.at_inherited else f.at),
+        isolate_node=cat == Category.GPU_HARDWARE,  # its words name the machine
+        confidence=round(conf, 2), subcategory="fallback",
+        rule={"family": f"family:{cat.value}", "model": "model"}.get(how, "fallback"),
+        from_log=True)
+
+
+def _fallback(lines: list[Finding], fam: Families, model: Model | None,
+              visible: bool, reread: str | None = None) -> Diagnosis | None:
+    # lines a rule already judged (a symptom, a hint) are not read again as a family's, but
+    # for those of the rule `reread` (a rule that named no cause: `other`)
+    support = best_line(fam, [("" if f.rule and f.rule != reread else f.text, not f.context)
+                              for f in lines])
+    if support is not None and support.score >= FAMILY_MIN:
+        f = lines[support.index]
+        return _answer(f, support.category, min(0.3 + 0.08 * support.score, 0.7), "family",
+                       fam.words(f.text, support.category), fam)
+    pred = predict(model, [f.text for f in lines]) if model is not None else None
+    if pred is not None and pred.line >= 0 and pred.probability >= MODEL_MIN:
+        return _answer(lines[pred.line], Category(pred.category),
+                       0.3 + 0.25 * pred.probability, "model", ", ".join(pred.features), fam)
+    if not visible:
+        return None
+    # an error is visible and nothing supports more: `other`, on the last error line
+    errors = [f for f in lines if not f.context or _ERRORISH.search(f.text)]
+    if support is not None:
+        f = lines[support.index]
+        return _answer(f, support.category, 0.3, "family",
+                       fam.words(f.text, support.category), fam)
+    return _answer(errors[-1], Category.OTHER, 0.2, "none", "", fam) \
+        if errors else None
+
+
+def _relabel(d: Diagnosis, fam: Families) -> Diagnosis:
+    """A generic exception whose own line belongs to a family."""
+    ev = d.evidence
+    if ev is None:
+        return d
+    scores = fam.scores(ev.text)
+    scores.pop(Category.USER_CODE_ERROR, None)
+    if not scores:
+        return d
+    cat, score = max(scores.items(), key=lambda kv: kv[1])
+    if score < RELABEL_MIN:
+        return d
+    domain, restart = fam.defaults[cat]
+    return replace(d, category=cat, fault_domain=domain, restart_helps=restart,
+                   subcategory=d.subcategory, rule=f"family:{cat.value}",
+                   confidence=round(min(d.confidence, 0.3 + 0.08 * score), 2),
+                   advice=_ADVICE["family"].format(cat=cat.value,
+                                                   why=fam.words(ev.text, cat)))
+
+
+def refine(d: Diagnosis | None, findings: Sequence[Finding], *,
+           families: Families | None = None, model: Model | None = None,
+           use_model: bool = True) -> Diagnosis | None:
+    """The rules' verdict `d`, or a better supported one when it is silent or weak."""
+    generic = d is not None and d.rule is None and d.category == Category.USER_CODE_ERROR \
+        and d.evidence is not None and d.confidence >= GENERIC
+    if d is not None and not generic and ((d.confidence >= WEAK and d.category !=
+                                           Category.OTHER) or d.subcategory == "node_lost"):
+        return d
+    if not findings:
+        return d
+    fam = families or load_families()
+    if d is not None and generic:
+        return _relabel(d, fam)
+    lines = _lines(findings)
+    visible = any(not f.context or _ERRORISH.search(f.text) for f in lines)
+    # with no verdict and no error line, only a family's structure may speak (a `Killed`
+    # on a progress line), never the model's reading of ordinary lines
+    mdl = (model or load_model()) if use_model and (visible or d is not None) else None
+    reread = d.rule if d is not None and d.category == Category.OTHER else None
+    alt = _fallback(lines, fam, mdl, visible and d is None, reread)
+    if alt is None or (d is not None and (alt.category == d.category
+                                          or alt.confidence <= d.confidence)):
+        return d
+    if d is not None:  # what the rules saw becomes a symptom the answer explains
+        seen = (d.evidence,) if d.evidence is not None else ()
+        alt = replace(alt, symptoms=(*seen, *d.symptoms)[:10])
+    return alt
+
