@@ -153,14 +153,16 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def watch_until(fleet: Fleet, done: Any, limit_s: float) -> float:
-    """Run the controller's watch loop until done(lost) or limit_s; the seconds it took."""
-    t0 = time.monotonic()
+def watch_until(fleet: Fleet, done: Any, limit_s: float) -> tuple[float, dict[str, str]]:
+    """Run the controller's watch loop until done(lost) or limit_s: the seconds it took,
+    and the lost nodes then."""
+    t0, lost = time.monotonic(), {}
     while time.monotonic() - t0 < limit_s:
         fleet.poll(0.1)
-        if done(fleet.lost_now()):
+        lost = fleet.lost_now()
+        if done(lost):
             break
-    return time.monotonic() - t0
+    return time.monotonic() - t0, lost
 
 
 def main() -> int:
@@ -204,7 +206,9 @@ def main() -> int:
     missing = hub.wait_connected(names, 300)
     rows.append(("agents connected", f"{a.agents - len(missing)} of {a.agents} in "
                                      f"{time.monotonic() - t0:.1f} s"))
-    watch_until(fleet, lambda _: False, 3.0)  # warm up
+    _, early = watch_until(fleet, bool, 3.0)  # warm up: nothing is lost
+    if early:
+        rows.append(("lost while warming up", f"{len(early)}: {next(iter(early.values()))}"))
     c0, w0 = cpu_s(), time.monotonic()
     watch_until(fleet, lambda _: False, a.seconds)
     cpu = (cpu_s() - c0) / (time.monotonic() - w0)
@@ -216,24 +220,26 @@ def main() -> int:
     rows.append(("controller memory (RSS)", f"{rss:,.0f} MiB, {threading.active_count():,} "
                                             f"threads, {len(os.listdir('/proc/self/fd')):,} fds"))
     local[0].conn.close()  # one node's link drops
-    took = watch_until(fleet, lambda lost: "node-0" in lost, 60)
-    rows.append(("one node disconnected -> lost", f"{took:.1f} s (reconnect grace {GRACE_S:g} s)"))
+    took, lost = watch_until(fleet, lambda lost: "node-0" in lost, 60)
+    rows.append(("one node disconnected -> lost", f"{took:.1f} s (reconnect grace {GRACE_S:g} s;"
+                                                  f" {len(lost)} lost: {lost.get('node-0')})"))
     fleet.mark("node-0", NodeState.LOST, "bench")
     local[1].silent.set()  # one node goes silent, its link open
-    took = watch_until(fleet, lambda lost: "node-1" in lost, 60)
-    rows.append(("one node silent -> lost", f"{took:.1f} s (node timeout {NODE_TIMEOUT_S:g} s)"))
+    took, lost = watch_until(fleet, lambda lost: "node-1" in lost, 60)
+    rows.append(("one node silent -> lost", f"{took:.1f} s (node timeout {NODE_TIMEOUT_S:g} s;"
+                                            f" {len(lost)} lost: {lost.get('node-1')})"))
     fleet.mark("node-1", NodeState.LOST, "bench")
     for pr in procs:  # every link cut at once
         pr.send_signal(signal.SIGKILL)
     for pr in procs:
         pr.wait()
-    held = watch_until(fleet, lambda now: bool(now), a.disruption_wait + 10)
-    lost = fleet.lost_now()
+    held, lost = watch_until(fleet, lambda now: bool(now), a.disruption_wait + 10)
     drained = sum(lost_isolation(n, w, fleet.disrupted_since is not None).drain
                   for n, w in lost.items())
     rows.append(("full disruption (every link cut)",
                  f"no node lost for {held:.1f} s (wait {a.disruption_wait:g} s), then "
-                 f"{len(lost):,} lost, {drained} drained"))
+                 f"{len(lost):,} lost, {drained} drained; "
+                 f"{next(iter(lost.values()), '')}"))
     hub.close()
     width = max(len(k) for k, _ in rows)
     print(f"\n{'measure':<{width}}  value\n{'-' * width}  {'-' * 40}")
