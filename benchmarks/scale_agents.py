@@ -141,9 +141,14 @@ class LocalAgent:
         self.thread.start()
 
     def _push(self) -> None:
-        while not self.silent.wait(self.interval):
+        """A report every interval and a beat every second, as node/main.py sends them."""
+        next_report = time.monotonic() + self.interval
+        while not self.silent.wait(1.0):
             try:
-                self.conn.send(self.body)
+                self.conn.send({"type": "beat", "at": time.time()})
+                if time.monotonic() >= next_report:
+                    self.conn.send(self.body)
+                    next_report += self.interval
             except WireError:
                 return
 

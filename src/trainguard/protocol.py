@@ -222,13 +222,13 @@ class Op(str, Enum):
     PEER_PIN = "peer_pin"  # {step} -> {}: every rank of the node keeps that step
 
 
-REPORTS_PER_S = 1000.0  # every agent's NodeReports together: the controller's budget
+REPORTS_PER_S = 250.0  # every agent's NodeReports together: the controller's budget
 
 
 def report_interval(nodes: int, monitor_interval_s: float) -> float:
     """How often each agent pushes its NodeReport: the monitor interval (at least 0.25 s),
     slower past REPORTS_PER_S / 4 nodes so the controller parses at most REPORTS_PER_S
-    reports a second (2,000 nodes: every 2 s). Loss detection does not wait on reports:
+    reports a second (2,000 nodes: every 8 s). Loss detection does not wait on reports:
     beats, disconnects and the node timeout decide it."""
     return max(monitor_interval_s, 0.25, nodes / REPORTS_PER_S)
 

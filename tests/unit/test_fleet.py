@@ -303,3 +303,15 @@ def test_most_links_of_a_big_fleet_down_is_a_full_disruption_too() -> None:
     hub.connected_nodes.update(names[:2])
     hub.disconnected.update({"n0": 0.0, "n1": 0.0})
     assert set(f.lost_now()) == {"n2", "n3"} and f.disrupted_since is None  # 2 of 6: theirs
+
+
+def test_most_of_a_big_fleet_silent_at_once_is_this_controller_behind() -> None:
+    """A controller that reads thousands of links and falls behind sees most of them
+    silent: that is not their loss."""
+    names = tuple(f"n{i}" for i in range(6))
+    f, hub, _ = fleet(names)
+    f.place(["n0", "n1"])
+    hub.silent.update({n: 30.0 for n in names[:4]})
+    assert f.lost_now() == {}
+    hub.silent.update({"n2": 0.1, "n3": 0.1})  # 4 of 6 heard: n0 and n1 are silent
+    assert set(f.lost_now()) == {"n0", "n1"}
