@@ -46,7 +46,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 # torchtitan and most hand-written loops. "resumed from step 20" is not progress.
 DEFAULT_STEP_PATTERN = (
     r"(?i)^\s*(?:\[[^\]]*\]:?\s*)*(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*\[?\s*(\d+)"
-    r"|\|\s*(\d+)/\d+\s*\["  # a progress bar (tqdm: HF Trainer, Lightning): `| 3/10 [`
+    # a training progress bar (tqdm: HF Trainer, Lightning's `Epoch 0:`), not a labelled one
+    # such as `Writing model shards: 100%|...| 1/1 [`: ` 50%|█████     | 3/6 [`
+    r"|^\s*(?:Epoch \d+:\s*)?\d+%\|[^|]*\|\s*(\d+)/\d+\s*\["
+    r"|━\s+(\d+)/\d+\s+\d+:\d\d:\d\d"  # a rich progress bar (Lightning): `━━ 6/6 0:00:01`
+    r"|\bstep:\s*(\d+)\s+loss\b"  # torchtitan: `... - INFO - step:  2  loss: 10.8`
 )
 
 
