@@ -399,3 +399,11 @@ def test_a_job_file_that_is_not_text_or_nested_too_deep_is_an_error_not_a_traceb
     path.write_bytes(content)
     with pytest.raises(SpecError, match=says):
         load_job_file(path)
+
+
+def test_script_arguments_that_start_like_a_flag_reach_the_script_untouched() -> None:
+    """`--step 5` is the prefix of several trainguard flags: it is the script's all the same."""
+    got = spec("train.py", "--step", "5", "--check", "1", "--log=wandb", "--max", "3", "--a",
+               "1")
+    assert got.entrypoint == "train.py"
+    assert got.args == ["--step", "5", "--check", "1", "--log=wandb", "--max", "3", "--a", "1"]

@@ -44,7 +44,8 @@ def _module_list(text: str) -> list[str]:
 
 def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "run", help="launch a training job that survives faults (torchrun-compatible)",
+        "run", allow_abbrev=False,  # a script's `--step 5` is never taken for a flag's prefix
+        help="launch a training job that survives faults (torchrun-compatible)",
         description="Launch TRAINING_SCRIPT on this node like torchrun, restarting it per the "
                     "HA policy. Flags after the script belong to the script.")
     t = p.add_argument_group("torchrun-compatible")
