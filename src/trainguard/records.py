@@ -301,3 +301,14 @@ def _required_time(s: str) -> datetime:
     if t is None:
         raise ValueError("a required time is missing")
     return t
+
+
+def recoveries_by_rung(records: list[RunningRecord]) -> dict[str, int]:
+    """Recoveries that acted (succeeded or still recovering), by rung of the ladder: the one
+    count of restarts that `status`, `recovery`, `report` and the metrics all show."""
+    counts: dict[str, int] = {}
+    for r in records:
+        for rr in r.recover_records:
+            if rr.recover_result in (RecoverResult.SUCCESS, RecoverResult.RECOVERING):
+                counts[rr.recover] = counts.get(rr.recover, 0) + 1
+    return counts

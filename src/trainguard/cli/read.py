@@ -41,6 +41,7 @@ from trainguard.records import (
     RecoverRecord,
     RunningRecord,
     StartType,
+    recoveries_by_rung,
     secs,
 )
 from trainguard.states import JobState
@@ -247,8 +248,7 @@ def summarize(records: list[RunningRecord], g: Goodput) -> dict[str, Any]:
     incidents = [rr for rec in records for rr in rec.recover_records]
     return {
         "attempts": len(records),
-        "restarts": sum(1 for r in records
-                        if r.start_type not in (StartType.FIRST_START, StartType.RELAUNCH)),
+        "restarts": sum(recoveries_by_rung(records).values()),  # every rung, as status
         "launches": sum(1 for r in records
                         if r.start_type in (StartType.FIRST_START, StartType.RELAUNCH)),
         "incidents": len(incidents),

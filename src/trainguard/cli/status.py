@@ -8,7 +8,6 @@ made it, each budget of the ladder, and `lost` ranks when the launcher is gone.
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 from enum import Enum
 from typing import Any
 
@@ -27,7 +26,7 @@ from trainguard.cli.fmt import (
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
 from trainguard.controller.store_rows import launcher_dead, node_order, shown_state
 from trainguard.exitcodes import ExitCode
-from trainguard.records import Event, Reason, RecoverResult, RunningRecord, iso
+from trainguard.records import Event, Reason, RunningRecord, iso, recoveries_by_rung
 from trainguard.states import JobState, NodeState, WorkerState
 
 _HANG_REASONS = (Reason.HANG_CONFIRMED.value, Reason.HANG_CLEARED.value)
@@ -87,7 +86,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                hang_events: list[Event] | None = None) -> dict[str, Any]:
     """The `status --json` document; `nodes` is empty for a single-node job."""
     state = shown_state(meta)
-    by_rung = restarts_by_rung(records or [])
+    by_rung = recoveries_by_rung(records or [])
     return {
         "run_id": meta.get("run_id"),
         "state": state,
@@ -109,13 +108,6 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "job_dir": meta.get("job_dir") or job_dir,
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
     }
-
-
-def restarts_by_rung(records: list[RunningRecord]) -> dict[str, int]:
-    """Recoveries that acted, by rung: what `recovery` counts, whatever the budget."""
-    return dict(Counter(rr.recover for r in records for rr in r.recover_records
-                        if rr.recover_result in (RecoverResult.SUCCESS,
-                                                 RecoverResult.RECOVERING)))
 
 
 def _budgets(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -13,7 +13,7 @@ from trainguard.goodput.interval import IntervalAdvice
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.metrics import interval_advice
 from trainguard.goodput.read import Save, job_goodput, saves
-from trainguard.records import Event, Reason, RunningRecord, StartType, secs
+from trainguard.records import Event, Reason, RunningRecord, recoveries_by_rung, secs
 
 _REASONS = (Reason.FAILURE_DIAGNOSED.value, Reason.HANG_CONFIRMED.value,
             Reason.HANG_SUSPECTED.value)
@@ -62,8 +62,7 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
     advice = interval_advice(g, r.records, r.commits)
     return {"run_id": r.meta.get("run_id"), "state": shown_state(r.meta),
             "attempts": len(r.records),
-            "restarts": sum(1 for rec in r.records if rec.start_type not in
-                            (StartType.FIRST_START, StartType.RELAUNCH)),
+            "restarts": sum(recoveries_by_rung(r.records).values()),
             "goodput": g.to_dict(max_steps=0) | {"segments": None},
             "incidents": incidents, "checkpoint_interval": advice.to_dict(),
             "advice": advice_lines(r, advice)}
