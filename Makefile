@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration bench torture clean
+.PHONY: demo test test-long lint typecheck unit integration bench torture clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,7 +32,11 @@ integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
 test: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	$(BIN)/pytest -q -p no:cacheprovider -m "not long" tests
+
+# the tests marked long: the local-backend twins of scenarios the Slurm tests run in make test
+test-long: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m long tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/recovery_time.py

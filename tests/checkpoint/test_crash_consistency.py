@@ -39,8 +39,8 @@ from trainguard.checkpoint import Status
 from trainguard.checkpoint.manifest import rank_file, step_dir
 from trainguard.checkpoint.storage import Storage
 
-# per backend: 20 in `make test`, 200 in `make torture` (TG_CRASH_KILLS=200)
-KILLS = int(os.environ.get("TG_CRASH_KILLS", "20"))
+# per backend: 10 in `make test`, 200 in `make torture` (TG_CRASH_KILLS=200)
+KILLS = int(os.environ.get("TG_CRASH_KILLS", "10"))
 # Each writer is killed uniform(0, window) seconds after it starts saving, the window being
 # KILL_WINDOW_SAVES times a save measured here (with its pruning), and at least
 # MIN_KILL_WINDOW_S: 0-200 ms on local disk (~8 saves), ~0-500 ms on the S3 server. (Much

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.conftest import EXAMPLE, TG, read_json, reasons, run_tg
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
@@ -123,6 +125,7 @@ def test_a_killed_node_is_replaced_by_the_spare_and_training_resumes(tmp_path: P
         assert d["confidence"] >= 0.9
 
 
+@pytest.mark.long  # tests/multinode/test_slurm_jobs.py runs the same scenario in make test
 def test_a_gpu_fault_isolates_its_node_and_reschedules_the_whole_job(tmp_path: Path) -> None:
     job = tmp_path / "job"
     fault = f"log:{XID}@rank=2,step=15;exit:1@rank=2,step=15"
@@ -145,6 +148,7 @@ def test_a_gpu_fault_isolates_its_node_and_reschedules_the_whole_job(tmp_path: P
         "job_reschedule_with_taint", "success", "chip_fault", "gpu_hardware")
 
 
+@pytest.mark.long  # tests/multinode/test_slurm_jobs.py runs the same scenario in make test
 def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(tmp_path: Path) -> None:
     job = tmp_path / "job"
     bg = Background(job_args(job, "--queue-timeout", "3"), tmp_path)
@@ -165,6 +169,7 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(tmp_pat
     assert final["state"] == "failed" and node(final, "node-1")["state"] == "lost"
 
 
+@pytest.mark.long  # tests/multinode/test_slurm_jobs.py runs the same scenario in make test
 def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
         tmp_path: Path) -> None:
     job = tmp_path / "job"
