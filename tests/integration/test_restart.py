@@ -73,7 +73,10 @@ def test_a_spent_restart_budget_fails_the_job_with_restart_limit_reached(
 def test_unconditional_restart_stops_after_three_in_a_row(tmp_path: Path, job_dir: Path) -> None:
     r = run_tg(ddp(job_dir, "--max-restarts", "10", "--unconditional-restart",
                    "--no-progress-limit", "10"),
-               cwd=tmp_path, fault="exit:3@rank=1,step=4,attempt=*")
+               cwd=tmp_path, fault="exit:3@step=4,attempt=*")
+    # every rank exits at the same point of step 4, so no attempt ever gets further than the
+    # first (with one rank exiting, its peer may or may not finish step 4 first: a loaded
+    # machine then saw "new ground" and restarted more than three times)
     assert r.returncode == 1
     got = reasons(job_dir)
     assert got.count("WorkersRestarted") == 3
