@@ -112,6 +112,11 @@ def secs(v: object, missing: str = "?") -> str:
     return f"{v:.3f}s" if isinstance(v, (int, float)) else missing
 
 
+def plural(n: int, noun: str) -> str:
+    """`1 restart`, `3 restarts`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 @dataclass(frozen=True)
 class Involved:
     """What an event is about (job, node, rank, attempt); None where it does not apply."""

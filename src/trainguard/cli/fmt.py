@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainguard.records import Involved
+from trainguard.records import Involved, plural
 
 
 def clock(t: datetime) -> str:
@@ -81,6 +81,5 @@ def print_table(table: Table) -> None:
     sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
-def plural(n: int, noun: str) -> str:
-    """`1 attempt`, `2 attempts`."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+__all__ = ["PIPE_WIDTH", "clock", "clock_or_dash", "console_out", "dash", "involved_text",
+           "meta_time", "plural", "print_json", "print_table"]

@@ -27,7 +27,7 @@ from trainguard.exitcodes import ExitCode, signal_name
 from trainguard.paths import JobPaths
 from trainguard.policy.decision import Decision, HAPolicy
 from trainguard.protocol import NodeReport, Progress
-from trainguard.records import Event, Involved, Level, Reason, StartType, utcnow
+from trainguard.records import Event, Involved, Level, Reason, StartType, plural, utcnow
 from trainguard.spec import JobSpec
 from trainguard.states import JobState
 
@@ -111,7 +111,7 @@ class Recorder:
             launcher_host=socket.gethostname())
         nodes = f" on {self.spec.nnodes} nodes" if self.spec.nnodes > 1 else ""
         what = (f"{self.spec.nnodes * self.spec.nproc_per_node} worker(s){nodes}, "
-                f"max {self.spec.max_restarts} restarts, "
+                f"max {plural(self.spec.max_restarts, 'restart')}, "
                 f"job dir {self.paths.job_dir}")
         if self.spec.operator_reexecution:
             what += "; operator re-execution on (scripts that run their steps in a StepGuard)"
