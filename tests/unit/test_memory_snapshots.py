@@ -151,6 +151,9 @@ def test_persisting_writes_a_checkpoint_the_checkpointer_loads(tmp_path: Path) -
                                                  "optimizer": opt.state_dict()},
                                   "rank": {"__rng__": {"torch": torch.get_rng_state()}}})
         slots.close()
+    # the attempt that died reached step 6: step 7 is the restarted workers' own snapshot
+    assert persist(str(region), str(store), 2, "run", at_most=6) == 6
+    assert persist(str(region), str(store), 2, "run", at_most=5) is None  # none that old
     assert persist(str(region), str(store), 2, "run") == 7
     assert persist(str(region), str(store), 2, "run") is None  # storage has it already
     fresh = torch.nn.Linear(8, 4)

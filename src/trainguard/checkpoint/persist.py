@@ -1,4 +1,5 @@
-"""`python -m trainguard.checkpoint.persist REGION LOCATION WORLD_SIZE`: save at breakpoint.
+"""`python -m trainguard.checkpoint.persist REGION LOCATION WORLD_SIZE [AT_MOST]`: save at
+breakpoint.
 
 Run by the node agent when a worker died: writes the newest snapshot that every rank of the
 job holds in the node's memory region to storage, as a normal checkpoint (the same files,
@@ -31,11 +32,14 @@ log = logging.getLogger("trainguard.persist")
 COMMIT_TIMEOUT_S = 60.0
 
 
-def persist(region: str, location: str, world_size: int, run_id: str) -> int | None:
-    """The step committed to storage, or None when there was nothing newer to persist."""
+def persist(region: str, location: str, world_size: int, run_id: str,
+            at_most: int | None = None) -> int | None:
+    """The step committed to storage, or None when there was nothing newer to persist; only
+    snapshots of steps up to `at_most` count (the attempt that died: the restarted workers'
+    newer snapshots are theirs to save)."""
     t0 = time.monotonic()
     per_rank = [loadable(region, r, world_size, run_id) for r in range(world_size)]
-    step = agreed_step([list(p) for p in per_rank])
+    step = agreed_step([[s for s in p if at_most is None or s <= at_most] for p in per_rank])
     if step is None:
         log.info("no snapshot that every rank holds in %s: nothing to persist", region)
         return None
@@ -70,14 +74,15 @@ def persist(region: str, location: str, world_size: int, run_id: str) -> int | N
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="[trainguard.persist] %(message)s",
                         stream=sys.stderr)
-    if len(argv) != 4 or not argv[3].isdigit():
-        print("usage: python -m trainguard.checkpoint.persist REGION LOCATION WORLD_SIZE",
-              file=sys.stderr)
+    if len(argv) not in (4, 5) or not all(a.isdigit() for a in argv[3:]):
+        print("usage: python -m trainguard.checkpoint.persist REGION LOCATION WORLD_SIZE "
+              "[AT_MOST]", file=sys.stderr)
         return 2
     import os
 
     try:
-        persist(argv[1], argv[2], int(argv[3]), os.environ.get(ENV_RUN_ID, ""))
+        persist(argv[1], argv[2], int(argv[3]), os.environ.get(ENV_RUN_ID, ""),
+                int(argv[4]) if len(argv) == 5 else None)
     except (CheckpointError, OSError, ValueError) as e:
         print(f"[trainguard.persist] not persisted: {e}", file=sys.stderr)
         return 1

@@ -231,7 +231,7 @@ class NodeAgent:
 
     def _persist_memory(self, cmd: StartWorkers, a: WorkerAssignment) -> None:
         if len(cmd.workers) == cmd.world_size:  # every rank's snapshot is on this node
-            self.memory.persist(self._env(cmd, a, ""), cmd.checkpoint_dir, cmd.world_size,
+            self.memory.persist(self._env(cmd, a, ""), cmd, self._progress.last_step,
                                  self._dead_ranks_file(cmd).with_name("persist.log"))
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from trainguard.checkpoint.memory_format import DEFAULT_ROOT, free_region, region_path
 from trainguard.node import procs
+from trainguard.protocol import StartWorkers
 from trainguard.worker.contract import (
     ENV_MARKER,
     ENV_MEMORY_DIR,
@@ -58,16 +59,19 @@ class MemoryRegion:
             self._made = True
         return {ENV_MEMORY_DIR: str(self.path)}
 
-    def persist(self, worker_env: dict[str, str], location: str, world_size: int,
+    def persist(self, worker_env: dict[str, str], cmd: StartWorkers, at_most: int | None,
                 log_file: Path) -> bool:
-        """Start persisting the ranks' newest common snapshot (one at a time), its lines
-        appended to `log_file`; False when one is still running or there is no region."""
+        """Start persisting the ranks' newest common snapshot of a step up to `at_most` (the
+        dying attempt's last step: not one the restarted workers take meanwhile), one at a
+        time, its lines appended to `log_file`; False when one is still running or there is
+        no region."""
+        location, world_size = cmd.checkpoint_dir, cmd.world_size
         if not self._made or (self._persisting is not None and self._persisting.poll() is None):
             return False
         # not a worker: no rank, and no marker (stopping the workers kills marked strays)
         env = {k: v for k, v in worker_env.items() if k not in (ENV_RANK, ENV_MARKER)}
         argv = [sys.executable, "-m", "trainguard.checkpoint.persist", str(self.path),
-                location, str(world_size)]
+                location, str(world_size), *([] if at_most is None else [str(at_most)])]
         try:
             with open(log_file, "ab") as out:
                 self._persisting = subprocess.Popen(
