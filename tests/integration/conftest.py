@@ -53,6 +53,14 @@ def mount_tmpfs(target: Path, options: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(target)], check=False)
 
 
+def trainer_result(stdout: str) -> tuple[list[list[float]], str]:
+    """The `losses [...]` and `weights sha256 HEX` lines rank 0 of a trainer example prints."""
+    losses = re.findall(r"^\[rank 0\] losses (\[.*\])$", stdout, re.M)
+    digest = re.findall(r"^\[rank 0\] weights sha256 ([0-9a-f]{64})$", stdout, re.M)
+    assert len(losses) == 1 and len(digest) == 1, stdout[-3000:]
+    return json.loads(losses[0]), digest[0]
+
+
 @pytest.fixture
 def job_dir(tmp_path: Path) -> Path:
     return tmp_path / "job"

@@ -5,23 +5,14 @@ with the one-line integration, and with the unmodified script under `--auto-resu
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ROOT, read_json, reasons, run_tg
+from tests.integration.conftest import ROOT, read_json, reasons, run_tg, trainer_result
 
 EXAMPLE = ROOT / "examples" / "hf_trainer.py"
 STEPS = ["--steps", "14", "--save-every", "4"]
-
-
-def _result(stdout: str) -> tuple[list[list[float]], str]:
-    losses = re.findall(r"^\[rank 0\] losses (\[.*\])$", stdout, re.M)
-    digest = re.findall(r"^\[rank 0\] weights sha256 ([0-9a-f]{64})$", stdout, re.M)
-    assert len(losses) == 1 and len(digest) == 1, stdout[-3000:]
-    return json.loads(losses[0]), digest[0]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +21,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[f
     r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(tmp / "job"), str(EXAMPLE),
                 "--out", str(tmp / "out"), *STEPS], cwd=tmp, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    return _result(r.stdout)
+    return trainer_result(r.stdout)
 
 
 @pytest.mark.parametrize("mode", ["integration", "auto-resume"])
@@ -44,7 +35,7 @@ def test_a_rank_killed_mid_epoch_resumes_to_the_uninterrupted_losses_and_weights
                env={"EXAMPLE_KILL_AT": "6", "EXAMPLE_LEFTOVER": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert reasons(tmp_path / "job").count("WorkersRestarted") == 1
-    assert _result(r.stdout) == uninterrupted
+    assert trainer_result(r.stdout) == uninterrupted
     # the kill left checkpoint-1006 half written: the stock resume would have picked it
     from transformers.trainer_utils import get_last_checkpoint
 

@@ -5,25 +5,16 @@ one-line integration, and with the unmodified script under `--auto-resume lightn
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ROOT, read_json, reasons, run_tg
+from tests.integration.conftest import ROOT, read_json, reasons, run_tg, trainer_result
 
 EXAMPLE = ROOT / "examples" / "lightning_trainer.py"
 # 160 samples, 2 ranks, batches of 8: 10 steps an epoch; killed at 6 (mid-epoch 0), resumed
 # from step 4 (mid-epoch 0 too), finishing in epoch 1
 STEPS = ["--steps", "14", "--save-every", "4", "--samples", "160"]
-
-
-def _result(stdout: str) -> tuple[list[list[float]], str]:
-    losses = re.findall(r"^\[rank 0\] losses (\[.*\])$", stdout, re.M)
-    digest = re.findall(r"^\[rank 0\] weights sha256 ([0-9a-f]{64})$", stdout, re.M)
-    assert len(losses) == 1 and len(digest) == 1, stdout[-3000:]
-    return json.loads(losses[0]), digest[0]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +23,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[f
     r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(tmp / "job"), str(EXAMPLE),
                 "--out", str(tmp / "out"), *STEPS], cwd=tmp, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    losses, digest = _result(r.stdout)
+    losses, digest = trainer_result(r.stdout)
     assert [s for s, _ in losses] == list(range(1, 15))
     return losses, digest
 
@@ -48,7 +39,7 @@ def test_a_rank_killed_mid_epoch_resumes_to_the_uninterrupted_losses_and_weights
                cwd=tmp_path, timeout=300, env={"EXAMPLE_KILL_AT": "6", "EXAMPLE_LEFTOVER": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert reasons(tmp_path / "job").count("WorkersRestarted") == 1
-    assert _result(r.stdout) == uninterrupted
+    assert trainer_result(r.stdout) == uninterrupted
     # the kill left a half-written epoch=0-step=1006.ckpt, the highest step there
     assert (out / "epoch=0-step=1006.ckpt").is_file()
     assert "Restored all states from the checkpoint at " + str(out / "epoch=0-step=4.ckpt") \

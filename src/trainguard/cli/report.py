@@ -10,7 +10,7 @@ import sys
 from trainguard.cli.read import with_store
 from trainguard.controller.store import JobStore
 from trainguard.exitcodes import ExitCode
-from trainguard.goodput.metrics import JobCollector
+from trainguard.goodput.metrics import exposition
 from trainguard.goodput.report import gather, render, report_doc
 
 
@@ -38,10 +38,5 @@ def _report(store: JobStore, args: argparse.Namespace) -> int:
 
 
 def _metrics(store: JobStore, args: argparse.Namespace) -> int:
-    from prometheus_client import generate_latest
-    from prometheus_client.registry import CollectorRegistry
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobCollector(store.job_dir))
-    sys.stdout.write(generate_latest(registry).decode())
+    sys.stdout.write(exposition(store.job_dir).decode())
     return ExitCode.SUCCESS

@@ -14,7 +14,6 @@ returns the newest committed directory, or None on a first attempt (where
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +48,6 @@ def last_checkpoint(output_dir: str | Path | None) -> str | None:
 class TrainguardCallback(TrainerCallback):
     """Reports each step as progress (hang detection, the goodput ledger) and commits each
     save once every rank's part of it is written."""
-
-    def __init__(self) -> None:
-        self._step_started = time.monotonic()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         progress(int(state.global_step))
