@@ -80,7 +80,7 @@ def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric
     meta = store.meta()
     records = store.running_records()
     commits = saves(store)
-    g = job_goodput(store, now, commits)
+    g = job_goodput(store, now, commits, meta, records)
     yield from _job(meta, records)
     yield from _goodput(g)
     yield from _recoveries(records)

@@ -50,13 +50,16 @@ def saves(store: JobStore) -> list[Save]:
 
 
 def job_goodput(store: JobStore, now: datetime | None = None,
-                commits: list[Save] | None = None) -> Goodput:
-    """The goodput of the job in `store`, as of `now` while it runs (`commits`: its saves,
-    when the caller has read them already)."""
+                commits: list[Save] | None = None, meta: dict[str, object] | None = None,
+                records: list[RunningRecord] | None = None) -> Goodput:
+    """The goodput of the job in `store`, as of `now` while it runs (`commits`, `meta`,
+    `records`: what the caller has read from the store already)."""
     hangs = [(a, _iso_ts(t)) for t, a, _ in store.event_values(Reason.HANG_CONFIRMED.value, ())
              if a is not None]
     last_event = store.last_event_time()
-    return account(ledger_input(store.meta(), store.running_records(), store.progress(),
+    return account(ledger_input(store.meta() if meta is None else meta,
+                                store.running_records() if records is None else records,
+                                store.progress(),
                                 saves(store) if commits is None else commits, hangs,
                                 last_event, now or utcnow()))
 

@@ -30,10 +30,9 @@ class ReportInput:
 
 
 def gather(store: JobStore, now: datetime | None = None) -> ReportInput:
-    commits = saves(store)
-    return ReportInput(store.meta(), store.running_records(),
-                       [ev for _, ev in store.events(reasons=_REASONS)], store.nodes(),
-                       job_goodput(store, now, commits), commits)
+    commits, meta, records = saves(store), store.meta(), store.running_records()
+    return ReportInput(meta, records, [ev for _, ev in store.events(reasons=_REASONS)],
+                       store.nodes(), job_goodput(store, now, commits, meta, records), commits)
 
 
 def report_doc(r: ReportInput) -> dict[str, Any]:
