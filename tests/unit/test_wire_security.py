@@ -168,8 +168,12 @@ def test_the_hub_accepts_again_after_a_link_thread_could_not_start(
     monkeypatch.setattr(hub_mod.threading, "Thread", FlakyThread)
     with pytest.raises(WireError):
         connect("127.0.0.1", h.port, token, "n0", {}, timeout=2)
-    connect("127.0.0.1", h.port, token, "n0", {}, timeout=2).close()
-    assert h._acceptor.is_alive() and "n0" in h.links
+    conn = connect("127.0.0.1", h.port, token, "n0", {}, timeout=2)
+    try:  # the hub attaches the link just after the handshake: wait for it
+        wait_for(lambda: "n0" in h.links, 3.0)
+    finally:
+        conn.close()
+    assert h._acceptor.is_alive()
 
 
 # -- D2: one deadline for the handshake, a cap on handshakes ---------------------------------
