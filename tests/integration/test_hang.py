@@ -291,3 +291,17 @@ def test_a_healthy_jittery_quiet_job_with_slow_checkpoints_raises_no_false_alarm
     assert took > 30  # long enough to learn the cadence and see many checkpoints
     log = (job_dir / "logs" / "attempt-0" / "rank-0.log").read_text()
     assert " out step " not in log  # --quiet: progress came from trainguard.progress
+
+
+def test_a_rank_finishing_after_its_peer_exited_is_not_confirmed_hung(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Rank 1 ends at once; rank 0 works on silently for 6 s after its last step (a final
+    evaluation, an upload) with a 1 s hang timeout: the job is ending, nothing is hung."""
+    script = tmp_path / "ends.py"
+    script.write_text("import os, time\nfor s in range(1, 6):\n    print(f'step {s}', "
+                      "flush=True)\n    time.sleep(0.1)\nif os.environ['RANK'] == '0':\n"
+                      "    time.sleep(6)\n")
+    r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(job_dir), "--hang-timeout",
+                "1", "--restart-on-hang", "--max-restarts", "1", str(script)], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "HangConfirmed" not in reasons_of(events(job_dir))

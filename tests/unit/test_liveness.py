@@ -167,3 +167,15 @@ def test_a_varying_accelerator_load_is_life_a_flat_one_is_not() -> None:
         v = det.observe([RankLiveness(rank=0, last_progress_at=at(t2), accel_util=util)],
                         at(t2 + 6 + i * 0.9))
     assert v.state == HangState.SUSPECTED and "accelerator" in (v.waiting_for or "")
+
+
+def test_a_rank_left_running_while_the_job_ends_is_not_confirmed_hung() -> None:
+    """Rank 1 exited 0 (the job is ending): rank 0, still finishing, gets the ending
+    allowance instead of the hang timeout; without `ending` the same idle is a hang."""
+    det = HangDetector(HangPolicy(fixed_s=1.0, phase_s=600.0))
+    t = run_steady(det, 2, 0.1, 2.0)
+    for dt in (0.8, 2.0, 5.0):
+        v = det.observe([live(0, t)], at(t + dt), ending="rank(s) 1 exited 0")
+        assert v.state == HangState.OK, v
+    assert det.observe([live(0, t)], at(t + 6.0)).state == HangState.SUSPECTED
+    assert det.observe([live(0, t)], at(t + 7.0)).state == HangState.CONFIRMED

@@ -31,6 +31,7 @@ from trainguard.hang.stacks import (
 from trainguard.paths import HANG_FILE, stacks_dir
 from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, StackDump
 from trainguard.records import Level, Reason
+from trainguard.states import WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class HangWatch:
         if not self.enabled:
             return None
         now = report.at  # the node's clock, as the liveness times it reports
-        v = self.detector.observe(report.liveness, now)
+        v = self.detector.observe(report.liveness, now, ending=job_ending(report))
         before, self._state = self._state, v.state
         if v.state == HangState.OK and before != HangState.OK:
             self.rec.event(Level.INFO, Reason.HANG_CLEARED,
@@ -116,6 +117,14 @@ class HangWatch:
                        f"Stacks of every rank: {out}", rank=culprit.rank,
                        attempt=self._attempt, data=data)
         return HangConfirmation(v, culprit, now, out)
+
+
+def job_ending(report: NodeReport) -> str | None:
+    """Why the attempt is ending, if it is: a rank exited 0, so the ranks left are
+    finishing or tearing down (never confirmed hung within the ending allowance). A rank
+    that exited is not in the liveness at all."""
+    done = [w.rank for w in report.workers if w.state == WorkerState.SUCCEEDED]
+    return f"rank(s) {', '.join(map(str, done))} exited 0" if done else None
 
 
 def _top_frames(rs: RankStack, n: int = 8) -> list[str]:

@@ -13,7 +13,8 @@ long it has gone without progress:
   3 x p99 + 10 s with room for the polling and the stack dump.
 - **allowances**: before the first progress of an attempt, `startup_s` (loading, compiling,
   the rendezvous); while a rank is in a phase it marked (`trainguard.phase`, a checkpoint
-  save), the phase's own timeout or `phase_s`.
+  save), the phase's own timeout or `phase_s`; once a rank of the attempt exited 0 (the job
+  is ending: the others are finishing or tearing down), `phase_s` too.
 - **suspected** at 2/3 of T: a Warning, nothing is done.
 - **confirmed** at T when the activity signals agree that nothing is being done: no rank
   printed a line lately (since the suspicion, within the last third of T), no rank's process
@@ -126,13 +127,19 @@ class HangDetector:
         t = max(pol.k * q, pol.floor_s)
         return t, f"max({pol.k:g} x p99 {q:.3f}s, floor {pol.floor_s:g}s)"
 
-    def observe(self, liveness: list[RankLiveness], now: datetime) -> HangVerdict:
+    def observe(self, liveness: list[RankLiveness], now: datetime,
+                ending: str | None = None) -> HangVerdict:
+        """`liveness`: the ranks still running; `ending`: why the job is ending (a rank
+        exited 0), when it is: the ranks left get the ending allowance."""
         for rl in liveness:
             self._update(rl)
         threshold, basis = self.threshold()
         stuck: list[tuple[int, float, float]] = []  # rank, idle seconds, its allowance
         for rl in liveness:
             idle, allowed, why = self._idle(rl, now, threshold)
+            if ending is not None and allowed < max(self.policy.phase_s, threshold):
+                allowed = max(self.policy.phase_s, threshold)
+                why = f"job ending ({ending}): allowance {allowed:g}s"
             if idle > allowed * self.policy.suspect_fraction:
                 stuck.append((rl.rank, idle, allowed))
                 basis = why or basis
