@@ -67,6 +67,7 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
     MessageKind.IMPORTS: {"modules": "numpy,transformers"},
     MessageKind.MEMORY_STEPS: {"steps": [41, 42], "storage_step": 40, "attempt": 1,
                                "generation": 0},
+    MessageKind.TRAIN_METRICS: {"step": 12, "loss": 2.3125, "learning_rate": 3e-4},
     MessageKind.LOG_WRITE_FAILED: {"error": "No space left on device"},
 }
 WORKER_KINDS = [k for k in MessageKind if k not in AGENT_ONLY]
@@ -451,3 +452,19 @@ def test_an_in_process_restart_verdict_is_checked() -> None:
                 {"kind": "no_restart", "reason": "x"}):
         with pytest.raises(ContractError):
             parse_control(bad)
+
+
+def test_train_metrics_take_finite_values_or_null_and_a_drain_has_its_own_socket() -> None:
+    ok = envelope("train_metrics", step=3, loss=None, learning_rate=1e-3)
+    assert parse_message(ok)["loss"] is None  # a NaN loss is sent as null
+    assert "learning_rate" not in parse_message(envelope("train_metrics", step=3, loss=1.5))
+    for bad in ({"loss": math.nan}, {"loss": math.inf}, {"learning_rate": -1e301},
+                {"loss": "0.5"}, {"loss": True}):
+        with pytest.raises(ContractError):
+            parse_message(envelope("train_metrics", step=3, **bad))
+    with pytest.raises(ContractError):
+        parse_message(envelope("train_metrics", loss=0.5))  # no step
+    assert parse_control({"kind": "drain", "reason": "SIGTERM"})["kind"] == ControlKind.DRAIN
+    with pytest.raises(ContractError):
+        parse_control({"kind": "drain"})
+    assert control_socket("@tg-x", 3, ControlKind.DRAIN) == "@tg-x-rank-3-drain"

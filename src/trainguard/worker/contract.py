@@ -12,9 +12,8 @@ torch or launcher code, and does no I/O.
   drops what fails.
 - The rank log line: `<ISO time read> <out|err> <text>` (stamp_lines, STAMP_PATTERN).
 
-Adding a message kind: a MessageKind member, its fields in FIELDS, a sender
-(`channel.send(MessageKind.X, ...)`), and an entry in the receiving side's dispatch table
-(node/agent.py for liveness signals, controller/worker_messages.py for job events).
+Adding a message kind: a MessageKind member, its fields in FIELDS, a sender, and an entry in
+the receiver's dispatch table (node/agent.py: liveness; controller/worker_messages.py).
 """
 
 from __future__ import annotations
@@ -100,6 +99,7 @@ class MessageKind(str, Enum):
     RESTART_WAITING = "restart_waiting"  # run_resilient: the function raised; waits a verdict
     MEMORY_STEPS = "memory_steps"  # load_latest: the memory snapshots this rank can load
     IMPORTS = "imports"  # load_latest, once: the installed packages this process imported
+    TRAIN_METRICS = "train_metrics"  # trainguard.log_metrics: the loss, the learning rate
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
 
     def __str__(self) -> str:  # the value, as StrEnum (f-strings, %s)
@@ -132,6 +132,7 @@ MAX_NAME = 1_024  # a phase name, a status
 MAX_PATH = 4_096  # a checkpoint location (a path or a URL)
 MAX_TEXT = 16_384  # an error message, a reason
 MAX_LIST = 65_536  # ranks listed in one message
+MAX_METRIC = 1e300  # a loss or learning rate (a non-finite one is sent as null)
 
 
 class ContractError(ValueError):
@@ -174,8 +175,8 @@ class Field(NamedTuple):
         if not isinstance(value, str):
             return f"is not a string: {_show(value)}"
         if issubclass(t, Enum):
-            ok = value in {m.value for m in t}
-            return None if ok else f"is not one of {_values(t)}: {_show(value)}"
+            names = [str(m.value) for m in t]
+            return None if value in names else f"is not one of {'/'.join(names)}: {_show(value)}"
         if len(value) > self.max_len:
             return f"is {len(value)} characters long, more than {self.max_len}"
         return None
@@ -193,7 +194,8 @@ def _text(max_len: int, required: bool = False, nullable: bool = False) -> Field
     return Field(str, required, nullable, max_len=max_len)
 
 
-_RANK = _int(0, MAX_RANK)
+TRAIN_METRIC_NAMES = ("loss", "learning_rate")  # each absent: not logged; null: NaN or inf
+_METRIC = Field(float, nullable=True, low=-MAX_METRIC, high=MAX_METRIC)
 _STEP = _int(-MAX_INT64 - 1, MAX_INT64, required=True)
 
 # set by channel.send on every message; each may be absent (None: RANK unset)
@@ -261,6 +263,7 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "generation": _int(0, MAX_INT32, required=True),
     },
     MessageKind.IMPORTS: {"modules": _text(MAX_TEXT, required=True)},  # comma-separated
+    MessageKind.TRAIN_METRICS: {"step": _STEP, **{k: _METRIC for k in TRAIN_METRIC_NAMES}},
     MessageKind.RESTART_WAITING: {
         "generation": _int(0, MAX_INT32, required=True),  # the group that failed under it
         "error": _text(MAX_TEXT, required=True),
@@ -278,6 +281,7 @@ class ControlKind(str, Enum):
     RESTART = "restart"  # leave the training function, join the group at the address, re-enter
     NO_RESTART = "no_restart"  # no in-process restart: the rank raises (a process restart)
     RESUME_FROM = "resume_from"  # load_latest: the memory snapshot every rank resumes from
+    DRAIN = "drain"  # a stop was asked for: save a checkpoint at the next step end, then exit
 
     def __str__(self) -> str:
         return str.__str__(self)
@@ -305,12 +309,14 @@ CONTROL_FIELDS: dict[ControlKind, dict[str, Field]] = {
         "generation": _int(0, MAX_INT32, required=True),
         "step": _int(0, MAX_INT64, nullable=True),  # None: from storage
     },
+    ControlKind.DRAIN: {"reason": _text(MAX_TEXT, required=True)},
 }
 
 
-def control_socket(agent_socket: str, rank: int) -> str:
-    """The abstract socket (`@name`) a rank listens on for its agent's verdicts."""
-    return f"{agent_socket}-rank-{rank}"
+def control_socket(agent_socket: str, rank: int, kind: ControlKind | None = None) -> str:
+    """The abstract socket (`@name`) a rank listens on for its agent's verdicts; DRAIN has
+    its own, bound only by a process that drains (the trainer integrations)."""
+    return f"{agent_socket}-rank-{rank}" + ("-drain" if kind == ControlKind.DRAIN else "")
 
 
 def parse_control(raw: object) -> dict[str, Any]:
@@ -377,10 +383,6 @@ def parse_message(raw: object) -> dict[str, Any]:
 def _show(v: object) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
-
-
-def _values(t: type[Enum]) -> str:
-    return "/".join(str(m.value) for m in t)
 
 
 # -- the rank log line ------------------------------------------------------------------------
