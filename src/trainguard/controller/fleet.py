@@ -343,12 +343,13 @@ class Fleet:
         firsts, lasts = [], []
         for name in self.placement:
             r = self._latest.pop(name, None)
-            if r is None:
+            if r is not None:  # only a new report is stripped of its deltas: O(new reports)
+                self._stale[name] = r.model_copy(update={"messages": [], "liveness": [
+                    lv.model_copy(update={"intervals": []}) for lv in r.liveness]})
+            else:
                 r = self._stale.get(name)
             if r is None:
                 continue
-            self._stale[name] = r.model_copy(update={"messages": [], "liveness": [
-                lv.model_copy(update={"intervals": []}) for lv in r.liveness]})
             for w in r.workers:
                 if name in lost and not w.state.ended:
                     w = w.model_copy(update={"state": WorkerState.FAILED, "ended_at": now})

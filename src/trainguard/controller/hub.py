@@ -2,14 +2,14 @@
 
 One listening socket, a thread per connection for its handshake, then one thread that
 reads every welcomed link (controller/links.py; close() ends and joins them all, and the
-accept thread). The accept loop outlives any accept() error (out of fds: it
-waits and goes on); controller/admission.py caps the connections in their handshake
-(which has one deadline) and closes the rest at once.
-A frame that fails its MAC or sequence check ends its connection and is counted
-(`rejected_frames`) and logged. Every frame refreshes the node's `last_seen`; reports queue up
-until the fleet takes them; replies are matched to commands by id. A node that reconnects
-(a blip, or a restarted controller) gets its unanswered commands again under the same ids:
-the agent answers those from memory.
+accept thread). The accept loop outlives any accept() error (out of fds: it waits and goes
+on); controller/admission.py caps the connections in their handshake (one deadline) and
+closes the rest at once. A frame that fails its MAC or sequence check ends its connection
+and is counted (`rejected_frames`) and logged. A node is heard when its bytes come and its
+link is down when its peer hangs up, however far behind the parsing is (links.Heard);
+reports queue until the fleet takes them; replies are matched to commands by id. A
+node that reconnects (a blip, a restarted controller) gets its unanswered commands again
+under the same ids: the agent answers those from memory.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.controller.admission import Admission
-from trainguard.controller.links import LinkReader
+from trainguard.controller.links import Heard, LinkReader
 from trainguard.protocol import NodeReport, Op
 from trainguard.wire import (
     Conn,
@@ -52,10 +52,19 @@ class NodeLink:
     agent_pid: int | None = None
     conn: Conn | None = None
     generation: int = 0
-    last_seen: float = 0.0
+    heard: Heard = field(default_factory=Heard)  # this connection's (the reader updates it)
+    hangup_at: float | None = None  # its peer hung up; the reader still reads what is left
     disconnected_at: float | None = None
     reports: deque[NodeReport] = field(default_factory=deque)  # appended without the lock
     hello_report: NodeReport | None = None
+
+    def up(self) -> bool:
+        return self.conn is not None and self.hangup_at is None
+
+    def down_for(self, now: float) -> float:
+        """Seconds since its link went down (hung up or ended); 0 while up."""
+        since = self.hangup_at if self.conn is not None else self.disconnected_at
+        return 0.0 if since is None else now - since
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,7 @@ class Hub:
         self._closed = False
         self._readers: dict[threading.Thread, Conn] = {}  # one per connection
         self._news = threading.Event()  # a report, a reply, a link up or down: wait() returns
-        self._links = LinkReader(self._on_frame, self._on_closed)  # every welcomed link
+        self._links = LinkReader(self._on_frame, self._on_closed, self._on_hangup)
         self._admission = Admission()  # who may be in a handshake (controller/admission.py)
         self.rejected_frames = 0  # authenticated connections ended by a forged frame
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -147,23 +156,28 @@ class Hub:
                 attached = self._attach(conn, hello)
             finally:
                 self._admission.leave(host)
-        except WireError as e:
-            log.warning("refused a connection: %s", e)
-            conn.close()
-            return
-        except Exception:  # a bug must not leave the connection open or kill silently
-            log.exception("refused a connection from %s", conn.peer)
-            conn.close()
-            return
+        except Exception as e:  # a bug, too, must not leave the connection open or kill silently
+            if isinstance(e, WireError):
+                log.warning("refused a connection: %s", e)
+            else:
+                log.exception("refused a connection from %s", conn.peer)
+            attached = None
         if attached is None:
             conn.close()
             return
-        self._links.add(conn, attached)  # from now on one thread reads every link
+        self._links.add(conn, attached, attached[0].heard)  # one thread reads every link
 
     def _on_frame(self, attached: tuple[NodeLink, int], msg: dict[str, Any]) -> None:
-        link = attached[0]
-        link.last_seen = time.monotonic()  # no lock per frame: thousands of links
-        self._frame(link, msg)
+        self._frame(attached[0], msg)  # no lock per frame: thousands of links
+
+    def _on_hangup(self, attached: tuple[NodeLink, int], at: float) -> None:
+        """Down from `at` on, while the reader may still parse frames that came before."""
+        link, gen = attached
+        with self._cond:
+            if link.generation == gen and link.hangup_at is None:
+                link.hangup_at = at
+            self._cond.notify_all()
+        self._news.set()
 
     def _on_closed(self, attached: tuple[NodeLink, int], conn: Conn, e: Exception) -> None:
         link, gen = attached
@@ -173,7 +187,8 @@ class Hub:
             if isinstance(e, FrameRejected):
                 self.rejected_frames += 1
             if link.generation == gen:
-                link.conn, link.disconnected_at = None, time.monotonic()
+                link.disconnected_at = link.hangup_at or time.monotonic()
+                link.conn, link.hangup_at = None, None
                 log.info("node %s disconnected: %s", link.name, e)
             self._cond.notify_all()
         self._news.set()
@@ -200,12 +215,12 @@ class Hub:
             link = self.links.setdefault(name, NodeLink(name))
             old = link.conn  # the same agent again: its old connection is dead
             link.generation += 1
-            link.conn, link.disconnected_at = conn, None
+            link.conn, link.disconnected_at, link.hangup_at = conn, None, None
             link.host = str(hello.get("host") or conn.peer)
             if isinstance(hello.get("addr"), str) and hello["addr"]:
                 link.addr = hello["addr"]
             link.agent_pid = pid if isinstance(pid, int) else None
-            link.last_seen = time.monotonic()
+            link.heard = Heard(time.monotonic())
             link.hello_report = report
             if report is not None:
                 link.reports.append(report)
@@ -243,32 +258,25 @@ class Hub:
     def connected(self, name: str) -> bool:
         with self._cond:
             link = self.links.get(name)
-            return link is not None and link.conn is not None
+            return link is not None and link.up()
 
     def silent_for(self, name: str) -> float:
         """Seconds since the node's last frame (inf for a node never seen)."""
         with self._cond:
             link = self.links.get(name)
-            return float("inf") if link is None else time.monotonic() - link.last_seen
+            return float("inf") if link is None else time.monotonic() - link.heard.at()
 
     def disconnected_for(self, name: str) -> float:
         with self._cond:
             link = self.links.get(name)
-            if link is None:
-                return float("inf")
-            if link.conn is not None or link.disconnected_at is None:
-                return 0.0
-            return time.monotonic() - link.disconnected_at
+            return float("inf") if link is None else link.down_for(time.monotonic())
 
     def links_now(self) -> dict[str, LinkState]:
-        """Every known node's link, taken under the lock once (thousands of links contend
-        for it: per-node queries would queue behind every reader thread)."""
+        """Every known node's link, under the lock once (not once per node: thousands)."""
         with self._cond:
             links = list(self.links.items())
         now = time.monotonic()
-        return {n: LinkState(link.conn is not None, now - link.last_seen,
-                             0.0 if link.conn is not None or link.disconnected_at is None
-                             else now - link.disconnected_at)
+        return {n: LinkState(link.up(), now - link.heard.at(), link.down_for(now))
                 for n, link in links}
 
     def take_all_reports(self) -> dict[str, list[NodeReport]]:
@@ -293,7 +301,7 @@ class Hub:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                missing = [n for n in names if n not in self.links or self.links[n].conn is None]
+                missing = [n for n in names if n not in self.links or not self.links[n].up()]
                 left = deadline - time.monotonic()
                 if not missing or left <= 0:
                     return missing
@@ -347,11 +355,8 @@ class Hub:
             return out
 
     def _gone(self, name: str, lost_after_s: float) -> bool:
-        link = self.links.get(name)
-        if link is None or link.conn is not None:
-            return link is None  # a silent one is caught by the caller's timeout
-        return (link.disconnected_at is not None
-                and time.monotonic() - link.disconnected_at > lost_after_s)
+        link = self.links.get(name)  # a silent one is caught by the caller's timeout
+        return link is None or link.down_for(time.monotonic()) > lost_after_s
 
     def forget(self, name: str) -> None:
         """Drop a node (isolated or lost): its connection closes, its agent may reconnect
