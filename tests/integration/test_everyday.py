@@ -101,3 +101,32 @@ def test_restart_args_are_added_on_every_attempt_but_the_first(tmp_path: Path) -
     assert r.returncode == 0, r.stderr[-2000:]
     assert "args ['--base']" in r.stdout
     assert "args ['--base', '--init_from=resume', '--x', '1']" in r.stdout
+
+
+def test_a_job_that_reports_no_steps_shows_its_last_checkpoint_as_progress(
+        tmp_path: Path) -> None:
+    """`--quiet` prints no step lines; its committed checkpoints are its progress in
+    `status`, `ls` and `metrics`, each saying so; before anything, no NaN step."""
+    job = tmp_path / "runs" / "quiet"
+    from trainguard.controller.store import JobStore
+
+    with JobStore.create(tmp_path / "runs" / "empty", "run-e") as s:
+        s.set_meta(state="pending")
+    empty = tg("metrics", str(tmp_path / "runs" / "empty")).stdout
+    assert "trainguard_job_state" in empty and "NaN" not in empty.split("# HELP trainguard_"
+                                                                       "elapsed")[0]
+    assert "\ntrainguard_step " not in empty
+    r = tg("run", "--nproc-per-node", "1", "--job-dir", str(job), str(EXAMPLE), "--steps",
+           "12", "--ckpt-every", "5", "--quiet", timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert " step 1 " not in r.stdout
+    status = json.loads(tg("status", str(job), "--json").stdout)
+    assert status["last_progress"]["step"] == 12  # the last save, at the end
+    assert status["last_progress"]["source"] == "checkpoint"
+    assert "(last committed checkpoint" in tg("status", str(job)).stdout
+    listed = {r["job_dir"]: r for r in json.loads(tg("ls", str(job.parent), "--json").stdout)}
+    assert listed[str(job.resolve())]["last_step"] == 12
+    assert "12 (checkpoint)" in tg("ls", str(job.parent)).stdout
+    metrics = tg("metrics", str(job)).stdout
+    assert "\ntrainguard_step 12.0" in metrics
+    assert 'trainguard_progress_source{source="checkpoint"} 1.0' in metrics

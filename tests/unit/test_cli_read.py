@@ -221,7 +221,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         1,
         3,
     )
-    assert doc["last_progress"] == {"step": 500, "time": iso(at(299))}
+    assert doc["last_progress"] == {"step": 500, "time": iso(at(299)), "source": "step"}
     assert all(set(r) == RANK_KEYS for r in doc["ranks"])
     assert doc["ranks"][1] == {
         "rank": 1,

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from trainguard.cli.fmt import clock_or_dash, dash, meta_time, plural, print_json, print_table
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import shown_state
+from trainguard.controller.store_rows import last_progress, shown_state
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import DEFAULT_RUNS_DIR
@@ -161,11 +161,13 @@ def job_row(job_dir: Path) -> dict[str, Any]:
         with JobStore.open(job_dir) as store:
             meta = store.meta()
             attempts = len(store.running_records())
+            progress = last_progress(meta, store.last_checkpoint())
     except StoreError as e:
         return row | {"run_id": None, "state": "unreadable", "error": str(e)}
     return row | {
         "run_id": meta.get("run_id"), "state": shown_state(meta), "attempts": attempts,
-        "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
+        "last_step": progress["step"], "last_progress_at": progress["time"],
+        "progress_source": progress["source"],
         "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at")}
 
 
@@ -187,7 +189,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         table.add_column(name, no_wrap=name != "JOB DIR")
     for r in rows:
         table.add_row(dash(r["run_id"]), dash(r["state"]), dash(r.get("attempts")),
-                      dash(r.get("last_step")), _when(r.get("last_progress_at")),
+                      _step(r), _when(r.get("last_progress_at")),
                       _size(r["size_bytes"]), r["job_dir"])
     print_table(table)
     return ExitCode.SUCCESS
@@ -237,6 +239,12 @@ def _size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def _step(row: dict[str, Any]) -> str:
+    """The STEP cell: a job that reports no steps shows its last committed checkpoint."""
+    ckpt = " (checkpoint)" if row.get("progress_source") == "checkpoint" else ""
+    return dash(row.get("last_step")) + ckpt
 
 
 def _when(value: Any) -> str:

@@ -24,7 +24,12 @@ from trainguard.cli.fmt import (
     print_table,
 )
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
-from trainguard.controller.store_rows import launcher_dead, node_order, shown_state
+from trainguard.controller.store_rows import (
+    last_progress,
+    launcher_dead,
+    node_order,
+    shown_state,
+)
 from trainguard.exitcodes import ExitCode
 from trainguard.records import Event, Reason, RunningRecord, iso, recoveries_by_rung
 from trainguard.states import JobState, NodeState, WorkerState
@@ -36,6 +41,8 @@ _STATE_STYLES: dict[str, str] = {  # of workers, then of nodes
     WorkerState.STOPPED: "yellow", NodeState.HEALTHY: "green", NodeState.SPARE: "cyan",
     NodeState.LOST: "bold red", NodeState.ISOLATED: "yellow", "lost": "bold red",
 }
+# how `status` and `ls` say where the last progress comes from (store_rows.last_progress)
+PROGRESS_SOURCES = {"checkpoint": " (last committed checkpoint; the job reports no steps)"}
 # (budget name, meta key of what is used, meta key of the maximum in `budgets`)
 _BUDGETS = (("restarts", "restarts_used", "max_restarts"),
             ("hang_restarts_in_a_row", "hang_restarts", "max_hang_restarts"),
@@ -48,7 +55,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     meta = store.meta()
     hang_events = [ev for _, ev in store.events(reasons=_HANG_REASONS)]
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes(),
-                     store.running_records(), hang_events)
+                     store.running_records(), hang_events, store.last_checkpoint())
     if args.json:
         print_json(doc)
         return ExitCode.SUCCESS
@@ -60,7 +67,9 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     progress = doc["last_progress"]
     at = meta_time(progress["time"])
     when = "never" if at is None else f"at {clock(at)}"
-    console.print(f"last progress: step {dash(progress['step'])} {when}", highlight=False)
+    source = PROGRESS_SOURCES.get(progress["source"], "")
+    console.print(f"last progress: step {dash(progress['step'])} {when}{source}",
+                  highlight=False)
     if doc["hang"]:
         h = doc["hang"]
         console.print(f"hang: confirmed at {clock_or_dash(h['confirmed_at'])} on rank(s) "
@@ -83,10 +92,14 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
 
 def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                nodes: list[NodeRow] | None = None, records: list[RunningRecord] | None = None,
-               hang_events: list[Event] | None = None) -> dict[str, Any]:
-    """The `status --json` document; `nodes` is empty for a single-node job."""
+               hang_events: list[Event] | None = None,
+               checkpoint: tuple[int, str] | None = None) -> dict[str, Any]:
+    """The `status --json` document; `nodes` is empty for a single-node job;
+    `checkpoint`: (step, time) of the last committed one, the progress of a job that
+    reports no steps."""
     state = shown_state(meta)
     by_rung = recoveries_by_rung(records or [])
+    progress = last_progress(meta, checkpoint)
     return {
         "run_id": meta.get("run_id"),
         "state": state,
@@ -100,10 +113,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "launcher": {"pid": meta.get("launcher_pid"), "host": meta.get("launcher_host"),
                      "alive": None if meta.get("launcher_pid") is None
                      else not launcher_dead(meta)},
-        "last_progress": {
-            "step": meta.get("last_step"),
-            "time": iso(meta_time(meta.get("last_progress_at"))),
-        },
+        "last_progress": {**progress, "time": iso(meta_time(progress["time"]))},
         "ranks": [_rank_dict(w, state) for w in sorted(workers, key=lambda w: w.rank)],
         "job_dir": meta.get("job_dir") or job_dir,
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],

@@ -9,6 +9,8 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
+from trainguard.records import Reason
+
 
 class LedgerTables:
     _conn: sqlite3.Connection
@@ -48,6 +50,16 @@ class LedgerTables:
                 f"SELECT time, attempt{picks} FROM events WHERE reason = ? ORDER BY id",
                 (*(f'$."{k}"' for k in keys), reason)).fetchall()
         return [(r[0], r[1], tuple(r[2:])) for r in rows]
+
+    def last_checkpoint(self) -> tuple[int, str] | None:
+        """(step, ISO time) of the newest checkpoint committed (`CheckpointSaved`), or None."""
+        if self._version < 2:
+            return None
+        with self._errors("read events from"):
+            row = self._conn.execute(
+                "SELECT json_extract(data, '$.step'), time FROM events WHERE reason = ? "
+                "ORDER BY id DESC LIMIT 1", (Reason.CHECKPOINT_SAVED.value,)).fetchone()
+        return (row[0], row[1]) if row is not None and isinstance(row[0], int) else None
 
     def last_event_time(self) -> float | None:
         """When the newest event was recorded (epoch seconds); None without events."""

@@ -135,6 +135,17 @@ def shown_state(meta: dict[str, Any]) -> str | None:
     return recorded.value
 
 
+def last_progress(meta: dict[str, Any], checkpoint: tuple[int, str] | None
+                  ) -> dict[str, Any]:
+    """The job's last progress: the last step its workers reported (`source` "step"), or,
+    for a job that reports no steps (`--quiet`, a script that only saves checkpoints), its
+    last committed checkpoint (`source` "checkpoint"); all None before either."""
+    step, at = meta.get("last_step"), meta.get("last_progress_at")
+    if step is None and checkpoint is not None:
+        return {"step": checkpoint[0], "time": checkpoint[1], "source": "checkpoint"}
+    return {"step": step, "time": at, "source": None if step is None else "step"}
+
+
 def launcher_dead(meta: dict[str, Any]) -> bool:
     """Whether the launcher recorded in meta is known to be gone: it ran on this host and
     its pid is no longer there (on another host nobody here can tell: False)."""

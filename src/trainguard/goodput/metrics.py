@@ -24,7 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import shown_state
+from trainguard.controller.store_rows import last_progress, shown_state
 from trainguard.goodput.interval import IntervalAdvice, advise
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.read import Save, job_goodput, saves
@@ -81,7 +81,7 @@ def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric
     records = store.running_records()
     commits = saves(store)
     g = job_goodput(store, now, commits, meta, records)
-    yield from _job(meta, records)
+    yield from _job(meta, store.last_checkpoint())
     yield from _goodput(g)
     yield from _recoveries(records)
     yield from _steps(g)
@@ -95,24 +95,35 @@ def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric
     yield nodes
 
 
-def _job(meta: dict[str, object], records: list[RunningRecord]) -> Iterator[Metric]:
+def _job(meta: dict[str, object], checkpoint: tuple[int, str] | None) -> Iterator[Metric]:
     state = GaugeMetricFamily("trainguard_job_state", "1 for the job's current state",
                               labels=["state"])
     now = shown_state(meta)
     for s in JobState:
         state.add_metric([s.value], 1.0 if s.value == now else 0.0)
     yield state
+    # a value not known yet (no attempt, no step) is absent, never NaN
     attempt = meta.get("attempt")
-    yield GaugeMetricFamily("trainguard_attempt", "the current attempt (0: the first)",
-                            value=float(attempt) if isinstance(attempt, int) else float("nan"))
-    step = meta.get("last_step")
-    yield GaugeMetricFamily("trainguard_step", "the last step the workers reported",
-                            value=float(step) if isinstance(step, int) else float("nan"))
-    at = meta.get("last_progress_at")
+    if isinstance(attempt, int):
+        yield GaugeMetricFamily("trainguard_attempt", "the current attempt (0: the first)",
+                                value=float(attempt))
+    progress = last_progress(meta, checkpoint)
+    if isinstance(progress["step"], int):
+        yield GaugeMetricFamily("trainguard_step", "the last step the workers reported, or, "
+                                "for a job that reports no steps, its last committed "
+                                "checkpoint's (trainguard_progress_source says which)",
+                                value=float(progress["step"]))
+        source = GaugeMetricFamily("trainguard_progress_source", "1 for where "
+                                   "trainguard_step comes from", labels=["source"])
+        for name in ("step", "checkpoint"):
+            source.add_metric([name], 1.0 if name == progress["source"] else 0.0)
+        yield source
+    at = progress["time"]
     last = from_iso(at) if isinstance(at, str) else None
-    yield GaugeMetricFamily("trainguard_last_progress_timestamp_seconds",
-                            "when the workers last reported a step (Unix time)",
-                            value=last.timestamp() if last else float("nan"))
+    if last is not None:
+        yield GaugeMetricFamily("trainguard_last_progress_timestamp_seconds",
+                                "when the job last made progress (Unix time)",
+                                value=last.timestamp())
 
 
 def _goodput(g: Goodput) -> Iterator[Metric]:
