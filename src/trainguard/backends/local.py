@@ -4,7 +4,8 @@ Each agent runs in its own session (its own process group), so killing a node is
 that group: the agent dies, and its guardian kills the node's workers. Isolation keeps the
 node out of the job's placement (there is no cluster to drain it from). An agent adopted by
 PID (a restarted controller's) is signalled only while that PID still leads its group and
-runs `trainguard.node.main --node NODE`: a PID reused by another process is never killed.
+runs `trainguard.node.main --node NODE`, and through pidfds taken before that check: a PID
+reused by another process, even right after the check, is never killed (audit D8).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import select
 import signal
 import subprocess
 from pathlib import Path
@@ -34,6 +36,65 @@ def is_agent_of(pid: int, node: str) -> bool:
     return AGENT_MODULE in argv and ("--node", node) in pairs
 
 
+def signal_agent(pid: int, node: str, sig: int = signal.SIGKILL) -> bool:
+    """Send `sig` to `node`'s agent `pid` and the rest of its process group, only while it
+    is that agent; False when it is not (ended, or the PID is another process's now).
+    A pidfd names one process for good: it is taken before the check, the check holds only
+    if that process still runs after it, and the signals go through pidfds, so a PID reused
+    between the check and the signal is never hit. Without pidfds (Linux < 5.3) the check,
+    then killpg: a reuse in those microseconds is the limit there."""
+    try:
+        leader = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfds on this system
+        if not is_agent_of(pid, node):
+            return False
+        with contextlib.suppress(OSError):
+            os.killpg(pid, sig)
+        return True
+    fds = [leader]
+    try:
+        if not is_agent_of(pid, node) or _exited(leader):
+            return False
+        fds += _group_members(pid, leader)
+        for fd in fds:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, sig)
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _exited(pidfd: int) -> bool:
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)  # readable once the process has exited
+    return bool(p.poll(0))
+
+
+def _group_members(pgid: int, leader: int) -> list[int]:
+    """pidfds of the other processes in the group that the live process behind `leader`
+    leads (a group id is a PID: while its leader runs, no other group can have it)."""
+    fds: list[int] = []
+    for pid in psutil.pids():
+        try:
+            if pid == pgid or os.getpgid(pid) != pgid:
+                continue
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            member = os.getpgid(pid) == pgid and not _exited(fd) and not _exited(leader)
+        except OSError:
+            member = False
+        if member:
+            fds.append(fd)
+        else:
+            os.close(fd)
+    return fds
+
+
 class LocalAgent:
     def __init__(self, node: str, proc: subprocess.Popen[bytes] | None, pid: int | None) -> None:
         self.node, self._proc, self._pid = node, proc, pid
@@ -48,13 +109,15 @@ class LocalAgent:
         return self._pid is None or not is_agent_of(self._pid, self.node)
 
     def kill(self) -> None:
-        pid = self.pid
-        if pid is not None and not self.ended():
+        if self._proc is None:  # adopted: its PID may be anyone's now
+            if self._pid is not None:
+                signal_agent(self._pid, self.node)
+            return
+        if self._proc.poll() is None:  # our child: its PID is ours until we reap it
             with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
 
 
 class LocalBackend:
