@@ -116,6 +116,7 @@ def test_a_job_that_reports_no_steps_shows_its_last_checkpoint_as_progress(
     assert "trainguard_job_state" in empty and "NaN" not in empty.split("# HELP trainguard_"
                                                                        "elapsed")[0]
     assert "\ntrainguard_step " not in empty
+    assert "\ntrainguard_checkpoint_last_committed_step " not in empty
     r = tg("run", "--nproc-per-node", "1", "--job-dir", str(job), str(EXAMPLE), "--steps",
            "12", "--ckpt-every", "5", "--quiet", timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -192,9 +192,9 @@ def _checkpoints(store: JobStore, commits: list[Save]) -> Iterator[Metric]:
     hist.add_metric([], *_buckets([(1, b) for b in blocking], BLOCKING_BUCKETS))
     yield hist
     steps = [c.step for c in commits if c.step is not None]
-    yield GaugeMetricFamily("trainguard_checkpoint_last_committed_step",
-                            "the newest committed checkpoint's step",
-                            value=float(max(steps)) if steps else float("nan"))
+    if steps:  # absent before the first commit, never NaN
+        yield GaugeMetricFamily("trainguard_checkpoint_last_committed_step",
+                                "the newest committed checkpoint's step", value=float(max(steps)))
     yield CounterMetricFamily("trainguard_checkpoint_failures", "checkpoint saves that failed",
                               value=len(store.event_values(
                                   Reason.CHECKPOINT_SAVE_FAILED.value, ())))
