@@ -131,3 +131,19 @@ def test_a_job_that_reports_no_steps_shows_its_last_checkpoint_as_progress(
     metrics = tg("metrics", str(job)).stdout
     assert "\ntrainguard_step 12.0" in metrics
     assert 'trainguard_progress_source{source="checkpoint"} 1.0' in metrics
+
+
+def test_workers_stopped_counts_the_workers_it_stopped(tmp_path: Path) -> None:
+    """A 1-rank job has no other workers to stop: the event says so instead of "the other
+    workers"; with 2 ranks it names the one it stopped."""
+    script = tmp_path / "s.py"
+    script.write_text("import os, sys, time\nif os.environ['RANK'] == '0':\n    sys.exit(3)\n"
+                      "time.sleep(60)\n")
+    for n, expected in (("1", "no other workers to stop (the job has 1 rank)"),
+                        ("2", "stopped 1 other worker(s): rank(s) 1 (grace 3s)")):
+        job = tmp_path / f"j{n}"
+        r = tg("run", "--nproc-per-node", n, "--grace-period", "3", "--job-dir", str(job),
+               str(script), timeout=120)
+        assert r.returncode == 1, r.stderr[-2000:]
+        events = json.loads(tg("events", str(job), "--json", "--reason", "WorkersStopped").stdout)
+        assert [e["message"] for e in events] == [expected]

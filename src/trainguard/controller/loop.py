@@ -198,9 +198,13 @@ class Controller:
 
     def _stop_rest(self, attempt: int, reason: str, dead: list[int] | None = None) -> NodeReport:
         report = self._stop(reason, dead)
-        self.rec.event(Level.INFO, Reason.WORKERS_STOPPED,
-                       f"stopped the {'other' if dead else 'hung'} workers (grace "
-                       f"{self.spec.grace_period_s:g}s)", attempt=attempt)
+        what = "other" if dead else "hung"
+        ranks = [w.rank for w in report.workers if w.state == WorkerState.STOPPED]
+        done = (f"stopped {len(ranks)} {what} worker(s): rank(s) {', '.join(map(str, ranks))} "
+                f"(grace {self.spec.grace_period_s:g}s)" if ranks else "no other workers to "
+                "stop (the job has 1 rank)" if len(report.workers) == 1 else
+                f"no {what} workers left to stop (every rank had exited)")
+        self.rec.event(Level.INFO, Reason.WORKERS_STOPPED, done, attempt=attempt)
         return report
 
     def _in_place(self, attempt: int, decision: Decision, case: InProcessCase | None,
