@@ -49,6 +49,19 @@ def add_logs_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.set_defaults(func=cmd_logs)
 
 
+def _missing(log_dir: Path, rank: int, attempt: int | None, attempts: list[int]) -> str:
+    """Why there is no log to show, naming the ranks (and attempts) that have one."""
+    ranks = sorted({int(m.group(1)) for f in log_dir.glob("attempt-*/rank-*.log")
+                    if (m := re.fullmatch(r"rank-(\d+)\.log", f.name))})
+    where = "" if attempt is None else f" in attempt {attempt}"
+    if rank not in ranks:
+        have = ", ".join(map(str, ranks))
+        return (f"the job has no rank {rank}: its ranks are {have} (pick one with --rank)"
+                if ranks else f"no rank has a log under {log_dir} yet")
+    return (f"no log of rank {rank}{where} under {log_dir}; attempts with one: "
+            f"{', '.join(map(str, attempts))} (pick one with --attempt)")
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     job_dir = Path(args.job_dir)
     try:
@@ -62,10 +75,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     attempts = rank_attempts(log_dir, args.rank)
     attempt = args.attempt if args.attempt is not None else (attempts[-1] if attempts else None)
     if attempt is None or (not args.follow and attempt not in attempts):
-        have = ", ".join(map(str, attempts)) or "none yet"
-        print(f"trainguard logs: no log of rank {args.rank}"
-              + ("" if attempt is None else f" in attempt {attempt}")
-              + f" under {log_dir} (attempts with one: {have}); pick --rank/--attempt",
+        print(f"trainguard logs: {_missing(log_dir, args.rank, attempt, attempts)}",
               file=sys.stderr)
         return ExitCode.NO_JOB
     out = _Out(args.json, args.rank)

@@ -1,0 +1,35 @@
+"""Small things the second new-user walk-through found, each through the real command
+(`python -m trainguard`, a real job store and files)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from trainguard.controller.store import JobStore
+
+TG = [sys.executable, "-m", "trainguard"]
+
+
+def tg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=60,
+                          check=False, cwd=cwd)
+
+
+def a_job(job: Path, ranks: int) -> Path:
+    with JobStore.create(job, "run-w") as s:
+        s.set_meta(state="succeeded", log_dir=str(job / "logs"))
+    for r in range(ranks):
+        log = job / "logs" / "attempt-0" / f"rank-{r}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"2026-01-01T00:00:00+00:00 out hello from {r}\n")
+    return job
+
+
+def test_logs_of_a_rank_the_job_does_not_have_names_the_ranks_it_has(tmp_path: Path) -> None:
+    job = a_job(tmp_path / "j", 2)
+    r = tg("logs", str(job), "--rank", "5")
+    assert r.returncode == 2
+    assert "the job has no rank 5: its ranks are 0, 1" in r.stderr
+    assert "hello from 1" in tg("logs", str(job), "--rank", "1").stdout
