@@ -315,3 +315,16 @@ def test_most_of_a_big_fleet_silent_at_once_is_this_controller_behind() -> None:
     assert f.lost_now() == {}
     hub.silent.update({"n2": 0.1, "n3": 0.1})  # 4 of 6 heard: n0 and n1 are silent
     assert set(f.lost_now()) == {"n0", "n1"}
+
+
+def test_a_node_lost_while_poll_waits_for_its_next_merge_is_reported_without_waiting() -> None:
+    """Merges are rate-limited (O(ranks): one a second at 4,000 nodes); the loss check is
+    not (O(nodes)): a node lost meanwhile is reported within MIN_POLL_S, not at the merge
+    after (issue 16: loss noticed within the grace or timeout + 1 s at scale)."""
+    f, hub, _ = fleet(("a", "b", *(f"n{i}" for i in range(4000))))
+    assert f.poll(wait_s=0.01).lost_nodes == []
+    hub.connected_nodes.discard("b")
+    hub.disconnected["b"] = 3.5  # past the 3 s grace
+    t = time.monotonic()
+    assert f.poll(wait_s=0.01).lost_nodes == ["b"]
+    assert time.monotonic() - t < 0.5  # the next merge was due 1 s after the first

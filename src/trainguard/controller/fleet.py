@@ -246,7 +246,10 @@ class Fleet:
         if wait_s > 0:  # woken by any frame: thousands of nodes send thousands a second,
             self.hub.wait(wait_s)  # so a merge of every node's facts is rate-limited
             every = max(MIN_POLL_S, MERGE_S_PER_NODE * len(self.nodes))
-            time.sleep(max(self._polled_at + every - time.monotonic(), 0.0))
+            while time.monotonic() < self._polled_at + every:  # a merge is O(ranks), a loss
+                time.sleep(MIN_POLL_S)  # check O(nodes): a node newly lost ends the wait
+                if not set(self.lost_now()) <= set(self.lost):
+                    break
         self._polled_at = time.monotonic()
         placed = set(self.placement)
         for name, reports in self.hub.take_all_reports().items():
