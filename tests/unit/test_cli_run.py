@@ -371,9 +371,12 @@ def test_the_fix_for_a_bad_value_names_a_flag_that_trainguard_run_accepts(
 
 
 def test_dry_run_prints_the_effective_settings_and_starts_nothing(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
     job = tmp_path / "job.yaml"
     job.write_text("max_restarts: 7\nhang_floor_s: 30\n")
     code = main(["run", "--dry-run", "--scenario", "llm", "--config", str(job),
@@ -383,6 +386,7 @@ def test_dry_run_prints_the_effective_settings_and_starts_nothing(
     # preset (llm: memory snapshots) < job file (hang floor) < flags (max restarts)
     assert (doc["memory_every"], doc["hang_floor_s"], doc["max_restarts"]) == (10, 30.0, 9)
     assert doc["entrypoint"] == "train.py" and doc["args"] == ["--x"]
+    assert doc["job_dir"] == str(tmp_path / "j") and doc["run_id"] is None
     assert not (tmp_path / "j").exists()
 
 

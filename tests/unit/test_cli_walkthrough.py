@@ -33,3 +33,21 @@ def test_logs_of_a_rank_the_job_does_not_have_names_the_ranks_it_has(tmp_path: P
     assert r.returncode == 2
     assert "the job has no rank 5: its ranks are 0, 1" in r.stderr
     assert "hello from 1" in tg("logs", str(job), "--rank", "1").stdout
+
+
+def test_dry_run_shows_the_job_dir_says_when_the_run_id_comes_and_checks_the_script(
+        tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "train.py").write_text("")
+    first, again = (json.loads(tg("run", "--dry-run", "train.py", cwd=tmp_path).stdout)
+                    for _ in range(2))
+    assert first == again  # nothing random
+    assert first["run_id"] is None and "assigned at launch" in first["run_id_note"]
+    assert first["job_dir"] == str(tmp_path / "trainguard-runs" / "<run id>")
+    held = a_job(tmp_path / "held", 1)  # a relaunch of a job dir continues its run id
+    doc = json.loads(tg("run", "--dry-run", "--job-dir", str(held), "train.py",
+                        cwd=tmp_path).stdout)
+    assert (doc["run_id"], doc["job_dir"]) == ("run-w", str(held))
+    missing = tg("run", "--dry-run", "nosuch.py", cwd=tmp_path)
+    assert missing.returncode == 2 and "'nosuch.py' is not a file" in missing.stderr

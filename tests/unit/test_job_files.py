@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "job.yaml"
 
 
+@pytest.fixture(autouse=True)
+def _in_a_dir_with_the_scripts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run --dry-run` checks that the script is there, as `run` does."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("t.py", "train.py", "mine.py"):
+        (tmp_path / name).write_text("")
+
+
 def dry_run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     assert main(["run", "--dry-run", *argv]) == 0, capsys.readouterr().err
     doc: dict[str, Any] = json.loads(capsys.readouterr().out)
@@ -104,6 +112,7 @@ def test_the_entrypoint_of_a_job_file_is_found_next_to_the_job_file_not_in_the_c
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "train.py").write_text("")
     path = job(tmp_path / "jobs", "entrypoint: train.py\n")
     monkeypatch.chdir(tmp_path)
     assert dry_run(capsys, "--config", str(path))["entrypoint"] == str(tmp_path / "jobs" /

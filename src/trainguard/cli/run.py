@@ -345,7 +345,32 @@ def _run_command(ns: argparse.Namespace) -> int:
         if key in vars(ns):
             print(f"trainguard: note: {note}", file=sys.stderr)
     spec = spec_from_args(ns)
+    argv = worker_argv(spec)  # a script that is not there fails here, dry run or not
     if getattr(ns, "dry_run", False):
-        sys.stdout.write(json.dumps(spec.model_dump(mode="json"), indent=2) + "\n")
+        sys.stdout.write(json.dumps(dry_run_doc(spec), indent=2) + "\n")
         return int(ExitCode.SUCCESS)
-    return launch(spec, worker_argv(spec), marker=uuid.uuid4().hex)
+    return launch(spec, argv, marker=uuid.uuid4().hex)
+
+
+def dry_run_doc(spec: JobSpec) -> dict[str, Any]:
+    """The effective settings as `run` would use them: the job dir (and log and checkpoint
+    dirs) it would use, and the run id: given, the stored one of a job dir that holds a job
+    (a relaunch continues it), or `null` when a new one is assigned at launch."""
+    from trainguard.launch import continued_run
+    from trainguard.paths import JobPaths
+
+    new_id = "run_id" not in spec.model_fields_set
+    if new_id and spec.job_dir is not None:
+        drawn = spec.run_id
+        spec = continued_run(spec, JobPaths.for_spec(spec, Path.cwd()).job_dir)
+        new_id = spec.run_id == drawn
+    paths = JobPaths.for_spec(spec, Path.cwd())
+    doc = spec.model_dump(mode="json")
+    doc.update(job_dir=str(paths.job_dir), log_dir=str(paths.log_dir),
+               checkpoint_dir=paths.checkpoint_dir)
+    if new_id:
+        doc["run_id"] = None
+        doc["run_id_note"] = "assigned at launch (tg- and 8 hex digits)"
+        for key in ("job_dir", "log_dir", "checkpoint_dir"):
+            doc[key] = doc[key].replace(spec.run_id, "<run id>")
+    return doc
