@@ -116,9 +116,11 @@ def test_a_bare_killed_line_is_found_anywhere_in_a_chunk() -> None:
 
 
 def test_no_prefilter_hit_runs_over_a_line_break() -> None:
-    """`\\d+ Killed\\s+\\S` must not swallow the start of the next line (and its hit)."""
+    """`\\d+ Killed\\s+\\S` must not swallow the start of the next line (and its hit); the
+    shell's job notice is an exit notice of its own (SIGKILL), with no rule."""
     found = scan(["bash: line 1: 4242 Killed", "CUDA out of memory. Tried to allocate 2.00 GiB"])
-    assert [(f.line, f.rule) for f in found] == [(2, "cuda-oom")]
+    assert [(f.line, f.rule, f.returncode) for f in found] == [(1, None, -9),
+                                                               (2, "cuda-oom", None)]
 
 
 @pytest.mark.parametrize("line", ["OSError: [Errno 24] Too many open files",

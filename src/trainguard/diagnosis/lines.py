@@ -12,6 +12,10 @@ from trainguard.worker.contract import STAMP_PATTERN
 _STAMP = re.compile("^" + STAMP_PATTERN)
 # line numbers some issue trackers add in front of pasted lines: "[1830] [rank3]:..."
 _PASTE_NUMBER = re.compile(r"^\[\d+\]\s+(?=\[(?:rank|default)\d+\])")
+# what a paste in an issue thread wraps a line in: quote markers ("> "), markdown emphasis or
+# code ticks, curly quotes (at the start and the end of the line)
+_PASTE_MARKUP = re.compile(r"^(?:>\s?)+(?=\S)|^(?:\*\*|`+|[\u201c\u201d])(?=\S)"
+                           r"|(?<=\S)(?:\*\*|`+|[\u201c\u201d])\s*$")
 # pdsh/DeepSpeed/mpirun host prefix in front of a rank prefix: "worker-1: [rank9]: ..."
 # Ray's actor prefix: "(RayTrainWorker pid=9672, ip=10.0.0.3) ..."
 _RAY = re.compile(r"^\((?:[\w.]+ )?pid=\d+(?:, ip=([\d.]+))?\)\s")
@@ -66,6 +70,7 @@ def split_prefix(line: str) -> Prefixed:
             at = None
         line = line[m.end():]
     line = _PASTE_NUMBER.sub("", line, count=1)
+    line = _PASTE_MARKUP.sub("", line)
     node = None
     ray = _RAY.match(line)
     if ray:

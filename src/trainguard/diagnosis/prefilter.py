@@ -28,7 +28,8 @@ EXTRA = (
     r"Traceback \(most recent call last\)|\w(?:Error|Exception|Exit|Interrupt)\b"
     r"|exitcode\s*:\s*-?\d+|exitcode: -?\d+|terminated with (?:signal|exit code)"
     r"|task \d+: |exits with return code|During handling of the above exception|died with <Signals"
-    r"|The above exception was the direct|WTERMSIG \d+"
+    r"|The above exception was the direct|WTERMSIG \d+|exited on signal \d+"
+    r"|line \d+:\s+\d+ (?:Killed|Segmentation fault|Bus error|Aborted|Terminated)"
 )
 MAX_MEM = 256 << 20
 # a regex's escapes, character classes and single characters; the anchors among them

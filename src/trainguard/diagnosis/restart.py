@@ -13,7 +13,10 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | gpu_hardware, npu_hardware_or_driver | the node is isolated (Xid, ECC, device) | yes |
 | gpu_hardware | not isolated | maybe |
 | npu_hardware_or_driver | not isolated (an operator or driver error) | its rule's |
+| port_conflict | the port is a well-known one (< 1024: a system service's) | no |
 | network_or_rendezvous | a name that does not resolve, ssh refused | no |
+| network_or_rendezvous | an address in 0.0.0.0/8 (a number read as a host: 0.0.0.5) | no |
+| network_or_rendezvous | more workers reached the store than the world has (stale) | no |
 | any other | - | the category's default |
 """
 
@@ -40,7 +43,14 @@ _BAD_ADDRESS = re.compile(
     r"name or service not known|host not found|could not resolve|nodename nor servname|"
     r"temporary failure in name resolution|no address associated|getaddrinfo|"
     r"\bssh\b.*(?:refused|denied|returned non-zero|exit status 255)|permission denied "
-    r"\(publickey", re.IGNORECASE)
+    r"\(publickey"
+    # an address in 0.0.0.0/8 is no host: a number taken for one (MASTER_ADDR=5 is 0.0.0.5)
+    r"|(?<![\w.])0\.(?!0\.0\.0(?![\d.]))\d{1,3}\.\d{1,3}\.\d{1,3}(?![\w.])", re.IGNORECASE)
+# a store-based barrier that counted more workers than the world has: a stale key or file
+_STALE = re.compile(r"world_size=(\d+), worker_count=(\d+)")
+# the port of a bind or connect ("[::]:22", "port 22", "127.0.0.1:22")
+_PORT = re.compile(r"(?:\]|\d\.\d{1,3}|\blocalhost|\bport)[: ]\s?(\d{1,5})\b", re.IGNORECASE)
+_WELL_KNOWN = 1024
 
 
 def desynced(findings: Sequence[Finding]) -> bool:
@@ -71,6 +81,8 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
             verdict, why = RestartHelps.NO, "a rank died of an error that repeats"
         else:
             verdict = RestartHelps.YES
+    elif cat == Category.PORT_CONFLICT and _well_known_port(d):
+        verdict, why = RestartHelps.NO, "a well-known port, a system service's, was configured"
     elif cat == Category.PORT_CONFLICT or (d.isolate_node and cat in _HARDWARE):
         verdict = RestartHelps.YES  # a fresh port; the job placed on healthy nodes
     elif cat == Category.GPU_HARDWARE:
@@ -81,7 +93,23 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
     elif cat == Category.NETWORK_OR_RENDEZVOUS and d.evidence is not None \
             and _BAD_ADDRESS.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "the address itself is wrong"
+    elif cat == Category.NETWORK_OR_RENDEZVOUS and _stale(findings):
+        verdict, why = RestartHelps.NO, ("more workers reached the store than the world has: "
+                                         "a stale rendezvous key or file")
     if verdict == d.restart_helps:
         return d
     advice = f"{d.advice} Restart helps: {verdict.value}" + (f" ({why})." if why else ".")
     return replace(d, restart_helps=verdict, advice=advice)
+
+
+def _well_known_port(d: Diagnosis) -> bool:
+    m = _PORT.search(d.evidence.text) if d.evidence is not None else None
+    return m is not None and 0 < int(m.group(1)) < _WELL_KNOWN
+
+
+def _stale(findings: Sequence[Finding]) -> bool:
+    for f in findings:
+        m = _STALE.search(f.text)
+        if m is not None and int(m.group(2)) > int(m.group(1)):
+            return True
+    return False

@@ -51,6 +51,12 @@ _EXIT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"died with <Signals\.(?P<sig>SIG[A-Z]+): \d+>"), ""),
     (re.compile(r"Signal \d+ \((?P<sig>SIG[A-Z]+)\) received by PID"), ""),
     (re.compile(rf"WTERMSIG (?P<code>{_N})\b"), "negate"),
+    # mpirun/mpiexec (Open MPI): "process rank 7 with PID 0 on node h exited on signal 9"
+    (re.compile(rf"process rank (?P<rank>{_N}) with PID \S+ on node \S+ exited on signal "
+                rf"(?P<code>{_N})\b"), "negate"),
+    # a shell's job notice: "slurm_script: line 9:  4727 Killed"
+    (re.compile(r"\bline \d+:\s+\d+ (?P<word>Killed|Segmentation fault|Bus error|Aborted"
+                r"|Terminated)\b"), ""),
     (re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"), ""),
 )
 _SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8,
@@ -189,10 +195,13 @@ class FileScan:
             if base + ls in self._consumed:  # a line of a traceback parsed already
                 self._consumed.discard(base + ls)
             elif _TB_HEADER.encode() in raw[:MAX_TEXT * 4]:  # (the part of a line read)
-                if self._traceback(buf, ls, le, base) is None and not final \
-                        and len(buf) - ls + after < TRACEBACK_RESERVE:
+                parsed = self._traceback(buf, ls, le, base)
+                if parsed is None and not final and len(buf) - ls + after < TRACEBACK_RESERVE:
                     self._consumed = {o for o in self._consumed if o >= base + ls}
                     return ls  # it runs past the end of buf: carry it over to the next chunk
+                if not parsed:  # no exception line follows: the header's line is read as
+                    # any other (a paste flattened onto one line ends in its error there)
+                    self._line(raw, self.lines + 1, base + ls)
             else:
                 self._line(raw, self.lines + 1, base + ls)
         self.lines += buf.count(b"\n", counted)

@@ -35,6 +35,11 @@ _SIGABRT = 6
 _MAX_SYMPTOMS = 10
 _RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank[ :=]\s?(\d+)\b|\[rank(\d+)\]")
 _IGNORED_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "BdbQuit")
+# exit notices of a batch system or an MPI launcher (Slurm's WTERMSIG and job script, srun,
+# mpirun): a SIGKILL they report with no OOM kill anywhere in the logs came from outside
+# (Slurm reports its own OOM kills: "Detected 1 oom-kill event(s)", a decisive rule)
+_BATCH_NOTICE = re.compile(r"WTERMSIG|slurm|\bsrun\b|\bmpi(?:run|exec)\b|noticed that process "
+                           r"rank", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,13 @@ def _from_exit(rank: int | None, code: int | None, oom: bool | None, at: datetim
     if sig is None:
         return None
     who = f"rank {rank}" if rank is not None else "a rank"
+    if sig == 9 and oom is None and finding is not None and _BATCH_NOTICE.search(finding.text):
+        return _Candidate(_SIGNAL_TIER, Category.KILLED_BY_SIGNAL_UNKNOWN,
+                          FaultDomain.INFRASTRUCTURE, RestartHelps.YES,
+                          "Restart; find out who sent the kill (a time limit, a preemption, an "
+                          "operator, the node).", 0.6, rank, finding, subcategory="sigkill",
+                          at=at, summary=f"{who} was killed by SIGKILL, as the batch system or "
+                          "MPI launcher reports, with no OOM kill in the logs")
     if sig == 9 and oom is not None:
         if oom:
             return _Candidate(_SIGNAL_TIER, Category.HOST_OOM, FaultDomain.INFRASTRUCTURE,
@@ -257,6 +269,8 @@ def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],
                 continue  # an abort the log explains (the NCCL watchdog, std::terminate)
             c = _from_exit(rank, f.returncode, None, f.at, f)
             if c is not None:
+                if c.category == Category.KILLED_BY_SIGNAL_UNKNOWN:  # the notice says who
+                    cands = [x for x in cands if x.finding is not f or x.tier < c.tier]
                 cands.append(c)
                 exit_ranks.add(_rank(f))
     for e in exits:
