@@ -9,7 +9,9 @@ tokens: no hub download), for trainguard's HF integration.
 At the end rank 0 prints `losses [[step, loss], ...]` (the trainer's log history: the whole
 run's, across restarts) and `weights sha256 HEX`. For the tests, EXAMPLE_KILL_AT=STEP makes
 rank 1 SIGKILL itself after that step on the first attempt (EXAMPLE_LEFTOVER=1: after leaving
-a half-written checkpoint directory behind, as a kill during a save would).
+a half-written checkpoint directory behind, as a kill during a save would); EXAMPLE_STOP_AT=STEP
+makes rank 0 run `trainguard stop` on its own job when it first reaches that step (once per
+output dir) and then slows every step to 1 s, so the drain lands mid-run.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,27 @@ class KillAt(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class StopAt(TrainerCallback):
+    """The tests' stop: rank 0 runs `trainguard stop` on its job after step N, as a user
+    would (once: a file in the output dir remembers it), then sleeps 1 s per step until the
+    drain stops the job."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.stopping = step, False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        done = Path(args.output_dir) / "example-stopped"
+        if state.global_step == self.step and os.environ.get("RANK") == "0" \
+                and not done.exists():
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.touch()
+            self.stopping = True
+            subprocess.Popen([sys.executable, "-m", "trainguard", "stop",
+                              os.environ["TRAINGUARD_JOB_DIR"]], stdout=subprocess.DEVNULL)
+        if self.stopping:
+            time.sleep(1.0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, help="the Trainer's output_dir")
@@ -83,6 +109,8 @@ def main() -> None:
     kill = os.environ.get("EXAMPLE_KILL_AT")
     if kill:
         trainer.add_callback(KillAt(int(kill), os.environ.get("EXAMPLE_LEFTOVER") == "1"))
+    if os.environ.get("EXAMPLE_STOP_AT"):
+        trainer.add_callback(StopAt(int(os.environ["EXAMPLE_STOP_AT"])))
     if a.trainguard:
         from trainguard.integrations.hf import TrainguardCallback, train
 

@@ -19,7 +19,9 @@ At the end rank 0 prints `losses [[step, loss], ...]` (rank 0's loss at every st
 the checkpoint: the whole run's, across restarts) and `weights sha256 HEX`. For the tests,
 EXAMPLE_KILL_AT=STEP makes rank 1 SIGKILL itself after that step on the first attempt
 (EXAMPLE_LEFTOVER=1: after leaving a half-written newer .ckpt behind, as a kill during a
-save on a non-atomic filesystem would); EXAMPLE_PLAIN_LOADER=1 uses a plain DataLoader.
+save on a non-atomic filesystem would); EXAMPLE_PLAIN_LOADER=1 uses a plain DataLoader;
+EXAMPLE_STOP_AT=STEP makes rank 0 run `trainguard stop` on its own job when it first reaches
+that step (once per output dir) and then slows every step to 1 s, so the drain lands mid-run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,6 +115,26 @@ class KillAt(pl.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class StopAt(pl.Callback):
+    """The tests' stop: rank 0 runs `trainguard stop` on its job after step N, as a user
+    would (once: a file in the output dir remembers it), then sleeps 1 s per step until the
+    drain stops the job."""
+
+    def __init__(self, step: int, out: Path) -> None:
+        self.step, self.done, self.stopping = step, out / "example-stopped", False
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == 0 \
+                and not self.done.exists():
+            self.done.parent.mkdir(parents=True, exist_ok=True)
+            self.done.touch()
+            self.stopping = True
+            subprocess.Popen([sys.executable, "-m", "trainguard", "stop",
+                              os.environ["TRAINGUARD_JOB_DIR"]], stdout=subprocess.DEVNULL)
+        if self.stopping:
+            time.sleep(1.0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, help="the checkpoint directory")
@@ -132,12 +157,15 @@ def main() -> None:
     kill = os.environ.get("EXAMPLE_KILL_AT")
     if kill:
         callbacks.append(KillAt(int(kill), out, os.environ.get("EXAMPLE_LEFTOVER") == "1"))
+    if os.environ.get("EXAMPLE_STOP_AT"):
+        callbacks.append(StopAt(int(os.environ["EXAMPLE_STOP_AT"]), out))
     trainer = pl.Trainer(
         accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         num_nodes=int(os.environ.get("WORLD_SIZE", "1"))
         // int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         strategy=DDPStrategy(process_group_backend="gloo"), max_steps=a.steps,
         deterministic=True, callbacks=callbacks, logger=False, enable_progress_bar=False,
+        log_every_n_steps=1,  # what trainguard's callback reports as metrics, too
         enable_model_summary=False, default_root_dir=out, num_sanity_val_steps=0)
     if a.trainguard:
         from trainguard.integrations.lightning import fit

@@ -36,6 +36,7 @@ class Reason(str, Enum):
     JOB_FAILED = "JobFailed"
     JOB_STOPPED = "JobStopped"
     WORKERS_STOPPED = "WorkersStopped"
+    DRAIN_REQUESTED = "DrainRequested"  # a stop: ranks that drain save, then exit, first
     CHECKPOINT_SAVED = "CheckpointSaved"
     CHECKPOINT_SAVE_FAILED = "CheckpointSaveFailed"
     CHECKPOINT_SAVE_SKIPPED = "CheckpointSaveSkipped"

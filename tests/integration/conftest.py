@@ -77,3 +77,31 @@ def clean_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
     found = re.findall(r"weights sha256 ([0-9a-f]{64})", r.stdout)
     assert len(found) == 1, r.stdout[-2000:]
     return str(found[0])
+
+
+def drained_step(r: subprocess.CompletedProcess[str], job_dir: Path) -> int:
+    """The step a job stopped by `trainguard stop` drained at: it exited as stopped (143),
+    having asked its ranks to drain, and committed exactly one checkpoint on the way out."""
+    assert r.returncode == 143, (r.returncode, r.stderr[-3000:])
+    events = read_json("events", job_dir)
+    assert "DrainRequested" in [e["reason"] for e in events]
+    saves = [e for e in events if e["reason"] == "CheckpointSaved"
+             and "drained" in (e.get("data") or {}).get("on_exit", "")]
+    assert len(saves) == 1, [e["message"] for e in events]
+    return int(saves[0]["data"]["step"])
+
+
+def assert_train_metrics(job_dir: Path, last: list[float]) -> None:
+    """`status --json` and `trainguard metrics` show rank 0's last logged [step, loss]."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    (m,) = read_json("status", job_dir)["training"]
+    assert (m["rank"], m["step"], m["loss"]) == (0, last[0], last[1])
+    assert isinstance(m["learning_rate"], float)
+    text = subprocess.run([*TG, "metrics", str(job_dir)], capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+    got = {(s.name, s.labels.get("rank")): s.value
+           for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got[("trainguard_train_loss", "0")] == last[1]
+    assert got[("trainguard_learning_rate", "0")] == m["learning_rate"]
+    assert got[("trainguard_train_metrics_step", "0")] == last[0]

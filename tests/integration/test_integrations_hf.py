@@ -1,7 +1,8 @@
 """Hugging Face Trainer under trainguard: a 2-rank CPU (gloo) run of a tiny GPT-2, rank 1
 SIGKILLed mid-epoch after leaving a half-written checkpoint directory behind, restarted by
 trainguard, ends with the same loss sequence and final weights as an uninterrupted run —
-with the one-line integration, and with the unmodified script under `--auto-resume hf`."""
+with the one-line integration, and with the unmodified script under `--auto-resume hf`, which
+is then also stopped (`trainguard stop`: the ranks drain) and run again to the end."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ROOT, read_json, reasons, run_tg, trainer_result
+from tests.integration.conftest import (
+    ROOT,
+    assert_train_metrics,
+    drained_step,
+    read_json,
+    reasons,
+    run_tg,
+    trainer_result,
+)
 
 EXAMPLE = ROOT / "examples" / "hf_trainer.py"
 STEPS = ["--steps", "14", "--save-every", "4"]
@@ -24,25 +33,52 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[f
     return trainer_result(r.stdout)
 
 
-@pytest.mark.parametrize("mode", ["integration", "auto-resume"])
 def test_a_rank_killed_mid_epoch_resumes_to_the_uninterrupted_losses_and_weights(
-        mode: str, tmp_path: Path, uninterrupted: tuple[list[list[float]], str]) -> None:
-    flags = ["--auto-resume", "hf"] if mode == "auto-resume" else []
-    script = [] if mode == "auto-resume" else ["--trainguard"]
-    r = run_tg(["run", "--nproc-per-node", "2", "--max-restarts", "2", *flags, "--job-dir",
+        tmp_path: Path, uninterrupted: tuple[list[list[float]], str]) -> None:
+    """The one-line integration (the callback and `train`)."""
+    r = run_tg(["run", "--nproc-per-node", "2", "--max-restarts", "2", "--job-dir",
                 str(tmp_path / "job"), str(EXAMPLE), "--out", str(tmp_path / "out"), *STEPS,
-                *script], cwd=tmp_path, timeout=300,
+                "--trainguard"], cwd=tmp_path, timeout=300,
                env={"EXAMPLE_KILL_AT": "6", "EXAMPLE_LEFTOVER": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert reasons(tmp_path / "job").count("WorkersRestarted") == 1
     assert trainer_result(r.stdout) == uninterrupted
+    assert_killed_and_resumed_from_4(tmp_path)
+
+
+def test_the_unmodified_script_killed_then_stopped_resumes_each_time_exactly(
+        tmp_path: Path, uninterrupted: tuple[list[list[float]], str]) -> None:
+    """Under `--auto-resume hf`, one job: rank 1 is SIGKILLed after step 6 (restarted from
+    checkpoint-4), then `trainguard stop` comes after step 7 of the restarted attempt: the
+    ranks save at the step end they agree on and exit (the drain). The same command again
+    resumes from that save and ends as the uninterrupted run; the job's metrics hold the
+    loss rank 0 logged last."""
+    job = tmp_path / "job"
+    cmd = ["run", "--nproc-per-node", "2", "--max-restarts", "2", "--auto-resume", "hf",
+           "--job-dir", str(job), str(EXAMPLE), "--out", str(tmp_path / "out"), *STEPS]
+    r = run_tg(cmd, cwd=tmp_path, timeout=300,
+               env={"EXAMPLE_KILL_AT": "6", "EXAMPLE_LEFTOVER": "1", "EXAMPLE_STOP_AT": "7"})
+    drained = drained_step(r, job)
+    assert 7 < drained < 14
+    assert_killed_and_resumed_from_4(tmp_path)
+    assert "[trainguard] auto-resume: " in r.stdout and "checkpoint-4" in r.stdout
+    assert [w["exit_code"] for w in read_json("status", job)["ranks"]] == [143, 143]
+    again = run_tg(cmd, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"[trainguard] auto-resume: {tmp_path / 'out'}/checkpoint-{drained}" in again.stdout
+    losses, digest = trainer_result(again.stdout)
+    assert (losses, digest) == uninterrupted
+    resumed = [e for e in read_json("events", job) if e["reason"] == "Resumed"]
+    assert [e["data"]["step"] for e in resumed] == [4, drained]
+    assert_train_metrics(job, losses[-1])
+
+
+def assert_killed_and_resumed_from_4(tmp_path: Path) -> None:
+    assert reasons(tmp_path / "job").count("WorkersRestarted") == 1
     # the kill left checkpoint-1006 half written: the stock resume would have picked it
     from transformers.trainer_utils import get_last_checkpoint
 
     assert get_last_checkpoint(str(tmp_path / "out")).endswith("checkpoint-1006")
-    (rr,) = read_json("recovery", tmp_path / "job")["running_records"][0]["recover_records"]
+    rr = read_json("recovery", tmp_path / "job")["running_records"][0]["recover_records"][0]
     # from checkpoint-4; rank 1 died after step 6 (rank 0 may not have reported step 6 yet)
     assert rr["resumed_step"] == 4 and rr["steps_lost"] in (1, 2)
     assert rr["resumed_from"] == "storage"
-    if mode == "auto-resume":
-        assert "[trainguard] auto-resume: " in r.stdout and "checkpoint-4" in r.stdout

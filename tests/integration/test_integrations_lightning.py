@@ -1,15 +1,25 @@
 """PyTorch Lightning under trainguard: a 2-rank CPU (gloo) DDP run of a tiny model, rank 1
 SIGKILLed mid-epoch after leaving a half-written newer .ckpt behind, restarted by trainguard,
 ends with the same loss sequence and final weights as an uninterrupted run — with the
-one-line integration, and with the unmodified script under `--auto-resume lightning`."""
+one-line integration (which is then also stopped, `trainguard stop`: the ranks drain, and
+run again to the end), and with the unmodified script under `--auto-resume lightning`."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.integration.conftest import ROOT, read_json, reasons, run_tg, trainer_result
+from tests.integration.conftest import (
+    ROOT,
+    assert_train_metrics,
+    drained_step,
+    read_json,
+    reasons,
+    run_tg,
+    trainer_result,
+)
 
 EXAMPLE = ROOT / "examples" / "lightning_trainer.py"
 # 160 samples, 2 ranks, batches of 8: 10 steps an epoch; killed at 6 (mid-epoch 0), resumed
@@ -28,27 +38,58 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[f
     return losses, digest
 
 
-@pytest.mark.parametrize("mode", ["integration", "auto-resume"])
 def test_a_rank_killed_mid_epoch_resumes_to_the_uninterrupted_losses_and_weights(
-        mode: str, tmp_path: Path, uninterrupted: tuple[list[list[float]], str]) -> None:
-    flags = ["--auto-resume", "lightning"] if mode == "auto-resume" else []
-    script = [] if mode == "auto-resume" else ["--trainguard"]
+        tmp_path: Path, uninterrupted: tuple[list[list[float]], str]) -> None:
+    """The unmodified script under `--auto-resume lightning`."""
     out = tmp_path / "out"
-    r = run_tg(["run", "--nproc-per-node", "2", "--max-restarts", "2", *flags, "--job-dir",
-                str(tmp_path / "job"), str(EXAMPLE), "--out", str(out), *STEPS, *script],
-               cwd=tmp_path, timeout=300, env={"EXAMPLE_KILL_AT": "6", "EXAMPLE_LEFTOVER": "1"})
+    r = run_tg(["run", "--nproc-per-node", "2", "--max-restarts", "2", "--auto-resume",
+                "lightning", "--job-dir", str(tmp_path / "job"), str(EXAMPLE), "--out",
+                str(out), *STEPS], cwd=tmp_path, timeout=300,
+               env={"EXAMPLE_KILL_AT": "6", "EXAMPLE_LEFTOVER": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert reasons(tmp_path / "job").count("WorkersRestarted") == 1
     assert trainer_result(r.stdout) == uninterrupted
+    assert_killed_and_resumed_from_4(tmp_path, r)
+    assert "[trainguard] auto-resume: " + str(out / "epoch=0-step=4.ckpt") in r.stdout
+
+
+def test_one_line_integration_killed_then_stopped_resumes_each_time_exactly(
+        tmp_path: Path, uninterrupted: tuple[list[list[float]], str]) -> None:
+    """With `fit`, one job: rank 1 is SIGKILLed at step 6 (restarted from step 4), then
+    `trainguard stop` comes after step 7 of the restarted attempt: the ranks save a checkpoint
+    at the optimizer step they agree on, set `should_stop` and exit (the drain). The same
+    command again resumes from that checkpoint and ends as the uninterrupted run; the job's
+    metrics hold the loss rank 0 logged last."""
+    job, out = tmp_path / "job", tmp_path / "out"
+    cmd = ["run", "--nproc-per-node", "2", "--max-restarts", "2", "--job-dir", str(job),
+           str(EXAMPLE), "--out", str(out), *STEPS, "--trainguard"]
+    r = run_tg(cmd, cwd=tmp_path, timeout=300,
+               env={"EXAMPLE_KILL_AT": "6", "EXAMPLE_LEFTOVER": "1", "EXAMPLE_STOP_AT": "7"})
+    drained = drained_step(r, job)
+    assert 7 < drained < 14
+    assert_killed_and_resumed_from_4(tmp_path, r)
+    assert [w["exit_code"] for w in read_json("status", job)["ranks"]] == [143, 143]
+    again = run_tg(cmd, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    ckpt = out / f"epoch={(drained - 1) // 10}-step={drained}.ckpt"  # 10 steps an epoch
+    assert "Restored all states from the checkpoint at " + str(ckpt) in again.stdout
+    losses, digest = trainer_result(again.stdout)
+    assert (losses, digest) == uninterrupted
+    resumed = [e for e in read_json("events", job) if e["reason"] == "Resumed"]
+    assert [e["data"]["step"] for e in resumed] == [4, drained]
+    assert "not resumable" not in again.stdout + again.stderr
+    assert_train_metrics(job, losses[-1])
+
+
+def assert_killed_and_resumed_from_4(tmp_path: Path, r: Any) -> None:
+    out = tmp_path / "out"
+    assert reasons(tmp_path / "job").count("WorkersRestarted") == 1
     # the kill left a half-written epoch=0-step=1006.ckpt, the highest step there
     assert (out / "epoch=0-step=1006.ckpt").is_file()
     assert "Restored all states from the checkpoint at " + str(out / "epoch=0-step=4.ckpt") \
         in r.stdout
-    (rr,) = read_json("recovery", tmp_path / "job")["running_records"][0]["recover_records"]
+    rr = read_json("recovery", tmp_path / "job")["running_records"][0]["recover_records"][0]
     # from step 4; rank 1 died after step 6 (steps this short: progress, sent at most every
     # 0.2 s, may not have reported 5 or 6)
     assert rr["resumed_step"] == 4 and rr["steps_lost"] <= 2
     assert rr["resumed_from"] == "storage"
     assert "not resumable" not in r.stdout + r.stderr  # the loader's state came back
-    if mode == "auto-resume":
-        assert "[trainguard] auto-resume: " + str(out / "epoch=0-step=4.ckpt") in r.stdout

@@ -201,6 +201,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "restarts_used",
         "max_restarts",
         "last_progress",
+        "training",
         "ranks",
         "job_dir",
         "nodes",
@@ -222,6 +223,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         3,
     )
     assert doc["last_progress"] == {"step": 500, "time": iso(at(299)), "source": "step"}
+    assert doc["training"] == []  # the script logged none
     assert all(set(r) == RANK_KEYS for r in doc["ranks"])
     assert doc["ranks"][1] == {
         "rank": 1,

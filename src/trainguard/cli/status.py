@@ -70,6 +70,10 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     source = PROGRESS_SOURCES.get(progress["source"], "")
     console.print(f"last progress: step {dash(progress['step'])} {when}{source}",
                   highlight=False)
+    for m in doc["training"]:
+        console.print(f"train metrics: rank {m['rank']} at step {m['step']}: loss "
+                      f"{dash(m['loss'])}, learning rate {dash(m['learning_rate'])}",
+                      highlight=False)
     if doc["hang"]:
         h = doc["hang"]
         console.print(f"hang: confirmed at {clock_or_dash(h['confirmed_at'])} on rank(s) "
@@ -114,10 +118,21 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                      "alive": None if meta.get("launcher_pid") is None
                      else not launcher_dead(meta)},
         "last_progress": {**progress, "time": iso(meta_time(progress["time"]))},
+        "training": _training(meta.get("training")),
         "ranks": [_rank_dict(w, state) for w in sorted(workers, key=lambda w: w.rank)],
         "job_dir": meta.get("job_dir") or job_dir,
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
     }
+
+
+def _training(recorded: Any) -> list[dict[str, Any]]:
+    """Per reporting rank, the loss and learning rate it logged last (None: NaN/inf)."""
+    if not isinstance(recorded, dict):
+        return []
+    return [{"rank": int(r), "step": v.get("step"), "loss": v.get("loss"),
+             "learning_rate": v.get("learning_rate"), "time": v.get("at")}
+            for r, v in sorted(recorded.items(), key=lambda kv: int(kv[0]))
+            if isinstance(v, dict)]
 
 
 def _budgets(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from trainguard.controller.drain import drain
 from trainguard.controller.hang_watch import HangConfirmation, HangWatch
 from trainguard.controller.high_water import HighWater
 from trainguard.controller.incidents import Fault, fault_scenario, task_of
@@ -370,6 +371,7 @@ class Controller:
 
     def _stopped(self, attempt: int, signum: int) -> int:
         name = signal.Signals(signum).name
+        drain(self.agent, self.rec, attempt, self.spec.grace_period_s, f"the launcher got {name}")
         report = self._stop(f"launcher got {name}")
         self.rec.book.attempt_stopped(attempt, f"launcher received {name}", report.progress)
         return self.rec.stopped_by(attempt, signum)

@@ -215,6 +215,10 @@ class Recorder:
             self._progress_written = now
             self.store.set_meta(last_step=p.last_step, last_progress_at=p.last_step_at.isoformat()
                                 if p.last_step_at else None)
+        if due and self.messages.train_metrics_changed:  # meta `training`: rank -> values
+            self.store.set_meta(training={str(r): v for r, v in
+                                               sorted(self.messages.train_metrics.items())})
+            self.messages.train_metrics_changed = False
 
     def _sample(self, attempt: int, p: Progress) -> None:
         """The step ledger: the first step of each attempt (or in-process restart) and every

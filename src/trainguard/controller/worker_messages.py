@@ -14,12 +14,19 @@ from typing import Any
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
 from trainguard.records import Level, Reason, secs
-from trainguard.worker.contract import SOURCE_MEMORY, SOURCE_PEER, SOURCE_STORAGE, MessageKind
+from trainguard.worker.contract import (
+    SOURCE_MEMORY,
+    SOURCE_PEER,
+    SOURCE_STORAGE,
+    TRAIN_METRIC_NAMES,
+    MessageKind,
+)
 
 log = logging.getLogger(__name__)
 
 EmitEvent = Callable[..., None]  # Recorder.event(level, reason, message, rank=, attempt=)
 Handler = Callable[[WorkerMessage, dict[str, Any], int], None]
+MAX_METRIC_RANKS = 64  # ranks whose train metrics are kept (the first ones that report)
 
 
 class WorkerMessages:
@@ -29,6 +36,9 @@ class WorkerMessages:
         self._resumed_sources: dict[int, set[str]] = {}  # attempt -> where ranks loaded from
         self.max_committed_step: int | None = None  # over the whole job
         self.committed_this_attempt: int | None = None
+        # rank -> its latest {step, loss, learning_rate, at} (trainguard.log_metrics)
+        self.train_metrics: dict[int, dict[str, Any]] = {}
+        self.train_metrics_changed = False  # since the recorder last wrote them
         self._handlers: dict[str, Handler] = {
             MessageKind.CHECKPOINT_SAVED: self._on_checkpoint_saved,
             MessageKind.CHECKPOINT_EXIT_SKIPPED: self._on_checkpoint_exit_skipped,
@@ -37,6 +47,7 @@ class WorkerMessages:
             MessageKind.LOG_WRITE_FAILED: self._on_log_write_failed,
             MessageKind.NO_CHECKPOINT: self._on_no_checkpoint,
             MessageKind.RESUMED: self._on_resumed,
+            MessageKind.TRAIN_METRICS: self._on_train_metrics,
         }
 
     def new_attempt(self) -> None:
@@ -119,3 +130,16 @@ class WorkerMessages:
         who = "" if first else f"rank {m.rank} "
         self._emit(Level.INFO, Reason.RESUMED, f"{who}resumed from {what}", rank=m.rank,
                    attempt=attempt, data={"step": step, "source": source})
+
+    def _on_train_metrics(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
+        """The rank's latest values: a metric not in the message keeps its last value; one
+        sent as null (NaN, an infinity) is None."""
+        if m.rank is None or (m.rank not in self.train_metrics
+                              and len(self.train_metrics) >= MAX_METRIC_RANKS):
+            return
+        kept = self.train_metrics.get(m.rank, {})
+        self.train_metrics[m.rank] = {
+            "step": int(d["step"]), **{k: d[k] if k in d else kept.get(k)
+                                       for k in TRAIN_METRIC_NAMES},
+            "at": m.at.isoformat()}
+        self.train_metrics_changed = True

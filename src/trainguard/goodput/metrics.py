@@ -124,6 +124,24 @@ def _job(meta: dict[str, object], checkpoint: tuple[int, str] | None) -> Iterato
         yield GaugeMetricFamily("trainguard_last_progress_timestamp_seconds",
                                 "when the job last made progress (Unix time)",
                                 value=last.timestamp())
+    yield from _train(meta.get("training"))
+
+
+def _train(recorded: object) -> Iterator[Metric]:
+    """The loss and learning rate each reporting rank logged last (trainguard.log_metrics,
+    the trainer integrations); NaN for one logged as NaN or infinite."""
+    ranks = recorded if isinstance(recorded, dict) else {}
+    for name, key, help_text in (
+            ("trainguard_train_loss", "loss", "the training loss the rank logged last"),
+            ("trainguard_learning_rate", "learning_rate", "the learning rate it logged last"),
+            ("trainguard_train_metrics_step", "step", "the step of those values")):
+        g = GaugeMetricFamily(name, help_text, labels=["rank"])
+        for rank, values in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+            if isinstance(values, dict) and (key == "step" or key in values):
+                v = values.get(key)
+                g.add_metric([str(rank)], float(v) if isinstance(v, (int, float)) else
+                             float("nan"))
+        yield g
 
 
 def _goodput(g: Goodput) -> Iterator[Metric]:

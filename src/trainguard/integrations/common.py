@@ -27,9 +27,10 @@ __all__ = ["COMMIT_MARKER", "ENV_AUTO_RESUME", "is_committed", "mark_committed",
 
 
 def mark_committed(ckpt_dir: Path, step: int, write_s: float | None = None,
-                   blocked_s: float | None = None) -> None:
+                   blocked_s: float | None = None, on_exit: str | None = None) -> None:
     """Write `ckpt_dir`'s commit marker (atomically, durably) and tell the launcher: the
-    job's CheckpointSaved event. Call once, on one rank, after every rank's save returned."""
+    job's CheckpointSaved event (`on_exit`: why it was saved on the way out, a drain). Call
+    once, on one rank, after every rank's save returned."""
     marker = ckpt_dir / COMMIT_MARKER
     tmp = ckpt_dir / f"{COMMIT_MARKER}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -43,7 +44,8 @@ def mark_committed(ckpt_dir: Path, step: int, write_s: float | None = None,
     finally:
         os.close(fd)
     channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_dir),
-                 bytes=dir_bytes(ckpt_dir), write_s=write_s, blocked_s=blocked_s)
+                 bytes=dir_bytes(ckpt_dir), write_s=write_s, blocked_s=blocked_s,
+                 on_exit=on_exit)
 
 
 def resumed(ckpt_dir: Path, step: int) -> None:
@@ -107,7 +109,7 @@ def file_marker(ckpt_file: Path) -> Path:
 
 
 def mark_file_committed(ckpt_file: Path, step: int, write_s: float | None = None,
-                        blocked_s: float | None = None) -> None:
+                        blocked_s: float | None = None, on_exit: str | None = None) -> None:
     """Write `ckpt_file`'s sidecar marker (atomically, durably: the file's size and the step
     in it) and tell the launcher (CheckpointSaved). Call once the file's write returned."""
     size = ckpt_file.stat().st_size
@@ -124,7 +126,7 @@ def mark_file_committed(ckpt_file: Path, step: int, write_s: float | None = None
     finally:
         os.close(fd)
     channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_file),
-                 bytes=size, write_s=write_s, blocked_s=blocked_s)
+                 bytes=size, write_s=write_s, blocked_s=blocked_s, on_exit=on_exit)
 
 
 def unmark_file(ckpt_file: Path) -> None:

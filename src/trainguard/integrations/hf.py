@@ -9,7 +9,9 @@ Trainer writes `trainer_state.json` last in each `checkpoint-N`; the callback wa
 rank's `on_save` (a barrier), checks that file is there and no `checkpoint-is-incomplete.txt`
 sentinel, then marks the directory committed (integrations.common). `last_checkpoint`
 returns the newest committed directory, or None on a first attempt (where
-`resume_from_checkpoint=True` would raise).
+`resume_from_checkpoint=True` would raise). The callback also puts the logged loss and
+learning rate in the job's metrics, and drains on request (integrations.drain): at the next
+step end the ranks agree on, `should_save` and `should_training_stop`, then exit at train end.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
 from trainguard.integrations.common import mark_committed, newest, numbered_dirs, resumed
-from trainguard.worker.progress import progress
+from trainguard.integrations.drain import Drain
+from trainguard.worker.progress import log_metrics, progress
 
 STATE_FILE = "trainer_state.json"  # Trainer writes it last
 INCOMPLETE = "checkpoint-is-incomplete.txt"  # Trainer's save-on-SIGTERM sentinel
@@ -46,18 +49,42 @@ def last_checkpoint(output_dir: str | Path | None) -> str | None:
 
 
 class TrainguardCallback(TrainerCallback):
-    """Reports each step as progress (hang detection, the goodput ledger) and commits each
-    save once every rank's part of it is written."""
+    """Reports each step as progress (hang detection, the goodput ledger) and rank 0's logged
+    loss and learning rate (the job's metrics), commits each save once every rank's part of it
+    is written, and drains when trainguard asks: save, then stop."""
+
+    def __init__(self) -> None:
+        self.drain = Drain()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.drain.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         progress(int(state.global_step))
+        if self.drain.drained_at is None and self.drain.step_end():
+            self.drain.drained_at = int(state.global_step)
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        """Trainer's logs carry the loss averaged over the ranks: rank 0 reports it."""
+        logs = logs or {}
+        if state.is_world_process_zero and ("loss" in logs or "learning_rate" in logs):
+            log_metrics(int(state.global_step), loss=logs.get("loss"),
+                        learning_rate=logs.get("learning_rate"))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if dist.is_available() and dist.is_initialized():
             dist.barrier()  # every rank's files (its RNG state among them) are written
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and complete(ckpt):
-            mark_committed(ckpt, int(state.global_step))
+            drained = self.drain.drained_at == state.global_step
+            mark_committed(ckpt, int(state.global_step),
+                           on_exit=self.drain.on_exit() if drained else None)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.drain.finish()
 
 
 def ensure_callback(trainer: Trainer) -> None:

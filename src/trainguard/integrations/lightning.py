@@ -14,7 +14,10 @@ checkpoint of the trainer's ModelCheckpoint directories. `patch()` does the same
 The commit happens where the file is written: on global rank 0, for strategies that write
 through the CheckpointIO plugin (single device, DDP, FSDP with a full state dict).
 Strategies that write sharded checkpoints themselves (DeepSpeed, FSDP sharded) and
-AsyncCheckpointIO (its save returns before the write) are not committed.
+AsyncCheckpointIO (its save returns before the write) are not committed. The callback also
+puts rank 0's loss and learning rate in the job's metrics at the steps Lightning logs, and
+drains on request (integrations.drain): a checkpoint at the next optimizer step the ranks
+agree on, `trainer.should_stop`, then an exit at train end.
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ from trainguard.integrations.common import (
     resumed,
     unmark_file,
 )
+from trainguard.integrations.drain import Drain
 from trainguard.worker import channel
-from trainguard.worker.progress import progress
+from trainguard.worker.progress import log_metrics, progress
 
 SUFFIX = ".ckpt"
 STEP_IN_NAME = re.compile(r"step=(\d+)")  # ModelCheckpoint's default name: epoch=E-step=S
@@ -109,11 +113,53 @@ def resume_path(trainer: Trainer) -> str | None:
 
 
 class TrainguardCallback(Callback):
-    """Reports the global step (optimizer steps, across epochs and restarts) as progress."""
+    """Reports the global step (optimizer steps, across epochs and restarts) as progress, and
+    rank 0's loss and learning rate as metrics; drains when trainguard asks."""
+
+    def __init__(self) -> None:
+        self.drain = Drain()
+        self._last_step: int | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self.drain.start()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        progress(int(trainer.global_step))
+        step = int(trainer.global_step)
+        progress(step)
+        if step == self._last_step:  # accumulating gradients: no optimizer step yet
+            return
+        self._last_step = step
+        every = int(getattr(trainer, "log_every_n_steps", 50) or 0)  # 0: Lightning never logs
+        if trainer.is_global_zero and every > 0 and step % every == 0:
+            self._log_metrics(trainer, step, outputs)
+        if self.drain.drained_at is not None:  # min_steps/min_epochs kept it going
+            self.drain.finish()
+        if self.drain.step_end():
+            self._save_and_stop(trainer, step)
+
+    def _log_metrics(self, trainer: Trainer, step: int, outputs: Any) -> None:
+        """The loss training_step returned (this rank's) and the first optimizer's rate."""
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        optimizers = trainer.optimizers
+        lr = optimizers[0].param_groups[0].get("lr") if optimizers else None
+        log_metrics(step, loss=None if loss is None else float(loss), learning_rate=lr)
+
+    def _save_and_stop(self, trainer: Trainer, step: int) -> None:
+        """Every rank: the drain checkpoint (committed by TrainguardCheckpointIO once written),
+        where the trainer's ModelCheckpoint saves, then stop."""
+        dirs = [Path(cb.dirpath) for cb in trainer.callbacks  # type: ignore[attr-defined]
+                if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+        where = dirs[0] if dirs else Path(trainer.default_root_dir) / "checkpoints"
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, TrainguardCheckpointIO):
+            io.on_exit = self.drain.on_exit()
+        trainer.save_checkpoint(where / f"epoch={trainer.current_epoch}-step={step}{SUFFIX}")
+        self.drain.drained_at = step
+        trainer.should_stop = True
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self.drain.finish()
 
 
 class TrainguardCheckpointIO(CheckpointIO):
@@ -123,6 +169,7 @@ class TrainguardCheckpointIO(CheckpointIO):
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        self.on_exit: str | None = None  # set for a drain's save: the next commit says why
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
                         storage_options: Any | None = None) -> None:
@@ -133,7 +180,8 @@ class TrainguardCheckpointIO(CheckpointIO):
         self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
         if local and Path(path).is_file():
             mark_file_committed(Path(path), int(checkpoint.get("global_step", 0)),
-                                write_s=time.monotonic() - started)
+                                write_s=time.monotonic() - started, on_exit=self.on_exit)
+            self.on_exit = None
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Container
 from typing import Any
 
-from trainguard.worker.contract import ContractError, control_socket, parse_message
+from trainguard.worker.contract import ContractError, ControlKind, control_socket, parse_message
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +144,12 @@ class ChannelServer:
         rank (worker/control.py); how many were handed to the kernel (a rank that does not
         listen: not)."""
         data = json.dumps(msg).encode()
+        kind = ControlKind.DRAIN if msg.get("kind") == ControlKind.DRAIN.value else None
         told = 0
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.setblocking(False)
             for rank in ranks:
-                name = control_socket(self.name, rank)
+                name = control_socket(self.name, rank, kind)  # a drain: its own socket
                 try:
                     s.sendto(data, "\0" + name.removeprefix("@"))
                     told += 1

@@ -59,8 +59,8 @@ class Inbox:
              tick: Callable[[], object] | None = None) -> Verdict | None:
         """The first verdict (kept or arriving) that `accept` takes, or None after
         `timeout_s`; `tick` runs first and then every second (a report sent again)."""
-        for i, v in enumerate(self._kept):
-            if accept(v):
+        for i, kept in enumerate(self._kept):
+            if accept(kept):
                 return self._kept.pop(i)
         deadline = time.monotonic() + timeout_s
         next_tick = 0.0
@@ -70,23 +70,43 @@ class Inbox:
                 next_tick = time.monotonic() + 1.0
             self._sock.settimeout(min(left, 1.0))
             try:
-                data, anc, _, _ = self._sock.recvmsg(65536, socket.CMSG_SPACE(_UCRED.size))
+                v = self._receive()
             except TimeoutError:
                 continue
-            if not _same_user(anc):
-                continue
-            try:
-                v = parse_control(json.loads(data))
-            except (ValueError, ContractError, RecursionError):
-                continue  # not a verdict: ignore it
-            if accept(v):
+            if v is not None and accept(v):
                 return v
-            self._kept = ([*self._kept, v])[-KEEP:]
+            self._keep(v)
         return None
 
     def take(self, accept: Callable[[Verdict], bool]) -> Verdict | None:
-        """A verdict `accept` takes that is here already, without waiting."""
-        return self.wait(accept, 0.0)
+        """A verdict `accept` takes that is here already (kept, or queued on the socket),
+        without waiting."""
+        found = self.wait(accept, 0.0)
+        self._sock.setblocking(False)  # wait() sets its own timeout again
+        while found is None:
+            try:
+                v = self._receive()
+            except (BlockingIOError, InterruptedError):
+                return None
+            if v is not None and accept(v):
+                return v
+            self._keep(v)
+        return found
+
+    def _receive(self) -> Verdict | None:
+        """The next datagram as a verdict; None for one that is not (another user's, not
+        JSON, not in the contract): it is ignored."""
+        data, anc, _, _ = self._sock.recvmsg(65536, socket.CMSG_SPACE(_UCRED.size))
+        if not _same_user(anc):
+            return None
+        try:
+            return parse_control(json.loads(data))
+        except (ValueError, ContractError, RecursionError):
+            return None
+
+    def _keep(self, v: Verdict | None) -> None:
+        if v is not None:
+            self._kept = ([*self._kept, v])[-KEEP:]
 
     def close(self) -> None:
         self._sock.close()

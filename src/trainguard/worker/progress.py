@@ -29,6 +29,9 @@ Messages (JSON datagrams through trainguard.worker.channel; each also carries `k
   process, the same on a phase's begin and end, to pair them). An end also carries `ok`:
   False when the phase was left by an exception. Ends are sent on exceptions too.
 
+- `train_metrics`: `step`, and `loss` and `learning_rate` when given (null when NaN or
+  infinite): the job's metrics (`trainguard status`, `trainguard metrics`), per rank.
+
 Delivery: the agent's socket queues only a few datagrams (net.unix.max_dgram_qlen, 10 by
 default) between its polls, and a full queue drops what is sent. A progress message that
 could not be sent is tried again at a call 10 ms later; a phase mark is retried for up to
@@ -48,9 +51,15 @@ import time
 from types import TracebackType
 
 from trainguard.worker import channel
-from trainguard.worker.contract import MAX_NAME, MAX_SECONDS, MessageKind, PhaseState
+from trainguard.worker.contract import (
+    MAX_METRIC,
+    MAX_NAME,
+    MAX_SECONDS,
+    MessageKind,
+    PhaseState,
+)
 
-__all__ = ["PROGRESS_INTERVAL_S", "phase", "progress"]
+__all__ = ["PROGRESS_INTERVAL_S", "log_metrics", "phase", "progress"]
 
 PROGRESS_INTERVAL_S = 0.2
 _PROGRESS_RETRY_S = 0.01  # after a progress message was dropped
@@ -83,6 +92,25 @@ def progress(step: int) -> None:
     _last_step = step
     sent = channel.send(MessageKind.PROGRESS, step=int(step))
     _next_send_at = now + (PROGRESS_INTERVAL_S if sent else _PROGRESS_RETRY_S)
+
+
+def log_metrics(step: int, loss: float | None = None,
+                learning_rate: float | None = None) -> bool:
+    """Report the training loss and learning rate at `step` (as a logger would: every few
+    steps) for the job's metrics; what is not given keeps its last value. One datagram per
+    call, never throttled: the last call's values are the ones shown. True when sent."""
+    if _launcher is not True and (_launcher is False or not _detect()):
+        return False
+    fields = {k: _metric(v) for k, v in (("loss", loss), ("learning_rate", learning_rate))
+              if v is not None}
+    return channel.send(MessageKind.TRAIN_METRICS, step=int(step), **fields)
+
+
+def _metric(value: float) -> float | None:
+    """A value as the contract carries it: a float, None for NaN or an infinity (or a value
+    past MAX_METRIC), which the metrics show as NaN."""
+    v = float(value)  # a 0-d tensor too
+    return v if math.isfinite(v) and abs(v) <= MAX_METRIC else None
 
 
 class phase:  # lower case: used like a function, `with trainguard.phase("eval"):`

@@ -1,0 +1,44 @@
+"""Drain on a stop request: before the launcher stops the workers (`trainguard stop`, SIGTERM
+or SIGINT to it), the ranks that drain (the trainer integrations, trainguard.integrations.drain)
+are asked to save a checkpoint at the next step end and exit; the launcher waits for them up
+to the grace period, then stops what is left as always (SIGTERM, the grace period, SIGKILL).
+
+Only a stop asked for drains: a failure or a hang stops the workers at once, as before. A job
+with no rank listening for a drain (a plain script) is stopped without waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from trainguard.controller.recorder import Recorder
+from trainguard.errors import LaunchError
+from trainguard.protocol import AgentAPI, Tell
+from trainguard.records import Level, Reason
+from trainguard.worker.contract import ControlKind
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25
+
+
+def drain(agent: AgentAPI, rec: Recorder, attempt: int, grace_s: float, why: str) -> None:
+    """Ask every running rank to drain; wait until they all ended, or `grace_s`."""
+    try:
+        told = agent.tell(Tell(control={"kind": ControlKind.DRAIN.value, "reason": why}))
+    except LaunchError as e:  # a node's agent could not be reached: stop as always
+        log.warning("could not ask the ranks to drain: %s", e)
+        return
+    if told == 0:
+        return
+    rec.event(Level.INFO, Reason.DRAIN_REQUESTED,
+              f"{why}: asked {told} rank(s) to save a checkpoint at the next step end and exit "
+              f"(waiting up to the grace period, {grace_s:g}s)", attempt=attempt)
+    deadline = time.monotonic() + grace_s
+    while (left := deadline - time.monotonic()) > 0:
+        report = agent.poll(wait_s=min(left, POLL_S))
+        rec.sync(report)
+        if report.workers and all(w.state.ended for w in report.workers):
+            return
+    log.info("the ranks did not drain within %gs; stopping them", grace_s)
