@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +38,6 @@ def test_logs_of_a_rank_the_job_does_not_have_names_the_ranks_it_has(tmp_path: P
 
 def test_dry_run_shows_the_job_dir_says_when_the_run_id_comes_and_checks_the_script(
         tmp_path: Path) -> None:
-    import json
-
     (tmp_path / "train.py").write_text("")
     first, again = (json.loads(tg("run", "--dry-run", "train.py", cwd=tmp_path).stdout)
                     for _ in range(2))
@@ -51,3 +50,25 @@ def test_dry_run_shows_the_job_dir_says_when_the_run_id_comes_and_checks_the_scr
     assert (doc["run_id"], doc["job_dir"]) == ("run-w", str(held))
     missing = tg("run", "--dry-run", "nosuch.py", cwd=tmp_path)
     assert missing.returncode == 2 and "'nosuch.py' is not a file" in missing.stderr
+
+
+def test_ls_without_root_lists_the_jobs_run_puts_in_its_default_job_dir(tmp_path: Path) -> None:
+    from trainguard.paths import JobPaths
+    from trainguard.spec import JobSpec
+
+    default = JobPaths.for_spec(JobSpec(entrypoint="t.py", run_id="tg-1"), tmp_path).job_dir
+    a_job(default, 1)
+    r = tg("ls", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [row["job_dir"] for row in json.loads(r.stdout)] == [str(default)]
+    help_text = " ".join(tg("ls", "--help").stdout.split())
+    assert "where `trainguard run` puts a job given no" in help_text
+    none = tg("ls", cwd=tmp_path / "trainguard-runs" / "tg-1" / "logs")
+    assert none.returncode == 2 and "(the default: where `trainguard run` puts" in none.stderr
+
+
+def test_ui_without_arguments_names_the_fix_when_there_is_no_default_job_dir(
+        tmp_path: Path) -> None:
+    r = tg("ui", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "Fix: trainguard ui JOB_DIR, or trainguard ui --root DIR" in r.stderr

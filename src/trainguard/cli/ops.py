@@ -54,7 +54,8 @@ def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         description="Every job dir under ROOT (two levels deep): state, "
                         "attempts, last step and progress, and size on disk.")
     ls.add_argument("root", metavar="ROOT", nargs="?", default=DEFAULT_RUNS_DIR,
-                    help=f"where to look ({DEFAULT_RUNS_DIR}, the default job dirs' parent)")
+                    help=f"where to look (default: ./{DEFAULT_RUNS_DIR}, where `trainguard "
+                    "run` puts a job given no --job-dir)")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.set_defaults(func=cmd_ls)
     pr = sub.add_parser("prune", help="delete ended jobs older than N days",
@@ -174,8 +175,10 @@ def job_row(job_dir: Path) -> dict[str, Any]:
 def cmd_ls(args: argparse.Namespace) -> int:
     root = Path(args.root)
     if not root.is_dir():
-        print(f"trainguard ls: {root} is not a directory; pass the directory that holds the "
-              "job dirs", file=sys.stderr)
+        default = (" (the default: where `trainguard run` puts a job given no --job-dir, "
+                   "under the directory it ran in)" if args.root == DEFAULT_RUNS_DIR else "")
+        print(f"trainguard ls: {root.resolve()} is not a directory{default}; pass the directory "
+              "that holds the job dirs: trainguard ls ROOT", file=sys.stderr)
         return ExitCode.NO_JOB
     rows = [job_row(d) for d in find_job_dirs(root.resolve())]
     if args.json:

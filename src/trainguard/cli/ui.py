@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from trainguard.exitcodes import ExitCode
+from trainguard.paths import DEFAULT_RUNS_DIR
 from trainguard.ui.catalog import Catalog
 
 DEFAULT_PORT = 8642
@@ -17,7 +18,8 @@ def add_ui_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     text = "serve a read-only web dashboard of jobs (loopback by default)"
     p = sub.add_parser("ui", help=text, description=text + "; see docs/ui.md.")
     p.add_argument("job_dirs", nargs="*", metavar="JOB_DIR",
-                   help="job dirs to show (printed by `trainguard run`)")
+                   help="job dirs to show (printed by `trainguard run`); with none and no "
+                   f"--root: every job under ./{DEFAULT_RUNS_DIR}, the default job dirs")
     p.add_argument("--root", metavar="DIR",
                    help="also show every job dir under DIR (two levels down), looked for "
                         "again on each listing")
@@ -33,9 +35,15 @@ def add_ui_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _run(ns: argparse.Namespace) -> int:
-    if not ns.job_dirs and ns.root is None:
-        print("trainguard ui: name at least one JOB_DIR or --root DIR", file=sys.stderr)
-        return ExitCode.USAGE
+    if not ns.job_dirs and ns.root is None:  # the jobs `trainguard run` put in the default
+        if not Path(DEFAULT_RUNS_DIR).is_dir():
+            print(f"trainguard ui: no JOB_DIR given and ./{DEFAULT_RUNS_DIR} (where `trainguard "
+                  "run` puts a job given no --job-dir) is not here. Fix: trainguard ui JOB_DIR, "
+                  "or trainguard ui --root DIR", file=sys.stderr)
+            return ExitCode.USAGE
+        ns.root = DEFAULT_RUNS_DIR
+        print(f"trainguard ui: every job under ./{DEFAULT_RUNS_DIR} (the default job dirs)",
+              file=sys.stderr)
     if ns.root is not None and not Path(ns.root).is_dir():
         print(f"trainguard ui: --root {ns.root} is not a directory", file=sys.stderr)
         return ExitCode.USAGE
