@@ -74,6 +74,13 @@ parser.add_argument("--resilient", action="store_true",
                     "or hangs, this process re-enters it in place (in-process restart)")
 parser.add_argument("--digest", action="store_true",
                     help="rank 0 prints a SHA-256 of the final weights (exactness checks)")
+parser.add_argument("--fixed-buckets", action="store_true",
+                    help="DDP keeps its first gradient bucket layout (find_unused_parameters): "
+                    "with 3 or more ranks a resumed run then sums gradients in the same order "
+                    "as an uninterrupted one, so its weights match bit for bit")
+parser.add_argument("--digest-log", metavar="DIR", default="",
+                    help="every rank appends a SHA-256 of its weights to DIR/rank-R.txt at its "
+                    "start (the resumed step) and after every step (the chaos run's check)")
 args = parser.parse_args()
 # model: 2 layers, 4 heads, d_model 64, context 32, vocabulary a..z
 vocab, block_size, n_layer, n_head, d_model = 26, 32, 2, 4, 64
@@ -166,6 +173,21 @@ def lr_lambda(step: int) -> float:
     return 0.1 + 0.45 * (1.0 + math.cos(math.pi * progress))
 
 
+def weights_sha256(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def log_digest(kind: str, step: int, model: nn.Module) -> None:
+    """--digest-log: one line `TIME PID KIND STEP SHA256` (kind: start or step)."""
+    if args.digest_log:
+        with open(os.path.join(args.digest_log, f"rank-{rank}.txt"), "a") as f:
+            f.write(f"{time.time():.3f} {os.getpid()} {kind} {step} {weights_sha256(model)}\n")
+
+
 def main() -> None:
     """Build, resume from the newest checkpoint and train: re-entrant (--resilient runs it
     in trainguard.run_resilient, which calls it again in place after a peer's death)."""
@@ -180,12 +202,13 @@ def main() -> None:
     model = GPT()
     # DDP when distributed; under `trainguard run --operator-reexecution` a step that fails
     # with a transient collective error is re-executed in these processes (rung 0)
-    guard = StepGuard(model)
+    guard = StepGuard(model, **({"find_unused_parameters": True} if args.fixed_buckets else {}))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
     ckpt = Checkpointer(args.ckpt_dir, every_steps=args.ckpt_every)
     start_step = ckpt.load_latest(state) or 0  # the newest valid checkpoint, loaded in place
+    log_digest("start", start_step, model)
     # trainguard tells each process how often it was started and how often its rank was
     # placed on a node (a script can skip one-time setup on a process restart)
     starts = os.environ.get("TRAINGUARD_PROCESS_START_COUNT", "1")
@@ -232,6 +255,7 @@ def main() -> None:
         if not args.quiet:
             print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt * 1000:.1f}ms",
                   flush=True)
+        log_digest("step", step, model)
         if args.progress:
             trainguard.progress(step)  # hang detection: this rank is still moving
 
@@ -249,11 +273,7 @@ def main() -> None:
     ckpt.close()  # wait until the last save is durable
     guard.close()  # the DDP wrapper goes now, while the process group is still registered
     if args.digest and rank == 0:
-        h = hashlib.sha256()
-        for name, p in sorted(model.state_dict().items()):
-            h.update(name.encode())
-            h.update(p.detach().contiguous().numpy().tobytes())
-        print(f"weights sha256 {h.hexdigest()}", flush=True)
+        print(f"weights sha256 {weights_sha256(model)}", flush=True)
     if rank == 0 and start_step >= args.steps:
         print(f"done: already at step {start_step}, nothing to train", flush=True)
     elif rank == 0:
