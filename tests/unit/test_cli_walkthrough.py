@@ -72,3 +72,17 @@ def test_ui_without_arguments_names_the_fix_when_there_is_no_default_job_dir(
     r = tg("ui", cwd=tmp_path)
     assert r.returncode == 2
     assert "Fix: trainguard ui JOB_DIR, or trainguard ui --root DIR" in r.stderr
+
+
+def test_the_preset_table_in_the_docs_has_every_setting_a_preset_sets() -> None:
+    from trainguard.spec import PRESETS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scenarios.md").read_text()
+    rows = {line.split("`")[1]: [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| `")}
+    for name, preset in PRESETS.items():
+        for key, value in preset.items():
+            shown = rows[key][1 + list(PRESETS).index(name)].split()[0]
+            want = (("on" if value else "off") if isinstance(value, bool) else
+                    f"{value:g}" if isinstance(value, float) else str(value))
+            assert shown == want, (name, key)
