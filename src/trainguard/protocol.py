@@ -174,6 +174,18 @@ class RestartRanks(_Msg):
     reason: str = ""
 
 
+class NodeUsage(_Msg):
+    """A node's memory held for fast recovery (node/usage.py), shown by `trainguard status`."""
+
+    node: str
+    standby_ready: int = Field(0, description="standby workers waiting for a rank")
+    standby_rss_bytes: int = Field(0, description="their resident memory, all together")
+    shm_bytes: int = Field(0, description="/dev/shm held by the job's snapshot region: its "
+                           "own ranks' slots and manifests")
+    shm_peer_bytes: int = Field(0, description="of which the copies kept for a neighbour "
+                                "node's ranks (peer copies)")
+
+
 class NodeReport(_Msg):
     node: str
     attempt: int | None
@@ -187,6 +199,8 @@ class NodeReport(_Msg):
     lost_nodes: list[str] = Field(default_factory=list,
                                   description="nodes of the placement whose agent was lost "
                                   "(multi-node: silent, disconnected or its process ended)")
+    usage: list[NodeUsage] = Field(default_factory=list, description="per node (an agent: "
+                                   "its own; the fleet: every node's, spares too)")
 
 
 class AgentAPI(Protocol):
@@ -220,6 +234,9 @@ class Op(str, Enum):
     PEER_TAKE = "peer_take"  # {list} -> {"steps"} | {peer, rank, step, offset} -> a chunk
     PEER_STORE = "peer_store"  # a chunk + {peer, origin} -> {"whole": bool}
     PEER_PIN = "peer_pin"  # {step} -> {}: every rank of the node keeps that step
+    # {step, token, source, ranks: {rank: from the peer copies}} -> {"started": bool}: save
+    # at breakpoint after a node loss, this node's part (checkpoint/persist.py --rank)
+    PEER_PERSIST = "peer_persist"
 
 
 REPORTS_PER_S = 250.0  # every agent's NodeReports together: the controller's budget

@@ -141,7 +141,9 @@ def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
     """Pod-level move with memory snapshots: node-1 dies; its rank starts on the spare with
     the copy node-0 kept of its snapshot, rank 0 from its own memory: both resume at the
     step last copied (no durable checkpoint yet), and the job ends with the weights of the
-    uninterrupted job (the same 2 ranks and 14 steps on one node), bit for bit."""
+    uninterrupted job (the same 2 ranks and 14 steps on one node), bit for bit. That step
+    is saved to storage at once (save at breakpoint, node-1's part from node-0's copy), the
+    spare's standby takes the rank, and `status` shows the standbys and shared memory."""
     from tests.integration.test_multinode_local import Background, kill_node, wait_for
 
     job, shm = tmp_path / "job", tmp_path / "shm"
@@ -155,7 +157,14 @@ def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
         bg = Background(args, tmp_path)
     finally:
         del os.environ["TRAINGUARD_SHM_ROOT"]
-    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 5)
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 5 and any(
+        u["node"] == "node-2" and u["standby_ready"] for u in s["node_usage"]))
+    usage = {u["node"]: u for u in status["node_usage"]}
+    assert set(usage) == {"node-0", "node-1", "node-2"}, usage
+    assert usage["node-2"]["standby_rss_bytes"] > 20 << 20, usage  # torch imported
+    for n in ("node-0", "node-1"):  # two or three slots of its rank, and its buddy's copy
+        assert usage[n]["shm_bytes"] > usage[n]["shm_peer_bytes"] > 0, usage
+    assert usage["node-2"]["shm_bytes"] == 0, usage
     kill_node(status, "node-1")
     code, out = bg.finish()
     assert code == 0, out
@@ -165,4 +174,10 @@ def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
     (inc,) = read_json("recovery", job)["running_records"][0]["recover_records"]
     assert inc["recover"] == "pod_reschedule" and inc["resumed_from"] == "memory+peer", inc
     assert 0 < inc["resumed_step"] <= inc["last_step_before"], inc
+    saved = [e["data"] for e in read_json("events", job) if e["reason"] == "CheckpointSaved"]
+    assert {"step": inc["resumed_step"], "source": "peer"}.items() <= saved[0].items(), saved
+    assert inc["resumed_step"] in steps_in_storage(job / "checkpoints")  # and the last
+    restarted = messages(job, "WorkersRestarted")
+    assert len(restarted) == 1 and "(standby)" in restarted[0], restarted
+    assert read_json("status", job)["node_usage"] == []  # freed with the job
     assert list(shm.iterdir()) == []

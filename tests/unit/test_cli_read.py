@@ -205,6 +205,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "ranks",
         "job_dir",
         "nodes",
+        "node_usage",
         "restarts",
         "restarts_by_rung",
         "budgets",
@@ -212,6 +213,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "launcher",
     }
     assert doc["nodes"] == []  # a single-node job keeps no node rows
+    assert doc["node_usage"] == []  # none recorded (a job that ended has none)
     assert (doc["restarts"], doc["restarts_by_rung"]) == (1, {"process_restart": 1})
     assert doc["budgets"]["restarts"] == {"used": 1, "max": 3}
     assert doc["hang"] is None and doc["launcher"] == {"pid": None, "host": None,

@@ -22,7 +22,7 @@ from trainguard.checkpoint.memory_format import (
     read_manifest,
     slot_path,
 )
-from trainguard.checkpoint.persist import persist
+from trainguard.checkpoint.persist import persist, persist_ranks
 
 
 def tree(seed: int) -> dict[str, Any]:
@@ -162,3 +162,29 @@ def test_persisting_writes_a_checkpoint_the_checkpointer_loads(tmp_path: Path) -
     assert ckpt.load_latest({"model": fresh, "optimizer": fresh_opt}) == 7
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                  fresh.state_dict().values(), strict=True))
+
+
+def test_a_save_spread_over_nodes_commits_once_every_node_wrote_its_ranks(
+        tmp_path: Path) -> None:
+    """After a node loss: the survivor writes rank 0 from its region, the lost node's buddy
+    rank 1 from its peer copy, under one token; rank 0's part commits the checkpoint."""
+    own, copies, store = tmp_path / "node-0", tmp_path / "node-2" / "peer", tmp_path / "ckpt"
+    model = torch.nn.Linear(8, 4)
+    for rank, region in ((0, own), (1, copies)):
+        region.mkdir(parents=True)
+        slots = RankSlots(region, rank, 2, "run")
+        for step in (6, 7):
+            slots.snapshot(step, {"replicated": {"model": model.state_dict()},
+                                  "rank": {"data": {"rank": rank, "step": step}}})
+        slots.close()
+    assert persist_ranks({1: str(copies)}, str(store), 2, "run", 5, exact=True) is None
+    assert Checkpointer(store, save_on_exit=False, memory_every=0).load_latest(
+        {"model": torch.nn.Linear(8, 4)}) is None  # rank 1's part alone commits nothing
+    assert persist_ranks({1: str(copies)}, str(store), 2, "run", 6, exact=True,
+                         token="t", source="peer") == 6
+    assert persist_ranks({0: str(own)}, str(store), 2, "run", 6, exact=True,
+                         token="t", source="peer") == 6
+    fresh = torch.nn.Linear(8, 4)
+    assert Checkpointer(store, save_on_exit=False, memory_every=0).load_latest(
+        {"model": fresh}) == 6
+    assert torch.equal(fresh.weight, model.weight)

@@ -4,15 +4,21 @@ breakpoint.
 Run by the node agent when a worker died: writes the newest snapshot that every rank of the
 job holds in the node's memory region to storage, as a normal checkpoint (the same files,
 manifest and commit as a save by the workers), unless storage has that step or a newer one
-already. It needs every rank's snapshot in this region (one node; a job over several nodes
-keeps its memory snapshots on each node, and this does nothing there). Each slot read is
-locked shared: a restarted worker skips a snapshot into it rather than tear the copy.
-Reports CHECKPOINT_SAVED (source "memory") through the agent's channel.
+already. Each slot read is locked shared: a restarted worker skips a snapshot into it rather
+than tear the copy. Reports CHECKPOINT_SAVED (source "memory") through the agent's channel.
+
+A multi-node job's save at breakpoint (a node was lost) is one such save spread over the
+nodes: `--rank R=DIR` (repeated) writes only those ranks' snapshots of exactly AT_MOST, each
+from its directory (a node's own region, or the `peer/` copies a buddy keeps of the lost
+node's ranks), under the save `--token` every node was given; the node with rank 0 commits
+once every part is in storage, and reports `--source`.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import sys
 import time
 
@@ -25,7 +31,7 @@ from trainguard.checkpoint.saving import SaveJob, run_save
 from trainguard.checkpoint.state import BufferPool, stage
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
-from trainguard.worker.contract import ENV_RUN_ID, SOURCE_MEMORY, MessageKind
+from trainguard.worker.contract import ENV_RUN_ID, SOURCE_MEMORY, SOURCE_PEER, MessageKind
 
 log = logging.getLogger("trainguard.persist")
 
@@ -37,11 +43,23 @@ def persist(region: str, location: str, world_size: int, run_id: str,
     """The step committed to storage, or None when there was nothing newer to persist; only
     snapshots of steps up to `at_most` count (the attempt that died: the restarted workers'
     newer snapshots are theirs to save)."""
+    return persist_ranks({r: region for r in range(world_size)}, location, world_size, run_id,
+                         at_most)
+
+
+def persist_ranks(sources: dict[int, str], location: str, world_size: int, run_id: str,
+                  at_most: int | None = None, exact: bool = False, token: str | None = None,
+                  source: str = SOURCE_MEMORY) -> int | None:
+    """Write the snapshots of the ranks of `sources` (rank -> the directory holding them) of
+    their newest common step up to `at_most` (`exact`: of that step, else nothing); commit
+    when rank 0 is among them. The step written, or None."""
     t0 = time.monotonic()
-    per_rank = [loadable(region, r, world_size, run_id) for r in range(world_size)]
-    step = agreed_step([[s for s in p if at_most is None or s <= at_most] for p in per_rank])
-    if step is None:
-        log.info("no snapshot that every rank holds in %s: nothing to persist", region)
+    per_rank = {r: loadable(d, r, world_size, run_id) for r, d in sorted(sources.items())}
+    step = agreed_step([[s for s in p if at_most is None or s <= at_most]
+                        for p in per_rank.values()])
+    if step is None or (exact and step != at_most):
+        log.info("no snapshot of step %s that every rank of %s holds: nothing to persist",
+                 at_most if exact else "any", sorted(sources))
         return None
     st = Storage(location)
     stored = newest_valid_step(st)
@@ -49,13 +67,14 @@ def persist(region: str, location: str, world_size: int, run_id: str,
         log.info("storage holds step %s, as new as memory's %s: nothing to persist",
                  stored, step)
         return None
-    token = f"memory-{run_id}-{step}-{int(time.time())}"
-    manifest = read_manifest(region, 0)
+    token = token or f"memory-{run_id}-{step}-{int(time.time())}"
+    first = min(sources)
+    manifest = read_manifest(sources[first], first)
     keep = manifest.keep if manifest is not None else 3  # as the workers' Checkpointer prunes
     pool = BufferPool()
     written = 0
-    for rank in [*range(1, world_size), 0]:  # rank 0 last: it commits
-        tree = read_entry(region, rank, per_rank[rank][step], lock=True)
+    for rank in sorted(sources, key=lambda r: r == 0):  # rank 0 last: it commits
+        tree = read_entry(sources[rank], rank, per_rank[rank][step], lock=True)
         job = SaveJob(storage=st, step=step, rank=rank, world_size=world_size, token=token,
                       replicated=stage(tree["replicated"], pool, "r") if rank == 0 else None,
                       per_rank=stage(tree["rank"], pool, "p"), keep=keep,
@@ -64,25 +83,42 @@ def persist(region: str, location: str, world_size: int, run_id: str,
         written += result.bytes_written
         if result.already_valid:
             return None
+    if 0 not in sources:
+        log.info("wrote the memory snapshots of rank(s) %s of step %s to %s (the node with "
+                 "rank 0 commits)", sorted(sources), step, st.location)
+        return step
     channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=st.location,
                  bytes=written, write_s=round(time.monotonic() - t0, 4), blocked_s=0.0,
-                 source=SOURCE_MEMORY, missing_ranks=[])
+                 source=source, missing_ranks=[])
     log.info("persisted the memory snapshot of step %s to %s", step, st.location)
     return step
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainguard.checkpoint.persist")
+    p.add_argument("region")
+    p.add_argument("location")
+    p.add_argument("world_size", type=int)
+    p.add_argument("at_most", type=int, nargs="?")
+    p.add_argument("--rank", action="append", default=[], metavar="R=DIR",
+                   help="only this rank, from DIR, of exactly AT_MOST (repeated)")
+    p.add_argument("--token", help="the save's token, the same on every node")
+    p.add_argument("--source", default=SOURCE_MEMORY, choices=(SOURCE_MEMORY, SOURCE_PEER))
+    return p
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="[trainguard.persist] %(message)s",
                         stream=sys.stderr)
-    if len(argv) not in (4, 5) or not all(a.isdigit() for a in argv[3:]):
-        print("usage: python -m trainguard.checkpoint.persist REGION LOCATION WORLD_SIZE "
-              "[AT_MOST]", file=sys.stderr)
-        return 2
-    import os
-
+    args = _parser().parse_args(argv[1:])
+    run_id = os.environ.get(ENV_RUN_ID, "")
     try:
-        persist(argv[1], argv[2], int(argv[3]), os.environ.get(ENV_RUN_ID, ""),
-                int(argv[4]) if len(argv) == 5 else None)
+        if args.rank:
+            sources = {int(r): d for r, _, d in (x.partition("=") for x in args.rank)}
+            persist_ranks(sources, args.location, args.world_size, run_id, args.at_most,
+                          exact=True, token=args.token, source=args.source)
+        else:
+            persist(args.region, args.location, args.world_size, run_id, args.at_most)
     except (CheckpointError, OSError, ValueError) as e:
         print(f"[trainguard.persist] not persisted: {e}", file=sys.stderr)
         return 1

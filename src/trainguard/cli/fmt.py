@@ -47,6 +47,15 @@ def dash(v: object) -> str:
     return "-" if v is None else str(v)
 
 
+def size_text(n: float) -> str:
+    """Bytes as people read them: 512 B, 3.2 MiB, 1.5 GiB."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 def clock_or_dash(value: Any) -> str:
     at = meta_time(value)
     return "-" if at is None else clock(at)

@@ -23,7 +23,15 @@ from typing import Any
 import psutil
 from rich.table import Table
 
-from trainguard.cli.fmt import clock_or_dash, dash, meta_time, plural, print_json, print_table
+from trainguard.cli.fmt import (
+    clock_or_dash,
+    dash,
+    meta_time,
+    plural,
+    print_json,
+    print_table,
+    size_text,
+)
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import last_progress, shown_state
 from trainguard.errors import StoreError
@@ -193,7 +201,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(dash(r["run_id"]), dash(r["state"]), dash(r.get("attempts")),
                       _step(r), _when(r.get("last_progress_at")),
-                      _size(r["size_bytes"]), r["job_dir"])
+                      size_text(r["size_bytes"]), r["job_dir"])
     print_table(table)
     return ExitCode.SUCCESS
 
@@ -209,12 +217,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
     for r in old:
         print(f"{'deleting' if args.yes else 'would delete'} {r['job_dir']} ({r['state']}, "
               f"ended {_when(r.get('ended_at') or r.get('last_progress_at'))}, "
-              f"{_size(r['size_bytes'])})")
+              f"{size_text(r['size_bytes'])})")
         if args.yes:
             shutil.rmtree(r["job_dir"], ignore_errors=True)
     verb = "freed" if args.yes else "would free (add --yes to delete)"
     print(f"{plural(len(old), 'job')} older than {args.older_than:g} days; {verb} "
-          f"{_size(freed)}")
+          f"{size_text(freed)}")
     return ExitCode.SUCCESS
 
 
@@ -234,14 +242,6 @@ def _du(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
     return total
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _step(row: dict[str, Any]) -> str:

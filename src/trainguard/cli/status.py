@@ -22,6 +22,7 @@ from trainguard.cli.fmt import (
     meta_time,
     print_json,
     print_table,
+    size_text,
 )
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
 from trainguard.controller.store_rows import (
@@ -87,6 +88,11 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
                         for name, b in doc["budgets"].items())
     console.print(f"budgets: {budgets}", highlight=False)
     console.print(f"job dir: {doc['job_dir']}", highlight=False, markup=False)
+    for u in doc["node_usage"]:
+        peer = f" (peer copies {size_text(u['shm_peer_bytes'])})" if u["shm_peer_bytes"] else ""
+        console.print(f"fast recovery on {u['node']}: {u['standby_ready']} standby worker(s) "
+                      f"ready, {size_text(u['standby_rss_bytes'])} resident; /dev/shm "
+                      f"{size_text(u['shm_bytes'])}{peer}", highlight=False, markup=False)
     if doc["nodes"]:
         print_table(keyed_table(doc["nodes"], _NODE_KEYS))
         console.print()
@@ -122,7 +128,20 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "ranks": [_rank_dict(w, state) for w in sorted(workers, key=lambda w: w.rank)],
         "job_dir": meta.get("job_dir") or job_dir,
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
+        "node_usage": _usage(meta.get("node_usage")),
     }
+
+
+_USAGE_KEYS = ("standby_ready", "standby_rss_bytes", "shm_bytes", "shm_peer_bytes")
+
+
+def _usage(recorded: Any) -> list[dict[str, Any]]:
+    """Per node, the standbys ready and their memory, the job's /dev/shm bytes (the peer
+    copies among them), as the agents last reported them; [] once the job ended."""
+    if not isinstance(recorded, dict):
+        return []
+    return [{"node": node, **{k: int(u.get(k) or 0) for k in _USAGE_KEYS}}
+            for node, u in sorted(recorded.items()) if isinstance(u, dict)]
 
 
 def _training(recorded: Any) -> list[dict[str, Any]]:

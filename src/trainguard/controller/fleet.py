@@ -25,6 +25,7 @@ from trainguard.errors import LaunchError
 from trainguard.protocol import (
     DumpStacks,
     NodeReport,
+    NodeUsage,
     Op,
     Progress,
     RankLiveness,
@@ -79,6 +80,7 @@ class Fleet:
         self.disruption_wait_s = DISRUPTION_WAIT_S
         self.disrupted_since: float | None = None  # every link down since (monotonic)
         self._polled_at = 0.0
+        self._usage: dict[str, NodeUsage] = {}  # each node's latest, spares' too (status)
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -253,7 +255,8 @@ class Fleet:
         self._polled_at = time.monotonic()
         placed = set(self.placement)
         for name, reports in self.hub.take_all_reports().items():
-            if name in placed:  # a spare's reports only say it is alive
+            self._note_usage(name, reports)
+            if name in placed:  # a spare's reports say it is alive, and its usage
                 self._fold(name, reports)
         return self._merged()
 
@@ -317,8 +320,15 @@ class Fleet:
                 pushed = self.hub.take_reports(name)
                 self._fold(name, [*pushed, NodeReport.model_validate(r.body)])
 
+    def _note_usage(self, name: str, reports: list[NodeReport]) -> None:
+        for r in reversed(reports):
+            if r.usage:
+                self._usage[name] = r.usage[-1]
+                return
+
     def _fold(self, name: str, reports: list[NodeReport]) -> None:
         """Several pushed reports into one: the newest facts, every message and interval."""
+        self._note_usage(name, reports)
         reports = [r for r in reports if r.attempt == self._attempt]
         if not reports:
             return
@@ -372,7 +382,10 @@ class Fleet:
         return NodeReport(node="cluster", attempt=self._attempt,
                           workers=sorted(workers, key=lambda w: w.rank), progress=progress,
                           at=now, messages=messages, liveness=liveness,
-                          lost_nodes=sorted(lost))
+                          lost_nodes=sorted(lost),
+                          usage=[u for n, u in sorted(self._usage.items())
+                                 if n in self.nodes and self.nodes[n].state.usable
+                                 and n not in lost])
 
 
 def _on_our_clock(lv: RankLiveness, shift: timedelta) -> RankLiveness:

@@ -151,6 +151,8 @@ class NodeRecovery:
             self.rec.event(Level.WARNING, Reason.NODE_LOST,
                            f"node {name} was lost: {why}; {what}", node=name, attempt=attempt)
             self.fleet.mark(name, NodeState.LOST, why)
+        if self.fleet.peer is not None:  # save at breakpoint: the last copied step to storage
+            self.fleet.peer.persist(set(lost))
         report = self._stop(f"node {', '.join(lost)} was lost")
         return report, (detected, detected, utcnow())
 

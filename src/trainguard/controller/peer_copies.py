@@ -16,18 +16,24 @@ node's ranks on another node, `restore` first copies their snapshots of S from t
 node's buddy into the new node's region, where the workers find them as their own
 (`origin`: the buddy), and every rank resumes at S (checkpoint/memory_tier.py agrees on
 it). When the node and its buddy are both gone, the job resumes from storage.
+
+Save at breakpoint: as soon as a node is lost, `persist` has every surviving node write S
+to storage (the lost node's ranks from its buddy's copies), so S outlives a move whose
+target node fails as well.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Collection
 from typing import Any
 
 from trainguard.checkpoint.memory_format import agreed_step
 from trainguard.controller.hub import Hub
 from trainguard.protocol import Op
+from trainguard.worker.contract import SOURCE_PEER
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +88,10 @@ class PeerCopies:
         step = agreed_step([s for ranks in listed.values() for s in ranks.values()])
         if step is None or (self.step is not None and step <= self.step):
             return False
-        # from now on every rank keeps `step`
-        if self._call_all({n: (Op.PEER_PIN, {"step": step}) for n in placement}) is None:
+        # from now on every rank keeps `step` (a node still saving the last pinned step to
+        # storage after a node loss refuses: it keeps that one until it is done)
+        pinned = self._call_all({n: (Op.PEER_PIN, {"step": step}) for n in placement})
+        if pinned is None or any(b.get("refused") for b in pinned.values()):
             return False
         buddy = {n: placement[(i + 1) % len(placement)] for i, n in enumerate(placement)}
         for j in range(max(len(r) for r in listed.values())):  # the nodes in parallel
@@ -108,6 +116,34 @@ class PeerCopies:
             log.info("restored the memory snapshots of rank(s) %s (step %s) from %s onto %s",
                      restored, step, buddy, to)
             return restored
+
+    def persist(self, lost: Collection[str]) -> list[str]:
+        """Save at breakpoint after `lost` nodes went: the last step copied, S, goes to
+        storage from memory before the move, so it outlives a move whose target fails too.
+        Every surviving node writes its own ranks' S (pinned), the lost nodes' buddies
+        their copies of the lost ranks' S, under one save token; the node with rank 0
+        commits and reports CHECKPOINT_SAVED (source `peer`). The nodes that started
+        their part; [] when a lost node's copies are gone too (its buddy was lost):
+        storage's last checkpoint is all there is then."""
+        with self._lock:
+            step = self.step
+            parts: dict[str, dict[str, bool]] = {}  # node -> {rank: from its peer copies}
+            for node, ranks in self._ranks.items():
+                holder = self._buddy.get(node) if node in lost else node
+                if step is None or holder is None or holder in lost:
+                    log.info("no save at breakpoint of %s: %s", ", ".join(sorted(lost)),
+                             "no snapshot was copied yet" if step is None else
+                             f"its copies were on {holder}, lost too")
+                    return []
+                parts.setdefault(holder, {}).update({str(r): node in lost for r in ranks})
+            token = f"peer-{step}-{uuid.uuid4().hex[:12]}"
+            replies = self.hub.call({n: (Op.PEER_PERSIST, {
+                "step": step, "token": token, "source": SOURCE_PEER, "ranks": ranks})
+                for n, ranks in parts.items()}, CALL_TIMEOUT_S, 0.0)
+            started = sorted(n for n, r in replies.items() if r.ok and r.body.get("started"))
+            log.info("save at breakpoint of step %s after the loss of %s: started on %s of %s",
+                     step, ", ".join(sorted(lost)), started, sorted(parts))
+            return started
 
     def _copy(self, jobs: list[tuple[str, bool, str, bool, int]], step: int) -> bool:
         """Copy rank snapshots of `step` chunk by chunk, each (source, from its peer copies,

@@ -46,6 +46,7 @@ class Recorder:
         self.launches = 1
         self.previous_max_step: int | None = None
         self._workers_sig: object = None
+        self._usage_written: dict[str, dict[str, int]] = {}  # meta node_usage, as written
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
         self._progress_written = 0.0
         self._ledger: list[tuple[int, int, float]] = []  # progress samples not yet written
@@ -162,7 +163,8 @@ class Recorder:
         self.event(level, reason, message, rank=rank, attempt=attempt)
         with self._best_effort():  # the exit code says it anyway
             self.store.set_meta(state=state.value, exit_code=int(code),
-                                ended_at=utcnow().isoformat())
+                                ended_at=utcnow().isoformat(),
+                                node_usage={})  # the standbys and regions go with the job
         return int(code)
 
     def give_up(self, attempt: int, d: Decision, failure: str, rank: int | None) -> int:
@@ -198,6 +200,15 @@ class Recorder:
         self.messages.handle(report.messages, report.attempt or 0)
         with self._best_effort():
             self._sync_progress(report, force)
+        with self._best_effort():
+            self._sync_usage(report)
+
+    def _sync_usage(self, report: NodeReport) -> None:
+        """Each node's standbys and shared memory (meta `node_usage`), when they changed."""
+        usage = {u.node: u.model_dump(exclude={"node"}) for u in report.usage}
+        if usage and usage != self._usage_written:
+            self.store.set_meta(node_usage=usage)
+            self._usage_written = usage
 
     def _sync_progress(self, report: NodeReport, force: bool) -> None:
         outputs = [lv.last_output_at for lv in report.liveness if lv.last_output_at]

@@ -38,7 +38,8 @@ DB_NAME = "trainguard.db"
 SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
 
-MetaValue: TypeAlias = str | int | float | bool | list[str] | dict[str, int] | None
+MetaValue: TypeAlias = (str | int | float | bool | list[str] | dict[str, int]
+                        | dict[str, dict[str, int]] | None)
 
 _NODES_TABLE = """CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY, host TEXT NOT NULL, state TEXT NOT NULL, agent_pid INTEGER,

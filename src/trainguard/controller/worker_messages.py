@@ -73,6 +73,9 @@ class WorkerMessages:
         how = (f"on the way out ({d['on_exit']})" if d.get("on_exit")
                else "by the node agent from the ranks' memory snapshots, after a worker died"
                if d.get("source") == SOURCE_MEMORY
+               else "by the node agents from the ranks' memory snapshots and a buddy node's "
+               "copies of the lost node's, after a node was lost"
+               if d.get("source") == SOURCE_PEER
                else f"loop blocked {secs(d.get('blocked_s'))}")
         missing = d.get("missing_ranks") or []
         gone = f"; without the part of rank(s) {missing}, which had died" if missing else ""

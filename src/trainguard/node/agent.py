@@ -12,26 +12,24 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.sources import default_trigger
 from trainguard.errors import LaunchError
 from trainguard.node import procs
 from trainguard.node.channel import ChannelServer, JobProcesses
 from trainguard.node.env import worker_env
-from trainguard.node.facts import log_findings, oom_kill_count, read_error_file, worker_message
+from trainguard.node.facts import Worker, oom_kill_count, worker_fact, worker_message
 from trainguard.node.liveness import LivenessBook
 from trainguard.node.logs import ConsoleOptions, LogRouter
 from trainguard.node.memory import MemoryRegion
 from trainguard.node.standby import StandbyPool
+from trainguard.node.usage import UsageMeter
 from trainguard.paths import attempt_log_dir, rank_log_path
 from trainguard.protocol import (
     DumpStacks,
@@ -70,21 +68,6 @@ def free_port(addr: str) -> int:
         return int(s.getsockname()[1])
 
 
-@dataclass
-class _Worker:
-    assignment: WorkerAssignment
-    proc: subprocess.Popen[bytes]
-    started_at: datetime
-    error_file: Path
-    state: WorkerState = WorkerState.RUNNING
-    ended_at: datetime | None = None
-    returncode: int | None = None
-    oom_killed: bool | None = None
-    log: Path | None = None
-    findings: list[Finding] | None = None  # the scan of its log, once it ended
-    standby: bool = False  # a pre-warmed standby took this rank (else a cold start)
-
-
 class NodeAgent:
     """Supervises the local ranks of one node."""
 
@@ -93,7 +76,7 @@ class NodeAgent:
         self.node = node
         self._console, self._console_opts = console, console_opts
         self._step_pattern, self._marker = step_pattern, marker
-        self._workers: list[_Worker] = []
+        self._workers: list[Worker] = []
         self._router: LogRouter | None = None
         self._attempt: int | None = None
         self._start: StartWorkers | None = None  # the attempt's command (in-process restarts)
@@ -119,6 +102,7 @@ class NodeAgent:
         self._guardian = procs.Guardian(marker)
         self._standby = StandbyPool(self._guardian)
         self.memory = MemoryRegion(marker, node, self._guardian)  # memory snapshots' region
+        self._usage = UsageMeter(node, self._standby.pids, self.memory.held)
         self._prepared_at: datetime | None = None  # a spare told to keep standbys ready
         self._channel = ChannelServer(  # only this job's processes may send
             f"@trainguard-{marker}-{node}-{os.getpid()}", JobProcesses(self._guardian.groups))
@@ -161,7 +145,7 @@ class NodeAgent:
         return attempt_log_dir(Path(cmd.log_dir), cmd.attempt) / "dead-ranks.json"
 
     def _spawn(self, cmd: StartWorkers, a: WorkerAssignment, router: LogRouter,
-               log_dir: Path) -> _Worker:
+               log_dir: Path) -> Worker:
         err_file = rank_log_path(log_dir, cmd.attempt, a.rank).with_suffix(".error.json")
         err_file.parent.mkdir(parents=True, exist_ok=True)
         err_file.unlink(missing_ok=True)
@@ -181,7 +165,7 @@ class NodeAgent:
                    proc.stderr, self._console_opts.streams(a.rank, a.local_rank))
         log.debug("started rank %s as pid %s%s", a.rank, proc.pid,
                   " (a standby)" if standby else "")
-        return _Worker(a, proc, utcnow(), err_file,
+        return Worker(a, proc, utcnow(), err_file,
                        log=rank_log_path(log_dir, cmd.attempt, a.rank), standby=standby)
 
     def _env(self, cmd: StartWorkers, a: WorkerAssignment, error_file: str) -> dict[str, str]:
@@ -213,7 +197,7 @@ class NodeAgent:
         with self._progress_lock:
             progress = self._progress
         return NodeReport(node=self.node, attempt=self._attempt,
-                          workers=[self._fact(w) for w in self._workers], progress=progress,
+                          workers=self._facts(), progress=progress,
                           at=utcnow())
 
     def _update_states(self) -> None:
@@ -233,6 +217,18 @@ class NodeAgent:
         if len(cmd.workers) == cmd.world_size:  # every rank's snapshot is on this node
             self.memory.persist(self._env(cmd, a, ""), cmd, self._progress.last_step,
                                  self._dead_ranks_file(cmd).with_name("persist.log"))
+
+    def persist_part(self, step: int, ranks: dict[int, str], token: str, source: str) -> bool:
+        """Save at breakpoint after a node loss: write `ranks`' snapshots of `step`, each from
+        its directory (this node's region or the copies it keeps for the lost node), as
+        this node's part of the save `token` (the node with rank 0 commits)."""
+        cmd = self._start
+        if cmd is None:
+            return False
+        spread = [*(f"--rank={r}={d}" for r, d in sorted(ranks.items())),
+                  f"--token={token}", f"--source={source}"]
+        return self.memory.persist(self._env(cmd, cmd.workers[0], ""), cmd, step,
+                                   self._dead_ranks_file(cmd).with_name("persist.log"), spread)
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
         self.poll()
@@ -345,10 +341,14 @@ class NodeAgent:
         running = {w.assignment.rank for w in self._workers if not w.state.ended}
         last_output = self._router.last_output() if self._router is not None else {}
         return NodeReport(node=self.node, attempt=self._attempt,
-                          workers=[self._fact(w) for w in self._workers],
+                          workers=self._facts(),
                           progress=progress, at=utcnow(),
                           messages=messages + self._log_errors(),
-                          liveness=self._liveness.report(running, last_output))
+                          liveness=self._liveness.report(running, last_output),
+                          usage=[self._usage.now()])
+
+    def _facts(self) -> list[WorkerFact]:
+        return [worker_fact(self.node, w, self._router, self._job_dir) for w in self._workers]
 
     def _liveness_message(self, m: WorkerMessage) -> None:
         """trainguard.progress / trainguard.phase / a checkpoint save: liveness signals
@@ -372,28 +372,3 @@ class NodeAgent:
         errors = self._router.take_errors() if self._router is not None else []
         return [WorkerMessage(kind=MessageKind.LOG_WRITE_FAILED, rank=None, at=utcnow(),
                               data={"error": e}) for e in errors]
-
-    def _fact(self, w: _Worker) -> WorkerFact:
-        ended = w.state.ended
-        complete = True
-        if ended and w.state != WorkerState.SUCCEEDED and self._router is not None:
-            # the pipe may still hold its last lines (a child of the worker can keep it open)
-            complete = self._router.wait_rank_eof(w.assignment.rank, timeout=0.5)
-        return WorkerFact(
-            rank=w.assignment.rank, node=self.node, local_rank=w.assignment.local_rank,
-            pid=w.proc.pid, state=w.state, returncode=w.returncode, started_at=w.started_at,
-            ended_at=w.ended_at, start_count=w.assignment.start_count, standby=w.standby,
-            findings=(self._findings(w, complete) if ended and w.state != WorkerState.SUCCEEDED
-                      else []),
-            error_file=read_error_file(w.error_file) if ended else None,
-            oom_killed=w.oom_killed,
-        )
-
-    def _findings(self, w: _Worker, complete: bool) -> list[Finding]:
-        """Scan an ended rank's log; once its pipes are closed the result is kept."""
-        if w.findings is None:
-            found = log_findings(w.log, w.assignment.rank, self._job_dir, self._router)
-            if not complete:
-                return found
-            w.findings = found
-        return w.findings

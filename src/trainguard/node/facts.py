@@ -1,12 +1,14 @@
 """Facts about an ended or running worker that the agent reads from the system: the
-kernel's OOM-kill count, torch's error file, the failure findings of its log, and a channel
-datagram as a WorkerMessage."""
+kernel's OOM-kill count, torch's error file, the failure findings of its log, a channel
+datagram as a WorkerMessage, and a worker's WorkerFact for the agent's NodeReport."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import subprocess
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -15,12 +17,56 @@ from trainguard.diagnosis.context import CONTEXT_LINES
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.sources import scan_file, scan_lines
 from trainguard.node.logs import LogRouter
-from trainguard.protocol import WorkerMessage
+from trainguard.protocol import WorkerAssignment, WorkerFact, WorkerMessage
 from trainguard.records import utcnow
+from trainguard.states import WorkerState
 
 log = logging.getLogger(__name__)
 
 SCAN_TAIL_BYTES = 64 << 20  # a failed rank's log is scanned from this far before its end
+
+
+@dataclass
+class Worker:
+    """One rank's process as the agent keeps it."""
+
+    assignment: WorkerAssignment
+    proc: subprocess.Popen[bytes]
+    started_at: datetime
+    error_file: Path
+    state: WorkerState = WorkerState.RUNNING
+    ended_at: datetime | None = None
+    returncode: int | None = None
+    oom_killed: bool | None = None
+    log: Path | None = None
+    findings: list[Finding] | None = None  # the scan of its log, once it ended
+    standby: bool = False  # a pre-warmed standby took this rank (else a cold start)
+
+
+def worker_fact(node: str, w: Worker, router: LogRouter | None,
+                job_dir: Path | None) -> WorkerFact:
+    """What the controller is told of one worker; an ended one's log findings included."""
+    failed = w.state.ended and w.state != WorkerState.SUCCEEDED
+    return WorkerFact(
+        rank=w.assignment.rank, node=node, local_rank=w.assignment.local_rank,
+        pid=w.proc.pid, state=w.state, returncode=w.returncode, started_at=w.started_at,
+        ended_at=w.ended_at, start_count=w.assignment.start_count, standby=w.standby,
+        findings=_findings(w, router, job_dir) if failed else [],
+        error_file=read_error_file(w.error_file) if w.state.ended else None,
+        oom_killed=w.oom_killed,
+    )
+
+
+def _findings(w: Worker, router: LogRouter | None, job_dir: Path | None) -> list[Finding]:
+    """Scan a failed rank's log; once its pipes are closed the result is kept."""
+    if w.findings is not None:
+        return w.findings
+    # the pipe may still hold its last lines (a child of the worker can keep it open)
+    complete = router is None or router.wait_rank_eof(w.assignment.rank, timeout=0.5)
+    found = log_findings(w.log, w.assignment.rank, job_dir, router)
+    if complete:
+        w.findings = found
+    return found
 
 
 def log_findings(path: Path | None, rank: int, job_dir: Path | None,

@@ -174,7 +174,7 @@ class AgentRunner:
             Op.PORT: self._op_port, Op.PRECHECK: self._op_precheck, Op.EXIT: self._op_exit,
             Op.TELL: self._op_tell, Op.PREPARE: self._op_prepare,
             Op.PEER_TAKE: self._op_peer_take, Op.PEER_STORE: self._op_peer_store,
-            Op.PEER_PIN: self._op_peer_pin}
+            Op.PEER_PIN: self._op_peer_pin, Op.PEER_PERSIST: self._op_peer_persist}
         return handlers[op](body)
 
     def _op_start(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -205,8 +205,17 @@ class AgentRunner:
         return chunk or {}
 
     def _op_peer_pin(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.agent.memory.persisting():  # the pinned step is being saved: keep it
+            return {"refused": "persisting the pinned snapshots"}
         peer.pin(self.agent.memory.path, int(body["step"]))
         return {}
+
+    def _op_peer_persist(self, body: dict[str, Any]) -> dict[str, Any]:
+        region = self.agent.memory.path
+        ranks = {int(r): str(peer.where(region, bool(p)))
+                 for r, p in dict(body["ranks"]).items()}
+        return {"started": self.agent.persist_part(int(body["step"]), ranks,
+                                                   str(body["token"]), str(body["source"]))}
 
     def _op_peer_store(self, body: dict[str, Any]) -> dict[str, Any]:
         whole = peer.store(self.agent.memory.path, bool(body.get("peer")), body,

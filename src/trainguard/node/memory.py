@@ -59,19 +59,25 @@ class MemoryRegion:
             self._made = True
         return {ENV_MEMORY_DIR: str(self.path)}
 
+    def held(self) -> Path | None:
+        """The region's path while it exists (status measures it), else None."""
+        return self.path if self._made else None
+
     def persist(self, worker_env: dict[str, str], cmd: StartWorkers, at_most: int | None,
-                log_file: Path) -> bool:
+                log_file: Path, spread: list[str] | None = None) -> bool:
         """Start persisting the ranks' newest common snapshot of a step up to `at_most` (the
         dying attempt's last step: not one the restarted workers take meanwhile), one at a
         time, its lines appended to `log_file`; False when one is still running or there is
-        no region."""
+        no region. `spread`: this node's part of a save over several nodes (persist.py's
+        `--rank R=DIR --token T --source S` arguments)."""
         location, world_size = cmd.checkpoint_dir, cmd.world_size
-        if not self._made or (self._persisting is not None and self._persisting.poll() is None):
+        if not self._made or self.persisting():
             return False
         # not a worker: no rank, and no marker (stopping the workers kills marked strays)
         env = {k: v for k, v in worker_env.items() if k not in (ENV_RANK, ENV_MARKER)}
         argv = [sys.executable, "-m", "trainguard.checkpoint.persist", str(self.path),
-                location, str(world_size), *([] if at_most is None else [str(at_most)])]
+                location, str(world_size), *([] if at_most is None else [str(at_most)]),
+                *(spread or [])]
         try:
             with open(log_file, "ab") as out:
                 self._persisting = subprocess.Popen(
@@ -85,6 +91,9 @@ class MemoryRegion:
         log.info("persisting the memory snapshots of %s (pid %d, log %s)", self.path,
                  self._persisting.pid, log_file)
         return True
+
+    def persisting(self) -> bool:
+        return self._persisting is not None and self._persisting.poll() is None
 
     def reap(self) -> None:
         """Log the end of a persistence that finished (non-blocking)."""

@@ -78,6 +78,10 @@ class StandbyPool:
     def __len__(self) -> int:
         return len(self._ready)
 
+    def pids(self) -> list[int]:
+        """The standbys ready now (status shows them and their memory)."""
+        return [s.proc.pid for s in self._ready if s.proc.poll() is None]
+
     def configure(self, size: int, argv: list[str], env: dict[str, str], cwd: str,
                   imports: list[str] | None = None) -> None:
         """Keep `size` standbys for workers started as `argv` in `env` (one rank's: its
