@@ -89,3 +89,17 @@ def test_ckpt_verify_of_a_step_that_is_there_checks_only_it(
     assert main(["ckpt", "verify", str(job), "--step", "20", "--json"]) == 0
     docs = json.loads(capsys.readouterr().out)
     assert [(d["step"], d["status"]) for d in docs] == [(20, "valid")]
+
+
+def test_ckpt_ls_counts_the_data_files_of_the_manifest_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save_steps(tmp_path / "c", (10,))
+    manifest = json.loads((tmp_path / "c" / "step-000000010" / "manifest.json").read_text())
+    assert main(["ckpt", "ls", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    header, row = (ln.split() for ln in out.splitlines()[1:3])
+    assert header[:6] == ["STEP", "STATUS", "LATEST", "WORLD", "DATA", "FILES"]
+    assert row[4] == str(len(manifest["files"])) and row[4] != str(
+        len(list((tmp_path / "c" / "step-000000010").iterdir())))
+    assert "DATA FILES and SIZE: the files the manifest lists" in out

@@ -146,13 +146,18 @@ def _list(ns: argparse.Namespace) -> int:
     return ExitCode.SUCCESS
 
 
+DATA_FILES_NOTE = ("DATA FILES and SIZE: the files the manifest lists, with their checksums "
+                   "(every rank's state, the replicated state, sharded parts), not "
+                   "manifest.json or the ranks' part lists; - when there is no manifest")
+
+
 def _table(location: str, docs: list[dict[str, Any]]) -> None:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     if not docs:
         console.print(f"no checkpoints at {location}")
         return
     t = Table(title=location, title_justify="left", box=None)
-    for col in ("STEP", "STATUS", "LATEST", "WORLD", "FILES", "SIZE", "CREATED", "REASON"):
+    for col in ("STEP", "STATUS", "LATEST", "WORLD", "DATA FILES", "SIZE", "CREATED", "REASON"):
         t.add_column(col)
     colour = {"valid": "green", "incomplete": "yellow", "corrupt": "red"}
     for d in docs:
@@ -161,3 +166,4 @@ def _table(location: str, docs: list[dict[str, Any]]) -> None:
                   "*" if d["latest"] else "", str(d.get("world_size", "-")),
                   str(d.get("files", "-")), size, d.get("created_at", "-"), d["reason"] or "")
     console.print(t)
+    console.print(DATA_FILES_NOTE)
