@@ -11,7 +11,9 @@ run's, across restarts) and `weights sha256 HEX`. For the tests, EXAMPLE_KILL_AT
 rank 1 SIGKILL itself after that step on the first attempt (EXAMPLE_LEFTOVER=1: after leaving
 a half-written checkpoint directory behind, as a kill during a save would); EXAMPLE_STOP_AT=STEP
 makes rank 0 run `trainguard stop` on its own job when it first reaches that step (once per
-output dir) and then slows every step to 1 s, so the drain lands mid-run.
+output dir) and then slows every step to 1 s, so the drain lands mid-run. Like the other
+examples it honours TRAINGUARD_FAULT (trainguard.testing.faults, fired after each optimizer
+step: `exit:3@rank=1,step=5`, `hang@step=8`, ...).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from transformers import (
     set_seed,
 )
 
+from trainguard.testing.faults import inject
+
 VOCAB, SEQ = 128, 32
 
 
@@ -50,6 +54,13 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.data[i], "labels": self.data[i]}
+
+
+class Faults(TrainerCallback):
+    """TRAINGUARD_FAULT (trainguard.testing.faults), after each step: a no-op without it."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        inject(state.global_step)
 
 
 class KillAt(TrainerCallback):
@@ -106,6 +117,7 @@ def main() -> None:
         dataloader_num_workers=0, disable_tqdm=True, learning_rate=1e-3)
     trainer = Trainer(model=GPT2LMHeadModel(cfg), args=args,
                       train_dataset=RandomTokens(512, seed=11))
+    trainer.add_callback(Faults())
     kill = os.environ.get("EXAMPLE_KILL_AT")
     if kill:
         trainer.add_callback(KillAt(int(kill), os.environ.get("EXAMPLE_LEFTOVER") == "1"))

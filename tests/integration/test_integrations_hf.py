@@ -82,3 +82,12 @@ def assert_killed_and_resumed_from_4(tmp_path: Path) -> None:
     # from checkpoint-4; rank 1 died after step 6 (rank 0 may not have reported step 6 yet)
     assert rr["resumed_step"] == 4 and rr["steps_lost"] in (1, 2)
     assert rr["resumed_from"] == "storage"
+
+
+def test_the_example_honours_trainguard_fault_like_the_other_examples(tmp_path: Path) -> None:
+    r = run_tg(["run", "--nproc-per-node", "1", "--job-dir", str(tmp_path / "job"),
+                str(EXAMPLE), "--out", str(tmp_path / "out"), "--steps", "6"], cwd=tmp_path,
+               fault="exit:7@step=3", timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    rank = read_json("status", tmp_path / "job")["ranks"][0]
+    assert rank["exit_code"] == 7
