@@ -86,3 +86,24 @@ def test_the_preset_table_in_the_docs_has_every_setting_a_preset_sets() -> None:
             want = (("on" if value else "off") if isinstance(value, bool) else
                     f"{value:g}" if isinstance(value, float) else str(value))
             assert shown == want, (name, key)
+
+
+def test_every_fault_spec_shown_in_the_docs_parses_and_the_field_order_is_as_documented(
+) -> None:
+    import re
+
+    from trainguard.testing.faults import parse
+
+    root = Path(__file__).resolve().parents[2]
+    specs = [m for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+             for m in re.findall(r"TRAINGUARD_FAULT='([^']+)'", doc.read_text())
+             if not m.startswith("KIND")]  # the format itself
+    page = (root / "docs" / "fault-injection.md").read_text()
+    assert len(re.findall(r"TRAINGUARD_FAULT='([^']+)'", page)) >= 9
+    for spec in specs:
+        assert parse(spec), spec
+    (f,) = parse("exit:3@step=5,rank=0")
+    assert (f.kind, f.arg, f.step, f.rank, f.attempt) == ("exit", "3", 5, 0, 0)
+    (f,) = parse(r"log:mail me\@example.org\; later@step=3")
+    assert (f.arg, f.rank, f.attempt) == ("mail me@example.org; later", None, 0)
+    assert parse("slow:2.5@step=20,attempt=*")[0].attempt is None
