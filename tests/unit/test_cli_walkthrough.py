@@ -107,3 +107,23 @@ def test_every_fault_spec_shown_in_the_docs_parses_and_the_field_order_is_as_doc
     (f,) = parse(r"log:mail me\@example.org\; later@step=3")
     assert (f.arg, f.rank, f.attempt) == ("mail me@example.org; later", None, 0)
     assert parse("slow:2.5@step=20,attempt=*")[0].attempt is None
+
+
+def test_progress_is_what_restart_policy_md_defines_new_steps_or_new_checkpoints() -> None:
+    """docs/restart-policy.md#progress, item by item, against controller.high_water."""
+    from trainguard.controller.high_water import HighWater
+    from trainguard.protocol import NodeReport, Progress
+    from trainguard.records import utcnow
+
+    def report(step: int | None) -> NodeReport:
+        return NodeReport(node="n", attempt=0, workers=[], progress=Progress(last_step=step),
+                          at=utcnow())
+
+    marks = HighWater(max_step=20)  # a step reached by an earlier launch
+    assert not marks.made_progress(report(20), None, None)  # the same step again: no
+    assert marks.made_progress(report(21), None, None)  # (1) a new step
+    assert marks.made_progress(report(None), 10, None)  # (2) a checkpoint, no step lines
+    marks.note(report(None), 10)
+    assert not marks.made_progress(report(None), 10, None)  # the same checkpoint: no
+    assert "restart-policy.md#progress" in (Path(__file__).resolve().parents[2] / "docs" /
+                                             "checkpoints.md").read_text()
