@@ -6,8 +6,9 @@ as node/main.py sends them) run in `--procs` helper processes against one real H
 Fleet in this process, whose watch loop polls the fleet and asks which nodes are lost, as
 the controller's does. Printed: time until every agent is connected, this process's CPU per
 second and memory at the report rate, how long one disconnected node and one silent node
-take to count as lost, and a full disruption (every link cut at once: nodes counted lost,
-drained). Standard library, psutil and trainguard only.
+take to count as lost (`--trials` of each), and a full disruption (every link cut at once:
+nodes counted lost, drained), with the machine's load average before and after (the figures
+are this process's share of the machine). Standard library, psutil and trainguard only.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from trainguard.states import NodeState, WorkerState
 from trainguard.wire import Conn, WireError, connect, new_token
 
 NODE_TIMEOUT_S, GRACE_S = 10.0, 3.0
+MARK_STEP = 10**9
 
 
 def node_report(name: str, ranks: int) -> dict[str, Any]:
@@ -130,12 +132,14 @@ class Backend:
 
 
 class LocalAgent:
-    """Two agents in this process (node-0, node-1), to cut or silence one on cue."""
+    """Agents in this process (node-0, node-1, ...), to cut or silence one on cue."""
 
     def __init__(self, port: int, token: str, name: str, interval: float, ranks: int) -> None:
+        self.name = name
         self.conn = connect("127.0.0.1", port, token, name, {"agent_pid": os.getpid()})
         self.body = {"type": "report", "body": node_report(name, ranks)}
         self.silent = threading.Event()
+        self.last_sent = time.monotonic()
         self.interval = interval
         self.thread = threading.Thread(target=self._push, daemon=True)
         self.thread.start()
@@ -149,6 +153,7 @@ class LocalAgent:
                 if time.monotonic() >= next_report:
                     self.conn.send(self.body)
                     next_report += self.interval
+                self.last_sent = time.monotonic()
             except WireError:
                 return
 
@@ -179,6 +184,8 @@ def main() -> int:
                    help="default: what the launcher gives agents (protocol.report_interval)")
     p.add_argument("--seconds", type=float, default=15.0, help="steady-state measurement")
     p.add_argument("--disruption-wait", type=float, default=15.0)
+    p.add_argument("--trials", type=int, default=1,
+                   help="nodes disconnected, and nodes silenced, one after the other")
     p.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.report_interval is None:
@@ -198,13 +205,14 @@ def main() -> int:
     fleet.place(names)
     fleet.adopt_attempt(0)
     fleet.disruption_wait_s = a.disruption_wait
-    rows: list[tuple[str, str]] = []
+    rows: list[tuple[str, str]] = [("load average (1 min) before", load())]
     t0 = time.monotonic()
-    local = [LocalAgent(hub.port, token, n, a.report_interval, a.ranks) for n in names[:2]]
-    rest = a.agents - 2
+    own = 2 * a.trials + 1  # a node cut and a node silenced per trial, and a probe
+    local = [LocalAgent(hub.port, token, n, a.report_interval, a.ranks) for n in names[:own]]
+    rest = a.agents - own
     per = -(-rest // a.procs)
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(hub.port), token,
-                               str(2 + i * per), str(min(per, rest - i * per)),
+                               str(own + i * per), str(min(per, rest - i * per)),
                                "--report-interval", str(a.report_interval),
                                "--ranks", str(a.ranks)])
              for i in range(a.procs) if rest - i * per > 0]
@@ -221,19 +229,35 @@ def main() -> int:
     rows.append(("controller CPU at the report rate",
                  f"{cpu:.2f} cores ({rate:,.0f} reports/s (every {a.report_interval:g} s) + "
                  f"{a.agents:,} beats/s, {a.ranks} ranks each)"))
+    probe = local[-1]  # a report with a step no other node reached: when is it merged?
+    mark = node_report(probe.name, a.ranks)
+    mark["progress"]["last_step"] = MARK_STEP
+    probe.body = {"type": "report", "body": mark}  # its next reports too
+    sent = time.monotonic()
+    probe.conn.send(probe.body)
+    while (fleet.poll(0.1).progress.last_step or 0) < MARK_STEP:
+        if time.monotonic() - sent > 60:
+            break
+    rows.append(("a report's way through (read, parse, merge)",
+                 f"{time.monotonic() - sent:.2f} s"))
     rss = psutil.Process().memory_info().rss / 2**20
     rows.append(("controller memory (RSS)", f"{rss:,.0f} MiB, {threading.active_count():,} "
                                             f"threads, {len(os.listdir('/proc/self/fd')):,} fds"))
-    local[0].conn.close()  # one node's link drops
-    took, lost = watch_until(fleet, lambda lost: "node-0" in lost, 60)
-    rows.append(("one node disconnected -> lost", f"{took:.1f} s (reconnect grace {GRACE_S:g} s;"
-                                                  f" {len(lost)} lost: {lost.get('node-0')})"))
-    fleet.mark("node-0", NodeState.LOST, "bench")
-    local[1].silent.set()  # one node goes silent, its link open
-    took, lost = watch_until(fleet, lambda lost: "node-1" in lost, 60)
-    rows.append(("one node silent -> lost", f"{took:.1f} s (node timeout {NODE_TIMEOUT_S:g} s;"
-                                            f" {len(lost)} lost: {lost.get('node-1')})"))
-    fleet.mark("node-1", NodeState.LOST, "bench")
+    for i in range(a.trials):
+        cut, hushed = local[2 * i], local[2 * i + 1]
+        cut.conn.close()  # one node's link drops
+        took, lost = watch_until(fleet, lambda lost, n=cut.name: n in lost, 60)
+        rows.append(("one node disconnected -> lost",
+                     f"{took:.1f} s (reconnect grace {GRACE_S:g} s; {len(lost)} lost: "
+                     f"{lost.get(cut.name)})"))
+        fleet.mark(cut.name, NodeState.LOST, "bench")
+        hushed.silent.set()  # one node goes silent, its link open
+        took, lost = watch_until(fleet, lambda lost, n=hushed.name: n in lost, 60)
+        rows.append(("one node silent -> lost",
+                     f"{time.monotonic() - hushed.last_sent:.1f} s after its last frame "
+                     f"(node timeout {NODE_TIMEOUT_S:g} s; {len(lost)} lost: "
+                     f"{lost.get(hushed.name)})"))
+        fleet.mark(hushed.name, NodeState.LOST, "bench")
     for pr in procs:  # every link cut at once
         pr.send_signal(signal.SIGKILL)
     for pr in procs:
@@ -246,12 +270,17 @@ def main() -> int:
                  f"{len(lost):,} lost, {drained} drained; "
                  f"{next(iter(lost.values()), '')}"))
     hub.close()
+    rows.append(("load average (1 min) after", load()))
     width = max(len(k) for k, _ in rows)
     print(f"\n{'measure':<{width}}  value\n{'-' * width}  {'-' * 40}")
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     print(f"\n{os.cpu_count()} CPUs; {platform_line()}")
     return 0
+
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)"
 
 
 def platform_line() -> str:
