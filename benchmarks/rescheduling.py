@@ -19,7 +19,9 @@ on this machine side by side:
   too) and `--memory-every 1`, so node-1's ranks start warm on the spare with the copy of
   their memory snapshots node-0 kept, and the others resume from their own memory, unless
   storage holds a newer step than the last whole peer copy (then every rank loads from
-  storage; the record's `resumed_from` says which). Same measurement; checked as (a).
+  storage; the record's `resumed_from` says which). Same measurement; checked as (a). The
+  standbys ready on node-0, node-1 and the spare at the kill (`node_usage` of the same
+  status) are printed under the table: a restart is only as warm as they were.
 * (b) isolated job-level rescheduling after the same node loss: the same job and kill with
   `--max-pod-reschedules 0`, so the pod-level rung is out of budget (quotaExceeded) and the
   job is placed again with node-1 kept out. Same measurement; checked: RescheduleDowngraded
@@ -64,7 +66,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -306,6 +308,7 @@ class Reschedule:
     resumed_step: int
     steps_lost: int | None
     origin: tuple[str, str] = ("?", "?")  # the record's workers_from, resumed_from
+    standbys: str = "-"  # standbys ready at the kill on node-0, node-1, the spare (status)
 
 
 def cold_start(job_dir: Path, steps: int, timeout_s: float) -> ColdStart:
@@ -365,11 +368,14 @@ def reschedule(kind: str, job_dir: Path, steps: int, timeout_s: float,
                 raise BenchError(f"{job_dir}: no agent pid for {KILL_NODE}: {nodes[KILL_NODE]}")
             killed_at = time.time()
             os.killpg(pid, signal.SIGKILL)
+            ready = {u["node"]: u["standby_ready"] for u in status.get("node_usage") or []}
+            standbys = "/".join(str(ready.get(n, 0)) for n in ("node-0", KILL_NODE, SPARE_NODE))
         job.finish(timeout_s)
     except BaseException:
         job.cleanup()
         raise
-    return read_reschedule(kind, job_dir, steps, killed_at)
+    result = read_reschedule(kind, job_dir, steps, killed_at)
+    return replace(result, standbys=standbys) if killed_at is not None else result
 
 
 
@@ -617,7 +623,9 @@ def report(colds: list[ColdStart], res: dict[str, list[Reschedule]],
         steps = sorted({r.resumed_step for r in res[kind]})
         lines.append(f"{kind}: resumed from step {', '.join(map(str, steps))}; steps lost "
                      f"{', '.join(map(str, lost)) or '?'}; workers from, state from: "
-                     + "; ".join(f"{w}, {st}" for w, st in (r.origin for r in res[kind])))
+                     + "; ".join(f"{w}, {st}" for w, st in (r.origin for r in res[kind]))
+                     + ("" if kind == "xid" else "; standbys ready at the kill (node-0/"
+                        f"{KILL_NODE}/spare): " + ", ".join(r.standbys for r in res[kind])))
     return "\n".join(lines)
 
 

@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import EXAMPLE, TG, mount_tmpfs, read_json, run_tg
 from tests.torture.memory_kills import torture
 
@@ -136,6 +138,7 @@ def test_random_kills_during_snapshot_copies_never_resume_wrong_state(tmp_path: 
     assert result["resumes_checked"] == 4 and result["max_steps_lost"] <= 1
 
 
+@pytest.mark.long  # tests/multinode/test_slurm_jobs.py runs the same scenario in make test
 def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
         tmp_path: Path, clean_digest: str) -> None:
     """Pod-level move with memory snapshots: node-1 dies; its rank starts on the spare with

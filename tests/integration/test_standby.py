@@ -23,6 +23,7 @@ import pytest
 from tests.integration.conftest import EXAMPLE, TG, read_json, reasons, run_tg
 from trainguard.node import procs
 from trainguard.node.standby import FILL_AFTER_S, StandbyPool
+from trainguard.worker.standby import WARM_NICE
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,9 @@ PROBE = textwrap.dedent("""\
                 "rank": os.environ.get("RANK"), "unbuffered": sys.stdout.write_through,
                 "sigterm": str(signal.getsignal(signal.SIGTERM)),
                 "sigint": str(signal.getsignal(signal.SIGINT)),
-                "main_file": sys.modules["__main__"].__file__}
+                "main_file": sys.modules["__main__"].__file__,
+                "nice": [os.getpriority(os.PRIO_PROCESS, int(t))
+                         for t in os.listdir("/proc/self/task")]}
         print(json.dumps(what), flush=True)
         mode = sys.argv[1]
         if mode == "exit":
@@ -86,6 +89,8 @@ def test_a_standby_is_indistinguishable_from_a_cold_start(
     pool.maintain(FILL_AFTER_S)
     assert len(pool) == 1
     time.sleep(0.5)  # warm
+    (pid,) = pool.pids()  # importing at a lower priority (as root it can go back after)
+    assert psutil.Process(pid).nice() == min(os.getpriority(os.PRIO_PROCESS, 0) + WARM_NICE, 19)
     warm = start(pool, argv, env, str(tmp_path))
     assert pool.taken == 1
     cold = start(None, argv, env, str(tmp_path))

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.integration.conftest import clean_digest  # noqa: F401 (a fixture: the weights to match)
 from tests.multinode.slurm_cluster import ClusterError, SlurmCluster, ensure_installed
 
 # slurmstepd listens on <spool>/<node>/<node>_<job>.<step>: a unix socket path (< 108 bytes)

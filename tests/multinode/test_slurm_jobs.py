@@ -353,3 +353,53 @@ def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
     while squeue(cluster, "-s", "-j", job_id, "-o", "%j") and time.monotonic() < deadline:
         time.sleep(0.3)
     assert squeue(cluster, "-s", "-j", job_id, "-o", "%j") == []
+
+
+def test_a_pod_level_move_resumes_from_the_peer_copy_on_the_spare_s_standby(
+        clean_cluster: SlurmCluster, tmp_path: Path, clean_digest: str) -> None:
+    """Memory snapshots over srun'd agents: each rank's snapshot is copied to its buddy
+    node, the spare keeps a standby; the node of rank 1 is lost (slurmd and steps killed);
+    its rank starts on the spare from that standby with the buddy's copy, rank 0 from its own
+    memory: 0 steps lost since the last copy, the uninterrupted job's weights bit for bit,
+    the step saved to storage from the peer copy, and no region left in shared memory."""
+    cluster = clean_cluster
+    job, shm = tmp_path / "job", tmp_path / "shm"
+    shm.mkdir()
+    args = ["run", "--backend", "slurm", "--nnodes", "2", "--nproc-per-node", "1",
+            "--spare-nodes", "1", "--job-dir", str(job), "--run-id", "mnpeer",
+            "--memory-every", "1", "--restart-backoff", "0", "--max-restarts", "3",
+            "--grace-period", "5", str(EXAMPLE), "--steps", "14", "--step-time", "1.0",
+            "--ckpt-every", "100", "--progress", "--digest"]
+    ctl = Controller(args, tmp_path, tg_env(cluster, extra={"TRAINGUARD_SHM_ROOT": str(shm)}))
+    try:
+        status = wait_for(job, lambda s: step_at_least(5)(s) and any(
+            u["standby_ready"] for u in s["node_usage"] if u["node"] not in placed(s).values()),
+            timeout=120, alive=lambda: ctl.proc.poll() is None)
+        victim, survivor = placed(status)[1], placed(status)[0]
+        spare = next(n for n in NODES if n not in (victim, survivor))
+        usage = {u["node"]: u for u in status["node_usage"]}
+        assert usage[victim]["shm_peer_bytes"] > 0 and usage[survivor]["shm_peer_bytes"] > 0
+        cluster.kill_node(victim)
+        code, out = ctl.finish(timeout=150)
+    finally:
+        ctl.kill()
+    assert code == 0, out[-6000:]
+    found = re.findall(r"weights sha256 ([0-9a-f]{64})", out)
+    assert found == [clean_digest], out[-3000:]
+    (rr,) = read_json("recovery", job)["running_records"][0]["recover_records"]
+    assert (rr["recover"], rr["resumed_from"]) == ("pod_reschedule", "memory+peer"), rr
+    # memory_every=1: the rounds copy every step, so at most the steps of one round are lost
+    assert 0 < rr["resumed_step"] <= rr["last_step_before"], rr
+    resumed = [e["message"] for e in events_of(job, "Resumed")]
+    assert any(f"resumed from a peer node's copy of its memory snapshot of step "
+               f"{rr['resumed_step']}" in m for m in resumed), resumed
+    restarted = events_of(job, "WorkersRestarted")[0]["message"]
+    assert re.search(r"rank 1: pid \d+ \(standby\)", restarted), restarted
+    final = read_json("status", job)
+    assert {r["rank"]: r["node"] for r in final["ranks"]} == {0: survivor, 1: spare}
+    saved = [e["data"] for e in events_of(job, "CheckpointSaved")]
+    assert any(d.get("source") == "peer" and d["step"] == rr["resumed_step"] for d in saved)
+    assert final["node_usage"] == []
+    # the live nodes freed their regions; the lost node's (its agent and guardian were
+    # killed with it) is that node's own, here on the same machine
+    assert [p.name for p in shm.iterdir() if not p.name.endswith(f"-{victim}")] == []

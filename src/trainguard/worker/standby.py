@@ -12,6 +12,11 @@ frame and exits 1; KeyboardInterrupt ends by SIGINT). Its pid, its session and i
 stdout/stderr pipes (the rank's log) are the ones the agent spawned it with. If the agent
 closes stdin without an assignment, it exits 0.
 
+While it imports and waits it runs at a lower CPU priority (WARM_NICE more), so its imports
+never take the CPU from the node's training ranks, when it can raise the priority back once
+assigned (as root, or RLIMIT_NICE allows); the worker then runs at the priority it was
+started with, every thread of it.
+
 Standard library only; imports nothing else before the assignment except MODULE...
 """
 
@@ -21,6 +26,7 @@ import contextlib
 import importlib
 import json
 import os
+import resource
 import runpy
 import signal
 import sys
@@ -28,6 +34,31 @@ from types import TracebackType
 from typing import Any
 
 _HERE = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
+WARM_NICE = 10  # added to the nice value while importing and waiting
+
+
+def lower_priority() -> int | None:
+    """Lower this process's CPU priority by WARM_NICE when it may raise it back later; the
+    nice value to go back to, or None (left as it was)."""
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+        # raising the priority back to `before` needs CAP_SYS_NICE or 20 - RLIMIT_NICE <= it
+        if os.geteuid() != 0 and soft != resource.RLIM_INFINITY and 20 - soft > before:
+            return None
+        os.setpriority(os.PRIO_PROCESS, 0, min(before + WARM_NICE, 19))
+    except OSError:
+        return None
+    return before
+
+
+def restore_priority(nice: int | None) -> None:
+    """Every thread back at `nice` (a thread made during the imports kept the lower one)."""
+    if nice is None:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError, ValueError):
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
 
 
 def warm(modules: list[str]) -> None:
@@ -80,10 +111,12 @@ def _script_frames(tb: TracebackType | None) -> TracebackType | None:
 
 
 def main() -> None:
+    nice = lower_priority()
     warm(sys.argv[1:])
     line = sys.stdin.buffer.readline()
     if not line.strip():
         sys.exit(0)  # the agent let this standby go unused
+    restore_priority(nice)
     job = json.loads(line)
     become(job)
     try:
