@@ -20,6 +20,7 @@ Linux (epoll), as the rest of the launcher.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import threading
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.wire import Conn, WireError, readable
+from trainguard.wire import Conn, WireError
 
 READ_BYTES = 1 << 18
 JOIN_TIMEOUT_S = 5.0
@@ -144,16 +145,19 @@ class LinkReader:
 
     def _read(self, fd: int, link: _Link) -> None:
         conn = link.conn
-        try:
-            data = conn.sock.recv(READ_BYTES)
+        try:  # the fd does not block (the socket has a send timeout): one read(), no poll()
+            data = os.read(fd, READ_BYTES)
             if not data:
                 raise WireError(f"{conn.peer} closed the connection")
             frames = conn.feed(data)
+        except BlockingIOError:  # nothing left after a full read
+            link.heard.parsed(0, all_read=True)
+            return
         except (WireError, OSError) as e:
             self._end(fd, link, e)
             return
         # edge-triggered: no new event for bytes left unread, nor for the end after a hangup
-        more = link.hung_up or (len(data) == READ_BYTES and readable(conn.sock, 0))
+        more = link.hung_up or len(data) == READ_BYTES
         if more:
             self._pending[fd] = None
         link.heard.parsed(len(frames), all_read=not more)
