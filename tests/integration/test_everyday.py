@@ -147,3 +147,34 @@ def test_workers_stopped_counts_the_workers_it_stopped(tmp_path: Path) -> None:
         assert r.returncode == 1, r.stderr[-2000:]
         events = json.loads(tg("events", str(job), "--json", "--reason", "WorkersStopped").stdout)
         assert [e["message"] for e in events] == [expected]
+
+
+def test_stop_with_save_on_exit_ends_the_rank_once_its_save_is_durable(tmp_path: Path) -> None:
+    """The rank saves its last step and exits 143 at once: not after the interpreter's
+    shutdown, which waits for every non-daemon thread (here one that never ends) until the
+    grace period's SIGKILL."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import threading, time, torch\nfrom trainguard.checkpoint import Checkpointer\n"
+        "threading.Thread(target=time.sleep, args=(3600,)).start()  # never ends\n"
+        "ckpt, state = Checkpointer(every_steps=1000, async_save=False), {'w': torch.zeros(2)}\n"
+        "for step in range(1, 100000):\n    print(f'step {step}', flush=True)\n"
+        "    time.sleep(0.1)\n    ckpt.maybe_save(step, state)\n")
+    job = tmp_path / "j"
+    launcher = subprocess.Popen([*TG, "run", "--save-on-exit", "--grace-period", "60",
+                                 "--job-dir", str(job), str(script)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: (read_json("status", job)["last_progress"]["step"] or 0) >= 3)
+        started = time.monotonic()
+        stop = tg("stop", str(job), "--timeout", "90", timeout=120)
+        took = time.monotonic() - started
+        assert stop.returncode == 0 and "stopped (exit code 143)" in stop.stdout, stop.stderr
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    rank = read_json("status", job)["ranks"][0]
+    assert (rank["exit_code"], rank["signal"]) == (143, None)  # not SIGKILLed at the grace
+    assert took < 45, took
+    saved = json.loads(tg("events", str(job), "--json", "--reason", "CheckpointSaved").stdout)
+    assert "on the way out" in saved[-1]["message"]
