@@ -159,7 +159,8 @@ def _goodput(g: Goodput) -> Iterator[Metric]:
                               labels=["window"])
     for name, seconds in (("all", None), *WINDOWS.items()):
         value = g.ratio(seconds)
-        ratio.add_metric([name], float("nan") if value is None else value)
+        if value is not None:  # a window not known yet is left out, never NaN
+            ratio.add_metric([name], value)
     yield ratio
     steps = GaugeMetricFamily("trainguard_steps", "steps completed, by fate (a later "
                               "restart can turn productive steps into wasted ones)",
@@ -198,9 +199,9 @@ def _steps(g: Goodput) -> Iterator[Metric]:
     hist.add_metric([], *_buckets([(1, d) for _, _, d in g.step_seconds], STEP_BUCKETS))
     yield hist
     ideal = g.ideal_step_s()
-    yield GaugeMetricFamily("trainguard_ideal_step_seconds",
-                            "mean step time without outliers (median + 3 MAD)",
-                            value=float("nan") if ideal is None else ideal)
+    if ideal is not None:  # absent until steps are timed, never NaN
+        yield GaugeMetricFamily("trainguard_ideal_step_seconds",
+                                "mean step time without outliers (median + 3 MAD)", value=ideal)
 
 
 def _checkpoints(store: JobStore, commits: list[Save]) -> Iterator[Metric]:
@@ -236,7 +237,8 @@ def _advice(g: Goodput, records: list[RunningRecord], commits: list[Save]) -> It
             ("trainguard_checkpoint_interval_optimal_seconds",
              "Young/Daly checkpoint interval from the observed MTBF and blocking time",
              a.optimal_s)):
-        yield GaugeMetricFamily(name, help_text, value=float("nan") if value is None else value)
+        if value is not None:  # absent until known (failures, saves), never NaN
+            yield GaugeMetricFamily(name, help_text, value=value)
 
 
 def interval_advice(g: Goodput, records: list[RunningRecord],
