@@ -58,8 +58,10 @@ def test_slurm_reports_its_own_oom_kills_and_torchrun_sigkill_stays_host_oom(
         "/var/spool/slurmd/job00191/slurm_script: line 28:  8156 Killed   python3 main.py\n"
         "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=191.batch cgroup.\n"))
     assert d.category == Category.HOST_OOM
+    # (a binary under a path named slurm is no notice of Slurm's)
     d = diagnose_text(tmp_path, "ERROR:torch.distributed.elastic.multiprocessing.api:failed "
-                      "(exitcode: -9) local_rank: 3 (pid: 812917) of binary: /usr/bin/python\n")
+                      "(exitcode: -9) local_rank: 3 (pid: 812917) of binary: "
+                      "/opt/slurm/envs/bin/python\n")
     assert d.category == Category.HOST_OOM
 
 
@@ -213,6 +215,7 @@ def _d(cat: Category, text: str) -> Diagnosis:
      "to [::]:22 (errno: 98 - Address already in use).", RestartHelps.NO),
     (Category.PORT_CONFLICT, "[W socket.cpp:426] [c10d] The server socket has failed to bind "
      "to [::]:29500 (errno: 98 - Address already in use).", RestartHelps.YES),
+    (Category.PORT_CONFLICT, "[E socket.cpp:401] 98: Address already in use", RestartHelps.YES),
     (Category.NETWORK_OR_RENDEZVOUS, "[c10d] The client socket has failed to connect to "
      "[::ffff:0.0.0.5]:40323 (errno: 110 - Connection timed out).", RestartHelps.NO),
     (Category.NETWORK_OR_RENDEZVOUS, "[c10d] The client socket has failed to connect to "
@@ -241,3 +244,27 @@ def test_a_rate_limit_may_still_hold_when_the_job_comes_back(tmp_path: Path) -> 
     d = diagnose_text(tmp_path, "requests.exceptions.HTTPError: 429 Client Error: Too Many "
                       "Requests for URL: https://huggingface.co/x/resolve/main/config.json\n")
     assert (d.category, d.restart_helps) == (Category.OTHER, RestartHelps.MAYBE)
+
+
+# --- host memory that grows until the log stops --------------------------------------------------
+
+
+def test_host_memory_that_grows_until_the_log_stops_is_host_oom(tmp_path: Path) -> None:
+    rss = (5.11, 5.11, 46.5, 105.6, 161.1, 212.0)
+    log = "".join(f"TRAIN Batch 0/{185100 + 100 * i} loss 4.5 rank 0 RSS MEM USE: {g}G\n"
+                  for i, g in enumerate(rss))
+    d = diagnose_text(tmp_path, log, "rank0.log")
+    assert (d.category, d.rule) == (Category.HOST_OOM, "family:host_oom")
+    assert d.evidence is not None and d.evidence.line == 6 and d.confidence <= 0.45
+    assert "5.1 to 212.0 GiB" in d.advice
+
+
+@pytest.mark.parametrize("reading", ["RSS MEM USE: {g:.1f}G", "GPU mem {g:.1f} GB"])
+def test_memory_that_stays_flat_or_is_the_gpus_says_nothing(tmp_path: Path,
+                                                             reading: str) -> None:
+    flat = "".join(f"step {i} loss 2.0 {reading.format(g=20.0 + i * 0.1)}\n" for i in range(8))
+    grows = "".join(f"step {i} loss 2.0 GPU mem {3.0 * 2 ** i:.1f} GB\n" for i in range(8))
+    for text in (flat, grows):
+        p = tmp_path / "rank0.log"
+        p.write_text(text, encoding="utf-8")
+        assert diagnose_paths([p]).diagnosis is None

@@ -49,7 +49,8 @@ _BAD_ADDRESS = re.compile(
 # a store-based barrier that counted more workers than the world has: a stale key or file
 _STALE = re.compile(r"world_size=(\d+), worker_count=(\d+)")
 # the port of a bind or connect ("[::]:22", "port 22", "127.0.0.1:22")
-_PORT = re.compile(r"(?:\]|\d\.\d{1,3}|\blocalhost|\bport)[: ]\s?(\d{1,5})\b", re.IGNORECASE)
+_PORT = re.compile(r"(?:\]:|\d\.\d{1,3}:|\blocalhost:|\bport[ :=]\s?)(\d{1,5})\b",
+                   re.IGNORECASE)
 _WELL_KNOWN = 1024
 
 

@@ -38,8 +38,8 @@ _IGNORED_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "BdbQuit")
 # exit notices of a batch system or an MPI launcher (Slurm's WTERMSIG and job script, srun,
 # mpirun): a SIGKILL they report with no OOM kill anywhere in the logs came from outside
 # (Slurm reports its own OOM kills: "Detected 1 oom-kill event(s)", a decisive rule)
-_BATCH_NOTICE = re.compile(r"WTERMSIG|slurm|\bsrun\b|\bmpi(?:run|exec)\b|noticed that process "
-                           r"rank", re.IGNORECASE)
+_BATCH_NOTICE = re.compile(r"WTERMSIG|slurm_script|slurmstepd|\bsrun: |\bmpi(?:run|exec) noticed|"
+                           r"noticed that process rank")
 
 
 @dataclass(frozen=True)
