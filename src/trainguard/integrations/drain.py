@@ -55,7 +55,12 @@ class Drain:
             say("drain", f"cannot listen for drain requests ({e}): a stop ends this rank "
                 "without a save")
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            self._group = dist.new_group(backend="gloo")
+            try:
+                self._group = dist.new_group(backend="gloo")
+            except (RuntimeError, ValueError) as e:  # a torch built without gloo
+                say("drain", f"no gloo group for the drain vote ({e}): a stop ends this rank "
+                    "without a save")
+                self._inbox = None
 
     def step_end(self) -> bool:
         """True, on every rank at the same step end, once any rank was asked to drain."""
