@@ -18,6 +18,7 @@ import os
 import resource
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -158,6 +159,46 @@ class LocalAgent:
                 return
 
 
+class _Capture:
+    """Stands for a socket: keeps what Conn.send would have sent."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.frames.append(data)
+
+
+def parse_cost(ranks: int, n: int = 2000) -> tuple[float, float]:
+    """CPU seconds the reader spends on one beat and on one report (MAC, JSON, validation),
+    without sockets: what one Python thread can take."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener, socket.create_connection(listener.getsockname()) as a:
+        b, _ = listener.accept()
+        tx, rx = Conn(a), Conn(b)
+        key = b"k" * 32
+        tx.secure(key, controller_side=False)
+        rx.secure(key, controller_side=True)
+        out = _Capture()
+        tx.sock = out  # type: ignore[assignment]
+        for _ in range(n):
+            tx.send({"type": "beat", "at": time.time()})
+        beats, out.frames = out.frames, []
+        for _ in range(n // 4):
+            tx.send({"type": "report", "body": node_report("node-0", ranks)})
+        t = time.process_time()
+        for f in beats:
+            rx.feed(f)
+        beat = (time.process_time() - t) / len(beats)
+        t = time.process_time()
+        for f in out.frames:
+            for m in rx.feed(f):
+                NodeReport.model_validate(m["body"])
+        report = (time.process_time() - t) / len(out.frames)
+        b.close()
+        return beat, report
+
+
 def cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -240,6 +281,10 @@ def main() -> int:
             break
     rows.append(("a report's way through (read, parse, merge)",
                  f"{time.monotonic() - sent:.2f} s"))
+    beat, report = parse_cost(a.ranks)
+    rows.append(("parsing alone (MAC, JSON, validation)",
+                 f"{beat * 1e6:.0f} us a beat, {report * 1e6:.0f} us a report: "
+                 f"{a.agents * beat + rate * report:.2f} cores at this rate"))
     rss = psutil.Process().memory_info().rss / 2**20
     rows.append(("controller memory (RSS)", f"{rss:,.0f} MiB, {threading.active_count():,} "
                                             f"threads, {len(os.listdir('/proc/self/fd')):,} fds"))
@@ -247,15 +292,19 @@ def main() -> int:
         cut, hushed = local[2 * i], local[2 * i + 1]
         cut.conn.close()  # one node's link drops
         took, lost = watch_until(fleet, lambda lost, n=cut.name: n in lost, 60)
+        down = hub.disconnected_for(cut.name)  # since the hub saw the hangup
         rows.append(("one node disconnected -> lost",
-                     f"{took:.1f} s (reconnect grace {GRACE_S:g} s; {len(lost)} lost: "
-                     f"{lost.get(cut.name)})"))
+                     f"{took:.1f} s (reconnect grace {GRACE_S:g} s; hangup seen after "
+                     f"{took - down:.2f} s, verdict {down - GRACE_S:.2f} s after the grace; "
+                     f"{len(lost)} lost: {lost.get(cut.name)})"))
         fleet.mark(cut.name, NodeState.LOST, "bench")
         hushed.silent.set()  # one node goes silent, its link open
         took, lost = watch_until(fleet, lambda lost, n=hushed.name: n in lost, 60)
+        since, quiet = time.monotonic() - hushed.last_sent, hub.silent_for(hushed.name)
         rows.append(("one node silent -> lost",
-                     f"{time.monotonic() - hushed.last_sent:.1f} s after its last frame "
-                     f"(node timeout {NODE_TIMEOUT_S:g} s; {len(lost)} lost: "
+                     f"{since:.1f} s after its last frame (node timeout {NODE_TIMEOUT_S:g} s;"
+                     f" frame seen after {since - quiet:.2f} s, verdict "
+                     f"{quiet - NODE_TIMEOUT_S:.2f} s after the timeout; {len(lost)} lost: "
                      f"{lost.get(hushed.name)})"))
         fleet.mark(hushed.name, NodeState.LOST, "bench")
     for pr in procs:  # every link cut at once
