@@ -435,3 +435,23 @@ def test_a_job_store_that_cannot_be_written_for_a_while_does_not_end_a_healthy_j
     run = job(CRASH_THEN_RECOVER, max_restarts=3)
     assert run.code == ExitCode.SUCCESS
     assert "StoreWriteFailed" in run.reasons and run.reasons[-1] == "JobSucceeded"
+
+
+class EndingAgent(HangAgent):
+    """The ranks were tearing down, not hung: by the time the confirmed hang is acted on,
+    every one has exited 0."""
+
+    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+        self.stops.append(cmd)
+        self._last = report(0, W(WorkerState.SUCCEEDED, 0), W(WorkerState.SUCCEEDED, 0))
+        return self._last
+
+
+def test_a_hang_confirmed_while_every_rank_was_exiting_0_is_not_restarted(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tests.unit.test_controller_loop.ScriptedAgent", EndingAgent)
+    start = report(0, W(WorkerState.RUNNING), W(WorkerState.RUNNING))
+    run = job([[start, stale(0), stale(0), stale(0)]], restart_on_hang=True)
+    assert run.code == ExitCode.SUCCESS
+    assert "HangCleared" in run.reasons and "WorkersRestarted" not in run.reasons
+    assert run.reasons[-1] == "JobSucceeded"

@@ -327,14 +327,20 @@ class Controller:
         return _Next(decision)
 
     def _after_hang(self, attempt: int, report: NodeReport,
-                    hang: HangConfirmation) -> _Next:
-        """Restart upon suspension: stop the ranks, restart them in place."""
+                    hang: HangConfirmation) -> _Next | None:
+        """Restart upon suspension: stop the ranks, restart them in place (None: every rank
+        had exited 0 meanwhile, the job was ending: the watch sees it succeed)."""
         made_progress = self._made_progress(report, allow_uptime=False)
         self._note_progress(report)
         culprit = hang.culprit.rank
         case = self._inproc.case(report, () if culprit is None else (culprit,))
         if case is None:
             report = self._stop_rest(attempt, "a hang was confirmed")
+            if all(w.state == WorkerState.SUCCEEDED for w in report.workers):
+                self.rec.event(Level.INFO, Reason.HANG_CLEARED, "every rank exited 0 while "
+                               "the hang was confirmed: the job was ending, not hung",
+                               attempt=attempt)
+                return None
         stopped = utcnow()
         decision = self._in_place(attempt, self._decide(Incident(
             IncidentKind.HANG, made_progress=made_progress, in_process=case)), case,
