@@ -179,3 +179,39 @@ def test_a_rank_left_running_while_the_job_ends_is_not_confirmed_hung() -> None:
         assert v.state == HangState.OK, v
     assert det.observe([live(0, t)], at(t + 6.0)).state == HangState.SUSPECTED
     assert det.observe([live(0, t)], at(t + 7.0)).state == HangState.CONFIRMED
+
+
+def test_a_memory_snapshot_after_every_step_still_teaches_the_cadence() -> None:
+    """With `--memory-every 1` each step ends in a `checkpoint` phase (the snapshot copy);
+    the agent dropped every gap after a phase, so the controller never learned the cadence
+    and judged hangs by the start-up allowance (30 minutes) for the whole job (found by the
+    chaos run: a SIGSTOPped rank was not confirmed as hung)."""
+    from trainguard.node.liveness import LivenessBook
+
+    book = LivenessBook()
+    book.reset({0: 100})
+    t = 0.0
+    for step in range(1, 6):
+        book.progress(0, step, at(t))  # trainguard.progress(step)
+        book.phase(0, "checkpoint", "begin", at(t + 0.01), None)
+        book.phase(0, "checkpoint", "end", at(t + 0.05), None)  # the snapshot copied
+        t += 0.3
+    (rank,) = book.report({0}, {})
+    assert len(rank.intervals) == 4
+    assert all(abs(x - 0.25) < 1e-6 for x in rank.intervals)  # from the phase's end
+    det = HangDetector()
+    det.start_attempt(at(0))
+    det.observe([rank], at(t))
+    assert det.threshold()[1].startswith("max(")  # learned, not the start-up allowance
+
+
+def test_a_gap_with_a_phase_still_open_is_not_the_cadence() -> None:
+    from trainguard.node.liveness import LivenessBook
+
+    book = LivenessBook()
+    book.reset({0: 100})
+    book.progress(0, 1, at(0))
+    book.phase(0, "eval", "begin", at(0.1), None)
+    book.progress(0, 2, at(60))  # progress reported from inside a long evaluation
+    (rank,) = book.report({0}, {})
+    assert rank.intervals == []

@@ -32,7 +32,6 @@ class _RankBook:
     io_bytes: int | None = None
     local_rank: int = 0
     accel_util: int | None = None
-    phase_ended: bool = False  # a phase ended since the last progress
     sampled_at: datetime | None = None
 
 
@@ -59,12 +58,12 @@ class LivenessBook:
                 return
             if (r.last_progress_at is not None and at > r.last_progress_at
                     and step is not None and r.last_step is not None
-                    and step > r.last_step and not r.phases and not r.phase_ended
+                    and step > r.last_step and not r.phases
                     and len(r.pending) < MAX_PENDING):
-                # the gap between two progress events, as the detector measures idle time;
-                # a gap that spans a phase (an evaluation, a save) is not the step cadence
+                # the gap since the last progress or the end of a phase (an evaluation, a
+                # save, a memory snapshot every step), as the detector measures idle time:
+                # never a gap that spans a phase, whose end moved last_progress_at
                 r.pending.append((at - r.last_progress_at).total_seconds())
-            r.phase_ended = False
             if r.last_progress_at is None or at >= r.last_progress_at:
                 r.last_progress_at = at
                 if step is not None:
@@ -84,7 +83,6 @@ class LivenessBook:
                     if r.phases[i][0] == name:
                         del r.phases[i:]
                         break
-                r.phase_ended = True
                 # the end of a phase is progress (its work is done), once the rank has made
                 # progress at all: before, the start-up allowance still applies
                 if r.last_progress_at is not None:
