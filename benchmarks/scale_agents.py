@@ -73,7 +73,9 @@ def run_agents(port: int, token: str, names: list[str], interval: float, ranks: 
     while os.getppid() == parent:
         now = time.monotonic()
         if now >= next_report:
+            at = datetime.now(timezone.utc).isoformat()  # stamped when sent, as agents do
             for c, body in zip(conns, bodies, strict=False):
+                body["body"]["at"] = at
                 _send(c, body)
             next_report = max(next_report + interval, now)
         if now >= next_beat:
@@ -152,6 +154,7 @@ class LocalAgent:
             try:
                 self.conn.send({"type": "beat", "at": time.time()})
                 if time.monotonic() >= next_report:
+                    self.body["body"]["at"] = datetime.now(timezone.utc).isoformat()
                     self.conn.send(self.body)
                     next_report += self.interval
                 self.last_sent = time.monotonic()

@@ -341,6 +341,9 @@ class Fleet:
         last = reports[-1]
         skew = utcnow() - last.at  # the node's clock behind ours (+ a little transit)
         shift = skew if abs(skew.total_seconds()) > SKEW_TOLERATED_S else timedelta(0)
+        if prev is None and len(reports) == 1 and not shift:  # the usual case: no copies
+            self._latest[name] = last
+            return
         liveness = [_on_our_clock(lv, shift).model_copy(
                         update={"intervals": intervals.get(lv.rank, [])})
                     for lv in last.liveness]
@@ -359,9 +362,7 @@ class Fleet:
             if r is not None:  # only a new report is stripped of its deltas: O(new reports)
                 self._stale[name] = r.model_copy(update={"messages": [], "liveness": [
                     lv.model_copy(update={"intervals": []}) for lv in r.liveness]})
-            else:
-                r = self._stale.get(name)
-            if r is None:
+            elif (r := self._stale.get(name)) is None:
                 continue
             for w in r.workers:
                 if name in lost and not w.state.ended:
