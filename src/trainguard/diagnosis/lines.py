@@ -14,8 +14,9 @@ _STAMP = re.compile("^" + STAMP_PATTERN)
 _PASTE_NUMBER = re.compile(r"^\[\d+\]\s+(?=\[(?:rank|default)\d+\])")
 # what a paste in an issue thread wraps a line in: quote markers ("> "), markdown emphasis or
 # code ticks, curly quotes (at the start and the end of the line)
-_PASTE_MARKUP = re.compile(r"^(?:>\s?)+(?=\S)|^(?:\*\*|`+|[\u201c\u201d])(?=\S)"
-                           r"|(?<=\S)(?:\*\*|`+|[\u201c\u201d])\s*$")
+_MARKS = ">*`\u201c\u201d"
+_LEAD = re.compile(r"(?:>\s?){1,4}(?=\S)|(?:\*\*|`{1,3}|[\u201c\u201d])(?=\S)")
+_TRAIL = re.compile(r"(?<=\S)(?:\*\*|`{1,3}|[\u201c\u201d])[ \t]{0,8}$")
 # pdsh/DeepSpeed/mpirun host prefix in front of a rank prefix: "worker-1: [rank9]: ..."
 # Ray's actor prefix: "(RayTrainWorker pid=9672, ip=10.0.0.3) ..."
 _RAY = re.compile(r"^\((?:[\w.]+ )?pid=\d+(?:, ip=([\d.]+))?\)\s")
@@ -70,7 +71,7 @@ def split_prefix(line: str) -> Prefixed:
             at = None
         line = line[m.end():]
     line = _PASTE_NUMBER.sub("", line, count=1)
-    line = _PASTE_MARKUP.sub("", line)
+    line = _unwrap(line)
     node = None
     ray = _RAY.match(line)
     if ray:
@@ -87,6 +88,16 @@ def split_prefix(line: str) -> Prefixed:
         if r2 and r2.group("d") is None:
             line = line[r2.end():]
     return Prefixed(line, rank, node, at)
+
+
+def _unwrap(line: str) -> str:
+    """The line without the markup a paste put around it (only its ends are looked at)."""
+    if line[:1] in _MARKS and (lead := _LEAD.match(line)) is not None:
+        line = line[lead.end():]
+    end = line.rstrip(" \t")[-1:]
+    if end and end in _MARKS and (trail := _TRAIL.search(line, max(len(line) - 16, 0))):
+        line = line[:trail.start()]
+    return line
 
 
 def _aware(dt: datetime) -> datetime:
