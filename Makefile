@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long lint typecheck unit integration bench torture clean
+.PHONY: demo test test-long lint typecheck unit integration bench torture chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,3 +53,8 @@ clean:
 torture: $(STAMP)
 	TG_CRASH_KILLS=200 $(BIN)/pytest -q -p no:cacheprovider tests/checkpoint/test_crash_consistency.py -k random
 	$(BIN)/python -m tests.torture.memory_kills --kills 200
+
+# ten minutes of a 2-node job with a spare under a seeded stream of real faults (needs root);
+# `make test` runs a short variant (tests/chaos/test_chaos.py); docs/chaos.md
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos.run --minutes 10 --seed 1 --fault-rate 1
