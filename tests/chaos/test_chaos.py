@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
     reason="the chaos run mounts tmpfs file systems (root) and runs moto's S3 server")
 
 
-@pytest.mark.timeout(900)  # about 2 min alone; 7 min at a load of 20 on 2 cores
+@pytest.mark.timeout(900)  # 6 min 48 s at a load of 20-25 on 2 cores (2026-12-02)
 def test_a_few_faults_of_several_kinds_leave_no_wrong_resume_orphan_or_leaked_memory(
         tmp_path: Path) -> None:
     """A worker SIGKILLed, a worker SIGSTOPped (a hang), the launcher SIGKILLed and started
