@@ -266,13 +266,15 @@ def main() -> int:
     _, early = watch_until(fleet, bool, 3.0)  # warm up: nothing is lost
     if early:
         rows.append(("lost while warming up", f"{len(early)}: {next(iter(early.values()))}"))
-    c0, w0 = cpu_s(), time.monotonic()
+    c0, w0, loop0 = cpu_s(), time.monotonic(), time.thread_time()
     watch_until(fleet, lambda _: False, a.seconds)
-    cpu = (cpu_s() - c0) / (time.monotonic() - w0)
+    wall = time.monotonic() - w0
+    cpu, loop = (cpu_s() - c0) / wall, (time.thread_time() - loop0) / wall
     rate = a.agents / a.report_interval
     rows.append(("controller CPU at the report rate",
                  f"{cpu:.2f} cores ({rate:,.0f} reports/s (every {a.report_interval:g} s) + "
-                 f"{a.agents:,} beats/s, {a.ranks} ranks each)"))
+                 f"{a.agents:,} beats/s, {a.ranks} ranks each); its loop thread (fold, "
+                 f"merge, loss check) {loop:.2f} cores"))
     probe = local[-1]  # a report with a step no other node reached: when is it merged?
     mark = node_report(probe.name, a.ranks)
     mark["progress"]["last_step"] = MARK_STEP
