@@ -56,6 +56,9 @@ def test_bytes_still_unread_after_a_read_keep_counting() -> None:
 
 PARSE_S = 0.2  # what the consumer takes per frame of the busy links
 BUSY_LINKS = 10  # 2 s of backlog
+# an arrival or a hangup waits at most for the read in progress (one busy frame), and for
+# the CPU on a loaded machine; the backlog is ten times longer
+SEEN_WITHIN_S = PARSE_S + 0.3
 
 
 @pytest.fixture
@@ -111,12 +114,12 @@ def test_a_reader_behind_a_backlog_sees_a_hangup_and_an_arrival_when_they_happen
         time.sleep(3 * PARSE_S)
         assert "quiet" not in parsed  # still behind the backlog
         assert quiet_heard.at() >= beat_at  # but heard already, from when the beat came
-        assert abs(hangups["gone"] - gone_at) < PARSE_S + 2 * SLICE_S  # not seconds late
+        assert abs(hangups["gone"] - gone_at) < SEEN_WITHIN_S  # not seconds late
         deadline = time.monotonic() + 10
         while "quiet" not in parsed and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert parsed["quiet"] - beat_at > PARSE_S  # it was parsed late...
-        assert quiet_heard.at() - beat_at < PARSE_S  # ...and credited with its arrival
+        assert parsed["quiet"] - beat_at > 4 * PARSE_S  # it was parsed late...
+        assert quiet_heard.at() - beat_at < SEEN_WITHIN_S  # ...and credited with its arrival
     finally:
         reader.close()
 
