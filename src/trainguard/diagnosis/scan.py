@@ -39,25 +39,30 @@ _TB_HEADER = "Traceback (most recent call last):"
 _CHAIN_MARKERS = ("During handling of the above exception", "The above exception was the direct")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
 _N = r"\d{1,9}(?!\d)"  # a rank or exit code: int() of a 5000-digit run would raise
-_EXIT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(rf"failed \(exitcode: (?P<code>-?{_N})\) local_rank: (?P<rank>{_N})"), ""),
-    (re.compile(rf"^\s*exitcode\s*:\s*(?P<code>-?{_N})"), ""),
-    (re.compile(rf"process (?P<rank>{_N}) terminated with signal (?P<sig>SIG[A-Z]+)"), ""),
-    (re.compile(rf"process (?P<rank>{_N}) terminated with exit code (?P<code>-?{_N})"), ""),
-    (re.compile(rf"task (?P<rank>{_N}): (?P<word>Killed|Segmentation fault|Bus error|Aborted"
-                r"|Terminated)"), ""),
-    (re.compile(rf"task (?P<rank>{_N}): Exited with exit code (?P<code>{_N})"), ""),
-    (re.compile(rf"exits with return code = (?P<code>-?{_N})"), ""),
-    (re.compile(r"died with <Signals\.(?P<sig>SIG[A-Z]+): \d+>"), ""),
-    (re.compile(r"Signal \d+ \((?P<sig>SIG[A-Z]+)\) received by PID"), ""),
-    (re.compile(rf"WTERMSIG (?P<code>{_N})\b"), "negate"),
+# (a word every such notice has, looked for first: most hit lines are none; the notice; kind)
+_EXIT_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("exitcode", re.compile(rf"failed \(exitcode: (?P<code>-?{_N})\) local_rank: (?P<rank>{_N})"),
+     ""),
+    ("exitcode", re.compile(rf"^\s*exitcode\s*:\s*(?P<code>-?{_N})"), ""),
+    ("terminated with", re.compile(
+        rf"process (?P<rank>{_N}) terminated with signal (?P<sig>SIG[A-Z]+)"), ""),
+    ("terminated with", re.compile(
+        rf"process (?P<rank>{_N}) terminated with exit code (?P<code>-?{_N})"), ""),
+    ("task ", re.compile(rf"task (?P<rank>{_N}): (?P<word>Killed|Segmentation fault|Bus error"
+                         r"|Aborted|Terminated)"), ""),
+    ("task ", re.compile(rf"task (?P<rank>{_N}): Exited with exit code (?P<code>{_N})"), ""),
+    ("exits with", re.compile(rf"exits with return code = (?P<code>-?{_N})"), ""),
+    ("died with", re.compile(r"died with <Signals\.(?P<sig>SIG[A-Z]+): \d+>"), ""),
+    ("received by", re.compile(r"Signal \d+ \((?P<sig>SIG[A-Z]+)\) received by PID"), ""),
+    ("WTERMSIG", re.compile(rf"WTERMSIG (?P<code>{_N})\b"), "negate"),
     # mpirun/mpiexec (Open MPI): "process rank 7 with PID 0 on node h exited on signal 9"
-    (re.compile(rf"process rank (?P<rank>{_N}) with PID \S+ on node \S+ exited on signal "
-                rf"(?P<code>{_N})\b"), "negate"),
+    ("exited on signal", re.compile(rf"process rank (?P<rank>{_N}) with PID \S+ on node \S+ "
+                                    rf"exited on signal (?P<code>{_N})\b"), "negate"),
     # a shell's job notice: "slurm_script: line 9:  4727 Killed"
-    (re.compile(r"\bline \d+:\s+\d+ (?P<word>Killed|Segmentation fault|Bus error|Aborted"
-                r"|Terminated)\b"), ""),
-    (re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"), ""),
+    ("line ", re.compile(r"\bline \d+:\s+\d+ (?P<word>Killed|Segmentation fault|Bus error"
+                         r"|Aborted|Terminated)\b"), ""),
+    ("non-zero exit", re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"),
+     ""),
 )
 _SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8,
             "SIGKILL": 9, "SIGSEGV": 11, "SIGTERM": 15}
@@ -69,8 +74,8 @@ _CKPT_FRAME = re.compile(r"distributed/(?:_shard/)?checkpoint/|load_checkpoint|l
 
 def _exit_code(text: str) -> tuple[int | None, int | None]:
     """(rank or None, returncode) from a launcher's or shell's exit notice, if the line is one."""
-    for rx, kind in _EXIT_PATTERNS:
-        m = rx.search(text)
+    for word, rx, kind in _EXIT_PATTERNS:
+        m = rx.search(text) if word in text else None
         if m is None:
             continue
         g = m.groupdict()
