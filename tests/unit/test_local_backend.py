@@ -111,5 +111,6 @@ def test_a_pid_reused_right_after_the_identity_check_is_never_killed(
     monkeypatch.setattr(local, "is_agent_of", check_then_reuse)
     LocalBackend(2, tmp_path).adopt_agent("node-0", agent.pid).kill()
     assert strangers, "the check never ran"
-    with pytest.raises(subprocess.TimeoutExpired):
-        strangers[0].wait(0.5)  # alive: the signal went to the old agent, which is gone
+    with pytest.raises(subprocess.TimeoutExpired):  # alive: the signal went to the old agent
+        code = strangers[0].wait(0.5)
+        pytest.fail(f"the stranger with the agent's PID ended with {code}")

@@ -11,6 +11,7 @@ reused by another process, even right after the check, is never killed (audit D8
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import select
@@ -45,10 +46,10 @@ def signal_agent(pid: int, node: str, sig: int = signal.SIGKILL) -> bool:
     then killpg: a reuse in those microseconds is the limit there."""
     try:
         leader = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    except (AttributeError, OSError):  # no pidfds on this system
-        if not is_agent_of(pid, node):
+    except (AttributeError, OSError) as e:
+        if isinstance(e, OSError) and e.errno != errno.ENOSYS:
+            return False  # gone (ESRCH), or no fd left: never fall back to the race
+        if not is_agent_of(pid, node):  # no pidfds on this system
             return False
         with contextlib.suppress(OSError):
             os.killpg(pid, sig)
