@@ -145,6 +145,8 @@ class StackDump(_Msg):
     threads: list[ThreadMsg] = Field(default_factory=list)
     error: str | None = None
     files: list[str] = Field(default_factory=list, description="where the dumps were saved")
+    exited: bool = Field(False, description="the process had ended (gone or not yet reaped) "
+                         "when its stack was taken")
 
 
 class DumpStacks(_Msg):

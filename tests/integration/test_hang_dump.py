@@ -261,3 +261,19 @@ def test_gloo_rank_in_all_reduce_and_the_sleeping_rank_is_named(procs: Procs,
 def test_nothing_to_dump_is_nothing(tmp_path: Path) -> None:
     assert dump_stacks({}, tmp_path / "none") == {}
     assert isinstance(RankStack(0, 1, ()), RankStack)
+
+
+def test_a_process_that_has_exited_but_is_not_reaped_is_marked_exited(tmp_path: Path) -> None:
+    """The hang watch defers a confirmation when a rank had already ended (a zombie)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.05)
+        me = os.getpid()
+        [gone, alive] = dump.dump_stack_messages({0: child.pid, 1: me}, tmp_path, 5.0)
+        assert gone.exited and "has exited" in (gone.error or "")
+        assert not alive.exited
+    finally:
+        child.wait()

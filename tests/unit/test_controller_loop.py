@@ -22,12 +22,14 @@ from trainguard.paths import JobPaths
 from trainguard.protocol import (
     AgentAPI,
     DumpStacks,
+    FrameMsg,
     NodeReport,
     Progress,
     RankLiveness,
     StackDump,
     StartWorkers,
     StopWorkers,
+    ThreadMsg,
     WorkerFact,
 )
 from trainguard.records import Event, RecoverResult, StartType
@@ -454,4 +456,34 @@ def test_a_hang_confirmed_while_every_rank_was_exiting_0_is_not_restarted(
     run = job([[start, stale(0), stale(0), stale(0)]], restart_on_hang=True)
     assert run.code == ExitCode.SUCCESS
     assert "HangCleared" in run.reasons and "WorkersRestarted" not in run.reasons
+    assert run.reasons[-1] == "JobSucceeded"
+
+
+class ExitingAgent(HangAgent):
+    """Under load a rank's exit outlasts the hang timeout: when the stacks are taken, rank 1
+    has ended (its exit not reaped yet) and rank 0 runs the interpreter's shutdown."""
+
+    def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
+        self.dumps.append(cmd)
+        shutdown = ThreadMsg(thread_id=1, name="MainThread", frames=[
+            FrameMsg(name="gc_collect_main", filename="gcmodule.c", line=1, native=True),
+            FrameMsg(name="Py_FinalizeEx", filename="pylifecycle.c", line=2, native=True)])
+        return [StackDump(rank=0, pid=1000, threads=[shutdown]),
+                StackDump(rank=1, pid=1001, error="process 1001 has exited (not yet reaped)",
+                          exited=True)]
+
+
+def test_ranks_found_exiting_when_the_stacks_are_taken_are_not_confirmed_hung(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk-through's `make demo`: after the last step rank 1 had exited, unreaped, and
+    rank 0 was shutting down; the hang was confirmed and rank 0 restarted (5 attempts)."""
+    monkeypatch.setattr("tests.unit.test_controller_loop.ScriptedAgent", ExitingAgent)
+    start = report(0, W(WorkerState.RUNNING), W(WorkerState.RUNNING))
+    done = report(0, W(WorkerState.SUCCEEDED, 0), W(WorkerState.SUCCEEDED, 0))
+    run = job([[start, stale(0), stale(0), done]], restart_on_hang=True)
+    assert run.code == ExitCode.SUCCESS
+    assert "HangConfirmed" not in run.reasons and "WorkersRestarted" not in run.reasons
+    cleared = [e for e in run.events if e.reason == "HangCleared"]
+    assert len(cleared) == 1 and "rank(s) 1 had exited" in cleared[0].message
+    assert "rank(s) 0 were shutting down" in cleared[0].message
     assert run.reasons[-1] == "JobSucceeded"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.hang.classify import finalizing
 from trainguard.hang.stacks import (
     Frame,
     HangCulprit,
@@ -340,3 +341,18 @@ def test_render_text_reads_like_py_spy() -> None:
 def test_render_text_of_a_rank_without_stack() -> None:
     assert render_text(RankStack(2, 77, (), "process 77 is not running")) == (
         "Rank 2, process 77: no stack: process 77 is not running\n")
+
+
+def test_a_main_thread_in_the_interpreters_shutdown_is_finalizing() -> None:
+    def thread(*frames: Frame) -> ThreadStack:
+        return ThreadStack(1, "MainThread", False, True, frames)
+
+    native = thread(Frame("gc_collect_main", "gcmodule.c", 1, None, True),
+                    Frame("Py_FinalizeEx", "pylifecycle.c", 2, None, True))
+    joining = thread(Frame("_wait_for_tstate_lock", "/usr/lib/python3.11/threading.py", 1),
+                     Frame("_shutdown", "/usr/lib/python3.11/threading.py", 2))
+    training = thread(Frame("allreduce", "distributed_c10d.py", 1),
+                      Frame("<module>", "train.py", 9))
+    sleeping = thread(Frame("_shutdown", "train.py", 3))  # the user's own _shutdown
+    assert finalizing(native) and finalizing(joining)
+    assert not finalizing(training) and not finalizing(sleeping) and not finalizing(None)

@@ -5,7 +5,9 @@ Warning ("The system detects that your training job may be suspended"). On a con
 every rank's stack is dumped (py-spy, through the node agent) into
 `logs/attempt-N/stacks/`, the culprit is named (hang.stacks.name_culprit), the verdict is
 written to `logs/attempt-N/stacks/hang.json` (what `trainguard diagnose` reads) and a
-`HangConfirmed` Warning carries it all. When progress comes back: `HangCleared`.
+`HangConfirmed` Warning carries it all. When progress comes back: `HangCleared`. A rank
+found exited or shutting down its interpreter when the stacks are taken means the attempt is
+ending, not hung: `HangCleared` says so and the ranks left get the ending allowance.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.controller.recorder import Recorder
+from trainguard.hang.classify import finalizing
 from trainguard.hang.detector import HangDetector, HangPolicy, HangState, HangVerdict
 from trainguard.hang.stacks import (
     Frame,
@@ -59,9 +62,11 @@ class HangWatch:
         self._state = HangState.OK
         self._attempt = 0
         self.confirmed: HangConfirmation | None = None
+        self._ending: str | None = None  # seen in the stacks: the attempt is ending
 
     def start_attempt(self, attempt: int, at: datetime) -> None:
         self._attempt, self._state, self.confirmed = attempt, HangState.OK, None
+        self._ending = None
         self.detector.start_attempt(at)
 
     def observe(self, report: NodeReport) -> HangConfirmation | None:
@@ -69,7 +74,8 @@ class HangWatch:
         if not self.enabled:
             return None
         now = report.at  # the node's clock, as the liveness times it reports
-        v = self.detector.observe(report.liveness, now, ending=job_ending(report))
+        v = self.detector.observe(report.liveness, now,
+                                  ending=job_ending(report) or self._ending)
         before, self._state = self._state, v.state
         if v.state == HangState.OK and before != HangState.OK:
             self.rec.event(Level.INFO, Reason.HANG_CLEARED,
@@ -90,7 +96,9 @@ class HangWatch:
             return self.confirmed
         return None
 
-    def _confirm(self, v: HangVerdict, report: NodeReport, now: datetime) -> HangConfirmation:
+    def _confirm(self, v: HangVerdict, report: NodeReport, now: datetime
+                 ) -> HangConfirmation | None:
+        """The confirmation with its evidence; None when the stacks show the attempt ending."""
         out = stacks_dir(Path(self.rec.paths.log_dir), self._attempt)
         try:
             dumps = self.agent.dump_stacks(DumpStacks(out_dir=str(out)))
@@ -98,6 +106,14 @@ class HangWatch:
             log.warning("stack dumps failed: %s", e)
             dumps = []
         stacks = {d.rank: _rank_stack(d) for d in dumps}
+        ending = ending_in(dumps, stacks)
+        if ending is not None:  # under load a rank's exit can outlast the hang timeout
+            self._ending, self._state = ending, HangState.OK
+            self.rec.event(Level.INFO, Reason.HANG_CLEARED,
+                           f"not a hang: {ending} when the stacks were taken; the attempt is "
+                           f"ending (the ranks left get the ending allowance)",
+                           attempt=self._attempt)
+            return None
         steps = {rl.rank: rl.last_step for rl in report.liveness}
         try:
             culprit = name_culprit(stacks, steps)
@@ -125,6 +141,17 @@ def job_ending(report: NodeReport) -> str | None:
     that exited is not in the liveness at all."""
     done = [w.rank for w in report.workers if w.state == WorkerState.SUCCEEDED]
     return f"rank(s) {', '.join(map(str, done))} exited 0" if done else None
+
+
+def ending_in(dumps: list[StackDump], stacks: dict[int, RankStack]) -> str | None:
+    """Why the stacks show the attempt ending, if they do: a rank's process had ended (its
+    exit not reaped yet) or a rank's interpreter is shutting down."""
+    gone = sorted(d.rank for d in dumps if d.exited)
+    closing = sorted(r for r, rs in stacks.items() if r not in gone
+                     and finalizing(main_thread(rs)))
+    why = [f"rank(s) {', '.join(map(str, ranks))} {what}" for ranks, what in (
+        (gone, "had exited"), (closing, "were shutting down their interpreter")) if ranks]
+    return " and ".join(why) or None
 
 
 def _top_frames(rs: RankStack, n: int = 8) -> list[str]:

@@ -225,3 +225,24 @@ def culprit_frame(thread: ThreadStack | None) -> str | None:
     return None
 
 
+
+
+# the interpreter's own shutdown: the script returned or called exit, and Python runs its
+# atexit functions, joins non-daemon threads, collects and frees the modules
+_FINALIZE_NATIVE = frozenset({
+    "Py_FinalizeEx", "Py_Finalize", "_Py_Finalize", "Py_Exit", "finalize_modules",
+    "finalize_interp_clear", "_PyImport_Fini", "_PyAtExit_Call", "atexit_callfuncs",
+    "wait_for_thread_shutdown"})
+
+
+def finalizing(thread: ThreadStack | None) -> bool:
+    """Whether a main thread runs the interpreter's shutdown (the rank is exiting, not hung):
+    a native finalization frame, or threading's `_shutdown` joining the threads left."""
+    if thread is None:
+        return False
+    for f in thread.frames:
+        if f.native and _native_name(f) in _FINALIZE_NATIVE:
+            return True
+        if not f.native and f.name == "_shutdown" and f.filename.endswith("threading.py"):
+            return True
+    return False

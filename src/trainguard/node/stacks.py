@@ -74,6 +74,14 @@ def _gone(pid: int) -> str | None:
     return None
 
 
+def _ended(pid: int) -> bool:
+    """Whether the process has ended (gone, or a zombie not yet reaped), as far as Linux's
+    /proc says now; False where that cannot be known."""
+    if pid <= 0 or not Path("/proc/self").exists():
+        return False
+    return _proc_state(pid) in (None, "Z", "X")
+
+
 def _short(stderr: str) -> str:
     """py-spy's error without its Rust backtrace, on one line."""
     lines = []
@@ -213,7 +221,7 @@ def dump_stack_messages(pids: dict[int, int], out_dir: Path, timeout_s: float
     """dump_stacks, as the protocol's StackDump messages (one per rank)."""
     found = dump_stacks(pids, out_dir, timeout_s=timeout_s)
     return [StackDump(
-        rank=rank, pid=rs.pid, error=rs.error,
+        rank=rank, pid=rs.pid, error=rs.error, exited=_ended(rs.pid),
         files=[str(p) for p in sorted(out_dir.glob(f"rank-{rank}.*"))],
         threads=[ThreadMsg(thread_id=t.thread_id, name=t.name, idle=t.idle,
                            owns_gil=t.owns_gil,
