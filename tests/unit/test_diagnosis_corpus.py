@@ -17,9 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from diagnosis_accuracy import CORPUS, evaluate, load_cases, restart_label, summarize
 
 CASES = load_cases()
-# the blind sets: labelled by readers who never saw the rules (tests/data/diagnosis/README.md)
-HELDOUT = [c for d in sorted(CORPUS.parent.glob("heldout*")) if d.is_dir()
-           for c in load_cases(d)]
+# the blind sets: labelled by readers who never saw the rules (tests/data/diagnosis/README.md);
+# named one by one: the one being built (heldout7/) is not read until it is measured, once
+HELDOUT_SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6")
+HELDOUT = [c for name in HELDOUT_SETS for c in load_cases(CORPUS.parent / name)]
 # The figures docs/diagnosis.md reports, less a little slack; a rule change that loses
 # cases fails here.
 MIN_CATEGORY_ACCURACY = 0.95

@@ -17,6 +17,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | network_or_rendezvous | a name that does not resolve, ssh refused | no |
 | network_or_rendezvous | an address in 0.0.0.0/8 (a number read as a host: 0.0.0.5) | no |
 | network_or_rendezvous | more workers reached the store than the world has (stale) | no |
+| cuda_kernel_error | the error is a misaligned address (the inputs' layout decides it) | no |
 | any other | - | the category's default |
 """
 
@@ -52,6 +53,9 @@ _STALE = re.compile(r"world_size=(\d+), worker_count=(\d+)")
 _PORT = re.compile(r"(?:\]:|\d\.\d{1,3}:|\blocalhost:|\bport[ :=]\s?)(\d{1,5})\b",
                    re.IGNORECASE)
 _WELL_KNOWN = 1024
+# a CUDA error (not a warning) that a kernel read through a misaligned address: the layout of
+# its inputs (an offset view, an odd fp16 shape) decides it, and a rerun has the same inputs
+_MISALIGNED = re.compile(r"\berror\b\W+(?:\w+\W+){0,2}misaligned address", re.IGNORECASE)
 
 
 def desynced(findings: Sequence[Finding]) -> bool:
@@ -94,6 +98,9 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
     elif cat == Category.NETWORK_OR_RENDEZVOUS and d.evidence is not None \
             and _BAD_ADDRESS.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "the address itself is wrong"
+    elif cat == Category.CUDA_KERNEL_ERROR and d.evidence is not None \
+            and _MISALIGNED.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, "a misaligned address comes from the inputs' layout"
     elif cat == Category.NETWORK_OR_RENDEZVOUS and _stale(findings):
         verdict, why = RestartHelps.NO, ("more workers reached the store than the world has: "
                                          "a stale rendezvous key or file")
