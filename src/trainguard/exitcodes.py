@@ -26,6 +26,8 @@ class ExitCode(IntEnum):
     # -- the read commands (`events`, `recovery`, `status`) --
     NO_JOB = 2  # no readable job store at JOB_DIR
     INTERRUPTED = 130  # `events --follow` ended by Ctrl-C (128 + SIGINT)
+    # -- every command that prints --
+    OUTPUT_CLOSED = 1  # the reader of stdout went away (`| head`): end quietly, as rich does
     # -- `trainguard diagnose` --
     NOTHING_FOUND = 1  # no failure found in the logs
     # -- `trainguard ckpt ls|verify` --

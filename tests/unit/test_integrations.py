@@ -3,6 +3,8 @@ site hook that patches a framework when the script imports it."""
 
 from __future__ import annotations
 
+import json
+import socket
 import sys
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from trainguard.integrations.common import (
     unmark_file,
 )
 from trainguard.integrations.hf import last_checkpoint
+from trainguard.worker.contract import ENV_SOCKET
 
 
 def ckpt(root: Path, n: int, *, state: bool = True, marked: bool = False,
@@ -222,3 +225,17 @@ def test_without_a_dirpath_every_logger_versions_checkpoints_are_searched(
                      callbacks=[ModelCheckpoint(dirpath=tmp_path / "elsewhere")])
     assert lightning.checkpoint_dirs(pinned) == [tmp_path / "elsewhere"]
     assert lightning.resume_path(pinned) is None
+
+
+def test_a_commit_tells_the_launcher_the_absolute_path_of_a_relative_output_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as launcher:
+        launcher.bind(str(tmp_path / "s"))
+        monkeypatch.setenv(ENV_SOCKET, str(tmp_path / "s"))
+        monkeypatch.chdir(tmp_path)  # HF's output_dir="runs/hfd", relative to the cwd
+        d = ckpt(Path("runs/hfd"), 10)
+        mark_committed(d, 10)
+        mark_file_committed(ckpt_file(Path("runs/pl"), 8), 8)
+        got = [json.loads(launcher.recv(65536))["location"] for _ in range(2)]
+    assert got == [str(tmp_path / "runs/hfd/checkpoint-10"),
+                   str(tmp_path / "runs/pl/epoch=0-step=8.ckpt")]

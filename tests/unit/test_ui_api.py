@@ -392,3 +392,17 @@ def test_the_root_is_searched_two_levels_down_on_every_listing(tmp_path: Path) -
     make_job(tmp_path / "c").close()
     assert "c" in {p.name for p in catalog.jobs().values()}
     assert catalog.find(job_id((tmp_path / "c").resolve())) == (tmp_path / "c").resolve()
+
+
+def test_restarts_are_the_recoveries_status_counts_not_the_relaunches(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "relaunched"
+    with make_job(d) as store:  # one recovery, then two relaunches of the job dir
+        for a in (2, 3):
+            store.put_running(RunningRecord(a, at(60 + a), StartType.RELAUNCH, end_at=at(61 + a)))
+    with TestClient(create_app(Catalog([d])), base_url=LOCAL) as c:
+        row = c.get("/api/jobs").json()[0]
+        assert (row["attempts"], row["restarts"]) == (4, 1)
+        assert c.get(f"/api/jobs/{row['id']}").json()["restarts"] == 1
+    cli_main(["status", "--json", str(d)])
+    assert json.loads(capsys.readouterr().out)["restarts"] == 1

@@ -69,3 +69,12 @@ def test_a_message_that_cannot_be_handled_is_dropped_and_the_next_one_counts(
               msg("checkpoint_saved", step=30, location="/ck")], attempt=0)
     assert [s[1] for s in seen] == [Reason.CHECKPOINT_SAVED]
     assert h.max_committed_step == 30
+
+
+def test_a_checkpoint_event_leaves_out_what_was_not_measured(tmp_path: Path) -> None:
+    h, seen = handler(tmp_path)  # the HF integration measures no times
+    h.handle([msg("checkpoint_saved", step=10, location="/r/checkpoint-10", bytes=2**20 * 0.4,
+                  write_s=None, blocked_s=None)], attempt=0)
+    assert seen[0][2] == "checkpoint of step 10 committed at /r/checkpoint-10 (0.4 MiB)"
+    h.handle([msg("checkpoint_saved", step=11, location="/r/c-11")], attempt=0)
+    assert seen[1][2] == "checkpoint of step 11 committed at /r/c-11"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from trainguard import __version__
@@ -47,7 +48,21 @@ def main(argv: list[str] | None = None) -> int:
         p.print_help(sys.stderr)
         return int(ExitCode.USAGE)
     try:
-        return int(ns.func(ns))
+        code = int(ns.func(ns))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
     except TrainguardError as e:
         print(f"trainguard: error: {e}", file=sys.stderr)
         return int(ExitCode.USAGE)
+    except BrokenPipeError:
+        return _output_closed()
+
+
+def _output_closed() -> int:
+    """stdout's reader went away (`trainguard events JOB | head`): end quietly, as `git log`
+    does. What is still buffered goes to /dev/null so that Python's own flush at exit
+    finds nothing to complain about (Python docs, signal module, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return int(ExitCode.OUTPUT_CLOSED)

@@ -85,8 +85,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
             _follow(job_dir, log_dir, args.rank, attempt, pos, out)
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
-    except BrokenPipeError:
-        return ExitCode.SUCCESS
     return ExitCode.SUCCESS
 
 

@@ -68,23 +68,26 @@ class WorkerMessages:
         step = int(d.get("step", -1))
         self.committed_this_attempt = max(step, self.committed_this_attempt or step)
         self.max_committed_step = max(step, self.max_committed_step or step)
-        size = d.get("bytes")
-        mib = f", {size / 2**20:.1f} MiB" if isinstance(size, (int, float)) else ""
         how = (f"on the way out ({d['on_exit']})" if d.get("on_exit")
                else "by the node agent from the ranks' memory snapshots, after a worker died"
                if d.get("source") == SOURCE_MEMORY
                else "by the node agents from the ranks' memory snapshots and a buddy node's "
                "copies of the lost node's, after a node was lost"
                if d.get("source") == SOURCE_PEER
-               else f"loop blocked {secs(d.get('blocked_s'))}")
+               else f"loop blocked {secs(d['blocked_s'])}" if _known(d.get("blocked_s"))
+               else None)
+        written = f"written in {secs(d['write_s'])}" if _known(d.get("write_s")) else None
+        size = d.get("bytes")
+        mib = f"{size / 2**20:.1f} MiB" if _known(size) else None
+        known = ", ".join(p for p in (how, written, mib) if p)  # what was not measured is left out
         missing = d.get("missing_ranks") or []
         gone = f"; without the part of rank(s) {missing}, which had died" if missing else ""
         self._emit(Level.INFO, Reason.CHECKPOINT_SAVED,
-                   f"checkpoint of step {step} committed at {d.get('location')} ({how}, "
-                   f"written in {secs(d.get('write_s'))}{mib}){gone}",
+                   f"checkpoint of step {step} committed at {d.get('location')}"
+                   f"{f' ({known})' if known else ''}{gone}",
                    rank=m.rank, attempt=attempt, data={
-                       k: d[k] for k in ("step", "blocked_s", "write_s", "bytes", "on_exit",
-                                         "source") if d.get(k) is not None})
+                       k: d[k] for k in ("step", "location", "blocked_s", "write_s", "bytes",
+                                         "on_exit", "source") if d.get(k) is not None})
 
     def _on_checkpoint_exit_skipped(self, m: WorkerMessage, d: dict[str, Any],
                                     attempt: int) -> None:
@@ -146,3 +149,7 @@ class WorkerMessages:
                                        for k in TRAIN_METRIC_NAMES},
             "at": m.at.isoformat()}
         self.train_metrics_changed = True
+
+
+def _known(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)

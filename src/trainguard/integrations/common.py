@@ -43,7 +43,7 @@ def mark_committed(ckpt_dir: Path, step: int, write_s: float | None = None,
         os.fsync(fd)
     finally:
         os.close(fd)
-    channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_dir),
+    channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_dir.absolute()),
                  bytes=dir_bytes(ckpt_dir), write_s=write_s, blocked_s=blocked_s,
                  on_exit=on_exit)
 
@@ -125,7 +125,7 @@ def mark_file_committed(ckpt_file: Path, step: int, write_s: float | None = None
         os.fsync(fd)
     finally:
         os.close(fd)
-    channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_file),
+    channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_file.absolute()),
                  bytes=size, write_s=write_s, blocked_s=blocked_s, on_exit=on_exit)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import NodeRow, WorkerRow, shown_state, to_row
 from trainguard.errors import StoreError
-from trainguard.records import Event, Reason, RunningRecord
+from trainguard.records import Event, Reason, RunningRecord, recoveries_by_rung
 from trainguard.states import JobState
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.goodput_view import GoodputCache
@@ -19,7 +19,7 @@ from trainguard.ui.goodput_view import GoodputCache
 RECENT_CHECKPOINTS = 50
 RECENT_INCIDENTS = 100
 _ENDED = frozenset(s.value for s in JobState if s.ended)
-_SAVED = re.compile(r"checkpoint of step (-?\d+) committed at (.*?) \((.*)\)")
+_SAVED = re.compile(r"checkpoint of step (-?\d+) committed at (.*?)(?: \((.*)\))?(?:;.*)?$")
 _BLOCKED = re.compile(r"loop blocked ([\d.]+)s")
 _WRITTEN = re.compile(r"written in ([\d.]+)s")
 _MIB = re.compile(r"([\d.]+) MiB")
@@ -63,7 +63,7 @@ def _summary(jid: str, job_dir: Path, meta: dict[str, Any], records: list[Runnin
     return {
         "id": jid, "job_dir": str(job_dir), "run_id": meta.get("run_id"), "state": state,
         "ended": is_ended(state), "attempts": len(records),
-        "restarts": max(len(records) - 1, 0),
+        "restarts": sum(recoveries_by_rung(records).values()),  # as `status` counts them
         "incidents": sum(len(r.recover_records) for r in records),
         "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
         "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at"),
@@ -123,12 +123,12 @@ def checkpoint_item(eid: int, ev: Event) -> dict[str, Any]:
     """A committed checkpoint: from the event's data, or (stores before it had data) from
     its message."""
     m = _SAVED.match(ev.message)
-    how = m.group(3) if m else ""
+    how = (m.group(3) or "") if m else ""
     d = ev.data or {}
     size = d.get("bytes")
     return {"id": eid, "time": ev.to_dict()["time"], "attempt": ev.involved.attempt,
             "step": d.get("step", int(m.group(1)) if m else None),
-            "location": m.group(2) if m else None,
+            "location": d.get("location", m.group(2) if m else None),
             "blocked_s": d.get("blocked_s", _num(_BLOCKED, how)),
             "write_s": d.get("write_s", _num(_WRITTEN, how)),
             "mib": round(size / 2**20, 1) if isinstance(size, int | float) else _num(_MIB, how),

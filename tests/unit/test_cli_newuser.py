@@ -1,0 +1,43 @@
+"""What the third new-user walk-through found, each through the real command
+(`python -m trainguard`, a real job store and files)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from trainguard.controller.store import JobStore
+from trainguard.exitcodes import ExitCode
+from trainguard.records import Event, Involved, Level, utcnow
+
+TG = [sys.executable, "-m", "trainguard"]
+
+
+def tg(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def a_job(job: Path) -> Path:
+    with JobStore.create(job, "run-n") as s:
+        s.set_meta(state="succeeded", log_dir=str(job / "logs"))
+        log = job / "logs" / "attempt-0" / "rank-0.log"
+        log.parent.mkdir(parents=True)
+        log.write_text("2026-01-01T00:00:00+00:00 out hello\n")
+        s.add_event(Event(utcnow(), Level.INFO, "JobCreated", "job created", Involved("run-n")))
+    return job
+
+
+def test_read_commands_piped_into_a_reader_that_stops_end_quietly(tmp_path: Path) -> None:
+    job = a_job(tmp_path / "j")
+    for cmd in (["status", str(job)], ["status", "--json", str(job)], ["events", str(job)],
+                ["diagnose", str(job)], ["logs", str(job)], ["ls", str(tmp_path)]):
+        read, write = os.pipe()
+        os.close(read)  # `| head` that has already gone
+        r = subprocess.run([*TG, *cmd], stdout=write, stderr=subprocess.PIPE, text=True,
+                           timeout=60, check=False)
+        os.close(write)
+        assert r.stderr == "", cmd
+        assert r.returncode == ExitCode.OUTPUT_CLOSED, cmd
