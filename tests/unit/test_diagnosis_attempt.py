@@ -22,6 +22,13 @@ GLOO_RESET = (
     "Read error [127.0.0.1]:33175: Connection reset by peer. This may indicate a possible "
     "application crash on rank 0 or a network set up issue."
 )
+# torch 2.13's wording, as a real run printed it (the walk-through's job)
+GLOO_RESET_2_13 = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+    "Read error [127.0.0.1]:35005: Connection reset by peer. This is typically caused by a "
+    "remote worker hanging or bugs in the application. Check the logs of the remote worker "
+    "before reporting an error. GLHF! \U0001f3d6\ufe0f"
+)
 NCCL_WATCHDOG = (
     "[rank0]:[E1107 10:00:00.000000 123 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught "
     "collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, "
@@ -398,3 +405,15 @@ def test_a_keyboard_interrupt_from_a_sigint_sent_from_outside_is_a_signal_not_a_
     d = only(fact(0, -signal.SIGINT, [*traceback(0, "KeyboardInterrupt")]))
     assert d.category == "killed_by_signal_unknown"
     assert d.restart_helps == RestartHelps.YES
+
+
+def test_a_rank_that_chose_to_exit_is_the_culprit_not_the_peer_its_exit_reset() -> None:
+    """The walk-through's `exit:3@step=5,rank=0`: rank 1 then fails on the connection rank
+    0's exit reset. Its line is what the exit did to it: the answer is rank 0's plain exit
+    (`other`, no restart), not a network error on rank 1 read by the trained model."""
+    d = diagnose_attempt([
+        fact(0, 3, ["[rank0]: step 4 loss 2.1", "[rank0]: step 5 loss 2.0"], ended_s=0.0),
+        fact(1, 1, traceback(1, GLOO_RESET_2_13, code="loss.backward()"), ended_s=0.4)])
+    assert d is not None
+    assert d.category == "other" and d.restart_helps == RestartHelps.NO
+    assert d.culprit.rank == 0 and "code 3" in d.summary

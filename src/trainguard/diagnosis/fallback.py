@@ -135,6 +135,13 @@ def refine(d: Diagnosis | None, findings: Sequence[Finding], *,
     if d is not None and generic:
         return _relabel(d, fam)
     lines = _lines(findings)
+    if d is not None and (d.subcategory or "").startswith("exit_code_") \
+            and d.culprit.rank is not None:
+        # a rank exited non-zero saying nothing: its peers' errors came after it and are
+        # what its exit did to them (a reset connection), never its cause
+        lines = [f for f in lines if f.rank in (None, d.culprit.rank)]
+        if not lines:
+            return d
     visible = any(not f.context or _ERRORISH.search(f.text) for f in lines)
     # with no verdict and no error line, only a family's structure may speak (a `Killed`
     # on a progress line), never the model's reading of ordinary lines
