@@ -103,3 +103,14 @@ def test_ckpt_ls_counts_the_data_files_of_the_manifest_and_says_so(
     assert row[4] == str(len(manifest["files"])) and row[4] != str(
         len(list((tmp_path / "c" / "step-000000010").iterdir())))
     assert "DATA FILES and SIZE: the files the manifest lists" in out
+
+
+def test_ckpt_sizes_read_in_kib_and_verify_says_its_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save_steps(tmp_path / "c", (10,))  # a few KiB
+    assert main(["ckpt", "verify", str(tmp_path / "c")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[6] == "KiB" and "0.0 MiB" not in lines[2]
+    assert lines[-1].startswith("step 10 is valid: ") and "every checksum matches" in lines[-1]
+    assert max(map(len, lines[-3:-1])) <= 80  # the note fits a terminal, not cut mid-line

@@ -15,10 +15,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.table import Table
 
 from trainguard.checkpoint.manifest import LATEST, Status, step_dir
+from trainguard.cli.fmt import plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
 from trainguard.errors import SpecError, StoreError
 from trainguard.exitcodes import ExitCode
@@ -141,29 +141,30 @@ def _list(ns: argparse.Namespace) -> int:
         if not docs:
             print(f"trainguard ckpt verify: no checkpoint at {ns.location}", file=sys.stderr)
             return ExitCode.NOT_VALID
-        return ExitCode.SUCCESS if docs[0]["status"] == Status.VALID.value \
-            else ExitCode.NOT_VALID
+        if docs[0]["status"] != Status.VALID.value:
+            return ExitCode.NOT_VALID
+        if not ns.json:
+            print(f"step {docs[0]['step']} is valid: {plural(docs[0].get('files', 0), 'data file')}"
+                  ", every checksum matches the manifest")
     return ExitCode.SUCCESS
 
 
-DATA_FILES_NOTE = ("DATA FILES and SIZE: the files the manifest lists, with their checksums "
-                   "(every rank's state, the replicated state, sharded parts), not "
-                   "manifest.json or the ranks' part lists; - when there is no manifest")
+DATA_FILES_NOTE = ("DATA FILES and SIZE: the files the manifest lists with their checksums\n"
+                   "(ranks' state, replicated state, shards; not manifest.json; - without one)")
 
 
 def _table(location: str, docs: list[dict[str, Any]]) -> None:
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     if not docs:
-        console.print(f"no checkpoints at {location}")
+        print(f"no checkpoints at {location}")
         return
     t = Table(title=location, title_justify="left", box=None)
     for col in ("STEP", "STATUS", "LATEST", "WORLD", "DATA FILES", "SIZE", "CREATED", "REASON"):
         t.add_column(col)
     colour = {"valid": "green", "incomplete": "yellow", "corrupt": "red"}
     for d in docs:
-        size = f"{d['bytes'] / 2**20:.1f} MiB" if "bytes" in d else "-"
+        size = size_text(d["bytes"]) if "bytes" in d else "-"
         t.add_row(str(d["step"]), f"[{colour[d['status']]}]{d['status']}",
                   "*" if d["latest"] else "", str(d.get("world_size", "-")),
                   str(d.get("files", "-")), size, d.get("created_at", "-"), d["reason"] or "")
-    console.print(t)
-    console.print(DATA_FILES_NOTE)
+    print_table(t)
+    print(DATA_FILES_NOTE)
