@@ -8,6 +8,7 @@ state and the other lifecycles: trainguard.states). Pure data: no I/O here.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -111,6 +112,11 @@ def from_iso(s: str | None) -> datetime | None:
 def secs(v: object, missing: str = "?") -> str:
     """A duration as events and the CLI show it (`1.234s`); `missing` when not a number."""
     return f"{v:.3f}s" if isinstance(v, (int, float)) else missing
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """Ranks as events and the CLI show them: `0, 1` (never a Python list)."""
+    return ", ".join(map(str, ranks))
 
 
 def plural(n: int, noun: str) -> str:

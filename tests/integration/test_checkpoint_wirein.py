@@ -75,7 +75,7 @@ def test_save_on_exit_keeps_the_steps_since_the_last_periodic_checkpoint(tmp_pat
     assert r.returncode == 0, r.stderr[-2000:]
     on_exit = [str(e["message"]) for e in events(job, "CheckpointSaved")
                if "on the way out" in str(e["message"])]
-    assert len(on_exit) == 1 and "step 15" in on_exit[0] and "rank(s) [1]" in on_exit[0]
+    assert len(on_exit) == 1 and "step 15" in on_exit[0] and "rank(s) 1, which" in on_exit[0]
     inc = read_json("recovery", job)["running_records"][0]["recover_records"][0]
     assert (inc["resumed_step"], inc["steps_lost"]) == (15, 0)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,15 @@ def test_read_commands_piped_into_a_reader_that_stops_end_quietly(tmp_path: Path
         os.close(write)
         assert r.stderr == "", cmd
         assert r.returncode == ExitCode.OUTPUT_CLOSED, cmd
+
+
+def test_status_of_a_hung_job_names_its_ranks_as_a_list_people_read(tmp_path: Path) -> None:
+    job = tmp_path / "hung"
+    with JobStore.create(job, "run-h") as s:
+        s.set_meta(state="running", attempt=0, launcher_pid=os.getpid(),
+                   launcher_host=socket.gethostname())
+        s.add_event(Event(utcnow(), Level.WARNING, "HangConfirmed", "hang",
+                          Involved("run-h", attempt=0),
+                          {"stuck_ranks": [0, 1], "culprit": {"reason": "rank 1 sleeps"}}))
+    out = tg("status", str(job)).stdout
+    assert "on rank(s) 0, 1; culprit: rank 1 sleeps" in out, out

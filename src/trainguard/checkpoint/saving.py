@@ -145,12 +145,12 @@ def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float,
         if allow_missing and (time.monotonic() > deadline or set(missing) <= gone):
             return parts
         if gone:
-            raise CheckpointError(f"rank(s) {sorted(gone)} died before finishing their part of "
-                                  "the save; the save is abandoned")
+            raise CheckpointError(f"rank(s) {', '.join(map(str, sorted(gone)))} died before "
+                                  "finishing their part of the save; the save is abandoned")
         if time.monotonic() > deadline:
             raise CheckpointError(
-                f"rank(s) {missing} did not finish their part of the save within "
-                f"{timeout_s:g}s (a rank died or storage is slow); the save is abandoned")
+                f"rank(s) {', '.join(map(str, missing))} did not finish their part of the save "
+                f"within {timeout_s:g}s (a rank died or storage is slow); the save is abandoned")
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
 

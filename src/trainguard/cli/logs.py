@@ -23,6 +23,7 @@ from trainguard.controller.store import JobStore
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import rank_log_path
+from trainguard.records import rank_list
 from trainguard.ui.logtail import tail
 
 FOLLOW_POLL_S = 0.25
@@ -55,7 +56,7 @@ def _missing(log_dir: Path, rank: int, attempt: int | None, attempts: list[int])
                     if (m := re.fullmatch(r"rank-(\d+)\.log", f.name))})
     where = "" if attempt is None else f" in attempt {attempt}"
     if rank not in ranks:
-        have = ", ".join(map(str, ranks))
+        have = rank_list(ranks)
         return (f"the job has no rank {rank}: its ranks are {have} (pick one with --rank)"
                 if ranks else f"no rank has a log under {log_dir} yet")
     return (f"no log of rank {rank}{where} under {log_dir}; attempts with one: "

@@ -32,7 +32,14 @@ from trainguard.controller.store_rows import (
     shown_state,
 )
 from trainguard.exitcodes import ExitCode
-from trainguard.records import Event, Reason, RunningRecord, iso, recoveries_by_rung
+from trainguard.records import (
+    Event,
+    Reason,
+    RunningRecord,
+    iso,
+    rank_list,
+    recoveries_by_rung,
+)
 from trainguard.states import JobState, NodeState, WorkerState
 
 _HANG_REASONS = (Reason.HANG_CONFIRMED.value, Reason.HANG_CLEARED.value)
@@ -78,7 +85,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     if doc["hang"]:
         h = doc["hang"]
         console.print(f"hang: confirmed at {clock_or_dash(h['confirmed_at'])} on rank(s) "
-                      f"{h['ranks']}; culprit: {h['culprit']}", highlight=False)
+                      f"{rank_list(h['ranks'])}; culprit: {h['culprit']}", highlight=False)
     launcher = doc["launcher"]
     gone = " (gone)" if launcher["alive"] is False else ""
     console.print(f"launcher: pid {dash(launcher['pid'])} on {dash(launcher['host'])}{gone}"

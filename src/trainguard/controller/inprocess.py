@@ -22,7 +22,7 @@ from trainguard.controller.step_retry import StepRetries
 from trainguard.errors import LaunchError
 from trainguard.policy.decision import Action, Decision, InProcessCase, Rung, Tried
 from trainguard.protocol import AgentAPI, NodeReport, RestartRanks, Tell
-from trainguard.records import Level, Reason, RecoverResult, StartType
+from trainguard.records import Level, Reason, RecoverResult, StartType, rank_list
 from trainguard.worker.contract import ControlKind, MessageKind
 
 REFUSE_AFTER_S = 5.0  # a survivor waits this long for a death before it is told NO_RESTART
@@ -99,7 +99,7 @@ class InProcessRestarts:
         self._waiting.clear()
         self.broken = None
         self._pending = (generation, time.monotonic())
-        ranks = ", ".join(map(str, decision.ranks))
+        ranks = rank_list(decision.ranks)
         started = f"rank(s) {ranks} killed and started again, " if ranks else ""
         self.rec.event(Level.WARNING, Reason.IN_PROCESS_RESTARTING,
                        f"{decision.reason}: {started}{told} rank(s) told to re-enter on process "
@@ -120,7 +120,7 @@ class InProcessRestarts:
                            f"process group generation {generation}, "
                            f"{time.monotonic() - since:.3f}s after the restart began; the "
                            "surviving processes were not restarted" + (
-                               f"; rank(s) {', '.join(map(str, warm))} from a pre-warmed "
+                               f"; rank(s) {rank_list(warm)} from a pre-warmed "
                                "standby" if warm else ""), attempt=attempt)
 
     def refuse(self, reason: str, ranks: list[int] | None = None) -> None:

@@ -43,7 +43,7 @@ from trainguard.protocol import (
     NodeReport,
     StopWorkers,
 )
-from trainguard.records import FaultScenario, Level, Reason, StartType, utcnow
+from trainguard.records import FaultScenario, Level, Reason, StartType, rank_list, utcnow
 from trainguard.states import JobState, WorkerState
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class Controller:
         report = self._stop(reason, dead)
         what = "other" if dead else "hung"
         ranks = [w.rank for w in report.workers if w.state == WorkerState.STOPPED]
-        done = (f"stopped {len(ranks)} {what} worker(s): rank(s) {', '.join(map(str, ranks))} "
+        done = (f"stopped {len(ranks)} {what} worker(s): rank(s) {rank_list(ranks)} "
                 f"(grace {self.spec.grace_period_s:g}s)" if ranks else "no other workers to "
                 "stop (the job has 1 rank)" if len(report.workers) == 1 else
                 f"no {what} workers left to stop (every rank had exited)")

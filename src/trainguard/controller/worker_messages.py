@@ -13,7 +13,7 @@ from typing import Any
 
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
-from trainguard.records import Level, Reason, secs
+from trainguard.records import Level, Reason, rank_list, secs
 from trainguard.worker.contract import (
     SOURCE_MEMORY,
     SOURCE_PEER,
@@ -78,9 +78,9 @@ class WorkerMessages:
                else None)
         written = f"written in {secs(d['write_s'])}" if _known(d.get("write_s")) else None
         size = d.get("bytes")
-        mib = f"{size / 2**20:.1f} MiB" if _known(size) else None
+        mib = f"{size / 2**20:.1f} MiB" if isinstance(size, int | float) else None
         known = ", ".join(p for p in (how, written, mib) if p)  # what was not measured is left out
-        missing = d.get("missing_ranks") or []
+        missing = rank_list(d.get("missing_ranks") or [])
         gone = f"; without the part of rank(s) {missing}, which had died" if missing else ""
         self._emit(Level.INFO, Reason.CHECKPOINT_SAVED,
                    f"checkpoint of step {step} committed at {d.get('location')}"

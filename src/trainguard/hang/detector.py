@@ -36,6 +36,7 @@ from datetime import datetime
 from enum import Enum
 
 from trainguard.protocol import RankLiveness
+from trainguard.records import rank_list
 
 ACCEL_SAMPLES = 10  # the last utilisation samples of a rank's accelerator
 ACCEL_VARYING = 10  # percentage points between min and max that mean "working"
@@ -73,7 +74,7 @@ class HangVerdict:
     waiting_for: str | None = None  # why a suspected hang is not confirmed yet
 
     def describe(self) -> str:
-        ranks = ", ".join(map(str, self.stuck_ranks)) or "none"
+        ranks = rank_list(self.stuck_ranks) or "none"
         return (f"no progress for {self.idle_s:.1f}s on rank(s) {ranks} (threshold "
                 f"{self.threshold_s:.1f}s: {self.basis})")
 

@@ -25,7 +25,7 @@ from trainguard.policy.decision import (
     Rung,
     Tried,
 )
-from trainguard.records import RecoverResult
+from trainguard.records import RecoverResult, rank_list
 
 
 def in_place(d: Decision, incident: Incident) -> Decision:
@@ -47,7 +47,7 @@ def in_place(d: Decision, incident: Incident) -> Decision:
                        tried=(*d.tried, Tried(Rung.IN_PROCESS_RESTART, RecoverResult.DOWNGRADE,
                                               why)),
                        reason=f"{d.reason}; as processes: {why}")
-    ranks = ", ".join(map(str, case.ranks))
+    ranks = rank_list(case.ranks)
     who = "no process starts again" if not case.ranks else (
         f"only rank {ranks} starts again" if len(case.ranks) == 1
         else f"only ranks {ranks} start again")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from trainguard.policy.decision import Action, Decision, HAPolicy, History, Rung, Tried
-from trainguard.records import RecoverResult
+from trainguard.records import RecoverResult, rank_list
 
 
 def after_step_failure(step: int, hist: History, pol: HAPolicy,
@@ -26,7 +26,7 @@ def after_step_failure(step: int, hist: History, pol: HAPolicy,
                           "other ranks re-formed: the ranks disagree on the step", hist,
                           RecoverResult.DOWNGRADE)
     if ended_ranks:
-        return _downgrade(f"the process of rank(s) {', '.join(map(str, ended_ranks))} ended: a "
+        return _downgrade(f"the process of rank(s) {rank_list(ended_ranks)} ended: a "
                           "re-formed group cannot include it", hist, RecoverResult.DOWNGRADE)
     tries = hist.retried_step_count if hist.retried_step == step else 0
     if tries >= pol.step_retries:
