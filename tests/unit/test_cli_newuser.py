@@ -54,3 +54,13 @@ def test_status_of_a_hung_job_names_its_ranks_as_a_list_people_read(tmp_path: Pa
                           {"stuck_ranks": [0, 1], "culprit": {"reason": "rank 1 sleeps"}}))
     out = tg("status", str(job)).stdout
     assert "on rank(s) 0, 1; culprit: rank 1 sleeps" in out, out
+
+
+def test_an_invalid_choice_is_one_line_naming_the_valid_values_and_the_fix() -> None:
+    r = tg("run", "--scenario", "bogus", "train.py")
+    assert r.returncode == ExitCode.USAGE and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr == ("trainguard run: error: --scenario: 'bogus' is not a valid choice. "
+                        "Fix: pass one of llm, multi-node, single-node\n")
+    missing = tg("status")
+    assert missing.stderr.count("\n") == 1
+    assert "Fix: see `trainguard status --help`" in missing.stderr

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
+from typing import NoReturn
 
 from trainguard import __version__
 from trainguard.cli.ckpt import add_ckpt_command
@@ -19,9 +21,25 @@ from trainguard.cli.ui import add_ui_command
 from trainguard.errors import TrainguardError
 from trainguard.exitcodes import ExitCode
 
+_CHOICE = re.compile(r"argument (\S+): invalid choice: (.*?) \(choose from (.*)\)")
+
+
+class Parser(argparse.ArgumentParser):
+    """Bad flags are one line that says the fix, as trainguard's own errors are, not the
+    whole usage (45 lines for `run`). Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        m = _CHOICE.fullmatch(message)
+        if m:
+            flag, got, valid = m.group(1).split("/")[0], m.group(2), m.group(3).replace("'", "")
+            message = f"{flag}: {got} is not a valid choice. Fix: pass one of {valid}"
+        else:
+            message += f". Fix: see `{self.prog} --help`"
+        self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {message}\n")
+
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p: argparse.ArgumentParser = Parser(  # its subcommands are Parsers too
         prog="trainguard",
         description="Keeps distributed PyTorch training jobs alive: a torchrun-compatible "
                     "launcher with auto restart, events and recovery records.")
