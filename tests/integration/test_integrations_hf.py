@@ -79,8 +79,10 @@ def assert_killed_and_resumed_from_4(tmp_path: Path) -> None:
 
     assert get_last_checkpoint(str(tmp_path / "out")).endswith("checkpoint-1006")
     rr = read_json("recovery", tmp_path / "job")["running_records"][0]["recover_records"][0]
-    # from checkpoint-4; rank 1 died after step 6 (rank 0 may not have reported step 6 yet)
-    assert rr["resumed_step"] == 4 and rr["steps_lost"] in (1, 2)
+    # from checkpoint-4; rank 1 died after step 6. Steps lost are counted from the steps
+    # reported, at most one report per 0.2 s: this toy's steps take a few ms, so steps 5 and
+    # 6 may not have been reported yet (at most 2, as the Lightning test says)
+    assert rr["resumed_step"] == 4 and rr["steps_lost"] <= 2
     assert rr["resumed_from"] == "storage"
 
 
