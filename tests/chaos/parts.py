@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import re
 import signal
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from tests.checkpoint.conftest import http_answers
 
 TAG = "TG_CHAOS_RUN"  # the environment variable every process of the job inherits
 
@@ -112,22 +113,12 @@ class S3:
             start_new_session=True)
         threading.Thread(target=self._read_log, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + timeout_s
-        while not self._answers():
+        while not http_answers(self.port, 2.0):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()
                 raise RuntimeError(f"moto server on port {self.port} did not start")
             time.sleep(0.1)
 
-    def _answers(self) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-        try:
-            conn.request("GET", "/")
-            conn.getresponse().read()
-            return True
-        except OSError:
-            return False
-        finally:
-            conn.close()
 
     def _read_log(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stderr is not None

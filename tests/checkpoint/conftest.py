@@ -42,6 +42,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def http_answers(port: int, timeout_s: float = 1.0) -> bool:
+    """Whether an HTTP server on 127.0.0.1:`port` answers a GET (the moto server is up)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/")
+        conn.getresponse().read()
+        return True
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
 class S3Server:
     """`moto_server` on 127.0.0.1 in a process of its own. Its state is in memory: a
     restarted server is empty (every bucket vanished)."""
@@ -83,15 +96,7 @@ class S3Server:
         return self
 
     def _answers(self) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
-        try:
-            conn.request("GET", "/")
-            conn.getresponse().read()
-            return True
-        except OSError:
-            return False
-        finally:
-            conn.close()
+        return http_answers(self.port)
 
     def kill(self) -> None:
         """SIGKILL: the storage dies, whatever it was doing."""
