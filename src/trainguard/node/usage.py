@@ -30,16 +30,21 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
-def allocated_bytes(path: Path) -> int:
-    """The bytes the files under `path` take (0 when it is not there)."""
-    total = 0
+def allocated_bytes(path: Path, part: str | None = None) -> tuple[int, int]:
+    """The bytes the files under `path` take, and those under its subdirectory `part`
+    among them, in one walk ((0, 0) when it is not there)."""
+    total = inside = 0
+    sub = os.path.join(path, part) if part is not None else None
     for root, _dirs, files in os.walk(path):
+        within = sub is not None and (root == sub or root.startswith(sub + os.sep))
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                n = os.lstat(os.path.join(root, name)).st_blocks * 512
             except OSError:
                 continue  # replaced or removed while walked
-    return total
+            total += n
+            inside += n if within else 0
+    return total, inside
 
 
 class UsageMeter:
@@ -56,8 +61,7 @@ class UsageMeter:
             return self._last
         pids = self._pids()
         region = self._region()
-        shm = allocated_bytes(region) if region is not None else 0
-        peer = allocated_bytes(region / PEER) if region is not None else 0
+        shm, peer = allocated_bytes(region, PEER) if region is not None else (0, 0)
         self._last = NodeUsage(node=self._node, standby_ready=len(pids),
                                standby_rss_bytes=sum(rss_bytes(p) for p in pids),
                                shm_bytes=shm, shm_peer_bytes=peer)
