@@ -70,7 +70,8 @@ def test_metrics_move_during_a_job_with_faults_and_the_parts_add_up(tmp_path: Pa
     assert len(scraped) >= 5, "the live endpoint answered too few scrapes"
     assert restarts[0] == 0 and max(restarts) == 2, restarts
     assert restarts == sorted(restarts), "a counter went down"
-    assert max(x for x in steps if x == x) == 50
+    seen = sorted({x for x in steps if x == x})
+    assert len(seen) >= 2, f"the live step did not move: {seen}"
 
     with JobStore.open(job_dir) as store:
         g = job_goodput(store)
@@ -86,6 +87,8 @@ def test_metrics_move_during_a_job_with_faults_and_the_parts_add_up(tmp_path: Pa
                            check=True, timeout=60).stdout
     m = _samples(final)
     assert m[("trainguard_job_state", (("state", "succeeded"),))] == 1
+    # the live scrapes can miss the last steps (0.3 s apart, the job ends right after step 50)
+    assert m[("trainguard_step", ())] == 50
     assert m[("trainguard_steps", (("fate", "wasted"),))] == 12
     assert m[("trainguard_recovery_duration_seconds_count", (("phase", "total"),))] == 2
     assert m[("trainguard_goodput_ratio", (("window", "all"),))] == ratio

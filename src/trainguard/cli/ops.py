@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import signal
 import socket
@@ -36,6 +35,7 @@ from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import last_progress, shown_state
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
+from trainguard.node.usage import allocated_bytes
 from trainguard.paths import DEFAULT_RUNS_DIR
 from trainguard.records import utcnow
 from trainguard.states import JobState
@@ -165,7 +165,7 @@ def _stopped(job_dir: Path) -> int:
 
 def job_row(job_dir: Path) -> dict[str, Any]:
     """One job's line of `ls`: what its store says, or the error reading it."""
-    row: dict[str, Any] = {"job_dir": str(job_dir), "size_bytes": _du(job_dir)}
+    row: dict[str, Any] = {"job_dir": str(job_dir), "size_bytes": allocated_bytes(job_dir)[0]}
     try:
         with JobStore.open(job_dir) as store:
             meta = store.meta()
@@ -233,15 +233,6 @@ def _prunable(r: dict[str, Any], cutoff: datetime) -> bool:
     ended = meta_time(r.get("ended_at")) or meta_time(r.get("last_progress_at")) or \
         meta_time(r.get("created_at"))
     return ended is not None and ended <= cutoff
-
-
-def _du(path: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-    return total
 
 
 def _step(row: dict[str, Any]) -> str:
