@@ -8,7 +8,9 @@ the controller's does. Printed: time until every agent is connected, this proces
 second and memory at the report rate, how long one disconnected node and one silent node
 take to count as lost (`--trials` of each), and a full disruption (every link cut at once:
 nodes counted lost, drained), with the machine's load average before and after (the figures
-are this process's share of the machine). Standard library, psutil and trainguard only.
+are this process's share of the machine). The helper processes run at `--agents-nice` (10):
+they stand for 2,000 other machines, and at the controller's own priority they would take
+the CPU it has on a head node of its own. Standard library, psutil and trainguard only.
 """
 
 from __future__ import annotations
@@ -230,6 +232,8 @@ def main() -> int:
     p.add_argument("--disruption-wait", type=float, default=15.0)
     p.add_argument("--trials", type=int, default=1,
                    help="nodes disconnected, and nodes silenced, one after the other")
+    p.add_argument("--agents-nice", type=int, default=10,
+                   help="the helper processes' niceness (0: compete with the controller)")
     p.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.report_interval is None:
@@ -255,7 +259,10 @@ def main() -> int:
     local = [LocalAgent(hub.port, token, n, a.report_interval, a.ranks) for n in names[:own]]
     rest = a.agents - own
     per = -(-rest // a.procs)
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(hub.port), token,
+    # the agents stand for other machines: at --agents-nice they leave this process (the
+    # controller under test) the CPU a head node of its own would give it
+    procs = [subprocess.Popen(["nice", "-n", str(a.agents_nice), sys.executable, __file__,
+                               "--worker", str(hub.port), token,
                                str(own + i * per), str(min(per, rest - i * per)),
                                "--report-interval", str(a.report_interval),
                                "--ranks", str(a.ranks)])
