@@ -184,3 +184,33 @@ def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
     assert len(restarted) == 1 and "(standby)" in restarted[0], restarted
     assert read_json("status", job)["node_usage"] == []  # freed with the job
     assert list(shm.iterdir()) == []
+
+
+def test_the_save_at_breakpoint_runs_below_the_agents_priority(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restart does not wait for the persisting process: the restarted workers, at the
+    agent's priority, go before it (a real `python -m trainguard.checkpoint.persist`)."""
+    import psutil
+
+    from trainguard.node import procs
+    from trainguard.node.memory import PERSIST_NICE, MemoryRegion
+    from trainguard.protocol import StartWorkers
+    from trainguard.worker.contract import ENV_MEMORY_EVERY, ENV_SHM_ROOT
+
+    monkeypatch.setenv(ENV_SHM_ROOT, str(tmp_path))
+    guardian = procs.Guardian("")
+    region = MemoryRegion("tg-test", "n0", guardian)
+    try:
+        assert region.env({ENV_MEMORY_EVERY: "1"})
+        cmd = StartWorkers(run_id="r", attempt=0, argv=["x"], env={}, workers=[], world_size=1,
+                           group_rank=0, group_world_size=1, master_addr="127.0.0.1",
+                           master_port=1, max_restarts=0, log_dir=str(tmp_path),
+                           job_dir=str(tmp_path), checkpoint_dir=str(tmp_path / "ckpt"),
+                           standby=False)
+        assert region.persist(dict(os.environ), cmd, None, tmp_path / "persist.log")
+        pid = region._persisting.pid  # type: ignore[union-attr]
+        assert psutil.Process(pid).nice() == min(os.nice(0) + PERSIST_NICE, 19)
+    finally:
+        region.close()
+        guardian.close()
+    assert not region.path.exists()

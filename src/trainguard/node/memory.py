@@ -5,7 +5,8 @@ snapshots), hands its path to every worker (TRAINGUARD_MEMORY_DIR), and frees it
 closes; the guardian frees it when the agent dies without closing (even by SIGKILL). When a
 worker fails, the agent persists the ranks' newest common snapshot to storage in the
 background (`python -m trainguard.checkpoint.persist`: torch is needed to write the
-checkpoint format, and the agent never imports it): the restart does not wait for it.
+checkpoint format, and the agent never imports it) at a lower CPU priority (PERSIST_NICE):
+the restart does not wait for it, and the restarted workers go first.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from trainguard.worker.contract import (
 log = logging.getLogger(__name__)
 
 PERSIST_WAIT_S = 120.0  # close(): a persistence in flight may finish this long
+# added to the persisting process's nice value: the restarted workers it runs beside (the
+# restart does not wait for it) import and load first
+PERSIST_NICE = 10
 
 
 class MemoryRegion:
@@ -86,6 +90,9 @@ class MemoryRegion:
         except OSError as e:
             log.warning("cannot persist the memory snapshots: %s", e)
             return False
+        with contextlib.suppress(OSError):  # before its interpreter starts a thread
+            os.setpriority(os.PRIO_PROCESS, self._persisting.pid,
+                           min(os.getpriority(os.PRIO_PROCESS, 0) + PERSIST_NICE, 19))
         self._guardian.watch(self._persisting.pid)
         self._persist_log = log_file
         log.info("persisting the memory snapshots of %s (pid %d, log %s)", self.path,
