@@ -33,7 +33,7 @@ from trainguard.hang.stacks import (
 )
 from trainguard.paths import HANG_FILE, stacks_dir
 from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, StackDump
-from trainguard.records import Level, Reason
+from trainguard.records import Level, Reason, rank_list
 from trainguard.states import WorkerState
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ def job_ending(report: NodeReport) -> str | None:
     finishing or tearing down (never confirmed hung within the ending allowance). A rank
     that exited is not in the liveness at all."""
     done = [w.rank for w in report.workers if w.state == WorkerState.SUCCEEDED]
-    return f"rank(s) {', '.join(map(str, done))} exited 0" if done else None
+    return f"rank(s) {rank_list(done)} exited 0" if done else None
 
 
 def ending_in(dumps: list[StackDump], stacks: dict[int, RankStack]) -> str | None:
@@ -149,7 +149,7 @@ def ending_in(dumps: list[StackDump], stacks: dict[int, RankStack]) -> str | Non
     gone = sorted(d.rank for d in dumps if d.exited)
     closing = sorted(r for r, rs in stacks.items() if r not in gone
                      and finalizing(main_thread(rs)))
-    why = [f"rank(s) {', '.join(map(str, ranks))} {what}" for ranks, what in (
+    why = [f"rank(s) {rank_list(ranks)} {what}" for ranks, what in (
         (gone, "had exited"), (closing, "were shutting down their interpreter")) if ranks]
     return " and ".join(why) or None
 

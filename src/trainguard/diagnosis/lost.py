@@ -17,6 +17,7 @@ from trainguard.diagnosis.taxonomy import (
     FaultDomain,
     RestartHelps,
 )
+from trainguard.records import rank_list
 
 NODE_TASK_PREFIX = "node/"
 
@@ -36,7 +37,7 @@ def node_loss_diagnosis(node: str, reason: str, ranks: list[int],
     if logs is not None:
         first = logs.evidence or Evidence("", 0, logs.summary, logs.culprit_rank)
         symptoms = (first, *logs.symptoms)
-    on = f" (rank(s) {', '.join(map(str, ranks))} ran there)" if ranks else ""
+    on = f" (rank(s) {rank_list(ranks)} ran there)" if ranks else ""
     what = reason if node in reason else f"node {node} was lost: {reason}"
     return Diagnosis(
         Category.OTHER, FaultDomain.INFRASTRUCTURE, RestartHelps.YES, f"{what}{on}",
