@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.cli.read import job_finished
+from trainguard.cli.read import add_job_dir, job_finished
 from trainguard.controller.store import JobStore
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
@@ -37,7 +37,7 @@ def add_logs_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                        description="Print the log of one rank (rank 0 by default) of the "
                        "job's latest attempt (or --attempt N); -f follows it, into each new "
                        "attempt, until the job ends.")
-    p.add_argument("job_dir", metavar="JOB_DIR", help="the job dir printed by `trainguard run`")
+    add_job_dir(p)
     p.add_argument("--rank", type=int, default=0, help="the global rank (0)")
     p.add_argument("--attempt", type=int, help="the attempt (default: the latest with a log "
                    "of that rank)")

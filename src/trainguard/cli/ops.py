@@ -31,6 +31,7 @@ from trainguard.cli.fmt import (
     print_table,
     size_text,
 )
+from trainguard.cli.read import add_job_dir
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import last_progress, shown_state
 from trainguard.errors import StoreError
@@ -51,7 +52,7 @@ def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                        description="Send SIGTERM to the job's launcher: it stops every worker "
                        "on every node (SIGTERM, the grace period, then SIGKILL), records "
                        "JobStopped and exits. Waits for it to end.")
-    p.add_argument("job_dir", metavar="JOB_DIR", help="the job dir printed by `trainguard run`")
+    add_job_dir(p)
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for the launcher to end (120)")
     p.add_argument("--force", action="store_true", help="SIGKILL the launcher if it has not "

@@ -76,6 +76,12 @@ def add_read_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     _add(subparsers, "status", "show the job's state, its nodes and its ranks", cmd_status)
 
 
+def add_job_dir(parser: argparse.ArgumentParser) -> None:
+    """The JOB_DIR argument every command about one job takes."""
+    parser.add_argument("job_dir", metavar="JOB_DIR",
+                        help="the job dir printed by `trainguard run`")
+
+
 def _add(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     name: str,
@@ -83,9 +89,7 @@ def _add(
     handler: Callable[[argparse.Namespace], int],
 ) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(name, help=help_text, description=help_text + ".")
-    parser.add_argument(
-        "job_dir", metavar="JOB_DIR", help="the job dir printed by `trainguard run`"
-    )
+    add_job_dir(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=handler)
     return parser

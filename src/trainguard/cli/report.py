@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from trainguard.cli.read import with_store
+from trainguard.cli.read import add_job_dir, with_store
 from trainguard.controller.store import JobStore
 from trainguard.exitcodes import ExitCode
 from trainguard.goodput.metrics import exposition
@@ -20,14 +20,14 @@ def add_report_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                        "incident with its diagnosis and recovery time, and advice (checkpoint "
                        "interval, hang threshold, nodes implicated). Definitions: "
                        "docs/goodput.md.")
-    p.add_argument("job_dir", metavar="JOB_DIR", help="the job dir printed by `trainguard run`")
+    add_job_dir(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=lambda a: with_store("report", a, _report))
     m = sub.add_parser("metrics", help="print the job's Prometheus metrics (text exposition)",
                        description="Print the job's metrics in Prometheus' text format, for a "
                        "node exporter's textfile collector or a finished job; a running job "
                        "also serves them live with `trainguard run --metrics-port`.")
-    m.add_argument("job_dir", metavar="JOB_DIR", help="the job dir printed by `trainguard run`")
+    add_job_dir(m)
     m.set_defaults(func=lambda a: with_store("metrics", a, _metrics))
 
 
