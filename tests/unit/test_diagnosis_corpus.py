@@ -18,8 +18,9 @@ from diagnosis_accuracy import CORPUS, evaluate, load_cases, restart_label, summ
 
 CASES = load_cases()
 # the blind sets: labelled by readers who never saw the rules (tests/data/diagnosis/README.md);
-# named one by one: the one being built (heldout7/) is not read until it is measured, once
-HELDOUT_SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6")
+# named one by one: the one being built (heldout8/) is not read until it is measured, once
+HELDOUT_SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
+                "heldout7")
 HELDOUT = [c for name in HELDOUT_SETS for c in load_cases(CORPUS.parent / name)]
 # The figures docs/diagnosis.md reports, less a little slack; a rule change that loses
 # cases fails here.

@@ -10,6 +10,7 @@ chunk and a few dozen lines decoded per file, whatever its size.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from trainguard.diagnosis.findings import Finding
@@ -18,6 +19,7 @@ from trainguard.diagnosis.lines import CODE_LINE, split_prefix
 CONTEXT_BYTES = 16 << 10  # the end of a file kept for its context lines
 CONTEXT_LINES = 24  # lines kept per file
 CONTEXT_TEXT = 400  # characters of a context line kept
+_FRAME_END = re.compile(rb'", line \d+, in \S+\s*$')  # a frame line (its start may be cut)
 _SKIP = ("Traceback (most recent call last)", "File \"", "frame #")  # and C++ stack frames
 
 
@@ -33,6 +35,8 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
     pos = end - (1 if tail.endswith(b"\n") else 0)  # where the last piece ends
     out: list[Finding] = []
     line = last_line
+    cut = True  # still at the file's end: a traceback that ends here was cut before its
+    # exception line, and its innermost frame and source line say where it stopped
     for i in range(len(pieces) - 1, -1, -1):
         raw = pieces[i]
         start = pos - len(raw)
@@ -45,9 +49,14 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
             continue
         pre = split_prefix(raw[:CONTEXT_TEXT * 4].decode("utf-8", "replace").rstrip("\r"))
         text = pre.text.strip()
-        if not text or CODE_LINE.match(pre.text) or pre.text.startswith("    ") \
+        if cut and (text.startswith('File "') or (pre.text.startswith("    ") and i > 0
+                                                   and _FRAME_END.search(pieces[i - 1]))):
+            cut = not text.startswith('File "')  # its source line, then the frame's
+        elif not text or CODE_LINE.match(pre.text) or pre.text.startswith("    ") \
                 or text.startswith(_SKIP) or not any(c.isalpha() for c in text):
             continue
+        else:
+            cut = False
         out.append(Finding(file=name, line=no, offset=start, text=text[:CONTEXT_TEXT],
                            rank=rank_of(pre.rank), node=pre.node, context=True))
         if len(out) >= keep:

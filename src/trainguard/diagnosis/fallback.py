@@ -37,7 +37,8 @@ WEAK = 0.45  # a verdict below this confidence is weak (hints, bare exits, `othe
 GENERIC = 0.6  # a generic exception at least this sure is relabelled, not replaced
 # a context line that shows an error although no rule or exception pattern took it
 _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort(?:ed)?|panic|"
-                       r"critical)\b|[a-z](?:Error|Exception)\b", re.IGNORECASE)
+                       r"critical)\b|[a-z](?:Error|Exception)\b|^Traceback \(most recent call",
+                       re.IGNORECASE)
 _ADVICE = {
     "family": "No rule knows this wording; the line matches the {cat} family (words: "
               "{why}). Check it, and add a rule (rules.yaml) if it is right.",
@@ -100,12 +101,17 @@ def _fallback(lines: list[Finding], fam: Families, model: Model | None,
         if errors else None
 
 
-def _relabel(d: Diagnosis, fam: Families) -> Diagnosis:
-    """A generic exception whose own line belongs to a family."""
+def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagnosis:
+    """A generic exception whose own line belongs to a family (with the next line when its
+    message starts there: `ValueError:` and the message below it)."""
     ev = d.evidence
     if ev is None:
         return d
-    scores = fam.scores(ev.text)
+    text = ev.text.rstrip()
+    if text.endswith(":"):
+        text += " " + next((f.text for f in findings if f.file == ev.file
+                            and f.line == ev.line + 1), "")
+    scores = fam.scores(text)
     scores.pop(Category.USER_CODE_ERROR, None)
     if not scores:
         return d
@@ -116,8 +122,7 @@ def _relabel(d: Diagnosis, fam: Families) -> Diagnosis:
     return replace(d, category=cat, fault_domain=domain, restart_helps=restart,
                    subcategory=d.subcategory, rule=f"family:{cat.value}",
                    confidence=round(min(d.confidence, 0.3 + 0.08 * score), 2),
-                   advice=_ADVICE["family"].format(cat=cat.value,
-                                                   why=fam.words(ev.text, cat)))
+                   advice=_ADVICE["family"].format(cat=cat.value, why=fam.words(text, cat)))
 
 
 def refine(d: Diagnosis | None, findings: Sequence[Finding], *,
@@ -133,7 +138,7 @@ def refine(d: Diagnosis | None, findings: Sequence[Finding], *,
         return d
     fam = families or load_families()
     if d is not None and generic:
-        return _relabel(d, fam)
+        return _relabel(d, fam, findings)
     lines = _lines(findings)
     if d is not None and (d.subcategory or "").startswith("exit_code_") \
             and d.culprit.rank is not None:

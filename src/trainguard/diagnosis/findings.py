@@ -29,6 +29,7 @@ class Finding(BaseModel):
     frame: str | None = None  # deepest frame in user code, "train.py:88 in forward"
     library_frame: bool = False  # the deepest frame is inside a library
     checkpoint_load: bool = False  # raised while loading a checkpoint (by its frames)
+    config_build: bool = False  # raised by a registry building what a config names
     chain: int | None = None  # traceback chain index in its stream (chained exceptions share)
     final: bool = False  # the last exception chain of its stream: what the process died of
     # exit notices printed by launchers/shells ("exitcode: -9", "task 3: Killed")

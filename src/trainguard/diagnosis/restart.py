@@ -18,6 +18,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | network_or_rendezvous | an address in 0.0.0.0/8 (a number read as a host: 0.0.0.5) | no |
 | network_or_rendezvous | more workers reached the store than the world has (stale) | no |
 | cuda_kernel_error | the error is a misaligned address (the inputs' layout decides it) | no |
+| segfault_or_abort | an illegal instruction (SIGILL: a build for another CPU) | no |
 | any other | - | the category's default |
 """
 
@@ -55,6 +56,9 @@ _PORT = re.compile(r"(?:\]:|\d\.\d{1,3}:|\blocalhost:|\bport[ :=]\s?)(\d{1,5})\b
 _WELL_KNOWN = 1024
 # a CUDA error (not a warning) that a kernel read through a misaligned address: the layout of
 # its inputs (an offset view, an odd fp16 shape) decides it, and a rerun has the same inputs
+# SIGILL in native code: a binary built for instructions this CPU lacks (AVX on a Celeron):
+# the same binary on the same node fails the same way
+_ILLEGAL = re.compile(r"illegal instruction|\bSIGILL\b", re.IGNORECASE)
 _MISALIGNED = re.compile(r"\berror\b\W+(?:\w+\W+){0,2}misaligned address", re.IGNORECASE)
 
 
@@ -101,6 +105,10 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
     elif cat == Category.CUDA_KERNEL_ERROR and d.evidence is not None \
             and _MISALIGNED.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "a misaligned address comes from the inputs' layout"
+    elif cat == Category.SEGFAULT_OR_ABORT and (d.subcategory == "sigill" or (
+            d.evidence is not None and _ILLEGAL.search(d.evidence.text))):
+        verdict, why = RestartHelps.NO, ("an illegal instruction: the build uses instructions "
+                                         "this CPU lacks")
     elif cat == Category.NETWORK_OR_RENDEZVOUS and _stale(findings):
         verdict, why = RestartHelps.NO, ("more workers reached the store than the world has: "
                                          "a stale rendezvous key or file")

@@ -70,6 +70,9 @@ _WORDS = {"Killed": -9, "Segmentation fault": -11, "Bus error": -7, "Aborted": -
           "Terminated": -15}
 _CKPT_FRAME = re.compile(r"distributed/(?:_shard/)?checkpoint/|load_checkpoint|load_state_dict"
                          r"|_load_from_state_dict|load_sharded|resume_from_checkpoint|load_state\b")
+# a registry's builder (mmcv/mmengine `build_from_cfg`, fvcore/detectron2 `Registry.get`):
+# raised there, the exception is about what the config names (a type not registered, no key)
+_CFG_FRAME = re.compile(r"registry\b|\bbuild_from_cfg\b")
 
 
 def _exit_code(text: str) -> tuple[int | None, int | None]:
@@ -333,6 +336,8 @@ class FileScan:
             frame=None if frame is None else f"{_short(frame[0])}:{frame[1]} in {frame[2]}",
             library_frame=deepest is not None and is_library_path(deepest[0]),
             checkpoint_load=any(_CKPT_FRAME.search(f"{f[0]} {f[2]}") for f in frames),
+            config_build=deepest is not None and _CFG_FRAME.search(
+                f"{deepest[0]} {deepest[2]}") is not None,
             chain=stream.chains))
 
     def _add(self, f: Finding) -> None:

@@ -121,6 +121,13 @@ def _from_finding(f: Finding, rules: RuleSet) -> _Candidate | None:
                 Role.WEAK: 0.6, Role.SYMPTOM: 0.45, Role.HINT: 0.35}[role]
         return _Candidate(_TIER[role], rule.category, rule.domain, rule.restart, rule.advice,
                           conf, _rank(f), f, rule, rule.isolate, rule.subcategory, at=f.at)
+    if f.exc_type is not None and f.config_build:
+        tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
+        return _Candidate(
+            tier, Category.CONFIG_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
+            "A registry could not build what the config names (a type not registered or "
+            "not imported, a missing `type` key): fix the config.", 0.75, _rank(f), f,
+            subcategory=f.exc_type.rsplit(".", 1)[-1], at=f.at)
     if f.exc_type is not None and f.checkpoint_load:
         tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
         return _Candidate(
