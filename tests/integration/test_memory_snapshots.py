@@ -135,7 +135,9 @@ def test_a_shared_memory_that_fills_up_after_the_first_snapshot_changes_nothing(
 def test_random_kills_during_snapshot_copies_never_resume_wrong_state(tmp_path: Path) -> None:
     result = torture(tmp_path, kills=2, seed=7, mib=16)  # `make torture`: 200 kills
     assert result["problems"] == [], result
-    assert result["resumes_checked"] == 4 and result["max_steps_lost"] <= 1
+    # every restart resumed and was checked, or (a kill before step 2) rightly started over
+    restarts = result["resumes_checked"] + 2 * result["started_over_before_a_whole_snapshot"]
+    assert restarts == 4 and (result["max_steps_lost"] or 0) <= 1
 
 
 @pytest.mark.long  # tests/multinode/test_slurm_jobs.py runs the same scenario in make test
