@@ -64,6 +64,8 @@ def test_the_unmodified_script_killed_then_stopped_resumes_each_time_exactly(
     assert [w["exit_code"] for w in read_json("status", job)["ranks"]] == [143, 143]
     again = run_tg(cmd, cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
+    story = [f"{e['reason']}: {e['message']}" for e in read_json("events", job)]
+    assert reasons(job).count("WorkersRestarted") == 1, "\n".join(story) + again.stderr[-3000:]
     assert f"[trainguard] auto-resume: {tmp_path / 'out'}/checkpoint-{drained}" in again.stdout
     losses, digest = trainer_result(again.stdout)
     assert (losses, digest) == uninterrupted
