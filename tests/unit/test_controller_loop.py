@@ -487,3 +487,27 @@ def test_ranks_found_exiting_when_the_stacks_are_taken_are_not_confirmed_hung(
     assert len(cleared) == 1 and "rank(s) 1 had exited" in cleared[0].message
     assert "rank(s) 0 were shutting down" in cleared[0].message
     assert run.reasons[-1] == "JobSucceeded"
+
+
+def test_a_launcher_line_is_one_write_so_no_rank_line_lands_inside_it() -> None:
+    """With PYTHONUNBUFFERED (common in containers) each write is a system call: print's
+    separate write of the newline let a rank's line (another stream, the same pipe) land
+    between a launcher line and its end."""
+    from trainguard.controller.recorder import console_printer
+    from trainguard.records import Event, Involved, Level, utcnow
+
+    class Writes:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def write(self, s: str) -> int:
+            self.calls.append(s)
+            return len(s)
+
+        def flush(self) -> None:
+            pass
+
+    out = Writes()
+    show = console_printer(out)  # type: ignore[arg-type]
+    show(Event(utcnow(), Level.WARNING, "WorkerFailed", "rank 0 was killed", Involved(job="j")))
+    assert len(out.calls) == 1 and out.calls[0].endswith("WorkerFailed: rank 0 was killed\n")

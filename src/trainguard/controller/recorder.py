@@ -268,8 +268,8 @@ def console_printer(stream: TextIO = sys.stderr) -> Callable[[Event], None]:
 
     def show(ev: Event) -> None:
         t = ev.time.astimezone().strftime("%H:%M:%S")
-        with contextlib.suppress(OSError, ValueError):
-            print(f"[trainguard] {t} {ev.level.value} {ev.reason}: {ev.message}", file=stream,
-                  flush=True)
+        with contextlib.suppress(OSError, ValueError):  # one write: the line and its end
+            stream.write(f"[trainguard] {t} {ev.level.value} {ev.reason}: {ev.message}\n")
+            stream.flush()  # (print's two writes let a rank's line in between, unbuffered)
 
     return show

@@ -137,7 +137,7 @@ def _from_finding(f: Finding, rules: RuleSet) -> _Candidate | None:
             subcategory=f.exc_type.rsplit(".", 1)[-1], at=f.at)
     if f.exc_type is not None:
         tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
-        where = f" at {f.frame}" if f.frame else ""
+        where = f" at {f.frame}" if f.frame else " (no traceback in the log says where)"
         return _Candidate(
             tier, Category.USER_CODE_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
             f"Fix the {f.exc_type.rsplit('.', 1)[-1]} raised{where}; restarting would fail "
