@@ -204,3 +204,16 @@ def test_no_doc_points_at_a_file_outside_the_repository() -> None:
                 if not (target.is_relative_to(ROOT) and target.exists()):
                     outside.append(f"{path.relative_to(ROOT)}:{n}: {span}")
     assert not outside, outside
+
+
+def test_the_rule_counts_the_docs_give_are_the_rules_files() -> None:
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "src/trainguard/diagnosis/rules.yaml").read_text())
+    rules = rules["rules"] if isinstance(rules, dict) else rules
+    examples = sum(len(r.get("examples", [])) for r in rules)
+    readme = (ROOT / "README.md").read_text()
+    diagnosis = (ROOT / "docs/diagnosis.md").read_text()
+    assert re.findall(r"rules\.yaml`, (\d+) rules", readme) == [str(len(rules))]
+    assert re.findall(r"holds (\d+) rules with (\d+) example lines", diagnosis) == [
+        (str(len(rules)), str(examples))]
