@@ -219,3 +219,21 @@ def test_a_step_skipped_as_corrupt_is_written_again_when_training_reaches_it(
     state = fresh_state()
     assert where.checkpointer().load_latest(state) == 2, "step 2 is still the corrupt one"
     assert_state_is_step(state, 2, attempt=1)
+
+
+def test_a_step_written_anew_after_corrupt_on_load_is_kept_by_later_pruning(
+        where: Where) -> None:
+    """Walk-through 4: steps 50, 60, 70 with 70 corrupt; a resumed run re-saves 70 and saves
+    75. The new 70 is valid: pruning keeps 75, 70, 60 (it deleted the new 70, kept 50)."""
+    ckpt = saved(where, (1, 2, 3))
+    flip_a_byte(ckpt, path(ckpt, 3, REPLICATED))
+    resumed = where.checkpointer(async_save=False)  # keep=3
+    assert resumed.load_latest(fresh_state()) == 2
+    resumed.save(3, step_state(3, attempt=1))  # written anew
+    resumed.save(4, step_state(4, attempt=1))  # prunes
+    resumed.close()
+    assert [c.step for c in resumed.list()] == [4, 3, 2]
+    resumed.storage.remove(step_dir(4))
+    state = fresh_state()
+    assert where.checkpointer().load_latest(state) == 3, "the new step 3 must load"
+    assert_state_is_step(state, 3, attempt=1)

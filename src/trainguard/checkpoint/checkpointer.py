@@ -271,6 +271,7 @@ class Checkpointer:
             self._last_error = None
         if result.committed or result.already_valid:  # other ranks: only their part is known
             self.last_saved_step = job.step
+            self._bad_steps.discard(job.step)  # written anew: no longer the corrupt one
         if result.already_valid:
             log.info("checkpoint of step %s is already committed: not written again", job.step)
         elif result.committed:
