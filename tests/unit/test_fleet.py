@@ -328,3 +328,19 @@ def test_a_node_lost_while_poll_waits_for_its_next_merge_is_reported_without_wai
     t = time.monotonic()
     assert f.poll(wait_s=0.01).lost_nodes == ["b"]
     assert time.monotonic() - t < 0.5  # the next merge was due 1 s after the first
+
+
+def test_in_a_full_disruption_a_cut_link_s_silence_does_not_count_before_the_wait() -> None:
+    """Every link cut at once: the links last heard longest ago pass the node timeout while
+    most are still 'heard' lately; their silence is the cut, which waits for the disruption
+    wait like the cut itself (2,000 agents: 639 nodes lost as silent 5 s before it ended)."""
+    names = tuple(f"n{i}" for i in range(6))
+    f, hub, _ = fleet(names)
+    f.place(list(names))
+    f.disruption_wait_s = 100.0
+    for n in names:
+        hub.connected_nodes.discard(n)
+        hub.disconnected[n] = 9.0
+    hub.silent.update({n: 9.5 for n in names})
+    hub.silent.update({"n0": 30.0, "n1": 30.0})  # heard last before the others
+    assert f.lost_now() == {} and f.disrupted_since is not None

@@ -153,7 +153,8 @@ class Fleet:
                 out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s"
                              + (" (every node's link went down at once)"
                                 if self.disrupted_since is not None else ""))
-            elif link.silent_s > self.node_timeout_s and heard_lately:
+            elif link.silent_s > self.node_timeout_s and heard_lately and not (
+                    waiting and not link.connected):  # a cut link's silence is the cut
                 out[name] = f"its agent has been silent for over {self.node_timeout_s:g}s"
             elif name in bad:
                 out[name] = f"Slurm reports it {bad[name]}"
