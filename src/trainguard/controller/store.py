@@ -85,6 +85,14 @@ def db_path(job_dir: Path) -> Path:
     return Path(job_dir) / DB_NAME
 
 
+def other_job(job_dir: Path, existing: str, run_id: str) -> StoreError:
+    """A run id that is not the one of the job JOB_DIR holds (`run` and `run --dry-run`)."""
+    return StoreError(
+        f"{job_dir} holds the job {existing!r}, not {run_id!r}: drop --run-id "
+        f"(or pass --run-id {existing}) to continue that job, or use another --job-dir"
+    )
+
+
 class JobStore(LedgerTables):
     """A connection to one job's store; build it with `create` (writer) or `open` (reader)."""
 
@@ -159,10 +167,7 @@ class JobStore(LedgerTables):
             if existing is None:
                 self._write_meta({"run_id": run_id})
         if existing is not None and existing != run_id:
-            raise StoreError(
-                f"{self.job_dir} holds the job {existing!r}, not {run_id!r}: drop --run-id "
-                f"(or pass --run-id {existing}) to continue that job, or use another --job-dir"
-            )
+            raise other_job(self.job_dir, existing, run_id)
 
     def _check_version(self) -> int:
         with self._errors("read"):
