@@ -4,6 +4,10 @@ checkpoints, a path that is not there is an error, and a missing step is named."
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ import torch
 from trainguard.checkpoint import Checkpointer
 from trainguard.cli import main
 from trainguard.controller.store import JobStore
+from trainguard.exitcodes import ExitCode
 
 
 def save_steps(location: Path, steps: tuple[int, ...] = (10, 20, 30)) -> None:
@@ -114,3 +119,84 @@ def test_ckpt_sizes_read_in_kib_and_verify_says_its_verdict(
     assert lines[2].split()[6] == "KiB" and "0.0 MiB" not in lines[2]
     assert lines[-1].startswith("step 10 is valid: ") and "every checksum matches" in lines[-1]
     assert max(map(len, lines[-3:-1])) <= 80  # the note fits a terminal, not cut mid-line
+
+
+# -- walk-through 4, through the real command (`python -m trainguard`) --------------------
+
+TG = [sys.executable, "-m", "trainguard"]
+
+
+def tg(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def recorded_job(job: Path, checkpoint_dir: Path) -> Path:
+    """A job store as `trainguard run` writes it: absolute job and checkpoint dirs."""
+    with JobStore.create(job, "tg-test") as store:
+        store.set_meta(job_dir=str(job), checkpoint_dir=str(checkpoint_dir))
+    return job
+
+
+@pytest.mark.parametrize("cmd", [["ls"], ["ls", "--json"], ["verify"], ["verify", "--json"]])
+def test_ckpt_piped_into_a_reader_that_stopped_ends_quietly_with_exit_1(
+    cmd: list[str], tmp_path: Path
+) -> None:
+    save_steps(tmp_path / "c", (10, 20))
+    read, write = os.pipe()
+    os.close(read)  # `| head -1` that has already gone
+    r = subprocess.run([*TG, "ckpt", *cmd, str(tmp_path / "c")], stdout=write,
+                       stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    os.close(write)
+    assert r.stderr == "", r.stderr  # was "cannot read ...: BrokenPipeError ..." and exit 2
+    assert r.returncode == ExitCode.OUTPUT_CLOSED
+
+
+def test_ckpt_ls_of_a_copied_job_dir_reads_the_copys_checkpoints_and_says_so(
+    tmp_path: Path
+) -> None:
+    job = recorded_job(tmp_path / "job", tmp_path / "job" / "checkpoints")
+    save_steps(job / "checkpoints", (10,))
+    copy = tmp_path / "copy"
+    shutil.copytree(job, copy)
+    save_steps(copy / "checkpoints", (20,))  # the copy trains on; the original does not
+    r = tg("ckpt", "ls", str(copy), "--json")
+    assert r.returncode == 0, r.stderr
+    assert [d["step"] for d in json.loads(r.stdout)] == [20, 10]  # was [10]: the original's
+    assert f"reading {copy / 'checkpoints'}" in r.stderr and str(job) in r.stderr
+    assert str(copy / "checkpoints") in tg("ckpt", "ls", str(copy)).stdout.splitlines()[0]
+    original = tg("ckpt", "ls", str(job), "--json")  # the job dir where it was: no note
+    assert [d["step"] for d in json.loads(original.stdout)] == [10] and original.stderr == ""
+
+
+def test_ckpt_ls_of_a_copied_job_dir_still_reads_a_checkpoint_dir_outside_it(
+    tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "shared" / "ck"
+    job = recorded_job(tmp_path / "job", elsewhere)
+    save_steps(elsewhere, (5,))
+    shutil.copytree(job, tmp_path / "copy")
+    r = tg("ckpt", "ls", str(tmp_path / "copy"), "--json")
+    assert [d["step"] for d in json.loads(r.stdout)] == [5] and r.stderr == ""
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_ckpt_ls_warns_when_latest_points_to_a_step_that_is_not_there(
+    json_flag: list[str], tmp_path: Path
+) -> None:
+    save_steps(tmp_path / "c", (10, 20))
+    (tmp_path / "c" / "latest").write_text("step-000000090")
+    r = tg("ckpt", "ls", str(tmp_path / "c"), *json_flag)
+    assert r.returncode == 0, r.stderr
+    assert "warning: `latest` points to step 90 (step-000000090), which is not there" \
+        in r.stderr, r.stderr
+    if json_flag:
+        assert not any(d["latest"] for d in json.loads(r.stdout))  # stdout is still JSON
+
+
+def test_ckpt_ls_says_nothing_about_a_latest_that_points_to_a_step_there(
+    tmp_path: Path
+) -> None:
+    save_steps(tmp_path / "c", (10, 20))
+    r = tg("ckpt", "ls", str(tmp_path / "c"))
+    assert r.returncode == 0 and r.stderr == "", r.stderr

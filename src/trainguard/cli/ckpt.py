@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from trainguard.checkpoint.manifest import LATEST, Status, step_dir
+from trainguard.checkpoint.manifest import LATEST, Status, parse_step_dir, step_dir
 from trainguard.cli.fmt import plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
 from trainguard.errors import SpecError, StoreError
@@ -85,7 +86,9 @@ def describe(st: Storage, step: int, full: bool) -> dict[str, Any]:
 
 def checkpoint_location(location: str) -> str:
     """A job dir stands for its checkpoints (where its store says, or JOB_DIR/checkpoints);
-    a local path that is not there is an error, not "no checkpoints"."""
+    a local path that is not there is an error, not "no checkpoints". A job dir that was
+    moved or copied reads the checkpoint dir inside it when the store's lay inside the job
+    dir it records (a note on stderr names both); one outside it is read where it is."""
     if is_url(location):
         return location
     path = Path(location)
@@ -97,16 +100,64 @@ def checkpoint_location(location: str) -> str:
         return location
     try:
         with JobStore.open(path) as store:
-            recorded = store.meta().get("checkpoint_dir")
+            meta = store.meta()
     except StoreError:
-        recorded = None
-    return str(recorded) if recorded else str(path / "checkpoints")
+        meta = {}
+    recorded, was_at = meta.get("checkpoint_dir"), meta.get("job_dir")
+    if not isinstance(recorded, str) or not recorded:
+        return str(path / "checkpoints")
+    read = inside_moved_job_dir(recorded, was_at if isinstance(was_at, str) else None, path)
+    if read != recorded:
+        print(f"trainguard ckpt: note: this job was recorded at {was_at}; reading {read}, "
+              f"the checkpoint dir inside the job dir given (recorded: {recorded})",
+              file=sys.stderr)
+    return read
+
+
+def inside_moved_job_dir(recorded: str, recorded_job_dir: str | None, job_dir: Path) -> str:
+    """Where to read a dir the store `recorded` (absolute) when the job dir is `job_dir`:
+    the same place inside `job_dir` if it lay inside the job dir as recorded and the job dir
+    has since moved (a copy, an archive, a renamed dir); otherwise as recorded (a URL, a dir
+    outside the job dir such as `--checkpoint-dir /shared/ck`, or a job dir in place)."""
+    if is_url(recorded) or not recorded_job_dir:
+        return recorded
+    try:
+        inside = Path(recorded).relative_to(recorded_job_dir)
+    except ValueError:
+        return recorded
+    here = job_dir.resolve()
+    if here == Path(recorded_job_dir).resolve():
+        return recorded
+    return str(here / inside)
+
+
+def latest_warning(latest: str | None, steps: list[int]) -> str | None:
+    """What is wrong with the `latest` pointer, when it names no step that is there."""
+    if latest is None:
+        return None
+    step = parse_step_dir(latest)
+    if step is None:
+        return f"`latest` reads {latest[:80]!r}, which names no step directory"
+    if step in steps:
+        return None
+    newest = f"the newest step there is {steps[0]}" if steps else "no step is there"
+    return (f"`latest` points to step {step} ({latest}), which is not there; no row is "
+            f"marked latest ({newest}; resuming does not read `latest`, it takes the newest "
+            "valid step)")
+
+
+@dataclass(frozen=True)
+class Listing:
+    location: str
+    steps: list[int]  # every step there, newest first
+    docs: list[dict[str, Any]]  # the steps described (verify --step: that one, if there)
+    latest: str | None  # what `latest` reads
 
 
 def _run(ns: argparse.Namespace) -> int:
     ns.location = checkpoint_location(ns.location)
     try:
-        return _list(ns)
+        listing = _read(ns)
     except (SpecError, KeyboardInterrupt):
         raise
     except Exception as e:  # the storage layer's errors (fsspec, botocore...) reach users
@@ -114,29 +165,40 @@ def _run(ns: argparse.Namespace) -> int:
               "check the path or URL, and credentials / AWS_ENDPOINT_URL for object stores",
               file=sys.stderr)
         return ExitCode.UNREADABLE
+    return _show(ns, listing)  # outside: a closed stdout (`| head`) is main's to handle
 
 
-def _list(ns: argparse.Namespace) -> int:
+def _read(ns: argparse.Namespace) -> Listing:
     from trainguard.checkpoint.storage import Storage  # fsspec: only for this command
 
     st = Storage(ns.location, storage_options(ns.storage_option))
     steps = st.steps()
+    wanted = steps
     if ns.verb == "verify" and ns.step is not None:
-        if ns.step not in steps:
-            there = ", ".join(map(str, steps)) if steps else "none"
-            print(f"trainguard ckpt verify: step {ns.step} is not at {ns.location} "
-                  f"(steps there: {there}). Fix: pass one of those to --step, or leave --step "
-                  "out to verify every step", file=sys.stderr)
-            return ExitCode.NOT_VALID
-        steps = [ns.step]
-    docs = [describe(st, s, full=ns.verb == "verify") for s in steps]
+        wanted = [ns.step] if ns.step in steps else []
+    docs = [describe(st, s, full=ns.verb == "verify") for s in wanted]
     latest = st.read_bytes(LATEST).decode(errors="replace").strip() if st.exists(LATEST) else None
     for d in docs:
         d["latest"] = latest == step_dir(d["step"])
+    return Listing(ns.location, steps, docs, latest)
+
+
+def _show(ns: argparse.Namespace, listing: Listing) -> int:
+    steps, docs = listing.steps, listing.docs
+    if ns.verb == "verify" and ns.step is not None and ns.step not in steps:
+        there = ", ".join(map(str, steps)) if steps else "none"
+        print(f"trainguard ckpt verify: step {ns.step} is not at {ns.location} "
+              f"(steps there: {there}). Fix: pass one of those to --step, or leave --step "
+              "out to verify every step", file=sys.stderr)
+        return ExitCode.NOT_VALID
     if ns.json:
         print(json.dumps(docs, indent=2))
     else:
         _table(ns.location, docs)
+    warning = latest_warning(listing.latest, steps)
+    if warning is not None:
+        sys.stdout.flush()  # the table first, then the warning under it
+        print(f"trainguard ckpt: warning: {warning}", file=sys.stderr)
     if ns.verb == "verify":
         if not docs:
             print(f"trainguard ckpt verify: no checkpoint at {ns.location}", file=sys.stderr)
