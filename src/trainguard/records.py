@@ -86,6 +86,11 @@ class RecoverResult(str, Enum):
     QUOTA_EXCEEDED = "quotaExceeded"
 
 
+# a recover record's `recover` when no rung of the ladder acted on the incident: the job
+# gave up at once, or a confirmed hang was left running (`--restart-on-hang` off)
+NO_RECOVERY = "none"
+
+
 class StartType(str, Enum):
     FIRST_START = "first_start"
     RELAUNCH = "relaunch"  # the same job (run id, job dir) launched again, e.g. requeued
@@ -315,12 +320,31 @@ def _required_time(s: str) -> datetime:
     return t
 
 
+# how the CLI words each rung's recoveries, finest rung first (the ladder's order)
+RUNG_NOUNS = {"step_reexecution": "step re-execution", "in_process_restart": "in-process restart",
+              "process_restart": "process restart", "pod_reschedule": "pod reschedule",
+              "job_reschedule_with_taint": "job reschedule"}
+
+
+def recoveries_text(by_rung: dict[str, int]) -> str:
+    """`2 recoveries (1 step re-execution, 1 process restart)`, `0 recoveries`: what
+    `recoveries_by_rung` counts, worded by rung (a step re-execution restarts no process)."""
+    total = sum(by_rung.values())
+    rungs = [*RUNG_NOUNS, *sorted(set(by_rung) - set(RUNG_NOUNS))]
+    parts = ", ".join(plural(by_rung[r], RUNG_NOUNS.get(r, r)) for r in rungs if by_rung.get(r))
+    head = "1 recovery" if total == 1 else f"{total} recoveries"
+    return f"{head} ({parts})" if parts else head
+
+
 def recoveries_by_rung(records: list[RunningRecord]) -> dict[str, int]:
     """Recoveries that acted (succeeded or still recovering), by rung of the ladder: the one
-    count of restarts that `status`, `recovery`, `report` and the metrics all show."""
+    count of recoveries that `status`, `recovery`, `report` and the metrics all show (an
+    incident no rung acted on, NO_RECOVERY, is none: a hang left running that ended by
+    itself)."""
     counts: dict[str, int] = {}
     for r in records:
         for rr in r.recover_records:
-            if rr.recover_result in (RecoverResult.SUCCESS, RecoverResult.RECOVERING):
+            if rr.recover != NO_RECOVERY and rr.recover_result in (RecoverResult.SUCCESS,
+                                                                   RecoverResult.RECOVERING):
                 counts[rr.recover] = counts.get(rr.recover, 0) + 1
     return counts

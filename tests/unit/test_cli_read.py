@@ -158,6 +158,7 @@ def test_recovery_json_has_the_records_and_a_summary(
     assert summary == {
         "attempts": 2,
         "restarts": 1,
+        "restarts_by_rung": {"process_restart": 1},
         "launches": 1,
         "incidents": 1,
         "steps_lost": 20,
@@ -245,7 +246,7 @@ def test_status_text_shows_the_header_and_each_rank(
 ) -> None:
     assert run("status", str(job)) == 0
     out = capsys.readouterr().out
-    assert "run run-1 · succeeded · attempt 1 · restarts 1" in out
+    assert "run run-1 · succeeded · attempt 1 · 1 recovery (1 process restart)" in out
     assert "budgets: restarts 1/3  hang_restarts_in_a_row 0/-" in out
     assert "step 500" in out
     assert "SIGKILL" in out and "failed" in out and "4101" in out

@@ -1,8 +1,9 @@
 """`trainguard status JOB_DIR [--json]`: the job's state as it is, not as last recorded.
 
 Besides the recorded state it shows what a user needs while the job runs: a confirmed hang
-left running, the launcher's pid (to stop the job), every restart whatever the rung that
-made it, each budget of the ladder, and `lost` ranks when the launcher is gone.
+left running, the launcher's pid (to stop the job), every recovery whatever the rung that
+made it (worded by rung: a step re-execution restarts no process), each budget of the
+ladder, and `lost` ranks when the launcher is gone; nothing live once the job ended.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from trainguard.records import (
     iso,
     rank_list,
     recoveries_by_rung,
+    recoveries_text,
 )
 from trainguard.states import JobState, NodeState, WorkerState
 
@@ -71,7 +73,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     state = dash(doc["state"]) + (" · HUNG (confirmed, left running)" if doc["hang"] else "")
     console.print(Text(f"run {doc['run_id']} · {state} · attempt {dash(doc['attempt'])}",
                        "bold red" if doc["hang"] else "bold")
-                  + Text(f" · restarts {doc['restarts']}"))
+                  + Text(f" · {recoveries_text(doc['restarts_by_rung'])}"))
     progress = doc["last_progress"]
     at = meta_time(progress["time"])
     when = "never" if at is None else f"at {clock(at)}"
@@ -135,16 +137,18 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "ranks": [_rank_dict(w, state) for w in sorted(workers, key=lambda w: w.rank)],
         "job_dir": meta.get("job_dir") or job_dir,
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
-        "node_usage": _usage(meta.get("node_usage")),
+        "node_usage": [] if state in _ENDED else _usage(meta.get("node_usage")),
     }
 
 
+_ENDED = frozenset(s.value for s in JobState if s.ended)  # lost too: nothing runs any more
 _USAGE_KEYS = ("standby_ready", "standby_rss_bytes", "shm_bytes", "shm_peer_bytes")
 
 
 def _usage(recorded: Any) -> list[dict[str, Any]]:
     """Per node, the standbys ready and their memory, the job's /dev/shm bytes (the peer
-    copies among them), as the agents last reported them; [] once the job ended."""
+    copies among them), as the agents last reported them (none once the job ended, or
+    was lost: `status_doc`)."""
     if not isinstance(recorded, dict):
         return []
     return [{"node": node, **{k: int(u.get(k) or 0) for k in _USAGE_KEYS}}

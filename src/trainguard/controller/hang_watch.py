@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from trainguard.controller.incidents import Fault, task_of
 from trainguard.controller.recorder import Recorder
 from trainguard.hang.classify import finalizing
 from trainguard.hang.detector import HangDetector, HangPolicy, HangState, HangVerdict
@@ -32,8 +33,8 @@ from trainguard.hang.stacks import (
     name_culprit,
 )
 from trainguard.paths import HANG_FILE, stacks_dir
-from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, StackDump
-from trainguard.records import Level, Reason, rank_list
+from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, Progress, StackDump
+from trainguard.records import FaultScenario, Level, Reason, rank_list
 from trainguard.states import WorkerState
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class HangWatch:
                 with contextlib.suppress(OSError, ValueError):
                     data = json.loads(path.read_text(encoding="utf-8"))
                     _write_json(path, {**data, "cleared_at": now.isoformat()})
+                self.rec.book.hang_cleared(now)
             self.confirmed = None
         elif v.state == HangState.SUSPECTED and before == HangState.OK:
             self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED, f"{SUSPENDED}: {v.describe()}",
@@ -93,6 +95,11 @@ class HangWatch:
                            attempt=self._attempt, data=_verdict_data(v))
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED:
             self.confirmed = self._confirm(v, report, now)
+            if self.confirmed is not None and not self.rec.spec.restart_on_hang:
+                fault = hang_fault(self.confirmed, self.confirmed.confirmed_at,
+                                   report.progress)
+                self.rec.book.hang_left_running(self._attempt, replace(
+                    fault, reason=f"left running (--restart-on-hang is off): {fault.reason}"))
             return self.confirmed
         return None
 
@@ -133,6 +140,15 @@ class HangWatch:
                        f"Stacks of every rank: {out}", rank=culprit.rank,
                        attempt=self._attempt, data=data)
         return HangConfirmation(v, culprit, now, out)
+
+
+def hang_fault(hang: HangConfirmation, stopped: datetime, progress: Progress) -> Fault:
+    """What the incident's records say of a confirmed hang (`stopped`: when its ranks were
+    stopped; the confirmation itself for a hang left running)."""
+    reason = hang.culprit.reason
+    return Fault(FaultScenario.JOB_HANGED, reason, f"hang: {reason}",
+                 task_of(hang.culprit.rank), hang.verdict.last_progress_at or hang.confirmed_at,
+                 hang.confirmed_at, stopped, progress, "nccl_timeout_or_hang")
 
 
 def job_ending(report: NodeReport) -> str | None:

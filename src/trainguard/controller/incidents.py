@@ -15,6 +15,7 @@ from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.policy.decision import Action, Decision, Rung
 from trainguard.protocol import Progress
 from trainguard.records import (
+    NO_RECOVERY,
     FaultScenario,
     RecoverRecord,
     RecoverResult,
@@ -24,6 +25,8 @@ from trainguard.records import (
 )
 
 _CHIP_CATEGORIES = {"gpu_hardware", "npu_hardware_or_driver"}
+# the end of an attempt whose launcher died, closed by the next launch of the job
+LOST_END_REASON = "lost: its launcher died; ended at its last sign of life"
 
 
 def fault_scenario(diag: Diagnosis) -> FaultScenario:
@@ -63,6 +66,7 @@ class IncidentBook:
         self._recovered: tuple[RunningRecord, RecoverRecord] | None = None  # the last one
         self._max_step: int | None = None
         self._step_open: RecoverRecord | None = None  # rung 0's record while it recovers
+        self._hang_open: RecoverRecord | None = None  # a confirmed hang left running
 
     def _save(self, rec: RunningRecord | None) -> None:
         if rec is not None:
@@ -135,7 +139,7 @@ class IncidentBook:
         if rec is None:
             return
         tried = list(decision.tried)
-        recover = decision.rung.value if decision.rung is not None else "none"
+        recover = decision.rung.value if decision.rung is not None else NO_RECOVERY
         result = decision.result
         if decision.action == Action.GIVE_UP and decision.rung is None and tried:
             last = tried.pop()  # out of every budget: the last rung tried is the last record
@@ -155,6 +159,36 @@ class IncidentBook:
                        backoff_s=decision.delay_s if restart else None,
                        category=fault.category, recover=recover,
                        ends_attempt=decision.action != Action.RESTART_RANKS)
+
+    def hang_left_running(self, attempt: int, fault: Fault) -> None:
+        """A confirmed hang no rung acts on (`--restart-on-hang` off): an incident of the
+        running attempt, not recovered (`failed`) and open while the ranks are left hung;
+        it ends when progress comes back (`success`, by itself), or with the attempt
+        (stopped: `terminated`; a rank failed: `failed`)."""
+        rec = self.current
+        if rec is None:
+            return
+        self._close_hang(RecoverResult.FAILED, fault.detected)
+        self._hang_open = RecoverRecord(
+            attempt=attempt, recover_start_at=fault.detected, detected_at=fault.detected,
+            fault_scenario=fault.scenario, reason=fault.reason, related_task=fault.related_task,
+            recover=NO_RECOVERY, recover_result=RecoverResult.FAILED, fault_at=fault.fault_at,
+            decided_at=fault.detected, last_step_before=fault.progress.last_step,
+            category=fault.category)
+        rec.recover_records.append(self._hang_open)
+        self._save(rec)
+
+    def hang_cleared(self, at: datetime) -> None:
+        """The workers make progress again: a hang left running ended by itself."""
+        if self._hang_open is not None:
+            self._hang_open.first_progress_at = at
+        self._close_hang(RecoverResult.SUCCESS, at)
+
+    def _close_hang(self, result: RecoverResult, at: datetime) -> None:
+        inc, self._hang_open = self._hang_open, None
+        if inc is not None and self.current is not None:
+            inc.recover_result, inc.recover_end_at = result, at
+            self._save(self.current)
 
     def step_incident(self, attempt: int, decision: Decision, fault: Fault, step: int) -> None:
         """Rung 0 acted (or could not): a record in the running attempt, which goes on. A
@@ -205,6 +239,7 @@ class IncidentBook:
         self.progress_seen(progress)
         self._close_pending(RecoverResult.FAILED, detected)
         self._close_step(detected)
+        self._close_hang(RecoverResult.FAILED, detected)
         if progress.last_step is not None:
             self._max_step = max(progress.last_step, self._max_step or progress.last_step)
         now = utcnow()
@@ -237,6 +272,14 @@ class IncidentBook:
             self._save(rec)
         self._close_pending(RecoverResult.FAILED, utcnow())
 
+    def launch_lost(self, at: datetime) -> None:
+        """A relaunch found the previous launch `lost` (its launcher died: nothing recorded
+        its end): the attempt it left open ends `lost` at its last sign of life, `at`."""
+        for rec in self._store.running_records():
+            if rec.end_at is None:
+                rec.end_at, rec.end_reason = max(at, rec.start_at), LOST_END_REASON
+                self._save(rec)
+
     def attempt_succeeded(self, attempt: int, progress: Progress) -> None:
         self._end(progress, "succeeded", RecoverResult.SUCCESS)
 
@@ -249,6 +292,7 @@ class IncidentBook:
         self.progress_seen(progress)
         self._close_pending(pending_result, utcnow())
         self._close_step(utcnow())
+        self._close_hang(pending_result, utcnow())
         self.current.end_at, self.current.end_reason = utcnow(), reason
         self._save(self.current)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from trainguard.controller.drain import drain
-from trainguard.controller.hang_watch import HangConfirmation, HangWatch
+from trainguard.controller.hang_watch import HangConfirmation, HangWatch, hang_fault
 from trainguard.controller.high_water import HighWater
 from trainguard.controller.incidents import Fault, fault_scenario, task_of
 from trainguard.controller.inprocess import InProcessRestarts
@@ -345,11 +345,7 @@ class Controller:
         decision = self._in_place(attempt, self._decide(Incident(
             IncidentKind.HANG, made_progress=made_progress, in_process=case)), case,
             "a hang was confirmed")
-        reason = hang.culprit.reason
-        self.rec.book.record(attempt, decision, Fault(
-            FaultScenario.JOB_HANGED, reason, f"hang: {reason}", task_of(hang.culprit.rank),
-            hang.verdict.last_progress_at or hang.confirmed_at, hang.confirmed_at, stopped,
-            report.progress, "nccl_timeout_or_hang"))
+        self.rec.book.record(attempt, decision, hang_fault(hang, stopped, report.progress))
         if decision.action == Action.GIVE_UP:
             return _Next(decision, f"hung again after {self._policy.max_hang_restarts} restarts "
                          "in place", hang.culprit.rank)

@@ -17,10 +17,12 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore, WorkerRow
+from trainguard.controller.store_rows import last_sign_of_life
 from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, signal_name
@@ -91,6 +93,7 @@ class Recorder:
     def begin(self) -> tuple[int, StartType]:
         """Record the job's start; a relaunch of the same job continues its attempts."""
         previous = self.store.meta()
+        ended = self._close_lost_launch(previous)
         # a job requeued by Slurm (sbatch --requeue) counts Slurm's restarts as launches
         requeues = os.environ.get("SLURM_RESTART_COUNT", "")
         self.launches = max(int(previous.get("launches") or 0) + 1,
@@ -121,12 +124,29 @@ class Recorder:
                 int(requeues) > 0 else ""
             self.event(Level.INFO, Reason.JOB_RELAUNCHED,
                        f"job {self.spec.run_id} launched again{requeued} after its previous "
-                       f"launch ended {previous.get('state')} at attempt {previous['attempt']}: "
+                       f"launch ended {ended} at attempt {previous['attempt']}: "
                        f"{what}", data={"settings": self.spec.model_dump(mode="json")})
             return previous["attempt"] + 1, StartType.RELAUNCH
         self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}",
                    data={"settings": self.spec.model_dump(mode="json")})
         return 0, StartType.FIRST_START
+
+    def _close_lost_launch(self, previous: dict[str, Any]) -> str | None:
+        """How the previous launch ended: its recorded state, or `lost` when it was left
+        active (this launcher holds the job's lock: the one before died without recording
+        its end); a lost launch's open attempt ends at its last sign of life."""
+        try:
+            state = JobState(previous.get("state"))
+        except ValueError:
+            return previous.get("state")
+        if state.ended:
+            return state.value
+        store = self.store
+        last = last_sign_of_life(previous, store.running_records(), store.progress()[-1:],
+                                 store.last_event_time())
+        if last is not None:
+            self.book.launch_lost(datetime.fromtimestamp(last, timezone.utc))
+        return JobState.LOST.value
 
     def adopt(self) -> int:
         """A restarted controller takes over the attempt that runs (its workers kept

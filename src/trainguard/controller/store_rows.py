@@ -146,6 +146,21 @@ def last_progress(meta: dict[str, Any], checkpoint: tuple[int, str] | None
     return {"step": step, "time": at, "source": None if step is None else "step"}
 
 
+def last_sign_of_life(meta: dict[str, Any], records: list[RunningRecord],
+                      samples: list[tuple[int, int, float]],
+                      last_event: float | None) -> float | None:
+    """When a launch whose launcher died (`lost`: nothing recorded its end) was last known
+    to be alive, epoch seconds: the newest of its attempts' starts, ends and first output,
+    the last progress sample, the last event and the last progress in meta; None if none."""
+    times = [t for r in records for t in (r.start_at, r.end_at, r.first_output_at) if t]
+    signs = [t.timestamp() for t in times] + [at for _, _, at in samples[-1:]]
+    signs += [last_event] if last_event is not None else []
+    last = meta.get("last_progress_at")
+    progress = from_iso(last) if isinstance(last, str) else None
+    signs += [progress.timestamp()] if progress is not None else []
+    return max(signs, default=None)
+
+
 def launcher_dead(meta: dict[str, Any]) -> bool:
     """Whether the launcher recorded in meta is known to be gone: it ran on this host and
     its pid is no longer there (on another host nobody here can tell: False)."""

@@ -14,7 +14,8 @@ overlap the higher one wins (`_LAYERS`, lowest first):
 - wasted_progress      steps a later attempt did again (it resumed from an earlier
               checkpoint), and the part of a step a crash cut short
 - detection   the fault -> the controller noticed it
-- hang        the last progress before a hang -> the hang was confirmed (or the job stopped)
+- hang        the last progress before a hang -> the hang was confirmed; a hang not
+              restarted (left running, out of budget) -> progress again or the attempt's end
 """
 
 from __future__ import annotations
@@ -184,8 +185,11 @@ def _incident_spans(inp: LedgerInput, order: list[Attempt],
     for inc in inp.incidents:
         fault = inc.fault if inc.fault is not None else inc.detected
         samples = by_attempt.get(inc.attempt, [])
-        if inc.hang:
-            spans.append((fault, inc.detected, "hang", inc.attempt))
+        if inc.hang:  # not restarted (left running, or out of budget): until it ended
+            a = next((x for x in order if x.attempt == inc.attempt), None)
+            until = inc.detected if inc.restarted else inc.recovered or (
+                a.end if a is not None and a.end is not None else inp.end)
+            spans.append((fault, until, "hang", inc.attempt))
         else:
             spans.append((fault, inc.detected, "detection", inc.attempt))
             if inc.ends_attempt and samples and samples[-1][1] < fault:  # a step cut short
@@ -200,7 +204,7 @@ def _incident_spans(inp: LedgerInput, order: list[Attempt],
                 end = nxt.end
         spans.append((inc.detected, inp.end if end is None else end, "recovery", inc.attempt))
     hung = {i.attempt for i in inp.incidents if i.hang}
-    for attempt, at in inp.hangs:  # confirmed and left running (or stopped): no incident
+    for attempt, at in inp.hangs:  # a store written before hangs left running had records
         if attempt in hung:
             continue
         samples = by_attempt.get(attempt, [])

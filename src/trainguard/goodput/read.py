@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import shown_state
+from trainguard.controller.store_rows import last_sign_of_life, shown_state
 from trainguard.goodput.ledger import Attempt, Goodput, Incident, LedgerInput, account
 from trainguard.policy.decision import Rung
 from trainguard.records import (
+    NO_RECOVERY,
     FaultScenario,
     Reason,
     RecoverResult,
@@ -73,7 +74,7 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
     incidents = [
         Incident(attempt=rr.attempt, detected=(rr.detected_at or rr.recover_start_at).timestamp(),
                  fault=_ts(rr.fault_at), recovered=_ts(rr.first_progress_at),
-                 restarted=rr.recover_result in _RESTARTED,
+                 restarted=rr.recover_result in _RESTARTED and rr.recover != NO_RECOVERY,
                  hang=rr.fault_scenario == FaultScenario.JOB_HANGED,
                  ends_attempt=rec.end_at is not None and (
                      rr.recover not in _IN_ATTEMPT or rr.recover_result not in _RESTARTED),
@@ -82,7 +83,7 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
     created = _meta_ts(meta.get("created_at"))
     start = created if created is not None else (
         attempts[0].start if attempts else now.timestamp())
-    return LedgerInput(start=start, end=_end(meta, attempts, samples, last_event, now),
+    return LedgerInput(start=start, end=_end(meta, records, samples, last_event, now),
                        attempts=attempts, incidents=incidents, samples=samples,
                        saves=[(c.at, c.blocked_s) for c in commits if c.blocked_s],
                        hangs=hangs)
@@ -92,7 +93,7 @@ def _iso_ts(t: str) -> float:
     return datetime.fromisoformat(t).timestamp()
 
 
-def _end(meta: dict[str, object], attempts: list[Attempt],
+def _end(meta: dict[str, object], records: list[RunningRecord],
          samples: list[tuple[int, int, float]], last_event: float | None,
          now: datetime) -> float:
     """The job's end: its end time; now while it runs; a lost launcher's last sign of life."""
@@ -102,11 +103,8 @@ def _end(meta: dict[str, object], attempts: list[Attempt],
         return ended
     if state != JobState.LOST.value:
         return now.timestamp()
-    signs = [a.start for a in attempts] + [a.end for a in attempts if a.end] + \
-        [a.first_output for a in attempts if a.first_output] + [t for _, _, t in samples[-1:]]
-    signs += [last_event] if last_event is not None else []
-    last = _meta_ts(meta.get("last_progress_at"))
-    return max(signs + ([last] if last else []), default=now.timestamp())
+    last = last_sign_of_life(meta, records, samples, last_event)
+    return now.timestamp() if last is None else last
 
 
 def _ts(t: datetime | None) -> float | None:

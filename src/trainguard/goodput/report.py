@@ -13,7 +13,15 @@ from trainguard.goodput.interval import IntervalAdvice
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.metrics import interval_advice
 from trainguard.goodput.read import Save, job_goodput, saves
-from trainguard.records import Event, Reason, RunningRecord, recoveries_by_rung, secs
+from trainguard.records import (
+    NO_RECOVERY,
+    Event,
+    Reason,
+    RunningRecord,
+    recoveries_by_rung,
+    recoveries_text,
+    secs,
+)
 
 _REASONS = (Reason.FAILURE_DIAGNOSED.value, Reason.HANG_CONFIRMED.value,
             Reason.HANG_SUSPECTED.value)
@@ -59,9 +67,10 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
                 "durations_s": rr.durations(), "steps_lost": rr.steps_lost,
                 "resumed_from": rr.resumed_from})
     advice = interval_advice(g, r.records, r.commits)
+    by_rung = recoveries_by_rung(r.records)
     return {"run_id": r.meta.get("run_id"), "state": shown_state(r.meta),
             "attempts": len(r.records),
-            "restarts": sum(recoveries_by_rung(r.records).values()),
+            "restarts": sum(by_rung.values()), "restarts_by_rung": by_rung,
             "goodput": g.to_dict(max_steps=0) | {"segments": None},
             "incidents": incidents, "checkpoint_interval": advice.to_dict(),
             "advice": advice_lines(r, advice)}
@@ -107,7 +116,7 @@ def render(doc: dict[str, Any]) -> str:
     g = doc["goodput"]
     ratio = "unknown" if g["goodput"] is None else f"{g['goodput']:.1%}"
     lines = [f"run {doc['run_id']} · {doc['state']} · {doc['attempts']} attempt(s), "
-             f"{doc['restarts']} restart(s) · wall {g['wall_s']:.1f}s",
+             f"{recoveries_text(doc['restarts_by_rung'])} · wall {g['wall_s']:.1f}s",
              f"goodput {ratio}: productive {g['productive_s']:.1f}s; steps kept "
              f"{g['steps']['productive']}, done again {g['steps']['wasted']}"
              + ("" if g["measured_steps"] else " (no step reports: time between a restart's "
@@ -124,10 +133,15 @@ def render(doc: dict[str, Any]) -> str:
         d = i["durations_s"]
         lines.append(f"  attempt {i['attempt']}: {i['fault_scenario']} -> {i['recover']} -> "
                      f"{i['result']} ({i['related_task']}): {i['reason']}")
-        lines.append(f"    recovered in {secs(d['total'], '-')} (detect {secs(d['detect'], '-')}"
-                     f", stop {secs(d['stop'], '-')}, start {secs(d['start'], '-')}, resume "
-                     f"{secs(d['resume'], '-')}); steps lost {i['steps_lost']}"
-                     + (f"; from {i['resumed_from']}" if i["resumed_from"] else ""))
+        if i["recover"] == NO_RECOVERY:  # nothing acted: no recovery to time
+            lines.append(f"    not recovered: detected in {secs(d['detect'], '-')}; no rung "
+                         "of the ladder acted")
+        else:
+            lines.append(f"    recovered in {secs(d['total'], '-')} (detect "
+                         f"{secs(d['detect'], '-')}, stop {secs(d['stop'], '-')}, start "
+                         f"{secs(d['start'], '-')}, resume {secs(d['resume'], '-')}); steps "
+                         f"lost {i['steps_lost']}"
+                         + (f"; from {i['resumed_from']}" if i["resumed_from"] else ""))
         if i["deciding_line"]:
             lines.append(f"    {i['category']}: {i['deciding_line']}")
         if i["hang_culprit"]:

@@ -1,0 +1,84 @@
+"""What the read commands say of a job that ended (or was lost) and of a recovery that
+restarted no process, through the real command (`python -m trainguard`) on a real store."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from trainguard.controller.store import JobStore, WorkerRow
+from trainguard.records import (
+    FaultScenario,
+    RecoverRecord,
+    RecoverResult,
+    RunningRecord,
+    StartType,
+    iso,
+)
+from trainguard.states import WorkerState
+
+TG = [sys.executable, "-m", "trainguard"]
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+USAGE = {"node-0": {"standby_ready": 1, "standby_rss_bytes": 1 << 20, "shm_bytes": 0,
+                    "shm_peer_bytes": 0}}
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def tg(*args: str) -> str:
+    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+
+
+def a_job(job: Path, launcher_pid: int) -> Path:
+    """A job recorded as running whose launcher is `launcher_pid`, with a standby ready."""
+    with JobStore.create(job, "run-e") as s:
+        s.put_running(RunningRecord(0, at(0), StartType.FIRST_START))
+        s.put_workers(0, [WorkerRow(0, 0, 0, "node-0", 4321, WorkerState.RUNNING)])
+        s.set_meta(state="running", attempt=0, created_at=iso(at(0)), node_usage=USAGE,
+                   launcher_pid=launcher_pid, launcher_host=socket.gethostname(),
+                   log_dir=str(job / "logs"))
+    return job
+
+
+def test_a_lost_job_shows_no_live_node_usage_a_running_one_does(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lost = a_job(tmp_path / "lost", dead.pid)
+    assert json.loads(tg("status", str(lost), "--json"))["node_usage"] == []
+    text = tg("status", str(lost))
+    assert "· lost ·" in text and "fast recovery" not in text, text
+    live = a_job(tmp_path / "live", os.getpid())  # this process: a launcher still alive
+    assert json.loads(tg("status", str(live), "--json"))["node_usage"][0]["standby_ready"] == 1
+    assert "fast recovery on node-0: 1 standby worker(s) ready" in tg("status", str(live))
+
+
+def test_a_step_reexecution_is_a_recovery_by_its_rung_not_a_restart(tmp_path: Path) -> None:
+    job = tmp_path / "j"
+    rec = RunningRecord(0, at(0), StartType.FIRST_START, end_at=at(30), end_reason="succeeded")
+    rec.recover_records.append(RecoverRecord(
+        attempt=0, recover_start_at=at(10), fault_scenario=FaultScenario.ERROR_IN_LOG,
+        reason="a collective failed", related_task="worker-1", recover="step_reexecution",
+        recover_result=RecoverResult.SUCCESS, recover_end_at=at(11), fault_at=at(10),
+        detected_at=at(10), first_progress_at=at(11)))
+    with JobStore.create(job, "run-s") as s:
+        s.put_running(rec)
+        s.set_meta(state="succeeded", attempt=0, created_at=iso(at(0)),
+                   ended_at=iso(at(30)), exit_code=0)
+    said = "1 recovery (1 step re-execution)"
+    recovery = tg("recovery", str(job))
+    assert f"summary: 1 attempt, {said}, 1 incident" in recovery, recovery
+    assert "restart" not in recovery.split("summary:")[1]
+    assert f"attempt 0 · {said}" in tg("status", str(job))
+    assert f"1 attempt(s), {said} · wall" in tg("report", str(job))
+    summary = json.loads(tg("recovery", str(job), "--json"))["summary"]
+    assert (summary["restarts"], summary["restarts_by_rung"]) == (1, {"step_reexecution": 1})
+    status = json.loads(tg("status", str(job), "--json"))
+    assert (status["restarts"], status["restarts_by_rung"]) == (1, {"step_reexecution": 1})
