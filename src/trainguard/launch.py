@@ -31,7 +31,7 @@ from trainguard.controller.loop import Controller
 from trainguard.controller.nodes import NodeRecovery
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.controller.recorder import Recorder, console_printer
-from trainguard.controller.store import JobStore, NodeRow, db_path
+from trainguard.controller.store import JobStore, NodeRow, db_path, other_job
 from trainguard.errors import LaunchError, SpecError, StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.node.agent import NodeAgent
@@ -48,13 +48,7 @@ LOCK_NAME = ".lock"
 
 def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
     check_master_addr(spec.master_addr)
-    paths = JobPaths.for_spec(spec, Path.cwd())
-    try:
-        paths.make()
-    except OSError as e:
-        raise SpecError("--job-dir", f"cannot create {e.filename or paths.job_dir} "
-                        f"({e.strerror})", "choose a writable directory") from None
-    spec = continued_run(spec, paths.job_dir)
+    spec, paths = prepare(spec, create=True)
     filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
     with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store, \
             _metrics_endpoint(spec, paths, store):
@@ -70,18 +64,33 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
     return code
 
 
+def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
+    """What `run` and `run --dry-run` both check before anything starts: the job, log and
+    checkpoint dirs can be made (and are made, unless `create` is False) and the run id fits
+    the job dir (continued_run). Errors name the flag and the fix."""
+    paths = JobPaths.for_spec(spec, Path.cwd())
+    paths.make(create)
+    return continued_run(spec, paths.job_dir), paths
+
+
 def continued_run(spec: JobSpec, job_dir: Path) -> JobSpec:
     """Launching a job dir that holds a job again, with no --run-id, continues that job (a
     retry, `sbatch --requeue`): it takes the stored run id. An explicit, different --run-id is
-    refused by the store."""
-    if "run_id" in spec.model_fields_set or not db_path(job_dir).is_file():
+    refused (StoreError, the store's own words)."""
+    if not db_path(job_dir).is_file():
         return spec
     try:
         with JobStore.open(job_dir) as store:
             stored = store.meta().get("run_id")
     except StoreError:
         return spec  # being created, or unreadable: JobStore.create says why
-    return spec.model_copy(update={"run_id": stored}) if isinstance(stored, str) else spec
+    if not isinstance(stored, str):
+        return spec
+    if "run_id" not in spec.model_fields_set:
+        return spec.model_copy(update={"run_id": stored})
+    if spec.run_id != stored:
+        raise other_job(job_dir, stored, spec.run_id)
+    return spec
 
 
 @contextlib.contextmanager
@@ -124,8 +133,8 @@ def job_lock(job_dir: Path) -> Iterator[None]:
             f.seek(0)
             holder = f.read().strip() or "another process"
             raise SpecError("--job-dir", f"{job_dir} is in use by a running launcher "
-                            f"(pid {holder})", "wait for it to end, or use another "
-                            "--job-dir / --run-id") from None
+                            f"(pid {holder})", "wait for it to end, stop it (`trainguard "
+                            f"stop {job_dir}`), or use another --job-dir") from None
         f.seek(0)
         f.truncate()
         f.write(str(os.getpid()))

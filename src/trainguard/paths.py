@@ -7,10 +7,13 @@ controller's verdict, `hang.json`), read back by `trainguard diagnose`.
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.spec import JobSpec
+from trainguard.errors import SpecError
+from trainguard.spec import JobSpec, flag_name
 
 DEFAULT_RUNS_DIR = "trainguard-runs"
 STACKS_DIR = "stacks"  # in an attempt's log dir
@@ -22,6 +25,9 @@ class JobPaths:
     job_dir: Path
     log_dir: Path
     checkpoint_dir: str  # an absolute local path, or an fsspec URL (s3://bucket/run1) as given
+    # the setting that gave the log and checkpoint dirs: their own, or job_dir (the default)
+    log_dir_key: str = "job_dir"
+    checkpoint_dir_key: str = "job_dir"
 
     @classmethod
     def for_spec(cls, spec: JobSpec, cwd: Path) -> JobPaths:
@@ -32,12 +38,42 @@ class JobPaths:
             ckpt = str(job_dir / "checkpoints")
         elif not is_url(ckpt):
             ckpt = str((cwd / ckpt).resolve())
-        return cls(job_dir, log_dir, ckpt)
+        return cls(job_dir, log_dir, ckpt, "log_dir" if spec.log_dir else "job_dir",
+                   "job_dir" if spec.checkpoint_dir is None else "checkpoint_dir")
 
-    def make(self) -> None:
-        local = [] if is_url(self.checkpoint_dir) else [Path(self.checkpoint_dir)]
-        for d in (self.job_dir, self.log_dir, *local):
-            d.mkdir(parents=True, exist_ok=True)
+    def make(self, create: bool = True) -> None:
+        """Make the job, log and (local) checkpoint dirs; with `create=False` (`run
+        --dry-run`) only check that they could be made. A SpecError names the flag and
+        job-file key that gave the path that cannot be a directory."""
+        dirs = [("job_dir", self.job_dir), (self.log_dir_key, self.log_dir)]
+        if not is_url(self.checkpoint_dir):
+            dirs.append((self.checkpoint_dir_key, Path(self.checkpoint_dir)))
+        for make in (_check_makeable, _mkdir) if create else (_check_makeable,):
+            for key, d in dirs:  # all checked before any is made: none is made in vain
+                try:
+                    make(d)
+                except OSError as e:
+                    raise SpecError(f"{flag_name(key)} / '{key}'", f"cannot create "
+                                    f"{e.filename or d} ({e.strerror})",
+                                    "choose a writable directory") from None
+
+
+def _mkdir(d: Path) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+
+
+def _check_makeable(d: Path) -> None:
+    """Raise the OSError `d.mkdir(parents=True, exist_ok=True)` would, making nothing."""
+    below, parent = d, d
+    while not (parent.exists() or parent.is_symlink()) and parent != parent.parent:
+        below, parent = parent, parent.parent
+    if parent == d:
+        if not d.is_dir():
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(d))
+    elif not parent.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(d))
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(below))
 
 
 def is_url(location: str | Path) -> bool:

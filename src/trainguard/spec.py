@@ -6,7 +6,6 @@ Pure: parsing and validation only (reading the job file is the caller's job).
 
 from __future__ import annotations
 
-import difflib
 import re
 import secrets
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pydantic import (
 )
 
 from trainguard.errors import SpecError
+from trainguard.suggest import closest
 
 Scenario = Literal["single-node", "multi-node", "llm"]
 BackendName = Literal["local", "slurm"]
@@ -278,6 +278,10 @@ FLAG_NAMES = {
     "reconnect_grace_s": "--reconnect-grace",
     "queue_timeout_s": "--queue-timeout",
     "precheck": "--no-precheck",
+    "step_retry_timeout_s": "--step-retry-timeout",
+    "in_process_restart": "--no-in-process-restart",
+    "in_process_timeout_s": "--in-process-timeout",
+    "standby_workers": "--no-standby-workers",
 }
 
 
@@ -313,9 +317,10 @@ def build_spec(
 
 def _check_keys(job_file: dict[str, Any], source: str) -> None:
     for key in job_file:
-        if key not in FIELDS:
-            close = difflib.get_close_matches(str(key), FIELDS, n=1)
-            fix = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(FIELDS)}"
+        if key not in FIELDS:  # matched on the key's words and its flag's
+            close = closest(str(key), {k: [flag_name(k)] for k in FIELDS})
+            fix = (f"did you mean '{close}' ({flag_name(close)})?" if close
+                   else f"valid keys: {', '.join(FIELDS)}")
             raise SpecError(f"{source}: {key}", "unknown key", fix)
 
 

@@ -318,7 +318,7 @@ def test_main_reports_a_bad_job_file_as_one_line(
     job = write(tmp_path, "max_restart: 3\n")
     assert main(["run", "--config", str(job), "train.py"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "did you mean 'max_restarts'?" in err
+    assert err.count("\n") == 1 and "did you mean 'max_restarts' (--max-restarts)?" in err
 
 
 def test_main_without_a_command_prints_help_and_exits_2(

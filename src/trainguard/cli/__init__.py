@@ -22,6 +22,7 @@ from trainguard.errors import TrainguardError
 from trainguard.exitcodes import ExitCode
 
 _CHOICE = re.compile(r"argument (\S+): invalid choice: (.*?) \(choose from (.*)\)")
+_FIXED = re.compile(r"argument (\S+): (.*\. Fix: .*)")
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,9 +31,12 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         m = _CHOICE.fullmatch(message)
+        fixed = _FIXED.fullmatch(message)
         if m:
             flag, got, valid = m.group(1).split("/")[0], m.group(2), m.group(3).replace("'", "")
             message = f"{flag}: {got} is not a valid choice. Fix: pass one of {valid}"
+        elif fixed:  # an argument type's message that says the fix (cli/args)
+            message = f"{fixed.group(1).split('/')[0]}: {fixed.group(2)}"
         else:
             message += f". Fix: see `{self.prog} --help`"
         self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {message}\n")

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainguard.cli.args import count, not_in_job
 from trainguard.cli.read import add_job_dir, job_finished
 from trainguard.controller.store import JobStore
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import rank_log_path
-from trainguard.records import rank_list
 from trainguard.ui.logtail import tail
 
 FOLLOW_POLL_S = 0.25
@@ -41,7 +41,7 @@ def add_logs_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--rank", type=int, default=0, help="the global rank (0)")
     p.add_argument("--attempt", type=int, help="the attempt (default: the latest with a log "
                    "of that rank)")
-    p.add_argument("--tail", type=int, metavar="N", help="only the last N lines (at most "
+    p.add_argument("--tail", type=count, metavar="N", help="only the last N lines (at most "
                    "5000)")
     p.add_argument("-f", "--follow", action="store_true",
                    help="keep printing new lines, into later attempts, until the job ends")
@@ -56,9 +56,8 @@ def _missing(log_dir: Path, rank: int, attempt: int | None, attempts: list[int])
                     if (m := re.fullmatch(r"rank-(\d+)\.log", f.name))})
     where = "" if attempt is None else f" in attempt {attempt}"
     if rank not in ranks:
-        have = rank_list(ranks)
-        return (f"the job has no rank {rank}: its ranks are {have} (pick one with --rank)"
-                if ranks else f"no rank has a log under {log_dir} yet")
+        return (not_in_job("rank", rank, ranks, "--rank") if ranks
+                else f"no rank has a log under {log_dir} yet")
     return (f"no log of rank {rank}{where} under {log_dir}; attempts with one: "
             f"{', '.join(map(str, attempts))} (pick one with --attempt)")
 

@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
+from trainguard.cli.args import days
 from trainguard.cli.fmt import (
     clock_or_dash,
     dash,
@@ -73,8 +74,8 @@ def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         "--older-than days ago. Lists them only, unless --yes. A job that "
                         "runs is never touched.")
     pr.add_argument("root", metavar="ROOT", help="where to look (two levels deep)")
-    pr.add_argument("--older-than", type=float, required=True, metavar="DAYS",
-                    help="ended at least this many days ago")
+    pr.add_argument("--older-than", type=days, required=True, metavar="DAYS",
+                    help="ended at least this many days ago (0 or more)")
     pr.add_argument("--yes", action="store_true", help="delete them (default: list only)")
     pr.set_defaults(func=cmd_prune)
 

@@ -1,8 +1,8 @@
 """The read commands: `trainguard events|recovery|status JOB_DIR [--json]`.
 
 They only read the job store, so they work while the job runs and after it ends.
-Exit codes (ExitCode): 0 done, 2 no readable job at JOB_DIR, 130 interrupted
-(`events --follow`).
+Exit codes (ExitCode): 0 done, 2 no readable job at JOB_DIR (or `events --attempt N` of an
+attempt the job does not have), 130 interrupted (`events --follow`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainguard.cli.args import count, not_in_job, one_of, one_or_more_of
 from trainguard.cli.fmt import (
     clock,
     console_out,
@@ -38,11 +39,11 @@ from trainguard.goodput import Goodput, job_goodput
 from trainguard.records import (
     Event,
     Level,
+    Reason,
     RecoverRecord,
     RunningRecord,
     StartType,
     recoveries_by_rung,
-    recoveries_text,
     secs,
 )
 from trainguard.states import JobState
@@ -65,13 +66,16 @@ def add_read_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="keep printing new events until the job has finished (Ctrl-C stops); "
         "with --json, prints one JSON object per line (JSON Lines) instead of an array",
     )
-    events.add_argument("--level", choices=[lv.value for lv in Level], type=str.capitalize,
-                        help="only events of this level or worse (Info < Warning < Error)")
+    events.add_argument("--level", type=one_of([lv.value for lv in Level]), metavar="LEVEL",
+                        help="only events of this level or worse (Info < Warning < Error; "
+                        "any case)")
     events.add_argument("--reason", action="append", metavar="REASON",
-                        help="only events with this reason (e.g. WorkerFailed); repeatable, "
-                        "or comma-separated")
-    events.add_argument("--attempt", type=int, help="only events of this attempt")
-    events.add_argument("--tail", type=int, metavar="N",
+                        type=one_or_more_of([r.value for r in Reason]),
+                        help="only events with this reason (e.g. WorkerFailed, any case); "
+                        "repeatable, or comma-separated")
+    events.add_argument("--attempt", type=int, help="only events of this attempt (one the "
+                        "job has; with --follow, also one still to come)")
+    events.add_argument("--tail", type=count, metavar="N",
                         help="only the last N events (with --follow: then the new ones)")
     _add(subparsers, "recovery", "show running records, recover records and goodput", cmd_recovery)
     _add(subparsers, "status", "show the job's state, its nodes and its ranks", cmd_status)
@@ -128,8 +132,7 @@ _LEVEL_ORDER = {Level.INFO.value: 0, Level.WARNING.value: 1, Level.ERROR.value: 
 def event_filter(args: argparse.Namespace) -> Callable[[Event], bool]:
     """The --level/--reason/--attempt filters of `events`."""
     level = _LEVEL_ORDER.get(getattr(args, "level", None) or "", 0)
-    reasons = {r.strip() for arg in getattr(args, "reason", None) or [] for r in arg.split(",")
-               if r.strip()}
+    reasons = {r for group in getattr(args, "reason", None) or [] for r in group}
     attempt = getattr(args, "attempt", None)
 
     def keep(ev: Event) -> bool:
@@ -145,7 +148,24 @@ def _tail(items: list[Any], args: argparse.Namespace) -> list[Any]:
     return items if n is None else items[-n:] if n > 0 else []
 
 
+def _no_such_attempt(store: JobStore, args: argparse.Namespace) -> bool:
+    """`--attempt N` of an attempt the job does not have (yet: --follow waits for it): say
+    which it has, as `logs --attempt` does."""
+    attempt = getattr(args, "attempt", None)
+    if attempt is None:
+        return False
+    have = [rec.attempt for rec in store.running_records()]
+    to_come = getattr(args, "follow", False) and not job_finished(store.meta())
+    if attempt in have or (to_come and attempt > max(have, default=-1)):
+        return False
+    print(f"trainguard events: {not_in_job('attempt', attempt, have, '--attempt')}",
+          file=sys.stderr)
+    return True
+
+
 def _print_events(store: JobStore, args: argparse.Namespace) -> int:
+    if _no_such_attempt(store, args):
+        return ExitCode.USAGE
     keep = event_filter(args)
     events = _tail([ev for _, ev in store.events() if keep(ev)], args)
     if args.json:
@@ -170,6 +190,8 @@ def _print_events(store: JobStore, args: argparse.Namespace) -> int:
 
 def _follow_events(store: JobStore, args: argparse.Namespace) -> int:
     """Print events as they come; stop once a poll after the job finished finds nothing new."""
+    if _no_such_attempt(store, args):
+        return ExitCode.USAGE
     console = console_out()
     keep = event_filter(args)
     last_id = 0
@@ -251,11 +273,9 @@ def summarize(records: list[RunningRecord], g: Goodput) -> dict[str, Any]:
     """Attempts, restarts, incidents, steps lost and the goodput ledger's figures (the
     definition: docs/goodput.md)."""
     incidents = [rr for rec in records for rr in rec.recover_records]
-    by_rung = recoveries_by_rung(records)
     return {
         "attempts": len(records),
-        "restarts": sum(by_rung.values()),  # every rung, as status
-        "restarts_by_rung": by_rung,
+        "restarts": sum(recoveries_by_rung(records).values()),  # every rung, as status
         "launches": sum(1 for r in records
                         if r.start_type in (StartType.FIRST_START, StartType.RELAUNCH)),
         "incidents": len(incidents),
@@ -292,8 +312,7 @@ def _summary_line(s: dict[str, Any]) -> str:
     goodput = "unknown" if s["goodput"] is None else f"{s['goodput'] * 100:.1f}%"
     lost = "  ".join(f"{cause} {v:.3f}s" for cause, v in s["badput_s"].items() if v > 0)
     return (
-        f"summary: {plural(s['attempts'], 'attempt')}, "
-        f"{recoveries_text(s['restarts_by_rung'])}, "
+        f"summary: {plural(s['attempts'], 'attempt')}, {plural(s['restarts'], 'restart')}, "
         f"{plural(s['incidents'], 'incident')}, steps lost {s['steps_lost']}, goodput {goodput} "
         f"(productive {s['productive_s']:.3f}s of {s['wall_s']:.3f}s)\n"
         f"  lost: {lost or 'nothing'}  (trainguard report JOB_DIR explains; docs/goodput.md)"

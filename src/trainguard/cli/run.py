@@ -355,16 +355,15 @@ def _run_command(ns: argparse.Namespace) -> int:
 def dry_run_doc(spec: JobSpec) -> dict[str, Any]:
     """The effective settings as `run` would use them: the job dir (and log and checkpoint
     dirs) it would use, and the run id: given, the stored one of a job dir that holds a job
-    (a relaunch continues it), or `null` when a new one is assigned at launch."""
-    from trainguard.launch import continued_run
-    from trainguard.paths import JobPaths
+    (a relaunch continues it), or `null` when a new one is assigned at launch. What `run`
+    refuses before it starts (a dir that cannot be made, another job's run id), this refuses
+    too: both check with launch.prepare."""
+    from trainguard.launch import prepare
 
+    drawn = spec.run_id
     new_id = "run_id" not in spec.model_fields_set
-    if new_id and spec.job_dir is not None:
-        drawn = spec.run_id
-        spec = continued_run(spec, JobPaths.for_spec(spec, Path.cwd()).job_dir)
-        new_id = spec.run_id == drawn
-    paths = JobPaths.for_spec(spec, Path.cwd())
+    spec, paths = prepare(spec, create=False)
+    new_id = new_id and spec.run_id == drawn
     doc = spec.model_dump(mode="json")
     doc.update(job_dir=str(paths.job_dir), log_dir=str(paths.log_dir),
                checkpoint_dir=paths.checkpoint_dir)
