@@ -44,6 +44,7 @@ from trainguard.records import (
     RunningRecord,
     StartType,
     recoveries_by_rung,
+    recoveries_text,
     secs,
 )
 from trainguard.states import JobState
@@ -273,9 +274,11 @@ def summarize(records: list[RunningRecord], g: Goodput) -> dict[str, Any]:
     """Attempts, restarts, incidents, steps lost and the goodput ledger's figures (the
     definition: docs/goodput.md)."""
     incidents = [rr for rec in records for rr in rec.recover_records]
+    by_rung = recoveries_by_rung(records)
     return {
         "attempts": len(records),
-        "restarts": sum(recoveries_by_rung(records).values()),  # every rung, as status
+        "restarts": sum(by_rung.values()),  # every rung, as status
+        "restarts_by_rung": by_rung,
         "launches": sum(1 for r in records
                         if r.start_type in (StartType.FIRST_START, StartType.RELAUNCH)),
         "incidents": len(incidents),
@@ -312,7 +315,8 @@ def _summary_line(s: dict[str, Any]) -> str:
     goodput = "unknown" if s["goodput"] is None else f"{s['goodput'] * 100:.1f}%"
     lost = "  ".join(f"{cause} {v:.3f}s" for cause, v in s["badput_s"].items() if v > 0)
     return (
-        f"summary: {plural(s['attempts'], 'attempt')}, {plural(s['restarts'], 'restart')}, "
+        f"summary: {plural(s['attempts'], 'attempt')}, "
+        f"{recoveries_text(s['restarts_by_rung'])}, "
         f"{plural(s['incidents'], 'incident')}, steps lost {s['steps_lost']}, goodput {goodput} "
         f"(productive {s['productive_s']:.3f}s of {s['wall_s']:.3f}s)\n"
         f"  lost: {lost or 'nothing'}  (trainguard report JOB_DIR explains; docs/goodput.md)"
