@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "torture" / "counting.py"
 RESUMED = re.compile(r"out RESUMED (\d+) (OK|BAD)")
 STEP = re.compile(r"out step (\d+)$")
+ROUND = 100  # kills per job (its --max-restarts is ROUND + 5; the launcher allows 128)
 
 
 def _pid(job: Path, rank: int) -> int | None:
@@ -157,10 +158,23 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import tempfile
 
+    results = []
     with tempfile.TemporaryDirectory(prefix="tg-torture-") as tmp:
-        result = torture(args.workdir or Path(tmp), args.kills, args.seed, args.mib)
-    print(json.dumps(result))
-    return 1 if result["problems"] else 0
+        left, n = args.kills, 0
+        while left > 0:  # one job per ROUND kills: --max-restarts is at most 128
+            kills = min(left, ROUND)
+            work = (args.workdir or Path(tmp)) / f"round-{n}"
+            results.append(torture(work, kills, args.seed + n, args.mib))
+            print(json.dumps(results[-1]), flush=True)
+            left, n = left - kills, n + 1
+    total = {"kills": sum(r["kills"] for r in results), "jobs": len(results)}
+    for key in ("resumes_checked", "wrong_resumes", "steps_lost_total", "leaked_regions",
+                "started_over_before_a_whole_snapshot", "seconds"):
+        total[key] = round(sum(r[key] for r in results), 1)
+    total["max_steps_lost"] = max((r["max_steps_lost"] or 0) for r in results)
+    total["problems"] = [p for r in results for p in r["problems"]]
+    print(json.dumps(total))
+    return 1 if total["problems"] else 0
 
 
 if __name__ == "__main__":
