@@ -82,3 +82,32 @@ def test_a_step_reexecution_is_a_recovery_by_its_rung_not_a_restart(tmp_path: Pa
     assert (summary["restarts"], summary["restarts_by_rung"]) == (1, {"step_reexecution": 1})
     status = json.loads(tg("status", str(job), "--json"))
     assert (status["restarts"], status["restarts_by_rung"]) == (1, {"step_reexecution": 1})
+
+
+def test_a_launcher_that_exited_but_is_not_reaped_yet_counts_as_dead() -> None:
+    """`stop --force` SIGKILLs the launcher and reads the state at once: until the shell
+    that started it reaps it, the launcher is a zombie, and the job read `running`."""
+    import socket
+    import subprocess
+    import time
+
+    from trainguard.controller.store_rows import launcher_dead
+
+    child = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # exited, not reaped: a zombie
+            with open(f"/proc/{child.pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            time.sleep(0.01)
+        assert launcher_dead({"launcher_pid": child.pid, "launcher_host": socket.gethostname()})
+    finally:
+        child.wait()
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not launcher_dead({"launcher_pid": alive.pid,
+                                  "launcher_host": socket.gethostname()})
+    finally:
+        alive.kill()
+        alive.wait()

@@ -142,3 +142,12 @@ def test_a_job_dir_in_use_advises_stop_or_another_job_dir_not_another_run_id(
     assert f"{job} is in use by a running launcher" in r.stderr
     assert f"stop it (`trainguard stop {job}`), or use another --job-dir" in r.stderr
     assert "--run-id" not in r.stderr
+
+
+def test_an_age_past_what_a_date_can_go_back_to_is_refused_not_a_traceback(
+        tmp_path: Path) -> None:
+    job = a_job(tmp_path / "runs" / "j")
+    r = tg("prune", str(tmp_path / "runs"), "--older-than", "1e9")
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert "--older-than: '1e9' days is more than 100,000 days" in r.stderr
+    assert job.is_dir()

@@ -51,6 +51,9 @@ def count(text: str) -> int:
     return value
 
 
+MAX_DAYS = 100_000  # about 270 years: every job is younger, and the date arithmetic holds
+
+
 def days(text: str) -> float:
     """An argparse type: a number, 0 or more (`--older-than DAYS`); not nan, not inf."""
     try:
@@ -59,6 +62,9 @@ def days(text: str) -> float:
         raise _not_negative(text, "a number") from None
     if not 0 <= value < math.inf:
         raise _not_negative(text, "a number")
+    if value > MAX_DAYS:  # past what a date can go back to
+        raise argparse.ArgumentTypeError(f"{text!r} days is more than {MAX_DAYS:,} days. Fix: "
+                                         f"give a number of days from 0 to {MAX_DAYS:,}")
     return value
 
 

@@ -173,7 +173,11 @@ def launcher_dead(meta: dict[str, Any]) -> bool:
         return True
     except PermissionError:
         pass
-    return False
+    try:  # an exited launcher its parent has not reaped yet (a zombie) is gone too
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def event_from_row(row: tuple[Any, ...]) -> Event:
