@@ -200,3 +200,21 @@ def test_ckpt_ls_says_nothing_about_a_latest_that_points_to_a_step_there(
     save_steps(tmp_path / "c", (10, 20))
     r = tg("ckpt", "ls", str(tmp_path / "c"))
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_logs_and_diagnose_of_a_copied_job_dir_read_the_copys_logs(tmp_path: Path) -> None:
+    """As `ckpt ls` reads the copy's checkpoints: the store's absolute log dir lay inside
+    the job dir it recorded, so a copy (or a moved dir) reads its own logs."""
+    job = tmp_path / "job"
+    with JobStore.create(job, "tg-test") as store:
+        store.set_meta(job_dir=str(job), log_dir=str(job / "logs"))
+    (job / "logs" / "attempt-0").mkdir(parents=True)
+    (job / "logs" / "attempt-0" / "rank-0.log").write_text("original line\n")
+    copy = tmp_path / "copy"
+    shutil.copytree(job, copy)
+    (copy / "logs" / "attempt-0" / "rank-0.log").write_text("copy line\n")
+    r = tg("logs", str(copy), "--rank", "0")
+    assert r.returncode == 0, r.stderr
+    assert "copy line" in r.stdout and "original line" not in r.stdout
+    shutil.rmtree(job)  # the original gone: the copy still reads
+    assert "copy line" in tg("logs", str(copy), "--rank", "0").stdout

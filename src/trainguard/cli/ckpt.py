@@ -21,6 +21,7 @@ from rich.table import Table
 from trainguard.checkpoint.manifest import LATEST, Status, parse_step_dir, step_dir
 from trainguard.cli.fmt import plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
+from trainguard.controller.store_rows import moved_with_job_dir
 from trainguard.errors import SpecError, StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import is_url
@@ -106,29 +107,12 @@ def checkpoint_location(location: str) -> str:
     recorded, was_at = meta.get("checkpoint_dir"), meta.get("job_dir")
     if not isinstance(recorded, str) or not recorded:
         return str(path / "checkpoints")
-    read = inside_moved_job_dir(recorded, was_at if isinstance(was_at, str) else None, path)
+    read = moved_with_job_dir(recorded, was_at if isinstance(was_at, str) else None, path)
     if read != recorded:
         print(f"trainguard ckpt: note: this job was recorded at {was_at}; reading {read}, "
               f"the checkpoint dir inside the job dir given (recorded: {recorded})",
               file=sys.stderr)
     return read
-
-
-def inside_moved_job_dir(recorded: str, recorded_job_dir: str | None, job_dir: Path) -> str:
-    """Where to read a dir the store `recorded` (absolute) when the job dir is `job_dir`:
-    the same place inside `job_dir` if it lay inside the job dir as recorded and the job dir
-    has since moved (a copy, an archive, a renamed dir); otherwise as recorded (a URL, a dir
-    outside the job dir such as `--checkpoint-dir /shared/ck`, or a job dir in place)."""
-    if is_url(recorded) or not recorded_job_dir:
-        return recorded
-    try:
-        inside = Path(recorded).relative_to(recorded_job_dir)
-    except ValueError:
-        return recorded
-    here = job_dir.resolve()
-    if here == Path(recorded_job_dir).resolve():
-        return recorded
-    return str(here / inside)
 
 
 def latest_warning(latest: str | None, steps: list[int]) -> str | None:

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from trainguard.controller.store import JobStore, db_path
+from trainguard.controller.store_rows import log_dir_of
 from trainguard.diagnosis.hung import hang_diagnosis
 from trainguard.diagnosis.lines import file_rank
 from trainguard.diagnosis.lost import lost_node
@@ -42,7 +43,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         rows = store.all_workers()
         records = store.running_records()
     attempts = sorted({r.attempt for r in rows})
-    log_dir = Path(str(meta.get("log_dir") or job_dir / "logs"))
+    log_dir = log_dir_of(meta, job_dir)
     losses = _node_losses(records)
     # every rank exited 0: a hang confirmed as the ranks were ending is no failure
     ok = {a for a in attempts if all(r.state == WorkerState.SUCCEEDED

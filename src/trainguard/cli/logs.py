@@ -21,6 +21,7 @@ from typing import Any
 from trainguard.cli.args import count, not_in_job
 from trainguard.cli.read import add_job_dir, job_finished
 from trainguard.controller.store import JobStore
+from trainguard.controller.store_rows import log_dir_of
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import rank_log_path
@@ -70,8 +71,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     except StoreError as e:
         print(f"trainguard logs: {e}", file=sys.stderr)
         return ExitCode.NO_JOB
-    log_dir = Path(meta["log_dir"]) if isinstance(meta.get("log_dir"), str) else \
-        job_dir / "logs"
+    log_dir = log_dir_of(meta, job_dir)
     attempts = rank_attempts(log_dir, args.rank)
     attempt = args.attempt if args.attempt is not None else (attempts[-1] if attempts else None)
     if attempt is None or (not args.follow and attempt not in attempts):

@@ -14,8 +14,10 @@ import socket
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
+from trainguard.paths import is_url
 from trainguard.records import Event, Involved, Level, RunningRecord, from_iso
 from trainguard.states import JobState, NodeState, WorkerState
 
@@ -191,3 +193,29 @@ def event_from_row(row: tuple[Any, ...]) -> Event:
         involved=Involved(job=job, node=node, rank=rank, attempt=attempt),
         data=None if data is None else json.loads(data),
     )
+
+
+def moved_with_job_dir(recorded: str, recorded_job_dir: str | None, job_dir: Path) -> str:
+    """Where to read a dir the store `recorded` (absolute) when the job dir is `job_dir`:
+    the same place inside `job_dir` if it lay inside the job dir as recorded and the job dir
+    has since moved (a copy, an archive, a renamed dir); otherwise as recorded (a URL, a dir
+    outside the job dir such as `--checkpoint-dir /shared/ck`, or a job dir in place)."""
+    if is_url(recorded) or not recorded_job_dir:
+        return recorded
+    try:
+        inside = Path(recorded).relative_to(recorded_job_dir)
+    except ValueError:
+        return recorded
+    here = job_dir.resolve()
+    if here == Path(recorded_job_dir).resolve():
+        return recorded
+    return str(here / inside)
+
+
+def log_dir_of(meta: dict[str, Any], job_dir: Path) -> Path:
+    """Where the job's rank logs are, as seen from `job_dir` (`--log-dir`, else
+    JOB_DIR/logs; inside a job dir that was moved or copied, the copy's)."""
+    d, was_at = meta.get("log_dir"), meta.get("job_dir")
+    if not isinstance(d, str) or not d:
+        return job_dir / "logs"
+    return Path(moved_with_job_dir(d, was_at if isinstance(was_at, str) else None, job_dir))

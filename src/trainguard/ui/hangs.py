@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.controller.store import JobStore
+from trainguard.controller.store_rows import log_dir_of
 from trainguard.paths import HANG_FILE, stacks_dir
 from trainguard.records import Reason
 from trainguard.ui.eventlog import EventLog
-from trainguard.ui.jobs import RECENT_INCIDENTS, hang_item, log_dir
+from trainguard.ui.jobs import RECENT_INCIDENTS, hang_item
 
 MAX_STACK_BYTES = 256 * 1024  # of one rank's stack text shown
 _RANK_FILE = re.compile(r"rank-(\d+)\.txt$")
@@ -22,7 +23,7 @@ def hangs(job_dir: Path) -> list[dict[str, Any]]:
     """Every confirmed hang (the newest RECENT_INCIDENTS), oldest first, each with its ranks'
     stacks: the dumped text when the file is there, else the event's innermost frames."""
     with JobStore.open(job_dir) as store, EventLog(job_dir) as log:
-        logs = log_dir(store.meta(), job_dir)
+        logs = log_dir_of(store.meta(), job_dir)
         items = [hang_item(i, e) for i, e in
                  log.newest(RECENT_INCIDENTS, [Reason.HANG_CONFIRMED.value])]
     return [with_stacks(h, logs) for h in items]

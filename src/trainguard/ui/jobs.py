@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import NodeRow, WorkerRow, shown_state, to_row
+from trainguard.controller.store_rows import (
+    NodeRow,
+    WorkerRow,
+    log_dir_of,
+    shown_state,
+    to_row,
+)
 from trainguard.errors import StoreError
 from trainguard.records import Event, Reason, RunningRecord, recoveries_by_rung
 from trainguard.states import JobState
@@ -26,12 +32,6 @@ _MIB = re.compile(r"([\d.]+) MiB")
 _META_SHOWN = ("run_id", "created_at", "ended_at", "exit_code", "command", "nproc_per_node",
                "max_restarts", "restarts_used", "hang_restarts", "launches", "scenario",
                "log_dir", "last_step", "last_progress_at", "attempt", "launcher_host")
-
-
-def log_dir(meta: dict[str, Any], job_dir: Path) -> Path:
-    """Where the job's rank logs are (`--log-dir`, else JOB_DIR/logs)."""
-    d = meta.get("log_dir")
-    return Path(d) if isinstance(d, str) and d else job_dir / "logs"
 
 
 def is_ended(state: str | None) -> bool:
@@ -81,7 +81,7 @@ def detail(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
         doc = _summary(jid, job_dir, meta, records, ledger.get("goodput"))
         doc.update(live_parts(store, meta, records))
         doc["meta"] = {k: meta.get(k) for k in _META_SHOWN if k in meta}
-        doc["log_dir"] = str(log_dir(meta, job_dir))
+        doc["log_dir"] = str(log_dir_of(meta, job_dir))
         doc["checkpoints"] = checkpoints(log)
         doc["diagnoses"] = [diagnosis_item(i, e) for i, e in
                             log.newest(RECENT_INCIDENTS, [Reason.FAILURE_DIAGNOSED.value])]

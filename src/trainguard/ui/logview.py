@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.controller.store import JobStore
+from trainguard.controller.store_rows import log_dir_of
 from trainguard.paths import rank_log_path
 from trainguard.records import Reason
 from trainguard.ui.eventlog import EventLog
-from trainguard.ui.jobs import RECENT_INCIDENTS, log_dir
+from trainguard.ui.jobs import RECENT_INCIDENTS
 from trainguard.ui.logtail import LogLine, Slice, around, tail
 
 DECISIVE = "decisive"
@@ -23,7 +24,7 @@ _RANK = re.compile(r"rank-(\d+)\.log$")
 def list_logs(job_dir: Path) -> list[dict[str, Any]]:
     """Every rank log of the job: attempt, rank, size; by attempt then rank."""
     with JobStore.open(job_dir) as store:
-        logs = log_dir(store.meta(), job_dir)
+        logs = log_dir_of(store.meta(), job_dir)
     out: list[dict[str, Any]] = []
     try:
         attempts = [(int(m.group(1)), d) for d in logs.iterdir()
@@ -75,7 +76,7 @@ def read_log(job_dir: Path, attempt: int, rank: int, *, lines: int = 200,
     """A tail of the rank log (or the lines around `line`), each line with its mark.
     FileNotFoundError when the job has no such log."""
     with JobStore.open(job_dir) as store:
-        path = rank_log_path(log_dir(store.meta(), job_dir), attempt, rank)
+        path = rank_log_path(log_dir_of(store.meta(), job_dir), attempt, rank)
     part = tail(path, lines) if line is None else around(path, line, context)
     marks = marks_for(job_dir, attempt, rank)
     doc: dict[str, Any] = {"attempt": attempt, "rank": rank, "path": str(path),
