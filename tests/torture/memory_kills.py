@@ -70,8 +70,12 @@ def torture(workdir: Path, kills: int, seed: int = 0, mib: int = 32) -> dict[str
            "--memory-every", "1", "--max-restarts", str(kills + 5), "--restart-backoff", "0",
            "--no-progress-limit", "128", "--no-hang-detection", "--job-dir", str(job),
            str(WORKER), "--steps", "100000000", "--mib", str(mib)]
+    # the launcher's lines go to a file: a pipe nobody reads fills up (64 KiB, about 70
+    # restarts of event lines) and then blocks the launcher's writes, and its loop
+    err_path = workdir / "launcher.err"
+    err = open(err_path, "w")  # noqa: SIM115 (closed with the launcher, below)
     launcher = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=err, text=True)
     problems: list[str] = []
     killed_at: list[int] = []
     t0 = time.monotonic()
@@ -89,8 +93,8 @@ def torture(workdir: Path, kills: int, seed: int = 0, mib: int = 32) -> dict[str
                     break
                 if launcher.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"kill {i}: no running attempt (launcher exit "
-                                       f"{launcher.poll()}): {launcher.stderr.read()[-2000:]}"
-                                       if launcher.stderr else "")
+                                       f"{launcher.poll()}): "
+                                       f"{err_path.read_text(errors='replace')[-2000:]}")
                 time.sleep(0.02)
             time.sleep(rng.uniform(0.0, 0.4))
             rank = rng.randrange(2)
@@ -114,6 +118,7 @@ def torture(workdir: Path, kills: int, seed: int = 0, mib: int = 32) -> dict[str
         except subprocess.TimeoutExpired:
             launcher.kill()
             problems.append("the launcher did not stop within 60 s of SIGTERM")
+        err.close()
     lost: list[int] = []
     started_over: set[int] = set()
     for i in range(1, kills + 1):
