@@ -32,7 +32,7 @@ from trainguard.controller.nodes import NodeRecovery
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.controller.recorder import Recorder, console_printer
 from trainguard.controller.store import JobStore, NodeRow, db_path, other_job
-from trainguard.errors import LaunchError, SpecError, StoreError
+from trainguard.errors import LaunchError, SpecError, StoreError, TrainguardError
 from trainguard.exitcodes import ExitCode
 from trainguard.node.agent import NodeAgent
 from trainguard.node.logs import ConsoleOptions
@@ -51,6 +51,7 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
     spec, paths = prepare(spec, create=True)
     filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
     with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store, \
+            _failed_before_start(spec, paths, store, argv), \
             _metrics_endpoint(spec, paths, store):
         if spec.multi_node:
             code = launch_cluster(spec, argv, marker, paths, store)
@@ -62,6 +63,24 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
         code = Controller(recorder, agent).run()
     _job_dir_line(paths)
     return code
+
+
+@contextlib.contextmanager
+def _failed_before_start(spec: JobSpec, paths: JobPaths, store: JobStore,
+                         argv: list[str]) -> Iterator[None]:
+    """A new job whose launch fails before anything is recorded (no Slurm cluster, a metrics
+    port in use) is recorded `failed`, exit 2, with the reason, so that status, ls and prune
+    see an ended job; a job launched before keeps the state of its last launch."""
+    try:
+        yield
+    except TrainguardError as e:
+        with contextlib.suppress(StoreError, OSError):  # the error itself says enough
+            if store.meta().get("state") is None:
+                rec = Recorder(spec, paths, store, argv)  # quiet: the error is printed
+                rec.begin()
+                rec.end_job(JobState.FAILED, ExitCode.USAGE,
+                            f"job failed before any worker started: {e}")
+        raise
 
 
 def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
@@ -233,7 +252,8 @@ def make_backend(spec: JobSpec, cdir: Path, own_job: object = None) -> Backend:
         from trainguard.backends.slurm import SlurmBackend
 
         slurm: Backend = SlurmBackend(total, spec.run_id, cdir,
-                                      own_job if isinstance(own_job, str) else None)
+                                      own_job if isinstance(own_job, str) else None,
+                                      wait_s=spec.queue_timeout_s)
         return slurm
     return LocalBackend(total, cdir)
 

@@ -65,9 +65,10 @@ class SlurmBackend:
     name = "slurm"
 
     def __init__(self, nodes: int, run_id: str, log_dir: Path,
-                 own_job: str | None = None) -> None:
+                 own_job: str | None = None, wait_s: float = 300.0) -> None:
         """`own_job`: the allocation an earlier controller of this job made (a restarted
-        controller takes it over instead of making a second one)."""
+        controller takes it over instead of making a second one); `wait_s`: how long an
+        allocation made here waits for its nodes (--queue-timeout)."""
         if not slurm_cli.available():
             raise LaunchError("--backend slurm: srun/scontrol are not on PATH. Fix: run on a "
                               "Slurm login or compute node, or use --backend local")
@@ -90,7 +91,7 @@ class SlurmBackend:
                 self.restart_count = 0
             else:
                 self.job_id = slurm_cli.allocate(nodes, name=f"trainguard-{run_id}",
-                                                 no_kill=True, timeout_s=300)
+                                                 no_kill=True, timeout_s=wait_s)
                 self._own = True
                 names = slurm_cli.expand_nodelist(slurm_cli.job_nodelist(self.job_id))
                 self.restart_count = 0

@@ -113,6 +113,27 @@ def parse_granted(text: str) -> str | None:
     return found[-1] if found else None
 
 
+# what salloc says when it cannot reach (or find) the cluster at all, as opposed to a
+# cluster that has no nodes for the job (slurm-wlm 22.05's wording)
+_NO_CLUSTER = ("could not establish a configuration source", "unable to contact slurm controller",
+               "zero bytes were transmitted", "connection refused", "unable to load config",
+               "could not open configuration file", "communication connection failure")
+
+
+def allocate_fix(said: str, nnodes: int, exclude: Sequence[str], wait_s: int) -> str:
+    """The fix for a failed `salloc`, from salloc's own message: no configuration or no
+    controller is a cluster problem; anything else (no node free in time, nodes down) is
+    the nodes'."""
+    if any(m in said.lower() for m in _NO_CLUSTER):
+        return ("this host cannot reach a Slurm cluster: check that slurm.conf is found "
+                "(SLURM_CONF, or /etc/slurm/slurm.conf) and that slurmctld answers "
+                "(`scontrol ping`); or use --backend local")
+    outside = f"outside {','.join(exclude)} " if exclude else ""
+    return (f"free or resume nodes (`sinfo -N -R`): {nnodes} node(s) {outside}must be "
+            f"available to this partition within {wait_s} s, or wait longer with "
+            "--queue-timeout S")
+
+
 def srun_argv(job_id: str | None, node: str, argv: Sequence[str], *,
               step_name: str) -> list[str]:
     """The srun line that runs argv as one task on node, as a step of job_id (None: the job
@@ -209,10 +230,11 @@ def allocate(nnodes: int, *, exclude: Sequence[str] = (), name: str = "trainguar
         argv += ["--exclude", ",".join(exclude)]
     if no_kill:
         argv.append("--no-kill")
-    fix = (f"free or resume nodes (`sinfo -N -R`): {nnodes} node(s) "
-           f"{'outside ' + ','.join(exclude) + ' ' if exclude else ''}must be available to "
-           f"this partition within {wait} s, or raise the timeout")
-    r = _run(argv, env, wait + DEFAULT_TIMEOUT_S, fix)
+    r = _run(argv, env, wait + DEFAULT_TIMEOUT_S, "", check=False)
+    if r.returncode != 0:
+        said = r.stderr or r.stdout
+        raise SlurmError(argv, f"failed (exit {r.returncode})",
+                         allocate_fix(said, nnodes, exclude, wait), said, r.returncode)
     job_id = parse_granted(r.stderr + "\n" + r.stdout)
     if job_id is None:
         raise SlurmError(argv, "printed no 'Granted job allocation N'",

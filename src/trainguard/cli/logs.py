@@ -25,7 +25,7 @@ from trainguard.controller.store_rows import log_dir_of
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import rank_log_path
-from trainguard.ui.logtail import tail
+from trainguard.ui.logtail import MAX_BYTES, MAX_LINES, tail
 
 FOLLOW_POLL_S = 0.25
 BLOCK = 1 << 16
@@ -129,6 +129,10 @@ def _print_existing(path: Path, attempt: int, tail_n: int | None, out: _Out) -> 
         return FILE_START
     if tail_n is not None:
         got = tail(path, tail_n)
+        if len(got.lines) < tail_n and got.start > 0:  # the cap cut it, not the log's start
+            print(f"trainguard logs: --tail shows at most {MAX_LINES} lines "
+                  f"({MAX_BYTES // 2**20} MiB); these are the last {len(got.lines)} of a longer "
+                  "log (all of it: leave --tail out)", file=sys.stderr)
         out.lines(attempt, "".join(
             (f"{ln.time} {ln.stream} {ln.text}" if ln.time else ln.text) + "\n"
             for ln in got.lines))

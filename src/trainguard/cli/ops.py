@@ -222,10 +222,20 @@ def cmd_prune(args: argparse.Namespace) -> int:
               f"{size_text(r['size_bytes'])})")
         if args.yes:
             shutil.rmtree(r["job_dir"], ignore_errors=True)
-    verb = "freed" if args.yes else "would free (add --yes to delete)"
-    print(f"{plural(len(old), 'job')} older than {args.older_than:g} days; {verb} "
-          f"{size_text(freed)}")
+    print(prune_summary(len(old), args.older_than, size_text(freed), deleted=args.yes))
     return ExitCode.SUCCESS
+
+
+def prune_summary(jobs: int, days: float, freed: str, *, deleted: bool) -> str:
+    """`prune`'s last line: what ended more than `days` ago, and what was (or would be)
+    freed."""
+    ago = f"ended more than {days:g} {'day' if days == 1 else 'days'} ago"
+    if jobs == 0:
+        return f"no job {ago}: nothing to delete"
+    them = "it" if jobs == 1 else "them"
+    if deleted:
+        return f"deleted {plural(jobs, 'job')} that {ago}: {freed} freed"
+    return f"{plural(jobs, 'job')} {ago}: {freed} to free; add --yes to delete {them}"
 
 
 def _prunable(r: dict[str, Any], cutoff: datetime) -> bool:

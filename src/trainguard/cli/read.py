@@ -283,6 +283,8 @@ def summarize(records: list[RunningRecord], g: Goodput) -> dict[str, Any]:
                         if r.start_type in (StartType.FIRST_START, StartType.RELAUNCH)),
         "incidents": len(incidents),
         "steps_lost": sum(rr.steps_lost or 0 for rr in incidents),
+        # every step a later attempt did again: incidents' and relaunches' (report's count)
+        "steps_done_again": g.steps_wasted,
         "wall_s": round(g.wall_s, 3),
         "productive_s": round(g.productive_s, 3),
         "badput_s": g.badput_s(),
@@ -317,7 +319,8 @@ def _summary_line(s: dict[str, Any]) -> str:
     return (
         f"summary: {plural(s['attempts'], 'attempt')}, "
         f"{recoveries_text(s['restarts_by_rung'])}, "
-        f"{plural(s['incidents'], 'incident')}, steps lost {s['steps_lost']}, goodput {goodput} "
+        f"{plural(s['incidents'], 'incident')}, steps lost in incidents {s['steps_lost']}, "
+        f"steps done again {s['steps_done_again']}, goodput {goodput} "
         f"(productive {s['productive_s']:.3f}s of {s['wall_s']:.3f}s)\n"
         f"  lost: {lost or 'nothing'}  (trainguard report JOB_DIR explains; docs/goodput.md)"
     )

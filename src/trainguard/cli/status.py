@@ -96,7 +96,10 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     budgets = "  ".join(f"{name} {b['used']}/{dash(b['max'])}"
                         for name, b in doc["budgets"].items())
     console.print(f"budgets: {budgets}", highlight=False)
-    console.print(f"job dir: {doc['job_dir']}", highlight=False, markup=False)
+    moved = doc["recorded_job_dir"]
+    console.print(f"job dir: {doc['job_dir']}" + (f" (recorded at {moved}: copied or moved "
+                                                  "since)" if moved else ""),
+                  highlight=False, markup=False)
     for u in doc["node_usage"]:
         peer = f" (peer copies {size_text(u['shm_peer_bytes'])})" if u["shm_peer_bytes"] else ""
         console.print(f"fast recovery on {u['node']}: {u['standby_ready']} standby worker(s) "
@@ -115,7 +118,8 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                checkpoint: tuple[int, str] | None = None) -> dict[str, Any]:
     """The `status --json` document; `nodes` is empty for a single-node job;
     `checkpoint`: (step, time) of the last committed one, the progress of a job that
-    reports no steps."""
+    reports no steps; `job_dir`: the one read (resolved), shown even when the store was
+    written elsewhere."""
     state = shown_state(meta)
     by_rung = recoveries_by_rung(records or [])
     progress = last_progress(meta, checkpoint)
@@ -135,10 +139,19 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "last_progress": {**progress, "time": iso(meta_time(progress["time"]))},
         "training": _training(meta.get("training")),
         "ranks": [_rank_dict(w, state) for w in sorted(workers, key=lambda w: w.rank)],
-        "job_dir": meta.get("job_dir") or job_dir,
+        "job_dir": job_dir,
+        "recorded_job_dir": _elsewhere(meta.get("job_dir"), job_dir),
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
         "node_usage": [] if state in _ENDED else _usage(meta.get("node_usage")),
     }
+
+
+def _elsewhere(recorded: Any, job_dir: str) -> str | None:
+    """The job dir the store was written in, when it is not the one read (a copied or
+    moved job dir: its files are read where it is now, store_rows.moved_with_job_dir)."""
+    if not isinstance(recorded, str) or not recorded or recorded == job_dir:
+        return None
+    return recorded
 
 
 _ENDED = frozenset(s.value for s in JobState if s.ended)  # lost too: nothing runs any more
