@@ -22,6 +22,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from trainguard.backends.base import Backend
 from trainguard.backends.local import LocalBackend
@@ -36,10 +37,10 @@ from trainguard.errors import LaunchError, SpecError, StoreError, TrainguardErro
 from trainguard.exitcodes import ExitCode
 from trainguard.node.agent import NodeAgent
 from trainguard.node.logs import ConsoleOptions
-from trainguard.paths import JobPaths
+from trainguard.paths import JobPaths, is_url
 from trainguard.protocol import AgentConfig, report_interval
 from trainguard.records import Level, Reason, utcnow
-from trainguard.spec import JobSpec
+from trainguard.spec import JobSpec, flag_name
 from trainguard.states import JobState, NodeState
 from trainguard.wire import WireError, new_token, read_token, write_token
 
@@ -88,8 +89,37 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     checkpoint dirs can be made (and are made, unless `create` is False) and the run id fits
     the job dir (continued_run). Errors name the flag and the fix."""
     paths = JobPaths.for_spec(spec, Path.cwd())
+    check_checkpoint_url(paths)
     paths.make(create)
+    check_unlocked(paths.job_dir)
     return continued_run(spec, paths.job_dir), paths
+
+
+def check_checkpoint_url(paths: JobPaths) -> None:
+    """A checkpoint URL's scheme must be one fsspec knows, with its package installed (the
+    ranks would fail at their first save)."""
+    if not is_url(paths.checkpoint_dir):
+        return
+    import fsspec  # only for a URL
+    from fsspec.registry import known_implementations
+
+    scheme = paths.checkpoint_dir.split("://", 1)[0]
+    where = f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'"
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ImportError as e:
+        pkg = str(known_implementations.get(scheme, {}).get("class", "")).split(".")[0]
+        if pkg in ("", "fsspec"):  # fsspec's own, needing another package (sftp: paramiko)
+            problem, pkg = f"cannot be used ({e})", "the package named"
+        else:
+            problem = f"needs the package {pkg}, which is not installed"
+        raise SpecError(where, f"{paths.checkpoint_dir}: the {scheme}:// filesystem {problem}",
+                        f"pip install {pkg}, or use a local directory") from None
+    except ValueError:
+        known = [k for k in ("s3", "gs", "abfs", "hdfs", "memory") if k in known_implementations]
+        raise SpecError(where, f"{paths.checkpoint_dir}: unknown URL scheme {scheme!r} (not "
+                        "an fsspec filesystem)", f"use a scheme fsspec knows (e.g. "
+                        f"{', '.join(known)}) or a local directory") from None
 
 
 def continued_run(spec: JobSpec, job_dir: Path) -> JobSpec:
@@ -146,14 +176,7 @@ def job_lock(job_dir: Path) -> Iterator[None]:
     """One launcher per job dir: a second one is refused, naming the one that runs."""
     path = job_dir / LOCK_NAME
     with open(path, "a+", encoding="utf-8") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise SpecError("--job-dir", f"{job_dir} is in use by a running launcher "
-                            f"(pid {holder})", "wait for it to end, stop it (`trainguard "
-                            f"stop {job_dir}`), or use another --job-dir") from None
+        _lock_or_refuse(f, job_dir)
         f.seek(0)
         f.truncate()
         f.write(str(os.getpid()))
@@ -162,6 +185,29 @@ def job_lock(job_dir: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def check_unlocked(job_dir: Path) -> None:
+    """Refuse, as job_lock would, a job dir in use by a running launcher (the lock is taken
+    and let go at once; a missing lock file is not made)."""
+    try:
+        f = open(job_dir / LOCK_NAME, encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError:
+        return  # no launcher ever ran there (or job_lock says why at launch)
+    with f:
+        _lock_or_refuse(f, job_dir)
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _lock_or_refuse(f: IO[str], job_dir: Path) -> None:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        raise SpecError("--job-dir", f"{job_dir} is in use by a running launcher "
+                        f"(pid {holder})", "wait for it to end, stop it (`trainguard "
+                        f"stop {job_dir}`), or use another --job-dir") from None
 
 
 def check_master_addr(addr: str) -> None:

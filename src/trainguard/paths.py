@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def _mkdir(d: Path) -> None:
 
 
 def _check_makeable(d: Path) -> None:
-    """Raise the OSError `d.mkdir(parents=True, exist_ok=True)` would, making nothing."""
+    """Raise the OSError `d.mkdir(parents=True, exist_ok=True)` would, making nothing (a
+    probe dir made in the nearest existing ancestor is removed at once)."""
     below, parent = d, d
     while not (parent.exists() or parent.is_symlink()) and parent != parent.parent:
         below, parent = parent, parent.parent
@@ -74,6 +76,11 @@ def _check_makeable(d: Path) -> None:
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(d))
     elif not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(below))
+    else:  # root may "write" where no dir can be made (/proc): try, and leave nothing
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".trainguard-probe-", dir=parent))
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(below)) from None
 
 
 def is_url(location: str | Path) -> bool:

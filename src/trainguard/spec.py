@@ -22,37 +22,12 @@ from pydantic import (
 )
 
 from trainguard.errors import SpecError
+from trainguard.presets import DEFAULT_STEP_PATTERN as DEFAULT_STEP_PATTERN
+from trainguard.presets import PRESETS as PRESETS
 from trainguard.suggest import closest
 
 Scenario = Literal["single-node", "multi-node", "llm"]
 BackendName = Literal["local", "slurm"]
-
-# Defaults each scenario of the seed table turns on (docs/scenarios.md says why).
-PRESETS: dict[str, dict[str, Any]] = {
-    "single-node": {"max_restarts": 3, "unconditional_restart": False,
-                    "restart_backoff_s": 1.0, "restart_backoff_max_s": 30.0,
-                    "no_progress_limit": 3},
-    "multi-node": {"max_restarts": 10, "unconditional_restart": True, "restart_on_hang": True,
-                   "restart_backoff_s": 2.0, "restart_backoff_max_s": 120.0,
-                   "no_progress_limit": 3},
-    "llm": {"max_restarts": 100, "unconditional_restart": True, "restart_on_hang": True,
-            "restart_backoff_s": 5.0, "restart_backoff_max_s": 300.0,
-            "no_progress_limit": 5, "save_on_exit": True, "operator_reexecution": True,
-            "memory_every": 10},
-}
-
-# A line that *starts* with "step N" / "iteration N" / "global_step=N" (after optional
-# bracketed prefixes such as "[rank0]:" or "[2026-01-01 10:00:00]"): nanoGPT, Megatron,
-# torchtitan and most hand-written loops. "resumed from step 20" is not progress.
-DEFAULT_STEP_PATTERN = (
-    r"(?i)^\s*(?:\[[^\]]*\]:?\s*)*(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*\[?\s*(\d+)"
-    # a training progress bar (tqdm: HF Trainer, Lightning's `Epoch 0:`), not a labelled one
-    # such as `Writing model shards: 100%|...| 1/1 [`: ` 50%|█████     | 3/6 [`
-    r"|^\s*(?:Epoch \d+:\s*)?\d+%\|[^|]*\|\s*(\d+)/\d+\s*\["
-    r"|━\s+(\d+)/\d+\s+\d+:\d\d:\d\d"  # a rich progress bar (Lightning): `━━ 6/6 0:00:01`
-    r"|\bstep:\s*(\d+)\s+loss\b"  # torchtitan: `... - INFO - step:  2  loss: 10.8`
-)
-
 
 class Conflict(ValueError):
     """Settings that are fine alone but not together: `keys` are the fields involved."""
@@ -191,6 +166,15 @@ class JobSpec(BaseModel):
             raise ValueError(f"not module names: {bad} (e.g. transformers, numpy.linalg)")
         return v
 
+    @field_validator("job_dir", "log_dir", "checkpoint_dir")
+    @classmethod
+    def _not_empty(cls, v: str | None, info: Any) -> str | None:
+        if v is not None and not v.strip():  # '' would be the cwd, or silently the default
+            key = info.field_name
+            raise Conflict((key,), f"is empty ({v!r})", f"omit {flag_name(key)} / '{key}' "
+                           f"({JobSpec.model_fields[key].description}), or give a directory")
+        return v
+
     @field_validator("step_pattern")
     @classmethod
     def _pattern_compiles(cls, v: str) -> str:
@@ -214,6 +198,16 @@ class JobSpec(BaseModel):
                            f"raise --restart-backoff-max / 'restart_backoff_max_s' to at least "
                            f"{self.restart_backoff_s:g}, or lower --restart-backoff / "
                            f"'restart_backoff_s'")
+        if self.restart_on_hang and not self.hang_detection:
+            raise Conflict(("restart_on_hang", "hang_detection"), "a hang is never confirmed "
+                           "with hang detection off, so it is never restarted",
+                           "drop --restart-on-hang / 'restart_on_hang', or drop "
+                           "--no-hang-detection / 'hang_detection: false'")
+        if self.unconditional_restart and self.max_restarts == 0:
+            raise Conflict(("unconditional_restart", "max_restarts"), "unconditional restarts "
+                           "need a restart budget, and a max_restarts of 0 turns restarts off",
+                           "set --max-restarts / 'max_restarts' to 1 or more, or drop "
+                           "--unconditional-restart / 'unconditional_restart'")
         if self.multi_node and self.node_rank != 0:
             raise Conflict(("node_rank",), f"{self.node_rank} in a multi-node job",
                            "drop --node-rank / 'node_rank': a multi-node job has one "
@@ -309,10 +303,21 @@ def build_spec(
     origin.update(dict.fromkeys(job_file, f"the {source}"))
     merged.update(flags)
     origin.update(dict.fromkeys(flags, "the command line"))
+    _preset_yields(merged, origin)
     try:
         return JobSpec(**merged)
     except ValidationError as e:
         raise _spec_error(e, source, origin) from None
+
+
+def _preset_yields(merged: dict[str, Any], origin: dict[str, str]) -> None:
+    """A preset's restart_on_hang / unconditional_restart gives way to a job file's or flag's
+    hang_detection false / max_restarts 0 (`--scenario llm --no-hang-detection`), where the
+    same settings given by hand conflict (JobSpec._consistent)."""
+    for key, off in (("restart_on_hang", merged.get("hang_detection") is False),
+                     ("unconditional_restart", merged.get("max_restarts") == 0)):
+        if off and origin.get(key, "").endswith(" preset"):
+            merged[key] = False
 
 
 def _check_keys(job_file: dict[str, Any], source: str) -> None:
@@ -381,6 +386,7 @@ def _spec_error(e: ValidationError, source: str, origin: dict[str, str]) -> Spec
 
 
 def _named(key: str, origin: dict[str, str]) -> str:
-    """`--restart-backoff-max / 'restart_backoff_max_s' (from the llm preset)`."""
-    where = origin.get(key)
-    return f"{flag_name(key)} / '{key}'" + (f" (from {where})" if where else "")
+    """`--restart-backoff-max / 'restart_backoff_max_s' (from the llm preset)`, or `(the
+    default)`."""
+    where = f"from {origin[key]}" if key in origin else "the default"
+    return f"{flag_name(key)} / '{key}' ({where})"

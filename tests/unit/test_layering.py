@@ -81,7 +81,7 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
 # The top-level shared modules, the one explicit list.
 SHARED_TOP: dict[str, frozenset[str]] = {
     **{m: frozenset({PURE}) for m in ("spec", "errors", "exitcodes", "records", "states",
-                                      "protocol", "suggest")},
+                                      "protocol", "suggest", "presets")},
     **{m: frozenset({SHARED}) for m in ("paths", "wire")},  # mkdir; sockets
 }
 SIDES = (CONTROLLER, NODE)

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 from trainguard import __version__
@@ -20,6 +21,7 @@ from trainguard.cli.run import add_run_command
 from trainguard.cli.ui import add_ui_command
 from trainguard.errors import TrainguardError
 from trainguard.exitcodes import ExitCode
+from trainguard.suggest import closest
 
 _CHOICE = re.compile(r"argument (\S+): invalid choice: (.*?) \(choose from (.*)\)")
 _FIXED = re.compile(r"argument (\S+): (.*\. Fix: .*)")
@@ -28,6 +30,21 @@ _FIXED = re.compile(r"argument (\S+): (.*\. Fix: .*)")
 class Parser(argparse.ArgumentParser):
     """Bad flags are one line that says the fix, as trainguard's own errors are, not the
     whole usage (45 lines for `run`). Subcommands' parsers are of this class too."""
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """Unknown arguments are refused by the subcommand they were given to, with the
+        closest of its flags (`--max-restart`: did you mean --max-restarts?) and its help."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            target = _subcommand(self, ns)
+            flags = [a.split("=", 1)[0] for a in extras if a.startswith("-")]
+            close = [c for c in (closest_flag(target, f) for f in flags) if c]
+            see = f"`{target.prog} --help`"
+            fix = f"did you mean {' / '.join(close)}? See {see}" if close else f"see {see}"
+            target.exit(int(ExitCode.USAGE), f"{target.prog}: error: unrecognized arguments: "
+                        f"{' '.join(extras)}. Fix: {fix}\n")
+        return ns
 
     def error(self, message: str) -> NoReturn:
         m = _CHOICE.fullmatch(message)
@@ -40,6 +57,24 @@ class Parser(argparse.ArgumentParser):
         else:
             message += f". Fix: see `{self.prog} --help`"
         self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {message}\n")
+
+
+def _subcommand(p: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost (sub)command parser `ns` was parsed by (`trainguard ckpt ls`)."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(ns, action.dest, None) or "")
+            if isinstance(chosen, argparse.ArgumentParser):
+                return _subcommand(chosen, ns)
+    return p
+
+
+def closest_flag(p: argparse.ArgumentParser, flag: str) -> str | None:
+    """The flag of `p` that `flag` most likely meant (suggest.closest), in its dash form."""
+    known = {a.option_strings[0] if a.option_strings[0].startswith("--") else a.option_strings[-1]:
+             a.option_strings for a in p._actions if a.option_strings}
+    long = {k: v for k, v in known.items() if k.startswith("--")}
+    return closest(flag, long) if flag.startswith("--") else None
 
 
 def parser() -> argparse.ArgumentParser:

@@ -16,8 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from trainguard.cli.job_file import load_job_file
 from trainguard.errors import SpecError
 from trainguard.exitcodes import ExitCode
 from trainguard.spec import PRESETS, JobSpec, build_spec
@@ -266,29 +265,6 @@ def _ranks(s: str) -> list[int]:
                         "use comma-separated ranks, e.g. 0,2") from None
 
 
-def load_job_file(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise SpecError("--config", f"cannot read {path} ({e.strerror})",
-                        "check the path") from None
-    except yaml.YAMLError as e:
-        raise SpecError("--config", f"{path} is not valid YAML ({e})",
-                        "fix the syntax at the position shown") from None
-    except UnicodeDecodeError as e:
-        raise SpecError("--config", f"{path} is not UTF-8 text ({e.reason} at byte {e.start})",
-                        "save it as UTF-8") from None
-    except RecursionError:
-        raise SpecError("--config", f"{path} is nested too deeply to read",
-                        "a job file is one mapping of keys to plain values") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise SpecError("--config", f"{path} holds a {type(data).__name__}, not a mapping",
-                        "write one key per line, e.g. `nproc_per_node: 2`")
-    return {str(k).replace("-", "_"): val for k, val in data.items()}
-
-
 def job_file_values(data: dict[str, Any], path: Path, flags: dict[str, Any]) -> dict[str, Any]:
     """What a job file may spell as the flag does (`nproc_per_node: auto`, `nnodes: "2"`,
     `redirects: 3`, `local_ranks_filter: 0,2`), and an `entrypoint` relative to the job
@@ -316,17 +292,31 @@ def spec_from_args(ns: argparse.Namespace) -> JobSpec:
     flags = flags_to_spec_values(ns)
     if ns.config is None:
         return build_spec(None, flags)
-    job_file = job_file_values(load_job_file(ns.config), ns.config, flags)
+    data = load_job_file(ns.config)
+    if not data and "entrypoint" not in flags:
+        raise SpecError("--config", f"{ns.config} is empty (no keys, so no entrypoint)",
+                        "write the job's settings in it, at least `entrypoint: train.py`, or "
+                        "give the training script after the flags")
+    job_file = job_file_values(data, ns.config, flags)
     return build_spec(job_file, flags, f"job file {ns.config}")
 
 
-def worker_argv(spec: JobSpec) -> list[str]:
+def entrypoint_source(ns: argparse.Namespace) -> str:
+    """What gave the script: the command line's argument or the job file's `entrypoint`."""
+    if "training_script" in vars(ns) or ns.config is None:
+        return "training_script"
+    return f"job file {ns.config}: entrypoint"
+
+
+def worker_argv(spec: JobSpec, source: str = "training_script") -> list[str]:
     if spec.no_python:
         return [spec.entrypoint, *spec.args]
     if spec.module:
         return [sys.executable, "-u", "-m", spec.entrypoint, *spec.args]
     if not Path(spec.entrypoint).is_file():
-        raise SpecError("training_script", f"{spec.entrypoint!r} is not a file",
+        where = "" if source == "training_script" else " (a relative entrypoint is read " \
+            "from the job file's directory)"
+        raise SpecError(source, f"{spec.entrypoint!r} is not a file{where}",
                         "check the path, or pass -m for a module / --no-python for a program")
     return [sys.executable, "-u", spec.entrypoint, *spec.args]
 
@@ -345,7 +335,8 @@ def _run_command(ns: argparse.Namespace) -> int:
         if key in vars(ns):
             print(f"trainguard: note: {note}", file=sys.stderr)
     spec = spec_from_args(ns)
-    argv = worker_argv(spec)  # a script that is not there fails here, dry run or not
+    # a script that is not there fails here, dry run or not
+    argv = worker_argv(spec, entrypoint_source(ns))
     if getattr(ns, "dry_run", False):
         sys.stdout.write(json.dumps(dry_run_doc(spec), indent=2) + "\n")
         return int(ExitCode.SUCCESS)

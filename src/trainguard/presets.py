@@ -1,0 +1,32 @@
+"""The scenario presets (docs/scenarios.md says why each turns on what) and the default step
+pattern: data that JobSpec's defaults are made of. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Defaults each scenario of the seed table turns on (docs/scenarios.md says why).
+PRESETS: dict[str, dict[str, Any]] = {
+    "single-node": {"max_restarts": 3, "unconditional_restart": False,
+                    "restart_backoff_s": 1.0, "restart_backoff_max_s": 30.0,
+                    "no_progress_limit": 3},
+    "multi-node": {"max_restarts": 10, "unconditional_restart": True, "restart_on_hang": True,
+                   "restart_backoff_s": 2.0, "restart_backoff_max_s": 120.0,
+                   "no_progress_limit": 3},
+    "llm": {"max_restarts": 100, "unconditional_restart": True, "restart_on_hang": True,
+            "restart_backoff_s": 5.0, "restart_backoff_max_s": 300.0,
+            "no_progress_limit": 5, "save_on_exit": True, "operator_reexecution": True,
+            "memory_every": 10},
+}
+
+# A line that *starts* with "step N" / "iteration N" / "global_step=N" (after optional
+# bracketed prefixes such as "[rank0]:" or "[2026-01-01 10:00:00]"): nanoGPT, Megatron,
+# torchtitan and most hand-written loops. "resumed from step 20" is not progress.
+DEFAULT_STEP_PATTERN = (
+    r"(?i)^\s*(?:\[[^\]]*\]:?\s*)*(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*\[?\s*(\d+)"
+    # a training progress bar (tqdm: HF Trainer, Lightning's `Epoch 0:`), not a labelled one
+    # such as `Writing model shards: 100%|...| 1/1 [`: ` 50%|█████     | 3/6 [`
+    r"|^\s*(?:Epoch \d+:\s*)?\d+%\|[^|]*\|\s*(\d+)/\d+\s*\["
+    r"|━\s+(\d+)/\d+\s+\d+:\d\d:\d\d"  # a rich progress bar (Lightning): `━━ 6/6 0:00:01`
+    r"|\bstep:\s*(\d+)\s+loss\b"  # torchtitan: `... - INFO - step:  2  loss: 10.8`
+)
