@@ -7,12 +7,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.unit.helpers import TG, tg
 from trainguard.checkpoint import Checkpointer
 from trainguard.cli import main
 from trainguard.controller.store import JobStore
@@ -122,13 +122,6 @@ def test_ckpt_sizes_read_in_kib_and_verify_says_its_verdict(
 
 
 # -- walk-through 4, through the real command (`python -m trainguard`) --------------------
-
-TG = [sys.executable, "-m", "trainguard"]
-
-
-def tg(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=120,
-                          check=False)
 
 
 def recorded_job(job: Path, checkpoint_dir: Path) -> Path:

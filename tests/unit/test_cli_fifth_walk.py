@@ -10,18 +10,12 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-TG = [sys.executable, "-m", "trainguard"]
-
-
-def tg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=60,
-                          check=False, cwd=cwd)
+from tests.unit.helpers import tg
 
 
 @pytest.fixture

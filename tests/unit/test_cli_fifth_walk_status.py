@@ -9,27 +9,19 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from tests.unit.helpers import tg
 from trainguard.backends.slurm_cli import allocate_fix
 from trainguard.controller.store import JobStore
 from trainguard.records import Event, Involved, Level, RunningRecord, StartType, iso
 
-TG = [sys.executable, "-m", "trainguard"]
 NO_CONFIG = ("salloc: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
              "salloc: error: fetch_config: DNS SRV lookup failed\n"
              "salloc: fatal: Could not establish a configuration source\n")
-
-
-def tg(*args: str, cwd: Path | None = None,
-       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=90,
-                          check=False, cwd=cwd, env=env)
 
 
 # --- 1. salloc's message decides the fix; a launch that fails before start ends the job ---

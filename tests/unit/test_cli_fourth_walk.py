@@ -7,22 +7,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from tests.unit.helpers import tg
 from trainguard.controller.store import JobStore
 from trainguard.records import Event, Involved, Level, RunningRecord, StartType
 
-TG = [sys.executable, "-m", "trainguard"]
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
-
-
-def tg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=60,
-                          check=False, cwd=cwd)
 
 
 @pytest.fixture

@@ -6,19 +6,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.unit.helpers import TG, tg
 from trainguard.controller.store import JobStore
 from trainguard.exitcodes import ExitCode
 from trainguard.records import Event, Involved, Level, utcnow
-
-TG = [sys.executable, "-m", "trainguard"]
-
-
-def tg(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=60,
-                          check=False)
 
 
 def a_job(job: Path) -> Path:

@@ -4,18 +4,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.unit.helpers import tg
 from trainguard.controller.store import JobStore
-
-TG = [sys.executable, "-m", "trainguard"]
-
-
-def tg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=60,
-                          check=False, cwd=cwd)
 
 
 def a_job(job: Path, ranks: int) -> Path:

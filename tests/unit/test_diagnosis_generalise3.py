@@ -10,18 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.helpers import diagnose_text
 from trainguard.diagnosis.restart import story_restart
-from trainguard.diagnosis.sources import diagnose_paths
 from trainguard.diagnosis.taxonomy import Category, Diagnosis, Evidence, FaultDomain, RestartHelps
-
-
-def diagnose_text(tmp_path: Path, text: str) -> Diagnosis:
-    p = tmp_path / "console.log"
-    p.write_text(text, encoding="utf-8")
-    d = diagnose_paths([p]).diagnosis
-    assert d is not None, "no diagnosis"
-    assert d.evidence is not None and d.evidence.text, "an answer shows its deciding line"
-    return d
 
 
 def _traceback(last: str, statement: str = "    run(cfg)") -> str:

@@ -121,29 +121,26 @@ def _from_finding(f: Finding, rules: RuleSet) -> _Candidate | None:
                 Role.WEAK: 0.6, Role.SYMPTOM: 0.45, Role.HINT: 0.35}[role]
         return _Candidate(_TIER[role], rule.category, rule.domain, rule.restart, rule.advice,
                           conf, _rank(f), f, rule, rule.isolate, rule.subcategory, at=f.at)
-    if f.exc_type is not None and f.config_build:
-        tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
-        return _Candidate(
-            tier, Category.CONFIG_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
-            "A registry could not build what the config names (a type not registered or "
-            "not imported, a missing `type` key): fix the config.", 0.75, _rank(f), f,
-            subcategory=f.exc_type.rsplit(".", 1)[-1], at=f.at)
-    if f.exc_type is not None and f.checkpoint_load:
-        tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
-        return _Candidate(
-            tier, Category.CHECKPOINT_LOAD_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
-            "Loading the checkpoint failed: it does not fit the model or config (or is "
-            "damaged); check the path, model and parallel layout.", 0.75, _rank(f), f,
-            subcategory=f.exc_type.rsplit(".", 1)[-1], at=f.at)
-    if f.exc_type is not None:
-        tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
-        where = f" at {f.frame}" if f.frame else " (no traceback in the log says where)"
-        return _Candidate(
-            tier, Category.USER_CODE_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
-            f"Fix the {f.exc_type.rsplit('.', 1)[-1]} raised{where}; restarting would fail "
-            "the same way.", 0.8 if f.frame else 0.7, _rank(f), f,
-            subcategory=f.exc_type.rsplit(".", 1)[-1], at=f.at)
-    return None
+    if f.exc_type is None:
+        return None
+    tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
+    kind = f.exc_type.rsplit(".", 1)[-1]
+    # an exception no rule knows, read by where it was raised (its frames), else the user's
+    for raised_there, category, advice in (
+            (f.config_build, Category.CONFIG_ERROR,
+             "A registry could not build what the config names (a type not registered or "
+             "not imported, a missing `type` key): fix the config."),
+            (f.checkpoint_load, Category.CHECKPOINT_LOAD_ERROR,
+             "Loading the checkpoint failed: it does not fit the model or config (or is "
+             "damaged); check the path, model and parallel layout.")):
+        if raised_there:
+            return _Candidate(tier, category, FaultDomain.USER_CODE, RestartHelps.NO, advice,
+                              0.75, _rank(f), f, subcategory=kind, at=f.at)
+    where = f" at {f.frame}" if f.frame else " (no traceback in the log says where)"
+    return _Candidate(
+        tier, Category.USER_CODE_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
+        f"Fix the {kind} raised{where}; restarting would fail the same way.",
+        0.8 if f.frame else 0.7, _rank(f), f, subcategory=kind, at=f.at)
 
 
 def _from_exit(rank: int | None, code: int | None, oom: bool | None, at: datetime | None,
