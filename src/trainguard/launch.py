@@ -86,12 +86,14 @@ def _failed_before_start(spec: JobSpec, paths: JobPaths, store: JobStore,
 
 def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     """What `run` and `run --dry-run` both check before anything starts: the job, log and
-    checkpoint dirs can be made (and are made, unless `create` is False) and the run id fits
-    the job dir (continued_run). Errors name the flag and the fix."""
+    checkpoint dirs can be made (and are made, unless `create` is False), no launcher holds
+    the job dir (`run` takes its lock, job_lock, with the same words) and the run id fits the
+    job dir (continued_run). Errors name the flag and the fix."""
     paths = JobPaths.for_spec(spec, Path.cwd())
     check_checkpoint_url(paths)
     paths.make(create)
-    check_unlocked(paths.job_dir)
+    if not create:
+        check_unlocked(paths.job_dir)
     return continued_run(spec, paths.job_dir), paths
 
 

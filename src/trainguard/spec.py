@@ -293,30 +293,33 @@ def build_spec(
     scenario = flags.get("scenario", job_file.get("scenario"))
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
+    preset: dict[str, Any] = {}
     if scenario is not None:
         if scenario not in PRESETS:
             raise SpecError("scenario", f"unknown scenario {scenario!r}",
                             f"use one of {', '.join(PRESETS)}")
-        merged.update(PRESETS[scenario])
-        origin.update(dict.fromkeys(PRESETS[scenario], f"the {scenario} preset"))
+        preset = PRESETS[scenario]
+        merged.update(preset)
+        origin.update(dict.fromkeys(preset, f"the {scenario} preset"))
     merged.update(job_file)
     origin.update(dict.fromkeys(job_file, f"the {source}"))
     merged.update(flags)
     origin.update(dict.fromkeys(flags, "the command line"))
-    _preset_yields(merged, origin)
+    _preset_yields(merged, set(preset) - set(job_file) - set(flags))
     try:
         return JobSpec(**merged)
     except ValidationError as e:
         raise _spec_error(e, source, origin) from None
 
 
-def _preset_yields(merged: dict[str, Any], origin: dict[str, str]) -> None:
-    """A preset's restart_on_hang / unconditional_restart gives way to a job file's or flag's
-    hang_detection false / max_restarts 0 (`--scenario llm --no-hang-detection`), where the
-    same settings given by hand conflict (JobSpec._consistent)."""
+def _preset_yields(merged: dict[str, Any], from_preset: set[str]) -> None:
+    """A preset's restart_on_hang / unconditional_restart (`from_preset`: the keys only the
+    preset set) gives way to a job file's or flag's hang_detection false / max_restarts 0
+    (`--scenario llm --no-hang-detection`), where the same settings given by hand conflict
+    (JobSpec._consistent)."""
     for key, off in (("restart_on_hang", merged.get("hang_detection") is False),
                      ("unconditional_restart", merged.get("max_restarts") == 0)):
-        if off and origin.get(key, "").endswith(" preset"):
+        if off and key in from_preset:
             merged[key] = False
 
 

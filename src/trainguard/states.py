@@ -82,6 +82,8 @@ JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
     JobState.STOPPED: frozenset(),
     JobState.LOST: frozenset(),
 }
+# the states' values the read commands call ended (`lost` too: nothing runs any more)
+JOB_ENDED = frozenset(s.value for s in JobState if s.ended)
 
 
 class NodeState(str, Enum):

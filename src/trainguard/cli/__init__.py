@@ -71,10 +71,11 @@ def _subcommand(p: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.
 
 def closest_flag(p: argparse.ArgumentParser, flag: str) -> str | None:
     """The flag of `p` that `flag` most likely meant (suggest.closest), in its dash form."""
-    known = {a.option_strings[0] if a.option_strings[0].startswith("--") else a.option_strings[-1]:
-             a.option_strings for a in p._actions if a.option_strings}
-    long = {k: v for k, v in known.items() if k.startswith("--")}
-    return closest(flag, long) if flag.startswith("--") else None
+    if not flag.startswith("--"):
+        return None
+    long = {next(s for s in a.option_strings if s.startswith("--")): a.option_strings
+            for a in p._actions if any(s.startswith("--") for s in a.option_strings)}
+    return closest(flag, long)
 
 
 def parser() -> argparse.ArgumentParser:

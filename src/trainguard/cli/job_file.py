@@ -25,9 +25,9 @@ class _Loader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise _DuplicateKey(str(key), seen[key], line)
-            if isinstance(key, str | int | float | bool):
+            if isinstance(key, str | int | float | bool):  # hashable: a plain key
+                if key in seen:
+                    raise _DuplicateKey(str(key), seen[key], line)
                 seen[key] = line
         return super().construct_mapping(node, deep)
 

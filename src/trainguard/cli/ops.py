@@ -40,11 +40,10 @@ from trainguard.exitcodes import ExitCode
 from trainguard.node.usage import allocated_bytes
 from trainguard.paths import DEFAULT_RUNS_DIR
 from trainguard.records import utcnow
-from trainguard.states import JobState
+from trainguard.states import JOB_ENDED, JobState
 from trainguard.ui.catalog import find_job_dirs
 
 STOP_POLL_S = 0.2
-_ENDED = frozenset(s.value for s in JobState if s.ended)
 
 
 def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -91,7 +90,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         print(f"trainguard stop: {e}", file=sys.stderr)
         return ExitCode.NO_JOB
     state = shown_state(meta)
-    if state in _ENDED:
+    if state in JOB_ENDED:
         why = "its launcher is gone" if state == JobState.LOST.value else "nothing to stop"
         print(f"trainguard stop: the job has already ended ({state}): {why}")
         return ExitCode.SUCCESS
@@ -240,7 +239,7 @@ def prune_summary(jobs: int, days: float, freed: str, *, deleted: bool) -> str:
 
 def _prunable(r: dict[str, Any], cutoff: datetime) -> bool:
     """Ended (or lost) before `cutoff`; an unreadable store or a running job never is."""
-    if r["state"] not in _ENDED:
+    if r["state"] not in JOB_ENDED:
         return False
     ended = meta_time(r.get("ended_at")) or meta_time(r.get("last_progress_at")) or \
         meta_time(r.get("created_at"))

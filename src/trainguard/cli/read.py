@@ -47,7 +47,7 @@ from trainguard.records import (
     recoveries_text,
     secs,
 )
-from trainguard.states import JobState
+from trainguard.states import JOB_ENDED, JobState
 
 POLL_INTERVAL_S = 0.5
 REASON_WIDTH = 19  # `events --follow` columns: most reasons and involved texts fit
@@ -234,12 +234,11 @@ def _emit_event_line(console: Console, ev: Event, as_json: bool) -> None:
     console.print(line)
 
 
-_ENDED = frozenset(s.value for s in JobState if s.ended)
 
 
 def job_finished(meta: dict[str, Any]) -> bool:
     """Whether the job has ended (or its launcher is gone: shown as lost)."""
-    return shown_state(meta) in _ENDED
+    return shown_state(meta) in JOB_ENDED
 
 
 # -- recovery -----------------------------------------------------------------

@@ -42,7 +42,7 @@ from trainguard.records import (
     recoveries_by_rung,
     recoveries_text,
 )
-from trainguard.states import JobState, NodeState, WorkerState
+from trainguard.states import JOB_ENDED, JobState, NodeState, WorkerState
 
 _HANG_REASONS = (Reason.HANG_CONFIRMED.value, Reason.HANG_CLEARED.value)
 _STATE_STYLES: dict[str, str] = {  # of workers, then of nodes
@@ -142,7 +142,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "job_dir": job_dir,
         "recorded_job_dir": _elsewhere(meta.get("job_dir"), job_dir),
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
-        "node_usage": [] if state in _ENDED else _usage(meta.get("node_usage")),
+        "node_usage": [] if state in JOB_ENDED else _usage(meta.get("node_usage")),
     }
 
 
@@ -154,7 +154,6 @@ def _elsewhere(recorded: Any, job_dir: str) -> str | None:
     return recorded
 
 
-_ENDED = frozenset(s.value for s in JobState if s.ended)  # lost too: nothing runs any more
 _USAGE_KEYS = ("standby_ready", "standby_rss_bytes", "shm_bytes", "shm_peer_bytes")
 
 

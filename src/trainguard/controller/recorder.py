@@ -142,7 +142,7 @@ class Recorder:
         if state.ended:
             return state.value
         store = self.store
-        last = last_sign_of_life(previous, store.running_records(), store.progress()[-1:],
+        last = last_sign_of_life(previous, store.running_records(), store.last_progress_time(),
                                  store.last_event_time())
         if last is not None:
             self.book.launch_lost(datetime.fromtimestamp(last, timezone.utc))

@@ -38,6 +38,14 @@ class LedgerTables:
                 "SELECT attempt, step, at FROM progress ORDER BY at, rowid").fetchall()
         return [(int(a), int(s), float(t)) for a, s, t in rows]
 
+    def last_progress_time(self) -> float | None:
+        """When the newest progress sample was taken (epoch seconds); None without one."""
+        if self._version < 4:
+            return None
+        with self._errors("read progress from"):
+            row = self._conn.execute("SELECT MAX(at) FROM progress").fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def event_values(self, reason: str, keys: tuple[str, ...]
                      ) -> list[tuple[str, int | None, tuple[Any, ...]]]:
         """(time, attempt, the values of `keys` in its data) of each event of `reason`, oldest

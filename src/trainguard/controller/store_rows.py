@@ -149,14 +149,13 @@ def last_progress(meta: dict[str, Any], checkpoint: tuple[int, str] | None
 
 
 def last_sign_of_life(meta: dict[str, Any], records: list[RunningRecord],
-                      samples: list[tuple[int, int, float]],
-                      last_event: float | None) -> float | None:
+                      last_sample: float | None, last_event: float | None) -> float | None:
     """When a launch whose launcher died (`lost`: nothing recorded its end) was last known
     to be alive, epoch seconds: the newest of its attempts' starts, ends and first output,
     the last progress sample, the last event and the last progress in meta; None if none."""
     times = [t for r in records for t in (r.start_at, r.end_at, r.first_output_at) if t]
-    signs = [t.timestamp() for t in times] + [at for _, _, at in samples[-1:]]
-    signs += [last_event] if last_event is not None else []
+    signs = [t.timestamp() for t in times]
+    signs += [t for t in (last_sample, last_event) if t is not None]
     last = meta.get("last_progress_at")
     progress = from_iso(last) if isinstance(last, str) else None
     signs += [progress.timestamp()] if progress is not None else []

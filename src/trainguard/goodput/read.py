@@ -19,13 +19,12 @@ from trainguard.records import (
     from_iso,
     utcnow,
 )
-from trainguard.states import JobState
+from trainguard.states import JOB_ENDED, JobState
 from trainguard.worker.contract import SOURCE_MEMORY
 
 _LAUNCHES = (StartType.FIRST_START, StartType.RELAUNCH)
 _RESTARTED = (RecoverResult.SUCCESS, RecoverResult.RECOVERING)
 _IN_ATTEMPT = (Rung.STEP_REEXECUTION.value, Rung.IN_PROCESS_RESTART.value)
-_ENDED = frozenset(s.value for s in JobState if s.ended)
 
 
 @dataclass(frozen=True)
@@ -99,11 +98,11 @@ def _end(meta: dict[str, object], records: list[RunningRecord],
     """The job's end: its end time; now while it runs; a lost launcher's last sign of life."""
     state = shown_state(meta)
     ended = _meta_ts(meta.get("ended_at"))
-    if state in _ENDED and ended is not None and state != JobState.LOST.value:
+    if state in JOB_ENDED and ended is not None and state != JobState.LOST.value:
         return ended
     if state != JobState.LOST.value:
         return now.timestamp()
-    last = last_sign_of_life(meta, records, samples, last_event)
+    last = last_sign_of_life(meta, records, samples[-1][2] if samples else None, last_event)
     return now.timestamp() if last is None else last
 
 

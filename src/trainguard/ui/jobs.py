@@ -18,13 +18,12 @@ from trainguard.controller.store_rows import (
 )
 from trainguard.errors import StoreError
 from trainguard.records import Event, Reason, RunningRecord, recoveries_by_rung
-from trainguard.states import JobState
+from trainguard.states import JOB_ENDED
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.goodput_view import GoodputCache
 
 RECENT_CHECKPOINTS = 50
 RECENT_INCIDENTS = 100
-_ENDED = frozenset(s.value for s in JobState if s.ended)
 _SAVED = re.compile(r"checkpoint of step (-?\d+) committed at (.*?)(?: \((.*)\))?(?:;.*)?$")
 _BLOCKED = re.compile(r"loop blocked ([\d.]+)s")
 _WRITTEN = re.compile(r"written in ([\d.]+)s")
@@ -35,7 +34,7 @@ _META_SHOWN = ("run_id", "created_at", "ended_at", "exit_code", "command", "npro
 
 
 def is_ended(state: str | None) -> bool:
-    return state in _ENDED
+    return state in JOB_ENDED
 
 
 def summary(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
