@@ -235,7 +235,7 @@ class Op(str, Enum):
     # peer copies of memory snapshots (node/peer.py, controller/peer_copies.py)
     PEER_TAKE = "peer_take"  # {list} -> {"steps"} | {peer, rank, step, offset} -> a chunk
     PEER_STORE = "peer_store"  # a chunk + {peer, origin} -> {"whole": bool}
-    PEER_PIN = "peer_pin"  # {step} -> {}: every rank of the node keeps that step
+    PEER_PIN = "peer_pin"  # {steps} -> {}: every rank of the node keeps those steps
     # {step, token, source, ranks: {rank: from the peer copies}} -> {"started": bool}: save
     # at breakpoint after a node loss, this node's part (checkpoint/persist.py --rank)
     PEER_PERSIST = "peer_persist"

@@ -21,6 +21,7 @@ from trainguard.checkpoint.memory_format import (
     memory_resume_step,
     read_manifest,
     slot_path,
+    write_pin,
 )
 from trainguard.checkpoint.persist import persist, persist_ranks
 
@@ -71,6 +72,28 @@ def test_a_snapshot_reads_back_bit_for_bit_and_two_steps_stay_loadable(tmp_path:
     assert again.snapshot(4, tree(4))
     assert sorted(again.valid()) == [3, 4]
     again.close()
+
+
+def test_with_peer_copies_the_last_step_copied_whole_outlives_the_one_being_copied(
+        tmp_path: Path) -> None:
+    # a copy round pins the step it copies (S) beside the last one copied whole (P); a rank
+    # may have overwritten S before the pin reached it, or the round may break off: P must
+    # still be there, however many snapshots the rank takes meanwhile (a node lost then
+    # resumes every rank at P, the step its buddy holds whole)
+    slots = RankSlots(tmp_path, 0, 1, "run", pinned=True)
+    for step in (1, 2, 3):
+        assert slots.snapshot(step, tree(step))
+    write_pin(tmp_path, 0, [1, 3])  # P = 1 copied whole, S = 3 being copied
+    for step in range(4, 10):
+        assert slots.snapshot(step, tree(step))
+        assert {1, 3} <= set(slots.valid()), step
+    assert sorted(slots.valid()) == [1, 3, 8, 9]
+    assert same(slots.read(slots.valid()[1]), tree(1))
+    write_pin(tmp_path, 0, [3])  # S's round ended whole: P is let go
+    for step in (10, 11):
+        assert slots.snapshot(step, tree(step))
+    assert sorted(slots.valid()) == [3, 9, 10, 11]
+    slots.close()
 
 
 def test_a_copy_that_breaks_off_leaves_the_other_slot_whole(tmp_path: Path) -> None:

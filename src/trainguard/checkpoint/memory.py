@@ -160,7 +160,7 @@ class RankSlots:
         self._mutex = threading.Lock()  # the manifest, between the loop and the commit
         self.last_step: int | None = None
         self.checked_space = False
-        self.pinned = pinned  # peer copies: a third slot keeps the step copied to a peer
+        self.pinned = pinned  # peer copies: two more slots keep the steps copied to peers
         self._slot_ids = PINNED_SLOTS if pinned else SLOTS
 
     # -- writing --------------------------------------------------------------------------
@@ -174,7 +174,7 @@ class RankSlots:
         specs, size = layout(tensors)
         with self._mutex:
             target = free_slot(self._manifest, self._slot_ids,
-                               read_pin(self.region, self.rank) if self.pinned else None)
+                               read_pin(self.region, self.rank) if self.pinned else ())
         slot = self._open(target)
         try:
             fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

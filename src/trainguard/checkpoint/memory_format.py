@@ -29,7 +29,7 @@ import logging
 import mmap
 import os
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,10 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 MANIFEST = "manifest.json"
 SLOTS = (0, 1)  # double buffering
-PINNED_SLOTS = (0, 1, 2)  # with peer copies: a third keeps the pinned step
-PIN = "pin"  # in a rank's directory: the step its snapshots keep (the one copied to peers)
+# with peer copies: two more keep the pinned steps, the last one copied whole to the peers
+# and the one being copied (until its copy is whole, a node loss resumes at the first)
+PINNED_SLOTS = (0, 1, 2, 3)
+PIN = "pin"  # in a rank's directory: the steps its snapshots keep (those copied to peers)
 ALIGN = 64  # every tensor starts on a cache line
 DEFAULT_ROOT = "/dev/shm"
 REGION_PREFIX = "trainguard-"
@@ -134,12 +136,13 @@ def close_slot_bytes(handle: Any) -> None:
     os.close(fd)
 
 
-def free_slot(manifest: MemoryManifest, slots: Sequence[int], pinned: int | None) -> int:
-    """The slot the next snapshot goes into: not the newest, not the pinned step's; the
+def free_slot(manifest: MemoryManifest, slots: Sequence[int],
+              pinned: Collection[int] = ()) -> int:
+    """The slot the next snapshot goes into: not the newest, not a pinned step's; the
     empty or oldest of the others."""
     by_slot = {e.slot: e for e in manifest.slots}
     newest = manifest.newest()
-    keep = {e.slot for e in manifest.slots if e.step == pinned}
+    keep = {e.slot for e in manifest.slots if e.step in pinned}
     if newest is not None:
         keep.add(newest.slot)
     free = [s for s in slots if s not in keep] or [s for s in slots if newest is None
@@ -147,17 +150,18 @@ def free_slot(manifest: MemoryManifest, slots: Sequence[int], pinned: int | None
     return min(free, key=lambda s: by_slot[s].generation if s in by_slot else -1)
 
 
-def read_pin(region: str | os.PathLike[str], rank: int) -> int | None:
+def read_pin(region: str | os.PathLike[str], rank: int) -> frozenset[int]:
+    """The steps the rank keeps (none when there is no pin or it cannot be read)."""
     try:
-        return int((rank_dir(region, rank) / PIN).read_text())
+        return frozenset(int(s) for s in (rank_dir(region, rank) / PIN).read_text().split())
     except (OSError, ValueError):
-        return None
+        return frozenset()
 
 
-def write_pin(region: str | os.PathLike[str], rank: int, step: int) -> None:
+def write_pin(region: str | os.PathLike[str], rank: int, steps: Iterable[int]) -> None:
     d = rank_dir(region, rank)
     tmp = d / f".{PIN}.tmp"
-    tmp.write_text(str(step))
+    tmp.write_text(" ".join(str(s) for s in sorted(set(steps))))
     os.replace(tmp, d / PIN)
 
 

@@ -5,8 +5,10 @@ to the rank's buddy node (the next node of the placement), over the agent links:
 
 1. each placed node lists its ranks' whole snapshots (Op.PEER_TAKE with `list`);
 2. the round's step S is the newest one every rank of the job holds;
-3. every node pins S (Op.PEER_PIN): its ranks keep S in a third slot while they go on
-   snapshotting (TRAINGUARD_MEMORY_PEER), so the survivors of a node loss still hold S;
+3. every node pins S and the last step copied whole, P (Op.PEER_PIN): its ranks keep both
+   in two more slots while they go on snapshotting (TRAINGUARD_MEMORY_PEER), so the
+   survivors of a node loss hold the step whose copies are whole: S once its round ended,
+   P until then (a rank may overwrite S before the pin reaches it; the round then fails);
 4. each rank's snapshot of S goes to the buddy chunk by chunk (Op.PEER_TAKE on the node,
    Op.PEER_STORE on the buddy), each chunk checked, the copy's CRC-32 checked when whole.
 
@@ -88,9 +90,11 @@ class PeerCopies:
         step = agreed_step([s for ranks in listed.values() for s in ranks.values()])
         if step is None or (self.step is not None and step <= self.step):
             return False
-        # from now on every rank keeps `step` (a node still saving the last pinned step to
-        # storage after a node loss refuses: it keeps that one until it is done)
-        pinned = self._call_all({n: (Op.PEER_PIN, {"step": step}) for n in placement})
+        # from now on every rank keeps `step` and the last step copied whole, until the next
+        # round (a node still saving a pinned step to storage after a node loss refuses: it
+        # keeps that one until it is done)
+        keep = sorted({step} | ({self.step} if self.step is not None else set()))
+        pinned = self._call_all({n: (Op.PEER_PIN, {"steps": keep}) for n in placement})
         if pinned is None or any(b.get("refused") for b in pinned.values()):
             return False
         buddy = {n: placement[(i + 1) % len(placement)] for i, n in enumerate(placement)}

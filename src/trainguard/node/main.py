@@ -205,9 +205,9 @@ class AgentRunner:
         return chunk or {}
 
     def _op_peer_pin(self, body: dict[str, Any]) -> dict[str, Any]:
-        if self.agent.memory.persisting():  # the pinned step is being saved: keep it
+        if self.agent.memory.persisting():  # a pinned step is being saved: keep it
             return {"refused": "persisting the pinned snapshots"}
-        peer.pin(self.agent.memory.path, int(body["step"]))
+        peer.pin(self.agent.memory.path, [int(s) for s in body["steps"]])
         return {}
 
     def _op_peer_persist(self, body: dict[str, Any]) -> dict[str, Any]:

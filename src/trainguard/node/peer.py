@@ -4,7 +4,8 @@ A multi-node job's controller copies each node's newest memory snapshots to a bu
 (controller/peer_copies.py), chunk by chunk over the agent links:
 
 - `steps` lists the node's ranks' whole snapshots (their CRC-32 known), and `pin` makes
-  every rank keep one step (in a third slot) while it is copied and after;
+  every rank keep the steps named (the last one copied whole and the one being copied, in
+  two more slots);
 - `take` reads a chunk of a rank's whole snapshot (the slot locked shared while read, the
   manifest re-checked), from the node's own ranks or from the copies it keeps for its
   neighbour (`peer/` in its region);
@@ -66,10 +67,10 @@ def steps(region: Path) -> dict[int, list[int]]:
     return {r: sorted(e.step for e in whole(region, r)) for r in ranks_in(region)}
 
 
-def pin(region: Path, step: int) -> None:
-    """Every rank of this node keeps its snapshot of `step` (being copied to a peer)."""
+def pin(region: Path, steps: list[int]) -> None:
+    """Every rank of this node keeps its snapshots of `steps` (copied to a peer)."""
     for r in ranks_in(region):
-        write_pin(region, r, step)
+        write_pin(region, r, steps)
 
 
 def take(region: Path, peer: bool, rank: int, step: int | None = None,
@@ -132,7 +133,7 @@ def store(region: Path, peer: bool, body: dict[str, Any], origin: str) -> bool:
 def _target(manifest: MemoryManifest, entry: SlotEntry) -> int:
     """The slot a copy goes into: the one not holding the newest (a later chunk of the same
     copy finds the same: the first dropped it from the manifest)."""
-    return free_slot(manifest, SLOTS, None)
+    return free_slot(manifest, SLOTS)
 
 
 def _generation(manifest: MemoryManifest, entry: SlotEntry) -> int:
