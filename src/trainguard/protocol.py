@@ -180,8 +180,11 @@ class NodeUsage(_Msg):
     """A node's memory held for fast recovery (node/usage.py), shown by `trainguard status`."""
 
     node: str
-    standby_ready: int = Field(0, description="standby workers waiting for a rank")
-    standby_rss_bytes: int = Field(0, description="their resident memory, all together")
+    standby_ready: int = Field(0, description="standby workers waiting for a rank, their "
+                               "imports done")
+    standby_warming: int = Field(0, description="standby workers still importing")
+    standby_rss_bytes: int = Field(0, description="their resident memory, all together "
+                                   "(ready and warming)")
     shm_bytes: int = Field(0, description="/dev/shm held by the job's snapshot region: its "
                            "own ranks' slots and manifests")
     shm_peer_bytes: int = Field(0, description="of which the copies kept for a neighbour "

@@ -88,7 +88,7 @@ def test_a_standby_is_indistinguishable_from_a_cold_start(
     assert len(pool) == 0  # not before the attempt's first step (and FILL_AFTER_S)
     pool.maintain(FILL_AFTER_S)
     assert len(pool) == 1
-    time.sleep(0.5)  # warm
+    wait_warm(pool, 1)
     (pid,) = pool.pids()  # importing at a lower priority (as root it can go back after)
     assert psutil.Process(pid).nice() == min(os.getpriority(os.PRIO_PROCESS, 0) + WARM_NICE, 19)
     warm = start(pool, argv, env, str(tmp_path))
@@ -98,6 +98,46 @@ def test_a_standby_is_indistinguishable_from_a_cold_start(
     assert w_what == c_what and w_what["stdin"] == "" and w_what["name"] == "__main__"
     assert w_rc == c_rc == {"exit": 3, "raise": 1, "term": -signal.SIGTERM}[mode]
     assert w_err == c_err  # the same traceback: from the script's first frame
+
+
+def wait_warm(pool: StandbyPool, n: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while pool.warm() < n:
+        assert time.monotonic() < deadline, f"{pool.warm()} of {n} standbys warm"
+        time.sleep(0.05)
+
+
+def test_a_standby_says_when_it_is_warm_and_one_taken_before_goes_on_at_full_priority(
+        tmp_path: Path) -> None:
+    """`warm()` counts a standby once its imports are done (status: ready, the others
+    warming); one taken while still importing is raised back to the agent's priority at
+    once, not left to import at the standby's lower one until it reads its assignment."""
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(4)\n")
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    argv = [sys.executable, "-u", str(script), "exit"]
+    guardian = procs.Guardian("")
+    pool = StandbyPool(guardian, imports=("slowmod",))
+    try:
+        pool.configure(1, argv, env, str(tmp_path))
+        pool.maintain(FILL_AFTER_S)
+        (pid,) = pool.pids()
+        agent_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        deadline = time.monotonic() + 30
+        while psutil.Process(pid).nice() == agent_nice:  # it lowers its own priority first
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert pool.warm() == 0  # importing slowmod
+        proc = pool.take(argv, env, str(tmp_path))
+        assert proc is not None and proc.pid == pid
+        assert {t.id: psutil.Process(t.id).nice() for t in psutil.Process(pid).threads()} \
+            == {t.id: agent_nice for t in psutil.Process(pid).threads()}
+        what, rc, _ = outcome(proc)
+        assert rc == 3 and set(what["nice"]) == {agent_nice}  # type: ignore[arg-type]
+    finally:
+        pool.close()
+        guardian.close()
 
 
 def test_a_module_run_with_dash_m_is_the_same_too(tmp_path: Path, pool: StandbyPool) -> None:

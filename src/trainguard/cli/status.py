@@ -102,8 +102,9 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
                   highlight=False, markup=False)
     for u in doc["node_usage"]:
         peer = f" (peer copies {size_text(u['shm_peer_bytes'])})" if u["shm_peer_bytes"] else ""
+        warming = f" ({u['standby_warming']} still importing)" if u["standby_warming"] else ""
         console.print(f"fast recovery on {u['node']}: {u['standby_ready']} standby worker(s) "
-                      f"ready, {size_text(u['standby_rss_bytes'])} resident; /dev/shm "
+                      f"ready{warming}, {size_text(u['standby_rss_bytes'])} resident; /dev/shm "
                       f"{size_text(u['shm_bytes'])}{peer}", highlight=False, markup=False)
     if doc["nodes"]:
         print_table(keyed_table(doc["nodes"], _NODE_KEYS))
@@ -154,7 +155,8 @@ def _elsewhere(recorded: Any, job_dir: str) -> str | None:
     return recorded
 
 
-_USAGE_KEYS = ("standby_ready", "standby_rss_bytes", "shm_bytes", "shm_peer_bytes")
+_USAGE_KEYS = ("standby_ready", "standby_warming", "standby_rss_bytes", "shm_bytes",
+               "shm_peer_bytes")
 
 
 def _usage(recorded: Any) -> list[dict[str, Any]]:

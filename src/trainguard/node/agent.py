@@ -102,7 +102,8 @@ class NodeAgent:
         self._guardian = procs.Guardian(marker)
         self._standby = StandbyPool(self._guardian)
         self.memory = MemoryRegion(marker, node, self._guardian)  # memory snapshots' region
-        self._usage = UsageMeter(node, self._standby.pids, self.memory.held)
+        self._usage = UsageMeter(node, self._standby.pids, self._standby.warm,
+                                 self.memory.held)
         self._prepared_at: datetime | None = None  # a spare told to keep standbys ready
         self._channel = ChannelServer(  # only this job's processes may send
             f"@trainguard-{marker}-{node}-{os.getpid()}", JobProcesses(self._guardian.groups))

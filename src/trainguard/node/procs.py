@@ -86,12 +86,14 @@ class Guardian:
 
 
 def spawn(argv: list[str], env: dict[str, str], cwd: str | None,
-          stdin: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
-    """Start one worker in a new session with its stdout/stderr on pipes."""
+          stdin: int = subprocess.DEVNULL, pass_fds: tuple[int, ...] = ()
+          ) -> subprocess.Popen[bytes]:
+    """Start one worker in a new session with its stdout/stderr on pipes (and `pass_fds`
+    left open in it)."""
     return subprocess.Popen(
         argv, env=env, cwd=cwd, stdin=stdin,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, close_fds=True,
+        start_new_session=True, close_fds=True, pass_fds=pass_fds,
     )
 
 

@@ -9,6 +9,12 @@ with in everything but the per-rank and per-attempt variables (PER_RANK_ENV), an
 worker runs the same interpreter with the same flags (`python -u script` or `-m module`; a
 `--no-python` program never). The pool holds as many as the node has ranks and is refilled
 REFILL_DELAY_S after a take (the new worker's own start comes first).
+
+A standby says when its imports are done (one byte on a pipe the pool gave it): `warm()`
+counts those (status shows them as ready, the others as warming), and a take prefers them.
+One taken while still importing would go on importing at the standby's lower priority
+(worker/standby.py reads its assignment only once warm): the pool raises every thread of it
+back to the agent's priority at once.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -61,6 +68,27 @@ class _Standby:
     proc: subprocess.Popen[bytes]
     env: dict[str, str]  # what it was started with, per-rank variables left out
     cwd: str
+    ready_fd: int | None  # the pipe it writes one byte to once warm (closed once read)
+    warm: bool = False
+
+    def poll_warm(self) -> bool:
+        """Whether its imports are done (reads the pipe without blocking)."""
+        if not self.warm and self.ready_fd is not None:
+            try:
+                said = os.read(self.ready_fd, 1)
+            except BlockingIOError:
+                return False
+            except OSError:
+                said = b""
+            self.warm = said == b"1"
+            self.close_pipe()
+        return self.warm
+
+    def close_pipe(self) -> None:
+        if self.ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.ready_fd)
+            self.ready_fd = None
 
 
 class StandbyPool:
@@ -79,8 +107,12 @@ class StandbyPool:
         return len(self._ready)
 
     def pids(self) -> list[int]:
-        """The standbys ready now (status shows them and their memory)."""
+        """The standbys alive now, warm or still importing (status shows their memory)."""
         return [s.proc.pid for s in self._ready if s.proc.poll() is None]
+
+    def warm(self) -> int:
+        """How many of them have done their imports."""
+        return sum(1 for s in self._ready if s.proc.poll() is None and s.poll_warm())
 
     def configure(self, size: int, argv: list[str], env: dict[str, str], cwd: str,
                   imports: list[str] | None = None) -> None:
@@ -105,11 +137,15 @@ class StandbyPool:
         if split is None:
             return None
         shared = _shared(env)
+        self._ready.sort(key=lambda s: not s.poll_warm())  # the warm ones first
         while self._ready:
             s = self._ready.pop(0)
             if s.proc.poll() is not None or s.env != shared or s.cwd != cwd:
                 self._end(s)
                 continue
+            if not s.poll_warm():  # still importing, at the standby's lower priority
+                raise_priority(s.proc.pid)
+            s.close_pipe()
             try:
                 assert s.proc.stdin is not None
                 s.proc.stdin.write(json.dumps({"argv": split[1], "env": env, "cwd": cwd})
@@ -149,15 +185,21 @@ class StandbyPool:
         # without the job's marker: stopping an attempt (procs.kill_marked) leaves it alone;
         # the guardian still ends it with the launcher, and the assignment brings the marker
         env = {k: v for k, v in env.items() if k != c.ENV_MARKER}
+        r, w = os.pipe()
+        os.set_blocking(r, False)
         try:
             proc = procs.spawn([*interp, "-m", "trainguard.worker.standby", *self.imports],
-                               env, cwd, stdin=subprocess.PIPE)
+                               {**env, c.ENV_STANDBY_READY_FD: str(w)}, cwd,
+                               stdin=subprocess.PIPE, pass_fds=(w,))
         except OSError as e:
+            os.close(r)
             log.warning("cannot start a standby worker (%s); restarts start cold", e)
             self._want = 0
             return
+        finally:
+            os.close(w)
         self._guardian.watch(proc.pid)
-        self._ready.append(_Standby(proc, _shared(env), cwd))
+        self._ready.append(_Standby(proc, _shared(env), cwd, r))
 
     def close(self) -> None:
         """End every unused standby (its group), and reap it."""
@@ -166,6 +208,7 @@ class StandbyPool:
             self._end(s)
 
     def _end(self, s: _Standby) -> None:
+        s.close_pipe()
         with contextlib.suppress(OSError):
             if s.proc.stdin is not None:
                 s.proc.stdin.close()  # an unused standby exits by itself on EOF
@@ -175,3 +218,15 @@ class StandbyPool:
                 if pipe is not None:
                     pipe.close()
         self._guardian.forget(s.proc.pid)
+
+
+def raise_priority(pid: int) -> None:
+    """Every thread of `pid` at this process's priority (where the system lets us)."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        with contextlib.suppress(OSError, ValueError):
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)

@@ -51,8 +51,9 @@ class UsageMeter:
     """The node's NodeUsage, measured again when the last is older than MEASURE_EVERY_S."""
 
     def __init__(self, node: str, standby_pids: Callable[[], list[int]],
-                 region: Callable[[], Path | None]) -> None:
-        self._node, self._pids, self._region = node, standby_pids, region
+                 standby_warm: Callable[[], int], region: Callable[[], Path | None]) -> None:
+        self._node, self._pids, self._warm, self._region = (node, standby_pids, standby_warm,
+                                                             region)
         self._last: NodeUsage | None = None
         self._at = 0.0
 
@@ -62,7 +63,9 @@ class UsageMeter:
         pids = self._pids()
         region = self._region()
         shm, peer = allocated_bytes(region, PEER) if region is not None else (0, 0)
-        self._last = NodeUsage(node=self._node, standby_ready=len(pids),
+        warm = self._warm()
+        self._last = NodeUsage(node=self._node, standby_ready=warm,
+                               standby_warming=max(len(pids) - warm, 0),
                                standby_rss_bytes=sum(rss_bytes(p) for p in pids),
                                shm_bytes=shm, shm_peer_bytes=peer)
         self._at = time.monotonic()

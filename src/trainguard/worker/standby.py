@@ -3,7 +3,8 @@
 The node agent spawns it (never forks it: a fork after torch used its OpenMP pool hangs the
 child, pytorch/pytorch#41197) with the job's worker environment, ahead of need. It imports
 MODULE... (torch, torch.distributed, DDP's `_dynamo`, DCP...) with its output thrown away,
-then waits for one line on stdin: the assignment, `{"argv": [...], "env": {...}, "cwd": ...}`
+says so (one byte on the fd in TRAINGUARD_STANDBY_READY_FD, which it then closes), then
+waits for one line on stdin: the assignment, `{"argv": [...], "env": {...}, "cwd": ...}`
 where argv is what follows the interpreter and its flags (`script.py ARGS` or `-m MODULE
 ARGS`). Then it becomes that worker as a fresh `python -u` would be: the environment replaced,
 the working directory, stdin on /dev/null, `sys.argv`, `sys.path[0]`, the script run as
@@ -80,6 +81,16 @@ def warm(modules: list[str]) -> None:
             os.close(fd)
 
 
+def say_ready() -> None:
+    """One byte to the agent on the fd it gave (the pool counts this standby warm)."""
+    fd = os.environ.pop("TRAINGUARD_STANDBY_READY_FD", "")  # contract.ENV_STANDBY_READY_FD
+    if fd.isdigit():
+        with contextlib.suppress(OSError):
+            os.write(int(fd), b"1")
+        with contextlib.suppress(OSError):
+            os.close(int(fd))
+
+
 def become(job: dict[str, Any]) -> None:
     """Take the assignment's environment, directory and stdin, as a fresh process has them."""
     os.environ.clear()
@@ -113,6 +124,7 @@ def _script_frames(tb: TracebackType | None) -> TracebackType | None:
 def main() -> None:
     nice = lower_priority()
     warm(sys.argv[1:])
+    say_ready()
     line = sys.stdin.buffer.readline()
     if not line.strip():
         sys.exit(0)  # the agent let this standby go unused
