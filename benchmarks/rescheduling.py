@@ -7,8 +7,8 @@ on this machine side by side:
 
 * (a) pod-level rescheduling as before issue 13 (`--no-standby-workers`, no memory
   snapshots): once the job reports step >= 15 (`trainguard status --json`, so the step-10
-  checkpoint is behind it) and has run LATE_KILL_S since its launch (the nodes' and the
-  spare's standby workers would be ready by then), node-1's agent process group is SIGKILLed
+  checkpoint is behind it) and has run LATE_KILL_S since its launch, node-1's agent
+  process group is SIGKILLed
   (`os.killpg(agent_pid, SIGKILL)`); the wall clock (UTC) is read just before the kill.
   Measured: kill -> `first_progress_at` of the recover record (`trainguard recovery --json`),
   with the record's split (detect, stop, decide, start, resume) and kill -> `fault_at`
@@ -20,8 +20,10 @@ on this machine side by side:
   their memory snapshots node-0 kept, and the others resume from their own memory, unless
   storage holds a newer step than the last whole peer copy (then every rank loads from
   storage; the record's `resumed_from` says which). Same measurement; checked as (a). The
-  standbys ready on node-0, node-1 and the spare at the kill (`node_usage` of the same
-  status) are printed under the table: a restart is only as warm as they were.
+  kill waits, besides, until every node's standbys have done their imports (`node_usage`
+  of the same status: a long job's fault finds them so), at most WARM_WAIT_S after launch;
+  the standbys ready (and, after a `+`, still importing) on node-0, node-1 and the spare at
+  the kill are printed under the table: a restart is only as warm as they were.
 * (b) isolated job-level rescheduling after the same node loss: the same job and kill with
   `--max-pod-reschedules 0`, so the pod-level rung is out of budget (quotaExceeded) and the
   job is placed again with node-1 kept out. Same measurement; checked: RescheduleDowngraded
@@ -100,6 +102,7 @@ SPLIT = ("detect", "stop", "decide", "start", "resume")
 FIRST_LINE = re.compile(r"^rank (\d+)/(\d+): process start \d+, scheduled \d+$")
 KINDS = ("cold", "pod", "pod-warm", "job", "xid")
 LATE_KILL_S = 25.0  # (a), (a2): after launch; the standbys fill 10 s after their trigger
+WARM_WAIT_S = 90.0  # (a2): the kill waits for warm standbys at most this long after launch
 LATE = {"pod": ["--no-standby-workers"], "pod-warm": ["--memory-every", "1"]}
 IMPORT_REF = "import torch, torch.distributed"
 
@@ -308,7 +311,7 @@ class Reschedule:
     resumed_step: int
     steps_lost: int | None
     origin: tuple[str, str] = ("?", "?")  # the record's workers_from, resumed_from
-    standbys: str = "-"  # standbys ready at the kill on node-0, node-1, the spare (status)
+    standbys: str = "-"  # standbys ready(+importing) at the kill: node-0, node-1, the spare
 
 
 def cold_start(job_dir: Path, steps: int, timeout_s: float) -> ColdStart:
@@ -338,6 +341,12 @@ def cold_start(job_dir: Path, steps: int, timeout_s: float) -> ColdStart:
                      running[0] - pc_end, ready - running[0], first_step - ready)
 
 
+def warm_everywhere(status: dict[str, Any]) -> bool:
+    """Every node (the spare too) has NPROC standbys with their imports done."""
+    ready = {u["node"]: u.get("standby_ready", 0) for u in status.get("node_usage") or []}
+    return all(ready.get(n, 0) >= NPROC for n in ("node-0", KILL_NODE, SPARE_NODE))
+
+
 def step_of(status: dict[str, Any]) -> int:
     step = (status.get("last_progress") or {}).get("step")
     return step if isinstance(step, int) else 0
@@ -353,10 +362,14 @@ def reschedule(kind: str, job_dir: Path, steps: int, timeout_s: float,
     killed_at: float | None = None
     try:
         if kind in ("pod", "pod-warm", "job"):
-            status = job.status_when(
-                lambda s: step_of(s) >= KILL_AT_STEP and (
-                    not late or time.time() - job.launched >= LATE_KILL_S), timeout_s,
-                f"step >= {KILL_AT_STEP}" + (f", {LATE_KILL_S:g} s in" if late else ""))
+            def due(s: dict[str, Any]) -> bool:
+                since = time.time() - job.launched
+                return step_of(s) >= KILL_AT_STEP and (not late or since >= LATE_KILL_S) and (
+                    kind != "pod-warm" or since >= WARM_WAIT_S or warm_everywhere(s))
+
+            status = job.status_when(due, timeout_s, f"step >= {KILL_AT_STEP}" + (
+                f", {LATE_KILL_S:g} s in" if late else "") + (
+                ", standbys warm" if kind == "pod-warm" else ""))
             nodes = {n["name"]: n for n in status["nodes"]}
             placed = [(n, nodes.get(n, {}).get("state"), nodes.get(n, {}).get("slot"))
                       for n in ("node-0", KILL_NODE, SPARE_NODE)]
@@ -368,8 +381,12 @@ def reschedule(kind: str, job_dir: Path, steps: int, timeout_s: float,
                 raise BenchError(f"{job_dir}: no agent pid for {KILL_NODE}: {nodes[KILL_NODE]}")
             killed_at = time.time()
             os.killpg(pid, signal.SIGKILL)
-            ready = {u["node"]: u["standby_ready"] for u in status.get("node_usage") or []}
-            standbys = "/".join(str(ready.get(n, 0)) for n in ("node-0", KILL_NODE, SPARE_NODE))
+            usage = {u["node"]: u for u in status.get("node_usage") or []}
+            standbys = "/".join(
+                str(usage.get(n, {}).get("standby_ready", 0)) + (
+                    f"+{usage[n]['standby_warming']}"
+                    if usage.get(n, {}).get("standby_warming") else "")
+                for n in ("node-0", KILL_NODE, SPARE_NODE))
         job.finish(timeout_s)
     except BaseException:
         job.cleanup()
@@ -624,7 +641,7 @@ def report(colds: list[ColdStart], res: dict[str, list[Reschedule]],
         lines.append(f"{kind}: resumed from step {', '.join(map(str, steps))}; steps lost "
                      f"{', '.join(map(str, lost)) or '?'}; workers from, state from: "
                      + "; ".join(f"{w}, {st}" for w, st in (r.origin for r in res[kind]))
-                     + ("" if kind == "xid" else "; standbys ready at the kill (node-0/"
+                     + ("" if kind == "xid" else "; standbys ready(+importing) at the kill (node-0/"
                         f"{KILL_NODE}/spare): " + ", ".join(r.standbys for r in res[kind])))
     return "\n".join(lines)
 
@@ -639,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40,
                         help=f"--steps for the rescheduling runs; the kill/fault comes at "
                         f"step >= {KILL_AT_STEP} (default 40)")
-    parser.add_argument("--late-steps", type=int, default=200,
+    parser.add_argument("--late-steps", type=int, default=400,
                         help=f"--steps for (a) and (a2), killed {LATE_KILL_S:g} s in "
                         "(default 200)")
     parser.add_argument("--cold-steps", type=int, default=10,
@@ -668,7 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"job: trainguard {' '.join(run_flags(Path('DIR')))} "
               f"{' '.join(job_flags(args.steps))}")
         print(f"  (a) adds --no-standby-workers, (a2) --memory-every 1, both --steps "
-              f"{args.late_steps} and killed {LATE_KILL_S:g} s after launch; (b) adds "
+              f"{args.late_steps} and killed {LATE_KILL_S:g} s after launch at the earliest, "
+              f"(a2) once every node's standbys are warm (at most {WARM_WAIT_S:g} s); (b) adds "
               f"--max-pod-reschedules 0; (c) TRAINGUARD_FAULT='{FAULT}'; (d) --steps "
               f"{args.cold_steps}, no --quiet")
         print(f"repeats: {args.repeats}, order rotated each repeat; kill {KILL_NODE} at "
