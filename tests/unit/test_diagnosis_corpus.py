@@ -19,7 +19,7 @@ from diagnosis_accuracy import CORPUS, evaluate, load_cases, restart_label, summ
 CASES = load_cases()
 # the blind sets: labelled by readers who never saw the rules (tests/data/diagnosis/README.md);
 # named one by one: a set being built is not read until it is measured, once (heldout8/ was
-# measured on 2026-12-02 and is checked for form here; nothing has been tuned on it)
+# measured blind on 2026-12-02, then tuned on in issue 17's fifth round)
 HELDOUT_SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
                 "heldout7", "heldout8")
 HELDOUT = [c for name in HELDOUT_SETS for c in load_cases(CORPUS.parent / name)]
