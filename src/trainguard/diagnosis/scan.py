@@ -63,7 +63,12 @@ _EXIT_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
                          r"|Aborted|Terminated)\b"), ""),
     ("non-zero exit", re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"),
      ""),
+    # Windows: a process's exit code is an NTSTATUS ("Process finished with exit code
+    # -1073741795 (0xC000001D)"); the crash ones are read as the POSIX signal they stand for
+    ("exit code", re.compile(r"exit code (?P<code>-?\d{10}|0x[0-9A-Fa-f]{8})\b"), "ntstatus"),
 )
+# access violation, illegal instruction, stack overflow, fail fast (abort), divide by zero
+_NTSTATUS = {0xC0000005: -11, 0xC000001D: -4, 0xC00000FD: -11, 0xC0000409: -6, 0xC0000094: -8}
 _SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8,
             "SIGKILL": 9, "SIGSEGV": 11, "SIGTERM": 15}
 _WORDS = {"Killed": -9, "Segmentation fault": -11, "Bus error": -7, "Aborted": -6,
@@ -87,6 +92,10 @@ def _exit_code(text: str) -> tuple[int | None, int | None]:
             code = -_SIGNALS.get(g["sig"], 0) or None
         elif g.get("word"):
             code = _WORDS[g["word"]]
+        elif kind == "ntstatus":
+            code = _NTSTATUS.get(int(g["code"], 0) & 0xFFFFFFFF)
+            if code is None:
+                continue
         else:
             code = int(g["code"])
             if kind == "negate":  # a signal number: report it as Popen does (-N)
