@@ -19,6 +19,9 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | network_or_rendezvous | more workers reached the store than the world has (stale) | no |
 | cuda_kernel_error | the error is a misaligned address (the inputs' layout decides it) | no |
 | segfault_or_abort | an illegal instruction (SIGILL: a build for another CPU) | no |
+| dataloader_worker_crash | the logs show Windows or macOS paths (workers are spawned) | no |
+| nccl_communication_error | NCCL says a feature is not supported (P2P/IPC between GPUs) | no |
+| other (a remote service) | the network is unreachable from the machine | no |
 | any other | - | the category's default |
 """
 
@@ -59,11 +62,23 @@ _WELL_KNOWN = 1024
 # SIGILL in native code: a binary built for instructions this CPU lacks (AVX on a Celeron):
 # the same binary on the same node fails the same way
 _ILLEGAL = re.compile(r"illegal instruction|\bSIGILL\b", re.IGNORECASE)
+# DataLoader workers on Windows and macOS are spawned, not forked: one that exits there is
+# almost always the script failing to re-import or pickle in the child (no `if __name__ ==
+# "__main__":` guard, an unpicklable dataset), which fails the same way every time
+_SPAWN_PLATFORM = re.compile(r"(?<![\w/])[A-Za-z]:\\|/Users/\w|\bwin32\b|\\spawn\.py|_winapi",
+                             re.IGNORECASE)
+# NCCL saying the platform lacks what it needs (P2P or CUDA IPC between two GPUs, a
+# transport): the same GPUs and driver lack it on a rerun
+_UNSUPPORTED = re.compile(r"\bnot supported\b", re.IGNORECASE)
+# a remote service the machine has no route to (an offline cluster): a rerun has none either
+_NO_ROUTE = re.compile(r"network is unreachable|\[Errno 101\]", re.IGNORECASE)
 _MISALIGNED = re.compile(r"\berror\b\W+(?:\w+\W+){0,2}misaligned address", re.IGNORECASE)
 
 
 def desynced(findings: Sequence[Finding]) -> bool:
-    """Ranks' timed-out works differ at one sequence number (op type or size)."""
+    """Ranks' timed-out works differ at one sequence number (op type or size). Different ops
+    at different sequence numbers are ranks at different points of the same program (one
+    is a collective or two behind: a straggler), which a rerun need not repeat."""
     seen: dict[str, set[tuple[str, str | None]]] = {}
     for f in findings:
         if f.context:
@@ -71,8 +86,7 @@ def desynced(findings: Sequence[Finding]) -> bool:
         m = _WORK.search(f.text)
         if m is not None:
             seen.setdefault(m.group(1), set()).add((m.group(2), m.group(3)))
-    ops = {op for works in seen.values() for op, _ in works}
-    return any(len(w) > 1 for w in seen.values()) or len(ops) > 1
+    return any(len(w) > 1 for w in seen.values())
 
 
 def story_restart(d: Diagnosis, findings: Sequence[Finding],
@@ -109,6 +123,15 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
             d.evidence is not None and _ILLEGAL.search(d.evidence.text))):
         verdict, why = RestartHelps.NO, ("an illegal instruction: the build uses instructions "
                                          "this CPU lacks")
+    elif cat == Category.DATALOADER_WORKER_CRASH and any(
+            _SPAWN_PLATFORM.search(f.text) for f in findings):
+        verdict, why = RestartHelps.NO, ("DataLoader workers are spawned on Windows and macOS: "
+                                         "one that exits fails the same way again")
+    elif cat == Category.NCCL_COMMUNICATION_ERROR and d.evidence is not None \
+            and _UNSUPPORTED.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, "NCCL needs what these GPUs or this driver lack"
+    elif cat == Category.OTHER and d.evidence is not None and _NO_ROUTE.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, "the machine has no route to the service"
     elif cat == Category.NETWORK_OR_RENDEZVOUS and _stale(findings):
         verdict, why = RestartHelps.NO, ("more workers reached the store than the world has: "
                                          "a stale rendezvous key or file")
