@@ -37,6 +37,7 @@ class Reason(str, Enum):
     JOB_FAILED = "JobFailed"
     JOB_STOPPED = "JobStopped"
     WORKERS_STOPPED = "WorkersStopped"
+    STOP_REQUESTED = "StopRequested"  # the launcher got SIGTERM/SIGINT/SIGHUP: stopping
     DRAIN_REQUESTED = "DrainRequested"  # a stop: ranks that drain save, then exit, first
     CHECKPOINT_SAVED = "CheckpointSaved"
     CHECKPOINT_SAVE_FAILED = "CheckpointSaveFailed"

@@ -177,3 +177,46 @@ def test_stop_with_save_on_exit_ends_the_rank_once_its_save_is_durable(tmp_path:
     assert took < 45, took
     saved = json.loads(tg("events", str(job), "--json", "--reason", "CheckpointSaved").stdout)
     assert "on the way out" in saved[-1]["message"]
+
+
+STUBBORN = """\
+import signal, time, trainguard
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a script that will not stop on SIGTERM
+for step in range(1, 100000):
+    trainguard.progress(step)
+    time.sleep(0.1)
+"""
+
+
+def test_a_stop_under_way_shows_in_status_and_a_stopped_or_lost_job_says_how_to_go_on(
+        tmp_path: Path) -> None:
+    """During the grace period `status` reads STOPPING (when, the signal, the grace) and the
+    events have StopRequested; a job that ended lost (stop --force) tells how to continue
+    it: the same command with its --job-dir."""
+    script, job = tmp_path / "stubborn.py", tmp_path / "job"
+    script.write_text(STUBBORN)
+    launcher = subprocess.Popen(
+        [*TG, "run", "--nproc-per-node", "1", "--grace-period", "60", "--job-dir", str(job),
+         str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: (read_json("status", job)["last_progress"]["step"] or 0) >= 3)
+        assert read_json("status", job)["stopping"] is None
+        stop = tg("stop", str(job), "--timeout", "2")
+        assert stop.returncode == 1, stop.stdout + stop.stderr  # still in its grace period
+        status = read_json("status", job)
+        assert status["state"] == "running" and status["stopping"]["signal"] == "SIGTERM"
+        assert status["stopping"]["grace_s"] == 60
+        text = tg("status", str(job)).stdout
+        assert "running · STOPPING" in text and "the ranks have 60s to exit" in text, text
+        assert "continue it:" not in text
+        assert [e["reason"] for e in read_json("events", job)].count("StopRequested") == 1
+        forced = tg("stop", str(job), "--timeout", "1", "--force")
+        assert forced.returncode == 0, forced.stdout + forced.stderr
+        launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    text = tg("status", str(job)).stdout
+    assert "lost" in text and "STOPPING" not in text, text
+    assert f"continue it: run the same `trainguard run` command with --job-dir " \
+           f"{job.resolve()}" in text, text

@@ -45,6 +45,9 @@ from trainguard.records import (
 from trainguard.states import JOB_ENDED, JobState, NodeState, WorkerState
 
 _HANG_REASONS = (Reason.HANG_CONFIRMED.value, Reason.HANG_CLEARED.value)
+# a stop under way: the last of these is a StopRequested of this launch
+_LAUNCH_REASONS = (Reason.JOB_CREATED.value, Reason.JOB_RELAUNCHED.value,
+                   Reason.STOP_REQUESTED.value)
 _STATE_STYLES: dict[str, str] = {  # of workers, then of nodes
     WorkerState.STARTING: "cyan", WorkerState.RUNNING: "green",
     WorkerState.SUCCEEDED: "green", WorkerState.FAILED: "bold red",
@@ -64,13 +67,16 @@ _BUDGETS = (("restarts", "restarts_used", "max_restarts"),
 def print_status(store: JobStore, args: argparse.Namespace) -> int:
     meta = store.meta()
     hang_events = [ev for _, ev in store.events(reasons=_HANG_REASONS)]
+    launch_events = [ev for _, ev in store.events(reasons=_LAUNCH_REASONS)]
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes(),
-                     store.running_records(), hang_events, store.last_checkpoint())
+                     store.running_records(), hang_events, store.last_checkpoint(),
+                     launch_events)
     if args.json:
         print_json(doc)
         return ExitCode.SUCCESS
     console = console_out()
-    state = dash(doc["state"]) + (" · HUNG (confirmed, left running)" if doc["hang"] else "")
+    state = dash(doc["state"]) + (" · HUNG (confirmed, left running)" if doc["hang"] else "") \
+        + (" · STOPPING" if doc["stopping"] else "")
     console.print(Text(f"run {doc['run_id']} · {state} · attempt {dash(doc['attempt'])}",
                        "bold red" if doc["hang"] else "bold")
                   + Text(f" · {recoveries_text(doc['restarts_by_rung'])}"))
@@ -88,6 +94,12 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
         h = doc["hang"]
         console.print(f"hang: confirmed at {clock_or_dash(h['confirmed_at'])} on rank(s) "
                       f"{rank_list(h['ranks'])}; culprit: {h['culprit']}", highlight=False)
+    if doc["stopping"]:
+        st = doc["stopping"]
+        grace = f"{st['grace_s']:g}" if isinstance(st["grace_s"], (int, float)) else "-"
+        console.print(f"stopping: requested at {clock_or_dash(st['requested_at'])} "
+                      f"({dash(st['signal'])}); the ranks have {grace}s to exit, then "
+                      "SIGKILL", highlight=False)
     launcher = doc["launcher"]
     gone = " (gone)" if launcher["alive"] is False else ""
     console.print(f"launcher: pid {dash(launcher['pid'])} on {dash(launcher['host'])}{gone}"
@@ -96,6 +108,10 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     budgets = "  ".join(f"{name} {b['used']}/{dash(b['max'])}"
                         for name, b in doc["budgets"].items())
     console.print(f"budgets: {budgets}", highlight=False)
+    if doc["state"] in _CONTINUABLE:
+        console.print(f"continue it: run the same `trainguard run` command with --job-dir "
+                      f"{doc['job_dir']} (it resumes from the newest checkpoint)",
+                      highlight=False, markup=False)
     moved = doc["recorded_job_dir"]
     console.print(f"job dir: {doc['job_dir']}" + (f" (recorded at {moved}: copied or moved "
                                                   "since)" if moved else ""),
@@ -116,7 +132,8 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
 def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                nodes: list[NodeRow] | None = None, records: list[RunningRecord] | None = None,
                hang_events: list[Event] | None = None,
-               checkpoint: tuple[int, str] | None = None) -> dict[str, Any]:
+               checkpoint: tuple[int, str] | None = None,
+               launch_events: list[Event] | None = None) -> dict[str, Any]:
     """The `status --json` document; `nodes` is empty for a single-node job;
     `checkpoint`: (step, time) of the last committed one, the progress of a job that
     reports no steps; `job_dir`: the one read (resolved), shown even when the store was
@@ -134,6 +151,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "max_restarts": meta.get("max_restarts"),
         "budgets": _budgets(meta),
         "hang": _hang(state, meta.get("attempt"), hang_events or []),
+        "stopping": _stopping(state, launch_events or []),
         "launcher": {"pid": meta.get("launcher_pid"), "host": meta.get("launcher_host"),
                      "alive": None if meta.get("launcher_pid") is None
                      else not launcher_dead(meta)},
@@ -198,6 +216,19 @@ def _hang(state: str | None, attempt: Any, events: list[Event]) -> dict[str, Any
     return {"confirmed_at": iso(last[0].time), "ranks": data.get("stuck_ranks"),
             "culprit": (culprit or {}).get("reason") or "none named"}
 
+
+def _stopping(state: str | None, events: list[Event]) -> dict[str, Any] | None:
+    """A stop requested in this launch while the job is still active (the grace period)."""
+    if state not in {s.value for s in JobState if s.active} or not events or \
+            events[-1].reason != Reason.STOP_REQUESTED.value:
+        return None
+    data = events[-1].data or {}
+    return {"requested_at": iso(events[-1].time), "signal": data.get("signal"),
+            "grace_s": data.get("grace_s")}
+
+
+# a job that ended without succeeding: launched again on its job dir, it goes on
+_CONTINUABLE = frozenset({JobState.FAILED.value, JobState.STOPPED.value, JobState.LOST.value})
 
 _RANK_KEYS = ("rank", "local_rank", "node", "pid", "state", "exit_code", "signal", "start_count")
 _NODE_KEYS = ("name", "host", "state", "agent_pid", "slot", "backend", "times_implicated",

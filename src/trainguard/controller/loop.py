@@ -373,6 +373,11 @@ class Controller:
 
     def _stopped(self, attempt: int, signum: int) -> int:
         name = signal.Signals(signum).name
+        grace = self.spec.grace_period_s
+        self.rec.event(Level.INFO, Reason.STOP_REQUESTED,
+                       f"stop requested (the launcher got {name}): the ranks have the grace "
+                       f"period, {grace:g}s, to exit, then SIGKILL", attempt=attempt,
+                       data={"signal": name, "grace_s": grace})
         drain(self.agent, self.rec, attempt, self.spec.grace_period_s, f"the launcher got {name}")
         report = self._stop(f"launcher got {name}")
         self.rec.book.attempt_stopped(attempt, f"launcher received {name}", report.progress)
