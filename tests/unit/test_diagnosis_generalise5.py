@@ -152,3 +152,15 @@ def test_nccl_saying_a_feature_is_not_supported_does_not_restart(tmp_path: Path)
         "handle : 801 operation not supported\n"))
     assert d.category == Category.NCCL_COMMUNICATION_ERROR
     assert d.restart_helps == RestartHelps.NO
+
+
+@pytest.mark.parametrize("line,restart", [
+    ("[W socket.cpp:601] [c10d] The client socket has failed to connect to [gpu-17]:29400 "
+     "(errno: 113 - No route to host).", RestartHelps.NO),
+    ("[E socket.cpp:957] [c10d] The client socket has timed out after 900s while trying to "
+     "connect to (10.0.0.7, 29400).", RestartHelps.YES),
+])
+def test_a_store_client_that_cannot_connect_at_all_does_not_restart(
+        tmp_path: Path, line: str, restart: RestartHelps) -> None:
+    d = diagnose_text(tmp_path, line + "\n")
+    assert d.category == Category.NETWORK_OR_RENDEZVOUS and d.restart_helps == restart

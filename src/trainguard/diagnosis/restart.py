@@ -17,6 +17,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | network_or_rendezvous | a name that does not resolve, ssh refused | no |
 | network_or_rendezvous | an address in 0.0.0.0/8 (a number read as a host: 0.0.0.5) | no |
 | network_or_rendezvous | more workers reached the store than the world has (stale) | no |
+| network_or_rendezvous | a store client failed to connect (not: timed out waiting) | no |
 | cuda_kernel_error | the error is a misaligned address (the inputs' layout decides it) | no |
 | segfault_or_abort | an illegal instruction (SIGILL: a build for another CPU) | no |
 | dataloader_worker_crash | the logs show Windows or macOS paths (workers are spawned) | no |
@@ -70,6 +71,10 @@ _SPAWN_PLATFORM = re.compile(r"(?<![\w/])[A-Za-z]:\\|/Users/\w|\bwin32\b|\\spawn
 # NCCL saying the platform lacks what it needs (P2P or CUDA IPC between two GPUs, a
 # transport): the same GPUs and driver lack it on a rerun
 _UNSUPPORTED = re.compile(r"\bnot supported\b", re.IGNORECASE)
+# a store client that *failed* to connect to every address of its host (refused, no route),
+# not one that timed out waiting for a peer that may come late: the address, the port or a
+# firewall is wrong, and a rerun meets the same
+_CONNECT_FAILED = re.compile(r"\bhas failed to connect to\b", re.IGNORECASE)
 # a remote service the machine has no route to (an offline cluster): a rerun has none either
 _NO_ROUTE = re.compile(r"network is unreachable|\[Errno 101\]", re.IGNORECASE)
 _MISALIGNED = re.compile(r"\berror\b\W+(?:\w+\W+){0,2}misaligned address", re.IGNORECASE)
@@ -132,6 +137,10 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
         verdict, why = RestartHelps.NO, "NCCL needs what these GPUs or this driver lack"
     elif cat == Category.OTHER and d.evidence is not None and _NO_ROUTE.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "the machine has no route to the service"
+    elif cat == Category.NETWORK_OR_RENDEZVOUS and d.evidence is not None \
+            and _CONNECT_FAILED.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, ("the store's client could not connect to its host at "
+                                         "all: the address, port or a firewall is wrong")
     elif cat == Category.NETWORK_OR_RENDEZVOUS and _stale(findings):
         verdict, why = RestartHelps.NO, ("more workers reached the store than the world has: "
                                          "a stale rendezvous key or file")
