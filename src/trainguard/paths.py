@@ -53,6 +53,10 @@ class JobPaths:
             for key, d in dirs:  # all checked before any is made: none is made in vain
                 try:
                     make(d)
+                except FileExistsError as e:  # a file (or a link to one) is in the way
+                    raise SpecError(f"{flag_name(key)} / '{key}'", f"{e.filename or d} is a "
+                                    "file, not a directory", "give a directory (a new "
+                                    "name is made), or move the file away") from None
                 except OSError as e:
                     raise SpecError(f"{flag_name(key)} / '{key}'", f"cannot create "
                                     f"{e.filename or d} ({e.strerror})",

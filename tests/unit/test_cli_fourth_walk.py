@@ -33,8 +33,8 @@ def test_a_dir_that_cannot_be_made_names_its_flag_and_dry_run_refuses_it_too(
         here: Path, flag: str, key: str) -> None:
     argv = ("run", "--nproc-per-node", "1", "--job-dir", "runs/ckf", flag, "afile")
     dry, real = tg(*argv, "--dry-run", "train.py", cwd=here), tg(*argv, "train.py", cwd=here)
-    want = (f"trainguard: error: {flag} / '{key}': cannot create {here / 'afile'} (File exists)."
-            " Fix: choose a writable directory")
+    want = (f"trainguard: error: {flag} / '{key}': {here / 'afile'} is a file, not a directory."
+            " Fix: give a directory (a new name is made), or move the file away")
     assert (dry.returncode, real.returncode) == (2, 2)
     assert dry.stderr.strip() == real.stderr.strip() == want
     assert not (here / "runs").exists()  # every dir is checked before one is made
@@ -145,3 +145,12 @@ def test_an_age_past_what_a_date_can_go_back_to_is_refused_not_a_traceback(
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert "--older-than: '1e9' days is more than 100,000 days" in r.stderr
     assert job.is_dir()
+
+
+def test_a_misspelled_command_or_choice_suggests_the_closest(tmp_path: Path) -> None:
+    r = tg("stauts", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "'stauts' is not a valid choice. Fix: did you mean status? Or pass one of run," \
+        in r.stderr, r.stderr
+    r = tg("run", "--scenario", "sngle-node", "x.py", cwd=tmp_path)
+    assert "did you mean single-node? Or pass one of llm, multi-node, single-node" in r.stderr

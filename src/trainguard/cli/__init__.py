@@ -51,7 +51,10 @@ class Parser(argparse.ArgumentParser):
         fixed = _FIXED.fullmatch(message)
         if m:
             flag, got, valid = m.group(1).split("/")[0], m.group(2), m.group(3).replace("'", "")
-            message = f"{flag}: {got} is not a valid choice. Fix: pass one of {valid}"
+            choices = [c.strip() for c in valid.split(",")]
+            near = closest(got.strip("'"), {c: () for c in choices})
+            meant = f"did you mean {near}? Or pass" if near else "pass"
+            message = f"{flag}: {got} is not a valid choice. Fix: {meant} one of {valid}"
         elif fixed:  # an argument type's message that says the fix (cli/args)
             message = f"{fixed.group(1).split('/')[0]}: {fixed.group(2)}"
         else:

@@ -184,8 +184,10 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
         sys.stdout.flush()  # the table first, then the warning under it
         print(f"trainguard ckpt: warning: {warning}", file=sys.stderr)
     if ns.verb == "verify":
-        if not docs:
-            print(f"trainguard ckpt verify: no checkpoint at {ns.location}", file=sys.stderr)
+        if not docs:  # the table said so already (--json: the empty list)
+            if ns.json:
+                print(f"trainguard ckpt verify: no checkpoint at {ns.location}",
+                      file=sys.stderr)
             return ExitCode.NOT_VALID
         if docs[0]["status"] != Status.VALID.value:
             return ExitCode.NOT_VALID

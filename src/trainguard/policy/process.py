@@ -20,7 +20,7 @@ from dataclasses import replace
 from trainguard.diagnosis.taxonomy import NOT_STARTED, Diagnosis, RestartHelps
 from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import Action, Decision, HAPolicy, History, Rung
-from trainguard.records import Reason, RecoverResult, StartType
+from trainguard.records import Reason, RecoverResult, StartType, plural
 from trainguard.spec import RestartPolicy
 
 
@@ -57,7 +57,7 @@ def _restart(what: str, why_not: str | None, made_progress: bool, hist: History,
         return _give_up(f"not restarted: {why_not} (use --unconditional-restart to restart "
                         "anyway)", h)
     if h.restarts_used >= pol.max_restarts:
-        return _give_up(f"restart budget spent ({pol.max_restarts} restarts)", h,
+        return _give_up(f"restart budget spent ({plural(pol.max_restarts, 'restart')})", h,
                         result=RecoverResult.QUOTA_EXCEEDED, limit=Reason.RESTART_LIMIT_REACHED)
     if why_not is not None:
         if h.consecutive_unconditional >= pol.unconditional_max_consecutive:
