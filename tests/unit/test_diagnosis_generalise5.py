@@ -164,3 +164,22 @@ def test_a_store_client_that_cannot_connect_at_all_does_not_restart(
         tmp_path: Path, line: str, restart: RestartHelps) -> None:
     d = diagnose_text(tmp_path, line + "\n")
     assert d.category == Category.NETWORK_OR_RENDEZVOUS and d.restart_helps == restart
+
+
+@pytest.mark.parametrize("line,category", [
+    # one dimension other than the batch differs: a count the config sets (classes, channels)
+    ("ValueError: Target size (torch.Size([8, 21, 64, 64])) must be the same as input size "
+     "(torch.Size([8, 19, 64, 64]))", Category.CONFIG_ERROR),
+    ("RuntimeError: The size of tensor a (80) must match the size of tensor b (91) at "
+     "non-singleton dimension 2", Category.CONFIG_ERROR),
+    # a different rank, or a different batch: the code's
+    ("ValueError: Target size (torch.Size([64])) must be the same as input size "
+     "(torch.Size([64, 1]))", Category.USER_CODE_ERROR),
+    ("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at "
+     "non-singleton dimension 0", Category.USER_CODE_ERROR),
+])
+def test_a_shape_mismatch_in_a_count_is_the_configs(tmp_path: Path, line: str,
+                                                    category: Category) -> None:
+    d = diagnose_text(tmp_path, "Traceback (most recent call last):\n  File \"train.py\", "
+                                "line 9, in <module>\n    loss = crit(out, y)\n" + line + "\n")
+    assert d.category == category and d.restart_helps == RestartHelps.NO

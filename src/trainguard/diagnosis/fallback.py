@@ -39,6 +39,12 @@ GENERIC = 0.6  # a generic exception at least this sure is relabelled, not repla
 _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort(?:ed)?|panic|"
                        r"critical)\b|[a-z](?:Error|Exception)\b|^Traceback \(most recent call",
                        re.IGNORECASE)
+# two shapes an operation compared: the target's and the input's, or two tensors' sizes at
+# one dimension
+_SHAPES = re.compile(r"[Tt]arget size \((?:torch\.Size\()?\[([\d, ]*)\]\)?\) must be the same as "
+                     r"input size \((?:torch\.Size\()?\[([\d, ]*)\]")
+_DIM = re.compile(r"size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at "
+                  r"non-singleton dimension (\d+)")
 _ADVICE = {
     "family": "No rule knows this wording; the line matches the {cat} family (words: "
               "{why}). Check it, and add a rule (rules.yaml) if it is right.",
@@ -101,6 +107,19 @@ def _fallback(lines: list[Finding], fam: Families, model: Model | None,
         if errors else None
 
 
+def count_mismatch(text: str) -> bool:
+    """Two shapes of the same rank that differ in one dimension other than the first (the
+    batch): a count the configuration sets (classes, channels, features) does not fit the
+    data or the model. Shapes of different ranks, or a different batch, are the code's."""
+    m = _SHAPES.search(text)
+    if m is not None:
+        a, b = ([int(n) for n in g.split(",") if n.strip()] for g in m.groups())
+        diff = [i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
+        return len(a) == len(b) > 1 and len(diff) == 1 and diff[0] > 0
+    m = _DIM.search(text)
+    return m is not None and int(m.group(1)) > 0
+
+
 def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagnosis:
     """A generic exception whose own line belongs to a family (with the next line when its
     message starts there: `ValueError:` and the message below it)."""
@@ -113,16 +132,19 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
                             and f.line == ev.line + 1), "")
     scores = fam.scores(text)
     scores.pop(Category.USER_CODE_ERROR, None)
+    if count_mismatch(text):
+        scores[Category.CONFIG_ERROR] = RELABEL_MIN
     if not scores:
         return d
     cat, score = max(scores.items(), key=lambda kv: kv[1])
     if score < RELABEL_MIN:
         return d
     domain, restart = fam.defaults[cat]
+    why = fam.words(text, cat) or "shapes that differ in one dimension other than the batch"
     return replace(d, category=cat, fault_domain=domain, restart_helps=restart,
                    subcategory=d.subcategory, rule=f"family:{cat.value}",
                    confidence=round(min(d.confidence, 0.3 + 0.08 * score), 2),
-                   advice=_ADVICE["family"].format(cat=cat.value, why=fam.words(text, cat)))
+                   advice=_ADVICE["family"].format(cat=cat.value, why=why))
 
 
 def refine(d: Diagnosis | None, findings: Sequence[Finding], *,
