@@ -151,8 +151,9 @@ def refine(d: Diagnosis | None, findings: Sequence[Finding], *,
            families: Families | None = None, model: Model | None = None,
            use_model: bool = True) -> Diagnosis | None:
     """The rules' verdict `d`, or a better supported one when it is silent or weak."""
-    generic = d is not None and d.rule is None and d.category == Category.USER_CODE_ERROR \
-        and d.evidence is not None and d.confidence >= GENERIC
+    generic = d is not None and d.category == Category.USER_CODE_ERROR \
+        and d.evidence is not None and d.confidence >= GENERIC \
+        and (d.rule is None or count_mismatch(d.evidence.text))
     if d is not None and not generic and ((d.confidence >= WEAK and d.category !=
                                            Category.OTHER) or d.subcategory == "node_lost"):
         return d
