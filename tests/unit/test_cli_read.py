@@ -212,7 +212,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "restarts",
         "restarts_by_rung",
         "budgets",
-        "hang",
+        "hang", "stopping",
         "launcher",
     }
     assert doc["nodes"] == []  # a single-node job keeps no node rows
@@ -252,6 +252,8 @@ def test_status_text_shows_the_header_and_each_rank(
     assert "budgets: restarts 1/3  hang_restarts_in_a_row 0/-" in out
     assert "step 500" in out
     assert "SIGKILL" in out and "failed" in out and "4101" in out
+    (row,) = [line.split() for line in out.splitlines() if "4101" in line]
+    assert row[4:7] == ["failed", "-", "SIGKILL"]  # no -9 beside its signal
 
 
 @pytest.mark.parametrize("command", ["events", "recovery", "status"])
@@ -312,6 +314,9 @@ def test_events_follow_on_a_finished_job_prints_everything_and_returns(
     out = capsys.readouterr().out
     assert [r for r in REASONS if r in out] == REASONS
     assert "rank 1 · attempt 0" in out
+    header, first = out.splitlines()[:2]  # a header, as `events` has, in the same columns
+    assert header.split() == ["TIME", "LEVEL", "REASON", "INVOLVED", "MESSAGE"]
+    assert header.index("REASON") == first.index(REASONS[0])
 
 
 def test_a_job_whose_launcher_died_reads_lost_and_its_wall_time_ends_at_its_last_sign(

@@ -198,6 +198,11 @@ def _follow_events(store: JobStore, args: argparse.Namespace) -> int:
     last_id = 0
     finished_before = False
     first = True
+    if not args.json:  # the header `events` prints, in the same fixed columns
+        console.print(Text.assemble(
+            (f"{'TIME':<12}", "bold"), "  ", (f"{'LEVEL':<7}", "bold"), "  ",
+            (f"{'REASON':<{REASON_WIDTH}}", "bold"), "  ",
+            (f"{'INVOLVED':<{INVOLVED_WIDTH}}", "bold"), "  ", ("MESSAGE", "bold")))
     try:
         while True:
             finished = job_finished(store.meta())

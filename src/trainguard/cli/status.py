@@ -125,7 +125,9 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     if doc["nodes"]:
         print_table(keyed_table(doc["nodes"], _NODE_KEYS))
         console.print()
-    print_table(keyed_table(doc["ranks"], _RANK_KEYS))
+    # a rank ended by a signal: the SIGNAL column says which (JSON keeps Python's -N)
+    print_table(keyed_table([{**r, "exit_code": None} if isinstance(r["exit_code"], int)
+                             and r["exit_code"] < 0 else r for r in doc["ranks"]], _RANK_KEYS))
     return ExitCode.SUCCESS
 
 
