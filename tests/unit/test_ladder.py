@@ -218,7 +218,8 @@ def test_an_in_process_restart_spends_what_the_process_restart_would_and_waits_n
     d = decide(in_process(crash(progress=False)), History(consecutive_failures=3), POL)
     assert (d.ranks, d.delay_s, d.history.restarts_used, d.history.in_process_in_a_row) == (
         (1,), 0.0, 1, 1)
-    assert "only rank 1 starts again" in d.reason
+    assert "only rank 1 starts again; rank 0 re-enters its training function in place" \
+        in d.reason, d.reason
     h = decide(in_process(hang()), History(), POL).history
     assert (h.restarts_used, h.hang_restarts) == (0, 1)
     down = decide(in_process(crash(progress=False)), History(in_process_in_a_row=1), POL)

@@ -99,11 +99,9 @@ class InProcessRestarts:
         self._waiting.clear()
         self.broken = None
         self._pending = (generation, time.monotonic())
-        ranks = rank_list(decision.ranks)
-        started = f"rank(s) {ranks} killed and started again, " if ranks else ""
         self.rec.event(Level.WARNING, Reason.IN_PROCESS_RESTARTING,
-                       f"{decision.reason}: {started}{told} rank(s) told to re-enter on process "
-                       f"group generation {generation} ({addr}:{port})", attempt=attempt,
+                       f"{decision.reason} (told {told}; process group generation "
+                       f"{generation} at {addr}:{port})", attempt=attempt,
                        rank=decision.ranks[0] if len(decision.ranks) == 1 else None)
         return decision
 

@@ -54,5 +54,13 @@ def in_place(d: Decision, incident: Incident) -> Decision:
     return replace(d, action=Action.RESTART_RANKS, rung=Rung.IN_PROCESS_RESTART,
                    history=replace(h, in_process_in_a_row=h.in_process_in_a_row + 1),
                    ranks=case.ranks, delay_s=0.0,
-                   reason=f"{d.reason}, in-process: {who}; {len(case.survivors)} rank(s) "
-                          "re-enter their training function in place")
+                   reason=f"{d.reason}, in-process: {who}; {_rank_words(case.survivors)} "
+                          f"{'re-enters its' if len(case.survivors) == 1 else 're-enter their'}"
+                          " training function in place")
+
+
+def _rank_words(ranks: tuple[int, ...] | list[int]) -> str:
+    """`rank 0`, `ranks 0-2,5`, or `no other rank`."""
+    if not ranks:
+        return "no other rank"
+    return f"rank {rank_list(ranks)}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
