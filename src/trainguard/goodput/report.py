@@ -18,6 +18,7 @@ from trainguard.records import (
     Event,
     Reason,
     RunningRecord,
+    plural,
     recoveries_by_rung,
     recoveries_text,
     secs,
@@ -91,8 +92,12 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
     elif a.mtbf_s is None:
         out.append("checkpoints: no failure yet, so no MTBF to size the interval by")
     elif a.current_s is None:
-        out.append("checkpoints: no two loop saves recorded; save through trainguard.checkpoint "
-                   "to get interval advice")
+        saved = len(r.commits)
+        out.append("checkpoints: " + (
+            "no save through trainguard.checkpoint recorded; save with its Checkpointer to "
+            "get interval advice" if not saved else
+            f"{plural(saved, 'save')} recorded; interval advice needs two saves in one "
+            "attempt's training loop"))
     suspected = [ev.data or {} for ev in r.events if ev.reason == Reason.HANG_SUSPECTED.value]
     ideal = g.ideal_step_s()
     if suspected and ideal:

@@ -1,0 +1,27 @@
+"""`trainguard report`'s advice lines (goodput/report.py advice_lines): pure."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from trainguard.goodput.interval import IntervalAdvice
+from trainguard.goodput.report import advice_lines
+
+NO_INTERVAL = IntervalAdvice(mtbf_s=100.0, blocking_s=None, current_s=None, optimal_s=None,
+                             loss_now=None, loss_optimal=None)
+
+
+def report_input(saves: int) -> Any:
+    goodput = SimpleNamespace(ideal_step_s=lambda: None, seconds=lambda cause: 0.0, wall_s=60.0)
+    return SimpleNamespace(goodput=goodput, events=[], nodes=[], commits=[object()] * saves)
+
+
+def test_the_interval_advice_says_why_there_is_none_without_telling_a_user_who_saves_to_save(
+        ) -> None:
+    # a job with one save through the Checkpointer: not "save through trainguard.checkpoint"
+    (one,) = advice_lines(report_input(1), NO_INTERVAL)
+    assert one == ("checkpoints: 1 save recorded; interval advice needs two saves in one "
+                   "attempt's training loop")
+    (none,) = advice_lines(report_input(0), NO_INTERVAL)
+    assert "no save through trainguard.checkpoint recorded" in none
