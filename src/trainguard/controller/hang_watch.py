@@ -75,11 +75,12 @@ class HangWatch:
         if not self.enabled:
             return None
         now = report.at  # the node's clock, as the liveness times it reports
-        v = self.detector.observe(report.liveness, now,
-                                  ending=job_ending(report) or self._ending)
+        ending = job_ending(report) or self._ending
+        v = self.detector.observe(report.liveness, now, ending=ending)
         before, self._state = self._state, v.state
         if v.state == HangState.OK and before != HangState.OK:
             self.rec.event(Level.INFO, Reason.HANG_CLEARED,
+                           f"not a hang: the attempt is ending ({ending})" if ending else
                            "the job makes progress again; the suspected hang is over",
                            attempt=self._attempt)
             if self.confirmed is not None:  # diagnose must not report a hang that ended
