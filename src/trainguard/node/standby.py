@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from trainguard.node import procs
 from trainguard.worker import contract as c
+from trainguard.worker.standby import READY_FD
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +189,9 @@ class StandbyPool:
         r, w = os.pipe()
         os.set_blocking(r, False)
         try:
-            proc = procs.spawn([*interp, "-m", "trainguard.worker.standby", *self.imports],
-                               {**env, c.ENV_STANDBY_READY_FD: str(w)}, cwd,
-                               stdin=subprocess.PIPE, pass_fds=(w,))
+            proc = procs.spawn([*interp, "-m", "trainguard.worker.standby", f"{READY_FD}{w}",
+                                *self.imports], env, cwd, stdin=subprocess.PIPE,
+                               pass_fds=(w,))
         except OSError as e:
             os.close(r)
             log.warning("cannot start a standby worker (%s); restarts start cold", e)

@@ -41,8 +41,6 @@ ENV_IN_PROCESS_TIMEOUT = "TRAINGUARD_IN_PROCESS_TIMEOUT_S"  # a survivor's wait 
 ENV_PG_GENERATION = "TRAINGUARD_PG_GENERATION"  # the process group generation to join
 ENV_MEMORY_EVERY = "TRAINGUARD_MEMORY_EVERY"  # steps between memory snapshots; 0: none
 ENV_MEMORY_DIR = "TRAINGUARD_MEMORY_DIR"  # the node agent's shared-memory region
-# a standby worker writes one byte to this fd once its imports are done (node/standby.py)
-ENV_STANDBY_READY_FD = "TRAINGUARD_STANDBY_READY_FD"
 ENV_SHM_ROOT = "TRAINGUARD_SHM_ROOT"  # the agent makes its region there (default /dev/shm)
 ENV_MEMORY_PEER = "TRAINGUARD_MEMORY_PEER"  # "1": peer copies; keep the step pinned for them
 ENV_AUTO_RESUME = "TRAINGUARD_AUTO_RESUME"  # hf | lightning: the site hook's framework

@@ -1,9 +1,9 @@
-"""A pre-warmed standby worker: `python -u -m trainguard.worker.standby [MODULE...]`.
+"""A pre-warmed standby worker: `python -u -m trainguard.worker.standby [--ready-fd=N] [MODULE...]`.
 
 The node agent spawns it (never forks it: a fork after torch used its OpenMP pool hangs the
 child, pytorch/pytorch#41197) with the job's worker environment, ahead of need. It imports
 MODULE... (torch, torch.distributed, DDP's `_dynamo`, DCP...) with its output thrown away,
-says so (one byte on the fd in TRAINGUARD_STANDBY_READY_FD, which it then closes), then
+says so (one byte on fd N of `--ready-fd`, which it then closes), then
 waits for one line on stdin: the assignment, `{"argv": [...], "env": {...}, "cwd": ...}`
 where argv is what follows the interpreter and its flags (`script.py ARGS` or `-m MODULE
 ARGS`). Then it becomes that worker as a fresh `python -u` would be: the environment replaced,
@@ -81,14 +81,16 @@ def warm(modules: list[str]) -> None:
             os.close(fd)
 
 
-def say_ready() -> None:
+READY_FD = "--ready-fd="
+
+
+def say_ready(fd: int | None) -> None:
     """One byte to the agent on the fd it gave (the pool counts this standby warm)."""
-    fd = os.environ.pop("TRAINGUARD_STANDBY_READY_FD", "")  # contract.ENV_STANDBY_READY_FD
-    if fd.isdigit():
+    if fd is not None:
         with contextlib.suppress(OSError):
-            os.write(int(fd), b"1")
+            os.write(fd, b"1")
         with contextlib.suppress(OSError):
-            os.close(int(fd))
+            os.close(fd)
 
 
 def become(job: dict[str, Any]) -> None:
@@ -123,8 +125,10 @@ def _script_frames(tb: TracebackType | None) -> TracebackType | None:
 
 def main() -> None:
     nice = lower_priority()
-    warm(sys.argv[1:])
-    say_ready()
+    args = sys.argv[1:]
+    fd = int(args.pop(0)[len(READY_FD):]) if args[:1] and args[0].startswith(READY_FD) else None
+    warm(args)
+    say_ready(fd)
     line = sys.stdin.buffer.readline()
     if not line.strip():
         sys.exit(0)  # the agent let this standby go unused
