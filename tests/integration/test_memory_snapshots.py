@@ -186,6 +186,17 @@ def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
     assert len(restarted) == 1 and "(standby)" in restarted[0], restarted
     assert read_json("status", job)["node_usage"] == []  # freed with the job
     assert list(shm.iterdir()) == []
+    # `diagnose JOB_DIR` picks the attempt the loss ended (not the one that succeeded) and
+    # blames the lost node, not a rank of a healthy node
+    for args in ([], ["--attempt", "0"]):
+        out = subprocess.run([*TG, "diagnose", str(job), "--json", *args], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        d = report["diagnosis"]
+        assert report["attempt"] == 0 and d["confidence"] >= 0.9, d
+        assert (d["subcategory"], d["culprit"]["node"], d["culprit"]["rank"]) == (
+            "node_lost", "node-1", 1), d
 
 
 def test_the_save_at_breakpoint_runs_below_the_agents_priority(

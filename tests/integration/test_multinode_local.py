@@ -79,6 +79,9 @@ def log_of(job_dir: Path, attempt: int, rank: int) -> str:
     return (job_dir / "logs" / f"attempt-{attempt}" / f"rank-{rank}.log").read_text()
 
 
+# make test runs the same scenario on Slurm (tests/multinode/test_slurm_jobs.py) and on the
+# local backend with memory snapshots, diagnose included (test_memory_snapshots.py)
+@pytest.mark.long
 def test_a_killed_node_is_replaced_by_the_spare_and_training_resumes(tmp_path: Path) -> None:
     job = tmp_path / "job"
     bg = Background(job_args(job, "--spare-nodes", "1"), tmp_path)
