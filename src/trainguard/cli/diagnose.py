@@ -58,17 +58,24 @@ def _run(ns: argparse.Namespace) -> int:
 
 def to_json(report: Report) -> dict[str, object]:
     return {"diagnosis": None if report.diagnosis is None else report.diagnosis.to_dict(),
-            "job_dir": report.job_dir, "attempt": report.attempt, "files": report.files,
-            "problems": report.problems}
+            "job_dir": report.job_dir, "attempt": report.attempt,
+            "attempt_failed": report.attempt_failed, "note": report.note,
+            "files": report.files, "problems": report.problems}
 
 
 def render(report: Report) -> str:
     d = report.diagnosis
     read = f"read {len(report.files)} file(s)" + (
         f" of attempt {report.attempt} of {report.job_dir}" if report.job_dir else "")
+    if d is None and report.note is not None and not report.files:
+        return (f"no failure found: {report.note}; `--attempt N` reads the logs of one "
+                "anyway")
     if d is None:
-        return f"no failure found: no known error, exception or failed rank ({read})"
-    return "\n".join([*_verdict_lines(d), f"  ({read})"])
+        why = f"{report.note}, and" if report.note else "no failure found:"
+        return f"{why} no known error, exception or failed rank ({read})"
+    head = [] if report.note is None else [
+        f"{report.note}: no failure; the errors its logs show anyway, read as a failure:"]
+    return "\n".join([*head, *_verdict_lines(d), f"  ({read})"])
 
 
 def _verdict_lines(d: Diagnosis) -> list[str]:

@@ -1,16 +1,24 @@
 """`trainguard diagnose JOB_DIR`: what a job dir gives the diagnosis. I/O.
 
 The job store names the attempts and their ranks' exits. The attempt diagnosed is the one
-asked for, else the last that failed (a rank failed, the controller confirmed a hang, or a
-node was lost), else the last. An attempt a node loss ended blames the lost node (what
-its logs say is a consequence: diagnosis.lost). Its rank logs are scanned
-(diagnosis.sources); when none of its ranks failed but the controller confirmed a hang,
-that verdict (stacks/hang.json, with every rank's stack dump) is the diagnosis.
+asked for, else the last that failed (a rank failed, the controller confirmed a hang, a node
+was lost, or a rank was restarted in place), else, when every attempt ended well (succeeded
+or stopped by the user), none: nothing failed. An in-process restart keeps the attempt and
+its ranks' rows (the restarted rank's row is its new process): the failure it answered is
+read from the WorkerFailed events it recorded (the exits) and its incident (the time span
+of its lines), so that its last one is diagnosed as the job diagnosed it. An attempt a node
+loss ended blames the lost node (what its logs say is a consequence: diagnosis.lost). Its
+rank logs are scanned (diagnosis.sources); when none of its ranks failed but the
+controller confirmed a hang, that verdict (stacks/hang.json, with every rank's stack
+dump) is the diagnosis.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import signal
+from datetime import datetime
 from pathlib import Path
 
 from trainguard.controller.store import JobStore, db_path
@@ -22,7 +30,7 @@ from trainguard.diagnosis.sources import JobInputs, JobReader, log_files
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.diagnosis.verdict import RankExit
 from trainguard.paths import HANG_FILE, STACKS_DIR, attempt_log_dir, stacks_dir
-from trainguard.records import FaultScenario, RunningRecord
+from trainguard.records import Event, FaultScenario, Reason, RunningRecord, from_iso
 from trainguard.states import WorkerState
 
 
@@ -42,16 +50,25 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         meta = store.meta()
         rows = store.all_workers()
         records = store.running_records()
+        deaths = [e for _, e in store.events(reasons=(Reason.WORKER_FAILED.value,))]
     attempts = sorted({r.attempt for r in rows})
     log_dir = log_dir_of(meta, job_dir)
     losses = _node_losses(records)
+    in_place = {rec.attempt: rrs for rec in records
+                if (rrs := [rr for rr in rec.recover_records if rr.recover == IN_PLACE])}
+    ended = {rec.attempt: rec.end_reason for rec in records}
     # every rank exited 0: a hang confirmed as the ranks were ending is no failure
     ok = {a for a in attempts if all(r.state == WorkerState.SUCCEEDED
                                      for r in rows if r.attempt == a)}
     failed = sorted({r.attempt for r in rows if r.state == WorkerState.FAILED}
                     | {a for a in attempts if a not in ok
                        and (stacks_dir(log_dir, a) / HANG_FILE).is_file()}
-                    | set(losses))
+                    | set(losses) | set(in_place))
+    if attempt is None and not failed and attempts and all(
+            _ended_well(ended.get(a)) for a in attempts):
+        each = "; ".join(f"attempt {a}: {_ended_well(ended.get(a))}" for a in attempts)
+        return JobInputs(attempts[-1], [], [], None, failed=False,
+                         note=f"every attempt of the job ended well ({each})")
     if attempt is None:
         attempt = failed[-1] if failed else (attempts[-1] if attempts else 0)
     adir = attempt_log_dir(log_dir, attempt)
@@ -64,12 +81,67 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
     exits = [RankExit(r.rank, r.state == WorkerState.FAILED, r.exit_code, r.ended_at,
                       r.oom_killed, r.node)
              for r in rows if r.attempt == attempt]
+    how = _ended_well(ended.get(attempt))
+    note = None if attempt in failed or how is None else f"attempt {attempt} {how}"
+    restarts = in_place.get(attempt, [])
+    window: tuple[datetime | None, datetime | None] = (None, None)
+    if restarts:  # lines before its last in-process restart are an earlier failure's
+        window = (restarts[-1].recover_end_at or restarts[-1].detected_at, None)
+    if restarts and not any(e.failed for e in exits) and attempt not in losses:
+        # it went on after its last in-process restart: that restart's failure is diagnosed
+        last = restarts[-1]
+        start = (restarts[-2].recover_end_at or restarts[-2].detected_at
+                 ) if len(restarts) > 1 else None
+        window = (start, last.detected_at)
+        died = _died(deaths, attempt, start, last.decided_at or last.recover_end_at)
+        exits = [*died, *(e for e in exits if e.rank not in {d.rank for d in died})]
     if attempt in losses:
         node, reason = losses[attempt]
         ranks = sorted(r.rank for r in rows if r.attempt == attempt and r.node == node)
         return JobInputs(attempt, files, exits, None, lost=(node, reason, ranks))
     hung = None if any(e.failed for e in exits) else _hang_report(job_dir, log_dir, attempt)
-    return JobInputs(attempt, files, exits, hung)
+    return JobInputs(attempt, files, exits, hung, window=window, failed=note is None,
+                     note=note)
+
+
+IN_PLACE = "in_process_restart"  # a recover record's `recover` for rung 1a
+_SIGNALS = {s.name for s in signal.Signals}
+_EXIT_WORDS = re.compile(r"killed by (SIG[A-Z0-9]+)|exited with code (-?\d+)")
+
+
+def _ended_well(end_reason: str | None) -> str | None:
+    """How an attempt that did not fail ended, from its record's end_reason; None: it failed
+    (or its end is unknown)."""
+    if end_reason == "succeeded":
+        return "succeeded"
+    if end_reason is not None and end_reason.startswith("launcher received"):
+        return f"was stopped by the user ({end_reason})"
+    return None
+
+
+def _died(deaths: list[Event], attempt: int, after: datetime | None,
+          until: datetime | None) -> list[RankExit]:
+    """The ranks of `attempt` whose process failed between `after` and `until` (the failure
+    an in-process restart answered), from the WorkerFailed events: their data (exit code,
+    OOM kill, end), else (a store written before they had data) their message."""
+    out = []
+    for ev in deaths:
+        rank = ev.involved.rank
+        if (ev.involved.attempt != attempt or rank is None or (after and ev.time <= after)
+                or (until and ev.time > until)):
+            continue
+        data = ev.data or {}
+        code = data.get("exit_code")
+        if not isinstance(code, int):
+            m = _EXIT_WORDS.search(ev.message)
+            sig = signal.Signals[m.group(1)].value if m and m.group(1) in _SIGNALS else None
+            code = -sig if sig else int(m.group(2)) if m and m.group(2) else None
+        oom = data.get("oom_killed")
+        ended = data.get("ended_at")
+        out.append(RankExit(rank, True, code, from_iso(ended) if isinstance(ended, str)
+                            else ev.time, oom if isinstance(oom, bool) else None,
+                            data.get("node") or ev.involved.node))
+    return out
 
 
 def _node_losses(records: list[RunningRecord]) -> dict[int, tuple[str, str]]:

@@ -43,7 +43,7 @@ from trainguard.protocol import (
     NodeReport,
     StopWorkers,
 )
-from trainguard.records import FaultScenario, Level, Reason, StartType, rank_list, utcnow
+from trainguard.records import FaultScenario, Level, Reason, StartType, iso, rank_list, utcnow
 from trainguard.states import JobState, WorkerState
 
 if TYPE_CHECKING:
@@ -264,7 +264,9 @@ class Controller:
         for w in failed:
             self.rec.event(Level.WARNING, Reason.WORKER_FAILED,
                            f"rank {w.rank} (pid {w.pid}) {describe_exit(w.returncode)}",
-                           rank=w.rank, attempt=attempt)
+                           rank=w.rank, attempt=attempt, data={  # `diagnose JOB_DIR` reads
+                               "exit_code": w.returncode, "oom_killed": w.oom_killed,
+                               "ended_at": iso(w.ended_at), "node": w.node or report.node})
         case = self._inproc.case(report, tuple(w.rank for w in failed))
         if case is None:  # else the survivors run on until the ladder decided
             report = self._stop_rest(attempt, "a worker failed", [w.rank for w in failed])

@@ -12,6 +12,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import BinaryIO, cast
@@ -111,6 +112,8 @@ class Report:
     problems: list[str] = field(default_factory=list)  # files that could not be read
     attempt: int | None = None
     job_dir: str | None = None
+    attempt_failed: bool | None = None  # a job dir's: False when its record says it did not
+    note: str | None = None  # how that attempt (or every attempt) ended, when not in failure
 
 
 def _printable(name: str) -> str:
@@ -133,6 +136,11 @@ class JobInputs:
     exits: list[RankExit]  # its ranks' exits
     hung: Diagnosis | None  # the launcher's hang verdict, when no rank failed but it hung
     lost: tuple[str, str, list[int]] | None = None  # a node loss ended it: node, why, ranks
+    # the failure's time span: lines stamped at or before its start belong to an earlier
+    # failure of the attempt (an in-process restart), after its end are its consequences
+    window: tuple[datetime | None, datetime | None] = (None, None)
+    failed: bool = True  # False: the attempt (files empty: every attempt) did not fail
+    note: str | None = None  # how it ended, when it did not fail
 
 
 # Reads `path` as a job dir (problems go to the list); None: `path` is not one.
@@ -152,11 +160,13 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
     exits: list[RankExit] = []
     hung: Diagnosis | None = None
     lost = None
+    window: tuple[datetime | None, datetime | None] = (None, None)
     for p in paths:
         job = read_job(p, report.problems) if read_job is not None else None
         if job is not None:
             report.attempt, hung, lost = job.attempt, job.hung, job.lost
             report.job_dir = str(p)
+            report.attempt_failed, report.note, window = job.failed, job.note, job.window
             files += job.files
             exits += job.exits
         elif p.is_dir():
@@ -177,10 +187,13 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
         except (OSError, EOFError, zlib.error) as e:  # EOFError, zlib: a damaged .gz
             what = getattr(e, "strerror", None) or str(e) or type(e).__name__
             report.problems.append(f"{name}: cannot read it ({what})")
-    if not report.files and not exits:
+    if not report.files and not exits and report.attempt_failed is not False:
         raise DiagnoseError("; ".join(report.problems) or "nothing to read: pass a job dir "
                             "(the one `trainguard run` printed) or log files")
-    report.diagnosis = hung or diagnose(findings, exits, rules)
+    if window[0] is not None:
+        start = window[0]
+        findings = [f for f in findings if f.at is None or f.at_inherited or f.at > start]
+    report.diagnosis = hung or diagnose(findings, exits, rules, window[1])
     if lost is not None:
         report.diagnosis = node_loss_diagnosis(*lost, report.diagnosis)
     return report
