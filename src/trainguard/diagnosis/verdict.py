@@ -35,6 +35,9 @@ _SIGABRT = 6
 _MAX_SYMPTOMS = 10
 _RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank[ :=]\s?(\d+)\b|\[rank(\d+)\]")
 _IGNORED_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "BdbQuit")
+# where Python reports a SyntaxError (no "Traceback" header, no ", in f"): the scanner keeps
+# it among a log's last lines (context findings), a few lines above the exception
+_COMPILE_SITE = re.compile(r'^File "([^"]+)", line (\d+)$')
 # exit notices of a batch system or an MPI launcher (Slurm's WTERMSIG and job script, srun,
 # mpirun): a SIGKILL they report with no OOM kill anywhere in the logs came from outside
 # (Slurm reports its own OOM kills: "Detected 1 oom-kill event(s)", a decisive rule)
@@ -259,6 +262,7 @@ def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],
     killed = {e.rank for e in exits if e.failed and signal_of(e.returncode) is not None}
     seen = [f.model_copy(update={"final": False})
             if f.final and not f.traceback and f.rank in killed else f for f in seen]
+    seen = _compile_sites(seen)
     cands = [c for f in seen if (c := _from_finding(f, rules)) is not None]
     exit_ranks = set()
     # ranks whose own lines (not an exit notice about them) say what went wrong
@@ -302,6 +306,24 @@ def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],
     died_of = [c.category for c in others if c.finding is not None and c.finding.final
                and c.rank != root.rank]
     return _diagnosis(root, others, exits), died_of
+
+
+def _compile_sites(seen: list[Finding]) -> list[Finding]:
+    """An exception with no frame (a SyntaxError) gets the `File "x", line N` line printed
+    up to 4 lines above it, when the log shows one."""
+    sites = {(f.file, f.line): m for f in seen
+             if f.context and (m := _COMPILE_SITE.match(f.text.strip())) is not None}
+    if not sites:
+        return seen
+    out = []
+    for f in seen:
+        if f.exc_type is not None and f.frame is None and not f.context:
+            m = next((sites[f.file, n] for n in range(f.line - 1, f.line - 5, -1)
+                      if (f.file, n) in sites), None)
+            if m is not None:
+                f = f.model_copy(update={"frame": f"{m.group(1)}:{m.group(2)}"})
+        out.append(f)
+    return out
 
 
 def _evidence(c: _Candidate) -> Evidence | None:

@@ -177,6 +177,7 @@ def name_culprit(stacks: dict[int, RankStack], last_steps: dict[int, int | None]
     4. No rank waits: if every rank is in the same state (all blocked in one file lock),
        there is no single culprit (rank None, the common frame); else the ranks outside
        the majority's state are the candidates.
+       A job of one rank (one stack taken) has that rank as its culprit, whatever it does.
     5. Ranks whose stack could not be taken are `error` in by_rank and named in the reason.
     Ties go to the lowest rank. `confidence` is how sure the verdict is.
     """
@@ -207,6 +208,10 @@ def name_culprit(stacks: dict[int, RankStack], last_steps: dict[int, int | None]
                            " no rank's stack could be taken.", 0.3)
         return verdict(None, "No rank's stack could be taken.", 0.0)
     waiting = [r for r in seen if states[r].kind in WAITING]
+    if len(states) == 1:  # a job of one rank: that rank hangs, whatever it is doing
+        only = seen[0]
+        return verdict(only, f"Rank {only}, the only rank, {states[only].text()}.",
+                       0.5 if waiting else 0.9)
     others = [r for r in seen if r not in waiting]
     if waiting and others:
         narrowed = [r for r in others if r in behind] or others
