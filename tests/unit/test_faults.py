@@ -366,7 +366,9 @@ def test_hang_sleeps_and_spin_burns_a_cpu_forever_on_the_matching_rank(
         time.sleep(1.0)
         assert proc.poll() is None  # still stuck
         cpu_share = (_cpu_s(proc.pid) - cpu0) / (time.monotonic() - t0)
-        assert cpu_share > 0.5 if busy else cpu_share < 0.1
+        # a spinning rank takes what the machine gives it: about a core alone, a quarter of
+        # one beside eight runnable processes on 2 CPUs; a sleeping one next to nothing
+        assert cpu_share > 0.2 if busy else cpu_share < 0.05, cpu_share
     finally:
         out = _stop(proc)
     assert out.split() == ["step", "1", "step", "2"]
