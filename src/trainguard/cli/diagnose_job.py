@@ -31,7 +31,7 @@ from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.diagnosis.verdict import RankExit
 from trainguard.paths import HANG_FILE, STACKS_DIR, attempt_log_dir, stacks_dir
 from trainguard.records import Event, FaultScenario, Reason, RunningRecord, from_iso
-from trainguard.states import WorkerState
+from trainguard.states import JobState, WorkerState
 
 
 def job_reader(attempt: int | None) -> JobReader:
@@ -112,8 +112,8 @@ _EXIT_WORDS = re.compile(r"killed by (SIG[A-Z0-9]+)|exited with code (-?\d+)")
 def _ended_well(end_reason: str | None) -> str | None:
     """How an attempt that did not fail ended, from its record's end_reason; None: it failed
     (or its end is unknown)."""
-    if end_reason == "succeeded":
-        return "succeeded"
+    if end_reason == JobState.SUCCEEDED.value:  # controller/incidents.py attempt_succeeded
+        return JobState.SUCCEEDED.value
     if end_reason is not None and end_reason.startswith("launcher received"):
         return f"was stopped by the user ({end_reason})"
     return None

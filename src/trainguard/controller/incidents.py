@@ -23,6 +23,7 @@ from trainguard.records import (
     StartType,
     utcnow,
 )
+from trainguard.states import JobState
 
 _CHIP_CATEGORIES = {"gpu_hardware", "npu_hardware_or_driver"}
 # the end of an attempt whose launcher died, closed by the next launch of the job
@@ -281,7 +282,7 @@ class IncidentBook:
                 self._save(rec)
 
     def attempt_succeeded(self, attempt: int, progress: Progress) -> None:
-        self._end(progress, "succeeded", RecoverResult.SUCCESS)
+        self._end(progress, JobState.SUCCEEDED.value, RecoverResult.SUCCESS)
 
     def attempt_stopped(self, attempt: int, reason: str, progress: Progress) -> None:
         self._end(progress, reason, RecoverResult.TERMINATED)
