@@ -108,3 +108,61 @@ def events_or_none(job: Path, reason: str) -> list[dict[str, object]]:
         return events(job, reason)
     except subprocess.CalledProcessError:
         return []
+
+
+CLEAN_EXIT = """
+import logging, sys, time
+import torch
+import torch.distributed as dist
+from trainguard.checkpoint import Checkpointer
+from trainguard.checkpoint.storage import Storage
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+write_stream, publish = Storage.write_stream, Storage.publish
+
+def counted(self, rel, write):
+    print(f"wrote {rel}", flush=True)
+    return write_stream(self, rel, write)
+
+def slow(self, staging, step):  # rank 0 commits after rank 1 has reached its exit
+    time.sleep(0.5)
+    publish(self, staging, step)
+
+Storage.write_stream, Storage.publish = counted, slow
+dist.init_process_group("gloo")
+model = torch.nn.Linear(16, 16)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+state = {"model": model, "optimizer": opt}
+ckpt = Checkpointer(every_steps=10)
+for step in range(1, 31):
+    opt.zero_grad()
+    model(torch.randn(4, 16)).pow(2).mean().backward()
+    opt.step()
+    print(f"step {step}", flush=True)
+    ckpt.maybe_save(step, state)
+ckpt.close()
+"""
+
+
+def test_a_clean_exit_with_save_on_exit_writes_no_step_twice_and_reports_no_failure(
+        tmp_path: Path) -> None:
+    # Ranks other than 0 used to take their last periodic save (their part written, rank 0
+    # still committing) for no save, and saved the step again at interpreter exit: written
+    # twice, and when rank 0 renamed the staging directory meanwhile, CheckpointSaveFailed.
+    job, script = tmp_path / "job", tmp_path / "train.py"
+    script.write_text(CLEAN_EXIT)
+    r = run_tg(["run", "--nproc-per-node", "2", "--save-on-exit", "--job-dir", str(job),
+                str(script)], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert events(job, "CheckpointSaveFailed") == []
+    for rank in (0, 1):
+        log = (job / "logs" / "attempt-0" / f"rank-{rank}.log").read_text()
+        assert "on the way out" not in log, log[-2000:]
+        for step in (10, 20, 30):
+            writes = [ln for ln in log.splitlines()
+                      if f"step-{step:09d}" in ln and f"rank-{rank:05d}.pt" in ln]
+            assert len(writes) == 1, (step, writes)
+    ckpts = job / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith(".tmp-")) == []
+    ls = read_json_cmd(["ckpt", "ls", str(ckpts), "--json"])
+    assert [(c["step"], c["status"]) for c in ls] == [(30, "valid"), (20, "valid"), (10, "valid")]

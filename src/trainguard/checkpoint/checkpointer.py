@@ -144,7 +144,8 @@ class Checkpointer:
         self._failures = 0
         self._last_error: BaseException | None = None
         self._bad_steps: set[int] = set()  # found corrupt on load: re-saved when reached
-        self.last_saved_step: int | None = None
+        self.last_saved_step: int | None = None  # committed (rank 0), or found committed
+        self.last_written_step: int | None = None  # this rank's part is durable (any rank)
         self.last_blocked_s: float | None = None
         on_exit = enabled_by_env() if save_on_exit is None else save_on_exit
         self._exit = ExitSaver(self) if on_exit else None
@@ -252,8 +253,7 @@ class Checkpointer:
             self._memory.close()
 
     def _dead(self) -> set[int]:
-        """Ranks the save need not wait for: those the launcher saw die; every rank once
-        abandoned."""
+        """Ranks the save need not wait for: those seen dead; every rank once abandoned."""
         return set(range(self.world_size)) if self._abandoned else dead_ranks()
 
     def wait_quietly(self) -> None:
@@ -267,8 +267,8 @@ class Checkpointer:
             self._failed(job.step, e)
             raise
         with self._lock:
-            self._failures = 0
-            self._last_error = None
+            self._failures, self._last_error = 0, None
+        self.last_written_step = max(job.step, self.last_written_step or job.step)
         if result.committed or result.already_valid:  # other ranks: only their part is known
             self.last_saved_step = job.step
             self._bad_steps.discard(job.step)  # written anew: no longer the corrupt one

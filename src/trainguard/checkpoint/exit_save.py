@@ -117,10 +117,19 @@ class ExitSaver:
     def _count_step(self, *args: Any) -> None:
         self._optimizer_steps += 1
 
+    def _saved(self, step: int) -> bool:
+        """Whether this rank's part of `step` is durable already: committed, or (on ranks
+        other than 0, whose saves end when their part is written) written by a periodic save
+        that rank 0 commits. Saving it again would race that commit: rank 0 renames the
+        staging directory this rank would be writing into."""
+        ckpt = self._ckpt
+        ckpt.wait_quietly()  # a periodic save in flight: its end decides
+        return any(s is not None and step <= s
+                   for s in (ckpt.last_saved_step, ckpt.last_written_step))
+
     def _at_exit(self) -> None:
         snap = self._last
-        last = self._ckpt.last_saved_step
-        if self._done or snap is None or (last is not None and last >= snap.step):
+        if self._done or snap is None or self._saved(snap.step):
             return
         if not self._hooked:
             self._skip(snap.step, "no optimizer in the state proves the step was complete")
@@ -139,9 +148,10 @@ class ExitSaver:
         snap = self._last
         if snap is None:
             return
-        last = self._ckpt.last_saved_step
-        if last is not None and snap.step <= last:
-            return  # already durable
+        if self._saved(snap.step):
+            log.info("checkpoint of step %s is already saved: not saved again on the way out",
+                     snap.step)
+            return
         try:
             self._ckpt.save_snapshot(snap.step, snap.state, snap.rng, snap.data,
                                      commit_timeout_s=self.commit_timeout_s, reason=reason)
