@@ -27,7 +27,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     a new process (and are put back as they were after the test)."""
     monkeypatch.delenv(channel.ENV_SOCKET, raising=False)
     monkeypatch.setenv("RANK", "2")
-    for name, new_process in (("_launcher", None), ("_last_step", 0),
+    for name, new_process in (("_launcher", None), ("_last_step", 0), ("_unsent", False),
                               ("_next_send_at", -math.inf), ("_marks_failing", False)):
         monkeypatch.setattr(prog, name, new_process)
 
@@ -80,8 +80,11 @@ class Clock:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """A clock the test moves; the throttle alone: the flusher, which sends a held-back
+    step when the interval ends in real time, is not started."""
     c = Clock()
     monkeypatch.setattr(prog, "_monotonic", c)
+    monkeypatch.setattr(prog, "_wake_flusher", lambda: None)
     return c
 
 
@@ -126,6 +129,30 @@ def test_a_step_going_backwards_is_sent_at_once(agent: ChannelServer, clock: Clo
     progress(4)  # restarted from an older checkpoint
     progress(5)  # throttled again
     assert steps_sent(agent) == [10, 4]
+
+
+def test_a_held_back_last_step_is_sent_when_the_interval_ends(agent: ChannelServer) -> None:
+    # The script reports steps faster than the interval, then sleeps (or evaluates): the
+    # last step used to wait for a later call that never came.
+    progress(1)
+    progress(2)  # held back: the interval has not ended
+    progress(3)
+    time.sleep(PROGRESS_INTERVAL_S + 0.3)
+    assert steps_sent(agent) == [1, 3]
+
+
+def test_held_back_steps_do_not_send_more_than_one_message_per_interval(
+        agent: ChannelServer) -> None:
+    started = time.monotonic()
+    step = 0
+    while time.monotonic() - started < 5 * PROGRESS_INTERVAL_S:
+        step += 1
+        progress(step)
+        time.sleep(0.003)
+    time.sleep(PROGRESS_INTERVAL_S + 0.3)
+    sent = steps_sent(agent)
+    assert sent[-1] == step and sent == sorted(set(sent))
+    assert len(sent) <= 5 + 2  # the first, one per interval, the held-back last one
 
 
 def test_the_step_is_sent_as_an_int_and_the_message_names_the_sender(

@@ -23,7 +23,10 @@ Messages (JSON datagrams through trainguard.worker.channel; each also carries `k
 
 - `progress`: `step` (int). Sent on the first call, then at most every
   PROGRESS_INTERVAL_S, and at once when the step goes backwards (the script restarted from
-  an older checkpoint). So the step the agent knows lags the script's by at most 0.2 s.
+  an older checkpoint). A step held back by that interval is sent when the interval ends,
+  by a background thread, if no later call sent a step first (and at interpreter exit if
+  the interval has not ended yet): the last step reported always arrives, so the step the
+  agent knows lags the script's by at most 0.2 s even when the script then sleeps or ends.
 - `phase`: `name`, `state` ("begin" or "end"), `timeout_s` (float or None), `depth` (1 for
   the outermost phase open in the sending thread, 2 for one nested in it...) and `seq` (per
   process, the same on a phase's begin and end, to pair them). An end also carries `ok`:
@@ -44,8 +47,10 @@ progress() call then costs a global lookup and a comparison. Standard library on
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
+import os
 import threading
 import time
 from types import TracebackType
@@ -68,6 +73,10 @@ _MARK_RETRY_SLEEPS_S = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)
 _launcher: bool | None = None  # channel.available(), looked up once on first use
 _last_step = 0
 _next_send_at = -math.inf  # monotonic time after which the next progress is sent
+_unsent = False  # _last_step was held back by the interval: the flusher sends it
+_flusher: threading.Thread | None = None  # started on the first held-back step
+_wake = threading.Event()
+_send_lock = threading.Lock()  # one send at a time: the loop's or the flusher's
 _monotonic = time.monotonic
 _seq = itertools.count(1)
 _local = threading.local()
@@ -82,16 +91,76 @@ def _detect() -> bool:
 
 def progress(step: int) -> None:
     """Report that the script reached `step` (e.g. the number of optimizer steps done)."""
-    global _last_step, _next_send_at
+    global _last_step, _unsent
     if _launcher is not True and (_launcher is False or not _detect()):
         return
     now = _monotonic()
     if now < _next_send_at and step >= _last_step:
-        _last_step = step
+        _last_step = step  # set before _unsent is read (the flusher clears it, then reads)
+        if not _unsent:
+            _unsent = True
+            _wake_flusher()
         return
+    backwards = step < _last_step
     _last_step = step
-    sent = channel.send(MessageKind.PROGRESS, step=int(step))
-    _next_send_at = now + (PROGRESS_INTERVAL_S if sent else _PROGRESS_RETRY_S)
+    _send(now, force=backwards)
+
+
+def _send(now: float, force: bool = False) -> None:
+    """Send the last step unless one was sent less than the interval ago (not `force`);
+    held back, it is left to the flusher."""
+    global _next_send_at, _unsent
+    with _send_lock:
+        if not force and now < _next_send_at:  # the other sender was first
+            if not _unsent:
+                _unsent = True
+                _wake_flusher()
+            return
+        _unsent = False  # cleared before the step is read: a newer step sets it again
+        sent = channel.send(MessageKind.PROGRESS, step=int(_last_step))
+        _next_send_at = now + (PROGRESS_INTERVAL_S if sent else _PROGRESS_RETRY_S)
+        if not sent:  # tried again: at a call 10 ms later, or by the flusher
+            _unsent = True
+            _wake_flusher()
+
+
+def _wake_flusher() -> None:
+    global _flusher
+    if _flusher is None:
+        _flusher = threading.Thread(target=_flush_loop, name="trainguard-progress",
+                                    daemon=True)
+        _flusher.start()
+    _wake.set()
+
+
+def _flush_loop() -> None:
+    """Send a held-back step when the interval ends, unless a later call did first."""
+    while True:
+        _wake.wait()
+        _wake.clear()
+        while _unsent and _launcher:
+            wait = _next_send_at - _monotonic()
+            if wait > 0:
+                time.sleep(min(max(wait, _PROGRESS_RETRY_S), PROGRESS_INTERVAL_S))
+                continue
+            _send(_monotonic())
+            if _unsent:  # not sent (the agent's queue is full, or it is gone): not so often
+                time.sleep(PROGRESS_INTERVAL_S)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """The script ends within the interval after its last step: send that step now."""
+    if _unsent and _launcher:
+        _send(_monotonic(), force=True)
+
+
+def _after_fork_in_child() -> None:
+    global _flusher, _wake, _send_lock
+    _flusher, _wake, _send_lock = None, threading.Event(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def log_metrics(step: int, loss: float | None = None,
