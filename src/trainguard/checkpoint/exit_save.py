@@ -136,7 +136,7 @@ class ExitSaver:
         elif snap.optimizer_steps != self._optimizer_steps:
             self._skip(snap.step, f"an optimizer step ran after step {snap.step}")
         else:
-            self._save("the rank is exiting after an error")
+            self._save("the rank is exiting with its last step unsaved")
 
     def _skip(self, step: int, why: str) -> None:
         self._done = True
