@@ -97,6 +97,10 @@ def checkpoint_location(location: str) -> str:
         raise SpecError("LOCATION", f"{location} does not exist",
                         "give a job dir, a checkpoint directory or an fsspec URL "
                         "(s3://bucket/prefix)")
+    if not path.is_dir():
+        raise SpecError("LOCATION", f"{location} is a file, not a directory",
+                        "give a job dir, a checkpoint directory or an fsspec URL "
+                        "(s3://bucket/prefix)")
     if not db_path(path).is_file():
         return location
     try:

@@ -132,11 +132,16 @@ class JobStore(LedgerTables):
     def open(cls, job_dir: Path) -> JobStore:
         """Open a job's store read-only; `job_dir` may also be the db file itself."""
         job_dir = Path(job_dir)
+        if job_dir.is_file() and job_dir.name != DB_NAME:
+            raise StoreError(f"{job_dir} is a file, not a job dir; pass the job dir printed "
+                             "by `trainguard run` (`trainguard ls` lists the jobs)")
         path = job_dir if job_dir.is_file() else db_path(job_dir)
         if not path.is_file():
+            inside = job_dir.is_dir() and any(p.is_file() for p in job_dir.glob(f"*/{DB_NAME}"))
             raise StoreError(
                 f"no trainguard job at {job_dir} (expected {db_path(job_dir)}); "
-                "pass the job dir printed by `trainguard run`"
+                + (f"it holds job dirs: `trainguard ls {job_dir}` lists them" if inside else
+                   "pass the job dir printed by `trainguard run`")
             )
         conn = _connect_readonly(path)
         store = cls(conn, path, readonly=True)

@@ -1,0 +1,26 @@
+"""Problems the seventh new-user walk-through met, with the real command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.unit.helpers import tg
+from trainguard.controller.store import JobStore
+
+
+def test_a_file_given_as_a_job_dir_says_it_is_a_file_and_a_parent_of_jobs_points_to_ls(
+        tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    for cmd in ("status", "logs", "report", "events"):
+        r = tg(cmd, "train.py", cwd=tmp_path)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        assert "train.py is a file, not a job dir; pass the job dir printed by `trainguard " \
+               "run` (`trainguard ls` lists the jobs)" in r.stderr, (cmd, r.stderr)
+    r = tg("ckpt", "ls", "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and "train.py is a file, not a directory" in r.stderr, r.stderr
+    JobStore.create(tmp_path / "jobs" / "a", "run-a").close()
+    r = tg("status", "jobs", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "it holds job dirs: `trainguard ls jobs` lists them" in r.stderr, r.stderr
+    assert json.loads(tg("ls", "jobs", "--json", cwd=tmp_path).stdout)[0]["run_id"] == "run-a"
