@@ -212,7 +212,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "restarts",
         "restarts_by_rung",
         "budgets",
-        "hang", "stopping",
+        "hang", "stopping", "exit_code",
         "launcher",
     }
     assert doc["nodes"] == []  # a single-node job keeps no node rows

@@ -24,3 +24,16 @@ def test_a_file_given_as_a_job_dir_says_it_is_a_file_and_a_parent_of_jobs_points
     assert r.returncode == 2
     assert "it holds job dirs: `trainguard ls jobs` lists them" in r.stderr, r.stderr
     assert json.loads(tg("ls", "jobs", "--json", cwd=tmp_path).stdout)[0]["run_id"] == "run-a"
+
+
+def test_a_job_that_ended_without_progress_is_not_offered_a_requeue(tmp_path: Path) -> None:
+    with JobStore.create(tmp_path / "noprog", "run-n") as s:
+        s.set_meta(state="failed", exit_code=86, attempt=3)
+    with JobStore.create(tmp_path / "crashed", "run-c") as s:
+        s.set_meta(state="failed", exit_code=1, attempt=0)
+    out = tg("status", "noprog", cwd=tmp_path).stdout
+    assert "ended: exit 86, attempts kept failing without progress: do not requeue it as it " \
+           "is" in out and "continue it:" not in out, out
+    assert json.loads(tg("status", "noprog", "--json", cwd=tmp_path).stdout)["exit_code"] == 86
+    assert "continue it: run the same `trainguard run` command" in tg(
+        "status", "crashed", cwd=tmp_path).stdout

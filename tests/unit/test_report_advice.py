@@ -14,7 +14,8 @@ NO_INTERVAL = IntervalAdvice(mtbf_s=100.0, blocking_s=None, current_s=None, opti
 
 def report_input(saves: int) -> Any:
     goodput = SimpleNamespace(ideal_step_s=lambda: None, seconds=lambda cause: 0.0, wall_s=60.0)
-    return SimpleNamespace(goodput=goodput, events=[], nodes=[], commits=[object()] * saves)
+    return SimpleNamespace(goodput=goodput, events=[], nodes=[], commits=[object()] * saves,
+                           meta={})
 
 
 def test_the_interval_advice_says_why_there_is_none_without_telling_a_user_who_saves_to_save(
@@ -24,4 +25,12 @@ def test_the_interval_advice_says_why_there_is_none_without_telling_a_user_who_s
     assert one == ("checkpoints: 1 save recorded; interval advice needs two saves in one "
                    "attempt's training loop")
     (none,) = advice_lines(report_input(0), NO_INTERVAL)
-    assert "no save through trainguard.checkpoint recorded" in none
+    assert none.startswith("checkpoints: no checkpoint saved yet"), none
+
+
+def test_a_job_that_ended_without_progress_is_told_not_to_be_requeued() -> None:
+    r = report_input(0)
+    r.meta = {"exit_code": 86}
+    first = advice_lines(r, NO_INTERVAL)[0]
+    assert first.startswith("the job ended with exit 86: attempts kept failing without "
+                            "progress (NoProgress); do not requeue it as it is"), first

@@ -108,7 +108,12 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     budgets = "  ".join(f"{name} {b['used']}/{dash(b['max'])}"
                         for name, b in doc["budgets"].items())
     console.print(f"budgets: {budgets}", highlight=False)
-    if doc["state"] in _CONTINUABLE:
+    if doc["exit_code"] == ExitCode.NO_PROGRESS:
+        console.print(f"ended: exit {int(ExitCode.NO_PROGRESS)}, attempts kept failing without "
+                      "progress: do not requeue it as it is; `trainguard diagnose "
+                      f"{doc['job_dir']}` names the cause to fix first", highlight=False,
+                      markup=False)
+    elif doc["state"] in _CONTINUABLE:
         console.print(f"continue it: run the same `trainguard run` command with --job-dir "
                       f"{doc['job_dir']} (it resumes from the newest checkpoint)",
                       highlight=False, markup=False)
@@ -147,6 +152,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "run_id": meta.get("run_id"),
         "state": state,
         "attempt": meta.get("attempt"),
+        "exit_code": meta.get("exit_code") if state in JOB_ENDED else None,
         "restarts": sum(by_rung.values()),
         "restarts_by_rung": by_rung,
         "restarts_used": meta.get("restarts_used"),

@@ -9,6 +9,7 @@ from typing import Any
 
 from trainguard.controller.store import JobStore, NodeRow
 from trainguard.controller.store_rows import shown_state
+from trainguard.exitcodes import ExitCode
 from trainguard.goodput.interval import IntervalAdvice
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.metrics import interval_advice
@@ -80,6 +81,10 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
 def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
     out: list[str] = []
     g = r.goodput
+    if r.meta.get("exit_code") == ExitCode.NO_PROGRESS:
+        out.append(f"the job ended with exit {int(ExitCode.NO_PROGRESS)}: attempts kept failing "
+                   "without progress (NoProgress); do not requeue it as it is: `trainguard "
+                   "diagnose JOB_DIR` names the cause to fix first")
     if a.optimal_s is not None and a.current_s is not None and a.loss_now is not None \
             and a.loss_optimal is not None:
         verb = "about right" if 0.67 <= a.current_s / a.optimal_s <= 1.5 else (
@@ -94,8 +99,9 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
     elif a.current_s is None:
         saved = len(r.commits)
         out.append("checkpoints: " + (
-            "no save through trainguard.checkpoint recorded; save with its Checkpointer to "
-            "get interval advice" if not saved else
+            "no checkpoint saved yet (none recorded through trainguard.checkpoint's "
+            "Checkpointer): interval advice needs two saves in one attempt's training loop"
+            if not saved else
             f"{plural(saved, 'save')} recorded; interval advice needs two saves in one "
             "attempt's training loop"))
     suspected = [ev.data or {} for ev in r.events if ev.reason == Reason.HANG_SUSPECTED.value]
@@ -107,8 +113,9 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
                        f"({thr / ideal:.0f}x); a hang costs at least that before it is confirmed")
     wasted = g.seconds("wasted_progress")
     if wasted > 0.05 * max(g.wall_s, 1e-9):
-        out.append(f"wasted progress: {wasted:.1f}s of steps were done again; checkpoint more "
-                   "often or use memory snapshots (--memory-every)")
+        out.append(f"wasted progress: {wasted:.1f}s of work thrown away by failures (steps "
+                   "done again, or cut short by a crash); checkpoint more often or use memory "
+                   "snapshots (--memory-every)")
     implicated = [n for n in r.nodes if n.times_implicated]
     if implicated:
         out.append("nodes implicated: " + ", ".join(
