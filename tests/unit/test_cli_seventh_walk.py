@@ -37,3 +37,16 @@ def test_a_job_that_ended_without_progress_is_not_offered_a_requeue(tmp_path: Pa
     assert json.loads(tg("status", "noprog", "--json", cwd=tmp_path).stdout)["exit_code"] == 86
     assert "continue it: run the same `trainguard run` command" in tg(
         "status", "crashed", cwd=tmp_path).stdout
+
+
+def test_a_switch_a_preset_turns_on_has_an_off_flag(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    on = json.loads(tg("run", "--scenario", "llm", "--dry-run", "train.py", cwd=tmp_path).stdout)
+    assert on["save_on_exit"] and on["restart_on_hang"]
+    off = tg("run", "--scenario", "llm", "--no-save-on-exit", "--no-restart-on-hang",
+             "--no-operator-reexecution", "--no-unconditional-restart", "--dry-run", "train.py",
+             cwd=tmp_path)
+    assert off.returncode == 0, off.stderr
+    doc = json.loads(off.stdout)
+    assert not (doc["save_on_exit"] or doc["restart_on_hang"] or doc["operator_reexecution"]
+                or doc["unconditional_restart"])

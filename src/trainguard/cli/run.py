@@ -77,6 +77,9 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _flag(h, "checkpoint-dir", type=str, help="checkpoint dir (default JOB_DIR/checkpoints)")
     h.add_argument("--unconditional-restart", action="store_true", default=S,
                    help="restart on any non-zero exit (at most 3 in a row)")
+    h.add_argument("--no-unconditional-restart", dest="unconditional_restart",
+                   action="store_false", default=S, help="restart only what the diagnosis "
+                   "says a restart can help (the default; turns a preset's or job file's off)")
     _flag(h, "restart-backoff", dest="restart_backoff_s", type=float,
           help="first restart delay in s, doubled each consecutive failure (1)")
     _flag(h, "restart-backoff-max", dest="restart_backoff_max_s", type=float,
@@ -98,9 +101,15 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     h.add_argument("--restart-on-hang", action="store_true", default=S,
                    help="on a confirmed hang, dump every rank's stack, stop and restart the "
                         "ranks in place (at most 3 in a row; not from the restart budget)")
+    h.add_argument("--no-restart-on-hang", dest="restart_on_hang", action="store_false",
+                   default=S, help="report a confirmed hang and leave the job running (the "
+                   "default; turns a preset's or job file's off)")
     h.add_argument("--operator-reexecution", action="store_true", default=S,
                    help="re-execute a step that failed with a transient collective error in the "
                         "same processes (scripts that use trainguard.worker.step.StepGuard)")
+    h.add_argument("--no-operator-reexecution", dest="operator_reexecution",
+                   action="store_false", default=S, help="no step re-execution (the default; "
+                   "turns a preset's or job file's off)")
     _flag(h, "step-retries", type=int,
           help="re-executions of one step before a process restart (1; at most 10)")
     _flag(h, "max-step-retries", type=int, help="step re-executions in the whole job (10)")
@@ -132,6 +141,9 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     h.add_argument("--save-on-exit", action="store_true", default=S,
                    help="workers using trainguard.checkpoint save the last completed step "
                         "when they are stopped (within the grace period)")
+    h.add_argument("--no-save-on-exit", dest="save_on_exit", action="store_false", default=S,
+                   help="no save on the way out (the default; turns a preset's or job file's "
+                        "off)")
     m = p.add_argument_group("multi-node (one controller; an agent per node)")
     _flag(m, "spare-nodes", type=int, help="standby nodes that replace a lost one (0)")
     _flag(m, "backend", choices=["local", "slurm"],
