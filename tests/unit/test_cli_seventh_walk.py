@@ -50,3 +50,14 @@ def test_a_switch_a_preset_turns_on_has_an_off_flag(tmp_path: Path) -> None:
     doc = json.loads(off.stdout)
     assert not (doc["save_on_exit"] or doc["restart_on_hang"] or doc["operator_reexecution"]
                 or doc["unconditional_restart"])
+
+
+def test_a_job_file_that_is_not_yaml_is_one_line_with_where_and_ls_of_nothing_says_so(
+        tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("entrypoint: x.py\nmax_restarts: [1\n")
+    r = tg("run", "--config", "bad.yaml", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "is not valid YAML: expected ',' or ']'" in r.stderr and "at line 3, column 1" in \
+        r.stderr and "Fix: fix the syntax there" in r.stderr, r.stderr
+    r = tg("ls", "nothere", cwd=tmp_path)
+    assert r.returncode == 2 and "nothere does not exist" in r.stderr, r.stderr

@@ -42,8 +42,8 @@ def load_job_file(path: Path) -> dict[str, Any]:
         raise SpecError("--config", f"cannot read {path} ({e.strerror})",
                         "check the path") from None
     except yaml.YAMLError as e:
-        raise SpecError("--config", f"{path} is not valid YAML ({e})",
-                        "fix the syntax at the position shown") from None
+        raise SpecError("--config", f"{path} is not valid YAML: {_yaml_problem(e)}",
+                        "fix the syntax there") from None
     except UnicodeDecodeError as e:
         raise SpecError("--config", f"{path} is not UTF-8 text ({e.reason} at byte {e.start})",
                         "save it as UTF-8") from None
@@ -56,3 +56,12 @@ def load_job_file(path: Path) -> dict[str, Any]:
         raise SpecError("--config", f"{path} holds a {type(data).__name__}, not a mapping",
                         "write one key per line, e.g. `nproc_per_node: 2`")
     return {str(k).replace("-", "_"): val for k, val in data.items()}
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """One line: what the parser found and where (line and column, from 1)."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    context = getattr(e, "context", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}" + (f" ({context})" if context else "")

@@ -186,7 +186,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not root.is_dir():
         default = (" (the default: where `trainguard run` puts a job given no --job-dir, "
                    "under the directory it ran in)" if args.root == DEFAULT_RUNS_DIR else "")
-        print(f"trainguard ls: {root.resolve()} is not a directory{default}; pass the directory "
+        what = "is not a directory" if root.exists() else "does not exist"
+        print(f"trainguard ls: {root.resolve()} {what}{default}; pass the directory "
               "that holds the job dirs: trainguard ls ROOT", file=sys.stderr)
         return ExitCode.NO_JOB
     rows = [job_row(d) for d in find_job_dirs(root.resolve())]

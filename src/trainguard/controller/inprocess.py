@@ -22,7 +22,7 @@ from trainguard.controller.step_retry import StepRetries
 from trainguard.errors import LaunchError
 from trainguard.policy.decision import Action, Decision, InProcessCase, Rung, Tried
 from trainguard.protocol import AgentAPI, NodeReport, RestartRanks, Tell
-from trainguard.records import Level, Reason, RecoverResult, StartType, rank_list
+from trainguard.records import Level, Reason, RecoverResult, StartType, plural, rank_list
 from trainguard.worker.contract import ControlKind, MessageKind
 
 REFUSE_AFTER_S = 5.0  # a survivor waits this long for a death before it is told NO_RESTART
@@ -100,8 +100,8 @@ class InProcessRestarts:
         self.broken = None
         self._pending = (generation, time.monotonic())
         self.rec.event(Level.WARNING, Reason.IN_PROCESS_RESTARTING,
-                       f"{decision.reason} (told {told}; process group generation "
-                       f"{generation} at {addr}:{port})", attempt=attempt,
+                       f"{decision.reason} ({plural(told, 'rank')} told so; the new process "
+                       f"group: generation {generation} at {addr}:{port})", attempt=attempt,
                        rank=decision.ranks[0] if len(decision.ranks) == 1 else None)
         return decision
 
