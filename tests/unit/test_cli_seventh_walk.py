@@ -61,3 +61,11 @@ def test_a_job_file_that_is_not_yaml_is_one_line_with_where_and_ls_of_nothing_sa
         r.stderr and "Fix: fix the syntax there" in r.stderr, r.stderr
     r = tg("ls", "nothere", cwd=tmp_path)
     assert r.returncode == 2 and "nothere does not exist" in r.stderr, r.stderr
+
+
+def test_diagnose_of_a_folder_of_jobs_asks_for_one_of_them(tmp_path: Path) -> None:
+    JobStore.create(tmp_path / "jobs" / "a", "run-a").close()
+    r = tg("diagnose", "jobs", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "jobs holds job dirs, not one job's logs. Fix: diagnose one of them " \
+           "(`trainguard ls jobs` lists them)" in r.stderr, r.stderr

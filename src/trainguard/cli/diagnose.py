@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from trainguard.cli.diagnose_job import job_reader
+from trainguard.controller.store import DB_NAME
 from trainguard.diagnosis.rules import RuleSet, load_rules, parse_rules
 from trainguard.diagnosis.sources import Report, diagnose_paths
 from trainguard.diagnosis.taxonomy import Diagnosis
@@ -46,6 +47,12 @@ def _rules(path: Path | None) -> RuleSet:
 
 
 def _run(ns: argparse.Namespace) -> int:
+    for p in ns.paths:  # a folder of jobs is not one failure: its logs would mix
+        if p.is_dir() and not (p / DB_NAME).is_file() and any(
+                q.is_file() for q in p.glob(f"*/{DB_NAME}")):
+            print(f"trainguard diagnose: {p} holds job dirs, not one job's logs. Fix: "
+                  f"diagnose one of them (`trainguard ls {p}` lists them)", file=sys.stderr)
+            return ExitCode.USAGE
     report = diagnose_paths(ns.paths, rules=_rules(ns.rules), read_job=job_reader(ns.attempt))
     if ns.json:
         print(json.dumps(to_json(report), indent=2))
