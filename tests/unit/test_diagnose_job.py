@@ -93,3 +93,13 @@ def test_diagnose_the_attempt_after_the_loss_finds_no_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["diagnose", str(node_loss_job(tmp_path, False)), "--attempt", "1"]) == 1
+
+
+def test_evidence_files_are_named_relative_to_the_job_dir_however_it_was_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = node_loss_job(tmp_path, True)
+    absolute = diagnose(capsys, job, "--attempt", "0")["files"]
+    monkeypatch.chdir(tmp_path)
+    relative = diagnose(capsys, Path(job.name), "--attempt", "0")["files"]
+    assert relative == absolute and all(f.startswith("logs/") for f in relative), relative

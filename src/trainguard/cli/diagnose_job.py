@@ -72,8 +72,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
     if attempt is None:
         attempt = failed[-1] if failed else (attempts[-1] if attempts else 0)
     adir = attempt_log_dir(log_dir, attempt)
-    files = [(p, str(p.relative_to(job_dir)) if p.is_relative_to(job_dir) else str(p))
-             for p in (log_files(adir) if adir.is_dir() else [])
+    files = [(p, _named(p, job_dir)) for p in (log_files(adir) if adir.is_dir() else [])
              if STACKS_DIR not in p.relative_to(adir).parts]  # stack dumps are not logs
     if not files:
         problems.append(f"{adir}: no logs of attempt {attempt} (known attempts: "
@@ -107,6 +106,13 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
 IN_PLACE = "in_process_restart"  # a recover record's `recover` for rung 1a
 _SIGNALS = {s.name for s in signal.Signals}
 _EXIT_WORDS = re.compile(r"killed by (SIG[A-Z0-9]+)|exited with code (-?\d+)")
+
+
+def _named(p: Path, job_dir: Path) -> str:
+    """A file as the job's events name it: relative to the job dir (however the job dir was
+    given), else its whole path."""
+    inside, root = p.resolve(), job_dir.resolve()
+    return str(inside.relative_to(root)) if inside.is_relative_to(root) else str(p)
 
 
 def _ended_well(end_reason: str | None) -> str | None:
@@ -168,6 +174,6 @@ def _hang_report(job_dir: Path, log_dir: Path, attempt: int) -> Diagnosis | None
     for f in sorted(path.parent.glob("rank-*.txt")):
         rank = file_rank(f.name)
         if rank is not None:
-            name = str(f.relative_to(job_dir)) if f.is_relative_to(job_dir) else str(f)
+            name = _named(f, job_dir)
             texts[rank] = (name, f.read_text(encoding="utf-8", errors="replace"))
     return hang_diagnosis(data, texts)
