@@ -114,7 +114,7 @@ TABLE: list[tuple[str, Incident, History, Want]] = [
      Want(Action.RESTART, Rung.PROCESS_RESTART, StartType.SUSPENSION_RESTART)),
     ("the fourth hang in a row without progress gives up",
      hang(), History(hang_restarts=3),
-     Want(Action.GIVE_UP, result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.FAILED,
+     Want(Action.GIVE_UP, result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.NO_PROGRESS,
           limit=Reason.HANG_RESTART_LIMIT_REACHED)),
     ("a hang after progress starts the count again",
      hang(progress=True), History(hang_restarts=3),

@@ -80,8 +80,9 @@ def after_hang(made_progress: bool, hist: History, pol: HAPolicy) -> Decision:
     h = replace(hist, hang_restarts=0) if made_progress else hist
     n = pol.max_hang_restarts
     if h.hang_restarts >= n:
+        # as the no-progress guard: a job that hangs every time is not to be requeued as is
         return _give_up(f"{n} restarts upon suspension in a row made no progress; giving up",
-                        h, result=RecoverResult.QUOTA_EXCEEDED,
+                        h, result=RecoverResult.QUOTA_EXCEEDED, code=ExitCode.NO_PROGRESS,
                         limit=Reason.HANG_RESTART_LIMIT_REACHED)
     h = replace(h, hang_restarts=h.hang_restarts + 1)
     return Decision(Action.RESTART,
