@@ -203,6 +203,8 @@ def test_a_stop_under_way_shows_in_status_and_a_stopped_or_lost_job_says_how_to_
         assert read_json("status", job)["stopping"] is None
         stop = tg("stop", str(job), "--timeout", "2")
         assert stop.returncode == 1, stop.stdout + stop.stderr  # still in its grace period
+        assert "the stop is under way" in stop.stderr and "the ranks have the grace period " \
+            "(60s) to exit, then SIGKILL" in stop.stderr, stop.stderr
         status = read_json("status", job)
         assert status["state"] == "running" and status["stopping"]["signal"] == "SIGTERM"
         assert status["stopping"]["grace_s"] == 60

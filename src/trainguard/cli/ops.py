@@ -115,8 +115,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if _wait_gone(proc, args.timeout):
         return _stopped(Path(args.job_dir))
     if not args.force:
-        print(f"trainguard stop: the launcher (pid {pid}) is still running after "
-              f"{args.timeout:g}s; wait longer (--timeout) or --force", file=sys.stderr)
+        grace = meta.get("grace_period_s")
+        left = (f"the ranks have the grace period ({grace:g}s) to exit, then SIGKILL: "
+                if isinstance(grace, (int, float)) else "")
+        print(f"trainguard stop: the stop is under way but the launcher (pid {pid}) is still "
+              f"running after {args.timeout:g}s; {left}wait longer (--timeout, or "
+              "`trainguard status`), or end it now with --force", file=sys.stderr)
         return ExitCode.FAILED
     print(f"the launcher did not end within {args.timeout:g}s: SIGKILL (its guardian kills "
           "the workers)", flush=True)

@@ -105,6 +105,7 @@ class Recorder:
             command=self.argv, job_dir=str(self.paths.job_dir),
             nproc_per_node=self.spec.nproc_per_node, scenario=self.spec.scenario,
             max_restarts=self.spec.max_restarts, restarts_used=0,
+            grace_period_s=self.spec.grace_period_s,
             budgets={"max_hang_restarts": HAPolicy.max_hang_restarts,
                      "max_step_retries": self.spec.max_step_retries,
                      "max_pod_reschedules": self.spec.max_pod_reschedules,
