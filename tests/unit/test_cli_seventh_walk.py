@@ -69,3 +69,10 @@ def test_diagnose_of_a_folder_of_jobs_asks_for_one_of_them(tmp_path: Path) -> No
     assert r.returncode == 2
     assert "jobs holds job dirs, not one job's logs. Fix: diagnose one of them " \
            "(`trainguard ls jobs` lists them)" in r.stderr, r.stderr
+
+
+def test_diagnose_of_a_script_says_it_is_no_log(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("start = ckpt.load_latest(state) or 0\n")
+    r = tg("diagnose", "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and "train.py is a script, not a log. Fix: give the job dir" \
+        in r.stderr, r.stdout + r.stderr

@@ -47,6 +47,12 @@ def _rules(path: Path | None) -> RuleSet:
 
 
 def _run(ns: argparse.Namespace) -> int:
+    for p in ns.paths:  # source code is no log: its lines would read as errors
+        if p.is_file() and p.suffix in (".py", ".yaml", ".yml"):
+            print(f"trainguard diagnose: {p} is a {'script' if p.suffix == '.py' else 'job file'}"
+                  ", not a log. Fix: give the job dir (`trainguard ls` lists them) or its log "
+                  "files", file=sys.stderr)
+            return ExitCode.USAGE
     for p in ns.paths:  # a folder of jobs is not one failure: its logs would mix
         if p.is_dir() and not (p / DB_NAME).is_file() and any(
                 q.is_file() for q in p.glob(f"*/{DB_NAME}")):
