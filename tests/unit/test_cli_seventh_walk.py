@@ -35,8 +35,10 @@ def test_a_job_that_ended_without_progress_is_not_offered_a_requeue(tmp_path: Pa
     assert "ended: exit 86, attempts kept failing without progress: do not requeue it as it " \
            "is" in out and "continue it:" not in out, out
     assert json.loads(tg("status", "noprog", "--json", cwd=tmp_path).stdout)["exit_code"] == 86
-    assert "continue it: run the same `trainguard run` command" in tg(
-        "status", "crashed", cwd=tmp_path).stdout
+    crashed = tg("status", "crashed", cwd=tmp_path).stdout
+    assert "continue it: once its cause is fixed (`trainguard diagnose " in crashed, crashed
+    assert "run the same `trainguard run` command with --job-dir" in crashed
+    assert "or starts over if none was saved" in crashed
 
 
 def test_a_switch_a_preset_turns_on_has_an_off_flag(tmp_path: Path) -> None:

@@ -114,9 +114,11 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
                       f"{doc['job_dir']}` names the cause to fix first", highlight=False,
                       markup=False)
     elif doc["state"] in _CONTINUABLE:
-        console.print(f"continue it: run the same `trainguard run` command with --job-dir "
-                      f"{doc['job_dir']} (it resumes from the newest checkpoint)",
-                      highlight=False, markup=False)
+        first = (f"once its cause is fixed (`trainguard diagnose {doc['job_dir']}`), "
+                 if doc["state"] == JobState.FAILED.value else "")
+        console.print(f"continue it: {first}run the same `trainguard run` command with "
+                      f"--job-dir {doc['job_dir']} (it resumes from the newest checkpoint, or "
+                      "starts over if none was saved)", highlight=False, markup=False)
     moved = doc["recorded_job_dir"]
     console.print(f"job dir: {doc['job_dir']}" + (f" (recorded at {moved}: copied or moved "
                                                   "since)" if moved else ""),
