@@ -34,3 +34,14 @@ def test_a_job_that_ended_without_progress_is_told_not_to_be_requeued() -> None:
     first = advice_lines(r, NO_INTERVAL)[0]
     assert first.startswith("the job ended with exit 86: attempts kept failing without "
                             "progress (NoProgress); do not requeue it as it is"), first
+
+
+def test_the_checkpoint_interval_is_the_gap_between_saves_of_one_attempt() -> None:
+    from trainguard.goodput.interval import advise
+
+    # attempt 0 saves at 0 and 1.1 s, dies; attempt 1 saves at 11.3 s and 12.4 s: the 10.2 s
+    # across the restart is no interval the loop chose
+    a = advise(60.0, 1, [(0, 0.0), (0, 1.1), (1, 11.3), (1, 12.4)], [0.01] * 4)
+    assert a.current_s is not None and abs(a.current_s - 1.1) < 1e-9
+    one_each = advise(60.0, 1, [(0, 0.0), (1, 10.2)], [0.01] * 2)
+    assert one_each.current_s is None  # two saves, but not in one attempt

@@ -43,13 +43,16 @@ def expected_loss(tau: float, w: float, m: float) -> float:
     return w / tau + tau / (2 * m)
 
 
-def advise(running_s: float, failures: int, save_times: list[float],
+def advise(running_s: float, failures: int, save_times: list[tuple[int | None, float]],
            blocking: list[float]) -> IntervalAdvice:
-    """`running_s`: time the job ran (wall minus queued); `save_times`: epoch seconds of the
-    loop's saves; `blocking`: each save's blocking seconds."""
+    """`running_s`: time the job ran (wall minus queued); `save_times`: (attempt, epoch
+    seconds) of the loop's saves: the interval is the median gap between two saves of one
+    attempt (a gap across a failure and its restart is no interval the loop chose);
+    `blocking`: each save's blocking seconds."""
     mtbf = running_s / failures if failures and running_s > 0 else None
     w = statistics.median(blocking) if blocking else None
-    gaps = [b - a for a, b in pairwise(sorted(save_times)) if b > a]
+    gaps = [b - a for (ka, a), (kb, b) in pairwise(sorted(save_times, key=lambda s: s[1]))
+            if b > a and ka == kb]
     current = statistics.median(gaps) if gaps else None
     if mtbf is None or w is None or w <= 0:
         return IntervalAdvice(mtbf, w, current, None, None, None)

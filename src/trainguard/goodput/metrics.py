@@ -249,7 +249,7 @@ def interval_advice(g: Goodput, records: list[RunningRecord],
                    if rr.recover_result != RecoverResult.DOWNGRADE)
     loop = [c for c in commits if c.blocked_s is not None and not c.on_exit
             and not c.by_agent]
-    return advise(g.wall_s - g.seconds("queued"), failures, [c.at for c in loop],
+    return advise(g.wall_s - g.seconds("queued"), failures, [(c.attempt, c.at) for c in loop],
                   [c.blocked_s for c in loop if c.blocked_s is not None])
 
 
