@@ -103,3 +103,15 @@ def test_evidence_files_are_named_relative_to_the_job_dir_however_it_was_given(
     monkeypatch.chdir(tmp_path)
     relative = diagnose(capsys, Path(job.name), "--attempt", "0")["files"]
     assert relative == absolute and all(f.startswith("logs/") for f in relative), relative
+
+
+def test_a_job_that_ended_without_progress_is_not_told_to_restart_without_a_word(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = node_loss_job(tmp_path, True)
+    with JobStore.create(job, "nl") as s:  # the writer of the job's own store
+        s.set_meta(exit_code=86)
+    assert main(["diagnose", str(job), "--attempt", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "trainguard: warning: the job ended with exit 86: its attempts kept failing " \
+           "without progress, so restarting did not help" in err, err

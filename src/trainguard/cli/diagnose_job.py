@@ -29,6 +29,7 @@ from trainguard.diagnosis.lost import lost_node
 from trainguard.diagnosis.sources import JobInputs, JobReader, log_files
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.diagnosis.verdict import RankExit
+from trainguard.exitcodes import ExitCode
 from trainguard.paths import HANG_FILE, STACKS_DIR, attempt_log_dir, stacks_dir
 from trainguard.records import Event, FaultScenario, Reason, RunningRecord, from_iso
 from trainguard.states import JobState, WorkerState
@@ -53,6 +54,10 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         deaths = [e for _, e in store.events(reasons=(Reason.WORKER_FAILED.value,))]
     attempts = sorted({r.attempt for r in rows})
     log_dir = log_dir_of(meta, job_dir)
+    if meta.get("exit_code") == ExitCode.NO_PROGRESS:  # whatever the verdict says of restarts
+        problems.append(f"the job ended with exit {int(ExitCode.NO_PROGRESS)}: its attempts "
+                        "kept failing without progress, so restarting did not help: fix the "
+                        "cause before launching it again")
     losses = _node_losses(records)
     in_place = {rec.attempt: rrs for rec in records
                 if (rrs := [rr for rr in rec.recover_records if rr.recover == IN_PLACE])}
