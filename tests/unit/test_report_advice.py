@@ -13,7 +13,8 @@ NO_INTERVAL = IntervalAdvice(mtbf_s=100.0, blocking_s=None, current_s=None, opti
 
 
 def report_input(saves: int) -> Any:
-    goodput = SimpleNamespace(ideal_step_s=lambda: None, seconds=lambda cause: 0.0, wall_s=60.0)
+    goodput = SimpleNamespace(ideal_step_s=lambda: None, seconds=lambda cause: 0.0, wall_s=60.0,
+                              steps_wasted=0)
     return SimpleNamespace(goodput=goodput, events=[], nodes=[], commits=[object()] * saves,
                            meta={})
 
@@ -45,3 +46,13 @@ def test_the_checkpoint_interval_is_the_gap_between_saves_of_one_attempt() -> No
     assert a.current_s is not None and abs(a.current_s - 1.1) < 1e-9
     one_each = advise(60.0, 1, [(0, 0.0), (1, 10.2)], [0.01] * 2)
     assert one_each.current_s is None  # two saves, but not in one attempt
+
+
+def test_time_a_crash_cut_short_is_not_called_steps_done_again() -> None:
+    r = report_input(0)
+    r.goodput.seconds = lambda cause: 13.0 if cause == "wasted_progress" else 0.0
+    assert "wasted progress: 13.0s of a step a crash cut short (no step was done again)" in \
+        advice_lines(r, NO_INTERVAL)
+    r.goodput.steps_wasted = 5
+    (line,) = [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("wasted")]
+    assert "(5 steps done again, and the steps cut short by a crash)" in line, line

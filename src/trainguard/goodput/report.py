@@ -113,9 +113,14 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
                        f"({thr / ideal:.0f}x); a hang costs at least that before it is confirmed")
     wasted = g.seconds("wasted_progress")
     if wasted > 0.05 * max(g.wall_s, 1e-9):
-        out.append(f"wasted progress: {wasted:.1f}s of work thrown away by failures (steps "
-                   "done again, or cut short by a crash); checkpoint more often or use memory "
-                   "snapshots (--memory-every)")
+        if g.steps_wasted:
+            out.append(f"wasted progress: {wasted:.1f}s of work thrown away by failures "
+                       f"({plural(g.steps_wasted, 'step')} done again, and the steps cut short "
+                       "by a crash); checkpoint more often or use memory snapshots "
+                       "(--memory-every)")
+        else:  # no step was done twice: only the step a crash cut short, which no save keeps
+            out.append(f"wasted progress: {wasted:.1f}s of a step a crash cut short (no step "
+                       "was done again)")
     implicated = [n for n in r.nodes if n.times_implicated]
     if implicated:
         out.append("nodes implicated: " + ", ".join(
