@@ -210,7 +210,7 @@ def test_a_stop_under_way_shows_in_status_and_a_stopped_or_lost_job_says_how_to_
         assert status["stopping"]["grace_s"] == 60
         text = tg("status", str(job)).stdout
         assert "running · STOPPING" in text and "the ranks have 60s to exit" in text, text
-        assert "continue it:" not in text
+        assert "continue it:" not in text and "(stop the job:" not in text, text
         assert [e["reason"] for e in read_json("events", job)].count("StopRequested") == 1
         forced = tg("stop", str(job), "--timeout", "1", "--force")
         assert forced.returncode == 0, forced.stdout + forced.stderr

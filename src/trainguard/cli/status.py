@@ -103,7 +103,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     launcher = doc["launcher"]
     gone = " (gone)" if launcher["alive"] is False else ""
     console.print(f"launcher: pid {dash(launcher['pid'])} on {dash(launcher['host'])}{gone}"
-                  + ("" if gone or launcher["pid"] is None else
+                  + ("" if gone or launcher["pid"] is None or doc["stopping"] else
                      f"  (stop the job: trainguard stop {doc['job_dir']})"), highlight=False)
     budgets = "  ".join(f"{name} {b['used']}/{dash(b['max'])}"
                         for name, b in doc["budgets"].items())
