@@ -27,10 +27,25 @@ STEPS = ["--steps", "14", "--save-every", "4"]
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[float]], str]:
     tmp = tmp_path_factory.mktemp("hf-clean")
-    r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(tmp / "job"), str(EXAMPLE),
-                "--out", str(tmp / "out"), *STEPS], cwd=tmp, timeout=300)
+    for run in range(2):  # the reference run, once more if torch aborted a rank at exit
+        job = tmp / f"job{run}"
+        r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(job), str(EXAMPLE),
+                    "--out", str(tmp / f"out{run}"), *STEPS], cwd=tmp, timeout=300)
+        if r.returncode == 0 or not aborted_at_exit(job):
+            break
     assert r.returncode == 0, r.stderr[-3000:]
     return trainer_result(r.stdout)
+
+
+def aborted_at_exit(job: Path) -> bool:
+    """A rank SIGABRTed by torch at interpreter exit after training ended: the Trainer leaves
+    its gloo group to finalization, where gloo's worker threads sometimes abort the process
+    (pytorch/pytorch#179291; about one reference run in five here). Not what the tests
+    check: they compare a recovered run with a clean one."""
+    logs = sorted((job / "logs" / "attempt-0").glob("rank-*.log"))
+    text = [p.read_text(encoding="utf-8", errors="replace") for p in logs]
+    return any("terminate called without an active exception" in t for t in text) and any(
+        "weights sha256" in t for t in text)
 
 
 def test_a_rank_killed_mid_epoch_resumes_to_the_uninterrupted_losses_and_weights(
