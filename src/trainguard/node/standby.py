@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from trainguard.node import procs
 from trainguard.worker import contract as c
-from trainguard.worker.standby import READY_FD
+from trainguard.worker.standby import READY_FD, restore_priority
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class StandbyPool:
                 self._end(s)
                 continue
             if not s.poll_warm():  # still importing, at the standby's lower priority
-                raise_priority(s.proc.pid)
+                restore_priority(os.getpriority(os.PRIO_PROCESS, 0), s.proc.pid)
             s.close_pipe()
             try:
                 assert s.proc.stdin is not None
@@ -219,15 +219,3 @@ class StandbyPool:
                 if pipe is not None:
                     pipe.close()
         self._guardian.forget(s.proc.pid)
-
-
-def raise_priority(pid: int) -> None:
-    """Every thread of `pid` at this process's priority (where the system lets us)."""
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return
-    for tid in tids:
-        with contextlib.suppress(OSError, ValueError):
-            os.setpriority(os.PRIO_PROCESS, int(tid), nice)

@@ -91,15 +91,13 @@ def _detect() -> bool:
 
 def progress(step: int) -> None:
     """Report that the script reached `step` (e.g. the number of optimizer steps done)."""
-    global _last_step, _unsent
+    global _last_step
     if _launcher is not True and (_launcher is False or not _detect()):
         return
     now = _monotonic()
     if now < _next_send_at and step >= _last_step:
         _last_step = step  # set before _unsent is read (the flusher clears it, then reads)
-        if not _unsent:
-            _unsent = True
-            _wake_flusher()
+        _hold()
         return
     backwards = step < _last_step
     _last_step = step
@@ -112,16 +110,21 @@ def _send(now: float, force: bool = False) -> None:
     global _next_send_at, _unsent
     with _send_lock:
         if not force and now < _next_send_at:  # the other sender was first
-            if not _unsent:
-                _unsent = True
-                _wake_flusher()
+            _hold()
             return
         _unsent = False  # cleared before the step is read: a newer step sets it again
         sent = channel.send(MessageKind.PROGRESS, step=int(_last_step))
         _next_send_at = now + (PROGRESS_INTERVAL_S if sent else _PROGRESS_RETRY_S)
         if not sent:  # tried again: at a call 10 ms later, or by the flusher
-            _unsent = True
-            _wake_flusher()
+            _hold()
+
+
+def _hold() -> None:
+    """The last step is not sent yet: the flusher sends it when the interval ends."""
+    global _unsent
+    if not _unsent:
+        _unsent = True
+        _wake_flusher()
 
 
 def _wake_flusher() -> None:

@@ -53,11 +53,16 @@ def lower_priority() -> int | None:
     return before
 
 
-def restore_priority(nice: int | None) -> None:
-    """Every thread back at `nice` (a thread made during the imports kept the lower one)."""
+def restore_priority(nice: int | None, pid: int | str = "self") -> None:
+    """Every thread of `pid` back at `nice` (a thread made during the imports kept the lower
+    one); the agent raises a standby it took while still importing with it too."""
     if nice is None:
         return
-    for tid in os.listdir("/proc/self/task"):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
         with contextlib.suppress(OSError, ValueError):
             os.setpriority(os.PRIO_PROCESS, int(tid), nice)
 
