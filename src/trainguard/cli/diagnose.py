@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from trainguard.cli.diagnose_job import job_reader
-from trainguard.controller.store import DB_NAME
+from trainguard.controller.store import holds_job_dirs
 from trainguard.diagnosis.rules import RuleSet, load_rules, parse_rules
 from trainguard.diagnosis.sources import Report, diagnose_paths
 from trainguard.diagnosis.taxonomy import Diagnosis
@@ -47,18 +47,10 @@ def _rules(path: Path | None) -> RuleSet:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    for p in ns.paths:  # source code is no log: its lines would read as errors
-        if p.is_file() and p.suffix in (".py", ".yaml", ".yml"):
-            print(f"trainguard diagnose: {p} is a {'script' if p.suffix == '.py' else 'job file'}"
-                  ", not a log. Fix: give the job dir (`trainguard ls` lists them) or its log "
-                  "files", file=sys.stderr)
-            return ExitCode.USAGE
-    for p in ns.paths:  # a folder of jobs is not one failure: its logs would mix
-        if p.is_dir() and not (p / DB_NAME).is_file() and any(
-                q.is_file() for q in p.glob(f"*/{DB_NAME}")):
-            print(f"trainguard diagnose: {p} holds job dirs, not one job's logs. Fix: "
-                  f"diagnose one of them (`trainguard ls {p}` lists them)", file=sys.stderr)
-            return ExitCode.USAGE
+    refused = next((why for p in ns.paths if (why := _not_one_failure(p))), None)
+    if refused is not None:
+        print(f"trainguard diagnose: {refused}", file=sys.stderr)
+        return ExitCode.USAGE
     report = diagnose_paths(ns.paths, rules=_rules(ns.rules), read_job=job_reader(ns.attempt))
     if ns.json:
         print(json.dumps(to_json(report), indent=2))
@@ -67,6 +59,18 @@ def _run(ns: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"trainguard: warning: {problem}", file=sys.stderr)
     return ExitCode.SUCCESS if report.diagnosis is not None else ExitCode.NOTHING_FOUND
+
+
+def _not_one_failure(p: Path) -> str | None:
+    """Why `p` is no log of one failure, or None: source code (its lines would read as
+    errors) or a folder of jobs (their logs would mix into one verdict)."""
+    if p.is_file() and p.suffix in (".py", ".yaml", ".yml"):
+        return (f"{p} is a {'script' if p.suffix == '.py' else 'job file'}, not a log. Fix: "
+                "give the job dir (`trainguard ls` lists them) or its log files")
+    if holds_job_dirs(p):
+        return (f"{p} holds job dirs, not one job's logs. Fix: diagnose one of them "
+                f"(`trainguard ls {p}` lists them)")
+    return None
 
 
 def to_json(report: Report) -> dict[str, object]:

@@ -21,6 +21,7 @@ import signal
 from datetime import datetime
 from pathlib import Path
 
+from trainguard.controller.incidents import STOPPED_BY
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.diagnosis.hung import hang_diagnosis
@@ -125,7 +126,7 @@ def _ended_well(end_reason: str | None) -> str | None:
     (or its end is unknown)."""
     if end_reason == JobState.SUCCEEDED.value:  # controller/incidents.py attempt_succeeded
         return JobState.SUCCEEDED.value
-    if end_reason is not None and end_reason.startswith("launcher received"):
+    if end_reason is not None and end_reason.startswith(STOPPED_BY):
         return f"was stopped by the user ({end_reason})"
     return None
 

@@ -28,6 +28,12 @@ from trainguard.states import JobState
 _CHIP_CATEGORIES = {"gpu_hardware", "npu_hardware_or_driver"}
 # the end of an attempt whose launcher died, closed by the next launch of the job
 LOST_END_REASON = "lost: its launcher died; ended at its last sign of life"
+# the end of an attempt the user stopped (`trainguard stop`, Ctrl-C): `stopped_by(SIGTERM)`
+STOPPED_BY = "launcher received"
+
+
+def stopped_by(signal_name: str) -> str:
+    return f"{STOPPED_BY} {signal_name}"
 
 
 def fault_scenario(diag: Diagnosis) -> FaultScenario:

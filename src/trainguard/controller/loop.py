@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from trainguard.controller.drain import drain
 from trainguard.controller.hang_watch import HangConfirmation, HangWatch, hang_fault
 from trainguard.controller.high_water import HighWater
-from trainguard.controller.incidents import Fault, fault_scenario, task_of
+from trainguard.controller.incidents import Fault, fault_scenario, stopped_by, task_of
 from trainguard.controller.inprocess import InProcessRestarts
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.resume_agree import ResumeAgreement
@@ -380,7 +380,7 @@ class Controller:
                        f"stop requested (the launcher got {name}): the ranks have the grace "
                        f"period, {grace:g}s, to exit, then SIGKILL", attempt=attempt,
                        data={"signal": name, "grace_s": grace})
-        drain(self.agent, self.rec, attempt, self.spec.grace_period_s, f"the launcher got {name}")
+        drain(self.agent, self.rec, attempt, grace, f"the launcher got {name}")
         report = self._stop(f"launcher got {name}")
-        self.rec.book.attempt_stopped(attempt, f"launcher received {name}", report.progress)
+        self.rec.book.attempt_stopped(attempt, stopped_by(name), report.progress)
         return self.rec.stopped_by(attempt, signum)

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, TypeAlias
 
 from trainguard.controller.store_ledger import LedgerTables
+from trainguard.controller.store_rows import DB_NAME as DB_NAME  # where the store lies
 from trainguard.controller.store_rows import (
     NODE_COLUMNS,
     WORKER_COLUMNS,
@@ -31,10 +32,11 @@ from trainguard.controller.store_rows import (
     to_row,
     worker_from_row,
 )
+from trainguard.controller.store_rows import db_path as db_path
+from trainguard.controller.store_rows import holds_job_dirs as holds_job_dirs
 from trainguard.errors import StoreError
 from trainguard.records import Event, RunningRecord
 
-DB_NAME = "trainguard.db"
 SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
 
@@ -78,11 +80,6 @@ _SCHEMA = (
     _NODES_TABLE,
     _PROGRESS_TABLE,
 )
-
-
-def db_path(job_dir: Path) -> Path:
-    """The store file of a job dir."""
-    return Path(job_dir) / DB_NAME
 
 
 def other_job(job_dir: Path, existing: str, run_id: str) -> StoreError:
@@ -132,17 +129,14 @@ class JobStore(LedgerTables):
     def open(cls, job_dir: Path) -> JobStore:
         """Open a job's store read-only; `job_dir` may also be the db file itself."""
         job_dir = Path(job_dir)
-        if job_dir.is_file() and job_dir.name != DB_NAME:
-            raise StoreError(f"{job_dir} is a file, not a job dir; pass the job dir printed "
-                             "by `trainguard run` (`trainguard ls` lists the jobs)")
         path = job_dir if job_dir.is_file() else db_path(job_dir)
-        if not path.is_file():
-            inside = job_dir.is_dir() and any(p.is_file() for p in job_dir.glob(f"*/{DB_NAME}"))
-            raise StoreError(
-                f"no trainguard job at {job_dir} (expected {db_path(job_dir)}); "
-                + (f"it holds job dirs: `trainguard ls {job_dir}` lists them" if inside else
-                   "pass the job dir printed by `trainguard run`")
-            )
+        if not path.is_file() or path.name != DB_NAME:
+            what = (f"{job_dir} is a file, not a job dir" if job_dir.is_file() else
+                    f"no trainguard job at {job_dir} (expected {path})")
+            fix = (f"it holds job dirs: `trainguard ls {job_dir}` lists them" if holds_job_dirs(
+                job_dir) else "pass the job dir printed by `trainguard run` (`trainguard ls` "
+                "lists the jobs)")
+            raise StoreError(f"{what}; {fix}")
         conn = _connect_readonly(path)
         store = cls(conn, path, readonly=True)
         try:

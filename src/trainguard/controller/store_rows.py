@@ -194,6 +194,19 @@ def event_from_row(row: tuple[Any, ...]) -> Event:
     )
 
 
+DB_NAME = "trainguard.db"
+
+
+def db_path(job_dir: Path) -> Path:
+    """The store file of a job dir."""
+    return Path(job_dir) / DB_NAME
+
+
+def holds_job_dirs(d: Path) -> bool:
+    """A folder of jobs (`trainguard-runs/`), not a job dir itself."""
+    return not db_path(d).is_file() and any(p.is_file() for p in d.glob(f"*/{DB_NAME}"))
+
+
 def moved_with_job_dir(recorded: str, recorded_job_dir: str | None, job_dir: Path) -> str:
     """Where to read a dir the store `recorded` (absolute) when the job dir is `job_dir`:
     the same place inside `job_dir` if it lay inside the job dir as recorded and the job dir

@@ -47,10 +47,8 @@ def in_place(d: Decision, incident: Incident) -> Decision:
                        tried=(*d.tried, Tried(Rung.IN_PROCESS_RESTART, RecoverResult.DOWNGRADE,
                                               why)),
                        reason=f"{d.reason}; as processes: {why}")
-    ranks = rank_list(case.ranks)
     who = "no process starts again" if not case.ranks else (
-        f"only rank {ranks} starts again" if len(case.ranks) == 1
-        else f"only ranks {ranks} start again")
+        f"only {_rank_words(case.ranks)} start{'s' if len(case.ranks) == 1 else ''} again")
     return replace(d, action=Action.RESTART_RANKS, rung=Rung.IN_PROCESS_RESTART,
                    history=replace(h, in_process_in_a_row=h.in_process_in_a_row + 1),
                    ranks=case.ranks, delay_s=0.0,
