@@ -40,7 +40,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[f
 def aborted_at_exit(job: Path) -> bool:
     """A rank SIGABRTed by torch at interpreter exit after training ended: the Trainer leaves
     its gloo group to finalization, where gloo's worker threads sometimes abort the process
-    (pytorch/pytorch#179291; about one reference run in five here). Not what the tests
+    (pytorch/pytorch#179291; now and then). Not what the tests
     check: they compare a recovered run with a clean one."""
     logs = sorted((job / "logs" / "attempt-0").glob("rank-*.log"))
     text = [p.read_text(encoding="utf-8", errors="replace") for p in logs]
