@@ -15,12 +15,13 @@ from __future__ import annotations
 import fcntl
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from tests.browser.conftest import Job, UiServer, screenshot, wait_for
 from trainguard.ui.catalog import job_id
@@ -162,6 +163,28 @@ def test_a_failed_job_shows_its_diagnosis_with_the_deciding_line(
     expect(page.locator("#log-rank")).to_have_value("1")
     expect(page.locator("#state .state")).to_have_text("failed")
     screenshot(page, "job-failed")
+
+
+def test_a_log_answered_late_does_not_replace_the_one_asked_for_after_it(
+        page: Page, ui: UiServer, jobs: dict[str, Job]) -> None:
+    """The page first fills the log picker from the job's newest attempt (rank 0) and then
+    from its diagnosis (rank 1): when rank 0's answer comes back last, the pane must still
+    show rank 1's log with its deciding line (CI saw the pane left on rank 0 under load)."""
+    job = jobs["hangfail"]
+    assert job.wait(150) == 1, job.output()
+
+    def late(route: Route) -> None:
+        time.sleep(1.5)
+        route.continue_()
+
+    page.route("**/logs/1/0?*", late)
+    page.goto(url_of(ui, job))
+    decisive = page.locator("#log .ln.mark-decisive")
+    expect(decisive).to_have_count(1, timeout=15_000)
+    page.wait_for_timeout(2500)  # every late answer is in by now
+    expect(decisive).to_have_count(1)
+    expect(page.locator("#log-rank")).to_have_value("1")
+    expect(page.locator("#log-info")).to_contain_text("rank-1.log")
 
 
 def test_a_hung_job_shows_every_ranks_stack_and_the_culprit(

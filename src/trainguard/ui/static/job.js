@@ -21,8 +21,8 @@ function drawTimeline() {
   TG.paintSwatches($("timeline"));
 }
 
-function applyLive(parts) {
-  const newAttempt = parts.attempts !== job.records.length;
+function applyLive(parts, first = false) {
+  const newAttempt = !first && parts.attempts !== job.records.length;  // the first load picks its own log
   Object.assign(job.doc, parts);
   job.records = parts.records;
   job.ended = parts.ended;
@@ -41,7 +41,7 @@ async function loadDetail() {
   job.doc = doc;
   document.title = `trainguard · ${doc.run_id || doc.id}`;
   $("title").textContent = doc.run_id || doc.id;
-  applyLive(doc);
+  applyLive(doc, first);
   TG.renderGoodput($("goodput"), doc.goodput_detail);
   TG.renderSteps($("steps"), doc.goodput_detail);
   TG.renderDiagnoses($("diagnoses"), doc.diagnoses, (a, r, line) => logs.show(a, r, line).catch(showError));

@@ -12,13 +12,18 @@ TG.Logs = class {
     this.lines = document.getElementById("log-lines");
     this.pre = document.getElementById("log");
     this.info = document.getElementById("log-info");
+    this.listTicket = 0;
+    this.loadTicket = 0;
     this.attempt.addEventListener("change", () => { this.pinned = null; this.fillRanks(); this.load(); });
     this.rank.addEventListener("change", () => { this.pinned = null; this.load(); });
     this.lines.addEventListener("change", () => { this.pinned = null; this.load(); });
   }
 
   async refreshList(prefer) {
-    this.logs = await TG.getJSON(`/api/jobs/${this.jobId}/logs`);
+    const ticket = ++this.listTicket;  // two refreshes in flight: only the newest one's answer counts
+    const logs = await TG.getJSON(`/api/jobs/${this.jobId}/logs`);
+    if (ticket !== this.listTicket) return;
+    this.logs = logs;
     const attempts = [...new Set(this.logs.map((l) => l.attempt))];
     const keep = this.attempt.value;
     this.attempt.replaceChildren(...attempts.map((a) => TG.el("option", { value: a, text: a })));
@@ -50,13 +55,15 @@ TG.Logs = class {
     }
     const base = `/api/jobs/${this.jobId}/logs/${this.attempt.value}/${this.rank.value}`;
     const url = this.pinned ? `${base}?line=${this.pinned.line}&context=20` : `${base}?tail=${this.lines.value}`;
+    const ticket = ++this.loadTicket;  // an older request answered late must not replace a newer one's lines
     let doc;
     try {
       doc = await TG.getJSON(url);
     } catch (e) {
-      this.pre.replaceChildren(TG.el("span", { class: "error", text: e.message }));
+      if (ticket === this.loadTicket) this.pre.replaceChildren(TG.el("span", { class: "error", text: e.message }));
       return;
     }
+    if (ticket !== this.loadTicket) return;
     const atBottom = this.pre.scrollTop + this.pre.clientHeight >= this.pre.scrollHeight - 4;
     this.pre.replaceChildren(...doc.lines.map((ln) => TG.el("div", {
       class: `ln${ln.stream === "err" ? " err" : ""}${ln.mark ? " mark-" + ln.mark : ""}`, "data-n": ln.n ?? "" },
