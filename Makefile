@@ -32,7 +32,7 @@ integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
 test: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider -m "not long" tests
+	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -m "not long" tests
 
 # the tests marked long: the local-backend twins of scenarios the Slurm tests run in make test
 test-long: $(STAMP)
