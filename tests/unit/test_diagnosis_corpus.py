@@ -20,7 +20,7 @@ CASES = load_cases()
 # the blind sets: labelled by readers who never saw the rules (tests/data/diagnosis/README.md);
 # named one by one: a set being built is not read until it is measured, once (heldout8/ was
 # measured blind on 2026-12-02, then tuned on in issue 17's fifth round; heldout9/ was
-# measured blind on 2026-12-03 and is checked for form here, nothing tuned on it yet)
+# measured blind on 2026-12-03, then tuned on in the sixth round)
 HELDOUT_SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
                 "heldout7", "heldout8", "heldout9")
 HELDOUT = [c for name in HELDOUT_SETS for c in load_cases(CORPUS.parent / name)]

@@ -1,0 +1,67 @@
+"""What the analysis reads beyond exact signatures (issue 17, sixth round, after the ninth
+blind set): the CUDA runtime's own out-of-memory string, the host's memory named in an OOM
+whose type or call says otherwise, torch's shared-memory file however a paste shortened it,
+a loss reported as NaN in the past tense, and torchrun's exit code in a paste that ran its
+fields together. The lines are worded unlike the cases they were learnt from: the
+structure is what is tested."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.helpers import diagnose_text
+from trainguard.diagnosis.scan import _exit_code
+from trainguard.diagnosis.taxonomy import Category, RestartHelps
+
+
+@pytest.mark.parametrize("text", [
+    # the runtime's error string after `CUDA error:` (and HIP's), not a kernel's failure
+    "Traceback (most recent call last):\n  File \"eval.py\", line 40, in <module>\n"
+    "    feats = backbone(x.cuda())\nRuntimeError: CUDA error: out of memory\n",
+    "terminate called after throwing an instance of 'c10::Error'\n"
+    "  what():  HIP error: out of memory\n",
+    # printed alone by a check macro, before what the failed allocation caused
+    "out of memory\nRuntimeError: CUDA error: an illegal memory access was encountered\n",
+])
+def test_the_cuda_runtimes_out_of_memory_string_is_gpu_oom(tmp_path: Path, text: str) -> None:
+    d = diagnose_text(tmp_path, "epoch 3 iter 200 loss 0.71\n" + text)
+    assert d.category == Category.GPU_OOM
+    assert d.restart_helps == RestartHelps.NO
+
+
+@pytest.mark.parametrize("text", [
+    # a memory monitor that says the machine runs low, whatever the exception's type
+    "OutOfMemoryError: the host is running low on memory (31.2GB / 32GB), killing worker 7\n",
+    # pinned host memory for the input pipeline, behind a call whose name says CUDA
+    "E1203 data_queue.cc:88] cudaMallocHost failed for 512MB prefetch buffer: out of memory\n",
+    "RuntimeError: out of host memory while staging batch 1200\n",
+])
+def test_an_oom_that_names_the_hosts_memory_is_host_oom(tmp_path: Path, text: str) -> None:
+    d = diagnose_text(tmp_path, "step 1200 loss 1.3\n" + text)
+    assert d.category == Category.HOST_OOM
+
+
+def test_torchs_shared_memory_file_however_the_paste_shortened_it(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, "RuntimeError: unable to write to file </torch> at "
+                                "THAllocator.c:383\n")
+    assert d.category == Category.SHARED_MEMORY
+
+
+def test_a_loss_reported_as_nan_in_the_past_tense_is_numerical(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, "ValueError: Validation loss was nan at epoch 12; stopping\n")
+    assert d.category == Category.NUMERICAL
+
+
+@pytest.mark.parametrize("text,code", [
+    ("  host      : node-7\n  rank      : 3 (local_rank: 3)exitcode  : -9 (pid: 123)\n", -9),
+    ("rank: 1 (local_rank: 1) exitcode: -6 (pid: 42) error_file: <N/A>", -6),
+    ("exitcode: 1 (pid: 7)", 1),
+    # a word that merely ends in `exitcode` is none
+    ("myexitcode: 3", None),
+])
+def test_torchruns_exit_code_in_a_paste_that_ran_its_fields_together(text: str,
+                                                                      code: int | None) -> None:
+    line = text.splitlines()[-1]
+    assert _exit_code(line) == (None, code)
