@@ -65,3 +65,41 @@ def test_torchruns_exit_code_in_a_paste_that_ran_its_fields_together(text: str,
                                                                       code: int | None) -> None:
     line = text.splitlines()[-1]
     assert _exit_code(line) == (None, code)
+
+
+def test_an_operators_output_that_finds_no_memory_is_the_devices(tmp_path: Path) -> None:
+    # `node:<graph path>` names a node of the graph (an operator), not a machine
+    d = diagnose_text(tmp_path, "RuntimeError: Alloc for kernel workspace failed, memory is not "
+                                "enough, node:Gradients/Default/MatMul-op12\n")
+    assert d.category == Category.GPU_OOM
+
+
+@pytest.mark.parametrize("text", [
+    # a setting quoted as `name=value` that the message says the setup does not support
+    "NotImplementedError: sliding window attention does not support "
+    "`attn_implementation=sdpa`; please set `attn_implementation=eager`\n",
+    # a count held to a bound it misses, in the words of a check that expected more
+    "ValueError: Expected more than 2 samples per group when training, got group size 1\n",
+    # an index exactly at its dimension's size: one class or token more than the count set
+    "IndexError: index 1000 is out of bounds for axis 0 with size 1000\n",
+])
+def test_a_generic_exception_that_says_a_setting_does_not_fit_is_the_configs(
+        tmp_path: Path, text: str) -> None:
+    d = diagnose_text(tmp_path, "epoch 1 step 10 loss 0.9\n" + text)
+    assert d.category == Category.CONFIG_ERROR
+
+
+def test_an_index_further_out_than_the_size_stays_the_codes(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, "IndexError: index 1500 is out of bounds for dimension 0 with "
+                                "size 1000\n")
+    assert d.category == Category.USER_CODE_ERROR
+
+
+def test_a_framework_worker_that_died_explains_its_peers_network_errors(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, (
+        "ray.exceptions.WorkerCrashedError: The worker died unexpectedly while executing "
+        "this task.\n"
+        "node2:88:99 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<4372> with "
+        "error 12, opcode 0, len 0, vendor err 129\n"))
+    assert d.category == Category.KILLED_BY_SIGNAL_UNKNOWN
+    assert d.restart_helps == RestartHelps.YES

@@ -45,6 +45,9 @@ _SHAPES = re.compile(r"[Tt]arget size \((?:torch\.Size\()?\[([\d, ]*)\]\)?\) mus
                      r"input size \((?:torch\.Size\()?\[([\d, ]*)\]")
 _DIM = re.compile(r"size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at "
                   r"non-singleton dimension (\d+)")
+# an index that is exactly the size of its dimension: one more class or token than the count
+# the configuration sets (`index 18864 is out of bounds for dimension 1 with size 18864`)
+_INDEX = re.compile(r"\bindex (\d+) is out of bounds for (?:dimension|axis) \d+ with size (\d+)")
 _ADVICE = {
     "family": "No rule knows this wording; the line matches the {cat} family (words: "
               "{why}). Check it, and add a rule (rules.yaml) if it is right.",
@@ -109,8 +112,12 @@ def _fallback(lines: list[Finding], fam: Families, model: Model | None,
 
 def count_mismatch(text: str) -> bool:
     """Two shapes of the same rank that differ in one dimension other than the first (the
-    batch): a count the configuration sets (classes, channels, features) does not fit the
-    data or the model. Shapes of different ranks, or a different batch, are the code's."""
+    batch), or an index exactly at its dimension's size: a count the configuration sets
+    (classes, channels, features, a vocabulary) does not fit the data or the model. Shapes
+    of different ranks, a different batch, or an index further out are the code's."""
+    m = _INDEX.search(text)
+    if m is not None:
+        return m.group(1) == m.group(2)
     m = _SHAPES.search(text)
     if m is not None:
         a, b = ([int(n) for n in g.split(",") if n.strip()] for g in m.groups())
@@ -140,7 +147,7 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
     if score < RELABEL_MIN:
         return d
     domain, restart = fam.defaults[cat]
-    why = fam.words(text, cat) or "shapes that differ in one dimension other than the batch"
+    why = fam.words(text, cat) or "a count that does not fit the data or the model"
     return replace(d, category=cat, fault_domain=domain, restart_helps=restart,
                    subcategory=d.subcategory, rule=f"family:{cat.value}",
                    confidence=round(min(d.confidence, 0.3 + 0.08 * score), 2),
