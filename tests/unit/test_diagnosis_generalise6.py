@@ -103,3 +103,36 @@ def test_a_framework_worker_that_died_explains_its_peers_network_errors(tmp_path
         "error 12, opcode 0, len 0, vendor err 129\n"))
     assert d.category == Category.KILLED_BY_SIGNAL_UNKNOWN
     assert d.restart_helps == RestartHelps.YES
+
+
+def test_a_native_crash_while_a_module_loads_does_not_restart(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, (
+        "loading plugins\nFatal Python error: Aborted\n\n"
+        "Thread 0x00007f00aa (most recent call first):\n"
+        '  File "<frozen importlib._bootstrap_external>", line 1176 in create_module\n'
+        '  File "<frozen importlib._bootstrap>", line 571 in module_from_spec\n'
+        '  File "/opt/env/lib/python3.11/site-packages/jaxlib/__init__.py", line 12 in '
+        "<module>\n"))
+    assert d.category == Category.SEGFAULT_OR_ABORT
+    assert d.restart_helps == RestartHelps.NO
+
+
+def test_a_native_crash_in_the_training_loop_keeps_its_default(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, (
+        "Fatal Python error: Segmentation fault\n\n"
+        "Current thread 0x00007f00aa (most recent call first):\n"
+        '  File "/work/train.py", line 88 in step\n'
+        '  File "/work/train.py", line 120 in main\n'))
+    assert d.category == Category.SEGFAULT_OR_ABORT
+    assert d.restart_helps == RestartHelps.MAYBE
+
+
+def test_a_save_that_could_not_be_done_is_storages(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, "epoch 4 done\nWARNING: could not write checkpoint to "
+                                "/mnt/runs/step_4000, giving up\n")
+    assert d.category == Category.DISK_FULL_OR_STORAGE_IO
+
+
+def test_an_exception_message_quoted_without_its_type_is_an_answer(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, "step 3\n'NoneType' object is not subscriptable\n")
+    assert d.evidence is not None and "not subscriptable" in d.evidence.text

@@ -21,6 +21,9 @@ CONTEXT_LINES = 24  # lines kept per file
 CONTEXT_TEXT = 400  # characters of a context line kept
 _FRAME_END = re.compile(rb'", line \d+, in \S+\s*$')  # a frame line (its start may be cut)
 _SKIP = ("Traceback (most recent call last)", "File \"", "frame #")  # and C++ stack frames
+# a frame of importlib's loader in faulthandler's stack (`line N in f`, no comma): a native
+# crash came while a module loaded (diagnosis/restart.py); one such line is kept
+_LOADER_FRAME = re.compile(r'^File "<frozen importlib\._bootstrap(?:_external)?>", line \d+ in ')
 
 
 def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole: bool,
@@ -37,6 +40,7 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
     line = last_line
     cut = True  # still at the file's end: a traceback that ends here was cut before its
     # exception line, and its innermost frame and source line say where it stopped
+    loader = False  # a loader frame of faulthandler's stack kept
     for i in range(len(pieces) - 1, -1, -1):
         raw = pieces[i]
         start = pos - len(raw)
@@ -52,6 +56,8 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
         if cut and (text.startswith('File "') or (pre.text.startswith("    ") and i > 0
                                                    and _FRAME_END.search(pieces[i - 1]))):
             cut = not text.startswith('File "')  # its source line, then the frame's
+        elif not loader and _LOADER_FRAME.match(text):
+            loader = True
         elif not text or CODE_LINE.match(pre.text) or pre.text.startswith("    ") \
                 or text.startswith(_SKIP) or not any(c.isalpha() for c in text):
             continue

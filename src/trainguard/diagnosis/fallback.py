@@ -36,8 +36,10 @@ MODEL_MIN = 0.99
 WEAK = 0.45  # a verdict below this confidence is weak (hints, bare exits, `other`)
 GENERIC = 0.6  # a generic exception at least this sure is relabelled, not replaced
 # a context line that shows an error although no rule or exception pattern took it
+# (or an exception's message quoted without its type: `'str' object has no attribute 'size'`)
 _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort(?:ed)?|panic|"
-                       r"critical)\b|[a-z](?:Error|Exception)\b|^Traceback \(most recent call",
+                       r"critical)\b|[a-z](?:Error|Exception)\b|^Traceback \(most recent call"
+                       r"|\bobject (?:has no attribute|is not (?:callable|subscriptable|iterable))",
                        re.IGNORECASE)
 # two shapes an operation compared: the target's and the input's, or two tensors' sizes at
 # one dimension

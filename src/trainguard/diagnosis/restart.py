@@ -20,6 +20,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | network_or_rendezvous | a store client failed to connect (not: timed out waiting) | no |
 | cuda_kernel_error | the error is a misaligned address (the inputs' layout decides it) | no |
 | segfault_or_abort | an illegal instruction (SIGILL: a build for another CPU) | no |
+| segfault_or_abort | the crash's stack is inside an import (importlib's loader frames) | no |
 | dataloader_worker_crash | the logs show Windows or macOS paths (workers are spawned) | no |
 | nccl_communication_error | NCCL says a feature is not supported (P2P/IPC between GPUs) | no |
 | other (a remote service) | the network is unreachable from the machine | no |
@@ -63,6 +64,10 @@ _WELL_KNOWN = 1024
 # SIGILL in native code: a binary built for instructions this CPU lacks (AVX on a Celeron):
 # the same binary on the same node fails the same way
 _ILLEGAL = re.compile(r"illegal instruction|\bSIGILL\b", re.IGNORECASE)
+# a native crash whose stack (faulthandler's: `File "...", line N in f`, no comma) holds
+# importlib's loader frames: it crashed while a module or extension loaded (two builds that
+# clash in one process), and every start imports the same way
+_IMPORTING = re.compile(r'^\s*File "<frozen importlib\._bootstrap(?:_external)?>", line \d+ in ')
 # DataLoader workers on Windows and macOS are spawned, not forked: one that exits there is
 # almost always the script failing to re-import or pickle in the child (no `if __name__ ==
 # "__main__":` guard, an unpicklable dataset), which fails the same way every time
@@ -128,6 +133,9 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
             d.evidence is not None and _ILLEGAL.search(d.evidence.text))):
         verdict, why = RestartHelps.NO, ("an illegal instruction: the build uses instructions "
                                          "this CPU lacks")
+    elif cat == Category.SEGFAULT_OR_ABORT and any(_IMPORTING.search(f.text) for f in findings):
+        verdict, why = RestartHelps.NO, ("it crashed while a module loaded: every start "
+                                         "imports the same way")
     elif cat == Category.DATALOADER_WORKER_CRASH and any(
             _SPAWN_PLATFORM.search(f.text) for f in findings):
         verdict, why = RestartHelps.NO, ("DataLoader workers are spawned on Windows and macOS: "
