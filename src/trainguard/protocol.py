@@ -236,7 +236,9 @@ class Op(str, Enum):
     TELL = "tell"  # Tell -> {"told": int}: how many running ranks were told
     PREPARE = "prepare"  # StartWorkers -> {}: a spare keeps standbys ready for such workers
     # peer copies of memory snapshots (node/peer.py, controller/peer_copies.py)
-    PEER_TAKE = "peer_take"  # {list} -> {"steps"} | {peer, rank, step, offset} -> a chunk
+    # {list} -> {"steps"} | {entries} -> {"entries"} | {tails: {rank: generation}} ->
+    # {"tails"} | {peer, rank, step, offset} -> a chunk
+    PEER_TAKE = "peer_take"
     PEER_STORE = "peer_store"  # a chunk + {peer, origin} -> {"whole": bool}
     PEER_PIN = "peer_pin"  # {steps} -> {}: every rank of the node keeps those steps
     # {step, token, source, ranks: {rank: from the peer copies}} -> {"started": bool}: save

@@ -227,3 +227,46 @@ def test_the_save_at_breakpoint_runs_below_the_agents_priority(
         region.close()
         guardian.close()
     assert not region.path.exists()
+
+
+@pytest.mark.long  # a 2-node job with a spare (about a minute); make test-long
+def test_a_node_lost_after_its_ranks_snapshot_of_step_n_costs_no_step(
+        tmp_path: Path, clean_digest: str) -> None:
+    """0 steps lost on a pod-level move: node-1's rank snapshots step 9 and then blocks (a
+    lock the test holds); node-1 is killed while node-0's rank waits in step 10's
+    allreduce. Both resume at 9, whatever the last whole copy round reached: node-1's rank
+    from node-0's snapshot of step 9 with its own small tensors (its tail) laid over it,
+    checked against its CRC-32, and the job ends bit for bit as the uninterrupted one."""
+    import fcntl
+
+    from tests.integration.test_multinode_local import kill_node, wait_for
+
+    job, shm, gate = tmp_path / "job", tmp_path / "shm", tmp_path / "gate.lock"
+    shm.mkdir()
+    held = open(gate, "a")  # noqa: SIM115
+    fcntl.flock(held, fcntl.LOCK_EX)
+    env = {**os.environ, "TRAINGUARD_SHM_ROOT": str(shm),
+           "TRAINGUARD_FAULT": f"lock:{gate}@rank=1,step=9,attempt=0"}
+    console = tmp_path / "console.log"
+    with open(console, "w") as out:
+        proc = subprocess.Popen(
+            [*TG, "-v", "run", "--nnodes", "2", "--nproc-per-node", "1", "--spare-nodes", "1",
+             "--memory-every", "1", "--restart-backoff", "0", "--job-dir", str(job),
+             "--max-restarts", "3", "--grace-period", "5", str(EXAMPLE), "--steps", "14",
+             "--step-time", "0.1", "--ckpt-every", "100", "--progress", "--digest"],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 9)
+        kill_node(status, "node-1")
+        code = proc.wait(timeout=180)
+    finally:
+        held.close()
+        if proc.poll() is None:
+            proc.kill()
+    text = console.read_text()
+    assert code == 0, text[-3000:]
+    assert digest(text) == clean_digest
+    (inc,) = read_json("recovery", job)["running_records"][0]["recover_records"]
+    assert (inc["recover"], inc["resumed_from"]) == ("pod_reschedule", "memory+peer"), inc
+    assert (inc["resumed_step"], inc["last_step_before"], inc["steps_lost"]) == (9, 9, 0), inc
+    assert list(shm.iterdir()) == []

@@ -97,12 +97,21 @@ class MemoryManifest:
         return cls(int(d["rank"]), slots, max(1, int(d.get("keep", 3))))
 
 
+def fits(entry: SlotEntry, other: SlotEntry) -> bool:
+    """Can `other`'s bytes, patched with `entry`'s small tensors, be `entry`'s snapshot?
+    (The same size and tensor layout.)"""
+    return entry.size == other.size and [(t["dtype"], t["shape"], t["offset"], t["nbytes"])
+                                         for t in entry.tensors] == \
+        [(t["dtype"], t["shape"], t["offset"], t["nbytes"]) for t in other.tensors]
+
+
 def open_slot_bytes(region: str | os.PathLike[str], rank: int, entry: SlotEntry,
-                    lock: bool = False) -> tuple[memoryview, Any]:
+                    lock: bool = False, check: bool = True) -> tuple[memoryview, Any]:
     """A committed slot's bytes, checked against the manifest's CRC; raises ValueError when
     they are not whole. `lock` (another process's snapshot, whose writer may live): hold a
     shared lock, so a writer skips the slot, and check that the manifest still names this
-    snapshot (a writer drops it from the manifest before it writes the slot)."""
+    snapshot (a writer drops it from the manifest before it writes the slot). `check`
+    False: no CRC pass (a reader that checks the bytes another way)."""
     path = slot_path(region, rank, entry.slot)
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -120,7 +129,7 @@ def open_slot_bytes(region: str | os.PathLike[str], rank: int, entry: SlotEntry,
         # copy-on-write: writable for torch.frombuffer, never written (the file stays as is)
         m = mmap.mmap(fd, entry.size, access=mmap.ACCESS_COPY) if entry.size else None
         view = memoryview(m) if m is not None else memoryview(b"")
-        if entry.crc32 is not None and zlib.crc32(view) != entry.crc32:
+        if check and entry.crc32 is not None and zlib.crc32(view) != entry.crc32:
             raise ValueError(f"{path.name}: CRC-32 differs from the manifest (a torn copy)")
         return view, (fd, m)
     except BaseException:

@@ -152,6 +152,7 @@ class NodeRecovery:
                            f"node {name} was lost: {why}; {what}", node=name, attempt=attempt)
             self.fleet.mark(name, NodeState.LOST, why)
         if self.fleet.peer is not None:  # save at breakpoint: the last copied step to storage
+            self.fleet.peer.newest(set(lost))  # the lost ranks' newest step, from their tails
             self.fleet.peer.persist(set(lost))
         report = self._stop(f"node {', '.join(lost)} was lost")
         return report, (detected, detected, utcnow())

@@ -35,6 +35,7 @@ from typing import Any
 
 from trainguard.checkpoint.memory_format import agreed_step
 from trainguard.controller.hub import Hub
+from trainguard.controller.peer_tails import Tails
 from trainguard.protocol import Op
 from trainguard.worker.contract import SOURCE_PEER
 
@@ -53,6 +54,7 @@ class PeerCopies:
         self.step: int | None = None  # the step whose copies are whole on every buddy
         self._buddy: dict[str, str] = {}  # node -> the node keeping its copies, as of `step`
         self._ranks: dict[str, list[int]] = {}  # node -> its ranks, as of `step`
+        self.tails = Tails(hub, placement)  # each rank's newest step, beyond the rounds
 
     def start(self) -> None:
         if self._thread is None:
@@ -60,8 +62,10 @@ class PeerCopies:
             self._thread = threading.Thread(target=self._run, name="trainguard-peer",
                                             daemon=True)
             self._thread.start()
+        self.tails.start()
 
     def close(self) -> None:
+        self.tails.close()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=CALL_TIMEOUT_S)
@@ -120,9 +124,33 @@ class PeerCopies:
             restored = [r for r in self._ranks.get(lost, [])
                         if self._copy([(buddy, True, to, False, r)], step)]
             self.step = None  # the placement changed: rounds start over
+            self.tails.forget()
             log.info("restored the memory snapshots of rank(s) %s (step %s) from %s onto %s",
                      restored, step, buddy, to)
             return restored
+
+    def newest(self, lost: Collection[str]) -> int | None:
+        """After `lost` nodes went: make the lost ranks' newest step whose tails the
+        controller has (peer_tails.py) the step copied whole, when it is newer than the
+        last round's: rebuilt on each lost node's buddy and pinned on every node. The step
+        copied whole now."""
+        with self._lock:
+            placement = self._placement()
+            buddies = {n: self._buddy.get(n) or placement[(placement.index(n) + 1)
+                                                          % len(placement)]
+                       for n in lost if n in placement}
+            if not buddies or len(placement) < 2:
+                return self.step
+            got = self.tails.rebuild(buddies, self.step)
+            if got is None:
+                return self.step
+            step, ranks = got
+            # the survivors' workers are stopped next; until then they keep it
+            self._call_all({n: (Op.PEER_PIN, {"steps": [step]}) for n in ranks
+                            if n not in buddies})
+            self.step, self._ranks = step, ranks
+            self._buddy = {**self._buddy, **buddies}
+            return step
 
     def persist(self, lost: Collection[str]) -> list[str]:
         """Save at breakpoint after `lost` nodes went: the last step copied, S, goes to

@@ -199,6 +199,11 @@ class AgentRunner:
         region = self.agent.memory.path
         if body.get("list"):
             return {"steps": peer.steps(region)}
+        if body.get("entries"):
+            return {"entries": peer.entries(region)}
+        if "tails" in body:
+            have = {int(r): int(g) for r, g in dict(body["tails"] or {}).items()}
+            return {"tails": peer.tails(region, have)}
         step = body.get("step")
         chunk = peer.take(region, bool(body.get("peer")), int(body["rank"]),
                           None if step is None else int(step), int(body.get("offset") or 0))

@@ -12,7 +12,12 @@ A multi-node job's controller copies each node's newest memory snapshots to a bu
 - `store` writes a chunk into the other slot of a rank's copy (`peer/`), or, when a
   pod-level move brings a rank to this node, into the rank's own place, where its worker
   finds it as a memory snapshot of its own. The last chunk checks the CRC and commits the
-  manifest entry, with the node it came from as `origin`.
+  manifest entry, with the node it came from as `origin`;
+- `tails` gives, for each rank whose newest whole snapshot is newer than the controller's,
+  that snapshot's manifest entry and the bytes of its small tensors (RNG states, counters:
+  what differs between the ranks of a data-parallel job): with a survivor's snapshot of
+  the same step, enough to rebuild a lost rank's newest step (`store` with a `patch`, the
+  whole CRC-32 checked against the lost rank's own).
 
 Standard library only: the agent never imports torch.
 """
@@ -43,6 +48,8 @@ from trainguard.checkpoint.memory_format import (
 
 PEER = "peer"  # the copies a node keeps for its neighbour, in its region
 CHUNK_BYTES = 16 << 20  # per command: under the wire's 64 MiB frame once in base64
+SMALL_TENSOR_BYTES = 16 << 10  # a tail carries the bytes of tensors up to this size...
+TAIL_BYTES = 1 << 20  # ...up to this much per rank (else the rank has no tail)
 
 
 def where(region: Path, peer: bool) -> Path:
@@ -65,6 +72,11 @@ def ranks_in(region: Path) -> list[int]:
 def steps(region: Path) -> dict[int, list[int]]:
     """Per rank of this node, the steps of its whole snapshots."""
     return {r: sorted(e.step for e in whole(region, r)) for r in ranks_in(region)}
+
+
+def entries(region: Path) -> dict[int, list[dict[str, Any]]]:
+    """Per rank of this node, the manifest entries of its whole snapshots."""
+    return {r: [asdict(e) for e in whole(region, r)] for r in ranks_in(region)}
 
 
 def pin(region: Path, steps: list[int]) -> None:
@@ -97,8 +109,38 @@ def take(region: Path, peer: bool, rank: int, step: int | None = None,
             "length": len(data), "data": base64.b64encode(data).decode("ascii")}
 
 
+def tails(region: Path, have: dict[int, int]) -> dict[int, dict[str, Any]]:
+    """Per rank of this node whose newest whole snapshot is of a newer generation than
+    `have` names: its entry and its small tensors' bytes ({"entry", "small": [[index,
+    base64], ...]}). A rank whose small tensors exceed TAIL_BYTES has none."""
+    out: dict[int, dict[str, Any]] = {}
+    for rank in ranks_in(region):
+        e = max(whole(region, rank), key=lambda x: x.generation, default=None)
+        if e is None or e.generation <= have.get(rank, -1):
+            continue
+        small = [(i, t) for i, t in enumerate(e.tensors)
+                 if 0 < int(t["nbytes"]) <= SMALL_TENSOR_BYTES]
+        if sum(int(t["nbytes"]) for _, t in small) > TAIL_BYTES:
+            continue
+        try:  # no CRC pass here: the entry's CRC checks the rebuilt snapshot as a whole
+            view, handle = open_slot_bytes(region, rank, e, lock=True, check=False)
+        except (OSError, ValueError):
+            continue  # being overwritten: the next call has the newer one
+        try:
+            parts = [[i, base64.b64encode(bytes(view[int(t["offset"]):int(t["offset"])
+                                                       + int(t["nbytes"])])).decode("ascii")]
+                     for i, t in small]
+        finally:
+            view.release()
+            close_slot_bytes(handle)
+        out[rank] = {"entry": asdict(e), "small": parts}
+    return out
+
+
 def store(region: Path, peer: bool, body: dict[str, Any], origin: str) -> bool:
-    """Write one chunk; True once the snapshot is whole and committed."""
+    """Write one chunk; True once the snapshot is whole and committed. The last chunk may
+    carry a `patch` ([[index, base64], ...]: tensors of the entry to overwrite before the
+    CRC-32 check): a lost rank's snapshot rebuilt from another rank's bytes."""
     base = where(region, peer)
     rank, offset = int(body["rank"]), int(body["offset"])
     entry = SlotEntry(**body["entry"])
@@ -121,6 +163,7 @@ def store(region: Path, peer: bool, body: dict[str, Any], origin: str) -> bool:
         os.close(fd)
     if offset + len(data) < int(body["total"]):
         return False
+    _apply(slot_path(base, rank, target), entry, body.get("patch") or [])
     copied = replace(entry, slot=target, origin=entry.origin or origin,
                      generation=_generation(manifest, entry))
     view, handle = open_slot_bytes(base, rank, copied)  # raises when the CRC-32 differs
@@ -128,6 +171,20 @@ def store(region: Path, peer: bool, body: dict[str, Any], origin: str) -> bool:
     close_slot_bytes(handle)
     write_manifest(base, manifest.with_entry(copied))
     return True
+
+
+def _apply(path: Path, entry: SlotEntry, patch: list[Any]) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for index, b64 in patch:
+            spec = entry.tensors[int(index)]
+            data = base64.b64decode(b64)
+            if len(data) != int(spec["nbytes"]):
+                raise ValueError(f"the patch of tensor {index} has {len(data)} bytes, not "
+                                 f"{spec['nbytes']}")
+            os.pwrite(fd, data, int(spec["offset"]))
+    finally:
+        os.close(fd)
 
 
 def _target(manifest: MemoryManifest, entry: SlotEntry) -> int:
