@@ -4,6 +4,7 @@ and its own small tensors, bit for bit or not at all. Real slot files in a tempo
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +116,25 @@ def test_the_plan_takes_a_survivor_with_the_same_layout_at_that_step(tmp_path: P
     assert Tails._plan([1], tails, {("node-0", 0): held(node0, 0)}, 5) == {1: ("node-0", 0)}
     assert Tails._plan([1], tails, {("odd", 2): held(odd, 2)}, 5) is None
     assert Tails._plan([1], tails, {("node-0", 0): {4: held(node0, 0)[4]}}, 5) is None
+
+
+def test_after_a_few_steps_tails_carry_only_the_small_tensors_that_differ_between_ranks(
+        tmp_path: Path) -> None:
+    model = torch.nn.Linear(16, 4)  # weight and bias: small, the same on both ranks
+    regions = {r: tmp_path / f"node-{r}" for r in (0, 1)}
+    tails = Tails(hub=None, placement=lambda: [])  # type: ignore[arg-type]
+    for step in (1, 2, 3):
+        for r, region in regions.items():
+            snapshot(region, r, [step], model)
+            tail = peer.tails(region, {})[r]
+            tails._tails.setdefault(r, {})[step] = tail
+            tails._learn(step)
+        assert (tails.only is None) == (step < 3)
+    entry = SlotEntry(**peer.tails(regions[1], {})[1]["entry"])
+    rng = next(i for i, t in enumerate(entry.tensors) if t["nbytes"] == 5056)
+    assert tails.only == [rng]  # the RNG state differs; the model's tensors do not
+    only = peer.tails(regions[1], {}, tails.only)[1]["small"]
+    assert [i for i, _ in only] == [rng]
+    # a rebuild from rank 0's bytes with only that tensor laid over them is still exact
+    assert rebuild(regions[0], 0, tmp_path / "buddy", {"entry": asdict(entry), "small": only},
+                   3)

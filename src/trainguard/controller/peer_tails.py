@@ -4,7 +4,8 @@ Whole peer copies (controller/peer_copies.py) take a round of 0.2-1 s here, so a
 costs the steps since the last whole round. But the ranks of a data-parallel job hold the
 same model and optimizer: what differs between them is small (RNG states, counters). So,
 besides the rounds, a thread asks every node every TAIL_S for its ranks' newest whole
-snapshots' *tails* (node/peer.py `tails`): the manifest entry (step, size, layout, CRC-32)
+snapshots' *tails* (node/peer.py `tails`; less often from 10 nodes on: at most
+MAX_ASKS_PER_S asks a second in all): the manifest entry (step, size, layout, CRC-32)
 and the bytes of the small tensors, only when there is a newer one than the last seen.
 
 When a node is lost, `rebuild` finds the newest step T that every lost rank has a tail of
@@ -32,7 +33,9 @@ from trainguard.protocol import Op
 log = logging.getLogger(__name__)
 
 TAIL_S = 0.02  # between two asks: a step's tail reaches the controller this soon after it
+MAX_ASKS_PER_S = 500  # the controller's asks, all nodes together: a large job asks less often
 KEEP_STEPS = 4  # tails kept per rank (a survivor holds its two newest steps, or pinned ones)
+LEARN_STEPS = 3  # steps whose full tails, compared between ranks, say which tensors differ
 CALL_TIMEOUT_S = 30.0
 
 
@@ -45,6 +48,11 @@ class Tails:
         self._tails: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> step -> tail
         self._seen: dict[int, int] = {}  # rank -> generation of its newest tail
         self._node: dict[int, str] = {}  # rank -> the node its tails came from
+        # the small tensors that differ between ranks, learnt from the full tails of the
+        # first LEARN_STEPS steps two ranks or more sent; from then on tails carry only them
+        self._differ: set[int] = set()
+        self._learnt: set[int] = set()  # the steps compared
+        self.only: list[int] | None = None
 
     def start(self) -> None:
         if self._thread is None:
@@ -65,9 +73,10 @@ class Tails:
             self._tails.clear()
             self._seen.clear()
             self._node.clear()
+            self._differ, self._learnt, self.only = set(), set(), None
 
     def _run(self) -> None:
-        while not self._stop.wait(TAIL_S):
+        while not self._stop.wait(max(TAIL_S, len(self._placement()) / MAX_ASKS_PER_S)):
             try:
                 self.poll()
             except Exception:  # never the job's end: the next ask tries again
@@ -79,9 +88,10 @@ class Tails:
             return
         up = [n for n in placement if self.hub.connected(n)]
         with self._lock:
-            have = {str(r): g for r, g in self._seen.items()}
-        replies = self.hub.call({n: (Op.PEER_TAKE, {"tails": have}) for n in up},
-                                CALL_TIMEOUT_S, 0.0)
+            ask: dict[str, Any] = {"tails": {str(r): g for r, g in self._seen.items()}}
+            if self.only is not None:
+                ask["only"] = self.only
+        replies = self.hub.call({n: (Op.PEER_TAKE, ask) for n in up}, CALL_TIMEOUT_S, 0.0)
         with self._lock:
             for node, reply in replies.items():
                 if not reply.ok:
@@ -95,6 +105,26 @@ class Tails:
                     steps[entry.step] = tail
                     for old in sorted(steps)[:-KEEP_STEPS]:
                         del steps[old]
+                    if "only" not in ask:
+                        self._learn(entry.step)
+
+    def _learn(self, step: int) -> None:
+        """Compare the full tails of `step` that two ranks or more sent: a small tensor
+        whose bytes differ between them is one each tail must carry."""
+        full = [t[step] for t in self._tails.values() if step in t]
+        if len(full) < 2 or step in self._learnt:
+            return
+        if len(full) < len(self._tails):
+            return  # not every rank's yet
+        parts = [dict((int(i), b) for i, b in t["small"]) for t in full]
+        if any(p.keys() != parts[0].keys() for p in parts):
+            return  # another layout on some rank: no comparison
+        self._differ |= {i for i in parts[0] if len({p[i] for p in parts}) > 1}
+        self._learnt.add(step)
+        if len(self._learnt) >= LEARN_STEPS:
+            self.only = sorted(self._differ)
+            log.debug("tails carry the small tensors %s (they differ between ranks)",
+                      self.only)
 
     def rebuild(self, buddies: dict[str, str], newer_than: int | None
                 ) -> tuple[int, dict[str, list[int]]] | None:

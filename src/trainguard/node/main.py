@@ -203,7 +203,9 @@ class AgentRunner:
             return {"entries": peer.entries(region)}
         if "tails" in body:
             have = {int(r): int(g) for r, g in dict(body["tails"] or {}).items()}
-            return {"tails": peer.tails(region, have)}
+            only = body.get("only")
+            return {"tails": peer.tails(region, have, None if only is None
+                                        else [int(i) for i in only])}
         step = body.get("step")
         chunk = peer.take(region, bool(body.get("peer")), int(body["rank"]),
                           None if step is None else int(step), int(body.get("offset") or 0))

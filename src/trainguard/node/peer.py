@@ -28,11 +28,12 @@ import base64
 import contextlib
 import fcntl
 import os
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trainguard.checkpoint.memory_format import (
+    MANIFEST,
     SLOTS,
     MemoryManifest,
     SlotEntry,
@@ -76,7 +77,7 @@ def steps(region: Path) -> dict[int, list[int]]:
 
 def entries(region: Path) -> dict[int, list[dict[str, Any]]]:
     """Per rank of this node, the manifest entries of its whole snapshots."""
-    return {r: [asdict(e) for e in whole(region, r)] for r in ranks_in(region)}
+    return {r: [dict(vars(e)) for e in whole(region, r)] for r in ranks_in(region)}
 
 
 def pin(region: Path, steps: list[int]) -> None:
@@ -105,21 +106,25 @@ def take(region: Path, peer: bool, rank: int, step: int | None = None,
     finally:
         view.release()
         close_slot_bytes(handle)
-    return {"rank": rank, "entry": asdict(e), "offset": offset, "total": e.size,
+    return {"rank": rank, "entry": dict(vars(e)), "offset": offset, "total": e.size,
             "length": len(data), "data": base64.b64encode(data).decode("ascii")}
 
 
-def tails(region: Path, have: dict[int, int]) -> dict[int, dict[str, Any]]:
+def tails(region: Path, have: dict[int, int], only: list[int] | None = None
+          ) -> dict[int, dict[str, Any]]:
     """Per rank of this node whose newest whole snapshot is of a newer generation than
     `have` names: its entry and its small tensors' bytes ({"entry", "small": [[index,
-    base64], ...]}). A rank whose small tensors exceed TAIL_BYTES has none."""
+    base64], ...]}); `only`: of those tensors alone (the ones that differ between ranks).
+    A rank whose small tensors exceed TAIL_BYTES has none."""
     out: dict[int, dict[str, Any]] = {}
+    wanted = set(only) if only is not None else None
     for rank in ranks_in(region):
-        e = max(whole(region, rank), key=lambda x: x.generation, default=None)
+        e = _newest_whole(region, rank)
         if e is None or e.generation <= have.get(rank, -1):
             continue
         small = [(i, t) for i, t in enumerate(e.tensors)
-                 if 0 < int(t["nbytes"]) <= SMALL_TENSOR_BYTES]
+                 if 0 < int(t["nbytes"]) <= SMALL_TENSOR_BYTES
+                 and (wanted is None or i in wanted)]
         if sum(int(t["nbytes"]) for _, t in small) > TAIL_BYTES:
             continue
         try:  # no CRC pass here: the entry's CRC checks the rebuilt snapshot as a whole
@@ -133,8 +138,30 @@ def tails(region: Path, have: dict[int, int]) -> dict[int, dict[str, Any]]:
         finally:
             view.release()
             close_slot_bytes(handle)
-        out[rank] = {"entry": asdict(e), "small": parts}
+        out[rank] = {"entry": dict(vars(e)), "small": parts}  # no deep copy
     return out
+
+
+_NEWEST: dict[Path, tuple[tuple[int, int, int], SlotEntry | None]] = {}
+
+
+def _newest_whole(region: Path, rank: int) -> SlotEntry | None:
+    """The rank's newest whole snapshot; its manifest parsed again only when the file
+    changed (the controller asks every 20 ms; a step writes the manifest three times)."""
+    path = rank_dir(region, rank) / MANIFEST
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    hit = _NEWEST.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    e = max(whole(region, rank), key=lambda x: x.generation, default=None)
+    if len(_NEWEST) > 1024:
+        _NEWEST.clear()
+    _NEWEST[path] = (key, e)
+    return e
 
 
 def store(region: Path, peer: bool, body: dict[str, Any], origin: str) -> bool:
