@@ -76,9 +76,10 @@ def test_a_new_store_lives_in_the_job_dir_and_records_the_run_id(tmp_path: Path)
     with JobStore.create(tmp_path / "a" / "job", "run-1") as s:
         assert s.path == tmp_path / "a" / "job" / "trainguard.db"
         assert s.meta() == {"run_id": "run-1"}
+        assert s._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # while it runs
     raw = sqlite3.connect(tmp_path / "a" / "job" / "trainguard.db")
     assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # once it ended
     raw.close()
 
 
@@ -321,3 +322,21 @@ def test_a_reader_that_cannot_write_the_dir_sees_a_live_writers_latest_meta(
             reader.close()
     finally:
         writer.close()
+
+
+def test_reading_an_ended_job_leaves_no_wal_or_shm_file_beside_its_store(tmp_path: Path) -> None:
+    """The writer leaves WAL mode when it closes: `status` and the other read commands of
+    an ended job open it without making trainguard.db-wal and -shm (they did, 32 KiB)."""
+    job = tmp_path / "job"
+    with JobStore.create(job, "run-1") as s:
+        s.add_event(event("JobCreated"))
+    for _ in range(2):
+        with JobStore.open(job) as r:
+            assert [e.reason for _, e in r.events()] == ["JobCreated"]
+    assert sorted(p.name for p in job.iterdir() if p.name.startswith("trainguard.db")) == [
+        "trainguard.db"]
+    with JobStore.create(job, "run-1") as s:  # a relaunch writes in WAL mode again
+        assert s._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        s.add_event(event("JobRelaunched"))
+    with JobStore.open(job) as r:
+        assert [e.reason for _, e in r.events()] == ["JobCreated", "JobRelaunched"]

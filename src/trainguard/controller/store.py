@@ -320,12 +320,15 @@ class JobStore(LedgerTables):
     # -- lifetime ---------------------------------------------------------------
 
     def close(self) -> None:
-        """Close; the writer first folds the WAL into the db file, so that a copy of
-        trainguard.db alone (an archived job) holds everything."""
+        """Close; the writer first folds the WAL into the db file and leaves WAL mode, so
+        that trainguard.db alone (an archived job) holds everything and readers of the
+        ended job make no -wal and -shm files beside it (the next writer turns WAL on
+        again; while a reader holds the file the mode stays, which is harmless)."""
         with self._lock:
             if not self.readonly:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    self._conn.execute("PRAGMA journal_mode=DELETE")
             self._conn.close()
 
     def __enter__(self) -> JobStore:
