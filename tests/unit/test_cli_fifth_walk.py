@@ -187,3 +187,18 @@ def test_no_probe_dir_is_left_where_the_job_dir_would_be(here: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert not [n for n in os.listdir(here) if n.startswith(".trainguard-probe")]
     assert not (here / "runs").exists()
+
+
+def test_the_settings_job_created_records_are_the_dry_runs_with_absolute_dirs(
+        here: Path) -> None:
+    """Walk-through 9: JobCreated held `job_dir: 'j1'`, `log_dir: None`, `checkpoint_dir:
+    None`; it records the dirs the job uses, as `run --dry-run` prints them."""
+    argv = ("--job-dir", "j1", "--run-id", "walk9")
+    dry = json.loads(tg("run", *argv, "--dry-run", "train.py", cwd=here).stdout)
+    assert tg("run", *argv, "train.py", cwd=here).returncode == 0
+    events = json.loads(tg("events", "j1", "--json", cwd=here).stdout)
+    settings = next(e for e in events if e["reason"] == "JobCreated")["data"]["settings"]
+    for key in ("job_dir", "log_dir", "checkpoint_dir"):
+        assert settings[key] == dry[key] == str(here / "j1" / {"job_dir": "", "log_dir": "logs",
+                                                                "checkpoint_dir": "checkpoints"
+                                                                }[key]).rstrip("/"), key

@@ -151,6 +151,6 @@ def test_recovery_names_steps_done_again_after_a_relaunch_as_report_does(tmp_pat
                    last_step=100, last_progress_at=iso(at(130)))
     summary = tg("recovery", str(job)).stdout
     assert "0 incidents, steps lost in incidents 0, steps done again 10, goodput" in summary
-    assert "steps kept 100, done again 10" in tg("report", str(job)).stdout
+    assert "steps done once 100, done again 10" in tg("report", str(job)).stdout
     doc = json.loads(tg("recovery", str(job), "--json").stdout)["summary"]
     assert (doc["steps_lost"], doc["steps_done_again"]) == (0, 10)

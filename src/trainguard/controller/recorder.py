@@ -126,11 +126,19 @@ class Recorder:
             self.event(Level.INFO, Reason.JOB_RELAUNCHED,
                        f"job {self.spec.run_id} launched again{requeued} after its previous "
                        f"launch ended {ended} at attempt {previous['attempt']}: "
-                       f"{what}", data={"settings": self.spec.model_dump(mode="json")})
+                       f"{what}", data={"settings": self._settings()})
             return previous["attempt"] + 1, StartType.RELAUNCH
         self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}",
-                   data={"settings": self.spec.model_dump(mode="json")})
+                   data={"settings": self._settings()})
         return 0, StartType.FIRST_START
+
+    def _settings(self) -> dict[str, Any]:
+        """The effective settings, as `run --dry-run` prints them: the dirs the job uses,
+        absolute (the spec holds them as given, or null for the defaults)."""
+        doc = self.spec.model_dump(mode="json")
+        doc.update(job_dir=str(self.paths.job_dir), log_dir=str(self.paths.log_dir),
+                   checkpoint_dir=self.paths.checkpoint_dir)
+        return doc
 
     def _close_lost_launch(self, previous: dict[str, Any]) -> str | None:
         """How the previous launch ended: its recorded state, or `lost` when it was left

@@ -134,7 +134,7 @@ def render(doc: dict[str, Any]) -> str:
     ratio = "unknown" if g["goodput"] is None else f"{g['goodput']:.1%}"
     lines = [f"run {doc['run_id']} · {doc['state']} · {doc['attempts']} attempt(s), "
              f"{recoveries_text(doc['restarts_by_rung'])} · wall {g['wall_s']:.1f}s",
-             f"goodput {ratio}: productive {g['productive_s']:.1f}s; steps kept "
+             f"goodput {ratio}: productive {g['productive_s']:.1f}s; steps done once "
              f"{g['steps']['productive']}, done again {g['steps']['wasted']}"
              + ("" if g["measured_steps"] else " (no step reports: time between a restart's "
                 "first output and the next fault counts as productive)"),
