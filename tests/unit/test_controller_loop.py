@@ -261,6 +261,9 @@ def test_a_user_code_failure_exits_1_without_a_restart(job: Any) -> None:
     assert "RestartScheduled" not in run.reasons
     assert run.reasons[-2:] == ["FailureDiagnosed", "JobFailed"]
     assert "labels out of range" in run.events[-1].message
+    # the cause, then why it was not restarted: no parentheses inside parentheses
+    assert "; not restarted: " in run.events[-1].message, run.events[-1].message
+    assert "((" not in run.events[-1].message and "))" not in run.events[-1].message
     (inc,) = run.store.running_records()[0].recover_records
     assert (inc.recover, inc.recover_result) == ("none", RecoverResult.FAILED)
     assert run.store.meta()["state"] == "failed"

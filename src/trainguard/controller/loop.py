@@ -303,7 +303,7 @@ class Controller:
         self._note_progress(report)  # the high-water marks move on the process path only
         self.rec.book.record(attempt, decision, fault)
         if decision.action == Action.GIVE_UP:
-            return _Next(decision, f"{diag.summary} ({decision.reason})", diag.culprit_rank)
+            return _Next(decision, f"{diag.summary}; {decision.reason}", diag.culprit_rank)
         if decision.action != Action.RESTART_RANKS:
             self.rec.set_meta(state=JobState.RESTARTING.value)
             self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, f"{decision.reason}; "

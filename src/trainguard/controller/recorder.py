@@ -137,7 +137,7 @@ class Recorder:
         absolute (the spec holds them as given, or null for the defaults)."""
         doc = self.spec.model_dump(mode="json")
         doc.update(job_dir=str(self.paths.job_dir), log_dir=str(self.paths.log_dir),
-                   checkpoint_dir=self.paths.checkpoint_dir)
+                   checkpoint_dir=str(self.paths.checkpoint_dir))
         return doc
 
     def _close_lost_launch(self, previous: dict[str, Any]) -> str | None:
