@@ -72,7 +72,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
                     | set(losses) | set(in_place))
     if attempt is None and not failed and attempts and all(
             _ended_well(ended.get(a)) for a in attempts):
-        each = "; ".join(f"attempt {a}: {_ended_well(ended.get(a))}" for a in attempts)
+        each = "; ".join(f"attempt {a} {_ended_well(ended.get(a))}" for a in attempts)
         return JobInputs(attempts[-1], [], [], None, failed=False,
                          note=f"every attempt of the job ended well ({each})")
     if attempt is None:
@@ -127,7 +127,7 @@ def _ended_well(end_reason: str | None) -> str | None:
     if end_reason == JobState.SUCCEEDED.value:  # controller/incidents.py attempt_succeeded
         return JobState.SUCCEEDED.value
     if end_reason is not None and end_reason.startswith(STOPPED_BY):
-        return f"was stopped by the user ({end_reason})"
+        return f"was stopped by the user: {end_reason}"
     return None
 
 
