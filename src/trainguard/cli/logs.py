@@ -74,7 +74,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     log_dir = log_dir_of(meta, job_dir)
     attempts = rank_attempts(log_dir, args.rank)
     attempt = args.attempt if args.attempt is not None else (attempts[-1] if attempts else None)
-    if attempt is None or (not args.follow and attempt not in attempts):
+    if attempt is None or (attempt not in attempts
+                           and not (args.follow and _log_to_come(meta, attempt))):
         print(f"trainguard logs: {_missing(log_dir, args.rank, attempt, attempts)}",
               file=sys.stderr)
         return ExitCode.NO_JOB
@@ -86,6 +87,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
     return ExitCode.SUCCESS
+
+
+def _log_to_come(meta: dict[str, Any], attempt: int) -> bool:
+    """Whether `-f` may wait for the log of `attempt`: the job runs and that is its current
+    attempt (the rank has not written a line yet). Not an attempt still to come: `-f` goes
+    on into later attempts by itself, and one that never comes would wait for nothing."""
+    return not job_finished(meta) and meta.get("attempt") == attempt
 
 
 def rank_attempts(log_dir: Path, rank: int) -> list[int]:

@@ -1,0 +1,54 @@
+"""Mistakes on the everyday commands, with real commands on a real job: each gets a clear
+error and the documented exit code, never silence."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from tests.integration.conftest import TG
+
+SLOW = "import time\nfor i in range(1, 400):\n    print(f'step {i}', flush=True)\n" \
+       "    time.sleep(0.1)\n"
+
+
+def tg(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def _wait_for(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.2)
+
+
+def test_logs_follow_of_an_attempt_the_job_does_not_have_is_an_error(tmp_path: Path) -> None:
+    """`logs -f --attempt 9` names the attempts with a log and exits 2, while the job runs
+    (-f goes into later attempts by itself, it does not wait for a given one) and after it
+    ended; `-f --attempt` of the current attempt follows it."""
+    script, job = tmp_path / "slow.py", tmp_path / "job"
+    script.write_text(SLOW)
+    launcher = subprocess.Popen([*TG, "run", "--nproc-per-node", "1", "--job-dir", str(job),
+                                 str(script)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(job / "logs" / "attempt-0" / "rank-0.log")
+        running = tg("logs", str(job), "-f", "--attempt", "9", timeout=20)
+        assert running.returncode == 2, running.stdout + running.stderr
+        assert "no log of rank 0 in attempt 9" in running.stderr
+        assert "attempts with one: 0" in running.stderr
+        follower = subprocess.Popen([*TG, "logs", str(job), "-f", "--attempt", "0"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert tg("stop", str(job), "--timeout", "60").returncode == 0
+        out, err = follower.communicate(timeout=30)
+        assert follower.returncode == 0 and "step 1" in out, err
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    ended = tg("logs", str(job), "-f", "--attempt", "9")
+    assert ended.returncode == 2, ended.stdout + ended.stderr
+    assert "no log of rank 0 in attempt 9" in ended.stderr, ended.stderr
