@@ -75,6 +75,28 @@ def test_ckpt_of_a_path_that_does_not_exist_exits_2_with_a_clear_error(
     assert f"{missing} does not exist" in err and "Fix:" in err
 
 
+@pytest.mark.parametrize("verb", ["ls", "verify"])
+def test_ckpt_of_a_folder_of_job_dirs_says_so_and_how_to_list_them(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`trainguard-runs/` is neither a job dir nor a checkpoint dir: exit 2 naming `ls`, as
+    every other read command does, not "no checkpoints" with exit 0."""
+    root = tmp_path / "runs"
+    job_dir(root)
+    assert main(["ckpt", verb, str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "no checkpoints" not in err
+    assert f"{root} holds job dirs" in err and f"`trainguard ls {root}`" in err
+
+
+def test_ckpt_ls_of_a_checkpoint_dir_beside_a_job_dir_still_lists_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_dir(tmp_path / "ck")  # a job dir inside: the steps there still make it checkpoints
+    save_steps(tmp_path / "ck", (1,))
+    assert ls_json(capsys, tmp_path / "ck") == [1]
+
+
 def test_ckpt_verify_of_a_missing_step_names_it_and_lists_the_steps_there(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

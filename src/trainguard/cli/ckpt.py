@@ -21,7 +21,7 @@ from rich.table import Table
 from trainguard.checkpoint.manifest import LATEST, Status, parse_step_dir, step_dir
 from trainguard.cli.fmt import plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
-from trainguard.controller.store_rows import moved_with_job_dir
+from trainguard.controller.store_rows import holds_job_dirs, moved_with_job_dir
 from trainguard.errors import SpecError, StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import is_url
@@ -87,9 +87,10 @@ def describe(st: Storage, step: int, full: bool) -> dict[str, Any]:
 
 def checkpoint_location(location: str) -> str:
     """A job dir stands for its checkpoints (where its store says, or JOB_DIR/checkpoints);
-    a local path that is not there is an error, not "no checkpoints". A job dir that was
-    moved or copied reads the checkpoint dir inside it when the store's lay inside the job
-    dir it records (a note on stderr names both); one outside it is read where it is."""
+    a local path that is not there, or a folder of job dirs, is an error, not "no
+    checkpoints". A job dir that was moved or copied reads the checkpoint dir inside it when
+    the store's lay inside the job dir it records (a note on stderr names both); one outside
+    it is read where it is."""
     if is_url(location):
         return location
     path = Path(location)
@@ -102,6 +103,10 @@ def checkpoint_location(location: str) -> str:
                         "give a job dir, a checkpoint directory or an fsspec URL "
                         "(s3://bucket/prefix)")
     if not db_path(path).is_file():
+        if holds_job_dirs(path) and not any(parse_step_dir(c.name) is not None
+                                            for c in path.iterdir()):
+            raise SpecError("LOCATION", f"{location} holds job dirs, not checkpoints",
+                            f"give one of them (`trainguard ls {location}` lists them)")
         return location
     try:
         with JobStore.open(path) as store:
