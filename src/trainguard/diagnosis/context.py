@@ -24,6 +24,9 @@ _SKIP = ("Traceback (most recent call last)", "File \"", "frame #")  # and C++ s
 # a frame of importlib's loader in faulthandler's stack (`line N in f`, no comma): a native
 # crash came while a module loaded (diagnosis/restart.py); one such line is kept
 _LOADER_FRAME = re.compile(r'^File "<frozen importlib\._bootstrap(?:_external)?>", line \d+ in ')
+# the plumbing of a `with` statement (contextlib's __enter__/__exit__): the frame that
+# entered it, one further out, says where the traceback stopped, so it is kept too
+_WITH_FRAME = re.compile(r'[/\\]contextlib\.py", line \d+, in ')
 
 
 def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole: bool,
@@ -55,7 +58,8 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
         text = pre.text.strip()
         if cut and (text.startswith('File "') or (pre.text.startswith("    ") and i > 0
                                                    and _FRAME_END.search(pieces[i - 1]))):
-            cut = not text.startswith('File "')  # its source line, then the frame's
+            # its source line, then the frame's (and the next frame's, out of a `with`)
+            cut = not text.startswith('File "') or _WITH_FRAME.search(text) is not None
         elif not loader and _LOADER_FRAME.match(text):
             loader = True
         elif not text or CODE_LINE.match(pre.text) or pre.text.startswith("    ") \

@@ -8,6 +8,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | nccl_timeout_or_hang | ranks wait in different collectives at one SeqNum (a desync) | no |
 | nccl_timeout_or_hang | a rank is named as missing from the collective or barrier | no |
 | nccl_timeout_or_hang | another rank died of an error that repeats (code, config...) | no |
+| nccl_timeout_or_hang | a rank was still preparing the data (its progress bar) | no |
 | nccl_timeout_or_hang | nothing else | yes |
 | port_conflict | - | yes (a fresh port) |
 | gpu_hardware, npu_hardware_or_driver | the node is isolated (Xid, ECC, device) | yes |
@@ -23,6 +24,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | segfault_or_abort | the crash's stack is inside an import (importlib's loader frames) | no |
 | dataloader_worker_crash | the logs show Windows or macOS paths (workers are spawned) | no |
 | nccl_communication_error | NCCL says a feature is not supported (P2P/IPC between GPUs) | no |
+| nccl_communication_error | NCCL's socket transport uses a virtual interface (docker, veth) | no |
 | other (a remote service) | the network is unreachable from the machine | no |
 | any other | - | the category's default |
 """
@@ -82,6 +84,12 @@ _UNSUPPORTED = re.compile(r"\bnot supported\b", re.IGNORECASE)
 _CONNECT_FAILED = re.compile(r"\bhas failed to connect to\b", re.IGNORECASE)
 # a remote service the machine has no route to (an offline cluster): a rerun has none either
 _NO_ROUTE = re.compile(r"network is unreachable|\[Errno 101\]", re.IGNORECASE)
+# a rank still preparing the data when the others' wait ran out (a progress bar of
+# tokenizing, preprocessing or mapping a dataset): it takes as long again on a rerun
+_DATA_PREP = re.compile(r"(?:tokeniz\w*|pre-?process\w*|on dataset|\bmap\b|filter\w*|packing|"
+                        r"grouping texts)[^|\n]{0,60}?\s\d{1,3}%\s*\|", re.IGNORECASE)
+# NCCL's socket transport listing a container's or VM's virtual interface among those it uses
+_VIRTUAL_IF = re.compile(r"^\s*\[\d+\](?:docker\d*|br-[0-9a-f]+|veth\w+|virbr\d*|lo):")
 _MISALIGNED = re.compile(r"\berror\b\W+(?:\w+\W+){0,2}misaligned address", re.IGNORECASE)
 
 
@@ -112,6 +120,9 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
             verdict, why = RestartHelps.NO, "a rank never joined the collective"
         elif any(c in _DETERMINISTIC for c in deterministic):
             verdict, why = RestartHelps.NO, "a rank died of an error that repeats"
+        elif any(_DATA_PREP.search(f.text) for f in findings):
+            verdict, why = RestartHelps.NO, ("a rank was still preparing the data when the "
+                                             "others' wait ran out: it takes as long again")
         else:
             verdict = RestartHelps.YES
     elif cat == Category.PORT_CONFLICT and _well_known_port(d):
@@ -143,6 +154,10 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
     elif cat == Category.NCCL_COMMUNICATION_ERROR and d.evidence is not None \
             and _UNSUPPORTED.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "NCCL needs what these GPUs or this driver lack"
+    elif cat == Category.NCCL_COMMUNICATION_ERROR and d.evidence is not None \
+            and _VIRTUAL_IF.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, ("NCCL uses a virtual interface; set "
+                                         "NCCL_SOCKET_IFNAME to the one the peers share")
     elif cat == Category.OTHER and d.evidence is not None and _NO_ROUTE.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "the machine has no route to the service"
     elif cat == Category.NETWORK_OR_RENDEZVOUS and d.evidence is not None \
