@@ -183,7 +183,7 @@ def test_an_oom_traceback_interleaved_with_garbage_is_still_found(
     oom = [f for f in found if f.rule == "cuda-oom"]
     assert len(oom) == 1
     assert oom[0].rank == 2 and oom[0].text == OOM_TEXT and oom[0].traceback
-    assert oom[0].frame == "workspace/train.py:61 in main"
+    assert oom[0].frame == "/workspace/train.py:61 in main"
     assert oom[0].line == lines.index(OOM_TRACEBACK[-1]) + 1
     d = diagnose(found, [], RULES)
     assert d is not None and d.culprit.rank == 2

@@ -85,7 +85,7 @@ def test_a_traceback_under_a_launcher_prefix_is_parsed_with_its_rank_and_node(
     assert f.text == OOM  # the prefix is gone from the text
     assert f.exc_type == "torch.OutOfMemoryError" and f.rule == "cuda-oom"
     assert f.traceback and f.final
-    assert f.frame == "workspace/train.py:61 in main"  # the deepest frame in user code
+    assert f.frame == "/workspace/train.py:61 in main"  # the deepest frame in user code
     assert f.library_frame  # ...raised inside torch
 
 
@@ -204,7 +204,7 @@ def test_chained_exceptions_share_a_chain_and_the_last_chain_is_final() -> None:
     assert excs["KeyError"].chain != excs["FileNotFoundError"].chain
     assert all(excs[t].final for t in ("KeyError", "ValueError", "RuntimeError"))
     assert [excs[t].line for t in excs] == [3, 8, 15, 22]
-    assert excs["ValueError"].frame == "workspace/train.py:33 in step"
+    assert excs["ValueError"].frame == "/workspace/train.py:33 in step"
 
 
 def test_the_chain_marker_of_one_rank_does_not_chain_another_ranks_exception() -> None:
@@ -233,7 +233,7 @@ def test_a_traceback_interleaved_with_another_ranks_lines_keeps_both() -> None:
     found = scan(lines)
     oom = next(f for f in found if f.rule == "cuda-oom")
     assert (oom.rank, oom.line, oom.traceback) == (2, 15, True)
-    assert oom.frame == "workspace/train.py:61 in main"
+    assert oom.frame == "/workspace/train.py:61 in main"
     watchdog = next(f for f in found if f.rule == "collective-timeout")
     assert (watchdog.rank, watchdog.line) == (1, 6)
     reset = next(f for f in found if f.rule == "peer-gone")
@@ -246,7 +246,7 @@ def test_tracebacks_of_ranks_failing_at_once_interleave_and_each_is_parsed() -> 
     lines = [f"[rank{r}]: {ln}" for ln in oom_traceback() for r in (0, 1, 2, 3)]
     found = scan(lines)
     assert [(f.rank, f.line) for f in found] == [(r, 29 + r) for r in range(4)]
-    assert all(f.traceback and f.final and f.frame == "workspace/train.py:61 in main"
+    assert all(f.traceback and f.final and f.frame == "/workspace/train.py:61 in main"
                for f in found)
     data = "".join(f"{ln}\n" for ln in lines).encode()
     assert all(scan(data, chunks=[k]) == found for k in range(0, len(data), 97))
@@ -269,7 +269,7 @@ def test_lines_after_a_traceback_cut_before_its_exception_are_still_scanned() ->
     disk, missing = found
     assert (disk.line, disk.rule, disk.exc_type) == (5, "disk-full", None)
     assert (missing.line, missing.exc_type, missing.traceback) == (9, "FileNotFoundError", True)
-    assert missing.frame == "workspace/data.py:12 in load"  # not the cut traceback's frames
+    assert missing.frame == "/workspace/data.py:12 in load"  # not the cut traceback's frames
 
 
 def test_a_traceback_cut_at_the_end_of_the_file_leaves_the_lines_after_its_header() -> None:
@@ -287,7 +287,7 @@ def test_a_traceback_cut_at_the_end_of_the_file_leaves_the_lines_after_its_heade
 def test_a_traceback_whose_exception_is_the_last_line_without_a_newline_is_parsed() -> None:
     data = "\n".join(oom_traceback()).encode()
     [f] = scan(data)
-    assert f.traceback and f.line == 8 and f.frame == "workspace/train.py:61 in main"
+    assert f.traceback and f.line == 8 and f.frame == "/workspace/train.py:61 in main"
 
 
 def test_an_exception_after_garbage_on_the_header_line_is_read_whole() -> None:
@@ -301,7 +301,7 @@ def test_an_exception_after_garbage_on_the_header_line_is_read_whole() -> None:
 def test_a_logger_prefix_repeated_on_every_traceback_line_is_cut() -> None:
     pre = "train_1  | "  # docker compose
     [f] = scan([pre + ln for ln in oom_traceback()])
-    assert f.text == OOM and f.traceback and f.frame == "workspace/train.py:61 in main"
+    assert f.text == OOM and f.traceback and f.frame == "/workspace/train.py:61 in main"
 
 
 def filler(size: int, start_line: int = 1) -> tuple[bytes, int]:
@@ -338,7 +338,7 @@ def test_a_traceback_across_a_chunk_boundary_is_parsed_as_if_read_whole(back: in
     assert scan(data, chunks=[CHUNK, CHUNK + 100_000]) == whole
     oom = next(f for f in whole if f.rule == "cuda-oom")
     assert oom.traceback and oom.rank == 2 and oom.line == n + 168
-    assert oom.frame == "workspace/train.py:61 in main"
+    assert oom.frame == "/workspace/train.py:61 in main"
     resets = [f for f in whole if f.rule == "peer-gone"]
     assert [f.line for f in resets] == [20_000 * k for k in range(1, len(resets) + 1)]
 
@@ -398,7 +398,7 @@ def test_the_rank_that_ran_out_of_memory_first_is_the_culprit_and_the_watchdogs_
     d = diagnose(rank_logs(logs), exits, RULES)
     assert d is not None
     assert d.category == Category.GPU_OOM and d.culprit.rank == 2
-    assert d.culprit.frame == "workspace/train.py:61 in main"
+    assert d.culprit.frame == "/workspace/train.py:61 in main"
     assert d.evidence is not None and d.evidence.text == OOM and d.evidence.line == 9
     watchdog = [s for s in d.symptoms if "Watchdog caught collective operation timeout" in s.text]
     assert len(watchdog) == 1 and watchdog[0].count == 3

@@ -344,7 +344,8 @@ class FileScan:
             node=getattr(pre, "node", None), at=at, at_inherited=inherited,
             rule=rule.id if rule else None,
             exc_type=exc.group(1) if exc else text.split(":", 1)[0][:200], traceback=True,
-            frame=None if frame is None else f"{_short(frame[0])}:{frame[1]} in {frame[2]}",
+            # the path as the traceback printed it: one the user can open
+            frame=None if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}",
             library_frame=deepest is not None and is_library_path(deepest[0]),
             checkpoint_load=any(_CKPT_FRAME.search(f"{f[0]} {f[2]}") for f in frames),
             config_build=deepest is not None and _CFG_FRAME.search(
@@ -374,11 +375,6 @@ def _cut(text: str, col: int) -> str:
     if col and len(text) > col and not (text[col - 1].isalnum() or text[col - 1] == "_"):
         return text[col:]
     return text
-
-
-def _short(path: str) -> str:
-    parts = path.replace("\\", "/").split("/")
-    return "/".join(parts[-2:]) if len(parts) > 2 else path
 
 
 def scan_bytes(rules: RuleSet, trigger: Trigger, name: str, chunks: Iterable[bytes],
