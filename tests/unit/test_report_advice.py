@@ -7,6 +7,7 @@ from typing import Any
 
 from trainguard.goodput.interval import IntervalAdvice
 from trainguard.goodput.report import advice_lines
+from trainguard.records import FaultScenario
 
 NO_INTERVAL = IntervalAdvice(mtbf_s=100.0, blocking_s=None, current_s=None, optimal_s=None,
                              loss_now=None, loss_optimal=None)
@@ -16,7 +17,7 @@ def report_input(saves: int) -> Any:
     goodput = SimpleNamespace(ideal_step_s=lambda: None, seconds=lambda cause: 0.0, wall_s=60.0,
                               steps_wasted=0)
     return SimpleNamespace(goodput=goodput, events=[], nodes=[], commits=[object()] * saves,
-                           meta={})
+                           meta={}, records=[])
 
 
 def test_the_interval_advice_says_why_there_is_none_without_telling_a_user_who_saves_to_save(
@@ -56,3 +57,20 @@ def test_time_a_crash_cut_short_is_not_called_steps_done_again() -> None:
     r.goodput.steps_wasted = 5
     (line,) = [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("wasted")]
     assert "(5 steps done again, and the steps cut short by a crash)" in line, line
+
+
+def test_a_long_hang_left_running_is_answered_with_restart_on_hang() -> None:
+    """Walk-through 9: 652 s of 656 hung, left running, and no word of --restart-on-hang."""
+    r = report_input(0)
+    r.goodput.wall_s = 656.0
+    r.goodput.seconds = lambda cause: 652.0 if cause == "hang" else 0.0
+    assert not [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
+    left = SimpleNamespace(recover="none", fault_scenario=FaultScenario.JOB_HANGED)
+    r.records = [SimpleNamespace(recover_records=[left])]
+    (line,) = [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
+    assert line.startswith("hangs: 652s (99% of the run) went to a confirmed hang left "
+                           "running; with --restart-on-hang"), line
+    restarted = SimpleNamespace(recover="process_restart",
+                                fault_scenario=FaultScenario.JOB_HANGED)
+    r.records = [SimpleNamespace(recover_records=[restarted])]  # it was on: nothing to say
+    assert not [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]

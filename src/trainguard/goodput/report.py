@@ -17,6 +17,7 @@ from trainguard.goodput.read import Save, job_goodput, saves
 from trainguard.records import (
     NO_RECOVERY,
     Event,
+    FaultScenario,
     Reason,
     RunningRecord,
     plural,
@@ -111,6 +112,13 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
         if isinstance(thr, int | float):
             out.append(f"hang detection: threshold {thr:g}s against a {ideal:.3f}s step "
                        f"({thr / ideal:.0f}x); a hang costs at least that before it is confirmed")
+    hung = g.seconds("hang")
+    left = any(rr.recover == NO_RECOVERY and rr.fault_scenario == FaultScenario.JOB_HANGED
+               for rec in r.records for rr in rec.recover_records)
+    if left and hung > 0.05 * max(g.wall_s, 1e-9):
+        out.append(f"hangs: {hung:.0f}s ({hung / max(g.wall_s, 1e-9):.0%} of the run) went to "
+                   "a confirmed hang left running; with --restart-on-hang the ranks are "
+                   "restarted in place once a hang is confirmed (outside the restart budget)")
     wasted = g.seconds("wasted_progress")
     if wasted > 0.05 * max(g.wall_s, 1e-9):
         if g.steps_wasted:
