@@ -514,3 +514,36 @@ def test_a_launcher_line_is_one_write_so_no_rank_line_lands_inside_it() -> None:
     show = console_printer(out)  # type: ignore[arg-type]
     show(Event(utcnow(), Level.WARNING, "WorkerFailed", "rank 0 was killed", Involved(job="j")))
     assert len(out.calls) == 1 and out.calls[0].endswith("WorkerFailed: rank 0 was killed\n")
+
+
+class StubbornAgent(ScriptedAgent):
+    """The user stops the job; rank 1 ignores SIGTERM (frozen) and the stop SIGKILLs it."""
+
+    def poll(self, wait_s: float = 0.0) -> NodeReport:
+        if self.polls == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return super().poll(wait_s)
+
+    def tell(self, cmd: Any) -> int:
+        return 0  # no rank takes the drain request
+
+    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+        last = super().stop_workers(cmd)
+        workers = [w.model_copy(update={"returncode": -signal.SIGKILL}) if w.rank == 1 else w
+                   for w in last.workers]
+        self._last = last.model_copy(update={"workers": workers})
+        return self._last
+
+
+def test_a_stop_that_had_to_sigkill_a_rank_says_so(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walk-through 9: JobStopped said 'workers got SIGTERM and 6s to exit' of a job whose
+    frozen rank got SIGKILL."""
+    monkeypatch.setattr("tests.unit.test_controller_loop.ScriptedAgent", StubbornAgent)
+    running = report(0, W(RUNNING), W(RUNNING), first=1, last=3)
+    run = job([[running, running, running]])
+    assert run.code == 128 + signal.SIGTERM
+    assert run.reasons[-1] == "JobStopped"
+    assert run.events[-1].message.endswith(
+        "workers got SIGTERM and 0s to exit; rank 1 did not and got SIGKILL"), \
+        run.events[-1].message

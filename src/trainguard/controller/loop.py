@@ -383,4 +383,5 @@ class Controller:
         drain(self.agent, self.rec, attempt, grace, f"the launcher got {name}")
         report = self._stop(f"launcher got {name}")
         self.rec.book.attempt_stopped(attempt, stopped_by(name), report.progress)
-        return self.rec.stopped_by(attempt, signum)
+        killed = sorted(w.rank for w in report.workers if w.returncode == -signal.SIGKILL)
+        return self.rec.stopped_by(attempt, signum, killed)

@@ -29,7 +29,16 @@ from trainguard.exitcodes import ExitCode, signal_name
 from trainguard.paths import JobPaths
 from trainguard.policy.decision import Decision, HAPolicy
 from trainguard.protocol import NodeReport, Progress
-from trainguard.records import Event, Involved, Level, Reason, StartType, plural, utcnow
+from trainguard.records import (
+    Event,
+    Involved,
+    Level,
+    Reason,
+    StartType,
+    plural,
+    rank_list,
+    utcnow,
+)
 from trainguard.spec import JobSpec
 from trainguard.states import JobState
 
@@ -205,10 +214,13 @@ class Recorder:
         return self.end_job(JobState.FAILED, d.exit_code or ExitCode.FAILED,
                             f"job failed: {failure}", attempt=attempt, rank=rank, limit=limit)
 
-    def stopped_by(self, attempt: int, signum: int) -> int:
+    def stopped_by(self, attempt: int, signum: int, killed: list[int] | None = None) -> int:
+        """`killed`: the ranks that outlived the grace period and got SIGKILL."""
+        late = (f"; rank{'s' if len(killed) > 1 else ''} {rank_list(killed)} did not and "
+                "got SIGKILL" if killed else "")
         return self.end_job(JobState.STOPPED, 128 + signum,
                             f"stopped by {signal.Signals(signum).name}: workers got SIGTERM "
-                            f"and {self.spec.grace_period_s:g}s to exit", attempt=attempt)
+                            f"and {self.spec.grace_period_s:g}s to exit{late}", attempt=attempt)
 
     def not_started(self, attempt: int, e: LaunchError, started_any: bool) -> int:
         """An attempt's workers could not be started: a usage error before any ever ran."""
