@@ -52,3 +52,35 @@ def test_logs_follow_of_an_attempt_the_job_does_not_have_is_an_error(tmp_path: P
     ended = tg("logs", str(job), "-f", "--attempt", "9")
     assert ended.returncode == 2, ended.stdout + ended.stderr
     assert "no log of rank 0 in attempt 9" in ended.stderr, ended.stderr
+
+
+STUBBORN = """\
+import signal, time, trainguard
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a script that will not stop on SIGTERM
+for step in range(1, 100000):
+    trainguard.progress(step)
+    time.sleep(0.1)
+"""
+
+
+def test_stop_force_says_the_launcher_was_killed_and_how_to_continue(tmp_path: Path) -> None:
+    """A job `stop --force` leaves lost has no exit code: the output says why and what to do
+    next (not "exit code -"); exit 0, the job has ended (cli.md)."""
+    script, job = tmp_path / "stubborn.py", tmp_path / "job"
+    script.write_text(STUBBORN)
+    launcher = subprocess.Popen([*TG, "run", "--nproc-per-node", "1", "--grace-period", "60",
+                                 "--job-dir", str(job), str(script)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(job / "logs" / "attempt-0" / "rank-0.log")
+        forced = tg("stop", str(job), "--timeout", "1", "--force")
+        launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert "exit code -" not in forced.stdout, forced.stdout
+    assert "lost (the launcher was killed, so there is no exit code)" in forced.stdout
+    assert f"Continue it: run the same `trainguard run` command with --job-dir " \
+           f"{job.resolve()}" in forced.stdout, forced.stdout

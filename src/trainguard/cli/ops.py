@@ -126,8 +126,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
           "the workers)", flush=True)
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGKILL)
-    _wait_gone(proc, 10.0)
-    return _stopped(Path(args.job_dir))
+    if not _wait_gone(proc, 10.0):
+        print(f"trainguard stop: the launcher (pid {pid}) is still there 10s after SIGKILL",
+              file=sys.stderr)
+        return ExitCode.FAILED
+    return _stopped(Path(args.job_dir), killed=True)
 
 
 def _launcher(pid: int) -> psutil.Process | None:
@@ -157,11 +160,24 @@ def _wait_gone(proc: psutil.Process, timeout_s: float) -> bool:
         time.sleep(STOP_POLL_S)
 
 
-def _stopped(job_dir: Path) -> int:
+def _stopped(job_dir: Path, killed: bool = False) -> int:
+    """The job's end as the store tells it: 0 when it has ended (a launcher killed with
+    --force leaves it `lost`: no exit code was recorded, and the next step is said), 1 when
+    it still reads running."""
     with JobStore.open(job_dir) as store:
         meta = store.meta()
-    print(f"job {meta.get('run_id')}: {shown_state(meta)} (exit code "
-          f"{dash(meta.get('exit_code'))})")
+    state, run_id = shown_state(meta), meta.get("run_id")
+    if state == JobState.LOST.value:
+        how = "was killed" if killed else "ended without recording the job's end"
+        print(f"job {run_id}: lost (the launcher {how}, so there is no exit code). Continue "
+              f"it: run the same `trainguard run` command with --job-dir {job_dir.resolve()} "
+              "(it resumes from the newest checkpoint, or starts over if none was saved)")
+        return ExitCode.SUCCESS
+    if state not in JOB_ENDED:
+        print(f"trainguard stop: the launcher is gone but the job still reads {state}; see "
+              f"`trainguard status {job_dir}`", file=sys.stderr)
+        return ExitCode.FAILED
+    print(f"job {run_id}: {state} (exit code {dash(meta.get('exit_code'))})")
     return ExitCode.SUCCESS
 
 
