@@ -93,3 +93,59 @@ def test_an_interface_the_machine_does_not_have_is_the_networks(tmp_path: Path) 
     d = diagnose_text(tmp_path, "step 0\nRuntimeError: [tcp/device.cc:90] could not find "
                                 "address for interface ens9f0\n")
     assert d.category == Category.NETWORK_OR_RENDEZVOUS
+
+
+def test_an_abort_that_an_uncaught_exception_explains_takes_its_cause(tmp_path: Path) -> None:
+    text = ("terminate called after throwing an instance of 'tcp::SocketError'\n"
+            "  what():  [transport/tcp/pair.cc:310] connect [10.4.0.2]:41000: Connection "
+            "refused\n"
+            "Aborted (core dumped)\n")
+    d = diagnose_text(tmp_path, "init process group\n" + text)
+    assert d.category == Category.NETWORK_OR_RENDEZVOUS
+    assert d.evidence is not None and "what():" in d.evidence.text
+    assert any("Aborted" in s.text for s in d.symptoms)
+
+
+def test_an_abort_for_an_interface_the_machine_lacks_does_not_restart(tmp_path: Path) -> None:
+    text = ("[3]<stderr>:terminate called after throwing an instance of 'net::Error'\n"
+            "[3]<stderr>:  what():  [device.cc:51] cannot find address for interface "
+            "eno7\n"
+            "[3]<stderr>:Fatal Python error: Aborted\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.NETWORK_OR_RENDEZVOUS
+    assert d.restart_helps == RestartHelps.NO
+
+
+def test_an_abort_whose_exception_names_no_cause_stays_an_abort(tmp_path: Path) -> None:
+    text = ("terminate called after throwing an instance of 'std::runtime_error'\n"
+            "  what():  bad optional access\n"
+            "Aborted (core dumped)\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.SEGFAULT_OR_ABORT
+
+
+def test_a_dataloader_bus_error_however_the_paste_broke_the_line(tmp_path: Path) -> None:
+    text = ("RuntimeError: DataLoader worker (pid 913) is killed by signal: Bus\n"
+            "error. It is possible that the workers ran out of shared memory.\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.SHARED_MEMORY
+
+
+def test_a_lookup_raised_where_a_state_dict_is_loaded_is_the_checkpoints(
+        tmp_path: Path) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "resume.py", line 60, in <module>\n'
+            "    scheduler.load_state_dict(saved['lr_scheduler'])\n"
+            "KeyError: 'lr_scheduler'\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.CHECKPOINT_LOAD_ERROR
+    assert d.restart_helps == RestartHelps.NO
+
+
+def test_a_lookup_raised_elsewhere_stays_the_codes(tmp_path: Path) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "train.py", line 12, in <module>\n'
+            "    lr = hparams['learning_rate']\n"
+            "KeyError: 'learning_rate'\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.USER_CODE_ERROR

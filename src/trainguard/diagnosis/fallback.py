@@ -143,6 +143,15 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
     scores.pop(Category.USER_CODE_ERROR, None)
     if count_mismatch(text):
         scores[Category.CONFIG_ERROR] = RELABEL_MIN
+    # the source line that raised it (the innermost frame's, the line above) loads a
+    # checkpoint or a state dict (`opt.load_state_dict(ckpt['optimizer'])` -> KeyError):
+    # what was loaded does not hold what the code reads from it
+    src = next((f.text for f in findings if f.context and f.file == ev.file
+                and f.line == ev.line - 1), "")
+    ckpt = fam.scores(src).get(Category.CHECKPOINT_LOAD_ERROR, 0.0) if src else 0.0
+    if ckpt >= RELABEL_MIN and max(scores.values(), default=0.0) < RELABEL_MIN:
+        scores[Category.CHECKPOINT_LOAD_ERROR] = ckpt
+        text = src
     if not scores:
         return d
     cat, score = max(scores.items(), key=lambda kv: kv[1])

@@ -15,7 +15,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | gpu_hardware | not isolated | maybe |
 | npu_hardware_or_driver | not isolated (an operator or driver error) | its rule's |
 | port_conflict | the port is a well-known one (< 1024: a system service's) | no |
-| network_or_rendezvous | a name that does not resolve, ssh refused | no |
+| network_or_rendezvous | a name that does not resolve, ssh refused, 127.0.1.1, no interface | no |
 | network_or_rendezvous | an address in 0.0.0.0/8 (a number read as a host: 0.0.0.5) | no |
 | network_or_rendezvous | more workers reached the store than the world has (stale) | no |
 | network_or_rendezvous | a store client failed to connect (not: timed out waiting) | no |
@@ -53,6 +53,12 @@ _BAD_ADDRESS = re.compile(
     r"temporary failure in name resolution|no address associated|getaddrinfo|"
     r"\bssh\b.*(?:refused|denied|returned non-zero|exit status 255)|permission denied "
     r"\(publickey"
+    # an address on Debian's loopback alias for the host's own name (127.0.1.1 in /etc/hosts):
+    # the peers were told to reach this host where no one else can
+    r"|(?<![\w.])127\.0\.1\.1(?![\w.])"
+    # an interface the transport was told to use that the machine lacks
+    r"|(?:unable to|cannot|can.t|could not|failed to) find (?:an? )?(?:ip )?(?:address|"
+    r"interface|device) for\b|no such (?:network )?interface\b"
     # an address in 0.0.0.0/8 is no host: a number taken for one (MASTER_ADDR=5 is 0.0.0.5)
     r"|(?<![\w.])0\.(?!0\.0\.0(?![\d.]))\d{1,3}\.\d{1,3}\.\d{1,3}(?![\w.])", re.IGNORECASE)
 # a store-based barrier that counted more workers than the world has: a stale key or file

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from trainguard.diagnosis.explained import explained_abort
 from trainguard.diagnosis.fallback import refine
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.restart import story_restart
@@ -249,6 +250,7 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
     seen = [f for f in findings if detected_at is None or f.at is None or f.at_inherited
             or f.at <= detected_at]
     d, others = _rules_verdict(seen, exits, rules)
+    d = explained_abort(d, seen, rules)  # an abort whose uncaught exception says why
     if fallback:
         d = refine(d, seen)
     return None if d is None else story_restart(d, seen, others)

@@ -1,0 +1,66 @@
+"""An abort that an uncaught C++ exception explains: the exception's cause decides. Pure.
+
+`terminate called after throwing an instance of 'gloo::IoException'`, then `what(): ...
+connect [10.0.0.2]:3210: Connection refused`, then `Aborted (core dumped)`: the abort is
+what std::terminate does to any exception nobody caught, a symptom; the `what():` line says
+why. The rules read the abort (a weak native crash) before a `what():` line that only a
+symptom rule or a failure family knows (a refused connection, an interface the machine
+lacks), so that line's category is taken here, with the line as evidence and the abort
+among the symptoms.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+
+from trainguard.diagnosis.families import load_families
+from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.rules import RuleSet
+from trainguard.diagnosis.taxonomy import Category, Diagnosis, Evidence
+
+FAMILY_MIN = 2.5  # as diagnosis/fallback.py's
+_ABORT = re.compile(r"\bAbort(?:ed)?\b|SIGABRT", re.IGNORECASE)
+_WHAT = re.compile(r"(?:^|[\s:>\]])what\(\):\s")
+_NEAR = 4  # lines between the terminate line, its what() and the abort
+_NOT_A_CAUSE = (Category.SEGFAULT_OR_ABORT, Category.OTHER, Category.USER_CODE_ERROR)
+
+
+def explained_abort(d: Diagnosis | None, findings: Sequence[Finding],
+                    rules: RuleSet) -> Diagnosis | None:
+    """`d`, or the cause the `what():` line of the uncaught exception names when `d` is the
+    abort that exception caused."""
+    ev = d.evidence if d is not None else None
+    if d is None or ev is None or d.rule != "native-crash" or not _ABORT.search(ev.text):
+        return d
+    mine = [f for f in findings if f.file == ev.file and ev.line - _NEAR <= f.line < ev.line]
+    if not any(f.rule == "abort-after-exception" for f in mine):
+        return d
+    what = next((f for f in reversed(mine) if _WHAT.search(f.text)), None)
+    if what is None:
+        return d
+    rule = rules.by_id(what.rule) if what.rule else None
+    if rule is not None and rule.category not in _NOT_A_CAUSE:
+        cat, domain, restart, advice = rule.category, rule.domain, rule.restart, rule.advice
+    else:
+        fam = load_families()
+        scores = {c: s for c, s in fam.scores(what.text).items() if c not in _NOT_A_CAUSE}
+        if not scores:
+            return d
+        cat, score = max(scores.items(), key=lambda kv: kv[1])
+        if score < FAMILY_MIN:
+            return d
+        domain, restart = fam.defaults[cat]
+        advice = (f"No rule knows this wording; the line matches the {cat.value} family "
+                  f"(words: {fam.words(what.text, cat)}). Check it, and add a rule "
+                  "(rules.yaml) if it is right.")
+    who = f"rank {what.rank}: " if what.rank is not None else ""
+    return replace(
+        d, category=cat, fault_domain=domain, restart_helps=restart, advice=advice,
+        summary=f"{who}{what.text.strip()[:300]}",
+        evidence=Evidence(what.file, what.line, what.text, what.rank,
+                          None if what.at_inherited else what.at),
+        symptoms=(ev, *d.symptoms)[:10], subcategory="uncaught_exception",
+        rule=rule.id if rule is not None and rule.category == cat else f"family:{cat.value}",
+        isolate_node=cat == Category.GPU_HARDWARE)
