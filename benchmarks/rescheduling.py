@@ -24,6 +24,13 @@ on this machine side by side:
   of the same status: a long job's fault finds them so), at most WARM_WAIT_S after launch;
   the standbys ready (and, after a `+`, still importing) on node-0, node-1 and the spare at
   the kill are printed under the table: a restart is only as warm as they were.
+* (a3) as (a2), but node-1 dies right after its ranks' snapshot of step 20 (issue 13's "a
+  rank killed at step N resumes at N, 0 steps lost" for a pod-level move): TRAINGUARD_FAULT
+  `lock:GATE@rank=2,step=20,attempt=0` blocks rank 2 on a file lock the benchmark holds, right
+  after step 20's `maybe_save` (so node-1's other rank and node-0's wait in step 21's
+  allreduce), `--no-hang-detection` (the wait is no hang), and node-1 is killed once the
+  status shows step 20 and the standbys are warm. Checked as (a); the steps lost printed under
+  the table must be 0.
 * (b) isolated job-level rescheduling after the same node loss: the same job and kill with
   `--max-pod-reschedules 0`, so the pod-level rung is out of budget (quotaExceeded) and the
   job is placed again with node-1 kept out. Same measurement; checked: RescheduleDowngraded
@@ -59,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -100,10 +108,13 @@ XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
 FAULT = f"log:{XID}@rank={FAULT_RANK},step={FAULT_STEP};exit:1@rank={FAULT_RANK},step={FAULT_STEP}"
 SPLIT = ("detect", "stop", "decide", "start", "resume")
 FIRST_LINE = re.compile(r"^rank (\d+)/(\d+): process start \d+, scheduled \d+$")
-KINDS = ("cold", "pod", "pod-warm", "job", "xid")
+KINDS = ("cold", "pod", "pod-warm", "pod-snap", "job", "xid")
 LATE_KILL_S = 25.0  # (a), (a2): after launch; the standbys fill 10 s after their trigger
 WARM_WAIT_S = 90.0  # (a2): the kill waits for warm standbys at most this long after launch
-LATE = {"pod": ["--no-standby-workers"], "pod-warm": ["--memory-every", "1"]}
+LATE = {"pod": ["--no-standby-workers"], "pod-warm": ["--memory-every", "1"],
+        "pod-snap": ["--memory-every", "1", "--no-hang-detection"]}  # (a3) waits blocked
+SNAP_STEP = 20  # (a3): rank 2 (node-1) stops right after its snapshot of this step
+WARM = ("pod-warm", "pod-snap")
 IMPORT_REF = "import torch, torch.distributed"
 
 
@@ -356,20 +367,29 @@ def reschedule(kind: str, job_dir: Path, steps: int, timeout_s: float,
                extra_env: dict[str, str] | None = None) -> Reschedule:
     extra = ["--max-pod-reschedules", "0"] if kind == "job" else LATE.get(kind, [])
     late = kind in LATE
+    gate = job_dir.parent / f"{job_dir.name}.gate"  # (a3): held until the node is killed
+    fault = FAULT if kind == "xid" else (
+        f"lock:{gate}@rank={FAULT_RANK},step={SNAP_STEP},attempt=0" if kind == "pod-snap"
+        else None)
+    held = None
+    if kind == "pod-snap":
+        held = open(gate, "a")  # noqa: SIM115
+        fcntl.flock(held, fcntl.LOCK_EX)
     job = Job(job_dir, [*run_flags(job_dir, *extra), *job_flags(steps)],
-              fault=FAULT if kind == "xid" else None, extra_env=extra_env or {})
+              fault=fault, extra_env=extra_env or {})
     job.start()
     killed_at: float | None = None
+    at_step = SNAP_STEP if kind == "pod-snap" else KILL_AT_STEP
     try:
-        if kind in ("pod", "pod-warm", "job"):
+        if kind in ("pod", "pod-warm", "pod-snap", "job"):
             def due(s: dict[str, Any]) -> bool:
                 since = time.time() - job.launched
-                return step_of(s) >= KILL_AT_STEP and (not late or since >= LATE_KILL_S) and (
-                    kind != "pod-warm" or since >= WARM_WAIT_S or warm_everywhere(s))
+                return step_of(s) >= at_step and (not late or since >= LATE_KILL_S) and (
+                    kind not in WARM or since >= WARM_WAIT_S or warm_everywhere(s))
 
-            status = job.status_when(due, timeout_s, f"step >= {KILL_AT_STEP}" + (
+            status = job.status_when(due, timeout_s, f"step >= {at_step}" + (
                 f", {LATE_KILL_S:g} s in" if late else "") + (
-                ", standbys warm" if kind == "pod-warm" else ""))
+                ", standbys warm" if kind in WARM else ""))
             nodes = {n["name"]: n for n in status["nodes"]}
             placed = [(n, nodes.get(n, {}).get("state"), nodes.get(n, {}).get("slot"))
                       for n in ("node-0", KILL_NODE, SPARE_NODE)]
@@ -387,10 +407,15 @@ def reschedule(kind: str, job_dir: Path, steps: int, timeout_s: float,
                     f"+{usage[n]['standby_warming']}"
                     if usage.get(n, {}).get("standby_warming") else "")
                 for n in ("node-0", KILL_NODE, SPARE_NODE))
+        if held is not None:
+            held.close()  # attempt 0 is gone; the fault names attempt 0 only
         job.finish(timeout_s)
     except BaseException:
         job.cleanup()
         raise
+    finally:
+        if held is not None:
+            held.close()
     result = read_reschedule(kind, job_dir, steps, killed_at)
     return replace(result, standbys=standbys) if killed_at is not None else result
 
@@ -408,6 +433,7 @@ def read_reschedule(kind: str, job_dir: Path, steps: int,
     recs = runs[0]["recover_records"]
     got = [(r["recover"], r["recover_result"]) for r in recs]
     want = {"pod": [("pod_reschedule", "success")], "pod-warm": [("pod_reschedule", "success")],
+            "pod-snap": [("pod_reschedule", "success")],
             "job": [("pod_reschedule", "quotaExceeded"),
                     ("job_reschedule_with_taint", "success")],
             "xid": [("job_reschedule_with_taint", "success")]}[kind]
@@ -440,6 +466,7 @@ def read_reschedule(kind: str, job_dir: Path, steps: int,
     got_reasons = reasons(evs)
     need = {"pod": ("NodeLost", "PodRescheduled", "Resumed"),
             "pod-warm": ("NodeLost", "PodRescheduled", "Resumed"),
+            "pod-snap": ("NodeLost", "PodRescheduled", "Resumed"),
             "job": ("NodeLost", "RescheduleDowngraded", "JobRescheduled", "Resumed"),
             "xid": ("FailureDiagnosed", "NodeIsolated", "JobRescheduled", "Resumed")}[kind]
     order = [r for r in got_reasons if r in need]
@@ -598,6 +625,7 @@ def fmt(values: list[float], digits: int = 3) -> list[str]:
 TITLES = {
     "pod": "(a) pod-level, cold spare, storage: kill node-1 -> first step",
     "pod-warm": "(a2) pod-level, standbys + peer memory copy: kill -> first step",
+    "pod-snap": "(a3) as (a2), node-1 lost right after step 20's snapshot",
     "job": "(b) isolated job-level rescheduling: kill node-1 -> first step",
     "xid": "(c) job-level rescheduling on Xid 79: fault_at -> first step",
 }
@@ -613,7 +641,7 @@ def report(colds: list[ColdStart], res: dict[str, list[Reschedule]],
         ["  workers started -> last rank's first line", *fmt([c.ready_s for c in colds])],
         ["  last rank's first line -> first step", *fmt([c.first_step_s for c in colds])],
     ]
-    for kind in ("pod", "pod-warm", "job", "xid"):
+    for kind in ("pod", "pod-warm", "pod-snap", "job", "xid"):
         rs = res[kind]
         rows.append([TITLES[kind], *fmt([r.total_s for r in rs])])
         if kind == "xid":
@@ -635,7 +663,7 @@ def report(colds: list[ColdStart], res: dict[str, list[Reschedule]],
         rows.append(["  ratio to cold start (same repeat)", *fmt(ratios, 2)])
     rows.append([f"reference: 4 x `python -c \"{IMPORT_REF}\"`", *fmt(imports)])
     lines = [markdown_table(["metric (s)", "median", "min", "max"], rows), ""]
-    for kind in ("pod", "pod-warm", "job", "xid"):
+    for kind in ("pod", "pod-warm", "pod-snap", "job", "xid"):
         lost = sorted({r.steps_lost for r in res[kind] if r.steps_lost is not None})
         steps = sorted({r.resumed_step for r in res[kind]})
         lines.append(f"{kind}: resumed from step {', '.join(map(str, steps))}; steps lost "
@@ -686,13 +714,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{' '.join(job_flags(args.steps))}")
         print(f"  (a) adds --no-standby-workers, (a2) --memory-every 1, both --steps "
               f"{args.late_steps} and killed {LATE_KILL_S:g} s after launch at the earliest, "
-              f"(a2) once every node's standbys are warm (at most {WARM_WAIT_S:g} s); (b) adds "
+              f"(a2) once every node's standbys are warm (at most {WARM_WAIT_S:g} s); (a3) as "
+              f"(a2) with TRAINGUARD_FAULT='lock:GATE@rank={FAULT_RANK},step={SNAP_STEP},"
+              "attempt=0' (rank 2 blocks on a lock the benchmark holds right after its step "
+              f"{SNAP_STEP} snapshot) and node-1 killed at status step >= {SNAP_STEP}; (b) adds "
               f"--max-pod-reschedules 0; (c) TRAINGUARD_FAULT='{FAULT}'; (d) --steps "
               f"{args.cold_steps}, no --quiet")
         print(f"repeats: {args.repeats}, order rotated each repeat; kill {KILL_NODE} at "
               f"status step >= {KILL_AT_STEP}", flush=True)
         colds: list[ColdStart] = []
-        res: dict[str, list[Reschedule]] = {"pod": [], "pod-warm": [], "job": [], "xid": []}
+        res: dict[str, list[Reschedule]] = {k: [] for k in KINDS if k != "cold"}
         imports: list[float] = []
         with tempfile.TemporaryDirectory(prefix="tg-bench-resched-") as tmp:
             root = Path(tmp)
