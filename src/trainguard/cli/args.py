@@ -45,9 +45,9 @@ def count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise _not_negative(text, "a whole number") from None
+        raise _refused(text, "is not a whole number", "a whole number") from None
     if value < 0:
-        raise _not_negative(text, "a whole number")
+        raise _refused(text, "is negative", "a whole number")
     return value
 
 
@@ -59,18 +59,21 @@ def days(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise _not_negative(text, "a number") from None
-    if not 0 <= value < math.inf:
-        raise _not_negative(text, "a number")
-    if value > MAX_DAYS:  # past what a date can go back to
-        raise argparse.ArgumentTypeError(f"{text!r} days is more than {MAX_DAYS:,} days. Fix: "
-                                         f"give a number of days from 0 to {MAX_DAYS:,}")
+        value = math.nan
+    if math.isnan(value):
+        raise _refused(text, "is not a number", "a number of days")
+    if value < 0:
+        raise _refused(text, "is negative", "a number of days")
+    if value > MAX_DAYS:  # past what a date can go back to (inf too)
+        raise argparse.ArgumentTypeError(f"{text.strip()} days is more than {MAX_DAYS:,} days. "
+                                         f"Fix: give a number of days from 0 to {MAX_DAYS:,}")
     return value
 
 
-def _not_negative(text: str, what: str) -> argparse.ArgumentTypeError:
-    return argparse.ArgumentTypeError(f"{text!r} is not {what}, 0 or more. Fix: give {what}, "
-                                      "0 or more")
+def _refused(text: str, problem: str, what: str) -> argparse.ArgumentTypeError:
+    """`-1 is negative. Fix: give a number of days, 0 or more` (the flag is put in front)."""
+    shown = text.strip() if text.strip() and " " not in text.strip() else repr(text)
+    return argparse.ArgumentTypeError(f"{shown} {problem}. Fix: give {what}, 0 or more")
 
 
 def not_in_job(noun: str, value: int, have: Sequence[int], flag: str) -> str:
