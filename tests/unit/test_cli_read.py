@@ -346,6 +346,8 @@ def test_status_shows_a_confirmed_hang_left_running_and_the_launcher_to_stop(
     with JobStore.create(job, "run-1") as s:
         s.set_meta(state="running", ended_at=None, launcher_pid=os.getpid(),
                    launcher_host=socket.gethostname())
+        s.put_workers(1, [WorkerRow(1, r, r, "node0", 4100 + r, "running", None, None, at(105),
+                                    None, 2) for r in (0, 1)])
         s.add_event(Event(at(290), Level.WARNING, "HangConfirmed", "hang confirmed",
                           Involved("run-1", None, 1, 1),
                           {"stuck_ranks": [0, 1], "culprit": {"rank": 1, "reason": "Rank 1 "
@@ -354,6 +356,7 @@ def test_status_shows_a_confirmed_hang_left_running_and_the_launcher_to_stop(
     out = capsys.readouterr().out
     assert "running · HUNG (confirmed, left running)" in out
     assert "culprit: Rank 1 is sleeping" in out
+    assert out.count("running (hung)") == 2, out  # each stuck rank's row (walk-through 9)
     assert f"launcher: pid {os.getpid()}" in out and "trainguard stop" in out
     with JobStore.create(job, "run-1") as s:
         s.add_event(Event(at(295), Level.INFO, "HangCleared", "progress again",

@@ -133,9 +133,14 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     if doc["nodes"]:
         print_table(keyed_table(doc["nodes"], _NODE_KEYS))
         console.print()
-    # a rank ended by a signal: the SIGNAL column says which (JSON keeps Python's -N)
-    print_table(keyed_table([{**r, "exit_code": None} if isinstance(r["exit_code"], int)
-                             and r["exit_code"] < 0 else r for r in doc["ranks"]], _RANK_KEYS))
+    # a rank ended by a signal: the SIGNAL column says which (JSON keeps Python's -N); a
+    # rank of a confirmed hang left running reads `running (hung)`
+    hung = set((doc["hang"] or {}).get("ranks") or [])
+    rows = [{**r, "exit_code": None} if isinstance(r["exit_code"], int) and r["exit_code"] < 0
+            else r for r in doc["ranks"]]
+    print_table(keyed_table([{**r, "state": f"{r['state']} (hung)"} if r.get("rank") in hung
+                             and r.get("state") == WorkerState.RUNNING.value else r for r in rows],
+                            _RANK_KEYS))
     return ExitCode.SUCCESS
 
 
