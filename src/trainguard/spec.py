@@ -24,6 +24,7 @@ from pydantic import (
 from trainguard.errors import SpecError
 from trainguard.presets import DEFAULT_STEP_PATTERN as DEFAULT_STEP_PATTERN
 from trainguard.presets import PRESETS as PRESETS
+from trainguard.spec_words import plain
 from trainguard.suggest import closest
 
 Scenario = Literal["single-node", "multi-node", "llm"]
@@ -376,15 +377,14 @@ def _spec_error(e: ValidationError, source: str, origin: dict[str, str]) -> Spec
         names = " and ".join(_named(k, origin) for k in conflict.keys)
         return SpecError(names, conflict.problem, conflict.fix)
     key = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
+    problem, want = plain(err)
     if err["type"] == "missing":
-        return SpecError(key, "is required", "give the training script after the flags")
+        return SpecError(key, problem, "give the training script after the flags")
     field = JobSpec.model_fields.get(key)
     hint = (field.description if field is not None and field.description
             else "see `trainguard run --help`")
-    flag = flag_name(key)
-    return SpecError(key, f"{msg} (got {err.get('input')!r})",
-                     f"set {flag} / '{key}' (this value came from "
+    to = f" to {want}" if want else ""
+    return SpecError(key, problem, f"set {flag_name(key)} / '{key}'{to} (this value came from "
                      f"{origin.get(key, 'the ' + source)}): {hint}")
 
 

@@ -176,7 +176,8 @@ def test_a_bad_value_says_where_it_came_from(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     err = refused(capsys, "--max-restarts", "129", "t.py")
-    assert "--max-restarts / 'max_restarts' (this value came from the command line)" in err
+    assert "--max-restarts / 'max_restarts' to 128 or less (this value came from the command " \
+        "line)" in err
     assert "in the job file" not in err
     path = job(tmp_path, "max_restarts: 500\n")
     assert f"(this value came from the job file {path})" in refused(

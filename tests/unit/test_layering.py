@@ -10,8 +10,8 @@ R1 The in-script library (trainguard/__init__, worker/, checkpoint/, testing/) i
    itself; outside trainguard only the standard library (and torch, fsspec in checkpoint/;
    torch in worker/step.py).
 R2 Pure modules (policy/, hang/, diagnosis/ except its file readers, and the shared
-   vocabulary: spec, errors, exitcodes, records, states, protocol, worker/contract) import
-   only pure modules.
+   vocabulary: spec, spec_words, errors, exitcodes, records, states, protocol,
+   worker/contract) import only pure modules.
 R3 controller/ never imports node/.
 R4 node/ never imports controller/.
 R5 A side (controller/, node/) is imported only by itself, by the composition root
@@ -81,7 +81,7 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
 # The top-level shared modules, the one explicit list.
 SHARED_TOP: dict[str, frozenset[str]] = {
     **{m: frozenset({PURE}) for m in ("spec", "errors", "exitcodes", "records", "states",
-                                      "protocol", "suggest", "presets")},
+                                      "protocol", "suggest", "presets", "spec_words")},
     **{m: frozenset({SHARED}) for m in ("paths", "wire")},  # mkdir; sockets
 }
 SIDES = (CONTROLLER, NODE)
