@@ -33,7 +33,7 @@ def test_a_dir_that_cannot_be_made_names_its_flag_and_dry_run_refuses_it_too(
         here: Path, flag: str, key: str) -> None:
     argv = ("run", "--nproc-per-node", "1", "--job-dir", "runs/ckf", flag, "afile")
     dry, real = tg(*argv, "--dry-run", "train.py", cwd=here), tg(*argv, "train.py", cwd=here)
-    want = (f"trainguard: error: {flag} / '{key}': {here / 'afile'} is a file, not a directory."
+    want = (f"trainguard run: error: {flag} / '{key}': {here / 'afile'} is a file, not a directory."
             " Fix: give a directory (a new name is made), or move the file away")
     assert (dry.returncode, real.returncode) == (2, 2)
     assert dry.stderr.strip() == real.stderr.strip() == want

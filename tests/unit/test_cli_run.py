@@ -307,7 +307,7 @@ def test_main_reports_a_spec_error_as_one_line_and_exit_code_2(
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("trainguard: error: ")
+    assert lines[0].startswith("trainguard run: error: ")
     assert "Fix:" in lines[0]
     assert "Traceback" not in err and out == ""
 

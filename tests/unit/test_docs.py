@@ -72,8 +72,8 @@ def command_argv(line: str) -> list[str] | None:
         return None
     while words and ENV_ASSIGNMENT.match(words[0]):
         words = words[1:]
-    if not words or words[0] not in PROGRAMS:
-        return None
+    if not words or words[0] not in PROGRAMS or (len(words) > 1 and words[1].endswith(":")):
+        return None  # `trainguard run: error: ...`: what a command printed
     argv = []
     for w in words[1:]:
         if w in ENDS or w.startswith((">", "2>")):
@@ -169,6 +169,7 @@ def test_every_relative_link_in_the_docs_resolves_to_a_file_in_the_repository(
     ("X='a b' trainguard status j --json > s.json", ["status", "j", "--json"]),
     ("[trainguard] 09:49:34 Info CheckpointSaved: ...", None),
     ("trainguard: error: job file job.yaml: ...", None),
+    ("trainguard run: error: job file job.yaml: ...", None),
     ("job: trainguard run --nnodes 2 train.py", None),
 ])
 def test_what_counts_as_a_command_line(line: str, argv: list[str] | None) -> None:

@@ -35,7 +35,7 @@ def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     assert main(["run", "--dry-run", *argv]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, err
-    assert err.startswith("trainguard: error: ") and "Fix:" in err
+    assert err.startswith("trainguard run: error: ") and "Fix:" in err
     return err
 
 
@@ -192,7 +192,7 @@ def test_the_error_samples_in_the_docs_are_what_the_command_prints(
     job(tmp_path, "max_restarts: yes\n")
     lines = (REPO / "docs" / "scenarios.md").read_text(encoding="utf-8").splitlines()
     samples = [(a.removeprefix("$ trainguard "), b) for a, b in pairwise(lines)
-               if a.startswith("$ trainguard run") and b.startswith("trainguard: error:")]
+               if a.startswith("$ trainguard run") and b.startswith("trainguard run: error:")]
     assert len(samples) == 2
     for command, shown in samples:
         assert main(command.split()) == 2

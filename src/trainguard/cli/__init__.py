@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         code = int(ns.func(ns))
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
-    except TrainguardError as e:
-        print(f"trainguard: error: {e}", file=sys.stderr)
+    except TrainguardError as e:  # `trainguard run: error:`, as argparse's errors of run read
+        prog = "trainguard run" if ns.command == "run" else "trainguard"
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return int(ExitCode.USAGE)
     except BrokenPipeError:
         return _output_closed()
