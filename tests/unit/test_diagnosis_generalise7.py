@@ -149,3 +149,27 @@ def test_a_lookup_raised_elsewhere_stays_the_codes(tmp_path: Path) -> None:
             "KeyError: 'learning_rate'\n")
     d = diagnose_text(tmp_path, text)
     assert d.category == Category.USER_CODE_ERROR
+
+
+def test_sizes_that_do_not_match_in_an_optimizers_step_are_the_checkpoints(
+        tmp_path: Path) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "fit.py", line 210, in train_epoch\n'
+            "    opt.step()\n"
+            '  File "/opt/py/lib/python3.9/site-packages/torch/optim/adam.py", line 120, in '
+            "step\n"
+            "    exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)\n"
+            "RuntimeError: The size of tensor a (768) must match the size of tensor b (1024) "
+            "at non-singleton dimension 0\n")
+    d = diagnose_text(tmp_path, "resumed from step 5000\n" + text)
+    assert d.category == Category.CHECKPOINT_LOAD_ERROR
+
+
+def test_a_tensor_ops_numbered_invalid_argument_is_not_the_configs(tmp_path: Path) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "model.py", line 33, in forward\n'
+            "    h = torch.cat([a, b], 1)\n"
+            "RuntimeError: invalid argument 0: Sizes of tensors must match except in "
+            "dimension 1\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category != Category.CONFIG_ERROR

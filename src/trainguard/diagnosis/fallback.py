@@ -50,6 +50,9 @@ _DIM = re.compile(r"size of tensor a \(\d+\) must match the size of tensor b \(\
 # an index that is exactly the size of its dimension: one more class or token than the count
 # the configuration sets (`index 18864 is out of bounds for dimension 1 with size 18864`)
 _INDEX = re.compile(r"\bindex (\d+) is out of bounds for (?:dimension|axis) \d+ with size (\d+)")
+_SIZES = re.compile(r"sizes? (?:do(?:es)? not|don't) match|size mismatch|must match the size",
+                    re.IGNORECASE)
+_OPTIM_STEP = re.compile(r'[/\\]optim[/\\]\w+\.py", line \d+, in (?:step|_\w+)$')
 _ADVICE = {
     "family": "No rule knows this wording; the line matches the {cat} family (words: "
               "{why}). Check it, and add a rule (rules.yaml) if it is right.",
@@ -129,6 +132,16 @@ def count_mismatch(text: str) -> bool:
     return m is not None and int(m.group(1)) > 0
 
 
+def _optimizer_state_mismatch(d: Diagnosis, findings: Sequence[Finding]) -> bool:
+    """Sizes that do not match raised inside an optimizer's step (its innermost frame): its
+    state (momentum, moments) shaped unlike the parameters comes only from a restored
+    optimizer state, a checkpoint that does not fit."""
+    ev = d.evidence
+    return ev is not None and _SIZES.search(ev.text) is not None and any(
+        f.context and f.file == ev.file and ev.line - 3 < f.line < ev.line
+        and _OPTIM_STEP.search(f.text) for f in findings)
+
+
 def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagnosis:
     """A generic exception whose own line belongs to a family (with the next line when its
     message starts there: `ValueError:` and the message below it)."""
@@ -149,6 +162,8 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
     src = next((f.text for f in findings if f.context and f.file == ev.file
                 and f.line == ev.line - 1), "")
     ckpt = fam.scores(src).get(Category.CHECKPOINT_LOAD_ERROR, 0.0) if src else 0.0
+    if _optimizer_state_mismatch(d, findings):
+        ckpt, src = RELABEL_MIN, text
     if ckpt >= RELABEL_MIN and max(scores.values(), default=0.0) < RELABEL_MIN:
         scores[Category.CHECKPOINT_LOAD_ERROR] = ckpt
         text = src
@@ -171,7 +186,8 @@ def refine(d: Diagnosis | None, findings: Sequence[Finding], *,
     """The rules' verdict `d`, or a better supported one when it is silent or weak."""
     generic = d is not None and d.category == Category.USER_CODE_ERROR \
         and d.evidence is not None and d.confidence >= GENERIC \
-        and (d.rule is None or count_mismatch(d.evidence.text))
+        and (d.rule is None or count_mismatch(d.evidence.text)
+             or _optimizer_state_mismatch(d, findings))
     if d is not None and not generic and ((d.confidence >= WEAK and d.category !=
                                            Category.OTHER) or d.subcategory == "node_lost"):
         return d
