@@ -31,7 +31,8 @@ from trainguard.records import (
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 REASONS = ["JobCreated", "JobRunning", "WorkerFailed", "RestartScheduled", "JobSucceeded"]
 EVENT_KEYS = {"time", "level", "reason", "message", "involved"}
-RANK_KEYS = {"rank", "local_rank", "node", "pid", "state", "exit_code", "signal", "start_count"}
+RANK_KEYS = {"rank", "local_rank", "node", "pid", "state", "exit_code", "signal", "start_count",
+             "hung"}
 
 
 def at(seconds: float) -> datetime:
@@ -239,6 +240,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "exit_code": -9,
         "signal": "SIGKILL",
         "start_count": 2,
+        "hung": False,
     }
     assert doc["job_dir"] == str(job)
 
@@ -357,6 +359,9 @@ def test_status_shows_a_confirmed_hang_left_running_and_the_launcher_to_stop(
     assert "running · HUNG (confirmed, left running)" in out
     assert "culprit: Rank 1 is sleeping" in out
     assert out.count("running (hung)") == 2, out  # each stuck rank's row (walk-through 9)
+    assert run("status", str(job), "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["hung"] for r in doc["ranks"]] == [True, True]  # and in JSON (walk-through 10)
     assert f"launcher: pid {os.getpid()}" in out and "trainguard stop" in out
     with JobStore.create(job, "run-1") as s:
         s.add_event(Event(at(295), Level.INFO, "HangCleared", "progress again",

@@ -135,12 +135,10 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
         console.print()
     # a rank ended by a signal: the SIGNAL column says which (JSON keeps Python's -N); a
     # rank of a confirmed hang left running reads `running (hung)`
-    hung = set((doc["hang"] or {}).get("ranks") or [])
     rows = [{**r, "exit_code": None} if isinstance(r["exit_code"], int) and r["exit_code"] < 0
             else r for r in doc["ranks"]]
-    print_table(keyed_table([{**r, "state": f"{r['state']} (hung)"} if r.get("rank") in hung
-                             and r.get("state") == WorkerState.RUNNING.value else r for r in rows],
-                            _RANK_KEYS))
+    print_table(keyed_table([{**r, "state": f"{r['state']} (hung)"} if r.get("hung") else r
+                             for r in rows], _RANK_KEYS))
     return ExitCode.SUCCESS
 
 
@@ -156,6 +154,8 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
     state = shown_state(meta)
     by_rung = recoveries_by_rung(records or [])
     progress = last_progress(meta, checkpoint)
+    hang = _hang(state, meta.get("attempt"), hang_events or [])
+    hung = set((hang or {}).get("ranks") or [])
     return {
         "run_id": meta.get("run_id"),
         "state": state,
@@ -166,14 +166,14 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "restarts_used": meta.get("restarts_used"),
         "max_restarts": meta.get("max_restarts"),
         "budgets": _budgets(meta),
-        "hang": _hang(state, meta.get("attempt"), hang_events or []),
+        "hang": hang,
         "stopping": _stopping(state, launch_events or []),
         "launcher": {"pid": meta.get("launcher_pid"), "host": meta.get("launcher_host"),
                      "alive": None if meta.get("launcher_pid") is None
                      else not launcher_dead(meta)},
         "last_progress": {**progress, "time": iso(meta_time(progress["time"]))},
         "training": _training(meta.get("training")),
-        "ranks": [_rank_dict(w, state) for w in sorted(workers, key=lambda w: w.rank)],
+        "ranks": [_rank_dict(w, state, hung) for w in sorted(workers, key=lambda w: w.rank)],
         "job_dir": job_dir,
         "recorded_job_dir": _elsewhere(meta.get("job_dir"), job_dir),
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
@@ -229,7 +229,9 @@ def _hang(state: str | None, attempt: Any, events: list[Event]) -> dict[str, Any
         return None
     data = last[0].data or {}
     culprit = data.get("culprit") if isinstance(data.get("culprit"), dict) else {}
-    return {"confirmed_at": iso(last[0].time), "ranks": data.get("stuck_ranks"),
+    at = data.get("confirmed_at")  # when it was confirmed, before the stacks were taken
+    return {"confirmed_at": at if isinstance(at, str) else iso(last[0].time),
+            "ranks": data.get("stuck_ranks"),
             "culprit": (culprit or {}).get("reason") or "none named"}
 
 
@@ -251,12 +253,14 @@ _NODE_KEYS = ("name", "host", "state", "agent_pid", "slot", "backend", "times_im
               "updated_at", "reason")
 
 
-def _rank_dict(w: WorkerRow, job_state: str | None) -> dict[str, Any]:
+def _rank_dict(w: WorkerRow, job_state: str | None, hung: set[int]) -> dict[str, Any]:
     """A rank's row; a rank not ended when its launcher died reads `lost` (the guardian
-    killed it with the launcher: nothing recorded its end)."""
+    killed it with the launcher: nothing recorded its end); `hung`: a running rank of a
+    confirmed hang left running."""
     d = {k: _plain(getattr(w, k)) for k in _RANK_KEYS}
     if job_state == JobState.LOST.value and not WorkerState(w.state).ended:
         d["state"] = "lost"
+    d["hung"] = w.rank in hung and d["state"] == WorkerState.RUNNING.value
     return d
 
 

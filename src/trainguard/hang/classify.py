@@ -100,9 +100,10 @@ class Frame:
                     or _LIB_ROOT.match(self.filename.replace("\\", "/"))
                     or is_fault_injection(self.filename))
 
-    def where(self) -> str:
-        """`train.py:88 in step`."""
-        at = f"{self.short_filename}:{self.line}" if self.line else self.short_filename
+    def where(self, full: bool = False) -> str:
+        """`train.py:88 in step`; `full`: the path as the process has it (one to open)."""
+        name = (self.filename or self.short_filename) if full else self.short_filename
+        at = f"{name}:{self.line}" if self.line else name
         return f"{at} in {self.name}"
 
 
@@ -220,8 +221,8 @@ def culprit_frame(thread: ThreadStack | None) -> str | None:
         return None
     for pick in (lambda f: f.is_user_code, lambda f: not f.native, lambda f: True):
         for f in thread.frames:
-            if pick(f):
-                return f.where()
+            if pick(f):  # the full path, as a traceback's culprit frame has it
+                return f.where(full=True)
     return None
 
 
