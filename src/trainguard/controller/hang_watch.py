@@ -34,7 +34,7 @@ from trainguard.hang.stacks import (
 )
 from trainguard.paths import HANG_FILE, stacks_dir
 from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, Progress, StackDump
-from trainguard.records import FaultScenario, Level, Reason, rank_list
+from trainguard.records import FaultScenario, Level, Reason, rank_list, utcnow
 from trainguard.states import WorkerState
 
 log = logging.getLogger(__name__)
@@ -136,9 +136,12 @@ class HangWatch:
                 "confirmed_at": now.isoformat()}
         _write_json(out / HANG_FILE, {**data, "attempt": self._attempt})
         who = f"rank {culprit.rank}" if culprit.rank is not None else "no single rank"
+        took = (utcnow() - now).total_seconds()  # the event comes once the stacks are in
         self.rec.event(Level.WARNING, Reason.HANG_CONFIRMED,
                        f"hang confirmed: {v.describe()}. Culprit: {who}: {culprit.reason} "
-                       f"Stacks of every rank: {out}", rank=culprit.rank,
+                       f"Stacks of every rank: {out} (taken in {took:.1f}s after the hang was "
+                       f"confirmed at {now.astimezone().strftime('%H:%M:%S')})",
+                       rank=culprit.rank,
                        attempt=self._attempt, data=data)
         return HangConfirmation(v, culprit, now, out)
 
