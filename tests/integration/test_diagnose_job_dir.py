@@ -30,7 +30,7 @@ def test_a_job_that_succeeded_has_no_failure_though_its_log_shows_an_error(
     assert r.returncode == 0, r.stderr[-3000:]
     d = run_tg(["diagnose", str(job_dir)], cwd=tmp_path)
     assert d.returncode == 1, d.stdout
-    assert d.stdout.startswith("no failure found: every attempt of the job ended well "
+    assert d.stdout.startswith("no failure found: no attempt of the job failed "
                                "(attempt 0 succeeded);"), d.stdout
     assert "checkpoint_load_error" not in d.stdout
     out = json.loads(run_tg(["diagnose", str(job_dir), "--json"], cwd=tmp_path).stdout)

@@ -2,8 +2,8 @@
 
 The job store names the attempts and their ranks' exits. The attempt diagnosed is the one
 asked for, else the last that failed (a rank failed, the controller confirmed a hang, a node
-was lost, or a rank was restarted in place), else, when every attempt ended well (succeeded
-or stopped by the user), none: nothing failed. An in-process restart keeps the attempt and
+was lost, or a rank was restarted in place), else, when no attempt failed (each succeeded,
+was stopped by the user or was lost with its launcher), none: nothing failed. An in-process restart keeps the attempt and
 its ranks' rows (the restarted rank's row is its new process): the failure it answered is
 read from the WorkerFailed events it recorded (the exits) and its incident (the time span
 of its lines), so that its last one is diagnosed as the job diagnosed it. An attempt a node
@@ -21,7 +21,7 @@ import signal
 from datetime import datetime
 from pathlib import Path
 
-from trainguard.controller.incidents import STOPPED_BY
+from trainguard.controller.incidents import LOST_END_REASON, STOPPED_BY
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.diagnosis.hung import hang_diagnosis
@@ -74,7 +74,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
             _ended_well(ended.get(a)) for a in attempts):
         each = "; ".join(f"attempt {a} {_ended_well(ended.get(a))}" for a in attempts)
         return JobInputs(attempts[-1], [], [], None, failed=False,
-                         note=f"every attempt of the job ended well ({each})")
+                         note=f"no attempt of the job failed ({each})")
     if attempt is None:
         attempt = failed[-1] if failed else (attempts[-1] if attempts else 0)
     adir = attempt_log_dir(log_dir, attempt)
@@ -128,6 +128,8 @@ def _ended_well(end_reason: str | None) -> str | None:
         return JobState.SUCCEEDED.value
     if end_reason is not None and end_reason.startswith(STOPPED_BY):
         return f"was stopped by the user: {end_reason}"
+    if end_reason == LOST_END_REASON:  # `stop --force`, or the launcher crashed: no rank failed
+        return "was lost with its launcher, killed or crashed, and its ranks with it"
     return None
 
 
