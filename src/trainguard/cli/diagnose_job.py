@@ -3,14 +3,14 @@
 The job store names the attempts and their ranks' exits. The attempt diagnosed is the one
 asked for, else the last that failed (a rank failed, the controller confirmed a hang, a node
 was lost, or a rank was restarted in place), else, when no attempt failed (each succeeded,
-was stopped by the user or was lost with its launcher), none: nothing failed. An in-process restart keeps the attempt and
-its ranks' rows (the restarted rank's row is its new process): the failure it answered is
-read from the WorkerFailed events it recorded (the exits) and its incident (the time span
-of its lines), so that its last one is diagnosed as the job diagnosed it. An attempt a node
-loss ended blames the lost node (what its logs say is a consequence: diagnosis.lost). Its
-rank logs are scanned (diagnosis.sources); when none of its ranks failed but the
-controller confirmed a hang, that verdict (stacks/hang.json, with every rank's stack
-dump) is the diagnosis.
+was stopped by the user or was lost with its launcher), none: nothing failed. An in-process
+restart keeps the attempt and its ranks' rows (the restarted rank's row is its new process):
+the failure it answered is read from the WorkerFailed events it recorded (the exits) and its
+incident (the time span of its lines), so that its last one is diagnosed as the job
+diagnosed it. An attempt a node loss ended blames the lost node (what its logs say is a
+consequence: diagnosis.lost). Its rank logs are scanned (diagnosis.sources); when none of
+its ranks failed but the controller confirmed a hang, that verdict (stacks/hang.json, with
+every rank's stack dump) is the diagnosis.
 """
 
 from __future__ import annotations
