@@ -44,6 +44,12 @@ def plain(err: Any) -> tuple[str, str | None]:
         return f"{v} is not a number", "a number"
     if kind in ("bool_parsing", "bool_type"):
         return f"{v} is not true or false", "true or false"
+    if kind == "list_type":
+        return f"{v} is not a list", "a list (`- item` lines in YAML)"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"{v} is not a mapping", "a mapping (`key: value` lines in YAML)"
+    if kind == "string_type":
+        return f"{v} is not text", "text"
     if kind == "literal_error":
         expected = str(ctx.get("expected", "")).replace("'", "")
         return f"{v} is not one of {expected}", f"one of {expected}"

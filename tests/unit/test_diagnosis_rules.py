@@ -128,3 +128,16 @@ def test_the_re2_rule_set_picks_the_same_rule_as_python_re_on_every_corpus_line(
                 assert got is want, (log.name, text[:200], want and want.id, got and got.id)
                 checked += 1
     assert checked > 5_000
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("rules: []\n", "rules: version: is required. Fix: add it (a rules file is YAML"),
+    ("version: 1\nrules: x\n", "rules: rules: 'x' is not a list. Fix: make it a list"),
+])
+def test_a_malformed_rules_file_is_told_in_plain_words_with_the_fix(text: str, want: str
+                                                                    ) -> None:
+    """Walk-through 10: `version: Field required`, `rules: Input should be a valid list`."""
+    with pytest.raises(RulesError) as err:
+        parse_rules(text)
+    assert str(err.value).startswith(want), str(err.value)
+    assert "Input should" not in str(err.value) and "Field required" not in str(err.value)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainguard.diagnosis.taxonomy import Category, FaultDomain, RestartHelps, Role
 from trainguard.errors import RulesError
+from trainguard.spec_words import plain
 
 
 class Example(BaseModel):
@@ -115,7 +116,12 @@ def parse_rules(text: str, origin: str = "rules") -> RuleSet:
             rid = items[loc[1]].get("id") if isinstance(items, list) and isinstance(
                 items[loc[1]], dict) else None
             where = f"rule {rid or loc[1]!r}, key {'.'.join(str(p) for p in loc[2:])}"
-        raise RulesError(f"{origin}: {where}: {first['msg']}") from e
+        problem, want = plain(first)
+        fix = f"make it {want}" if want else (
+            "add it" if first["type"] == "missing" else "remove or correct it")
+        raise RulesError(f"{origin}: {where}: {problem}. Fix: {fix} (a rules file is YAML: "
+                         "`version: 1` and `rules:`, a list of rules; docs/diagnosis.md, "
+                         "\"Rules are data\")") from e
     ids = [r.id for r in parsed.rules]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
