@@ -147,6 +147,8 @@ class StackDump(_Msg):
     files: list[str] = Field(default_factory=list, description="where the dumps were saved")
     exited: bool = Field(False, description="the process had ended (gone or not yet reaped) "
                          "when its stack was taken")
+    stopped: bool = Field(False, description="the process was stopped (state T: SIGSTOP, "
+                          "Ctrl-Z, a debugger) before its stack was taken")
 
 
 class DumpStacks(_Msg):

@@ -128,6 +128,7 @@ class HangWatch:
         except Exception as e:  # a bug there must not take the launcher down
             log.exception("naming the culprit failed")
             culprit = HangCulprit(None, f"the culprit could not be named ({e})", {}, None, 0.0)
+        culprit = _stopped_culprit(culprit, dumps)
         files = [f for d in dumps for f in d.files]
         top = {str(r): _top_frames(rs) for r, rs in stacks.items()}
         data = {**_verdict_data(v), "culprit": _culprit_data(culprit), "stacks": top,
@@ -144,6 +145,22 @@ class HangWatch:
                        rank=culprit.rank,
                        attempt=self._attempt, data=data)
         return HangConfirmation(v, culprit, now, out)
+
+
+def _stopped_culprit(culprit: HangCulprit, dumps: list[StackDump]) -> HangCulprit:
+    """A rank whose process is stopped (state T) is the culprit, whatever its stack shows:
+    it runs nothing until it gets SIGCONT (the others wait for it)."""
+    stopped = sorted(d.rank for d in dumps if d.stopped)
+    if not stopped:
+        return culprit
+    who = f"Rank {stopped[0]}'s process is" if len(stopped) == 1 else \
+        f"The processes of ranks {rank_list(stopped)} are"
+    rank = stopped[0] if len(stopped) == 1 else None
+    return replace(culprit, rank=rank, frame=culprit.frame if culprit.rank == rank else None,
+                   reason=f"{who} stopped (state T: SIGSTOP, Ctrl-Z or a debugger): nothing "
+                          "runs until SIGCONT (`kill -CONT PID`)",
+                   by_rank={**culprit.by_rank, **{r: "stopped" for r in stopped}},
+                   confidence=max(culprit.confidence, 0.9))
 
 
 def hang_fault(hang: HangConfirmation, stopped: datetime, progress: Progress) -> Fault:

@@ -219,9 +219,10 @@ def dump_stacks(pids: dict[int, int], out_dir: Path, timeout_s: float = 10.0,
 def dump_stack_messages(pids: dict[int, int], out_dir: Path, timeout_s: float
                         ) -> list[StackDump]:
     """dump_stacks, as the protocol's StackDump messages (one per rank)."""
-    found = dump_stacks(pids, out_dir, timeout_s=timeout_s)
+    stopped = {rank for rank, pid in pids.items() if pid > 0 and _proc_state(pid) == "T"}
+    found = dump_stacks(pids, out_dir, timeout_s=timeout_s)  # (py-spy may stop them itself)
     return [StackDump(
-        rank=rank, pid=rs.pid, error=rs.error, exited=_ended(rs.pid),
+        rank=rank, pid=rs.pid, error=rs.error, exited=_ended(rs.pid), stopped=rank in stopped,
         files=[str(p) for p in sorted(out_dir.glob(f"rank-{rank}.*"))],
         threads=[ThreadMsg(thread_id=t.thread_id, name=t.name, idle=t.idle,
                            owns_gil=t.owns_gil,

@@ -1,0 +1,43 @@
+"""A hung rank whose process is stopped (SIGSTOP, Ctrl-Z, a debugger): the agent sees its
+state T before it takes the stack, and the hang's culprit says so (walk-through 10: it read
+'Rank 1 is blocked outside Python code')."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainguard.controller.hang_watch import _stopped_culprit
+from trainguard.hang.stacks import HangCulprit
+from trainguard.node.stacks import _proc_state, dump_stack_messages
+from trainguard.protocol import StackDump
+
+
+def test_a_stopped_process_is_marked_stopped_when_its_stack_is_taken(tmp_path: Path) -> None:
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stopped.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 10  # the signal takes effect a moment later
+        while _proc_state(stopped.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        dumps = dump_stack_messages({0: running.pid, 1: stopped.pid}, tmp_path, timeout_s=10)
+        assert {d.rank: d.stopped for d in dumps} == {0: False, 1: True}
+    finally:
+        for p in (running, stopped):
+            p.kill()
+            p.wait()
+
+
+def test_the_stopped_rank_is_the_culprit_whatever_its_stack_shows() -> None:
+    named = HangCulprit(0, "Rank 0 is blocked outside Python code", {0: "blocked", 1: "sleep"},
+                        "/w/train.py:9 in main", 0.6)
+    dumps = [StackDump(rank=0, pid=10), StackDump(rank=1, pid=11, stopped=True)]
+    c = _stopped_culprit(named, dumps)
+    assert c.rank == 1 and c.by_rank[1] == "stopped" and c.frame is None
+    assert c.reason.startswith("Rank 1's process is stopped (state T: SIGSTOP"), c.reason
+    assert "SIGCONT" in c.reason and c.confidence >= 0.9
+    assert _stopped_culprit(named, [StackDump(rank=0, pid=10)]) is named  # none stopped
