@@ -379,9 +379,9 @@ def _spec_error(e: ValidationError, source: str, origin: dict[str, str]) -> Spec
     key = ".".join(str(p) for p in err["loc"])
     problem, want = plain(err)
     if err["type"] == "missing" and key == "entrypoint":
-        return SpecError(key, "no training script given", "give it after the flags "
-                         "(`trainguard run [flags] train.py`), or `entrypoint: train.py` in "
-                         "the job file")
+        return SpecError(key, "no training script given", "give the training script after "
+                         "the flags (`trainguard run [flags] train.py`), or `entrypoint: "
+                         "train.py` in the job file")
     if err["type"] == "missing":
         return SpecError(key, problem, f"set {flag_name(key)} / '{key}'")
     field = JobSpec.model_fields.get(key)
