@@ -33,7 +33,14 @@ import torch
 from trainguard.checkpoint.sampler import data_state, is_data_position
 from trainguard.checkpoint.state import capture_rng
 from trainguard.worker import channel
-from trainguard.worker.contract import ENV_DEAD_RANKS, ENV_GRACE, ENV_SAVE_ON_EXIT, MessageKind
+from trainguard.worker.contract import (
+    ENV_DEAD_RANKS,
+    ENV_GRACE,
+    ENV_SAVE_ON_EXIT,
+    EXIT_SAVE_PHASE,
+    MessageKind,
+)
+from trainguard.worker.progress import phase
 
 if TYPE_CHECKING:
     from trainguard.checkpoint.checkpointer import Checkpointer
@@ -153,7 +160,11 @@ class ExitSaver:
                      snap.step)
             return
         try:
-            self._ckpt.save_snapshot(snap.step, snap.state, snap.rng, snap.data,
-                                     commit_timeout_s=self.commit_timeout_s, reason=reason)
+            # in a phase the launcher reads as the attempt ending: while this rank saves,
+            # its peers wait for it in a collective, and no hang is to be confirmed
+            with phase(EXIT_SAVE_PHASE, timeout_s=self.commit_timeout_s + 60):
+                self._ckpt.save_snapshot(snap.step, snap.state, snap.rng, snap.data,
+                                         commit_timeout_s=self.commit_timeout_s,
+                                         reason=reason)
         except Exception as e:  # the way out must go on: report, do not mask the exit
             log.warning("checkpoint on the way out failed: %s", e)

@@ -36,6 +36,7 @@ from trainguard.paths import HANG_FILE, stacks_dir
 from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, Progress, StackDump
 from trainguard.records import FaultScenario, Level, Reason, rank_list, utcnow
 from trainguard.states import WorkerState
+from trainguard.worker.contract import EXIT_SAVE_PHASE
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,13 @@ def job_ending(report: NodeReport) -> str | None:
     finishing or tearing down (never confirmed hung within the ending allowance). A rank
     that exited is not in the liveness at all."""
     done = [w.rank for w in report.workers if w.state == WorkerState.SUCCEEDED]
-    return f"rank(s) {rank_list(done)} exited 0" if done else None
+    if done:
+        return f"rank(s) {rank_list(done)} exited 0"
+    # a rank saving its last step on its way out (an error, or a stop): its peers wait in a
+    # collective for it until it exits and the launcher acts
+    leaving = [rl.rank for rl in report.liveness if rl.phase == EXIT_SAVE_PHASE]
+    return f"rank(s) {rank_list(leaving)} saving a checkpoint on the way out" if leaving \
+        else None
 
 
 def ending_in(dumps: list[StackDump], stacks: dict[int, RankStack]) -> str | None:

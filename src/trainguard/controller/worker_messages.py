@@ -81,7 +81,8 @@ class WorkerMessages:
         mib = f"{size / 2**20:.1f} MiB" if isinstance(size, int | float) else None
         known = ", ".join(p for p in (how, written, mib) if p)  # what was not measured is left out
         missing = rank_list(d.get("missing_ranks") or [])
-        gone = f"; without the part of rank(s) {missing}, which had died" if missing else ""
+        gone = (f"; without the part of rank(s) {missing}, which wrote none in time (dead, "
+                "or waiting for this rank in a collective)") if missing else ""
         self._emit(Level.INFO, Reason.CHECKPOINT_SAVED,
                    f"checkpoint of step {step} committed at {d.get('location')}"
                    f"{f' ({known})' if known else ''}{gone}",

@@ -1,0 +1,27 @@
+"""A rank whose own code raises, under --save-on-exit: it saves its last step at exit while
+its peer waits for it in a collective. Walk-through 11 found the launcher confirming a hang
+during that save (the peer made no progress for longer than the hang floor), restarting the
+job "upon suspension" and diagnosing a hang instead of the exception."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.integration.conftest import EXAMPLE, read_json, reasons, run_tg
+
+
+def test_a_crash_under_save_on_exit_is_a_crash_not_a_hang(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "2", "--save-on-exit", "--max-restarts", "2",
+                "--hang-floor", "3", "--grace-period", "12", "--job-dir", str(job),
+                str(EXAMPLE), "--steps", "40", "--ckpt-every", "5", "--step-time", "0.05",
+                "--progress"], cwd=tmp_path, fault="crash@rank=0,step=12")
+    assert r.returncode == 1, r.stderr[-3000:]
+    got = reasons(job)
+    assert "HangConfirmed" not in got and "WorkersRestarted" not in got, got
+    assert got[-2:] == ["FailureDiagnosed", "JobFailed"], got
+    diagnosed = [e for e in read_json("events", job) if e["reason"] == "FailureDiagnosed"]
+    assert "user_code_error" in diagnosed[0]["message"], diagnosed
+    saved = [e for e in read_json("events", job) if e["reason"] == "CheckpointSaved"
+             and (e.get("data") or {}).get("on_exit")]
+    assert saved and "waiting for this rank in a collective" in saved[0]["message"], saved
