@@ -217,3 +217,20 @@ def test_a_weak_exit_verdict_gives_way_to_a_family_with_its_line() -> None:
     assert d is not None and d.category == Category.HOST_OOM
     assert d.evidence is not None and d.evidence.line == 2
     assert refine(None, []) is None
+
+
+def test_a_silent_exit_is_never_blamed_on_an_ordinary_step_line() -> None:
+    """Walk-through 11: a rank that exited 3 after plain step lines was diagnosed `numerical`
+    (restart helps: no) by the model, on `step 2 loss 3.4234 lr 6.00e-04 dt 156.0ms`; the
+    model reads only lines that show an error."""
+    losses = (3.3945, 3.4234, 3.4164, 3.4659, 3.2783, 3.3287, 3.2296, 3.1662)
+    dts = (161.1, 156.0, 152.9, 150.4, 136.7, 142.5, 132.8, 140.8)
+    text = ("2026-12-03T12:42:26.374702+00:00 out rank 1/2: process start 1, scheduled 1\n"
+            + "".join(f"2026-12-03T12:42:26.{500 + i:06d}+00:00 out step {i} loss {loss:.4f} "
+                      f"lr {3e-4 * i:.2e} dt {dt:.1f}ms\n"
+                      for i, (loss, dt) in enumerate(zip(losses, dts, strict=True), 1))
+            + "2026-12-03T12:42:27.555025+00:00 err [trainguard.faults] injecting exit at step "
+              "8 (rank 1, attempt 0)\n")
+    d = diagnose(scan(text, name="rank-1.log"), [RankExit(1, True, 3)], RULES)
+    assert d is not None and d.category == Category.OTHER, d
+    assert d.rule != "model" and (d.evidence is None or "loss" not in d.evidence.text), d

@@ -99,9 +99,12 @@ def _fallback(lines: list[Finding], fam: Families, model: Model | None,
         f = lines[support.index]
         return _answer(f, support.category, min(0.3 + 0.08 * support.score, 0.7), "family",
                        fam.words(f.text, support.category), fam)
-    pred = predict(model, [f.text for f in lines]) if model is not None else None
+    # the model reads only lines that show an error: an ordinary line (`step 2 loss 3.42`)
+    # is no failure, whatever words it shares with one
+    shown = [f for f in lines if not f.context or _ERRORISH.search(f.text)]
+    pred = predict(model, [f.text for f in shown]) if model is not None and shown else None
     if pred is not None and pred.line >= 0 and pred.probability >= MODEL_MIN:
-        return _answer(lines[pred.line], Category(pred.category),
+        return _answer(shown[pred.line], Category(pred.category),
                        0.3 + 0.25 * pred.probability, "model", ", ".join(pred.features), fam)
     if not visible:
         return None
