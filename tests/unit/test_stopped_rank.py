@@ -41,3 +41,20 @@ def test_the_stopped_rank_is_the_culprit_whatever_its_stack_shows() -> None:
     assert c.reason.startswith("Rank 1's process is stopped (state T: SIGSTOP"), c.reason
     assert "SIGCONT" in c.reason and c.confidence >= 0.9
     assert _stopped_culprit(named, [StackDump(rank=0, pid=10)]) is named  # none stopped
+
+
+def test_diagnose_of_a_stopped_rank_says_where_it_waits_and_to_send_sigcont() -> None:
+    """Walk-through 11: `culprit: rank 1, raised at train_ddp.py:271` (nothing raised) and the
+    generic hang advice for a SIGSTOPped rank."""
+    from trainguard.cli.diagnose import _verdict_lines
+    from trainguard.diagnosis.hung import hang_diagnosis
+
+    data = {"idle_s": 9.0, "basis": "floor 8s", "culprit": {
+        "rank": 1, "reason": "Rank 1's process is stopped (state T: SIGSTOP, Ctrl-Z or a "
+        "debugger): nothing runs until SIGCONT (`kill -CONT PID`)",
+        "by_rank": {"0": "collective", "1": "stopped"}, "frame": "/w/train.py:271 in main",
+        "confidence": 0.9}}
+    d = hang_diagnosis(data, {})
+    assert "kill -CONT" in d.advice and d.culprit.frame == "/w/train.py:271 in main"
+    text = "\n".join(_verdict_lines(d))
+    assert "waiting at /w/train.py:271 in main" in text and "raised at" not in text, text

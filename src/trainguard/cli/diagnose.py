@@ -108,7 +108,8 @@ def _verdict_lines(d: Diagnosis) -> list[str]:
         who.append(f"node {d.culprit.node}")
     if d.culprit.frame:
         where = " (from inside a library it called)" if d.culprit.in_library else ""
-        who.append(f"raised at {d.culprit.frame}{where}")
+        verb = "waiting at" if d.subcategory == "hang" else "raised at"  # a hang raised nothing
+        who.append(f"{verb} {d.culprit.frame}{where}")
     if who:
         out.append(f"  culprit: {', '.join(who)}")
     if d.evidence is not None:

@@ -41,11 +41,17 @@ def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
     basis = data.get("basis") or ""
     summary = (f"hang: no progress for {idle}s ({basis}); {reason}" if idle is not None
                else f"hang: {reason}")
+    advice = ("Look at the culprit's stack: a rank that does not reach the collective the "
+              "others wait in (data loading, a lock, a loop) hangs them all; restart upon "
+              "suspension (--restart-on-hang) resumes from the last checkpoint.")
+    if rank is not None and by_rank.get(rank) == "stopped":
+        advice = (f"Rank {rank}'s process is stopped (state T): send it SIGCONT (`kill -CONT "
+                  "PID`, its pid in `trainguard status`) or find what stopped it (a debugger, "
+                  "Ctrl-Z, a job-control signal); restart upon suspension (--restart-on-hang) "
+                  "replaces it and resumes from the last checkpoint.")
     return Diagnosis(
         Category.NCCL_TIMEOUT_OR_HANG, FaultDomain.FRAMEWORK, RestartHelps.YES, summary,
-        "Look at the culprit's stack: a rank that does not reach the collective the others "
-        "wait in (data loading, a lock, a loop) hangs them all; restart upon suspension "
-        "(--restart-on-hang) resumes from the last checkpoint.",
+        advice,
         Culprit(rank, None, frame), evidence, symptoms, False,
         float(c.get("confidence") or 0.6), "hang", None, from_log=False)
 
