@@ -146,7 +146,7 @@ def test_a_rank_sleeping_before_an_allreduce_is_confirmed_named_and_restarted_by
     assert data["culprit"]["reason"].startswith("Rank 1 is sleeping (time.sleep")
     assert "rank 0 waits in a collective" in data["culprit"]["reason"]
     # the script's call into the fault injection, not a frame inside it
-    assert data["culprit"]["frame"].startswith("train_ddp.py:"), data["culprit"]
+    assert data["culprit"]["frame"].startswith(f"{EXAMPLE}:"), data["culprit"]
     check_restarted(job_dir, data, 1, resumed=20)
     log = (job_dir / "logs" / "attempt-1" / "rank-1.log").read_text()
     assert " out resumed from step 20" in log
@@ -164,7 +164,7 @@ def test_a_rank_spinning_in_a_python_loop_is_hung_though_it_burns_a_cpu(
     assert r.returncode == 0, r.stderr[-3000:]
     data = check_confirmed(job_dir, 1, {"0": "collective", "1": "compute"})
     assert data["threshold_s"] == 4.0
-    assert data["culprit"]["frame"].startswith("train_ddp.py:"), data["culprit"]  # not _spin
+    assert data["culprit"]["frame"].startswith(f"{EXAMPLE}:"), data["culprit"]  # not _spin
     check_restarted(job_dir, data, 1, resumed=10)
 
 

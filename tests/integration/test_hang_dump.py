@@ -249,7 +249,7 @@ def test_gloo_rank_in_all_reduce_and_the_sleeping_rank_is_named(procs: Procs,
     assert describe(main_thread(found[0])) == ("collective", "all_reduce")
     assert describe(main_thread(found[1])) == ("sleep", "time.sleep")
     v = name_culprit(found, {0: 7, 1: 7})
-    assert (v.rank, v.frame) == (1, "ranks.py:10 in step")
+    assert (v.rank, v.frame) == (1, f"{procs.tmp / 'ranks.py'}:10 in step")  # the full path
     assert v.reason.startswith("Rank 1 is sleeping (time.sleep")
     assert "rank 0 waits in a collective (all_reduce" in v.reason
     assert took < 5
