@@ -25,3 +25,25 @@ def test_a_crash_under_save_on_exit_is_a_crash_not_a_hang(tmp_path: Path) -> Non
     saved = [e for e in read_json("events", job) if e["reason"] == "CheckpointSaved"
              and (e.get("data") or {}).get("on_exit")]
     assert saved and "waiting for this rank in a collective" in saved[0]["message"], saved
+
+
+def test_a_peer_crash_under_step_reexecution_ends_the_other_rank_at_once_with_its_save(
+        tmp_path: Path) -> None:
+    """Walk-through 12: with --operator-reexecution (the llm preset) a rank's crash sent its
+    peer a REFORM that only it received, then a GIVE_UP; the peer was already waiting in a
+    rendezvous nobody joined, ignored the launcher's SIGTERM (the on-exit save's handler
+    cannot run there) and was SIGKILLed after the grace period, with no save of step 15."""
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "2", "--save-on-exit", "--operator-reexecution",
+                "--max-restarts", "0", "--grace-period", "20", "--job-dir", str(job),
+                str(EXAMPLE), "--steps", "30", "--quiet"], cwd=tmp_path,
+               fault="crash@rank=1,step=15")
+    assert r.returncode == 1, r.stderr[-3000:]
+    rank0 = (job / "logs" / "attempt-0" / "rank-0.log").read_text()
+    assert "step 16 is not re-executed" in rank0, rank0[-2000:]
+    assert "process group re-formed" not in rank0
+    ranks = {w["rank"]: w for w in read_json("status", job)["ranks"]}
+    assert ranks[0]["signal"] != "SIGKILL", ranks  # it raised: no grace period ran out
+    saved = [e["data"]["step"] for e in read_json("events", job)
+             if e["reason"] == "CheckpointSaved" and (e.get("data") or {}).get("on_exit")]
+    assert saved == [15], saved

@@ -27,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -50,6 +52,7 @@ from trainguard.worker.progress import phase
 from trainguard.worker.transient import is_transient
 
 T = TypeVar("T")
+GIVE_UP_LOOK_S = 0.2  # after a REFORM: how long a superseding GIVE_UP is looked for
 
 
 
@@ -136,16 +139,37 @@ class StepGuard:
             if verdict is not None and verdict["kind"] == ControlKind.RESTART:
                 raise control.RestartRequested(verdict)  # run_resilient re-enters
             if verdict is not None and verdict["kind"] == ControlKind.REFORM:
-                self._reform(verdict)
-                return
+                # a REFORM that did not reach every rank is followed at once by a GIVE_UP for
+                # the same step: the ranks that got both raise instead of waiting in a
+                # rendezvous a peer never joins
+                late = self._give_up_for(step)
+                if late is None:
+                    self._reform(verdict)
+                    return
+                verdict = late
         if verdict is None:
             _say(f"no verdict within {self._timeout_s:g}s: giving step {step} up")
         else:
             _say(f"step {step} is not re-executed: {verdict['reason']}")
         raise error
 
+    def _give_up_for(self, step: int) -> dict[str, Any] | None:
+        """A GIVE_UP of `step` that came with (or right after) its REFORM."""
+        assert self._inbox is not None
+        return self._inbox.wait(lambda v: v["kind"] == ControlKind.GIVE_UP
+                                and v.get("step") == step, GIVE_UP_LOOK_S)
+
     def _reform(self, v: dict[str, Any]) -> None:
         t0 = time.monotonic()
+        # the launcher's stop during the rendezvous (a peer that never comes) must end this
+        # rank at once: a Python SIGTERM handler (the on-exit save's) cannot run while the
+        # rendezvous waits in C++, so SIGTERM keeps its default action until it is over
+        with _default_sigterm():
+            self._rendezvous(v)
+        _say(f"process group re-formed (generation {self.generation}, {v['master_addr']}:"
+             f"{v['master_port']}) in {time.monotonic() - t0:.3f}s")
+
+    def _rendezvous(self, v: dict[str, Any]) -> None:
         backend = dist.get_backend()
         rank, world = dist.get_rank(), dist.get_world_size()
         with contextlib.suppress(Exception):  # the old group is broken: tear down what is left
@@ -160,8 +184,6 @@ class StepGuard:
                 _set_pg_timeout(self._group_timeout)
         self.generation = int(v["generation"])
         self.model = self._wrap()
-        _say(f"process group re-formed (generation {self.generation}, {addr}:{port}) in "
-             f"{time.monotonic() - t0:.3f}s")
 
     def _await_verdict(self, step: int, report: dict[str, Any]) -> dict[str, Any] | None:
         """The verdict on `step` (or an in-process restart's); the report goes again every
@@ -177,6 +199,18 @@ class StepGuard:
 
         return self._inbox.wait(accept, self._timeout_s,
                                 lambda: channel.send(MessageKind.STEP_FAILED, **report))
+
+
+@contextlib.contextmanager
+def _default_sigterm() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _group_timeout() -> timedelta | None:
