@@ -337,6 +337,14 @@ def recoveries_text(by_rung: dict[str, int]) -> str:
     return f"{head} ({parts})" if parts else head
 
 
+def incidents_of(records: list[RunningRecord]) -> list[RecoverRecord]:
+    """One recover record per fault: a record whose rung handed the fault to the next one
+    (`downgrade`: the next record goes on with it) is not a fault of its own. The incidents
+    `recovery`, the UI and the MTBF count."""
+    return [rr for r in records for rr in r.recover_records
+            if rr.recover_result != RecoverResult.DOWNGRADE]
+
+
 def recoveries_by_rung(records: list[RunningRecord]) -> dict[str, int]:
     """Recoveries that acted (succeeded or still recovering), by rung of the ladder: the one
     count of recoveries that `status`, `recovery`, `report` and the metrics all show (an

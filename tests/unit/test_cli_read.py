@@ -395,3 +395,25 @@ def test_tables_end_without_trailing_blanks_and_fit_columns_in_a_pipe(
         assert lines and all(line == line.rstrip() for line in lines)
         table = lines[lines.index(next(x for x in lines if x.startswith(("TIME", "RANK")))):]
         assert max(len(line) for line in table) <= 80, command
+
+
+def test_a_fault_one_rung_handed_to_the_next_is_one_incident(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Walk-through 12: one crash under step re-execution read `2 incidents` (the step
+    re-execution's `downgrade` record, then the process restart's)."""
+    from dataclasses import replace
+
+    job_dir = tmp_path / "job"
+    with JobStore.create(job_dir, "run-1") as s:
+        first = RunningRecord(0, at(0), StartType.FIRST_START, at(100), "WorkerFailed", "rank 1")
+        handed = replace(recover_record(), recover="step_reexecution",
+                         recover_result=RecoverResult.DOWNGRADE, steps_lost=None,
+                         first_progress_at=None)
+        first.recover_records += [handed, recover_record()]
+        s.put_running(first)
+        s.put_running(RunningRecord(1, at(105), StartType.AUTO_RESTART, at(300), "JobSucceeded"))
+        s.set_meta(state="succeeded", attempt=1)
+    assert run("recovery", str(job_dir), "--json") == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["incidents"] == 1 and summary["steps_lost"] == 20, summary

@@ -43,6 +43,7 @@ from trainguard.records import (
     RecoverRecord,
     RunningRecord,
     StartType,
+    incidents_of,
     recoveries_by_rung,
     recoveries_text,
     secs,
@@ -277,7 +278,7 @@ def _print_recovery(store: JobStore, args: argparse.Namespace) -> int:
 def summarize(records: list[RunningRecord], g: Goodput) -> dict[str, Any]:
     """Attempts, restarts, incidents, steps lost and the goodput ledger's figures (the
     definition: docs/goodput.md)."""
-    incidents = [rr for rec in records for rr in rec.recover_records]
+    incidents = incidents_of(records)  # one per fault
     by_rung = recoveries_by_rung(records)
     return {
         "attempts": len(records),

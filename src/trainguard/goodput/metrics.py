@@ -29,7 +29,7 @@ from trainguard.goodput.interval import IntervalAdvice, advise
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.read import Save, job_goodput, saves
 from trainguard.policy.decision import Rung
-from trainguard.records import Reason, RecoverResult, RunningRecord, from_iso
+from trainguard.records import Reason, RecoverResult, RunningRecord, from_iso, incidents_of
 from trainguard.states import JobState, NodeState
 
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -245,8 +245,7 @@ def interval_advice(g: Goodput, records: list[RunningRecord],
                     commits: list[Save]) -> IntervalAdvice:
     """The checkpoint interval advice of a job (trainguard.goodput.interval): the loop's own
     saves only (not those on the way out, nor the agent's from memory)."""
-    failures = sum(1 for r in records for rr in r.recover_records
-                   if rr.recover_result != RecoverResult.DOWNGRADE)
+    failures = len(incidents_of(records))
     loop = [c for c in commits if c.blocked_s is not None and not c.on_exit
             and not c.by_agent]
     return advise(g.wall_s - g.seconds("queued"), failures, [(c.attempt, c.at) for c in loop],

@@ -17,7 +17,7 @@ from trainguard.controller.store_rows import (
     to_row,
 )
 from trainguard.errors import StoreError
-from trainguard.records import Event, Reason, RunningRecord, recoveries_by_rung
+from trainguard.records import Event, Reason, RunningRecord, incidents_of, recoveries_by_rung
 from trainguard.states import JOB_ENDED
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.goodput_view import GoodputCache
@@ -63,7 +63,7 @@ def _summary(jid: str, job_dir: Path, meta: dict[str, Any], records: list[Runnin
         "id": jid, "job_dir": str(job_dir), "run_id": meta.get("run_id"), "state": state,
         "ended": is_ended(state), "attempts": len(records),
         "restarts": sum(recoveries_by_rung(records).values()),  # as `status` counts them
-        "incidents": sum(len(r.recover_records) for r in records),
+        "incidents": len(incidents_of(records)),  # one per fault, as `recovery`
         "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
         "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at"),
         "goodput": ratio, "error": None,
