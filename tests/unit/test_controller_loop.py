@@ -547,3 +547,27 @@ def test_a_stop_that_had_to_sigkill_a_rank_says_so(
     assert run.events[-1].message.endswith(
         "workers got SIGTERM and 0s to exit; rank 1 did not and got SIGKILL"), \
         run.events[-1].message
+
+
+class KillingAgent(ScriptedAgent):
+    """Rank 0, stopped after rank 1 failed, outlives the grace period: SIGKILL."""
+
+    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+        last = super().stop_workers(cmd)
+        workers = [w.model_copy(update={"returncode": -signal.SIGKILL})
+                   if w.rank == 0 and w.state == WorkerState.STOPPED else w
+                   for w in last.workers]
+        self._last = last.model_copy(update={"workers": workers})
+        return self._last
+
+
+def test_workers_stopped_says_which_rank_had_to_be_sigkilled(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walk-through 12: 'stopped 1 other worker(s): rank(s) 0 (grace 15s)' after a silent 15 s
+    in which rank 0 ignored SIGTERM."""
+    monkeypatch.setattr("tests.unit.test_controller_loop.ScriptedAgent", KillingAgent)
+    attempts = [[report(0, W(RUNNING), W(RUNNING)),
+                 report(0, W(RUNNING), W(FAILED, 1, USER_BUG), first=1, last=3, seconds=1)]]
+    run = job(attempts, max_restarts=0)
+    (stopped,) = [e.message for e in run.events if e.reason == "WorkersStopped"]
+    assert stopped.endswith("; rank(s) 0 did not exit within it and got SIGKILL)"), stopped

@@ -201,8 +201,12 @@ class Controller:
         report = self._stop(reason, dead)
         what = "other" if dead else "hung"
         ranks = [w.rank for w in report.workers if w.state == WorkerState.STOPPED]
+        killed = [w.rank for w in report.workers if w.state == WorkerState.STOPPED
+                  and w.returncode == -signal.SIGKILL]
+        late = f"; rank(s) {rank_list(killed)} did not exit within it and got SIGKILL" \
+            if killed else ""
         done = (f"stopped {len(ranks)} {what} worker(s): rank(s) {rank_list(ranks)} "
-                f"(grace {self.spec.grace_period_s:g}s)" if ranks else "no other workers to "
+                f"(grace {self.spec.grace_period_s:g}s{late})" if ranks else "no other workers to "
                 "stop (the job has 1 rank)" if len(report.workers) == 1 else
                 f"no {what} workers left to stop (every rank had exited)")
         self.rec.event(Level.INFO, Reason.WORKERS_STOPPED, done, attempt=attempt)
