@@ -105,8 +105,12 @@ def job(tmp_path: Path) -> Path:
 
 
 def run(*argv: str) -> int:
+    from trainguard.cli.report import add_report_commands
+
     parser = argparse.ArgumentParser(prog="trainguard")
-    add_read_commands(parser.add_subparsers(dest="command", required=True))
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_read_commands(sub)
+    add_report_commands(sub)
     args = parser.parse_args(argv)
     code: int = args.func(args)
     return code
@@ -417,3 +421,27 @@ def test_a_fault_one_rung_handed_to_the_next_is_one_incident(
     assert run("recovery", str(job_dir), "--json") == 0
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert summary["incidents"] == 1 and summary["steps_lost"] == 20, summary
+    # report lists that one incident, not the rung that handed it on (walk-through 13: the
+    # step re-execution's record showed the user's crash as nccl_communication_error)
+    assert run("report", str(job_dir), "--json") == 0
+    incidents = json.loads(capsys.readouterr().out)["incidents"]
+    assert [i["recover"] for i in incidents] == ["process_restart"], incidents
+
+
+def test_report_shows_an_unknown_steps_lost_as_a_dash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Walk-through 13: `steps lost None` (Python's None) for a restart of a job without step
+    reports."""
+    from dataclasses import replace
+
+    job_dir = tmp_path / "job"
+    with JobStore.create(job_dir, "run-1") as s:
+        first = RunningRecord(0, at(0), StartType.FIRST_START, at(100), "WorkerFailed", "rank 1")
+        first.recover_records.append(replace(recover_record(), steps_lost=None,
+                                             first_progress_at=None))
+        s.put_running(first)
+        s.set_meta(state="running", attempt=1)
+    assert run("report", str(job_dir)) == 0
+    out = capsys.readouterr().out
+    assert "steps lost -" in out and "None" not in out, out

@@ -20,6 +20,7 @@ from trainguard.records import (
     FaultScenario,
     Reason,
     RunningRecord,
+    incidents_of,
     plural,
     recoveries_by_rung,
     recoveries_text,
@@ -54,21 +55,20 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
     hangs = {ev.involved.attempt: ev.data or {} for ev in r.events
              if ev.reason == Reason.HANG_CONFIRMED.value}
     incidents = []
-    for rec in r.records:
-        for rr in rec.recover_records:
-            d = diagnoses.get(rr.attempt) or {}
-            h = hangs.get(rr.attempt) or {}
-            evidence = d.get("evidence") if isinstance(d.get("evidence"), dict) else None
-            incidents.append({
-                "attempt": rr.attempt, "fault_scenario": rr.fault_scenario.value,
-                "recover": rr.recover, "result": rr.recover_result.value,
-                "reason": rr.reason, "related_task": rr.related_task,
-                "category": rr.category or d.get("category"),
-                "deciding_line": None if evidence is None else
-                f"{evidence.get('file')}:{evidence.get('line')}: {evidence.get('text')}",
-                "hang_culprit": (h.get("culprit") or {}).get("reason") if h else None,
-                "durations_s": rr.durations(), "steps_lost": rr.steps_lost,
-                "resumed_from": rr.resumed_from})
+    for rr in incidents_of(r.records):  # one per fault (a rung's downgrade is the next's)
+        d = diagnoses.get(rr.attempt) or {}
+        h = hangs.get(rr.attempt) or {}
+        evidence = d.get("evidence") if isinstance(d.get("evidence"), dict) else None
+        incidents.append({
+            "attempt": rr.attempt, "fault_scenario": rr.fault_scenario.value,
+            "recover": rr.recover, "result": rr.recover_result.value,
+            "reason": rr.reason, "related_task": rr.related_task,
+            "category": rr.category or d.get("category"),
+            "deciding_line": None if evidence is None else
+            f"{evidence.get('file')}:{evidence.get('line')}: {evidence.get('text')}",
+            "hang_culprit": (h.get("culprit") or {}).get("reason") if h else None,
+            "durations_s": rr.durations(), "steps_lost": rr.steps_lost,
+            "resumed_from": rr.resumed_from})
     advice = interval_advice(g, r.records, r.commits)
     by_rung = recoveries_by_rung(r.records)
     return {"run_id": r.meta.get("run_id"), "state": shown_state(r.meta),
@@ -165,7 +165,7 @@ def render(doc: dict[str, Any]) -> str:
             lines.append(f"    recovered in {secs(d['total'], '-')} (detect "
                          f"{secs(d['detect'], '-')}, stop {secs(d['stop'], '-')}, start "
                          f"{secs(d['start'], '-')}, resume {secs(d['resume'], '-')}); steps "
-                         f"lost {i['steps_lost']}"
+                         f"lost {'-' if i['steps_lost'] is None else i['steps_lost']}"
                          + (f"; from {i['resumed_from']}" if i["resumed_from"] else ""))
         if i["deciding_line"]:
             lines.append(f"    {i['category']}: {i['deciding_line']}")
