@@ -233,3 +233,16 @@ def test_logs_and_diagnose_of_a_copied_job_dir_read_the_copys_logs(tmp_path: Pat
     assert "copy line" in r.stdout and "original line" not in r.stdout
     shutil.rmtree(job)  # the original gone: the copy still reads
     assert "copy line" in tg("logs", str(copy), "--rank", "0").stdout
+
+
+def test_ckpt_ls_names_a_save_that_did_not_finish(tmp_path: Path) -> None:
+    """Walk-through 13: a rank stopped during the step-10 save left
+    `.tmp-step-000000010-.../`; `ckpt ls` said only `no checkpoints` while `ls` showed the
+    bytes."""
+    staging = tmp_path / "ckpt" / ".tmp-step-000000010-tg-72d12749-0-58561"
+    staging.mkdir(parents=True)
+    (staging / "rank-0.pt").write_bytes(b"x" * 100)
+    r = tg("ckpt", "ls", str(tmp_path / "ckpt"))
+    assert r.returncode == 0, r.stderr
+    assert "no checkpoints at" in r.stdout
+    assert "1 save(s) did not finish (.tmp-step-000000010-tg-72d12749-0-58561)" in r.stderr

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -145,6 +145,7 @@ class Listing:
     steps: list[int]  # every step there, newest first
     docs: list[dict[str, Any]]  # the steps described (verify --step: that one, if there)
     latest: str | None  # what `latest` reads
+    unfinished: list[str] = field(default_factory=list)  # staging dirs of cut-off saves
 
 
 def _run(ns: argparse.Namespace) -> int:
@@ -173,7 +174,8 @@ def _read(ns: argparse.Namespace) -> Listing:
     latest = st.read_bytes(LATEST).decode(errors="replace").strip() if st.exists(LATEST) else None
     for d in docs:
         d["latest"] = latest == step_dir(d["step"])
-    return Listing(ns.location, steps, docs, latest)
+    unfinished = sorted(n for n in st.children() if n.startswith(".tmp-step-"))
+    return Listing(ns.location, steps, docs, latest, unfinished)
 
 
 def _show(ns: argparse.Namespace, listing: Listing) -> int:
@@ -188,6 +190,13 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
         print(json.dumps(docs, indent=2))
     else:
         _table(ns.location, docs)
+    if listing.unfinished and not ns.json:
+        sys.stdout.flush()
+        names = ", ".join(listing.unfinished[:3]) + (" ..." if len(listing.unfinished) > 3
+                                                     else "")
+        print(f"trainguard ckpt: note: {len(listing.unfinished)} save(s) did not finish "
+              f"({names}): a rank stopped or was killed while writing; they hold no step, "
+              "and the job's next committed save removes them", file=sys.stderr)
     warning = latest_warning(listing.latest, steps)
     if warning is not None:
         sys.stdout.flush()  # the table first, then the warning under it
