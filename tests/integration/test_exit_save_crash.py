@@ -12,8 +12,10 @@ from tests.integration.conftest import EXAMPLE, read_json, reasons, run_tg
 
 def test_a_crash_under_save_on_exit_is_a_crash_not_a_hang(tmp_path: Path) -> None:
     job = tmp_path / "job"
+    # the save waits up to half the grace period (15 s) for the peer's part, well past the
+    # hang floor (8 s); the phase it runs in must reach the launcher long before that
     r = run_tg(["run", "--nproc-per-node", "2", "--save-on-exit", "--max-restarts", "2",
-                "--hang-floor", "3", "--grace-period", "12", "--job-dir", str(job),
+                "--hang-floor", "8", "--grace-period", "30", "--job-dir", str(job),
                 str(EXAMPLE), "--steps", "40", "--ckpt-every", "5", "--step-time", "0.05",
                 "--progress"], cwd=tmp_path, fault="crash@rank=0,step=12")
     assert r.returncode == 1, r.stderr[-3000:]

@@ -77,6 +77,8 @@ class HangWatch:
             return None
         now = report.at  # the node's clock, as the liveness times it reports
         ending = job_ending(report) or self._ending
+        if self._ending is None and any(rl.phase == EXIT_SAVE_PHASE for rl in report.liveness):
+            self._ending = ending  # sticky: the rank exits (its teardown) after its save
         v = self.detector.observe(report.liveness, now, ending=ending)
         before, self._state = self._state, v.state
         if v.state == HangState.OK and before != HangState.OK:
