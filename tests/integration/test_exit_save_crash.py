@@ -44,8 +44,11 @@ def test_a_peer_crash_under_step_reexecution_ends_the_other_rank_at_once_with_it
     rank0 = (job / "logs" / "attempt-0" / "rank-0.log").read_text()
     assert "step 16 is not re-executed" in rank0, rank0[-2000:]
     assert "process group re-formed" not in rank0
-    ranks = {w["rank"]: w for w in read_json("status", job)["ranks"]}
+    status = read_json("status", job)
+    ranks = {w["rank"]: w for w in status["ranks"]}
     assert ranks[0]["signal"] != "SIGKILL", ranks  # it raised: no grace period ran out
+    # nothing was re-executed: no step re-execution budget was used (walk-through 14)
+    assert status["budgets"]["step_retries"]["used"] == 0, status["budgets"]
     saved = [e["data"]["step"] for e in read_json("events", job)
              if e["reason"] == "CheckpointSaved" and (e.get("data") or {}).get("on_exit")]
     assert saved == [15], saved

@@ -86,7 +86,7 @@ class Controller:
         self._marks = HighWater()
         self._started_any = False
         self._hangs = HangWatch(recorder, agent)
-        self._steps = StepRetries(recorder, agent, self._decide)
+        self._steps = StepRetries(recorder, agent, self._decide, self._commit)
         self._inproc = InProcessRestarts(recorder, agent, self._steps, nodes is None)
         self._resume = ResumeAgreement(agent, self.spec.world_size)
 

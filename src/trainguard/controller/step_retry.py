@@ -32,8 +32,10 @@ from trainguard.worker.contract import ControlKind, MessageKind
 
 class StepRetries:
     def __init__(self, rec: Recorder, agent: AgentAPI,
-                 decide: Callable[[Incident], Decision]) -> None:
+                 decide: Callable[[Incident], Decision],
+                 commit: Callable[[Decision], Decision] | None = None) -> None:
         self.rec, self.agent, self._decide = rec, agent, decide
+        self._commit = commit  # the ladder's memory, set again when a decision is undone
         self._answered: set[tuple[int, int]] = set()  # (step, generation) of failures
         self._reexecuting: tuple[int, int] | None = None  # (step, new generation)
         self._generation = 0  # the newest process group generation handed out
@@ -113,9 +115,14 @@ class StepRetries:
         if why is None:
             self._generation, self._reexecuting = generation, (step, generation)
             return replace(decision, reason=f"{decision.reason} on port {port}")
-        return replace(decision, action=Action.DOWNGRADE, result=RecoverResult.DOWNGRADE,
-                       reason=why, tried=(Tried(Rung.STEP_REEXECUTION,
-                                                RecoverResult.DOWNGRADE, why),))
+        # nothing was re-executed: the budget the decision took is given back
+        h = decision.history
+        undone = replace(decision, action=Action.DOWNGRADE, result=RecoverResult.DOWNGRADE,
+                         reason=why, tried=(Tried(Rung.STEP_REEXECUTION,
+                                                  RecoverResult.DOWNGRADE, why),),
+                         history=replace(h, step_retries=max(0, h.step_retries - 1),
+                                         retried_step_count=max(0, h.retried_step_count - 1)))
+        return self._commit(undone) if self._commit is not None else undone
 
     def _tell(self, control: dict[str, object]) -> int:
         try:
