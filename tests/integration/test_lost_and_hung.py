@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from tests.integration.conftest import EXAMPLE, TG, read_json, reasons
@@ -48,6 +49,8 @@ def test_a_relaunch_of_a_lost_job_closes_its_open_attempt_as_lost(tmp_path: Path
     status = read_json("status", job)
     assert status["state"] == "lost"
     last = status["last_progress"]["time"]
+    log = job / "logs" / "attempt-0" / "rank-0.log"
+    last_output = datetime.fromtimestamp(log.stat().st_mtime, timezone.utc)
 
     again = subprocess.run([*TG, *args], capture_output=True, text=True, timeout=120,
                            check=False)
@@ -59,6 +62,10 @@ def test_a_relaunch_of_a_lost_job_closes_its_open_attempt_as_lost(tmp_path: Path
     assert first["end_reason"].startswith("lost: its launcher died")
     assert first["start_at"] < first["end_at"] < second["start_at"]
     assert first["end_at"] >= last  # its last sign of life: the last step or later
+    # ... or its ranks' last output, and the last step status showed (walk-through 14: status,
+    # recovery and the logs read three different last steps and an end before the output)
+    assert datetime.fromisoformat(first["end_at"]) >= last_output.replace(microsecond=0)
+    assert first["last_step"] == status["last_progress"]["step"], (first, status)
     assert second["end_reason"] == "succeeded" and rec["state"] == "succeeded"
     text = subprocess.run([*TG, "recovery", str(job)], capture_output=True, text=True,
                           timeout=60, check=True).stdout

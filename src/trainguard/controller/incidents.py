@@ -279,12 +279,15 @@ class IncidentBook:
             self._save(rec)
         self._close_pending(RecoverResult.FAILED, utcnow())
 
-    def launch_lost(self, at: datetime) -> None:
+    def launch_lost(self, at: datetime, last_step: int | None = None) -> None:
         """A relaunch found the previous launch `lost` (its launcher died: nothing recorded
-        its end): the attempt it left open ends `lost` at its last sign of life, `at`."""
+        its end): the attempt it left open ends `lost` at its last sign of life, `at`, with
+        the last step the job recorded (`last_step`, as `status` showed it)."""
         for rec in self._store.running_records():
             if rec.end_at is None:
                 rec.end_at, rec.end_reason = max(at, rec.start_at), LOST_END_REASON
+                if last_step is not None and (rec.last_step is None or last_step > rec.last_step):
+                    rec.last_step = last_step
                 self._save(rec)
 
     def attempt_succeeded(self, attempt: int, progress: Progress) -> None:

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, TextIO
 
 from trainguard.controller.incidents import IncidentBook
@@ -26,7 +27,7 @@ from trainguard.controller.store_rows import last_sign_of_life
 from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, signal_name
-from trainguard.paths import JobPaths
+from trainguard.paths import JobPaths, attempt_log_dir
 from trainguard.policy.decision import Decision, HAPolicy
 from trainguard.protocol import NodeReport, Progress
 from trainguard.records import (
@@ -162,8 +163,15 @@ class Recorder:
         store = self.store
         last = last_sign_of_life(previous, store.running_records(), store.last_progress_time(),
                                  store.last_event_time())
+        attempt = previous.get("attempt")
+        if isinstance(attempt, int):  # its ranks' last output (the logs outlive the launcher)
+            logs = attempt_log_dir(Path(self.paths.log_dir), attempt)
+            with contextlib.suppress(OSError):
+                last = max([last or 0.0, *(p.stat().st_mtime for p in logs.glob("rank-*.log"))])
         if last is not None:
-            self.book.launch_lost(datetime.fromtimestamp(last, timezone.utc))
+            step = previous.get("last_step")
+            self.book.launch_lost(datetime.fromtimestamp(last, timezone.utc),
+                                  step if isinstance(step, int) else None)
         return JobState.LOST.value
 
     def adopt(self) -> int:
