@@ -45,4 +45,4 @@ def test_a_rank_hung_in_an_injected_sleep_is_blamed_on_the_scripts_call() -> Non
         Frame("main", "/home/me/train.py", 191),
         Frame("<module>", "/home/me/train.py", 269),
     ))
-    assert culprit_frame(thread) == "train.py:191 in main"
+    assert culprit_frame(thread) == "/home/me/train.py:191 in main"  # the full path

@@ -37,7 +37,7 @@ def test_the_stopped_rank_is_the_culprit_whatever_its_stack_shows() -> None:
                         "/w/train.py:9 in main", 0.6)
     dumps = [StackDump(rank=0, pid=10), StackDump(rank=1, pid=11, stopped=True)]
     c = _stopped_culprit(named, dumps)
-    assert c.rank == 1 and c.by_rank[1] == "stopped" and c.frame is None
+    assert c.rank == 1 and c.by_rank[1] == "state_t" and c.frame is None
     assert c.reason.startswith("Rank 1's process is stopped (state T: SIGSTOP"), c.reason
     assert "SIGCONT" in c.reason and c.confidence >= 0.9
     assert _stopped_culprit(named, [StackDump(rank=0, pid=10)]) is named  # none stopped
@@ -52,7 +52,7 @@ def test_diagnose_of_a_stopped_rank_says_where_it_waits_and_to_send_sigcont() ->
     data = {"idle_s": 9.0, "basis": "floor 8s", "culprit": {
         "rank": 1, "reason": "Rank 1's process is stopped (state T: SIGSTOP, Ctrl-Z or a "
         "debugger): nothing runs until SIGCONT (`kill -CONT PID`)",
-        "by_rank": {"0": "collective", "1": "stopped"}, "frame": "/w/train.py:271 in main",
+        "by_rank": {"0": "collective", "1": "state_t"}, "frame": "/w/train.py:271 in main",
         "confidence": 0.9}}
     d = hang_diagnosis(data, {})
     assert "kill -CONT" in d.advice and d.culprit.frame == "/w/train.py:271 in main"

@@ -22,7 +22,7 @@ from typing import Any
 
 from trainguard.controller.incidents import Fault, task_of
 from trainguard.controller.recorder import Recorder
-from trainguard.hang.classify import finalizing
+from trainguard.hang.classify import STOPPED, finalizing
 from trainguard.hang.detector import HangDetector, HangPolicy, HangState, HangVerdict
 from trainguard.hang.stacks import (
     Frame,
@@ -162,7 +162,7 @@ def _stopped_culprit(culprit: HangCulprit, dumps: list[StackDump]) -> HangCulpri
     return replace(culprit, rank=rank, frame=culprit.frame if culprit.rank == rank else None,
                    reason=f"{who} stopped (state T: SIGSTOP, Ctrl-Z or a debugger): nothing "
                           "runs until SIGCONT (`kill -CONT PID`)",
-                   by_rank={**culprit.by_rank, **{r: "stopped" for r in stopped}},
+                   by_rank={**culprit.by_rank, **{r: STOPPED for r in stopped}},
                    confidence=max(culprit.confidence, 0.9))
 
 

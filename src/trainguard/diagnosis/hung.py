@@ -18,7 +18,7 @@ from trainguard.diagnosis.taxonomy import (
     FaultDomain,
     RestartHelps,
 )
-from trainguard.hang.classify import PHRASES
+from trainguard.hang.classify import PHRASES, STOPPED
 
 
 def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
@@ -44,7 +44,7 @@ def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
     advice = ("Look at the culprit's stack: a rank that does not reach the collective the "
               "others wait in (data loading, a lock, a loop) hangs them all; restart upon "
               "suspension (--restart-on-hang) resumes from the last checkpoint.")
-    if rank is not None and by_rank.get(rank) == "stopped":
+    if rank is not None and by_rank.get(rank) == STOPPED:
         advice = (f"Rank {rank}'s process is stopped (state T): send it SIGCONT (`kill -CONT "
                   "PID`, its pid in `trainguard status`) or find what stopped it (a debugger, "
                   "Ctrl-Z, a job-control signal); restart upon suspension (--restart-on-hang) "

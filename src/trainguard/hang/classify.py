@@ -15,6 +15,7 @@ from trainguard.diagnosis.lines import is_fault_injection
 COLLECTIVE, GPU, DATALOADER, LOCK = "collective", "gpu", "dataloader", "lock"
 SLEEP, IO, BLOCKED, COMPUTE, UNKNOWN, ERROR = ("sleep", "io", "blocked", "compute", "unknown",
                                                "error")
+STOPPED = "state_t"  # the process is stopped (state T: SIGSTOP, Ctrl-Z, a debugger)
 # Waiting on the other ranks: a collective, or (NCCL) the GPU stream a collective is queued on.
 WAITING = frozenset({COLLECTIVE, GPU})
 # (one rank, several ranks) for each classification.
@@ -29,6 +30,7 @@ PHRASES = {
     COMPUTE: ("is running Python code", "are running Python code"),
     UNKNOWN: ("shows no Python frames", "show no Python frames"),
     ERROR: ("could not be inspected", "could not be inspected"),
+    STOPPED: ("is stopped (state T)", "are stopped (state T)"),
 }
 
 _LIB_ROOT = re.compile(r".*/(?:site|dist)-packages/|.*/lib/python\d+(?:\.\d+)?t?/")
