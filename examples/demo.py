@@ -1,7 +1,8 @@
 """`make demo`: a 2-rank DDP job that survives three injected faults, then its recovery report.
 
-1. rank 1 is killed with SIGKILL from outside after step 45: conditional auto
-   restart brings the job back from its last checkpoint (step 40);
+1. rank 1 is killed with SIGKILL after step 45 (it sends it to itself, as an outside kill
+   would look): conditional auto restart brings the job back from its last checkpoint (step
+   40);
 2. on the next attempt rank 0 prints a transient NCCL error and exits 1 after step 75:
    diagnosed as a communication error (restart helps), restarted again from step 70;
 3. on the third attempt rank 1 hangs (sleeps forever) after step 85 while rank 0 waits for

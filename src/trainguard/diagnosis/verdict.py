@@ -171,9 +171,10 @@ def _from_exit(rank: int | None, code: int | None, oom: bool | None, at: datetim
         return _Candidate(_SIGNAL_TIER, Category.KILLED_BY_SIGNAL_UNKNOWN,
                           FaultDomain.INFRASTRUCTURE, RestartHelps.YES,
                           "Restart; find out who sent the kill (an operator, a watchdog, a "
-                          "scheduler).", 0.8, rank, finding, subcategory="sigkill", at=at,
-                          summary=f"{who} was killed by SIGKILL from outside the job (the "
-                          "kernel recorded no OOM kill)")
+                          "scheduler; when testing, TRAINGUARD_FAULT's `signal` fault, which "
+                          "the rank's log names).", 0.8, rank, finding, subcategory="sigkill",
+                          at=at, summary=f"{who} was killed by SIGKILL, not by the kernel's "
+                          "OOM killer (it recorded no OOM kill)")
     if sig in _SIGNAL_VERDICTS:
         cat, dom, helps, text, advice = _SIGNAL_VERDICTS[sig]
         return _Candidate(_SIGNAL_TIER, cat, dom, helps, advice, 0.55, rank, finding,
