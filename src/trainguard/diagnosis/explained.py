@@ -15,12 +15,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
+from trainguard.diagnosis.fallback import FAMILY_MIN, family_advice
 from trainguard.diagnosis.families import load_families
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.rules import RuleSet
 from trainguard.diagnosis.taxonomy import Category, Diagnosis, Evidence
 
-FAMILY_MIN = 2.5  # as diagnosis/fallback.py's
 _ABORT = re.compile(r"\bAbort(?:ed)?\b|SIGABRT", re.IGNORECASE)
 _WHAT = re.compile(r"(?:^|[\s:>\]])what\(\):\s")
 _NEAR = 4  # lines between the terminate line, its what() and the abort
@@ -52,9 +52,7 @@ def explained_abort(d: Diagnosis | None, findings: Sequence[Finding],
         if score < FAMILY_MIN:
             return d
         domain, restart = fam.defaults[cat]
-        advice = (f"No rule knows this wording; the line matches the {cat.value} family "
-                  f"(words: {fam.words(what.text, cat)}). Check it, and add a rule "
-                  "(rules.yaml) if it is right.")
+        advice = family_advice(cat, fam.words(what.text, cat))
     who = f"rank {what.rank}: " if what.rank is not None else ""
     return replace(
         d, category=cat, fault_domain=domain, restart_helps=restart, advice=advice,

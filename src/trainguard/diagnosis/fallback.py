@@ -66,6 +66,11 @@ _ADVICE = {
 }
 
 
+def family_advice(cat: Category, why: str) -> str:
+    """The advice of an answer a failure family gave (no rule knows the wording)."""
+    return _ADVICE["family"].format(cat=cat.value, why=why)
+
+
 def _lines(findings: Sequence[Finding]) -> list[Finding]:
     """Candidate lines in reading order: by file (as first seen), then position."""
     order: dict[str, int] = {}
