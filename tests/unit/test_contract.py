@@ -433,6 +433,10 @@ def test_a_control_verdict_is_checked_like_a_message() -> None:
     assert parse_control(reform)["kind"] == ControlKind.REFORM
     give_up = {"kind": "give_up", "step": 5, "reason": "budget spent"}
     assert parse_control(give_up)["reason"] == "budget spent"
+    go = {"kind": "reform_go", "step": 5, "generation": 1}
+    assert parse_control(go)["kind"] == ControlKind.REFORM_GO
+    with pytest.raises(ContractError):
+        parse_control({"kind": "reform_go", "step": 5})  # which group's REFORM it confirms
     for bad in ({**reform, "master_port": 70000}, {**reform, "generation": 0},
                 {**reform, "master_addr": None}, {"kind": "reform", "step": 5},
                 {"kind": "explode"}, [reform], {**give_up, "step": "5"}):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -143,5 +144,40 @@ def test_a_verdict_from_another_user_is_dropped() -> None:
         verdict = json.dumps({"kind": "give_up", "step": 1, "reason": "forged"})
         subprocess.run([sys.executable, "-c", send, box.name, verdict], check=True, timeout=30)
         assert box.wait(lambda v: True, 0.5) is None
+    finally:
+        box.close()
+
+
+def guard_on(box: control.Inbox, generation: int = 0) -> Any:
+    """A StepGuard's verdict half, on a real inbox (no process group needed for it)."""
+    from trainguard.worker.step import StepGuard
+
+    g = StepGuard.__new__(StepGuard)
+    g._inbox, g.generation, g._timeout_s = box, generation, 1.0
+    return g
+
+
+@pytest.mark.parametrize("then, want", [
+    ({"kind": "reform_go", "step": 4, "generation": 1}, "reform_go"),
+    ({"kind": "give_up", "step": 4, "reason": "only 1 of 2 rank(s) got the verdict"}, "give_up"),
+    (None, None),  # nothing more: the rank gives the step up after --step-retry-timeout
+])
+def test_a_reform_is_joined_only_once_the_launcher_confirms_it(
+        then: dict[str, object] | None, want: str | None) -> None:
+    """A REFORM that did not reach every rank is taken back by a GIVE_UP (walk-through 12:
+    the survivor waited in a rendezvous its dead peer never joined); a rank joins only on
+    REFORM_GO, which carries no address: the REFORM's is kept."""
+    box = control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}")
+    try:
+        send(box.name, {"kind": "reform_go", "step": 3, "generation": 1})  # another step's
+        if then is not None:
+            send(box.name, then)
+        got = guard_on(box)._confirmation({**REFORM, "kind": ControlKind.REFORM})
+        if want is None:
+            assert got is None
+        else:
+            assert got is not None and got["kind"] == want
+        if want == "reform_go":
+            assert got is not None and (got["master_port"], got["generation"]) == (29502, 1)
     finally:
         box.close()

@@ -3,8 +3,10 @@
 A rank's StepGuard reports a failed step (STEP_FAILED, with its process group's generation)
 and waits. The first report of a (step, generation) becomes a STEP_FAILED incident for
 policy.ladder.decide; the verdict goes to every rank out of band (AgentAPI.tell):
-REFORM with a fresh rendezvous port and the next generation, or GIVE_UP (the ranks raise,
-and their exit is the next rung's incident). The first STEP_REEXECUTED of that generation
+REFORM with a fresh rendezvous port and the next generation, confirmed by REFORM_GO once
+every running rank got it (taken back by GIVE_UP when one did not: no rank waits in a
+rendezvous a peer never joins), or GIVE_UP (the ranks raise, and their exit is the next
+rung's incident). The first STEP_REEXECUTED of that generation
 ends the incident. Events: StepRetrying, StepReexecuted, StepRetryDowngraded; one recover
 record of type `step_reexecution` per decision.
 """
@@ -110,6 +112,9 @@ class StepRetries:
                 "kind": ControlKind.REFORM.value, "step": step, "generation": generation,
                 "master_addr": addr, "master_port": port}))
             why = None if told >= ranks else f"only {told} of {ranks} rank(s) got the verdict"
+            if why is None:  # every rank has the address: now they may join (worker/step.py)
+                self.agent.tell(Tell(control={"kind": ControlKind.REFORM_GO.value,
+                                              "step": step, "generation": generation}))
         except (LaunchError, OSError) as e:
             why = f"no new rendezvous could be handed out ({e})"
         if why is None:

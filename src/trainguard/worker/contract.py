@@ -279,6 +279,7 @@ class ControlKind(str, Enum):
     on an in-process restart."""
 
     REFORM = "reform"  # re-form the process group at master_addr:master_port, re-run the step
+    REFORM_GO = "reform_go"  # every running rank got the REFORM: join the new group now
     GIVE_UP = "give_up"  # no re-execution: the rank raises the step's error (the next rung)
     RESTART = "restart"  # leave the training function, join the group at the address, re-enter
     NO_RESTART = "no_restart"  # no in-process restart: the rank raises (a process restart)
@@ -296,6 +297,7 @@ CONTROL_FIELDS: dict[ControlKind, dict[str, Field]] = {
         "master_addr": _text(MAX_NAME, required=True),
         "master_port": _int(1, 65_535, required=True),
     },
+    ControlKind.REFORM_GO: {"step": _STEP, "generation": _int(1, MAX_INT32, required=True)},
     ControlKind.GIVE_UP: {"step": _STEP, "reason": _text(MAX_TEXT, required=True)},
     ControlKind.RESTART: {
         "generation": _int(1, MAX_INT32, required=True),

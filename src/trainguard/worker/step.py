@@ -52,9 +52,6 @@ from trainguard.worker.progress import phase
 from trainguard.worker.transient import is_transient
 
 T = TypeVar("T")
-GIVE_UP_LOOK_S = 0.2  # after a REFORM: how long a superseding GIVE_UP is looked for
-
-
 
 class StepGuard:
     """Runs training steps as transactions; see the module docstring."""
@@ -139,25 +136,37 @@ class StepGuard:
             if verdict is not None and verdict["kind"] == ControlKind.RESTART:
                 raise control.RestartRequested(verdict)  # run_resilient re-enters
             if verdict is not None and verdict["kind"] == ControlKind.REFORM:
-                # a REFORM that did not reach every rank is followed at once by a GIVE_UP for
-                # the same step: the ranks that got both raise instead of waiting in a
-                # rendezvous a peer never joins
-                late = self._give_up_for(step)
-                if late is None:
+                # a REFORM is a proposal: the launcher confirms it (REFORM_GO) once every
+                # running rank got it, or takes it back (GIVE_UP), so no rank waits in a
+                # rendezvous that a peer who missed the REFORM never joins
+                verdict = self._confirmation(verdict)
+                if verdict is not None and verdict["kind"] == ControlKind.RESTART:
+                    raise control.RestartRequested(verdict)
+                if verdict is not None and verdict["kind"] == ControlKind.REFORM_GO:
                     self._reform(verdict)
                     return
-                verdict = late
         if verdict is None:
             _say(f"no verdict within {self._timeout_s:g}s: giving step {step} up")
         else:
             _say(f"step {step} is not re-executed: {verdict['reason']}")
         raise error
 
-    def _give_up_for(self, step: int) -> dict[str, Any] | None:
-        """A GIVE_UP of `step` that came with (or right after) its REFORM."""
+    def _confirmation(self, reform: dict[str, Any]) -> dict[str, Any] | None:
+        """The launcher's word on `reform`: REFORM_GO (with the REFORM's address), a GIVE_UP of
+        the step, an in-process restart's RESTART, or None after --step-retry-timeout."""
         assert self._inbox is not None
-        return self._inbox.wait(lambda v: v["kind"] == ControlKind.GIVE_UP
-                                and v.get("step") == step, GIVE_UP_LOOK_S)
+        step, generation = reform.get("step"), reform["generation"]
+
+        def accept(v: dict[str, Any]) -> bool:
+            if v["kind"] == ControlKind.RESTART:
+                return bool(v["generation"] > self.generation)
+            return v.get("step") == step and (
+                v["kind"] == ControlKind.GIVE_UP
+                or (v["kind"] == ControlKind.REFORM_GO and v["generation"] == generation))
+
+        got = self._inbox.wait(accept, self._timeout_s)
+        return {**reform, "kind": ControlKind.REFORM_GO} \
+            if got is not None and got["kind"] == ControlKind.REFORM_GO else got
 
     def _reform(self, v: dict[str, Any]) -> None:
         t0 = time.monotonic()
