@@ -145,7 +145,7 @@ def test_a_lookup_raised_where_a_state_dict_is_loaded_is_the_checkpoints(
 def test_a_lookup_raised_elsewhere_stays_the_codes(tmp_path: Path) -> None:
     text = ("Traceback (most recent call last):\n"
             '  File "train.py", line 12, in <module>\n'
-            "    lr = hparams['learning_rate']\n"
+            "    lr = row['learning_rate']\n"
             "KeyError: 'learning_rate'\n")
     d = diagnose_text(tmp_path, text)
     assert d.category == Category.USER_CODE_ERROR

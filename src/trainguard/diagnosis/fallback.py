@@ -53,6 +53,12 @@ _INDEX = re.compile(r"\bindex (\d+) is out of bounds for (?:dimension|axis) \d+ 
 _SIZES = re.compile(r"sizes? (?:do(?:es)? not|don't) match|size mismatch|must match the size",
                     re.IGNORECASE)
 _OPTIM_STEP = re.compile(r'[/\\]optim[/\\]\w+\.py", line \d+, in (?:step|_\w+)$')
+# a KeyError's missing key, and a source line that reads that key from the run's settings
+# (`config["experiment"]["sample_step"]`, `int(net_options['max_epochs'])`): the
+# configuration lacks a key the code needs (an outdated or incomplete config file)
+_KEY_ERROR = re.compile(r"""^(?:[\w.]+\.)?KeyError: ['"]([\w.-]+)['"]\s*$""")
+_SETTINGS = (r"""\b(?:\w+_)?(?:args|cfg|config|conf|opts?|options|hparams|hyp|params|"""
+             r"""settings)\w*(?:\.\w+)*(?:\[[^\]]*\])*\[\s*['"]{key}['"]\s*\]""")
 _ADVICE = {
     "family": "No rule knows this wording; the line matches the {cat} family (words: "
               "{why}). Check it, and add a rule (rules.yaml) if it is right.",
@@ -140,6 +146,14 @@ def count_mismatch(text: str) -> bool:
     return m is not None and int(m.group(1)) > 0
 
 
+def setting_missing(text: str, src: str) -> bool:
+    """A KeyError whose source line reads the missing key from the run's settings (a
+    mapping named args, cfg, config, options, hparams, params, settings...)."""
+    m = _KEY_ERROR.match(text.strip())
+    return m is not None and re.search(_SETTINGS.format(key=re.escape(m.group(1))), src,
+                                       re.IGNORECASE) is not None
+
+
 def _optimizer_state_mismatch(d: Diagnosis, findings: Sequence[Finding]) -> bool:
     """Sizes that do not match raised inside an optimizer's step (its innermost frame): its
     state (momentum, moments) shaped unlike the parameters comes only from a restored
@@ -162,13 +176,13 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
                             and f.line == ev.line + 1), "")
     scores = fam.scores(text)
     scores.pop(Category.USER_CODE_ERROR, None)
-    if count_mismatch(text):
-        scores[Category.CONFIG_ERROR] = RELABEL_MIN
-    # the source line that raised it (the innermost frame's, the line above) loads a
-    # checkpoint or a state dict (`opt.load_state_dict(ckpt['optimizer'])` -> KeyError):
-    # what was loaded does not hold what the code reads from it
+    # the source line that raised it (the innermost frame's, the line above)
     src = next((f.text for f in findings if f.context and f.file == ev.file
                 and f.line == ev.line - 1), "")
+    if count_mismatch(text) or setting_missing(text, src):
+        scores[Category.CONFIG_ERROR] = RELABEL_MIN
+    # ... loads a checkpoint or a state dict (`opt.load_state_dict(ckpt['optimizer'])` ->
+    # KeyError): what was loaded does not hold what the code reads from it
     ckpt = fam.scores(src).get(Category.CHECKPOINT_LOAD_ERROR, 0.0) if src else 0.0
     if _optimizer_state_mismatch(d, findings):
         ckpt, src = RELABEL_MIN, text
@@ -181,7 +195,8 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
     if score < RELABEL_MIN:
         return d
     domain, restart = fam.defaults[cat]
-    why = fam.words(text, cat) or "a count that does not fit the data or the model"
+    why = fam.words(text, cat) or ("a key the run's settings lack" if setting_missing(
+        text, src) else "a count that does not fit the data or the model")
     return replace(d, category=cat, fault_domain=domain, restart_helps=restart,
                    subcategory=d.subcategory, rule=f"family:{cat.value}",
                    confidence=round(min(d.confidence, 0.3 + 0.08 * score), 2),

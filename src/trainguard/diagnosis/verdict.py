@@ -36,6 +36,8 @@ _SIGABRT = 6
 _MAX_SYMPTOMS = 10
 _RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank[ :=]\s?(\d+)\b|\[rank(\d+)\]")
 _IGNORED_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "BdbQuit")
+# an abort line (a shell's or srun's `Aborted (core dumped)`, SIGABRT), not a segfault
+_ABORT_LINE = re.compile(r"\bAborted\b|\bSIGABRT\b|signal 6\b")
 # where Python reports a SyntaxError (no "Traceback" header, no ", in f"): the scanner keeps
 # it among a log's last lines (context findings), a few lines above the exception
 _COMPILE_SITE = re.compile(r'^File "([^"]+)", line (\d+)$')
@@ -272,6 +274,15 @@ def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],
     explained = {c.rank for c in cands if c.tier <= _TIER[Role.SYMPTOM]
                  and c.finding is not None and c.finding.returncode is None
                  and c.category != Category.OTHER}
+    # an abort line of a rank whose collective timed out is the NCCL watchdog taking the
+    # process down (as an abort's exit notice is, below): the timeout decides, the abort is
+    # one of its symptoms
+    told = {c.rank for c in cands if c.tier <= _TIER[Role.SYMPTOM] and c.finding is not None
+            and c.category == Category.NCCL_TIMEOUT_OR_HANG}
+    cands = [replace(c, tier=_TIER[Role.HINT]) if (
+        c.category == Category.SEGFAULT_OR_ABORT and c.tier == _TIER[Role.WEAK]
+        and c.finding is not None and _ABORT_LINE.search(c.finding.text)
+        and (c.rank in told or (c.rank is None and told))) else c for c in cands]
     for f in seen:
         if f.returncode is not None:
             rank = _rank(f)

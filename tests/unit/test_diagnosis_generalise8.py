@@ -1,0 +1,84 @@
+"""What the analysis reads beyond exact signatures (issue 17, eighth round, after the
+eleventh blind set): a configuration system saying a key does not exist, a KeyError of a key
+read from the run's settings, a shared-memory explanation on the line after a worker's
+death notice, an abort after a collective timeout, and the restart verdicts that follow
+from the whole story. The lines are worded unlike the cases they were learnt from: the
+structure is what is tested."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.helpers import diagnose_text
+from trainguard.diagnosis.taxonomy import Category, RestartHelps
+
+
+@pytest.mark.parametrize("line", [
+    "KeyError: 'Non-existent config key: MODEL.HEAD.NUM_ANCHORS'",
+    "omegaconf_like.ConfigKeyError: Unknown config key 'trainer.max_stepz'",
+    "ValueError: unrecognized configuration option: warmup_ratioo",
+])
+def test_a_config_system_saying_a_key_does_not_exist_is_the_configs(tmp_path: Path,
+                                                                     line: str) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "tools/train.py", line 40, in <module>\n'
+            "    cfg.merge_from_file(args.config_file)\n" + line + "\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.CONFIG_ERROR
+    assert d.restart_helps == RestartHelps.NO
+
+
+@pytest.mark.parametrize("source", [
+    "    warmup = hparams['schedule']['warmup_iters']",
+    "    n = int(model_cfg[\"warmup_iters\"])",
+    "    n = self.opts.sched['warmup_iters']",
+])
+def test_a_key_the_runs_settings_lack_is_the_configs(tmp_path: Path, source: str) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "run.py", line 17, in build\n' + source + "\n"
+            "KeyError: 'warmup_iters'\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.CONFIG_ERROR
+    assert d.evidence is not None and "warmup_iters" in d.evidence.text
+
+
+@pytest.mark.parametrize("source", [
+    # a key read from a batch, a sample or a checkpoint is not a setting
+    "    x = batch['warmup_iters']",
+    # a setting read, but not the key that is missing
+    "    n = cfg['steps'][lookup['warmup_iters']]",
+])
+def test_a_key_missing_elsewhere_stays_the_codes(tmp_path: Path, source: str) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "run.py", line 17, in build\n' + source + "\n"
+            "KeyError: 'warmup_iters'\n")
+    assert diagnose_text(tmp_path, text).category == Category.USER_CODE_ERROR
+
+
+def test_a_worker_notice_cut_before_its_signal_then_shared_memory_named(
+        tmp_path: Path) -> None:
+    text = ("epoch 3 iter 200 loss 0.31\n"
+            "ERROR: DataLoader worker (pid 4411) is killed by signal: \n"
+            "Bus error. Most likely the workers ran out of shared memory (/dev/shm).\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.SHARED_MEMORY
+    assert d.evidence is not None and "shared memory" in d.evidence.text
+
+
+def test_an_abort_after_a_collective_timeout_is_the_hangs(tmp_path: Path) -> None:
+    text = ("step 9000 loss 1.2\n"
+            "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88, "
+            "OpType=BROADCAST, NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for 600012 "
+            "milliseconds before timing out.\n"
+            "srun: error: node17: task 3: Aborted (core dumped)\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.NCCL_TIMEOUT_OR_HANG
+    assert d.evidence is not None and "Watchdog" in d.evidence.text
+
+
+def test_an_abort_with_nothing_before_it_stays_an_abort(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, "step 9000 loss 1.2\nsrun: error: node17: task 3: Aborted "
+                                "(core dumped)\n")
+    assert d.category == Category.SEGFAULT_OR_ABORT
