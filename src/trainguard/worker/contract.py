@@ -291,12 +291,9 @@ class ControlKind(str, Enum):
 
 
 CONTROL_FIELDS: dict[ControlKind, dict[str, Field]] = {
-    ControlKind.REFORM: {
-        "step": _STEP,
-        "generation": _int(1, MAX_INT32, required=True),
-        "master_addr": _text(MAX_NAME, required=True),
-        "master_port": _int(1, 65_535, required=True),
-    },
+    ControlKind.REFORM: {"step": _STEP, "generation": _int(1, MAX_INT32, required=True),
+                         "master_addr": _text(MAX_NAME, required=True),
+                         "master_port": _int(1, 65_535, required=True)},
     ControlKind.REFORM_GO: {"step": _STEP, "generation": _int(1, MAX_INT32, required=True)},
     ControlKind.GIVE_UP: {"step": _STEP, "reason": _text(MAX_TEXT, required=True)},
     ControlKind.RESTART: {
