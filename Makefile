@@ -31,8 +31,12 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
+# two workers (pytest-xdist, one group per test file: tests/conftest.py), then the tests
+# that must run alone (marked serial)
 test: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -m "not long" tests
+	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadgroup \
+		-m "not long and not serial" tests
+	$(BIN)/pytest -q -p no:cacheprovider --durations=10 -m "serial and not long" tests
 
 # the tests marked long: the local-backend twins of scenarios the Slurm tests run in make test
 test-long: $(STAMP)

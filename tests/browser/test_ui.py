@@ -26,7 +26,8 @@ from playwright.sync_api import Page, Route, expect
 from tests.browser.conftest import Job, UiServer, screenshot, wait_for
 from trainguard.ui.catalog import job_id
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.serial]  # UI latencies and a browser beside a second job: alone
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -271,6 +271,7 @@ def jitter(steps: int, base_s: float, extra: float = 9.0, seed: int = 7) -> str:
                     for s in range(1, steps + 1))
 
 
+@pytest.mark.serial  # a second job's load would make its learned cadence a lie
 def test_a_healthy_jittery_quiet_job_with_slow_checkpoints_raises_no_false_alarm(
         tmp_path: Path, job_dir: Path) -> None:
     """Steps of 0.1-1 s at random, a checkpoint every 5 steps that pauses 20 steps, no line
