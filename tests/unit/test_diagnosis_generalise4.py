@@ -87,5 +87,6 @@ def test_an_illegal_instruction_says_no() -> None:
     assert story_restart(d, []).restart_helps == RestartHelps.NO
     other = Diagnosis(Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
                       "x", "advice.", evidence=Evidence("console.log", 1,
-                                                        "Segmentation fault (core dumped)"))
+                                                        "Fatal Python error: Segmentation "
+                                                        "fault"))
     assert story_restart(other, []).restart_helps == RestartHelps.MAYBE

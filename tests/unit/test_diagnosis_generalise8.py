@@ -82,3 +82,34 @@ def test_an_abort_with_nothing_before_it_stays_an_abort(tmp_path: Path) -> None:
     d = diagnose_text(tmp_path, "step 9000 loss 1.2\nsrun: error: node17: task 3: Aborted "
                                 "(core dumped)\n")
     assert d.category == Category.SEGFAULT_OR_ABORT
+
+
+@pytest.mark.parametrize("line", [
+    "Segmentation fault (core dumped)",
+    "  8812 segmentation fault (core dumped)  python main.py --cfg a.yaml",
+    "./run.sh: line 12: 30121 Segmentation fault      (core dumped) python fit.py",
+])
+def test_a_native_crash_only_the_shell_reports_does_not_restart(tmp_path: Path,
+                                                                line: str) -> None:
+    d = diagnose_text(tmp_path, "building vocabulary\nepoch 0 batch 3\n" + line + "\n")
+    assert d.category == Category.SEGFAULT_OR_ABORT
+    assert d.restart_helps == RestartHelps.NO
+
+
+def test_a_crash_that_faulthandler_reports_keeps_maybe(tmp_path: Path) -> None:
+    text = ("epoch 0 batch 3\nFatal Python error: Segmentation fault\n\n"
+            "Current thread 0x00007f (most recent call first):\n"
+            '  File "/opt/lib/python3.10/site-packages/torch/autograd/__init__.py", line 200 '
+            "in backward\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.SEGFAULT_OR_ABORT
+    assert d.restart_helps == RestartHelps.MAYBE
+
+
+def test_a_trackers_error_that_is_no_refusal_is_not_a_no(tmp_path: Path) -> None:
+    # an experiment tracker's error type alone does not say access was denied
+    text = ("wandb: Tracking run with wandb version 0.16.1\n"
+            "wandb.errors.CommError: Timed out waiting for the service after 30 seconds\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.OTHER
+    assert d.restart_helps != RestartHelps.NO

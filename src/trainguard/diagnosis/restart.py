@@ -26,6 +26,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | nccl_communication_error | NCCL says a feature is not supported (P2P/IPC between GPUs) | no |
 | nccl_communication_error | NCCL's socket transport uses a virtual interface (docker, veth) | no |
 | other (a remote service) | the network is unreachable from the machine | no |
+| segfault_or_abort | only the shell reports it (`Segmentation fault (core dumped)`) | no |
 | any other | - | the category's default |
 """
 
@@ -96,6 +97,11 @@ _DATA_PREP = re.compile(r"(?:tokeniz\w*|pre-?process\w*|on dataset|\bmap\b|filte
                         r"grouping texts)[^|\n]{0,60}?\s\d{1,3}%\s*\|", re.IGNORECASE)
 # NCCL's socket transport listing a container's or VM's virtual interface among those it uses
 _VIRTUAL_IF = re.compile(r"^\s*\[\d+\](?:docker\d*|br-[0-9a-f]+|veth\w+|virbr\d*|lo):")
+# a native crash that only the shell reports (`Segmentation fault (core dumped)`, bash's or
+# zsh's job line), with no error of its own before it: the same program on the same inputs
+# crashes at the same point (11 of the 13 such cases of the labelled sets say `no`)
+_SHELL_SEGV = re.compile(r"^(?:\S+: line \d+:\s+)?(?:\d+\s+)?segmentation fault\s+\(core dumped\)",
+                         re.IGNORECASE)
 _MISALIGNED = re.compile(r"\berror\b\W+(?:\w+\W+){0,2}misaligned address", re.IGNORECASE)
 
 
@@ -166,6 +172,10 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
                                          "NCCL_SOCKET_IFNAME to the one the peers share")
     elif cat == Category.OTHER and d.evidence is not None and _NO_ROUTE.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "the machine has no route to the service"
+    elif cat == Category.SEGFAULT_OR_ABORT and d.evidence is not None \
+            and _SHELL_SEGV.search(d.evidence.text.strip()):
+        verdict, why = RestartHelps.NO, ("a native crash with no error before it: the same "
+                                         "program on the same inputs crashes the same way")
     elif cat == Category.NETWORK_OR_RENDEZVOUS and d.evidence is not None \
             and _CONNECT_FAILED.search(d.evidence.text):
         verdict, why = RestartHelps.NO, ("the store's client could not connect to its host at "
