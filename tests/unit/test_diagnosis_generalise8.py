@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.helpers import diagnose_text
+from trainguard.diagnosis.sources import diagnose_paths
 from trainguard.diagnosis.taxonomy import Category, RestartHelps
 
 
@@ -113,3 +114,54 @@ def test_a_trackers_error_that_is_no_refusal_is_not_a_no(tmp_path: Path) -> None
     d = diagnose_text(tmp_path, text)
     assert d.category == Category.OTHER
     assert d.restart_helps != RestartHelps.NO
+
+
+def test_a_traceback_cut_where_the_loader_waits_for_its_workers(tmp_path: Path) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "fit.py", line 71, in <module>\n'
+            "    for images, labels in loader:\n"
+            '  File "/opt/py/site-packages/torch/utils/data/dataloader.py", line 1003, in '
+            "_try_get_data\n"
+            "    data = self._data_queue.get(timeout=timeout)\n"
+            '  File "/usr/lib/python3.8/queue.py", line 179, in get\n'
+            "    self.not_empty.wait(remaining)\n"
+            '  File "/usr/lib/python3.8/threading.py", line 306, in wait\n'
+            "    gotit = waiter.acquire(True, timeout)\n")
+    d = diagnose_text(tmp_path, "epoch 2 it 80\n" + text)
+    assert d.category == Category.DATALOADER_WORKER_CRASH
+
+
+def test_a_traceback_cut_in_another_wait_is_no_loaders(tmp_path: Path) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "serve.py", line 30, in <module>\n'
+            "    job = jobs.get()\n"
+            '  File "/usr/lib/python3.8/queue.py", line 170, in get\n'
+            "    self.not_empty.wait()\n"
+            '  File "/usr/lib/python3.8/threading.py", line 302, in wait\n'
+            "    waiter.acquire()\n")
+    p = tmp_path / "console.log"
+    p.write_text("waiting for jobs\n" + text, encoding="utf-8")
+    d = diagnose_paths([p]).diagnosis
+    assert d is None or d.category != Category.DATALOADER_WORKER_CRASH
+
+
+def test_a_traceback_cut_in_a_writers_code_is_the_storages(tmp_path: Path) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "export.py", line 12, in <module>\n'
+            "    shards.finish()\n"
+            '  File "/opt/py/site-packages/webdataset/shardwriter.py", line 88, in close\n'
+            "    self.tarstream.close()\n")
+    d = diagnose_text(tmp_path, "writing shard 511\n" + text)
+    assert d.category == Category.DISK_FULL_OR_STORAGE_IO
+
+
+def test_a_traceback_cut_where_the_store_is_set_up_is_the_rendezvous(tmp_path: Path) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "main.py", line 9, in <module>\n'
+            "    dist.init_process_group('nccl', init_method=url, rank=r, world_size=w)\n"
+            '  File "/opt/py/site-packages/torch/distributed/rendezvous.py", line 160, in '
+            "_env_rendezvous_handler\n"
+            "    store = _create_c10d_store(master_addr, master_port, rank, world_size, t)\n")
+    d = diagnose_text(tmp_path, "node 1 starting\n" + text)
+    assert d.category == Category.NETWORK_OR_RENDEZVOUS
+    assert d.restart_helps == RestartHelps.YES

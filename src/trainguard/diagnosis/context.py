@@ -24,9 +24,11 @@ _SKIP = ("Traceback (most recent call last)", "File \"", "frame #")  # and C++ s
 # a frame of importlib's loader in faulthandler's stack (`line N in f`, no comma): a native
 # crash came while a module loaded (diagnosis/restart.py); one such line is kept
 _LOADER_FRAME = re.compile(r'^File "<frozen importlib\._bootstrap(?:_external)?>", line \d+ in ')
-# the plumbing of a `with` statement (contextlib's __enter__/__exit__): the frame that
-# entered it, one further out, says where the traceback stopped, so it is kept too
-_WITH_FRAME = re.compile(r'[/\\]contextlib\.py", line \d+, in ')
+# plumbing: a `with` statement's (contextlib's __enter__/__exit__) or a wait's (threading's,
+# queue's): the frame that entered it, one further out, says where the traceback stopped
+# (a `with` that waits for the other ranks, a DataLoader waiting for its workers' batches),
+# so it is kept too
+_WITH_FRAME = re.compile(r'[/\\](?:contextlib|threading|queue)\.py", line \d+, in ')
 
 
 def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole: bool,
