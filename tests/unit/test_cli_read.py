@@ -216,7 +216,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "node_usage",
         "restarts",
         "restarts_by_rung",
-        "budgets",
+        "budgets", "budgets_off",
         "hang", "stopping", "exit_code",
         "launcher",
     }
@@ -224,6 +224,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
     assert doc["node_usage"] == []  # none recorded (a job that ended has none)
     assert (doc["restarts"], doc["restarts_by_rung"]) == (1, {"process_restart": 1})
     assert doc["budgets"]["restarts"] == {"used": 1, "max": 3}
+    assert doc["budgets_off"] == []  # a store from before the rungs in use were recorded
     assert doc["hang"] is None and doc["launcher"] == {"pid": None, "host": None,
                                                        "alive": None}
     assert (doc["state"], doc["attempt"], doc["restarts_used"], doc["max_restarts"]) == (
@@ -445,3 +446,4 @@ def test_report_shows_an_unknown_steps_lost_as_a_dash(
     assert run("report", str(job_dir)) == 0
     out = capsys.readouterr().out
     assert "steps lost -" in out and "None" not in out, out
+

@@ -16,7 +16,8 @@ def test_a_file_given_as_a_job_dir_says_it_is_a_file_and_a_parent_of_jobs_points
         r = tg(cmd, "train.py", cwd=tmp_path)
         assert r.returncode == 2, (cmd, r.stdout, r.stderr)
         assert "train.py is a file, not a job dir; pass the job dir printed by `trainguard " \
-               "run` (`trainguard ls` lists the jobs)" in r.stderr, (cmd, r.stderr)
+               "run` (`trainguard ls DIR` lists the jobs in DIR, ./trainguard-runs by default)" \
+            in r.stderr, (cmd, r.stderr)
     r = tg("ckpt", "ls", "train.py", cwd=tmp_path)
     assert r.returncode == 2 and "train.py is a file, not a directory" in r.stderr, r.stderr
     JobStore.create(tmp_path / "jobs" / "a", "run-a").close()

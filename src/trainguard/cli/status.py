@@ -106,7 +106,8 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     console.print(f"launcher: pid {dash(launcher['pid'])} on {dash(launcher['host'])}{gone}"
                   + ("" if gone or launcher["pid"] is None or doc["stopping"] else
                      f"  (stop the job: trainguard stop {doc['job_dir']})"), highlight=False)
-    budgets = "  ".join(f"{name} {b['used']}/{dash(b['max'])}"
+    budgets = "  ".join(f"{name} off" if name in doc["budgets_off"] else
+                        f"{name} {b['used']}/{dash(b['max'])}"
                         for name, b in doc["budgets"].items())
     console.print(f"budgets: {budgets}", highlight=False)
     if doc["exit_code"] == ExitCode.NO_PROGRESS:
@@ -166,6 +167,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "restarts_used": meta.get("restarts_used"),
         "max_restarts": meta.get("max_restarts"),
         "budgets": _budgets(meta),
+        "budgets_off": _budgets_off(meta),
         "hang": hang,
         "stopping": _stopping(state, launch_events or []),
         "launcher": {"pid": meta.get("launcher_pid"), "host": meta.get("launcher_host"),
@@ -218,6 +220,14 @@ def _budgets(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
     limits = {"max_restarts": meta.get("max_restarts"), **(limits or {})}
     return {name: {"used": int(meta.get(used) or 0), "max": limits.get(limit)}
             for name, used, limit in _BUDGETS}
+
+
+def _budgets_off(meta: dict[str, Any]) -> list[str]:
+    """The budgets of rungs the job does not use (--restart-on-hang, --operator-reexecution
+    off); [] for a store written before they were recorded."""
+    limits = meta.get("budgets")
+    off = limits.get("off") if isinstance(limits, dict) else None
+    return [str(n) for n in off] if isinstance(off, list) else []
 
 
 def _hang(state: str | None, attempt: Any, events: list[Event]) -> dict[str, Any] | None:

@@ -134,8 +134,8 @@ class JobStore(LedgerTables):
             what = (f"{job_dir} is a file, not a job dir" if job_dir.is_file() else
                     f"no trainguard job at {job_dir} (expected {path})")
             fix = (f"it holds job dirs: `trainguard ls {job_dir}` lists them" if holds_job_dirs(
-                job_dir) else "pass the job dir printed by `trainguard run` (`trainguard ls` "
-                "lists the jobs)")
+                job_dir) else "pass the job dir printed by `trainguard run` (`trainguard ls DIR` "
+                "lists the jobs in DIR, ./trainguard-runs by default)")
             raise StoreError(f"{what}; {fix}")
         conn = _connect_readonly(path)
         store = cls(conn, path, readonly=True)
