@@ -225,8 +225,7 @@ def _budgets(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _budgets_off(meta: dict[str, Any]) -> list[str]:
     """The budgets of rungs the job does not use (--restart-on-hang, --operator-reexecution
     off); [] for a store written before they were recorded."""
-    limits = meta.get("budgets")
-    off = limits.get("off") if isinstance(limits, dict) else None
+    off = meta.get("budgets_off")
     return [str(n) for n in off] if isinstance(off, list) else []
 
 

@@ -119,10 +119,10 @@ class Recorder:
             budgets={"max_hang_restarts": HAPolicy.max_hang_restarts,
                      "max_step_retries": self.spec.max_step_retries,
                      "max_pod_reschedules": self.spec.max_pod_reschedules,
-                     "max_job_reschedules": self.spec.max_job_reschedules,
-                     "off": [name for name, on in (
-                         ("hang_restarts_in_a_row", self.spec.restart_on_hang),
-                         ("step_retries", self.spec.operator_reexecution)) if not on]},
+                     "max_job_reschedules": self.spec.max_job_reschedules},
+            budgets_off=[name for name, on in (
+                ("hang_restarts_in_a_row", self.spec.restart_on_hang),
+                ("step_retries", self.spec.operator_reexecution)) if not on],
             created_at=previous.get("created_at") or utcnow().isoformat(),
             exit_code=None, ended_at=None, launcher_pid=os.getpid(),
             log_dir=str(self.paths.log_dir), checkpoint_dir=str(self.paths.checkpoint_dir),
