@@ -165,3 +165,15 @@ def test_a_traceback_cut_where_the_store_is_set_up_is_the_rendezvous(tmp_path: P
     d = diagnose_text(tmp_path, "node 1 starting\n" + text)
     assert d.category == Category.NETWORK_OR_RENDEZVOUS
     assert d.restart_helps == RestartHelps.YES
+
+
+def test_a_traceback_cut_anywhere_still_gets_an_answer(tmp_path: Path) -> None:
+    # a traceback the log ends in, cut before its exception line, is an error shown:
+    # never no answer, and the innermost frame is the deciding line
+    text = ("Traceback (most recent call last):\n"
+            '  File "render.py", line 210, in <module>\n'
+            "    main(opts)\n"
+            '  File "render.py", line 185, in main\n'
+            "    img = shade(mesh, lights)\n")
+    d = diagnose_text(tmp_path, "frame 12/300\n" + text)
+    assert d.evidence is not None and "line 185, in main" in d.evidence.text

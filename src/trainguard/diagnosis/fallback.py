@@ -36,9 +36,12 @@ MODEL_MIN = 0.99
 WEAK = 0.45  # a verdict below this confidence is weak (hints, bare exits, `other`)
 GENERIC = 0.6  # a generic exception at least this sure is relabelled, not replaced
 # a context line that shows an error although no rule or exception pattern took it
-# (or an exception's message quoted without its type: `'str' object has no attribute 'size'`)
+# (or an exception's message quoted without its type: `'str' object has no attribute 'size'`;
+# or the innermost frame of a traceback the log ends in, cut before its exception line: the
+# only frames kept as context)
 _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort(?:ed)?|panic|"
                        r"critical)\b|[a-z](?:Error|Exception)\b|^Traceback \(most recent call"
+                       r'|^File "[^"]+", line \d+, in \S+$'
                        r"|\bobject (?:has no attribute|is not (?:callable|subscriptable|iterable))",
                        re.IGNORECASE)
 # two shapes an operation compared: the target's and the input's, or two tensors' sizes at
