@@ -177,3 +177,12 @@ def test_a_traceback_cut_anywhere_still_gets_an_answer(tmp_path: Path) -> None:
             "    img = shade(mesh, lights)\n")
     d = diagnose_text(tmp_path, "frame 12/300\n" + text)
     assert d.evidence is not None and "line 185, in main" in d.evidence.text
+
+
+def test_gloo_that_cannot_connect_its_mesh_does_not_restart(tmp_path: Path) -> None:
+    text = ("initializing process group on 2 nodes\n"
+            "[E1203 11:02:03.1 ProcessGroupGloo.cpp:143] Gloo connectFullMesh failed with "
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.NETWORK_OR_RENDEZVOUS
+    assert d.restart_helps == RestartHelps.NO

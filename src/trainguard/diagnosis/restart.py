@@ -19,6 +19,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | network_or_rendezvous | an address in 0.0.0.0/8 (a number read as a host: 0.0.0.5) | no |
 | network_or_rendezvous | more workers reached the store than the world has (stale) | no |
 | network_or_rendezvous | a store client failed to connect (not: timed out waiting) | no |
+| network_or_rendezvous | gloo could not connect its full mesh (the interface it picked) | no |
 | cuda_kernel_error | the error is a misaligned address (the inputs' layout decides it) | no |
 | segfault_or_abort | an illegal instruction (SIGILL: a build for another CPU) | no |
 | segfault_or_abort | the crash's stack is inside an import (importlib's loader frames) | no |
@@ -102,6 +103,9 @@ _VIRTUAL_IF = re.compile(r"^\s*\[\d+\](?:docker\d*|br-[0-9a-f]+|veth\w+|virbr\d*
 # crashes at the same point (11 of the 13 such cases of the labelled sets say `no`)
 _SHELL_SEGV = re.compile(r"^(?:\S+: line \d+:\s+)?(?:\d+\s+)?segmentation fault\s+\(core dumped\)",
                          re.IGNORECASE)
+# gloo that could not build its full mesh when the process group was set up ("connectFullMesh
+# failed"): the interface it picked does not reach the peers, and a rerun picks the same
+_GLOO_MESH = re.compile(r"connectFullMesh failed", re.IGNORECASE)
 _MISALIGNED = re.compile(r"\berror\b\W+(?:\w+\W+){0,2}misaligned address", re.IGNORECASE)
 
 
@@ -180,6 +184,10 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
             and _CONNECT_FAILED.search(d.evidence.text):
         verdict, why = RestartHelps.NO, ("the store's client could not connect to its host at "
                                          "all: the address, port or a firewall is wrong")
+    elif cat == Category.NETWORK_OR_RENDEZVOUS and d.evidence is not None \
+            and _GLOO_MESH.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, ("gloo could not connect its mesh: set "
+                                         "GLOO_SOCKET_IFNAME to the interface the peers share")
     elif cat == Category.NETWORK_OR_RENDEZVOUS and _stale(findings):
         verdict, why = RestartHelps.NO, ("more workers reached the store than the world has: "
                                          "a stale rendezvous key or file")
