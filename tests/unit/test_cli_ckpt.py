@@ -246,3 +246,20 @@ def test_ckpt_ls_names_a_save_that_did_not_finish(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "no checkpoints at" in r.stdout
     assert "1 save(s) did not finish (.tmp-step-000000010-tg-72d12749-0-58561)" in r.stderr
+
+
+def test_ckpt_verify_of_a_corrupt_newest_step_names_why_and_the_newest_valid_step(
+        tmp_path: Path) -> None:
+    """Walk-through 17: exit 1 and a REASON column, but no line saying what a resume loads."""
+    save_steps(tmp_path / "c")
+    data = next(p for p in (tmp_path / "c" / "step-000000030").iterdir()
+                if p.name != "manifest.json")
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    r = tg("ckpt", "verify", str(tmp_path / "c"))
+    assert r.returncode == 1, r.stderr
+    assert f"step 30 is corrupt ({data.name}: checksum differs from the manifest); the " \
+           "newest valid step is 20: a resume loads it" in r.stderr, r.stderr
+    r = tg("ckpt", "verify", str(tmp_path / "c"), "--step", "30")
+    assert r.returncode == 1 and "step 30 is corrupt" in r.stderr and "newest" not in r.stderr

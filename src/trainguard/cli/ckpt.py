@@ -208,11 +208,24 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
                       file=sys.stderr)
             return ExitCode.NOT_VALID
         if docs[0]["status"] != Status.VALID.value:
+            if not ns.json:
+                _say_not_valid(docs)
             return ExitCode.NOT_VALID
         if not ns.json:
             print(f"step {docs[0]['step']} is valid: {plural(docs[0].get('files', 0), 'data file')}"
                   ", every checksum matches the manifest")
     return ExitCode.SUCCESS
+
+
+def _say_not_valid(docs: list[dict[str, Any]]) -> None:
+    """The verdict under the table when the newest (or the asked) step is not valid."""
+    sys.stdout.flush()
+    bad = docs[0]
+    good = next((d["step"] for d in docs[1:] if d["status"] == Status.VALID.value), None)
+    then = ("" if len(docs) == 1 else f"; the newest valid step is {good}: a resume loads it"
+            if good is not None else "; no step here is valid: a resume starts over")
+    print(f"step {bad['step']} is {bad['status']} ({bad['reason'] or 'no reason given'}){then}",
+          file=sys.stderr)
 
 
 DATA_FILES_NOTE = ("DATA FILES and SIZE: the files the manifest lists with their checksums\n"
