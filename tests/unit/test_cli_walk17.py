@@ -25,3 +25,22 @@ def test_status_says_a_budget_is_off_when_the_job_does_not_use_its_rung(
     assert r.returncode == 0, r.stderr
     doc = json.loads(tg("status", "j", "--json", cwd=tmp_path).stdout)
     assert doc["budgets_off"] == ["step_retries"]
+
+
+def test_ui_of_a_dir_without_a_job_says_so_at_start(tmp_path: Path) -> None:
+    """A typo'd job dir was listed and served without a word on the console."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "trainguard", "ui", str(tmp_path / "nothere"),
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert "1 job(s) at http://127.0.0.1:" in proc.stdout.readline()
+        note = proc.stderr.readline()
+        assert f"note: no trainguard job at {tmp_path / 'nothere'} yet" in note, note
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -10,6 +10,7 @@ from typing import TextIO
 
 import uvicorn
 
+from trainguard.controller.store import DB_NAME
 from trainguard.ui.app import create_app
 from trainguard.ui.auth import is_loopback
 from trainguard.ui.catalog import Catalog
@@ -52,6 +53,11 @@ def serve(catalog: Catalog, host: str, port: int, token: str | None,
     count = len(catalog.jobs())
     print(f"trainguard ui: {count} job(s) at {url_of(sock, host, token)}", file=out,
           flush=True)
+    for d in catalog.dirs:
+        if not (d / DB_NAME).is_file():  # a typo would go unnoticed in a row of the page
+            print(f"trainguard ui: note: no trainguard job at {d} yet (no {DB_NAME}): listed, "
+                  "and shown once a job runs there; check the path if you meant a job that "
+                  "ran", file=sys.stderr, flush=True)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
