@@ -22,7 +22,7 @@ CASES = load_cases()
 # measured blind on 2026-12-02, then tuned on in issue 17's fifth round; heldout9/ was
 # measured blind on 2026-12-03, then tuned on in the sixth round; heldout10/ was measured
 # blind at the end of the sixth round, then tuned on in the seventh; heldout11/ was measured
-# blind at the end of the seventh round)
+# blind at the end of the seventh round, then tuned on in the eighth)
 HELDOUT_SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
                 "heldout7", "heldout8", "heldout9", "heldout10", "heldout11")
 HELDOUT = [c for name in HELDOUT_SETS for c in load_cases(CORPUS.parent / name)]
