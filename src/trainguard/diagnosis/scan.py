@@ -339,10 +339,13 @@ class FileScan:
         frame = user[-1] if user else None
         at, inherited = self._time(getattr(pre, "at", None), text)
         rule = self.trigger.match(text, is_exception=True)
+        # a launcher's exception can be an exit notice too (`CalledProcessError: ... died
+        # with <Signals.SIGKILL: 9>`): the child's signal is what it says
+        code = _exit_code(text)[1]
         self._add(Finding(
             file=self.name, line=line_no, offset=offset, text=text[:MAX_TEXT], rank=rank,
             node=getattr(pre, "node", None), at=at, at_inherited=inherited,
-            rule=rule.id if rule else None,
+            rule=rule.id if rule else None, returncode=code,
             exc_type=exc.group(1) if exc else text.split(":", 1)[0][:200], traceback=True,
             # the path as the traceback printed it: one the user can open
             frame=None if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}",

@@ -1,0 +1,32 @@
+"""What the analysis reads beyond exact signatures (issue 17, ninth round, after the twelfth
+blind set): a launcher's exception that reports its child's signal, ... The lines are worded
+unlike the cases they were learnt from: the structure is what is tested."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.helpers import diagnose_text
+from trainguard.diagnosis.taxonomy import Category, RestartHelps
+
+
+@pytest.mark.parametrize("launcher", [
+    '  File "/opt/venv/lib/python3.11/site-packages/accelerate/commands/launch.py", line 600,'
+    " in simple_launcher\n",
+    '  File "/usr/lib/python3.8/site-packages/torch/distributed/launch.py", line 250, in main\n',
+])
+def test_a_launchers_exception_that_reports_a_sigkill_is_an_exit_notice(
+        tmp_path: Path, launcher: str) -> None:
+    # the child died of SIGKILL while loading its weights: no Python error of its own, so
+    # the kernel's OOM killer, not the checkpoint the progress line names
+    text = ("Loading checkpoint shards:  50%|#####     | 1/2 [00:31<00:31]\n"
+            "Traceback (most recent call last):\n" + launcher +
+            "    raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)\n"
+            "subprocess.CalledProcessError: Command '['/usr/bin/python', 'finetune.py', "
+            "'--resume_from', 'ckpt/last.pt']' died with <Signals.SIGKILL: 9>.\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.HOST_OOM
+    assert d.restart_helps == RestartHelps.MAYBE
+    assert d.evidence is not None and "SIGKILL" in d.evidence.text
