@@ -30,3 +30,20 @@ def test_a_launchers_exception_that_reports_a_sigkill_is_an_exit_notice(
     assert d.category == Category.HOST_OOM
     assert d.restart_helps == RestartHelps.MAYBE
     assert d.evidence is not None and "SIGKILL" in d.evidence.text
+
+
+@pytest.mark.parametrize("line", [
+    "torch.distributed.elastic.multiprocessing.api.SignalException",
+    "[rank0]: torch.distributed.elastic.multiprocessing.api.SignalException: Process 77 got "
+    "signal: 15",
+])
+def test_elastics_signal_exception_alone_is_a_kill_from_outside(tmp_path: Path,
+                                                                 line: str) -> None:
+    # the agent raises it only when a signal reached it (a closed terminal, a scheduler)
+    text = ("epoch 3 step 1200 loss 1.873\n"
+            "Traceback (most recent call last):\n"
+            '  File "/usr/bin/torchrun", line 8, in <module>\n'
+            "    sys.exit(main())\n" + line + "\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.KILLED_BY_SIGNAL_UNKNOWN
+    assert d.restart_helps == RestartHelps.YES
