@@ -47,3 +47,26 @@ def test_elastics_signal_exception_alone_is_a_kill_from_outside(tmp_path: Path,
     d = diagnose_text(tmp_path, text)
     assert d.category == Category.KILLED_BY_SIGNAL_UNKNOWN
     assert d.restart_helps == RestartHelps.YES
+
+
+@pytest.mark.parametrize("line", [
+    "ConnectionError: Tried to launch distributed communication on port `29511`, but another "
+    "process is utilizing it. Please specify a different port.",
+    "RuntimeError: cannot start the rendezvous server: port 6000 is being used by pid 4242",
+])
+def test_a_numbered_port_another_process_holds_is_a_port_conflict(tmp_path: Path,
+                                                                   line: str) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "/opt/venv/lib/python3.11/site-packages/launcher/cli.py", line 88, in run\n'
+            "    raise ConnectionError(msg)\n" + line + "\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.PORT_CONFLICT
+    assert d.restart_helps == RestartHelps.YES
+
+
+def test_a_port_number_without_another_holder_is_no_port_conflict(tmp_path: Path) -> None:
+    text = ("Traceback (most recent call last):\n"
+            '  File "serve.py", line 12, in <module>\n'
+            "    check(cfg)\n"
+            "ValueError: port 29500 must be given as an integer, got '29500'\n")
+    assert diagnose_text(tmp_path, text).category != Category.PORT_CONFLICT
