@@ -70,3 +70,22 @@ def test_a_port_number_without_another_holder_is_no_port_conflict(tmp_path: Path
             "    check(cfg)\n"
             "ValueError: port 29500 must be given as an integer, got '29500'\n")
     assert diagnose_text(tmp_path, text).category != Category.PORT_CONFLICT
+
+
+def test_nccls_system_error_takes_the_shared_memory_call_that_failed(tmp_path: Path) -> None:
+    # the generic error comes first in the paste; the WARN line says which call failed
+    text = ("[rank1]: torch.distributed.DistBackendError: NCCL error in: "
+            "/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system "
+            "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5\n"
+            "node3:811:902 [1] misc/shmutils.cc:72 NCCL WARN Error while creating shared memory "
+            "segment /dev/shm/nccl-Qx81aP (size 9637888)\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.SHARED_MEMORY
+    assert d.evidence is not None and "shared memory segment" in d.evidence.text
+
+
+def test_nccls_system_error_with_a_socket_warn_stays_communication(tmp_path: Path) -> None:
+    text = ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n"
+            "node3:811:902 [1] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
+            "10.0.0.7<41233> failed : Connection refused\n")
+    assert diagnose_text(tmp_path, text).category == Category.NCCL_COMMUNICATION_ERROR
