@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.helpers import diagnose_text
+from trainguard.diagnosis.sources import diagnose_paths
 from trainguard.diagnosis.taxonomy import Category, RestartHelps
 
 
@@ -89,3 +90,27 @@ def test_nccls_system_error_with_a_socket_warn_stays_communication(tmp_path: Pat
             "node3:811:902 [1] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
             "10.0.0.7<41233> failed : Connection refused\n")
     assert diagnose_text(tmp_path, text).category == Category.NCCL_COMMUNICATION_ERROR
+
+
+@pytest.mark.parametrize("reading", [
+    "[INFO] [utils.py:840:see_memory_usage] CPU Virtual Memory:  used = 61.2 GB, percent = 97.4%",
+    "step 40 | host RAM usage 93% (119.0/128.0 GB) | 2.1 it/s",
+])
+def test_host_memory_nearly_full_when_the_log_stops_is_host_oom(tmp_path: Path,
+                                                                 reading: str) -> None:
+    text = ("[INFO] building the optimizer\n"
+            "[INFO] CPU Virtual Memory:  used = 30.1 GB, percent = 48.0%\n"
+            + reading + "\n[INFO] initializing optimizer states\n")
+    d = diagnose_text(tmp_path, text)
+    assert d is not None and d.category == Category.HOST_OOM
+    assert d.evidence is not None and "%" in d.evidence.text
+
+
+def test_host_memory_with_room_left_is_no_oom(tmp_path: Path) -> None:
+    text = ("[INFO] CPU Virtual Memory:  used = 30.1 GB, percent = 48.0%\n"
+            "[INFO] CPU Virtual Memory:  used = 40.9 GB, percent = 61.5%\n"
+            "[INFO] initializing optimizer states\n")
+    p = tmp_path / "console.log"
+    p.write_text(text, encoding="utf-8")
+    d = diagnose_paths([p]).diagnosis
+    assert d is None or d.category != Category.HOST_OOM

@@ -28,7 +28,7 @@ from trainguard.diagnosis.families import Families, best_line, load_families
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.learned import Model, load_model, predict
 from trainguard.diagnosis.taxonomy import Category, Culprit, Diagnosis, Evidence
-from trainguard.diagnosis.trend import memory_growth
+from trainguard.diagnosis.trend import memory_full, memory_growth
 
 FAMILY_MIN = 2.5
 RELABEL_MIN = 2.9
@@ -70,6 +70,9 @@ _ADVICE = {
     "trend": "The job's host memory grew from {why} and the log stops with no error: most "
              "likely the kernel's OOM killer (check dmesg); find what grows (caches, "
              "leaks, workers) or use a bigger node.",
+    "full": "The job's host memory was {why} used when the log stops with no error: most "
+            "likely the kernel's OOM killer (check dmesg); lower host memory (offload, "
+            "workers, caches) or use a bigger node.",
     "model": "No rule knows this wording; the trained model reads it as {cat} (its words: "
              "{why}). Check it, and add a rule (rules.yaml) if it is right.",
 }
@@ -99,7 +102,7 @@ def _answer(f: Finding, cat: Category, conf: float, how: str, why: str,
         isolate_node=cat == Category.GPU_HARDWARE,  # its words name the machine
         confidence=round(conf, 2), subcategory="fallback",
         rule={"family": f"family:{cat.value}", "trend": f"family:{cat.value}",
-              "model": "model"}.get(how, "fallback"),
+              "full": f"family:{cat.value}", "model": "model"}.get(how, "fallback"),
         from_log=True)
 
 
@@ -236,12 +239,16 @@ def refine(d: Diagnosis | None, findings: Sequence[Finding], *,
     mdl = (model or load_model()) if use_model and (visible or d is not None) else None
     reread = d.rule if d is not None and d.category == Category.OTHER else None
     alt = _fallback(lines, fam, mdl, visible and d is None, reread)
-    if alt is None and d is None:  # nothing printed why: host memory that grew to the end
-        grew = memory_growth([f.text for f in lines])
+    if alt is None and d is None:  # nothing printed why: host memory grown or full at the end
+        texts = [f.text for f in lines]
+        grew = memory_growth(texts)
+        full = memory_full(texts) if grew is None else None
         if grew is not None:
             at, first, peak = grew
             alt = _answer(lines[at], Category.HOST_OOM, 0.4, "trend",
                           f"{first:.1f} to {peak:.1f} GiB", fam)
+        elif full is not None:
+            alt = _answer(lines[full[0]], Category.HOST_OOM, 0.4, "full", f"{full[1]:g}%", fam)
     if alt is None or (d is not None and (alt.category == d.category
                                           or alt.confidence <= d.confidence)):
         return d
