@@ -114,3 +114,21 @@ def test_host_memory_with_room_left_is_no_oom(tmp_path: Path) -> None:
     p.write_text(text, encoding="utf-8")
     d = diagnose_paths([p]).diagnosis
     assert d is None or d.category != Category.HOST_OOM
+
+
+@pytest.mark.parametrize("exc", ["OSError", "PIL.UnidentifiedImageError"])
+def test_a_data_file_a_worker_cannot_read_is_the_loaders(tmp_path: Path, exc: str) -> None:
+    kind = exc.rsplit(".", 1)[-1]
+    text = (f"{exc}: Caught {kind} in DataLoader worker process 5.\n"
+            "Original Traceback (most recent call last):\n"
+            '  File "/data/ds.py", line 31, in __getitem__\n'
+            "    img = Image.open(path).convert('RGB')\n"
+            f"{kind}: broken data stream when reading image file\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.DATALOADER_WORKER_CRASH
+    assert d.restart_helps == RestartHelps.NO
+
+
+def test_another_exception_caught_in_a_worker_stays_the_datasets_code(tmp_path: Path) -> None:
+    text = "IndexError: Caught IndexError in DataLoader worker process 1.\n"
+    assert diagnose_text(tmp_path, text).category == Category.USER_CODE_ERROR
