@@ -132,3 +132,13 @@ def test_a_data_file_a_worker_cannot_read_is_the_loaders(tmp_path: Path, exc: st
 def test_another_exception_caught_in_a_worker_stays_the_datasets_code(tmp_path: Path) -> None:
     text = "IndexError: Caught IndexError in DataLoader worker process 1.\n"
     assert diagnose_text(tmp_path, text).category == Category.USER_CODE_ERROR
+
+
+@pytest.mark.parametrize("line", [
+    "hccl fftsplus task timeout occurred during task execution, stream_id:3, timeout=1836s.",
+    "[ERROR] HCCL(4412,python):2025-01-02-10:11:12 the HCCL task timeout on stream 12",
+])
+def test_an_hccl_task_timeout_is_the_collectives_hang(tmp_path: Path, line: str) -> None:
+    text = "The error from device(chipId:3, dieId:0), serial number is 9,\n" + line + "\n"
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.NCCL_TIMEOUT_OR_HANG
