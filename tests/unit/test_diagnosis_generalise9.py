@@ -142,3 +142,15 @@ def test_an_hccl_task_timeout_is_the_collectives_hang(tmp_path: Path, line: str)
     text = "The error from device(chipId:3, dieId:0), serial number is 9,\n" + line + "\n"
     d = diagnose_text(tmp_path, text)
     assert d.category == Category.NCCL_TIMEOUT_OR_HANG
+
+
+def test_a_socket_of_an_address_family_the_machine_lacks_does_not_restart(
+        tmp_path: Path) -> None:
+    # NCCL's generic error first, then the WARN that names the call that failed
+    text = ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n"
+            "worker-2:88:88 [3] misc/socket.cc:401 NCCL WARN Net : Socket creation failed : "
+            "Address family not supported by protocol\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.NETWORK_OR_RENDEZVOUS
+    assert d.restart_helps == RestartHelps.NO
+    assert d.evidence is not None and "Address family" in d.evidence.text
