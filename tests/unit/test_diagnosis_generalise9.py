@@ -154,3 +154,15 @@ def test_a_socket_of_an_address_family_the_machine_lacks_does_not_restart(
     assert d.category == Category.NETWORK_OR_RENDEZVOUS
     assert d.restart_helps == RestartHelps.NO
     assert d.evidence is not None and "Address family" in d.evidence.text
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_two_tensors_sizes_at_one_dimension_are_the_codes(tmp_path: Path, dim: int) -> None:
+    # both such cases of the labelled sets are user_code_error (a Target size that differs
+    # in one class dimension stays the config's: tests/unit/test_diagnosis_generalise5.py)
+    text = ("Traceback (most recent call last):\n  File \"model.py\", line 51, in forward\n"
+            "    h = x + self.pos\n"
+            f"RuntimeError: The size of tensor a (80) must match the size of tensor b (91) at "
+            f"non-singleton dimension {dim}\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.USER_CODE_ERROR

@@ -44,12 +44,11 @@ _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort
                        r'|^File "[^"]+", line \d+, in \S+$'
                        r"|\bobject (?:has no attribute|is not (?:callable|subscriptable|iterable))",
                        re.IGNORECASE)
-# two shapes an operation compared: the target's and the input's, or two tensors' sizes at
-# one dimension
+# two shapes an operation compared: the target's and the input's (two tensors' sizes at one
+# dimension, `must match the size of tensor b ... at non-singleton dimension 1`, are the
+# code's: both such cases of the sets are labelled user_code_error)
 _SHAPES = re.compile(r"[Tt]arget size \((?:torch\.Size\()?\[([\d, ]*)\]\)?\) must be the same as "
                      r"input size \((?:torch\.Size\()?\[([\d, ]*)\]")
-_DIM = re.compile(r"size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at "
-                  r"non-singleton dimension (\d+)")
 # an index that is exactly the size of its dimension: one more class or token than the count
 # the configuration sets (`index 18864 is out of bounds for dimension 1 with size 18864`)
 _INDEX = re.compile(r"\bindex (\d+) is out of bounds for (?:dimension|axis) \d+ with size (\d+)")
@@ -148,8 +147,7 @@ def count_mismatch(text: str) -> bool:
         a, b = ([int(n) for n in g.split(",") if n.strip()] for g in m.groups())
         diff = [i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
         return len(a) == len(b) > 1 and len(diff) == 1 and diff[0] > 0
-    m = _DIM.search(text)
-    return m is not None and int(m.group(1)) > 0
+    return False
 
 
 def setting_missing(text: str, src: str) -> bool:
