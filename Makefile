@@ -31,10 +31,10 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
-# two workers (pytest-xdist, one group per test file: tests/conftest.py), then the tests
+# two pytest-xdist workers, a test file at a time on one (tests/conftest.py), then the tests
 # that must run alone (marked serial)
 test: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadgroup \
+	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadfile \
 		-m "not long and not serial" tests
 	$(BIN)/pytest -q -p no:cacheprovider --durations=10 -m "serial and not long" tests
 

@@ -1,8 +1,9 @@
-"""How `make test` spreads the suite over two pytest-xdist workers (`-n 2 --dist loadgroup`).
+"""Settings for every test.
 
-Each test file is one group, so a file's tests run in order on one worker and its module and
-session fixtures are built once; the multi-node files share one group (one Slurm cluster per
-worker, and only one apt-get at a time). Tests marked `serial` (timing-sensitive under a
+`make test` spreads the suite over two pytest-xdist workers with `--dist loadfile`: a test
+file's tests run in order on one worker and its module and session fixtures are built once
+per worker. (`--dist loadgroup` does not group with pytest 9.2: xdist 3.8 renames items
+through an attribute pytest no longer reads.) Tests marked `serial` (timing-sensitive under a
 second job's load: the chaos run, the hang false-alarm run, the browser) are left out of the
 parallel run and run alone after it (the Makefile's second pytest call).
 
@@ -15,14 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        group = "multinode" if path.startswith("tests/multinode/") else path
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import subprocess
 import tempfile
 import time
@@ -16,24 +18,37 @@ from tests.multinode.slurm_cluster import ClusterError, SlurmCluster, ensure_ins
 
 # slurmstepd listens on <spool>/<node>/<node>_<job>.<step>: a unix socket path (< 108 bytes)
 MAX_BASE_LEN = 60
+# two pytest-xdist workers may each start a cluster: one apt-get and one munged start at a time
+SETUP_LOCK = Path(tempfile.gettempdir()) / "trainguard-tests-slurm-setup.lock"
+
+
+@contextlib.contextmanager
+def _setup_lock() -> Iterator[None]:
+    with SETUP_LOCK.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A started cluster n1..n3 (2 CPUs each); fails the tests (never skips) if it cannot."""
-    try:
-        ensure_installed()
-    except ClusterError as e:
-        pytest.fail(f"cannot install Slurm for the multi-node tests: {e}", pytrace=False)
-    base = tmp_path_factory.mktemp("slurm")
-    if len(str(base)) > MAX_BASE_LEN:
-        base = Path(tempfile.mkdtemp(prefix="tg-slurm-", dir="/tmp"))
-    cluster = SlurmCluster(base)
-    try:
-        cluster.start()
-    except (ClusterError, OSError) as e:
-        cluster.stop()
-        pytest.fail(f"cannot start the Slurm test cluster in {base}: {e}", pytrace=False)
+    with _setup_lock():
+        try:
+            ensure_installed()
+        except ClusterError as e:
+            pytest.fail(f"cannot install Slurm for the multi-node tests: {e}", pytrace=False)
+        base = tmp_path_factory.mktemp("slurm")
+        if len(str(base)) > MAX_BASE_LEN:
+            base = Path(tempfile.mkdtemp(prefix="tg-slurm-", dir="/tmp"))
+        cluster = SlurmCluster(base)
+        try:
+            cluster.start()
+        except (ClusterError, OSError) as e:
+            cluster.stop()
+            pytest.fail(f"cannot start the Slurm test cluster in {base}: {e}", pytrace=False)
     try:
         yield cluster
     finally:
