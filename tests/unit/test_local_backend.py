@@ -32,9 +32,19 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def start(procs: list[subprocess.Popen[bytes]], *argv: str) -> subprocess.Popen[bytes]:
+    """The process once it runs its own command: between fork and exec it still shows this
+    one's command line and group (CI under load adopted it there and found no agent)."""
     p = subprocess.Popen([sys.executable, "-c", SLEEP, *argv], start_new_session=True)
     procs.append(p)
-    return p
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if SLEEP in psutil.Process(p.pid).cmdline() and os.getpgid(p.pid) == p.pid:
+                return p
+        except (psutil.Error, OSError):
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"pid {p.pid} did not exec its command within 30 s")
 
 
 def test_a_reused_pid_leading_a_group_is_never_killed(

@@ -36,7 +36,7 @@ from trainguard.paths import HANG_FILE, stacks_dir
 from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, Progress, StackDump
 from trainguard.records import FaultScenario, Level, Reason, rank_list, utcnow
 from trainguard.states import WorkerState
-from trainguard.worker.contract import EXIT_SAVE_PHASE
+from trainguard.worker.contract import EXIT_SAVE_PHASE, EXITING_PHASE
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,9 @@ class HangWatch:
             return None
         now = report.at  # the node's clock, as the liveness times it reports
         ending = job_ending(report) or self._ending
-        if self._ending is None and any(rl.phase == EXIT_SAVE_PHASE for rl in report.liveness):
-            self._ending = ending  # sticky: the rank exits (its teardown) after its save
+        if self._ending is None and any(rl.phase in (EXIT_SAVE_PHASE, EXITING_PHASE)
+                                        for rl in report.liveness):
+            self._ending = ending  # sticky: the rank's teardown goes on until it exits
         v = self.detector.observe(report.liveness, now, ending=ending)
         before, self._state = self._state, v.state
         if v.state == HangState.OK and before != HangState.OK:
@@ -185,8 +186,11 @@ def job_ending(report: NodeReport) -> str | None:
     # a rank saving its last step on its way out (an error, or a stop): its peers wait in a
     # collective for it until it exits and the launcher acts
     leaving = [rl.rank for rl in report.liveness if rl.phase == EXIT_SAVE_PHASE]
-    return f"rank(s) {rank_list(leaving)} saving a checkpoint on the way out" if leaving \
-        else None
+    if leaving:
+        return f"rank(s) {rank_list(leaving)} saving a checkpoint on the way out"
+    # a rank whose script returned or raised: its interpreter tears down (torch: seconds)
+    exiting = [rl.rank for rl in report.liveness if rl.phase == EXITING_PHASE]
+    return f"rank(s) {rank_list(exiting)} exiting their interpreter" if exiting else None
 
 
 def ending_in(dumps: list[StackDump], stacks: dict[int, RankStack]) -> str | None:

@@ -118,8 +118,9 @@ class PhaseState(str, Enum):
 SOURCE_MEMORY = "memory"  # the ranks' memory snapshots (the node's shared memory)
 SOURCE_STORAGE = "storage"  # the checkpoint location
 SOURCE_PEER = "peer"  # a buddy node's copy of the rank's memory snapshot (a pod-level move)
-# the phase a rank's on-exit save runs in (checkpoint/exit_save.py): the attempt is ending
-EXIT_SAVE_PHASE = "checkpoint on the way out"
+# phases that mean the attempt is ending: a rank's on-exit save (checkpoint/exit_save.py), and
+# its interpreter's exit once the script returned or raised (worker/progress.py)
+EXIT_SAVE_PHASE, EXITING_PHASE = "checkpoint on the way out", "interpreter exit"
 
 AGENT_ONLY = frozenset({MessageKind.LOG_WRITE_FAILED})  # a datagram of these kinds is dropped
 

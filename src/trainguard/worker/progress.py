@@ -27,6 +27,8 @@ Messages (JSON datagrams through trainguard.worker.channel; each also carries `k
   by a background thread, if no later call sent a step first (and at interpreter exit if
   the interval has not ended yet): the last step reported always arrives, so the step the
   agent knows lags the script's by at most 0.2 s even when the script then sleeps or ends.
+  At interpreter exit a script that used these opens the phase `interpreter exit`
+  (EXITING_PHASE), never closed: the launcher reads its teardown as the attempt ending.
 - `phase`: `name`, `state` ("begin" or "end"), `timeout_s` (float or None), `depth` (1 for
   the outermost phase open in the sending thread, 2 for one nested in it...) and `seq` (per
   process, the same on a phase's begin and end, to pair them). An end also carries `ok`:
@@ -57,6 +59,7 @@ from types import TracebackType
 
 from trainguard.worker import channel
 from trainguard.worker.contract import (
+    EXITING_PHASE,
     MAX_METRIC,
     MAX_NAME,
     MAX_SECONDS,
@@ -153,9 +156,15 @@ def _flush_loop() -> None:
 
 @atexit.register
 def _flush_at_exit() -> None:
-    """The script ends within the interval after its last step: send that step now."""
-    if _unsent and _launcher:
+    """The script ended (returned or raised) and the interpreter exits: send a step the
+    interval held back, then open EXITING_PHASE, never closed: the teardown that follows
+    (seconds, with torch on a loaded machine) is the attempt ending, not a hang."""
+    if not _launcher:
+        return
+    if _unsent:
         _send(_monotonic(), force=True)
+    _send_mark(name=EXITING_PHASE, state=PhaseState.BEGIN, timeout_s=None,
+               depth=getattr(_local, "depth", 0) + 1, seq=next(_seq))
 
 
 def _after_fork_in_child() -> None:
