@@ -76,10 +76,10 @@ class HangWatch:
         if not self.enabled:
             return None
         now = report.at  # the node's clock, as the liveness times it reports
+        leaving = ranks_leaving(report)
+        if self._ending is None and leaving is not None:
+            self._ending = leaving  # sticky: the rank's teardown goes on until it exits
         ending = job_ending(report) or self._ending
-        if self._ending is None and any(rl.phase in (EXIT_SAVE_PHASE, EXITING_PHASE)
-                                        for rl in report.liveness):
-            self._ending = ending  # sticky: the rank's teardown goes on until it exits
         v = self.detector.observe(report.liveness, now, ending=ending)
         before, self._state = self._state, v.state
         if v.state == HangState.OK and before != HangState.OK:
@@ -181,8 +181,11 @@ def job_ending(report: NodeReport) -> str | None:
     finishing or tearing down (never confirmed hung within the ending allowance). A rank
     that exited is not in the liveness at all."""
     done = [w.rank for w in report.workers if w.state == WorkerState.SUCCEEDED]
-    if done:
-        return f"rank(s) {rank_list(done)} exited 0"
+    return f"rank(s) {rank_list(done)} exited 0" if done else ranks_leaving(report)
+
+
+def ranks_leaving(report: NodeReport) -> str | None:
+    """Ranks in a phase that only comes on the way out (the attempt ends with them)."""
     # a rank saving its last step on its way out (an error, or a stop): its peers wait in a
     # collective for it until it exits and the launcher acts
     leaving = [rl.rank for rl in report.liveness if rl.phase == EXIT_SAVE_PHASE]

@@ -183,7 +183,8 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
     # the source line that raised it (the innermost frame's, the line above)
     src = next((f.text for f in findings if f.context and f.file == ev.file
                 and f.line == ev.line - 1), "")
-    if count_mismatch(text) or setting_missing(text, src):
+    missing = setting_missing(text, src)
+    if missing or count_mismatch(text):
         scores[Category.CONFIG_ERROR] = RELABEL_MIN
     # ... loads a checkpoint or a state dict (`opt.load_state_dict(ckpt['optimizer'])` ->
     # KeyError): what was loaded does not hold what the code reads from it
@@ -199,8 +200,8 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
     if score < RELABEL_MIN:
         return d
     domain, restart = fam.defaults[cat]
-    why = fam.words(text, cat) or ("a key the run's settings lack" if setting_missing(
-        text, src) else "a count that does not fit the data or the model")
+    why = fam.words(text, cat) or ("a key the run's settings lack" if missing else
+                                   "a count that does not fit the data or the model")
     return replace(d, category=cat, fault_domain=domain, restart_helps=restart,
                    subcategory=d.subcategory, rule=f"family:{cat.value}",
                    confidence=round(min(d.confidence, 0.3 + 0.08 * score), 2),

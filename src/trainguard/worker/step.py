@@ -133,18 +133,16 @@ class StepGuard:
         report = {"step": step, "generation": self.generation, "error": text}
         with phase("step_reexecution", timeout_s=2 * self._timeout_s + 10):  # not a hang
             verdict = self._await_verdict(step, report)
-            if verdict is not None and verdict["kind"] == ControlKind.RESTART:
-                raise control.RestartRequested(verdict)  # run_resilient re-enters
             if verdict is not None and verdict["kind"] == ControlKind.REFORM:
                 # a REFORM is a proposal: the launcher confirms it (REFORM_GO) once every
                 # running rank got it, or takes it back (GIVE_UP), so no rank waits in a
                 # rendezvous that a peer who missed the REFORM never joins
                 verdict = self._confirmation(verdict)
-                if verdict is not None and verdict["kind"] == ControlKind.RESTART:
-                    raise control.RestartRequested(verdict)
-                if verdict is not None and verdict["kind"] == ControlKind.REFORM_GO:
-                    self._reform(verdict)
-                    return
+            if verdict is not None and verdict["kind"] == ControlKind.RESTART:
+                raise control.RestartRequested(verdict)  # run_resilient re-enters
+            if verdict is not None and verdict["kind"] == ControlKind.REFORM_GO:
+                self._reform(verdict)
+                return
         if verdict is None:
             _say(f"no verdict within {self._timeout_s:g}s: giving step {step} up")
         else:
