@@ -273,7 +273,7 @@ def test_a_missing_job_dir_exits_2_with_one_clear_line(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.count("\n") == 1
-    assert captured.err.startswith(f"trainguard {command}: no trainguard job at ")
+    assert captured.err.startswith(f"trainguard {command}: error: no trainguard job at ")
     assert "pass the job dir printed by `trainguard run`" in captured.err
 
 

@@ -113,5 +113,5 @@ def test_a_job_that_ended_without_progress_is_not_told_to_restart_without_a_word
         s.set_meta(exit_code=86)
     assert main(["diagnose", str(job), "--attempt", "0"]) == 0
     err = capsys.readouterr().err
-    assert "trainguard: warning: the job ended with exit 86: its attempts kept failing " \
+    assert "trainguard diagnose: warning: the job ended with exit 86: its attempts kept failing " \
            "without progress, so restarting did not help" in err, err

@@ -13,6 +13,7 @@ from typing import NoReturn
 from trainguard import __version__
 from trainguard.cli.ckpt import add_ckpt_command
 from trainguard.cli.diagnose import add_diagnose_command
+from trainguard.cli.fmt import complain
 from trainguard.cli.logs import add_logs_command
 from trainguard.cli.ops import add_ops_commands
 from trainguard.cli.read import add_read_commands
@@ -112,9 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         code = int(ns.func(ns))
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
-    except TrainguardError as e:  # `trainguard run: error:`, as argparse's errors of run read
-        prog = "trainguard run" if ns.command == "run" else "trainguard"
-        print(f"{prog}: error: {e}", file=sys.stderr)
+    except TrainguardError as e:  # `trainguard run: error:`, as argparse's own errors read
+        complain(ns.command, str(e))
         return int(ExitCode.USAGE)
     except BrokenPipeError:
         return _output_closed()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from trainguard.checkpoint.manifest import LATEST, Status, parse_step_dir, step_dir
-from trainguard.cli.fmt import plural, print_table, size_text
+from trainguard.cli.fmt import complain, plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import holds_job_dirs, moved_with_job_dir
 from trainguard.errors import SpecError, StoreError
@@ -118,9 +118,8 @@ def checkpoint_location(location: str) -> str:
         return str(path / "checkpoints")
     read = moved_with_job_dir(recorded, was_at if isinstance(was_at, str) else None, path)
     if read != recorded:
-        print(f"trainguard ckpt: note: this job was recorded at {was_at}; reading {read}, "
-              f"the checkpoint dir inside the job dir given (recorded: {recorded})",
-              file=sys.stderr)
+        complain("ckpt", f"this job was recorded at {was_at}; reading {read}, the checkpoint "
+                 f"dir inside the job dir given (recorded: {recorded})", "note")
     return read
 
 
@@ -155,9 +154,8 @@ def _run(ns: argparse.Namespace) -> int:
     except (SpecError, KeyboardInterrupt):
         raise
     except Exception as e:  # the storage layer's errors (fsspec, botocore...) reach users
-        print(f"trainguard ckpt: cannot read {ns.location}: {type(e).__name__}: {e}. Fix: "
-              "check the path or URL, and credentials / AWS_ENDPOINT_URL for object stores",
-              file=sys.stderr)
+        complain("ckpt", f"cannot read {ns.location}: {type(e).__name__}: {e}. Fix: check the "
+                 "path or URL, and credentials / AWS_ENDPOINT_URL for object stores")
         return ExitCode.UNREADABLE
     return _show(ns, listing)  # outside: a closed stdout (`| head`) is main's to handle
 
@@ -182,9 +180,9 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
     steps, docs = listing.steps, listing.docs
     if ns.verb == "verify" and ns.step is not None and ns.step not in steps:
         there = ", ".join(map(str, steps)) if steps else "none"
-        print(f"trainguard ckpt verify: step {ns.step} is not at {ns.location} "
-              f"(steps there: {there}). Fix: pass one of those to --step, or leave --step "
-              "out to verify every step", file=sys.stderr)
+        complain("ckpt verify", f"step {ns.step} is not at {ns.location} (steps there: "
+                 f"{there}). Fix: pass one of those to --step, or leave --step out to verify "
+                 "every step")
         return ExitCode.NOT_VALID
     if ns.json:
         print(json.dumps(docs, indent=2))
@@ -194,18 +192,16 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
         sys.stdout.flush()
         names = ", ".join(listing.unfinished[:3]) + (" ..." if len(listing.unfinished) > 3
                                                      else "")
-        print(f"trainguard ckpt: note: {len(listing.unfinished)} save(s) did not finish "
-              f"({names}): a rank stopped or was killed while writing; they hold no step, "
-              "and the job's next committed save removes them", file=sys.stderr)
+        complain("ckpt", f"{len(listing.unfinished)} save(s) did not finish ({names}): a rank "
+                 "stopped or was killed while writing; they hold no step, and the job's next "
+                 "committed save removes them", "note")
     warning = latest_warning(listing.latest, steps)
     if warning is not None:
-        sys.stdout.flush()  # the table first, then the warning under it
-        print(f"trainguard ckpt: warning: {warning}", file=sys.stderr)
+        complain("ckpt", warning, "warning")  # under the table
     if ns.verb == "verify":
         if not docs:  # the table said so already (--json: the empty list)
             if ns.json:
-                print(f"trainguard ckpt verify: no checkpoint at {ns.location}",
-                      file=sys.stderr)
+                complain("ckpt verify", f"no checkpoint at {ns.location}")
             return ExitCode.NOT_VALID
         if docs[0]["status"] != Status.VALID.value:
             if not ns.json:

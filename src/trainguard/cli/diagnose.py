@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from trainguard.cli.diagnose_job import job_reader
+from trainguard.cli.fmt import complain
 from trainguard.controller.store import holds_job_dirs
 from trainguard.diagnosis.rules import RuleSet, load_rules, parse_rules
 from trainguard.diagnosis.sources import Report, diagnose_paths
@@ -49,7 +49,7 @@ def _rules(path: Path | None) -> RuleSet:
 def _run(ns: argparse.Namespace) -> int:
     refused = next((why for p in ns.paths if (why := _not_one_failure(p))), None)
     if refused is not None:
-        print(f"trainguard diagnose: {refused}", file=sys.stderr)
+        complain("diagnose", refused)
         return ExitCode.USAGE
     report = diagnose_paths(ns.paths, rules=_rules(ns.rules), read_job=job_reader(ns.attempt))
     if ns.json:
@@ -57,7 +57,7 @@ def _run(ns: argparse.Namespace) -> int:
     else:
         print(render(report))
     for problem in report.problems:
-        print(f"trainguard: warning: {problem}", file=sys.stderr)
+        complain("diagnose", problem, "warning")
     return ExitCode.SUCCESS if report.diagnosis is not None else ExitCode.NOTHING_FOUND
 
 

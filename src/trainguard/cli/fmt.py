@@ -61,6 +61,14 @@ def clock_or_dash(value: Any) -> str:
     return "-" if at is None else clock(at)
 
 
+def complain(command: str, message: str, kind: str = "error") -> None:
+    """Every message a command writes on stderr, in argparse's shape: `trainguard CMD: error:
+    ...` (or `warning:` / `note:`), so every command's errors read alike and a script can grep
+    one prefix. `command` is the subcommand as typed (`logs`, `ckpt verify`)."""
+    sys.stdout.flush()  # what stdout already holds first: the message reads under it
+    print(f"trainguard {command}: {kind}: {message}", file=sys.stderr, flush=True)
+
+
 def print_json(doc: object) -> None:
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
 
@@ -90,5 +98,5 @@ def print_table(table: Table) -> None:
     sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
-__all__ = ["PIPE_WIDTH", "clock", "clock_or_dash", "console_out", "dash", "involved_text",
-           "meta_time", "plural", "print_json", "print_table"]
+__all__ = ["PIPE_WIDTH", "clock", "clock_or_dash", "complain", "console_out", "dash",
+           "involved_text", "meta_time", "plural", "print_json", "print_table"]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.cli.args import count, not_in_job
+from trainguard.cli.fmt import complain
 from trainguard.cli.read import add_job_dir, job_finished
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import log_dir_of
@@ -69,15 +70,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
         with JobStore.open(job_dir) as store:
             meta = store.meta()
     except StoreError as e:
-        print(f"trainguard logs: {e}", file=sys.stderr)
+        complain("logs", str(e))
         return ExitCode.NO_JOB
     log_dir = log_dir_of(meta, job_dir)
     attempts = rank_attempts(log_dir, args.rank)
     attempt = args.attempt if args.attempt is not None else (attempts[-1] if attempts else None)
     if attempt is None or (attempt not in attempts
                            and not (args.follow and _log_to_come(meta, attempt))):
-        print(f"trainguard logs: {_missing(log_dir, args.rank, attempt, attempts)}",
-              file=sys.stderr)
+        complain("logs", _missing(log_dir, args.rank, attempt, attempts))
         return ExitCode.NO_JOB
     out = _Out(args.json, args.rank)
     try:
@@ -138,9 +138,9 @@ def _print_existing(path: Path, attempt: int, tail_n: int | None, out: _Out) -> 
     if tail_n is not None:
         got = tail(path, tail_n)
         if len(got.lines) < tail_n and got.start > 0:  # the cap cut it, not the log's start
-            print(f"trainguard logs: --tail shows at most {MAX_LINES} lines "
-                  f"({MAX_BYTES // 2**20} MiB); these are the last {len(got.lines)} of a longer "
-                  "log (all of it: leave --tail out)", file=sys.stderr)
+            complain("logs", f"--tail shows at most {MAX_LINES} lines ({MAX_BYTES // 2**20} MiB); "
+                     f"these are the last {len(got.lines)} of a longer log (all of it: leave "
+                     "--tail out)", "note")
         out.lines(attempt, "".join(
             (f"{ln.time} {ln.stream} {ln.text}" if ln.time else ln.text) + "\n"
             for ln in got.lines))

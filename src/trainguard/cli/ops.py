@@ -13,7 +13,6 @@ import contextlib
 import shutil
 import signal
 import socket
-import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -25,6 +24,7 @@ from rich.table import Table
 from trainguard.cli.args import days
 from trainguard.cli.fmt import (
     clock_or_dash,
+    complain,
     dash,
     meta_time,
     plural,
@@ -87,7 +87,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         with JobStore.open(Path(args.job_dir)) as store:
             meta = store.meta()
     except StoreError as e:
-        print(f"trainguard stop: {e}", file=sys.stderr)
+        complain("stop", str(e))
         return ExitCode.NO_JOB
     state = shown_state(meta)
     if state in JOB_ENDED:
@@ -96,17 +96,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return ExitCode.SUCCESS
     pid, host = meta.get("launcher_pid"), meta.get("launcher_host")
     if not isinstance(pid, int):
-        print("trainguard stop: the store names no launcher pid (is the job still being "
-              "created?); try again", file=sys.stderr)
+        complain("stop", "the store names no launcher pid (is the job still being created?); "
+                 "try again")
         return ExitCode.NO_JOB
     if host != socket.gethostname():
-        print(f"trainguard stop: the launcher runs on {host} (pid {pid}), not here: run "
-              f"`trainguard stop` on {host}, or `kill -TERM {pid}` there", file=sys.stderr)
+        complain("stop", f"the launcher runs on {host} (pid {pid}), not here: run `trainguard "
+                 f"stop` on {host}, or `kill -TERM {pid}` there")
         return ExitCode.USAGE
     proc = _launcher(pid)
     if proc is None:
-        print(f"trainguard stop: pid {pid} is not a trainguard launcher any more (the job's "
-              "launcher died and the pid was reused?): nothing sent", file=sys.stderr)
+        complain("stop", f"pid {pid} is not a trainguard launcher any more (the job's launcher "
+                 "died and the pid was reused?): nothing sent")
         return ExitCode.NO_JOB
     print(f"stopping job {meta.get('run_id')}: SIGTERM to its launcher (pid {pid}); the "
           "workers get their grace period", flush=True)
@@ -118,17 +118,16 @@ def cmd_stop(args: argparse.Namespace) -> int:
         grace = meta.get("grace_period_s")
         left = (f"the ranks have the grace period ({grace:g}s) to exit, then SIGKILL: "
                 if isinstance(grace, (int, float)) else "")
-        print(f"trainguard stop: the stop is under way but the launcher (pid {pid}) is still "
-              f"running after {args.timeout:g}s; {left}wait longer (--timeout, or "
-              "`trainguard status`), or end it now with --force", file=sys.stderr)
+        complain("stop", f"the stop is under way but the launcher (pid {pid}) is still running "
+                 f"after {args.timeout:g}s; {left}wait longer (--timeout, or `trainguard "
+                 "status`), or end it now with --force")
         return ExitCode.FAILED
     print(f"the launcher did not end within {args.timeout:g}s: SIGKILL (its guardian kills "
           "the workers)", flush=True)
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGKILL)
     if not _wait_gone(proc, 10.0):
-        print(f"trainguard stop: the launcher (pid {pid}) is still there 10s after SIGKILL",
-              file=sys.stderr)
+        complain("stop", f"the launcher (pid {pid}) is still there 10s after SIGKILL")
         return ExitCode.FAILED
     return _stopped(Path(args.job_dir), killed=True)
 
@@ -174,8 +173,8 @@ def _stopped(job_dir: Path, killed: bool = False) -> int:
               "(it resumes from the newest checkpoint, or starts over if none was saved)")
         return ExitCode.SUCCESS
     if state not in JOB_ENDED:
-        print(f"trainguard stop: the launcher is gone but the job still reads {state}; see "
-              f"`trainguard status {job_dir}`", file=sys.stderr)
+        complain("stop", f"the launcher is gone but the job still reads {state}; see "
+                 f"`trainguard status {job_dir}`")
         return ExitCode.FAILED
     print(f"job {run_id}: {state} (exit code {dash(meta.get('exit_code'))})")
     return ExitCode.SUCCESS
@@ -207,8 +206,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         default = (" (the default: where `trainguard run` puts a job given no --job-dir, "
                    "under the directory it ran in)" if args.root == DEFAULT_RUNS_DIR else "")
         what = "is not a directory" if root.exists() else "does not exist"
-        print(f"trainguard ls: {root.resolve()} {what}{default}; pass the directory "
-              "that holds the job dirs: trainguard ls ROOT", file=sys.stderr)
+        complain("ls", f"{root.resolve()} {what}{default}; pass the directory that holds the "
+                 "job dirs: trainguard ls ROOT")
         return ExitCode.NO_JOB
     rows = [job_row(d) for d in find_job_dirs(root.resolve())]
     if args.json:
@@ -231,7 +230,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     root = Path(args.root)
     if not root.is_dir():
-        print(f"trainguard prune: {root} is not a directory", file=sys.stderr)
+        complain("prune", f"{root} is not a directory. Fix: pass the directory that holds the "
+                 "job dirs (as for trainguard ls)")
         return ExitCode.NO_JOB
     cutoff = utcnow() - timedelta(days=args.older_than)
     old = [r for r in (job_row(d) for d in find_job_dirs(root.resolve())) if _prunable(r, cutoff)]

@@ -23,6 +23,7 @@ from rich.text import Text
 from trainguard.cli.args import count, not_in_job, one_of, one_or_more_of
 from trainguard.cli.fmt import (
     clock,
+    complain,
     console_out,
     dash,
     involved_text,
@@ -121,7 +122,7 @@ def with_store(command: str, args: argparse.Namespace, body: _Handler) -> int:
         with JobStore.open(Path(args.job_dir)) as store:
             return body(store, args)
     except StoreError as e:
-        print(f"trainguard {command}: {e}", file=sys.stderr)
+        complain(command, str(e))
         return ExitCode.NO_JOB
 
 
@@ -160,8 +161,7 @@ def _no_such_attempt(store: JobStore, args: argparse.Namespace) -> bool:
     to_come = getattr(args, "follow", False) and not job_finished(store.meta())
     if attempt in have or (to_come and attempt > max(have, default=-1)):
         return False
-    print(f"trainguard events: {not_in_job('attempt', attempt, have, '--attempt')}",
-          file=sys.stderr)
+    complain("events", not_in_job("attempt", attempt, have, "--attempt"))
     return True
 
 

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from trainguard.cli.fmt import complain
 from trainguard.cli.job_file import load_job_file
 from trainguard.errors import SpecError
 from trainguard.exitcodes import ExitCode
@@ -345,7 +346,7 @@ def _run_command(ns: argparse.Namespace) -> int:
 
     for key, note in _IGNORED.items():
         if key in vars(ns):
-            print(f"trainguard: note: {note}", file=sys.stderr)
+            complain("run", note, "note")
     spec = spec_from_args(ns)
     # a script that is not there fails here, dry run or not
     argv = worker_argv(spec, entrypoint_source(ns))

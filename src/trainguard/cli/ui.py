@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from trainguard.cli.fmt import complain
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import DEFAULT_RUNS_DIR
 from trainguard.ui.catalog import Catalog
@@ -37,18 +37,17 @@ def add_ui_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _run(ns: argparse.Namespace) -> int:
     if not ns.job_dirs and ns.root is None:  # the jobs `trainguard run` put in the default
         if not Path(DEFAULT_RUNS_DIR).is_dir():
-            print(f"trainguard ui: no JOB_DIR given and ./{DEFAULT_RUNS_DIR} (where `trainguard "
-                  "run` puts a job given no --job-dir) is not here. Fix: trainguard ui JOB_DIR, "
-                  "or trainguard ui --root DIR", file=sys.stderr)
+            complain("ui", f"no JOB_DIR given and ./{DEFAULT_RUNS_DIR} (where `trainguard run` "
+                     "puts a job given no --job-dir) is not here. Fix: trainguard ui JOB_DIR, or "
+                     "trainguard ui --root DIR")
             return ExitCode.USAGE
         ns.root = DEFAULT_RUNS_DIR
-        print(f"trainguard ui: every job under ./{DEFAULT_RUNS_DIR} (the default job dirs)",
-              file=sys.stderr)
+        complain("ui", f"every job under ./{DEFAULT_RUNS_DIR} (the default job dirs)", "note")
     if ns.root is not None and not Path(ns.root).is_dir():
-        print(f"trainguard ui: --root {ns.root} is not a directory", file=sys.stderr)
+        complain("ui", f"--root {ns.root} is not a directory")
         return ExitCode.USAGE
     if not 0 <= ns.port <= 65535:
-        print(f"trainguard ui: --port {ns.port} is not a TCP port", file=sys.stderr)
+        complain("ui", f"--port {ns.port} is not a TCP port (0-65535; 0 picks a free one)")
         return ExitCode.USAGE
     from trainguard.ui.server import serve  # starlette, uvicorn: only for this command
 
@@ -57,7 +56,8 @@ def _run(ns: argparse.Namespace) -> int:
     try:
         serve(catalog, ns.host, ns.port, ns.token or None)
     except OSError as e:
-        print(f"trainguard ui: cannot listen on {ns.host}:{ns.port}: {e}", file=sys.stderr)
+        complain("ui", f"cannot listen on {ns.host}:{ns.port}: {e}. Fix: pick another --port "
+                 "(0 picks a free one)")
         return ExitCode.USAGE
     except KeyboardInterrupt:
         pass

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = AgentConfig.model_validate_json(ns.config.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        print(f"trainguard agent: cannot read {ns.config}: {e}", file=sys.stderr)
+        print(f"trainguard agent: error: cannot read {ns.config}: {e}", file=sys.stderr)
         return ExitCode.USAGE
     node = node_name(ns.node)
     filt = frozenset(cfg.ranks_filter) if cfg.ranks_filter is not None else None
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = AgentRunner(agent, cfg, node)
         return runner.run()
     except WireError as e:
-        print(f"trainguard agent: {e}", file=sys.stderr)
+        print(f"trainguard agent: error: {e}", file=sys.stderr)
         return ExitCode.USAGE
     finally:
         agent.close()

@@ -1,0 +1,76 @@
+"""Every command's messages on stderr read alike: `trainguard COMMAND: error|warning|note: ...`.
+
+The seventeenth walk-through found `trainguard logs: ...`, `trainguard: warning: ...` and
+`trainguard run: error: ...` side by side; a script grepping one prefix missed the others."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.unit.helpers import tg
+
+SHAPE = re.compile(r"^trainguard [a-z]+( [a-z]+)?: (error|warning|note): \S")
+CLI = Path(__file__).resolve().parents[2] / "src" / "trainguard" / "cli"
+
+
+@pytest.mark.parametrize(("argv", "command"), [
+    (["logs", "nothere"], "logs"),
+    (["stop", "nothere"], "stop"),
+    (["status", "nothere"], "status"),
+    (["events", "nothere"], "events"),
+    (["ls", "nothere"], "ls"),
+    (["prune", "nothere", "--older-than", "1"], "prune"),
+    (["ui", "--root", "nothere"], "ui"),
+    (["ckpt", "ls", "nothere"], "ckpt"),
+    (["diagnose", "train.py"], "diagnose"),
+    (["run", "--config", "job.yaml"], "run"),
+])
+def test_an_error_of_any_command_has_its_name_and_error(
+        tmp_path: Path, argv: list[str], command: str) -> None:
+    (tmp_path / "train.py").write_text("import torch\nprint('step 1')\n")
+    (tmp_path / "job.yaml").write_text("max_restart: 3\n")  # a typo'd key
+    r = tg(*argv, cwd=tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines and lines[0].startswith(f"trainguard {command}: error: "), r.stderr
+    assert all(SHAPE.match(ln) for ln in lines if ln.startswith("trainguard")), r.stderr
+
+
+def test_a_warning_and_a_note_have_the_same_shape(tmp_path: Path) -> None:
+    """`ckpt ls` of a step dir left half-written: a note; of a `latest` pointing at nothing:
+    a warning. Both name the command."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / ".tmp-step-5-abc").mkdir(parents=True)
+    (ckpt / "latest").write_text("7")
+    r = tg("ckpt", "ls", str(ckpt), cwd=tmp_path)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("trainguard")]
+    kinds = {m.group(2) for ln in lines if (m := SHAPE.match(ln))}
+    assert len(lines) == 2 and kinds == {"note", "warning"}, r.stderr
+    assert all(ln.startswith("trainguard ckpt: ") for ln in lines), r.stderr
+
+
+def test_no_command_writes_stderr_but_through_complain() -> None:
+    """One way to speak on stderr: `fmt.complain`. Only the verdict under `ckpt verify`'s table
+    (a sentence about a step, not a message) and the help text are written directly."""
+    direct = []
+    for path in sorted(CLI.glob("*.py")):
+        if path.name == "fmt.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and any(
+                    isinstance(k.value, ast.Attribute) and k.value.attr == "stderr"
+                    for k in node.keywords):
+                direct.append(f"{path.name}:{node.lineno}")
+    assert direct == ["ckpt.py:" + str(_verdict_line())], direct
+
+
+def _verdict_line() -> int:
+    tree = ast.parse((CLI / "ckpt.py").read_text())
+    fn = next(n for n in ast.walk(tree)
+              if isinstance(n, ast.FunctionDef) and n.name == "_say_not_valid")
+    return next(n.lineno for n in ast.walk(fn) if isinstance(n, ast.Call)
+                and any(k.arg == "file" for k in n.keywords))
