@@ -44,3 +44,29 @@ def test_ui_of_a_dir_without_a_job_says_so_at_start(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+KILLED_AT_3 = ("import time\nfrom trainguard.testing.faults import inject\n"
+               "for s in range(1, 30):\n    print(f'step {s}', flush=True)\n"
+               "    time.sleep(0.05)\n    inject(s)\n")
+
+
+def test_a_failed_jobs_advice_names_max_restarts_when_restarts_were_off_or_spent(
+        tmp_path: Path) -> None:
+    """Nit 6: after --max-restarts 0 and a SIGKILL, `status` said to fix the cause and run
+    again, without the flag that would have restarted it (only the JobFailed event said so)."""
+    import os
+
+    (tmp_path / "t.py").write_text(KILLED_AT_3)
+    env = {**os.environ, "TRAINGUARD_FAULT": "signal:KILL@step=3,rank=0,attempt=*"}
+    for job, flags, hint in (
+            ("off", ["--max-restarts", "0"], "auto restart was off (--max-restarts 0): give "
+                                             "--max-restarts N"),
+            ("spent", ["--max-restarts", "1", "--restart-backoff", "0"],
+             "its 1 restart(s) were spent: a larger --max-restarts gives it more")):
+        r = tg("run", "--nproc-per-node", "1", "--job-dir", job, *flags, "t.py", cwd=tmp_path,
+               env=env)
+        assert r.returncode == 1, r.stderr
+        out = tg("status", job, cwd=tmp_path).stdout
+        advice = next(ln for ln in out.splitlines() if ln.startswith("continue it:"))
+        assert hint in advice, out

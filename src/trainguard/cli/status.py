@@ -120,7 +120,8 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
                  if doc["state"] == JobState.FAILED.value else "")
         console.print(f"continue it: {first}run the same `trainguard run` command with "
                       f"--job-dir {doc['job_dir']} (it resumes from the newest checkpoint, or "
-                      "starts over if none was saved)", highlight=False, markup=False)
+                      f"starts over if none was saved){_restart_hint(doc)}", highlight=False,
+                      markup=False)
     moved = doc["recorded_job_dir"]
     console.print(f"job dir: {doc['job_dir']}" + (f" (recorded at {moved}: copied or moved "
                                                   "since)" if moved else ""),
@@ -220,6 +221,21 @@ def _budgets(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
     limits = {"max_restarts": meta.get("max_restarts"), **(limits or {})}
     return {name: {"used": int(meta.get(used) or 0), "max": limits.get(limit)}
             for name, used, limit in _BUDGETS}
+
+
+def _restart_hint(doc: dict[str, Any]) -> str:
+    """For a failed job whose restarts were off or spent: the flag that changes that (the
+    JobFailed event names it; the advice under `status` did not)."""
+    if doc["state"] != JobState.FAILED.value:
+        return ""
+    b = doc["budgets"]["restarts"]
+    if b["max"] == 0:
+        return ("; auto restart was off (--max-restarts 0): give --max-restarts N for a fault "
+                "like this one to be restarted by itself")
+    if isinstance(b["max"], int) and b["used"] >= b["max"]:
+        return (f"; its {b['max']} restart(s) were spent: a larger --max-restarts gives it more "
+                "(a fault that repeats wants its cause fixed first)")
+    return ""
 
 
 def _budgets_off(meta: dict[str, Any]) -> list[str]:
