@@ -42,7 +42,7 @@ def test_the_benchmark_prints_agreement_per_set(tmp_path: Path) -> None:
     import json
     doc = json.loads(out)
     s = doc[name]
-    n = len(list((DATA / name).iterdir()))
+    n = sum(p.is_dir() for p in (DATA / name).iterdir())
     assert s["cases"] == n == doc["all"]["cases"]
     assert 0 < s["labellers_category"] <= n and s["undisputed_category_cases"] == \
         s["labellers_category"]
