@@ -11,7 +11,9 @@ per set, and over every set given (default: every set with a second labelling):
 * agreement between the two labellers: category, restart verdict, both;
 * `diagnose` (the same code as benchmarks/diagnosis_accuracy.py) against the first labels
   (the figure docs/diagnosis.md reports), against the second, and on the cases where the two
-  labellers agree (the labels nobody disputes).
+  labellers agree (the labels nobody disputes);
+* where a third reader settled the disagreements (agreement/adjudicated/SET.yaml, every case:
+  the agreed labels and the adjudicated ones), `diagnose` against those labels too.
 
 The agreement between two people is the ceiling of what any figure measured against one of
 them can mean: a tool right 100% of the time by one labeller's reading is right only as often
@@ -33,9 +35,10 @@ DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "diagnosis"
 AGREEMENT = DATA / "agreement"
 
 
-def second_labels(name: str) -> dict[str, dict[str, Any]]:
-    """The second labelling of set `name`: case dir name -> {category, restart_helps, ...}."""
-    doc = yaml.safe_load((AGREEMENT / f"{name}.yaml").read_text(encoding="utf-8"))
+def second_labels(name: str, folder: Path = AGREEMENT) -> dict[str, dict[str, Any]]:
+    """The second labelling of set `name` (or, with folder AGREEMENT / "adjudicated", the
+    adjudicated one): case dir name -> {category, restart_helps, why, ...}."""
+    doc = yaml.safe_load((folder / f"{name}.yaml").read_text(encoding="utf-8"))
     return {k: v for k, v in doc["labels"].items()}
 
 
@@ -47,12 +50,19 @@ def compare(name: str) -> list[dict[str, Any]]:
     if missing:
         raise SystemExit(f"{AGREEMENT / name}.yaml and {DATA / name} differ in cases: "
                          f"{missing[:5]}; the second labelling must name every case once")
+    settled = (second_labels(name, AGREEMENT / "adjudicated")
+               if (AGREEMENT / "adjudicated" / f"{name}.yaml").is_file() else {})
+    if settled and set(settled) != set(second):
+        raise SystemExit(f"the adjudicated labels of {name} must name every case once")
     rows = []
     for row in evaluate(cases):
         b = second[row["case"]]
+        c = settled.get(row["case"])
         rows.append({**row, "second": b["category"],
                      "second_restart": restart_label(b["restart_helps"]),
-                     "second_why": b.get("why", "")})
+                     "second_why": b.get("why", ""),
+                     "settled": c["category"] if c else None,
+                     "settled_restart": restart_label(c["restart_helps"]) if c else None})
     return rows
 
 
@@ -77,6 +87,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "tool_on_undisputed_category": sum(r["got"] == r["want"] for r in cat),
         "undisputed_restart_cases": len(rst),
         "tool_on_undisputed_restart": sum(r["got_restart"] == r["want_restart"] for r in rst),
+        "adjudicated_cases": len(settled := [r for r in rows if r["settled"] is not None]),
+        "tool_vs_adjudicated_category": sum(r["got"] == r["settled"] for r in settled),
+        "tool_vs_adjudicated_restart": sum(r["got_restart"] == r["settled_restart"]
+                                           for r in settled),
     }
 
 
@@ -111,6 +125,12 @@ def main() -> int:
               f"| {_share(s['tool_vs_second_restart'], n)} "
               f"| {_share(s['tool_on_undisputed_category'], s['undisputed_category_cases'])} "
               f"| {_share(s['tool_on_undisputed_restart'], s['undisputed_restart_cases'])} |")
+    for name, s in sums.items():
+        if s["adjudicated_cases"] and name != "all":
+            n = s["adjudicated_cases"]
+            print(f"\n`{name}/` against the adjudicated labels: category "
+                  f"{_share(s['tool_vs_adjudicated_category'], n)}, restart verdict "
+                  f"{_share(s['tool_vs_adjudicated_restart'], n)}")
     if args.show_disagreements:
         for name, rows in per.items():
             for r in rows:

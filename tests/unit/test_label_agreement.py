@@ -46,3 +46,29 @@ def test_the_benchmark_prints_agreement_per_set(tmp_path: Path) -> None:
     assert s["cases"] == n == doc["all"]["cases"]
     assert 0 < s["labellers_category"] <= n and s["undisputed_category_cases"] == \
         s["labellers_category"]
+
+
+def test_adjudicated_labels_are_measured_when_a_set_has_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adjudication that settles every disagreement the first labeller's way measures
+    `diagnose` exactly as the first labels do."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import label_agreement as la
+
+    name = FILES[0].stem
+    (tmp_path / "adjudicated").mkdir()
+    (tmp_path / f"{name}.yaml").write_bytes(FILES[0].read_bytes())
+    firsts = {p.name: yaml.safe_load((p / "case.yaml").read_text())["label"]
+              for p in (DATA / name).iterdir() if p.is_dir()}
+    (tmp_path / "adjudicated" / f"{name}.yaml").write_text(yaml.safe_dump(
+        {"set": name, "labels": firsts}))
+    monkeypatch.setattr(la, "AGREEMENT", tmp_path)
+    s = la.summary(la.compare(name))
+    assert s["adjudicated_cases"] == s["cases"]
+    assert s["tool_vs_adjudicated_category"] == s["tool_vs_first_category"]
+    assert s["tool_vs_adjudicated_restart"] == s["tool_vs_first_restart"]
+    del firsts[next(iter(firsts))]  # one case left out: refused, not measured on fewer
+    (tmp_path / "adjudicated" / f"{name}.yaml").write_text(yaml.safe_dump(
+        {"set": name, "labels": firsts}))
+    with pytest.raises(SystemExit, match="must name every case once"):
+        la.compare(name)
