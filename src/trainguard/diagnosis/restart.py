@@ -27,7 +27,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | nccl_communication_error | NCCL says a feature is not supported (P2P/IPC between GPUs) | no |
 | nccl_communication_error | NCCL's socket transport uses a virtual interface (docker, veth) | no |
 | other (a remote service) | the network is unreachable from the machine | no |
-| segfault_or_abort | only the shell reports it (`Segmentation fault (core dumped)`) | no |
+| segfault_or_abort | only the shell or an IDE reports it (`Segmentation fault`) | no |
 | any other | - | the category's default |
 """
 
@@ -99,10 +99,13 @@ _DATA_PREP = re.compile(r"(?:tokeniz\w*|pre-?process\w*|on dataset|\bmap\b|filte
 # NCCL's socket transport listing a container's or VM's virtual interface among those it uses
 _VIRTUAL_IF = re.compile(r"^\s*\[\d+\](?:docker\d*|br-[0-9a-f]+|veth\w+|virbr\d*|lo):")
 # a native crash that only the shell reports (`Segmentation fault (core dumped)`, bash's or
-# zsh's job line), with no error of its own before it: the same program on the same inputs
-# crashes at the same point (11 of the 13 such cases of the labelled sets say `no`)
-_SHELL_SEGV = re.compile(r"^(?:\S+: line \d+:\s+)?(?:\d+\s+)?segmentation fault\s+\(core dumped\)",
-                         re.IGNORECASE)
+# zsh's job line), or an IDE's run window (PyCharm's `Process finished with exit code 139
+# (interrupted by signal 11: SIGSEGV)`), with no error of its own before it: the same program
+# on the same inputs crashes at the same point (13 of the 15 such cases of the labelled sets
+# say `no`: 11 of 13 of the shell's, 2 of 2 of the IDE's)
+_SHELL_SEGV = re.compile(r"^(?:(?:\S+: line \d+:\s+)?(?:\d+\s+)?segmentation fault\s+"
+                         r"\(core dumped\)|process finished with exit code \d+ \(interrupted "
+                         r"by signal 11\b)", re.IGNORECASE)
 # gloo that could not build its full mesh when the process group was set up ("connectFullMesh
 # failed"): the interface it picked does not reach the peers, and a rerun picks the same
 _GLOO_MESH = re.compile(r"connectFullMesh failed", re.IGNORECASE)
