@@ -159,3 +159,27 @@ def test_nccls_unhandled_cuda_error_repeats(tmp_path: Path) -> None:
     d = diagnose_text(tmp_path, line + "\n")
     assert d.category == Category.NCCL_COMMUNICATION_ERROR
     assert d.restart_helps == RestartHelps.NO
+
+
+@pytest.mark.parametrize("iface", ["lo:127.0.0.1<0>", "docker0:172.17.0.1<0>"])
+def test_nccl_using_a_virtual_interface_in_its_info_lines_repeats(tmp_path: Path,
+                                                                  iface: str) -> None:
+    # the transport picked an interface the peers cannot reach through: NCCL_SOCKET_IFNAME
+    text = (f"gpu-b-7:501:560 [0] NCCL INFO NET : Using interface {iface}\n"
+            "gpu-b-7:501:560 [0] NCCL INFO NET : Using interface ens5:10.2.0.17<0>\n"
+            "gpu-b-7:501:560 [0] NCCL INFO NET/Socket : 2 interfaces found\n"
+            "gpu-b-7:501:577 [0] include/socket.h:361 NCCL WARN Call to connect timeout : "
+            "Connection refused\n"
+            "gpu-b-7:501:577 [0] NCCL INFO bootstrap.cc:19 -> 2\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.NCCL_COMMUNICATION_ERROR
+    assert d.restart_helps == RestartHelps.NO
+
+
+def test_nccl_using_only_real_interfaces_keeps_yes(tmp_path: Path) -> None:
+    text = ("gpu-b-7:501:560 [0] NCCL INFO NET : Using interface ens5:10.2.0.17<0>\n"
+            "gpu-b-7:501:577 [0] include/socket.h:361 NCCL WARN Call to connect timeout : "
+            "Connection refused\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.NCCL_COMMUNICATION_ERROR
+    assert d.restart_helps == RestartHelps.YES

@@ -25,7 +25,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | segfault_or_abort | the crash's stack is inside an import (importlib's loader frames) | no |
 | dataloader_worker_crash | the logs show Windows or macOS paths (workers are spawned) | no |
 | nccl_communication_error | NCCL says a feature is not supported (P2P/IPC between GPUs) | no |
-| nccl_communication_error | NCCL's socket transport uses a virtual interface (docker, veth) | no |
+| nccl_communication_error | NCCL's socket transport uses a virtual interface (docker, lo) | no |
 | other (a remote service) | the network is unreachable from the machine | no |
 | segfault_or_abort | only the shell or an IDE reports it (`Segmentation fault`) | no |
 | any other | - | the category's default |
@@ -98,6 +98,10 @@ _DATA_PREP = re.compile(r"(?:tokeniz\w*|pre-?process\w*|on dataset|\bmap\b|filte
                         r"grouping texts)[^|\n]{0,60}?\s\d{1,3}%\s*\|", re.IGNORECASE)
 # NCCL's socket transport listing a container's or VM's virtual interface among those it uses
 _VIRTUAL_IF = re.compile(r"^\s*\[\d+\](?:docker\d*|br-[0-9a-f]+|veth\w+|virbr\d*|lo):")
+# ... or its INFO line naming one it uses (`NET : Using interface lo:127.0.0.1<0>`), in any
+# line kept (both cases of the labelled sets with either say `no`)
+_VIRTUAL_IF_USED = re.compile(
+    r"\bNET\s*:\s*Using interface (?:docker\d*|br-[0-9a-f]+|veth\w+|virbr\d*|lo):")
 # a native crash that only the shell reports (`Segmentation fault (core dumped)`, bash's or
 # zsh's job line), or an IDE's run window (PyCharm's `Process finished with exit code 139
 # (interrupted by signal 11: SIGSEGV)`), with no error of its own before it: the same program
@@ -173,8 +177,9 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
     elif cat == Category.NCCL_COMMUNICATION_ERROR and d.evidence is not None \
             and _UNSUPPORTED.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "NCCL needs what these GPUs or this driver lack"
-    elif cat == Category.NCCL_COMMUNICATION_ERROR and d.evidence is not None \
-            and _VIRTUAL_IF.search(d.evidence.text):
+    elif cat == Category.NCCL_COMMUNICATION_ERROR and (
+            (d.evidence is not None and _VIRTUAL_IF.search(d.evidence.text))
+            or any(_VIRTUAL_IF_USED.search(f.text) for f in findings)):
         verdict, why = RestartHelps.NO, ("NCCL uses a virtual interface; set "
                                          "NCCL_SOCKET_IFNAME to the one the peers share")
     elif cat == Category.OTHER and d.evidence is not None and _NO_ROUTE.search(d.evidence.text):
