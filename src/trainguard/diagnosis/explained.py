@@ -6,7 +6,8 @@ what std::terminate does to any exception nobody caught, a symptom; the `what():
 why. The rules read the abort (a weak native crash) before a `what():` line that only a
 symptom rule or a failure family knows (a refused connection, an interface the machine
 lacks), so that line's category is taken here, with the line as evidence and the abort
-among the symptoms.
+among the symptoms. So, likewise, is the rule's verdict on the next line of an exception no
+rule knows whose message goes on there (`continued_message`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,33 @@ _NEAR = 4  # lines between the terminate line, its what() and the abort
 _NOT_A_CAUSE = (Category.SEGFAULT_OR_ABORT, Category.OTHER, Category.USER_CODE_ERROR)
 
 
+def continued_message(d: Diagnosis | None, findings: Sequence[Finding],
+                      rules: RuleSet) -> Diagnosis | None:
+    """`d`, or the rule's verdict on the next line when `d` is an exception no rule knows
+    whose message goes on there (`RuntimeError: Resource exhausted: From /job:tpu_worker/..:`
+    then `Attempting to reserve 3.95G at the bottom of memory. That was not possible.`)."""
+    ev = d.evidence if d is not None else None
+    if d is None or ev is None or d.rule is not None or d.category != Category.USER_CODE_ERROR \
+            or not ev.text.rstrip().endswith(":"):
+        return d
+    nxt = next((f for f in findings if f.file == ev.file and f.line == ev.line + 1), None)
+    rule = rules.by_id(nxt.rule) if nxt is not None and nxt.rule else None
+    if nxt is None or rule is None or rule.category in _NOT_A_CAUSE:
+        return d
+    return replace(
+        d, category=rule.category, fault_domain=rule.domain, restart_helps=rule.restart,
+        advice=rule.advice, summary=f"{ev.text.strip()[:150]} {nxt.text.strip()[:150]}",
+        evidence=Evidence(nxt.file, nxt.line, nxt.text, nxt.rank,
+                          None if nxt.at_inherited else nxt.at),
+        symptoms=(ev, *d.symptoms)[:10], subcategory=rule.subcategory, rule=rule.id,
+        isolate_node=rule.isolate)
+
+
 def explained_abort(d: Diagnosis | None, findings: Sequence[Finding],
                     rules: RuleSet) -> Diagnosis | None:
     """`d`, or the cause the `what():` line of the uncaught exception names when `d` is the
-    abort that exception caused."""
+    abort that exception caused (or, first, `continued_message`'s verdict)."""
+    d = continued_message(d, findings, rules)
     ev = d.evidence if d is not None else None
     if d is None or ev is None or d.rule != "native-crash" or not _ABORT.search(ev.text):
         return d

@@ -233,9 +233,9 @@ def _pick(cands: list[_Candidate]) -> _Candidate:
         tier = [c for c in tier if rank(c) == top]
     root = _order(tier)[0]
     if root.rule is not None and root.rule.id == "nccl-internal-or-system":
-        # NCCL's generic system error: its WARN naming shared memory or a socket's address
-        # family is the call that failed
-        root = _order([c for c in tier if c.category == Category.SHARED_MEMORY or (
+        # NCCL's generic system or internal error: its WARN naming shared or device memory
+        # or a socket's address family is the call that failed
+        root = _order([c for c in tier if c.category.value in ("shared_memory", "gpu_oom") or (
             c.rule is not None and c.rule.id == "socket-address-family")] or [root])[0]
     if root.category == Category.KILLED_BY_SIGNAL_UNKNOWN:
         # a stop that comes after a collective timeout is someone's answer to the hang
