@@ -34,6 +34,8 @@ _TIER = {Role.DECISIVE: 0, Role.CAUSE: 1, Role.WEAK: 2, Role.SYMPTOM: 3, Role.HI
 _SIGNAL_TIER = 2
 _SIGABRT = 6
 _MAX_SYMPTOMS = 10
+# what NCCL's generic system or internal error gives way to when its WARN names it
+_NCCL_WARN_CAUSES = (Category.SHARED_MEMORY, Category.GPU_OOM)
 _RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank[ :=]\s?(\d+)\b|\[rank(\d+)\]")
 _IGNORED_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "BdbQuit")
 # an abort line (a shell's or srun's `Aborted (core dumped)`, SIGABRT), not a segfault
@@ -235,7 +237,7 @@ def _pick(cands: list[_Candidate]) -> _Candidate:
     if root.rule is not None and root.rule.id == "nccl-internal-or-system":
         # NCCL's generic system or internal error: its WARN naming shared or device memory
         # or a socket's address family is the call that failed
-        root = _order([c for c in tier if c.category.value in ("shared_memory", "gpu_oom") or (
+        root = _order([c for c in tier if c.category in _NCCL_WARN_CAUSES or (
             c.rule is not None and c.rule.id == "socket-address-family")] or [root])[0]
     if root.category == Category.KILLED_BY_SIGNAL_UNKNOWN:
         # a stop that comes after a collective timeout is someone's answer to the hang
