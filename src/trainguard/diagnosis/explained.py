@@ -25,6 +25,8 @@ from trainguard.diagnosis.taxonomy import Category, Diagnosis, Evidence
 _ABORT = re.compile(r"\bAbort(?:ed)?\b|SIGABRT", re.IGNORECASE)
 _WHAT = re.compile(r"(?:^|[\s:>\]])what\(\):\s")
 _NEAR = 4  # lines between the terminate line, its what() and the abort
+# VS Code's debugger names the exception on a line of its own, its message on the next
+_DEBUGGER = re.compile(r"^\s*Exception has occurred: [\w.]+\s*$")
 _NOT_A_CAUSE = (Category.SEGFAULT_OR_ABORT, Category.OTHER, Category.USER_CODE_ERROR)
 
 
@@ -32,10 +34,11 @@ def continued_message(d: Diagnosis | None, findings: Sequence[Finding],
                       rules: RuleSet) -> Diagnosis | None:
     """`d`, or the rule's verdict on the next line when `d` is an exception no rule knows
     whose message goes on there (`RuntimeError: Resource exhausted: From /job:tpu_worker/..:`
-    then `Attempting to reserve 3.95G at the bottom of memory. That was not possible.`)."""
+    then `Attempting to reserve 3.95G at the bottom of memory. That was not possible.`), as
+    VS Code's `Exception has occurred: RuntimeError` above its message."""
     ev = d.evidence if d is not None else None
     if d is None or ev is None or d.rule is not None or d.category != Category.USER_CODE_ERROR \
-            or not ev.text.rstrip().endswith(":"):
+            or not (ev.text.rstrip().endswith(":") or _DEBUGGER.match(ev.text)):
         return d
     nxt = next((f for f in findings if f.file == ev.file and f.line == ev.line + 1), None)
     rule = rules.by_id(nxt.rule) if nxt is not None and nxt.rule else None
