@@ -65,3 +65,29 @@ def test_vscodes_line_without_a_known_message_stays_the_codes(tmp_path: Path) ->
     text = "Exception has occurred: ValueError\nthe batch has 3 columns, expected 4\n"
     d = diagnose_text(tmp_path, text)
     assert d.category == Category.USER_CODE_ERROR
+
+
+@pytest.mark.parametrize("code,message", [
+    (30, "unknown error"), (4, "unspecified launch failure"),
+])
+def test_a_glog_check_of_a_cuda_call_is_the_cause_not_the_abort(
+        tmp_path: Path, code: int, message: str) -> None:
+    # Caffe's CHECK of a CUDA call, then glog's stack and the abort it ends in: the abort
+    # is the symptom
+    line = (f"F0312 08:01:44.120931  9120 syncedmem.cpp:56] Check failed: error == "
+            f"cudaSuccess ({code} vs. 0)  {message}")
+    text = (line + "\n*** Check failure stack trace: ***\n"
+            "    @     0x7f0a1c2d5daa  (unknown)\n"
+            "    @     0x7f0a1c2d5ce4  google::LogMessage::Fail()\n"
+            "Aborted (core dumped)\n")
+    d = diagnose_text(tmp_path, text)
+    assert d.category == Category.CUDA_KERNEL_ERROR
+    assert d.evidence is not None and d.evidence.text == line
+
+
+def test_a_glog_check_of_cuda_out_of_memory_is_not_a_kernel_error(tmp_path: Path) -> None:
+    # code 2 is cudaErrorMemoryAllocation: the CUDA rule leaves it to the memory rules
+    line = ("F0312 08:01:44.120931  9120 syncedmem.cpp:56] Check failed: error == "
+            "cudaSuccess (2 vs. 0)  out of memory")
+    d = diagnose_text(tmp_path, line + "\nAborted (core dumped)\n")
+    assert d.category != Category.CUDA_KERNEL_ERROR
