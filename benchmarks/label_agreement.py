@@ -39,7 +39,7 @@ def second_labels(name: str, folder: Path = AGREEMENT) -> dict[str, dict[str, An
     """The second labelling of set `name` (or, with folder AGREEMENT / "adjudicated", the
     adjudicated one): case dir name -> {category, restart_helps, why, ...}."""
     doc = yaml.safe_load((folder / f"{name}.yaml").read_text(encoding="utf-8"))
-    return {k: v for k, v in doc["labels"].items()}
+    return dict(doc["labels"])
 
 
 def compare(name: str) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from trainguard.diagnosis.fallback import FAMILY_MIN, family_advice
 from trainguard.diagnosis.families import load_families
@@ -44,13 +45,19 @@ def continued_message(d: Diagnosis | None, findings: Sequence[Finding],
     rule = rules.by_id(nxt.rule) if nxt is not None and nxt.rule else None
     if nxt is None or rule is None or rule.category in _NOT_A_CAUSE:
         return d
-    return replace(
-        d, category=rule.category, fault_domain=rule.domain, restart_helps=rule.restart,
+    return _decided_by(
+        d, nxt, category=rule.category, fault_domain=rule.domain, restart_helps=rule.restart,
         advice=rule.advice, summary=f"{ev.text.strip()[:150]} {nxt.text.strip()[:150]}",
-        evidence=Evidence(nxt.file, nxt.line, nxt.text, nxt.rank,
-                          None if nxt.at_inherited else nxt.at),
-        symptoms=(ev, *d.symptoms)[:10], subcategory=rule.subcategory, rule=rule.id,
-        isolate_node=rule.isolate)
+        subcategory=rule.subcategory, rule=rule.id, isolate_node=rule.isolate)
+
+
+def _decided_by(d: Diagnosis, f: Finding, **verdict: Any) -> Diagnosis:
+    """`d` with `f` as its deciding line and `verdict`'s fields; `d`'s own line becomes the
+    first symptom."""
+    assert d.evidence is not None
+    return replace(d, evidence=Evidence(f.file, f.line, f.text, f.rank,
+                                        None if f.at_inherited else f.at),
+                   symptoms=(d.evidence, *d.symptoms)[:10], **verdict)
 
 
 def explained_abort(d: Diagnosis | None, findings: Sequence[Finding],
@@ -81,11 +88,8 @@ def explained_abort(d: Diagnosis | None, findings: Sequence[Finding],
         domain, restart = fam.defaults[cat]
         advice = family_advice(cat, fam.words(what.text, cat))
     who = f"rank {what.rank}: " if what.rank is not None else ""
-    return replace(
-        d, category=cat, fault_domain=domain, restart_helps=restart, advice=advice,
-        summary=f"{who}{what.text.strip()[:300]}",
-        evidence=Evidence(what.file, what.line, what.text, what.rank,
-                          None if what.at_inherited else what.at),
-        symptoms=(ev, *d.symptoms)[:10], subcategory="uncaught_exception",
+    return _decided_by(
+        d, what, category=cat, fault_domain=domain, restart_helps=restart, advice=advice,
+        summary=f"{who}{what.text.strip()[:300]}", subcategory="uncaught_exception",
         rule=rule.id if rule is not None and rule.category == cat else f"family:{cat.value}",
         isolate_node=cat == Category.GPU_HARDWARE)
