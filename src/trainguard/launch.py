@@ -14,56 +14,54 @@ what is left and relaunches.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-import os
 import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 from trainguard.backends.base import Backend
 from trainguard.backends.local import LocalBackend
+from trainguard.console import Writable, consoles
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.hub import Hub
 from trainguard.controller.loop import Controller
 from trainguard.controller.nodes import NodeRecovery
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.controller.recorder import Recorder, console_printer
-from trainguard.controller.store import JobStore, NodeRow, db_path, other_job
-from trainguard.errors import LaunchError, SpecError, StoreError, TrainguardError
+from trainguard.controller.signals import Hurrier
+from trainguard.controller.store import JobStore, NodeRow
+from trainguard.errors import LaunchError, StoreError, TrainguardError
 from trainguard.exitcodes import ExitCode
+from trainguard.launch_checks import job_lock, metrics_port_refused, prepare
 from trainguard.node.agent import NodeAgent
 from trainguard.node.logs import ConsoleOptions
-from trainguard.paths import JobPaths, is_url
-from trainguard.protocol import AgentConfig, report_interval
+from trainguard.paths import JobPaths
+from trainguard.protocol import HURRY_FRAME, AgentConfig, report_interval
 from trainguard.records import Level, Reason, utcnow
-from trainguard.spec import JobSpec, flag_name
+from trainguard.spec import JobSpec
 from trainguard.states import JobState, NodeState
 from trainguard.wire import WireError, new_token, read_token, write_token
 
-LOCK_NAME = ".lock"
-
 
 def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
-    check_master_addr(spec.master_addr)
     spec, paths = prepare(spec, create=True)
     filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
-    with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store, \
-            _failed_before_start(spec, paths, store, argv), \
-            _metrics_endpoint(spec, paths, store):
-        if spec.multi_node:
-            code = launch_cluster(spec, argv, marker, paths, store)
-            _job_dir_line(paths)
-            return code
-        agent = NodeAgent("node-0", sys.stdout, ConsoleOptions(spec.redirects, filt),
-                          spec.step_pattern, marker)
-        recorder = Recorder(spec, paths, store, argv, on_event=console_printer())
-        code = Controller(recorder, agent).run()
-    _job_dir_line(paths)
-    return code
+    with consoles() as (out, err):  # writes that never wait for the console (console.py)
+        with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store, \
+                _failed_before_start(spec, paths, store, argv), \
+                _metrics_endpoint(spec, paths, store, err):
+            if spec.multi_node:
+                code = launch_cluster(spec, argv, marker, paths, store, err)
+                _job_dir_line(paths, err)
+                return code
+            agent = NodeAgent("node-0", out, ConsoleOptions(spec.redirects, filt),
+                              spec.step_pattern, marker)
+            recorder = Recorder(spec, paths, store, argv, on_event=console_printer(err))
+            code = Controller(recorder, agent, hurry=agent.hurry).run()
+        _job_dir_line(paths, err)
+        return code
 
 
 @contextlib.contextmanager
@@ -84,68 +82,9 @@ def _failed_before_start(spec: JobSpec, paths: JobPaths, store: JobStore,
         raise
 
 
-def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
-    """What `run` and `run --dry-run` both check before anything starts: the job, log and
-    checkpoint dirs can be made (and are made, unless `create` is False), no launcher holds
-    the job dir (`run` takes its lock, job_lock, with the same words) and the run id fits the
-    job dir (continued_run). Errors name the flag and the fix."""
-    paths = JobPaths.for_spec(spec, Path.cwd())
-    check_checkpoint_url(paths)
-    paths.make(create)
-    if not create:
-        check_unlocked(paths.job_dir)
-    return continued_run(spec, paths.job_dir), paths
-
-
-def check_checkpoint_url(paths: JobPaths) -> None:
-    """A checkpoint URL's scheme must be one fsspec knows, with its package installed (the
-    ranks would fail at their first save)."""
-    if not is_url(paths.checkpoint_dir):
-        return
-    import fsspec  # only for a URL
-    from fsspec.registry import known_implementations
-
-    scheme = paths.checkpoint_dir.split("://", 1)[0]
-    where = f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'"
-    try:
-        fsspec.get_filesystem_class(scheme)
-    except ImportError as e:
-        pkg = str(known_implementations.get(scheme, {}).get("class", "")).split(".")[0]
-        if pkg in ("", "fsspec"):  # fsspec's own, needing another package (sftp: paramiko)
-            problem, pkg = f"cannot be used ({e})", "the package named"
-        else:
-            problem = f"needs the package {pkg}, which is not installed"
-        raise SpecError(where, f"{paths.checkpoint_dir}: the {scheme}:// filesystem {problem}",
-                        f"pip install {pkg}, or use a local directory") from None
-    except ValueError:
-        known = [k for k in ("s3", "gs", "abfs", "hdfs", "memory") if k in known_implementations]
-        raise SpecError(where, f"{paths.checkpoint_dir}: unknown URL scheme {scheme!r} (not "
-                        "an fsspec filesystem)", f"use a scheme fsspec knows (e.g. "
-                        f"{', '.join(known)}) or a local directory") from None
-
-
-def continued_run(spec: JobSpec, job_dir: Path) -> JobSpec:
-    """Launching a job dir that holds a job again, with no --run-id, continues that job (a
-    retry, `sbatch --requeue`): it takes the stored run id. An explicit, different --run-id is
-    refused (StoreError, the store's own words)."""
-    if not db_path(job_dir).is_file():
-        return spec
-    try:
-        with JobStore.open(job_dir) as store:
-            stored = store.meta().get("run_id")
-    except StoreError:
-        return spec  # being created, or unreadable: JobStore.create says why
-    if not isinstance(stored, str):
-        return spec
-    if "run_id" not in spec.model_fields_set:
-        return spec.model_copy(update={"run_id": stored})
-    if spec.run_id != stored:
-        raise other_job(job_dir, stored, spec.run_id)
-    return spec
-
-
 @contextlib.contextmanager
-def _metrics_endpoint(spec: JobSpec, paths: JobPaths, store: JobStore) -> Iterator[None]:
+def _metrics_endpoint(spec: JobSpec, paths: JobPaths, store: JobStore,
+                      err: Writable) -> Iterator[None]:
     """`--metrics-port`: the job's /metrics, served by this process while the job runs."""
     if spec.metrics_port is None:
         store.set_meta(metrics_url=None)
@@ -155,72 +94,18 @@ def _metrics_endpoint(spec: JobSpec, paths: JobPaths, store: JobStore) -> Iterat
 
     try:
         url, close = serve(paths.job_dir, spec.metrics_host, spec.metrics_port)
-    except OSError as e:
-        raise SpecError("--metrics-port", f"cannot serve metrics on {spec.metrics_host}:"
-                        f"{spec.metrics_port} ({e.strerror or e})",
-                        "pick a free port, or 0 for any") from None
+    except OSError as e:  # taken since prepare's check_metrics_port
+        raise metrics_port_refused(spec, e) from None
     store.set_meta(metrics_url=url)
-    print(f"[trainguard] metrics: {url}", file=sys.stderr, flush=True)
+    err.write(f"[trainguard] metrics: {url}\n")
     try:
         yield
     finally:
         close()
 
 
-def _job_dir_line(paths: JobPaths) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        print(f"[trainguard] job dir: {paths.job_dir}  (trainguard recovery {paths.job_dir})",
-              file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def job_lock(job_dir: Path) -> Iterator[None]:
-    """One launcher per job dir: a second one is refused, naming the one that runs."""
-    path = job_dir / LOCK_NAME
-    with open(path, "a+", encoding="utf-8") as f:
-        _lock_or_refuse(f, job_dir)
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def check_unlocked(job_dir: Path) -> None:
-    """Refuse, as job_lock would, a job dir in use by a running launcher (the lock is taken
-    and let go at once; a missing lock file is not made)."""
-    try:
-        f = open(job_dir / LOCK_NAME, encoding="utf-8")  # noqa: SIM115 (closed below)
-    except OSError:
-        return  # no launcher ever ran there (or job_lock says why at launch)
-    with f:
-        _lock_or_refuse(f, job_dir)
-        fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _lock_or_refuse(f: IO[str], job_dir: Path) -> None:
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        raise SpecError("--job-dir", f"{job_dir} is in use by a running launcher "
-                        f"(pid {holder})", "wait for it to end, stop it (`trainguard "
-                        f"stop {job_dir}`), or use another --job-dir") from None
-
-
-def check_master_addr(addr: str) -> None:
-    """The rendezvous address must be one this node can listen on."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((addr, 0))
-    except OSError as e:
-        raise SpecError("--master-addr", f"cannot listen on {addr!r} on this node "
-                        f"({e.strerror or e})", "use 127.0.0.1 or one of this node's "
-                        "addresses") from None
+def _job_dir_line(paths: JobPaths, err: Writable) -> None:
+    err.write(f"[trainguard] job dir: {paths.job_dir}  (trainguard recovery {paths.job_dir})\n")
 
 
 log = logging.getLogger(__name__)
@@ -232,7 +117,7 @@ _RESUMABLE = frozenset(s.value for s in JobState if s.resumable)
 
 
 def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
-                   store: JobStore) -> int:
+                   store: JobStore, err: Writable) -> int:
     cdir = paths.job_dir / "cluster"
     cdir.mkdir(parents=True, exist_ok=True)
     meta = store.meta()
@@ -262,7 +147,7 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     agent_argv = [sys.executable, "-m", "trainguard.node.main", "--config",
                   str(cdir / "agent.json")]
     backend = make_backend(spec, cdir, meta.get("slurm_own_job") if resumable else None)
-    rec = Recorder(spec, paths, store, argv, on_event=console_printer())
+    rec = Recorder(spec, paths, store, argv, on_event=console_printer(err))
     fleet = Fleet(hub, backend, spec.nnodes, spec.nproc_per_node, spec.node_timeout_s,
                   spec.reconnect_grace_s, publish=lambda f: _publish(store, f))
     if spec.memory_every:  # each node's memory snapshots copied to the next node
@@ -291,7 +176,8 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
         fleet.close(grace_s=0)
         return code
     nodes = NodeRecovery(rec, fleet)
-    return Controller(rec, fleet, nodes, adopt=adopt).run()
+    hurry = Hurrier(lambda: hub.send_all({"type": HURRY_FRAME}))  # a second Ctrl-C
+    return Controller(rec, fleet, nodes, adopt=adopt, hurry=hurry).run()
 
 
 def make_backend(spec: JobSpec, cdir: Path, own_job: object = None) -> Backend:

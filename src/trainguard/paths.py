@@ -7,8 +7,10 @@ controller's verdict, `hang.json`), read back by `trainguard diagnose`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,17 @@ from trainguard.errors import SpecError
 from trainguard.spec import JobSpec, flag_name
 
 DEFAULT_RUNS_DIR = "trainguard-runs"
+DB_NAME = "trainguard.db"  # the job's store (controller/store.py)
+LOCK_NAME = ".lock"  # held by the job's launcher (launch_checks.job_lock)
+# the files trainguard writes at a job dir's top (the store and SQLite's side files, the
+# launcher's lock, a multi-node job's cluster/ dir), besides its log and checkpoint dirs
+JOB_DIR_FILES = frozenset({DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal",
+                           LOCK_NAME, "cluster"})
+# what trainguard writes in a log dir (one dir per attempt) and in a checkpoint dir (a dir
+# per step, the `latest` pointer, and the staging names a save leaves if it is killed)
+_LOG_DIR_OWN = re.compile(r"attempt-\d+$")
+_CHECKPOINT_DIR_OWN = re.compile(r"step-\d{9,}$|latest$|\.tmp-step-|\.old-step-|\.latest\..*\.tmp$")
+_PROBE = ".trainguard-probe-"  # _check_makeable's, removed at once
 STACKS_DIR = "stacks"  # in an attempt's log dir
 HANG_FILE = "hang.json"  # in its stacks dir
 
@@ -78,13 +91,68 @@ def _check_makeable(d: Path) -> None:
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(d))
     elif not parent.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(d))
-    elif not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(below))
+    elif not os.access(parent, os.W_OK | os.X_OK):  # a read-only mount says so (EROFS)
+        code = errno.EROFS if os.statvfs(parent).f_flag & os.ST_RDONLY else errno.EACCES
+        raise OSError(code, os.strerror(code), str(below))
     else:  # root may "write" where no dir can be made (/proc): try, and leave nothing
         try:
             os.rmdir(tempfile.mkdtemp(prefix=".trainguard-probe-", dir=parent))
         except OSError as e:
             raise OSError(e.errno, e.strerror, str(below)) from None
+
+
+def foreign_entries(job_dir: Path) -> list[str]:
+    """What a dir that holds no job yet already holds, but empty dirs and trainguard's own
+    files (sorted names; a dir with a trailing `/`): [] when it is not a directory."""
+    try:
+        names = sorted(os.listdir(job_dir))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        p = job_dir / n
+        if n in JOB_DIR_FILES or n.startswith(_PROBE):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            with contextlib.suppress(OSError):
+                if any(os.scandir(p)):
+                    out.append(f"{n}/")
+        else:
+            out.append(n)
+    return out
+
+
+def prune_plan(job_dir: Path, log_dir: Path, checkpoint_dir: str) -> tuple[list[Path], list[str]]:
+    """What `prune` deletes of an ended job, and what it keeps (names relative to the job
+    dir), given where the job kept its logs and checkpoints. A job dir of the job's own goes
+    whole: trainguard's files and the log and checkpoint dirs inside it. A dir that also
+    holds other things (`--job-dir .` in a project) keeps them: only trainguard's files, the
+    log dir's `attempt-N` dirs and the checkpoint dir's step dirs and `latest` go."""
+    job_dir = job_dir.resolve()
+    dirs: list[tuple[Path, re.Pattern[str]]] = []
+    for d, own in ((log_dir, _LOG_DIR_OWN),
+                   (None if is_url(checkpoint_dir) else Path(checkpoint_dir), _CHECKPOINT_DIR_OWN)):
+        if d is not None and (d := d.resolve()) != job_dir and d.is_relative_to(job_dir):
+            dirs.append((d, own))
+    tops = {d.relative_to(job_dir).parts[0] for d, _ in dirs}
+    try:
+        names = sorted(os.listdir(job_dir))
+    except OSError:
+        return [], []
+    others = [n for n in names
+              if n not in JOB_DIR_FILES and n not in tops and not n.startswith(_PROBE)]
+    if not others:
+        return [job_dir / n for n in names if n in JOB_DIR_FILES or n in tops], []
+    delete = [job_dir / n for n in names if n in JOB_DIR_FILES]
+    keep = list(others)
+    for d, own in dirs:
+        with contextlib.suppress(OSError):
+            for n in sorted(os.listdir(d)):
+                if own.match(n):
+                    delete.append(d / n)
+                else:
+                    keep.append(str((d / n).relative_to(job_dir)))
+    return delete, keep
 
 
 def is_url(location: str | Path) -> bool:

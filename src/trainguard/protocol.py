@@ -248,6 +248,11 @@ class Op(str, Enum):
     PEER_PERSIST = "peer_persist"
 
 
+# a frame the controller sends, not a command: a second Ctrl-C came, so the node agent ends
+# the grace period of the stop under way (its STOP command) and SIGKILLs what is left
+HURRY_FRAME = "hurry"
+
+
 REPORTS_PER_S = 250.0  # every agent's NodeReports together: the controller's budget
 
 

@@ -26,6 +26,7 @@ class Reason(str, Enum):
 
     JOB_CREATED = "JobCreated"
     JOB_RELAUNCHED = "JobRelaunched"
+    SETTINGS_CHANGED = "SettingsChanged"  # a relaunch whose settings differ from the last's
     JOB_RUNNING = "JobRunning"
     WORKER_FAILED = "WorkerFailed"
     FAILURE_DIAGNOSED = "FailureDiagnosed"
@@ -128,6 +129,15 @@ def rank_list(ranks: Iterable[int]) -> str:
 def plural(n: int, noun: str) -> str:
     """`1 restart`, `3 restarts`."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def size_text(n: float) -> str:
+    """Bytes as people read them: 512 B, 3.2 MiB, 1.5 GiB."""
+    for unit in ("B", "KiB", "MiB"):
+        if round(n, 1 if unit != "B" else 0) < 1024:  # (1023.96 KiB reads 1.0 MiB)
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 @dataclass(frozen=True)

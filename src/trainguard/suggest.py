@@ -4,7 +4,9 @@ A name is matched by its words (split at `_`, `-`, `/`) against the words of eve
 and its other spellings (a job-file key and its flag: `hang_startup_s` is also
 `--hang-startup-timeout`), a word counting when it is nearly the same (`restart` and
 `restarts`); most words in common wins, then the closer spelling. With no word in common the
-spelling alone decides (difflib), or nothing is close.
+spelling alone decides (difflib), or nothing is close. A name that another tool gives (a
+torchrun flag trainguard does not take, the docs' word `preset`) gets what to use instead
+(INSTEAD), not the nearest spelling.
 """
 
 from __future__ import annotations
@@ -44,3 +46,34 @@ def closest(name: str, known: Mapping[str, Iterable[str]]) -> str | None:
         return best
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=SPELLING_CUTOFF)
     return close[0] if close else None
+
+
+# names other tools (torchrun 2.x) or the docs use that trainguard does not take, by their
+# words joined with `-`: what to do instead (a sentence without its final period)
+INSTEAD = {
+    "preset": "the presets are scenarios: --scenario single-node | multi-node | llm "
+              "(`scenario:` in a job file)",
+    "shutdown-timeout": "torchrun's --shutdown-timeout is trainguard's --grace-period (the "
+                        "wait between SIGTERM and SIGKILL)",
+    "start-method": "leave it out: every rank is a process of its own (torchrun's default)",
+    "role": "leave it out: every worker of a job has the same role",
+    "local-addr": "leave it out: use --master-addr for rank 0's store, --controller-host for "
+                  "the address node agents reach the launcher at",
+    "run-path": "leave it out: the script always runs in a fresh interpreter (python SCRIPT, "
+                "or -m MODULE)",
+    "logs-specs": "leave it out: every rank's log is written under the job dir (--log-dir "
+                  "moves it; --redirects and --local-ranks-filter choose what the console "
+                  "shows)",
+    "virtual-local-rank": "not supported: LOCAL_RANK is the rank's index on its node",
+    "numa-binding": "not supported: bind in the script, or wrap it (numactl ... python)",
+    "signals-to-handle": "leave it out: SIGINT, SIGTERM and SIGHUP stop the job (a second one "
+                         "ends the grace period)",
+    "event-log-handler": "leave it out: events go to the job dir (`trainguard events`)",
+    "duplicate-stdout-filters": "leave it out: every rank's log is written under the job dir",
+    "duplicate-stderr-filters": "leave it out: every rank's log is written under the job dir",
+}
+
+
+def instead(name: str) -> str | None:
+    """What to use instead of another tool's `name` (`--shutdown_timeout`), or None."""
+    return INSTEAD.get("-".join(words(name)))

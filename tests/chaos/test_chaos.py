@@ -29,9 +29,12 @@ def test_a_few_faults_of_several_kinds_leave_no_wrong_resume_orphan_or_leaked_me
     recovered, every weight digest the job wrote after each resume equals the fault-free
     run's at the same step, and nothing of the job is left when it ends."""
     order = ("worker_kill", "worker_stop", "controller_kill", "agent_kill")
-    # short: 70 steps of 0.15 s, and a hang confirmed after 8 s (it runs alone, `serial`; the
-    # ten-minute run keeps 20 s for a loaded machine)
-    cfg = Config(minutes=3, seed=16, fault_rate=12, order=order, kinds=order, steps=70,
+    # short: 100 steps of 0.15 s, and a hang confirmed after 8 s (it runs alone, `serial`; the
+    # ten-minute run keeps 20 s for a loaded machine). A fault comes a random gap (mean 2 s
+    # at 30 a minute) after the last one struck, and at least 1 s after it recovered: at 70
+    # steps and a mean of 5 s, the job once reached its last 10 steps before the fourth fault
+    # (a 23.6 s hang recovery, then a long gap), which then never came
+    cfg = Config(minutes=3, seed=16, fault_rate=30, order=order, kinds=order, steps=100,
                  step_time=0.15, first_fault_after=4, standby=False, recover_timeout_s=120,
                  reference="one-node", max_faults=len(order), hang_timeout=8.0)
     result = run_chaos(cfg, work=tmp_path / "chaos")

@@ -214,3 +214,17 @@ def test_a_restarted_empty_server_is_a_vanished_bucket_and_load_says_so_or_gives
     ckpt.wait()
     failed = agent_channel.wait_for("checkpoint_save_failed", step=3)
     assert "bucket does not exist" in failed["error"], failed
+
+
+def test_a_store_that_is_down_at_load_is_a_checkpoint_error_naming_the_location(
+        private_s3: S3Server, no_agent: None) -> None:
+    """Walk-through 19: with the store down when a job started, every rank died with
+    botocore's 150-line traceback and nothing named the checkpoint location."""
+    bucket = private_s3.new_bucket()
+    url = f"s3://{bucket}/run"
+    options = private_s3.options(**FAIL_FAST)
+    private_s3.kill()
+    ckpt = Checkpointer(url, storage_options=options)
+    with pytest.raises(CheckpointError, match=rf"^cannot list the checkpoints at {url}: \w+"
+                                              r".*Fix: check that the storage is reachable"):
+        ckpt.load_latest(fresh_state())

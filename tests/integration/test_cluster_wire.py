@@ -93,7 +93,7 @@ def test_an_agent_reports_and_beats_and_answers_commands(
     hub, agent, _ = hub_and_agent
     time.sleep(1.2)
     assert hub.take_reports("n0")  # pushed every report interval
-    assert hub.silent_for("n0") < 1.0
+    assert hub.silent_for("n0") < 2.0  # beats every 0.25 s; a loaded machine stalls a second
     link = hub.links["n0"]
     assert link.agent_pid == agent.pid and link.addr == "127.0.0.1"
     reply = hub.call({"n0": (Op.PORT, {})}, 10, 3)["n0"]

@@ -195,9 +195,19 @@ def test_a_stop_under_way_shows_in_status_and_a_stopped_or_lost_job_says_how_to_
     it: the same command with its --job-dir."""
     script, job = tmp_path / "stubborn.py", tmp_path / "job"
     script.write_text(STUBBORN)
-    launcher = subprocess.Popen(
-        [*TG, "run", "--nproc-per-node", "1", "--grace-period", "60", "--job-dir", str(job),
-         str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def launch() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [*TG, "run", "--nproc-per-node", "1", "--grace-period", "60", "--job-dir",
+             str(job), str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ended_and_says_how_to_continue(state: str) -> None:
+        text = tg("status", str(job)).stdout
+        assert state in text and "STOPPING" not in text, text
+        assert f"continue it: run the same `trainguard run` command with --job-dir " \
+               f"{job.resolve()}" in text, text
+
+    launcher = launch()
     try:
         _wait(lambda: (read_json("status", job)["last_progress"]["step"] or 0) >= 3)
         assert read_json("status", job)["stopping"] is None
@@ -212,13 +222,25 @@ def test_a_stop_under_way_shows_in_status_and_a_stopped_or_lost_job_says_how_to_
         assert "running · STOPPING" in text and "the ranks have 60s to exit" in text, text
         assert "continue it:" not in text and "(stop the job:" not in text, text
         assert [e["reason"] for e in read_json("events", job)].count("StopRequested") == 1
-        forced = tg("stop", str(job), "--timeout", "1", "--force")
-        assert forced.returncode == 0, forced.stdout + forced.stderr
+        waits = tg("stop", str(job), "--timeout", "1")  # a stop under way is not sent again
+        assert waits.returncode == 1 and "is under way: waiting for its launcher" in \
+            waits.stdout, waits.stdout + waits.stderr
+        again = tg("stop", str(job), "--now", "--timeout", "20")  # --now: no more grace
+        assert again.returncode == 0, again.stdout + again.stderr
         launcher.wait(timeout=30)
     finally:
         if launcher.poll() is None:
             launcher.kill()
-    text = tg("status", str(job)).stdout
-    assert "lost" in text and "STOPPING" not in text, text
-    assert f"continue it: run the same `trainguard run` command with --job-dir " \
-           f"{job.resolve()}" in text, text
+    ended_and_says_how_to_continue("stopped")
+    ended = next(e for e in read_json("events", job) if e["reason"] == "JobStopped")
+    assert "got SIGKILL (a second signal cut the grace period short)" in ended["message"]
+    # a launcher killed outright (what `stop --force` does to one that does not end): lost
+    launcher = launch()
+    try:
+        _wait(lambda: read_json("status", job)["attempt"] == 1)
+        launcher.kill()
+        launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    ended_and_says_how_to_continue("lost")

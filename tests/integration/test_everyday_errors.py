@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.conftest import TG
+from tests.integration.conftest import TG, mount_tmpfs
 
 SLOW = "import time\nfor i in range(1, 400):\n    print(f'step {i}', flush=True)\n" \
        "    time.sleep(0.1)\n"
@@ -84,3 +84,14 @@ def test_stop_force_says_the_launcher_was_killed_and_how_to_continue(tmp_path: P
     assert "lost (the launcher was killed, so there is no exit code)" in forced.stdout
     assert f"Continue it: run the same `trainguard run` command with --job-dir " \
            f"{job.resolve()}" in forced.stdout, forced.stdout
+
+
+def test_a_checkpoint_dir_on_a_read_only_mount_is_said_to_be_read_only(tmp_path: Path) -> None:
+    """Walk-through 19: a read-only mount was reported as 'Permission denied' (os.access
+    says only 'not writable'), so a user (root, too) looked at permissions, not the mount."""
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    for ro in mount_tmpfs(tmp_path / "ro", "ro,size=1m"):
+        r = subprocess.run([*TG, "run", "--checkpoint-dir", str(ro / "ck"), "--dry-run",
+                            "t.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2
+        assert f"cannot create {ro / 'ck'} (Read-only file system)" in r.stderr, r.stderr

@@ -217,7 +217,7 @@ def test_a_py_spy_that_hangs_or_babbles_is_an_error_in_time(procs: Procs, tmp_pa
     t0 = time.monotonic()
     [rs] = dump_stacks({0: p.pid}, tmp_path, timeout_s=1.0,
                        pyspy=fake_pyspy(tmp_path, "exec sleep 30")).values()
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 10  # not the 30 s the fake py-spy would sleep
     assert rs.error is not None and "timed out" in rs.error
     [rs] = dump_stacks({0: p.pid}, tmp_path, pyspy=fake_pyspy(tmp_path, "echo oops")).values()
     assert rs.error is not None and "not JSON" in rs.error
@@ -243,7 +243,9 @@ def test_gloo_rank_in_all_reduce_and_the_sleeping_rank_is_named(procs: Procs,
     ranks = {0: procs.start("ranks.py", "0", port), 1: procs.start("ranks.py", "1", port)}
     procs.ready(*ranks.values(), settle=0.5)
     t0 = time.monotonic()
-    found = dump_stacks({r: p.pid for r, p in ranks.items()}, tmp_path / "stacks")
+    # py-spy's native frames of torch take 1.5 s at a load of 4 and 6.5 s at 8-10: past 60%
+    # of the budget the native dump is dropped, so the budget here is loose (30 s)
+    found = dump_stacks({r: p.pid for r, p in ranks.items()}, tmp_path / "stacks", timeout_s=30)
     took = time.monotonic() - t0
     assert all(rs.error is None for rs in found.values())
     assert describe(main_thread(found[0])) == ("collective", "all_reduce")
@@ -252,7 +254,7 @@ def test_gloo_rank_in_all_reduce_and_the_sleeping_rank_is_named(procs: Procs,
     assert (v.rank, v.frame) == (1, f"{procs.tmp / 'ranks.py'}:10 in step")  # the full path
     assert v.reason.startswith("Rank 1 is sleeping (time.sleep")
     assert "rank 0 waits in a collective (all_reduce" in v.reason
-    assert took < 5
+    assert took < 10  # the default budget, which it ran without (6.5 s at a load of 8-10)
     text = (tmp_path / "stacks" / "rank-0.txt").read_text()
     assert "all_reduce (torch/distributed/distributed_c10d.py:" in text
     assert "c10d::" in text  # native C++ frames of the wait

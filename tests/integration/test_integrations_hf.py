@@ -48,6 +48,16 @@ def aborted_at_exit(job: Path) -> bool:
         "weights sha256" in t for t in text)
 
 
+def aborted_after_drain(job: Path, rank: int) -> bool:
+    """A drained rank (exit 143 on its way) SIGABRTed by torch at interpreter exit, as in
+    aborted_at_exit: the drain is done, its checkpoint committed."""
+    log = max((job / "logs").glob(f"attempt-*/rank-{rank}.log"),
+              key=lambda p: int(p.parent.name.split("-")[1]))
+    text = log.read_text(encoding="utf-8", errors="replace")
+    return "exiting with 143" in text and "terminate called without an active exception" in \
+        text.split("exiting with 143", 1)[1]
+
+
 def test_a_rank_killed_mid_epoch_resumes_to_the_uninterrupted_losses_and_weights(
         tmp_path: Path, uninterrupted: tuple[list[list[float]], str]) -> None:
     """The one-line integration (the callback and `train`)."""
@@ -76,7 +86,9 @@ def test_the_unmodified_script_killed_then_stopped_resumes_each_time_exactly(
     assert 7 < drained < 14
     assert_killed_and_resumed_from_4(tmp_path)
     assert "[trainguard] auto-resume: " in r.stdout and "checkpoint-4" in r.stdout
-    assert [w["exit_code"] for w in read_json("status", job)["ranks"]] == [143, 143]
+    codes = [w["exit_code"] for w in read_json("status", job)["ranks"]]
+    assert all(c == 143 or (c == -6 and aborted_after_drain(job, r)) for r, c in
+               enumerate(codes)), codes  # (torch's abort at exit, as aborted_at_exit says)
     again = run_tg(cmd, cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     story = [f"{e['reason']}: {e['message']}" for e in read_json("events", job)]

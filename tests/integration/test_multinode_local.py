@@ -235,3 +235,60 @@ def test_a_node_implicated_again_and_again_is_isolated_as_a_repeat_offender(
                for rr in rec["recover_records"]]
     assert [rr["recover"] for rr in records] == ["process_restart", "job_reschedule_with_taint"]
     assert node(read_json("status", job), "node-1")["times_implicated"] == 2
+
+
+def test_a_second_ctrl_c_ends_every_node_agents_grace_period(tmp_path: Path) -> None:
+    """Ranks that ignore SIGTERM kept a stopping multi-node job for its whole grace period
+    after a second Ctrl-C (the node agents never heard of it); the controller now passes the
+    second signal on and every agent SIGKILLs what is left."""
+    (tmp_path / "t.py").write_text(
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "for s in range(1, 10**6):\n    print(f'step {s}', flush=True)\n    time.sleep(0.2)\n")
+    job = tmp_path / "job"
+    bg = Background(["run", "--nnodes", "2", "--nproc-per-node", "1", "--job-dir", str(job),
+                     "--grace-period", "60", "--no-standby-workers", str(tmp_path / "t.py")],
+                    tmp_path)
+    deadline = time.monotonic() + 120
+    while not all((job / "logs" / "attempt-0" / f"rank-{r}.log").exists()
+                  and "step 3" in log_of(job, 0, r) for r in (0, 1)):
+        assert time.monotonic() < deadline and bg.proc.poll() is None, bg.console.read_text()
+        time.sleep(0.3)
+    bg.proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30  # the first stop is handled (not merged with the second)
+    while "stop requested" not in bg.console.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.2)  # (a repeat within 1 s is the same stop delivered twice)
+    assert bg.proc.poll() is None  # the ranks ignore SIGTERM: the grace period runs
+    t0 = time.monotonic()
+    bg.proc.send_signal(signal.SIGINT)
+    code, out = bg.finish(timeout=60)
+    assert time.monotonic() - t0 < 20, "the second Ctrl-C did not end the 60 s grace period"
+    assert code == 128 + signal.SIGINT, out
+    (stopped,) = events_of(job, "JobStopped")
+    assert "ranks 0, 1 did not and got SIGKILL (a second signal cut the grace period short)" \
+        in stopped["message"], stopped
+
+
+def test_under_the_llm_preset_a_lost_node_costs_no_grace_period(tmp_path: Path) -> None:
+    """Walk-through 19: with `--scenario llm` (step re-execution and the save on the way
+    out) a pod-level move took the whole grace period: the survivor, its step failed, waited
+    for a verdict that never comes to a rank being stopped, and its save on the way out waited
+    for the lost node's rank. Now it stops waiting and its save does not wait for the dead."""
+    job = tmp_path / "job"
+    bg = Background(["run", "--scenario", "llm", "--nnodes", "2", "--nproc-per-node", "1",
+                     "--spare-nodes", "1", "--grace-period", "30", "--job-dir", str(job),
+                     str(EXAMPLE), "--steps", "200", "--step-time", "0.1", "--ckpt-every",
+                     "1000"], tmp_path)
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 40)
+    kill_node(status, "node-1")
+    code, out = bg.finish()
+    assert code == 0, out
+    (rr,) = [rr for r in read_json("recovery", job)["running_records"]
+             for rr in r["recover_records"]]
+    assert rr["recover"] == "pod_reschedule" and rr["recover_result"] == "success"
+    assert rr["durations_s"]["stop"] < 15, rr["durations_s"]  # was the 30 s grace period
+    saved = [e for e in events_of(job, "CheckpointSaved") if e["involved"].get("attempt") == 0]
+    assert saved and "without the part of rank(s) 1" in saved[-1]["message"]
+    log = log_of(job, 0, 0)  # (a SIGTERM between two steps stops it at the boundary instead)
+    if "failed on process group generation" in log:
+        assert "the launcher is stopping this rank: step" in log, log[-2000:]

@@ -63,7 +63,9 @@ def test_this_node_passes_and_a_cached_rerun_takes_milliseconds(tmp_path: Path) 
     t0 = time.perf_counter()
     again = run_precheck(cfg, "node-0", import_cache=cache)
     took = time.perf_counter() - t0
-    assert again.ok and took < 0.05, (took, again.summary())
+    # no second torch import (a warm one takes over a second here); 0.05 s was too tight a
+    # bound for a loaded CI machine
+    assert again.ok and took < 0.5, (took, again.summary())
     assert check(again, "import:torch").detail.endswith("(cached)")
     assert check(again, "import:torch").value == torch_s
     assert [c.name for c in again.checks] == [c.name for c in rep.checks]

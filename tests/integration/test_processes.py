@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -139,11 +140,10 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path
 def test_a_job_that_prints_megabytes_per_second_does_not_grow_the_launchers_memory(
         tmp_path: Path) -> None:
     loud = textwrap.dedent("""
-        import sys, time
+        import sys
         line = "x" * 1000 + "\\n"
-        end = time.monotonic() + 6
         n = 0
-        while time.monotonic() < end:
+        while n < 40:  # a fixed amount, not a time: a loaded machine writes it too, slower
             sys.stdout.write(line * 1000)   # 1 MB a write
             n += 1
         sys.stdout.write("y" * 20_000_000)  # one 20 MB line with no newline
@@ -152,7 +152,10 @@ def test_a_job_that_prints_megabytes_per_second_does_not_grow_the_launchers_memo
     """)
     proc, job = _start(tmp_path, loud, stdout=subprocess.DEVNULL)  # console echo on
     launcher = psutil.Process(proc.pid)
-    time.sleep(1.0)
+    log = job / "logs" / "attempt-0" / "rank-0.log"
+    deadline = time.monotonic() + 60  # the launcher's own start-up is not growth: the base is
+    while (not log.is_file() or log.stat().st_size == 0) and time.monotonic() < deadline:
+        time.sleep(0.05)  # taken once the rank writes (a fixed 1 s read 15 MiB at a load of 10)
     base = launcher.memory_info().rss
     peak = base
     while proc.poll() is None:
@@ -206,10 +209,11 @@ def test_workers_get_torchruns_environment_and_trainguards_own(tmp_path: Path) -
 
 
 def test_a_successful_job_leaves_no_child_behind_and_logs_everything(tmp_path: Path) -> None:
-    leaver = textwrap.dedent("""
+    mark = f"time.sleep(600)  # {uuid.uuid4().hex}"  # this test's sleepers, no other's
+    leaver = textwrap.dedent(f"""
         import subprocess, sys
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+        subprocess.Popen([sys.executable, "-c", "import time; {mark}"])
+        subprocess.Popen([sys.executable, "-c", "import time; {mark}"],
                          start_new_session=True)
         print("step 1 done", flush=True)
     """)
@@ -222,7 +226,7 @@ def test_a_successful_job_leaves_no_child_behind_and_logs_everything(tmp_path: P
     assert r.returncode == 0, r.stderr
     time.sleep(0.5)
     left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-            and "time.sleep(600)" in " ".join(p.info["cmdline"] or [])]
+            and mark in " ".join(p.info["cmdline"] or [])]
     assert left == []
     for rank in (0, 1):
         assert "step 1 done" in (tmp_path / f"j/logs/attempt-0/rank-{rank}.log").read_text()

@@ -53,6 +53,16 @@ def settle(measure: Callable[[], int], want: int, timeout: float = 15.0) -> int:
     return got
 
 
+def steady(measure: Callable[[], int], looks: int = 4, timeout: float = 20.0) -> int:
+    """measure's value once it has held for `looks` looks 0.5 s apart (or at `timeout`)."""
+    deadline, got, held = time.monotonic() + timeout, measure(), 0
+    while held < looks and time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = measure()
+        held, got = (held + 1, now) if now == got else (0, now)
+    return got
+
+
 def send_and_close(port: int, data: bytes, read_challenge: bool) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         try:
@@ -142,8 +152,10 @@ def test_a_live_hub_survives_fuzzing_and_still_serves_an_agent(
         finally:
             real.close()
         assert hub._acceptor.is_alive()
-        assert settle(link_threads, base_links) == base_links
-        assert settle(fds, base_fds) == base_fds
+        # fewer than at the start is no leak: this process is shared with other tests, whose
+        # leftovers (a collected socket, an ended thread) may close while this one runs
+        assert settle(link_threads, base_links) <= base_links
+        assert settle(fds, base_fds) <= base_fds
     finally:
         hub.close()
 
@@ -164,7 +176,10 @@ def test_a_live_agent_survives_a_fuzzing_controller_and_still_serves_a_real_one(
         c = next_conn()  # the agent's baseline: connected, idle
         welcome(c, token, accept(c, token))
         time.sleep(1.5)
-        base_fds, base_threads = fds(agent.pid), threads(agent.pid)
+        # the baseline is a count steady for 2 s: the agent's start-up thread (its rules
+        # loader) may still be ending on a loaded machine
+        base_threads = steady(lambda: threads(agent.pid))
+        base_fds = fds(agent.pid)
         c.close()
 
         @settings(FUZZ, max_examples=25)
@@ -208,8 +223,9 @@ def test_a_live_agent_survives_a_fuzzing_controller_and_still_serves_a_real_one(
                 {"host": "127.0.0.1", "port": hub.port}))
             assert hub.wait_connected(["n0"], 20) == []
             assert hub.call({"n0": ("port", {})}, 10, 3)["n0"].ok
-            assert settle(lambda: threads(agent.pid), base_threads) == base_threads
-            assert settle(lambda: fds(agent.pid), base_fds) == base_fds
+            # (fewer is no leak: a rules loader slower than the 2 s above ends meanwhile)
+            assert settle(lambda: threads(agent.pid), base_threads) <= base_threads
+            assert settle(lambda: fds(agent.pid), base_fds) <= base_fds
         finally:
             hub.close()
     finally:

@@ -210,7 +210,7 @@ def test_in_an_sbatch_job_a_lost_node_is_replaced_by_the_spare(
     console = (tmp_path / "batch.out").read_text()
     # COMPLETING: the batch script ended 0, Slurm still cleans up after the dead node
     assert state in ("COMPLETED", "COMPLETING") and exit_code == "0:0", console[-6000:]
-    assert time.monotonic() - t_kill < 60
+    assert time.monotonic() - t_kill < 80  # the loss, a new step, 40 more steps, clean-up
     got = reasons(job)
     assert "NodeLost" in got and "PodRescheduled" in got and got[-1] == "JobSucceeded", got
     lost = events_of(job, "NodeLost")[0]
@@ -361,14 +361,16 @@ def test_a_pod_level_move_resumes_from_the_peer_copy_on_the_spare_s_standby(
     node, the spare keeps a standby; the node of rank 1 is lost (slurmd and steps killed);
     its rank starts on the spare from that standby with the buddy's copy, rank 0 from its own
     memory: 0 steps lost since the last copy, the uninterrupted job's weights bit for bit,
-    the step saved to storage from the peer copy, and no region left in shared memory."""
+    the step saved to storage from the peer copy, and no region left in shared memory.
+    (2 s steps: the save from the peer copy starts a process of its own; with 1 s steps a node
+    lost at step 12 let the job end at 14 first, and the save rightly found nothing newer.)"""
     cluster = clean_cluster
     job, shm = tmp_path / "job", tmp_path / "shm"
     shm.mkdir()
     args = ["run", "--backend", "slurm", "--nnodes", "2", "--nproc-per-node", "1",
             "--spare-nodes", "1", "--job-dir", str(job), "--run-id", "mnpeer",
             "--memory-every", "1", "--restart-backoff", "0", "--max-restarts", "3",
-            "--grace-period", "5", str(EXAMPLE), "--steps", "14", "--step-time", "1.0",
+            "--grace-period", "5", str(EXAMPLE), "--steps", "14", "--step-time", "2.0",
             "--ckpt-every", "100", "--progress", "--digest"]
     ctl = Controller(args, tmp_path, tg_env(cluster, extra={"TRAINGUARD_SHM_ROOT": str(shm)}))
     try:

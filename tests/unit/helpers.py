@@ -6,10 +6,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainguard.controller.store import JobStore
 from trainguard.diagnosis.sources import diagnose_paths
 from trainguard.diagnosis.taxonomy import Diagnosis
 
 TG = [sys.executable, "-m", "trainguard"]
+
+
+def a_job(job: Path, ranks: int) -> Path:
+    """A succeeded job (run id `run-w`) in `job`, with one log line from each rank."""
+    with JobStore.create(job, "run-w") as s:
+        s.set_meta(state="succeeded", log_dir=str(job / "logs"))
+    for r in range(ranks):
+        log = job / "logs" / "attempt-0" / f"rank-{r}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"2026-01-01T00:00:00+00:00 out hello from {r}\n")
+    return job
 
 
 def tg(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
@@ -17,6 +29,14 @@ def tg(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
     """`python -m trainguard ARGS`, its output captured, never raising on its exit code."""
     return subprocess.run([*TG, *args], capture_output=True, text=True, timeout=timeout,
                           check=False, cwd=cwd, env=env)
+
+
+def traceback_of(line: str) -> str:
+    """A short Python traceback whose last line is `line` (an exception and its message)."""
+    return ("Traceback (most recent call last):\n"
+            '  File "train.py", line 40, in <module>\n'
+            "    main(args)\n"
+            f"{line}\n")
 
 
 def diagnose_text(tmp_path: Path, text: str, name: str = "console.log") -> Diagnosis:

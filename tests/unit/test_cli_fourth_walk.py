@@ -133,7 +133,7 @@ def test_a_negative_count_or_age_is_refused_not_taken_for_nothing_or_everything(
 
 def test_a_job_dir_in_use_advises_stop_or_another_job_dir_not_another_run_id(
         here: Path) -> None:
-    from trainguard.launch import job_lock
+    from trainguard.launch_checks import job_lock
 
     job = here / "busy"
     job.mkdir()

@@ -54,6 +54,6 @@ def test_an_invalid_choice_is_one_line_naming_the_valid_values_and_the_fix() -> 
     assert r.returncode == ExitCode.USAGE and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr == ("trainguard run: error: --scenario: 'bogus' is not a valid choice. "
                         "Fix: pass one of llm, multi-node, single-node\n")
-    missing = tg("status")
+    missing = tg("stop")  # (the reading commands default to the last job: no longer missing)
     assert missing.stderr.count("\n") == 1
-    assert "Fix: see `trainguard status --help`" in missing.stderr
+    assert "Fix: see `trainguard stop --help`" in missing.stderr

@@ -10,13 +10,15 @@ from typing import Any
 import pytest
 
 from trainguard.cli import main, parser
-from trainguard.cli.run import spec_from_args, worker_argv
+from trainguard.cli.run import spec_from_args
+from trainguard.cli.run_checks import worker_argv
 from trainguard.errors import SpecError
-from trainguard.spec import JobSpec, build_spec
+from trainguard.spec import JobSpec
+from trainguard.spec_build import build_spec
 
 
 def spec(*argv: str) -> JobSpec:
-    return spec_from_args(parser().parse_args(["run", *argv]))
+    return spec_from_args(parser().parse_args(["run", *argv])).spec
 
 
 def dump(s: JobSpec) -> dict[str, Any]:

@@ -6,18 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.unit.helpers import tg
-from trainguard.controller.store import JobStore
-
-
-def a_job(job: Path, ranks: int) -> Path:
-    with JobStore.create(job, "run-w") as s:
-        s.set_meta(state="succeeded", log_dir=str(job / "logs"))
-    for r in range(ranks):
-        log = job / "logs" / "attempt-0" / f"rank-{r}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"2026-01-01T00:00:00+00:00 out hello from {r}\n")
-    return job
+from tests.unit.helpers import a_job, tg
 
 
 def test_logs_of_a_rank_the_job_does_not_have_names_the_ranks_it_has(tmp_path: Path) -> None:

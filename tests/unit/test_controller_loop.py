@@ -33,7 +33,8 @@ from trainguard.protocol import (
     WorkerFact,
 )
 from trainguard.records import Event, RecoverResult, StartType
-from trainguard.spec import JobSpec, build_spec
+from trainguard.spec import JobSpec
+from trainguard.spec_build import build_spec
 from trainguard.states import WorkerState
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)

@@ -153,12 +153,13 @@ def test_a_segfault_a_launcher_reports_keeps_maybe(tmp_path: Path) -> None:
 
 
 def test_nccls_unhandled_cuda_error_repeats(tmp_path: Path) -> None:
-    # a CUDA call inside NCCL (peer access the GPUs lack, a build for another CUDA); since
-    # the eleventh round the NCCL library's (test_diagnosis_generalise11.py)
+    # a CUDA call inside NCCL (peer access the GPUs lack, a build for another CUDA); the NCCL
+    # library's in the eleventh round, NCCL's since the fourteenth, the majority of its labels
+    # (test_diagnosis_generalise14.py)
     line = ("RuntimeError: NCCL error in: /opt/pytorch/torch/csrc/distributed/c10d/"
             "ProcessGroupNCCL.cpp:1205, unhandled cuda error, NCCL version 2.18.1")
     d = diagnose_text(tmp_path, line + "\n")
-    assert d.category == Category.DEPENDENCY_OR_IMPORT_ERROR
+    assert d.category == Category.NCCL_COMMUNICATION_ERROR
     assert d.restart_helps == RestartHelps.NO
 
 

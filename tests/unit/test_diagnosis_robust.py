@@ -18,12 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainguard.cli import main
+from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import line_time, split_prefix
 from trainguard.diagnosis.rules import load_rules
 from trainguard.diagnosis.scan import compile_trigger, scan_bytes
 from trainguard.diagnosis.sources import scan_file
-from trainguard.diagnosis.verdict import RankExit, diagnose
+from trainguard.diagnosis.verdict import diagnose
 
 RULES = load_rules()
 TRIGGER = compile_trigger(RULES)

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.rules import load_rules
 from trainguard.diagnosis.scan import compile_trigger, scan_bytes
 from trainguard.diagnosis.sources import CHUNK, scan_file
 from trainguard.diagnosis.taxonomy import Category, Diagnosis
-from trainguard.diagnosis.verdict import RankExit, diagnose
+from trainguard.diagnosis.verdict import diagnose
 
 RULES = load_rules()
 TRIGGER = compile_trigger(RULES)

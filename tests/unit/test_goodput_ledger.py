@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from itertools import pairwise
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -165,3 +166,36 @@ def test_the_parts_always_add_up_to_the_wall_time(
     assert math.isclose(parts_sum(g), t + tail, rel_tol=1e-9, abs_tol=1e-6)
     assert all(s.cause in (*CAUSES, PRODUCTIVE) for s in g.segments)
     assert all(a.end <= b.start + 1e-9 for a, b in pairwise(g.segments))
+
+
+def test_an_async_saves_wait_is_placed_where_the_loop_waited_not_at_its_commit(
+        tmp_path: Path) -> None:
+    """Walk-through 19, a flaky object store: step 90's save blocked the loop 6.387 s and
+    committed 9.839 s after the loop went on; step 100's blocked 8.581 s and committed 0.137 s
+    after. Both painted as ending at their commits (0.1 s apart), they overlapped and 6.4 s of
+    stalled loop counted as productive (checkpoint_blocking 8.67 s against 15.06 s)."""
+    from datetime import datetime, timezone
+
+    from trainguard.controller.store import JobStore
+    from trainguard.goodput.read import ledger_input, saves
+    from trainguard.records import Event, Involved, Level, iso
+
+    t = datetime(2026, 12, 4, 2, 52, 10, tzinfo=timezone.utc)
+    with JobStore.create(tmp_path, "tg-s3") as store:
+        for at, step, blocked, before in ((t.timestamp() - 0.1, 90, 6.387, 9.839),
+                                          (t.timestamp(), 100, 8.581, 0.137)):
+            store.add_event(Event(datetime.fromtimestamp(at, timezone.utc), Level.INFO,
+                                  "CheckpointSaved", f"checkpoint of step {step} committed",
+                                  Involved("tg-s3", rank=0, attempt=0),
+                                  {"step": step, "blocked_s": blocked,
+                                   "resumed_before_s": before}))
+        commits = saves(store)
+    assert [(c.step, c.resumed_before_s) for c in commits] == [(90, 9.839), (100, 0.137)]
+    t0 = t.timestamp() - 30
+    inp = ledger_input({"created_at": iso(datetime.fromtimestamp(t0, timezone.utc))}, [],
+                       steps(0, 1, 39, t0), commits, [], None,
+                       datetime.fromtimestamp(t0 + 40, timezone.utc))
+    assert inp.saves == [(commits[0].at - 9.839, 6.387), (commits[1].at - 0.137, 8.581)]
+    g = account(inp)
+    assert math.isclose(g.seconds("checkpoint_blocking"), 6.387 + 8.581, abs_tol=1e-6)
+    assert math.isclose(parts_sum(g), g.wall_s)

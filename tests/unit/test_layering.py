@@ -10,13 +10,13 @@ R1 The in-script library (trainguard/__init__, worker/, checkpoint/, testing/) i
    itself; outside trainguard only the standard library (and torch, fsspec in checkpoint/;
    torch in worker/step.py).
 R2 Pure modules (policy/, hang/, diagnosis/ except its file readers, and the shared
-   vocabulary: spec, spec_words, errors, exitcodes, records, states, protocol,
+   vocabulary: spec, spec_build, spec_words, errors, exitcodes, records, states, protocol,
    worker/contract) import only pure modules.
 R3 controller/ never imports node/.
 R4 node/ never imports controller/.
 R5 A side (controller/, node/) is imported only by itself, by the composition root
-   (launch.py) and by cli/, and cli/ only by cli/ and __main__: so only launch.py and cli/
-   import both sides, and nothing imports cli/.
+   (launch.py, launch_checks.py) and by cli/, and cli/ only by cli/ and __main__: so only
+   the root and cli/ import both sides, and nothing imports cli/.
 R6 No import cycles among the imports that run (module- or function-level); imports under
    `if TYPE_CHECKING:` never run and are left out (checkpointer <-> exit_save is one).
 
@@ -74,6 +74,7 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
     f"{PKG}.node": frozenset({NODE}),
     f"{PKG}.backends": frozenset({BACKENDS}),
     f"{PKG}.launch": frozenset({ROOT}),
+    f"{PKG}.launch_checks": frozenset({ROOT}),  # launch's checks; `run --dry-run` makes them
     f"{PKG}.cli": frozenset({CLI}),
     f"{PKG}.ui": frozenset({CLI}),  # `trainguard ui`'s server: a reader, like the commands
     f"{PKG}.__main__": frozenset({CLI}),  # `python -m trainguard`: the command line
@@ -81,8 +82,9 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
 # The top-level shared modules, the one explicit list.
 SHARED_TOP: dict[str, frozenset[str]] = {
     **{m: frozenset({PURE}) for m in ("spec", "errors", "exitcodes", "records", "states",
-                                      "protocol", "suggest", "presets", "spec_words")},
-    **{m: frozenset({SHARED}) for m in ("paths", "wire")},  # mkdir; sockets
+                                      "protocol", "suggest", "presets", "spec_words",
+                                      "spec_build")},
+    **{m: frozenset({SHARED}) for m in ("paths", "wire", "console")},  # mkdir; sockets; a thread
 }
 SIDES = (CONTROLLER, NODE)
 # outside trainguard, besides the standard library

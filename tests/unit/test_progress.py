@@ -9,7 +9,7 @@ import threading
 import time
 import timeit
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -94,6 +94,18 @@ def steps_sent(server: ChannelServer | BusyAgent) -> list[int]:
     return [m["step"] for m in got]
 
 
+def sent_within(server: ChannelServer, timeout: float,
+                done: Callable[[list[int]], bool]) -> list[int]:
+    """Every step sent until `done` holds of them (or `timeout` passes): the held-back step
+    goes from a thread, which a loaded machine may run late."""
+    deadline = time.monotonic() + timeout
+    sent = steps_sent(server)
+    while not done(sent) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        sent += steps_sent(server)
+    return sent
+
+
 def test_the_package_exports_the_api() -> None:
     assert trainguard.progress is progress
     assert trainguard.phase is phase
@@ -137,8 +149,8 @@ def test_a_held_back_last_step_is_sent_when_the_interval_ends(agent: ChannelServ
     progress(1)
     progress(2)  # held back: the interval has not ended
     progress(3)
-    time.sleep(PROGRESS_INTERVAL_S + 0.3)
-    assert steps_sent(agent) == [1, 3]
+    time.sleep(PROGRESS_INTERVAL_S)
+    assert sent_within(agent, 5, lambda sent: sent[-1:] == [3]) == [1, 3]
 
 
 def test_held_back_steps_do_not_send_more_than_one_message_per_interval(
@@ -149,8 +161,8 @@ def test_held_back_steps_do_not_send_more_than_one_message_per_interval(
         step += 1
         progress(step)
         time.sleep(0.003)
-    time.sleep(PROGRESS_INTERVAL_S + 0.3)
-    sent = steps_sent(agent)
+    time.sleep(PROGRESS_INTERVAL_S)
+    sent = sent_within(agent, 5, lambda sent: sent[-1:] == [step])
     assert sent[-1] == step and sent == sorted(set(sent))
     assert len(sent) <= 5 + 2  # the first, one per interval, the held-back last one
 

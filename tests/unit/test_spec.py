@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from trainguard.errors import SpecError, TrainguardError
-from trainguard.spec import DEFAULT_STEP_PATTERN, PRESETS, JobSpec, RestartPolicy, build_spec
+from trainguard.spec import DEFAULT_STEP_PATTERN, PRESETS, JobSpec, RestartPolicy
+from trainguard.spec_build import build_spec
 
 SCRIPT = {"entrypoint": "train.py"}
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainguard.errors import SpecError
-from trainguard.spec import FIELDS, build_spec, flag_name
+from trainguard.spec import FIELDS, flag_name
+from trainguard.spec_build import build_spec
 from trainguard.suggest import closest
 
 

@@ -273,7 +273,7 @@ def test_the_tail_of_a_huge_log_reads_only_its_end(client: TestClient, job: Path
     monkeypatch.setattr(logtail, "open", counting, raising=False)
     started = time.monotonic()
     doc = client.get(f"/api/jobs/{job_id(job.resolve())}/logs/1/1?tail=100").json()
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 5.0  # reading 4 GiB would take minutes
     assert [ln["text"] for ln in doc["lines"]] == [f"line {i}" for i in range(200, 300)]
     assert all(ln["n"] is None for ln in doc["lines"])  # too big to count its lines
     assert doc["size"] > 4 * 2**30 and doc["complete"]

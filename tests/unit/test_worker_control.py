@@ -3,11 +3,13 @@ launcher verdict: what a training script sees of in-process restarts."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -48,10 +50,15 @@ def test_a_verdict_the_waiter_does_not_take_is_kept_for_the_next() -> None:
 
 def test_a_wait_ticks_every_second_and_gives_up_at_its_deadline() -> None:
     box = control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}")
-    ticks: list[int] = []
+    ticks: list[float] = []
     try:
-        assert box.wait(lambda v: True, 1.5, lambda: ticks.append(1)) is None
-        assert len(ticks) == 2  # at once, then a second later
+        t0 = time.monotonic()
+        assert box.wait(lambda v: True, 3.5, lambda: ticks.append(time.monotonic())) is None
+        assert time.monotonic() - t0 >= 3.5
+        # at once, then at 1, 2 and 3 s (a loaded machine may stall the last past the
+        # deadline): a second apart, never less
+        assert ticks[0] - t0 < 0.5 and 3 <= len(ticks) <= 4, [t - t0 for t in ticks]
+        assert all(b - a >= 1.0 for a, b in itertools.pairwise(ticks)), ticks
     finally:
         box.close()
 

@@ -75,6 +75,27 @@ def test_a_checkpoint_event_leaves_out_what_was_not_measured(tmp_path: Path) -> 
     h, seen = handler(tmp_path)  # the HF integration measures no times
     h.handle([msg("checkpoint_saved", step=10, location="/r/checkpoint-10", bytes=2**20 * 0.4,
                   write_s=None, blocked_s=None)], attempt=0)
-    assert seen[0][2] == "checkpoint of step 10 committed at /r/checkpoint-10 (0.4 MiB)"
+    # in the unit people read (a small checkpoint read "0.0 MiB")
+    assert seen[0][2] == "checkpoint of step 10 committed at /r/checkpoint-10 (409.6 KiB)"
     h.handle([msg("checkpoint_saved", step=11, location="/r/c-11")], attempt=0)
     assert seen[1][2] == "checkpoint of step 11 committed at /r/c-11"
+
+
+def test_a_failed_save_says_what_follows_and_the_last_one_allowed_does_not_say_it_retries(
+        tmp_path: Path) -> None:
+    """Walk-through 19: the third failed save in a row (the one that raises CheckpointError
+    and ends the rank) still said 'training goes on, the next save retries'."""
+    h, seen = handler(tmp_path)
+    h.handle([msg("checkpoint_save_failed", step=s, error="No space left on device",
+                  consecutive=n, limit=3, location="/ck") for s, n in ((10, 1), (20, 3))]
+             + [msg("checkpoint_save_failed", step=30, error="x", consecutive=1),
+                msg("checkpoint_save_failed", step=31, error="y", consecutive=1, limit=3,
+                    on_exit="the rank is exiting")], attempt=0)
+    assert [m for _, _, m in seen] == [
+        "rank 0: checkpoint of step 10 failed (1 in a row: the next save retries; 3 in a row "
+        "stop the rank): No space left on device",
+        "rank 0: checkpoint of step 20 failed (3 in a row: the rank stops with a "
+        "CheckpointError): No space left on device",
+        "rank 0: checkpoint of step 30 failed (1 in a row: the next save retries): x",
+        "rank 0: checkpoint of step 31 failed (1 in a row: a save on the way out: no save "
+        "follows): y"]

@@ -20,7 +20,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any, Literal
 import torch
 
 from trainguard import __version__
+from trainguard.checkpoint.attempt import rank_and_world, save_token
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.loading import load_newest, newest_valid_step
@@ -49,11 +49,6 @@ from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
 from trainguard.worker.contract import (
     ENV_CHECKPOINT_DIR,
-    ENV_MASTER_PORT,
-    ENV_RANK,
-    ENV_RESTART_COUNT,
-    ENV_RUN_ID,
-    ENV_WORLD_SIZE,
     SOURCE_MEMORY,
     SOURCE_PEER,
     SOURCE_STORAGE,
@@ -73,41 +68,6 @@ class CheckpointInfo:
     step: int
     status: Status
     reason: str = ""
-
-
-def _dist() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    env = os.environ
-    return int(env.get(ENV_RANK, "0")), int(env.get(ENV_WORLD_SIZE, "1"))
-
-
-_TOKEN: list[str] = []  # agreed once per process when the launcher's variables are absent
-
-
-def _token() -> str:
-    """The same on every rank of one attempt, different across attempts."""
-    env = os.environ
-    parts = [env.get(k, "") for k in (ENV_RUN_ID, ENV_RESTART_COUNT, ENV_MASTER_PORT)]
-    token = "-".join(p for p in parts if p)
-    if token:
-        return token
-    if not _TOKEN:
-        _TOKEN.append(_agreed_token())
-    return _TOKEN[0]
-
-
-def _agreed_token() -> str:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        box = [uuid.uuid4().hex[:12]]
-        dist.broadcast_object_list(box, src=0)  # collective: every rank builds a Checkpointer
-        return str(box[0])
-    if int(os.environ.get(ENV_WORLD_SIZE, "1")) > 1:
-        raise CheckpointError("several ranks but no shared save token. Fix: launch with "
-                              "trainguard run or torchrun, or init the process group first")
-    return uuid.uuid4().hex[:12]
 
 
 class Checkpointer:
@@ -135,8 +95,8 @@ class Checkpointer:
         self.keep, self.async_save, self.every_steps = keep, async_save, every_steps
         self.max_consecutive_failures = max_consecutive_failures
         self.commit_timeout_s, self.if_busy = commit_timeout_s, if_busy
-        self.rank, self.world_size = _dist()
-        _token()  # agree on the save token now, while every rank is here
+        self.rank, self.world_size = rank_and_world()
+        save_token()  # agree on the save token now, while every rank is here
         self._pool = BufferPool()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[SaveResult] | None = None
@@ -197,15 +157,16 @@ class Checkpointer:
             self._failed(step, e)
             self._raise_if_failing()
             return False
-        self.last_blocked_s = time.monotonic() - t0
+        resumed = time.monotonic()
+        self.last_blocked_s = resumed - t0
         if self.async_save:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-ckpt")
-            self._pending = self._executor.submit(self._run, job, self.last_blocked_s)
+            self._pending = self._executor.submit(self._run, job, (t0, resumed))
         else:
             fut: Future[SaveResult] = Future()
             try:
-                fut.set_result(self._run(job, self.last_blocked_s))
+                fut.set_result(self._run(job, (t0, None)))  # the loop waits for the write
             except Exception as e:  # counted and reported in _run; raised below if too many
                 fut.set_exception(e)
             self._pending = fut
@@ -218,14 +179,14 @@ class Checkpointer:
         replicated, per_rank, sharded = split(state)
         extra: tuple[dict[str, Any], ...] = ()
         if sharded:  # collective and synchronous: DCP writes every rank's shards now
-            staging = self.storage.staging_dir(step, _token())
+            staging = self.storage.staging_dir(step, save_token())
             extra = tuple(save_sharded(self.storage, staging, sharded, self.rank))
         if data is not None:  # data positions snapshotted at the step boundary
             per_rank.update(data)
         per_rank[RNG_KEY] = rng
         return SaveJob(
             storage=self.storage, step=step, rank=self.rank, world_size=self.world_size,
-            token=_token(), keep=self.keep, commit_timeout_s=commit_timeout_s,
+            token=save_token(), keep=self.keep, commit_timeout_s=commit_timeout_s,
             replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
             per_rank=stage(per_rank, self._pool, "p"), library_version=__version__,
             allow_missing=allow_missing, dead=self._dead, extra_files=extra,
@@ -237,7 +198,7 @@ class Checkpointer:
         recorded as missing after commit_timeout_s."""
         self.wait_quietly()
         job = self._job(step, state, rng, data, commit_timeout_s, allow_missing=True)
-        result = self._run(job, 0.0, on_exit=reason)
+        result = self._run(job, (0.0, None), on_exit=reason)
         log.info("checkpoint of step %s saved on the way out (%s)", result.step, reason)
 
     def abandon(self) -> None:
@@ -260,11 +221,16 @@ class Checkpointer:
         if self._pending is not None:
             _wait_quietly(self._pending)
 
-    def _run(self, job: SaveJob, blocked_s: float, on_exit: str | None = None) -> SaveResult:
+    def _run(self, job: SaveJob, blocked: tuple[float, float | None],
+             on_exit: str | None = None) -> SaveResult:
+        """`blocked`: when the training loop began to wait for this save and when it went on
+        (monotonic; None: it waits until this returns, a synchronous save). The commit's event
+        says how long the loop waited and how long before the commit it went on, so goodput
+        places the wait where it was, not at the commit (an async write can take longer)."""
         try:
             result = run_save(job)
         except Exception as e:
-            self._failed(job.step, e)
+            self._failed(job.step, e, on_exit)
             raise
         with self._lock:
             self._failures, self._last_error = 0, None
@@ -275,20 +241,24 @@ class Checkpointer:
         if result.already_valid:
             log.info("checkpoint of step %s is already committed: not written again", job.step)
         elif result.committed:
+            now = time.monotonic()  # (a save on the way out: after the loop, blocking none)
+            since, until = (now, now) if on_exit else (blocked[0], blocked[1] or now)
             channel.send(MessageKind.CHECKPOINT_SAVED, step=job.step,
                          location=self.storage.location, bytes=result.bytes_written,
-                         write_s=round(result.write_s, 4), blocked_s=round(blocked_s, 4),
-                         on_exit=on_exit, missing_ranks=list(result.missing_ranks))
+                         write_s=round(result.write_s, 4), blocked_s=round(until - since, 4),
+                         resumed_before_s=round(now - until, 4), on_exit=on_exit,
+                         missing_ranks=list(result.missing_ranks))
         return result
 
-    def _failed(self, step: int, e: Exception) -> None:
+    def _failed(self, step: int, e: Exception, on_exit: str | None = None) -> None:
         with self._lock:
             self._failures += 1
             self._last_error = e
             n = self._failures
         log.warning("checkpoint save of step %s failed (%s in a row): %s", step, n, e)
         channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step, error=str(e)[:500],
-                     consecutive=n, location=self.storage.location)
+                     consecutive=n, limit=self.max_consecutive_failures,
+                     location=self.storage.location, on_exit=on_exit)
 
     def _raise_if_failing(self) -> None:
         with self._lock:
@@ -325,6 +295,13 @@ class Checkpointer:
 
     def _load_latest(self, state: Mapping[str, Any]) -> int | None:
         self.wait()
+        try:  # a store that cannot be reached is said as such, not as a library's traceback
+            self.storage.steps()
+        except Exception as e:
+            raise CheckpointError(
+                f"cannot list the checkpoints at {self.storage.location}: "
+                f"{type(e).__name__}: {e}. Fix: check that the storage is reachable and the "
+                "credentials are right; a restart retries it") from e
         if self._memory is not None:
             step, tree, origin = self._memory.resume_step(newest_valid_step(self.storage))
             if step is not None:

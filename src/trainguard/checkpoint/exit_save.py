@@ -32,7 +32,7 @@ import torch
 
 from trainguard.checkpoint.sampler import data_state, is_data_position
 from trainguard.checkpoint.state import capture_rng
-from trainguard.worker import channel
+from trainguard.worker import channel, control
 from trainguard.worker.contract import (
     ENV_DEAD_RANKS,
     ENV_GRACE,
@@ -103,6 +103,8 @@ class ExitSaver:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        if self.stop_signal is None:  # once: a second signal inside set() must not re-enter
+            control.STOPPING.set()  # a rank waiting for a step's verdict goes on to exit
         self.stop_signal = signum  # acted on at the next step boundary, or at exit
 
     def step_done(self, step: int, state: Mapping[str, Any]) -> None:

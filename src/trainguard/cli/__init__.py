@@ -22,7 +22,7 @@ from trainguard.cli.run import add_run_command
 from trainguard.cli.ui import add_ui_command
 from trainguard.errors import TrainguardError
 from trainguard.exitcodes import ExitCode
-from trainguard.suggest import closest
+from trainguard.suggest import closest, instead
 
 _CHOICE = re.compile(r"argument (\S+): invalid choice: (.*?) \(choose from (.*)\)")
 _FIXED = re.compile(r"argument (\S+): (.*\. Fix: .*)")
@@ -40,9 +40,11 @@ class Parser(argparse.ArgumentParser):
         if extras:
             target = _subcommand(self, ns)
             flags = [a.split("=", 1)[0] for a in extras if a.startswith("-")]
-            close = [c for c in (closest_flag(target, f) for f in flags) if c]
+            other = [f"{f}: {instead(f)}" for f in flags if instead(f)]
+            close = [c for c in (closest_flag(target, f) for f in flags if not instead(f)) if c]
             see = f"`{target.prog} --help`"
-            fix = f"did you mean {' / '.join(close)}? See {see}" if close else f"see {see}"
+            fix = "; ".join([*other, f"did you mean {' / '.join(close)}? See {see}" if close
+                             else f"see {see}"])
             target.exit(int(ExitCode.USAGE), f"{target.prog}: error: unrecognized arguments: "
                         f"{' '.join(extras)}. Fix: {fix}\n")
         return ns

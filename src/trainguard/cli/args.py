@@ -9,9 +9,12 @@ its own `Fix:` into `--flag: problem. Fix: ...`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from trainguard.paths import DB_NAME, DEFAULT_RUNS_DIR
 from trainguard.records import rank_list
 
 
@@ -82,3 +85,45 @@ def not_in_job(noun: str, value: int, have: Sequence[int], flag: str) -> str:
         return f"the job has no {noun} {value}: it has no {noun}s yet"
     return (f"the job has no {noun} {value}: its {noun}s are {rank_list(have)} (pick one "
             f"with {flag})")
+
+
+def job_dir_of(command: str) -> Callable[[str], str]:
+    """An argparse type for JOB_DIR: a job dir as given; a run id, when a job of that id lies
+    under ./trainguard-runs (where `run` puts a job given no --job-dir) and no such path is
+    here; "" (the argument left out): the job there that changed last, said on stderr."""
+    from trainguard.cli.fmt import complain
+    from trainguard.ui.catalog import find_job_dirs
+
+    runs = Path(DEFAULT_RUNS_DIR)
+
+    def parse(text: str) -> str:
+        if text:  # a run id, unless a job dir of that name is here (a file of it is not)
+            if not (Path(text) / DB_NAME).is_file() and (runs / text / DB_NAME).is_file():
+                return str(runs / text)
+            return text
+        jobs = find_job_dirs(runs.resolve(), depth=1) if runs.is_dir() else []
+        changed = {d: t for d in jobs if (t := _changed_at(d)) is not None}
+        if not changed:
+            raise argparse.ArgumentTypeError(
+                f"no JOB_DIR given, and no job under ./{DEFAULT_RUNS_DIR} to default to. Fix: "
+                "pass the job dir printed by `trainguard run` (`trainguard ls DIR` lists the "
+                "jobs under DIR)")
+        newest = max(changed, key=lambda d: changed[d])
+        shown = newest.relative_to(Path.cwd().resolve()) if newest.is_relative_to(
+            Path.cwd().resolve()) else newest
+        if len(jobs) > 1:
+            complain(command, f"no JOB_DIR given: {shown}, the job under ./{DEFAULT_RUNS_DIR} "
+                     f"that changed last (of {len(jobs)})", "note")
+        return str(newest)
+
+    return parse
+
+
+def _changed_at(job_dir: Path) -> float | None:
+    """When a job's store last changed: its db or the SQLite write-ahead log a running job
+    writes (None: gone meanwhile, a prune)."""
+    times = []
+    for name in (DB_NAME, f"{DB_NAME}-wal"):
+        with contextlib.suppress(OSError):
+            times.append((job_dir / name).stat().st_mtime)
+    return max(times) if times else None

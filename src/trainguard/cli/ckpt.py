@@ -21,7 +21,7 @@ from rich.table import Table
 from trainguard.checkpoint.manifest import LATEST, Status, parse_step_dir, step_dir
 from trainguard.cli.fmt import complain, plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
-from trainguard.controller.store_rows import holds_job_dirs, moved_with_job_dir
+from trainguard.controller.store_rows import checkpoint_dir_of, holds_job_dirs
 from trainguard.errors import SpecError, StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import is_url
@@ -114,10 +114,8 @@ def checkpoint_location(location: str) -> str:
     except StoreError:
         meta = {}
     recorded, was_at = meta.get("checkpoint_dir"), meta.get("job_dir")
-    if not isinstance(recorded, str) or not recorded:
-        return str(path / "checkpoints")
-    read = moved_with_job_dir(recorded, was_at if isinstance(was_at, str) else None, path)
-    if read != recorded:
+    read = checkpoint_dir_of(meta, path)
+    if isinstance(recorded, str) and recorded and read != recorded:
         complain("ckpt", f"this job was recorded at {was_at}; reading {read}, the checkpoint "
                  f"dir inside the job dir given (recorded: {recorded})", "note")
     return read

@@ -24,12 +24,12 @@ from pathlib import Path
 from trainguard.controller.incidents import LOST_END_REASON, STOPPED_BY
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import log_dir_of
+from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.hung import hang_diagnosis
 from trainguard.diagnosis.lines import file_rank
 from trainguard.diagnosis.lost import lost_node
 from trainguard.diagnosis.sources import JobInputs, JobReader, log_files
 from trainguard.diagnosis.taxonomy import Diagnosis
-from trainguard.diagnosis.verdict import RankExit
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import HANG_FILE, STACKS_DIR, attempt_log_dir, stacks_dir
 from trainguard.records import Event, FaultScenario, Reason, RunningRecord, from_iso

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainguard.records import Involved, plural
+from trainguard.records import Involved, plural, size_text
 
 
 def clock(t: datetime) -> str:
@@ -45,15 +45,6 @@ def meta_time(value: Any) -> datetime | None:
 
 def dash(v: object) -> str:
     return "-" if v is None else str(v)
-
-
-def size_text(n: float) -> str:
-    """Bytes as people read them: 512 B, 3.2 MiB, 1.5 GiB."""
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def clock_or_dash(value: Any) -> str:
@@ -99,4 +90,4 @@ def print_table(table: Table) -> None:
 
 
 __all__ = ["PIPE_WIDTH", "clock", "clock_or_dash", "complain", "console_out", "dash",
-           "involved_text", "meta_time", "plural", "print_json", "print_table"]
+           "involved_text", "meta_time", "plural", "print_json", "print_table", "size_text"]

@@ -33,12 +33,18 @@ from trainguard.cli.fmt import (
     size_text,
 )
 from trainguard.cli.read import add_job_dir
+from trainguard.cli.status import stop_under_way
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import last_progress, shown_state
+from trainguard.controller.store_rows import (
+    checkpoint_dir_of,
+    last_progress,
+    log_dir_of,
+    shown_state,
+)
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.node.usage import allocated_bytes
-from trainguard.paths import DEFAULT_RUNS_DIR
+from trainguard.paths import DEFAULT_RUNS_DIR, prune_plan
 from trainguard.records import utcnow
 from trainguard.states import JOB_ENDED, JobState
 from trainguard.ui.catalog import find_job_dirs
@@ -52,9 +58,12 @@ def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                        description="Send SIGTERM to the job's launcher: it stops every worker "
                        "on every node (SIGTERM, the grace period, then SIGKILL), records "
                        "JobStopped and exits. Waits for it to end.")
-    add_job_dir(p)
+    add_job_dir(p, newest_by_default=False)
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for the launcher to end (120)")
+    p.add_argument("--now", action="store_true", help="a stop already under way: end the "
+                   "ranks' grace period at once (a second SIGTERM: what still runs, on every "
+                   "node, gets SIGKILL)")
     p.add_argument("--force", action="store_true", help="SIGKILL the launcher if it has not "
                    "ended within --timeout (its guardian then kills the workers; the job "
                    "reads `lost`)")
@@ -71,8 +80,11 @@ def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         description="Delete the job dirs under ROOT (their store, logs and "
                         "checkpoints) of jobs that ended (or whose launcher is gone) more than "
                         "--older-than days ago. Lists them only, unless --yes. A job that "
-                        "runs is never touched.")
-    pr.add_argument("root", metavar="ROOT", help="where to look (two levels deep)")
+                        "runs is never touched, nor anything in a job dir that trainguard did "
+                        "not write there, nor a --log-dir or --checkpoint-dir outside it.")
+    pr.add_argument("root", metavar="ROOT", nargs="?", default=DEFAULT_RUNS_DIR,
+                    help=f"where to look, two levels deep (default: ./{DEFAULT_RUNS_DIR}, as "
+                    "for ls)")
     pr.add_argument("--older-than", type=days, required=True, metavar="DAYS",
                     help="ended at least this many days ago (0 or more)")
     pr.add_argument("--yes", action="store_true", help="delete them (default: list only)")
@@ -86,6 +98,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     try:
         with JobStore.open(Path(args.job_dir)) as store:
             meta = store.meta()
+            under_way = stop_under_way(store, meta)
     except StoreError as e:
         complain("stop", str(e))
         return ExitCode.NO_JOB
@@ -108,10 +121,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
         complain("stop", f"pid {pid} is not a trainguard launcher any more (the job's launcher "
                  "died and the pid was reused?): nothing sent")
         return ExitCode.NO_JOB
-    print(f"stopping job {meta.get('run_id')}: SIGTERM to its launcher (pid {pid}); the "
-          "workers get their grace period", flush=True)
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
+    if under_way is not None and not args.now:  # a second SIGTERM would end the grace period
+        print(f"the stop of job {meta.get('run_id')} requested at "
+              f"{clock_or_dash(under_way['requested_at'])} is under way: waiting for its "
+              f"launcher (pid {pid}); --now ends the ranks' grace period at once", flush=True)
+    else:
+        what = (f"a second SIGTERM to its launcher (pid {pid}): the ranks' grace period ends "
+                "now" if under_way is not None else f"SIGTERM to its launcher (pid {pid}); the "
+                "workers get their grace period")
+        print(f"stopping job {meta.get('run_id')}: {what}", flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
     if _wait_gone(proc, args.timeout):
         return _stopped(Path(args.job_dir))
     if not args.force:
@@ -119,8 +139,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
         left = (f"the ranks have the grace period ({grace:g}s) to exit, then SIGKILL: "
                 if isinstance(grace, (int, float)) else "")
         complain("stop", f"the stop is under way but the launcher (pid {pid}) is still running "
-                 f"after {args.timeout:g}s; {left}wait longer (--timeout, or `trainguard "
-                 "status`), or end it now with --force")
+                 f"after {args.timeout:g}s; {left}wait longer (`trainguard stop` again waits "
+                 "without signalling twice; `trainguard status`), end the grace period now "
+                 "with --now, or kill the launcher with --force")
         return ExitCode.FAILED
     print(f"the launcher did not end within {args.timeout:g}s: SIGKILL (its guardian kills "
           "the workers)", flush=True)
@@ -184,20 +205,28 @@ def _stopped(job_dir: Path, killed: bool = False) -> int:
 
 
 def job_row(job_dir: Path) -> dict[str, Any]:
-    """One job's line of `ls`: what its store says, or the error reading it."""
-    row: dict[str, Any] = {"job_dir": str(job_dir), "size_bytes": allocated_bytes(job_dir)[0]}
+    """One job's line of `ls`: its size on disk, and what its store says (or the error)."""
+    return {"job_dir": str(job_dir), "size_bytes": allocated_bytes(job_dir)[0]} | \
+        _read_job(job_dir)[0]
+
+
+def _read_job(job_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the store says of a job (`ls`'s columns but the size), and its meta ({} when
+    the store cannot be read: the row says why)."""
     try:
         with JobStore.open(job_dir) as store:
             meta = store.meta()
             attempts = len(store.running_records())
             progress = last_progress(meta, store.last_checkpoint())
     except StoreError as e:
-        return row | {"run_id": None, "state": "unreadable", "error": str(e)}
-    return row | {
+        return {"job_dir": str(job_dir), "run_id": None, "state": "unreadable",
+                "error": str(e)}, {}
+    return {
+        "job_dir": str(job_dir),
         "run_id": meta.get("run_id"), "state": shown_state(meta), "attempts": attempts,
         "last_step": progress["step"], "last_progress_at": progress["time"],
         "progress_source": progress["source"],
-        "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at")}
+        "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at")}, meta
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -234,16 +263,45 @@ def cmd_prune(args: argparse.Namespace) -> int:
                  "job dirs (as for trainguard ls)")
         return ExitCode.NO_JOB
     cutoff = utcnow() - timedelta(days=args.older_than)
-    old = [r for r in (job_row(d) for d in find_job_dirs(root.resolve())) if _prunable(r, cutoff)]
-    freed = sum(r["size_bytes"] for r in old)
-    for r in old:
-        print(f"{'deleting' if args.yes else 'would delete'} {r['job_dir']} ({r['state']}, "
+    old = [(r, meta) for r, meta in (_read_job(d) for d in find_job_dirs(root.resolve()))
+           if _prunable(r, cutoff)]
+    freed = 0
+    for r, meta in old:
+        job_dir = Path(r["job_dir"])
+        delete, keep = prune_plan(job_dir, log_dir_of(meta, job_dir),
+                                  checkpoint_dir_of(meta, job_dir))
+        size = sum(allocated_bytes(p)[0] for p in delete)
+        freed += size
+        what = f"trainguard's files in {job_dir}" if keep else str(job_dir)
+        print(f"{'deleting' if args.yes else 'would delete'} {what} ({r['state']}, "
               f"ended {_when(r.get('ended_at') or r.get('last_progress_at'))}, "
-              f"{size_text(r['size_bytes'])})")
+              f"{size_text(size)})")
+        if keep:  # the job ran in a dir that was not its own (--job-dir .)
+            shown = ", ".join(keep[:5]) + (f" and {len(keep) - 5} more" if len(keep) > 5 else "")
+            print(f"  {'keeping' if args.yes else 'would keep'} what trainguard did not write "
+                  f"there: {shown}")
         if args.yes:
-            shutil.rmtree(r["job_dir"], ignore_errors=True)
+            _delete(job_dir, delete)
     print(prune_summary(len(old), args.older_than, size_text(freed), deleted=args.yes))
     return ExitCode.SUCCESS
+
+
+def _delete(job_dir: Path, delete: list[Path]) -> None:
+    """Delete `delete`, then the dirs left empty up to and with the job dir (never a
+    non-empty one: what trainguard did not write stays)."""
+    for p in delete:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    for d in sorted({p.parent for p in delete}, key=lambda d: len(d.parts), reverse=True):
+        while d != job_dir.parent and d.is_relative_to(job_dir):
+            try:
+                d.rmdir()
+            except OSError:  # not empty: it stays, and so do the dirs above it
+                break
+            d = d.parent
 
 
 def prune_summary(jobs: int, days: float, freed: str, *, deleted: bool) -> str:

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.cli.args import count, not_in_job, one_of, one_or_more_of
+from trainguard.cli.args import count, job_dir_of, not_in_job, one_of, one_or_more_of
 from trainguard.cli.fmt import (
     clock,
     complain,
@@ -37,6 +37,7 @@ from trainguard.controller.store_rows import shown_state
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.goodput import Goodput, job_goodput
+from trainguard.paths import DEFAULT_RUNS_DIR
 from trainguard.records import (
     Event,
     Level,
@@ -84,10 +85,19 @@ def add_read_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     _add(subparsers, "status", "show the job's state, its nodes and its ranks", cmd_status)
 
 
-def add_job_dir(parser: argparse.ArgumentParser) -> None:
-    """The JOB_DIR argument every command about one job takes."""
-    parser.add_argument("job_dir", metavar="JOB_DIR",
-                        help="the job dir printed by `trainguard run`")
+def add_job_dir(parser: argparse.ArgumentParser, *, newest_by_default: bool = True) -> None:
+    """The JOB_DIR argument every command about one job takes (cli/args.job_dir_of): a job
+    dir, or a run id of a job under ./trainguard-runs; left out, the job there that changed
+    last, unless the command acts on the job (`stop`: `newest_by_default=False`)."""
+    command = parser.prog.split(" ", 1)[-1]
+    what = "the job dir printed by `trainguard run`, or its run id (a job under " \
+        f"./{DEFAULT_RUNS_DIR})"
+    if newest_by_default:
+        parser.add_argument("job_dir", metavar="JOB_DIR", nargs="?", default="",
+                            type=job_dir_of(command),
+                            help=f"{what}; default: the job there that changed last")
+    else:
+        parser.add_argument("job_dir", metavar="JOB_DIR", type=job_dir_of(command), help=what)
 
 
 def _add(

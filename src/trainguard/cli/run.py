@@ -16,14 +16,25 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from trainguard.cli.dry_run import dry_run_doc
 from trainguard.cli.fmt import complain
 from trainguard.cli.job_file import load_job_file
+from trainguard.cli.run_checks import (
+    check_fault_env,
+    check_node_rank,
+    note_flags_after_script,
+    warn_shared_job_dir,
+    worker_argv,
+)
 from trainguard.errors import SpecError
 from trainguard.exitcodes import ExitCode
-from trainguard.spec import PRESETS, JobSpec, build_spec
+from trainguard.spec import PRESETS
+from trainguard.spec_build import Built, build
 
 S = argparse.SUPPRESS
 
+# `run`'s own long flags, filled in by add_run_command (run_checks.note_flags_after_script)
+_RUN_FLAGS: set[str] = set()
 # flags torchrun has that name a mode this version does not run
 _RDZV_OK = {"static", "c10d"}
 
@@ -179,6 +190,7 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("training_script", nargs="?", default=S, help="script, module or program")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, default=S)
     p.set_defaults(func=_run_command)
+    _RUN_FLAGS.update(o for o in p._option_string_actions if o.startswith("--"))
 
 
 def flags_to_spec_values(ns: argparse.Namespace) -> dict[str, Any]:
@@ -301,17 +313,18 @@ def job_file_values(data: dict[str, Any], path: Path, flags: dict[str, Any]) -> 
     return out
 
 
-def spec_from_args(ns: argparse.Namespace) -> JobSpec:
+def spec_from_args(ns: argparse.Namespace) -> Built:
+    """The spec the flags and job file (`--config`) give, with each value's origin."""
     flags = flags_to_spec_values(ns)
     if ns.config is None:
-        return build_spec(None, flags)
+        return build(None, flags)
     data = load_job_file(ns.config)
     if not data and "entrypoint" not in flags:
         raise SpecError("--config", f"{ns.config} is empty (no keys, so no entrypoint)",
                         "write the job's settings in it, at least `entrypoint: train.py`, or "
                         "give the training script after the flags")
     job_file = job_file_values(data, ns.config, flags)
-    return build_spec(job_file, flags, f"job file {ns.config}")
+    return build(job_file, flags, f"job file {ns.config}")
 
 
 def entrypoint_source(ns: argparse.Namespace) -> str:
@@ -319,19 +332,6 @@ def entrypoint_source(ns: argparse.Namespace) -> str:
     if "training_script" in vars(ns) or ns.config is None:
         return "training_script"
     return f"job file {ns.config}: entrypoint"
-
-
-def worker_argv(spec: JobSpec, source: str = "training_script") -> list[str]:
-    if spec.no_python:
-        return [spec.entrypoint, *spec.args]
-    if spec.module:
-        return [sys.executable, "-u", "-m", spec.entrypoint, *spec.args]
-    if not Path(spec.entrypoint).is_file():
-        where = "" if source == "training_script" else " (a relative entrypoint is read " \
-            "from the job file's directory)"
-        raise SpecError(source, f"{spec.entrypoint!r} is not a file{where}",
-                        "check the path, or pass -m for a module / --no-python for a program")
-    return [sys.executable, "-u", spec.entrypoint, *spec.args]
 
 
 _IGNORED = {
@@ -347,33 +347,15 @@ def _run_command(ns: argparse.Namespace) -> int:
     for key, note in _IGNORED.items():
         if key in vars(ns):
             complain("run", note, "note")
-    spec = spec_from_args(ns)
+    spec, origin = spec_from_args(ns)
     # a script that is not there fails here, dry run or not
     argv = worker_argv(spec, entrypoint_source(ns))
+    check_node_rank(spec, "node_rank" in origin)  # given, by a flag or the job file
+    check_fault_env()
+    if "training_script_args" in vars(ns):  # (a job file's `args:` are not after anything)
+        note_flags_after_script(ns.training_script_args, _RUN_FLAGS)
+    warn_shared_job_dir(spec)
     if getattr(ns, "dry_run", False):
-        sys.stdout.write(json.dumps(dry_run_doc(spec), indent=2) + "\n")
+        sys.stdout.write(json.dumps(dry_run_doc(spec, origin), indent=2) + "\n")
         return int(ExitCode.SUCCESS)
     return launch(spec, argv, marker=uuid.uuid4().hex)
-
-
-def dry_run_doc(spec: JobSpec) -> dict[str, Any]:
-    """The effective settings as `run` would use them: the job dir (and log and checkpoint
-    dirs) it would use, and the run id: given, the stored one of a job dir that holds a job
-    (a relaunch continues it), or `null` when a new one is assigned at launch. What `run`
-    refuses before it starts (a dir that cannot be made, another job's run id), this refuses
-    too: both check with launch.prepare."""
-    from trainguard.launch import prepare
-
-    drawn = spec.run_id
-    new_id = "run_id" not in spec.model_fields_set
-    spec, paths = prepare(spec, create=False)
-    new_id = new_id and spec.run_id == drawn
-    doc = spec.model_dump(mode="json")
-    doc.update(job_dir=str(paths.job_dir), log_dir=str(paths.log_dir),
-               checkpoint_dir=paths.checkpoint_dir)
-    if new_id:
-        doc["run_id"] = None
-        doc["run_id_note"] = "assigned at launch (tg- and 8 hex digits)"
-        for key in ("job_dir", "log_dir", "checkpoint_dir"):
-            doc[key] = doc[key].replace(spec.run_id, "<run id>")
-    return doc

@@ -260,6 +260,13 @@ def _hang(state: str | None, attempt: Any, events: list[Event]) -> dict[str, Any
             "culprit": (culprit or {}).get("reason") or "none named"}
 
 
+def stop_under_way(store: JobStore, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The stop requested in this launch while the job is still active (`trainguard stop`
+    does not signal it again); None when there is none. `meta`: the store's, as read."""
+    return _stopping(meta.get("state"),
+                     [ev for _, ev in store.events(reasons=_LAUNCH_REASONS)])
+
+
 def _stopping(state: str | None, events: list[Event]) -> dict[str, Any] | None:
     """A stop requested in this launch while the job is still active (the grace period)."""
     if state not in {s.value for s in JobState if s.active} or not events or \

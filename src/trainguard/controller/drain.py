@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from trainguard.controller.recorder import Recorder
 from trainguard.errors import LaunchError
@@ -23,8 +24,10 @@ log = logging.getLogger(__name__)
 POLL_S = 0.25
 
 
-def drain(agent: AgentAPI, rec: Recorder, attempt: int, grace_s: float, why: str) -> None:
-    """Ask every running rank to drain; wait until they all ended, or `grace_s`."""
+def drain(agent: AgentAPI, rec: Recorder, attempt: int, grace_s: float, why: str,
+          cut_short: Callable[[], bool] = lambda: False) -> None:
+    """Ask every running rank to drain; wait until they all ended, or `grace_s`, or
+    `cut_short()` (a second Ctrl-C)."""
     try:
         told = agent.tell(Tell(control={"kind": ControlKind.DRAIN.value, "reason": why}))
     except LaunchError as e:  # a node's agent could not be reached: stop as always
@@ -36,7 +39,7 @@ def drain(agent: AgentAPI, rec: Recorder, attempt: int, grace_s: float, why: str
               f"{why}: asked {told} rank(s) to save a checkpoint at the next step end and exit "
               f"(waiting up to the grace period, {grace_s:g}s)", attempt=attempt)
     deadline = time.monotonic() + grace_s
-    while (left := deadline - time.monotonic()) > 0:
+    while (left := deadline - time.monotonic()) > 0 and not cut_short():
         report = agent.poll(wait_s=min(left, POLL_S))
         rec.sync(report)
         if report.workers and all(w.state.ended for w in report.workers):

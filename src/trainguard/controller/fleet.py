@@ -6,8 +6,7 @@ which placed nodes are lost: the agent's process (or Slurm step) ended, its conn
 been down longer than the reconnect grace, or it has been silent past the node timeout.
 Every link down at once (of four or more nodes: most) is a "full disruption" (Kubernetes'
 word): this controller's side (its network, a stall) is suspect, so links count as lost only
-after DISRUPTION_WAIT_S and such nodes are not drained.
-Node states: trainguard.states.NodeState (healthy = placed, spare, lost, isolated).
+after DISRUPTION_WAIT_S and such nodes are not drained. Node states: states.NodeState.
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from trainguard.backends.base import AgentHandle, Backend
-from trainguard.controller.hub import Hub, LinkState, Reply
+from trainguard.controller.hub import Hub, Reply
+from trainguard.controller.links import LinkState
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.errors import LaunchError
 from trainguard.protocol import (

@@ -12,9 +12,9 @@ MIN_UPTIME_FOR_PROGRESS_S = 60.0
 
 
 class HighWater:
-    def __init__(self, max_step: int | None = None) -> None:
+    def __init__(self, max_step: int | None = None, max_committed: int | None = None) -> None:
         self.max_step = max_step
-        self.max_committed: int | None = None
+        self.max_committed = max_committed
 
     def made_progress(self, report: NodeReport, committed: int | None,
                       record: RunningRecord | None, allow_uptime: bool = True) -> bool:
@@ -37,3 +37,13 @@ class HighWater:
             self.max_committed = max(committed, self.max_committed or committed)
         if last is not None:
             self.max_step = max(last, self.max_step or last)
+
+    def stuck(self) -> str:
+        """Where attempts that made no progress got stuck, in words (the NoProgress event)."""
+        where = (f"no attempt got beyond step {self.max_step}" if self.max_step is not None
+                 else "no attempt reported a step")
+        if self.max_committed is not None:
+            return f"{where} or committed a checkpoint beyond step {self.max_committed}"
+        return (f"{where}, and none committed a checkpoint trainguard saw, so each started "
+                "over from the beginning, unless the script resumes from checkpoints of its "
+                "own (save checkpoints to resume past the failure, or fix what fails there)")

@@ -22,11 +22,11 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trainguard.controller.admission import Admission
-from trainguard.controller.links import Heard, LinkReader
+from trainguard.controller.links import Heard, LinkReader, LinkState, NodeLink
 from trainguard.protocol import NodeReport, Op
 from trainguard.wire import (
     Conn,
@@ -42,38 +42,6 @@ from trainguard.wire import (
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 5.0  # close(): for all of the hub's threads together to end
-
-
-@dataclass
-class NodeLink:
-    name: str
-    host: str = ""
-    addr: str = ""
-    agent_pid: int | None = None
-    conn: Conn | None = None
-    generation: int = 0
-    heard: Heard = field(default_factory=Heard)  # this connection's (the reader updates it)
-    hangup_at: float | None = None  # its peer hung up; the reader still reads what is left
-    disconnected_at: float | None = None
-    reports: deque[NodeReport] = field(default_factory=deque)  # appended without the lock
-    hello_report: NodeReport | None = None
-
-    def up(self) -> bool:
-        return self.conn is not None and self.hangup_at is None
-
-    def down_for(self, now: float) -> float:
-        """Seconds since its link went down (hung up or ended); 0 while up."""
-        since = self.hangup_at if self.conn is not None else self.disconnected_at
-        return 0.0 if since is None else now - since
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """One node's link at one instant (Hub.links_now: every node under one lock)."""
-
-    connected: bool
-    silent_s: float  # since its last frame
-    disconnected_s: float  # 0 while connected (or never connected)
 
 
 @dataclass(frozen=True)
@@ -366,6 +334,17 @@ class Hub:
             if link is not None and link.conn is not None:
                 link.conn.shutdown()  # the link reader sees it end and closes it
 
+    def send_all(self, frame: dict[str, Any]) -> None:
+        """A one-way frame to every agent whose link is up, each from a thread of its own: a
+        stalled agent's full socket delays only its own (not from a signal handler: a send
+        holds its connection's lock)."""
+        with self._cond:
+            conns = [link.conn for link in self.links.values()
+                     if link.conn is not None and link.up()]
+        for conn in conns:
+            threading.Thread(target=_send_quietly, args=(conn, frame), daemon=True,
+                             name="trainguard-send").start()
+
     def close(self) -> None:
         """Stop listening, close every connection and join the accept thread, the link
         reader and every handshake thread."""
@@ -394,3 +373,8 @@ def _drain(q: deque[NodeReport]) -> list[NodeReport]:
     while q:
         out.append(q.popleft())
     return out
+
+
+def _send_quietly(conn: Conn, frame: dict[str, Any]) -> None:
+    with contextlib.suppress(WireError, OSError):
+        conn.send(frame)

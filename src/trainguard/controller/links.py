@@ -27,9 +27,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.protocol import NodeReport
 from trainguard.wire import Conn, WireError
 
 READ_BYTES = 1 << 18
@@ -76,6 +77,38 @@ class _Link:
     context: Any
     heard: Heard
     hung_up: bool = False  # the peer hung up: read on until the end, then close
+
+
+@dataclass
+class NodeLink:
+    name: str
+    host: str = ""
+    addr: str = ""
+    agent_pid: int | None = None
+    conn: Conn | None = None
+    generation: int = 0
+    heard: Heard = field(default_factory=Heard)  # this connection's (the reader updates it)
+    hangup_at: float | None = None  # its peer hung up; the reader still reads what is left
+    disconnected_at: float | None = None
+    reports: deque[NodeReport] = field(default_factory=deque)  # appended without the lock
+    hello_report: NodeReport | None = None
+
+    def up(self) -> bool:
+        return self.conn is not None and self.hangup_at is None
+
+    def down_for(self, now: float) -> float:
+        """Seconds since its link went down (hung up or ended); 0 while up."""
+        since = self.hangup_at if self.conn is not None else self.disconnected_at
+        return 0.0 if since is None else now - since
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """One node's link at one instant (Hub.links_now: every node under one lock)."""
+
+    connected: bool
+    silent_s: float  # since its last frame
+    disconnected_s: float  # 0 while connected (or never connected)
 
 
 class LinkReader:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -75,12 +76,15 @@ class Controller:
     multi-node job's agent is the fleet, and `nodes` carries out node-level decisions."""
 
     def __init__(self, recorder: Recorder, agent: AgentAPI, nodes: NodeRecovery | None = None,
-                 adopt: bool = False) -> None:
+                 adopt: bool = False, hurry: Callable[[], None] | None = None) -> None:
+        """`hurry`: ends the grace period of a stop under way on a second Ctrl-C (the
+        single-node agent's, or a multi-node job's agents' through a signals.Hurrier)."""
         self.rec, self.agent, self.nodes, self._adopt = recorder, agent, nodes, adopt
         self.spec = recorder.spec
         self._policy = HAPolicy.from_spec(self.spec)
         self._hist = History()
         self._signals = SignalReceiver()
+        self._signals.on_repeat = hurry
         if nodes is not None:  # a signal ends a wait for nodes at once
             nodes.stop_requested = lambda: self._signals.received is not None
         self._marks = HighWater()
@@ -106,7 +110,7 @@ class Controller:
         attempt, start_type = (adopted, StartType.AUTO_RESTART) if adopted is not None \
             else self.rec.begin()
         self._hist = History.from_meta(self.rec.store.meta())
-        self._marks = HighWater(self.rec.previous_max_step)
+        self._marks = HighWater(self.rec.previous_max_step, self.rec.previous_committed)
         watch_on = adopted is not None  # a restarted controller: the workers run on
         while True:
             try:
@@ -138,7 +142,10 @@ class Controller:
             if nxt.node_level and self._signals.received is not None:
                 return self.rec.stopped_by(attempt, self._signals.received)  # waiting for nodes
             if decision.action == Action.GIVE_UP:
-                return self.rec.give_up(attempt, nxt.decision, nxt.failure, nxt.rank)
+                if decision.limit == Reason.NO_PROGRESS:  # say where the attempts got stuck
+                    decision = replace(decision, reason=f"{decision.reason}: "
+                                       f"{self._marks.stuck()}")
+                return self.rec.give_up(attempt, decision, nxt.failure, nxt.rank)
             if nxt.node_level:
                 self.rec.set_meta(state=JobState.RESTARTING.value)
             if decision.delay_s > 0 and not self._signals.sleep(decision.delay_s):
@@ -384,8 +391,9 @@ class Controller:
                        f"stop requested (the launcher got {name}): the ranks have the grace "
                        f"period, {grace:g}s, to exit, then SIGKILL", attempt=attempt,
                        data={"signal": name, "grace_s": grace})
-        drain(self.agent, self.rec, attempt, grace, f"the launcher got {name}")
+        drain(self.agent, self.rec, attempt, grace, f"the launcher got {name}",
+              cut_short=lambda: self._signals.cut_short)
         report = self._stop(f"launcher got {name}")
         self.rec.book.attempt_stopped(attempt, stopped_by(name), report.progress)
         killed = sorted(w.rank for w in report.workers if w.returncode == -signal.SIGKILL)
-        return self.rec.stopped_by(attempt, signum, killed)
+        return self.rec.stopped_by(attempt, signum, killed, self._signals.cut_short)

@@ -46,10 +46,12 @@ class NodeRecovery:
             self.fleet.nodes[node].times_implicated += 1
             self.fleet.publish()
 
-    def _stop(self, reason: str) -> NodeReport:
-        """Stop the workers left on the placed nodes (they restart in the next attempt)."""
+    def _stop(self, reason: str, dead: list[int] | None = None) -> NodeReport:
+        """Stop the workers left on the placed nodes (they restart in the next attempt);
+        `dead`: the ranks of lost nodes, whose part a survivor's save on the way out does not
+        wait for."""
         report = self.fleet.stop_workers(StopWorkers(grace_s=self.rec.spec.grace_period_s,
-                                                     reason=reason))
+                                                     reason=reason, dead_ranks=dead or []))
         self.rec.sync(report, force=True)
         return report
 
@@ -154,7 +156,10 @@ class NodeRecovery:
         if self.fleet.peer is not None:  # save at breakpoint: the last copied step to storage
             self.fleet.peer.newest(set(lost))  # the lost ranks' newest step, from their tails
             self.fleet.peer.persist(set(lost))
-        report = self._stop(f"node {', '.join(lost)} was lost")
+        k = self.rec.spec.nproc_per_node  # slot s (the placement's index) runs ranks s*k..
+        dead = [s * k + i for s, n in enumerate(self.fleet.placement) if n in lost
+                for i in range(k)]
+        report = self._stop(f"node {', '.join(lost)} was lost", dead)
         return report, (detected, detected, utcnow())
 
     def isolate(self, iso: Isolation, attempt: int) -> None:

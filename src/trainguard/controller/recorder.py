@@ -19,9 +19,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from trainguard.console import Writable
 from trainguard.controller.incidents import IncidentBook
+from trainguard.controller.settings_diff import changes_text, settings_changes
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.controller.store_rows import last_sign_of_life
 from trainguard.controller.worker_messages import WorkerMessages
@@ -56,7 +58,8 @@ class Recorder:
         self.book = IncidentBook(store)
         self.messages = WorkerMessages(self.event, self.book)
         self.launches = 1
-        self.previous_max_step: int | None = None
+        self.previous_max_step: int | None = None  # the furthest step a launch before reached
+        self.previous_committed: int | None = None  # and the newest checkpoint committed
         self._workers_sig: object = None
         self._usage_written: dict[str, dict[str, int]] = {}  # meta node_usage, as written
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
@@ -108,8 +111,7 @@ class Recorder:
         requeues = os.environ.get("SLURM_RESTART_COUNT", "")
         self.launches = max(int(previous.get("launches") or 0) + 1,
                             int(requeues) + 1 if requeues.isdigit() else 1)
-        last = previous.get("last_step")
-        self.previous_max_step = last if isinstance(last, int) else None
+        self._note_previous(previous)
         self.store.set_meta(
             launches=self.launches, run_id=self.spec.run_id, state=JobState.PENDING.value,
             command=self.argv, job_dir=str(self.paths.job_dir),
@@ -136,14 +138,43 @@ class Recorder:
         if isinstance(previous.get("attempt"), int):  # the same job launched again (a requeue)
             requeued = f" (Slurm requeue {requeues})" if requeues.isdigit() and \
                 int(requeues) > 0 else ""
+            before, settings = self._last_settings(), self._settings()
             self.event(Level.INFO, Reason.JOB_RELAUNCHED,
                        f"job {self.spec.run_id} launched again{requeued} after its previous "
                        f"launch ended {ended} at attempt {previous['attempt']}: "
-                       f"{what}", data={"settings": self._settings()})
+                       f"{what}", data={"settings": settings})
+            changes = settings_changes(before, settings)
+            if changes:
+                shown = changes_text(changes)
+                self.event(Level.WARNING, Reason.SETTINGS_CHANGED,
+                           f"this launch's settings differ from the previous launch's: {shown} "
+                           "(the same command continues the job as it was; a checkpoint "
+                           "resumes into the new settings)",
+                           data={"changed": {k: {"before": a, "after": b}
+                                             for k, (a, b) in changes.items()}})
             return previous["attempt"] + 1, StartType.RELAUNCH
         self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}",
                    data={"settings": self._settings()})
         return 0, StartType.FIRST_START
+
+    def _last_settings(self) -> dict[str, Any] | None:
+        """The settings the previous launch recorded (None: none recorded)."""
+        try:
+            evs = self.store.events(reasons=(Reason.JOB_CREATED.value,
+                                             Reason.JOB_RELAUNCHED.value))
+        except StoreError:
+            return None
+        data = evs[-1][1].data if evs else None
+        settings = data.get("settings") if isinstance(data, dict) else None
+        return settings if isinstance(settings, dict) else None
+
+    def _note_previous(self, previous: dict[str, Any]) -> None:
+        """The high-water marks of the launches before (HighWater starts from them)."""
+        last = previous.get("last_step")
+        self.previous_max_step = last if isinstance(last, int) else None
+        with contextlib.suppress(StoreError):
+            ckpt = self.store.last_checkpoint()
+            self.previous_committed = ckpt[0] if ckpt is not None else None
 
     def _settings(self) -> dict[str, Any]:
         """The effective settings, as `run --dry-run` prints them: the dirs the job uses,
@@ -151,6 +182,8 @@ class Recorder:
         doc = self.spec.model_dump(mode="json")
         doc.update(job_dir=str(self.paths.job_dir), log_dir=str(self.paths.log_dir),
                    checkpoint_dir=str(self.paths.checkpoint_dir))
+        if not (self.spec.module or self.spec.no_python):  # as given, and the file it named
+            doc["entrypoint_path"] = str(Path(self.spec.entrypoint).resolve())
         return doc
 
     def _close_lost_launch(self, previous: dict[str, Any]) -> str | None:
@@ -182,8 +215,7 @@ class Recorder:
         running); returns that attempt."""
         previous = self.store.meta()
         self.launches = int(previous.get("launches") or 1)
-        last = previous.get("last_step")
-        self.previous_max_step = last if isinstance(last, int) else None
+        self._note_previous(previous)
         attempt = int(previous["attempt"])
         self.store.set_meta(launcher_pid=os.getpid(), launcher_host=socket.gethostname(),
                             state=JobState.RUNNING.value)
@@ -225,10 +257,14 @@ class Recorder:
         return self.end_job(JobState.FAILED, d.exit_code or ExitCode.FAILED,
                             f"job failed: {failure}", attempt=attempt, rank=rank, limit=limit)
 
-    def stopped_by(self, attempt: int, signum: int, killed: list[int] | None = None) -> int:
-        """`killed`: the ranks that outlived the grace period and got SIGKILL."""
+    def stopped_by(self, attempt: int, signum: int, killed: list[int] | None = None,
+                   cut_short: bool = False) -> int:
+        """`killed`: the ranks that outlived the grace period and got SIGKILL; `cut_short`:
+        a second signal ended the grace period early."""
         late = (f"; rank{'s' if len(killed) > 1 else ''} {rank_list(killed)} did not and "
                 "got SIGKILL" if killed else "")
+        if cut_short:
+            late += " (a second signal cut the grace period short)"
         return self.end_job(JobState.STOPPED, 128 + signum,
                             f"stopped by {signal.Signals(signum).name}: workers got SIGTERM "
                             f"and {self.spec.grace_period_s:g}s to exit{late}", attempt=attempt)
@@ -312,7 +348,7 @@ def workers_rows(report: NodeReport) -> list[WorkerRow]:
             for w in report.workers]
 
 
-def console_printer(stream: TextIO = sys.stderr) -> Callable[[Event], None]:
+def console_printer(stream: Writable = sys.stderr) -> Callable[[Event], None]:
     """Supervisor-style, greppable launcher lines: `[trainguard] HH:MM:SS Level Reason: msg`.
 
     A console that went away (a closed pipe) never stops the job: lines are then dropped.

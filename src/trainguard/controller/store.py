@@ -19,7 +19,6 @@ from types import TracebackType
 from typing import Any, TypeAlias
 
 from trainguard.controller.store_ledger import LedgerTables
-from trainguard.controller.store_rows import DB_NAME as DB_NAME  # where the store lies
 from trainguard.controller.store_rows import (
     NODE_COLUMNS,
     WORKER_COLUMNS,
@@ -35,6 +34,7 @@ from trainguard.controller.store_rows import (
 from trainguard.controller.store_rows import db_path as db_path
 from trainguard.controller.store_rows import holds_job_dirs as holds_job_dirs
 from trainguard.errors import StoreError
+from trainguard.paths import DB_NAME
 from trainguard.records import Event, RunningRecord
 
 SCHEMA_VERSION = 4
@@ -392,4 +392,4 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
     return conn
 
 
-__all__ = ["DB_NAME", "JobStore", "MetaValue", "NodeRow", "StoreError", "WorkerRow"]
+__all__ = ["JobStore", "MetaValue", "NodeRow", "StoreError", "WorkerRow"]

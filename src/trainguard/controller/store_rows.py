@@ -17,7 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from trainguard.paths import is_url
+from trainguard.paths import DB_NAME, is_url
 from trainguard.records import Event, Involved, Level, RunningRecord, from_iso
 from trainguard.states import JobState, NodeState, WorkerState
 
@@ -194,8 +194,6 @@ def event_from_row(row: tuple[Any, ...]) -> Event:
     )
 
 
-DB_NAME = "trainguard.db"
-
 
 def db_path(job_dir: Path) -> Path:
     """The store file of a job dir."""
@@ -231,3 +229,12 @@ def log_dir_of(meta: dict[str, Any], job_dir: Path) -> Path:
     if not isinstance(d, str) or not d:
         return job_dir / "logs"
     return Path(moved_with_job_dir(d, was_at if isinstance(was_at, str) else None, job_dir))
+
+
+def checkpoint_dir_of(meta: dict[str, Any], job_dir: Path) -> str:
+    """Where the job's checkpoints are, as seen from `job_dir` (`--checkpoint-dir`, a URL as
+    given, else JOB_DIR/checkpoints; inside a job dir that was moved or copied, the copy's)."""
+    d, was_at = meta.get("checkpoint_dir"), meta.get("job_dir")
+    if not isinstance(d, str) or not d:
+        return str(job_dir / "checkpoints")
+    return moved_with_job_dir(d, was_at if isinstance(was_at, str) else None, job_dir)

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
-from trainguard.records import Level, Reason, rank_list, secs
+from trainguard.records import Level, Reason, rank_list, secs, size_text
 from trainguard.worker.contract import (
     SOURCE_MEMORY,
     SOURCE_PEER,
@@ -78,8 +78,9 @@ class WorkerMessages:
                else None)
         written = f"written in {secs(d['write_s'])}" if _known(d.get("write_s")) else None
         size = d.get("bytes")
-        mib = f"{size / 2**20:.1f} MiB" if isinstance(size, int | float) else None
-        known = ", ".join(p for p in (how, written, mib) if p)  # what was not measured is left out
+        # what was not measured is left out
+        shown = size_text(size) if isinstance(size, int | float) else None
+        known = ", ".join(p for p in (how, written, shown) if p)
         missing = rank_list(d.get("missing_ranks") or [])
         gone = (f"; without the part of rank(s) {missing}, which wrote none in time (dead, "
                 "or waiting for this rank in a collective)") if missing else ""
@@ -87,8 +88,9 @@ class WorkerMessages:
                    f"checkpoint of step {step} committed at {d.get('location')}"
                    f"{f' ({known})' if known else ''}{gone}",
                    rank=m.rank, attempt=attempt, data={
-                       k: d[k] for k in ("step", "location", "blocked_s", "write_s", "bytes",
-                                         "on_exit", "source") if d.get(k) is not None})
+                       k: d[k] for k in ("step", "location", "blocked_s", "resumed_before_s",
+                                         "write_s", "bytes", "on_exit", "source")
+                       if d.get(k) is not None})
 
     def _on_checkpoint_exit_skipped(self, m: WorkerMessage, d: dict[str, Any],
                                     attempt: int) -> None:
@@ -98,10 +100,15 @@ class WorkerMessages:
 
     def _on_checkpoint_save_failed(self, m: WorkerMessage, d: dict[str, Any],
                                    attempt: int) -> None:
+        n, limit = d.get("consecutive"), d.get("limit")
+        then = ("a save on the way out: no save follows" if d.get("on_exit")
+                else "the next save retries" if not isinstance(n, int)
+                or not isinstance(limit, int)
+                else "the rank stops with a CheckpointError" if n >= limit
+                else f"the next save retries; {limit} in a row stop the rank")
         self._emit(Level.WARNING, Reason.CHECKPOINT_SAVE_FAILED,
-                   f"checkpoint of step {d.get('step')} failed ({d.get('consecutive')} in a "
-                   f"row; training goes on, the next save retries): {d.get('error')}",
-                   rank=m.rank, attempt=attempt)
+                   f"rank {m.rank}: checkpoint of step {d.get('step')} failed ({n} in a row: "
+                   f"{then}): {d.get('error')}", rank=m.rank, attempt=attempt)
 
     def _on_checkpoint_corrupt(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         self._emit(Level.WARNING, Reason.CHECKPOINT_CORRUPT,

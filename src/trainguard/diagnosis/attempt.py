@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import EXCEPTION_LINE
 from trainguard.diagnosis.rules import load_rules
 from trainguard.diagnosis.taxonomy import Diagnosis
-from trainguard.diagnosis.verdict import RankExit, diagnose
+from trainguard.diagnosis.verdict import diagnose
 from trainguard.protocol import WorkerFact
 from trainguard.states import WorkerState
 

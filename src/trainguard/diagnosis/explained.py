@@ -6,7 +6,9 @@ what std::terminate does to any exception nobody caught, a symptom; the `what():
 why. The rules read the abort (a weak native crash) before a `what():` line that only a
 symptom rule or a failure family knows (a refused connection, an interface the machine
 lacks), so that line's category is taken here, with the line as evidence and the abort
-among the symptoms. So, likewise, is the rule's verdict on the next line of an exception no
+among the symptoms; glog's fatal message (`F0720 ... grpc_client.cc:276] ... Deadline
+Exceeded`) above its `Check failure stack trace` and the abort is read the same way. So,
+likewise, is the rule's verdict on the next line of an exception no
 rule knows whose message goes on there (`continued_message`).
 """
 
@@ -21,11 +23,16 @@ from trainguard.diagnosis.fallback import FAMILY_MIN, family_advice
 from trainguard.diagnosis.families import load_families
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.rules import RuleSet
-from trainguard.diagnosis.taxonomy import Category, Diagnosis, Evidence
+from trainguard.diagnosis.taxonomy import Category, Diagnosis
 
 _ABORT = re.compile(r"\bAbort(?:ed)?\b|SIGABRT", re.IGNORECASE)
 _WHAT = re.compile(r"(?:^|[\s:>\]])what\(\):\s")
 _NEAR = 4  # lines between the terminate line, its what() and the abort
+# glog's fatal message (`F0720 09:45:08.417428   591 grpc_client.cc:276] ... meets grpc
+# error:Deadline Exceeded`), then `*** Check failure stack trace: ***` and the abort: the
+# message says why, as a what() line does
+_GLOG_FATAL = re.compile(r"^F\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.-]+:\d+\] ")
+_CHECK_TRACE = re.compile(r"Check failure stack trace", re.IGNORECASE)
 # VS Code's debugger names the exception on a line of its own, its message on the next
 _DEBUGGER = re.compile(r"^\s*Exception has occurred: [\w.]+\s*$")
 _NOT_A_CAUSE = (Category.SEGFAULT_OR_ABORT, Category.OTHER, Category.USER_CODE_ERROR)
@@ -55,8 +62,7 @@ def _decided_by(d: Diagnosis, f: Finding, **verdict: Any) -> Diagnosis:
     """`d` with `f` as its deciding line and `verdict`'s fields; `d`'s own line becomes the
     first symptom."""
     assert d.evidence is not None
-    return replace(d, evidence=Evidence(f.file, f.line, f.text, f.rank,
-                                        None if f.at_inherited else f.at),
+    return replace(d, evidence=f.evidence(),
                    symptoms=(d.evidence, *d.symptoms)[:10], **verdict)
 
 
@@ -66,12 +72,15 @@ def explained_abort(d: Diagnosis | None, findings: Sequence[Finding],
     abort that exception caused (or, first, `continued_message`'s verdict)."""
     d = continued_message(d, findings, rules)
     ev = d.evidence if d is not None else None
-    if d is None or ev is None or d.rule != "native-crash" or not _ABORT.search(ev.text):
+    if d is None or ev is None or d.rule != "native-crash":
         return d
     mine = [f for f in findings if f.file == ev.file and ev.line - _NEAR <= f.line < ev.line]
-    if not any(f.rule == "abort-after-exception" for f in mine):
+    if _CHECK_TRACE.search(ev.text):  # glog's fatal message, the line(s) above its trace
+        what = next((f for f in reversed(mine) if _GLOG_FATAL.match(f.text)), None)
+    elif _ABORT.search(ev.text) and any(f.rule == "abort-after-exception" for f in mine):
+        what = next((f for f in reversed(mine) if _WHAT.search(f.text)), None)
+    else:
         return d
-    what = next((f for f in reversed(mine) if _WHAT.search(f.text)), None)
     if what is None:
         return d
     rule = rules.by_id(what.rule) if what.rule else None
@@ -88,8 +97,9 @@ def explained_abort(d: Diagnosis | None, findings: Sequence[Finding],
         domain, restart = fam.defaults[cat]
         advice = family_advice(cat, fam.words(what.text, cat))
     who = f"rank {what.rank}: " if what.rank is not None else ""
+    sub = "glog_fatal" if _GLOG_FATAL.match(what.text) else "uncaught_exception"
     return _decided_by(
         d, what, category=cat, fault_domain=domain, restart_helps=restart, advice=advice,
-        summary=f"{who}{what.text.strip()[:300]}", subcategory="uncaught_exception",
+        summary=f"{who}{what.text.strip()[:300]}", subcategory=sub,
         rule=rule.id if rule is not None and rule.category == cat else f"family:{cat.value}",
         isolate_node=cat == Category.GPU_HARDWARE)

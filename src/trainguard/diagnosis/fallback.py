@@ -24,10 +24,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
+from trainguard.diagnosis.candidates import reports_success
 from trainguard.diagnosis.families import Families, best_line, load_families
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.learned import Model, load_model, predict
-from trainguard.diagnosis.taxonomy import Category, Culprit, Diagnosis, Evidence
+from trainguard.diagnosis.taxonomy import Category, Culprit, Diagnosis
 from trainguard.diagnosis.trend import memory_full, memory_growth
 
 FAMILY_MIN = 2.5
@@ -40,7 +41,8 @@ GENERIC = 0.6  # a generic exception at least this sure is relabelled, not repla
 # or the innermost frame of a traceback the log ends in, cut before its exception line: the
 # only frames kept as context)
 _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort(?:ed)?|panic|"
-                       r"critical)\b|[a-z](?:Error|Exception)\b|^Traceback \(most recent call"
+                       r"critical|could not find)\b|[a-z](?:Error|Exception)\b"
+                       r"|^Traceback \(most recent call"
                        r'|^File "[^"]+", line \d+, in \S+$'
                        r"|\bobject (?:has no attribute|is not (?:callable|subscriptable|iterable))",
                        re.IGNORECASE)
@@ -97,7 +99,7 @@ def _answer(f: Finding, cat: Category, conf: float, how: str, why: str,
     return Diagnosis(
         cat, domain, restart, f"{who}{f.text.strip()[:300]}",
         _ADVICE[how].format(cat=cat.value, why=why), Culprit(f.rank, f.node),
-        Evidence(f.file, f.line, f.text, f.rank, None if f.at_inherited else f.at),
+        f.evidence(),
         isolate_node=cat == Category.GPU_HARDWARE,  # its words name the machine
         confidence=round(conf, 2), subcategory="fallback",
         rule={"family": f"family:{cat.value}", "trend": f"family:{cat.value}",
@@ -108,9 +110,10 @@ def _answer(f: Finding, cat: Category, conf: float, how: str, why: str,
 def _fallback(lines: list[Finding], fam: Families, model: Model | None,
               visible: bool, reread: str | None = None) -> Diagnosis | None:
     # lines a rule already judged (a symptom, a hint) are not read again as a family's, but
-    # for those of the rule `reread` (a rule that named no cause: `other`)
-    support = best_line(fam, [("" if f.rule and f.rule != reread else f.text, not f.context)
-                              for f in lines])
+    # for those of the rule `reread` (a rule that named no cause: `other`); nor is a line
+    # logged at INFO that names no failure (it reports what went well)
+    support = best_line(fam, [("" if (f.rule and f.rule != reread) or reports_success(f.text)
+                               else f.text, not f.context) for f in lines])
     if support is not None and support.score >= FAMILY_MIN:
         f = lines[support.index]
         return _answer(f, support.category, min(0.3 + 0.08 * support.score, 0.7), "family",

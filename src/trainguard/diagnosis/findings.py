@@ -10,6 +10,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from trainguard.diagnosis.taxonomy import Evidence
+
 
 class Finding(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -37,3 +39,8 @@ class Finding(BaseModel):
     # one of the file's last lines that no rule or exception picked: read only by the
     # fallback (diagnosis/fallback.py) when the rules are silent or weak
     context: bool = False
+
+    def evidence(self) -> Evidence:
+        """The line as the evidence of a diagnosis (its time only when the line had its own)."""
+        return Evidence(self.file, self.line, self.text, self.rank,
+                        None if self.at_inherited else self.at)

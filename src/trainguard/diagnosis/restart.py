@@ -9,6 +9,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | nccl_timeout_or_hang | a rank is named as missing from the collective or barrier | no |
 | nccl_timeout_or_hang | another rank died of an error that repeats (code, config...) | no |
 | nccl_timeout_or_hang | a rank was still preparing the data (its progress bar) | no |
+| nccl_timeout_or_hang | a rank was still evaluating (its progress bar or start) | no |
 | nccl_timeout_or_hang | nothing else | yes |
 | port_conflict | - | yes (a fresh port) |
 | gpu_hardware, npu_hardware_or_driver | the node is isolated (Xid, ECC, device) | yes |
@@ -96,6 +97,12 @@ _NO_ROUTE = re.compile(r"network is unreachable|\[Errno 101\]", re.IGNORECASE)
 # tokenizing, preprocessing or mapping a dataset): it takes as long again on a rerun
 _DATA_PREP = re.compile(r"(?:tokeniz\w*|pre-?process\w*|on dataset|\bmap\b|filter\w*|packing|"
                         r"grouping texts)[^|\n]{0,60}?\s\d{1,3}%\s*\|", re.IGNORECASE)
+# ... or still evaluating: an evaluation's progress bar (`eval model:: 99%|`) or its start
+# (`Evaluating the results...`) among the last lines, typically on one rank while the others
+# wait in a collective; it takes as long again on a rerun (both such cases of the labelled
+# sets say `no`; a log line that only names an evaluation, `[eval] global_step = 0`, is not one)
+_EVALUATING = re.compile(r"(?:eval\w*|validat\w*)[^|\n]{0,60}?\s\d{1,3}%\s*\||"
+                         r"^\s*(?:evaluating|validating)\b.{0,60}\.\.\.\s*$", re.IGNORECASE)
 # NCCL's socket transport listing a container's or VM's virtual interface among those it uses
 _VIRTUAL_IF = re.compile(r"^\s*\[\d+\](?:docker\d*|br-[0-9a-f]+|veth\w+|virbr\d*|lo):")
 # ... or its INFO line naming one it uses (`NET : Using interface lo:127.0.0.1<0>`), in any
@@ -146,6 +153,9 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
         elif any(_DATA_PREP.search(f.text) for f in findings):
             verdict, why = RestartHelps.NO, ("a rank was still preparing the data when the "
                                              "others' wait ran out: it takes as long again")
+        elif any(_EVALUATING.search(f.text) for f in findings):
+            verdict, why = RestartHelps.NO, ("a rank was still evaluating when the others' "
+                                             "wait ran out: it takes as long again")
         else:
             verdict = RestartHelps.YES
     elif cat == Category.PORT_CONFLICT and _well_known_port(d):

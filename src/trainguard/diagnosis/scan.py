@@ -43,6 +43,9 @@ _N = r"\d{1,9}(?!\d)"  # a rank or exit code: int() of a 5000-digit run would ra
 _EXIT_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
     ("exitcode", re.compile(rf"failed \(exitcode: (?P<code>-?{_N})\) local_rank: (?P<rank>{_N})"),
      ""),
+    # torch >= 2.2 words it "failed (exitcode: -9) for binary located at ... with local_rank: 0"
+    ("exitcode", re.compile(rf"failed \(exitcode: (?P<code>-?{_N})\) for binary located at "
+                            rf".{{0,500}}? with local_rank: (?P<rank>{_N})"), ""),
     # torchrun's root-cause block, also when a paste ran its fields together ("rank2 (local
     # rank: 2)exitcode: -9 (pid: 36071)")
     ("exitcode", re.compile(rf"(?:^|\s|\))exitcode\s*:\s*(?P<code>-?{_N})"), ""),

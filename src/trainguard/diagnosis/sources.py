@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.context import CONTEXT_LINES
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import file_rank
@@ -25,7 +26,7 @@ from trainguard.diagnosis.prefilter import Trigger, compile_trigger
 from trainguard.diagnosis.rules import RuleSet, load_rules
 from trainguard.diagnosis.scan import FileScan, scan_bytes
 from trainguard.diagnosis.taxonomy import Diagnosis
-from trainguard.diagnosis.verdict import RankExit, diagnose
+from trainguard.diagnosis.verdict import diagnose
 from trainguard.errors import DiagnoseError
 
 CHUNK = 8 << 20

@@ -1,24 +1,35 @@
 """From findings and exits to one verdict: the root cause of a failed attempt. Pure.
 
-Every finding becomes a candidate with a role (taxonomy.Role). The strongest role present
-decides which candidates compete; among those the earliest wins: by time when both have
-one, by position when both come from one file, else by the rules' order. A rank's exit by
-signal competes with the weak role (a SIGKILL with nothing in the log is as telling as an
-abort line). Everything else the attempt printed becomes the symptoms the root explains.
+Every finding becomes a candidate with a role (taxonomy.Role; candidates.py). The
+strongest role present decides which candidates compete; among those the earliest wins: by
+time when both have one, by position when both come from one file, else by the rules' order.
+A rank's exit by signal competes with the weak role (a SIGKILL with nothing in the log is
+as telling as an abort line). Everything else the attempt printed becomes the symptoms the
+root explains.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 
+from trainguard.diagnosis.candidates import (
+    TIER,
+    Candidate,
+    RankExit,
+    from_exit,
+    from_finding,
+    plain_exit,
+    rank_of,
+    signal_of,
+)
 from trainguard.diagnosis.explained import explained_abort
 from trainguard.diagnosis.fallback import refine
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.restart import story_restart
-from trainguard.diagnosis.rules import Rule, RuleSet
+from trainguard.diagnosis.rules import RuleSet
 from trainguard.diagnosis.taxonomy import (
     Category,
     Culprit,
@@ -28,187 +39,19 @@ from trainguard.diagnosis.taxonomy import (
     RestartHelps,
     Role,
 )
-from trainguard.exitcodes import signal_name
 
-_TIER = {Role.DECISIVE: 0, Role.CAUSE: 1, Role.WEAK: 2, Role.SYMPTOM: 3, Role.HINT: 4}
-_SIGNAL_TIER = 2
 _SIGABRT = 6
 _MAX_SYMPTOMS = 10
 # what NCCL's generic system or internal error gives way to when its WARN names it
 _NCCL_WARN_CAUSES = (Category.SHARED_MEMORY, Category.GPU_OOM)
-_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank[ :=]\s?(\d+)\b|\[rank(\d+)\]")
-_IGNORED_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "BdbQuit")
 # an abort line (a shell's or srun's `Aborted (core dumped)`, SIGABRT), not a segfault
 _ABORT_LINE = re.compile(r"\bAborted\b|\bSIGABRT\b|signal 6\b")
 # where Python reports a SyntaxError (no "Traceback" header, no ", in f"): the scanner keeps
 # it among a log's last lines (context findings), a few lines above the exception
 _COMPILE_SITE = re.compile(r'^File "([^"]+)", line (\d+)$')
-# exit notices of a batch system or an MPI launcher (Slurm's WTERMSIG and job script, srun,
-# mpirun): a SIGKILL they report with no OOM kill anywhere in the logs came from outside
-# (Slurm reports its own OOM kills: "Detected 1 oom-kill event(s)", a decisive rule)
-_BATCH_NOTICE = re.compile(r"WTERMSIG|slurm_script|slurmstepd|\bsrun: |\bmpi(?:run|exec) noticed|"
-                           r"noticed that process rank")
 
 
-@dataclass(frozen=True)
-class RankExit:
-    """What the launcher knows about one rank's process."""
-
-    rank: int
-    failed: bool
-    returncode: int | None = None
-    ended_at: datetime | None = None
-    oom_killed: bool | None = None  # the kernel's OOM-kill count rose; None: unknown
-    node: str | None = None
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    tier: int
-    category: Category
-    domain: FaultDomain
-    restart: RestartHelps
-    advice: str
-    confidence: float
-    rank: int | None
-    finding: Finding | None = None
-    rule: Rule | None = None
-    isolate: bool = False
-    subcategory: str | None = None
-    summary: str | None = None
-    at: datetime | None = None
-
-    @property
-    def key(self) -> str:
-        if self.rule is not None:
-            return self.rule.id
-        return self.finding.exc_type or "" if self.finding is not None else self.category.value
-
-
-_SIGNAL_VERDICTS: dict[int, tuple[Category, FaultDomain, RestartHelps, str, str]] = {
-    9: (Category.HOST_OOM, FaultDomain.INFRASTRUCTURE, RestartHelps.MAYBE,
-        "killed by SIGKILL and left no Python error: most likely the kernel's OOM killer",
-        "Check the node's kernel log (dmesg) for the OOM killer; lower host memory per rank "
-        "or use a bigger node."),
-    7: (Category.SHARED_MEMORY, FaultDomain.INFRASTRUCTURE, RestartHelps.MAYBE,
-        "died of SIGBUS (bus error): usually /dev/shm is full",
-        "Enlarge /dev/shm (docker --shm-size) or lower DataLoader num_workers."),
-    11: (Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
-         "died of SIGSEGV (segmentation fault) in native code",
-         "If it repeats at the same step, suspect a library or the code; else restart."),
-    6: (Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
-        "died of SIGABRT (aborted)",
-        "If it repeats at the same step, suspect a library or the code; else restart."),
-    4: (Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
-        "died of SIGILL (illegal instruction)", "Check that the build fits this CPU/GPU."),
-    8: (Category.SEGFAULT_OR_ABORT, FaultDomain.FRAMEWORK, RestartHelps.MAYBE,
-        "died of SIGFPE (arithmetic error in native code)", "Suspect a library or the code."),
-}
-
-
-def signal_of(returncode: int | None) -> int | None:
-    """Popen's negative code, or a shell's 128+N."""
-    if returncode is None:
-        return None
-    if returncode < 0:
-        return -returncode
-    if 128 < returncode < 160:
-        return returncode - 128
-    return None
-
-
-def _from_finding(f: Finding, rules: RuleSet) -> _Candidate | None:
-    rule = rules.by_id(f.rule) if f.rule else None
-    if f.exc_type is not None and f.exc_type.rsplit(".", 1)[-1] in _IGNORED_EXCEPTIONS:
-        return None
-    if rule is not None:
-        role = rule.role
-        if rule.fatal_only and not (f.exc_type is not None and f.final):
-            role = Role.HINT
-        conf = {Role.DECISIVE: 0.95, Role.CAUSE: 0.9 if f.final else 0.85,
-                Role.WEAK: 0.6, Role.SYMPTOM: 0.45, Role.HINT: 0.35}[role]
-        return _Candidate(_TIER[role], rule.category, rule.domain, rule.restart, rule.advice,
-                          conf, _rank(f), f, rule, rule.isolate, rule.subcategory, at=f.at)
-    if f.exc_type is None:
-        return None
-    tier = _TIER[Role.CAUSE] if f.final else _TIER[Role.HINT]
-    kind = f.exc_type.rsplit(".", 1)[-1]
-    # an exception no rule knows, read by where it was raised (its frames), else the user's
-    for raised_there, category, advice in (
-            (f.config_build, Category.CONFIG_ERROR,
-             "A registry could not build what the config names (a type not registered or "
-             "not imported, a missing `type` key): fix the config."),
-            (f.checkpoint_load, Category.CHECKPOINT_LOAD_ERROR,
-             "Loading the checkpoint failed: it does not fit the model or config (or is "
-             "damaged); check the path, model and parallel layout.")):
-        if raised_there:
-            return _Candidate(tier, category, FaultDomain.USER_CODE, RestartHelps.NO, advice,
-                              0.75, _rank(f), f, subcategory=kind, at=f.at)
-    where = f" at {f.frame}" if f.frame else " (no traceback in the log says where)"
-    return _Candidate(
-        tier, Category.USER_CODE_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
-        f"Fix the {kind} raised{where}; restarting would fail the same way.",
-        0.8 if f.frame else 0.7, _rank(f), f, subcategory=kind, at=f.at)
-
-
-def _from_exit(rank: int | None, code: int | None, oom: bool | None, at: datetime | None,
-               finding: Finding | None) -> _Candidate | None:
-    sig = signal_of(code)
-    if sig is None:
-        return None
-    who = f"rank {rank}" if rank is not None else "a rank"
-    if sig == 9 and oom is None and finding is not None and _BATCH_NOTICE.search(finding.text):
-        return _Candidate(_SIGNAL_TIER, Category.KILLED_BY_SIGNAL_UNKNOWN,
-                          FaultDomain.INFRASTRUCTURE, RestartHelps.YES,
-                          "Restart; find out who sent the kill (a time limit, a preemption, an "
-                          "operator, the node).", 0.6, rank, finding, subcategory="sigkill",
-                          at=at, summary=f"{who} was killed by SIGKILL, as the batch system or "
-                          "MPI launcher reports, with no OOM kill in the logs")
-    if sig == 9 and oom is not None:
-        if oom:
-            return _Candidate(_SIGNAL_TIER, Category.HOST_OOM, FaultDomain.INFRASTRUCTURE,
-                              RestartHelps.MAYBE, "Lower host memory per rank (batch, DataLoader "
-                              "workers) or use a bigger node.", 0.9, rank, finding,
-                              subcategory="oom_killer", at=at,
-                              summary=f"{who} was killed by the kernel's OOM killer (SIGKILL "
-                              "while the node's OOM-kill count rose)")
-        return _Candidate(_SIGNAL_TIER, Category.KILLED_BY_SIGNAL_UNKNOWN,
-                          FaultDomain.INFRASTRUCTURE, RestartHelps.YES,
-                          "Restart; find out who sent the kill (an operator, a watchdog, a "
-                          "scheduler; when testing, TRAINGUARD_FAULT's `signal` fault, which "
-                          "the rank's log names).", 0.8, rank, finding, subcategory="sigkill",
-                          at=at, summary=f"{who} was killed by SIGKILL, not by the kernel's "
-                          "OOM killer (it recorded no OOM kill)")
-    if sig in _SIGNAL_VERDICTS:
-        cat, dom, helps, text, advice = _SIGNAL_VERDICTS[sig]
-        return _Candidate(_SIGNAL_TIER, cat, dom, helps, advice, 0.55, rank, finding,
-                          subcategory=(signal_name(sig) or str(sig)).lower(), at=at,
-                          summary=f"{who} {text}")
-    name = signal_name(sig) or f"signal {sig}"
-    return _Candidate(_SIGNAL_TIER, Category.KILLED_BY_SIGNAL_UNKNOWN,
-                      FaultDomain.INFRASTRUCTURE, RestartHelps.YES,
-                      "Restart; find out who sent the signal (an operator, the scheduler, a "
-                      "node shutdown).", 0.6, rank, finding, subcategory=name.lower(), at=at,
-                      summary=f"{who} was stopped by {name} from outside the job")
-
-
-def _plain_exit(e: RankExit) -> _Candidate:
-    """A rank that exited non-zero and whose log says nothing: the script chose to stop."""
-    return _Candidate(_SIGNAL_TIER, Category.OTHER, FaultDomain.USER_CODE, RestartHelps.NO,
-                      "The script chose to exit non-zero; read the end of its log.", 0.3,
-                      e.rank, at=e.ended_at, subcategory=f"exit_code_{e.returncode}",
-                      summary=f"rank {e.rank} exited with code {e.returncode} and left no "
-                      "known error in its log")
-
-
-def _rank(f: Finding) -> int | None:
-    if f.rank is not None:
-        return f.rank
-    m = _RANK_IN_TEXT.search(f.text)
-    return int(next(g for g in m.groups() if g is not None)) if m else None
-
-
-def _order(cands: list[_Candidate]) -> list[_Candidate]:
+def _order(cands: list[Candidate]) -> list[Candidate]:
     """Earliest first: by time where known, by position within one file, else rule order."""
     timed = [c for c in cands if c.at is not None]
     untimed = [c for c in cands if c.at is None]
@@ -223,13 +66,13 @@ def _order(cands: list[_Candidate]) -> list[_Candidate]:
     return timed + untimed
 
 
-def _pick(cands: list[_Candidate]) -> _Candidate:
+def _pick(cands: list[Candidate]) -> Candidate:
     best = min(c.tier for c in cands)
     tier = [c for c in cands if c.tier == best]
-    if best == _TIER[Role.SYMPTOM]:
+    if best == TIER[Role.SYMPTOM]:
         # symptoms only: the most specific kind (a launcher's summary is the least), then
         # the earliest
-        def rank(c: _Candidate) -> tuple[bool, int]:
+        def rank(c: Candidate) -> tuple[bool, int]:
             return (c.category == Category.OTHER, c.rule.priority if c.rule else 1000)
         top = min(rank(c) for c in tier)
         tier = [c for c in tier if rank(c) == top]
@@ -275,39 +118,39 @@ def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],
     seen = [f.model_copy(update={"final": False})
             if f.final and not f.traceback and f.rank in killed else f for f in seen]
     seen = _compile_sites(seen)
-    cands = [c for f in seen if (c := _from_finding(f, rules)) is not None]
+    cands = [c for f in seen if (c := from_finding(f, rules)) is not None]
     exit_ranks = set()
     # ranks whose own lines (not an exit notice about them) say what went wrong
-    explained = {c.rank for c in cands if c.tier <= _TIER[Role.SYMPTOM]
+    explained = {c.rank for c in cands if c.tier <= TIER[Role.SYMPTOM]
                  and c.finding is not None and c.finding.returncode is None
                  and c.category != Category.OTHER}
     # an abort line of a rank whose collective timed out is the NCCL watchdog taking the
     # process down (as an abort's exit notice is, below): the timeout decides, the abort is
     # one of its symptoms
-    told = {c.rank for c in cands if c.tier <= _TIER[Role.SYMPTOM] and c.finding is not None
+    told = {c.rank for c in cands if c.tier <= TIER[Role.SYMPTOM] and c.finding is not None
             and c.category == Category.NCCL_TIMEOUT_OR_HANG}
-    cands = [replace(c, tier=_TIER[Role.HINT]) if (
-        c.category == Category.SEGFAULT_OR_ABORT and c.tier == _TIER[Role.WEAK]
+    cands = [replace(c, tier=TIER[Role.HINT]) if (
+        c.category == Category.SEGFAULT_OR_ABORT and c.tier == TIER[Role.WEAK]
         and c.finding is not None and _ABORT_LINE.search(c.finding.text)
         and (c.rank in told or (c.rank is None and told))) else c for c in cands]
     for f in seen:
         if f.returncode is not None:
-            rank = _rank(f)
+            rank = rank_of(f)
             if signal_of(f.returncode) == _SIGABRT and (rank in explained or (
                     rank is None and explained)):
                 continue  # an abort the log explains (the NCCL watchdog, std::terminate)
-            c = _from_exit(rank, f.returncode, None, f.at, f)
+            c = from_exit(rank, f.returncode, None, f.at, f)
             if c is not None:
                 if c.category == Category.KILLED_BY_SIGNAL_UNKNOWN:  # the notice says who
                     cands = [x for x in cands if x.finding is not f or x.tier < c.tier]
                 cands.append(c)
-                exit_ranks.add(_rank(f))
+                exit_ranks.add(rank_of(f))
     for e in exits:
         if e.failed and not (signal_of(e.returncode) == _SIGABRT and e.rank in explained):
             # (an abort its own log explains: the NCCL watchdog, std::terminate, an assert)
-            c = _from_exit(e.rank, e.returncode, e.oom_killed, e.ended_at, None)
+            c = from_exit(e.rank, e.returncode, e.oom_killed, e.ended_at, None)
             if c is None and e.rank not in explained and e.returncode:
-                c = _plain_exit(e)
+                c = plain_exit(e)
             if c is not None:
                 cands = [x for x in cands if not (x.finding is not None and x.rank == e.rank
                                                   and x.finding.returncode is not None)]
@@ -347,17 +190,16 @@ def _compile_sites(seen: list[Finding]) -> list[Finding]:
     return out
 
 
-def _evidence(c: _Candidate) -> Evidence | None:
-    f = c.finding
-    if f is None:  # an exit without a line: say how the process ended
+def _evidence(c: Candidate) -> Evidence | None:
+    if c.finding is None:  # an exit without a line: say how the process ended
         return None if c.summary is None else Evidence("", 0, c.summary, c.rank, c.at)
-    return Evidence(f.file, f.line, f.text, c.rank, None if f.at_inherited else f.at)
+    return replace(c.finding.evidence(), rank=c.rank)
 
 
-def _symptoms(root: _Candidate, others: list[_Candidate]) -> tuple[Evidence, ...]:
-    groups: dict[str, list[_Candidate]] = {}
+def _symptoms(root: Candidate, others: list[Candidate]) -> tuple[Evidence, ...]:
+    groups: dict[str, list[Candidate]] = {}
     for c in _order(others):
-        if c.tier == _TIER[Role.HINT]:
+        if c.tier == TIER[Role.HINT]:
             continue
         if c.at is not None and root.at is not None and c.at < root.at:
             continue  # it came before the root cause: the root does not explain it
@@ -371,7 +213,7 @@ def _symptoms(root: _Candidate, others: list[_Candidate]) -> tuple[Evidence, ...
     return tuple(out[:_MAX_SYMPTOMS])
 
 
-def _diagnosis(root: _Candidate, others: list[_Candidate],
+def _diagnosis(root: Candidate, others: list[Candidate],
                exits: Sequence[RankExit]) -> Diagnosis:
     node = root.finding.node if root.finding is not None else None
     if node is None and root.rank is not None:

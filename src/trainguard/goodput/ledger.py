@@ -62,7 +62,7 @@ class LedgerInput:
     attempts: list[Attempt]
     incidents: list[Incident] = field(default_factory=list)
     samples: list[tuple[int, int, float]] = field(default_factory=list)  # attempt, step, at
-    saves: list[tuple[float, float]] = field(default_factory=list)  # (committed at, blocked s)
+    saves: list[tuple[float, float]] = field(default_factory=list)  # (loop went on, blocked s)
     hangs: list[tuple[int, float]] = field(default_factory=list)  # confirmed: attempt, at
 
 

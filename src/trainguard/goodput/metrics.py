@@ -66,7 +66,7 @@ def serve(job_dir: Path, host: str, port: int) -> tuple[str, Callable[[], None]]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(JobCollector(job_dir))
     server, thread = start_http_server(port, addr=host, registry=registry)
-    url = f"http://{host}:{server.server_port}/metrics"
+    url = f"http://{f'[{host}]' if ':' in host else host}:{server.server_port}/metrics"
 
     def close() -> None:
         server.shutdown()

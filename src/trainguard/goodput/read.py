@@ -35,6 +35,7 @@ class Save:
     attempt: int | None
     step: int | None
     blocked_s: float | None  # the training loop's wait (None: not reported)
+    resumed_before_s: float  # the loop went on this long before the commit (an async write)
     on_exit: bool  # saved on the way out (not the loop's cadence)
     by_agent: bool  # persisted by the node agent from memory snapshots
 
@@ -42,11 +43,12 @@ class Save:
 def saves(store: JobStore) -> list[Save]:
     """Every checkpoint commit, read field by field (a long job has tens of thousands)."""
     rows = store.event_values(Reason.CHECKPOINT_SAVED.value,
-                              ("step", "blocked_s", "on_exit", "source"))
+                              ("step", "blocked_s", "resumed_before_s", "on_exit", "source"))
     return [Save(_iso_ts(t), a, step if isinstance(step, int) else None,
-                 float(b) if isinstance(b, int | float) else None, bool(on_exit),
-                 source == SOURCE_MEMORY)
-            for t, a, (step, b, on_exit, source) in rows]
+                 float(b) if isinstance(b, int | float) else None,
+                 float(r) if isinstance(r, int | float) else 0.0,  # (not said before 2026-12-04)
+                 bool(on_exit), source == SOURCE_MEMORY)
+            for t, a, (step, b, r, on_exit, source) in rows]
 
 
 def job_goodput(store: JobStore, now: datetime | None = None,
@@ -84,7 +86,8 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
         attempts[0].start if attempts else now.timestamp())
     return LedgerInput(start=start, end=_end(meta, records, samples, last_event, now),
                        attempts=attempts, incidents=incidents, samples=samples,
-                       saves=[(c.at, c.blocked_s) for c in commits if c.blocked_s],
+                       saves=[(c.at - c.resumed_before_s, c.blocked_s) for c in commits
+                              if c.blocked_s],
                        hangs=hangs)
 
 

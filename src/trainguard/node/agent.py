@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
 
+from trainguard.console import Writable
 from trainguard.diagnosis.sources import default_trigger
 from trainguard.errors import LaunchError
 from trainguard.node import procs
@@ -71,7 +71,7 @@ def free_port(addr: str) -> int:
 class NodeAgent:
     """Supervises the local ranks of one node."""
 
-    def __init__(self, node: str, console: TextIO, console_opts: ConsoleOptions,
+    def __init__(self, node: str, console: Writable, console_opts: ConsoleOptions,
                  step_pattern: str, marker: str) -> None:
         self.node = node
         self._console, self._console_opts = console, console_opts
@@ -94,6 +94,7 @@ class NodeAgent:
             MessageKind.IMPORTS: lambda r, m: self._standby.learn(m.data["modules"].split(",")),
         }
         self._strays_reaped = 0.0
+        self._hurried = False  # hurry(): a stop under way ends its grace period now
         procs.become_subreaper()
         # the failure rules (YAML, RE2) load in the background now, not on the recovery path
         self._preloader = threading.Thread(target=default_trigger, name="trainguard-rules",
@@ -114,6 +115,7 @@ class NodeAgent:
         if any(not w.state.ended for w in self._workers):
             raise LaunchError("start_workers while workers of the last attempt still run")
         self._attempt, self._start = cmd.attempt, cmd
+        self._hurried = False  # a second Ctrl-C ends only the stop it came during
         self._job_dir = Path(cmd.job_dir)
         self._oom_base = oom_kill_count()
         self._dead_file = self._dead_ranks_file(cmd)
@@ -231,13 +233,17 @@ class NodeAgent:
         return self.memory.persist(self._env(cmd, cmd.workers[0], ""), cmd, step,
                                    self._dead_ranks_file(cmd).with_name("persist.log"), spread)
 
-    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+    def stop_workers(self, cmd: StopWorkers,
+                     cut_short: Callable[[], bool] = lambda: False) -> NodeReport:
+        """Stop every worker: SIGTERM, `cmd.grace_s`, SIGKILL; the grace period ends early on
+        hurry() or once `cut_short()` (a node agent's link brought the controller's hurry)."""
         self.poll()
         if cmd.dead_ranks and self._dead_file is not None:
             with contextlib.suppress(OSError):
                 self._dead_file.write_text(json.dumps(cmd.dead_ranks))
         running = [w for w in self._workers if not w.state.ended]
-        procs.stop_groups([w.proc for w in self._workers], cmd.grace_s, self._marker)
+        procs.stop_groups([w.proc for w in self._workers], cmd.grace_s, self._marker,
+                          cut_short=lambda: self._hurried or cut_short())
         now = utcnow()
         for w in running:  # RUNNING -> STOPPED
             w.state, w.ended_at, w.returncode = WorkerState.STOPPED, now, w.proc.returncode
@@ -250,6 +256,11 @@ class NodeAgent:
     def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]:
         """Rank 0's store address for the next attempt: `addr`, a fresh port unless given."""
         return addr, preferred_port or free_port(addr)
+
+    def hurry(self) -> None:
+        """End the grace period of a stop under way (a second Ctrl-C): SIGKILL what is left.
+        Only sets a flag: safe from a signal handler."""
+        self._hurried = True
 
     def tell(self, cmd: Tell) -> int:
         """A control message to the running ranks `cmd.ranks` (all: None); how many."""

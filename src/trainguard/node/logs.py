@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO
 
+from trainguard.console import Writable
 from trainguard.worker.contract import stamp_lines
 
 CHUNK = 64 * 1024
@@ -97,7 +98,7 @@ class LogRouter:
     """Reads every worker pipe of one attempt until all reach end of file."""
 
     def __init__(
-        self, console: TextIO, step_pattern: str, on_progress: ProgressCallback
+        self, console: Writable, step_pattern: str, on_progress: ProgressCallback
     ) -> None:
         self._console = console
         self._console_lock = threading.Lock()

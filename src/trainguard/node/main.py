@@ -19,16 +19,18 @@ import socket
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard.console import Writable, consoles
 from trainguard.exitcodes import ExitCode
 from trainguard.node import peer
 from trainguard.node.agent import NodeAgent, free_port
 from trainguard.node.logs import ConsoleOptions
 from trainguard.protocol import (
+    HURRY_FRAME,
     AgentConfig,
     DumpStacks,
     Op,
@@ -56,6 +58,11 @@ class AgentRunner:
         self.agent, self.cfg, self.node = agent, cfg, node
         self._token = read_token(Path(cfg.token_file))
         self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # while a STOP command runs its grace period, the link is read for a HURRY_FRAME;
+        # other frames read then wait here, a link that broke then ends after the stop
+        self._conn: Conn | None = None
+        self._held: deque[dict[str, Any]] = deque()
+        self._broke: WireError | None = None
         self._exit = False
         self._import_cache: dict[Any, Any] = {}
         self._complained = -1e9
@@ -118,15 +125,21 @@ class AgentRunner:
                                 name="trainguard-beat")
         beat.start()
         next_report = 0.0
+        self._conn, self._held, self._broke = conn, deque(), None
         try:
             while not self._exit and not stop.is_set():
                 wait = max(next_report - time.monotonic(), 0.0)
                 try:
-                    msg: dict[str, Any] | None = conn.recv(wait)
+                    msg: dict[str, Any] | None = (self._held.popleft() if self._held
+                                                  else conn.recv(wait))
                 except TimeoutError:
                     msg = None
                 if msg is not None and msg["type"] == "cmd":
                     conn.send(self._command(msg))
+                elif msg is not None and msg["type"] == HURRY_FRAME:  # before its STOP came
+                    self.agent.hurry()
+                if self._broke is not None:
+                    raise self._broke
                 if time.monotonic() >= next_report and not self._exit:
                     report = self.agent.poll()
                     conn.send({"type": "report", "body": report.model_dump(mode="json")})
@@ -138,6 +151,7 @@ class AgentRunner:
             log.warning("lost the controller: %s (reconnecting)", e)
         finally:
             stop.set()
+            self._conn = None
 
     def _beat(self, conn: Conn, stop: threading.Event) -> None:
         while not stop.wait(self.cfg.heartbeat_s):
@@ -182,7 +196,26 @@ class AgentRunner:
             mode="json")
 
     def _op_stop(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.agent.stop_workers(StopWorkers.model_validate(body)).model_dump(mode="json")
+        return self.agent.stop_workers(StopWorkers.model_validate(body),
+                                       cut_short=self._hurried).model_dump(mode="json")
+
+    def _hurried(self) -> bool:
+        """Polled through a stop's grace period: did the controller send a HURRY_FRAME (a
+        second Ctrl-C)? The serve loop, which would read it, waits for this stop."""
+        conn = self._conn
+        if conn is None or self._broke is not None:
+            return False
+        try:
+            msg = conn.recv(0)
+        except TimeoutError:
+            return False
+        except WireError as e:  # a forged frame or a lost link: the serve loop's, after this
+            self._broke = e
+            return False
+        if msg.get("type") == HURRY_FRAME:
+            return True
+        self._held.append(msg)
+        return False
 
     def _op_dump(self, body: dict[str, Any]) -> dict[str, Any]:
         dumps = self.agent.dump_stacks(DumpStacks.model_validate(body))
@@ -258,8 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path, required=True, help="JOB_DIR/cluster/agent.json")
     p.add_argument("--node", help="this node's name (default: $SLURMD_NODENAME or hostname)")
     ns = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
-                        format="[trainguard-agent %(asctime)s] %(levelname)s %(message)s")
+    with consoles() as (out, err):  # writes that never wait for the console (console.py)
+        logging.basicConfig(level=logging.INFO, stream=err, force=True,
+                            format="[trainguard-agent %(asctime)s] %(levelname)s %(message)s")
+        return _serve_node(ns, out)
+
+
+def _serve_node(ns: argparse.Namespace, out: Writable) -> int:
     try:
         cfg = AgentConfig.model_validate_json(ns.config.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -267,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.USAGE
     node = node_name(ns.node)
     filt = frozenset(cfg.ranks_filter) if cfg.ranks_filter is not None else None
-    agent = NodeAgent(node, sys.stdout, ConsoleOptions(cfg.redirects, filt), cfg.step_pattern,
+    agent = NodeAgent(node, out, ConsoleOptions(cfg.redirects, filt), cfg.step_pattern,
                       f"{cfg.marker}-{node}")
     try:
         runner = AgentRunner(agent, cfg, node)

@@ -206,10 +206,11 @@ def kill_marked(marker: str) -> int:
 
 def stop_groups(
     procs: Iterable[subprocess.Popen[bytes]], grace_s: float, marker: str = "",
-    poll_s: float = 0.05,
+    poll_s: float = 0.05, cut_short: Callable[[], bool] = lambda: False,
 ) -> None:
-    """SIGTERM every group, wait up to one shared grace period, SIGKILL the rest, reap; then
-    kill any process still carrying the job's marker (children that left their group)."""
+    """SIGTERM every group, wait up to one shared grace period (or until `cut_short()`: a
+    second Ctrl-C), SIGKILL the rest, reap; then kill any process still carrying the job's
+    marker (children that left their group)."""
     procs = list(procs)
     known = {p.pid: p for p in procs}
     pgids = list(known)  # each worker leads its own session and group
@@ -223,7 +224,7 @@ def stop_groups(
         else:
             time.sleep(min(poll_s, left_s))
 
-    _reap_until_gone(known, pgids, time.monotonic() + grace_s, wait_a_little)
+    _reap_until_gone(known, pgids, time.monotonic() + grace_s, wait_a_little, cut_short)
     for pgid in pgids:
         if group_alive(pgid):
             log.info("process group %s outlived the grace period; sending SIGKILL", pgid)
@@ -244,11 +245,12 @@ def stop_groups(
 
 def _reap_until_gone(
     known: dict[int, subprocess.Popen[bytes]], pgids: list[int], deadline: float,
-    wait: Callable[[float], None],
+    wait: Callable[[float], None], cut_short: Callable[[], bool] = lambda: False,
 ) -> bool:
     """Reap every group's exited members until no group has one alive (True) or the
-    monotonic `deadline` passes (False); `wait(seconds left)` between rounds."""
-    while time.monotonic() < deadline:
+    monotonic `deadline` passes or `cut_short()` (False); `wait(seconds left)` between
+    rounds."""
+    while time.monotonic() < deadline and not cut_short():
         for pgid in pgids:
             reap(known, os.P_PGID, pgid)
         if not any(group_alive(g) for g in pgids):

@@ -31,8 +31,13 @@ def rss_bytes(pid: int) -> int:
 
 
 def allocated_bytes(path: Path, part: str | None = None) -> tuple[int, int]:
-    """The bytes the files under `path` take, and those under its subdirectory `part`
-    among them, in one walk ((0, 0) when it is not there)."""
+    """The bytes the files under `path` take (a file or link: its own), and those under its
+    subdirectory `part` among them, in one walk ((0, 0) when it is not there)."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        try:
+            return os.lstat(path).st_blocks * 512, 0
+        except OSError:
+            return 0, 0
     total = inside = 0
     sub = os.path.join(path, part) if part is not None else None
     for root, _dirs, files in os.walk(path):

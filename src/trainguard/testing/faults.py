@@ -77,7 +77,18 @@ _UNESCAPE = re.compile(r"\\([;@\\])")
 
 
 class FaultSpecError(ValueError):
-    """A TRAINGUARD_FAULT spec that cannot be parsed; the message names the part and the fix."""
+    """A TRAINGUARD_FAULT spec that cannot be parsed; the message names the part and the fix,
+    the fix last, after `; ` (a value quoted in the part may hold `; ` itself)."""
+
+    @property
+    def problem(self) -> str:
+        head, sep, _ = str(self).rpartition("; ")
+        return head if sep else str(self)
+
+    @property
+    def fix(self) -> str:
+        _, sep, tail = str(self).rpartition("; ")
+        return tail if sep else ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.controller.store import DB_NAME
+from trainguard.paths import DB_NAME
 
 ROOT_DEPTH = 2
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")

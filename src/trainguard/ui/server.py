@@ -10,7 +10,7 @@ from typing import TextIO
 
 import uvicorn
 
-from trainguard.controller.store import DB_NAME
+from trainguard.paths import DB_NAME
 from trainguard.ui.app import create_app
 from trainguard.ui.auth import is_loopback
 from trainguard.ui.catalog import Catalog

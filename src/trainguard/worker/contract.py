@@ -107,8 +107,7 @@ class MessageKind(str, Enum):
 
 
 class PhaseState(str, Enum):
-    BEGIN = "begin"
-    END = "end"
+    BEGIN, END = "begin", "end"
 
     def __str__(self) -> str:
         return str.__str__(self)
@@ -125,14 +124,12 @@ EXIT_SAVE_PHASE, EXITING_PHASE = "checkpoint on the way out", "interpreter exit"
 AGENT_ONLY = frozenset({MessageKind.LOG_WRITE_FAILED})  # a datagram of these kinds is dropped
 
 # bounds: anything outside is a broken or hostile sender, never a real value
-MAX_INT32 = 2**31 - 1
+MAX_INT32, MAX_INT64 = 2**31 - 1, 2**63 - 1
 MAX_RANK = MAX_INT32  # torch's ranks are int32
 MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
-MAX_INT64 = 2**63 - 1
 MAX_TIME = 32_503_680_000.0  # 3000-01-01 in Unix seconds: `at`, a sender's wall clock
 MAX_SECONDS = 1e9  # any duration (about 31 years)
-MAX_NAME = 1_024  # a phase name, a status
-MAX_PATH = 4_096  # a checkpoint location (a path or a URL)
+MAX_NAME, MAX_PATH = 1_024, 4_096  # a phase name or a status; a checkpoint location (a URL)
 MAX_TEXT = 16_384  # an error message, a reason
 MAX_LIST = 65_536  # ranks listed in one message
 MAX_METRIC = 1e300  # a loss or learning rate (a non-finite one is sent as null)
@@ -223,7 +220,8 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "location": _text(MAX_PATH),
         "bytes": _int(0, MAX_INT64, nullable=True),
         "write_s": _seconds(),
-        "blocked_s": _seconds(),
+        "blocked_s": _seconds(),  # the training loop waited this long for the save, and
+        "resumed_before_s": _seconds(),  # went on this long before the commit
         "on_exit": _text(MAX_TEXT, nullable=True),  # why it was saved on the way out
         "missing_ranks": Field(list, max_len=MAX_LIST),  # dead ranks whose part is missing
         "source": Field(str, max_len=MAX_NAME),  # SOURCE_MEMORY: by the agent
@@ -232,7 +230,9 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "step": _STEP,
         "error": _text(MAX_TEXT, required=True),
         "consecutive": _int(0, MAX_INT64),
+        "limit": _int(1, MAX_INT64),  # this many in a row raise CheckpointError in the loop
         "location": _text(MAX_PATH),
+        "on_exit": _text(MAX_TEXT, nullable=True),  # a save on the way out: none follows
     },
     MessageKind.CHECKPOINT_EXIT_SKIPPED: {"step": _STEP, "reason": _text(MAX_TEXT, True)},
     MessageKind.CHECKPOINT_CORRUPT: {

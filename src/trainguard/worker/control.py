@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,10 @@ from trainguard.worker.contract import (
 )
 
 KEEP = 64
+# a stop signal came that a handler only recorded (the on-exit save's, which saves at the next
+# step boundary): a rank waiting for a verdict on a failed step stops waiting, since no verdict
+# comes to a rank being stopped and no step boundary comes while it waits
+STOPPING = threading.Event()
 MAX_ERROR_CHARS = 4_000  # of an error sent in a report
 Verdict = dict[str, Any]
 
@@ -58,17 +63,18 @@ class Inbox:
     def wait(self, accept: Callable[[Verdict], bool], timeout_s: float,
              tick: Callable[[], object] | None = None) -> Verdict | None:
         """The first verdict (kept or arriving) that `accept` takes, or None after
-        `timeout_s`; `tick` runs first and then every second (a report sent again)."""
+        `timeout_s` or once STOPPING is set; `tick` runs first and then every second (a
+        report sent again)."""
         for i, kept in enumerate(self._kept):
             if accept(kept):
                 return self._kept.pop(i)
         deadline = time.monotonic() + timeout_s
         next_tick = 0.0
-        while (left := deadline - time.monotonic()) > 0:
+        while (left := deadline - time.monotonic()) > 0 and not STOPPING.is_set():
             if tick is not None and time.monotonic() >= next_tick:
                 tick()
                 next_tick = time.monotonic() + 1.0
-            self._sock.settimeout(min(left, 1.0))
+            self._sock.settimeout(min(left, 0.25))
             try:
                 v = self._receive()
             except TimeoutError:

@@ -143,7 +143,9 @@ class StepGuard:
             if verdict is not None and verdict["kind"] == ControlKind.REFORM_GO:
                 self._reform(verdict)
                 return
-        if verdict is None:
+        if verdict is None and control.STOPPING.is_set():
+            _say(f"the launcher is stopping this rank: step {step} is not re-executed")
+        elif verdict is None:
             _say(f"no verdict within {self._timeout_s:g}s: giving step {step} up")
         else:
             _say(f"step {step} is not re-executed: {verdict['reason']}")

@@ -1,0 +1,53 @@
+"""Who this rank is and which attempt it saves for: its rank and world size, and the save
+token every rank of one attempt shares (a checkpoint's staging dir is named by it)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import torch
+
+from trainguard.checkpoint.errors import CheckpointError
+from trainguard.worker.contract import (
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_RESTART_COUNT,
+    ENV_RUN_ID,
+    ENV_WORLD_SIZE,
+)
+
+
+def rank_and_world() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    env = os.environ
+    return int(env.get(ENV_RANK, "0")), int(env.get(ENV_WORLD_SIZE, "1"))
+
+
+_TOKEN: list[str] = []  # agreed once per process when the launcher's variables are absent
+
+
+def save_token() -> str:
+    """The same on every rank of one attempt, different across attempts."""
+    env = os.environ
+    parts = [env.get(k, "") for k in (ENV_RUN_ID, ENV_RESTART_COUNT, ENV_MASTER_PORT)]
+    token = "-".join(p for p in parts if p)
+    if token:
+        return token
+    if not _TOKEN:
+        _TOKEN.append(_agreed_token())
+    return _TOKEN[0]
+
+
+def _agreed_token() -> str:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [uuid.uuid4().hex[:12]]
+        dist.broadcast_object_list(box, src=0)  # collective: every rank builds a Checkpointer
+        return str(box[0])
+    if int(os.environ.get(ENV_WORLD_SIZE, "1")) > 1:
+        raise CheckpointError("several ranks but no shared save token. Fix: launch with "
+                              "trainguard run or torchrun, or init the process group first")
+    return uuid.uuid4().hex[:12]

@@ -1,0 +1,64 @@
+"""What a relaunch changed from the previous launch's recorded settings (the SettingsChanged
+event). Pure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainguard.spec import flag_name
+
+# settings that differ between launches of one job without anyone changing them: a Slurm
+# requeue lands on other nodes and ports; the job dir may have been moved (its log and
+# checkpoint dirs are compared inside it); the script as typed depends on the directory the
+# command ran in (`entrypoint_path`, the file it named, is compared instead)
+_PER_LAUNCH = frozenset({"run_id", "master_addr", "master_port", "controller_host",
+                         "node_rank", "job_dir", "entrypoint"})
+_IN_JOB_DIR = ("log_dir", "checkpoint_dir")
+
+
+def settings_changes(before: dict[str, Any] | None,
+                     after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The settings that differ, by key (in the order of `after`), as (before, after);
+    nothing when none were recorded."""
+    if before is None:
+        return {}
+    out = {}
+    for k, v in after.items():
+        if k in _PER_LAUNCH or k not in before:
+            continue
+        was = before[k]
+        if k in _IN_JOB_DIR:
+            was, v = _inside(was, before.get("job_dir")), _inside(v, after.get("job_dir"))
+        if was != v:
+            out[k] = (before[k], after[k])
+    return out
+
+
+def changes_text(changes: dict[str, tuple[Any, Any]]) -> str:
+    """`--nproc-per-node 2 -> 1, standby workers on -> off`: a flag's name for a value, the
+    setting's words for a switch (its flag may be the `--no-` one)."""
+    return ", ".join(f"{k.replace('_', ' ')} {_on(a)} -> {_on(b)}"
+                     if isinstance(a, bool) or isinstance(b, bool)
+                     else f"{flag_name(k)} {_shown(a)} -> {_shown(b)}"
+                     for k, (a, b) in changes.items())
+
+
+def _inside(path: Any, job_dir: Any) -> Any:
+    """A dir inside the job dir as its place in it, so a moved job dir changes nothing."""
+    if isinstance(path, str) and isinstance(job_dir, str):
+        try:
+            return "JOB_DIR/" + str(Path(path).relative_to(job_dir))
+        except ValueError:
+            pass
+    return path
+
+
+def _on(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return _shown(value)
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None else str(value)

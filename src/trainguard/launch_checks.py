@@ -1,0 +1,159 @@
+"""What `run` and `run --dry-run` both check before anything starts (prepare), with the
+same words: the job, log and checkpoint dirs, the checkpoint URL's filesystem, the job dir's
+lock and run id, the rendezvous address and the metrics port. A launch refused here leaves
+no job record behind."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from trainguard.controller.store import JobStore, db_path, other_job
+from trainguard.errors import SpecError, StoreError
+from trainguard.paths import LOCK_NAME, JobPaths, is_url
+from trainguard.spec import JobSpec, flag_name
+
+
+def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
+    """What `run` and `run --dry-run` both check before anything starts, in this order: the
+    checkpoint URL's filesystem, that no launcher holds the job dir (`run` then takes its
+    lock, job_lock, with the same words: a job still running is said to be, not its metrics
+    port), that the run id fits the job dir (continued_run), a single-node job's rendezvous
+    address and the metrics endpoint; then the job, log and checkpoint dirs can be made (and
+    are, unless `create` is False). Errors name the flag and the fix."""
+    paths = JobPaths.for_spec(spec, Path.cwd())
+    check_checkpoint_url(paths)
+    check_unlocked(paths.job_dir)
+    spec = continued_run(spec, paths.job_dir)
+    if not spec.multi_node:  # a multi-node job meets at its first node's address
+        check_master_addr(spec.master_addr)
+    check_metrics_port(spec)
+    paths.make(create)
+    return spec, paths
+
+
+def check_checkpoint_url(paths: JobPaths) -> None:
+    """A checkpoint URL's scheme must be one fsspec knows, with its package installed (the
+    ranks would fail at their first save)."""
+    if not is_url(paths.checkpoint_dir):
+        return
+    import fsspec  # only for a URL
+    from fsspec.registry import known_implementations
+
+    scheme = paths.checkpoint_dir.split("://", 1)[0]
+    where = f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'"
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ImportError as e:
+        pkg = str(known_implementations.get(scheme, {}).get("class", "")).split(".")[0]
+        if pkg in ("", "fsspec"):  # fsspec's own, needing another package (sftp: paramiko)
+            problem, pkg = f"cannot be used ({e})", "the package named"
+        else:
+            problem = f"needs the package {pkg}, which is not installed"
+        raise SpecError(where, f"{paths.checkpoint_dir}: the {scheme}:// filesystem {problem}",
+                        f"pip install {pkg}, or use a local directory") from None
+    except ValueError:
+        known = [k for k in ("s3", "gs", "abfs", "hdfs", "memory") if k in known_implementations]
+        raise SpecError(where, f"{paths.checkpoint_dir}: unknown URL scheme {scheme!r} (not "
+                        "an fsspec filesystem)", f"use a scheme fsspec knows (e.g. "
+                        f"{', '.join(known)}) or a local directory") from None
+
+
+def continued_run(spec: JobSpec, job_dir: Path) -> JobSpec:
+    """Launching a job dir that holds a job again, with no --run-id, continues that job (a
+    retry, `sbatch --requeue`): it takes the stored run id. An explicit, different --run-id is
+    refused (StoreError, the store's own words)."""
+    if not db_path(job_dir).is_file():
+        return spec
+    try:
+        with JobStore.open(job_dir) as store:
+            stored = store.meta().get("run_id")
+    except StoreError:
+        return spec  # being created, or unreadable: JobStore.create says why
+    if not isinstance(stored, str):
+        return spec
+    if "run_id" not in spec.model_fields_set:
+        return spec.model_copy(update={"run_id": stored})
+    if spec.run_id != stored:
+        raise other_job(job_dir, stored, spec.run_id)
+    return spec
+
+
+@contextlib.contextmanager
+def job_lock(job_dir: Path) -> Iterator[None]:
+    """One launcher per job dir: a second one is refused, naming the one that runs."""
+    path = job_dir / LOCK_NAME
+    with open(path, "a+", encoding="utf-8") as f:
+        _lock_or_refuse(f, job_dir)
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def check_unlocked(job_dir: Path) -> None:
+    """Refuse, as job_lock would, a job dir in use by a running launcher (the lock is taken
+    and let go at once; a missing lock file is not made)."""
+    try:
+        f = open(job_dir / LOCK_NAME, encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError:
+        return  # no launcher ever ran there (or job_lock says why at launch)
+    with f:
+        _lock_or_refuse(f, job_dir)
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _lock_or_refuse(f: IO[str], job_dir: Path) -> None:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        raise SpecError("--job-dir", f"{job_dir} is in use by a running launcher "
+                        f"(pid {holder})", "wait for it to end, stop it (`trainguard "
+                        f"stop {job_dir}`), or use another --job-dir") from None
+
+
+def check_master_addr(addr: str) -> None:
+    """The rendezvous address must be one this node can listen on."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((addr, 0))
+    except OSError as e:
+        raise SpecError("--master-addr", f"cannot listen on {addr!r} on this node "
+                        f"({e.strerror or e})", "use 127.0.0.1 or one of this node's "
+                        "addresses") from None
+
+
+def check_metrics_port(spec: JobSpec) -> None:
+    """`--metrics-host`:`--metrics-port` must be bindable as the server will bind it (a
+    failure at launch would fail the job before it starts); port 0 is any free one."""
+    if spec.metrics_port is None:
+        return
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            spec.metrics_host, spec.metrics_port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            s.bind(addr[:2])  # as the server binds: (host, port), an IPv6 scope id dropped
+    except OSError as e:
+        raise metrics_port_refused(spec, e) from None
+
+
+def metrics_port_refused(spec: JobSpec, e: OSError) -> SpecError:
+    """A port in use or not allowed is the port's fault; anything else (a name that does not
+    resolve, an address not on this node) the host's."""
+    where = f"cannot serve metrics on {spec.metrics_host}:{spec.metrics_port} ({e.strerror or e})"
+    if e.errno in (errno.EADDRINUSE, errno.EACCES):
+        return SpecError("--metrics-port", where, "pick a free port, or 0 for any")
+    return SpecError("--metrics-host", where, "use 127.0.0.1 or one of this node's addresses")
