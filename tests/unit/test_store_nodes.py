@@ -34,18 +34,29 @@ V2_SCHEMA = (
     PRIMARY KEY (attempt, rank)
     )""",
 )
+NODES_V3 = """CREATE TABLE nodes (
+    name TEXT PRIMARY KEY, host TEXT NOT NULL, state TEXT NOT NULL, agent_pid INTEGER,
+    slot INTEGER, reason TEXT, updated_at TEXT NOT NULL, backend TEXT NOT NULL,
+    times_implicated INTEGER NOT NULL DEFAULT 0
+    )"""
+PROGRESS_V4 = ("CREATE TABLE progress "
+               "(attempt INTEGER NOT NULL, step INTEGER NOT NULL, at REAL NOT NULL)")
 V1_SCHEMA = tuple(
     s.replace(", data TEXT", "").replace(", oom_killed INTEGER", "") for s in V2_SCHEMA
 )
 
 
 def make_old_store(job_dir: Path, version: int) -> Path:
-    """A store file as trainguard of schema `version` (1 or 2) left it, with one of each row."""
+    """A store file as trainguard of schema `version` (1 to 4) left it, with one of each row."""
     job_dir.mkdir(parents=True, exist_ok=True)
     path = job_dir / "trainguard.db"
     raw = sqlite3.connect(path)
-    for statement in V2_SCHEMA if version == 2 else V1_SCHEMA:
+    for statement in V1_SCHEMA if version == 1 else V2_SCHEMA:
         raw.execute(statement)
+    if version >= 3:
+        raw.execute(NODES_V3)
+    if version >= 4:
+        raw.execute(PROGRESS_V4)
     raw.execute("INSERT INTO meta VALUES ('run_id', ?), ('state', ?)",
                 (json.dumps("run-1"), json.dumps("succeeded")))
     raw.execute("INSERT INTO events (time, level, reason, message, job, node, rank, attempt) "
@@ -80,9 +91,9 @@ def store(tmp_path: Path) -> Iterator[JobStore]:
         yield s
 
 
-def test_the_schema_is_version_4(store: JobStore) -> None:
-    assert SCHEMA_VERSION == 4
-    assert user_version(store.path) == 4
+def test_the_schema_is_version_5(store: JobStore) -> None:
+    assert SCHEMA_VERSION == 5
+    assert user_version(store.path) == 5
     assert store.nodes() == [] and store.progress() == []
 
 
@@ -143,8 +154,8 @@ def test_a_reader_reads_nodes_but_cannot_write_them(store: JobStore) -> None:
             reader.put_nodes([node("n1", 1)])
 
 
-@pytest.mark.parametrize("version", [2, 1])
-def test_an_old_store_is_migrated_to_3_and_keeps_its_rows(tmp_path: Path, version: int) -> None:
+@pytest.mark.parametrize("version", [4, 3, 2, 1])
+def test_an_old_store_is_migrated_and_keeps_its_rows(tmp_path: Path, version: int) -> None:
     path = make_old_store(tmp_path, version)
     with JobStore.create(tmp_path, "run-1") as s:
         assert user_version(path) == SCHEMA_VERSION
@@ -179,3 +190,18 @@ def test_replace_drops_the_rows_of_nodes_the_job_no_longer_has(store: JobStore) 
     store.put_nodes([node("n1", 0), node("n2", 1)])
     store.put_nodes([node("m1", 0), node("m2", 1)], replace=True)
     assert [n.name for n in store.nodes()] == ["m1", "m2"]
+
+
+def test_a_version_4_store_reads_no_step_time_and_keeps_one_once_migrated(
+    tmp_path: Path,
+) -> None:
+    path = make_old_store(tmp_path, 4)
+    with JobStore.open(tmp_path) as reader:  # a reader migrates nothing: the column is NULL
+        assert [w.last_step_at for w in reader.workers()] == [None]
+    assert user_version(path) == 4
+    stepped = WorkerRow(1, 0, 0, "node0", 4200, "failed", exit_code=-9, started_at=T0,
+                        last_step_at=T0 + timedelta(seconds=7, microseconds=5))
+    with JobStore.create(tmp_path, "run-1") as s:
+        s.put_workers(1, [stepped])
+        assert s.workers(1) == [stepped]
+        assert s.workers(0)[0].last_step_at is None

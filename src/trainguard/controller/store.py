@@ -33,53 +33,16 @@ from trainguard.controller.store_rows import (
 )
 from trainguard.controller.store_rows import db_path as db_path
 from trainguard.controller.store_rows import holds_job_dirs as holds_job_dirs
+from trainguard.controller.store_schema import MIGRATIONS, SCHEMA, WORKER_COLUMN_SINCE
+from trainguard.controller.store_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from trainguard.errors import StoreError
 from trainguard.paths import DB_NAME
 from trainguard.records import Event, RunningRecord
 
-SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
 
 MetaValue: TypeAlias = (str | int | float | bool | list[str] | dict[str, int]
                         | dict[str, dict[str, int]] | None)
-
-_NODES_TABLE = """CREATE TABLE IF NOT EXISTS nodes (
-    name TEXT PRIMARY KEY, host TEXT NOT NULL, state TEXT NOT NULL, agent_pid INTEGER,
-    slot INTEGER, reason TEXT, updated_at TEXT NOT NULL, backend TEXT NOT NULL,
-    times_implicated INTEGER NOT NULL DEFAULT 0
-    )"""
-
-# Version 1 -> 2: events carry structured data; worker rows say whether the OOM killer ran.
-# Version 2 -> 3: the nodes of a multi-node job.
-# Version 3 -> 4: the step ledger (when each attempt reached which step; trainguard.goodput).
-_PROGRESS_TABLE = """CREATE TABLE IF NOT EXISTS progress (
-    attempt INTEGER NOT NULL, step INTEGER NOT NULL, at REAL NOT NULL
-    )"""
-
-_MIGRATIONS = {
-    1: ("ALTER TABLE events ADD COLUMN data TEXT",
-        "ALTER TABLE workers ADD COLUMN oom_killed INTEGER"),
-    2: (_NODES_TABLE,),
-    3: (_PROGRESS_TABLE,),
-}
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    time TEXT NOT NULL, level TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL,
-    job TEXT NOT NULL, node TEXT, rank INTEGER, attempt INTEGER, data TEXT
-    )""",
-    "CREATE TABLE IF NOT EXISTS running_records (attempt INTEGER PRIMARY KEY, data TEXT NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS workers (
-    attempt INTEGER NOT NULL, rank INTEGER NOT NULL, local_rank INTEGER NOT NULL,
-    node TEXT NOT NULL, pid INTEGER, state TEXT NOT NULL, exit_code INTEGER, signal TEXT,
-    started_at TEXT, ended_at TEXT, start_count INTEGER NOT NULL, oom_killed INTEGER,
-    PRIMARY KEY (attempt, rank)
-    )""",
-    _NODES_TABLE,
-    _PROGRESS_TABLE,
-)
 
 
 def other_job(job_dir: Path, existing: str, run_id: str) -> StoreError:
@@ -154,11 +117,11 @@ class JobStore(LedgerTables):
         with self._tx("create"):
             version = self._check_version()
             if version == 0:
-                for statement in _SCHEMA:
+                for statement in SCHEMA:
                     self._conn.execute(statement)
             else:
                 for v in range(version, SCHEMA_VERSION):
-                    for statement in _MIGRATIONS[v]:
+                    for statement in MIGRATIONS[v]:
                         self._conn.execute(statement)
             self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._version = SCHEMA_VERSION
@@ -280,7 +243,8 @@ class JobStore(LedgerTables):
         return self._worker_rows("ORDER BY attempt, rank", ())
 
     def _worker_rows(self, tail: str, params: tuple[int, ...]) -> list[WorkerRow]:
-        cols = [c if c != "oom_killed" or self._version >= 2 else "NULL" for c in WORKER_COLUMNS]
+        cols = [c if self._version >= WORKER_COLUMN_SINCE.get(c, 0) else "NULL"
+                for c in WORKER_COLUMNS]
         with self._errors("read workers from"):
             rows = self._conn.execute(
                 f"SELECT {', '.join(cols)} FROM workers {tail}", params).fetchall()

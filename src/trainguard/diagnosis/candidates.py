@@ -58,6 +58,8 @@ class RankExit:
     ended_at: datetime | None = None
     oom_killed: bool | None = None  # the kernel's OOM-kill count rose; None: unknown
     node: str | None = None
+    # when the rank reached its latest step: an error it logged well before, it survived
+    last_step_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from trainguard.diagnosis.candidates import (
     TIER,
@@ -41,6 +41,10 @@ from trainguard.diagnosis.taxonomy import (
 )
 
 _SIGABRT = 6
+# a line its rank logged this long before it reached a new step went by: the rank caught it
+# (a CUDA OOM that skipped a batch) and trained on (a margin: a log line's stamp and a step's
+# are taken by different threads, and torch's error file stamps whole seconds)
+SURVIVED_BEFORE_STEP = timedelta(seconds=1)
 _MAX_SYMPTOMS = 10
 # what NCCL's generic system or internal error gives way to when its WARN names it
 _NCCL_WARN_CAUSES = (Category.SHARED_MEMORY, Category.GPU_OOM)
@@ -102,11 +106,22 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
     """
     seen = [f for f in findings if detected_at is None or f.at is None or f.at_inherited
             or f.at <= detected_at]
+    seen = _not_survived(seen, exits)
     d, others = _rules_verdict(seen, exits, rules)
     d = explained_abort(d, seen, rules)  # an abort whose uncaught exception says why
     if fallback:
         d = refine(d, seen)
     return None if d is None else story_restart(d, seen, others)
+
+
+def _not_survived(seen: list[Finding], exits: Sequence[RankExit]) -> list[Finding]:
+    """Leave out what a rank logged before it went on to a new step (RankExit.last_step_at,
+    known for a job's own ranks): an error it caught and trained past is not what it died of."""
+    stepped = {e.rank: e.last_step_at for e in exits if e.last_step_at is not None}
+    if not stepped:
+        return seen
+    return [f for f in seen if f.rank not in stepped or f.at is None or f.at_inherited
+            or f.at + SURVIVED_BEFORE_STEP >= stepped[f.rank]]
 
 
 def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],

@@ -360,7 +360,9 @@ class NodeAgent:
                           usage=[self._usage.now()])
 
     def _facts(self) -> list[WorkerFact]:
-        return [worker_fact(self.node, w, self._router, self._job_dir) for w in self._workers]
+        return [worker_fact(self.node, w, self._router, self._job_dir,
+                            self._liveness.last_step_at(w.assignment.rank))
+                for w in self._workers]
 
     def _liveness_message(self, m: WorkerMessage) -> None:
         """trainguard.progress / trainguard.phase / a checkpoint save: liveness signals

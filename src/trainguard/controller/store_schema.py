@@ -1,0 +1,51 @@
+"""The job store's SQLite schema: its tables, its version and how an older store is brought
+up to it. Data only; controller/store.py applies it."""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 5
+
+_NODES_TABLE = """CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY, host TEXT NOT NULL, state TEXT NOT NULL, agent_pid INTEGER,
+    slot INTEGER, reason TEXT, updated_at TEXT NOT NULL, backend TEXT NOT NULL,
+    times_implicated INTEGER NOT NULL DEFAULT 0
+    )"""
+
+_PROGRESS_TABLE = """CREATE TABLE IF NOT EXISTS progress (
+    attempt INTEGER NOT NULL, step INTEGER NOT NULL, at REAL NOT NULL
+    )"""
+
+# Version 1 -> 2: events carry structured data; worker rows say whether the OOM killer ran.
+# Version 2 -> 3: the nodes of a multi-node job.
+# Version 3 -> 4: the step ledger (when each attempt reached which step; trainguard.goodput).
+# Version 4 -> 5: worker rows say when the rank reached its latest step (an error its log
+#   showed well before that, it survived: diagnosis.verdict).
+MIGRATIONS = {
+    1: ("ALTER TABLE events ADD COLUMN data TEXT",
+        "ALTER TABLE workers ADD COLUMN oom_killed INTEGER"),
+    2: (_NODES_TABLE,),
+    3: (_PROGRESS_TABLE,),
+    4: ("ALTER TABLE workers ADD COLUMN last_step_at TEXT",),
+}
+
+# the version that added a worker column (a store older than that reads it as NULL)
+WORKER_COLUMN_SINCE = {"oom_killed": 2, "last_step_at": 5}
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time TEXT NOT NULL, level TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL,
+    job TEXT NOT NULL, node TEXT, rank INTEGER, attempt INTEGER, data TEXT
+    )""",
+    "CREATE TABLE IF NOT EXISTS running_records (attempt INTEGER PRIMARY KEY, data TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS workers (
+    attempt INTEGER NOT NULL, rank INTEGER NOT NULL, local_rank INTEGER NOT NULL,
+    node TEXT NOT NULL, pid INTEGER, state TEXT NOT NULL, exit_code INTEGER, signal TEXT,
+    started_at TEXT, ended_at TEXT, start_count INTEGER NOT NULL, oom_killed INTEGER,
+    last_step_at TEXT,
+    PRIMARY KEY (attempt, rank)
+    )""",
+    _NODES_TABLE,
+    _PROGRESS_TABLE,
+)

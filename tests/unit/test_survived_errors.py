@@ -1,0 +1,85 @@
+"""An error a rank caught and trained past is not what it died of (walk-through 20, finding 1).
+
+A script that catches a CUDA OOM, skips the batch and trains on, then is SIGKILLed minutes
+later, was diagnosed as the OOM ("restart helps: no") and not restarted. The job's own ranks
+tell when each reached its latest step (WorkerFact.last_step_at, from the agent's liveness
+book); what a rank logged more than SURVIVED_BEFORE_STEP before that, it survived."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from trainguard.diagnosis.candidates import RankExit
+from trainguard.diagnosis.rules import load_rules
+from trainguard.diagnosis.sources import scan_lines
+from trainguard.diagnosis.taxonomy import Category, RestartHelps
+from trainguard.diagnosis.verdict import SURVIVED_BEFORE_STEP, diagnose
+from trainguard.node.liveness import LivenessBook
+
+T0 = datetime(2026, 12, 4, 12, 0, 0, tzinfo=timezone.utc)
+OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+       "total capacity of 79.15 GiB of which 1.02 GiB is free.")
+
+
+def stamped(seconds: float, stream: str, text: str) -> str:
+    """A line of a trainguard rank log: the agent's stamp, the stream, the text."""
+    return f"{(T0 + timedelta(seconds=seconds)).isoformat(timespec='microseconds')} {stream} {text}"
+
+
+def rank0_log() -> list[str]:
+    """Step 4, an OOM traceback the script printed at 5 s and caught, then steps again."""
+    return [stamped(4.0, "out", "step 4 loss 0.250"),
+            stamped(5.0, "err", "Traceback (most recent call last):"),
+            stamped(5.0, "err", '  File "/work/train.py", line 7, in <module>'),
+            stamped(5.0, "err", "    loss = model(batch)"),
+            stamped(5.0, "err", OOM),
+            stamped(5.0, "out", "skipping this batch after OOM"),
+            stamped(5.2, "out", "step 6 loss 0.167")]
+
+
+def verdict(last_step_at: datetime | None, rank: int = 0):  # type: ignore[no-untyped-def]
+    findings = scan_lines(rank0_log(), "rank-0.log", rank=0)
+    exits = [RankExit(0, True, -9, T0 + timedelta(seconds=9), False, "node-0",
+                      last_step_at if rank == 0 else None)]
+    if rank != 0:  # another rank's steps say nothing of rank 0's lines
+        exits.append(RankExit(rank, False, -15, T0 + timedelta(seconds=9), None, "node-0",
+                              last_step_at))
+    d = diagnose(findings, exits, load_rules())
+    assert d is not None
+    return d
+
+
+def test_an_oom_the_rank_trained_past_gives_way_to_the_kill_it_died_of() -> None:
+    d = verdict(T0 + timedelta(seconds=8))
+    assert d.category == Category.KILLED_BY_SIGNAL_UNKNOWN
+    assert d.restart_helps == RestartHelps.YES
+
+
+def test_without_a_later_step_the_oom_is_still_the_cause() -> None:
+    for last in (None, T0 + timedelta(seconds=4), T0 + timedelta(seconds=5.5)):
+        d = verdict(last)  # no step, a step before it, one inside the margin
+        assert d.category == Category.GPU_OOM, last
+        assert d.restart_helps == RestartHelps.NO
+    assert timedelta(seconds=0.5) < SURVIVED_BEFORE_STEP
+
+
+def test_only_the_ranks_own_steps_count() -> None:
+    assert verdict(T0 + timedelta(seconds=8), rank=1).category == Category.GPU_OOM
+
+
+def test_the_liveness_book_times_a_new_step_only() -> None:
+    """A save, the end of a phase or the same step again moves the rank's progress (hang
+    detection) but not its step: an atexit save after a fatal traceback must not make that
+    traceback look survived."""
+    book = LivenessBook()
+    book.reset({0: 100})
+    assert book.last_step_at(0) is None
+    book.progress(0, 3, T0)
+    book.progress(0, None, T0 + timedelta(seconds=1))  # a checkpoint save
+    book.phase(0, "eval", "begin", T0 + timedelta(seconds=2), None)
+    book.phase(0, "eval", "end", T0 + timedelta(seconds=3), None)
+    book.progress(0, 3, T0 + timedelta(seconds=4))  # the same step line again
+    assert book.last_step_at(0) == T0
+    book.progress(0, 4, T0 + timedelta(seconds=5))
+    assert book.last_step_at(0) == T0 + timedelta(seconds=5)
+    assert book.last_step_at(7) is None  # not a rank of this attempt
