@@ -155,10 +155,14 @@ class StackDump(_Msg):
 
 
 class DumpStacks(_Msg):
-    """Take every running rank's stack now (a hang is confirmed), saving them in `out_dir`."""
+    """Take every running rank's stack now (a hang is suspected or confirmed), saving them in
+    `out_dir`."""
 
     out_dir: str
     timeout_s: float = 10.0
+    native: bool = Field(default=True, description="native frames too (slower): what a "
+                         "confirmed hang's evidence needs; a look at whether a stack moves "
+                         "does not")
 
 
 class Tell(_Msg):

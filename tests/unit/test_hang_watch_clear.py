@@ -15,8 +15,10 @@ def watch(states: list[HangState]) -> tuple[HangWatch, list[str]]:
     said: list[str] = []
     w = object.__new__(HangWatch)
     w.rec = SimpleNamespace(event=lambda level, reason, message, **kw: said.append(  # type: ignore[assignment]
-        f"{reason.value}: {message}"))
+        f"{reason.value}: {message}"), paths=SimpleNamespace(log_dir="/nonexistent"))
+    w.agent = SimpleNamespace(dump_stacks=lambda cmd: [])  # type: ignore[assignment]
     w.enabled, w._attempt, w.confirmed, w._ending = True, 0, None, None
+    w._looks, w._working_told, w._looked = {}, False, 0.0
     w._state = HangState.OK
     verdicts = iter(states)
     w.detector = SimpleNamespace(  # type: ignore[assignment]

@@ -1,7 +1,11 @@
 """The controller's eye on hangs: feeds the detector, reports, and gathers the evidence.
 
 Each poll's liveness goes to hang.detector.HangDetector. On a suspicion: a `HangSuspected`
-Warning ("The system detects that your training job may be suspended"). On a confirmation:
+Warning ("The system detects that your training job may be suspended"); while suspected,
+quick looks at the stuck ranks' Python stacks (at most every LOOK_EVERY_S, and before a
+confirmation). A rank found at two places in Python works at something that reports no
+step (an evaluation no `trainguard.phase` marks), so the hang waits (detector.stack_moved),
+with a second `HangSuspected` saying why, up to the phase allowance. On a confirmation:
 every rank's stack is dumped (py-spy, through the node agent) into
 `logs/attempt-N/stacks/`, the culprit is named (hang.stacks.name_culprit), the verdict is
 written to `logs/attempt-N/stacks/hang.json` (what `trainguard diagnose` reads) and a
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +35,7 @@ from trainguard.hang.stacks import (
     RankStack,
     ThreadStack,
     main_thread,
+    moving,
     name_culprit,
 )
 from trainguard.paths import HANG_FILE, stacks_dir
@@ -41,6 +47,9 @@ from trainguard.worker.contract import EXIT_SAVE_PHASE, EXITING_PHASE
 log = logging.getLogger(__name__)
 
 SUSPENDED = "The system detects that your training job may be suspended"
+LOOK_TIMEOUT_S = 5.0  # a quick look at the stacks (Python frames only)
+LOOK_EVERY_S = 0.5  # while a hang is suspected
+LOOK_GAP_S = 0.3  # before a confirmation, a last look this long after the one before
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,33 @@ class HangWatch:
         self._attempt = 0
         self.confirmed: HangConfirmation | None = None
         self._ending: str | None = None  # seen in the stacks: the attempt is ending
+        self._looks: dict[int, list[RankStack]] = {}  # this suspicion's looks, by rank
+        self._looked = 0.0  # when the last look was taken (time.monotonic)
+        self._working_told = False  # this suspicion's "still working" event was given
+
+    def _look(self, ranks: tuple[int, ...]) -> None:
+        """A quick look at the Python stacks of `ranks`, kept (best effort)."""
+        self._looked = time.monotonic()
+        out = stacks_dir(Path(self.rec.paths.log_dir), self._attempt) / "looks"
+        try:
+            dumps = self.agent.dump_stacks(DumpStacks(out_dir=str(out), native=False,
+                                                      timeout_s=LOOK_TIMEOUT_S))
+        except Exception as e:  # never lose the verdict for it
+            log.warning("a look at the stacks failed: %s", e)
+            return
+        for d in dumps:
+            if d.rank in ranks and not d.error:
+                self._looks.setdefault(d.rank, []).append(_rank_stack(d))
+
+    def _working(self, v: HangVerdict) -> list[int]:
+        """The stuck ranks found at two places in Python since the suspicion (with one more
+        look, LOOK_GAP_S after the last, when none is yet)."""
+        def found() -> list[int]:
+            return [r for r in v.stuck_ranks if moving(self._looks.get(r, ()))]
+        if not found():
+            time.sleep(max(0.0, LOOK_GAP_S - (time.monotonic() - self._looked)))
+            self._look(v.stuck_ranks)
+        return found()
 
     def start_attempt(self, attempt: int, at: datetime) -> None:
         self._attempt, self._state, self.confirmed = attempt, HangState.OK, None
@@ -94,10 +130,19 @@ class HangWatch:
                     _write_json(path, {**data, "cleared_at": now.isoformat()})
                 self.rec.book.hang_cleared(now)
             self.confirmed = None
+            self._looks, self._working_told = {}, False
         elif v.state == HangState.SUSPECTED and before == HangState.OK:
             self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED, f"{SUSPENDED}: {v.describe()}",
                            rank=v.stuck_ranks[0] if len(v.stuck_ranks) == 1 else None,
                            attempt=self._attempt, data=_verdict_data(v))
+            self._looks, self._working_told = {}, False
+            self._look(v.stuck_ranks)
+        elif v.state == HangState.SUSPECTED and not self._working_told and \
+                time.monotonic() - self._looked >= LOOK_EVERY_S:
+            self._look(v.stuck_ranks)
+        elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and \
+                self._deferred(v, now):
+            self._state = HangState.SUSPECTED
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED:
             self.confirmed = self._confirm(v, report, now)
             if self.confirmed is not None and not self.rec.spec.restart_on_hang:
@@ -107,6 +152,26 @@ class HangWatch:
                     fault, reason=f"left running (--restart-on-hang is off): {fault.reason}"))
             return self.confirmed
         return None
+
+    def _deferred(self, v: HangVerdict, now: datetime) -> bool:
+        """Whether a hang about to be confirmed waits: a stuck rank's Python stack moved
+        since the last look, and the detector's allowance for that is not spent."""
+        working = self._working(v)
+        if not working or not self.detector.stack_moved(working, now):
+            return False
+        if not self._working_told:
+            self._working_told = True
+            self.rec.event(
+                Level.WARNING, Reason.HANG_SUSPECTED,
+                f"not confirmed: the Python stack of rank(s) {rank_list(working)} moves, so "
+                f"the job works at something that reports no step ({v.describe()}); it is "
+                f"given the phase allowance ({self.detector.policy.phase_s:g}s without "
+                f"progress) as a marked phase is. An evaluation or other long work without "
+                f"step lines: mark it with `with trainguard.phase(\"eval\"):` "
+                f"(docs/hang-detection.md)",
+                rank=working[0] if len(working) == 1 else None, attempt=self._attempt,
+                data={**_verdict_data(v), "working_ranks": working})
+        return True
 
     def _confirm(self, v: HangVerdict, report: NodeReport, now: datetime
                  ) -> HangConfirmation | None:

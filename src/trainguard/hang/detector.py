@@ -24,6 +24,11 @@ long it has gone without progress:
   rank spinning in a loop, or busy-polling a collective, is as hung as one that sleeps).
   While there is life,
   confirmation waits, up to `life_cap` x T.
+- **a moving stack**: before it confirms, the controller samples the stuck ranks' Python
+  stacks (controller/hang_watch.py); when a rank's main thread ran through other functions
+  since the last sample (`stack_moved`), it is working at something that reports no step (an
+  evaluation no `trainguard.phase` marks), and that counts as a phase does: confirmation
+  waits, until progress comes back or the phase allowance is spent.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ class _Rank:
     io_bytes: int | None = None
     io_grew: bool = False
     sampled_at: datetime | None = None
+    stack_moved_at: datetime | None = None  # the controller saw its Python stack move
     accel: deque[int] = field(default_factory=lambda: deque(maxlen=ACCEL_SAMPLES))
 
 
@@ -106,6 +112,7 @@ class HangDetector:
     _ranks: dict[int, _Rank] = field(default_factory=dict)
     _state: HangState = HangState.OK
     _suspected_at: datetime | None = None
+    _past_motion_cap: bool = False  # the last confirmation came after a moving stack's cap
 
     def start_attempt(self, at: datetime) -> None:
         """Clocks restart; the learned cadence is kept (it is the job's, not the attempt's)."""
@@ -159,11 +166,24 @@ class HangDetector:
             self._state, self._suspected_at = HangState.SUSPECTED, now
         waiting = None
         if self._state == HangState.SUSPECTED and idle > allowed and not fresh:
-            waiting = self._life(liveness, now, allowed)
-            if waiting is None or idle > allowed * self.policy.life_cap:
+            waiting, cap = self._life(liveness, now, allowed)
+            if waiting is None or idle > cap:
                 self._state = HangState.CONFIRMED
+                self._past_motion_cap = idle > self._motion_cap(allowed)
         return HangVerdict(self._state, ranks, since, idle, allowed, self.learned_p99(), basis,
                            waiting if self._state != HangState.CONFIRMED else None)
+
+    def stack_moved(self, ranks: Iterable[int], at: datetime) -> bool:
+        """The controller saw these ranks' Python stacks move (controller/hang_watch.py): they
+        work at something that reports no step, so until progress comes back the suspicion
+        has the allowance of a marked phase; the hang just confirmed is not one, unless it
+        has gone past that allowance. True: not confirmed."""
+        for rank in ranks:
+            self._ranks.setdefault(rank, _Rank()).stack_moved_at = at
+        if self._state != HangState.CONFIRMED or self._past_motion_cap:
+            return False
+        self._state = HangState.SUSPECTED
+        return True
 
     # -- internals ------------------------------------------------------------------------
 
@@ -207,10 +227,28 @@ class HangDetector:
         return (now - last).total_seconds(), threshold, None
 
     def _life(self, liveness: list[RankLiveness], now: datetime, threshold: float
-              ) -> str | None:
-        """Why the job still looks busy, or None when nothing is happening: a line printed
-        since the suspicion and within the last third of the threshold (at least 2 s), or
-        more than io_life_bytes read or written since the last sample."""
+              ) -> tuple[str | None, float]:
+        """Why the job still looks busy (None when nothing is happening), and how long that
+        may hold the confirmation off (seconds without progress): a Python stack that moved
+        since the suspicion counts as a marked phase does (its allowance); a line printed
+        since the suspicion and within the last third of the threshold (at least 2 s), more
+        than io_life_bytes read or written since the last sample, or a varying accelerator
+        load, up to life_cap x the threshold."""
+        for rl in liveness:
+            moved = self._ranks[rl.rank].stack_moved_at
+            if (moved is not None and self._suspected_at is not None
+                    and moved >= self._suspected_at):
+                return (f"rank {rl.rank}'s Python stack moves (work that reports no step, an "
+                        f"evaluation say: mark it with trainguard.phase)",
+                        self._motion_cap(threshold))
+        return self._activity(liveness, now, threshold), threshold * self.policy.life_cap
+
+    def _motion_cap(self, threshold: float) -> float:
+        """How long a moving stack may hold a confirmation off (seconds without progress)."""
+        return max(self.policy.phase_s, threshold * self.policy.life_cap)
+
+    def _activity(self, liveness: list[RankLiveness], now: datetime, threshold: float
+                  ) -> str | None:
         recent = max(threshold / 3, 2.0)
         for rl in liveness:
             r = self._ranks[rl.rank]

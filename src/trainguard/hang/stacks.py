@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +34,9 @@ from trainguard.hang.classify import (
 )
 
 __all__ = ["BLOCKED", "COLLECTIVE", "COMPUTE", "DATALOADER", "ERROR", "GPU", "IO", "LOCK",
-           "SLEEP", "UNKNOWN", "Frame", "HangCulprit", "RankStack", "ThreadStack", "classify",
-           "culprit_frame", "describe", "main_thread", "name_culprit", "parse_pyspy_json",
-           "render_text"]
+           "SLEEP", "UNKNOWN", "Frame", "HangCulprit", "RankStack", "ThreadStack", "call_path",
+           "classify", "culprit_frame", "describe", "main_thread", "moving", "name_culprit",
+           "parse_pyspy_json", "render_text"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,23 @@ def parse_pyspy_json(text: str) -> list[ThreadStack]:
                   if isinstance(f, dict)),
             os_tid))
     return threads
+
+
+def call_path(rank_stack: RankStack) -> tuple[tuple[str, str, int], ...] | None:
+    """Where a rank's main thread is in Python, innermost first, as (file, function, line);
+    None when its stack could not be taken."""
+    t = main_thread(rank_stack)
+    if rank_stack.error is not None or t is None:
+        return None
+    return tuple((f.filename, f.name, f.line) for f in t.frames if not f.native)
+
+
+def moving(samples: Iterable[RankStack]) -> bool:
+    """Whether a rank's main thread was found at two places in Python (another function or
+    another line) among samples of its stack: it runs code (an evaluation, a long data pass),
+    where a rank stuck in a collective, a lock or a sleep is found at one place every time."""
+    paths = {p for s in samples if (p := call_path(s))}
+    return len(paths) > 1
 
 
 def main_thread(rank_stack: RankStack) -> ThreadStack | None:

@@ -316,7 +316,7 @@ class NodeAgent:
         from trainguard.node.stacks import dump_stack_messages
 
         pids = {w.assignment.rank: w.proc.pid for w in self._workers if not w.state.ended}
-        return dump_stack_messages(pids, Path(cmd.out_dir), cmd.timeout_s)
+        return dump_stack_messages(pids, Path(cmd.out_dir), cmd.timeout_s, cmd.native)
 
     def close(self) -> None:
         if any(not w.state.ended for w in self._workers):

@@ -216,11 +216,12 @@ def dump_stacks(pids: dict[int, int], out_dir: Path, timeout_s: float = 10.0,
     return found
 
 
-def dump_stack_messages(pids: dict[int, int], out_dir: Path, timeout_s: float
-                        ) -> list[StackDump]:
+def dump_stack_messages(pids: dict[int, int], out_dir: Path, timeout_s: float,
+                        native: bool = True) -> list[StackDump]:
     """dump_stacks, as the protocol's StackDump messages (one per rank)."""
     stopped = {rank for rank, pid in pids.items() if pid > 0 and _proc_state(pid) == "T"}
-    found = dump_stacks(pids, out_dir, timeout_s=timeout_s)  # (py-spy may stop them itself)
+    # (py-spy may stop them itself)
+    found = dump_stacks(pids, out_dir, timeout_s=timeout_s, native=native)
     return [StackDump(
         rank=rank, pid=rs.pid, error=rs.error, exited=_ended(rs.pid), stopped=rank in stopped,
         files=[str(p) for p in sorted(out_dir.glob(f"rank-{rank}.*"))],
