@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.helpers import diagnose_text
-from trainguard.diagnosis.scan import _exit_code
+from trainguard.diagnosis.exit_notices import exit_code
 from trainguard.diagnosis.taxonomy import Category, RestartHelps
 
 
@@ -106,7 +106,7 @@ def test_an_npu_operator_without_a_binary_is_an_installation_problem(tmp_path: P
     ("Process finished with exit code 1", None),
 ])
 def test_windows_crash_codes_are_exit_notices(text: str, code: int | None) -> None:
-    assert _exit_code(text) == (None, code)
+    assert exit_code(text) == (None, code)
 
 
 def test_an_illegal_instruction_on_windows_does_not_restart(tmp_path: Path) -> None:

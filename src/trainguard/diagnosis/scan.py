@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from trainguard.diagnosis.context import CONTEXT_BYTES, context_findings
+from trainguard.diagnosis.exit_notices import exit_code
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import (
     CODE_LINE,
@@ -36,77 +37,14 @@ TRACEBACK_LINES = 400  # a traceback longer than this is cut
 TRACEBACK_RESERVE = 256 << 10  # bytes kept for a traceback that starts near a chunk's end
 
 _TB_HEADER = "Traceback (most recent call last):"
+_ORIGINAL = "Original"  # the word before a re-raised exception's own traceback (torch)
 _CHAIN_MARKERS = ("During handling of the above exception", "The above exception was the direct")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
-_N = r"\d{1,9}(?!\d)"  # a rank or exit code: int() of a 5000-digit run would raise
-# (a word every such notice has, looked for first: most hit lines are none; the notice; kind)
-_EXIT_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    ("exitcode", re.compile(rf"failed \(exitcode: (?P<code>-?{_N})\) local_rank: (?P<rank>{_N})"),
-     ""),
-    # torch >= 2.2 words it "failed (exitcode: -9) for binary located at ... with local_rank: 0"
-    ("exitcode", re.compile(rf"failed \(exitcode: (?P<code>-?{_N})\) for binary located at "
-                            rf".{{0,500}}? with local_rank: (?P<rank>{_N})"), ""),
-    # torchrun's root-cause block, also when a paste ran its fields together ("rank2 (local
-    # rank: 2)exitcode: -9 (pid: 36071)")
-    ("exitcode", re.compile(rf"(?:^|\s|\))exitcode\s*:\s*(?P<code>-?{_N})"), ""),
-    ("terminated with", re.compile(
-        rf"process (?P<rank>{_N}) terminated with signal (?P<sig>SIG[A-Z]+)"), ""),
-    ("terminated with", re.compile(
-        rf"process (?P<rank>{_N}) terminated with exit code (?P<code>-?{_N})"), ""),
-    ("task ", re.compile(rf"task (?P<rank>{_N}): (?P<word>Killed|Segmentation fault|Bus error"
-                         r"|Aborted|Terminated)"), ""),
-    ("task ", re.compile(rf"task (?P<rank>{_N}): Exited with exit code (?P<code>{_N})"), ""),
-    ("exits with", re.compile(rf"exits with return code = (?P<code>-?{_N})"), ""),
-    ("died with", re.compile(r"died with <Signals\.(?P<sig>SIG[A-Z]+): \d+>"), ""),
-    ("received by", re.compile(r"Signal \d+ \((?P<sig>SIG[A-Z]+)\) received by PID"), ""),
-    ("WTERMSIG", re.compile(rf"WTERMSIG (?P<code>{_N})\b"), "negate"),
-    # mpirun/mpiexec (Open MPI): "process rank 7 with PID 0 on node h exited on signal 9"
-    ("exited on signal", re.compile(rf"process rank (?P<rank>{_N}) with PID \S+ on node \S+ "
-                                    rf"exited on signal (?P<code>{_N})\b"), "negate"),
-    # a shell's job notice: "slurm_script: line 9:  4727 Killed"
-    ("line ", re.compile(r"\bline \d+:\s+\d+ (?P<word>Killed|Segmentation fault|Bus error"
-                         r"|Aborted|Terminated)\b"), ""),
-    ("non-zero exit", re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"),
-     ""),
-    # Windows: a process's exit code is an NTSTATUS ("Process finished with exit code
-    # -1073741795 (0xC000001D)"); the crash ones are read as the POSIX signal they stand for
-    ("exit code", re.compile(r"exit code (?P<code>-?\d{10}|0x[0-9A-Fa-f]{8})\b"), "ntstatus"),
-)
-# access violation, illegal instruction, stack overflow, fail fast (abort), divide by zero
-_NTSTATUS = {0xC0000005: -11, 0xC000001D: -4, 0xC00000FD: -11, 0xC0000409: -6, 0xC0000094: -8}
-_SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8,
-            "SIGKILL": 9, "SIGSEGV": 11, "SIGTERM": 15}
-_WORDS = {"Killed": -9, "Segmentation fault": -11, "Bus error": -7, "Aborted": -6,
-          "Terminated": -15}
 _CKPT_FRAME = re.compile(r"distributed/(?:_shard/)?checkpoint/|load_checkpoint|load_state_dict"
                          r"|_load_from_state_dict|load_sharded|resume_from_checkpoint|load_state\b")
 # a registry's builder (mmcv/mmengine `build_from_cfg`, fvcore/detectron2 `Registry.get`):
 # raised there, the exception is about what the config names (a type not registered, no key)
 _CFG_FRAME = re.compile(r"registry\b|\bbuild_from_cfg\b")
-
-
-def _exit_code(text: str) -> tuple[int | None, int | None]:
-    """(rank or None, returncode) from a launcher's or shell's exit notice, if the line is one."""
-    for word, rx, kind in _EXIT_PATTERNS:
-        m = rx.search(text) if word in text else None
-        if m is None:
-            continue
-        g = m.groupdict()
-        rank = int(g["rank"]) if g.get("rank") is not None else None
-        if g.get("sig"):
-            code = -_SIGNALS.get(g["sig"], 0) or None
-        elif g.get("word"):
-            code = _WORDS[g["word"]]
-        elif kind == "ntstatus":
-            code = _NTSTATUS.get(int(g["code"], 0) & 0xFFFFFFFF)
-            if code is None:
-                continue
-        else:
-            code = int(g["code"])
-            if kind == "negate":  # a signal number: report it as Popen does (-N)
-                code = -code
-        return rank, code
-    return None, None
 
 
 @dataclass
@@ -246,7 +184,7 @@ class FileScan:
         at, inherited = self._time(pre.at, text)
         exc = EXCEPTION_LINE.match(text) or EXCEPTION_IN_LINE.search(text[:200])
         rule = self.trigger.match(text, is_exception=exc is not None)
-        code_rank, code = _exit_code(text)
+        code_rank, code = exit_code(text)
         if exc is None and rule is None and code is None:
             return None
         f = Finding(file=self.name, line=line_no, offset=offset, text=text[:MAX_TEXT],
@@ -294,6 +232,10 @@ class FileScan:
         # another prefix before the header (a logger's time, a job id) comes on every line
         # of the traceback too, with the same width: cut that many characters
         col = max(header.text.find(_TB_HEADER), 0)
+        # torch's DataLoader re-raises a worker's exception in the main process with the
+        # worker's own traceback below its message, headed `Original Traceback (...)`
+        original = header.text[:col].strip() == _ORIGINAL
+        col = 0 if original else col
         stream = self._streams.setdefault(rank, _Stream())
         frames: list[tuple[str, str, str]] = []
         mine: list[int] = []  # offsets of its lines
@@ -320,6 +262,8 @@ class FileScan:
                             self._consumed.add(at)
                         self._consumed.update(mine)
                         self._consumed.add(base + pos)
+                        if original:
+                            self._from_worker(rank, frames, stream)
                         self._exception(text, exc, frames, line_no, base + pos, pre, stream,
                                         rank)
                         return True
@@ -330,6 +274,23 @@ class FileScan:
                 mine.append(base + pos)
             pos = end + 1
         return None if pos >= len(buf) and n < TRACEBACK_LINES else False
+
+    def _from_worker(self, rank: int | None, frames: list[tuple[str, str, str]],
+                     stream: _Stream) -> None:
+        """An `Original Traceback` is the worker's side of the exception just re-raised (`X:
+        Caught X in DataLoader worker process N.`): one chain with it, and where the worker
+        raised is where that exception was raised (not the `for` loop that got it)."""
+        for i in range(len(self.findings) - 1, -1, -1):
+            f = self.findings[i]
+            if f.rank == rank and f.traceback and f.exc_type is not None:
+                if f.chain == stream.chains:
+                    stream.chained_next = True
+                    user = [x for x in frames if not is_library_path(x[0])]
+                    if user:
+                        self.findings[i] = f.model_copy(update={
+                            "frame": f"{user[-1][0]}:{user[-1][1]} in {user[-1][2]}",
+                            "library_frame": is_library_path(frames[-1][0])})
+                return
 
     def _exception(self, text: str, exc: re.Match[str] | None,
                    frames: list[tuple[str, str, str]], line_no: int, offset: int,
@@ -344,7 +305,7 @@ class FileScan:
         rule = self.trigger.match(text, is_exception=True)
         # a launcher's exception can be an exit notice too (`CalledProcessError: ... died
         # with <Signals.SIGKILL: 9>`): the child's signal is what it says
-        code = _exit_code(text)[1]
+        code = exit_code(text)[1]
         self._add(Finding(
             file=self.name, line=line_no, offset=offset, text=text[:MAX_TEXT], rank=rank,
             node=getattr(pre, "node", None), at=at, at_inherited=inherited,

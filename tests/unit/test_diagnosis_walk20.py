@@ -1,0 +1,63 @@
+"""Walk-through 20's diagnosis findings 3 and 5: a missing training data file named `.bin`
+(nanoGPT's `train.bin`) is a path to fix, not a checkpoint that failed to load; an exception
+a DataLoader worker raised is blamed on the dataset code that raised it (its `Original
+Traceback`), not on the `for` loop that received it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.unit.helpers import diagnose_text
+from trainguard.diagnosis.taxonomy import Category, RestartHelps
+
+NANOGPT = """Traceback (most recent call last):
+  File "/work/nanoGPT/train.py", line 264, in <module>
+    X, Y = get_batch('train') # fetch the very first batch
+  File "/work/nanoGPT/train.py", line 116, in get_batch
+    data = np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r')
+  File "/usr/lib/python3/dist-packages/numpy/core/memmap.py", line 228, in __new__
+    f_ctx = open(os_fspath(filename), ('r' if mode == 'c' else mode)+'b')
+FileNotFoundError: [Errno 2] No such file or directory: 'data/shakespeare_char/{name}'
+"""
+
+
+def test_a_missing_training_data_file_is_a_path_to_fix_not_a_checkpoint(
+        tmp_path: Path) -> None:
+    for name in ("train.bin", "val.bin", "my-gpt2_text_document.bin"):
+        d = diagnose_text(tmp_path, NANOGPT.format(name=name))
+        assert d.category == Category.CONFIG_ERROR, (name, d)
+        assert d.restart_helps == RestartHelps.NO
+        assert d.evidence is not None and name in d.evidence.text
+    d = diagnose_text(tmp_path, NANOGPT.format(name="pytorch_model.bin"))
+    assert d.category == Category.CHECKPOINT_LOAD_ERROR  # a model's weights still are
+
+
+# torch 2.x, as a real run of a dataset whose __getitem__ raised printed it
+DATALOADER = """Traceback (most recent call last):
+  File "/tmp/r4/dl.py", line 14, in <module>
+    for step, batch in enumerate(loader):
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 733, in __next__
+    data = self._next_data()
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1567, in _process_data
+    data.reraise()
+  File "/venv/lib/python3.11/site-packages/torch/_utils.py", line 794, in reraise
+    raise exception
+KeyError: Caught KeyError in DataLoader worker process 1.
+Original Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 374, in _worker_loop
+    data = fetcher.fetch(index)  # type: ignore[possibly-undefined]
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", line 54, in fetch
+    data = [self.dataset[idx] for idx in possibly_batched_index]
+  File "/tmp/r4/dl.py", line 10, in __getitem__
+    return self.items[i]
+KeyError: 6
+"""
+
+
+def test_a_dataloader_workers_exception_is_blamed_on_the_dataset_code_that_raised_it(
+        tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, DATALOADER)
+    assert d.category == Category.USER_CODE_ERROR
+    assert d.culprit.frame == "/tmp/r4/dl.py:10 in __getitem__", d.culprit
+    assert d.evidence is not None and "DataLoader worker process 1" in d.evidence.text
+    assert [s.text for s in d.symptoms] == ["KeyError: 6"]  # the worker's side, not a cause
