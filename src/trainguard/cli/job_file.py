@@ -18,13 +18,16 @@ class _DuplicateKey(Exception):
 
 
 class _Loader(yaml.SafeLoader):
-    """safe_load's loader, refusing a mapping that gives one key twice."""
+    """safe_load's loader, refusing a mapping that gives one key twice (a flag's spelling,
+    `max-restarts`, is the key `max_restarts`)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if isinstance(key, str):
+                key = key.replace("-", "_")
             if isinstance(key, str | int | float | bool):  # hashable: a plain key
                 if key in seen:
                     raise _DuplicateKey(str(key), seen[key], line)
