@@ -15,6 +15,8 @@ from trainguard.spec import flag_name
 _PER_LAUNCH = frozenset({"run_id", "master_addr", "master_port", "controller_host",
                          "node_rank", "job_dir", "entrypoint"})
 _IN_JOB_DIR = ("log_dir", "checkpoint_dir")
+# recorded settings no flag sets, by the words that name them
+_NO_FLAG = {"entrypoint_path": "the script"}
 
 
 def settings_changes(before: dict[str, Any] | None,
@@ -40,7 +42,7 @@ def changes_text(changes: dict[str, tuple[Any, Any]]) -> str:
     setting's words for a switch (its flag may be the `--no-` one)."""
     return ", ".join(f"{k.replace('_', ' ')} {_on(a)} -> {_on(b)}"
                      if isinstance(a, bool) or isinstance(b, bool)
-                     else f"{flag_name(k)} {_shown(a)} -> {_shown(b)}"
+                     else f"{_NO_FLAG.get(k) or flag_name(k)} {_shown(a)} -> {_shown(b)}"
                      for k, (a, b) in changes.items())
 
 
