@@ -36,17 +36,17 @@ def test_a_missing_training_data_file_is_a_path_to_fix_not_a_checkpoint(
 DATALOADER = """Traceback (most recent call last):
   File "/tmp/r4/dl.py", line 14, in <module>
     for step, batch in enumerate(loader):
-  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 733, in __next__
+  File "/v/site-packages/torch/utils/data/dataloader.py", line 733, in __next__
     data = self._next_data()
-  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1567, in _process_data
+  File "/v/site-packages/torch/utils/data/dataloader.py", line 1567, in _process_data
     data.reraise()
-  File "/venv/lib/python3.11/site-packages/torch/_utils.py", line 794, in reraise
+  File "/v/site-packages/torch/_utils.py", line 794, in reraise
     raise exception
 KeyError: Caught KeyError in DataLoader worker process 1.
 Original Traceback (most recent call last):
-  File "/venv/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 374, in _worker_loop
+  File "/v/site-packages/torch/utils/data/_utils/worker.py", line 374, in _worker_loop
     data = fetcher.fetch(index)  # type: ignore[possibly-undefined]
-  File "/venv/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", line 54, in fetch
+  File "/v/site-packages/torch/utils/data/_utils/fetch.py", line 54, in fetch
     data = [self.dataset[idx] for idx in possibly_batched_index]
   File "/tmp/r4/dl.py", line 10, in __getitem__
     return self.items[i]

@@ -38,4 +38,5 @@ def worker_env(cmd: StartWorkers, a: WorkerAssignment, error_file: str,
     })
     env.setdefault(c.ENV_OMP_NUM_THREADS, "1")
     env.setdefault(c.ENV_PYTHONUNBUFFERED, "1")
+    env.setdefault(c.ENV_PYTHONFAULTHANDLER, "1")
     return env
