@@ -234,7 +234,7 @@ def test_three_in_allreduce_one_sleeping_in_user_code() -> None:
 def test_one_spinning_in_a_python_loop() -> None:
     v = culprit({0: AR, 1: AR, 2: "spin.native", 3: AR})
     assert (v.rank, v.by_rank[2], v.frame) == (2, "compute", "/tmp/spy/spin.py:4 in spin")
-    assert "running Python code" in v.reason
+    assert "Rank 2 is running code" in v.reason
 
 
 def test_ddp_backward_waits_for_the_rank_that_sleeps() -> None:

@@ -27,7 +27,7 @@ PHRASES = {
     SLEEP: ("is sleeping", "are sleeping"),
     IO: ("is blocked in I/O", "are blocked in I/O"),
     BLOCKED: ("is blocked outside Python code", "are blocked outside Python code"),
-    COMPUTE: ("is running Python code", "are running Python code"),
+    COMPUTE: ("is running code", "are running code"),  # Python, or a native kernel it called
     UNKNOWN: ("shows no Python frames", "show no Python frames"),
     ERROR: ("could not be inspected", "could not be inspected"),
     STOPPED: ("is stopped (state T)", "are stopped (state T)"),
