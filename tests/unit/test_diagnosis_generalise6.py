@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.helpers import diagnose_text
-from trainguard.diagnosis.scan import _exit_code
+from trainguard.diagnosis.exit_notices import exit_code
 from trainguard.diagnosis.taxonomy import Category, RestartHelps
 
 
@@ -64,7 +64,7 @@ def test_a_loss_reported_as_nan_in_the_past_tense_is_numerical(tmp_path: Path) -
 def test_torchruns_exit_code_in_a_paste_that_ran_its_fields_together(text: str,
                                                                       code: int | None) -> None:
     line = text.splitlines()[-1]
-    assert _exit_code(line) == (None, code)
+    assert exit_code(line) == (None, code)
 
 
 def test_an_operators_output_that_finds_no_memory_is_the_devices(tmp_path: Path) -> None:

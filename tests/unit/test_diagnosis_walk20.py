@@ -1,4 +1,5 @@
-"""Walk-through 20's diagnosis findings 3 and 5: a missing training data file named `.bin`
+"""Walk-through 20's diagnosis findings 3 to 5: a message that spans lines is shown whole;
+a missing training data file named `.bin`
 (nanoGPT's `train.bin`) is a path to fix, not a checkpoint that failed to load; an exception
 a DataLoader worker raised is blamed on the dataset code that raised it (its `Original
 Traceback`), not on the `for` loop that received it."""
@@ -7,7 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.helpers import diagnose_text
+from tests.unit.helpers import diagnose_text, tg
+from trainguard.diagnosis.rules import load_rules
+from trainguard.diagnosis.scan import scan_bytes
+from trainguard.diagnosis.sources import default_trigger
 from trainguard.diagnosis.taxonomy import Category, RestartHelps
 
 NANOGPT = """Traceback (most recent call last):
@@ -61,3 +65,41 @@ def test_a_dataloader_workers_exception_is_blamed_on_the_dataset_code_that_raise
     assert d.culprit.frame == "/tmp/r4/dl.py:10 in __getitem__", d.culprit
     assert d.evidence is not None and "DataLoader worker process 1" in d.evidence.text
     assert [s.text for s in d.symptoms] == ["KeyError: 6"]  # the worker's side, not a cause
+
+
+STATE_DICT = """step 0: train loss 10.9
+Traceback (most recent call last):
+  File "/work/nanoGPT/train.py", line 161, in <module>
+    model.load_state_dict(state_dict)
+  File "/v/site-packages/torch/nn/modules/module.py", line 2215, in load_state_dict
+    raise RuntimeError('Error(s) in loading state_dict for {}:\\n\\t{}'.format(
+RuntimeError: Error(s) in loading state_dict for GPT:
+\tMissing key(s) in state_dict: "transformer.wte.weight".
+\tUnexpected key(s) in state_dict: "_orig_mod.transformer.wte.weight".
+wandb: Waiting for W&B process to finish
+"""
+
+
+def test_a_message_that_spans_lines_is_shown_whole_with_its_deciding_line(
+        tmp_path: Path) -> None:
+    """Walk-through 20, finding 4: the evidence stopped at `... for GPT:`, the keys that say
+    what is wrong were left out."""
+    d = diagnose_text(tmp_path, STATE_DICT)
+    assert d.category == Category.CHECKPOINT_LOAD_ERROR
+    assert d.evidence is not None
+    assert d.evidence.text == "RuntimeError: Error(s) in loading state_dict for GPT:"
+    assert d.evidence.more == ('Missing key(s) in state_dict: "transformer.wte.weight".',
+                               'Unexpected key(s) in state_dict: '
+                               '"_orig_mod.transformer.wte.weight".')
+    assert d.evidence.to_dict()["more"] == list(d.evidence.more)
+    r = tg("diagnose", str(tmp_path / "console.log"))
+    assert '      Missing key(s) in state_dict: "transformer.wte.weight".' in r.stdout
+
+
+def test_the_rest_of_a_message_does_not_depend_on_where_the_bytes_were_cut() -> None:
+    data = STATE_DICT.encode()
+    whole = scan_bytes(load_rules(), default_trigger(), "c.log", [data])
+    assert any(f.more for f in whole)
+    for cut in range(1, len(data)):
+        assert scan_bytes(load_rules(), default_trigger(), "c.log",
+                          [data[:cut], data[cut:]]) == whole, cut

@@ -113,7 +113,8 @@ def _verdict_lines(d: Diagnosis) -> list[str]:
     if who:
         out.append(f"  culprit: {', '.join(who)}")
     if d.evidence is not None:
-        out += [f"  evidence: {d.evidence.where()}", f"    {d.evidence.text.strip()[:400]}"]
+        out += [f"  evidence: {d.evidence.where()}", f"    {d.evidence.text.strip()[:400]}",
+                *(f"      {t[:400]}" for t in d.evidence.more)]
     out.append(f"  advice: {d.advice}")
     if d.symptoms:
         out.append(f"  symptoms it explains ({len(d.symptoms)}):")

@@ -32,6 +32,7 @@ class Finding(BaseModel):
     library_frame: bool = False  # the deepest frame is inside a library
     checkpoint_load: bool = False  # raised while loading a checkpoint (by its frames)
     config_build: bool = False  # raised by a registry building what a config names
+    more: tuple[str, ...] = ()  # the next lines of an exception's message, when it spans lines
     chain: int | None = None  # traceback chain index in its stream (chained exceptions share)
     final: bool = False  # the last exception chain of its stream: what the process died of
     # exit notices printed by launchers/shells ("exitcode: -9", "task 3: Killed")
@@ -43,4 +44,4 @@ class Finding(BaseModel):
     def evidence(self) -> Evidence:
         """The line as the evidence of a diagnosis (its time only when the line had its own)."""
         return Evidence(self.file, self.line, self.text, self.rank,
-                        None if self.at_inherited else self.at)
+                        None if self.at_inherited else self.at, more=self.more)

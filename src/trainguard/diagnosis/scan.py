@@ -35,6 +35,7 @@ MAX_TEXT = 2000  # characters of a line kept in a finding
 MAX_FINDINGS = 5000  # per file: the first half and the last half are kept
 TRACEBACK_LINES = 400  # a traceback longer than this is cut
 TRACEBACK_RESERVE = 256 << 10  # bytes kept for a traceback that starts near a chunk's end
+MORE_LINES = 5  # lines of an exception's message after its first, kept with it
 
 _TB_HEADER = "Traceback (most recent call last):"
 _ORIGINAL = "Original"  # the word before a re-raised exception's own traceback (torch)
@@ -155,8 +156,9 @@ class FileScan:
             if base + ls in self._consumed:  # a line of a traceback parsed already
                 self._consumed.discard(base + ls)
             elif _TB_HEADER.encode() in raw[:MAX_TEXT * 4]:  # (the part of a line read)
-                parsed = self._traceback(buf, ls, le, base)
-                if parsed is None and not final and len(buf) - ls + after < TRACEBACK_RESERVE:
+                wait = not final and len(buf) - ls + after < TRACEBACK_RESERVE
+                parsed = self._traceback(buf, ls, le, base, wait)
+                if parsed is None and wait:
                     self._consumed = {o for o in self._consumed if o >= base + ls}
                     return ls  # it runs past the end of buf: carry it over to the next chunk
                 if not parsed:  # no exception line follows: the header's line is read as
@@ -216,7 +218,7 @@ class FileScan:
             return at, False
         return self._last_at, self._last_at is not None
 
-    def _traceback(self, buf: bytes, ls: int, le: int, base: int) -> bool | None:
+    def _traceback(self, buf: bytes, ls: int, le: int, base: int, wait: bool) -> bool | None:
         """Parse the traceback whose header is the line at ls: True when it ends in an
         exception line (then its lines are in _consumed), False when it was cut (a new header
         of its stream, TRACEBACK_LINES lines: its lines are scanned as usual), None when buf
@@ -257,6 +259,9 @@ class FileScan:
                         return False  # the last one was cut before its exception line
                     exc = EXCEPTION_LINE.match(text)
                     if exc is not None:
+                        more = self._more(buf, end, rank, col, wait)
+                        if more is None:
+                            return None  # its message may go on past the end of buf
                         for raw, no, at in between:
                             self._line(raw, no, at)
                             self._consumed.add(at)
@@ -265,7 +270,7 @@ class FileScan:
                         if original:
                             self._from_worker(rank, frames, stream)
                         self._exception(text, exc, frames, line_no, base + pos, pre, stream,
-                                        rank)
+                                        rank, more)
                         return True
                     if self.trigger.search(buf[pos:end]):
                         between.append((buf[pos:end], line_no, base + pos))
@@ -274,6 +279,31 @@ class FileScan:
                 mine.append(base + pos)
             pos = end + 1
         return None if pos >= len(buf) and n < TRACEBACK_LINES else False
+
+    def _more(self, buf: bytes, end: int, rank: int | None, col: int,
+              wait: bool) -> tuple[str, ...] | None:
+        """The indented lines of its stream right after an exception line at `end`: the rest
+        of a message that spans lines (`Error(s) in loading state_dict for GPT:` and its
+        `\tMissing key(s) ...`), up to MORE_LINES; None when buf ends before they do and
+        more bytes can still come (`wait`)."""
+        out: list[str] = []
+        pos = end + 1
+        while len(out) < MORE_LINES:
+            nl = buf.find(b"\n", pos)
+            if nl < 0:
+                if wait:
+                    return None
+                nl = len(buf)
+            if pos >= nl:
+                break
+            pre = split_prefix(self._decode(buf[pos:nl]))
+            text = _cut(pre.text, col)
+            if (self._rank_of(pre.rank) != rank or text[:1] not in (" ", "\t")
+                    or not text.strip() or _FRAME.match(text)):
+                break
+            out.append(text.strip()[:MAX_TEXT])
+            pos = nl + 1
+        return tuple(out)
 
     def _from_worker(self, rank: int | None, frames: list[tuple[str, str, str]],
                      stream: _Stream) -> None:
@@ -294,7 +324,8 @@ class FileScan:
 
     def _exception(self, text: str, exc: re.Match[str] | None,
                    frames: list[tuple[str, str, str]], line_no: int, offset: int,
-                   pre: object, stream: _Stream, rank: int | None) -> None:
+                   pre: object, stream: _Stream, rank: int | None,
+                   more: tuple[str, ...] = ()) -> None:
         if not stream.chained_next:
             stream.chains += 1
         stream.chained_next = False
@@ -317,7 +348,7 @@ class FileScan:
             checkpoint_load=any(_CKPT_FRAME.search(f"{f[0]} {f[2]}") for f in frames),
             config_build=deepest is not None and _CFG_FRAME.search(
                 f"{deepest[0]} {deepest[2]}") is not None,
-            chain=stream.chains))
+            chain=stream.chains, more=more))
 
     def _add(self, f: Finding) -> None:
         self.findings.append(f)

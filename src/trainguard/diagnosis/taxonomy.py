@@ -82,9 +82,12 @@ class Evidence:
     rank: int | None = None
     at: datetime | None = None
     count: int = 1  # how many ranks printed the same thing (symptoms are grouped)
+    more: tuple[str, ...] = ()  # the next lines of a message that spans lines
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"file": self.file, "line": self.line, "text": self.text}
+        if self.more:
+            d["more"] = list(self.more)
         if self.rank is not None:
             d["rank"] = self.rank
         if self.at is not None:

@@ -71,14 +71,12 @@ ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch's @record writes the excepti
 ENV_PYTHON_EXEC = "PYTHON_EXEC"
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # 1 unless set, as torchrun
 ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # 1 unless set: lines reach the log as printed
-# 1 unless set: a crash in native code (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) prints every
-# thread's Python stack to the rank's log (faulthandler) before the process dies of it
-ENV_PYTHONFAULTHANDLER = "PYTHONFAULTHANDLER"
+ENV_PYTHONFAULTHANDLER = "PYTHONFAULTHANDLER"  # 1 unless set: a native crash logs Python stacks
 TORCHRUN_ENV = (ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE, ENV_LOCAL_WORLD_SIZE, ENV_GROUP_RANK,
                 ENV_GROUP_WORLD_SIZE, ENV_ROLE_RANK, ENV_ROLE_WORLD_SIZE, ENV_ROLE_NAME,
-                ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RESTART_COUNT, ENV_MAX_RESTARTS,
-                ENV_RUN_ID, ENV_USE_AGENT_STORE, ENV_ERROR_FILE, ENV_PYTHON_EXEC,
-                ENV_OMP_NUM_THREADS, ENV_PYTHONUNBUFFERED, ENV_PYTHONFAULTHANDLER)
+                ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RESTART_COUNT, ENV_MAX_RESTARTS, ENV_RUN_ID,
+                ENV_USE_AGENT_STORE, ENV_ERROR_FILE, ENV_PYTHON_EXEC, ENV_OMP_NUM_THREADS,
+                ENV_PYTHONUNBUFFERED, ENV_PYTHONFAULTHANDLER)
 
 
 # -- the channel: message kinds and their fields -------------------------------------------
@@ -386,8 +384,7 @@ def parse_message(raw: object) -> dict[str, Any]:
 
 
 def _show(v: object) -> str:
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
+    return r if len(r := repr(v)) <= 60 else r[:57] + "..."
 
 
 # -- the rank log line ------------------------------------------------------------------------
