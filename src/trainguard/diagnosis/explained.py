@@ -9,7 +9,8 @@ lacks), so that line's category is taken here, with the line as evidence and the
 among the symptoms; glog's fatal message (`F0720 ... grpc_client.cc:276] ... Deadline
 Exceeded`) above its `Check failure stack trace` and the abort is read the same way. So,
 likewise, is the rule's verdict on the next line of an exception no
-rule knows whose message goes on there (`continued_message`).
+rule knows whose message goes on there, or that names only the source line that raised
+it (`continued_message`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ _GLOG_FATAL = re.compile(r"^F\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.-]+:\d+\] ")
 _CHECK_TRACE = re.compile(r"Check failure stack trace", re.IGNORECASE)
 # VS Code's debugger names the exception on a line of its own, its message on the next
 _DEBUGGER = re.compile(r"^\s*Exception has occurred: [\w.]+\s*$")
+# a C++/CUDA extension that raises with where it stopped (`RuntimeError: /io/build/.../
+# ConvMainUnitTest_implicit_gemm2.cu 3187`) and says what went wrong on the next line
+_WHERE_ONLY = re.compile(r"(?:Error|Exception): \S+\.(?:cu|cuh|cc|cpp|cxx|c|h|hpp)(?::| )\d+\s*$")
 _NOT_A_CAUSE = (Category.SEGFAULT_OR_ABORT, Category.OTHER, Category.USER_CODE_ERROR)
 
 
@@ -43,10 +47,12 @@ def continued_message(d: Diagnosis | None, findings: Sequence[Finding],
     """`d`, or the rule's verdict on the next line when `d` is an exception no rule knows
     whose message goes on there (`RuntimeError: Resource exhausted: From /job:tpu_worker/..:`
     then `Attempting to reserve 3.95G at the bottom of memory. That was not possible.`), as
-    VS Code's `Exception has occurred: RuntimeError` above its message."""
+    VS Code's `Exception has occurred: RuntimeError` above its message and an extension's
+    exception whose message is only its source file and line (`....cu 3187`)."""
     ev = d.evidence if d is not None else None
     if d is None or ev is None or d.rule is not None or d.category != Category.USER_CODE_ERROR \
-            or not (ev.text.rstrip().endswith(":") or _DEBUGGER.match(ev.text)):
+            or not (ev.text.rstrip().endswith(":") or _DEBUGGER.match(ev.text)
+                    or _WHERE_ONLY.search(ev.text)):
         return d
     nxt = next((f for f in findings if f.file == ev.file and f.line == ev.line + 1), None)
     rule = rules.by_id(nxt.rule) if nxt is not None and nxt.rule else None
