@@ -39,13 +39,13 @@ from trainguard.diagnosis.taxonomy import Category
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "data" / "diagnosis"
-# heldout20 was measured blind once (docs/diagnosis.md), then joined the sets tuned on (the
-# sixteenth round); never heldout21 (the next blind set, not built yet)
+# heldout21 was measured blind once (docs/diagnosis.md), then joined the sets tuned on (the
+# seventeenth round); never heldout22 (the next blind set, not measured yet)
 SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
         "heldout7", "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13",
         "heldout14", "heldout15", "heldout16", "heldout17", "heldout18", "heldout19",
-        "heldout20")
-BLIND = "heldout21"
+        "heldout20", "heldout21")
+BLIND = "heldout22"
 MODEL = ROOT / "src" / "trainguard" / "diagnosis" / "model.json"
 MIN_SOURCES = 2
 ALPHA = 0.5  # Laplace smoothing
