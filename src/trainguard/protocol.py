@@ -163,6 +163,8 @@ class DumpStacks(_Msg):
     native: bool = Field(default=True, description="native frames too (slower): what a "
                          "confirmed hang's evidence needs; a look at whether a stack moves "
                          "does not")
+    ranks: list[int] | None = Field(default=None, description="only these ranks (None: every "
+                                    "running rank)")
 
 
 class Tell(_Msg):

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import read_json, run_tg
+from trainguard.node.stacks import find_pyspy
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(find_pyspy() is None, reason="py-spy is not installed")]
 
 SCRIPT = """
 import time

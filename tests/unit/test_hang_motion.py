@@ -4,6 +4,7 @@ since the last look is working, and the confirmation waits, up to the phase allo
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,12 +31,13 @@ def stack(frames: list[tuple[str, str, int]], error: str | None = None) -> RankS
         Frame(n, f, line) for n, f, line in frames)),), error)
 
 
-def test_two_places_in_python_are_motion_and_one_place_every_time_is_not() -> None:
+def test_two_call_paths_are_motion_and_one_path_every_time_is_not() -> None:
     wait = [("wait", "torch/distributed/distributed_c10d.py", 3000), ("<module>", "train.py", 50)]
+    spin = [("_spin", "faults.py", 232), ("inject", "faults.py", 194), ("<module>", "t.py", 9)]
     assert moving([stack(EVAL), stack(DATA)])
-    assert moving([stack(EVAL), stack([("matmul", "torch/nn/functional.py", 10),
-                                       ("forward", "model.py", 41), *EVAL[2:]])])
     assert not moving([stack(wait), stack(wait), stack(wait)])
+    # a busy loop: py-spy finds it at its `while` line and at its body's, in one function
+    assert not moving([stack(spin), stack([("_spin", "faults.py", 233), *spin[1:]])])
     assert not moving([stack(EVAL)])
     assert not moving([stack(EVAL), stack([], error="py-spy timed out")])
 
@@ -62,13 +64,41 @@ def test_a_moving_stack_holds_the_confirmation_off_until_the_phase_allowance_is_
     assert silent(det, last + 6).state == HangState.SUSPECTED
     assert silent(det, last + 8.5).state == HangState.CONFIRMED  # nothing else moves
     assert det.stack_moved([0], at(last + 8.5))  # the controller looked: the stack moved
-    for t in range(20, 120, 4):  # like a marked phase: no more looks needed
-        v = silent(det, last + t)
+    for t in range(10, 119, 2):  # an evaluation: the looks keep finding it at work
+        det.stack_moved([0], at(last + t))
+        v = silent(det, last + t + 1)
         assert v.state == HangState.SUSPECTED, t
         assert "Python stack moves" in (v.waiting_for or "")
     assert silent(det, last + 121).state == HangState.CONFIRMED  # the allowance is spent
     assert not det.stack_moved([0], at(last + 121))  # past it: it stays confirmed
     assert silent(det, last + 122).state == HangState.CONFIRMED
+
+
+def test_a_stack_that_stops_moving_is_confirmed_once_the_motion_is_stale() -> None:
+    det = HangDetector()
+    last = steady(det)
+    silent(det, last + 6)
+    silent(det, last + 8.5)
+    assert det.stack_moved([0], at(last + 8.5))
+    assert silent(det, last + 8.5 + 9).state == HangState.SUSPECTED  # within motion_fresh_s
+    assert silent(det, last + 8.5 + 11).state == HangState.CONFIRMED  # 10 s: no look moved
+
+
+def test_a_rank_in_a_marked_phase_keeps_its_phases_own_timeout() -> None:
+    det = HangDetector()
+    det.start_attempt(at(0))
+    for step in range(1, 21):
+        det.observe([RankLiveness(rank=0, last_step=step, last_progress_at=at(step * 0.5),
+                                  intervals=[0.5] if step > 1 else [])], at(step * 0.5))
+
+    def in_eval(t: float) -> Any:
+        return det.observe([RankLiveness(rank=0, last_step=20, last_progress_at=at(10),
+                                         phase="eval", phase_since=at(10),
+                                         phase_timeout_s=30.0)], at(t))
+    assert in_eval(31).state == HangState.SUSPECTED
+    assert in_eval(41).state == HangState.CONFIRMED  # 31 s in the phase: its timeout
+    assert not det.stack_moved([0], at(41))  # moving or not: the phase's timeout decides
+    assert in_eval(42).state == HangState.CONFIRMED
 
 
 def test_a_moving_stack_of_an_earlier_suspicion_counts_no_more() -> None:
@@ -100,9 +130,10 @@ def watch(tmp_path: Path, looks: list[list[tuple[str, str, int]]]
         paths=SimpleNamespace(log_dir=str(tmp_path)), spec=SimpleNamespace(restart_on_hang=True))
     seen = iter(looks)
     w.agent = SimpleNamespace(  # type: ignore[assignment]
-        dump_stacks=lambda cmd: [dump(next(seen))])
+        dump_stacks=lambda cmd: w.asked.append(cmd) or [dump(next(seen))])  # type: ignore[attr-defined]
     w.enabled, w._attempt, w.confirmed, w._ending = True, 0, None, None
     w._state, w._looks, w._working_told, w._looked = HangState.OK, {}, False, 0.0
+    w.asked = []  # type: ignore[attr-defined]
     states = iter([HangState.SUSPECTED, HangState.CONFIRMED, HangState.SUSPECTED,
                    HangState.CONFIRMED])
     w.detector = SimpleNamespace(  # type: ignore[assignment]
@@ -137,4 +168,30 @@ def test_the_watch_confirms_when_the_looks_find_the_stack_in_place(tmp_path: Pat
     w.observe(report())
     confirmed = w.observe(report())
     assert moved == []
+    assert confirmed is not None and said[-1].startswith("HangConfirmed: hang confirmed")
+
+
+def test_the_looks_ask_only_for_the_stuck_ranks_python_frames(tmp_path: Path) -> None:
+    w, _, _ = watch(tmp_path, [EVAL, DATA])
+    w.observe(report())
+    w.observe(report())
+    assert [(c.ranks, c.native) for c in w.asked] == [([0], False), ([0], False)]  # type: ignore[attr-defined]
+
+
+def test_work_then_a_stack_in_place_for_the_window_is_confirmed(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """An evaluation whose ranks then deadlock (uneven batches): the looks that found it
+    working age out of the window, and the hang is confirmed (not after the allowance)."""
+    import trainguard.controller.hang_watch as hw
+
+    wait = [("wait", "torch/distributed/distributed_c10d.py", 3000),
+            ("<module>", "train.py", 20)]
+    monkeypatch.setattr(hw, "MOTION_WINDOW_S", 0.5)
+    w, said, moved = watch(tmp_path, [EVAL, DATA, wait, wait, wait])
+    w.observe(report())  # suspected: EVAL
+    assert w.observe(report()) is None and moved == [[0]]  # about to confirm: DATA moved
+    time.sleep(0.6)  # the working looks age out
+    confirmed = w.observe(report())  # suspected again by the detector, then confirmed
+    assert confirmed is None  # (the fake detector's third verdict: suspected, a look)
+    confirmed = w.observe(report())
     assert confirmed is not None and said[-1].startswith("HangConfirmed: hang confirmed")

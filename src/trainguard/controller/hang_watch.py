@@ -2,8 +2,9 @@
 
 Each poll's liveness goes to hang.detector.HangDetector. On a suspicion: a `HangSuspected`
 Warning ("The system detects that your training job may be suspended"); while suspected,
-quick looks at the stuck ranks' Python stacks (at most every LOOK_EVERY_S, and before a
-confirmation). A rank found at two places in Python works at something that reports no
+quick looks at the Python stacks of the stuck ranks outside a marked phase (LOOK_EVERY_S
+apart, LOOK_WORKING_S once they were found working, and one more before a confirmation). A
+rank found at two places in Python within MOTION_WINDOW_S works at something that reports no
 step (an evaluation no `trainguard.phase` marks), so the hang waits (detector.stack_moved),
 with a second `HangSuspected` saying why, up to the phase allowance. On a confirmation:
 every rank's stack is dumped (py-spy, through the node agent) into
@@ -48,8 +49,12 @@ log = logging.getLogger(__name__)
 
 SUSPENDED = "The system detects that your training job may be suspended"
 LOOK_TIMEOUT_S = 5.0  # a quick look at the stacks (Python frames only)
-LOOK_EVERY_S = 0.5  # while a hang is suspected
+LOOK_EVERY_S = 0.5  # between the end of a look and the next, while a hang is suspected
+LOOK_WORKING_S = 2.0  # ... once the ranks were found working (detector motion_fresh_s: 10 s)
 LOOK_GAP_S = 0.3  # before a confirmation, a last look this long after the one before
+# a rank found at two places within this long works; one found at one place for this long
+# (30 looks) is stuck, even right after work that moved (an evaluation, then a deadlock)
+MOTION_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -74,33 +79,43 @@ class HangWatch:
         self._attempt = 0
         self.confirmed: HangConfirmation | None = None
         self._ending: str | None = None  # seen in the stacks: the attempt is ending
-        self._looks: dict[int, list[RankStack]] = {}  # this suspicion's looks, by rank
-        self._looked = 0.0  # when the last look was taken (time.monotonic)
+        # this suspicion's looks at each rank's stack, with when they were taken (monotonic)
+        self._looks: dict[int, list[tuple[float, RankStack]]] = {}
+        self._looked = 0.0  # when the last look ended (time.monotonic)
         self._working_told = False  # this suspicion's "still working" event was given
 
-    def _look(self, ranks: tuple[int, ...]) -> None:
+    def _look(self, ranks: list[int]) -> None:
         """A quick look at the Python stacks of `ranks`, kept (best effort)."""
-        self._looked = time.monotonic()
         out = stacks_dir(Path(self.rec.paths.log_dir), self._attempt) / "looks"
         try:
-            dumps = self.agent.dump_stacks(DumpStacks(out_dir=str(out), native=False,
-                                                      timeout_s=LOOK_TIMEOUT_S))
+            dumps = self.agent.dump_stacks(DumpStacks(
+                out_dir=str(out), native=False, timeout_s=LOOK_TIMEOUT_S, ranks=ranks))
         except Exception as e:  # never lose the verdict for it
             log.warning("a look at the stacks failed: %s", e)
-            return
+            dumps = []
+        self._looked = now = time.monotonic()
         for d in dumps:
             if d.rank in ranks and not d.error:
-                self._looks.setdefault(d.rank, []).append(_rank_stack(d))
+                kept = [x for x in self._looks.get(d.rank, []) if now - x[0] <= MOTION_WINDOW_S]
+                self._looks[d.rank] = [*kept, (now, _rank_stack(d))]
 
-    def _working(self, v: HangVerdict) -> list[int]:
-        """The stuck ranks found at two places in Python since the suspicion (with one more
-        look, LOOK_GAP_S after the last, when none is yet)."""
-        def found() -> list[int]:
-            return [r for r in v.stuck_ranks if moving(self._looks.get(r, ()))]
-        if not found():
-            time.sleep(max(0.0, LOOK_GAP_S - (time.monotonic() - self._looked)))
-            self._look(v.stuck_ranks)
-        return found()
+    def _working(self, ranks: list[int]) -> list[int]:
+        """The ranks found at two places in Python within the last MOTION_WINDOW_S."""
+        now = time.monotonic()
+        return [r for r in ranks if moving(
+            rs for t, rs in self._looks.get(r, []) if now - t <= MOTION_WINDOW_S)]
+
+    def _keep_looking(self, v: HangVerdict, report: NodeReport, now: datetime) -> None:
+        """A look when one is due, while a hang is suspected; the detector is told of the
+        ranks it finds working."""
+        ranks = _lookable(v, report)
+        wait = LOOK_WORKING_S if self._working_told else LOOK_EVERY_S
+        if ranks and time.monotonic() - self._looked >= wait:
+            self._look(ranks)
+            working = self._working(ranks)
+            if working:
+                self.detector.stack_moved(working, now)
+                self._tell_working(v, working)
 
     def start_attempt(self, attempt: int, at: datetime) -> None:
         self._attempt, self._state, self.confirmed = attempt, HangState.OK, None
@@ -130,18 +145,17 @@ class HangWatch:
                     _write_json(path, {**data, "cleared_at": now.isoformat()})
                 self.rec.book.hang_cleared(now)
             self.confirmed = None
-            self._looks, self._working_told = {}, False
-        elif v.state == HangState.SUSPECTED and before == HangState.OK:
-            self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED, f"{SUSPENDED}: {v.describe()}",
-                           rank=v.stuck_ranks[0] if len(v.stuck_ranks) == 1 else None,
-                           attempt=self._attempt, data=_verdict_data(v))
-            self._looks, self._working_told = {}, False
-            self._look(v.stuck_ranks)
-        elif v.state == HangState.SUSPECTED and not self._working_told and \
-                time.monotonic() - self._looked >= LOOK_EVERY_S:
-            self._look(v.stuck_ranks)
+            self._looks, self._working_told, self._looked = {}, False, 0.0
+        elif v.state == HangState.SUSPECTED:
+            if before == HangState.OK:
+                self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED,
+                               f"{SUSPENDED}: {v.describe()}",
+                               rank=v.stuck_ranks[0] if len(v.stuck_ranks) == 1 else None,
+                               attempt=self._attempt, data=_verdict_data(v))
+                self._looks, self._working_told, self._looked = {}, False, 0.0
+            self._keep_looking(v, report, now)
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and \
-                self._deferred(v, now):
+                self._deferred(v, report, now):
             self._state = HangState.SUSPECTED
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED:
             self.confirmed = self._confirm(v, report, now)
@@ -153,25 +167,37 @@ class HangWatch:
             return self.confirmed
         return None
 
-    def _deferred(self, v: HangVerdict, now: datetime) -> bool:
-        """Whether a hang about to be confirmed waits: a stuck rank's Python stack moved
-        since the last look, and the detector's allowance for that is not spent."""
-        working = self._working(v)
+    def _deferred(self, v: HangVerdict, report: NodeReport, now: datetime) -> bool:
+        """Whether a hang about to be confirmed waits: a stuck rank outside a marked phase
+        was found at two places within MOTION_WINDOW_S (one more look first, when none was
+        yet), and the detector's allowance for that is not spent."""
+        ranks = _lookable(v, report)
+        if not ranks:
+            return False
+        if not self._working(ranks):
+            time.sleep(max(0.0, LOOK_GAP_S - (time.monotonic() - self._looked)))
+            self._look(ranks)
+        working = self._working(ranks)
         if not working or not self.detector.stack_moved(working, now):
             return False
-        if not self._working_told:
-            self._working_told = True
-            self.rec.event(
-                Level.WARNING, Reason.HANG_SUSPECTED,
-                f"not confirmed: the Python stack of rank(s) {rank_list(working)} moves, so "
-                f"the job works at something that reports no step ({v.describe()}); it is "
-                f"given the phase allowance ({self.detector.policy.phase_s:g}s without "
-                f"progress) as a marked phase is. An evaluation or other long work without "
-                f"step lines: mark it with `with trainguard.phase(\"eval\"):` "
-                f"(docs/hang-detection.md)",
-                rank=working[0] if len(working) == 1 else None, attempt=self._attempt,
-                data={**_verdict_data(v), "working_ranks": working})
+        self._tell_working(v, working)
         return True
+
+    def _tell_working(self, v: HangVerdict, working: list[int]) -> None:
+        """The second HangSuspected of a suspicion: why it is not confirmed (once)."""
+        if self._working_told:
+            return
+        self._working_told = True
+        self.rec.event(
+            Level.WARNING, Reason.HANG_SUSPECTED,
+            f"not confirmed: the Python stack of rank(s) {rank_list(working)} moves, so the "
+            f"job works at something that reports no step ({v.describe()}); it is given the "
+            f"phase allowance ({self.detector.policy.phase_s:g}s without progress) while it "
+            f"moves, and confirmed once it has sat at one place for {MOTION_WINDOW_S:g}s. An "
+            f"evaluation or other long work without step lines: mark it with "
+            f"`with trainguard.phase(\"eval\"):` (docs/hang-detection.md)",
+            rank=working[0] if len(working) == 1 else None, attempt=self._attempt,
+            data={**_verdict_data(v), "working_ranks": working})
 
     def _confirm(self, v: HangVerdict, report: NodeReport, now: datetime
                  ) -> HangConfirmation | None:
@@ -214,6 +240,13 @@ class HangWatch:
                        rank=culprit.rank,
                        attempt=self._attempt, data=data)
         return HangConfirmation(v, culprit, now, out)
+
+
+def _lookable(v: HangVerdict, report: NodeReport) -> list[int]:
+    """The stuck ranks whose stacks are looked at: not those in a marked phase (its own
+    timeout decides)."""
+    in_phase = {rl.rank for rl in report.liveness if rl.phase is not None}
+    return [r for r in v.stuck_ranks if r not in in_phase]
 
 
 def _stopped_culprit(culprit: HangCulprit, dumps: list[StackDump]) -> HangCulprit:

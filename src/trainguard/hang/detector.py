@@ -24,11 +24,11 @@ long it has gone without progress:
   rank spinning in a loop, or busy-polling a collective, is as hung as one that sleeps).
   While there is life,
   confirmation waits, up to `life_cap` x T.
-- **a moving stack**: before it confirms, the controller samples the stuck ranks' Python
-  stacks (controller/hang_watch.py); when a rank's main thread ran through other functions
-  since the last sample (`stack_moved`), it is working at something that reports no step (an
-  evaluation no `trainguard.phase` marks), and that counts as a phase does: confirmation
-  waits, until progress comes back or the phase allowance is spent.
+- **a moving stack**: while a hang is suspected the controller looks at the stuck ranks'
+  Python stacks (controller/hang_watch.py); while a rank outside a marked phase is found at
+  two places within the last minute (`stack_moved`, told again at each look), it works at
+  something that reports no step (an evaluation no `trainguard.phase` marks): confirmation
+  waits, up to the phase allowance, and comes `motion_fresh_s` after the looks stop saying so.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class HangPolicy:
     io_life_bytes: int = 1 << 20
     life_cap: float = 10.0
     window: int = 2000
+    motion_fresh_s: float = 10.0  # a moving stack holds a confirmation off this long after
     min_intervals: int = 3  # fewer learned intervals: the floor alone (or the fixed timeout)
 
 
@@ -99,6 +100,7 @@ class _Rank:
     io_grew: bool = False
     sampled_at: datetime | None = None
     stack_moved_at: datetime | None = None  # the controller saw its Python stack move
+    phase: str | None = None  # the phase it marked, at the last poll
     accel: deque[int] = field(default_factory=lambda: deque(maxlen=ACCEL_SAMPLES))
 
 
@@ -175,12 +177,14 @@ class HangDetector:
 
     def stack_moved(self, ranks: Iterable[int], at: datetime) -> bool:
         """The controller saw these ranks' Python stacks move (controller/hang_watch.py): they
-        work at something that reports no step, so until progress comes back the suspicion
-        has the allowance of a marked phase; the hang just confirmed is not one, unless it
-        has gone past that allowance. True: not confirmed."""
-        for rank in ranks:
-            self._ranks.setdefault(rank, _Rank()).stack_moved_at = at
-        if self._state != HangState.CONFIRMED or self._past_motion_cap:
+        work at something that reports no step, so for `motion_fresh_s` the suspicion has the
+        allowance of a marked phase, and the hang just confirmed is not one, unless it has
+        gone past that allowance. A rank inside a marked phase has that phase's own timeout
+        instead. True: not confirmed."""
+        moved = [r for r in ranks if self._ranks.setdefault(r, _Rank()).phase is None]
+        for rank in moved:
+            self._ranks[rank].stack_moved_at = at
+        if not moved or self._state != HangState.CONFIRMED or self._past_motion_cap:
             return False
         self._state = HangState.SUSPECTED
         return True
@@ -197,6 +201,7 @@ class HangDetector:
         if rl.last_progress_at is not None:
             r.last_progress_at = rl.last_progress_at
         r.last_output_at = rl.last_output_at
+        r.phase = rl.phase
         if rl.sampled_at is not None and rl.sampled_at == r.sampled_at:
             return  # the same activity sample as at the last poll
         r.sampled_at = rl.sampled_at
@@ -229,15 +234,16 @@ class HangDetector:
     def _life(self, liveness: list[RankLiveness], now: datetime, threshold: float
               ) -> tuple[str | None, float]:
         """Why the job still looks busy (None when nothing is happening), and how long that
-        may hold the confirmation off (seconds without progress): a Python stack that moved
-        since the suspicion counts as a marked phase does (its allowance); a line printed
+        may hold the confirmation off (seconds without progress): a Python stack seen moving
+        in the last motion_fresh_s counts as a marked phase does (its allowance); a line printed
         since the suspicion and within the last third of the threshold (at least 2 s), more
         than io_life_bytes read or written since the last sample, or a varying accelerator
         load, up to life_cap x the threshold."""
         for rl in liveness:
             moved = self._ranks[rl.rank].stack_moved_at
-            if (moved is not None and self._suspected_at is not None
-                    and moved >= self._suspected_at):
+            if (moved is not None and self._suspected_at is not None and rl.phase is None
+                    and moved >= self._suspected_at
+                    and (now - moved).total_seconds() <= self.policy.motion_fresh_s):
                 return (f"rank {rl.rank}'s Python stack moves (work that reports no step, an "
                         f"evaluation say: mark it with trainguard.phase)",
                         self._motion_cap(threshold))

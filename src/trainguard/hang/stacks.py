@@ -95,19 +95,21 @@ def parse_pyspy_json(text: str) -> list[ThreadStack]:
     return threads
 
 
-def call_path(rank_stack: RankStack) -> tuple[tuple[str, str, int], ...] | None:
-    """Where a rank's main thread is in Python, innermost first, as (file, function, line);
-    None when its stack could not be taken."""
+def call_path(rank_stack: RankStack) -> tuple[tuple[str, str], ...] | None:
+    """The Python functions a rank's main thread is in, innermost first, as (file,
+    function); None when its stack could not be taken."""
     t = main_thread(rank_stack)
     if rank_stack.error is not None or t is None:
         return None
-    return tuple((f.filename, f.name, f.line) for f in t.frames if not f.native)
+    return tuple((f.filename, f.name) for f in t.frames if not f.native)
 
 
 def moving(samples: Iterable[RankStack]) -> bool:
-    """Whether a rank's main thread was found at two places in Python (another function or
-    another line) among samples of its stack: it runs code (an evaluation, a long data pass),
-    where a rank stuck in a collective, a lock or a sleep is found at one place every time."""
+    """Whether a rank's main thread was found in two call paths among samples of its stack:
+    it runs code that goes in and out of functions (an evaluation, a long data pass), where
+    a rank stuck in a collective, a lock, a sleep or a loop of one function is found in one
+    path every time (at whichever line of it: CPython reports a busy loop's `while` line
+    and its body's in turn)."""
     paths = {p for s in samples if (p := call_path(s))}
     return len(paths) > 1
 

@@ -315,7 +315,8 @@ class NodeAgent:
         """Every running rank's Python stacks (py-spy), saved under cmd.out_dir."""
         from trainguard.node.stacks import dump_stack_messages
 
-        pids = {w.assignment.rank: w.proc.pid for w in self._workers if not w.state.ended}
+        pids = {w.assignment.rank: w.proc.pid for w in self._workers if not w.state.ended
+                and (cmd.ranks is None or w.assignment.rank in cmd.ranks)}
         return dump_stack_messages(pids, Path(cmd.out_dir), cmd.timeout_s, cmd.native)
 
     def close(self) -> None:
