@@ -76,9 +76,10 @@ class WorkerFact(_Msg):
     error_file: dict[str, object] | None = Field(None, description="torch @record error file")
     oom_killed: bool | None = Field(
         None, description="killed while the kernel's OOM-kill count rose; None: unknown")
-    last_step_at: datetime | None = Field(
-        None, description="when the rank reached its latest step this attempt (a step line, "
-        "trainguard.progress(step)): an error its log showed well before, it survived")
+    second_last_step_at: datetime | None = Field(
+        None, description="when the rank reached the step before its latest this attempt (a "
+        "step line, trainguard.progress(step)): an error its log showed well before, it "
+        "trained past")
 
     @property
     def signal_number(self) -> int | None:

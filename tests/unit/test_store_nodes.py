@@ -197,11 +197,11 @@ def test_a_version_4_store_reads_no_step_time_and_keeps_one_once_migrated(
 ) -> None:
     path = make_old_store(tmp_path, 4)
     with JobStore.open(tmp_path) as reader:  # a reader migrates nothing: the column is NULL
-        assert [w.last_step_at for w in reader.workers()] == [None]
+        assert [w.second_last_step_at for w in reader.workers()] == [None]
     assert user_version(path) == 4
     stepped = WorkerRow(1, 0, 0, "node0", 4200, "failed", exit_code=-9, started_at=T0,
-                        last_step_at=T0 + timedelta(seconds=7, microseconds=5))
+                        second_last_step_at=T0 + timedelta(seconds=7, microseconds=5))
     with JobStore.create(tmp_path, "run-1") as s:
         s.put_workers(1, [stepped])
         assert s.workers(1) == [stepped]
-        assert s.workers(0)[0].last_step_at is None
+        assert s.workers(0)[0].second_last_step_at is None

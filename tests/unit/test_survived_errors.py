@@ -2,8 +2,10 @@
 
 A script that catches a CUDA OOM, skips the batch and trains on, then is SIGKILLed minutes
 later, was diagnosed as the OOM ("restart helps: no") and not restarted. The job's own ranks
-tell when each reached its latest step (WorkerFact.last_step_at, from the agent's liveness
-book); what a rank logged more than SURVIVED_BEFORE_STEP before that, it survived."""
+tell when each reached the step before its latest (WorkerFact.second_last_step_at, from the
+agent's liveness book); what a rank logged more than SURVIVED_BEFORE_STEP before that, it
+trained past (two new steps: a progress bar redrawn at exit, after the fatal traceback, is
+one). The exception a rank that exited by itself (a code > 0) died of always stays."""
 
 from __future__ import annotations
 
@@ -37,13 +39,14 @@ def rank0_log() -> list[str]:
             stamped(5.2, "out", "step 6 loss 0.167")]
 
 
-def verdict(last_step_at: datetime | None, rank: int = 0):  # type: ignore[no-untyped-def]
-    findings = scan_lines(rank0_log(), "rank-0.log", rank=0)
-    exits = [RankExit(0, True, -9, T0 + timedelta(seconds=9), False, "node-0",
-                      last_step_at if rank == 0 else None)]
+def verdict(second_last: datetime | None, rank: int = 0,  # type: ignore[no-untyped-def]
+            code: int = -9, log: list[str] | None = None):
+    findings = scan_lines(log or rank0_log(), "rank-0.log", rank=0)
+    exits = [RankExit(0, True, code, T0 + timedelta(seconds=9), False, "node-0",
+                      second_last if rank == 0 else None)]
     if rank != 0:  # another rank's steps say nothing of rank 0's lines
         exits.append(RankExit(rank, False, -15, T0 + timedelta(seconds=9), None, "node-0",
-                              last_step_at))
+                              second_last))
     d = diagnose(findings, exits, load_rules())
     assert d is not None
     return d
@@ -67,19 +70,41 @@ def test_only_the_ranks_own_steps_count() -> None:
     assert verdict(T0 + timedelta(seconds=8), rank=1).category == Category.GPU_OOM
 
 
-def test_the_liveness_book_times_a_new_step_only() -> None:
+def test_the_liveness_book_times_new_steps_only() -> None:
     """A save, the end of a phase or the same step again moves the rank's progress (hang
-    detection) but not its step: an atexit save after a fatal traceback must not make that
-    traceback look survived."""
+    detection) but not its steps: an atexit save after a fatal traceback must not make that
+    traceback look trained past."""
     book = LivenessBook()
     book.reset({0: 100})
-    assert book.last_step_at(0) is None
     book.progress(0, 3, T0)
+    assert book.second_last_step_at(0) is None  # one step: nothing trained past yet
     book.progress(0, None, T0 + timedelta(seconds=1))  # a checkpoint save
     book.phase(0, "eval", "begin", T0 + timedelta(seconds=2), None)
     book.phase(0, "eval", "end", T0 + timedelta(seconds=3), None)
     book.progress(0, 3, T0 + timedelta(seconds=4))  # the same step line again
-    assert book.last_step_at(0) == T0
+    assert book.second_last_step_at(0) is None
     book.progress(0, 4, T0 + timedelta(seconds=5))
-    assert book.last_step_at(0) == T0 + timedelta(seconds=5)
-    assert book.last_step_at(7) is None  # not a rank of this attempt
+    assert book.second_last_step_at(0) == T0
+    book.progress(0, 5, T0 + timedelta(seconds=6))
+    assert book.second_last_step_at(0) == T0 + timedelta(seconds=5)
+    assert book.second_last_step_at(7) is None  # not a rank of this attempt
+
+
+ILLEGAL = ("RuntimeError: CUDA error: an illegal memory access was encountered")
+
+
+def test_a_progress_bar_redrawn_at_exit_does_not_hide_the_exception_it_died_of() -> None:
+    """A tqdm bar never closed is redrawn at interpreter exit, after the fatal traceback,
+    with a count above the last one drawn (a review of the first version): one new step
+    after the exception, which is not two."""
+    log = [stamped(4.0, "err", " 29%|##9       | 293/1000 [00:04<00:10]"),
+           stamped(5.0, "err", "Traceback (most recent call last):"),
+           stamped(5.0, "err", '  File "/work/train.py", line 7, in <module>'),
+           stamped(5.0, "err", "    loss = model(batch)"),
+           stamped(5.0, "err", ILLEGAL),
+           stamped(7.5, "err", " 30%|###       | 301/1000 [00:07<00:11]")]
+    d = verdict(T0 + timedelta(seconds=4), code=-6, log=log)  # a teardown abort, even
+    assert d.category == Category.CUDA_KERNEL_ERROR, d
+    # and a rank that exited by itself died of its last exception, whatever the steps say
+    d = verdict(T0 + timedelta(seconds=7.5), code=1, log=log)
+    assert d.category == Category.CUDA_KERNEL_ERROR, d

@@ -41,7 +41,7 @@ class WorkerRow:
     ended_at: datetime | None = None
     start_count: int = 1
     oom_killed: bool | None = None  # SIGKILLed while the kernel's OOM-kill count rose
-    last_step_at: datetime | None = None  # when it reached its latest step
+    second_last_step_at: datetime | None = None  # when it reached the step before its latest
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def worker_from_row(row: tuple[Any, ...]) -> WorkerRow:
     values = dict(zip(WORKER_COLUMNS, row, strict=True))
     values["started_at"] = from_iso(values["started_at"])
     values["ended_at"] = from_iso(values["ended_at"])
-    values["last_step_at"] = from_iso(values["last_step_at"])
+    values["second_last_step_at"] = from_iso(values["second_last_step_at"])
     values["oom_killed"] = None if values["oom_killed"] is None else bool(values["oom_killed"])
     values["state"] = WorkerState(values["state"])
     return WorkerRow(**values)

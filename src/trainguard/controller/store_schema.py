@@ -18,18 +18,18 @@ _PROGRESS_TABLE = """CREATE TABLE IF NOT EXISTS progress (
 # Version 1 -> 2: events carry structured data; worker rows say whether the OOM killer ran.
 # Version 2 -> 3: the nodes of a multi-node job.
 # Version 3 -> 4: the step ledger (when each attempt reached which step; trainguard.goodput).
-# Version 4 -> 5: worker rows say when the rank reached its latest step (an error its log
-#   showed well before that, it survived: diagnosis.verdict).
+# Version 4 -> 5: worker rows say when the rank reached the step before its latest (an error
+#   its log showed well before that, it trained past: diagnosis.verdict).
 MIGRATIONS = {
     1: ("ALTER TABLE events ADD COLUMN data TEXT",
         "ALTER TABLE workers ADD COLUMN oom_killed INTEGER"),
     2: (_NODES_TABLE,),
     3: (_PROGRESS_TABLE,),
-    4: ("ALTER TABLE workers ADD COLUMN last_step_at TEXT",),
+    4: ("ALTER TABLE workers ADD COLUMN second_last_step_at TEXT",),
 }
 
 # the version that added a worker column (a store older than that reads it as NULL)
-WORKER_COLUMN_SINCE = {"oom_killed": 2, "last_step_at": 5}
+WORKER_COLUMN_SINCE = {"oom_killed": 2, "second_last_step_at": 5}
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -43,7 +43,7 @@ SCHEMA = (
     attempt INTEGER NOT NULL, rank INTEGER NOT NULL, local_rank INTEGER NOT NULL,
     node TEXT NOT NULL, pid INTEGER, state TEXT NOT NULL, exit_code INTEGER, signal TEXT,
     started_at TEXT, ended_at TEXT, start_count INTEGER NOT NULL, oom_killed INTEGER,
-    last_step_at TEXT,
+    second_last_step_at TEXT,
     PRIMARY KEY (attempt, rank)
     )""",
     _NODES_TABLE,

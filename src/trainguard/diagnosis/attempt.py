@@ -60,7 +60,7 @@ def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = Non
         if from_file is not None:
             findings.append(from_file)
         exits.append(RankExit(f.rank, f.state == WorkerState.FAILED, f.returncode, f.ended_at,
-                              f.oom_killed, f.node or node, f.last_step_at))
+                              f.oom_killed, f.node or node, f.second_last_step_at))
     return diagnose(findings, exits, load_rules(), detected_at)
 
 

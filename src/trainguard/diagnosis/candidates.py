@@ -58,8 +58,9 @@ class RankExit:
     ended_at: datetime | None = None
     oom_killed: bool | None = None  # the kernel's OOM-kill count rose; None: unknown
     node: str | None = None
-    # when the rank reached its latest step: an error it logged well before, it survived
-    last_step_at: datetime | None = None
+    # when the rank reached the step before its latest: an error it logged well before, it
+    # trained past (two new steps after it)
+    second_last_step_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,10 @@ from trainguard.diagnosis.taxonomy import (
 )
 
 _SIGABRT = 6
-# a line its rank logged this long before it reached a new step went by: the rank caught it
-# (a CUDA OOM that skipped a batch) and trained on (a margin: a log line's stamp and a step's
-# are taken by different threads, and torch's error file stamps whole seconds)
+# a line its rank logged this long before two new steps went by: the rank caught it (a CUDA
+# OOM that skipped a batch) and trained on (a margin: a log line's stamp and a step's are
+# taken by different threads, and torch's error file stamps whole seconds; two steps: a
+# progress bar redrawn at exit, after the fatal traceback, is one)
 SURVIVED_BEFORE_STEP = timedelta(seconds=1)
 _MAX_SYMPTOMS = 10
 # what NCCL's generic system or internal error gives way to when its WARN names it
@@ -115,12 +116,15 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
 
 
 def _not_survived(seen: list[Finding], exits: Sequence[RankExit]) -> list[Finding]:
-    """Leave out what a rank logged before it went on to a new step (RankExit.last_step_at,
-    known for a job's own ranks): an error it caught and trained past is not what it died of."""
-    stepped = {e.rank: e.last_step_at for e in exits if e.last_step_at is not None}
+    """Leave out what a rank logged before two new steps (RankExit.second_last_step_at,
+    known for a job's own ranks): an error it caught and trained past is not what it died
+    of. The exception a rank that exited by itself (a code > 0) died of stays."""
+    stepped = {e.rank: e.second_last_step_at for e in exits if e.second_last_step_at}
+    exited = {e.rank for e in exits if e.returncode is not None and e.returncode > 0}
     if not stepped:
         return seen
     return [f for f in seen if f.rank not in stepped or f.at is None or f.at_inherited
+            or (f.final and f.rank in exited)
             or f.at + SURVIVED_BEFORE_STEP >= stepped[f.rank]]
 
 

@@ -362,7 +362,7 @@ class NodeAgent:
 
     def _facts(self) -> list[WorkerFact]:
         return [worker_fact(self.node, w, self._router, self._job_dir,
-                            self._liveness.last_step_at(w.assignment.rank))
+                            self._liveness.second_last_step_at(w.assignment.rank))
                 for w in self._workers]
 
     def _liveness_message(self, m: WorkerMessage) -> None:

@@ -44,7 +44,7 @@ class Worker:
 
 
 def worker_fact(node: str, w: Worker, router: LogRouter | None, job_dir: Path | None,
-                last_step_at: datetime | None = None) -> WorkerFact:
+                second_last_step_at: datetime | None = None) -> WorkerFact:
     """What the controller is told of one worker; an ended one's log findings included."""
     failed = w.state.ended and w.state != WorkerState.SUCCEEDED
     return WorkerFact(
@@ -53,7 +53,7 @@ def worker_fact(node: str, w: Worker, router: LogRouter | None, job_dir: Path | 
         ended_at=w.ended_at, start_count=w.assignment.start_count, standby=w.standby,
         findings=_findings(w, router, job_dir) if failed else [],
         error_file=read_error_file(w.error_file) if w.state.ended else None,
-        oom_killed=w.oom_killed, last_step_at=last_step_at,
+        oom_killed=w.oom_killed, second_last_step_at=second_last_step_at,
     )
 
 

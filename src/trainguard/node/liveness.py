@@ -27,6 +27,7 @@ class _RankBook:
     last_step: int | None = None
     last_progress_at: datetime | None = None
     last_step_at: datetime | None = None  # when last_step went up (a save or a phase: never)
+    second_last_step_at: datetime | None = None  # when it went up the time before
     pending: list[float] = field(default_factory=list)
     phases: list[tuple[str, datetime, float | None]] = field(default_factory=list)
     cpu_s: float | None = None
@@ -66,18 +67,20 @@ class LivenessBook:
                 # never a gap that spans a phase, whose end moved last_progress_at
                 r.pending.append((at - r.last_progress_at).total_seconds())
             if step is not None and (r.last_step is None or step > r.last_step):
+                r.second_last_step_at = r.last_step_at
                 r.last_step_at = at if r.last_step_at is None else max(at, r.last_step_at)
             if r.last_progress_at is None or at >= r.last_progress_at:
                 r.last_progress_at = at
                 if step is not None:
                     r.last_step = step
 
-    def last_step_at(self, rank: int) -> datetime | None:
-        """When `rank` reached its latest step (None: no step yet, or not one of the ranks
-        started last)."""
+    def second_last_step_at(self, rank: int) -> datetime | None:
+        """When `rank` reached the step before its latest (None: fewer than two new steps
+        yet, or not one of the ranks started last): what it logged before that, it trained
+        past (two new steps came after it; one could be a progress bar drawn at exit)."""
         with self._lock:
             r = self._ranks.get(rank)
-            return None if r is None else r.last_step_at
+            return None if r is None else r.second_last_step_at
 
     def phase(self, rank: int, name: str, state: str, at: datetime,
               timeout_s: float | None) -> None:
