@@ -27,7 +27,8 @@ FileNotFoundError: [Errno 2] No such file or directory: 'data/shakespeare_char/{
 
 def test_a_missing_training_data_file_is_a_path_to_fix_not_a_checkpoint(
         tmp_path: Path) -> None:
-    for name in ("train.bin", "val.bin", "my-gpt2_text_document.bin"):
+    for name in ("train.bin", "val.bin", "my-gpt2_text_document.bin",
+                 "fineweb_train_000001.bin", "fineweb_val_000000.bin", "train_0.bin"):
         d = diagnose_text(tmp_path, NANOGPT.format(name=name))
         assert d.category == Category.CONFIG_ERROR, (name, d)
         assert d.restart_helps == RestartHelps.NO
@@ -103,3 +104,18 @@ def test_the_rest_of_a_message_does_not_depend_on_where_the_bytes_were_cut() -> 
     for cut in range(1, len(data)):
         assert scan_bytes(load_rules(), default_trigger(), "c.log",
                           [data[:cut], data[cut:]]) == whole, cut
+
+
+def test_a_hangs_stack_dumps_are_not_read_as_logs(tmp_path: Path) -> None:
+    """`trainguard diagnose DIR` of an attempt's logs read its `stacks/` (the py-spy dumps of
+    a hang and of the looks before one) as rank logs (review of the stack looks)."""
+    from trainguard.diagnosis.sources import log_files
+
+    attempt = tmp_path / "logs" / "attempt-0"
+    (attempt / "stacks" / "looks").mkdir(parents=True)
+    (attempt / "rank-0.log").write_text("x\n")
+    (attempt / "stacks" / "rank-0.txt").write_text("Thread 1 (idle)\n")
+    (attempt / "stacks" / "looks" / "rank-0.txt").write_text("Thread 1\n")
+    (tmp_path / "mine" / "stacks").mkdir(parents=True)  # a user's own dir of that name
+    (tmp_path / "mine" / "stacks" / "a.log").write_text("x\n")
+    assert log_files(tmp_path) == [attempt / "rank-0.log", tmp_path / "mine" / "stacks" / "a.log"]

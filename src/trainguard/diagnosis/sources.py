@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,8 +29,10 @@ from trainguard.diagnosis.scan import FileScan, scan_bytes
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.diagnosis.verdict import diagnose
 from trainguard.errors import DiagnoseError
+from trainguard.paths import STACKS_DIR
 
 CHUNK = 8 << 20
+_ATTEMPT_DIR = re.compile(r"attempt-\d+$")  # paths.attempt_log_dir's name
 SKIP_SUFFIXES = (".db", ".db-wal", ".db-shm", ".yaml", ".yml", ".json", ".lock", ".pt", ".pth",
                  ".safetensors", ".bin", ".npy", ".npz", ".pkl")
 
@@ -123,9 +126,16 @@ def _printable(name: str) -> str:
 
 
 def log_files(d: Path) -> list[Path]:
-    """The files under `d` that may be logs (not the store, configs, checkpoints...)."""
+    """The files under `d` that may be logs (not the store, configs, checkpoints..., nor the
+    stack dumps an attempt's `stacks/` holds: a hang's evidence and the looks before it)."""
     return sorted(p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")
-                  and not p.name.endswith(SKIP_SUFFIXES))
+                  and not p.name.endswith(SKIP_SUFFIXES) and not _stack_dump(p))
+
+
+def _stack_dump(p: Path) -> bool:
+    parts = p.parts
+    return any(parts[i] == STACKS_DIR and _ATTEMPT_DIR.match(parts[i - 1])
+               for i in range(1, len(parts) - 1))
 
 
 @dataclass
