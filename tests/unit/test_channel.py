@@ -107,3 +107,59 @@ def test_a_bad_field_drops_the_message_and_never_the_server(fields: dict[str, ob
         assert [m["step"] for m in server.drain()] == [2] and server.dropped == 1
     finally:
         server.close()
+
+
+def test_a_full_queue_is_waited_for_a_message_the_next_one_does_not_supersede(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux keeps 10 datagrams a Unix socket (net.unix.max_dgram_qlen): an agent that read
+    late under load lost a `resumed` (CI: no Resumed event after an exact resume). Now such a
+    message is tried again for up to a second; progress is still dropped at once."""
+    import threading
+    import time
+
+    name = f"tg-full-{uuid.uuid4().hex[:8]}"
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind("\0" + name)
+    try:
+        monkeypatch.setenv(channel.ENV_SOCKET, "@" + name)
+        monkeypatch.setattr(channel, "RETRY_S", 10.0)  # a loaded machine may read later
+        sent = 0
+        while channel.send("progress", step=sent) and sent < 10_000:
+            sent += 1  # until the queue is full
+        assert 0 < sent < 10_000
+        t0 = time.monotonic()
+        assert channel.send("progress", step=sent) is False  # dropped at once
+        assert time.monotonic() - t0 < 0.1
+
+        def read_late() -> None:
+            time.sleep(0.3)
+            agent.settimeout(2)
+            for _ in range(sent + 1):
+                agent.recv(65536)
+
+        reader = threading.Thread(target=read_late)
+        reader.start()
+        t0 = time.monotonic()
+        assert channel.send("resumed", step=10)  # waits for room, then goes
+        assert 0.2 < time.monotonic() - t0 < channel.RETRY_S
+        reader.join()
+    finally:
+        agent.close()
+
+
+def test_a_message_that_finds_no_room_for_a_second_is_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    name = f"tg-stuck-{uuid.uuid4().hex[:8]}"
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind("\0" + name)
+    try:
+        monkeypatch.setenv(channel.ENV_SOCKET, "@" + name)
+        while channel.send("progress", step=1):
+            pass
+        t0 = time.monotonic()
+        assert channel.send("resumed", step=10) is False
+        assert channel.RETRY_S <= time.monotonic() - t0 < channel.RETRY_S + 5.0
+    finally:
+        agent.close()

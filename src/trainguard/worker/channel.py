@@ -1,10 +1,13 @@
 """Messages from a worker to its node agent: JSON datagrams on a Unix socket.
 
 The agent names the socket in TRAINGUARD_AGENT_SOCKET (an abstract name, `@...`). Sending
-never blocks and never fails the training script: without a launcher, or when the agent is
-gone or busy, a message is dropped. The message kinds and their fields are in
-trainguard.worker.contract, which the agent checks each datagram against. Standard library
-only.
+never fails the training script: without a launcher, or when the agent is gone, a message
+is dropped at once. When the agent's queue is full (Linux keeps 10 datagrams a socket,
+net.unix.max_dgram_qlen, and a busy node may read them late), a message the next one does
+not supersede (a resume, a save, a phase's begin or end, a step's verdict) is tried again
+for up to RETRY_S; progress and metrics are dropped, their next one says more. The message
+kinds and their fields are in trainguard.worker.contract, which the agent checks each
+datagram against. Standard library only.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from typing import Any
 from trainguard.worker.contract import ENV_RANK, ENV_SOCKET, MAX_DATAGRAM_BYTES, MessageKind
 
 __all__ = ["ENV_SOCKET", "available", "send"]
+
+RETRY_S = 1.0  # how long a full queue is tried again for a message the next one does not
+RETRY_EVERY_S = 0.005  # supersede
+_LOSSY = frozenset({MessageKind.PROGRESS, MessageKind.TRAIN_METRICS})
 
 _lock = threading.Lock()
 _sock: socket.socket | None = None
@@ -49,15 +56,23 @@ def send(kind: MessageKind, **fields: Any) -> bool:
     if len(data) > MAX_DATAGRAM_BYTES:
         return False
     with _lock:
-        try:
-            if _sock is None or _addr != addr:
-                _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                _sock.setblocking(False)
-                _addr = addr
-            _sock.sendto(data, addr)
-            return True
-        except OSError:
-            return False
+        deadline = None
+        while True:
+            try:
+                if _sock is None or _addr != addr:
+                    _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    _sock.setblocking(False)
+                    _addr = addr
+                _sock.sendto(data, addr)
+                return True
+            except BlockingIOError:  # the agent's queue is full: it reads late
+                now = time.monotonic()
+                deadline = now + RETRY_S if deadline is None else deadline
+                if kind in _LOSSY or now >= deadline:
+                    return False
+                time.sleep(RETRY_EVERY_S)
+            except OSError:  # no agent there (gone, or not started yet)
+                return False
 
 
 def _env_int(name: str) -> int | None:
