@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from trainguard.controller.store import JobStore
 from trainguard.diagnosis.sources import diagnose_paths
@@ -47,3 +48,28 @@ def diagnose_text(tmp_path: Path, text: str, name: str = "console.log") -> Diagn
     assert d is not None, "no diagnosis"
     assert d.evidence is not None and d.evidence.text, "an answer shows its deciding line"
     return d
+
+
+def fake_hang_watch(states: list[Any], said: list[str], agent: Any, log_dir: str,
+                    **detector: Any) -> Any:
+    """A real controller HangWatch over fakes: a recorder that keeps each event as
+    `Reason: message` in `said`, `agent` for the stack dumps, and a detector that answers
+    `states` in turn (rank 0 stuck 9 s against an 8 s threshold); `detector` adds to it
+    (`stack_moved`, `policy`)."""
+    from types import SimpleNamespace
+
+    from trainguard.controller.hang_watch import HangWatch
+
+    spec = SimpleNamespace(hang_detection=True, hang_timeout_s=None, hang_floor_s=8.0,
+                           hang_startup_s=1800.0, restart_on_hang=True)
+    rec = SimpleNamespace(spec=spec, paths=SimpleNamespace(log_dir=log_dir),
+                          event=lambda level, reason, message, **kw: said.append(
+                              f"{reason.value}: {message}"))
+    w = HangWatch(rec, agent)  # type: ignore[arg-type]
+    verdicts = iter(states)
+    w.detector = SimpleNamespace(  # type: ignore[assignment]
+        observe=lambda liveness, now, ending: SimpleNamespace(
+            state=next(verdicts), stuck_ranks=(0,), describe=lambda: "rank 0 stuck",
+            last_progress_at=None, idle_s=9.0, threshold_s=8.0, p99_s=None, basis="floor",
+            waiting_for=None), **detector)
+    return w

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tests.unit.helpers import fake_hang_watch
 from trainguard.controller.hang_watch import HangWatch
 from trainguard.hang.detector import HangDetector, HangPolicy, HangState
 from trainguard.hang.stacks import Frame, RankStack, ThreadStack, moving
@@ -124,24 +125,14 @@ def watch(tmp_path: Path, looks: list[list[tuple[str, str, int]]]
           ) -> tuple[HangWatch, list[str], list[Any]]:
     said: list[str] = []
     moved: list[Any] = []
-    w = object.__new__(HangWatch)
-    w.rec = SimpleNamespace(  # type: ignore[assignment]
-        event=lambda level, reason, message, **kw: said.append(f"{reason.value}: {message}"),
-        paths=SimpleNamespace(log_dir=str(tmp_path)), spec=SimpleNamespace(restart_on_hang=True))
     seen = iter(looks)
-    w.agent = SimpleNamespace(  # type: ignore[assignment]
-        dump_stacks=lambda cmd: w.asked.append(cmd) or [dump(next(seen))])  # type: ignore[attr-defined]
-    w.enabled, w._attempt, w.confirmed, w._ending = True, 0, None, None
-    w._state, w._looks, w._working_told, w._looked = HangState.OK, {}, False, 0.0
-    w.asked = []  # type: ignore[attr-defined]
-    states = iter([HangState.SUSPECTED, HangState.CONFIRMED, HangState.SUSPECTED,
-                   HangState.CONFIRMED])
-    w.detector = SimpleNamespace(  # type: ignore[assignment]
-        policy=HangPolicy(), stack_moved=lambda ranks, now: moved.append(ranks) or True,
-        observe=lambda liveness, now, ending: SimpleNamespace(
-            state=next(states), stuck_ranks=(0,), describe=lambda: "rank 0 stuck",
-            last_progress_at=None, idle_s=9.0, threshold_s=8.0, p99_s=None, basis="floor",
-            waiting_for=None))
+    asked: list[Any] = []
+    agent = SimpleNamespace(dump_stacks=lambda cmd: asked.append(cmd) or [dump(next(seen))])
+    w = fake_hang_watch([HangState.SUSPECTED, HangState.CONFIRMED, HangState.SUSPECTED,
+                         HangState.CONFIRMED], said, agent, str(tmp_path),
+                        policy=HangPolicy(),
+                        stack_moved=lambda ranks, now: moved.append(ranks) or True)
+    w.asked = asked  # type: ignore[attr-defined]
     return w, said, moved
 
 

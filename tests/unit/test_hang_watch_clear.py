@@ -7,26 +7,15 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
+from tests.unit.helpers import fake_hang_watch
 from trainguard.controller.hang_watch import HangWatch
 from trainguard.hang.detector import HangState
 
 
 def watch(states: list[HangState]) -> tuple[HangWatch, list[str]]:
     said: list[str] = []
-    w = object.__new__(HangWatch)
-    w.rec = SimpleNamespace(event=lambda level, reason, message, **kw: said.append(  # type: ignore[assignment]
-        f"{reason.value}: {message}"), paths=SimpleNamespace(log_dir="/nonexistent"))
-    w.agent = SimpleNamespace(dump_stacks=lambda cmd: [])  # type: ignore[assignment]
-    w.enabled, w._attempt, w.confirmed, w._ending = True, 0, None, None
-    w._looks, w._working_told, w._looked = {}, False, 0.0
-    w._state = HangState.OK
-    verdicts = iter(states)
-    w.detector = SimpleNamespace(  # type: ignore[assignment]
-        observe=lambda liveness, now, ending: SimpleNamespace(
-            state=next(verdicts), stuck_ranks=[0], describe=lambda: "rank 0 stuck",
-            last_progress_at=None, idle_s=9.0, threshold_s=8.0, p99_s=None, basis="floor",
-            waiting_for=None))
-    return w, said
+    agent = SimpleNamespace(dump_stacks=lambda cmd: [])
+    return fake_hang_watch(states, said, agent, "/nonexistent"), said
 
 
 def report(succeeded: list[int]) -> Any:
