@@ -36,6 +36,9 @@ for step in range(1, 31):
 """
 
 
+# alone: beside a second job on 2 cores a look can take seconds, and too few of them land in
+# the 2.7 s between the suspicion and the threshold (a make test run saw it confirmed)
+@pytest.mark.serial
 def test_a_silent_evaluation_is_not_restarted_as_a_hang(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
