@@ -102,6 +102,8 @@ class WorkerMessage(_Msg):
     rank: int | None
     at: datetime
     data: dict[str, Any] = Field(default_factory=dict)
+    resent: bool = Field(default=False, description="sent again after a reconnect: the controller "
+                         "it first went to never acknowledged it (node/outbox.py)")
 
 
 class RankLiveness(_Msg):
@@ -218,6 +220,8 @@ class NodeReport(_Msg):
                                   "(multi-node: silent, disconnected or its process ended)")
     usage: list[NodeUsage] = Field(default_factory=list, description="per node (an agent: "
                                    "its own; the fleet: every node's, spares too)")
+    seq: int | None = Field(default=None, description="a remote agent's number for a report whose "
+                            "messages it keeps until the controller acknowledges them")
 
 
 class AgentAPI(Protocol):
@@ -261,6 +265,9 @@ class Op(str, Enum):
 # a frame the controller sends, not a command: a second Ctrl-C came, so the node agent ends
 # the grace period of the stop under way (its STOP command) and SIGKILLs what is left
 HURRY_FRAME = "hurry"
+# a frame the controller sends, not a command: {"type": ACK_FRAME, "seq": N}, the messages of
+# the agent's reports up to seq N are recorded (node/outbox.py keeps them until then)
+ACK_FRAME = "ack"
 
 
 REPORTS_PER_S = 250.0  # every agent's NodeReports together: the controller's budget

@@ -40,6 +40,7 @@ class FakeHub:
     links: dict[str, FakeLink] = field(default_factory=dict)
     reports: dict[str, list[NodeReport]] = field(default_factory=dict)
     calls: list[dict[str, tuple[str, dict[str, Any]]]] = field(default_factory=list)
+    frames: list[dict[str, dict[str, Any]]] = field(default_factory=list)
     disconnected: dict[str, float] = field(default_factory=dict)
     silent: dict[str, float] = field(default_factory=dict)
 
@@ -68,6 +69,9 @@ class FakeHub:
 
     def forget(self, name: str) -> None:
         self.connected_nodes.discard(name)
+
+    def send_each(self, frames: dict[str, dict[str, Any]]) -> None:
+        self.frames.append(frames)
 
     def call(self, calls: dict[str, tuple[str, dict[str, Any]]], timeout: float,
              lost_after_s: float) -> dict[str, Reply]:
@@ -352,3 +356,32 @@ def test_in_a_full_disruption_a_cut_link_s_silence_does_not_count_before_the_wai
     hub.silent.update({n: 9.5 for n in names})
     hub.silent.update({"n0": 30.0, "n1": 30.0})  # heard last before the others
     assert f.lost_now() == {} and f.disrupted_since is not None
+
+
+def test_the_messages_of_a_merged_report_are_acknowledged_when_the_loop_asks_again() -> None:
+    """node/outbox.py keeps them until then: a controller killed between the merge and the
+    loop's record of it leaves them to be sent again to the one that takes over."""
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd())
+    saved = report("a", 0, [0, 1]).model_copy(update={"seq": 4, "messages": [
+        WorkerMessage(kind="checkpoint_saved", rank=0, at=T0, data={"step": 10})]})
+    hub.reports = {"a": [saved], "b": [report("b", 0, [2, 3])]}
+    merged = f.poll()
+    assert [m.kind for m in merged.messages] == ["checkpoint_saved"]
+    assert hub.frames == []  # handed to the loop, not recorded yet
+    hub.reports = {"a": [report("a", 0, [0, 1])]}
+    f.poll()
+    assert hub.frames == [{"a": {"type": "ack", "seq": 4}}]
+    f.poll()
+    assert len(hub.frames) == 1  # each acknowledgement once
+
+
+def test_a_report_dropped_with_its_attempt_is_not_acknowledged() -> None:
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd())
+    hub.reports = {"a": [report("a", 0, [0, 1]).model_copy(update={"seq": 2})]}
+    f.merger.fold("a", hub.take_all_reports()["a"])  # folded, then a new attempt starts
+    f.start_workers(start_cmd(attempt=1))
+    f.poll()
+    f.poll()
+    assert hub.frames == []

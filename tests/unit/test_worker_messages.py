@@ -99,3 +99,33 @@ def test_a_failed_save_says_what_follows_and_the_last_one_allowed_does_not_say_i
         "rank 0: checkpoint of step 30 failed (1 in a row: the next save retries): x",
         "rank 0: checkpoint of step 31 failed (1 in a row: a save on the way out: no save "
         "follows): y"]
+
+
+def test_a_resent_message_makes_its_event_only_if_the_store_lacks_it(tmp_path: Path) -> None:
+    """node/outbox.py sends a message again after a reconnect when its first controller
+    did not acknowledge it: recorded (and died before it acknowledged) or not."""
+    from trainguard.records import Event, Involved, utcnow
+
+    store = JobStore.create(tmp_path / "job", "r")
+
+    def emit(level: Level, reason: Reason, message: str, *, rank: int | None = None,
+             attempt: int | None = None, **_: Any) -> None:
+        store.add_event(Event(utcnow(), level, reason.value, message,
+                              Involved(job="r", rank=rank, attempt=attempt)))
+
+    def recorded(reason: Reason, message: str, rank: int | None, attempt: int | None) -> bool:
+        return store.has_event(reason.value, message, rank, attempt)
+
+    h = WorkerMessages(emit, IncidentBook(store), recorded)
+    saved = {"step": 10, "location": "/ck"}
+    h.handle([msg("checkpoint_saved", **saved)], attempt=0)  # the first controller's record
+    again = msg("checkpoint_saved", **saved).model_copy(update={"resent": True})
+    later = msg("checkpoint_saved", step=20, location="/ck").model_copy(update={"resent": True})
+    h.handle([again, later], attempt=0)  # a new controller: 10 is in the store, 20 is not
+    h.handle([msg("checkpoint_saved", **saved)], attempt=1)  # not resent: always recorded
+    got = [(e.message, e.involved.attempt) for _, e in store.events()
+           if e.reason == Reason.CHECKPOINT_SAVED.value]
+    assert got == [("checkpoint of step 10 committed at /ck", 0),
+                   ("checkpoint of step 20 committed at /ck", 0),
+                   ("checkpoint of step 10 committed at /ck", 1)]
+    assert h.max_committed_step == 20

@@ -15,35 +15,28 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 
 from trainguard.backends.base import AgentHandle, Backend
 from trainguard.controller.hub import Hub, Reply
 from trainguard.controller.links import LinkState
+from trainguard.controller.merger import Merger
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.errors import LaunchError
 from trainguard.protocol import (
+    ACK_FRAME,
     DumpStacks,
     NodeReport,
-    NodeUsage,
     Op,
-    Progress,
-    RankLiveness,
     RestartRanks,
     StackDump,
     StartWorkers,
     StopWorkers,
     Tell,
-    WorkerFact,
 )
-from trainguard.records import utcnow
-from trainguard.states import NodeState, WorkerState
+from trainguard.states import NodeState
 
 log = logging.getLogger(__name__)
 
-# liveness times of a node whose clock is further off than this are moved onto the
-# controller's clock (hang detection compares them with the controller's now)
-SKEW_TOLERATED_S = 2.0
 START_TIMEOUT_S = 120.0
 MIN_POLL_S = 0.05  # poll(wait_s) merges the nodes' reports at most this often, and at
 MERGE_S_PER_NODE = 0.00025  # most every 0.5 s at 2,000 nodes (a merge is O(ranks))
@@ -70,17 +63,14 @@ class Fleet:
         self.nodes: dict[str, Node] = {n: Node(n, NodeState.SPARE) for n in backend.node_names()}
         self.placement: list[str] = []
         self.moves: dict[int, int] = {}  # slot -> times its ranks moved to another node
-        self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
-        self._stale: dict[str, NodeReport] = {}  # the last merged facts, deltas taken
+        self.merger = Merger()  # the nodes' reports into one
         self._broken: dict[str, str] = {}  # placed nodes that failed a command: why
         self.lost: dict[str, str] = {}  # lost placed nodes with why, as of the last report
-        self._attempt: int | None = None
         self.peer: PeerCopies | None = None  # memory snapshots copied to a buddy node
         self._started: list[str] = []  # the placement the last attempt started on
         self.disruption_wait_s = DISRUPTION_WAIT_S
         self.disrupted_since: float | None = None  # every link down since (monotonic)
         self._polled_at = 0.0
-        self._usage: dict[str, NodeUsage] = {}  # each node's latest, spares' too (status)
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -120,7 +110,7 @@ class Fleet:
         if state == NodeState.ISOLATED and self.hub.connected(name):  # its agent ends
             self.hub.call({name: (Op.EXIT, {"grace_s": 5.0})}, 30, self.grace_s)
         if state.out:
-            self._latest.pop(name, None)
+            self.merger.forget(name)
             self.hub.forget(name)
             if state == NodeState.LOST and node.handle is not None:
                 node.handle.kill()  # what is left of it must not rejoin the old world
@@ -207,8 +197,7 @@ class Fleet:
         return host, int(reply.body["port"])
 
     def start_workers(self, cmd: StartWorkers) -> NodeReport:
-        self._attempt = cmd.attempt
-        self._latest, self._stale = {}, {}
+        self.merger.new_attempt(cmd.attempt)
         if self.peer is not None:  # a moved slot's ranks find their snapshots on the new node
             for old, new in zip(self._started, self.placement, strict=False):
                 if old != new:
@@ -256,9 +245,9 @@ class Fleet:
         self._polled_at = time.monotonic()
         placed = set(self.placement)
         for name, reports in self.hub.take_all_reports().items():
-            self._note_usage(name, reports)
+            self.merger.note_usage(name, reports)
             if name in placed:  # a spare's reports say it is alive, and its usage
-                self._fold(name, reports)
+                self.merger.fold(name, reports)
         return self._merged()
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
@@ -289,8 +278,7 @@ class Fleet:
     def adopt_attempt(self, attempt: int) -> None:
         """A restarted controller watches `attempt` on: the agents' hello reports are its
         first facts."""
-        self._attempt = attempt
-        self._latest, self._stale = {}, {}
+        self.merger.new_attempt(attempt)
 
     def end_agents(self, grace_s: float = 15.0) -> None:
         """Tell every connected agent to stop its workers and end; kill what does not."""
@@ -319,81 +307,14 @@ class Fleet:
         for name, r in replies.items():
             if r.ok and "node" in r.body:
                 pushed = self.hub.take_reports(name)
-                self._fold(name, [*pushed, NodeReport.model_validate(r.body)])
-
-    def _note_usage(self, name: str, reports: list[NodeReport]) -> None:
-        for r in reversed(reports):
-            if r.usage:
-                self._usage[name] = r.usage[-1]
-                return
-
-    def _fold(self, name: str, reports: list[NodeReport]) -> None:
-        """Several pushed reports into one: the newest facts, every message and interval."""
-        self._note_usage(name, reports)
-        reports = [r for r in reports if r.attempt == self._attempt]
-        if not reports:
-            return
-        prev = self._latest.get(name)
-        messages = [*(prev.messages if prev else []), *(m for r in reports for m in r.messages)]
-        intervals: dict[int, list[float]] = {}
-        for r in ([prev] if prev else []) + reports:
-            for lv in r.liveness:
-                intervals.setdefault(lv.rank, []).extend(lv.intervals)
-        last = reports[-1]
-        skew = utcnow() - last.at  # the node's clock behind ours (+ a little transit)
-        shift = skew if abs(skew.total_seconds()) > SKEW_TOLERATED_S else timedelta(0)
-        if prev is None and len(reports) == 1 and not shift:  # the usual case: no copies
-            self._latest[name] = last
-            return
-        liveness = [_on_our_clock(lv, shift).model_copy(
-                        update={"intervals": intervals.get(lv.rank, [])})
-                    for lv in last.liveness]
-        self._latest[name] = last.model_copy(update={"messages": messages,
-                                                     "liveness": liveness})
+                self.merger.fold(name, [*pushed, NodeReport.model_validate(r.body)])
 
     def _merged(self) -> NodeReport:
+        """The merge the loop reads; first the acknowledgements of the last one's messages
+        (the loop recorded them before it called again)."""
+        due = self.merger.acks_due()
+        if due:
+            self.hub.send_each({n: {"type": ACK_FRAME, "seq": seq} for n, seq in due.items()})
         lost = self.lost = self.lost_now()
-        now = utcnow()
-        workers: list[WorkerFact] = []
-        messages = []
-        liveness: list[RankLiveness] = []
-        firsts, lasts = [], []
-        for name in self.placement:
-            r = self._latest.pop(name, None)
-            if r is not None:  # only a new report is stripped of its deltas: O(new reports)
-                self._stale[name] = r.model_copy(update={"messages": [], "liveness": [
-                    lv.model_copy(update={"intervals": []}) for lv in r.liveness]})
-            elif (r := self._stale.get(name)) is None:
-                continue
-            for w in r.workers:
-                if name in lost and not w.state.ended:
-                    w = w.model_copy(update={"state": WorkerState.FAILED, "ended_at": now})
-                workers.append(w)
-            messages.extend(r.messages)
-            liveness.extend(r.liveness)
-            p = r.progress
-            if p.first_step is not None:
-                firsts.append((p.first_step_at or now, p.first_step))
-            if p.last_step is not None:
-                lasts.append((p.last_step, p.last_step_at))
-        progress = Progress(
-            first_step=min(firsts)[1] if firsts else None,
-            first_step_at=min(firsts)[0] if firsts else None,
-            last_step=max(lasts, key=lambda x: x[0])[0] if lasts else None,
-            last_step_at=max(lasts, key=lambda x: x[0])[1] if lasts else None)
-        return NodeReport(node="cluster", attempt=self._attempt,
-                          workers=sorted(workers, key=lambda w: w.rank), progress=progress,
-                          at=now, messages=messages, liveness=liveness,
-                          lost_nodes=sorted(lost),
-                          usage=[u for n, u in sorted(self._usage.items())
-                                 if n in self.nodes and self.nodes[n].state.usable
-                                 and n not in lost])
-
-
-def _on_our_clock(lv: RankLiveness, shift: timedelta) -> RankLiveness:
-    if not shift:
-        return lv
-    moved = {k: getattr(lv, k) + shift for k in ("last_progress_at", "phase_since",
-                                                  "last_output_at", "sampled_at")
-             if getattr(lv, k) is not None}
-    return lv.model_copy(update=moved)
+        usable = {n for n, node in self.nodes.items() if node.state.usable}
+        return self.merger.merged(self.placement, lost, usable)

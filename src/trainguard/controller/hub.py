@@ -345,6 +345,16 @@ class Hub:
             threading.Thread(target=_send_quietly, args=(conn, frame), daemon=True,
                              name="trainguard-send").start()
 
+    def send_each(self, frames: dict[str, dict[str, Any]]) -> None:
+        """A one-way frame to each named agent whose link is up, all from one thread of
+        their own (the acknowledgements of worker messages: a few, and none is urgent)."""
+        with self._cond:
+            sends = [(link.conn, frames[name]) for name, link in self.links.items()
+                     if name in frames and link.conn is not None and link.up()]
+        if sends:
+            threading.Thread(target=_send_each_quietly, args=(sends,), daemon=True,
+                             name="trainguard-send").start()
+
     def close(self) -> None:
         """Stop listening, close every connection and join the accept thread, the link
         reader and every handshake thread."""
@@ -373,6 +383,11 @@ def _drain(q: deque[NodeReport]) -> list[NodeReport]:
     while q:
         out.append(q.popleft())
     return out
+
+
+def _send_each_quietly(sends: list[tuple[Conn, dict[str, Any]]]) -> None:
+    for conn, frame in sends:
+        _send_quietly(conn, frame)
 
 
 def _send_quietly(conn: Conn, frame: dict[str, Any]) -> None:

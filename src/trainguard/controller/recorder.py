@@ -56,7 +56,7 @@ class Recorder:
         self.spec, self.paths, self.store, self.argv = spec, paths, store, argv
         self._on_event = on_event
         self.book = IncidentBook(store)
-        self.messages = WorkerMessages(self.event, self.book)
+        self.messages = WorkerMessages(self.event, self.book, self._recorded)
         self.launches = 1
         self.previous_max_step: int | None = None  # the furthest step a launch before reached
         self.previous_committed: int | None = None  # and the newest checkpoint committed
@@ -84,6 +84,14 @@ class Recorder:
             while self._unwritten:
                 self.store.add_event(self._unwritten[0])
                 self._unwritten.popleft()
+
+    def _recorded(self, reason: Reason, message: str, rank: int | None,
+                  attempt: int | None) -> bool:
+        """Is this event in the store (a store that cannot be read: no)?"""
+        try:
+            return self.store.has_event(reason.value, message, rank, attempt)
+        except StoreError:
+            return False
 
     @contextlib.contextmanager
     def _best_effort(self) -> Iterator[None]:

@@ -197,6 +197,15 @@ class JobStore(LedgerTables):
             ).fetchall()
         return [(row[0], event_from_row(row[1:])) for row in rows]
 
+    def has_event(self, reason: str, message: str, rank: int | None,
+                  attempt: int | None) -> bool:
+        """Is an event of this reason, message, rank and attempt recorded?"""
+        with self._errors("read events from"):
+            row = self._conn.execute(
+                "SELECT 1 FROM events WHERE reason = ? AND message = ? AND rank IS ? AND "
+                "attempt IS ? LIMIT 1", (reason, message, rank, attempt)).fetchone()
+        return row is not None
+
     # -- running records --------------------------------------------------------
 
     def put_running(self, rec: RunningRecord) -> None:

@@ -25,13 +25,18 @@ from trainguard.worker.contract import (
 log = logging.getLogger(__name__)
 
 EmitEvent = Callable[..., None]  # Recorder.event(level, reason, message, rank=, attempt=)
+# is this event (reason, message, rank, attempt) in the job store already?
+Recorded = Callable[[Reason, str, "int | None", "int | None"], bool]
 Handler = Callable[[WorkerMessage, dict[str, Any], int], None]
 MAX_METRIC_RANKS = 64  # ranks whose train metrics are kept (the first ones that report)
 
 
 class WorkerMessages:
-    def __init__(self, emit: EmitEvent, book: IncidentBook) -> None:
-        self._emit = emit
+    def __init__(self, emit: EmitEvent, book: IncidentBook,
+                 recorded: Recorded | None = None) -> None:
+        self._emit_to = emit
+        self._recorded = recorded
+        self._resending = False  # the message handled now was sent again after a reconnect
         self._book = book
         self._resumed_sources: dict[int, set[str]] = {}  # attempt -> where ranks loaded from
         self.max_committed_step: int | None = None  # over the whole job
@@ -58,11 +63,24 @@ class WorkerMessages:
             handler = self._handlers.get(m.kind)
             if handler is None:
                 continue
+            self._resending = m.resent
             try:
                 handler(m, m.data, attempt)
             except Exception:  # one bad message is dropped, never fatal to the job
                 log.warning("dropped a worker message of rank %s (%s) that could not be "
                             "handled", m.rank, m.kind, exc_info=True)
+            finally:
+                self._resending = False
+
+    def _emit(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
+              attempt: int | None = None, data: dict[str, Any] | None = None) -> None:
+        """A resent message (node/outbox.py: its first controller may have recorded it and
+        died before it acknowledged) makes its event only if the store lacks it."""
+        if self._resending and self._recorded is not None and \
+                self._recorded(reason, message, rank, attempt):
+            log.info("a resent worker message is recorded already: %s", message)
+            return
+        self._emit_to(level, reason, message, rank=rank, attempt=attempt, data=data)
 
     def _on_checkpoint_saved(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         step = int(d.get("step", -1))

@@ -4,9 +4,11 @@ a backend (launch.py builds its command line), never by hand.
 It owns the node's workers through agent.NodeAgent and serves the controller over the wire:
 it connects (and reconnects after a blip, re-reading where the controller is), pushes a
 NodeReport every report interval and a beat every second (also while a command runs), and
-executes commands. A command is identified by its id: a command resent after a reconnect
-is answered from memory, never run twice. Without a controller for `orphan_timeout_s` it
-stops its workers and ends: a node never trains on for a job nobody watches.
+executes commands. The worker messages it sends up are kept until the controller
+acknowledges them, and sent again after a reconnect (node/outbox.py). A command is
+identified by its id: a command resent after a reconnect is answered from memory, never run
+twice. Without a controller for `orphan_timeout_s` it stops its workers and ends: a node
+never trains on for a job nobody watches.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from trainguard.exitcodes import ExitCode
 from trainguard.node import peer
 from trainguard.node.agent import NodeAgent, free_port
 from trainguard.node.logs import ConsoleOptions
+from trainguard.node.outbox import Outbox
 from trainguard.protocol import (
+    ACK_FRAME,
     HURRY_FRAME,
     AgentConfig,
     DumpStacks,
@@ -67,6 +71,7 @@ class AgentRunner:
         self._import_cache: dict[Any, Any] = {}
         self._complained = -1e9
         self._superseded = False
+        self._outbox = Outbox()  # worker messages sent up and not acknowledged yet
 
     def run(self) -> int:
         orphan_since: float | None = None
@@ -126,6 +131,7 @@ class AgentRunner:
         beat.start()
         next_report = 0.0
         self._conn, self._held, self._broke = conn, deque(), None
+        self._outbox.reconnected()
         try:
             while not self._exit and not stop.is_set():
                 wait = max(next_report - time.monotonic(), 0.0)
@@ -138,10 +144,13 @@ class AgentRunner:
                     conn.send(self._command(msg))
                 elif msg is not None and msg["type"] == HURRY_FRAME:  # before its STOP came
                     self.agent.hurry()
+                elif msg is not None and msg["type"] == ACK_FRAME and \
+                        isinstance(msg.get("seq"), int):
+                    self._outbox.acknowledged(msg["seq"])
                 if self._broke is not None:
                     raise self._broke
                 if time.monotonic() >= next_report and not self._exit:
-                    report = self.agent.poll()
+                    report = self._outbox.number(self.agent.poll())
                     conn.send({"type": "report", "body": report.model_dump(mode="json")})
                     next_report = time.monotonic() + self.cfg.report_interval_s
         except FrameRejected as e:  # injected, replayed or relayed: the link is not trusted
@@ -192,12 +201,12 @@ class AgentRunner:
         return handlers[op](body)
 
     def _op_start(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.agent.start_workers(StartWorkers.model_validate(body)).model_dump(
-            mode="json")
+        return self._outbox.number(self.agent.start_workers(
+            StartWorkers.model_validate(body))).model_dump(mode="json")
 
     def _op_stop(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.agent.stop_workers(StopWorkers.model_validate(body),
-                                       cut_short=self._hurried).model_dump(mode="json")
+        return self._outbox.number(self.agent.stop_workers(
+            StopWorkers.model_validate(body), cut_short=self._hurried)).model_dump(mode="json")
 
     def _hurried(self) -> bool:
         """Polled through a stop's grace period: did the controller send a HURRY_FRAME (a

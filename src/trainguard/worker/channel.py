@@ -25,7 +25,8 @@ __all__ = ["ENV_SOCKET", "available", "send"]
 
 RETRY_S = 1.0  # how long a full queue is tried again for a message the next one does not
 RETRY_EVERY_S = 0.005  # supersede
-_LOSSY = frozenset({MessageKind.PROGRESS, MessageKind.TRAIN_METRICS})
+# superseded by the next one: dropped when the queue is full, never sent up again (node/outbox.py)
+LOSSY_KINDS = frozenset({MessageKind.PROGRESS, MessageKind.TRAIN_METRICS})
 
 _lock = threading.Lock()
 _sock: socket.socket | None = None
@@ -68,7 +69,7 @@ def send(kind: MessageKind, **fields: Any) -> bool:
             except BlockingIOError:  # the agent's queue is full: it reads late
                 now = time.monotonic()
                 deadline = now + RETRY_S if deadline is None else deadline
-                if kind in _LOSSY or now >= deadline:
+                if kind in LOSSY_KINDS or now >= deadline:
                     return False
                 time.sleep(RETRY_EVERY_S)
             except OSError:  # no agent there (gone, or not started yet)

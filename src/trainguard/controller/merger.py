@@ -1,0 +1,131 @@
+"""The nodes' reports of a multi-node job merged into one, as the controller's loop reads it
+(controller/fleet.py owns a Merger; pure bookkeeping, the fleet does the I/O).
+
+A node pushes a report every report interval; the fleet folds the ones that arrived since
+its last merge (the newest facts, every worker message and liveness interval), and a merge
+takes each node's folded report once: a node without a new one contributes its last facts
+without their deltas. A remote agent keeps the worker messages of a numbered report until
+they are acknowledged (node/outbox.py): the acknowledgements due are those of the reports the
+last merge handed to the loop, which recorded them before it asked for the next merge.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from trainguard.protocol import NodeReport, NodeUsage, Progress, RankLiveness, WorkerFact
+from trainguard.records import utcnow
+from trainguard.states import WorkerState
+
+# liveness times of a node whose clock is further off than this are moved onto the
+# controller's clock (hang detection compares them with the controller's now)
+SKEW_TOLERATED_S = 2.0
+
+
+class Merger:
+    def __init__(self) -> None:
+        self.attempt: int | None = None
+        self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
+        self._stale: dict[str, NodeReport] = {}  # the last merged facts, deltas taken
+        self.usage: dict[str, NodeUsage] = {}  # each node's latest, spares' too (status)
+        self._folded_seq: dict[str, int] = {}  # node -> newest numbered report folded
+        self._merged_seq: dict[str, int] = {}  # node -> newest numbered report merged
+
+    def new_attempt(self, attempt: int) -> None:
+        """Facts of an earlier attempt are no longer merged (reports of it are dropped)."""
+        self.attempt = attempt
+        self._latest, self._stale, self._folded_seq = {}, {}, {}
+
+    def forget(self, name: str) -> None:
+        """A node out of the job: its report not merged yet is dropped."""
+        self._latest.pop(name, None)
+        self._folded_seq.pop(name, None)
+
+    def acks_due(self) -> dict[str, int]:
+        """node -> the newest numbered report the last merge handed on: recorded by now
+        (the loop records a merged report before it asks for the next one). Taken once."""
+        due, self._merged_seq = self._merged_seq, {}
+        return due
+
+    def note_usage(self, name: str, reports: list[NodeReport]) -> None:
+        for r in reversed(reports):
+            if r.usage:
+                self.usage[name] = r.usage[-1]
+                return
+
+    def fold(self, name: str, reports: list[NodeReport]) -> None:
+        """Several pushed reports into one: the newest facts, every message and interval."""
+        self.note_usage(name, reports)
+        reports = [r for r in reports if r.attempt == self.attempt]
+        if not reports:
+            return
+        seqs = [r.seq for r in reports if r.seq is not None]
+        if seqs:
+            self._folded_seq[name] = max(seqs)
+        prev = self._latest.get(name)
+        messages = [*(prev.messages if prev else []), *(m for r in reports for m in r.messages)]
+        intervals: dict[int, list[float]] = {}
+        for r in ([prev] if prev else []) + reports:
+            for lv in r.liveness:
+                intervals.setdefault(lv.rank, []).extend(lv.intervals)
+        last = reports[-1]
+        skew = utcnow() - last.at  # the node's clock behind ours (+ a little transit)
+        shift = skew if abs(skew.total_seconds()) > SKEW_TOLERATED_S else timedelta(0)
+        if prev is None and len(reports) == 1 and not shift:  # the usual case: no copies
+            self._latest[name] = last
+            return
+        liveness = [_on_our_clock(lv, shift).model_copy(
+                        update={"intervals": intervals.get(lv.rank, [])})
+                    for lv in last.liveness]
+        self._latest[name] = last.model_copy(update={"messages": messages,
+                                                     "liveness": liveness})
+
+    def merged(self, placement: list[str], lost: dict[str, str],
+               usable: set[str]) -> NodeReport:
+        """One report of the placed nodes; a lost node's running workers read as failed.
+        `usable`: the nodes whose usage is shown (in the job or spare, not lost)."""
+        now = utcnow()
+        workers: list[WorkerFact] = []
+        messages = []
+        liveness: list[RankLiveness] = []
+        firsts, lasts = [], []
+        for name in placement:
+            r = self._latest.pop(name, None)
+            if r is not None:  # only a new report is stripped of its deltas: O(new reports)
+                self._stale[name] = r.model_copy(update={"messages": [], "liveness": [
+                    lv.model_copy(update={"intervals": []}) for lv in r.liveness]})
+                if name in self._folded_seq:
+                    self._merged_seq[name] = self._folded_seq.pop(name)
+            elif (r := self._stale.get(name)) is None:
+                continue
+            for w in r.workers:
+                if name in lost and not w.state.ended:
+                    w = w.model_copy(update={"state": WorkerState.FAILED, "ended_at": now})
+                workers.append(w)
+            messages.extend(r.messages)
+            liveness.extend(r.liveness)
+            p = r.progress
+            if p.first_step is not None:
+                firsts.append((p.first_step_at or now, p.first_step))
+            if p.last_step is not None:
+                lasts.append((p.last_step, p.last_step_at))
+        progress = Progress(
+            first_step=min(firsts)[1] if firsts else None,
+            first_step_at=min(firsts)[0] if firsts else None,
+            last_step=max(lasts, key=lambda x: x[0])[0] if lasts else None,
+            last_step_at=max(lasts, key=lambda x: x[0])[1] if lasts else None)
+        return NodeReport(node="cluster", attempt=self.attempt,
+                          workers=sorted(workers, key=lambda w: w.rank), progress=progress,
+                          at=now, messages=messages, liveness=liveness,
+                          lost_nodes=sorted(lost),
+                          usage=[u for n, u in sorted(self.usage.items())
+                                 if n in usable and n not in lost])
+
+
+def _on_our_clock(lv: RankLiveness, shift: timedelta) -> RankLiveness:
+    if not shift:
+        return lv
+    moved = {k: getattr(lv, k) + shift for k in ("last_progress_at", "phase_since",
+                                                  "last_output_at", "sampled_at")
+             if getattr(lv, k) is not None}
+    return lv.model_copy(update=moved)
