@@ -121,18 +121,27 @@ def dump(frames: list[tuple[str, str, int]]) -> StackDump:
                      frames=[FrameMsg(name=n, filename=f, line=line) for n, f, line in frames])])
 
 
-def watch(tmp_path: Path, looks: list[list[tuple[str, str, int]]]
+def watch(tmp_path: Path, looks: list[Any], states: list[HangState] | None = None
           ) -> tuple[HangWatch, list[str], list[Any]]:
+    """`looks`: each look's frames (or a StackDump, a failed look); `states`: the fake
+    detector's verdicts in turn. The held confirmations are counted in `w.held`."""
     said: list[str] = []
     moved: list[Any] = []
     seen = iter(looks)
     asked: list[Any] = []
-    agent = SimpleNamespace(dump_stacks=lambda cmd: asked.append(cmd) or [dump(next(seen))])
-    w = fake_hang_watch([HangState.SUSPECTED, HangState.CONFIRMED, HangState.SUSPECTED,
-                         HangState.CONFIRMED], said, agent, str(tmp_path),
-                        policy=HangPolicy(),
+    held: list[int] = []
+
+    def dumps(cmd: Any) -> list[StackDump]:
+        asked.append(cmd)
+        d = next(seen)
+        return [d if isinstance(d, StackDump) else dump(d)]
+
+    w = fake_hang_watch(states or [HangState.SUSPECTED, HangState.CONFIRMED,
+                                   HangState.SUSPECTED, HangState.CONFIRMED],
+                        said, SimpleNamespace(dump_stacks=dumps), str(tmp_path),
+                        policy=HangPolicy(), hold=lambda: held.append(1),
                         stack_moved=lambda ranks, now: moved.append(ranks) or True)
-    w.asked = asked  # type: ignore[attr-defined]
+    w.asked, w.held = asked, held  # type: ignore[attr-defined]
     return w, said, moved
 
 
@@ -152,14 +161,52 @@ def test_the_watch_defers_a_confirmation_while_the_stack_moves_and_says_how_to_m
     assert 'trainguard.phase("eval")' in said[-1]
 
 
-def test_the_watch_confirms_when_the_looks_find_the_stack_in_place(tmp_path: Path) -> None:
-    wait = [("wait", "torch/distributed/distributed_c10d.py", 3000),
-            ("<module>", "train.py", 20)]
-    w, said, moved = watch(tmp_path, [wait] * 3)  # 2 looks, then the evidence dump
-    w.observe(report())
-    confirmed = w.observe(report())
-    assert moved == []
+WAIT = [("wait", "torch/distributed/distributed_c10d.py", 3000), ("<module>", "train.py", 20)]
+SUSPECT_THEN_CONFIRM = [HangState.SUSPECTED, *[HangState.CONFIRMED] * 8]
+
+
+def test_the_watch_confirms_once_min_looks_find_the_stack_in_place(tmp_path: Path) -> None:
+    """One look a poll until the rank was seen MIN_LOOKS (4) times at one place."""
+    w, said, moved = watch(tmp_path, [WAIT] * 5, SUSPECT_THEN_CONFIRM)  # 4, then the dump
+    assert [w.observe(report()) for _ in range(3)] == [None] * 3  # looks 1, 2 (held), 3 (held)
+    confirmed = w.observe(report())  # look 4: enough
+    assert moved == [] and len(w.held) == 2  # type: ignore[attr-defined]
     assert confirmed is not None and said[-1].startswith("HangConfirmed: hang confirmed")
+
+
+def test_two_looks_at_work_that_land_at_one_place_do_not_confirm_it(tmp_path: Path) -> None:
+    """A loaded machine: one slow look in the suspicion and one at the confirmation, both in
+    the evaluation's forward; the third finds the data loader: working, not confirmed."""
+    w, said, moved = watch(tmp_path, [EVAL, EVAL, DATA], SUSPECT_THEN_CONFIRM)
+    assert [w.observe(report()) for _ in range(3)] == [None] * 3
+    assert moved == [[0]] and len(w.held) == 1  # type: ignore[attr-defined]
+    assert said[-1].startswith("HangSuspected: not confirmed: the Python stack of rank(s) 0 "
+                               "moves")
+
+
+def test_looks_that_then_fail_hold_the_confirmation_at_most_more_looks_s(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    import trainguard.controller.hang_watch as hw
+
+    monkeypatch.setattr(hw, "MORE_LOOKS_S", 0.5)
+    failed = StackDump(rank=0, pid=100, error="py-spy timed out")
+    w, said, _ = watch(tmp_path, [WAIT] + [failed] * 40, [HangState.SUSPECTED]
+                       + [HangState.CONFIRMED] * 40)
+    w.observe(report())  # suspected: one look that worked
+    started = time.monotonic()
+    while w.observe(report()) is None:
+        assert time.monotonic() - started < 5
+    assert time.monotonic() - started >= 0.5 and len(w.held) >= 1  # type: ignore[attr-defined]
+    assert said[-1].startswith("HangConfirmed: hang confirmed")
+
+
+def test_without_a_look_that_works_the_confirmation_does_not_wait(tmp_path: Path) -> None:
+    """py-spy missing or refused: more looks would say nothing more."""
+    failed = StackDump(rank=0, pid=100, error="py-spy is not installed")
+    w, said, _ = watch(tmp_path, [failed] * 3, SUSPECT_THEN_CONFIRM)
+    w.observe(report())
+    assert w.observe(report()) is not None and w.held == []  # type: ignore[attr-defined]
+    assert said[-1].startswith("HangConfirmed: hang confirmed")
 
 
 def test_the_looks_ask_only_for_the_stuck_ranks_python_frames(tmp_path: Path) -> None:
@@ -178,11 +225,15 @@ def test_work_then_a_stack_in_place_for_the_window_is_confirmed(
     wait = [("wait", "torch/distributed/distributed_c10d.py", 3000),
             ("<module>", "train.py", 20)]
     monkeypatch.setattr(hw, "MOTION_WINDOW_S", 0.5)
-    w, said, moved = watch(tmp_path, [EVAL, DATA, wait, wait, wait])
+    monkeypatch.setattr(hw, "MIN_LOOKS", 2)  # the window's aging is the point here
+    w, said, moved = watch(tmp_path, [EVAL, DATA, wait, wait, wait], [
+        HangState.SUSPECTED, HangState.CONFIRMED, HangState.SUSPECTED, HangState.CONFIRMED,
+        HangState.CONFIRMED])
     w.observe(report())  # suspected: EVAL
     assert w.observe(report()) is None and moved == [[0]]  # about to confirm: DATA moved
     time.sleep(0.6)  # the working looks age out
     confirmed = w.observe(report())  # suspected again by the detector, then confirmed
-    assert confirmed is None  # (the fake detector's third verdict: suspected, a look)
+    assert confirmed is None  # (the fake detector's third verdict: suspected, no look due)
+    assert w.observe(report()) is None  # one look in the window: held for a second
     confirmed = w.observe(report())
     assert confirmed is not None and said[-1].startswith("HangConfirmed: hang confirmed")

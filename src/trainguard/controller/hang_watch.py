@@ -3,7 +3,9 @@
 Each poll's liveness goes to hang.detector.HangDetector. On a suspicion: a `HangSuspected`
 Warning ("The system detects that your training job may be suspended"); while suspected,
 quick looks at the Python stacks of the stuck ranks outside a marked phase (LOOK_EVERY_S
-apart, LOOK_WORKING_S once they were found working, and one more before a confirmation). A
+apart, LOOK_WORKING_S once they were found working, and one more before a confirmation,
+which waits until each was looked at MIN_LOOKS times, one look a poll, for at most
+MORE_LOOKS_S: a loaded machine's looks are slow and few). A
 rank found at two places in Python within MOTION_WINDOW_S works at something that reports no
 step (an evaluation no `trainguard.phase` marks), so the hang waits (detector.stack_moved),
 with a second `HangSuspected` saying why, up to the phase allowance. On a confirmation:
@@ -52,6 +54,11 @@ LOOK_TIMEOUT_S = 5.0  # a quick look at the stacks (Python frames only)
 LOOK_EVERY_S = 0.5  # between the end of a look and the next, while a hang is suspected
 LOOK_WORKING_S = 2.0  # ... once the ranks were found working (detector motion_fresh_s: 10 s)
 LOOK_GAP_S = 0.3  # before a confirmation, a last look this long after the one before
+# a rank is confirmed stuck only once it was seen at one place this many times (a loaded
+# machine's slow looks may be 1 or 2 in the suspicion, and two looks at work can land at one
+# place); the confirmation waits for them, one look a poll, at most MORE_LOOKS_S
+MIN_LOOKS = 4
+MORE_LOOKS_S = 10.0
 # a rank found at two places within this long works; one found at one place for this long
 # (30 looks) is stuck, even right after work that moved (an evaluation, then a deadlock)
 MOTION_WINDOW_S = 60.0
@@ -83,6 +90,8 @@ class HangWatch:
         self._looks: dict[int, list[tuple[float, RankStack]]] = {}
         self._looked = 0.0  # when the last look ended (time.monotonic)
         self._working_told = False  # this suspicion's "still working" event was given
+        self._held_since: float | None = None  # this suspicion's wait for MIN_LOOKS looks
+        self._look_ending: str | None = None  # the last look saw a rank exit or shut down
 
     def _look(self, ranks: list[int]) -> None:
         """A quick look at the Python stacks of `ranks`, kept (best effort)."""
@@ -94,6 +103,7 @@ class HangWatch:
             log.warning("a look at the stacks failed: %s", e)
             dumps = []
         self._looked = now = time.monotonic()
+        self._look_ending = ending_in(dumps, {d.rank: _rank_stack(d) for d in dumps})
         for d in dumps:
             if d.rank in ranks and not d.error:
                 kept = [x for x in self._looks.get(d.rank, []) if now - x[0] <= MOTION_WINDOW_S]
@@ -146,6 +156,7 @@ class HangWatch:
                 self.rec.book.hang_cleared(now)
             self.confirmed = None
             self._looks, self._working_told, self._looked = {}, False, 0.0
+            self._held_since = None
         elif v.state == HangState.SUSPECTED:
             if before == HangState.OK:
                 self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED,
@@ -153,6 +164,7 @@ class HangWatch:
                                rank=v.stuck_ranks[0] if len(v.stuck_ranks) == 1 else None,
                                attempt=self._attempt, data=_verdict_data(v))
                 self._looks, self._working_told, self._looked = {}, False, 0.0
+                self._held_since = None
             self._keep_looking(v, report, now)
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and \
                 self._deferred(v, report, now):
@@ -170,7 +182,9 @@ class HangWatch:
     def _deferred(self, v: HangVerdict, report: NodeReport, now: datetime) -> bool:
         """Whether a hang about to be confirmed waits: a stuck rank outside a marked phase
         was found at two places within MOTION_WINDOW_S (one more look first, when none was
-        yet), and the detector's allowance for that is not spent."""
+        yet), and the detector's allowance for that is not spent; or a rank was seen fewer
+        than MIN_LOOKS times yet (but at least once: looks work here), for at most
+        MORE_LOOKS_S (one look at each poll)."""
         ranks = _lookable(v, report)
         if not ranks:
             return False
@@ -178,10 +192,21 @@ class HangWatch:
             time.sleep(max(0.0, LOOK_GAP_S - (time.monotonic() - self._looked)))
             self._look(ranks)
         working = self._working(ranks)
-        if not working or not self.detector.stack_moved(working, now):
-            return False
-        self._tell_working(v, working)
-        return True
+        if working:
+            if not self.detector.stack_moved(working, now):
+                return False  # past the allowance of work that reports no step
+            self._tell_working(v, working)
+            return True
+        if self._held_since is None:
+            self._held_since = time.monotonic()
+        # not when no look succeeds here (py-spy missing or refused: more would not), nor
+        # when the last one saw the attempt ending (the confirmation's dump says so)
+        if any(0 < len(self._looks.get(r, [])) < MIN_LOOKS for r in ranks) and \
+                self._look_ending is None and \
+                time.monotonic() - self._held_since < MORE_LOOKS_S:
+            self.detector.hold()
+            return True
+        return False
 
     def _tell_working(self, v: HangVerdict, working: list[int]) -> None:
         """The second HangSuspected of a suspicion: why it is not confirmed (once)."""

@@ -189,6 +189,13 @@ class HangDetector:
         self._state = HangState.SUSPECTED
         return True
 
+    def hold(self) -> None:
+        """The hang just confirmed waits for more evidence (controller/hang_watch.py: too few
+        looks at the stuck ranks' stacks yet to say they sit still); the next poll decides
+        again."""
+        if self._state == HangState.CONFIRMED:
+            self._state = HangState.SUSPECTED
+
     # -- internals ------------------------------------------------------------------------
 
     def _update(self, rl: RankLiveness) -> None:
