@@ -3,14 +3,16 @@ twenty-second blind set): an exception whose message says NaN is numerical, howe
 words it; the CUDA driver API's `CUDA_ERROR_LAUNCH_FAILED` is a kernel's failure; c10d's
 `Operation timed out!` is a collective's timeout; an env:// rendezvous variable no launcher
 set is a launch mistake (PyTorch's message, or its raise where a paste stops); a resume
-notice that found no checkpoint is no failed load. Every answer shows the line that decided
-it."""
+notice that found no checkpoint is no failed load; a line that only names Hugging Face or
+wandb (a link in a warning) is no remote service's failure. Every answer shows the line that
+decided it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tests.unit.helpers import diagnose_text, traceback_of
+from trainguard.diagnosis.families import load_families
 from trainguard.diagnosis.taxonomy import Category, RestartHelps
 
 
@@ -98,3 +100,21 @@ def test_a_checkpoint_that_does_not_exist_is_still_a_failed_load(tmp_path: Path)
     line = "FileNotFoundError: Checkpoint /ckpt/step_100.pt not found"
     d = diagnose_text(tmp_path, traceback_of(line))
     assert d.category == Category.CHECKPOINT_LOAD_ERROR
+
+
+def test_a_warning_that_links_to_hugging_face_names_no_remote_service_failure() -> None:
+    # transformers' tokenizer warning links to a pull request on github.com/huggingface: a
+    # name, not a service that failed; alone it took the answer `other` and kept the model
+    # from reading a host OOM while checkpoint shards load (LISA-33)
+    fam = load_families()
+    warning = ("You are using the legacy behaviour of the <class 'transformers.models.llama."
+               "tokenization_llama.LlamaTokenizer'>. This means that tokens that come after "
+               "special tokens will not be properly handled. We recommend you to read the "
+               "related pull request available at https://github.com/huggingface/transformers"
+               "/pull/24565")
+    assert Category.OTHER not in fam.scores(warning)
+    for failed in ("'(MaxRetryError(\"HTTPSConnectionPool(host='huggingface.co', port=443)\"), "
+                   "'(Request ID: 5b2c)')' thrown while requesting GET https://huggingface.co/"
+                   "datasets/monology/pile-uncopyrighted/resolve/main/train/14.jsonl.zst",
+                   "Exception: The wandb backend process has shutdown"):
+        assert fam.scores(failed).get(Category.OTHER, 0.0) >= 2.5, failed
