@@ -86,7 +86,13 @@ def test_a_family_names_wording_no_rule_knows(line: str, category: Category) -> 
 def test_a_process_killed_with_only_a_word_on_a_progress_line_gets_an_answer(
         tmp_path: Path) -> None:
     log = tmp_path / "console.log"
+    # the shell's `Killed` glued to the bar is the shell-killed rule's (nineteenth round)
     log.write_text("epoch 1\n 45%|####5     | 450/1000 [01:02<01:16, 7.2it/s]Killed\n")
+    d = diagnose_paths([log]).diagnosis
+    assert d is not None and d.category == Category.HOST_OOM
+    assert d.evidence is not None and d.evidence.line == 2 and d.rule == "shell-killed"
+    # a word the shell does not print after it (a poster's '.'): no rule, the family reads it
+    log.write_text("epoch 1\n 45%|####5     | 450/1000 [01:02<01:16, 7.2it/s]Killed.\n")
     d = diagnose_paths([log]).diagnosis
     assert d is not None and d.category == Category.HOST_OOM
     assert d.evidence is not None and d.evidence.line == 2 and d.rule == "family:host_oom"

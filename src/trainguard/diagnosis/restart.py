@@ -94,9 +94,12 @@ _CONNECT_FAILED = re.compile(r"\bhas failed to connect to\b", re.IGNORECASE)
 # a remote service the machine has no route to (an offline cluster): a rerun has none either
 _NO_ROUTE = re.compile(r"network is unreachable|\[Errno 101\]", re.IGNORECASE)
 # a rank still preparing the data when the others' wait ran out (a progress bar of
-# tokenizing, preprocessing or mapping a dataset): it takes as long again on a rerun
+# tokenizing, preprocessing or mapping a dataset, or of scanning its files: YOLOv5's `train:
+# Scanning '../coco/labels/train' images and labels...43718 found, ...:  97%|`, whose counts
+# make the text before the percentage long): it takes as long again on a rerun
 _DATA_PREP = re.compile(r"(?:tokeniz\w*|pre-?process\w*|on dataset|\bmap\b|filter\w*|packing|"
-                        r"grouping texts)[^|\n]{0,60}?\s\d{1,3}%\s*\|", re.IGNORECASE)
+                        r"grouping texts)[^|\n]{0,60}?\s\d{1,3}%\s*\||"
+                        r"\bscanning\b[^|\n]{0,160}?\s\d{1,3}%\s*\|", re.IGNORECASE)
 # ... or still evaluating: an evaluation's progress bar (`eval model:: 99%|`) or its start
 # (`Evaluating the results...`) among the last lines, typically on one rank while the others
 # wait in a collective; it takes as long again on a rerun (both such cases of the labelled
