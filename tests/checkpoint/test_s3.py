@@ -115,6 +115,24 @@ def test_pruning_on_s3_keeps_the_newest_and_removes_older_leftovers(
     assert_state_is_step(state, 6)
 
 
+def test_a_resume_from_s3_lists_the_store_once(s3_location: S3Location,
+                                               no_agent: None) -> None:
+    """A listing is a request (and a page per 1,000 keys): the reachability check's one is
+    the one the load reads."""
+    where = Where("s3", s3_location.url, s3_location.storage_options)
+    ckpt = where.checkpointer()
+    for step in (1, 2):
+        ckpt.save(step, step_state(step))
+    ckpt.close()
+    again = where.checkpointer()
+    listed = again.storage.steps
+    calls: list[list[int]] = []
+    again.storage.steps = lambda: calls.append(listed()) or calls[-1]  # type: ignore[method-assign]
+    state = fresh_state()
+    assert again.load_latest(state) == 2 and calls == [[2, 1]]
+    assert_state_is_step(state, 2)
+
+
 # -- storage that dies --------------------------------------------------------------------
 
 def start_multipart_and_kill(server: S3Server, bucket: str, timeout_s: float = 60) -> None:

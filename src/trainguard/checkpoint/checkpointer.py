@@ -296,14 +296,14 @@ class Checkpointer:
     def _load_latest(self, state: Mapping[str, Any]) -> int | None:
         self.wait()
         try:  # a store that cannot be reached is said as such, not as a library's traceback
-            self.storage.steps()
+            steps = self.storage.steps()  # listed once (a request on object storage)
         except Exception as e:
             raise CheckpointError(
                 f"cannot list the checkpoints at {self.storage.location}: "
                 f"{type(e).__name__}: {e}. Fix: check that the storage is reachable and the "
                 "credentials are right; a restart retries it") from e
         if self._memory is not None:
-            step, tree, origin = self._memory.resume_step(newest_valid_step(self.storage))
+            step, tree, origin = self._memory.resume_step(newest_valid_step(self.storage, steps))
             if step is not None:
                 apply(state, tree["replicated"], "replicated")
                 rng = tree["rank"].pop(RNG_KEY, None)
@@ -313,7 +313,7 @@ class Checkpointer:
                 channel.send(MessageKind.RESUMED, step=step, location=self.storage.location,
                              source=SOURCE_PEER if origin else SOURCE_MEMORY)
                 return step
-        loaded = load_newest(self.storage, self.rank, self._agree, self._report)
+        loaded = load_newest(self.storage, self.rank, self._agree, self._report, steps)
         if loaded is None:
             if self.rank == 0:
                 channel.send(MessageKind.NO_CHECKPOINT, location=self.storage.location)

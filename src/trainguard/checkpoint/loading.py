@@ -44,8 +44,11 @@ class Loaded:
     borrowed_from: int | None = None  # this rank had no part: data positions from that rank
 
 
-def load_newest(st: Storage, rank: int, agree: Agree, report: Report) -> Loaded | None:
-    for step in st.steps():
+def load_newest(st: Storage, rank: int, agree: Agree, report: Report,
+                steps: list[int] | None = None) -> Loaded | None:
+    """The newest step every rank could load (`steps`: the store's, newest first, when the
+    caller listed them already; a listing is a request on object storage)."""
+    for step in st.steps() if steps is None else steps:
         verdict, manifest = quick_verdict(st, step)
         loaded: Loaded | None = None
         if verdict.status == Status.VALID and manifest is not None:
@@ -63,9 +66,9 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report) -> Loaded 
     return None
 
 
-def newest_valid_step(st: Storage) -> int | None:
+def newest_valid_step(st: Storage, steps: list[int] | None = None) -> int | None:
     """The newest step whose manifest and file sizes are right (checksums: on load)."""
-    for step in st.steps():
+    for step in st.steps() if steps is None else steps:
         if quick_verdict(st, step)[0].status == Status.VALID:
             return step
     return None
