@@ -119,3 +119,32 @@ def test_a_hangs_stack_dumps_are_not_read_as_logs(tmp_path: Path) -> None:
     (tmp_path / "mine" / "stacks").mkdir(parents=True)  # a user's own dir of that name
     (tmp_path / "mine" / "stacks" / "a.log").write_text("x\n")
     assert log_files(tmp_path) == [attempt / "rank-0.log", tmp_path / "mine" / "stacks" / "a.log"]
+
+
+OOM = ('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.64 TiB. GPU {r} has a '
+       'total capacity of 79.15 GiB of which 1.2 GiB is free.')
+
+
+def test_the_root_causes_copies_on_other_ranks_are_counted_not_listed_as_symptoms(
+        tmp_path: Path) -> None:
+    """Walk-through 20, nit 6: every rank hit the same OOM; ranks 1 and 2's copies were
+    listed as a symptom the OOM explains. Now the evidence says 3 ranks printed it, and what
+    else the ranks printed stays a symptom."""
+    from trainguard.diagnosis.sources import diagnose_paths
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r in range(3):
+        tail = ("\n[rank3]: RuntimeError: NCCL communicator was aborted on rank 3.\n"
+                if r == 2 else "\n")
+        (logs / f"rank-{r}.log").write_text(
+            "step 1 loss 0.5\nTraceback (most recent call last):\n"
+            '  File "train.py", line 10, in <module>\n'
+            '    x = torch.zeros(10**12, device="cuda")\n' + OOM.format(r=r) + tail)
+    d = diagnose_paths(sorted(logs.iterdir())).diagnosis
+    assert d is not None and d.category == Category.GPU_OOM
+    assert d.evidence is not None and d.evidence.rank == 0 and d.evidence.count == 3
+    assert all("out of memory" not in s.text for s in d.symptoms), d.symptoms
+    assert any("communicator was aborted" in s.text for s in d.symptoms), d.symptoms
+    out = tg("diagnose", str(logs)).stdout
+    assert "evidence: " in out and "[3 ranks printed it]" in out, out

@@ -113,7 +113,9 @@ def _verdict_lines(d: Diagnosis) -> list[str]:
     if who:
         out.append(f"  culprit: {', '.join(who)}")
     if d.evidence is not None:
-        out += [f"  evidence: {d.evidence.where()}", f"    {d.evidence.text.strip()[:400]}",
+        ranks = f"  [{d.evidence.count} ranks printed it]" if d.evidence.count > 1 else ""
+        out += [f"  evidence: {d.evidence.where()}{ranks}",
+                f"    {d.evidence.text.strip()[:400]}",
                 *(f"      {t[:400]}" for t in d.evidence.more)]
     out.append(f"  advice: {d.advice}")
     if d.symptoms:

@@ -81,7 +81,8 @@ class Evidence:
     text: str
     rank: int | None = None
     at: datetime | None = None
-    count: int = 1  # how many ranks printed the same thing (symptoms are grouped)
+    count: int = 1  # how many ranks printed the same thing (symptoms are grouped; the
+    # evidence counts its copies on other ranks, which are then no symptoms)
     more: tuple[str, ...] = ()  # the next lines of a message that spans lines
 
     def to_dict(self) -> dict[str, Any]:

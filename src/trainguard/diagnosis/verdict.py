@@ -215,11 +215,23 @@ def _evidence(c: Candidate) -> Evidence | None:
     return replace(c.finding.evidence(), rank=c.rank)
 
 
+def _copies(root: Candidate, others: list[Candidate]) -> set[int]:
+    """The other ranks that printed the root cause's own line (the same failure on each
+    rank, an OOM every rank hit): counted with the evidence, not listed as symptoms."""
+    if root.finding is None:
+        return set()
+    return {c.rank for c in others if c.finding is not None and c.key == root.key
+            and c.rank is not None and c.rank != root.rank}
+
+
 def _symptoms(root: Candidate, others: list[Candidate]) -> tuple[Evidence, ...]:
     groups: dict[str, list[Candidate]] = {}
+    copies = _copies(root, others)
     for c in _order(others):
         if c.tier == TIER[Role.HINT]:
             continue
+        if c.rank in copies and c.finding is not None and c.key == root.key:
+            continue  # the root cause again, on another rank
         if c.at is not None and root.at is not None and c.at < root.at:
             continue  # it came before the root cause: the root does not explain it
         groups.setdefault(c.key if c.finding is not None else f"exit-{c.rank}", []).append(c)
@@ -230,6 +242,13 @@ def _symptoms(root: Candidate, others: list[Candidate]) -> tuple[Evidence, ...]:
         if ev is not None:
             out.append(replace(ev, count=max(len(ranks), 1)))
     return tuple(out[:_MAX_SYMPTOMS])
+
+
+def _root_evidence(root: Candidate, others: list[Candidate]) -> Evidence | None:
+    """The deciding line, with how many ranks printed it (`count`)."""
+    ev = _evidence(root) if root.finding is not None else None
+    copies = _copies(root, others)
+    return replace(ev, count=len(copies) + 1) if ev is not None and copies else ev
 
 
 def _diagnosis(root: Candidate, others: list[Candidate],
@@ -253,7 +272,7 @@ def _diagnosis(root: Candidate, others: list[Candidate],
         Culprit(root.rank, node, root.finding.frame if root.finding else None,
                 root.finding.library_frame if root.finding and root.finding.traceback
                 else None),
-        _evidence(root) if root.finding is not None else None, _symptoms(root, others),
+        _root_evidence(root, others), _symptoms(root, others),
         root.isolate, round(max(conf, 0.05), 2),
         root.subcategory, root.rule.id if root.rule else None,
         from_log=root.finding is not None and root.finding.returncode is None)
