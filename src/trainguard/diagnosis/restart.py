@@ -116,10 +116,18 @@ _VIRTUAL_IF_USED = re.compile(
 # zsh's job line), or an IDE's run window (PyCharm's `Process finished with exit code 139
 # (interrupted by signal 11: SIGSEGV)`), with no error of its own before it: the same program
 # on the same inputs crashes at the same point (13 of the 15 such cases of the labelled sets
-# say `no`: 11 of 13 of the shell's, 2 of 2 of the IDE's)
-_SHELL_SEGV = re.compile(r"^(?:(?:\S+: line \d+:\s+)?(?:\d+\s+)?segmentation fault\s+"
-                         r"\(core dumped\)|process finished with exit code \d+ \(interrupted "
-                         r"by signal 11\b)", re.IGNORECASE)
+# say `no`: 11 of 13 of the shell's, 2 of 2 of the IDE's); in the shell's locale too (glibc's
+# translated strsignal(SIGSEGV), bash's translated "(core dumped)": `段错误 (核心已转储)`)
+_SEGV_WORDS = (r"segmentation fault|段错误|程式記憶體區段錯誤|Speicherzugriffsfehler|"
+               r"Ошибка сегментирования|Erreur de segmentation|Violación de segmento|"
+               r"Errore di segmentazione|Falha de segmentação|세그멘테이션 오류")
+_CORE_WORDS = (r"core dumped|核心已转储|核心已傾印|吐核|Speicherabzug geschrieben|コアダンプ|"
+               r"(?:образ|стек) памяти сброшен на диск|core dump creato|"
+               r"imagem do núcleo gravada|코어 덤프됨|`core' generado")
+_SHELL_SEGV = re.compile(r"^(?:(?:\S+: (?:line \d+|第 ?\d+ ?行)[:\uff1a]\s*)?(?:\d+\s+)?"
+                         rf"(?:{_SEGV_WORDS})\s*[(\uff08](?:{_CORE_WORDS})[)\uff09]|"
+                         r"process finished with exit code \d+ \(interrupted by signal 11\b)",
+                         re.IGNORECASE)
 # gloo that could not build its full mesh when the process group was set up ("connectFullMesh
 # failed"): the interface it picked does not reach the peers, and a rerun picks the same
 _GLOO_MESH = re.compile(r"connectFullMesh failed", re.IGNORECASE)
