@@ -104,6 +104,11 @@ class WorkerMessage(_Msg):
     data: dict[str, Any] = Field(default_factory=dict)
     resent: bool = Field(default=False, description="sent again after a reconnect: the controller "
                          "it first went to never acknowledged it (node/outbox.py)")
+    id: str | None = Field(default=None, description="a remote agent's id for a message it keeps "
+                           "until acknowledged (agent pid, report seq, index): a copy of it is "
+                           "recorded once")
+    attempt: int | None = Field(default=None, description="the attempt of the report it was "
+                                "first sent in (a kept message may come again in a later one)")
 
 
 class RankLiveness(_Msg):

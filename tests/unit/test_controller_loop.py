@@ -572,3 +572,34 @@ def test_workers_stopped_says_which_rank_had_to_be_sigkilled(
     run = job(attempts, max_restarts=0)
     (stopped,) = [e.message for e in run.events if e.reason == "WorkersStopped"]
     assert stopped.endswith("; rank(s) 0 did not exit within it and got SIGKILL)"), stopped
+
+
+def test_the_report_of_the_poll_a_signal_ended_is_recorded(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its messages (a checkpoint committed just then) are recorded before the stop: a
+    multi-node fleet acknowledges them to the agents at the next poll (node/outbox.py)."""
+    from trainguard.protocol import WorkerMessage
+
+    saved = report(0, W(RUNNING), W(RUNNING), first=1, last=10).model_copy(update={
+        "messages": [WorkerMessage(kind="checkpoint_saved", rank=0, at=at(1),
+                                   data={"step": 10, "location": "/ck"})]})
+    polls = {"n": 0}
+    play = ScriptedAgent.poll
+
+    def poll(self: ScriptedAgent, wait_s: float = 0.0) -> NodeReport:
+        polls["n"] += 1
+        if polls["n"] == 2:  # Ctrl-C lands while the second poll waits; the next, the last
+            # before the stop, returns `saved`
+            signal.raise_signal(signal.SIGINT)
+        r = play(self, wait_s)
+        self._last = r.model_copy(update={"messages": []})  # an agent hands a message up once
+        return r
+
+    monkeypatch.setattr(ScriptedAgent, "poll", poll)
+    monkeypatch.setattr(ScriptedAgent, "tell", lambda self, cmd: 0, raising=False)  # drain
+    plain = report(0, W(RUNNING), W(RUNNING), first=1, last=10)
+    running = report(0, W(RUNNING), W(RUNNING))
+    run = job([[running, running, running, saved, plain]])
+    assert run.code == 128 + signal.SIGINT
+    got = [e.message for e in run.events if e.reason == "CheckpointSaved"]
+    assert got == ["checkpoint of step 10 committed at /ck"], run.reasons

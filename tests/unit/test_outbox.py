@@ -1,26 +1,47 @@
-"""A remote agent keeps the worker messages it sent up until the controller acknowledges
-them, and sends them again, marked resent, after a reconnect (node/outbox.py: pure)."""
+"""A remote agent keeps the worker messages the controller makes events of until the
+controller acknowledges them, and sends them again, marked resent, after a reconnect
+(node/outbox.py: pure)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from trainguard.node.outbox import Outbox
+from trainguard.controller.incidents import IncidentBook
+from trainguard.controller.worker_messages import WorkerMessages
+from trainguard.node.outbox import RECORDED_KINDS, Outbox
 from trainguard.protocol import NodeReport, Progress, WorkerMessage
+from trainguard.worker.contract import MessageKind
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def report(*kinds: str) -> NodeReport:
-    return NodeReport(node="n0", attempt=0, workers=[], progress=Progress(), at=T0,
+def report(*kinds: str, attempt: int = 0) -> NodeReport:
+    return NodeReport(node="n0", attempt=attempt, workers=[], progress=Progress(), at=T0,
                       messages=[WorkerMessage(kind=k, rank=0, at=T0, data={"i": i})
                                 for i, k in enumerate(kinds)])
 
 
-def test_a_report_with_nothing_worth_keeping_is_not_numbered() -> None:
+def test_it_keeps_what_the_controller_makes_events_of_and_nothing_else() -> None:
+    made = set(WorkerMessages(lambda *a, **k: None, IncidentBook(None))._handlers)  # type: ignore[arg-type]
+    assert made - {MessageKind.TRAIN_METRICS} == RECORDED_KINDS
+
+
+def test_a_report_with_nothing_to_keep_is_not_numbered() -> None:
     box = Outbox()
-    sent = box.number(report("progress", "train_metrics"))
-    assert sent.seq is None and len(sent.messages) == 2 and len(box) == 0
+    sent = box.number(report("progress", "train_metrics", "phase", "step_failed"))
+    assert sent.seq is None and len(sent.messages) == 4 and len(box) == 0
+    assert all(m.id is None for m in sent.messages)
+
+
+def test_a_kept_message_gets_an_id_and_its_attempt_that_its_copies_keep() -> None:
+    box = Outbox(epoch=77)
+    sent = box.number(report("progress", "checkpoint_saved", attempt=3))
+    assert sent.seq == 1
+    assert [(m.kind, m.id, m.attempt) for m in sent.messages] == [
+        ("progress", None, None), ("checkpoint_saved", "77-1-1", 3)]
+    box.reconnected()
+    again = box.number(report(attempt=4))  # a later attempt's report carries it
+    assert [(m.id, m.attempt, m.resent) for m in again.messages] == [("77-1-1", 3, True)]
 
 
 def test_an_unacknowledged_message_is_sent_again_once_after_a_reconnect() -> None:

@@ -101,31 +101,32 @@ def test_a_failed_save_says_what_follows_and_the_last_one_allowed_does_not_say_i
         "follows): y"]
 
 
-def test_a_resent_message_makes_its_event_only_if_the_store_lacks_it(tmp_path: Path) -> None:
-    """node/outbox.py sends a message again after a reconnect when its first controller
-    did not acknowledge it: recorded (and died before it acknowledged) or not."""
-    from trainguard.records import Event, Involved, utcnow
+def test_a_kept_message_is_recorded_once_under_the_attempt_it_was_sent_in(
+        tmp_path: Path) -> None:
+    """node/outbox.py: a message with an id comes again after a reconnect (resent: its first
+    controller may have recorded it and died before it acknowledged), or in a command's reply
+    the agent answered again from its memory; a resent one may come in a later attempt's
+    report."""
+    from trainguard.controller.recorder import Recorder
+    from trainguard.paths import JobPaths
+    from trainguard.spec_build import build_spec
 
-    store = JobStore.create(tmp_path / "job", "r")
-
-    def emit(level: Level, reason: Reason, message: str, *, rank: int | None = None,
-             attempt: int | None = None, **_: Any) -> None:
-        store.add_event(Event(utcnow(), level, reason.value, message,
-                              Involved(job="r", rank=rank, attempt=attempt)))
-
-    def recorded(reason: Reason, message: str, rank: int | None, attempt: int | None) -> bool:
-        return store.has_event(reason.value, message, rank, attempt)
-
-    h = WorkerMessages(emit, IncidentBook(store), recorded)
-    saved = {"step": 10, "location": "/ck"}
-    h.handle([msg("checkpoint_saved", **saved)], attempt=0)  # the first controller's record
-    again = msg("checkpoint_saved", **saved).model_copy(update={"resent": True})
-    later = msg("checkpoint_saved", step=20, location="/ck").model_copy(update={"resent": True})
-    h.handle([again, later], attempt=0)  # a new controller: 10 is in the store, 20 is not
-    h.handle([msg("checkpoint_saved", **saved)], attempt=1)  # not resent: always recorded
-    got = [(e.message, e.involved.attempt) for _, e in store.events()
-           if e.reason == Reason.CHECKPOINT_SAVED.value]
-    assert got == [("checkpoint of step 10 committed at /ck", 0),
-                   ("checkpoint of step 20 committed at /ck", 0),
-                   ("checkpoint of step 10 committed at /ck", 1)]
-    assert h.max_committed_step == 20
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    store = JobStore.create(paths.job_dir, "r")
+    saved = msg("checkpoint_saved", step=10, location="/ck").model_copy(
+        update={"id": "9-1-0", "attempt": 0})
+    first = Recorder(spec, paths, store, ["train.py"])
+    first.messages.handle([saved, saved], attempt=0)  # the reply answered twice: once
+    second = Recorder(spec, paths, store, ["train.py"])  # a controller that took over
+    again = saved.model_copy(update={"resent": True})
+    later = msg("checkpoint_saved", step=20, location="/ck").model_copy(
+        update={"id": "9-2-0", "attempt": 0, "resent": True})
+    second.messages.handle([again, later], attempt=1)  # in attempt 1's first report
+    got = [(e.message, e.involved.attempt, (e.data or {}).get("message_id"))
+           for _, e in store.events() if e.reason == Reason.CHECKPOINT_SAVED.value]
+    assert got == [("checkpoint of step 10 committed at /ck", 0, "9-1-0"),
+                   ("checkpoint of step 20 committed at /ck", 0, "9-2-0")]
+    assert second.messages.max_committed_step == 20
+    assert second.messages.committed_this_attempt is None  # attempt 0's, not attempt 1's

@@ -64,6 +64,9 @@ class Fleet:
         self.placement: list[str] = []
         self.moves: dict[int, int] = {}  # slot -> times its ranks moved to another node
         self.merger = Merger()  # the nodes' reports into one
+        # whether the recorder holds events the store has not taken yet (Recorder.unwritten):
+        # the worker messages they came from are not acknowledged meanwhile
+        self.acks_held: Callable[[], bool] = lambda: False
         self._broken: dict[str, str] = {}  # placed nodes that failed a command: why
         self.lost: dict[str, str] = {}  # lost placed nodes with why, as of the last report
         self.peer: PeerCopies | None = None  # memory snapshots copied to a buddy node
@@ -312,7 +315,7 @@ class Fleet:
     def _merged(self) -> NodeReport:
         """The merge the loop reads; first the acknowledgements of the last one's messages
         (the loop recorded them before it called again)."""
-        due = self.merger.acks_due()
+        due = {} if self.acks_held() else self.merger.acks_due()
         if due:
             self.hub.send_each({n: {"type": ACK_FRAME, "seq": seq} for n, seq in due.items()})
         lost = self.lost = self.lost_now()

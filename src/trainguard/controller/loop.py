@@ -186,10 +186,11 @@ class Controller:
 
     def _watch(self) -> _Outcome:
         while True:
-            if self._signals.received is not None:
-                return _Outcome(self.agent.poll(), self._signals.received)
-            report = self.agent.poll(wait_s=self.spec.monitor_interval)
-            self.rec.sync(report)
+            signalled = self._signals.received
+            report = self.agent.poll(wait_s=0.0 if signalled else self.spec.monitor_interval)
+            self.rec.sync(report)  # before the next poll acknowledges its messages
+            if signalled is not None:
+                return _Outcome(report, signalled)
             if report.lost_nodes and self.nodes is not None:
                 return _Outcome(report, lost=self.nodes.fleet.lost)
             states = [w.state for w in report.workers]
@@ -364,8 +365,7 @@ class Controller:
                          "in place", hang.culprit.rank)
         if decision.action != Action.RESTART_RANKS:
             self.rec.set_meta(state=JobState.RESTARTING.value)
-            self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, decision.reason,
-                           attempt=attempt)
+            self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, decision.reason, attempt=attempt)
         return _Next(decision)
 
     def _made_progress(self, report: NodeReport, allow_uptime: bool = True) -> bool:

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from trainguard.protocol import NodeReport, NodeUsage, Progress, RankLiveness, WorkerFact
+from trainguard.protocol import (
+    NodeReport,
+    NodeUsage,
+    Progress,
+    RankLiveness,
+    WorkerFact,
+    WorkerMessage,
+)
 from trainguard.records import utcnow
 from trainguard.states import WorkerState
 
@@ -30,15 +37,21 @@ class Merger:
         self.usage: dict[str, NodeUsage] = {}  # each node's latest, spares' too (status)
         self._folded_seq: dict[str, int] = {}  # node -> newest numbered report folded
         self._merged_seq: dict[str, int] = {}  # node -> newest numbered report merged
+        # node -> kept messages of reports of another attempt (node/outbox.py), to merge
+        self._late: dict[str, list[WorkerMessage]] = {}
 
     def new_attempt(self, attempt: int) -> None:
-        """Facts of an earlier attempt are no longer merged (reports of it are dropped)."""
+        """Facts of an earlier attempt are no longer merged (reports of it are dropped, but
+        not the messages kept until acknowledged: they say which attempt they are of)."""
+        for name, r in self._latest.items():
+            self._late.setdefault(name, []).extend(m for m in r.messages if m.attempt is not None)
         self.attempt = attempt
-        self._latest, self._stale, self._folded_seq = {}, {}, {}
+        self._latest, self._stale = {}, {}
 
     def forget(self, name: str) -> None:
         """A node out of the job: its report not merged yet is dropped."""
         self._latest.pop(name, None)
+        self._late.pop(name, None)
         self._folded_seq.pop(name, None)
 
     def acks_due(self) -> dict[str, int]:
@@ -54,14 +67,20 @@ class Merger:
                 return
 
     def fold(self, name: str, reports: list[NodeReport]) -> None:
-        """Several pushed reports into one: the newest facts, every message and interval."""
+        """Several pushed reports into one: the newest facts, every message and interval.
+        Of a report of another attempt only the messages kept until acknowledged (a
+        checkpoint an earlier attempt committed, told late) are kept: they carry their own
+        attempt."""
         self.note_usage(name, reports)
-        reports = [r for r in reports if r.attempt == self.attempt]
-        if not reports:
-            return
         seqs = [r.seq for r in reports if r.seq is not None]
         if seqs:
             self._folded_seq[name] = max(seqs)
+        self._late.setdefault(name, []).extend(
+            m for r in reports if r.attempt != self.attempt for m in r.messages
+            if m.attempt is not None)
+        reports = [r for r in reports if r.attempt == self.attempt]
+        if not reports:
+            return
         prev = self._latest.get(name)
         messages = [*(prev.messages if prev else []), *(m for r in reports for m in r.messages)]
         intervals: dict[int, list[float]] = {}
@@ -86,16 +105,17 @@ class Merger:
         `usable`: the nodes whose usage is shown (in the job or spare, not lost)."""
         now = utcnow()
         workers: list[WorkerFact] = []
-        messages = []
+        messages: list[WorkerMessage] = []
         liveness: list[RankLiveness] = []
         firsts, lasts = [], []
         for name in placement:
             r = self._latest.pop(name, None)
+            messages.extend(self._late.pop(name, []))
+            if name in self._folded_seq:  # its numbered messages are in this merge
+                self._merged_seq[name] = self._folded_seq.pop(name)
             if r is not None:  # only a new report is stripped of its deltas: O(new reports)
                 self._stale[name] = r.model_copy(update={"messages": [], "liveness": [
                     lv.model_copy(update={"intervals": []}) for lv in r.liveness]})
-                if name in self._folded_seq:
-                    self._merged_seq[name] = self._folded_seq.pop(name)
             elif (r := self._stale.get(name)) is None:
                 continue
             for w in r.workers:

@@ -85,13 +85,21 @@ class Recorder:
                 self.store.add_event(self._unwritten[0])
                 self._unwritten.popleft()
 
-    def _recorded(self, reason: Reason, message: str, rank: int | None,
-                  attempt: int | None) -> bool:
-        """Is this event in the store (a store that cannot be read: no)?"""
+    def _recorded(self, message_id: str) -> bool:
+        """Is an event of this worker message in the store, or waiting to be written (a
+        store that cannot be read: no)?"""
+        if any((ev.data or {}).get("message_id") == message_id for ev in self._unwritten):
+            return True
         try:
-            return self.store.has_event(reason.value, message, rank, attempt)
+            return self.store.has_message(message_id)
         except StoreError:
             return False
+
+    def unwritten(self) -> bool:
+        """Events wait for the store to take writes again: worker messages are not
+        acknowledged meanwhile (controller/fleet.py), so a controller that dies now loses
+        none of theirs."""
+        return bool(self._unwritten)
 
     @contextlib.contextmanager
     def _best_effort(self) -> Iterator[None]:

@@ -197,13 +197,15 @@ class JobStore(LedgerTables):
             ).fetchall()
         return [(row[0], event_from_row(row[1:])) for row in rows]
 
-    def has_event(self, reason: str, message: str, rank: int | None,
-                  attempt: int | None) -> bool:
-        """Is an event of this reason, message, rank and attempt recorded?"""
+    def has_message(self, message_id: str) -> bool:
+        """Is an event of the worker message with this id (node/outbox.py) recorded? (Asked
+        only for messages sent again after a reconnect: a scan is fine.)"""
+        if self._version < 2:
+            return False
         with self._errors("read events from"):
             row = self._conn.execute(
-                "SELECT 1 FROM events WHERE reason = ? AND message = ? AND rank IS ? AND "
-                "attempt IS ? LIMIT 1", (reason, message, rank, attempt)).fetchone()
+                "SELECT 1 FROM events WHERE data IS NOT NULL AND "
+                "json_extract(data, '$.message_id') = ? LIMIT 1", (message_id,)).fetchone()
         return row is not None
 
     # -- running records --------------------------------------------------------

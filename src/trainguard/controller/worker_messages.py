@@ -25,10 +25,11 @@ from trainguard.worker.contract import (
 log = logging.getLogger(__name__)
 
 EmitEvent = Callable[..., None]  # Recorder.event(level, reason, message, rank=, attempt=)
-# is this event (reason, message, rank, attempt) in the job store already?
-Recorded = Callable[[Reason, str, "int | None", "int | None"], bool]
+# is an event of the worker message with this id (node/outbox.py) in the job store already?
+Recorded = Callable[[str], bool]
 Handler = Callable[[WorkerMessage, dict[str, Any], int], None]
 MAX_METRIC_RANKS = 64  # ranks whose train metrics are kept (the first ones that report)
+MAX_SEEN_IDS = 10_000  # ids of the messages recorded by this controller, newest kept
 
 
 class WorkerMessages:
@@ -36,7 +37,9 @@ class WorkerMessages:
                  recorded: Recorded | None = None) -> None:
         self._emit_to = emit
         self._recorded = recorded
-        self._resending = False  # the message handled now was sent again after a reconnect
+        self._seen: dict[str, None] = {}  # ids recorded by this controller (insertion order)
+        self._message_id: str | None = None  # the id of the message handled now
+        self._current = True  # the message handled now is of the attempt being recorded
         self._book = book
         self._resumed_sources: dict[int, set[str]] = {}  # attempt -> where ranks loaded from
         self.max_committed_step: int | None = None  # over the whole job
@@ -59,32 +62,49 @@ class WorkerMessages:
         self.committed_this_attempt = None
 
     def handle(self, messages: list[WorkerMessage], attempt: int) -> None:
+        """`attempt`: the one the report is of; a message a remote agent kept (node/outbox.py)
+        counts for the attempt it was first sent in, and one with an id already recorded (a
+        resend after a reconnect, a reply answered again) makes no second event."""
         for m in messages:
             handler = self._handlers.get(m.kind)
-            if handler is None:
+            if handler is None or (m.id is not None and self._recorded_already(m)):
                 continue
-            self._resending = m.resent
+            self._message_id = m.id
+            own = attempt if m.attempt is None else m.attempt
+            self._current = own == attempt
             try:
-                handler(m, m.data, attempt)
+                handler(m, m.data, own)
             except Exception:  # one bad message is dropped, never fatal to the job
                 log.warning("dropped a worker message of rank %s (%s) that could not be "
                             "handled", m.rank, m.kind, exc_info=True)
             finally:
-                self._resending = False
+                self._message_id, self._current = None, True
+
+    def _recorded_already(self, m: WorkerMessage) -> bool:
+        """In this controller's memory, or (sent again: a controller before it may have
+        recorded it and died before it acknowledged) in the job store."""
+        assert m.id is not None
+        if m.id in self._seen or (m.resent and self._recorded is not None
+                                  and self._recorded(m.id)):
+            log.info("worker message %s (%s of rank %s) is recorded already", m.id, m.kind,
+                     m.rank)
+            return True
+        self._seen[m.id] = None
+        while len(self._seen) > MAX_SEEN_IDS:
+            del self._seen[next(iter(self._seen))]
+        return False
 
     def _emit(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
               attempt: int | None = None, data: dict[str, Any] | None = None) -> None:
-        """A resent message (node/outbox.py: its first controller may have recorded it and
-        died before it acknowledged) makes its event only if the store lacks it."""
-        if self._resending and self._recorded is not None and \
-                self._recorded(reason, message, rank, attempt):
-            log.info("a resent worker message is recorded already: %s", message)
-            return
+        """The event, with the id of the message it came from (`data.message_id`)."""
+        if self._message_id is not None:
+            data = {**(data or {}), "message_id": self._message_id}
         self._emit_to(level, reason, message, rank=rank, attempt=attempt, data=data)
 
     def _on_checkpoint_saved(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         step = int(d.get("step", -1))
-        self.committed_this_attempt = max(step, self.committed_this_attempt or step)
+        if self._current:  # not a late message of an earlier attempt
+            self.committed_this_attempt = max(step, self.committed_this_attempt or step)
         self.max_committed_step = max(step, self.max_committed_step or step)
         how = (f"on the way out ({d['on_exit']})" if d.get("on_exit")
                else "by the node agent from the ranks' memory snapshots, after a worker died"
