@@ -34,7 +34,8 @@ CASES = load_cases()
 HELDOUT_SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
                 "heldout7", "heldout8", "heldout9", "heldout10", "heldout11", "heldout12",
                 "heldout13", "heldout14", "heldout15", "heldout16", "heldout17", "heldout18",
-                "heldout19", "heldout20", "heldout21", "heldout22", "heldout23", "heldout24", "heldout25")
+                "heldout19", "heldout20", "heldout21", "heldout22", "heldout23", "heldout24",
+                "heldout25")
 HELDOUT = [c for name in HELDOUT_SETS for c in load_cases(CORPUS.parent / name)]
 # The figures docs/diagnosis.md reports, less a little slack; a rule change that loses
 # cases fails here.
