@@ -227,6 +227,8 @@ class NodeReport(_Msg):
                                    "its own; the fleet: every node's, spares too)")
     seq: int | None = Field(default=None, description="a remote agent's number for a report whose "
                             "messages it keeps until the controller acknowledges them")
+    epoch: int | None = Field(default=None, description="with `seq`: which agent process "
+                              "numbered it (its pid; a new agent for the node counts from 1)")
 
 
 class AgentAPI(Protocol):
@@ -270,8 +272,9 @@ class Op(str, Enum):
 # a frame the controller sends, not a command: a second Ctrl-C came, so the node agent ends
 # the grace period of the stop under way (its STOP command) and SIGKILLs what is left
 HURRY_FRAME = "hurry"
-# a frame the controller sends, not a command: {"type": ACK_FRAME, "seq": N}, the messages of
-# the agent's reports up to seq N are recorded (node/outbox.py keeps them until then)
+# a frame the controller sends, not a command: {"type": ACK_FRAME, "seq": N, "epoch": E}, the
+# messages of the reports up to seq N of the agent process E are recorded (node/outbox.py
+# keeps them until then; another agent process of the node ignores it)
 ACK_FRAME = "ack"
 
 

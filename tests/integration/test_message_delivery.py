@@ -81,12 +81,16 @@ def test_a_message_a_dead_controller_never_acknowledged_reaches_the_next_one(
         got = saves_until(hub, lambda g: len(g) >= 1,
                           first=(NodeReport.model_validate(reply["n0"].body),))
         assert steps(got) == [(10, False)] and got[0][0].seq is not None
-        hub.send_each({"n0": {"type": ACK_FRAME, "seq": got[0][0].seq}})  # step 10 recorded
+        hub.send_each({"n0": {"type": ACK_FRAME, "seq": got[0][0].seq,  # step 10 recorded
+                              "epoch": got[0][0].epoch}})
         time.sleep(2.0)  # the acknowledgement reaches the agent before step 20 is sent (it
         # reads frames between reports, 0.25 s apart; generous for a loaded machine)
         (tmp_path / "go").touch()
         got = saves_until(hub, lambda g: len(g) >= 1)
-        assert steps(got) == [(20, False)]
+        assert steps(got) == [(20, False)] and got[0][0].epoch == agent.pid
+        # an acknowledgement meant for another agent process of the node is ignored
+        hub.send_each({"n0": {"type": ACK_FRAME, "seq": got[0][0].seq, "epoch": 1}})
+        time.sleep(1.0)
         hub.close()  # the controller dies with step 20 read, not recorded, not acknowledged
         hub2 = Hub(token, "127.0.0.1")
         (tmp_path / "controller.json").write_text(json.dumps({"host": "127.0.0.1",
@@ -95,7 +99,8 @@ def test_a_message_a_dead_controller_never_acknowledged_reaches_the_next_one(
         got = saves_until(hub2, lambda g: len(g) >= 1)
         assert steps(got) == [(20, True)]  # step 10, acknowledged, is not sent again
         assert got[0][1].id is not None and got[0][1].attempt == 0  # what makes it once
-        hub2.send_each({"n0": {"type": ACK_FRAME, "seq": got[0][0].seq}})
+        hub2.send_each({"n0": {"type": ACK_FRAME, "seq": got[0][0].seq,
+                               "epoch": got[0][0].epoch}})
         time.sleep(0.5)
         hub2.forget("n0")  # a blip: nothing left to send again
         deadline = time.monotonic() + 15

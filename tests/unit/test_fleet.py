@@ -363,7 +363,7 @@ def test_the_messages_of_a_merged_report_are_acknowledged_when_the_loop_asks_aga
     loop's record of it leaves them to be sent again to the one that takes over."""
     f, hub, _ = fleet()
     f.start_workers(start_cmd())
-    saved = report("a", 0, [0, 1]).model_copy(update={"seq": 4, "messages": [
+    saved = report("a", 0, [0, 1]).model_copy(update={"seq": 4, "epoch": 5, "messages": [
         WorkerMessage(kind="checkpoint_saved", rank=0, at=T0, data={"step": 10})]})
     hub.reports = {"a": [saved], "b": [report("b", 0, [2, 3])]}
     merged = f.poll()
@@ -371,7 +371,7 @@ def test_the_messages_of_a_merged_report_are_acknowledged_when_the_loop_asks_aga
     assert hub.frames == []  # handed to the loop, not recorded yet
     hub.reports = {"a": [report("a", 0, [0, 1])]}
     f.poll()
-    assert hub.frames == [{"a": {"type": "ack", "seq": 4}}]
+    assert hub.frames == [{"a": {"type": "ack", "seq": 4, "epoch": 5}}]
     f.poll()
     assert len(hub.frames) == 1  # each acknowledgement once
 
@@ -379,13 +379,14 @@ def test_the_messages_of_a_merged_report_are_acknowledged_when_the_loop_asks_aga
 def test_a_message_kept_across_a_new_attempt_is_merged_then_acknowledged() -> None:
     f, hub, _ = fleet()
     f.start_workers(start_cmd())
-    hub.reports = {"a": [report("a", 0, [0, 1]).model_copy(update={"seq": 2, "messages": [
-        WorkerMessage(kind="checkpoint_saved", rank=0, at=T0, id="5-2-0", attempt=0)]})]}
+    kept = WorkerMessage(kind="checkpoint_saved", rank=0, at=T0, id="5-2-0", attempt=0)
+    hub.reports = {"a": [report("a", 0, [0, 1]).model_copy(
+        update={"seq": 2, "epoch": 5, "messages": [kept]})]}
     f.merger.fold("a", hub.take_all_reports()["a"])  # folded, then a new attempt starts
     started = f.start_workers(start_cmd(attempt=1))
     assert [m.id for m in started.messages] == ["5-2-0"]
     f.poll()
-    assert hub.frames == [{"a": {"type": "ack", "seq": 2}}]
+    assert hub.frames == [{"a": {"type": "ack", "seq": 2, "epoch": 5}}]
 
 
 def test_a_kept_message_in_a_report_of_an_earlier_attempt_is_merged_not_dropped() -> None:
@@ -393,7 +394,7 @@ def test_a_kept_message_in_a_report_of_an_earlier_attempt_is_merged_not_dropped(
     (or sent again after a reconnect): its message says its attempt (node/outbox.py)."""
     f, hub, _ = fleet()
     f.start_workers(start_cmd(attempt=1))
-    old = report("a", 0, [0, 1]).model_copy(update={"seq": 7, "messages": [
+    old = report("a", 0, [0, 1]).model_copy(update={"seq": 7, "epoch": 5, "messages": [
         WorkerMessage(kind="checkpoint_saved", rank=0, at=T0, data={"step": 10}, id="5-7-0",
                       attempt=0),
         WorkerMessage(kind="progress", rank=0, at=T0)]})
@@ -401,7 +402,7 @@ def test_a_kept_message_in_a_report_of_an_earlier_attempt_is_merged_not_dropped(
     merged = f.poll()
     assert merged.attempt == 1 and [m.id for m in merged.messages] == ["5-7-0"]
     f.poll()
-    assert hub.frames == [{"a": {"type": "ack", "seq": 7}}]
+    assert hub.frames == [{"a": {"type": "ack", "seq": 7, "epoch": 5}}]
 
 
 def test_no_acknowledgement_while_the_recorder_holds_unwritten_events() -> None:
@@ -409,12 +410,12 @@ def test_no_acknowledgement_while_the_recorder_holds_unwritten_events() -> None:
     held = [True]
     f.acks_held = lambda: held[0]
     f.start_workers(start_cmd())
-    hub.reports = {"a": [report("a", 0, [0, 1]).model_copy(update={"seq": 3})]}
+    hub.reports = {"a": [report("a", 0, [0, 1]).model_copy(update={"seq": 3, "epoch": 5})]}
     f.poll()
-    hub.reports = {"a": [report("a", 0, [0, 1]).model_copy(update={"seq": 4})]}
+    hub.reports = {"a": [report("a", 0, [0, 1]).model_copy(update={"seq": 4, "epoch": 5})]}
     f.poll()
     f.poll()
     assert hub.frames == []  # the store takes no writes: nothing is acknowledged
     held[0] = False
     f.poll()
-    assert hub.frames == [{"a": {"type": "ack", "seq": 4}}]
+    assert hub.frames == [{"a": {"type": "ack", "seq": 4, "epoch": 5}}]

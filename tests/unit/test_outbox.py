@@ -36,7 +36,7 @@ def test_a_report_with_nothing_to_keep_is_not_numbered() -> None:
 def test_a_kept_message_gets_an_id_and_its_attempt_that_its_copies_keep() -> None:
     box = Outbox(epoch=77)
     sent = box.number(report("progress", "checkpoint_saved", attempt=3))
-    assert sent.seq == 1
+    assert (sent.seq, sent.epoch) == (1, 77)
     assert [(m.kind, m.id, m.attempt) for m in sent.messages] == [
         ("progress", None, None), ("checkpoint_saved", "77-1-1", 3)]
     box.reconnected()
@@ -49,7 +49,7 @@ def test_an_unacknowledged_message_is_sent_again_once_after_a_reconnect() -> Non
     first = box.number(report("checkpoint_saved", "progress"))
     second = box.number(report("resumed"))
     assert (first.seq, second.seq) == (1, 2) and len(box) == 2
-    box.acknowledged(1)  # the controller recorded the first report only
+    box.acknowledged(1, box.epoch)  # the controller recorded the first report only
     box.reconnected()
     again = box.number(report("progress"))
     assert [(m.kind, m.resent) for m in again.messages] == [("resumed", True),
@@ -64,11 +64,13 @@ def test_an_acknowledgement_drops_every_report_up_to_it_and_no_more() -> None:
     box = Outbox()
     for _ in range(3):
         box.number(report("checkpoint_saved"))
-    box.acknowledged(2)
+    box.acknowledged(2, box.epoch + 1)  # meant for another agent process of the node
+    assert len(box) == 3
+    box.acknowledged(2, box.epoch)
     assert len(box) == 1
-    box.acknowledged(2)  # again (a duplicate frame): nothing more
+    box.acknowledged(2, box.epoch)  # again (a duplicate frame): nothing more
     assert len(box) == 1
-    box.acknowledged(3)
+    box.acknowledged(3, box.epoch)
     box.reconnected()
     assert box.number(report()).messages == []
 

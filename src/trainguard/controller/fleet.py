@@ -317,7 +317,8 @@ class Fleet:
         (the loop recorded them before it called again)."""
         due = {} if self.acks_held() else self.merger.acks_due()
         if due:
-            self.hub.send_each({n: {"type": ACK_FRAME, "seq": seq} for n, seq in due.items()})
+            self.hub.send_each({n: {"type": ACK_FRAME, "seq": seq, "epoch": epoch}
+                                for n, (epoch, seq) in due.items()})
         lost = self.lost = self.lost_now()
         usable = {n for n, node in self.nodes.items() if node.state.usable}
         return self.merger.merged(self.placement, lost, usable)

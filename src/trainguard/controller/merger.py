@@ -35,8 +35,9 @@ class Merger:
         self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
         self._stale: dict[str, NodeReport] = {}  # the last merged facts, deltas taken
         self.usage: dict[str, NodeUsage] = {}  # each node's latest, spares' too (status)
-        self._folded_seq: dict[str, int] = {}  # node -> newest numbered report folded
-        self._merged_seq: dict[str, int] = {}  # node -> newest numbered report merged
+        # node -> (epoch, seq) of the newest numbered report folded, merged (node/outbox.py)
+        self._folded_seq: dict[str, tuple[int | None, int]] = {}
+        self._merged_seq: dict[str, tuple[int | None, int]] = {}
         # node -> kept messages of reports of another attempt (node/outbox.py), to merge
         self._late: dict[str, list[WorkerMessage]] = {}
 
@@ -54,7 +55,7 @@ class Merger:
         self._late.pop(name, None)
         self._folded_seq.pop(name, None)
 
-    def acks_due(self) -> dict[str, int]:
+    def acks_due(self) -> dict[str, tuple[int | None, int]]:
         """node -> the newest numbered report the last merge handed on: recorded by now
         (the loop records a merged report before it asks for the next one). Taken once."""
         due, self._merged_seq = self._merged_seq, {}
@@ -72,9 +73,9 @@ class Merger:
         checkpoint an earlier attempt committed, told late) are kept: they carry their own
         attempt."""
         self.note_usage(name, reports)
-        seqs = [r.seq for r in reports if r.seq is not None]
-        if seqs:
-            self._folded_seq[name] = max(seqs)
+        numbered = [(r.epoch, r.seq) for r in reports if r.seq is not None]
+        if numbered:  # the newest: a node's new agent process counts from 1 again
+            self._folded_seq[name] = numbered[-1]
         self._late.setdefault(name, []).extend(
             m for r in reports if r.attempt != self.attempt for m in r.messages
             if m.attempt is not None)

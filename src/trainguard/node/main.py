@@ -146,7 +146,7 @@ class AgentRunner:
                     self.agent.hurry()
                 elif msg is not None and msg["type"] == ACK_FRAME and \
                         isinstance(msg.get("seq"), int):
-                    self._outbox.acknowledged(msg["seq"])
+                    self._outbox.acknowledged(msg["seq"], msg.get("epoch"))
                 if self._broke is not None:
                     raise self._broke
                 if time.monotonic() >= next_report and not self._exit:

@@ -41,7 +41,7 @@ MAX_KEPT = 500
 class Outbox:
     def __init__(self, max_kept: int = MAX_KEPT, epoch: int | None = None) -> None:
         self._seq = 0
-        self._epoch = os.getpid() if epoch is None else epoch  # ids differ across agents
+        self.epoch = os.getpid() if epoch is None else epoch  # ids differ across agents
         self._kept: deque[tuple[int, WorkerMessage]] = deque()  # (seq of its report, message)
         self._max = max_kept
         self._resend = False
@@ -60,7 +60,7 @@ class Outbox:
         if not ahead and not any(m.kind in RECORDED_KINDS for m in report.messages):
             return report
         self._seq += 1
-        messages = [m.model_copy(update={"id": f"{self._epoch}-{self._seq}-{i}",
+        messages = [m.model_copy(update={"id": f"{self.epoch}-{self._seq}-{i}",
                                          "attempt": report.attempt})
                     if m.kind in RECORDED_KINDS else m
                     for i, m in enumerate(report.messages)]
@@ -72,11 +72,13 @@ class Outbox:
             if self.dropped == 1:
                 log.warning("the controller acknowledges no reports: dropping the oldest "
                             "worker messages kept for it (more than %d)", self._max)
-        return report.model_copy(update={"seq": self._seq, "messages": ahead + messages})
+        return report.model_copy(update={"seq": self._seq, "epoch": self.epoch,
+                                         "messages": ahead + messages})
 
-    def acknowledged(self, seq: int) -> None:
-        """The controller recorded the messages of every report up to `seq`."""
-        while self._kept and self._kept[0][0] <= seq:
+    def acknowledged(self, seq: int, epoch: int | None) -> None:
+        """The controller recorded the messages of every report up to `seq` this agent
+        process (`epoch`) numbered; an acknowledgement meant for another is ignored."""
+        while epoch == self.epoch and self._kept and self._kept[0][0] <= seq:
             self._kept.popleft()
 
     def reconnected(self) -> None:
