@@ -335,24 +335,20 @@ class Hub:
                 link.conn.shutdown()  # the link reader sees it end and closes it
 
     def send_all(self, frame: dict[str, Any]) -> None:
-        """A one-way frame to every agent whose link is up, each from a thread of its own: a
-        stalled agent's full socket delays only its own (not from a signal handler: a send
-        holds its connection's lock)."""
+        """A one-way frame to every agent whose link is up (send_each)."""
         with self._cond:
-            conns = [link.conn for link in self.links.values()
-                     if link.conn is not None and link.up()]
-        for conn in conns:
-            threading.Thread(target=_send_quietly, args=(conn, frame), daemon=True,
-                             name="trainguard-send").start()
+            names = list(self.links)
+        self.send_each(dict.fromkeys(names, frame))
 
     def send_each(self, frames: dict[str, dict[str, Any]]) -> None:
-        """A one-way frame to each named agent whose link is up, all from one thread of
-        their own (the acknowledgements of worker messages: a few, and none is urgent)."""
+        """A one-way frame to each named agent whose link is up, each from a thread of its
+        own: a stalled agent's full socket delays only its own (not from a signal handler: a
+        send holds its connection's lock)."""
         with self._cond:
             sends = [(link.conn, frames[name]) for name, link in self.links.items()
                      if name in frames and link.conn is not None and link.up()]
-        if sends:
-            threading.Thread(target=_send_each_quietly, args=(sends,), daemon=True,
+        for conn, frame in sends:
+            threading.Thread(target=_send_quietly, args=(conn, frame), daemon=True,
                              name="trainguard-send").start()
 
     def close(self) -> None:
@@ -383,11 +379,6 @@ def _drain(q: deque[NodeReport]) -> list[NodeReport]:
     while q:
         out.append(q.popleft())
     return out
-
-
-def _send_each_quietly(sends: list[tuple[Conn, dict[str, Any]]]) -> None:
-    for conn, frame in sends:
-        _send_quietly(conn, frame)
 
 
 def _send_quietly(conn: Conn, frame: dict[str, Any]) -> None:

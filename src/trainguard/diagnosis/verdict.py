@@ -224,9 +224,10 @@ def _copies(root: Candidate, others: list[Candidate]) -> set[int]:
             and c.rank is not None and c.rank != root.rank}
 
 
-def _symptoms(root: Candidate, others: list[Candidate]) -> tuple[Evidence, ...]:
+def _symptoms(root: Candidate, others: list[Candidate],
+              copies: set[int]) -> tuple[Evidence, ...]:
+    """`copies`: the ranks whose copy of the root cause's line is counted with it."""
     groups: dict[str, list[Candidate]] = {}
-    copies = _copies(root, others)
     for c in _order(others):
         if c.tier == TIER[Role.HINT]:
             continue
@@ -244,10 +245,9 @@ def _symptoms(root: Candidate, others: list[Candidate]) -> tuple[Evidence, ...]:
     return tuple(out[:_MAX_SYMPTOMS])
 
 
-def _root_evidence(root: Candidate, others: list[Candidate]) -> Evidence | None:
+def _root_evidence(root: Candidate, copies: set[int]) -> Evidence | None:
     """The deciding line, with how many ranks printed it (`count`)."""
     ev = _evidence(root) if root.finding is not None else None
-    copies = _copies(root, others)
     return replace(ev, count=len(copies) + 1) if ev is not None and copies else ev
 
 
@@ -257,6 +257,7 @@ def _diagnosis(root: Candidate, others: list[Candidate],
     if node is None and root.rank is not None:
         node = next((e.node for e in exits if e.rank == root.rank), None)
     who = f"rank {root.rank}: " if root.rank is not None else ""
+    copies = _copies(root, others)
     if root.summary is not None:
         summary = root.summary
     elif root.finding is not None:
@@ -272,7 +273,7 @@ def _diagnosis(root: Candidate, others: list[Candidate],
         Culprit(root.rank, node, root.finding.frame if root.finding else None,
                 root.finding.library_frame if root.finding and root.finding.traceback
                 else None),
-        _root_evidence(root, others), _symptoms(root, others),
+        _root_evidence(root, copies), _symptoms(root, others, copies),
         root.isolate, round(max(conf, 0.05), 2),
         root.subcategory, root.rule.id if root.rule else None,
         from_log=root.finding is not None and root.finding.returncode is None)
