@@ -141,3 +141,47 @@ def test_a_malformed_rules_file_is_told_in_plain_words_with_the_fix(text: str, w
         parse_rules(text)
     assert str(err.value).startswith(want), str(err.value)
     assert "Input should" not in str(err.value) and "Field required" not in str(err.value)
+
+
+# -- words: one message's translations, named by more than one pattern --------------------------
+
+def words_text(words: str, *rules: str) -> str:
+    return "version: 1\nwords:\n" + words + "rules:\n" + "".join(rules)
+
+
+def test_a_pattern_names_words_and_gets_them_as_one_group() -> None:
+    rs = parse_rules(words_text("  segv: ['段错误', 'Speicherzugriffsfehler']\n",
+                                rule_yaml(pattern="^{{segv}} \\(core\\)$")))
+    rule = rs.by_id("my-rule")
+    assert rs.words == {"segv": "(?:段错误|Speicherzugriffsfehler)"}
+    assert rule.regex.pattern == "^(?:段错误|Speicherzugriffsfehler) \\(core\\)$"
+    assert rs.match("Speicherzugriffsfehler (core)") is rule
+    assert rs.match("段错误 (core)") is rule
+    assert rs.match("Speicherzugriffsfehler") is None
+
+
+def test_a_pattern_naming_undefined_words_names_the_rule_and_the_words() -> None:
+    with pytest.raises(RulesError) as err:
+        parse_rules(words_text("  segv: ['x']\n", rule_yaml(pattern="{{segfault}}")))
+    msg = str(err.value)
+    assert "my-rule" in msg and "'segfault'" in msg and "defined: segv" in msg, msg
+
+
+def test_words_that_break_the_pattern_name_the_rule() -> None:
+    with pytest.raises(RulesError) as err:
+        parse_rules(words_text("  bad: ['(unclosed']\n", rule_yaml(pattern="{{bad}}")))
+    assert "my-rule" in str(err.value) and "words" in str(err.value), str(err.value)
+
+
+def test_the_shell_crash_verdict_reads_the_shipped_translations() -> None:
+    """restart.py's shell job line and rules.yaml's native-crash read one table: a locale
+    added to `words:` is known to both."""
+    from trainguard.diagnosis.restart import _SHELL_SEGV
+
+    words = load_rules().words
+    assert "Speicherzugriffsfehler" in words["segfault"]
+    for seg, core in (("段错误", "核心已转储"),
+                      ("Speicherzugriffsfehler", "Speicherabzug geschrieben")):
+        line = f"{seg} ({core})"
+        assert _SHELL_SEGV.search(line), line
+        assert load_rules().match(line) is load_rules().by_id("native-crash"), line

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.rules import load_rules
 from trainguard.diagnosis.taxonomy import Category, Diagnosis, RestartHelps
 
 _WORK = re.compile(r"SeqNum=(\d+), OpType=(\w+)(?:.*?NumelIn=(\d+))?")
@@ -117,15 +118,12 @@ _VIRTUAL_IF_USED = re.compile(
 # (interrupted by signal 11: SIGSEGV)`), with no error of its own before it: the same program
 # on the same inputs crashes at the same point (13 of the 15 such cases of the labelled sets
 # say `no`: 11 of 13 of the shell's, 2 of 2 of the IDE's); in the shell's locale too (glibc's
-# translated strsignal(SIGSEGV), bash's translated "(core dumped)": `段错误 (核心已转储)`)
-_SEGV_WORDS = (r"segmentation fault|段错误|程式記憶體區段錯誤|Speicherzugriffsfehler|"
-               r"Ошибка сегментирования|Erreur de segmentation|Violación de segmento|"
-               r"Errore di segmentazione|Falha de segmentação|세그멘테이션 오류")
-_CORE_WORDS = (r"core dumped|核心已转储|核心已傾印|吐核|Speicherabzug geschrieben|コアダンプ|"
-               r"(?:образ|стек) памяти сброшен на диск|core dump creato|"
-               r"imagem do núcleo gravada|코어 덤프됨|`core' generado")
+# translated strsignal(SIGSEGV), bash's translated "(core dumped)": `段错误 (核心已转储)`; the
+# translations are kept once, in rules.yaml's `words:`)
+_WORDS = load_rules().words
 _SHELL_SEGV = re.compile(r"^(?:(?:\S+: (?:line \d+|第 ?\d+ ?行)[:\uff1a]\s*)?(?:\d+\s+)?"
-                         rf"(?:{_SEGV_WORDS})\s*[(\uff08](?:{_CORE_WORDS})[)\uff09]|"
+                         rf"(?:segmentation fault|{_WORDS['segfault']})\s*[(\uff08]"
+                         rf"(?:core dumped|{_WORDS['core_dumped']})[)\uff09]|"
                          r"process finished with exit code \d+ \(interrupted by signal 11\b)",
                          re.IGNORECASE)
 # gloo that could not build its full mesh when the process group was set up ("connectFullMesh

@@ -1,7 +1,8 @@
 """The failure signatures (rules.yaml), validated and compiled. Pure: parsing only.
 
 `load_rules()` reads the packaged rules.yaml (importlib.resources); `parse_rules(text)`
-validates any rules text, naming the rule and key of the first mistake.
+validates any rules text, naming the rule and key of the first mistake. A pattern may name a
+list of the file's `words:` as `{{name}}` (one message's translations, kept in one place).
 """
 
 from __future__ import annotations
@@ -62,7 +63,23 @@ class RuleSpec(BaseModel):
 class RulesFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: Literal[1]
+    words: dict[str, list[str]] = Field(default_factory=dict)
     rules: list[RuleSpec]
+
+
+_WORD_REF = re.compile(r"\{\{(\w+)\}\}")
+
+
+def _expand(pattern: str, words: dict[str, str], where: str) -> str:
+    """`pattern` with each `{{name}}` replaced by the group of its words."""
+    def one(m: re.Match[str]) -> str:
+        if m.group(1) not in words:
+            known = ", ".join(sorted(words)) or "none"
+            raise RulesError(f"{where}: names words {m.group(1)!r} that `words:` does not "
+                             f"define (defined: {known}). Fix: add them under `words:` or "
+                             "correct the name")
+        return words[m.group(1)]
+    return _WORD_REF.sub(one, pattern)
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,7 @@ class Rule:
 @dataclass(frozen=True)
 class RuleSet:
     rules: tuple[Rule, ...]
+    words: dict[str, str]  # name -> `(?:one|of|them)`, as a pattern's {{name}} reads
 
     def match(self, text: str, *, is_exception: bool = False) -> Rule | None:
         """The first rule matching one line (exception-only rules need `is_exception`)."""
@@ -126,11 +144,20 @@ def parse_rules(text: str, origin: str = "rules") -> RuleSet:
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise RulesError(f"{origin}: rule ids must be unique; repeated: {', '.join(dupes)}")
-    return RuleSet(tuple(
-        Rule(r.id, r.category, r.subcategory, r.domain, r.restart, Role(r.role), r.isolate,
-             re.compile(r.pattern), r.exception, r.fatal_only, r.advice.strip(),
-             tuple(r.examples), i)
-        for i, r in enumerate(parsed.rules)))
+    words = {name: "(?:" + "|".join(alts) + ")" for name, alts in parsed.words.items()}
+    rules = []
+    for i, r in enumerate(parsed.rules):
+        where = f"{origin}: rule {r.id!r}, key pattern"
+        pattern = _expand(r.pattern, words, where)
+        try:
+            regex = re.compile(pattern)
+        except re.error as e:
+            raise RulesError(f"{where}: not a valid regular expression once its words are "
+                             f"put in: {e}. Fix: correct the pattern or the words") from e
+        rules.append(Rule(r.id, r.category, r.subcategory, r.domain, r.restart, Role(r.role),
+                          r.isolate, regex, r.exception, r.fatal_only, r.advice.strip(),
+                          tuple(r.examples), i))
+    return RuleSet(tuple(rules), words)
 
 
 @cache
