@@ -248,9 +248,10 @@ class Fleet:
         self._polled_at = time.monotonic()
         placed = set(self.placement)
         for name, reports in self.hub.take_all_reports().items():
-            self.merger.note_usage(name, reports)
-            if name in placed:  # a spare's reports say it is alive, and its usage
+            if name in placed:
                 self.merger.fold(name, reports)
+            else:  # a spare's reports say it is alive, and its usage
+                self.merger.note_usage(name, reports)
         return self._merged()
 
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:

@@ -86,12 +86,16 @@ class HangWatch:
         self._attempt = 0
         self.confirmed: HangConfirmation | None = None
         self._ending: str | None = None  # seen in the stacks: the attempt is ending
+        self._look_ending: str | None = None  # the last look saw a rank exit or shut down
+        self._new_suspicion()
+
+    def _new_suspicion(self) -> None:
+        """Forget the last suspicion's looks: a new one starts from none."""
         # this suspicion's looks at each rank's stack, with when they were taken (monotonic)
         self._looks: dict[int, list[tuple[float, RankStack]]] = {}
         self._looked = 0.0  # when the last look ended (time.monotonic)
         self._working_told = False  # this suspicion's "still working" event was given
         self._held_since: float | None = None  # this suspicion's wait for MIN_LOOKS looks
-        self._look_ending: str | None = None  # the last look saw a rank exit or shut down
 
     def _look(self, ranks: list[int]) -> None:
         """A quick look at the Python stacks of `ranks`, kept (best effort)."""
@@ -155,16 +159,14 @@ class HangWatch:
                     _write_json(path, {**data, "cleared_at": now.isoformat()})
                 self.rec.book.hang_cleared(now)
             self.confirmed = None
-            self._looks, self._working_told, self._looked = {}, False, 0.0
-            self._held_since = None
+            self._new_suspicion()
         elif v.state == HangState.SUSPECTED:
             if before == HangState.OK:
                 self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED,
                                f"{SUSPENDED}: {v.describe()}",
                                rank=v.stuck_ranks[0] if len(v.stuck_ranks) == 1 else None,
                                attempt=self._attempt, data=_verdict_data(v))
-                self._looks, self._working_told, self._looked = {}, False, 0.0
-                self._held_since = None
+                self._new_suspicion()
             self._keep_looking(v, report, now)
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and \
                 self._deferred(v, report, now):
