@@ -114,3 +114,18 @@ def test_attempts_without_progress_give_up_with_the_do_not_requeue_code(
     got = reasons(job_dir)
     assert got[-2:] == ["NoProgress", "JobFailed"]
     assert got.count("WorkersRestarted") == 3
+
+
+def test_attempts_failing_at_one_place_a_step_apart_still_give_up(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Walk-through 20, nit 12: the failure lands at steps 10, 11, 12, 11, 13, 12, 14, 13 (a
+    failure at a fixed time, rank skew): each attempt a step beyond the last set a new
+    high-water mark and counted as progress, so all 8 restarts were spent (and the job's exit
+    said "requeue me"). Steps within the jitter are no new ground: the guard gives up after 3."""
+    faults = ";".join(f"signal:KILL@step={s},attempt={a}"
+                      for a, s in enumerate((10, 11, 12, 11, 13, 12, 14, 13)))
+    r = run_tg(loop(job_dir, "--max-restarts", "8"), cwd=tmp_path, fault=faults)
+    assert r.returncode == 86, r.stderr[-3000:]
+    got = reasons(job_dir)
+    assert got[-2:] == ["NoProgress", "JobFailed"]
+    assert got.count("WorkersRestarted") == 3

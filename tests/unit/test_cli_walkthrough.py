@@ -102,9 +102,33 @@ def test_progress_is_what_restart_policy_md_defines_new_steps_or_new_checkpoints
 
     marks = HighWater(max_step=20)  # a step reached by an earlier launch
     assert not marks.made_progress(report(20), None, None)  # the same step again: no
-    assert marks.made_progress(report(21), None, None)  # (1) a new step
+    assert not marks.made_progress(report(22), None, None)  # within the jitter (2 steps): no
+    assert marks.made_progress(report(23), None, None)  # (1) a new step beyond it
+    assert HighWater(max_step=1000).made_progress(report(1011), None, None)  # 1% of 1000
+    assert not HighWater(max_step=1000).made_progress(report(1010), None, None)
     assert marks.made_progress(report(None), 10, None)  # (2) a checkpoint, no step lines
     marks.note(report(None), 10)
     assert not marks.made_progress(report(None), 10, None)  # the same checkpoint: no
     assert "restart-policy.md#progress" in (Path(__file__).resolve().parents[2] / "docs" /
                                              "checkpoints.md").read_text()
+
+
+def test_a_failure_that_lands_a_step_or_two_apart_does_not_escape_the_no_progress_guard(
+        ) -> None:
+    """Walk-through 20, nit 12: attempts failing at one place, ending at steps 100, 101, 102,
+    103 (rank skew, a failure at a fixed time) each set a new high-water mark; each counted
+    as progress, so the guard never gave up. Now the creep is no progress, and the mark still
+    says how far any attempt got."""
+    from trainguard.controller.high_water import HighWater
+    from trainguard.protocol import NodeReport, Progress
+    from trainguard.records import utcnow
+
+    marks = HighWater()
+    seen = []
+    for step in (100, 101, 102, 103, 104):
+        r = NodeReport(node="n", attempt=0, workers=[], progress=Progress(last_step=step),
+                       at=utcnow())
+        seen.append(marks.made_progress(r, None, None))
+        marks.note(r, None)
+    assert seen == [True, False, False, False, False]
+    assert marks.max_step == 104 and "beyond step 104" in marks.stuck()

@@ -9,6 +9,17 @@ from trainguard.records import RunningRecord, utcnow
 
 # A job that never prints a step line still makes progress if an attempt lived this long.
 MIN_UPTIME_FOR_PROGRESS_S = 60.0
+# A step is new ground only beyond the furthest one by more than the jitter of where one
+# failure lands: the ranks of one step are a step or two apart (the job's step is the
+# furthest rank's), and a failure at a fixed time (a leak, a timer) ends a few steps either
+# way. Else such attempts creep the mark up a step at a time and escape the no-progress guard.
+JITTER_STEPS = 2
+JITTER_FRACTION = 0.01
+
+
+def jitter(max_step: int) -> int:
+    """How far beyond `max_step` a step must be to be new ground."""
+    return max(JITTER_STEPS, int(max_step * JITTER_FRACTION))
 
 
 class HighWater:
@@ -19,11 +30,12 @@ class HighWater:
     def made_progress(self, report: NodeReport, committed: int | None,
                       record: RunningRecord | None, allow_uptime: bool = True) -> bool:
         """New ground: a checkpoint (`committed` this attempt) or a step beyond every
-        earlier one (or a long life, for crashes: a hang always lives long, so it does not
-        count there). Reads only."""
+        earlier one by more than the jitter (or a long life, for crashes: a hang always
+        lives long, so it does not count there). Reads only."""
         last = report.progress.last_step
         new_ckpt = committed is not None and committed > (self.max_committed or -1)
-        new_step = last is not None and (self.max_step is None or last > self.max_step)
+        new_step = last is not None and (
+            self.max_step is None or last > self.max_step + jitter(self.max_step))
         if new_ckpt or new_step:
             return True
         if allow_uptime and last is None and self.max_step is None and record is not None:
