@@ -82,3 +82,32 @@ def test_a_controller_that_never_acknowledges_costs_a_bounded_memory() -> None:
     assert len(box) == 5 and box.dropped == 3
     box.reconnected()
     assert [m.data["i"] for m in box.number(report()).messages] == [0] * 5
+
+
+def test_a_numbered_reply_that_came_after_its_call_gave_up_is_not_lost() -> None:
+    """An acknowledgement is cumulative: a reply the hub threw away (its call had timed out)
+    was never recorded, and the acknowledgement of a later pushed report dropped its
+    messages at the agent. The hub keeps them; the next pushed report carries them first."""
+    from trainguard.controller.hub import Hub
+    from trainguard.controller.links import NodeLink
+    from trainguard.wire import new_token
+
+    box = Outbox(epoch=7)
+    late = box.number(report(MessageKind.CHECKPOINT_SAVED))  # a reply whose call gave up
+    pushed = box.number(report(MessageKind.RESUMED))
+    hub = Hub(new_token(), "127.0.0.1")
+    try:
+        link = NodeLink("n0")
+        hub._frame(link, {"type": "reply", "id": "gone-1", "ok": True,
+                          "body": late.model_dump(mode="json")})
+        hub._frame(link, {"type": "reply", "id": "gone-2", "ok": True,
+                          "body": {"stacks": []}})  # not a report: nothing kept
+        assert link.take_reports() == []  # nothing pushed yet: kept for the next
+        hub._frame(link, {"type": "report", "body": pushed.model_dump(mode="json")})
+        (first,) = link.take_reports()
+        assert [m.kind for m in first.messages] == [MessageKind.CHECKPOINT_SAVED,
+                                                    MessageKind.RESUMED]
+        assert first.seq == pushed.seq  # its acknowledgement covers both, recorded now
+        assert link.take_reports() == [] and not link.late
+    finally:
+        hub.close()

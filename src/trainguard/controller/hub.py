@@ -21,13 +21,12 @@ import secrets
 import socket
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from trainguard.controller.admission import Admission
 from trainguard.controller.links import Heard, LinkReader, LinkState, NodeLink
-from trainguard.protocol import NodeReport, Op
+from trainguard.protocol import NodeReport, Op, WorkerMessage
 from trainguard.wire import (
     Conn,
     FrameRejected,
@@ -218,6 +217,8 @@ class Hub:
             with self._cond:
                 if msg["id"] in self._pending:
                     self._replies[msg["id"]] = msg
+                else:  # its call gave up (timed out): keep what must not be lost
+                    link.late.extend(_kept_messages(msg.get("body")))
                 self._cond.notify_all()
             self._news.set()
 
@@ -251,13 +252,13 @@ class Hub:
         """Every node's pushed reports since the last take."""
         with self._cond:
             links = list(self.links.items())
-        out = {n: _drain(link.reports) for n, link in links if link.reports}
+        out = {n: link.take_reports() for n, link in links if link.reports}
         return {n: r for n, r in out.items() if r}
 
     def take_reports(self, name: str) -> list[NodeReport]:
         with self._cond:
             link = self.links.get(name)
-        return [] if link is None else _drain(link.reports)
+        return [] if link is None else link.take_reports()
 
     def wait(self, timeout: float) -> None:
         """Until a report or reply arrives, or a node connects or disconnects (or timeout)."""
@@ -374,11 +375,15 @@ class Hub:
                 t.join(max(deadline - time.monotonic(), 0.0))
 
 
-def _drain(q: deque[NodeReport]) -> list[NodeReport]:
-    out: list[NodeReport] = []
-    while q:
-        out.append(q.popleft())
-    return out
+def _kept_messages(body: Any) -> list[WorkerMessage]:
+    """The messages an agent keeps until acknowledged, of a reply that is a numbered report."""
+    if not isinstance(body, dict) or body.get("seq") is None or "node" not in body:
+        return []
+    try:
+        report = NodeReport.model_validate(body)
+    except ValueError:
+        return []
+    return [m for m in report.messages if m.id is not None]
 
 
 def _send_quietly(conn: Conn, frame: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.protocol import NodeReport
+from trainguard.protocol import NodeReport, WorkerMessage
 from trainguard.wire import Conn, WireError
 
 READ_BYTES = 1 << 18
@@ -92,6 +92,22 @@ class NodeLink:
     disconnected_at: float | None = None
     reports: deque[NodeReport] = field(default_factory=deque)  # appended without the lock
     hello_report: NodeReport | None = None
+    # the kept messages (node/outbox.py) of a numbered reply that came after its call gave
+    # up: the next pushed report carries them, so they are recorded before they are
+    # acknowledged (an acknowledgement is cumulative: a later report's would drop them)
+    late: deque[WorkerMessage] = field(default_factory=deque)
+
+    def take_reports(self) -> list[NodeReport]:
+        """The reports pushed since the last take, the first led by the late messages."""
+        out: list[NodeReport] = []
+        while self.reports:
+            out.append(self.reports.popleft())
+        if out and self.late:
+            late: list[WorkerMessage] = []
+            while self.late:
+                late.append(self.late.popleft())
+            out[0] = out[0].model_copy(update={"messages": [*late, *out[0].messages]})
+        return out
 
     def up(self) -> bool:
         return self.conn is not None and self.hangup_at is None
