@@ -18,6 +18,7 @@ import json
 import logging
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,7 +163,7 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
                    slurm_own_job=getattr(backend, "owned_job", None))
     adopt = False
     if resumable:
-        why_not = _adopt(fleet, store, int(meta.get("attempt") or 0))
+        why_not = _adopt(fleet, store, int(meta.get("attempt") or 0), rec)
         adopt = why_not is None
         if not adopt:
             rec.event(Level.WARNING, Reason.CONTROLLER_RESTARTED,
@@ -217,7 +218,12 @@ def _bring_up(fleet: Fleet, rec: Recorder, agent_argv: list[str], log_dir: Path)
     fleet.place(ready[:fleet.nnodes])
 
 
-def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> str | None:
+# how long a controller that cannot take over waits for each agent's first report, which
+# carries what the agent kept for a controller (several report intervals: 0.25-2 s)
+KEPT_WAIT_S = 10.0
+
+
+def _adopt(fleet: Fleet, store: JobStore, attempt: int, rec: Recorder) -> str | None:
     """Take over from a dead controller when every placed node's workers still run; None
     when taken over, else why not."""
     rows = {r.name: r for r in store.nodes()}
@@ -231,8 +237,8 @@ def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> str | None:
             node.handle = fleet.backend.adopt_agent(name, row.agent_pid)
     names = [r.name for r in placement]
     if len(names) != fleet.nnodes:
-        return _give_up_adoption(fleet, f"the store places {len(names)} node(s), not "
-                                        f"{fleet.nnodes}")
+        return _give_up_adoption(fleet, rec, f"the store places {len(names)} node(s), not "
+                                             f"{fleet.nnodes}")
     live = [n for n, node in fleet.nodes.items() if node.state.usable]
     missing = fleet.hub.wait_connected(live, ADOPT_TIMEOUT_S)
     for name in names:
@@ -245,7 +251,7 @@ def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> str | None:
             why = f"workers of node {name} ended while no controller watched"
         else:
             continue
-        return _give_up_adoption(fleet, why)
+        return _give_up_adoption(fleet, rec, why)
     for name in missing:
         fleet.mark(name, NodeState.LOST, "its agent did not reconnect to the restarted controller")
     fleet.placement = names
@@ -254,8 +260,11 @@ def _adopt(fleet: Fleet, store: JobStore, attempt: int) -> str | None:
     return None
 
 
-def _give_up_adoption(fleet: Fleet, why: str) -> str:
-    """The running attempt cannot be taken over: end the old agents; a fresh start follows."""
+def _give_up_adoption(fleet: Fleet, rec: Recorder, why: str) -> str:
+    """The running attempt cannot be taken over: end the old agents; a fresh start follows.
+    What they kept for a controller (node/outbox.py: a checkpoint committed while none
+    watched, sent again on reconnecting) is recorded first, under its own attempt."""
+    _record_kept(fleet, rec)
     fleet.end_agents()
     for node in fleet.nodes.values():
         if node.state.usable:  # lost and isolated nodes stay out of the job
@@ -282,3 +291,22 @@ def node_rows(fleet: Fleet) -> list[NodeRow]:
             reason=node.reason, updated_at=now, backend=fleet.backend.name,
             times_implicated=node.times_implicated))
     return rows
+
+
+def _record_kept(fleet: Fleet, rec: Recorder) -> None:
+    """Each connected agent's first report after its hello (the hello holds no messages:
+    they wait for a connection that holds; the next report sends them, with the kept ones
+    again), waited for up to KEPT_WAIT_S, its kept messages recorded."""
+    waiting = {n for n in fleet.nodes if fleet.hub.connected(n)}
+    deadline = time.monotonic() + KEPT_WAIT_S
+    while True:
+        for name in sorted(waiting):
+            hello = fleet.hub.links[name].hello_report
+            for report in fleet.hub.take_reports(name):
+                rec.messages.handle([m for m in report.messages if m.id is not None],
+                                    report.attempt or 0)
+                if report is not hello:
+                    waiting.discard(name)
+        if not waiting or time.monotonic() > deadline:
+            return
+        fleet.hub.wait(0.2)

@@ -8,6 +8,8 @@ process group) on this machine, real DDP over gloo, real faults.
 - no spare left -> pod-level downgrades, job-level queues, then a clear failure;
 - the controller SIGKILLed mid-run and started again -> it takes the job over, the workers
   never stop, nothing is lost;
+- ... and when it cannot take over (a rank ended while none watched) -> the checkpoints
+  committed meanwhile are still recorded (the agents kept them), the job launched again;
 - every node failing its pre-check -> isolated, and a clear failure before any start.
 """
 
@@ -39,9 +41,12 @@ class Background:
     """The controller in the background, its console in a file (the node agents inherit it
     and outlive a killed controller, so a pipe would stay open)."""
 
-    def __init__(self, args: list[str], cwd: Path, name: str = "console") -> None:
+    def __init__(self, args: list[str], cwd: Path, name: str = "console",
+                 fault: str | None = None) -> None:
         env = dict(os.environ)
         env.pop("TRAINGUARD_FAULT", None)
+        if fault is not None:
+            env["TRAINGUARD_FAULT"] = fault
         self.console = cwd / f"{name}.log"
         with open(self.console, "w") as out:
             self.proc = subprocess.Popen([*TG, *args], cwd=cwd, env=env, stdout=out,
@@ -195,6 +200,31 @@ def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
     assert "WorkersRestarted" not in reasons(job)
     (rec,) = read_json("recovery", job)["running_records"]
     assert rec["recover_records"] == [] and rec["end_reason"] == "succeeded"
+
+
+def test_a_controller_that_cannot_take_over_records_what_the_agents_kept_for_it(
+        tmp_path: Path) -> None:
+    """The controller dies; while none watches, the workers commit the checkpoints of steps
+    20 and 30 (the agents keep those messages: nobody acknowledged them) and rank 3 exits.
+    The next controller cannot take the attempt over (its workers ended): it ended the agents
+    with their kept messages unread, so those checkpoints were never in the job's events."""
+    job = tmp_path / "job"
+    args = job_args(job, steps=60)
+    first = Background(args, tmp_path, fault="exit:1@rank=3,step=35")
+    wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 10)
+    first.proc.kill()  # the controller only: the agents and workers live on
+    first.finish(timeout=30)
+    deadline = time.monotonic() + 60
+    while not any("30" in p.name for p in (job / "checkpoints").glob("*")):
+        assert time.monotonic() < deadline, list((job / "checkpoints").glob("*"))
+        time.sleep(0.2)
+    time.sleep(3)  # rank 3 exits after step 35
+    r = run_tg(args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "cannot take the running attempt over" in r.stderr
+    saved = {(e["data"]["step"], e["involved"].get("attempt")) for e in
+             events_of(job, "CheckpointSaved")}
+    assert {(20, 0), (30, 0)} <= saved, sorted(saved)
 
 
 def test_nodes_failing_their_pre_check_are_isolated_and_the_job_fails_clearly(
