@@ -59,7 +59,8 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
         pre = split_prefix(raw[:CONTEXT_TEXT * 4].decode("utf-8", "replace").rstrip("\r"))
         text = pre.text.strip()
         if cut and (text.startswith('File "') or (pre.text.startswith("    ") and i > 0
-                                                   and _FRAME_END.search(pieces[i - 1]))):
+                                                   and _FRAME_END.search(pieces[i - 1]))
+                    or (no == last_line and text.startswith("assert "))):
             # its source line, then the frame's (and the next frame's, out of a `with`)
             cut = not text.startswith('File "') or _WITH_FRAME.search(text) is not None
         elif not loader and _LOADER_FRAME.match(text):
