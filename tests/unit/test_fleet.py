@@ -234,6 +234,13 @@ def test_a_lost_nodes_running_workers_read_failed_in_the_merged_report() -> None
         3: WorkerState.FAILED}
     f.mark("b", NodeState.LOST, "gone")
     assert handle.killed and "b" not in hub.connected_nodes and f.spares() == ("c",)
+    # marked lost, it is no longer lost *now*: the merges after (the stop of the rest, a
+    # queue that times out) still read its workers failed, not running (walk-through 21: a
+    # failed job's status showed the lost node's rank `running`)
+    later = f.poll()
+    assert later.lost_nodes == [] and {w.rank: w.state for w in later.workers} == {
+        0: WorkerState.RUNNING, 1: WorkerState.RUNNING, 2: WorkerState.FAILED,
+        3: WorkerState.FAILED}
 
 
 def test_a_spares_reports_are_taken_and_dropped_so_they_never_pile_up() -> None:

@@ -102,8 +102,9 @@ class Merger:
 
     def merged(self, placement: list[str], lost: dict[str, str],
                usable: set[str]) -> NodeReport:
-        """One report of the placed nodes; a lost node's running workers read as failed.
-        `usable`: the nodes whose usage is shown (in the job or spare, not lost)."""
+        """One report of the placed nodes; the running workers of a node lost now or marked
+        out before (lost, isolated) read as failed: their end was never reported.
+        `usable`: the nodes in the job or spare, not lost or isolated (their usage is shown)."""
         now = utcnow()
         workers: list[WorkerFact] = []
         messages: list[WorkerMessage] = []
@@ -119,8 +120,9 @@ class Merger:
                     lv.model_copy(update={"intervals": []}) for lv in r.liveness]})
             elif (r := self._stale.get(name)) is None:
                 continue
+            gone = name in lost or name not in usable  # lost now, or marked out before
             for w in r.workers:
-                if name in lost and not w.state.ended:
+                if gone and not w.state.ended:
                     w = w.model_copy(update={"state": WorkerState.FAILED, "ended_at": now})
                 workers.append(w)
             messages.extend(r.messages)
