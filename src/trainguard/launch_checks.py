@@ -25,14 +25,16 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     checkpoint URL's filesystem, that no launcher holds the job dir (`run` then takes its
     lock, job_lock, with the same words: a job still running is said to be, not its metrics
     port), that the run id fits the job dir (continued_run), a single-node job's rendezvous
-    address and the metrics endpoint; then the job, log and checkpoint dirs can be made (and
-    are, unless `create` is False). Errors name the flag and the fix."""
+    address, Slurm's commands for `--backend slurm` and the metrics endpoint; then the job,
+    log and checkpoint dirs can be made (and are, unless `create` is False). Errors name the
+    flag and the fix."""
     paths = JobPaths.for_spec(spec, Path.cwd())
     check_checkpoint_url(paths)
     check_unlocked(paths.job_dir)
     spec = continued_run(spec, paths.job_dir)
     if not spec.multi_node:  # a multi-node job meets at its first node's address
         check_master_addr(spec.master_addr)
+    check_backend(spec)
     check_metrics_port(spec)
     paths.make(create)
     return spec, paths
@@ -124,15 +126,33 @@ def _lock_or_refuse(f: IO[str], job_dir: Path) -> None:
                         f"stop {job_dir}`), or use another --job-dir") from None
 
 
+def check_backend(spec: JobSpec) -> None:
+    """`--backend slurm` needs Slurm's client commands here (the backend refused it only at
+    launch, after the job dir was made and recorded failed, and `--dry-run` passed it)."""
+    from trainguard.backends import slurm_cli
+
+    if spec.backend == "slurm" and not slurm_cli.available():
+        raise SpecError("--backend slurm", "srun/scontrol are not on PATH", "run on a Slurm "
+                        "login or compute node, or use --backend local")
+
+
 def check_master_addr(addr: str) -> None:
     """The rendezvous address must be one this node can listen on."""
+    e = bind_error(addr)
+    if e is not None:
+        raise SpecError("--master-addr / --rdzv-endpoint", f"cannot listen on {addr!r} on "
+                        f"this node ({e.strerror or e})", "use 127.0.0.1 or one of this "
+                        "node's addresses")
+
+
+def bind_error(addr: str) -> OSError | None:
+    """Why this machine cannot listen on `addr` (not one of its own), or None."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((addr, 0))
     except OSError as e:
-        raise SpecError("--master-addr", f"cannot listen on {addr!r} on this node "
-                        f"({e.strerror or e})", "use 127.0.0.1 or one of this node's "
-                        "addresses") from None
+        return e
+    return None
 
 
 def check_metrics_port(spec: JobSpec) -> None:

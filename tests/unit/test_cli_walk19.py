@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -164,9 +165,16 @@ def test_the_master_address_is_checked_for_a_single_node_job_only(tmp_path: Path
     (tmp_path / "t.py").write_text("print('hi')\n")
     one = tg("run", "--master-addr", "192.0.2.1", "--dry-run", "t.py", cwd=tmp_path)
     assert one.returncode == 2
-    assert "--master-addr: cannot listen on '192.0.2.1' on this node" in one.stderr, one.stderr
-    two = tg("run", "--nnodes", "2", "--master-addr", "192.0.2.1", "--dry-run", "t.py",
-             cwd=tmp_path)
+    assert "--master-addr / --rdzv-endpoint: cannot listen on '192.0.2.1' on this node" in \
+        one.stderr, one.stderr
+    fake = tmp_path / "bin"  # Slurm's commands, for the dry run's check that they are here
+    fake.mkdir()
+    for cmd in ("srun", "scontrol"):
+        (fake / cmd).write_text("#!/bin/sh\nexit 0\n")
+        (fake / cmd).chmod(0o755)
+    two = tg("run", "--nnodes", "2", "--backend", "slurm", "--master-addr", "192.0.2.1",
+             "--dry-run", "t.py", cwd=tmp_path,
+             env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
     assert two.returncode == 0, two.stderr
 
 
