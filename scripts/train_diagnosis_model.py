@@ -4,7 +4,7 @@ measure it by leave-one-source-out cross-validation.
     .venv/bin/python scripts/train_diagnosis_model.py [--cv] [--write] [--json]
 
 The cases are every labelled set under tests/data/diagnosis named in SETS: the blind set
-being built (heldout27/) is never read. A case's document is the distinct features
+being built (heldout28/) is never read. A case's document is the distinct features
 (diagnosis/learned.py: tokens) of its candidate lines: every finding of its logs, context
 lines included, as `trainguard diagnose` scans them. A feature is kept when cases of at
 least MIN_SOURCES different source repositories have it (no thread's own words).
@@ -39,14 +39,14 @@ from trainguard.diagnosis.taxonomy import Category
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "data" / "diagnosis"
-# heldout26 was measured blind once (docs/diagnosis.md), then joined the sets tuned on (the
-# twenty-second round); never heldout27 (the next blind set, not measured yet)
+# heldout27 was measured blind once (docs/diagnosis.md), then joined the sets tuned on (the
+# twenty-third round); never heldout28 (the next blind set, not measured yet)
 SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
         "heldout7", "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13",
         "heldout14", "heldout15", "heldout16", "heldout17", "heldout18", "heldout19",
         "heldout20", "heldout21", "heldout22", "heldout23", "heldout24", "heldout25",
-        "heldout26")
-BLIND = "heldout27"
+        "heldout26", "heldout27")
+BLIND = "heldout28"
 MODEL = ROOT / "src" / "trainguard" / "diagnosis" / "model.json"
 MIN_SOURCES = 2
 ALPHA = 0.5  # Laplace smoothing

@@ -100,3 +100,19 @@ def test_a_checkpoint_directory_not_empty_is_a_race(tmp_path: Path, line: str) -
     assert d.category == Category.OTHER
     assert d.restart_helps == RestartHelps.NO
     assert d.evidence is not None and "Directory not empty" in d.evidence.text
+
+
+# heldout24's megatron-807 (NVIDIA/Megatron-LM issue 807): Megatron-core's fixed message after
+# `make` of its dataset helpers failed (the model read it before the twenty-third round's
+# retraining, and not after)
+def test_megatrons_dataset_helpers_that_do_not_compile_are_the_build(tmp_path: Path) -> None:
+    line = "ERROR:megatron.core.datasets.utils:Failed to compile the C++ dataset helper functions"
+    d = diagnose_text(tmp_path, (
+        "make: Entering directory '/workspace/megatron-lm/megatron/core/datasets'\n"
+        "g++ -O3 -Wall -shared -std=c++11 -fPIC -fdiagnostics-color -I/usr/include/python3.10 "
+        "helpers.cpp -o helpers.cpython-310-x86_64-linux-gnu.so\n"
+        "make: Leaving directory '/workspace/megatron-lm/megatron/core/datasets'\n"
+        + line + "\n"))
+    assert d.category == Category.DEPENDENCY_OR_IMPORT_ERROR
+    assert d.restart_helps == RestartHelps.NO
+    assert d.evidence is not None and d.evidence.text == line
