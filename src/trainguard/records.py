@@ -48,6 +48,7 @@ class Reason(str, Enum):
     RESUMED = "Resumed"
     LOG_WRITE_FAILED = "LogWriteFailed"
     STORE_WRITE_FAILED = "StoreWriteFailed"
+    NO_PROGRESS_SIGNAL = "NoProgressSignal"  # ranks print, none reports a step
     HANG_SUSPECTED = "HangSuspected"
     HANG_CONFIRMED = "HangConfirmed"
     HANG_CLEARED = "HangCleared"

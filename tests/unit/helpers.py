@@ -10,6 +10,7 @@ from typing import Any
 from trainguard.controller.store import JobStore
 from trainguard.diagnosis.sources import diagnose_paths
 from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.protocol import Progress
 
 TG = [sys.executable, "-m", "trainguard"]
 
@@ -48,6 +49,10 @@ def diagnose_text(tmp_path: Path, text: str, name: str = "console.log") -> Diagn
     assert d is not None, "no diagnosis"
     assert d.evidence is not None and d.evidence.text, "an answer shows its deciding line"
     return d
+
+
+# a fake report's progress: no step reported yet (what the hang watch's ProgressSignal reads)
+NO_STEPS = Progress()
 
 
 def fake_hang_watch(states: list[Any], said: list[str], agent: Any, log_dir: str,

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tests.unit.helpers import fake_hang_watch
+from tests.unit.helpers import NO_STEPS, fake_hang_watch
 from trainguard.controller.hang_watch import HangWatch
 from trainguard.hang.detector import HangDetector, HangPolicy, HangState
 from trainguard.hang.stacks import Frame, RankStack, ThreadStack, moving
@@ -146,7 +146,7 @@ def watch(tmp_path: Path, looks: list[Any], states: list[HangState] | None = Non
 
 
 def report() -> Any:
-    return SimpleNamespace(at=datetime.now(timezone.utc), liveness=[], progress=None,
+    return SimpleNamespace(at=datetime.now(timezone.utc), liveness=[], progress=NO_STEPS,
                            workers=[])
 
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
-from tests.unit.helpers import fake_hang_watch
+from tests.unit.helpers import NO_STEPS, fake_hang_watch
 from trainguard.controller.hang_watch import HangWatch
 from trainguard.hang.detector import HangState
 
@@ -20,7 +20,7 @@ def watch(states: list[HangState]) -> tuple[HangWatch, list[str]]:
 
 def report(succeeded: list[int]) -> Any:
     from trainguard.states import WorkerState
-    return SimpleNamespace(at=datetime.now(timezone.utc), liveness=[], progress=None,
+    return SimpleNamespace(at=datetime.now(timezone.utc), liveness=[], progress=NO_STEPS,
                            workers=[SimpleNamespace(rank=r, state=WorkerState.SUCCEEDED)
                                     for r in succeeded])
 

@@ -282,8 +282,9 @@ def test_world_size_is_nodes_times_workers_per_node() -> None:
 
 
 def step_of(line: str) -> int | None:
+    """As node.logs.LogRouter.step_of reads it: the first group that matched."""
     m = re.compile(DEFAULT_STEP_PATTERN).search(line)
-    return int(m.group(1)) if m else None
+    return next((int(g) for g in m.groups() if g is not None), None) if m else None
 
 
 @pytest.mark.parametrize(
@@ -295,6 +296,16 @@ def step_of(line: str) -> int | None:
         ("global_step=7 loss=1.25", 7),
         ("iter 3: loss 4.2135, time 80.01ms", 3),
         ("[2026-01-01 10:00:00] step: 42 loss 1.0", 42),
+        # walk-through 21: `logging` prefixes, an epoch first, JSON lines (none was progress)
+        ("INFO:root:step 5 loss 1.0", 5),
+        ("2026-12-04 10:00:00,123 - INFO - step 5 loss 1.0", 5),
+        ("2026-12-04 10:00:00,123 - train - INFO - step 9 loss 1.0", 9),
+        ("2026-12-04 10:00:00.123 | INFO     | __main__:train:42 - step 7 loss 1", 7),
+        ("Epoch 1 | Step 5 | loss 2", 5),
+        ("epoch 0 step 5", 5),
+        ("epoch 0 | step 5/100 | loss 0.3", 5),
+        ('{"step": 5, "loss": 1.0}', 5),
+        ('{"loss": 1.0, "global_step": 12}', 12),
     ],
 )
 def test_the_default_step_pattern_finds_the_step_of_common_training_logs(
@@ -305,7 +316,10 @@ def test_the_default_step_pattern_finds_the_step_of_common_training_logs(
 
 @pytest.mark.parametrize(
     "line",
-    ["resumed from step 20", "stepping 3", "loading checkpoint of step 9", "iterations: 5"],
+    ["resumed from step 20", "stepping 3", "loading checkpoint of step 9", "iterations: 5",
+     "INFO - resumed from step 20", "INFO:root:Resuming: step 5", "WARNING:root:step 5 failed",
+     "2026-12-04 10:00:00,123 - INFO - loading checkpoint of step 9", "epoch 2 done",
+     "INFO: Epoch 3 finished", '{"loss": 1.0}'],
 )
 def test_the_default_step_pattern_ignores_lines_that_only_mention_a_step(line: str) -> None:
     assert step_of(line) is None

@@ -54,4 +54,4 @@ def test_plain_lines_still_count_and_others_do_not() -> None:
     for other in ("loading shard 3/10", "epoch 2 done",
                   "Writing model shards: 100%|██████████| 1/1 [00:00<00:00, 423.11it/s]"):
         assert r.step_of(other) is None, other
-    assert re.compile(DEFAULT_STEP_PATTERN).groups == 4
+    assert re.compile(DEFAULT_STEP_PATTERN).groups == 5

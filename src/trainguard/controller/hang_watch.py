@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.controller.incidents import Fault, task_of
+from trainguard.controller.progress_signal import ProgressSignal
 from trainguard.controller.recorder import Recorder
 from trainguard.hang.classify import STOPPED, finalizing
 from trainguard.hang.detector import HangDetector, HangPolicy, HangState, HangVerdict
@@ -82,6 +83,7 @@ class HangWatch:
         self.rec, self.agent = rec, agent
         self.enabled = rec.spec.hang_detection
         self.detector = HangDetector(policy_of(rec))
+        self.signal = ProgressSignal(rec)
         self._state = HangState.OK
         self._attempt = 0
         self.confirmed: HangConfirmation | None = None
@@ -138,6 +140,7 @@ class HangWatch:
 
     def observe(self, report: NodeReport) -> HangConfirmation | None:
         """The confirmation, the first time a hang is confirmed in this attempt."""
+        self.signal.observe(report, self._attempt)  # is there anything to watch by?
         if not self.enabled:
             return None
         now = report.at  # the node's clock, as the liveness times it reports

@@ -1,0 +1,57 @@
+"""A job whose ranks print but report no progress: hang detection, `--restart-on-hang` and
+the no-progress guard have nothing to go by (walk-through 21: a loop logging `INFO:root:step
+5` through `logging`, before the default pattern read such lines, sat hung for the 30-minute
+start-up allowance with no word). `NoProgressSignal` (Warning), once per launch, when the
+ranks have printed for SILENT_WARN_S and no rank reported a step (a step line,
+`trainguard.progress`, a checkpoint trainguard saw). Pure bookkeeping over the reports; the
+recorder writes the event."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from trainguard.controller.recorder import Recorder
+from trainguard.protocol import NodeReport
+from trainguard.records import Level, Reason
+
+# long enough for a model to load and the first step to end, short enough to be told before
+# the night is lost
+SILENT_WARN_S = 180.0
+
+
+class ProgressSignal:
+    def __init__(self, rec: Recorder, warn_after_s: float = SILENT_WARN_S) -> None:
+        self.rec = rec
+        self.warn_after_s = warn_after_s
+        self._printing_since: datetime | None = None
+        self._done = False  # told, or progress seen: nothing more to say this launch
+
+    def observe(self, report: NodeReport, attempt: int) -> None:
+        if self._done:
+            return
+        if report.progress.last_step is not None or any(
+                lv.last_progress_at is not None for lv in report.liveness):
+            self._done = True
+            return
+        printed = [lv.last_output_at for lv in report.liveness if lv.last_output_at]
+        if not printed:
+            return
+        self._printing_since = self._printing_since or min(printed)
+        if (report.at - self._printing_since).total_seconds() < self.warn_after_s:
+            return
+        self._done = True
+        spec = self.rec.spec
+        needs = ("hang detection, --restart-on-hang and the no-progress guard"
+                 if spec.hang_detection and spec.restart_on_hang else
+                 "hang detection and the no-progress guard" if spec.hang_detection else
+                 "the no-progress guard")
+        have = "has" if needs == "the no-progress guard" else "have"
+        self.rec.event(Level.WARNING, Reason.NO_PROGRESS_SIGNAL,
+                       f"no progress signal after {self.warn_after_s:.0f}s: the ranks print, "
+                       "but no line matched --step-pattern, no rank called "
+                       "trainguard.progress(step) and no checkpoint was seen, so "
+                       f"{needs} {have} nothing to go by. Fix: print `step N` at the start of "
+                       "a line (after any [..] or logging prefix), pass --step-pattern with a "
+                       "regex whose first group is your step number, or call "
+                       "trainguard.progress(step) after each step (docs/hang-detection.md)",
+                       attempt=attempt)

@@ -1,0 +1,67 @@
+"""controller/progress_signal.py: a job whose ranks print but report no step is told once
+that hang detection and the no-progress guard have nothing to go by (walk-through 21)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any
+
+from trainguard.controller.progress_signal import ProgressSignal
+from trainguard.protocol import NodeReport, Progress, RankLiveness
+
+T0 = datetime(2026, 12, 4, 10, 0, tzinfo=timezone.utc)
+
+
+def watch(**spec: Any) -> tuple[ProgressSignal, list[str]]:
+    said: list[str] = []
+    rec = SimpleNamespace(
+        spec=SimpleNamespace(**{"hang_detection": True, "restart_on_hang": False, **spec}),
+        event=lambda level, reason, message, **kw: said.append(f"{reason.value}: {message}"))
+    return ProgressSignal(rec, warn_after_s=180), said  # type: ignore[arg-type]
+
+
+def report(at_s: float, printed_s: float | None, step: int | None = None,
+           progress_s: float | None = None) -> NodeReport:
+    at = T0 + timedelta(seconds=at_s)
+    lv = RankLiveness(rank=0, last_output_at=None if printed_s is None else
+                      T0 + timedelta(seconds=printed_s),
+                      last_progress_at=None if progress_s is None else
+                      T0 + timedelta(seconds=progress_s))
+    return NodeReport(node="n0", attempt=0, workers=[], progress=Progress(last_step=step),
+                      at=at, liveness=[lv])
+
+
+def test_ranks_that_print_and_never_report_a_step_are_told_once() -> None:
+    w, said = watch()
+    w.observe(report(10, None), 0)  # nothing printed yet: the clock has not started
+    w.observe(report(100, 20), 0)
+    assert said == []
+    w.observe(report(199, 21), 0)  # 179 s of printing
+    assert said == []
+    w.observe(report(201, 200), 0)
+    (told,) = said
+    assert told.startswith("NoProgressSignal: no progress signal after 180s: the ranks print")
+    assert "hang detection and the no-progress guard have nothing to go by" in told
+    assert "--step-pattern" in told and "trainguard.progress(step)" in told
+    w.observe(report(900, 800), 1)
+    assert len(said) == 1  # once per launch
+
+
+def test_a_step_or_any_progress_ends_the_watch_for_good() -> None:
+    for seen in (report(50, 40, step=1), report(50, 40, progress_s=45)):
+        w, said = watch()
+        w.observe(seen, 0)
+        w.observe(report(1000, 999), 0)  # a later silence is the hang detector's to judge
+        assert said == []
+
+
+def test_the_warning_names_what_the_job_turned_on() -> None:
+    w, said = watch(hang_detection=True, restart_on_hang=True)
+    w.observe(report(0, 0), 0)
+    w.observe(report(181, 180), 0)
+    assert "hang detection, --restart-on-hang and the no-progress guard" in said[0]
+    w, said = watch(hang_detection=False)
+    w.observe(report(0, 0), 0)
+    w.observe(report(181, 180), 0)
+    assert "no checkpoint was seen, so the no-progress guard has nothing to go by" in said[0]
