@@ -78,6 +78,11 @@ def test_save_on_exit_keeps_the_steps_since_the_last_periodic_checkpoint(tmp_pat
     assert len(on_exit) == 1 and "step 15" in on_exit[0] and "rank(s) 1, which" in on_exit[0]
     inc = read_json("recovery", job)["running_records"][0]["recover_records"][0]
     assert (inc["resumed_step"], inc["steps_lost"]) == (15, 0)
+    # rank 1 had no part of its own in that save: its resume is said not to be bit-exact
+    # (walk-through 21), rank 0's is not
+    inexact = [e for e in events(job, "Resumed") if e["level"] == "Warning"]
+    assert [e["involved"]["rank"] for e in inexact] == [1], events(job, "Resumed")
+    assert "without a part of its own" in str(inexact[0]["message"])
 
 
 def test_a_stopped_job_saves_its_last_step_and_a_relaunch_resumes_there(tmp_path: Path) -> None:

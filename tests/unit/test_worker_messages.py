@@ -130,3 +130,21 @@ def test_a_kept_message_is_recorded_once_under_the_attempt_it_was_sent_in(
                    ("checkpoint of step 20 committed at /ck", 0, "9-2-0")]
     assert second.messages.max_committed_step == 20
     assert second.messages.committed_this_attempt is None  # attempt 0's, not attempt 1's
+
+
+def test_a_rank_that_resumed_without_a_part_of_its_own_is_a_warning_each(
+        tmp_path: Path) -> None:
+    """Walk-through 21: a save on the way out (--save-on-exit) holds no dead rank's state;
+    that rank resumed with a donor's data position and a fresh RNG, and nothing said the
+    run was no longer bit-exact."""
+    h, seen = handler(tmp_path)
+    h.handle([msg("resumed", step=12, source="storage", own_part=True),
+              WorkerMessage(kind="resumed", rank=1, at=NOW,
+                            data={"step": 12, "source": "storage", "own_part": False,
+                                  "borrowed_from": 0})], attempt=1)
+    assert [(lv, r) for lv, r, _ in seen] == [(Level.INFO, Reason.RESUMED),
+                                             (Level.WARNING, Reason.RESUMED)]
+    assert seen[1][2].startswith("rank 1 resumed from the checkpoint of step 12 without a "
+                                 "part of its own")
+    assert "rank 0's data position and a fresh RNG" in seen[1][2]
+    assert "not bit for bit" in seen[1][2]

@@ -326,12 +326,13 @@ class Checkpointer:
             apply(state, loaded.per_rank, "rank")
             if rng is not None and loaded.borrowed_from is None:
                 restore_rng(rng)
-        if loaded.borrowed_from is not None or loaded.per_rank is None:
+        own = loaded.borrowed_from is None and loaded.per_rank is not None
+        if not own:
             log.warning("checkpoint step %s has no part of rank %s (it died before the save, "
                         "or the world grew): data position from rank %s, fresh RNG",
                         loaded.step, self.rank, loaded.borrowed_from)
         channel.send(MessageKind.RESUMED, step=loaded.step, location=self.storage.location,
-                     source=SOURCE_STORAGE)
+                     source=SOURCE_STORAGE, own_part=own, borrowed_from=loaded.borrowed_from)
         self.last_saved_step = loaded.step
         return loaded.step
 

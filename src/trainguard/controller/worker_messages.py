@@ -170,6 +170,17 @@ class WorkerMessages:
         (the moved ranks of a pod-level move: a peer's copy; the others: their memory)."""
         step = int(d.get("step", 0))
         source = str(d.get("source") or SOURCE_STORAGE)
+        if d.get("own_part") is False:  # said for each such rank, whatever the sources
+            donor = d.get("borrowed_from")
+            whose = "a fresh" if donor is None else f"rank {donor}'s"
+            self._emit(Level.WARNING, Reason.RESUMED, f"rank {m.rank} resumed from the "
+                       f"checkpoint of step {step} without a part of its own (it died before "
+                       f"that save, or the world grew): {whose} data position and a fresh "
+                       "RNG, so the run goes on, not bit for bit as an uninterrupted "
+                       "one (a save on the way out, --save-on-exit, holds no dead rank's "
+                       "state; without it a restart resumes from the last whole checkpoint)",
+                       rank=m.rank, attempt=attempt,
+                       data={"step": step, "own_part": False, "borrowed_from": donor})
         sources = self._resumed_sources.setdefault(attempt, set())
         if source in sources:
             return

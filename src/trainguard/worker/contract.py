@@ -244,7 +244,11 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
     },
     MessageKind.NO_CHECKPOINT: {"location": _text(MAX_PATH, required=True)},
     MessageKind.RESUMED: {"step": _STEP, "location": _text(MAX_PATH),
-                          "source": Field(str, max_len=MAX_NAME)},  # SOURCE_*
+                          "source": Field(str, max_len=MAX_NAME),  # SOURCE_*
+                          # False: the rank had no part of its own in the checkpoint (it
+                          # died before the save): a donor's data position, a fresh RNG
+                          "own_part": Field(bool),
+                          "borrowed_from": _int(0, MAX_INT32, nullable=True)},
     MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
     MessageKind.STEP_FAILED: {
         "step": _STEP,
