@@ -129,3 +129,21 @@ def test_attempts_failing_at_one_place_a_step_apart_still_give_up(
     got = reasons(job_dir)
     assert got[-2:] == ["NoProgress", "JobFailed"]
     assert got.count("WorkersRestarted") == 3
+
+
+def test_a_rank_that_ends_its_script_early_is_the_cause_not_the_network(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Walk-through 21, defect 3: rank 1 exits 0 at step 8 (its loop ran out first: uneven
+    data); rank 0 then fails in its next allreduce (gloo: `Connection reset by peer`). Each
+    attempt was diagnosed a network failure, restart yes, until the no-progress guard gave up
+    (exit 86) and `diagnose` still named the network. Now: the early end, not restarted."""
+    r = run_tg(ddp(job_dir, "--max-restarts", "3"), cwd=tmp_path,
+               fault="exit:0@rank=1,step=8,attempt=*")
+    assert r.returncode == 1, r.stderr[-3000:]
+    got = reasons(job_dir)
+    assert "WorkersRestarted" not in got and got[-1] == "JobFailed"
+    diag = read_json("diagnose", job_dir)["diagnosis"]
+    assert (diag["category"], diag["subcategory"], diag["restart_helps"]) == (
+        "user_code_error", "rank_exited_early", "no")
+    assert diag["culprit"]["rank"] == 1
+    assert diag["summary"].startswith("rank(s) 1 ended the script (exit 0) while rank(s) 0")

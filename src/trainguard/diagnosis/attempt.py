@@ -53,6 +53,8 @@ def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = Non
     findings: list[Finding] = []
     exits = []
     for f in facts:
+        if f.state == WorkerState.SUCCEEDED:  # a rank that ended first: early_exit reads it
+            exits.append(RankExit(f.rank, False, f.returncode, f.ended_at, node=f.node or node))
         if f.state not in (WorkerState.FAILED, WorkerState.STOPPED):
             continue
         findings += f.findings

@@ -25,6 +25,7 @@ from trainguard.diagnosis.candidates import (
     rank_of,
     signal_of,
 )
+from trainguard.diagnosis.early_exit import early_exit
 from trainguard.diagnosis.explained import explained_abort
 from trainguard.diagnosis.fallback import refine
 from trainguard.diagnosis.findings import Finding
@@ -112,6 +113,7 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
     d = explained_abort(d, seen, rules)  # an abort whose uncaught exception says why
     if fallback:
         d = refine(d, seen)
+    d = early_exit(d, exits)  # peers failing after a rank ended its script first
     return None if d is None else story_restart(d, seen, others)
 
 

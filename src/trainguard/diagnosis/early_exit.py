@@ -1,0 +1,51 @@
+"""A rank that ended its script (exit 0) while its peers still trained: they fail next in a
+collective that waits for it (gloo's `Connection closed by peer`, NCCL's remote peer gone or
+a watchdog timeout), which reads as the network's fault and a restart that helps. Pure.
+
+The cause is the script's: the rank's loop ran out first (fewer batches than its peers:
+data not split evenly, `drop_last` off, a rank-dependent `break` or `return`), and it does so
+again on every attempt (walk-through 21: each of four attempts diagnosed
+`network_or_rendezvous`, restart `yes`, until the no-progress guard gave up). So when the
+verdict is such a symptom and a rank exited 0 before the first rank that failed, the verdict
+is that rank's early end, the peers' line its evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from trainguard.diagnosis.candidates import RankExit
+from trainguard.diagnosis.taxonomy import Category, Culprit, Diagnosis, FaultDomain, RestartHelps
+
+# what peers print when one of them is gone
+PEER_SYMPTOMS = frozenset({Category.NETWORK_OR_RENDEZVOUS, Category.NCCL_COMMUNICATION_ERROR,
+                           Category.NCCL_TIMEOUT_OR_HANG})
+ADVICE = ("Every rank must run the same number of steps and collectives: split the data "
+          "evenly (DistributedSampler with drop_last=True, or the same number of batches per "
+          "rank), avoid a rank-dependent break or return in the loop, or wrap uneven loops "
+          "in torch.distributed.algorithms.Join. A restart ends the same way.")
+
+
+def early_exit(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis | None:
+    """`d`, or the early end of a rank that exited 0 before the first failed rank when `d`
+    is what its peers print about it."""
+    if d is None or d.category not in PEER_SYMPTOMS:
+        return d
+    failed = [e.ended_at for e in exits if e.failed and e.ended_at is not None]
+    early = sorted((e for e in exits if not e.failed and e.returncode == 0
+                    and e.ended_at is not None and failed and e.ended_at < min(failed)),
+                   key=lambda e: (e.ended_at, e.rank))
+    if not early:
+        return d
+    first = early[0]
+    who = ", ".join(str(e.rank) for e in early)
+    left = sorted({e.rank for e in exits if e.failed})
+    return replace(
+        d, category=Category.USER_CODE_ERROR, fault_domain=FaultDomain.USER_CODE,
+        restart_helps=RestartHelps.NO, subcategory="rank_exited_early",
+        summary=(f"rank(s) {who} ended the script (exit 0) while rank(s) "
+                 f"{', '.join(map(str, left))} still trained; these then failed in a "
+                 f"collective that waited for it ({d.summary.rstrip('.')})"),
+        advice=ADVICE, culprit=Culprit(first.rank, first.node), isolate_node=False,
+        confidence=min(d.confidence, 0.7), rule=None)
