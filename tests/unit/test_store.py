@@ -340,3 +340,17 @@ def test_reading_an_ended_job_leaves_no_wal_or_shm_file_beside_its_store(tmp_pat
         s.add_event(event("JobRelaunched"))
     with JobStore.open(job) as r:
         assert [e.reason for _, e in r.events()] == ["JobCreated", "JobRelaunched"]
+
+
+def test_a_damaged_store_is_told_with_the_fix_for_reading_and_for_launching(
+        tmp_path: Path) -> None:
+    """Walk-through 21: every command said only `file is not a database`."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "trainguard.db").write_bytes(b"garbage, not sqlite" * 100)
+    for opening in (lambda: JobStore.open(job), lambda: JobStore.create(job, "r")):
+        with pytest.raises(StoreError) as err:
+            opening()
+        msg = str(err.value)
+        assert "file is not a database. Fix: the store is damaged; move it aside" in msg, msg
+        assert f"trainguard diagnose {job / 'logs'}" in msg

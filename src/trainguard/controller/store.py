@@ -324,7 +324,8 @@ class JobStore(LedgerTables):
             try:
                 yield
             except sqlite3.Error as e:
-                raise StoreError(f"cannot {action} the job store {self.path}: {e}") from e
+                raise StoreError(f"cannot {action} the job store {self.path}: {e}"
+                                 f"{damaged_fix(e, self.path)}") from e
 
     @contextmanager
     def _tx(self, action: str) -> Iterator[None]:
@@ -362,9 +363,23 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
     except sqlite3.Error as e:
         why = ("; it is being written (a -wal file exists) and this user cannot write "
                f"{path.parent}. Fix: read it as the job's owner, or once the job ended"
-               if not idle and not os.access(path.parent, os.W_OK) else "")
+               if not idle and not os.access(path.parent, os.W_OK) else damaged_fix(e, path))
         raise StoreError(f"cannot read the job store {path}: {e}{why}") from e
     return conn
+
+
+def damaged_fix(e: sqlite3.Error, path: Path) -> str:
+    """The fix for a store file that is no database or a damaged one (walk-through 21: every
+    command said only `file is not a database`); '' for any other error."""
+    words = str(e).lower()
+    if not isinstance(e, sqlite3.DatabaseError) or not (
+            "not a database" in words or "malformed" in words):
+        return ""
+    return (f". Fix: the store is damaged; move it aside (`mv {path} {path}.damaged`) and "
+            "launch again with the same --job-dir (a new store: the checkpoints are still "
+            "found and resumed, the old events and attempts are lost), or use another "
+            "--job-dir; the logs and checkpoints beside it are intact (`trainguard diagnose "
+            f"{path.parent / 'logs'}`, `trainguard ckpt ls CHECKPOINT_DIR`)")
 
 
 __all__ = ["JobStore", "MetaValue", "NodeRow", "StoreError", "WorkerRow"]
