@@ -36,6 +36,11 @@ def test_a_job_that_ended_without_progress_is_told_not_to_be_requeued() -> None:
     first = advice_lines(r, NO_INTERVAL)[0]
     assert first.startswith("the job ended with exit 86: attempts kept failing without "
                             "progress (NoProgress); do not requeue it as it is"), first
+    # walk-through 21: the hang budget's 86 was said to be NoProgress's
+    r.events = [SimpleNamespace(reason="HangRestartLimitReached")]
+    first = advice_lines(r, NO_INTERVAL)[0]
+    assert first.startswith("the job ended with exit 86: restarts upon suspension kept "
+                            "hanging without progress (HangRestartLimitReached)"), first
 
 
 def test_the_checkpoint_interval_is_the_gap_between_saves_of_one_attempt() -> None:

@@ -28,7 +28,7 @@ from trainguard.records import (
 )
 
 _REASONS = (Reason.FAILURE_DIAGNOSED.value, Reason.HANG_CONFIRMED.value,
-            Reason.HANG_SUSPECTED.value)
+            Reason.HANG_SUSPECTED.value, Reason.HANG_RESTART_LIMIT_REACHED.value)
 
 
 @dataclass
@@ -83,9 +83,13 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
     out: list[str] = []
     g = r.goodput
     if r.meta.get("exit_code") == ExitCode.NO_PROGRESS:
-        out.append(f"the job ended with exit {int(ExitCode.NO_PROGRESS)}: attempts kept failing "
-                   "without progress (NoProgress); do not requeue it as it is: `trainguard "
-                   "diagnose JOB_DIR` names the cause to fix first")
+        hang_budget = any(ev.reason == Reason.HANG_RESTART_LIMIT_REACHED.value
+                          for ev in r.events)
+        why = ("restarts upon suspension kept hanging without progress "
+               "(HangRestartLimitReached)" if hang_budget else
+               "attempts kept failing without progress (NoProgress)")
+        out.append(f"the job ended with exit {int(ExitCode.NO_PROGRESS)}: {why}; do not requeue "
+                   "it as it is: `trainguard diagnose JOB_DIR` names the cause to fix first")
     if a.optimal_s is not None and a.current_s is not None and a.loss_now is not None \
             and a.loss_optimal is not None:
         verb = "about right" if 0.67 <= a.current_s / a.optimal_s <= 1.5 else (
