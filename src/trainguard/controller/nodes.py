@@ -191,8 +191,12 @@ class NodeRecovery:
             placement = self._wait_for_nodes(d, attempt)
         if d.action == Action.GIVE_UP:  # out of every budget: the last rung tried says why
             d = replace(d, reason=f"{node}: {d.tried[-1].why}" if d.tried else d.reason)
-        elif placement is None:
-            d = replace(d, action=Action.GIVE_UP, result=RecoverResult.FAILED,
+        elif placement is None:  # nothing was rescheduled: its budget is not spent
+            h = d.history
+            h = (replace(h, pod_used=max(0, h.pod_used - 1)) if d.rung == Rung.POD_RESCHEDULE
+                 else replace(h, job_used=max(0, h.job_used - 1)))
+            self.rec.set_meta(**h.to_meta())
+            d = replace(d, action=Action.GIVE_UP, result=RecoverResult.FAILED, history=h,
                         exit_code=ExitCode.FAILED, reason=(
                             f"{node} is out and not enough healthy nodes are left for "
                             f"{self.fleet.nnodes} (waited {self.rec.spec.queue_timeout_s:g}s "
