@@ -20,20 +20,26 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 # A line that *starts* with "step N" / "iteration N" / "global_step=N" (after optional
-# bracketed prefixes such as "[rank0]:" or "[2026-01-01 10:00:00]", a `logging` prefix up to
-# its INFO/DEBUG level and logger name: `INFO:root:`, `2026-01-01 10:00:00,123 - INFO - `,
-# loguru's `| INFO | mod:fn:42 - `, and an epoch before it: `Epoch 1 | Step 5`, `epoch 0
-# step 5/100`): nanoGPT, Megatron, torchtitan and most hand-written loops. "resumed from step
-# 20" is not progress.
+# bracketed prefixes such as "[rank0]:" or "[2026-01-01 10:00:00]", or a `logging` prefix up
+# to its INFO/DEBUG level and logger name: `INFO:root:`, `2026-01-01 10:00:00,123 - INFO - `,
+# loguru's `| INFO | mod:fn:42 - `): nanoGPT, Megatron, torchtitan and most hand-written
+# loops. "resumed from step 20", "INFO: Resuming: step 20" and "INFO - checkpoint: step 500"
+# are not progress. A step after an epoch (`Epoch 1 | Step 5`) is not read: it is often the
+# epoch's own count, which starts again, and a step that goes back is no progress (the hang
+# detector would then see none for a whole epoch); such jobs pass --step-pattern or call
+# trainguard.progress (NoProgressSignal says so). The logging prefix starts at a character
+# that is neither a space nor `[` (else a long run of them is tried 80 times over: the agent
+# reads every line of every rank with this pattern).
 DEFAULT_STEP_PATTERN = (
     r"(?i)^\s*(?:\[[^\]]*\]:?\s*)*"
-    r"(?:[^\n]{0,80}?\b(?:INFO|DEBUG)\b[\s\-:|\]]+(?:[\w.<>]+(?::[\w<>]+:\d+)?\s*[-:|]\s*)?)?"
-    r"(?:epoch\s*[:=]?\s*\d+(?:\s*/\s*\d+)?\s*[|,;:\-]?\s*)?"
+    r"(?:(?:[^\s\[][^\n]{0,79}?)?\b(?-i:INFO|DEBUG)\b[\s\-:|\]]+"
+    r"(?:[\w.<>]+:[\w<>]+:\d+\s*-\s*|[\w.<>]+:(?=\S))?)?"
     r"(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*\[?\s*(\d+)"
     # a training progress bar (tqdm: HF Trainer, Lightning's `Epoch 0:`), not a labelled one
     # such as `Writing model shards: 100%|...| 1/1 [`: ` 50%|█████     | 3/6 [`
     r"|^\s*(?:Epoch \d+:\s*)?\d+%\|[^|]*\|\s*(\d+)/\d+\s*\["
     r"|━\s+(\d+)/\d+\s+\d+:\d\d:\d\d"  # a rich progress bar (Lightning): `━━ 6/6 0:00:01`
     r"|\bstep:\s*(\d+)\s+loss\b"  # torchtitan: `... - INFO - step:  2  loss: 10.8`
-    r'|^\s*\{[^\n]*?"(?:global_)?step"\s*:\s*(\d+)'  # a JSON line: `{"step": 5, "loss": 1.0}`
+    # a JSON line (`{"step": 5, "loss": 1.0}`), not a resume's (`{"event": "resumed", ...}`)
+    r'|^\s*\{(?![^\n]*resum)[^\n]*?"(?:global_)?step"\s*:\s*(\d+)'
 )

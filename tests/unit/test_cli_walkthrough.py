@@ -104,8 +104,15 @@ def test_progress_is_what_restart_policy_md_defines_new_steps_or_new_checkpoints
     assert not marks.made_progress(report(20), None, None)  # the same step again: no
     assert not marks.made_progress(report(22), None, None)  # within the jitter (2 steps): no
     assert marks.made_progress(report(23), None, None)  # (1) a new step beyond it
-    assert HighWater(max_step=1000).made_progress(report(1011), None, None)  # 1% of 1000
-    assert not HighWater(max_step=1000).made_progress(report(1010), None, None)
+    # 1% of the steps the attempt ran: 1,000 from step 1
+    ran = NodeReport(node="n", attempt=0, workers=[], at=utcnow(),
+                     progress=Progress(first_step=1, last_step=1011))
+    assert HighWater(max_step=1000).made_progress(ran, None, None)
+    assert not HighWater(max_step=1001).made_progress(ran, None, None)
+    # not of the job's step count (review): resumed at 100,000, 720 steps on is new ground
+    resumed = NodeReport(node="n", attempt=0, workers=[], at=utcnow(),
+                         progress=Progress(first_step=100_001, last_step=100_720))
+    assert HighWater(max_step=100_000).made_progress(resumed, None, None)
     assert marks.made_progress(report(None), 10, None)  # (2) a checkpoint, no step lines
     marks.note(report(None), 10)
     assert not marks.made_progress(report(None), 10, None)  # the same checkpoint: no

@@ -12,14 +12,16 @@ MIN_UPTIME_FOR_PROGRESS_S = 60.0
 # A step is new ground only beyond the furthest one by more than the jitter of where one
 # failure lands: the ranks of one step are a step or two apart (the job's step is the
 # furthest rank's), and a failure at a fixed time (a leak, a timer) ends a few steps either
-# way. Else such attempts creep the mark up a step at a time and escape the no-progress guard.
+# way, a share of the steps the attempt ran (not of the job's step count: an attempt resumed
+# at step 100,000 that ran 720 steps got further). Else such attempts creep the mark up a
+# step at a time and escape the no-progress guard.
 JITTER_STEPS = 2
 JITTER_FRACTION = 0.01
 
 
-def jitter(max_step: int) -> int:
-    """How far beyond `max_step` a step must be to be new ground."""
-    return max(JITTER_STEPS, int(max_step * JITTER_FRACTION))
+def jitter(span: int) -> int:
+    """How far beyond the furthest step an attempt that ran `span` steps must get."""
+    return max(JITTER_STEPS, int(max(span, 0) * JITTER_FRACTION))
 
 
 class HighWater:
@@ -34,8 +36,10 @@ class HighWater:
         lives long, so it does not count there). Reads only."""
         last = report.progress.last_step
         new_ckpt = committed is not None and committed > (self.max_committed or -1)
+        first = report.progress.first_step
+        span = 0 if last is None or first is None else last - first
         new_step = last is not None and (
-            self.max_step is None or last > self.max_step + jitter(self.max_step))
+            self.max_step is None or last > self.max_step + jitter(span))
         if new_ckpt or new_step:
             return True
         if allow_uptime and last is None and self.max_step is None and record is not None:
