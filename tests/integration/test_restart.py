@@ -146,4 +146,4 @@ def test_a_rank_that_ends_its_script_early_is_the_cause_not_the_network(
     assert (diag["category"], diag["subcategory"], diag["restart_helps"]) == (
         "user_code_error", "rank_exited_early", "no")
     assert diag["culprit"]["rank"] == 1
-    assert diag["summary"].startswith("rank(s) 1 ended the script (exit 0) while rank(s) 0")
+    assert diag["summary"].startswith("rank(s) 1 ended the script (exit 0) before rank(s) 0")

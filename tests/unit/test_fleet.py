@@ -56,6 +56,9 @@ class FakeHub:
     def take_reports(self, name: str) -> list[NodeReport]:
         return self.reports.pop(name, [])
 
+    def take_late(self, name: str) -> list[Any]:
+        return []
+
     def take_all_reports(self) -> dict[str, list[NodeReport]]:
         out, self.reports = self.reports, {}
         return out

@@ -109,5 +109,40 @@ def test_a_numbered_reply_that_came_after_its_call_gave_up_is_not_lost() -> None
                                                     MessageKind.RESUMED]
         assert first.seq == pushed.seq  # its acknowledgement covers both, recorded now
         assert link.take_reports() == [] and not link.late
+        # (review) with no pushed report to carry them, a command's reply does: Fleet._take
+        hub._frame(link, {"type": "reply", "id": "gone-3", "ok": True,
+                          "body": box.number(report(MessageKind.CHECKPOINT_SAVED))
+                          .model_dump(mode="json")})
+        hub.links["n0"] = link
+        assert [m.kind for m in hub.take_late("n0")] == [MessageKind.CHECKPOINT_SAVED]
+        assert hub.take_late("n0") == []
+    finally:
+        hub.close()
+
+
+def test_a_reply_that_came_in_a_call_after_its_node_was_given_up_on_is_kept() -> None:
+    """(review) A node given up on (unreachable) within a call, that came back and answered
+    before the call ended: its reply sat in the call's replies and was dropped with them."""
+    from trainguard.controller.hub import Hub
+    from trainguard.controller.links import NodeLink
+    from trainguard.protocol import Op
+    from trainguard.wire import new_token
+
+    box = Outbox(epoch=7)
+    hub = Hub(new_token(), "127.0.0.1")
+    try:
+        link = hub.links["n0"] = NodeLink("n0", disconnected_at=0.0)  # gone long ago
+        reply = box.number(report(MessageKind.CHECKPOINT_SAVED)).model_dump(mode="json")
+        real_gone = hub._gone
+
+        def gone_then_answer(name: str, lost_after_s: float) -> bool:
+            cid = next(iter(hub._pending))  # it answers as it is given up on
+            hub._frame(link, {"type": "reply", "id": cid, "ok": True, "body": reply})
+            return real_gone(name, lost_after_s)
+
+        hub._gone = gone_then_answer  # type: ignore[method-assign]
+        out = hub.call({"n0": (Op.STOP, {})}, 5, 0.0)
+        assert not out["n0"].ok and "unreachable" in out["n0"].error
+        assert [m.kind for m in hub.take_late("n0")] == [MessageKind.CHECKPOINT_SAVED]
     finally:
         hub.close()

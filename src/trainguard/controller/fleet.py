@@ -311,7 +311,11 @@ class Fleet:
         for name, r in replies.items():
             if r.ok and "node" in r.body:
                 pushed = self.hub.take_reports(name)
-                self.merger.fold(name, [*pushed, NodeReport.model_validate(r.body)])
+                reply = NodeReport.model_validate(r.body)
+                late = self.hub.take_late(name)  # none pushed carried them: this reply does
+                if late:
+                    reply = reply.model_copy(update={"messages": [*late, *reply.messages]})
+                self.merger.fold(name, [*pushed, reply])
 
     def _merged(self) -> NodeReport:
         """The merge the loop reads; first the acknowledgements of the last one's messages

@@ -218,7 +218,7 @@ class Hub:
                 if msg["id"] in self._pending:
                     self._replies[msg["id"]] = msg
                 else:  # its call gave up (timed out): keep what must not be lost
-                    link.late.extend(_kept_messages(msg.get("body")))
+                    link.keep_late(msg.get("body"))
                 self._cond.notify_all()
             self._news.set()
 
@@ -318,10 +318,19 @@ class Hub:
                     if len(out) < len(ids):
                         self._cond.wait(0.2)
             finally:
-                for cid in ids:
+                for cid, name in ids.items():
                     self._pending.pop(cid, None)
-                    self._replies.pop(cid, None)
+                    left = self._replies.pop(cid, None)  # came after its node's answer was
+                    link = self.links.get(name)  # given up on (unreachable, timed out)
+                    if left is not None and link is not None:
+                        link.keep_late(left.get("body"))
             return out
+
+    def take_late(self, name: str) -> list[WorkerMessage]:
+        """The late messages no pushed report carried yet (Fleet adds them to a reply)."""
+        with self._cond:
+            link = self.links.get(name)
+        return [] if link is None else link.take_late()
 
     def _gone(self, name: str, lost_after_s: float) -> bool:
         link = self.links.get(name)  # a silent one is caught by the caller's timeout
@@ -373,17 +382,6 @@ class Hub:
         for t in [self._acceptor, *readers]:
             if t is not threading.current_thread():
                 t.join(max(deadline - time.monotonic(), 0.0))
-
-
-def _kept_messages(body: Any) -> list[WorkerMessage]:
-    """The messages an agent keeps until acknowledged, of a reply that is a numbered report."""
-    if not isinstance(body, dict) or body.get("seq") is None or "node" not in body:
-        return []
-    try:
-        report = NodeReport.model_validate(body)
-    except ValueError:
-        return []
-    return [m for m in report.messages if m.id is not None]
 
 
 def _send_quietly(conn: Conn, frame: dict[str, Any]) -> None:

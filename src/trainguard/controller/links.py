@@ -103,10 +103,24 @@ class NodeLink:
         while self.reports:
             out.append(self.reports.popleft())
         if out and self.late:
-            late: list[WorkerMessage] = []
-            while self.late:
-                late.append(self.late.popleft())
-            out[0] = out[0].model_copy(update={"messages": [*late, *out[0].messages]})
+            out[0] = out[0].model_copy(update={"messages": [*self.take_late(),
+                                                            *out[0].messages]})
+        return out
+
+    def keep_late(self, body: Any) -> None:
+        """The kept messages (with an id) of a reply that is a numbered report."""
+        if not isinstance(body, dict) or body.get("seq") is None or "node" not in body:
+            return
+        try:
+            report = NodeReport.model_validate(body)
+        except ValueError:
+            return
+        self.late.extend(m for m in report.messages if m.id is not None)
+
+    def take_late(self) -> list[WorkerMessage]:
+        out: list[WorkerMessage] = []
+        while self.late:
+            out.append(self.late.popleft())
         return out
 
     def up(self) -> bool:

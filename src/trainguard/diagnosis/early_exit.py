@@ -7,7 +7,9 @@ data not split evenly, `drop_last` off, a rank-dependent `break` or `return`), a
 again on every attempt (walk-through 21: each of four attempts diagnosed
 `network_or_rendezvous`, restart `yes`, until the no-progress guard gave up). So when the
 verdict is such a symptom and a rank exited 0 before the first rank that failed, the verdict
-is that rank's early end, the peers' line its evidence.
+is that rank's early end, the peers' line its evidence. At a normal end of training (every
+rank done, one exiting first, a peer failing in its teardown) the same holds, less the uneven
+data: the script ends its ranks unalike, and a restart ends the same way; the advice says both.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ PEER_SYMPTOMS = frozenset({Category.NETWORK_OR_RENDEZVOUS, Category.NCCL_COMMUNI
 ADVICE = ("Every rank must run the same number of steps and collectives: split the data "
           "evenly (DistributedSampler with drop_last=True, or the same number of batches per "
           "rank), avoid a rank-dependent break or return in the loop, or wrap uneven loops "
-          "in torch.distributed.algorithms.Join. A restart ends the same way.")
+          "in torch.distributed.algorithms.Join. If every rank had finished training, the "
+          "peers failed in their teardown instead: end every rank alike (a barrier, then "
+          "torch.distributed.destroy_process_group()). A restart ends the same way.")
 
 
 def early_exit(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis | None:
@@ -44,8 +48,8 @@ def early_exit(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis | No
     return replace(
         d, category=Category.USER_CODE_ERROR, fault_domain=FaultDomain.USER_CODE,
         restart_helps=RestartHelps.NO, subcategory="rank_exited_early",
-        summary=(f"rank(s) {who} ended the script (exit 0) while rank(s) "
-                 f"{', '.join(map(str, left))} still trained; these then failed in a "
-                 f"collective that waited for it ({d.summary.rstrip('.')})"),
+        summary=(f"rank(s) {who} ended the script (exit 0) before rank(s) "
+                 f"{', '.join(map(str, left))}, which then failed in a collective or store "
+                 f"call that waited for it ({d.summary.rstrip('.')})"),
         advice=ADVICE, culprit=Culprit(first.rank, first.node), isolate_node=False,
         confidence=min(d.confidence, 0.7), rule=None)
