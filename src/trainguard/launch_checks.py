@@ -146,10 +146,13 @@ def check_master_addr(addr: str) -> None:
 
 
 def bind_error(addr: str) -> OSError | None:
-    """Why this machine cannot listen on `addr` (not one of its own), or None."""
+    """Why this machine cannot listen on `addr` (not one of its own), or None; a name or an
+    IPv6 address too (`::1`: a bracketed endpoint's host)."""
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((addr, 0))
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            addr.strip("[]"), 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.bind(sockaddr)
     except OSError as e:
         return e
     return None

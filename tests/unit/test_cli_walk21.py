@@ -52,3 +52,11 @@ def test_the_slurm_backend_without_slurms_commands_is_refused_by_the_dry_run_too
         assert ("--backend slurm: srun/scontrol are not on PATH. Fix: run on a Slurm login or "
                 "compute node, or use --backend local") in r.stderr, r.stderr
         assert not (tmp_path / "job").exists()  # a refused launch leaves no dir
+
+
+def test_this_machines_ipv6_address_is_its_own() -> None:
+    """(review) the check bound AF_INET only: `::1` read as another machine."""
+    from trainguard.launch_checks import bind_error
+
+    assert bind_error("::1") is None and bind_error("[::1]") is None
+    assert bind_error("127.0.0.1") is None and bind_error("192.0.2.1") is not None

@@ -65,3 +65,17 @@ def test_the_warning_names_what_the_job_turned_on() -> None:
     w.observe(report(0, 0), 0)
     w.observe(report(181, 180), 0)
     assert "no checkpoint was seen, so the no-progress guard has nothing to go by" in said[0]
+
+
+def test_a_rank_that_printed_once_and_went_quiet_is_not_told_it_prints() -> None:
+    """(review) 'Loading model...' then three quiet minutes is a load, not lines that are no
+    step lines; and a new attempt's processes start the clock again."""
+    w, said = watch()
+    w.observe(report(0, 0), 0)
+    w.observe(report(400, 1), 0)  # printed at 0 and 1 s only
+    assert said == []
+    w.observe(report(410, 200), 1)  # attempt 1: its own output from 200 s on
+    w.observe(report(500, 300), 1)
+    assert said == []
+    w.observe(report(600, 381), 1)
+    assert len(said) == 1

@@ -41,6 +41,9 @@ def test_a_job_that_ended_without_progress_is_told_not_to_be_requeued() -> None:
     first = advice_lines(r, NO_INTERVAL)[0]
     assert first.startswith("the job ended with exit 86: restarts upon suspension kept "
                             "hanging without progress (HangRestartLimitReached)"), first
+    # (review) the latest of the two says it: a relaunch that ended by NoProgress
+    r.events.append(SimpleNamespace(reason="NoProgress"))
+    assert "(NoProgress)" in advice_lines(r, NO_INTERVAL)[0]
 
 
 def test_the_checkpoint_interval_is_the_gap_between_saves_of_one_attempt() -> None:

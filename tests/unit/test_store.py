@@ -352,5 +352,5 @@ def test_a_damaged_store_is_told_with_the_fix_for_reading_and_for_launching(
         with pytest.raises(StoreError) as err:
             opening()
         msg = str(err.value)
-        assert "file is not a database. Fix: the store is damaged; move it aside" in msg, msg
-        assert f"trainguard diagnose {job / 'logs'}" in msg
+        assert "file is not a database. Fix: the store is damaged; move it and its" in msg, msg
+        assert "-wal and -shm files aside" in msg and "trainguard diagnose LOG_DIR" in msg

@@ -23,7 +23,8 @@ class ProgressSignal:
     def __init__(self, rec: Recorder, warn_after_s: float = SILENT_WARN_S) -> None:
         self.rec = rec
         self.warn_after_s = warn_after_s
-        self._printing_since: datetime | None = None
+        self._printing_since: datetime | None = None  # this attempt's first output
+        self._attempt: int | None = None
         self._done = False  # told, or progress seen: nothing more to say this launch
 
     def observe(self, report: NodeReport, attempt: int) -> None:
@@ -33,11 +34,14 @@ class ProgressSignal:
                 lv.last_progress_at is not None for lv in report.liveness):
             self._done = True
             return
+        if attempt != self._attempt:  # new processes: their own output
+            self._attempt, self._printing_since = attempt, None
         printed = [lv.last_output_at for lv in report.liveness if lv.last_output_at]
         if not printed:
             return
         self._printing_since = self._printing_since or min(printed)
-        if (report.at - self._printing_since).total_seconds() < self.warn_after_s:
+        # still printing: a rank that said "loading..." and went quiet loads, it says no step
+        if (max(printed) - self._printing_since).total_seconds() < self.warn_after_s:
             return
         self._done = True
         spec = self.rec.spec

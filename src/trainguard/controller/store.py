@@ -375,11 +375,12 @@ def damaged_fix(e: sqlite3.Error, path: Path) -> str:
     if not isinstance(e, sqlite3.DatabaseError) or not (
             "not a database" in words or "malformed" in words):
         return ""
-    return (f". Fix: the store is damaged; move it aside (`mv {path} {path}.damaged`) and "
-            "launch again with the same --job-dir (a new store: the checkpoints are still "
-            "found and resumed, the old events and attempts are lost), or use another "
-            "--job-dir; the logs and checkpoints beside it are intact (`trainguard diagnose "
-            f"{path.parent / 'logs'}`, `trainguard ckpt ls CHECKPOINT_DIR`)")
+    return (f". Fix: the store is damaged; move it and its -wal and -shm files aside (`for f "
+            f"in {path}*; do mv $f $f.damaged; done`) and launch again with the same --job-dir "
+            "(a new store: the checkpoints are still found and resumed, the old events and "
+            "attempts are lost; a warning names the moved files), or use another --job-dir; "
+            "the logs and checkpoints are intact (`trainguard diagnose LOG_DIR`, `trainguard "
+            "ckpt ls CHECKPOINT_DIR`)")
 
 
 __all__ = ["JobStore", "MetaValue", "NodeRow", "StoreError", "WorkerRow"]

@@ -28,7 +28,8 @@ from trainguard.records import (
 )
 
 _REASONS = (Reason.FAILURE_DIAGNOSED.value, Reason.HANG_CONFIRMED.value,
-            Reason.HANG_SUSPECTED.value, Reason.HANG_RESTART_LIMIT_REACHED.value)
+            Reason.HANG_SUSPECTED.value, Reason.HANG_RESTART_LIMIT_REACHED.value,
+            Reason.NO_PROGRESS.value)
 
 
 @dataclass
@@ -83,8 +84,9 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
     out: list[str] = []
     g = r.goodput
     if r.meta.get("exit_code") == ExitCode.NO_PROGRESS:
-        hang_budget = any(ev.reason == Reason.HANG_RESTART_LIMIT_REACHED.value
-                          for ev in r.events)
+        ends = [ev.reason for ev in r.events if ev.reason in (
+            Reason.HANG_RESTART_LIMIT_REACHED.value, Reason.NO_PROGRESS.value)]
+        hang_budget = bool(ends) and ends[-1] == Reason.HANG_RESTART_LIMIT_REACHED.value
         why = ("restarts upon suspension kept hanging without progress "
                "(HangRestartLimitReached)" if hang_budget else
                "attempts kept failing without progress (NoProgress)")
