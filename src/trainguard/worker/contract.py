@@ -236,18 +236,13 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "on_exit": _text(MAX_TEXT, nullable=True),  # a save on the way out: none follows
     },
     MessageKind.CHECKPOINT_EXIT_SKIPPED: {"step": _STEP, "reason": _text(MAX_TEXT, True)},
-    MessageKind.CHECKPOINT_CORRUPT: {
-        "step": _STEP,
-        "status": _text(MAX_NAME, required=True),
-        "reason": _text(MAX_TEXT, required=True),
-        "location": _text(MAX_PATH),
-    },
+    MessageKind.CHECKPOINT_CORRUPT: {"step": _STEP, "status": _text(MAX_NAME, required=True),
+                                     "reason": _text(MAX_TEXT, required=True),
+                                     "location": _text(MAX_PATH)},
     MessageKind.NO_CHECKPOINT: {"location": _text(MAX_PATH, required=True)},
+    # source: SOURCE_*; own_part False: no part of its own (dead at the save): a donor's data
     MessageKind.RESUMED: {"step": _STEP, "location": _text(MAX_PATH),
-                          "source": Field(str, max_len=MAX_NAME),  # SOURCE_*
-                          # False: the rank had no part of its own in the checkpoint (it
-                          # died before the save): a donor's data position, a fresh RNG
-                          "own_part": Field(bool),
+                          "source": Field(str, max_len=MAX_NAME), "own_part": Field(bool),
                           "borrowed_from": _int(0, MAX_INT32, nullable=True)},
     MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
     MessageKind.STEP_FAILED: {
