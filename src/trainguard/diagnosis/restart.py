@@ -16,7 +16,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | gpu_hardware | not isolated | maybe |
 | npu_hardware_or_driver | not isolated (an operator or driver error) | its rule's |
 | port_conflict | the port is a well-known one (< 1024: a system service's) | no |
-| network_or_rendezvous | a name that does not resolve, ssh refused, 127.0.1.1, no interface | no |
+| network_or_rendezvous | no name resolution, ssh refused here or on :22, 127.0.1.1, no NIC | no |
 | network_or_rendezvous | an address in 0.0.0.0/8 (a number read as a host: 0.0.0.5) | no |
 | network_or_rendezvous | more workers reached the store than the world has (stale) | no |
 | network_or_rendezvous | a store client failed to connect (not: timed out waiting) | no |
@@ -55,8 +55,13 @@ _HARDWARE = (Category.GPU_HARDWARE, Category.NPU_HARDWARE_OR_DRIVER)
 _BAD_ADDRESS = re.compile(
     r"name or service not known|host not found|could not resolve|nodename nor servname|"
     r"temporary failure in name resolution|no address associated|getaddrinfo|"
-    r"\bssh\b.*(?:refused|denied|returned non-zero|exit status 255)|permission denied "
-    r"\(publickey"
+    r"\bssh\b.*(?:denied|returned non-zero|exit status 255)|permission denied \(publickey"
+    # ssh refused on this machine or on sshd's own port 22: no ssh server there, the same on
+    # every start; a refusal on another host's own port (Horovod's or an MPI operator's sshd
+    # in the peer's container, `port 12345`) is a peer whose sshd is not listening yet, which
+    # a rerun can meet (both such logs of the sets say `yes`, the one on localhost:22 `no`)
+    r"|\bssh: connect to host (?:localhost|127(?:\.\d{1,3}){3}|::1|\S+ port 22:)"
+    r"[^\n]*refused"
     # an address on Debian's loopback alias for the host's own name (127.0.1.1 in /etc/hosts):
     # the peers were told to reach this host where no one else can
     r"|(?<![\w.])127\.0\.1\.1(?![\w.])"
