@@ -176,12 +176,12 @@ def test_words_that_break_the_pattern_name_the_rule() -> None:
 def test_the_shell_crash_verdict_reads_the_shipped_translations() -> None:
     """restart.py's shell job line and rules.yaml's native-crash read one table: a locale
     added to `words:` is known to both."""
-    from trainguard.diagnosis.restart import _SHELL_SEGV
+    from trainguard.diagnosis.restart import _shell_segv
 
     words = load_rules().words
     assert "Speicherzugriffsfehler" in words["segfault"]
     for seg, core in (("段错误", "核心已转储"),
                       ("Speicherzugriffsfehler", "Speicherabzug geschrieben")):
         line = f"{seg} ({core})"
-        assert _SHELL_SEGV.search(line), line
+        assert _shell_segv().search(line), line
         assert load_rules().match(line) is load_rules().by_id("native-crash"), line

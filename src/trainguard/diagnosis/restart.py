@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import cache
 
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.rules import load_rules
@@ -125,12 +126,17 @@ _VIRTUAL_IF_USED = re.compile(
 # say `no`: 11 of 13 of the shell's, 2 of 2 of the IDE's); in the shell's locale too (glibc's
 # translated strsignal(SIGSEGV), bash's translated "(core dumped)": `段错误 (核心已转储)`; the
 # translations are kept once, in rules.yaml's `words:`)
-_WORDS = load_rules().words
-_SHELL_SEGV = re.compile(r"^(?:(?:\S+: (?:line \d+|第 ?\d+ ?行)[:\uff1a]\s*)?(?:\d+\s+)?"
-                         rf"(?:segmentation fault|{_WORDS['segfault']})\s*[(\uff08]"
-                         rf"(?:core dumped|{_WORDS['core_dumped']})[)\uff09]|"
-                         r"process finished with exit code \d+ \(interrupted by signal 11\b)",
-                         re.IGNORECASE)
+@cache
+def _shell_segv() -> re.Pattern[str]:
+    """Compiled on first use: the rules (their `words:`) load only when a verdict is read."""
+    words = load_rules().words
+    return re.compile(r"^(?:(?:\S+: (?:line \d+|第 ?\d+ ?行)[:\uff1a]\s*)?(?:\d+\s+)?"
+                      rf"(?:segmentation fault|{words['segfault']})\s*[(\uff08]"
+                      rf"(?:core dumped|{words['core_dumped']})[)\uff09]|"
+                      r"process finished with exit code \d+ \(interrupted by signal 11\b)",
+                      re.IGNORECASE)
+
+
 # gloo that could not build its full mesh when the process group was set up ("connectFullMesh
 # failed"): the interface it picked does not reach the peers, and a rerun picks the same
 _GLOO_MESH = re.compile(r"connectFullMesh failed", re.IGNORECASE)
@@ -209,7 +215,7 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
     elif cat == Category.OTHER and d.evidence is not None and _NO_ROUTE.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "the machine has no route to the service"
     elif cat == Category.SEGFAULT_OR_ABORT and d.evidence is not None \
-            and _SHELL_SEGV.search(d.evidence.text.strip()):
+            and _shell_segv().search(d.evidence.text.strip()):
         verdict, why = RestartHelps.NO, ("a native crash with no error before it: the same "
                                          "program on the same inputs crashes the same way")
     elif cat == Category.NETWORK_OR_RENDEZVOUS and d.evidence is not None \
