@@ -24,16 +24,18 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     """What `run` and `run --dry-run` both check before anything starts, in this order: the
     checkpoint URL's filesystem, that no launcher holds the job dir (`run` then takes its
     lock, job_lock, with the same words: a job still running is said to be, not its metrics
-    port), that the run id fits the job dir (continued_run), a single-node job's rendezvous
-    address, Slurm's commands for `--backend slurm` and the metrics endpoint; then the job,
-    log and checkpoint dirs can be made (and are, unless `create` is False). Errors name the
-    flag and the fix."""
+    port), that the run id fits the job dir (continued_run), the rendezvous address (a
+    single-node job's, or a local multi-node job's), Slurm's commands for `--backend slurm`
+    and the metrics endpoint; then the job, log and checkpoint dirs can be made (and are,
+    unless `create` is False). Errors name the flag and the fix."""
     paths = JobPaths.for_spec(spec, Path.cwd())
     check_checkpoint_url(paths)
     check_unlocked(paths.job_dir)
     spec = continued_run(spec, paths.job_dir)
     if not spec.multi_node:  # a multi-node job meets at its first node's address
         check_master_addr(spec.master_addr)
+    elif spec.backend == "local":  # ... on this machine: another machine's is a mistake
+        check_local_nodes_addr(spec)
     check_backend(spec)
     check_metrics_port(spec)
     paths.make(create)
@@ -143,6 +145,23 @@ def check_master_addr(addr: str) -> None:
         raise SpecError("--master-addr / --rdzv-endpoint", f"cannot listen on {addr!r} on "
                         f"this node ({e.strerror or e})", "use 127.0.0.1 or one of this "
                         "node's addresses")
+
+
+def check_local_nodes_addr(spec: JobSpec) -> None:
+    """`--rdzv-endpoint HOST:PORT` (or `--master-addr`) naming another machine in a
+    multi-node job on the local backend: torchrun's c10d command, typed on each machine, ran
+    there as a whole job of virtual nodes (walk-through 21). An address of this machine (the
+    default, a tutorial's `localhost`) is harmless; on Slurm, from a login node, the address
+    is a fallback (walk-through 19)."""
+    if bind_error(spec.master_addr) is None:
+        return
+    raise SpecError("--rdzv-endpoint / --master-addr", f"{spec.master_addr!r} is another "
+                    "machine, in a multi-node job: trainguard is not started once per node as "
+                    "torchrun is, and its nodes meet at the node that holds rank 0",
+                    "drop it: run trainguard once, on one node; its controller starts an "
+                    f"agent on every node; with --backend local (the default) its "
+                    f"{spec.nnodes} nodes are virtual nodes on this machine (--backend slurm "
+                    "places them on a cluster's)")
 
 
 def bind_error(addr: str) -> OSError | None:

@@ -21,7 +21,6 @@ from trainguard.cli.fmt import complain
 from trainguard.cli.job_file import load_job_file
 from trainguard.cli.run_checks import (
     check_fault_env,
-    check_multi_node_endpoint,
     check_node_rank,
     note_flags_after_script,
     warn_shared_job_dir,
@@ -353,7 +352,6 @@ def _run_command(ns: argparse.Namespace) -> int:
     # a script that is not there fails here, dry run or not
     argv = worker_argv(spec, entrypoint_source(ns))
     check_node_rank(spec, "node_rank" in origin)  # given, by a flag or the job file
-    check_multi_node_endpoint(spec, "master_addr" in origin)
     check_fault_env()
     if "training_script_args" in vars(ns):  # (a job file's `args:` are not after anything)
         note_flags_after_script(ns.training_script_args, _RUN_FLAGS)

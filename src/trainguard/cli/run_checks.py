@@ -1,6 +1,5 @@
 """What `trainguard run` checks before anything starts, dry run or not: the script is there,
-TRAINGUARD_FAULT parses, a multi-node job gets no node rank nor another machine's
-rendezvous address, and (a warning, a note) the job
+TRAINGUARD_FAULT parses, a multi-node job gets no node rank, and (a warning, a note) the job
 dir is the job's own and none of the script's arguments is one of `run`'s flags."""
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from pathlib import Path
 
 from trainguard.cli.fmt import complain
 from trainguard.errors import SpecError
-from trainguard.launch_checks import bind_error
 from trainguard.paths import DB_NAME, JobPaths, foreign_entries
 from trainguard.spec import JobSpec
 
@@ -72,23 +70,6 @@ def note_flags_after_script(args: list[str], run_flags: set[str]) -> None:
         complain("run", f"{', '.join(ours)} came after the training script, so the script gets "
                  f"{'it' if len(ours) == 1 else 'them'}, not trainguard (as with torchrun). Fix: "
                  "put trainguard's flags before the script", "note")
-
-
-def check_multi_node_endpoint(spec: JobSpec, given: bool) -> None:
-    """`--rdzv-endpoint HOST:PORT` (or `--master-addr`) naming another machine in a
-    multi-node job on the local backend: torchrun's c10d command, typed on each machine, ran
-    there as a whole job of virtual nodes (walk-through 21). Its nodes meet at the node that
-    holds rank 0; an address of this machine is harmless (a tutorial's `localhost`)."""
-    if not (given and spec.multi_node and spec.backend == "local") or \
-            bind_error(spec.master_addr) is None:
-        return  # (on Slurm, from a login node, the address is a fallback: walk-through 19)
-    local = (f"; with --backend local (the default) its {spec.nnodes} nodes are virtual nodes "
-             "on this machine (--backend slurm places them on a cluster's)")
-    raise SpecError("--rdzv-endpoint / --master-addr", f"{spec.master_addr!r} is another "
-                    "machine, in a multi-node job: trainguard is not started once per node as "
-                    "torchrun is, and its nodes meet at the node that holds rank 0",
-                    f"drop it: run trainguard once, on one node; its controller starts an "
-                    f"agent on every node{local}")
 
 
 def check_node_rank(spec: JobSpec, given: bool) -> None:
