@@ -53,11 +53,8 @@ class FakeHub:
     def silent_for(self, name: str) -> float:
         return self.silent.get(name, 0.1)
 
-    def take_reports(self, name: str) -> list[NodeReport]:
-        return self.reports.pop(name, [])
-
-    def take_late(self, name: str) -> list[Any]:
-        return []
+    def take_reports(self, name: str, then: NodeReport | None = None) -> list[NodeReport]:
+        return [*self.reports.pop(name, []), *([] if then is None else [then])]
 
     def take_all_reports(self) -> dict[str, list[NodeReport]]:
         out, self.reports = self.reports, {}

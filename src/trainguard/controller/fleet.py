@@ -310,12 +310,8 @@ class Fleet:
         """A command's reply reports, after the reports pushed before it (none lost)."""
         for name, r in replies.items():
             if r.ok and "node" in r.body:
-                pushed = self.hub.take_reports(name)
                 reply = NodeReport.model_validate(r.body)
-                late = self.hub.take_late(name)  # none pushed carried them: this reply does
-                if late:
-                    reply = reply.model_copy(update={"messages": [*late, *reply.messages]})
-                self.merger.fold(name, [*pushed, reply])
+                self.merger.fold(name, self.hub.take_reports(name, then=reply))
 
     def _merged(self) -> NodeReport:
         """The merge the loop reads; first the acknowledgements of the last one's messages

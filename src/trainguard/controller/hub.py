@@ -26,7 +26,7 @@ from typing import Any
 
 from trainguard.controller.admission import Admission
 from trainguard.controller.links import Heard, LinkReader, LinkState, NodeLink
-from trainguard.protocol import NodeReport, Op, WorkerMessage
+from trainguard.protocol import NodeReport, Op
 from trainguard.wire import (
     Conn,
     FrameRejected,
@@ -255,10 +255,14 @@ class Hub:
         out = {n: link.take_reports() for n, link in links if link.reports}
         return {n: r for n, r in out.items() if r}
 
-    def take_reports(self, name: str) -> list[NodeReport]:
+    def take_reports(self, name: str, then: NodeReport | None = None) -> list[NodeReport]:
+        """A node's pushed reports since the last take, then `then` (a command's reply
+        report); the late messages (NodeLink.keep_late) lead the first."""
         with self._cond:
             link = self.links.get(name)
-        return [] if link is None else link.take_reports()
+        if link is None:
+            return [] if then is None else [then]
+        return link.take_reports(then)
 
     def wait(self, timeout: float) -> None:
         """Until a report or reply arrives, or a node connects or disconnects (or timeout)."""
@@ -325,12 +329,6 @@ class Hub:
                     if left is not None and link is not None:
                         link.keep_late(left.get("body"))
             return out
-
-    def take_late(self, name: str) -> list[WorkerMessage]:
-        """The late messages no pushed report carried yet (Fleet adds them to a reply)."""
-        with self._cond:
-            link = self.links.get(name)
-        return [] if link is None else link.take_late()
 
     def _gone(self, name: str, lost_after_s: float) -> bool:
         link = self.links.get(name)  # a silent one is caught by the caller's timeout

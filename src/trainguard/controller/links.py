@@ -97,14 +97,19 @@ class NodeLink:
     # acknowledged (an acknowledgement is cumulative: a later report's would drop them)
     late: deque[WorkerMessage] = field(default_factory=deque)
 
-    def take_reports(self) -> list[NodeReport]:
-        """The reports pushed since the last take, the first led by the late messages."""
+    def take_reports(self, then: NodeReport | None = None) -> list[NodeReport]:
+        """The reports pushed since the last take, then `then` (a command's reply report),
+        the first led by the late messages: one path records them all."""
         out: list[NodeReport] = []
         while self.reports:
             out.append(self.reports.popleft())
+        if then is not None:
+            out.append(then)
         if out and self.late:
-            out[0] = out[0].model_copy(update={"messages": [*self.take_late(),
-                                                            *out[0].messages]})
+            late: list[WorkerMessage] = []
+            while self.late:
+                late.append(self.late.popleft())
+            out[0] = out[0].model_copy(update={"messages": [*late, *out[0].messages]})
         return out
 
     def keep_late(self, body: Any) -> None:
@@ -116,12 +121,6 @@ class NodeLink:
         except ValueError:
             return
         self.late.extend(m for m in report.messages if m.id is not None)
-
-    def take_late(self) -> list[WorkerMessage]:
-        out: list[WorkerMessage] = []
-        while self.late:
-            out.append(self.late.popleft())
-        return out
 
     def up(self) -> bool:
         return self.conn is not None and self.hangup_at is None
