@@ -236,11 +236,11 @@ def _adopt(fleet: Fleet, store: JobStore, attempt: int, rec: Recorder) -> str | 
             node.times_implicated = row.times_implicated
             node.handle = fleet.backend.adopt_agent(name, row.agent_pid)
     names = [r.name for r in placement]
+    live = [n for n, node in fleet.nodes.items() if node.state.usable]
+    missing = fleet.hub.wait_connected(live, ADOPT_TIMEOUT_S)  # connected: kept ones read
     if len(names) != fleet.nnodes:
         return _give_up_adoption(fleet, rec, f"the store places {len(names)} node(s), not "
                                              f"{fleet.nnodes}")
-    live = [n for n, node in fleet.nodes.items() if node.state.usable]
-    missing = fleet.hub.wait_connected(live, ADOPT_TIMEOUT_S)
     for name in names:
         report = fleet.hub.links[name].hello_report if name in fleet.hub.links else None
         if name in missing or report is None:
