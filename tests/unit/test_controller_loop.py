@@ -414,15 +414,18 @@ def test_a_job_store_that_cannot_be_written_for_a_while_does_not_end_a_healthy_j
         job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Audit D9: a full job-dir disk (SQLITE_FULL) while the job runs: the console says so,
     the events wait in memory and reach the store once it takes writes again; the job
-    ends as it would have."""
-    failing = {"left": 0}
+    ends as it would have. (Walk-through 22) the running records too: a failed write of
+    one ended the launcher (exit 2, its restarts unused); now it waits and is written."""
+    failing = {"left": 0, "records": 0}
     real = {name: getattr(JobStore, name)
-            for name in ("add_event", "put_workers", "add_progress", "set_meta")}
+            for name in ("add_event", "put_workers", "add_progress", "set_meta",
+                         "put_running")}
 
     def flaky(name: str) -> Any:
         def write(self: JobStore, *args: Any, **kwargs: Any) -> Any:
-            if failing["left"] > 0:
-                failing["left"] -= 1
+            key = "records" if name == "put_running" else "left"
+            if failing[key] > 0:
+                failing[key] -= 1
                 raise StoreError("cannot add an event to the job store: database or disk is "
                                  "full")
             return real[name](self, *args, **kwargs)
@@ -435,12 +438,45 @@ def test_a_job_store_that_cannot_be_written_for_a_while_does_not_end_a_healthy_j
     def start(self: ScriptedAgent, cmd: StartWorkers) -> NodeReport:
         if not self.started:
             failing["left"] = 12  # the disk fills up once the first attempt runs
+            failing["records"] = 3
         return original_start(self, cmd)
 
     monkeypatch.setattr(ScriptedAgent, "start_workers", start)
     run = job(CRASH_THEN_RECOVER, max_restarts=3)
     assert run.code == ExitCode.SUCCESS
     assert "StoreWriteFailed" in run.reasons and run.reasons[-1] == "JobSucceeded"
+    records = run.store.running_records()
+    assert [r.attempt for r in records] == [0, 1]
+    assert records[0].recover_records and records[0].recover_records[0].recover_result == \
+        RecoverResult.SUCCESS
+
+
+def test_a_running_record_the_store_cannot_take_waits_and_is_written_later(
+        tmp_path: Path) -> None:
+    """(walk-through 22) IncidentBook keeps a record a full disk refused and writes it at
+    the next flush; the failure is told, never raised while the job runs."""
+    from trainguard.controller.incidents import IncidentBook
+
+    store = JobStore.create(tmp_path, "book-test")
+    errors: list[Exception] = []
+    book = IncidentBook(store, on_error=errors.append)
+    real = JobStore.put_running
+    full = {"on": True}
+
+    def put(self: JobStore, rec: Any) -> None:
+        if full["on"]:
+            raise StoreError("cannot write a running record: database or disk is full")
+        real(self, rec)
+
+    JobStore.put_running = put  # type: ignore[method-assign]
+    try:
+        book.attempt_started(0, StartType.FIRST_START, 29500)
+        assert len(errors) == 1 and store.running_records() == []
+        full["on"] = False
+        book.flush()
+        assert [r.attempt for r in store.running_records()] == [0]
+    finally:
+        JobStore.put_running = real  # type: ignore[method-assign]
 
 
 class EndingAgent(HangAgent):

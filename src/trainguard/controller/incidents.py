@@ -6,12 +6,14 @@ shapes, the time split and the steps lost, and writes them to the store as they 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from trainguard.controller.store import JobStore
 from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.errors import StoreError
 from trainguard.policy.decision import Action, Decision, Rung
 from trainguard.protocol import Progress
 from trainguard.records import (
@@ -66,8 +68,11 @@ def task_of(rank: int | None) -> str:
 
 
 class IncidentBook:
-    def __init__(self, store: JobStore) -> None:
+    def __init__(self, store: JobStore,
+                 on_error: Callable[[Exception], None] | None = None) -> None:
         self._store = store
+        self._on_error = on_error  # a write that failed (the job goes on; it is retried)
+        self._unsaved: dict[int, RunningRecord] = {}  # attempt -> record not written yet
         self.current: RunningRecord | None = None
         self._pending: tuple[RunningRecord, RecoverRecord] | None = None
         self._recovered: tuple[RunningRecord, RecoverRecord] | None = None  # the last one
@@ -76,8 +81,24 @@ class IncidentBook:
         self._hang_open: RecoverRecord | None = None  # a confirmed hang left running
 
     def _save(self, rec: RunningRecord | None) -> None:
+        """Write the record (recover records included); one the store cannot take now (a
+        full disk) is kept and written again by `flush`: the job goes on."""
         if rec is not None:
-            self._store.put_running(rec)
+            self._unsaved[rec.attempt] = rec
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the records that wait (each is the current state: a later write of the
+        same attempt replaces it)."""
+        for attempt, rec in sorted(self._unsaved.items()):
+            try:
+                self._store.put_running(rec)
+            except (StoreError, OSError) as e:
+                if self._on_error is None:
+                    raise
+                self._on_error(e)
+                return
+            del self._unsaved[attempt]
 
     def attempt_started(self, attempt: int, start_type: StartType, port: int) -> None:
         self.current = RunningRecord(attempt, utcnow(), start_type, master_port=port)

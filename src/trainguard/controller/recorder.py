@@ -55,7 +55,7 @@ class Recorder:
                  on_event: Callable[[Event], None] | None = None) -> None:
         self.spec, self.paths, self.store, self.argv = spec, paths, store, argv
         self._on_event = on_event
-        self.book = IncidentBook(store)
+        self.book = IncidentBook(store, on_error=self._store_failed)
         self.messages = WorkerMessages(self.event, self.book, self._recorded)
         self.launches = 1
         self.previous_max_step: int | None = None  # the furthest step a launch before reached
@@ -107,17 +107,21 @@ class Recorder:
         try:
             yield
         except (StoreError, OverflowError, OSError) as e:
-            if time.monotonic() - self._store_warned < STORE_WARN_EVERY_S:
-                return
-            self._store_warned = time.monotonic()
-            ev = Event(utcnow(), Level.WARNING, Reason.STORE_WRITE_FAILED.value,
-                       f"cannot write the job store ({e}); the job goes on, "
-                       f"{len(self._unwritten)} event(s) wait and every write is retried",
-                       Involved(job=self.spec.run_id))
-            if len(self._unwritten) < MAX_UNWRITTEN:
-                self._unwritten.append(ev)  # written once the store takes writes again
-            if self._on_event is not None:
-                self._on_event(ev)
+            self._store_failed(e)
+
+    def _store_failed(self, e: Exception) -> None:
+        """Say so (at most once a minute); the write is tried again later."""
+        if time.monotonic() - self._store_warned < STORE_WARN_EVERY_S:
+            return
+        self._store_warned = time.monotonic()
+        ev = Event(utcnow(), Level.WARNING, Reason.STORE_WRITE_FAILED.value,
+                   f"cannot write the job store ({e}); the job goes on, "
+                   f"{len(self._unwritten)} event(s) wait and every write is retried",
+                   Involved(job=self.spec.run_id))
+        if len(self._unwritten) < MAX_UNWRITTEN:
+            self._unwritten.append(ev)  # written once the store takes writes again
+        if self._on_event is not None:
+            self._on_event(ev)
 
     def begin(self) -> tuple[int, StartType]:
         """Record the job's start; a relaunch of the same job continues its attempts."""
@@ -258,6 +262,7 @@ class Recorder:
             self.event(Level.ERROR, limit[0], limit[1], attempt=attempt)
         level, reason = _ENDINGS[state]
         self.event(level, reason, message, rank=rank, attempt=attempt)
+        self.book.flush()
         with self._best_effort():  # the exit code says it anyway
             self.store.set_meta(state=state.value, exit_code=int(code),
                                 ended_at=utcnow().isoformat(),
@@ -302,6 +307,7 @@ class Recorder:
                 self.store.put_workers(report.attempt or 0, workers_rows(report))
                 self._workers_sig = sig
         self.messages.handle(report.messages, report.attempt or 0)
+        self.book.flush()  # running records a full disk held back
         with self._best_effort():
             self._sync_progress(report, force)
         with self._best_effort():
