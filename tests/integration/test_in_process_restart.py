@@ -80,6 +80,50 @@ def test_a_killed_rank_is_started_again_alone_and_its_peer_reenters_in_place(
     assert "re-enter" in restarting["message"]
 
 
+def test_a_survivors_step_of_the_old_group_is_not_taken_for_recovery(
+        tmp_path: Path, job_dir: Path) -> None:
+    """(walk-through 22) Rank 1 is killed while both ranks sleep out step 7 after its
+    all-reduce: rank 0 still prints step 7, after the agent began the restart. That step was
+    taken for the first step after recovery (the record said 0.04-0.1 s, the recovery took
+    about 1 s, and the steps done again went uncounted). The first step counted is the
+    first one after the ranks re-entered: resumed at 4, it is 5."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from trainguard.controller.store import JobStore
+
+    args = ["run", "--nproc-per-node", "2", "--job-dir", str(job_dir), "--max-restarts", "3",
+            "--grace-period", "5", str(EXAMPLE), "--steps", "10", "--ckpt-every", "4",
+            "--step-time", "0.8", "--resilient"]
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_FAULT"}
+    with (tmp_path / "console.txt").open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "trainguard", *args], cwd=tmp_path,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        log = job_dir / "logs" / "attempt-0" / "rank-1.log"
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "step 6 " in log.read_text(errors="replace")):
+            assert time.monotonic() < deadline and proc.poll() is None, \
+                (tmp_path / "console.txt").read_text()[-3000:]
+            time.sleep(0.02)
+        time.sleep(0.3)  # step 7's all-reduce is done: both ranks sleep
+        os.kill(first_pids(job_dir)[1], 9)
+        assert proc.wait(timeout=120) == 0, (tmp_path / "console.txt").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rr = the_one_record(job_dir)
+    assert (rr["recover"], rr["resumed_step"]) == ("in_process_restart", 4)
+    store = JobStore.open(job_dir)
+    try:
+        steps = [step for _, step, _ in store.progress()]
+    finally:
+        store.close()
+    assert 5 in steps[steps.index(7):], steps  # step 5 again: the first step counted
+
+
 def test_a_hung_rank_is_dumped_killed_and_replaced_while_its_peer_goes_on_in_place(
         tmp_path: Path, job_dir: Path, clean_digest: str) -> None:
     r = run_tg(job(job_dir, "--restart-on-hang", "--hang-timeout", "4"), cwd=tmp_path,

@@ -28,6 +28,7 @@ from trainguard.node.facts import Worker, oom_kill_count, worker_fact, worker_me
 from trainguard.node.liveness import LivenessBook
 from trainguard.node.logs import ConsoleOptions, LogRouter
 from trainguard.node.memory import MemoryRegion
+from trainguard.node.reentry import ReEntry
 from trainguard.node.standby import StandbyPool
 from trainguard.node.usage import UsageMeter
 from trainguard.paths import attempt_log_dir, rank_log_path
@@ -106,8 +107,10 @@ class NodeAgent:
         self._usage = UsageMeter(node, self._standby.pids, self._standby.warm,
                                  self.memory.held)
         self._prepared_at: datetime | None = None  # a spare told to keep standbys ready
+        self._reentry = ReEntry()  # after an in-process restart: whose steps count
         self._channel = ChannelServer(  # only this job's processes may send
-            f"@trainguard-{marker}-{node}-{os.getpid()}", JobProcesses(self._guardian.groups))
+            f"@trainguard-{marker}-{node}-{os.getpid()}", JobProcesses(self._guardian.groups),
+            on_message=self._reentry.seen)
 
     # -- commands -------------------------------------------------------------------------
 
@@ -121,6 +124,7 @@ class NodeAgent:
         self._dead_file = self._dead_ranks_file(cmd)
         with self._progress_lock:
             self._progress = Progress()
+        self._reentry.clear()
         router = LogRouter(self._console, self._step_pattern, self._on_progress)
         self._workers = []
         log_dir = Path(cmd.log_dir)
@@ -291,8 +295,9 @@ class NodeAgent:
         told = self._channel.tell(survivors, {
             "kind": ControlKind.RESTART.value, "generation": cmd.generation,
             "master_addr": cmd.master_addr, "master_port": cmd.master_port})
-        with self._progress_lock:  # the first step from now ends the incident
+        with self._progress_lock:  # the first step in the new generation ends the incident
             self._progress = Progress()
+        self._reentry.expect([w.assignment.rank for w in self._workers], cmd.generation)
         start = self._start.model_copy(update={
             "master_addr": cmd.master_addr, "master_port": cmd.master_port,
             "env": {**self._start.env, ENV_PG_GENERATION: str(cmd.generation)}})
@@ -335,6 +340,9 @@ class NodeAgent:
         return None if now is None or self._oom_base is None else now > self._oom_base
 
     def _on_progress(self, rank: int, step: int, at: datetime) -> None:
+        if not self._reentry.counts(rank):  # a survivor's step of the old group
+            self._liveness.progress(rank, step, at)
+            return
         with self._progress_lock:
             p = self._progress
             if p.first_step is None:

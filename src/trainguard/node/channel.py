@@ -62,9 +62,11 @@ class JobProcesses:
 
 
 class ChannelServer:
-    def __init__(self, name: str, admit: Admit = same_user) -> None:
+    def __init__(self, name: str, admit: Admit = same_user,
+                 on_message: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.name = name  # `@name` form, as workers get it in contract.ENV_SOCKET
         self._admit = admit
+        self._on_message = on_message  # told each valid message as it arrives
         self.dropped = 0  # datagrams dropped: a stranger's, malformed, or out of bounds
         self._warned = 0.0
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -115,6 +117,8 @@ class ChannelServer:
                 self._drop("from pid %s: not JSON", creds[0])
                 continue
             self._got.append(msg)
+            if self._on_message is not None:
+                self._on_message(msg)
 
     def _drop(self, why: str, *args: object) -> None:
         self.dropped += 1
