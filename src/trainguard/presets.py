@@ -36,9 +36,10 @@ DEFAULT_STEP_PATTERN = (
     r"(?:[\w.<>]+:[\w<>]+:\d+\s*-\s*|[\w.<>]+:(?=\S))?)?"
     r"(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*\[?\s*(\d+)"
     # a training progress bar (tqdm: HF Trainer, Lightning's `Epoch 0:`), not a labelled one
-    # such as `Writing model shards: 100%|...| 1/1 [`: ` 50%|█████     | 3/6 [`
-    r"|^\s*(?:Epoch \d+:\s*)?\d+%\|[^|]*\|\s*(\d+)/\d+\s*\["
-    r"|━\s+(\d+)/\d+\s+\d+:\d\d:\d\d"  # a rich progress bar (Lightning): `━━ 6/6 0:00:01`
+    # such as `Writing model shards: 100%|...| 1/1 [`: ` 50%|█████     | 3/6 [`; a bar counts
+    # steps done, so its first draw (`0/40`) is no step
+    r"|^\s*(?:Epoch \d+:\s*)?\d+%\|[^|]*\|\s*([1-9]\d*)/\d+\s*\["
+    r"|━\s+([1-9]\d*)/\d+\s+\d+:\d\d:\d\d"  # a rich progress bar (Lightning): `━━ 6/6 0:00:01`
     r"|\bstep:\s*(\d+)\s+loss\b"  # torchtitan: `... - INFO - step:  2  loss: 10.8`
     # a JSON line (`{"step": 5, "loss": 1.0}`), not a resume's (`{"event": "resumed", ...}`)
     r'|^\s*\{(?![^\n]*resum)[^\n]*?"(?:global_)?step"\s*:\s*(\d+)'

@@ -29,7 +29,7 @@ def test_hf_trainer_progress_bar_gives_every_global_step() -> None:
     r = router()
     steps = [int(s) for line in lines((DATA / "hf_trainer_tqdm.txt").read_bytes())
              if (s := r.step_of(line)) is not None]
-    assert sorted(set(steps)) == [0, 1, 2, 3, 4, 5, 6]
+    assert sorted(set(steps)) == [1, 2, 3, 4, 5, 6]  # the first draw, 0/6, is no step
 
 
 def test_lightning_rich_bar_gives_the_batch() -> None:
@@ -55,3 +55,16 @@ def test_plain_lines_still_count_and_others_do_not() -> None:
                   "Writing model shards: 100%|██████████| 1/1 [00:00<00:00, 423.11it/s]"):
         assert r.step_of(other) is None, other
     assert re.compile(DEFAULT_STEP_PATTERN).groups == 5
+
+
+def test_a_progress_bars_first_draw_is_no_step() -> None:
+    """(walk-through 22) HF Trainer's bar draws `0/40` as each attempt starts: read as step
+    0, the goodput ledger counted an HF job's 40 steps as 41 done once and a drained stop
+    as 18 steps done again. A bar counts steps done: 0 of them is none."""
+    r = router()
+    assert r.step_of("  0%|          | 0/40 [00:00<?, ?it/s]") is None
+    assert r.step_of("Epoch 0:   0%|          | 0/6 [00:00<?, ?it/s]") is None
+    assert r.step_of("Epoch 0 ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 0/6 0:00:00 • -:--:--") is None
+    assert r.step_of(" 45%|████▌     | 18/40 [00:03<00:04,  5.1it/s]") == "18"
+    assert r.step_of(" 25%|██▌       | 10/40 [00:02<00:06,  5.0it/s]") == "10"
+    assert r.step_of("Epoch 0 ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 6/6 0:00:01 • 0:00:00") == "6"
