@@ -323,6 +323,10 @@ def spec_from_args(ns: argparse.Namespace) -> Built:
         raise SpecError("--config", f"{ns.config} is empty (no keys, so no entrypoint)",
                         "write the job's settings in it, at least `entrypoint: train.py`, or "
                         "give the training script after the flags")
+    if not data:  # a template not filled in, or the wrong file: the job runs on the flags
+        complain("run", f"job file {ns.config} is empty (no keys): nothing is taken from it; "
+                 "the job runs on the flags and defaults. Fix: check the path, or leave "
+                 "--config out", "note")
     job_file = job_file_values(data, ns.config, flags)
     return build(job_file, flags, f"job file {ns.config}")
 
