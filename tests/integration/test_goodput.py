@@ -92,6 +92,14 @@ def test_metrics_move_during_a_job_with_faults_and_the_parts_add_up(tmp_path: Pa
     assert m[("trainguard_steps", (("fate", "wasted"),))] == 12
     assert m[("trainguard_recovery_duration_seconds_count", (("phase", "total"),))] == 2
     assert m[("trainguard_goodput_ratio", (("window", "all"),))] == ratio
+    as_json = json.loads(subprocess.run([*TG, "metrics", str(job_dir), "--json"],
+                                        capture_output=True, text=True, check=True,
+                                        timeout=60).stdout)  # the same samples, as JSON
+    j = {(x["name"], tuple(sorted(x["labels"].items()))): x["value"]
+         for f in as_json for x in f["samples"]}
+    assert j.keys() == m.keys()  # (the windowed figures move with the clock: not compared)
+    assert j[("trainguard_step", ())] == 50
+    assert j[("trainguard_steps", (("fate", "wasted"),))] == 12
     report = json.loads(subprocess.run([*TG, "report", str(job_dir), "--json"],
                                        capture_output=True, text=True, check=True,
                                        timeout=60).stdout)
