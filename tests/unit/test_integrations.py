@@ -50,6 +50,31 @@ def test_the_newest_committed_checkpoint_wins_over_newer_unmarked_ones(tmp_path:
     assert is_committed(tmp_path / "checkpoint-4") and not is_committed(tmp_path / "checkpoint-8")
 
 
+def test_a_committed_checkpoint_damaged_since_is_skipped_for_the_one_before(
+        tmp_path: Path) -> None:
+    """(walk-through 22) A committed checkpoint-35 whose model.safetensors was truncated was
+    resumed from, failed to load, and failed again at every restart. The marker records each
+    file's size: a file gone or of another size skips it, and the one before is taken."""
+    ckpt(tmp_path, 30, marked=True)
+    d = ckpt(tmp_path, 35, marked=True)
+    assert json.loads((d / COMMIT_MARKER).read_text())["files"] == {
+        "model.safetensors": 1, "trainer_state.json": 2}
+    assert last_checkpoint(tmp_path) == str(d)
+    (d / "model.safetensors").write_bytes(b"")  # truncated
+    assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-30")
+    (d / "model.safetensors").write_bytes(b"x")
+    (d / "trainer_state.json").unlink()  # a file gone
+    assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-30")
+    (tmp_path / "checkpoint-30" / "model.safetensors").write_bytes(b"xy")
+    assert last_checkpoint(tmp_path) is None  # none intact: start fresh, never an unmarked one
+
+
+def test_a_marker_written_before_sizes_were_recorded_still_commits(tmp_path: Path) -> None:
+    d = ckpt(tmp_path, 4)
+    (d / COMMIT_MARKER).write_text(json.dumps({"step": 4, "committed_at": 0}))
+    assert last_checkpoint(tmp_path) == str(d)
+
+
 def test_without_any_marker_the_newest_complete_one_counts(tmp_path: Path) -> None:
     ckpt(tmp_path, 3)
     ckpt(tmp_path, 6, sentinel=True)  # Trainer's own save-on-SIGTERM left it incomplete

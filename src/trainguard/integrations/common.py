@@ -3,7 +3,9 @@ checkpoint. Standard library only (the frameworks are imported by their own modu
 
 A framework's checkpoint directory counts as committed only once trainguard wrote its marker
 (COMMIT_MARKER, a small JSON file written atomically after every rank's part of the save has
-returned). Resume takes the newest committed directory, or none: never an incomplete one
+returned); the marker records every file's size. Resume takes the newest committed directory
+whose files are still all there at their sizes (a damaged one, truncated or with a file gone,
+is told as CheckpointCorrupt and the one before it taken), or none: never an incomplete one
 left by a kill in the middle of a save, and never an error on the first attempt. A checkpoint
 that is a single file (Lightning's .ckpt) gets a sidecar marker instead, `<name>` +
 COMMIT_MARKER, which also records the file's size (mark_file_committed, newest_file).
@@ -33,8 +35,9 @@ def mark_committed(ckpt_dir: Path, step: int, write_s: float | None = None,
     once, on one rank, after every rank's save returned."""
     marker = ckpt_dir / COMMIT_MARKER
     tmp = ckpt_dir / f"{COMMIT_MARKER}.tmp"
+    files = file_sizes(ckpt_dir)
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"step": step, "committed_at": time.time()}, f)
+        json.dump({"step": step, "committed_at": time.time(), "files": files}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, marker)
@@ -44,7 +47,7 @@ def mark_committed(ckpt_dir: Path, step: int, write_s: float | None = None,
     finally:
         os.close(fd)
     channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_dir.absolute()),
-                 bytes=dir_bytes(ckpt_dir), write_s=write_s, blocked_s=blocked_s,
+                 bytes=sum(files.values()), write_s=write_s, blocked_s=blocked_s,
                  on_exit=on_exit)
 
 
@@ -59,6 +62,40 @@ def is_committed(ckpt_dir: Path) -> bool:
         return int(json.loads((ckpt_dir / COMMIT_MARKER).read_text())["step"]) >= 0
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def damage(ckpt_dir: Path) -> str | None:
+    """Why a committed dir no longer holds what was committed (a file gone, or not the size
+    it had: truncated, or rewritten since), or None. A marker written before sizes were
+    recorded vouches for nothing more than the commit."""
+    try:
+        files = json.loads((ckpt_dir / COMMIT_MARKER).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(files, dict):
+        return None
+    now = file_sizes(ckpt_dir)
+    for name, size in sorted(files.items()):
+        if name not in now:
+            return f"{name} is missing"
+        if now[name] != size:
+            return f"{name} is {now[name]} bytes, {size} when it was committed"
+    return None
+
+
+def file_sizes(root: Path) -> dict[str, int]:
+    """Every file under `root` (not the commit marker), by its path in `root`: its size."""
+    out: dict[str, int] = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if f.startswith(COMMIT_MARKER):
+                continue
+            p = os.path.join(dirpath, f)
+            try:
+                out[os.path.relpath(p, root)] = os.path.getsize(p)
+            except OSError:
+                continue
+    return out
 
 
 def numbered_dirs(root: Path, pattern: str) -> list[tuple[int, Path]]:
@@ -78,26 +115,20 @@ def numbered_dirs(root: Path, pattern: str) -> list[tuple[int, Path]]:
 
 def newest(candidates: Iterable[tuple[int, Path]],
            complete: Callable[[Path], bool]) -> Path | None:
-    """The newest committed candidate; when none carries a marker (saved before trainguard
-    ran the job), the newest that `complete` accepts; else None."""
+    """The newest committed candidate whose files are intact; when none carries a marker
+    (saved before trainguard ran the job), the newest that `complete` accepts; else None."""
     ordered = list(candidates)
-    for _, d in ordered:
+    for step, d in ordered:
         if is_committed(d):
-            return d
+            why = damage(d)
+            if why is None:
+                return d
+            if os.environ.get("RANK", "0") == "0":  # every rank skips it; one tells
+                channel.send(MessageKind.CHECKPOINT_CORRUPT, step=step, status="damaged",
+                             reason=f"{why}; the one before it is tried", location=str(d))
     if any((d / COMMIT_MARKER).exists() for _, d in ordered):
         return None  # markers exist but none is readable: trust nothing unmarked
     return next((d for _, d in ordered if complete(d)), None)
-
-
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(dirpath, f))
-            except OSError:
-                continue
-    return total
 
 
 # -- single-file checkpoints (Lightning's .ckpt): a sidecar marker per file ------------------
