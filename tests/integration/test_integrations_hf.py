@@ -68,6 +68,10 @@ def test_a_rank_killed_mid_epoch_resumes_to_the_uninterrupted_losses_and_weights
     assert r.returncode == 0, r.stderr[-3000:]
     assert trainer_result(r.stdout) == uninterrupted
     assert_killed_and_resumed_from_4(tmp_path)
+    # (walk-through 22) the loop's saves say how long they blocked it: the report sizes the
+    # checkpoint interval (it said 'interval advice needs two saves in one attempt')
+    advice = read_json("report", tmp_path / "job")["checkpoint_interval"]
+    assert advice["current_s"] > 0 and advice["blocking_s"] > 0 and advice["optimal_s"] > 0
 
 
 def test_the_unmodified_script_killed_then_stopped_resumes_each_time_exactly(

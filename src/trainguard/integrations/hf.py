@@ -16,6 +16,7 @@ step end the ranks agree on, `should_save` and `should_training_stop`, then exit
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,13 @@ class TrainguardCallback(TrainerCallback):
 
     def __init__(self) -> None:
         self.drain = Drain()
+        self._step_end: float | None = None  # when the last step ended: a save blocks from it
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.drain.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._step_end = time.monotonic()
         progress(int(state.global_step))
         if self.drain.drained_at is None and self.drain.step_end():
             self.drain.drained_at = int(state.global_step)
@@ -80,7 +83,9 @@ class TrainguardCallback(TrainerCallback):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and complete(ckpt):
             drained = self.drain.drained_at == state.global_step
-            mark_committed(ckpt, int(state.global_step),
+            # Trainer saves in the loop, after the step ends: the loop waited this long
+            blocked = None if self._step_end is None else time.monotonic() - self._step_end
+            mark_committed(ckpt, int(state.global_step), write_s=blocked, blocked_s=blocked,
                            on_exit=self.drain.on_exit() if drained else None)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

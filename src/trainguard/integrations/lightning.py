@@ -178,9 +178,10 @@ class TrainguardCheckpointIO(CheckpointIO):
             unmark_file(Path(path))
         started = time.monotonic()
         self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
-        if local and Path(path).is_file():
+        if local and Path(path).is_file():  # written in the loop: it waited for the write
+            took = time.monotonic() - started
             mark_file_committed(Path(path), int(checkpoint.get("global_step", 0)),
-                                write_s=time.monotonic() - started, on_exit=self.on_exit)
+                                write_s=took, blocked_s=took, on_exit=self.on_exit)
             self.on_exit = None
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None,
