@@ -141,6 +141,34 @@ def test_two_damaged_checkpoints_fall_back_two_steps_each_reported(
     assert reports == [(3, "corrupt"), (2, "incomplete")]
 
 
+def test_the_lowest_rank_that_failed_tells_its_own_reason(where: Where) -> None:
+    """(walk-through 22) Rank 1's part failed its checksum; the job's CheckpointCorrupt came
+    from rank 0 and said only 'another rank could not load it' (the reason sat in rank 1's
+    log). The ranks now learn which failed; the lowest of them tells, with its own reason."""
+    from trainguard.checkpoint.loading import load_newest
+    from trainguard.checkpoint.manifest import Verdict
+
+    ckpt = saved(where)
+    told: list[tuple[int, str, bool]] = []
+
+    def report(v: Verdict, tell: bool) -> None:
+        told.append((v.step, v.reason, tell))
+
+    # rank 0 loads each step fine, rank 1 does not: rank 0 skips them too, and keeps quiet
+    assert load_newest(ckpt.storage, 0, lambda ok: [1] if ok else [0, 1], report) is None
+    assert told == [(2, "rank 1 could not load it", False), (1, "rank 1 could not load it",
+                                                             False)]
+    flip_a_byte(ckpt, path(ckpt, 1, RANK0))  # now rank 0 itself fails on step 1
+    told.clear()
+    assert load_newest(ckpt.storage, 0, lambda ok: [] if ok else [0, 1], report).step == 2
+    flip_a_byte(ckpt, path(ckpt, 2, RANK0))
+    told.clear()
+    assert load_newest(ckpt.storage, 0, lambda ok: [] if ok else [0, 1], report) is None
+    assert [(s, t) for s, _, t in told] == [(2, True), (1, True)]
+    assert all("rank-00000.pt: checksum differs" in r and "(rank 0, 1 could not load it)" in r
+               for _, r, _ in told), told
+
+
 def test_nothing_loadable_gives_none_after_reporting_every_checkpoint(
         where: Where, agent_channel: AgentChannel) -> None:
     ckpt = saved(where)

@@ -336,20 +336,22 @@ class Checkpointer:
         self.last_saved_step = loaded.step
         return loaded.step
 
-    def _agree(self, ok: bool) -> bool:
+    def _agree(self, ok: bool) -> list[int]:
+        """The ranks that could not load the step (all-reduce of one flag per rank)."""
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
-            return ok
+            return [] if ok else [self.rank]
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
+        flags = torch.zeros(self.world_size, dtype=torch.int32, device=device)
+        flags[self.rank] = 0 if ok else 1
+        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        return [r for r, bad in enumerate(flags.tolist()) if bad]
 
-    def _report(self, verdict: Verdict) -> None:
+    def _report(self, verdict: Verdict, tell: bool) -> None:
         self._bad_steps.add(verdict.step)
         log.warning("skipping checkpoint step %s (%s): %s", verdict.step,
                     verdict.status.value, verdict.reason)
-        if self.rank == 0:
+        if tell:  # the lowest rank that failed, with its own reason (walk-through 22)
             channel.send(MessageKind.CHECKPOINT_CORRUPT, step=verdict.step,
                          status=verdict.status.value, reason=verdict.reason,
                          location=self.storage.location)

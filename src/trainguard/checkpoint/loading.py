@@ -31,8 +31,8 @@ from trainguard.checkpoint.storage import Storage
 
 log = logging.getLogger(__name__)
 
-Agree = Callable[[bool], bool]  # this rank's "ok" -> every rank's "ok"
-Report = Callable[[Verdict], None]
+Agree = Callable[[bool], list[int]]  # this rank's "ok" -> the ranks that were not ok
+Report = Callable[[Verdict, bool], None]  # a step skipped; True: this rank tells the job
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,22 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report,
             except (ValueError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
                 # UnpicklingError: weights_only refused a pickled object (it never runs)
                 verdict = Verdict(step, Status.CORRUPT, f"{type(e).__name__}: {e}"[:300])
-        if not agree(loaded is not None):
+        failed = agree(loaded is not None)
+        if failed:
             if loaded is not None:
-                verdict = Verdict(step, Status.CORRUPT, "another rank could not load it")
-            report(verdict)
+                verdict = Verdict(step, Status.CORRUPT,
+                                  f"rank {_ranks(failed)} could not load it")
+            elif len(failed) > 1:
+                verdict = Verdict(step, verdict.status, f"{verdict.reason} (rank "
+                                  f"{_ranks(failed)} could not load it)"[:400])
+            report(verdict, rank == failed[0])  # the lowest that failed tells its own why
             continue
         return loaded
     return None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
 
 
 def newest_valid_step(st: Storage, steps: list[int] | None = None) -> int | None:
