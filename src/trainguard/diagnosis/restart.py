@@ -26,6 +26,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | segfault_or_abort | the crash's stack is inside an import (importlib's loader frames) | no |
 | dataloader_worker_crash | the logs show Windows or macOS paths (workers are spawned) | no |
 | nccl_communication_error | NCCL says a feature is not supported (P2P/IPC between GPUs) | no |
+| cuda_kernel_error | a CUDA library says the call is not supported (cuBLAS's status) | no |
 | nccl_communication_error | NCCL's socket transport uses a virtual interface (docker, lo) | no |
 | other (a remote service) | the network is unreachable from the machine | no |
 | segfault_or_abort | only the shell or an IDE reports it (`Segmentation fault`) | no |
@@ -94,6 +95,10 @@ _SPAWN_PLATFORM = re.compile(r"(?<![\w/])[A-Za-z]:\\|/Users/\w|\bwin32\b|\\spawn
 # NCCL saying the platform lacks what it needs (P2P or CUDA IPC between two GPUs, a
 # transport): the same GPUs and driver lack it on a rerun
 _UNSUPPORTED = re.compile(r"\bnot supported\b", re.IGNORECASE)
+# ... or a CUDA library's status that it does not support the call (cuBLAS's
+# `CUBLAS_STATUS_NOT_SUPPORTED` for a bf16 GEMM on this GPU): the same GPU, dtype and library
+# on a rerun (the one such deciding line of the sets is labelled `no`)
+_UNSUPPORTED_STATUS = re.compile(r"\bnot supported\b|_NOT_SUPPORTED\b", re.IGNORECASE)
 # a store client that *failed* to connect to every address of its host (refused, no route),
 # not one that timed out waiting for a peer that may come late: the address, the port or a
 # firewall is wrong, and a rerun meets the same
@@ -207,6 +212,9 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
     elif cat == Category.NCCL_COMMUNICATION_ERROR and d.evidence is not None \
             and _UNSUPPORTED.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "NCCL needs what these GPUs or this driver lack"
+    elif cat == Category.CUDA_KERNEL_ERROR and d.evidence is not None \
+            and _UNSUPPORTED_STATUS.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, "the library does not support the call on this GPU"
     elif cat == Category.NCCL_COMMUNICATION_ERROR and (
             (d.evidence is not None and _VIRTUAL_IF.search(d.evidence.text))
             or any(_VIRTUAL_IF_USED.search(f.text) for f in findings)):
