@@ -78,6 +78,10 @@ def test_a_killed_rank_is_started_again_alone_and_its_peer_reenters_in_place(
                       if e["reason"] == "InProcessRestarting")
     assert "only rank 1 starts again" in restarting["message"]
     assert "re-enter" in restarting["message"]
+    restarted = next(e for e in read_json("events", job_dir)
+                     if e["reason"] == "InProcessRestarted")  # (walk-through 22: it was null)
+    assert rr["workers_from"] == ("standby" if "pre-warmed standby" in restarted["message"]
+                                  else "cold")
 
 
 def test_a_survivors_step_of_the_old_group_is_not_taken_for_recovery(

@@ -113,6 +113,15 @@ class IncidentBook:
             inc.workers_from = workers_from(standby)
             self._save(owner)
 
+    def started_from(self, standby: list[bool]) -> None:
+        """An in-process restart's processes are all in (its start time is the decision's):
+        whether those it started came from standbys (the open or just-closed record)."""
+        held = self._pending if self._pending is not None else self._recovered
+        if held is not None:
+            owner, inc = held
+            inc.workers_from = workers_from(standby)
+            self._save(owner)
+
     def resumed(self, step: int, source: str) -> None:
         """The library loaded the checkpoint of `step` from `source` (memory, peer, storage,
         "+"-joined when the ranks loaded from several):

@@ -37,6 +37,7 @@ class InProcessRestarts:
         # rank -> (generation, since, the error its group failed with)
         self._waiting: dict[int, tuple[int, float, str]] = {}
         self._pending: tuple[int, float] | None = None  # (generation, since)
+        self._replaced: set[int] = set()  # the ranks the pending restart starts again
         self._refused: set[int] = set()  # told NO_RESTART: they raise and exit
         self.broken: str | None = None  # every rank waits, none died: the first error
 
@@ -99,6 +100,7 @@ class InProcessRestarts:
         self._waiting.clear()
         self.broken = None
         self._pending = (generation, time.monotonic())
+        self._replaced = set(decision.ranks)
         self.rec.event(Level.WARNING, Reason.IN_PROCESS_RESTARTING,
                        f"{decision.reason} ({plural(told, 'rank')} told so; the new process "
                        f"group: generation {generation} at {addr}:{port})", attempt=attempt,
@@ -113,6 +115,10 @@ class InProcessRestarts:
         if all(self._resilient.get(r, -1) >= generation for r in ranks):
             self._pending = None
             warm = [w.rank for w in report.workers if w.standby and w.start_count > 1]
+            # the record's workers_from: the processes this restart started (none: a broken
+            # group re-entered in place)
+            self.rec.book.started_from([w.standby for w in report.workers
+                                        if w.rank in self._replaced])
             self.rec.event(Level.INFO, Reason.IN_PROCESS_RESTARTED,
                            f"all {len(ranks)} rank(s) entered their training function on "
                            f"process group generation {generation}, "
