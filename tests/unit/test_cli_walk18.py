@@ -131,7 +131,8 @@ def test_no_progress_says_where_the_attempts_got_stuck(tmp_path: Path) -> None:
     events = json.loads(tg("events", "j", "--json", "--reason", "NoProgress",
                            cwd=tmp_path).stdout)
     assert events[0]["message"] == (
-        "giving up: 3 attempts in a row made no progress (limit 3): no attempt got beyond "
+        "giving up: 3 runs in a row (attempts or in-process restarts) made no progress "
+        "(limit 3): no attempt got beyond "
         "step 10, and none committed a checkpoint trainguard saw, so each started over from "
         "the beginning, unless the script resumes from checkpoints of its own (save "
         "checkpoints to resume past the failure, or fix what fails there)")

@@ -161,7 +161,8 @@ def test_attempts_without_progress_give_up_after_the_limit() -> None:
     pol = RestartPolicy(max_restarts=100, no_progress_limit=3)
     decisions = run(pol, [(KILLED, False)] * 10)
     assert actions(decisions) == [RESTART] * 2 + [NO_PROGRESS]
-    assert "3 attempts in a row made no progress" in decisions[-1].reason
+    assert "3 runs in a row (attempts or in-process restarts) made no progress" in \
+        decisions[-1].reason
 
 
 def test_one_attempt_with_progress_resets_the_no_progress_count() -> None:

@@ -50,7 +50,8 @@ def _restart(what: str, why_not: str | None, made_progress: bool, hist: History,
         return _give_up("auto restart is off (--max-restarts 0)", h,
                         result=RecoverResult.TERMINATED)
     if h.attempts_without_progress >= pol.no_progress_limit:
-        return _give_up(f"{h.attempts_without_progress} attempts in a row made no progress "
+        return _give_up(f"{h.attempts_without_progress} runs in a row (attempts or "
+                        "in-process restarts) made no progress "
                         f"(limit {pol.no_progress_limit})", h, code=ExitCode.NO_PROGRESS,
                         limit=Reason.NO_PROGRESS)
     if why_not is not None and not pol.unconditional:
