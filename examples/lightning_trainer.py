@@ -19,7 +19,9 @@ At the end rank 0 prints `losses [[step, loss], ...]` (rank 0's loss at every st
 the checkpoint: the whole run's, across restarts) and `weights sha256 HEX`. For the tests,
 EXAMPLE_KILL_AT=STEP makes rank 1 SIGKILL itself after that step on the first attempt
 (EXAMPLE_LEFTOVER=1: after leaving a half-written newer .ckpt behind, as a kill during a
-save on a non-atomic filesystem would); EXAMPLE_PLAIN_LOADER=1 uses a plain DataLoader;
+save on a non-atomic filesystem would); EXAMPLE_PLAIN_LOADER=1 uses a plain DataLoader,
+EXAMPLE_STATEFUL_LOADER=1 torchdata's StatefulDataLoader (the same batches as ResumableLoader:
+Lightning gives both the same DistributedSampler);
 EXAMPLE_STOP_AT=STEP makes rank 0 run `trainguard stop` on its own job when it first reaches
 that step (once per output dir) and then slows every step to 1 s, so the drain lands mid-run.
 """
@@ -150,7 +152,12 @@ def main() -> None:
     g = torch.Generator().manual_seed(11)
     x = torch.randn(a.samples, FEATURES, generator=g)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
-    loader_cls = DataLoader if os.environ.get("EXAMPLE_PLAIN_LOADER") == "1" else ResumableLoader
+    loader_cls: Any = DataLoader if os.environ.get("EXAMPLE_PLAIN_LOADER") == "1" \
+        else ResumableLoader
+    if os.environ.get("EXAMPLE_STATEFUL_LOADER") == "1":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        loader_cls = StatefulDataLoader
     loader = loader_cls(data, batch_size=8, shuffle=True, num_workers=0)
     callbacks: list[pl.Callback] = [ModelCheckpoint(
         dirpath=out, every_n_train_steps=a.save_every, save_top_k=-1)]

@@ -18,6 +18,10 @@ AsyncCheckpointIO (its save returns before the write) are not committed. The cal
 puts rank 0's loss and learning rate in the job's metrics at the steps Lightning logs, and
 drains on request (integrations.drain): a checkpoint at the next optimizer step the ranks
 agree on, `trainer.should_stop`, then an exit at train end.
+
+A resumed fit sets each train loader's sampler epoch before Lightning gives the loaders their
+saved state (`sampler_epoch_first`): torchdata's StatefulDataLoader fixes a
+DistributedSampler's order when its state is loaded, and Lightning sets the epoch only after.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import re
 import sys
 import time
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -200,8 +204,9 @@ class TrainguardCheckpointIO(CheckpointIO):
 
 
 def prepare(trainer: Trainer) -> None:
-    """Add the callback, wrap the checkpoint IO, and (launched by trainguard) switch off
-    Lightning's Slurm auto-requeue. Idempotent."""
+    """Add the callback, wrap the checkpoint IO, set the samplers' epoch before a resumed
+    loader state is loaded, and (launched by trainguard) switch off Lightning's Slurm
+    auto-requeue. Idempotent."""
     if not any(isinstance(cb, TrainguardCallback) for cb in trainer.callbacks):  # type: ignore[attr-defined]
         trainer.callbacks.append(TrainguardCallback())  # type: ignore[attr-defined]
     strategy = trainer.strategy
@@ -211,12 +216,74 @@ def prepare(trainer: Trainer) -> None:
             "its checkpoints are not committed")
     elif not isinstance(io, TrainguardCheckpointIO):
         strategy.checkpoint_io = TrainguardCheckpointIO(io)
+    sampler_epoch_first(trainer)
     # what the signal connector reads when fit() registers its handlers
     env = getattr(trainer._accelerator_connector, "cluster_environment", None)
     if isinstance(env, SLURMEnvironment) and env.auto_requeue and channel.available():
         env.auto_requeue = False
         log("lightning: switched off Lightning's Slurm auto-requeue (save on SIGUSR1, "
             "then `scontrol requeue`): trainguard restarts this job")
+
+
+def _set_epoch(loader: Any, epoch: int) -> None:
+    """`set_epoch` on the loader's sampler and its batch sampler's (as Lightning does)."""
+    samplers = {id(s): s for s in (getattr(loader, "sampler", None),
+                                   getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+                if s is not None}
+    for s in samplers.values():
+        if callable(getattr(s, "set_epoch", None)):
+            s.set_epoch(epoch)
+
+
+def _torchdata_batch_sampler(loader: Any) -> Any:
+    """The loader's torchdata BatchSampler (a StatefulDataLoader's with `batch_size`), or None;
+    torchdata is not imported here: a loader of its kind has imported it."""
+    module = sys.modules.get("torchdata.stateful_dataloader.sampler")
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return batch_sampler if module is not None and isinstance(
+        batch_sampler, module.BatchSampler) else None
+
+
+def sampler_epoch_first(trainer: Trainer) -> None:
+    """Make the fit loop set the samplers' epoch before it loads the train loaders' saved
+    state. Lightning loads the state, creates the iterator (a StatefulDataLoader's
+    BatchSampler calls `iter(sampler)` then: a DistributedSampler draws its order there) and
+    sets the epoch only after, so a resume in any epoch but the first went on in the first
+    epoch's order. A StatefulDataLoader's state saved at an epoch's last batch is not loaded:
+    it would skip the whole next epoch; that epoch starts afresh in its own order.
+    Idempotent."""
+    loop = trainer.fit_loop
+    original: Callable[[], None] | None = getattr(loop, "_load_combined_loader_states", None)
+    if original is None or getattr(original, "__trainguard__", False):
+        return  # a Lightning without loader states (before PR #19475), or done
+
+    def load_states() -> None:
+        states, combined = loop._combined_loader_states_to_load, loop._combined_loader
+        if loop.restarting and states and combined is not None:
+            epoch = int(loop.epoch_progress.current.completed)  # the saved state's epoch
+            stateful = [dl for dl in combined.flattened
+                        if callable(getattr(dl, "state_dict", None))
+                        and callable(getattr(dl, "load_state_dict", None))]
+            # saved at the epoch's last batch: Lightning goes on with the next epoch
+            last = bool(loop.epoch_loop.batch_progress.is_last_batch)
+            fresh = []
+            for i, (dl, state) in enumerate(zip(stateful, states, strict=False)):
+                finished = last or (isinstance(state, dict)
+                                    and state.get("_iterator_finished") is True)
+                if finished and _torchdata_batch_sampler(dl) is not None:
+                    states[i] = {}  # StatefulDataLoader: nothing to load
+                    fresh.append(dl)
+                else:
+                    _set_epoch(dl, epoch)
+            original()
+            for dl in fresh:  # draw the next epoch's order now, not the one from __init__
+                _set_epoch(dl, epoch + 1)
+                _torchdata_batch_sampler(dl).load_state_dict({"samples_yielded": 0})
+        else:
+            original()
+
+    load_states.__trainguard__ = True  # type: ignore[attr-defined]
+    loop._load_combined_loader_states = load_states  # type: ignore[method-assign]
 
 
 def fit(trainer: Trainer, model: Any, train_dataloaders: Any = None,
