@@ -37,6 +37,9 @@ _LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/usr/li
 # script called it: that call, not the injector's own frames, is the culprit's frame, even
 # where trainguard is installed from a source tree (not under site-packages).
 FAULT_INJECTION_PATH = "/trainguard/testing/"
+# trainguard's own code in a job (its trainer integrations, checkpoints, worker library) is a
+# library to the script, installed from a source tree too (`pip install -e`: src/trainguard/)
+_OWN = re.compile(r"/trainguard/(?:integrations|checkpoint|worker|testing)/")
 
 # The last line of a Python traceback: `Type: message` (module path allowed) or `Type`.
 EXCEPTION_LINE = re.compile(
@@ -146,7 +149,8 @@ def file_rank(name: str) -> int | None:
 
 
 def is_library_path(path: str) -> bool:
-    return any(p in path for p in _LIBRARY) or is_fault_injection(path)
+    return (any(p in path for p in _LIBRARY) or is_fault_injection(path)
+            or _OWN.search(path.replace("\\", "/")) is not None)
 
 
 def is_fault_injection(path: str) -> bool:

@@ -7,7 +7,9 @@ the job store, its attempt logs and hang verdict). Both end in verdict.diagnose.
 
 from __future__ import annotations
 
+import codecs
 import gzip
+import io
 import os
 import re
 import zlib
@@ -61,9 +63,69 @@ def _chunks(fh: BinaryIO) -> Iterator[bytes]:
 
 
 def _open(path: Path) -> BinaryIO:
-    if path.suffix == ".gz":
-        return cast(BinaryIO, gzip.open(path, "rb"))
-    return path.open("rb")
+    """The file's bytes as UTF-8 text: gzip read transparently, UTF-16 (a BOM, as Windows
+    tools write logs) transcoded on the fly; anything else as it is."""
+    fh = (cast(BinaryIO, gzip.open(path, "rb")) if path.suffix == ".gz"  # noqa: SIM115
+          else path.open("rb"))  # (the caller closes it)
+    head = fh.read(258)
+    encoding = _utf16(head)
+    fh.seek(0)
+    if encoding is not None:
+        fh.read(2)  # the BOM
+        return cast(BinaryIO, _Transcoded(fh, encoding))
+    return fh
+
+
+def _utf16(head: bytes) -> str | None:
+    """UTF-16 (LE or BE) by its BOM and the NUL halves of ASCII after it, or None: a BOM's
+    two bytes alone are also what a garbled UTF-8 log may start with."""
+    body = head[2:]
+    if len(body) < 2:
+        return None
+    if head[:2] == codecs.BOM_UTF16_LE and body[1::2].count(0) * 2 >= len(body) // 2:
+        return "utf-16-le"
+    if head[:2] == codecs.BOM_UTF16_BE and body[0::2].count(0) * 2 >= len(body) // 2:
+        return "utf-16-be"
+    return None
+
+
+class _Transcoded(io.RawIOBase):
+    """A UTF-16 file read as UTF-8 bytes (its BOM already read)."""
+
+    def __init__(self, raw: BinaryIO, encoding: str) -> None:
+        self._raw = raw
+        self._decoder = codecs.getincrementaldecoder(encoding)("replace")
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size if size > 0 else -1)
+        return self._decoder.decode(data, final=not data).encode("utf-8")
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def text_problem(path: Path) -> str | None:
+    """Why a file does not look like a text log (most of its first 4 KiB control bytes or
+    NULs: a binary file, another encoding), or None. It is read anyway."""
+    try:
+        with _open(path) as fh:
+            head = fh.read(4096)
+    except (OSError, EOFError, zlib.error):
+        return None  # scan_file says why it cannot be read
+    if not head:
+        return None
+    odd = sum(1 for b in head if b < 32 and b not in (9, 10, 13, 27, 12, 8))
+    odd += head.decode("utf-8", "replace").count("\ufffd")  # not UTF-8 (a cut last one: ok)
+    if odd * 20 <= len(head) + 20:  # (a Latin-1 log's accents are a few in a thousand)
+        return None
+    return (f"{_printable(str(path))}: does not look like a text log (about "
+            f"{min(100, odd * 100 // len(head))}% of its first bytes are control bytes or not "
+            "UTF-8): read anyway, so 'no failure found' may mean it could not be read; give "
+            "the log as UTF-8 text")
 
 
 def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
@@ -83,7 +145,7 @@ def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
     scan = FileScan(rules, label, trigger, rank if rank is not None else file_rank(label),
                     force_rank=rank is not None, context_lines=context_lines)
     with _open(path) as fh:
-        if tail_bytes is not None and path.suffix != ".gz":
+        if tail_bytes is not None and path.suffix != ".gz" and not isinstance(fh, _Transcoded):
             size = os.fstat(fh.fileno()).st_size
             if size > tail_bytes:
                 skip = size - tail_bytes
@@ -191,6 +253,8 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
             report.problems.append(f"{p}: no such file or directory")
     findings: list[Finding] = []
     for path, name in files:
+        if (odd := text_problem(path)) is not None:
+            report.problems.append(odd)
         try:
             findings += scan_file(path, name, rules=rules, trigger=trigger,
                                   context_lines=CONTEXT_LINES)

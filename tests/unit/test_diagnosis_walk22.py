@@ -1,0 +1,54 @@
+"""Walk-through 22's diagnosis findings: with trainguard installed from a source tree (`pip
+install -e`, as the README says) a failure inside `Trainer.train` was blamed on trainguard's
+own integration frame (src/trainguard/integrations/hf.py) instead of the user's line; a
+UTF-16 log holding a CUDA OOM gave 'no failure found', and a binary file gave the same with
+no word that it was not text."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.unit.helpers import diagnose_text
+from trainguard.diagnosis.sources import diagnose_paths
+from trainguard.diagnosis.taxonomy import Category
+
+HF_EDITABLE = """Traceback (most recent call last):
+  File "/home/u/proj/hf_train.py", line 41, in <module>
+    trainer.train()
+  File "/work/main/src/trainguard/integrations/hf.py", line 116, in train_resuming
+    return original(self, resume_from_checkpoint, *args, **kwargs)
+  File "/usr/lib/python3/dist-packages/transformers/trainer.py", line 2241, in train
+    return inner_training_loop(
+RuntimeError: shape mismatch in my loss
+"""
+OOM = "Traceback (most recent call last):\nRuntimeError: CUDA out of memory.\n"
+
+
+def test_trainguards_own_frames_are_a_library_to_the_script(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, HF_EDITABLE)
+    assert d.culprit.frame == "/home/u/proj/hf_train.py:41 in <module>"
+    assert d.culprit.in_library
+
+
+def test_a_utf16_log_is_read_as_text(tmp_path: Path) -> None:
+    for encoding in ("utf-16", "utf-16-be"):
+        p = tmp_path / f"{encoding}.log"
+        bom = b"\xfe\xff" if encoding == "utf-16-be" else b""
+        p.write_bytes(bom + OOM.encode(encoding))
+        report = diagnose_paths([p])
+        assert report.diagnosis is not None and report.diagnosis.category == Category.GPU_OOM
+        assert report.diagnosis.evidence is not None
+        assert report.diagnosis.evidence.text == "RuntimeError: CUDA out of memory."
+        assert report.problems == []
+
+
+def test_a_file_that_is_not_text_is_read_with_a_word_that_it_is_not(tmp_path: Path) -> None:
+    binary = tmp_path / "core.log"
+    binary.write_bytes(os.urandom(8192))
+    latin1 = tmp_path / "latin1.log"
+    latin1.write_bytes(("Schritt 5 f\xfcr das Modell\n" * 30 + OOM).encode("latin-1"))
+    report = diagnose_paths([binary, latin1])
+    assert len(report.problems) == 1 and "core.log: does not look like a text log" in \
+        report.problems[0]
+    assert report.diagnosis is not None and report.diagnosis.category == Category.GPU_OOM
