@@ -52,3 +52,22 @@ def test_a_file_that_is_not_text_is_read_with_a_word_that_it_is_not(tmp_path: Pa
     assert len(report.problems) == 1 and "core.log: does not look like a text log" in \
         report.problems[0]
     assert report.diagnosis is not None and report.diagnosis.category == Category.GPU_OOM
+
+
+def test_a_gzipped_log_cut_short_gives_what_came_before_and_the_fix(tmp_path: Path) -> None:
+    """A .gz cut short: gzip.open's last read raised and took every line of it along ('cannot
+    read it', no Fix); the lines before the break are read, and the problem names the fix."""
+    import gzip
+
+    whole = gzip.compress(OOM.encode() + os.urandom(20000).hex().encode() + b"\n")
+    path = tmp_path / "rank-2.log.gz"
+    path.write_bytes(whole[:len(whole) // 2])
+    report = diagnose_paths([path])
+    assert report.diagnosis is not None and report.diagnosis.category == Category.GPU_OOM
+    (problem,) = report.problems
+    assert "rank-2.log.gz: cut short or damaged" in problem and "gzip -t" in problem
+    two = tmp_path / "two.log.gz"  # members one after another (`cat a.gz b.gz`) read whole
+    two.write_bytes(gzip.compress(b"step 1\n" * 50) + gzip.compress(OOM.encode()))
+    report = diagnose_paths([two])
+    assert report.diagnosis is not None and report.diagnosis.evidence is not None
+    assert report.diagnosis.evidence.line == 52 and report.problems == []

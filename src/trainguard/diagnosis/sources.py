@@ -8,7 +8,6 @@ the job store, its attempt logs and hang verdict). Both end in verdict.diagnose.
 from __future__ import annotations
 
 import codecs
-import gzip
 import io
 import os
 import re
@@ -65,7 +64,7 @@ def _chunks(fh: BinaryIO) -> Iterator[bytes]:
 def _open(path: Path) -> BinaryIO:
     """The file's bytes as UTF-8 text: gzip read transparently, UTF-16 (a BOM, as Windows
     tools write logs) transcoded on the fly; anything else as it is."""
-    fh = (cast(BinaryIO, gzip.open(path, "rb")) if path.suffix == ".gz"  # noqa: SIM115
+    fh = (cast(BinaryIO, _Gunzip(path.open("rb"))) if path.suffix == ".gz"
           else path.open("rb"))  # (the caller closes it)
     head = fh.read(258)
     encoding = _utf16(head)
@@ -87,6 +86,59 @@ def _utf16(head: bytes) -> str | None:
     if head[:2] == codecs.BOM_UTF16_BE and body[0::2].count(0) * 2 >= len(body) // 2:
         return "utf-16-be"
     return None
+
+
+class _Gunzip(io.RawIOBase):
+    """A .gz file's text, member after member; one cut short or damaged gives everything
+    decompressed before the break, then raises EOFError (gzip.open loses the last read)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._broken: Exception | None = None
+        self._left = b""  # decompressed past the last read's size
+
+    def read(self, size: int = -1) -> bytes:
+        out = bytearray(self._left)
+        self._left = b""
+        if self._broken is not None and not out:
+            raise self._broken
+        while self._broken is None and (size < 0 or len(out) < size):
+            data = self._d.unused_data or self._raw.read(CHUNK)
+            if self._d.eof:  # a member ended: the next one (if any) starts afresh
+                if not data:
+                    break
+                self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            if not data:
+                self._broken = EOFError("Compressed file ended before the end-of-stream "
+                                        "marker was reached")
+                break
+            try:
+                out += self._d.decompress(data)
+            except zlib.error as e:
+                self._broken = e
+                break
+        if not out and self._broken is not None:
+            raise self._broken
+        if 0 <= size < len(out):
+            self._left = bytes(out[size:])
+            del out[size:]
+        return bytes(out)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if (offset, whence) != (0, 0):
+            raise io.UnsupportedOperation("a .gz is read from its start only")
+        self._raw.seek(0)
+        self._d, self._broken = zlib.decompressobj(16 + zlib.MAX_WBITS), None
+        self._left = b""
+        return 0
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class _Transcoded(io.RawIOBase):
@@ -153,9 +205,20 @@ def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
                 fh.seek(skip - 1)
                 mid_line = fh.read(1) != b"\n"
                 scan.start_mid_file(skip, before, mid_line)
-        for chunk in _chunks(fh):
-            scan.feed(chunk)
+        try:
+            for chunk in _chunks(fh):
+                scan.feed(chunk)
+        except (EOFError, zlib.error) as e:  # a .gz cut short or damaged: keep what came
+            raise CutShort(scan.finish(), str(e) or type(e).__name__) from None
     return scan.finish()
+
+
+class CutShort(Exception):
+    """A compressed log that ends early or is damaged part way: the findings before."""
+
+    def __init__(self, findings: list[Finding], why: str) -> None:
+        super().__init__(why)
+        self.findings, self.why = findings, why
 
 
 def _count_lines(fh: BinaryIO, upto: int) -> int:
@@ -259,6 +322,12 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
             findings += scan_file(path, name, rules=rules, trigger=trigger,
                                   context_lines=CONTEXT_LINES)
             report.files.append(name)
+        except CutShort as e:
+            findings += e.findings
+            report.files.append(name)
+            report.problems.append(f"{name}: cut short or damaged ({e.why}): what came before "
+                                   f"was read. Fix: `gzip -t {name}` checks it; give the "
+                                   "uncompressed log if you have it")
         except (OSError, EOFError, zlib.error) as e:  # EOFError, zlib: a damaged .gz
             what = getattr(e, "strerror", None) or str(e) or type(e).__name__
             report.problems.append(f"{name}: cannot read it ({what})")
