@@ -309,6 +309,17 @@ def test_a_spent_restart_budget_exits_1_with_restart_limit_reached(job: Any) -> 
     assert last_inc.recover_result == RecoverResult.QUOTA_EXCEEDED
 
 
+def test_job_created_says_auto_resume_is_on_and_when_it_takes_effect(job: Any) -> None:
+    """(walk-through 22) `--auto-resume hf` on a script that never imports transformers does
+    nothing: JobCreated says it is on, and that it needs the framework's Trainer."""
+    attempts = [[report(0, W(RUNNING), W(RUNNING)),
+                 report(0, W(SUCCEEDED, 0), W(SUCCEEDED, 0), first=1, last=100, seconds=5)]]
+    run = job(attempts, auto_resume="hf")
+    created = next(e for e in run.events if e.reason == "JobCreated")
+    assert "auto-resume hf on (takes effect when the script imports transformers' " \
+        "Trainer)" in created.message
+
+
 def test_a_job_that_succeeds_at_once_has_no_recovery(job: Any) -> None:
     attempts = [[report(0, W(RUNNING), W(RUNNING)),
                  report(0, W(SUCCEEDED, 0), W(SUCCEEDED, 0), first=1, last=100, seconds=5)]]

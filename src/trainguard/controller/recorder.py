@@ -155,6 +155,10 @@ class Recorder:
                 f"job dir {self.paths.job_dir}")
         if self.spec.operator_reexecution:
             what += "; operator re-execution on (scripts that run their steps in a StepGuard)"
+        if self.spec.auto_resume:
+            framework = {"hf": "transformers' Trainer", "lightning": "Lightning's Trainer"}
+            what += (f"; auto-resume {self.spec.auto_resume} on (takes effect when the script "
+                     f"imports {framework[self.spec.auto_resume]})")
         if isinstance(previous.get("attempt"), int):  # the same job launched again (a requeue)
             requeued = f" (Slurm requeue {requeues})" if requeues.isdigit() and \
                 int(requeues) > 0 else ""
