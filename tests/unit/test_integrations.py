@@ -3,6 +3,7 @@ site hook that patches a framework when the script imports it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -264,3 +265,29 @@ def test_a_commit_tells_the_launcher_the_absolute_path_of_a_relative_output_dir(
         got = [json.loads(launcher.recv(65536))["location"] for _ in range(2)]
     assert got == [str(tmp_path / "runs/hfd/checkpoint-10"),
                    str(tmp_path / "runs/pl/epoch=0-step=8.ckpt")]
+
+
+def test_the_same_lightning_file_saved_twice_at_one_step_is_one_commit_told(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(walk-through 22) A drain at a regular checkpoint step: the drain's save, then
+    ModelCheckpoint's, wrote epoch=1-step=16.ckpt twice and the job had two CheckpointSaved
+    events for it. The second write is committed again (its file is the one on disk) but
+    not told; a later step is."""
+    from trainguard.integrations.lightning import TrainguardCheckpointIO
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as launcher:
+        launcher.bind(str(tmp_path / "s"))
+        launcher.settimeout(0.5)
+        monkeypatch.setenv(ENV_SOCKET, str(tmp_path / "s"))
+        io = TrainguardCheckpointIO()
+        f = tmp_path / "epoch=1-step=16.ckpt"
+        io.on_exit = "drained"
+        io.save_checkpoint({"global_step": 16, "state_dict": {}}, f)
+        io.save_checkpoint({"global_step": 16, "state_dict": {"w": 1}}, f)
+        io.save_checkpoint({"global_step": 20, "state_dict": {}}, tmp_path / "s20.ckpt")
+        got = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.append(json.loads(launcher.recv(65536)))
+    assert [(m["step"], m["on_exit"]) for m in got] == [(16, "drained"), (20, None)]
+    assert file_committed_step(f) == 16

@@ -140,9 +140,11 @@ def file_marker(ckpt_file: Path) -> Path:
 
 
 def mark_file_committed(ckpt_file: Path, step: int, write_s: float | None = None,
-                        blocked_s: float | None = None, on_exit: str | None = None) -> None:
+                        blocked_s: float | None = None, on_exit: str | None = None,
+                        tell: bool = True) -> None:
     """Write `ckpt_file`'s sidecar marker (atomically, durably: the file's size and the step
-    in it) and tell the launcher (CheckpointSaved). Call once the file's write returned."""
+    in it) and tell the launcher (CheckpointSaved; not when `tell` is False: the same file
+    committed again). Call once the file's write returned."""
     size = ckpt_file.stat().st_size
     marker = file_marker(ckpt_file)
     tmp = marker.with_name(marker.name + ".tmp")
@@ -156,8 +158,10 @@ def mark_file_committed(ckpt_file: Path, step: int, write_s: float | None = None
         os.fsync(fd)
     finally:
         os.close(fd)
-    channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_file.absolute()),
-                 bytes=size, write_s=write_s, blocked_s=blocked_s, on_exit=on_exit)
+    if tell:
+        channel.send(MessageKind.CHECKPOINT_SAVED, step=step,
+                     location=str(ckpt_file.absolute()), bytes=size, write_s=write_s,
+                     blocked_s=blocked_s, on_exit=on_exit)
 
 
 def unmark_file(ckpt_file: Path) -> None:

@@ -174,6 +174,7 @@ class TrainguardCheckpointIO(CheckpointIO):
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
         self.on_exit: str | None = None  # set for a drain's save: the next commit says why
+        self._told: tuple[str, int] | None = None  # the last commit told: (file, step)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
                         storage_options: Any | None = None) -> None:
@@ -183,9 +184,14 @@ class TrainguardCheckpointIO(CheckpointIO):
         started = time.monotonic()
         self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
         if local and Path(path).is_file():  # written in the loop: it waited for the write
-            took = time.monotonic() - started
-            mark_file_committed(Path(path), int(checkpoint.get("global_step", 0)),
-                                write_s=took, blocked_s=took, on_exit=self.on_exit)
+            took, step = time.monotonic() - started, int(checkpoint.get("global_step", 0))
+            # the same file at the same step again (a drain's save, then ModelCheckpoint's at
+            # its regular step): committed again, told once; a drain's is always told (the
+            # job must hear that the ranks saved on their way out)
+            again = self._told == (str(path), step) and self.on_exit is None
+            mark_file_committed(Path(path), step, write_s=took, blocked_s=took,
+                                on_exit=self.on_exit, tell=not again)
+            self._told = (str(path), step)
             self.on_exit = None
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None,
