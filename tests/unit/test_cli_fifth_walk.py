@@ -204,3 +204,13 @@ def test_the_settings_job_created_records_are_the_dry_runs_with_absolute_dirs(
         assert settings[key] == dry[key] == str(here / "j1" / {"job_dir": "", "log_dir": "logs",
                                                                 "checkpoint_dir": "checkpoints"
                                                                 }[key]).rstrip("/"), key
+
+
+def test_restart_args_given_a_flag_like_value_says_how_to_write_it(here: Path) -> None:
+    """(walk-through 22) argparse's 'expected one argument' for `--restart-args
+    --init_from=resume`: the fix is to join it with '=' and quote it."""
+    r = tg("run", "--restart-args", "--init_from=resume", "--dry-run", "train.py", cwd=here)
+    assert r.returncode == 2
+    assert "Fix: join it with '=' and quote it: --restart-args='--init_from=resume'" in r.stderr
+    ok = tg("run", "--restart-args=--init_from=resume", "--dry-run", "train.py", cwd=here)
+    assert ok.returncode == 0, ok.stderr

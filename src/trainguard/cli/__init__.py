@@ -60,6 +60,10 @@ class Parser(argparse.ArgumentParser):
             message = f"{flag}: {got} is not a valid choice. Fix: {meant} one of {valid}"
         elif fixed:  # an argument type's message that says the fix (cli/args)
             message = f"{fixed.group(1).split('/')[0]}: {fixed.group(2)}"
+        elif message.startswith("argument --restart-args") and "expected one argument" in \
+                message:  # `--restart-args --init_from=resume`: a value that looks a flag
+            message = ("--restart-args: expected its value, one string. Fix: join it with '=' "
+                       "and quote it: --restart-args='--init_from=resume'")
         else:
             message += f". Fix: see `{self.prog} --help`"
         self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {message}\n")
