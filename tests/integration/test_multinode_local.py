@@ -232,6 +232,28 @@ def test_a_controller_that_cannot_take_over_records_what_the_agents_kept_for_it(
     assert {(20, 0), (30, 0)} <= saved, sorted(saved)
 
 
+def test_stop_ends_the_agents_that_outlived_a_killed_launcher(tmp_path: Path) -> None:
+    """(walk-through 23) The launcher of a multi-node job SIGKILLed: the job reads `lost`, but
+    its agents wait for a controller to take over and their workers train on; `stop` said
+    'already ended' and did nothing (so did `stop --force`, which kills only the launcher).
+    Now stop ends the agents on this machine, and their workers with them."""
+    import psutil
+
+    job = tmp_path / "job"
+    bg = Background(job_args(job, steps=3000), tmp_path)
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 10)
+    workers = [psutil.Process(r["pid"]) for r in status["ranks"]]
+    agents = [psutil.Process(n["agent_pid"]) for n in status["nodes"]]
+    bg.proc.kill()
+    bg.finish(timeout=30)
+    assert all(p.is_running() for p in workers + agents)  # training on, no controller
+    r = run_tg(["stop", str(job)], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "its node agents still ran its workers: ended node-0 (pid" in r.stdout
+    _, alive = psutil.wait_procs(workers + agents, timeout=20)
+    assert not alive, alive
+
+
 def test_nodes_failing_their_pre_check_are_isolated_and_the_job_fails_clearly(
         tmp_path: Path) -> None:
     job = tmp_path / "job"

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
+from trainguard.backends.local import signal_agent
 from trainguard.cli.args import days
 from trainguard.cli.fmt import (
     clock_or_dash,
@@ -65,8 +66,9 @@ def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                    "ranks' grace period at once (a second SIGTERM: what still runs, on every "
                    "node, gets SIGKILL)")
     p.add_argument("--force", action="store_true", help="SIGKILL the launcher if it has not "
-                   "ended within --timeout (its guardian then kills the workers; the job "
-                   "reads `lost`)")
+                   "ended within --timeout (its guardian then kills the workers, and a "
+                   "multi-node job's agents on this machine are killed too; the job reads "
+                   "`lost`)")
     p.set_defaults(func=cmd_stop)
     ls = sub.add_parser("ls", help="list the jobs under a directory",
                         description="Every job dir under ROOT (two levels deep): state, "
@@ -104,6 +106,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return ExitCode.NO_JOB
     state = shown_state(meta)
     if state in JOB_ENDED:
+        ended = _end_agents(Path(args.job_dir)) if state == JobState.LOST.value else []
+        if ended:  # a multi-node job's agents outlive a killed launcher, training on
+            print(f"job {meta.get('run_id')}: its launcher is gone but its node agents still "
+                  f"ran its workers: ended {', '.join(ended)} (their workers end with them)")
+            return ExitCode.SUCCESS
         why = "its launcher is gone" if state == JobState.LOST.value else "nothing to stop"
         print(f"trainguard stop: the job has already ended ({state}): {why}")
         return ExitCode.SUCCESS
@@ -150,7 +157,27 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if not _wait_gone(proc, 10.0):
         complain("stop", f"the launcher (pid {pid}) is still there 10s after SIGKILL")
         return ExitCode.FAILED
+    ended = _end_agents(Path(args.job_dir))
+    if ended:  # a multi-node job's agents outlive their launcher (for a takeover)
+        print(f"ended its node agents {', '.join(ended)} (their workers end with them)",
+              flush=True)
     return _stopped(Path(args.job_dir), killed=True)
+
+
+def _end_agents(job_dir: Path) -> list[str]:
+    """A multi-node job's node agents still running on this machine (the local backend),
+    SIGKILLed with their process groups (each agent's guardian kills its workers): they
+    outlive a killed launcher, waiting for a controller to take the job over, and train on
+    meanwhile. 'node (pid N)' of each ended. Agents on other machines (Slurm) end by
+    themselves once no controller came back (node/main.py)."""
+    try:
+        with JobStore.open(job_dir) as store:
+            rows = store.nodes()
+    except StoreError:
+        return []
+    return [f"{r.name} (pid {r.agent_pid})" for r in rows
+            if r.backend == "local" and r.agent_pid is not None
+            and signal_agent(r.agent_pid, r.name)]
 
 
 def _launcher(pid: int) -> psutil.Process | None:
