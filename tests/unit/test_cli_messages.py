@@ -74,3 +74,15 @@ def _verdict_line() -> int:
               if isinstance(n, ast.FunctionDef) and n.name == "_say_not_valid")
     return next(n.lineno for n in ast.walk(fn) if isinstance(n, ast.Call)
                 and any(k.arg == "file" for k in n.keywords))
+
+
+def test_ui_on_an_address_this_machine_lacks_says_to_fix_the_host(tmp_path: Path) -> None:
+    """(walk-through 23) It said 'Fix: pick another --port' for a --host that is not here."""
+    job = tmp_path / "job"
+    job.mkdir()
+    from trainguard.controller.store import JobStore
+
+    JobStore.create(job, "ui-host").close()
+    r = tg("ui", str(job), "--host", "192.0.2.1", "--port", "0", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "Fix: give --host an address of this machine" in r.stderr, r.stderr

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 from pathlib import Path
 
 from trainguard.cli.fmt import complain
@@ -56,8 +58,10 @@ def _run(ns: argparse.Namespace) -> int:
     try:
         serve(catalog, ns.host, ns.port, ns.token or None)
     except OSError as e:
-        complain("ui", f"cannot listen on {ns.host}:{ns.port}: {e}. Fix: pick another --port "
-                 "(0 picks a free one)")
+        fix = ("give --host an address of this machine (127.0.0.1, or 0.0.0.0 for all)"
+               if e.errno in (errno.EADDRNOTAVAIL, socket.EAI_NONAME) or isinstance(
+                   e, socket.gaierror) else "pick another --port (0 picks a free one)")
+        complain("ui", f"cannot listen on {ns.host}:{ns.port}: {e}. Fix: {fix}")
         return ExitCode.USAGE
     except KeyboardInterrupt:
         pass
