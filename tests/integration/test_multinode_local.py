@@ -232,6 +232,23 @@ def test_a_controller_that_cannot_take_over_records_what_the_agents_kept_for_it(
     assert {(20, 0), (30, 0)} <= saved, sorted(saved)
 
 
+def test_a_dead_spare_is_seen_and_no_longer_counted_a_spare(tmp_path: Path) -> None:
+    """(walk-through 23) A spare's agent killed: no event, and status kept showing it spare
+    with a standby ready, through a later failure that found no spare."""
+    job = tmp_path / "job"
+    bg = Background(job_args(job, "--spare-nodes", "1", steps=3000), tmp_path)
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 5)
+    kill_node(status, "node-2")
+    status = wait_for(job, lambda s: node(s, "node-2")["state"] == "lost", timeout=30)
+    lost = events_of(job, "NodeLost")
+    assert [e["involved"]["node"] for e in lost] == ["node-2"], lost
+    assert "spare node node-2 was lost: its agent process ended" in lost[0]["message"]
+    assert {n["name"]: n["state"] for n in status["nodes"]} == {
+        "node-0": "healthy", "node-1": "healthy", "node-2": "lost"}
+    assert run_tg(["stop", str(job)], cwd=tmp_path).returncode == 0
+    bg.finish(timeout=60)
+
+
 def test_stop_ends_the_agents_that_outlived_a_killed_launcher(tmp_path: Path) -> None:
     """(walk-through 23) The launcher of a multi-node job SIGKILLed: the job reads `lost`, but
     its agents wait for a controller to take over and their workers train on; `stop` said

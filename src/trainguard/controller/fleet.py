@@ -67,6 +67,8 @@ class Fleet:
         # whether the recorder holds events the store has not taken yet (Recorder.unwritten):
         # the worker messages they came from are not acknowledged meanwhile
         self.acks_held: Callable[[], bool] = lambda: False
+        # a spare node found gone (its agent ended or cut off): the controller records it
+        self.on_spare_lost: Callable[[str, str], None] = lambda name, why: None
         self._broken: dict[str, str] = {}  # placed nodes that failed a command: why
         self.lost: dict[str, str] = {}  # lost placed nodes with why, as of the last report
         self.peer: PeerCopies | None = None  # memory snapshots copied to a buddy node
@@ -151,6 +153,22 @@ class Fleet:
                 out[name] = f"its agent has been silent for over {self.node_timeout_s:g}s"
             elif name in bad:
                 out[name] = f"Slurm reports it {bad[name]}"
+        return out
+
+    def _spares_gone(self) -> dict[str, str]:
+        """Spare nodes whose agent ended, or whose link has been down past the grace (not
+        in a full disruption): no longer spares, so status and a reschedule see it."""
+        links = self.hub.links_now()
+        out: dict[str, str] = {}
+        for name, node in self.nodes.items():
+            if name in self.placement or node.state != NodeState.SPARE:
+                continue
+            link = links.get(name)
+            if node.handle is not None and node.handle.ended():
+                out[name] = "its agent process ended"
+            elif (link is not None and link.disconnected_s > self.grace_s
+                  and self.disrupted_since is None):
+                out[name] = f"its agent has been disconnected for over {self.grace_s:g}s"
         return out
 
     def _full_disruption(self, links: dict[str, LinkState]) -> bool:
@@ -246,6 +264,9 @@ class Fleet:
                 if not set(self.lost_now()) <= set(self.lost):
                     break
         self._polled_at = time.monotonic()
+        for name, why in self._spares_gone().items():
+            self.mark(name, NodeState.LOST, why)
+            self.on_spare_lost(name, why)
         placed = set(self.placement)
         for name, reports in self.hub.take_all_reports().items():
             if name in placed:

@@ -35,6 +35,11 @@ class NodeRecovery:
         # the controller's: a signal ends a wait for nodes at once (Slurm's time limit sends
         # SIGTERM, then SIGKILL after KillWait)
         self.stop_requested: Callable[[], bool] = lambda: False
+        fleet.on_spare_lost = self._spare_lost
+
+    def _spare_lost(self, name: str, why: str) -> None:
+        self.rec.event(Level.WARNING, Reason.NODE_LOST, f"spare node {name} was lost: {why}; "
+                       "it is no longer a spare", node=name)
 
     def snapshot(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The placement (slot -> node) and the spare nodes ready now."""
