@@ -35,11 +35,21 @@ _FAILURE_WORD = re.compile(
     r"\d{10,}\.\d|"  # a value grown past any trained one (an exploded loss)
     r"\.\w+:\d+ -> [1-9]")  # NCCL's error trace (`INFO transport/net_ib.cu:555 -> 2`)
 
+# ... and so does a line that reports a miss the program handles itself: a file not found in
+# a local copy or cache that it goes on to fetch (`checkpoints/needle2.pkl not found locally,
+# downloading from HF...`), at whatever level
+_HANDLED_MISS = re.compile(
+    r"(?i)\bnot (?:found|present) (?:locally|in (?:the )?(?:local )?cache)\b[,;.]?\s*(?:-+\s*)?"
+    r"(?:downloading|fetching|falling back|will (?:download|fetch))")
+
 
 def reports_success(text: str) -> bool:
     """A line logged at INFO level that names no failure (`ppdet.utils.checkpoint INFO:
-    Finish loading model weights: ...pdparams`): it decides nothing, by rule or family."""
-    return _INFO_LEVEL.search(text) is not None and _FAILURE_WORD.search(text) is None
+    Finish loading model weights: ...pdparams`), or one that reports a miss the program
+    handles (`... not found locally, downloading from HF...`): it decides nothing, by rule or
+    family."""
+    return (_INFO_LEVEL.search(text) is not None and _FAILURE_WORD.search(text) is None) \
+        or _HANDLED_MISS.search(text) is not None
 
 # exit notices of a batch system or an MPI launcher (Slurm's WTERMSIG and job script, srun,
 # mpirun): a SIGKILL they report with no OOM kill anywhere in the logs came from outside

@@ -50,6 +50,13 @@ EXCEPTION_LINE = re.compile(
 # The same after some other prefix (a logger's time and source): "... ] KeyError: 'x'".
 EXCEPTION_IN_LINE = re.compile(
     r"(?:^|[\s|\]>*])((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?::\s|\s*$)")
+# IPython's (Jupyter's, Colab's) traceback header names the exception type first, with no
+# colon (`UnidentifiedImageError                    Traceback (most recent call last)`):
+# when a paste is cut before the exception line at the end, it is the only line that names
+# the exception, so the rules for exception lines read it too.
+IPYTHON_HEADER = re.compile(
+    r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault)"
+    r"\s{2,}Traceback \(most recent call last\)")
 # Source lines inside a traceback: never findings themselves.
 CODE_LINE = re.compile(r"^\s+(?:raise\b|assert\b|File \"|\^+\s*$|~+)")
 

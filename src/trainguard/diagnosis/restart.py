@@ -103,7 +103,9 @@ _UNSUPPORTED_STATUS = re.compile(r"\bnot supported\b|_NOT_SUPPORTED\b", re.IGNOR
 # not one that timed out waiting for a peer that may come late: the address, the port or a
 # firewall is wrong, and a rerun meets the same
 _CONNECT_FAILED = re.compile(r"\bhas failed to connect to\b", re.IGNORECASE)
-# a remote service the machine has no route to (an offline cluster): a rerun has none either
+# a remote service the machine has no route to (an offline cluster), or a rendezvous store's
+# address it has none to (a TCPStore's `Network is unreachable`: the address is wrong, the
+# one such case of the sets says `no`): a rerun has none either
 _NO_ROUTE = re.compile(r"network is unreachable|\[Errno 101\]", re.IGNORECASE)
 # a rank still preparing the data when the others' wait ran out (a progress bar of
 # tokenizing, preprocessing or mapping a dataset, or of scanning its files: YOLOv5's `train:
@@ -142,6 +144,12 @@ def _shell_segv() -> re.Pattern[str]:
                       re.IGNORECASE)
 
 
+# a verbs call that sets up a queue pair refused as invalid or for a device that is not there
+# (`Call to ibv_modify_qp failed with error Invalid argument`, `... No such device`): the
+# attributes NCCL gives it (the GID index, the port, RoCE's address) do not fit this fabric,
+# and a rerun gives the same (all 3 such logs of the sets say `no`; a modify that fails with
+# `Network is unreachable` is the link's, and keeps `yes`)
+_QP_REFUSED = re.compile(r"ibv_modify_qp failed with error (?:Invalid argument|No such device)")
 # gloo that could not build its full mesh when the process group was set up ("connectFullMesh
 # failed"): the interface it picked does not reach the peers, and a rerun picks the same
 _GLOO_MESH = re.compile(r"connectFullMesh failed", re.IGNORECASE)
@@ -215,13 +223,18 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
     elif cat == Category.CUDA_KERNEL_ERROR and d.evidence is not None \
             and _UNSUPPORTED_STATUS.search(d.evidence.text):
         verdict, why = RestartHelps.NO, "the library does not support the call on this GPU"
+    elif cat == Category.NCCL_COMMUNICATION_ERROR and d.evidence is not None \
+            and _QP_REFUSED.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, ("the queue pair's attributes (GID index, port) do not "
+                                         "fit this fabric")
     elif cat == Category.NCCL_COMMUNICATION_ERROR and (
             (d.evidence is not None and _VIRTUAL_IF.search(d.evidence.text))
             or any(_VIRTUAL_IF_USED.search(f.text) for f in findings)):
         verdict, why = RestartHelps.NO, ("NCCL uses a virtual interface; set "
                                          "NCCL_SOCKET_IFNAME to the one the peers share")
-    elif cat == Category.OTHER and d.evidence is not None and _NO_ROUTE.search(d.evidence.text):
-        verdict, why = RestartHelps.NO, "the machine has no route to the service"
+    elif cat in (Category.OTHER, Category.NETWORK_OR_RENDEZVOUS) and d.evidence is not None \
+            and _NO_ROUTE.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, "the machine has no route to the address"
     elif cat == Category.SEGFAULT_OR_ABORT and d.evidence is not None \
             and _shell_segv().search(d.evidence.text.strip()):
         verdict, why = RestartHelps.NO, ("a native crash with no error before it: the same "

@@ -20,6 +20,7 @@ from trainguard.diagnosis.lines import (
     CODE_LINE,
     EXCEPTION_IN_LINE,
     EXCEPTION_LINE,
+    IPYTHON_HEADER,
     file_rank,
     is_library_path,
     line_time,
@@ -185,7 +186,8 @@ class FileScan:
             return None
         at, inherited = self._time(pre.at, text)
         exc = EXCEPTION_LINE.match(text) or EXCEPTION_IN_LINE.search(text[:200])
-        rule = self.trigger.match(text, is_exception=exc is not None)
+        rule = self.trigger.match(text, is_exception=exc is not None or (
+            "Traceback (" in text and IPYTHON_HEADER.match(text) is not None))
         code_rank, code = exit_code(text)
         if exc is None and rule is None and code is None:
             return None
