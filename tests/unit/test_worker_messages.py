@@ -148,3 +148,29 @@ def test_a_rank_that_resumed_without_a_part_of_its_own_is_a_warning_each(
                                  "part of its own")
     assert "rank 0's data position and a fresh RNG" in seen[1][2]
     assert "not bit for bit" in seen[1][2]
+
+
+def test_a_message_kept_while_no_controller_watched_keeps_its_own_time(tmp_path: Path) -> None:
+    """(walk-through 23) After a takeover, the CheckpointSaved events of commits made while no
+    controller ran were all stamped with the takeover's time: the dashboard's checkpoint table
+    and the goodput ledger read 17 saves at one instant."""
+    from datetime import timedelta
+
+    from trainguard.records import utcnow
+    from trainguard.worker.contract import MessageKind
+
+    got: list[dict[str, Any]] = []
+
+    def emit(level: Level, reason: Reason, message: str, **kw: Any) -> None:
+        got.append(kw)
+
+    store = JobStore.create(tmp_path / "job", "r")
+    wm = WorkerMessages(emit, IncidentBook(store))
+    sent = utcnow() - timedelta(minutes=3)
+    late = WorkerMessage(kind=MessageKind.CHECKPOINT_SAVED, rank=0, at=sent,
+                         data={"step": 50, "location": "/ck"})
+    now = WorkerMessage(kind=MessageKind.CHECKPOINT_SAVED, rank=0, at=utcnow(),
+                        data={"step": 60, "location": "/ck"})
+    wm.handle([late, now], 0)
+    assert got[0]["at"] == sent
+    assert "at" not in got[1]

@@ -72,10 +72,10 @@ class Recorder:
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
               attempt: int | None = None, data: dict[str, Any] | None = None,
-              node: str | None = None) -> None:
+              node: str | None = None, at: datetime | None = None) -> None:
         if node is None and rank is not None:
             node = self._node_of.get(rank, "node-0")
-        ev = Event(utcnow(), level, reason.value, message,
+        ev = Event(at or utcnow(), level, reason.value, message,
                    Involved(job=self.spec.run_id, node=node, rank=rank, attempt=attempt), data)
         if self._on_event is not None:
             self._on_event(ev)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
-from trainguard.records import Level, Reason, rank_list, secs, size_text
+from trainguard.records import Level, Reason, rank_list, secs, size_text, utcnow
 from trainguard.worker.contract import (
     SOURCE_MEMORY,
     SOURCE_PEER,
@@ -30,6 +31,7 @@ Recorded = Callable[[str], bool]
 Handler = Callable[[WorkerMessage, dict[str, Any], int], None]
 MAX_METRIC_RANKS = 64  # ranks whose train metrics are kept (the first ones that report)
 MAX_SEEN_IDS = 10_000  # ids of the messages recorded by this controller, newest kept
+LATE_S = 5.0  # a message sent longer ago than this keeps its own time in its event
 
 
 class WorkerMessages:
@@ -39,6 +41,7 @@ class WorkerMessages:
         self._recorded = recorded
         self._seen: dict[str, None] = {}  # ids recorded by this controller (insertion order)
         self._message_id: str | None = None  # the id of the message handled now
+        self._message_at: datetime | None = None  # when it was sent, if long ago
         self._current = True  # the message handled now is of the attempt being recorded
         self._book = book
         self._resumed_sources: dict[int, set[str]] = {}  # attempt -> where ranks loaded from
@@ -70,6 +73,9 @@ class WorkerMessages:
             if handler is None or (m.id is not None and self._recorded_already(m)):
                 continue
             self._message_id = m.id
+            # a message kept while no controller watched (a takeover's replay): its event
+            # keeps the time the worker sent it, not the time it is recorded
+            self._message_at = m.at if (utcnow() - m.at).total_seconds() > LATE_S else None
             own = attempt if m.attempt is None else m.attempt
             self._current = own == attempt
             try:
@@ -78,7 +84,7 @@ class WorkerMessages:
                 log.warning("dropped a worker message of rank %s (%s) that could not be "
                             "handled", m.rank, m.kind, exc_info=True)
             finally:
-                self._message_id, self._current = None, True
+                self._message_id, self._current, self._message_at = None, True, None
 
     def _recorded_already(self, m: WorkerMessage) -> bool:
         """In this controller's memory, or (sent again: a controller before it may have
@@ -99,7 +105,11 @@ class WorkerMessages:
         """The event, with the id of the message it came from (`data.message_id`)."""
         if self._message_id is not None:
             data = {**(data or {}), "message_id": self._message_id}
-        self._emit_to(level, reason, message, rank=rank, attempt=attempt, data=data)
+        if self._message_at is not None:
+            self._emit_to(level, reason, message, rank=rank, attempt=attempt, data=data,
+                          at=self._message_at)
+        else:
+            self._emit_to(level, reason, message, rank=rank, attempt=attempt, data=data)
 
     def _on_checkpoint_saved(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         step = int(d.get("step", -1))
