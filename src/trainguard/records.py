@@ -350,10 +350,20 @@ def recoveries_text(by_rung: dict[str, int]) -> str:
 
 def incidents_of(records: list[RunningRecord]) -> list[RecoverRecord]:
     """One recover record per fault: a record whose rung handed the fault to the next one
-    (`downgrade`: the next record goes on with it) is not a fault of its own. The incidents
-    `recovery`, the UI and the MTBF count."""
-    return [rr for r in records for rr in r.recover_records
-            if rr.recover_result != RecoverResult.DOWNGRADE]
+    (`downgrade`, or a rung out of budget, `quotaExceeded`, whose fault the next record of
+    the same detection goes on with) is not a fault of its own. The incidents `recovery`,
+    the UI and the MTBF count."""
+    out = []
+    for r in records:
+        rrs = r.recover_records
+        for i, rr in enumerate(rrs):
+            nxt = rrs[i + 1] if i + 1 < len(rrs) else None
+            handed = rr.recover_result == RecoverResult.DOWNGRADE or (
+                nxt is not None and nxt.detected_at == rr.detected_at
+                and nxt.fault_at == rr.fault_at)
+            if not handed:
+                out.append(rr)
+    return out
 
 
 def recoveries_by_rung(records: list[RunningRecord]) -> dict[str, int]:
