@@ -71,3 +71,13 @@ def test_a_gzipped_log_cut_short_gives_what_came_before_and_the_fix(tmp_path: Pa
     report = diagnose_paths([two])
     assert report.diagnosis is not None and report.diagnosis.evidence is not None
     assert report.diagnosis.evidence.line == 52 and report.problems == []
+
+
+def test_a_rank_whose_end_was_never_reported_is_not_code_none() -> None:
+    """(walk-through 23) A lost node's rank: 'rank 1 exited with code None'."""
+    from trainguard.diagnosis.candidates import RankExit, plain_exit
+
+    assert plain_exit(RankExit(1, True, None)).summary == (
+        "rank 1 ended with no exit code reported (its node was lost, or its agent) and left "
+        "no known error in its log")
+    assert "exited with code 3 and" in plain_exit(RankExit(1, True, 3)).summary

@@ -212,8 +212,14 @@ def plain_exit(e: RankExit) -> Candidate:
     return Candidate(SIGNAL_TIER, Category.OTHER, FaultDomain.USER_CODE, RestartHelps.NO,
                       "The script chose to exit non-zero; read the end of its log.", 0.3,
                       e.rank, at=e.ended_at, subcategory=f"exit_code_{e.returncode}",
-                      summary=f"rank {e.rank} exited with code {e.returncode} and left no "
-                      "known error in its log")
+                      summary=f"rank {e.rank} {ended_how(e.returncode)} and left no known "
+                      "error in its log")
+
+
+def ended_how(returncode: int | None) -> str:
+    """'exited with code N', or for an end never reported (its node lost) what is known."""
+    return (f"exited with code {returncode}" if returncode is not None
+            else "ended with no exit code reported (its node was lost, or its agent)")
 
 
 def rank_of(f: Finding) -> int | None:

@@ -19,6 +19,7 @@ from trainguard.diagnosis.candidates import (
     TIER,
     Candidate,
     RankExit,
+    ended_how,
     from_exit,
     from_finding,
     plain_exit,
@@ -183,7 +184,7 @@ def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],
         first = min(failed, key=lambda e: (e.ended_at is None, e.ended_at or datetime.max))
         return Diagnosis(
             Category.OTHER, FaultDomain.USER_CODE, RestartHelps.NO,
-            f"rank {first.rank} exited with code {first.returncode} and left no known error "
+            f"rank {first.rank} {ended_how(first.returncode)} and left no known error "
             "in its log", "The script chose to exit non-zero; read the end of its log.",
             Culprit(first.rank, first.node), confidence=0.2), []
     root = _pick(cands)
