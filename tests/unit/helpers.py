@@ -41,6 +41,13 @@ def traceback_of(line: str) -> str:
             f"{line}\n")
 
 
+def diagnosis_or_none(tmp_path: Path, text: str) -> Diagnosis | None:
+    """`trainguard diagnose` of one log holding `text`, which may give no answer."""
+    p = tmp_path / "console.log"
+    p.write_text(text, encoding="utf-8")
+    return diagnose_paths([p]).diagnosis
+
+
 def diagnose_text(tmp_path: Path, text: str, name: str = "console.log") -> Diagnosis:
     """`trainguard diagnose` of one log holding `text`: an answer, with its deciding line."""
     p = tmp_path / name

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.helpers import diagnose_text, traceback_of
+from tests.unit.helpers import diagnose_text, diagnosis_or_none, traceback_of
 from trainguard.diagnosis.exit_notices import exit_code
 from trainguard.diagnosis.families import load_families
 from trainguard.diagnosis.lines import split_prefix
@@ -253,9 +253,7 @@ def test_a_traceback_cut_in_another_wait_is_no_loaders(tmp_path: Path) -> None:
             "    self.not_empty.wait()\n"
             '  File "/usr/lib/python3.8/threading.py", line 302, in wait\n'
             "    waiter.acquire()\n")
-    p = tmp_path / "console.log"
-    p.write_text("waiting for jobs\n" + text, encoding="utf-8")
-    d = diagnose_paths([p]).diagnosis
+    d = diagnosis_or_none(tmp_path, "waiting for jobs\n" + text)
     assert d is None or d.category != Category.DATALOADER_WORKER_CRASH
 
 
@@ -266,9 +264,7 @@ def test_host_memory_with_room_left_is_no_oom(tmp_path: Path) -> None:
     text = ("[INFO] CPU Virtual Memory:  used = 30.1 GB, percent = 48.0%\n"
             "[INFO] CPU Virtual Memory:  used = 40.9 GB, percent = 61.5%\n"
             "[INFO] initializing optimizer states\n")
-    p = tmp_path / "console.log"
-    p.write_text(text, encoding="utf-8")
-    d = diagnose_paths([p]).diagnosis
+    d = diagnosis_or_none(tmp_path, text)
     assert d is None or d.category != Category.HOST_OOM
 
 
@@ -326,9 +322,7 @@ def test_an_info_line_alone_of_loaded_weights_is_no_checkpoint_error(tmp_path: P
     text = ("[06/08 16:58:10] ppdet.utils.checkpoint INFO: Finish loading model weights: "
             "/data/weights/model_final.pdparams\n"
             "[06/08 16:58:12] ppdet.engine INFO: Epoch: [0] [   0/3308] loss: 2.241040\n")
-    p = tmp_path / "console.log"
-    p.write_text(text, encoding="utf-8")
-    d = diagnose_paths([p]).diagnosis
+    d = diagnosis_or_none(tmp_path, text)
     assert d is None or d.category != Category.CHECKPOINT_LOAD_ERROR
 
 
@@ -387,9 +381,7 @@ def test_a_warning_that_links_to_hugging_face_names_no_remote_service_failure() 
     "中止条件を確認しています",
 ])
 def test_common_words_of_the_locales_are_no_crash(tmp_path: Path, line: str) -> None:
-    p = tmp_path / "console.log"
-    p.write_text("epoch 1 step 20 loss 0.41\n" + line + "\n", encoding="utf-8")
-    d = diagnose_paths([p]).diagnosis
+    d = diagnosis_or_none(tmp_path, "epoch 1 step 20 loss 0.41\n" + line + "\n")
     assert d is None or d.evidence is None or d.evidence.text.strip() != line
 
 

@@ -173,4 +173,4 @@ def test_a_message_kept_while_no_controller_watched_keeps_its_own_time(tmp_path:
                         data={"step": 60, "location": "/ck"})
     wm.handle([late, now], 0)
     assert got[0]["at"] == sent
-    assert "at" not in got[1]
+    assert got[1]["at"] is None

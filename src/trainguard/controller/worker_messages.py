@@ -105,11 +105,8 @@ class WorkerMessages:
         """The event, with the id of the message it came from (`data.message_id`)."""
         if self._message_id is not None:
             data = {**(data or {}), "message_id": self._message_id}
-        if self._message_at is not None:
-            self._emit_to(level, reason, message, rank=rank, attempt=attempt, data=data,
-                          at=self._message_at)
-        else:
-            self._emit_to(level, reason, message, rank=rank, attempt=attempt, data=data)
+        self._emit_to(level, reason, message, rank=rank, attempt=attempt, data=data,
+                      at=self._message_at)
 
     def _on_checkpoint_saved(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         step = int(d.get("step", -1))

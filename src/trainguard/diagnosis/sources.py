@@ -197,7 +197,7 @@ def scan_file(path: Path, name: str | None = None, *, rank: int | None = None,
     scan = FileScan(rules, label, trigger, rank if rank is not None else file_rank(label),
                     force_rank=rank is not None, context_lines=context_lines)
     with _open(path) as fh:
-        if tail_bytes is not None and path.suffix != ".gz" and not isinstance(fh, _Transcoded):
+        if tail_bytes is not None and fh.seekable():  # a plain file (not .gz, not UTF-16)
             size = os.fstat(fh.fileno()).st_size
             if size > tail_bytes:
                 skip = size - tail_bytes
