@@ -149,7 +149,7 @@ def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
     uninterrupted job (the same 2 ranks and 14 steps on one node), bit for bit. That step
     is saved to storage at once (save at breakpoint, node-1's part from node-0's copy), the
     spare's standby takes the rank, and `status` shows the standbys and shared memory."""
-    from tests.integration.test_multinode_local import Background, kill_node, wait_for
+    from tests.integration.multinode import Background, kill_node, wait_for
 
     job, shm = tmp_path / "job", tmp_path / "shm"
     shm.mkdir()
@@ -239,7 +239,7 @@ def test_a_node_lost_after_its_ranks_snapshot_of_step_n_costs_no_step(
     checked against its CRC-32, and the job ends bit for bit as the uninterrupted one."""
     import fcntl
 
-    from tests.integration.test_multinode_local import kill_node, wait_for
+    from tests.integration.multinode import kill_node, wait_for
 
     job, shm, gate = tmp_path / "job", tmp_path / "shm", tmp_path / "gate.lock"
     shm.mkdir()

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.conftest import EXAMPLE, read_json, reasons
+from tests.integration.conftest import EXAMPLE, TG, read_json, reasons
 from tests.multinode.slurm_cluster import SlurmCluster
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
@@ -281,13 +281,18 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(
         clean_cluster: SlurmCluster, tmp_path: Path) -> None:
     cluster = clean_cluster
     job = tmp_path / "job"
-    ctl = Controller(job_args(job, "--queue-timeout", "3", spares=0), tmp_path,
+    ctl = Controller(job_args(job, "--queue-timeout", "6", spares=0), tmp_path,
                      tg_env(cluster))
     try:
         status = wait_for(job, step_at_least(5), alive=lambda: ctl.proc.poll() is None)
         assert len(status["nodes"]) == 2 and len(placed(status)) == 2
         victim = placed(status)[1]
         cluster.kill_node(victim)
+        # (walk-through 23) while it queues, the reschedule's budget is not spent yet: status
+        # read 1/3 then 0/3 once the queue gave up
+        queuing = wait_for(job, lambda s: s["state"] == "queuing",
+                           alive=lambda: ctl.proc.poll() is None)
+        assert queuing["budgets"]["job_reschedules"]["used"] == 0, queuing["budgets"]
         code, out = ctl.finish()
     finally:
         ctl.kill()
@@ -296,13 +301,17 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(
     got = [r for r in reasons(job) if r != "CheckpointSaved"]
     assert got[-4:] == ["NodeLost", "RescheduleDowngraded", "Queuing", "JobFailed"], got
     failed = events_of(job, "JobFailed")[0]["message"]
-    assert "not enough healthy nodes" in failed and "waited 3s" in failed
+    assert "not enough healthy nodes" in failed and "waited 6s" in failed
     assert "no spare node" in events_of(job, "RescheduleDowngraded")[0]["message"]
     records = read_json("recovery", job)["running_records"][0]["recover_records"]
     assert [(x["recover"], x["recover_result"]) for x in records] == [
         ("pod_reschedule", "downgrade"), ("job_reschedule_with_taint", "failed")]
     final = read_json("status", job)
-    assert final["state"] == "failed"
+    assert final["state"] == "failed" and final["budgets"]["job_reschedules"]["used"] == 0
+    assert final["ended_by"] == "job_reschedule_with_taint"
+    text = subprocess.run([*TG, "status", str(job)], capture_output=True, text=True,
+                          timeout=60).stdout  # (walk-through 23: it advised --max-restarts)
+    assert "it ended out of healthy nodes (--max-restarts does not cover that)" in text, text
     assert next(n for n in final["nodes"] if n["name"] == victim)["state"] == "lost"
     # the allocation is cancelled even on failure (completing until Slurm sees the dead node)
     assert [j[0] for j in squeue(cluster, "-o", "%T")] in ([], ["COMPLETING"])
@@ -337,6 +346,9 @@ def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
     assert code == 0, out[-6000:]
     got = reasons(job)
     assert "ControllerRestarted" in got and "took over attempt 0" in out, out[-4000:]
+    # (walk-through 23) where the ranks' output goes now, and how to follow it here
+    assert "the ranks' output still goes where the first launcher's did (follow a rank " \
+        "here: trainguard logs" in out, out[-4000:]
     assert "WorkersRestarted" not in got
     after = read_json("status", job)
     assert after["state"] == "succeeded" and after["attempt"] == 0

@@ -215,7 +215,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "nodes",
         "node_usage",
         "restarts",
-        "restarts_by_rung",
+        "restarts_by_rung", "ended_by",
         "budgets", "budgets_off",
         "hang", "stopping", "exit_code",
         "launcher",

@@ -25,6 +25,11 @@ def test_status_says_a_budget_is_off_when_the_job_does_not_use_its_rung(
     assert r.returncode == 0, r.stderr
     doc = json.loads(tg("status", "j", "--json", cwd=tmp_path).stdout)
     assert doc["budgets_off"] == ["step_retries"]
+    # (walk-through 23) relaunching a job that had succeeded is said, as a warning
+    (again,) = [e for e in json.loads(tg("events", "j", "--json", cwd=tmp_path).stdout)
+                if e["reason"] == "JobRelaunched"]
+    assert again["level"] == "Warning" and "it had succeeded: its script runs again" in \
+        again["message"], again
 
 
 def test_ui_of_a_dir_without_a_job_says_so_at_start(tmp_path: Path) -> None:

@@ -33,9 +33,11 @@ from trainguard.controller.store_rows import (
     shown_state,
 )
 from trainguard.exitcodes import ExitCode
+from trainguard.policy.decision import Rung
 from trainguard.records import (
     Event,
     Reason,
+    RecoverResult,
     RunningRecord,
     iso,
     rank_list,
@@ -165,6 +167,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "exit_code": meta.get("exit_code") if state in JOB_ENDED else None,
         "restarts": sum(by_rung.values()),
         "restarts_by_rung": by_rung,
+        "ended_by": _ended_by(state, records or []),
         "restarts_used": meta.get("restarts_used"),
         "max_restarts": meta.get("max_restarts"),
         "budgets": _budgets(meta),
@@ -182,6 +185,17 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
         "node_usage": [] if state in JOB_ENDED else _usage(meta.get("node_usage")),
     }
+
+
+_NODE_RUNGS = (Rung.POD_RESCHEDULE.value, Rung.JOB_RESCHEDULE.value)
+
+
+def _ended_by(state: str | None, records: list[RunningRecord]) -> str | None:
+    """The rung whose failure ended a failed job (None: another end, or no rung acted)."""
+    if state != JobState.FAILED.value or not records or not records[-1].recover_records:
+        return None
+    last = records[-1].recover_records[-1]
+    return last.recover if last.recover_result == RecoverResult.FAILED else None
 
 
 def _elsewhere(recorded: Any, job_dir: str) -> str | None:
@@ -228,6 +242,10 @@ def _restart_hint(doc: dict[str, Any]) -> str:
     JobFailed event names it; the advice under `status` did not)."""
     if doc["state"] != JobState.FAILED.value:
         return ""
+    if doc["ended_by"] in _NODE_RUNGS:
+        return ("; it ended out of healthy nodes (--max-restarts does not cover that): "
+                "--spare-nodes N keeps nodes ready for a lost node's ranks, a longer "
+                "--queue-timeout waits for one to come back")
     b = doc["budgets"]["restarts"]
     if b["max"] == 0:
         return ("; auto restart was off (--max-restarts 0): give --max-restarts N for a fault "

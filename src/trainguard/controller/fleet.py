@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from trainguard.backends.base import AgentHandle, Backend
 from trainguard.controller.hub import Hub, Reply
@@ -113,13 +114,20 @@ class Fleet:
         node.state, node.reason = state, reason
         self._broken.pop(name, None)
         if state == NodeState.ISOLATED and self.hub.connected(name):  # its agent ends
-            self.hub.call({name: (Op.EXIT, {"grace_s": 5.0})}, 30, self.grace_s)
+            self._call({name: (Op.EXIT, {"grace_s": 5.0})}, 30)
         if state.out:
             self.merger.forget(name)
             self.hub.forget(name)
             if state == NodeState.LOST and node.handle is not None:
                 node.handle.kill()  # what is left of it must not rejoin the old world
         self.publish()
+
+    def _call(self, calls: dict[str, tuple[Op, dict[str, Any]]],
+              timeout: float) -> dict[str, Reply]:
+        """The hub's call, with this fleet's reconnect grace and node timeout: a frozen
+        agent holds a command (a hang watch's stack dump, a stop) no longer than a silent
+        one is given before it counts as lost."""
+        return self.hub.call(calls, timeout, self.grace_s, self.node_timeout_s)
 
     def publish(self) -> None:
         self._publish(self)
@@ -154,6 +162,13 @@ class Fleet:
             elif name in bad:
                 out[name] = f"Slurm reports it {bad[name]}"
         return out
+
+    def heard_ago(self, names: list[str]) -> float:
+        """Seconds since the earliest last frame of `names`: a lost node's first sign (its
+        silence, its link's end, its agent's death all start after its last frame)."""
+        links = self.hub.links_now()
+        ago = [links[n].silent_s for n in names if n in links]
+        return max((a for a in ago if a != float("inf")), default=0.0)
 
     def _spares_gone(self) -> dict[str, str]:
         """Spare nodes whose agent ended, or whose link has been down past the grace (not
@@ -212,7 +227,7 @@ class Fleet:
         host = link.addr if link is not None and link.addr else addr
         if preferred_port:
             return host, preferred_port
-        reply = self.hub.call({first: (Op.PORT, {})}, 30, self.grace_s)[first]
+        reply = self._call({first: (Op.PORT, {})}, 30)[first]
         if not reply.ok:
             raise LaunchError(f"node {first} cannot offer a rendezvous port: {reply.error}")
         return host, int(reply.body["port"])
@@ -232,7 +247,7 @@ class Fleet:
                        for a in cmd.workers if a.rank // self.k == slot]
             node_cmd = cmd.model_copy(update={"workers": workers, "group_rank": slot})
             calls[name] = (Op.START, node_cmd.model_dump(mode="json"))
-        replies = self.hub.call(calls, START_TIMEOUT_S, self.grace_s)
+        replies = self._call(calls, START_TIMEOUT_S)
         failed = {n: r.error for n, r in replies.items() if not r.ok}
         if failed and len(failed) == len(replies):  # the same on every node: not a node's
             raise LaunchError("; ".join(f"{n}: {e}" for n, e in failed.items()))
@@ -250,8 +265,7 @@ class Fleet:
             return
         template = cmd.model_copy(update={"workers": cmd.workers[:self.k], "group_rank": 0})
         body = template.model_dump(mode="json")
-        for name, reply in self.hub.call({n: (Op.PREPARE, body) for n in spares}, 30,
-                                         self.grace_s).items():
+        for name, reply in self._call({n: (Op.PREPARE, body) for n in spares}, 30).items():
             if not reply.ok:
                 log.info("spare %s keeps no standby workers: %s", name, reply.error)
 
@@ -278,22 +292,21 @@ class Fleet:
     def stop_workers(self, cmd: StopWorkers) -> NodeReport:
         live = self._in_job()
         body = cmd.model_dump(mode="json")
-        replies = self.hub.call({n: (Op.STOP, body) for n in live}, cmd.grace_s + 60,
-                                self.grace_s)
+        replies = self._call({n: (Op.STOP, body) for n in live}, cmd.grace_s + 60)
         self._take(replies)
         return self._merged()
 
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
         live = self._in_job()
-        replies = self.hub.call({n: (Op.DUMP, cmd.model_dump(mode="json")) for n in live},
-                                cmd.timeout_s + 30, self.grace_s)
+        replies = self._call({n: (Op.DUMP, cmd.model_dump(mode="json")) for n in live},
+                             cmd.timeout_s + 30)
         return [StackDump.model_validate(d) for r in replies.values() if r.ok
                 for d in r.body.get("dumps", [])]
 
     def tell(self, cmd: Tell) -> int:
         live = self._in_job()
-        replies = self.hub.call({n: (Op.TELL, cmd.model_dump(mode="json")) for n in live},
-                                10.0, self.grace_s)
+        replies = self._call({n: (Op.TELL, cmd.model_dump(mode="json")) for n in live},
+                             10.0)
         return sum(int(r.body.get("told", 0)) for r in replies.values() if r.ok)
 
     def restart_ranks(self, cmd: RestartRanks) -> int:
@@ -308,8 +321,7 @@ class Fleet:
     def end_agents(self, grace_s: float = 15.0) -> None:
         """Tell every connected agent to stop its workers and end; kill what does not."""
         live = [n for n in self.nodes if self.hub.connected(n)]
-        self.hub.call({n: (Op.EXIT, {"grace_s": grace_s}) for n in live}, grace_s + 30,
-                      self.grace_s)
+        self._call({n: (Op.EXIT, {"grace_s": grace_s}) for n in live}, grace_s + 30)
         deadline = time.monotonic() + 10
         for node in self.nodes.values():
             h = node.handle

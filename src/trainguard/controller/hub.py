@@ -283,9 +283,10 @@ class Hub:
     # -- commands -------------------------------------------------------------------------
 
     def call(self, calls: dict[str, tuple[Op, dict[str, Any]]], timeout: float,
-             lost_after_s: float) -> dict[str, Reply]:
+             lost_after_s: float, silent_after_s: float | None = None) -> dict[str, Reply]:
         """Send each node its command at once; wait for every answer. A node disconnected
-        for longer than `lost_after_s`, or silent past `timeout`, answers with an error."""
+        for longer than `lost_after_s`, silent (no heartbeat: a frozen agent) for longer
+        than `silent_after_s`, or silent past `timeout`, answers with an error."""
         ids: dict[str, str] = {}
         sends: list[tuple[Conn, dict[str, Any]]] = []
         with self._cond:
@@ -316,6 +317,9 @@ class Hub:
                                               str(got.get("error") or ""))
                         elif self._gone(name, lost_after_s):
                             out[name] = Reply(False, {}, f"node {name} is unreachable")
+                        elif self._silent(name, silent_after_s):
+                            out[name] = Reply(False, {}, f"node {name} has been silent "
+                                                         f"for over {silent_after_s:g}s")
                         elif time.monotonic() > deadline:
                             out[name] = Reply(False, {}, f"node {name} did not answer "
                                                          f"within {timeout:.0f}s")
@@ -333,6 +337,13 @@ class Hub:
     def _gone(self, name: str, lost_after_s: float) -> bool:
         link = self.links.get(name)  # a silent one is caught by the caller's timeout
         return link is None or link.down_for(time.monotonic()) > lost_after_s
+
+    def _silent(self, name: str, after_s: float | None) -> bool:
+        """Silent past `after_s` while another node is heard (all silent: this one stalled)."""
+        link, now = self.links.get(name), time.monotonic()
+        if after_s is None or link is None or now - link.heard.at() <= after_s:
+            return False
+        return any(now - o.heard.at() <= after_s for n, o in self.links.items() if n != name)
 
     def forget(self, name: str) -> None:
         """Drop a node (isolated or lost): its connection closes, its agent may reconnect

@@ -11,13 +11,21 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.incidents import Fault
 from trainguard.controller.recorder import Recorder
 from trainguard.exitcodes import ExitCode
-from trainguard.policy.decision import Action, Decision, Incident, IncidentKind, Isolation, Rung
+from trainguard.policy.decision import (
+    Action,
+    Decision,
+    History,
+    Incident,
+    IncidentKind,
+    Isolation,
+    Rung,
+)
 from trainguard.policy.nodes import lost_isolation
 from trainguard.policy.precheck import PrecheckConfig, PrecheckReport
 from trainguard.protocol import NodeReport, Op, StopWorkers
@@ -151,6 +159,7 @@ class NodeRecovery:
         """Placed nodes were lost: each is marked and drained (a lost agent implicates its
         node), then the workers left on the other nodes are stopped."""
         detected = utcnow()
+        first = detected - timedelta(seconds=self.fleet.heard_ago(list(lost)))
         for name, why in lost.items():
             iso = lost_isolation(name, why, self.fleet.disrupted_since is not None)
             what = (self.fleet.backend.isolate(name, f"trainguard: {iso.why}") if iso.drain
@@ -165,7 +174,7 @@ class NodeRecovery:
         dead = [s * k + i for s, n in enumerate(self.fleet.placement) if n in lost
                 for i in range(k)]
         report = self._stop(f"node {', '.join(lost)} was lost", dead)
-        return report, (detected, detected, utcnow())
+        return report, (first, detected, utcnow())
 
     def isolate(self, iso: Isolation, attempt: int) -> None:
         """Keep the node out of the job; `drain`: also out of the cluster (Slurm: DRAIN)."""
@@ -192,15 +201,15 @@ class NodeRecovery:
                            f"({t.result.value}); trying the next level", node=node,
                            attempt=attempt)
         placement: list[str] | None = list(d.placement)
-        if d.action == Action.RESCHEDULE and d.missing:
+        if d.action == Action.RESCHEDULE and d.missing:  # its budget is spent once placed:
+            self.rec.set_meta(**_unspent(d).to_meta())  # status says so while it queues
             placement = self._wait_for_nodes(d, attempt)
+            if placement is not None:
+                self.rec.set_meta(**d.history.to_meta())
         if d.action == Action.GIVE_UP:  # out of every budget: the last rung tried says why
             d = replace(d, reason=f"{node}: {d.tried[-1].why}" if d.tried else d.reason)
         elif placement is None:  # nothing was rescheduled: its budget is not spent
-            h = d.history
-            h = (replace(h, pod_used=max(0, h.pod_used - 1)) if d.rung == Rung.POD_RESCHEDULE
-                 else replace(h, job_used=max(0, h.job_used - 1)))
-            self.rec.set_meta(**h.to_meta())
+            h = _unspent(d)
             d = replace(d, action=Action.GIVE_UP, result=RecoverResult.FAILED, history=h,
                         exit_code=ExitCode.FAILED, reason=(
                             f"{node} is out and not enough healthy nodes are left for "
@@ -217,7 +226,10 @@ class NodeRecovery:
                            f"{d.reason} ({d.rung.value if d.rung else '-'} {used}/{budget}); "
                            "placement: "
                            f"{', '.join(f'{i}:{n}' for i, n in enumerate(placement))}",
-                           node=node, attempt=attempt)
+                           node=node, attempt=attempt, data={
+                               "rung": d.rung.value if d.rung else None, "used": used,
+                               "budget": budget, "placement": list(placement),
+                               "moved_slots": list(d.moved_slots)})
         fault_at, detected, stopped = times
         self.rec.book.record(attempt, d, Fault(
             crash.scenario if crash else FaultScenario.NODE_FAULT, d.reason,
@@ -255,3 +267,10 @@ class NodeRecovery:
             if time.monotonic() > deadline or self.stop_requested():
                 return None
             time.sleep(0.5)
+
+
+def _unspent(d: Decision) -> History:
+    """The decision's history without its own reschedule (not placed: not spent)."""
+    h = d.history
+    return (replace(h, pod_used=max(0, h.pod_used - 1)) if d.rung == Rung.POD_RESCHEDULE
+            else replace(h, job_used=max(0, h.job_used - 1)))

@@ -163,10 +163,13 @@ class Recorder:
             requeued = f" (Slurm requeue {requeues})" if requeues.isdigit() and \
                 int(requeues) > 0 else ""
             before, settings = self._last_settings(), self._settings()
-            self.event(Level.INFO, Reason.JOB_RELAUNCHED,
+            done = previous.get("state") == JobState.SUCCEEDED.value  # a repeated command?
+            self.event(Level.WARNING if done else Level.INFO, Reason.JOB_RELAUNCHED,
                        f"job {self.spec.run_id} launched again{requeued} after its previous "
-                       f"launch ended {ended} at attempt {previous['attempt']}: "
-                       f"{what}", data={"settings": settings})
+                       f"launch ended {ended} at attempt {previous['attempt']}: {what}"
+                       + ("; it had succeeded: its script runs again from the newest "
+                          "checkpoint (a new --job-dir starts a new job)" if done else ""),
+                       data={"settings": settings})
             changes = settings_changes(before, settings)
             if changes:
                 shown = changes_text(changes)
@@ -248,7 +251,9 @@ class Recorder:
                 self.book.current = r
         self.event(Level.INFO, Reason.CONTROLLER_RESTARTED,
                    f"a new controller (pid {os.getpid()}) took over attempt {attempt}: the "
-                   "node agents reconnected and the workers kept running", attempt=attempt)
+                   "node agents reconnected and the workers kept running; the ranks' output "
+                   "still goes where the first launcher's did (follow a rank here: trainguard "
+                   f"logs {self.paths.job_dir} --rank R -f)", attempt=attempt)
         return attempt
 
     def set_meta(self, **values: Any) -> None:
