@@ -16,8 +16,8 @@ from trainguard.goodput.ledger import (
     Incident,
     LedgerInput,
     account,
-    ideal_step_s,
 )
+from trainguard.goodput.step_time import ideal_step_s
 
 
 def steps(attempt: int, first: int, last: int, t0: float, dt: float = 1.0
@@ -59,6 +59,27 @@ def test_the_gap_between_two_launches_is_queued_never_productive() -> None:
     assert math.isclose(g.seconds("queued"), 889.0)
     assert g.ratio() is not None and g.ratio() < 0.05
     assert math.isclose(parts_sum(g), 1000.0)
+
+
+def test_a_reschedule_s_wait_for_nodes_is_queued_while_it_waits_and_after() -> None:
+    """(walk-through 23) A node lost at 11 s, the job rescheduled and waiting for a healthy
+    node from 12 s (Queuing) to 32 s: that wait was `other` while it lasted (no record yet)
+    and `recovery` once the next attempt ran; it is `queued` either way."""
+    a0 = Attempt(0, 0.0, 11.5, launch=True)
+    samples = steps(0, 1, 10, 1.0)
+    waiting = account(LedgerInput(start=0.0, end=20.0, attempts=[a0], samples=samples,
+                                  queues=[(0, 12.0)]))
+    assert math.isclose(waiting.seconds("queued"), 8.0)
+    assert math.isclose(parts_sum(waiting), 20.0)
+    inc = Incident(0, detected=11.5, fault=11.0, recovered=34.0, restarted=True,
+                   resumed_step=10)
+    done = account(LedgerInput(
+        start=0.0, end=40.0, attempts=[a0, Attempt(1, 32.0, 40.0, launch=False)],
+        incidents=[inc], samples=samples + steps(1, 11, 17, 34.0), queues=[(0, 12.0)]))
+    assert math.isclose(done.seconds("queued"), 20.0)
+    assert math.isclose(done.seconds("recovery"), (12.0 - 11.5) + (34.0 - 32.0))
+    assert math.isclose(done.seconds("detection"), 0.5)
+    assert math.isclose(parts_sum(done), 40.0)
 
 
 def test_a_lost_launcher_then_a_relaunch_wastes_the_steps_it_redid() -> None:

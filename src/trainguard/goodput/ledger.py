@@ -6,7 +6,8 @@ one cause, so the parts add up to the wall time. Instants are painted in layers;
 overlap the higher one wins (`_LAYERS`, lowest first):
 
 - other       whatever no layer claims: teardown after the last step, a failed job's end
-- queued      between two launches of the same job (requeued, not running)
+- queued      between two launches of the same job (requeued, not running), and a
+              reschedule's wait for healthy nodes (a Queuing event -> the next attempt)
 - startup     a launch -> its first step (imports, rendezvous, checkpoint load, first step)
 - recovery    a restart's workers starting -> their first step; detection -> first step
 - productive  steps that survive: completed and never done again
@@ -25,6 +26,8 @@ import heapq
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+
+from trainguard.goodput.step_time import ideal_step_s
 
 PRODUCTIVE = "productive"
 BLOCKING = "checkpoint_blocking"
@@ -64,6 +67,7 @@ class LedgerInput:
     samples: list[tuple[int, int, float]] = field(default_factory=list)  # attempt, step, at
     saves: list[tuple[float, float]] = field(default_factory=list)  # (loop went on, blocked s)
     hangs: list[tuple[int, float]] = field(default_factory=list)  # confirmed: attempt, at
+    queues: list[tuple[int, float]] = field(default_factory=list)  # waits for nodes: attempt, at
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ def account(inp: LedgerInput) -> Goodput:
     spans += wasted
     spans += [(at - blocked, at, "checkpoint_blocking", None) for at, blocked in inp.saves
               if blocked > 0]
-    spans += _incident_spans(inp, order, by_attempt)
+    spans += _cut_by_queues(_incident_spans(inp, order, by_attempt), _queue_spans(inp, order))
     segments = _paint(inp.start, inp.end, spans)
     return Goodput(max(0.0, inp.end - inp.start), segments, productive_n, wasted_n,
                    step_seconds, measured_steps=bool(inp.samples))
@@ -213,6 +217,34 @@ def _incident_spans(inp: LedgerInput, order: list[Attempt],
         until = a.end if a is not None and a.end is not None else inp.end
         spans.append((since, until, "hang", attempt))
     return spans
+
+
+def _queue_spans(inp: LedgerInput, order: list[Attempt]
+                 ) -> list[tuple[float, float, str, int | None]]:
+    """A reschedule's wait for nodes: from its Queuing event to the next attempt's start
+    (the job's end, or now, when none started)."""
+    spans: list[tuple[float, float, str, int | None]] = []
+    for attempt, at in inp.queues:
+        nxt = next((a.start for a in order if a.attempt > attempt and a.start >= at), inp.end)
+        spans.append((at, nxt, "queued", attempt))
+    return spans
+
+
+def _cut_by_queues(spans: list[tuple[float, float, str, int | None]],
+                   queues: list[tuple[float, float, str, int | None]]
+                   ) -> list[tuple[float, float, str, int | None]]:
+    """The spans with the queues' time taken out of them (a queue inside a recovery is
+    queued, not recovery), and the queues."""
+    for q0, q1, _, _ in queues:
+        cut: list[tuple[float, float, str, int | None]] = []
+        for s0, s1, cause, attempt in spans:
+            if s1 <= q0 or s0 >= q1:
+                cut.append((s0, s1, cause, attempt))
+                continue
+            cut += [x for x in ((s0, q0, cause, attempt), (q1, s1, cause, attempt))
+                    if x[1] > x[0]]
+        spans = cut
+    return spans + queues
 
 
 def _steps(order: list[Attempt], by_attempt: dict[int, list[tuple[int, float]]],
@@ -355,25 +387,3 @@ def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
         elif e > s:
             out.append((s, e))
     return out
-
-
-def ideal_step_s(weighted: list[tuple[int, float]]) -> float | None:
-    """The ideal step time: the mean of step times up to median + 3·MAD (weighted by steps),
-    as ml-goodput-measurement computes it, without its 1 s floor."""
-    if not weighted:
-        return None
-    med = _weighted_median(weighted)
-    mad = _weighted_median([(n, abs(d - med)) for n, d in weighted])
-    kept = [(n, d) for n, d in weighted if d <= med + 3 * mad]
-    return round(sum(n * d for n, d in kept) / sum(n for n, _ in kept), 6)
-
-
-def _weighted_median(weighted: list[tuple[int, float]]) -> float:
-    items = sorted(weighted, key=lambda x: x[1])
-    half = sum(n for n, _ in items) / 2
-    seen = 0
-    for n, d in items:
-        seen += n
-        if seen >= half:
-            return d
-    return items[-1][1]

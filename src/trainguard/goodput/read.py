@@ -58,18 +58,20 @@ def job_goodput(store: JobStore, now: datetime | None = None,
     `records`: what the caller has read from the store already)."""
     hangs = [(a, _iso_ts(t)) for t, a, _ in store.event_values(Reason.HANG_CONFIRMED.value, ())
              if a is not None]
+    queues = [(a, _iso_ts(t)) for t, a, _ in store.event_values(Reason.QUEUING.value, ())
+              if a is not None]
     last_event = store.last_event_time()
     return account(ledger_input(store.meta() if meta is None else meta,
                                 store.running_records() if records is None else records,
                                 store.progress(),
                                 saves(store) if commits is None else commits, hangs,
-                                last_event, now or utcnow()))
+                                last_event, now or utcnow(), queues))
 
 
 def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                  samples: list[tuple[int, int, float]], commits: list[Save],
                  hangs: list[tuple[int, float]], last_event: float | None,
-                 now: datetime) -> LedgerInput:
+                 now: datetime, queues: list[tuple[int, float]] | None = None) -> LedgerInput:
     attempts = [Attempt(r.attempt, r.start_at.timestamp(), _ts(r.end_at),
                         r.start_type in _LAUNCHES, _ts(r.first_output_at)) for r in records]
     incidents = [
@@ -88,7 +90,7 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                        attempts=attempts, incidents=incidents, samples=samples,
                        saves=[(c.at - c.resumed_before_s, c.blocked_s) for c in commits
                               if c.blocked_s],
-                       hangs=hangs)
+                       hangs=hangs, queues=queues or [])
 
 
 def _iso_ts(t: str) -> float:
