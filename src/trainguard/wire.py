@@ -339,8 +339,9 @@ def accept(conn: Conn, token: str, timeout: float | None = None) -> dict[str, An
     try:
         conn.send({"type": "challenge", "nonce": nonce, "version": WIRE_VERSION})
         hello = conn.recv(timeout, MAX_HANDSHAKE_FRAME, deadline)
-    except (TimeoutError, WireError) as e:
-        raise WireError(f"{conn.peer} did not say hello: {e}") from e
+    except (TimeoutError, WireError) as e:  # a TimeoutError has no text of its own
+        why = str(e) or f"nothing within {timeout:g}s"
+        raise WireError(f"{conn.peer} did not say hello: {why}") from e
     node = hello.get("node")
     if hello.get("type") != "hello" or not isinstance(node, str) or not node:
         raise WireError(f"{conn.peer} sent no node name")

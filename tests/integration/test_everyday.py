@@ -59,7 +59,9 @@ def test_logs_follow_a_rank_across_a_restart_stop_ends_the_job_ls_and_prune_see_
     before, _, after = out.partition("==> attempt 1 <==\n")
     assert " step 3 " in before and after, out[-2000:]
     assert " step 8 " in after  # the restarted attempt, resumed from step 4's checkpoint
-    assert "already ended (stopped)" in tg("stop", str(job)).stdout
+    done = tg("stop", str(job))  # a note, not the command's output (walk-through 23)
+    assert done.returncode == 0 and done.stdout == ""
+    assert "already ended (stopped)" in done.stderr
 
     listed = json.loads(tg("ls", str(root), "--json").stdout)
     assert [(r["job_dir"], r["state"], r["attempts"]) for r in listed] == [

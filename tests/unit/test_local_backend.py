@@ -124,3 +124,15 @@ def test_a_pid_reused_right_after_the_identity_check_is_never_killed(
     with pytest.raises(subprocess.TimeoutExpired):  # alive: the signal went to the old agent
         code = strangers[0].wait(0.5)
         pytest.fail(f"the stranger with the agent's PID ended with {code}")
+
+
+def test_an_agent_without_its_controller_knocks_less_and_less_often() -> None:
+    """(walk-through 23) Agents retried the handshake about 5 times a second for as long as
+    no controller answered; now they back off (0.2 s doubling to 2 s) with jitter."""
+    from trainguard.node.main import RETRY_FIRST_S, RETRY_MAX_S, retry_wait
+
+    for tries, base in ((0, RETRY_FIRST_S), (1, 2 * RETRY_FIRST_S), (3, 8 * RETRY_FIRST_S),
+                        (4, RETRY_MAX_S), (1000, RETRY_MAX_S)):
+        waits = [retry_wait(tries) for _ in range(200)]
+        assert all(0.75 * base <= w <= 1.25 * base for w in waits), (tries, min(waits))
+        assert len(set(waits)) > 100  # jittered: agents do not knock in step

@@ -400,3 +400,18 @@ def test_a_hello_with_a_non_ascii_mac_is_refused_without_a_traceback(
     finally:
         s.close()
     assert "Traceback" not in caplog.text and "TypeError" not in caplog.text
+
+
+def test_a_peer_that_never_says_hello_is_named_with_why() -> None:
+    """(walk-through 23) The refusal read 'did not say hello: ' (a TimeoutError has no text)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    conn = Conn(server)
+    try:
+        with pytest.raises(WireError, match=r"did not say hello: nothing within 0\.3s$"):
+            accept(conn, "token", timeout=0.3)
+    finally:
+        conn.close()
+        client.close()
+        listener.close()

@@ -36,6 +36,9 @@ def add_ui_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.set_defaults(func=_run)
 
 
+MIN_TOKEN_CHARS = 16  # a made one (secrets.token_urlsafe(24)) has 32
+
+
 def _run(ns: argparse.Namespace) -> int:
     if not ns.job_dirs and ns.root is None:  # the jobs `trainguard run` put in the default
         if not Path(DEFAULT_RUNS_DIR).is_dir():
@@ -47,6 +50,12 @@ def _run(ns: argparse.Namespace) -> int:
         complain("ui", f"every job under ./{DEFAULT_RUNS_DIR} (the default job dirs)", "note")
     if ns.root is not None and not Path(ns.root).is_dir():
         complain("ui", f"--root {ns.root} is not a directory")
+        return ExitCode.USAGE
+    if ns.token is not None and len(ns.token) < MIN_TOKEN_CHARS:
+        complain("ui", f"--token has {len(ns.token)} characters: one that short can be guessed "
+                 f"and guards nothing. Fix: give {MIN_TOKEN_CHARS} or more (python3 -c "
+                 "'import secrets; print(secrets.token_urlsafe())'), or leave --token out: "
+                 "off loopback a random one is made and printed")
         return ExitCode.USAGE
     if not 0 <= ns.port <= 65535:
         complain("ui", f"--port {ns.port} is not a TCP port (0-65535; 0 picks a free one)")

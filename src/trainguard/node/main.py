@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import socket
 import sys
 import threading
@@ -57,6 +58,16 @@ def controller_address(path: Path) -> tuple[str, int] | None:
         return None
 
 
+RETRY_FIRST_S, RETRY_MAX_S = 0.2, 2.0  # reconnect backoff: 0.2, 0.4, ... 2 s, with jitter
+
+
+def retry_wait(tries: int) -> float:
+    """The wait before reconnect try `tries` + 1: doubling from RETRY_FIRST_S up to
+    RETRY_MAX_S, ±25% at random so a thousand agents do not knock at once."""
+    wait: float = min(RETRY_FIRST_S * 2.0 ** min(tries, 16), RETRY_MAX_S)
+    return wait * random.uniform(0.75, 1.25)
+
+
 class AgentRunner:
     def __init__(self, agent: NodeAgent, cfg: AgentConfig, node: str) -> None:
         self.agent, self.cfg, self.node = agent, cfg, node
@@ -75,6 +86,7 @@ class AgentRunner:
 
     def run(self) -> int:
         orphan_since: float | None = None
+        tries = 0
         while not self._exit:
             conn = self._connect()
             if conn is None and self._superseded:
@@ -86,9 +98,10 @@ class AgentRunner:
                               self.cfg.orphan_timeout_s)
                     self.agent.stop_workers(StopWorkers(grace_s=15, reason="orphaned"))
                     return ExitCode.ORPHANED
-                time.sleep(0.2)
+                time.sleep(retry_wait(tries))
+                tries += 1
                 continue
-            orphan_since = None
+            orphan_since, tries = None, 0
             self._serve(conn)
             conn.close()
         return ExitCode.SUCCESS
