@@ -31,12 +31,17 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
+# the files that hold tests marked serial (collected alone: collecting all of tests/ takes
+# about 20 s; tests/unit/test_makefile.py checks that the list names every such file)
+SERIAL_FILES := tests/chaos/test_chaos.py tests/browser/test_ui.py \
+	tests/integration/test_silent_eval.py tests/integration/test_hang.py
+
 # two pytest-xdist workers, a test file at a time on one (tests/conftest.py), then the tests
 # that must run alone (marked serial)
 test: lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadfile \
 		-m "not long and not serial" tests
-	$(BIN)/pytest -q -p no:cacheprovider --durations=10 -m "serial and not long" tests
+	$(BIN)/pytest -q -p no:cacheprovider --durations=10 -m "serial and not long" $(SERIAL_FILES)
 
 # the tests marked long: the local-backend twins of scenarios the Slurm tests run in make test
 test-long: $(STAMP)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -30,9 +32,22 @@ def run_tg(args: list[str], *, cwd: Path, fault: str | None = None, timeout: flo
 
 
 def read_json(cmd: str, job_dir: Path) -> Any:
-    out = subprocess.run([*TG, cmd, str(job_dir), "--json"], capture_output=True, text=True,
-                         check=True, timeout=60)
-    return json.loads(out.stdout)
+    """`trainguard CMD JOB_DIR --json`, read by the command's own code (trainguard.cli.main)
+    in this process: a `python -m trainguard` per read costs about 0.75 s of CPU, and the
+    waits read `status` every half second beside the job under test. A failure raises what
+    the subprocess did (CalledProcessError, with the output and the error text)."""
+    from trainguard.cli import main
+
+    argv = [cmd, str(job_dir), "--json"]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's refusals
+            code = e.code if isinstance(e.code, int) else 2
+    if code != 0:
+        raise subprocess.CalledProcessError(code, [*TG, *argv], out.getvalue(), err.getvalue())
+    return json.loads(out.getvalue())
 
 
 def reasons(job_dir: Path) -> list[str]:
