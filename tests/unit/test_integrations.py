@@ -291,3 +291,46 @@ def test_the_same_lightning_file_saved_twice_at_one_step_is_one_commit_told(
                 got.append(json.loads(launcher.recv(65536)))
     assert [(m["step"], m["on_exit"]) for m in got] == [(16, "drained"), (20, None)]
     assert file_committed_step(f) == 16
+
+
+def test_a_mid_epoch_lightning_resume_with_a_plain_dataloader_says_it_is_not_exact(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(walk-through 22) Only Lightning's own warning hinted that a plain DataLoader resumed
+    inside an epoch draws that epoch from its start again; trainguard says so with the fix.
+    A real Trainer, in this process: 3 steps saved mid-epoch (10 batches an epoch), then a
+    second fit resumes from that committed checkpoint."""
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainguard.integrations import lightning
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, _: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.lin(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(20, 2), torch.randn(20, 1)), batch_size=2)
+
+    def trainer(steps: int) -> pl.Trainer:
+        return pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
+                          enable_progress_bar=False, enable_model_summary=False,
+                          default_root_dir=tmp_path, callbacks=[ModelCheckpoint(
+                              dirpath=tmp_path / "ck", every_n_train_steps=3, save_top_k=-1)])
+
+    lightning.fit(trainer(3), Tiny(), data)
+    assert "keeps no position" not in capsys.readouterr().err  # a fresh start says nothing
+    lightning.fit(trainer(5), Tiny(), data)
+    err = capsys.readouterr().err
+    assert ("lightning: resumed after batch 3 of epoch 0 with a DataLoader that keeps no "
+            "position: the rest of this epoch is drawn from its start again, not exact; a "
+            "torchdata StatefulDataLoader resumes where it stopped") in err, err

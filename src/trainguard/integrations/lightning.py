@@ -265,6 +265,8 @@ def sampler_epoch_first(trainer: Trainer) -> None:
 
     def load_states() -> None:
         states, combined = loop._combined_loader_states_to_load, loop._combined_loader
+        if loop.restarting and combined is not None:
+            _say_if_not_exact(loop, combined.flattened)
         if loop.restarting and states and combined is not None:
             epoch = int(loop.epoch_progress.current.completed)  # the saved state's epoch
             stateful = [dl for dl in combined.flattened
@@ -290,6 +292,21 @@ def sampler_epoch_first(trainer: Trainer) -> None:
 
     load_states.__trainguard__ = True  # type: ignore[attr-defined]
     loop._load_combined_loader_states = load_states  # type: ignore[method-assign]
+
+
+def _say_if_not_exact(loop: Any, loaders: list[Any]) -> None:
+    """A resume inside an epoch with a loader that keeps no state (a plain DataLoader)
+    draws that epoch from its start again: said once, with the fix (Lightning's own warning
+    does not say what to use instead)."""
+    done = int(loop.epoch_loop.batch_progress.current.processed)  # (completed: one behind)
+    if done == 0 or bool(loop.epoch_loop.batch_progress.is_last_batch):
+        return
+    plain = [dl for dl in loaders if not callable(getattr(dl, "state_dict", None))]
+    if plain:
+        log(f"lightning: resumed after batch {done} of epoch "
+            f"{int(loop.epoch_progress.current.completed)} with a {type(plain[0]).__name__} that "
+            "keeps no position: the rest of this epoch is drawn from its start again, not "
+            "exact; a torchdata StatefulDataLoader resumes where it stopped (docs/integrations.md)")
 
 
 def fit(trainer: Trainer, model: Any, train_dataloaders: Any = None,
