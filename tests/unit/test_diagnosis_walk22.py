@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.unit.helpers import diagnose_text
+from tests.unit.helpers import diagnose_text, tg, traceback_of
 from trainguard.diagnosis.sources import diagnose_paths
 from trainguard.diagnosis.taxonomy import Category
 
@@ -81,3 +81,21 @@ def test_a_rank_whose_end_was_never_reported_is_not_code_none() -> None:
         "rank 1 ended with no exit code reported (its node was lost, or its agent) and left "
         "no known error in its log")
     assert "exited with code 3 and" in plain_exit(RankExit(1, True, 3)).summary
+
+
+def test_a_gloo_deciding_line_says_its_nccl_named_category_covers_gloo(tmp_path: Path) -> None:
+    """Nit: a gloo job's timeout read `nccl_timeout_or_hang` and sent its reader looking for
+    NCCL; the verdict line now says whose line decided it (an NCCL one says nothing more)."""
+    gloo = tmp_path / "gloo.log"
+    gloo.write_text(traceback_of(
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:136] Timed out "
+        "waiting 1800000ms for send operation to complete"))
+    out = tg("diagnose", str(gloo)).stdout
+    assert out.startswith("nccl_timeout_or_hang (collective_timeout) [gloo's: the category "
+                          "covers NCCL, gloo and HCCL]: "), out
+    nccl = tmp_path / "nccl.log"
+    nccl.write_text(traceback_of(
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, "
+        "unhandled system error, NCCL version 2.14.3"))
+    out = tg("diagnose", str(nccl)).stdout
+    assert out.startswith("nccl_communication_error") and "[" not in out.split(":")[0], out
