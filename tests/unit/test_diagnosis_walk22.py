@@ -99,3 +99,15 @@ def test_a_gloo_deciding_line_says_its_nccl_named_category_covers_gloo(tmp_path:
         "unhandled system error, NCCL version 2.14.3"))
     out = tg("diagnose", str(nccl)).stdout
     assert out.startswith("nccl_communication_error") and "[" not in out.split(":")[0], out
+
+
+def test_a_full_disk_s_advice_names_the_path_its_line_names(tmp_path: Path) -> None:
+    """Nit: the advice said to free space 'where the job writes' though the line named the
+    file; it now names it and the command that shows its file system."""
+    d = diagnose_text(tmp_path, traceback_of(
+        "OSError: [Errno 28] No space left on device: '/ckpt/run3/step_100.pt'"))
+    assert d.category == Category.DISK_FULL_OR_STORAGE_IO
+    assert "The line names /ckpt/run3/step_100.pt: `df -h /ckpt/run3` shows its file system." \
+        in d.advice, d.advice
+    bare = diagnose_text(tmp_path, traceback_of("OSError: [Errno 28] No space left on device"))
+    assert "The line names" not in bare.advice

@@ -272,7 +272,7 @@ def _diagnosis(root: Candidate, others: list[Candidate],
     if rivals - {root.category}:
         conf -= 0.1
     return Diagnosis(
-        root.category, root.domain, root.restart, summary, root.advice,
+        root.category, root.domain, root.restart, summary, _advice(root),
         Culprit(root.rank, node, root.finding.frame if root.finding else None,
                 root.finding.library_frame if root.finding and root.finding.traceback
                 else None),
@@ -280,3 +280,17 @@ def _diagnosis(root: Candidate, others: list[Candidate],
         root.isolate, round(max(conf, 0.05), 2),
         root.subcategory, root.rule.id if root.rule else None,
         from_log=root.finding is not None and root.finding.returncode is None)
+
+
+_PATH = re.compile(r"""['"](/[^'"\s]+)['"]""")  # a quoted absolute path on the line
+
+
+def _advice(root: Candidate) -> str:
+    """The rule's advice; for a full disk, the path its line names (where to look first)."""
+    if root.category != Category.DISK_FULL_OR_STORAGE_IO or root.finding is None:
+        return root.advice
+    m = _PATH.search(root.finding.text)
+    if m is None:
+        return root.advice
+    where = m.group(1).rsplit("/", 1)[0] or "/"
+    return f"{root.advice} The line names {m.group(1)}: `df -h {where}` shows its file system."
