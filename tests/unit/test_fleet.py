@@ -74,7 +74,7 @@ class FakeHub:
         self.frames.append(frames)
 
     def call(self, calls: dict[str, tuple[str, dict[str, Any]]], timeout: float,
-             lost_after_s: float) -> dict[str, Reply]:
+             lost_after_s: float, silent_after_s: float | None = None) -> dict[str, Reply]:
         self.calls.append(calls)
         out = {}
         for name, (_op, body) in calls.items():

@@ -13,7 +13,6 @@ import contextlib
 import shutil
 import signal
 import socket
-import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -113,7 +112,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
                   f"ran its workers: ended {', '.join(ended)} (their workers end with them)")
             return ExitCode.SUCCESS
         why = "its launcher is gone" if state == JobState.LOST.value else "nothing to stop"
-        print(f"trainguard stop: the job has already ended ({state}): {why}", file=sys.stderr)
+        complain("stop", f"the job has already ended ({state}): {why}", "note")
         return ExitCode.SUCCESS
     pid, host = meta.get("launcher_pid"), meta.get("launcher_host")
     if not isinstance(pid, int):
