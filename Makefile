@@ -43,7 +43,8 @@ test: lint typecheck
 		-m "not long and not serial" tests
 	$(BIN)/pytest -q -p no:cacheprovider --durations=10 -m "serial and not long" $(SERIAL_FILES)
 
-# the tests marked long: the local-backend twins of scenarios the Slurm tests run in make test
+# the tests marked long: scenarios make test covers another way (the local-backend twins of
+# the Slurm tests, real-process twins of unit-tested decisions)
 test-long: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider -m long tests
 

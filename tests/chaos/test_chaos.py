@@ -24,11 +24,12 @@ pytestmark = [pytest.mark.skipif(
 @pytest.mark.timeout(900)  # 114 s at a load of 3-4 on 2 cores (6 min 48 s at 20-25)
 def test_a_few_faults_of_several_kinds_leave_no_wrong_resume_orphan_or_leaked_memory(
         tmp_path: Path) -> None:
-    """A worker SIGKILLed, a worker SIGSTOPped (a hang), the launcher SIGKILLed and started
-    again, and a node's agent SIGKILLed, in that order, a few seconds apart: each fault is
-    recovered, every weight digest the job wrote after each resume equals the fault-free
-    run's at the same step, and nothing of the job is left when it ends."""
-    order = ("worker_kill", "worker_stop", "controller_kill", "agent_kill")
+    """A worker SIGKILLed, the launcher SIGKILLed and started again, and a node's agent
+    SIGKILLed, in that order, a few seconds apart: each fault is recovered, every weight
+    digest the job wrote after each resume equals the fault-free run's at the same step, and
+    nothing of the job is left when it ends. (A worker SIGSTOPped, a hang, is the ten-minute
+    run's (make chaos) and test_hang.py's in make test: here it cost about 30 s of the 130.)"""
+    order = ("worker_kill", "controller_kill", "agent_kill")
     # short: 100 steps of 0.15 s, and a hang confirmed after 8 s (it runs alone, `serial`; the
     # ten-minute run keeps 20 s for a loaded machine). A fault comes a random gap (mean 2 s
     # at 30 a minute) after the last one struck, and at least 1 s after it recovered: at 70
@@ -44,7 +45,7 @@ def test_a_few_faults_of_several_kinds_leave_no_wrong_resume_orphan_or_leaked_me
     assert [f["kind"] for f in result["faults"]] == list(order), summary
     assert result["faults_recovered"] == len(order), summary
     assert result["wrong_resumes"] == 0 and result["digest_mismatches"] == 0, summary
-    assert result["resumes_checked"] >= 4, summary  # every restart resumed, and was checked
+    assert result["resumes_checked"] >= 3, summary  # every restart resumed, and was checked
     assert result["final_weights_equal"], summary
     assert result["orphans"] == 0 and result["leaked_shm"] == 0, summary
     assert result["job_exit_code"] == 0 and ok(result), summary

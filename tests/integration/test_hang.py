@@ -271,6 +271,9 @@ def jitter(steps: int, base_s: float, extra: float = 9.0, seed: int = 7) -> str:
                     for s in range(1, steps + 1))
 
 
+# make test-long (about 40 s, alone): make test runs the detector on the same cadence
+# (tests/unit/test_liveness.py, no false alarm when step time varies tenfold and saves pause)
+@pytest.mark.long
 @pytest.mark.serial  # a second job's load would make its learned cadence a lie
 def test_a_healthy_jittery_quiet_job_with_slow_checkpoints_raises_no_false_alarm(
         tmp_path: Path, job_dir: Path) -> None:

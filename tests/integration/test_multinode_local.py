@@ -201,6 +201,9 @@ def test_nodes_failing_their_pre_check_are_isolated_and_the_job_fails_clearly(
     assert all("not drained" in e["message"] for e in events_of(job, "NodeIsolated"))
 
 
+# make test-long: make test runs the decision (tests/unit/test_ladder.py) and an isolated
+# node's job-level reschedule with real nodes (test_slurm_jobs.py, the GPU fault)
+@pytest.mark.long
 def test_a_node_implicated_again_and_again_is_isolated_as_a_repeat_offender(
         tmp_path: Path) -> None:
     job = tmp_path / "job"
