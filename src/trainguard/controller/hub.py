@@ -306,6 +306,7 @@ class Hub:
             deadline = time.monotonic() + timeout
             try:
                 while len(out) < len(ids):
+                    heard = self._heard_within(silent_after_s)  # once a round: O(nodes)
                     for cid, name in ids.items():
                         if name in out:
                             continue
@@ -317,7 +318,7 @@ class Hub:
                                               str(got.get("error") or ""))
                         elif self._gone(name, lost_after_s):
                             out[name] = Reply(False, {}, f"node {name} is unreachable")
-                        elif self._silent(name, silent_after_s):
+                        elif heard and self.silent_for(name) > (silent_after_s or 0):
                             out[name] = Reply(False, {}, f"node {name} has been silent "
                                                          f"for over {silent_after_s:g}s")
                         elif time.monotonic() > deadline:
@@ -338,12 +339,12 @@ class Hub:
         link = self.links.get(name)  # a silent one is caught by the caller's timeout
         return link is None or link.down_for(time.monotonic()) > lost_after_s
 
-    def _silent(self, name: str, after_s: float | None) -> bool:
-        """Silent past `after_s` while another node is heard (all silent: this one stalled)."""
-        link, now = self.links.get(name), time.monotonic()
-        if after_s is None or link is None or now - link.heard.at() <= after_s:
-            return False
-        return any(now - o.heard.at() <= after_s for n, o in self.links.items() if n != name)
+    def _heard_within(self, after_s: float | None) -> bool:
+        """Some node was heard within `after_s` (None: no silence counts): only then is one
+        node's silence its own, not this controller stalled. Called under the lock."""
+        now = time.monotonic()
+        return after_s is not None and any(
+            now - link.heard.at() <= after_s for link in self.links.values())
 
     def forget(self, name: str) -> None:
         """Drop a node (isolated or lost): its connection closes, its agent may reconnect
