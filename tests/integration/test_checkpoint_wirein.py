@@ -57,6 +57,9 @@ def read_json_cmd(args: list[str]) -> list[dict[str, object]]:
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
+# make test-long: make test's chaos run checks every resume's weights against the fault-free
+# run's after a worker SIGKILL (and test_standby.py, test_in_process_restart.py theirs)
+@pytest.mark.long
 def test_a_crashed_and_resumed_ddp_job_ends_with_the_same_weights_as_an_uninterrupted_one(
         tmp_path: Path) -> None:
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"

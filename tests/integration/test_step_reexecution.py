@@ -83,6 +83,9 @@ def test_a_step_that_fails_again_downgrades_to_a_process_restart(
     assert second["start_type"] == "auto_restart"
 
 
+# make test-long: the baseline (a fault without the flag costs a process restart, resumed
+# exactly) is tests/integration/test_restart.py's and the chaos run's in make test
+@pytest.mark.long
 def test_without_operator_reexecution_the_same_fault_costs_a_process_restart(
         tmp_path: Path, job_dir: Path, clean_digest: str) -> None:
     r = run_tg(job(job_dir, "--max-restarts", "2"), cwd=tmp_path,
