@@ -269,9 +269,7 @@ def sampler_epoch_first(trainer: Trainer) -> None:
             _say_if_not_exact(loop, combined.flattened)
         if loop.restarting and states and combined is not None:
             epoch = int(loop.epoch_progress.current.completed)  # the saved state's epoch
-            stateful = [dl for dl in combined.flattened
-                        if callable(getattr(dl, "state_dict", None))
-                        and callable(getattr(dl, "load_state_dict", None))]
+            stateful = [dl for dl in combined.flattened if _keeps_state(dl)]
             # saved at the epoch's last batch: Lightning goes on with the next epoch
             last = bool(loop.epoch_loop.batch_progress.is_last_batch)
             fresh = []
@@ -294,6 +292,12 @@ def sampler_epoch_first(trainer: Trainer) -> None:
     loop._load_combined_loader_states = load_states  # type: ignore[method-assign]
 
 
+def _keeps_state(loader: Any) -> bool:
+    """A loader Lightning saves and gives back a position of (PR #19475's interface)."""
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None))
+
+
 def _say_if_not_exact(loop: Any, loaders: list[Any]) -> None:
     """A resume inside an epoch with a loader that keeps no state (a plain DataLoader)
     draws that epoch from its start again: said once, with the fix (Lightning's own warning
@@ -301,7 +305,7 @@ def _say_if_not_exact(loop: Any, loaders: list[Any]) -> None:
     done = int(loop.epoch_loop.batch_progress.current.processed)  # (completed: one behind)
     if done == 0 or bool(loop.epoch_loop.batch_progress.is_last_batch):
         return
-    plain = [dl for dl in loaders if not callable(getattr(dl, "state_dict", None))]
+    plain = [dl for dl in loaders if not _keeps_state(dl)]
     if plain:
         log(f"lightning: resumed after batch {done} of epoch "
             f"{int(loop.epoch_progress.current.completed)} with a {type(plain[0]).__name__} that "
