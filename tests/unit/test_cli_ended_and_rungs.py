@@ -111,3 +111,14 @@ def test_a_launcher_that_exited_but_is_not_reaped_yet_counts_as_dead() -> None:
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_an_ended_job_whose_launcher_pid_is_alive_gives_no_stop_hint(tmp_path: Path) -> None:
+    """The launcher's pid outlives the job (its last writes, or a pid reused since): an
+    ended job is not stopped again, so `status` does not say how to stop it."""
+    live = a_job(tmp_path / "live", os.getpid())
+    assert f"(stop the job: trainguard stop {live.resolve()})" in tg("status", str(live))
+    with JobStore.create(live, "run-e") as s:
+        s.set_meta(state="succeeded", ended_at=iso(at(30)), exit_code=0)
+    text = tg("status", str(live))
+    assert "· succeeded ·" in text and "trainguard stop" not in text, text

@@ -106,7 +106,8 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     launcher = doc["launcher"]
     gone = " (gone)" if launcher["alive"] is False else ""
     console.print(f"launcher: pid {dash(launcher['pid'])} on {dash(launcher['host'])}{gone}"
-                  + ("" if gone or launcher["pid"] is None or doc["stopping"] else
+                  + ("" if gone or launcher["pid"] is None or doc["stopping"] or
+                     doc["state"] in JOB_ENDED else  # its pid outlives the job, or is reused
                      f"  (stop the job: trainguard stop {doc['job_dir']})"), highlight=False)
     budgets = "  ".join(f"{name} off" if name in doc["budgets_off"] else
                         f"{name} {b['used']}/{dash(b['max'])}"
