@@ -33,6 +33,7 @@ from trainguard.controller.peer_copies import PeerCopies
 from trainguard.controller.recorder import Recorder, console_printer
 from trainguard.controller.signals import Hurrier
 from trainguard.controller.store import JobStore, NodeRow
+from trainguard.controller.store_rows import slot_moves
 from trainguard.errors import LaunchError, StoreError, TrainguardError
 from trainguard.exitcodes import ExitCode
 from trainguard.launch_checks import job_lock, metrics_port_refused, prepare
@@ -154,10 +155,7 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     fleet.acks_held = rec.unwritten  # a message is acknowledged once its event is written
     if spec.memory_every:  # each node's memory snapshots copied to the next node
         fleet.peer = PeerCopies(hub, lambda: list(fleet.placement))
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        # schedule counts keep growing across launches
-        moves = json.loads(meta.get("slot_moves") or "{}")
-        fleet.moves = {int(k): int(v) for k, v in moves.items()}
+    fleet.moves = slot_moves(meta)  # schedule counts keep growing across launches
     store.set_meta(controller_port=hub.port, controller_host=host, nnodes=spec.nnodes,
                    spare_nodes=spec.spare_nodes, backend=backend.name,
                    slurm_own_job=getattr(backend, "owned_job", None))

@@ -650,3 +650,13 @@ def test_the_report_of_the_poll_a_signal_ended_is_recorded(
     assert run.code == 128 + signal.SIGINT
     got = [e.message for e in run.events if e.reason == "CheckpointSaved"]
     assert got == ["checkpoint of step 10 committed at /ck"], run.reasons
+
+
+def test_a_relaunch_on_one_node_counts_the_node_moves_of_the_launches_before(
+        tmp_path: Path, job: Any) -> None:
+    """A job moved once off a lost node in a multi-node launch, then relaunched on this one
+    node: its ranks have been placed three times (TRAINGUARD_SCHEDULE_COUNT)."""
+    with JobStore.create(tmp_path / "job", "loop-test") as s:
+        s.set_meta(state="stopped", launches=1, attempt=0, slot_moves='{"0": 1}')
+    first = job(CRASH_THEN_RECOVER, max_restarts=3).agent.started[0]
+    assert [w.schedule_count for w in first.workers] == [3, 3]

@@ -25,7 +25,7 @@ from trainguard.console import Writable
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.settings_diff import changes_text, settings_changes
 from trainguard.controller.store import JobStore, WorkerRow
-from trainguard.controller.store_rows import last_sign_of_life
+from trainguard.controller.store_rows import last_sign_of_life, slot_moves
 from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, signal_name
@@ -58,6 +58,7 @@ class Recorder:
         self.book = IncidentBook(store, on_error=self._store_failed)
         self.messages = WorkerMessages(self.event, self.book, self._recorded)
         self.launches = 1
+        self.slot_moves: dict[int, int] = {}  # slot -> node moves in the launches before
         self.previous_max_step: int | None = None  # the furthest step a launch before reached
         self.previous_committed: int | None = None  # and the newest checkpoint committed
         self._workers_sig: object = None
@@ -132,6 +133,7 @@ class Recorder:
         self.launches = max(int(previous.get("launches") or 0) + 1,
                             int(requeues) + 1 if requeues.isdigit() else 1)
         self._note_previous(previous)
+        self.slot_moves = slot_moves(previous)
         self.store.set_meta(
             launches=self.launches, run_id=self.spec.run_id, state=JobState.PENDING.value,
             command=self.argv, job_dir=str(self.paths.job_dir),

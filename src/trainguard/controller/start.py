@@ -41,8 +41,11 @@ def start_command(rec: Recorder, attempt: int, port: int, addr: str, *, all_rank
              ENV_PG_GENERATION: "0",  # never one inherited from the launcher's env
              ENV_MEMORY_EVERY: str(spec.memory_every),
              ENV_MEMORY_PEER: "1" if spec.memory_every and spec.nnodes > 1 else "0"},
+        # the fleet adds each slot's moves; one node's job adds those of launches before
         workers=[WorkerAssignment(rank=r, local_rank=r % n, start_count=attempt + 1,
-                                  schedule_count=rec.launches) for r in ranks],
+                                  schedule_count=rec.launches + (
+                                      0 if all_ranks else rec.slot_moves.get(spec.node_rank, 0)))
+                 for r in ranks],
         world_size=spec.world_size, group_rank=spec.node_rank,
         group_world_size=spec.nnodes, master_addr=addr,
         master_port=port, max_restarts=spec.max_restarts,

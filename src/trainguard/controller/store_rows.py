@@ -164,6 +164,16 @@ def last_sign_of_life(meta: dict[str, Any], records: list[RunningRecord],
     return max(signs, default=None)
 
 
+def slot_moves(meta: dict[str, Any]) -> dict[int, int]:
+    """How often each slot's ranks moved to another node in the launches recorded (meta
+    `slot_moves`, the fleet's): a rank's schedule count keeps growing across launches."""
+    try:
+        moves = json.loads(meta.get("slot_moves") or "{}")
+        return {int(k): int(v) for k, v in moves.items()}
+    except (TypeError, ValueError, AttributeError):
+        return {}
+
+
 def launcher_dead(meta: dict[str, Any]) -> bool:
     """Whether the launcher recorded in meta is known to be gone: it ran on this host and
     its pid is no longer there (on another host nobody here can tell: False)."""
