@@ -113,6 +113,10 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(tmp_pat
     bg = Background(job_args(job, "--queue-timeout", "3"), tmp_path)
     status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 5)
     kill_node(status, "node-1")
+    wait_for(job, lambda s: s["state"] == "queuing")
+    waiting = read_json("recovery", job)["running_records"][0]["recover_records"]
+    assert [(x["recover"], x["recover_result"]) for x in waiting] == [
+        ("pod_reschedule", "downgrade"), ("job_reschedule_with_taint", "recovering")]
     code, out = bg.finish()
     assert code == 1, out
     # a checkpoint the surviving node committed may be reported with the stop, after NodeLost

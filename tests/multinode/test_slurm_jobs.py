@@ -293,6 +293,10 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(
         queuing = wait_for(job, lambda s: s["state"] == "queuing",
                            alive=lambda: ctl.proc.poll() is None)
         assert queuing["budgets"]["job_reschedules"]["used"] == 0, queuing["budgets"]
+        # and `recovery` shows the downgrade and the rung recovering (written at the end)
+        waiting = read_json("recovery", job)["running_records"][0]["recover_records"]
+        assert [(x["recover"], x["recover_result"]) for x in waiting] == [
+            ("pod_reschedule", "downgrade"), ("job_reschedule_with_taint", "recovering")]
         code, out = ctl.finish()
     finally:
         ctl.kill()
@@ -306,6 +310,8 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(
     records = read_json("recovery", job)["running_records"][0]["recover_records"]
     assert [(x["recover"], x["recover_result"]) for x in records] == [
         ("pod_reschedule", "downgrade"), ("job_reschedule_with_taint", "failed")]
+    assert "waited 6s" in records[1]["reason"] and records[1]["decided_at"] == waiting[1][
+        "decided_at"]  # decided before the queue, not when it gave up
     final = read_json("status", job)
     assert final["state"] == "failed" and final["budgets"]["job_reschedules"]["used"] == 0
     assert final["ended_by"] == "job_reschedule_with_taint"

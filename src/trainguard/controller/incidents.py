@@ -297,6 +297,15 @@ class IncidentBook:
         self._pending = (rec, inc) if restart else None
         self._save(rec)
 
+    def recovery_failed(self, fault: Fault) -> None:
+        """The open incident's rung could not act after all (a reschedule's queue for nodes
+        timed out): it ends `failed` now, with the attempt, and says why."""
+        if self._pending is None:
+            return
+        owner, inc = self._pending
+        inc.reason, owner.end_reason = fault.reason, fault.end_reason
+        self._close_pending(RecoverResult.FAILED, utcnow())
+
     def backoff_interrupted(self) -> None:
         """Stopped while waiting to restart: nothing runs; the open incident is terminated."""
         self._close_pending(RecoverResult.TERMINATED, utcnow())

@@ -201,21 +201,32 @@ class NodeRecovery:
                            f"({t.result.value}); trying the next level", node=node,
                            attempt=attempt)
         placement: list[str] | None = list(d.placement)
-        if d.action == Action.RESCHEDULE and d.missing:  # its budget is spent once placed:
+        fault_at, detected, stopped = times
+        if d.action == Action.GIVE_UP:  # out of every budget: the last rung tried says why
+            d = replace(d, reason=f"{node}: {d.tried[-1].why}" if d.tried else d.reason)
+
+        def fault(reason: str) -> Fault:
+            return Fault(crash.scenario if crash else FaultScenario.NODE_FAULT, reason,
+                         f"node {node}: {reason}", f"node/{node}", fault_at, detected, stopped,
+                         report.progress, crash.category if crash else None)
+
+        # decided now, whatever the wait: `recovery` shows the rung recovering while it
+        # queues (the downgrade before it too), and its budget is spent once placed
+        self.rec.book.record(attempt, d, fault(d.reason))
+        if d.action == Action.RESCHEDULE and d.missing:
             self.rec.set_meta(**_unspent(d).to_meta())  # status says so while it queues
             placement = self._wait_for_nodes(d, attempt)
             if placement is not None:
                 self.rec.set_meta(**d.history.to_meta())
-        if d.action == Action.GIVE_UP:  # out of every budget: the last rung tried says why
-            d = replace(d, reason=f"{node}: {d.tried[-1].why}" if d.tried else d.reason)
-        elif placement is None:  # nothing was rescheduled: its budget is not spent
+        if placement is None:  # nothing was rescheduled: its budget is not spent
             h = _unspent(d)
             d = replace(d, action=Action.GIVE_UP, result=RecoverResult.FAILED, history=h,
                         exit_code=ExitCode.FAILED, reason=(
                             f"{node} is out and not enough healthy nodes are left for "
                             f"{self.fleet.nnodes} (waited {self.rec.spec.queue_timeout_s:g}s "
                             "for one)"))
-        else:
+            self.rec.book.recovery_failed(fault(d.reason))
+        elif d.action != Action.GIVE_UP:
             self.fleet.place(list(placement), d.moved_slots)
             pol, h = self.rec.spec, d.history
             pod = d.rung == Rung.POD_RESCHEDULE
@@ -230,11 +241,6 @@ class NodeRecovery:
                                "rung": d.rung.value if d.rung else None, "used": used,
                                "budget": budget, "placement": list(placement),
                                "moved_slots": list(d.moved_slots)})
-        fault_at, detected, stopped = times
-        self.rec.book.record(attempt, d, Fault(
-            crash.scenario if crash else FaultScenario.NODE_FAULT, d.reason,
-            f"node {node}: {d.reason}", f"node/{node}", fault_at, detected, stopped,
-            report.progress, crash.category if crash else None))
         return d
 
     def _wait_for_nodes(self, d: Decision, attempt: int) -> list[str] | None:
