@@ -25,6 +25,7 @@ from pathlib import Path
 from trainguard.backends.base import Backend
 from trainguard.backends.local import LocalBackend
 from trainguard.console import Writable, consoles
+from trainguard.controller.echo import RankEcho
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.hub import Hub
 from trainguard.controller.loop import Controller
@@ -49,16 +50,15 @@ from trainguard.wire import WireError, new_token, read_token, write_token
 
 def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
     spec, paths = prepare(spec, create=True)
-    filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
     with consoles() as (out, err):  # writes that never wait for the console (console.py)
         with job_lock(paths.job_dir), JobStore.create(paths.job_dir, spec.run_id) as store, \
                 _failed_before_start(spec, paths, store, argv), \
                 _metrics_endpoint(spec, paths, store, err):
             if spec.multi_node:
-                code = launch_cluster(spec, argv, marker, paths, store, err)
+                code = launch_cluster(spec, argv, marker, paths, store, out, err)
                 _job_dir_line(paths, err)
                 return code
-            agent = NodeAgent("node-0", out, ConsoleOptions(spec.redirects, filt),
+            agent = NodeAgent("node-0", out, console_options(spec),
                               spec.step_pattern, marker)
             recorder = Recorder(spec, paths, store, argv, on_event=console_printer(err))
             code = Controller(recorder, agent, hurry=agent.hurry).run()
@@ -119,7 +119,7 @@ _RESUMABLE = frozenset(s.value for s in JobState if s.resumable)
 
 
 def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
-                   store: JobStore, err: Writable) -> int:
+                   store: JobStore, out: Writable, err: Writable) -> int:
     cdir = paths.job_dir / "cluster"
     cdir.mkdir(parents=True, exist_ok=True)
     meta = store.meta()
@@ -177,7 +177,28 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
         return code
     nodes = NodeRecovery(rec, fleet)
     hurry = Hurrier(lambda: hub.send_all({"type": HURRY_FRAME}))  # a second Ctrl-C
-    return Controller(rec, fleet, nodes, adopt=adopt, hurry=hurry).run()
+    echo = _echo_ranks(spec, paths, int(meta.get("attempt") or 0), out) if adopt else None
+    try:
+        return Controller(rec, fleet, nodes, adopt=adopt, hurry=hurry).run()
+    finally:
+        if echo is not None:
+            echo.close()
+
+
+def _echo_ranks(spec: JobSpec, paths: JobPaths, attempt: int, out: Writable) -> RankEcho:
+    """The adopted agents echo the ranks to the first launcher's console: this one echoes
+    them from the rank logs, as its own agents would have (controller/echo.py)."""
+    shown = console_options(spec)
+    echo = RankEcho(paths.log_dir, attempt, out,
+                    lambda rank: shown.streams(rank, rank % spec.nproc_per_node))
+    echo.start()
+    return echo
+
+
+def console_options(spec: JobSpec) -> ConsoleOptions:
+    """Which ranks' streams reach the console (torchrun's --redirects, --local-ranks-filter)."""
+    filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
+    return ConsoleOptions(spec.redirects, filt)
 
 
 def make_backend(spec: JobSpec, cdir: Path, own_job: object = None) -> Backend:

@@ -149,6 +149,8 @@ def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
     r = run_tg(args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "ControllerRestarted" in reasons(job) and "took over attempt 0" in r.stderr
+    # the adopted agents echo the ranks to the first console; the new one echoes their logs
+    assert "[rank 0] done: 80 steps" in r.stdout, r.stdout[-3000:]
     after = read_json("status", job)
     assert after["state"] == "succeeded" and after["attempt"] == 0
     # every step trained once, in the first attempt, by the first workers

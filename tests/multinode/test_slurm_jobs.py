@@ -352,9 +352,9 @@ def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
     assert code == 0, out[-6000:]
     got = reasons(job)
     assert "ControllerRestarted" in got and "took over attempt 0" in out, out[-4000:]
-    # (walk-through 23) where the ranks' output goes now, and how to follow it here
-    assert "the ranks' output still goes where the first launcher's did (follow a rank " \
-        "here: trainguard logs" in out, out[-4000:]
+    # (walk-through 23) the ranks' output reaches this console too (from their logs)
+    assert "the ranks' output is echoed here from their logs" in out, out[-4000:]
+    assert "[rank 0] done: 80 steps" in out, out[-4000:]
     assert "WorkersRestarted" not in got
     after = read_json("status", job)
     assert after["state"] == "succeeded" and after["attempt"] == 0

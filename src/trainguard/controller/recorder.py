@@ -254,8 +254,8 @@ class Recorder:
         self.event(Level.INFO, Reason.CONTROLLER_RESTARTED,
                    f"a new controller (pid {os.getpid()}) took over attempt {attempt}: the "
                    "node agents reconnected and the workers kept running; the ranks' output "
-                   "still goes where the first launcher's did (follow a rank here: trainguard "
-                   f"logs {self.paths.job_dir} --rank R -f)", attempt=attempt)
+                   "is echoed here from their logs (the agents still write it where the "
+                   "first launcher's console was too)", attempt=attempt)
         return attempt
 
     def set_meta(self, **values: Any) -> None:
