@@ -38,6 +38,7 @@ def test_the_stopped_rank_is_the_culprit_whatever_its_stack_shows() -> None:
     dumps = [StackDump(rank=0, pid=10), StackDump(rank=1, pid=11, stopped=True)]
     c = _stopped_culprit(named, dumps)
     assert c.rank == 1 and c.by_rank[1] == "state_t" and c.frame is None
+    assert c.reason.endswith("until SIGCONT (`kill -CONT 11`)"), c.reason  # its pid, said
     assert c.reason.startswith("Rank 1's process is stopped (state T: SIGSTOP"), c.reason
     assert "SIGCONT" in c.reason and c.confidence >= 0.9
     assert _stopped_culprit(named, [StackDump(rank=0, pid=10)]) is named  # none stopped
@@ -58,3 +59,23 @@ def test_diagnose_of_a_stopped_rank_says_where_it_waits_and_to_send_sigcont() ->
     assert "kill -CONT" in d.advice and d.culprit.frame == "/w/train.py:271 in main"
     text = "\n".join(_verdict_lines(d))
     assert "waiting at /w/train.py:271 in main" in text and "raised at" not in text, text
+
+
+def test_a_stopped_worker_is_stopped_by_sigterm_without_waiting_for_the_grace_period() -> None:
+    """SIGTERM stays pending on a stopped process: SIGCONT after it lets it act on it now
+    (walk-through 24: a SIGSTOPped rank cost the whole 15 s grace period, then SIGKILL)."""
+    from trainguard.node.procs import spawn, stop_groups
+
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+            "print('ready', flush=True)\ntime.sleep(60)\n")
+    p = spawn([sys.executable, "-c", code], env={}, cwd=None)
+    assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+    p.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while _proc_state(p.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    stop_groups([p], grace_s=30)
+    assert time.monotonic() - started < 10
+    assert p.returncode == 7  # its own SIGTERM handler ran: a graceful exit, not SIGKILL

@@ -264,9 +264,10 @@ class HangWatch:
         who = f"rank {culprit.rank}" if culprit.rank is not None else "no single rank"
         took = (utcnow() - now).total_seconds()  # the event comes once the stacks are in
         self.rec.event(Level.WARNING, Reason.HANG_CONFIRMED,
-                       f"hang confirmed: {v.describe()}. Culprit: {who}: {culprit.reason} "
-                       f"Stacks of every rank: {out} (taken in {took:.1f}s after the hang was "
-                       f"confirmed at {now.astimezone().strftime('%H:%M:%S')})",
+                       f"hang confirmed: {v.describe()}. Culprit: {who}: "
+                       f"{culprit.reason.rstrip('.')}. Stacks of every rank: {out} (taken in "
+                       f"{took:.1f}s after the hang was confirmed at "
+                       f"{now.astimezone().strftime('%H:%M:%S')})",
                        rank=culprit.rank,
                        attempt=self._attempt, data=data)
         return HangConfirmation(v, culprit, now, out)
@@ -285,12 +286,14 @@ def _stopped_culprit(culprit: HangCulprit, dumps: list[StackDump]) -> HangCulpri
     stopped = sorted(d.rank for d in dumps if d.stopped)
     if not stopped:
         return culprit
+    pids = " ".join(str(d.pid) for d in sorted(dumps, key=lambda d: d.rank)
+                    if d.stopped and d.pid is not None) or "PID"
     who = f"Rank {stopped[0]}'s process is" if len(stopped) == 1 else \
         f"The processes of ranks {rank_list(stopped)} are"
     rank = stopped[0] if len(stopped) == 1 else None
     return replace(culprit, rank=rank, frame=culprit.frame if culprit.rank == rank else None,
                    reason=f"{who} stopped (state T: SIGSTOP, Ctrl-Z or a debugger): nothing "
-                          "runs until SIGCONT (`kill -CONT PID`)",
+                          f"runs until SIGCONT (`kill -CONT {pids}`)",
                    by_rank={**culprit.by_rank, **{r: STOPPED for r in stopped}},
                    confidence=max(culprit.confidence, 0.9))
 

@@ -1,10 +1,11 @@
 """Worker processes: spawn each in its own session, stop them all with one deadline, reap.
 
-Stopping: SIGTERM to every process group, one shared grace period, SIGKILL to the groups
-still alive, then reap (the launcher is a child subreaper, so grandchildren orphaned by a
-dead worker come back to it and are reaped too). If the launcher itself dies, even by
-SIGKILL, the guardian (trainguard.node.guardian, a tiny process in its own session) sees its
-pipe close and kills every group it was told about.
+Stopping: SIGTERM (and SIGCONT, as systemd does, for a stopped one) to every process group,
+one shared grace period, SIGKILL to the groups still alive, then reap (the launcher is a
+child subreaper, so grandchildren orphaned by a dead worker come back to it and are reaped
+too). If the launcher itself dies, even by SIGKILL, the guardian (trainguard.node.guardian,
+a tiny process in its own session) sees its pipe close and kills every group it was told
+about.
 """
 
 from __future__ import annotations
@@ -216,6 +217,9 @@ def stop_groups(
     pgids = list(known)  # each worker leads its own session and group
     for pgid in pgids:
         signal_group(pgid, signal.SIGTERM)
+        # a stopped process (SIGSTOP, Ctrl-Z, a debugger) acts on SIGTERM only once it runs
+        # again: without this it cost the whole grace period, then SIGKILL (walk-through 24)
+        signal_group(pgid, signal.SIGCONT)
 
     def wait_a_little(left_s: float) -> None:
         leaders = [p for p in procs if p.returncode is None]
