@@ -73,12 +73,36 @@ def test_a_long_hang_left_running_is_answered_with_restart_on_hang() -> None:
     r.goodput.wall_s = 656.0
     r.goodput.seconds = lambda cause: 652.0 if cause == "hang" else 0.0
     assert not [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
-    left = SimpleNamespace(recover="none", fault_scenario=FaultScenario.JOB_HANGED)
+    left = SimpleNamespace(recover="none", fault_scenario=FaultScenario.JOB_HANGED, attempt=0)
     r.records = [SimpleNamespace(recover_records=[left])]
     (line,) = [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
-    assert line.startswith("hangs: 652s (99% of the run) went to a confirmed hang left "
-                           "running; with --restart-on-hang"), line
+    assert line.startswith("hangs: 652s (99% of the run) went to hangs, a confirmed one "
+                           "left running; with --restart-on-hang"), line
     restarted = SimpleNamespace(recover="process_restart",
-                                fault_scenario=FaultScenario.JOB_HANGED)
+                                fault_scenario=FaultScenario.JOB_HANGED, attempt=0)
     r.records = [SimpleNamespace(recover_records=[restarted])]  # it was on: nothing to say
     assert not [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
+
+
+def test_a_hang_left_once_its_budget_was_spent_is_not_told_to_turn_restarts_on() -> None:
+    """Walk-through 24: --restart-on-hang on, its budget spent, the last hang left running:
+    the advice said to turn on --restart-on-hang."""
+    from datetime import datetime, timezone
+
+    from trainguard.records import Involved, RecoverRecord, RunningRecord, StartType
+
+    t = datetime(2026, 12, 5, tzinfo=timezone.utc)
+    rec = RunningRecord(2, t, StartType.AUTO_RESTART)
+    rec.recover_records.append(RecoverRecord(
+        attempt=2, recover_start_at=t, fault_scenario=FaultScenario.JOB_HANGED, reason="hang",
+        related_task="job", recover="none"))
+    r = report_input(0)
+    r.records, r.meta = [rec], {"budgets": {"max_hang_restarts": 2}}
+    r.goodput.seconds = lambda cause: 33.0 if cause == "hang" else 0.0
+    (off,) = [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]  # flag off
+    assert "a confirmed one left running; with --restart-on-hang" in off, off
+    r.events = [SimpleNamespace(reason="HangRestartLimitReached",
+                                involved=Involved(job="j", attempt=2))]
+    (spent,) = [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
+    assert "--restart-on-hang" not in spent and "(--max-hang-restarts 2 in a row" in spent, spent
+    assert spent.startswith("hangs: 33s (55% of the run) went to hangs; the last was left")

@@ -80,6 +80,29 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
             "advice": advice_lines(r, advice)}
 
 
+def _hang_advice(r: ReportInput) -> list[str]:
+    """Hangs that took over 5% of the run, one of them left running: why it was left (the
+    flag off, or its budget spent: a HangRestartLimitReached in its attempt) and what to do."""
+    g = r.goodput
+    hung = g.seconds("hang")
+    left = {rr.attempt for rec in r.records for rr in rec.recover_records
+            if rr.recover == NO_RECOVERY and rr.fault_scenario == FaultScenario.JOB_HANGED}
+    if not left or hung <= 0.05 * max(g.wall_s, 1e-9):
+        return []
+    spent = {ev.involved.attempt for ev in r.events
+             if ev.reason == Reason.HANG_RESTART_LIMIT_REACHED.value}
+    head = f"hangs: {hung:.0f}s ({hung / max(g.wall_s, 1e-9):.0%} of the run) went to hangs"
+    if left <= spent:  # walk-through 24: told to turn on the --restart-on-hang it had
+        limits = r.meta.get("budgets")
+        budget = limits.get("max_hang_restarts") if isinstance(limits, dict) else None
+        return [f"{head}; the last was left running once the restarts upon suspension were "
+                f"spent (--max-hang-restarts {budget if budget is not None else '-'} in a "
+                "row without progress): find why the ranks hang (`trainguard diagnose "
+                "JOB_DIR` names the culprit) before giving it more"]
+    return [f"{head}, a confirmed one left running; with --restart-on-hang the ranks are "
+            "restarted in place once a hang is confirmed (outside the restart budget)"]
+
+
 def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
     out: list[str] = []
     g = r.goodput
@@ -118,13 +141,7 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
         if isinstance(thr, int | float):
             out.append(f"hang detection: threshold {thr:g}s against a {ideal:.3f}s step "
                        f"({thr / ideal:.0f}x); a hang costs at least that before it is confirmed")
-    hung = g.seconds("hang")
-    left = any(rr.recover == NO_RECOVERY and rr.fault_scenario == FaultScenario.JOB_HANGED
-               for rec in r.records for rr in rec.recover_records)
-    if left and hung > 0.05 * max(g.wall_s, 1e-9):
-        out.append(f"hangs: {hung:.0f}s ({hung / max(g.wall_s, 1e-9):.0%} of the run) went to "
-                   "a confirmed hang left running; with --restart-on-hang the ranks are "
-                   "restarted in place once a hang is confirmed (outside the restart budget)")
+    out += _hang_advice(r)
     wasted = g.seconds("wasted_progress")
     if wasted > 0.05 * max(g.wall_s, 1e-9):
         if g.steps_wasted:
