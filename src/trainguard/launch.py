@@ -152,7 +152,7 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     rec = Recorder(spec, paths, store, argv, on_event=console_printer(err))
     fleet = Fleet(hub, backend, spec.nnodes, spec.nproc_per_node, spec.node_timeout_s,
                   spec.reconnect_grace_s, publish=lambda f: _publish(store, f))
-    fleet.acks_held = rec.unwritten  # a message is acknowledged once its event is written
+    fleet.acks_held = rec.writes.unwritten  # a message is acknowledged once its event is written
     if spec.memory_every:  # each node's memory snapshots copied to the next node
         fleet.peer = PeerCopies(hub, lambda: list(fleet.placement))
     fleet.moves = slot_moves(meta)  # schedule counts keep growing across launches

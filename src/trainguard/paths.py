@@ -23,8 +23,9 @@ DB_NAME = "trainguard.db"  # the job's store (controller/store.py)
 LOCK_NAME = ".lock"  # held by the job's launcher (launch_checks.job_lock)
 # the files trainguard writes at a job dir's top (the store and SQLite's side files, the
 # launcher's lock, a multi-node job's cluster/ dir), besides its log and checkpoint dirs
+RESERVE_NAME = ".trainguard-reserve"  # room for the job's end (controller/reserve.py)
 JOB_DIR_FILES = frozenset({DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal",
-                           LOCK_NAME, "cluster"})
+                           LOCK_NAME, RESERVE_NAME, "cluster"})
 # what trainguard writes in a log dir (one dir per attempt) and in a checkpoint dir (a dir
 # per step, the `latest` pointer, and the staging names a save leaves if it is killed)
 _LOG_DIR_OWN = re.compile(r"attempt-\d+$")

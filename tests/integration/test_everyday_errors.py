@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.conftest import TG, mount_tmpfs
+from tests.integration.conftest import TG, mount_tmpfs, read_json, reasons
 
 SLOW = "import time\nfor i in range(1, 400):\n    print(f'step {i}', flush=True)\n" \
        "    time.sleep(0.1)\n"
@@ -95,3 +95,58 @@ def test_a_checkpoint_dir_on_a_read_only_mount_is_said_to_be_read_only(tmp_path:
                             "t.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2
         assert f"cannot create {ro / 'ck'} (Read-only file system)" in r.stderr, r.stderr
+
+
+FILLED = """import os, sys, time
+i = 0
+while not os.path.exists(sys.argv[1]) or i < 10:  # steps until the disk was filled
+    i += 1
+    print(f"step {i}", flush=True)
+    time.sleep(0.1)
+for _ in range(12):  # and 12 more, past the store's once-a-second progress write
+    i += 1
+    print(f"step {i}", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def _fill(fs: Path) -> None:
+    """Write zeros to `fs` until it is full."""
+    with open(fs / "fill", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_job_whose_job_dir_disk_fills_up_still_records_that_it_succeeded(
+        tmp_path: Path) -> None:
+    """Walk-through 24: a job-dir disk filled up while a job ran; the job succeeded (exit 0)
+    but its end was never written: status read `lost` at the step the disk filled, with
+    `continue it: run the same command` (which trains it again). Room kept beside the store
+    (controller/reserve.py) takes the end."""
+    script, flag = tmp_path / "filled.py", tmp_path / "filled"
+    script.write_text(FILLED)
+    for fs in mount_tmpfs(tmp_path / "fs", "size=24m"):
+        job = fs / "job"
+        launcher = subprocess.Popen([*TG, "run", "--nproc-per-node", "1", "--job-dir",
+                                     str(job), "--checkpoint-dir", str(tmp_path / "ck"),
+                                     str(script), str(flag)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+        try:
+            _wait_for(job / "logs" / "attempt-0" / "rank-0.log")
+            time.sleep(1)
+            _fill(fs)
+            flag.touch()
+            out, _ = launcher.communicate(timeout=120)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+        assert launcher.returncode == 0, out[-3000:]
+        assert "StoreWriteFailed: cannot write the job store" in out, out[-3000:]
+        status = read_json("status", job)
+        assert status["state"] == "succeeded" and status["exit_code"] == 0, status
+        assert reasons(job)[-1] == "JobSucceeded"
+        assert not (job / ".trainguard-reserve").exists()  # the room went with the job

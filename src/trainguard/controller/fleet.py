@@ -65,7 +65,7 @@ class Fleet:
         self.placement: list[str] = []
         self.moves: dict[int, int] = {}  # slot -> times its ranks moved to another node
         self.merger = Merger()  # the nodes' reports into one
-        # whether the recorder holds events the store has not taken yet (Recorder.unwritten):
+        # whether the recorder holds events the store has not taken yet (StoreWrites.unwritten):
         # the worker messages they came from are not acknowledged meanwhile
         self.acks_held: Callable[[], bool] = lambda: False
         # a spare node found gone (its agent ended or cut off): the controller records it

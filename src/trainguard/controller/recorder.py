@@ -2,9 +2,8 @@
 
 The controller decides; the recorder keeps the job store (and the console) current. Writes
 that could happen at every poll (progress) are throttled to one a second. Once the job
-runs, a failed store write (a full disk, an I/O error) never ends it: the console says so
-(StoreWriteFailed, at most once a minute), events wait in memory and every write is tried
-again later; only the writes at the job's start must succeed.
+runs, a failed store write never ends it (controller/store_writes.py); only the writes at
+the job's start must succeed.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ import signal
 import socket
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.settings_diff import changes_text, settings_changes
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.controller.store_rows import last_sign_of_life, slot_moves
+from trainguard.controller.store_writes import StoreWrites
 from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, signal_name
@@ -46,8 +45,6 @@ from trainguard.spec import JobSpec
 from trainguard.states import JobState
 
 PROGRESS_WRITE_EVERY_S = 1.0
-STORE_WARN_EVERY_S = 60.0
-MAX_UNWRITTEN = 10_000  # events kept in memory while the store cannot be written
 
 
 class Recorder:
@@ -55,8 +52,9 @@ class Recorder:
                  on_event: Callable[[Event], None] | None = None) -> None:
         self.spec, self.paths, self.store, self.argv = spec, paths, store, argv
         self._on_event = on_event
-        self.book = IncidentBook(store, on_error=self._store_failed)
-        self.messages = WorkerMessages(self.event, self.book, self._recorded)
+        self.writes = StoreWrites(store, spec.run_id, paths.job_dir, on_event)
+        self.book = IncidentBook(store, on_error=self.writes.failed)
+        self.messages = WorkerMessages(self.event, self.book, self.writes.recorded)
         self.launches = 1
         self.slot_moves: dict[int, int] = {}  # slot -> node moves in the launches before
         self.previous_max_step: int | None = None  # the furthest step a launch before reached
@@ -67,9 +65,6 @@ class Recorder:
         self._progress_written = 0.0
         self._ledger: list[tuple[int, int, float]] = []  # progress samples not yet written
         self._sampled: tuple[object, ...] = ()  # (attempt, first step time, last step)
-        self._unwritten: deque[Event] = deque(maxlen=MAX_UNWRITTEN)
-        self._meta_pending: dict[str, Any] = {}
-        self._store_warned = -STORE_WARN_EVERY_S
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
               attempt: int | None = None, data: dict[str, Any] | None = None,
@@ -80,49 +75,7 @@ class Recorder:
                    Involved(job=self.spec.run_id, node=node, rank=rank, attempt=attempt), data)
         if self._on_event is not None:
             self._on_event(ev)
-        self._unwritten.append(ev)
-        with self._best_effort():
-            while self._unwritten:
-                self.store.add_event(self._unwritten[0])
-                self._unwritten.popleft()
-
-    def _recorded(self, message_id: str) -> bool:
-        """Is an event of this worker message in the store, or waiting to be written (a
-        store that cannot be read: no)?"""
-        if any((ev.data or {}).get("message_id") == message_id for ev in self._unwritten):
-            return True
-        try:
-            return self.store.has_message(message_id)
-        except StoreError:
-            return False
-
-    def unwritten(self) -> bool:
-        """Events wait for the store to take writes again: worker messages are not
-        acknowledged meanwhile (controller/fleet.py), so a controller that dies now loses
-        none of theirs."""
-        return bool(self._unwritten)
-
-    @contextlib.contextmanager
-    def _best_effort(self) -> Iterator[None]:
-        """A store write that may fail while the job runs: warn, and let it be retried."""
-        try:
-            yield
-        except (StoreError, OverflowError, OSError) as e:
-            self._store_failed(e)
-
-    def _store_failed(self, e: Exception) -> None:
-        """Say so (at most once a minute); the write is tried again later."""
-        if time.monotonic() - self._store_warned < STORE_WARN_EVERY_S:
-            return
-        self._store_warned = time.monotonic()
-        ev = Event(utcnow(), Level.WARNING, Reason.STORE_WRITE_FAILED.value,
-                   f"cannot write the job store ({e}); the job goes on, "
-                   f"{len(self._unwritten)} event(s) wait and every write is retried",
-                   Involved(job=self.spec.run_id))
-        if len(self._unwritten) < MAX_UNWRITTEN:
-            self._unwritten.append(ev)  # written once the store takes writes again
-        if self._on_event is not None:
-            self._on_event(ev)
+        self.writes.add_event(ev)
 
     def begin(self) -> tuple[int, StartType]:
         """Record the job's start; a relaunch of the same job continues its attempts."""
@@ -151,6 +104,7 @@ class Recorder:
             exit_code=None, ended_at=None, launcher_pid=os.getpid(),
             log_dir=str(self.paths.log_dir), checkpoint_dir=str(self.paths.checkpoint_dir),
             launcher_host=socket.gethostname())
+        self.writes.reserve.keep()  # room for the job's end on a disk that fills up
         nodes = f" on {self.spec.nnodes} nodes" if self.spec.nnodes > 1 else ""
         what = (f"{self.spec.nnodes * self.spec.nproc_per_node} worker(s){nodes}, "
                 f"max {plural(self.spec.max_restarts, 'restart')}, "
@@ -248,6 +202,7 @@ class Recorder:
         attempt = int(previous["attempt"])
         self.store.set_meta(launcher_pid=os.getpid(), launcher_host=socket.gethostname(),
                             state=JobState.RUNNING.value)
+        self.writes.reserve.keep()
         for r in self.store.running_records():
             if r.attempt == attempt:
                 self.book.current = r
@@ -260,24 +215,25 @@ class Recorder:
 
     def set_meta(self, **values: Any) -> None:
         """Best effort once the job runs: what could not be written goes with the next."""
-        self._meta_pending.update(values)
-        with self._best_effort():
-            self.store.set_meta(**self._meta_pending)
-            self._meta_pending.clear()
+        self.writes.set_meta(**values)
 
     def end_job(self, state: JobState, code: int, message: str, *, attempt: int | None = None,
                 rank: int | None = None, limit: tuple[Reason, str] | None = None) -> int:
         """Every job ending goes through here: the budget that ran out (`limit`: its event's
         reason and text), the final event, the job's state and exit code. Returns the code."""
+        end: dict[str, Any] = {"state": state.value, "exit_code": int(code),
+                               "ended_at": utcnow().isoformat(),
+                               "node_usage": {}}  # the standbys and regions go with the job
+        self.writes.last_word()  # a disk that filled up: the room kept for this
+        if self.writes.failing:  # then the end first, before the events that waited
+            self.writes.set_meta(**end)
         if limit is not None:
             self.event(Level.ERROR, limit[0], limit[1], attempt=attempt)
         level, reason = _ENDINGS[state]
         self.event(level, reason, message, rank=rank, attempt=attempt)
         self.book.flush()
-        with self._best_effort():  # the exit code says it anyway
-            self.store.set_meta(state=state.value, exit_code=int(code),
-                                ended_at=utcnow().isoformat(),
-                                node_usage={})  # the standbys and regions go with the job
+        self.writes.set_meta(**end)
+        self.writes.ended(state.value, int(code))
         return int(code)
 
     def give_up(self, attempt: int, d: Decision, failure: str, rank: int | None) -> int:
@@ -314,14 +270,14 @@ class Recorder:
         sig = tuple((w.pid, w.state, w.returncode) for w in report.workers)
         if sig != self._workers_sig:
             self._node_of.update({w.rank: w.node or report.node for w in report.workers})
-            with self._best_effort():
+            with self.writes.best_effort():
                 self.store.put_workers(report.attempt or 0, workers_rows(report))
                 self._workers_sig = sig
         self.messages.handle(report.messages, report.attempt or 0)
         self.book.flush()  # running records a full disk held back
-        with self._best_effort():
+        with self.writes.best_effort():
             self._sync_progress(report, force)
-        with self._best_effort():
+        with self.writes.best_effort():
             self._sync_usage(report)
 
     def _sync_usage(self, report: NodeReport) -> None:
