@@ -163,6 +163,33 @@ def test_a_job_whose_launcher_died_reads_lost(tmp_path: Path) -> None:
         assert c.get("/api/jobs").json()[0]["state"] == "lost"
 
 
+def test_a_hang_left_running_reads_hung_in_the_list_the_view_and_the_metrics(
+        tmp_path: Path) -> None:
+    """Walk-through 24: `status` said HUNG (confirmed, left running); the dashboard and the
+    metrics said only `running`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from trainguard.goodput.metrics import exposition
+
+    d = tmp_path / "hung"
+    with make_job(d, running=True) as store:  # attempt 0's hang is not this attempt's
+        store.set_meta(attempt=1)
+    with TestClient(create_app(Catalog([d])), base_url=LOCAL) as c:
+        assert c.get("/api/jobs").json()[0]["hang"] is None
+        with JobStore.create(d, RUN) as store:
+            store.add_event(event("HangConfirmed", 40, attempt=1, rank=1, data={
+                "culprit": {"rank": 1, "reason": "Rank 1 is sleeping"}, "stuck_ranks": [0, 1],
+                "confirmed_at": at(40).isoformat()}))
+        row = c.get("/api/jobs").json()[0]
+        assert row["state"] == "running" and row["hang"] == {
+            "confirmed_at": at(40).isoformat(), "ranks": [0, 1], "culprit": "Rank 1 is sleeping"}
+        view = c.get(f"/api/jobs/{row['id']}").json()
+        assert view["hang"]["culprit"] == "Rank 1 is sleeping"
+    (hung,) = [m for m in text_string_to_metric_families(exposition(d).decode())
+               if m.name == "trainguard_job_hung"]
+    assert [x.value for x in hung.samples] == [1.0]
+
+
 def test_the_job_view_has_attempts_recoveries_diagnoses_hangs_and_checkpoints(
         client: TestClient, job: Path) -> None:
     doc = client.get(f"/api/jobs/{job_id(job.resolve())}").json()

@@ -27,6 +27,8 @@ from trainguard.cli.fmt import (
 )
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
 from trainguard.controller.store_rows import (
+    HANG_REASONS,
+    hang_left_running,
     last_progress,
     launcher_dead,
     node_order,
@@ -46,7 +48,6 @@ from trainguard.records import (
 )
 from trainguard.states import JOB_ENDED, JobState, NodeState, WorkerState
 
-_HANG_REASONS = (Reason.HANG_CONFIRMED.value, Reason.HANG_CLEARED.value)
 # a stop under way: the last of these is a StopRequested of this launch
 _LAUNCH_REASONS = (Reason.JOB_CREATED.value, Reason.JOB_RELAUNCHED.value,
                    Reason.STOP_REQUESTED.value)
@@ -68,8 +69,8 @@ _BUDGETS = (("restarts", "restarts_used", "max_restarts"),
 
 def print_status(store: JobStore, args: argparse.Namespace) -> int:
     meta = store.meta()
-    read = [ev for _, ev in store.events(reasons=_HANG_REASONS + _LAUNCH_REASONS)]
-    hang_events = [ev for ev in read if ev.reason in _HANG_REASONS]
+    read = [ev for _, ev in store.events(reasons=HANG_REASONS + _LAUNCH_REASONS)]
+    hang_events = [ev for ev in read if ev.reason in HANG_REASONS]
     launch_events = [ev for ev in read if ev.reason in _LAUNCH_REASONS]
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes(),
                      store.running_records(), hang_events, store.last_checkpoint(),
@@ -159,7 +160,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
     state = shown_state(meta)
     by_rung = recoveries_by_rung(records or [])
     progress = last_progress(meta, checkpoint)
-    hang = _hang(state, meta.get("attempt"), hang_events or [])
+    hang = hang_left_running(state, meta.get("attempt"), hang_events or [])
     hung = set((hang or {}).get("ranks") or [])
     return {
         "run_id": meta.get("run_id"),
@@ -262,21 +263,6 @@ def _budgets_off(meta: dict[str, Any]) -> list[str]:
     off); [] for a store written before they were recorded."""
     off = meta.get("budgets_off")
     return [str(n) for n in off] if isinstance(off, list) else []
-
-
-def _hang(state: str | None, attempt: Any, events: list[Event]) -> dict[str, Any] | None:
-    """A hang confirmed in the current attempt and not cleared, while the job is active."""
-    if state not in {s.value for s in JobState if s.active}:
-        return None
-    last = [ev for ev in events if ev.involved.attempt == attempt][-1:]
-    if not last or last[0].reason != Reason.HANG_CONFIRMED.value:
-        return None
-    data = last[0].data or {}
-    culprit = data.get("culprit") if isinstance(data.get("culprit"), dict) else {}
-    at = data.get("confirmed_at")  # when it was confirmed, before the stacks were taken
-    return {"confirmed_at": at if isinstance(at, str) else iso(last[0].time),
-            "ranks": data.get("stuck_ranks"),
-            "culprit": (culprit or {}).get("reason") or "none named"}
 
 
 def stop_under_way(store: JobStore, meta: dict[str, Any]) -> dict[str, Any] | None:

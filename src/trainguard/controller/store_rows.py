@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.paths import DB_NAME, is_url
-from trainguard.records import Event, Involved, Level, RunningRecord, from_iso
+from trainguard.records import Event, Involved, Level, Reason, RunningRecord, from_iso, iso
 from trainguard.states import JobState, NodeState, WorkerState
 
 NODE_BACKENDS = ("local", "slurm")
@@ -124,6 +124,10 @@ def node_from_row(row: tuple[Any, ...]) -> NodeRow:
     return NodeRow(**values)
 
 
+# the events that say whether a hang is left running (hang_left_running)
+HANG_REASONS = (Reason.HANG_CONFIRMED.value, Reason.HANG_CLEARED.value)
+
+
 def shown_state(meta: dict[str, Any]) -> str | None:
     """The job's state as the read commands show it: the recorded one, or `lost` when the
     store says the job is active but its launcher is dead (killed with SIGKILL, or its
@@ -172,6 +176,24 @@ def slot_moves(meta: dict[str, Any]) -> dict[int, int]:
         return {int(k): int(v) for k, v in moves.items()}
     except (TypeError, ValueError, AttributeError):
         return {}
+
+
+def hang_left_running(state: str | None, attempt: Any, events: list[Event]
+                      ) -> dict[str, Any] | None:
+    """A hang confirmed in the current attempt and not cleared, while the job is active
+    (`events`: the job's HANG_REASONS events): what `status`, the dashboard and the metrics
+    show of it; None when there is none."""
+    if state not in {s.value for s in JobState if s.active}:
+        return None
+    last = [ev for ev in events if ev.involved.attempt == attempt][-1:]
+    if not last or last[0].reason != Reason.HANG_CONFIRMED.value:
+        return None
+    data = last[0].data or {}
+    culprit = data.get("culprit") if isinstance(data.get("culprit"), dict) else {}
+    at = data.get("confirmed_at")  # when it was confirmed, before the stacks were taken
+    return {"confirmed_at": at if isinstance(at, str) else iso(last[0].time),
+            "ranks": data.get("stuck_ranks"),
+            "culprit": (culprit or {}).get("reason") or "none named"}
 
 
 def launcher_dead(meta: dict[str, Any]) -> bool:

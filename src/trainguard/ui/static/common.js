@@ -70,8 +70,14 @@ TG.ago = function (iso) {
   return s < 0 ? TG.time(iso) : TG.secs(s) + " ago";
 };
 
-TG.stateBadge = function (state) {
-  return TG.el("span", { class: `state state-${state || "unknown"}`, text: state || "unknown" });
+// `hang`: a confirmed hang left running in the current attempt (as `status` says HUNG)
+TG.stateBadge = function (state, hang = null) {
+  const badge = TG.el("span", { class: `state state-${state || "unknown"}`, text: state || "unknown" });
+  if (!hang) return badge;
+  return TG.el("span", {}, badge, " ", TG.el("span", {
+    class: "state state-hung", text: "HUNG",
+    title: `confirmed at ${hang.confirmed_at}, left running; culprit: ${hang.culprit}`,
+  }));
 };
 
 TG.bytes = function (n) {

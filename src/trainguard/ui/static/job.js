@@ -26,7 +26,7 @@ function applyLive(parts, first = false) {
   Object.assign(job.doc, parts);
   job.records = parts.records;
   job.ended = parts.ended;
-  $("state").replaceChildren(TG.stateBadge(parts.state));
+  $("state").replaceChildren(TG.stateBadge(parts.state, parts.hang));
   document.body.dataset.state = parts.state || "";
   document.body.dataset.attempts = String(parts.attempts);
   TG.renderSummary($("summary"), job.doc);

@@ -11,9 +11,10 @@ function jobRow(j) {
       TG.el("td", { colspan: 6, class: "error", text: j.error }),
       TG.el("td", { class: "path", text: j.job_dir }));
   }
-  return TG.el("tr", { class: "job-row", "data-job": j.id, "data-state": j.state },
+  return TG.el("tr", { class: "job-row", "data-job": j.id, "data-state": j.state,
+                       "data-hung": j.hang ? "1" : "0" },
     TG.el("td", {}, link),
-    TG.el("td", {}, TG.stateBadge(j.state)),
+    TG.el("td", {}, TG.stateBadge(j.state, j.hang)),
     TG.el("td", { class: "num", text: j.attempts }),
     TG.el("td", { class: "num", text: j.incidents }),
     TG.el("td", { class: "num goodput", text: TG.pct(j.goodput) }),
