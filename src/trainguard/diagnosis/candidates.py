@@ -26,13 +26,14 @@ _IGNORED_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "BdbQuit")
 _PY_WARNING = re.compile(r"\.py:\d+: \w*Warning: ")
 # a line logged at INFO level that names no failure (`[distributed_c10d.py][INFO] Rank 0:
 # Completed store-based barrier ...`) reports what went well: it decides nothing (an INFO line
-# that says `loss is nan`, `overflow`, `Connection refused` or NCCL's trace still does)
+# that says `loss is nan`, `overflow`, `Connection refused` or NCCL's trace still does, as does
+# a paste flattened onto one line that holds a traceback's header after its INFO stamp)
 _INFO_LEVEL = re.compile(r"\[INFO\]|(?:^|[\s|:\]])INFO(?:[\s|:\[]|$)")
 _FAILURE_WORD = re.compile(
     r"(?i)error|fail|fatal|abort|time[ds]?[ _]?out|refused|reset|unreachable|no route|killed|"
     r"\bnan\b|\binf\b|overflow|exception|unable|cannot|can't|\bnot\b|invalid|\boom\b|"
     r"out of memory|closed|\blost\b|died|exit|signal|skip|\blame\b|preempt|"
-    r"\d{10,}\.\d|"  # a value grown past any trained one (an exploded loss)
+    r"\d{10,}\.\d|Traceback \(most recent|"  # an exploded loss; a flattened paste
     r"\.\w+:\d+ -> [1-9]")  # NCCL's error trace (`INFO transport/net_ib.cu:555 -> 2`)
 
 # ... and so does a line that reports a miss the program handles itself: a file not found in

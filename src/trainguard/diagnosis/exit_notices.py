@@ -38,6 +38,10 @@ _EXIT_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
     # Windows: a process's exit code is an NTSTATUS ("Process finished with exit code
     # -1073741795 (0xC000001D)"); the crash ones are read as the POSIX signal they stand for
     ("exit code", re.compile(r"exit code (?P<code>-?\d{10}|0x[0-9A-Fa-f]{8})\b"), "ntstatus"),
+    # ... and as subprocess's CalledProcessError words it there, unsigned ("returned non-zero
+    # exit status 3221225477": 0xC0000005, an access violation)
+    ("non-zero exit", re.compile(r"returned non-zero exit status (?P<code>\d{10})\b"),
+     "ntstatus"),
 )
 # access violation, illegal instruction, stack overflow, fail fast (abort), divide by zero
 _NTSTATUS = {0xC0000005: -11, 0xC000001D: -4, 0xC00000FD: -11, 0xC0000409: -6, 0xC0000094: -8}
