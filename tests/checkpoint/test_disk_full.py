@@ -80,6 +80,10 @@ def test_a_full_disk_fails_saves_without_stopping_training_and_keeps_the_last_ch
     listing = [(c.step, c.status) for c in Checkpointer(loc).list()]
     assert listing == [(2, Status.VALID), (1, Status.VALID)]
     assert load_and_compare(loc) == (2, [])
+    # walk-through 24: once the limit is reached the loop stops at its next step, not at
+    # its next save (ten steps trained that could not be kept, each attempt)
+    with pytest.raises(CheckpointError, match="3 checkpoint saves in a row failed"):
+        ckpt.maybe_save(6, step_state(6, mib=STATE_MIB))  # not a save step (every_steps 0)
 
 
 def load_and_compare(loc: Path) -> tuple[int | None, list[str]]:

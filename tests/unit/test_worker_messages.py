@@ -95,7 +95,7 @@ def test_a_failed_save_says_what_follows_and_the_last_one_allowed_does_not_say_i
         "rank 0: checkpoint of step 10 failed (1 in a row: the next save retries; 3 in a row "
         "stop the rank): No space left on device",
         "rank 0: checkpoint of step 20 failed (3 in a row: the rank stops with a "
-        "CheckpointError): No space left on device",
+        "CheckpointError at its next step): No space left on device",
         "rank 0: checkpoint of step 30 failed (1 in a row: the next save retries): x",
         "rank 0: checkpoint of step 31 failed (1 in a row: a save on the way out: no save "
         "follows): y"]

@@ -118,7 +118,10 @@ class Checkpointer:
 
     def maybe_save(self, step: int, state: Mapping[str, Any]) -> bool:
         """Call after every step. Saves when `step` is a multiple of `every_steps` (True when
-        a save was started); with save_on_exit, also marks the step boundary."""
+        a save was started); with save_on_exit, also marks the step boundary. Raises
+        CheckpointError at the first step after the failed saves reached the limit (not at
+        the next save: the steps until then could not be kept; walk-through 24)."""
+        self._raise_if_failing()
         if self._exit is not None:
             self._exit.step_done(step, state)
         if self._memory is not None and step % self._memory.every == 0:

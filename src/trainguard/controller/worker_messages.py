@@ -149,7 +149,7 @@ class WorkerMessages:
         then = ("a save on the way out: no save follows" if d.get("on_exit")
                 else "the next save retries" if not isinstance(n, int)
                 or not isinstance(limit, int)
-                else "the rank stops with a CheckpointError" if n >= limit
+                else "the rank stops with a CheckpointError at its next step" if n >= limit
                 else f"the next save retries; {limit} in a row stop the rank")
         self._emit(Level.WARNING, Reason.CHECKPOINT_SAVE_FAILED,
                    f"rank {m.rank}: checkpoint of step {d.get('step')} failed ({n} in a row: "
