@@ -660,3 +660,27 @@ def test_a_relaunch_on_one_node_counts_the_node_moves_of_the_launches_before(
         s.set_meta(state="stopped", launches=1, attempt=0, slot_moves='{"0": 1}')
     first = job(CRASH_THEN_RECOVER, max_restarts=3).agent.started[0]
     assert [w.schedule_count for w in first.workers] == [3, 3]
+
+
+def test_a_crash_happened_when_its_deciding_line_was_written_not_when_the_rank_exited(
+        ) -> None:
+    """Walk-through 24: the traceback at :26.311, the exit (after 3.4 s of teardown) at
+    :29.695: the fault was put at the exit, so detection read 0.2 s and the teardown a step
+    cut short. A line from before the rank's last step began is not the fault's time."""
+    from trainguard.controller.incidents import fault_time
+    from trainguard.diagnosis.taxonomy import Evidence
+    from trainguard.protocol import WorkerFact
+
+    def fact(rank: int, ended: float, second_last_step: float | None) -> WorkerFact:
+        return WorkerFact(rank=rank, local_rank=rank, pid=1, state=FAILED, ended_at=at(ended),
+                          second_last_step_at=None if second_last_step is None
+                          else at(second_last_step))
+
+    line = Evidence("logs/attempt-0/rank-1.log", 23, "RuntimeError: boom", rank=1, at=at(26.3))
+    failed = [fact(1, 29.7, 25.0)]
+    assert fault_time(failed, line, at(30)) == at(26.3)
+    assert fault_time([fact(1, 29.7, 27.0)], line, at(30)) == at(29.7)  # trained past it
+    assert fault_time(failed, None, at(30)) == at(29.7)  # an exit status decided
+    other = Evidence("logs/attempt-0/rank-0.log", 5, "RuntimeError: boom", rank=0, at=at(26.3))
+    assert fault_time(failed, other, at(30)) == at(29.7)  # not a failed rank's line
+    assert fault_time([fact(1, 29.7, None)], line, at(30)) == at(26.3)  # no step lines

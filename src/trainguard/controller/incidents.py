@@ -12,10 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from trainguard.controller.store import JobStore
-from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.diagnosis.taxonomy import Diagnosis, Evidence
 from trainguard.errors import StoreError
 from trainguard.policy.decision import Action, Decision, Rung
-from trainguard.protocol import Progress
+from trainguard.protocol import Progress, WorkerFact
 from trainguard.records import (
     NO_RECOVERY,
     FaultScenario,
@@ -61,6 +61,22 @@ class Fault:
     stopped: datetime  # the attempt's workers were stopped
     progress: Progress
     category: str | None = None
+
+
+def fault_time(failed: list[WorkerFact], evidence: Evidence | None,
+               default: datetime) -> datetime:
+    """When a crash happened: the first failed rank's exit, or, when earlier, when the
+    deciding line was written by a failed rank (one that printed its error, then spent
+    seconds tearing down before it exited: walk-through 24 counted those as a step cut short
+    and 0.2 s to detect); never a line from before that rank's last step began (it trained
+    past it)."""
+    first = min((w.ended_at for w in failed if w.ended_at), default=default)
+    at = evidence.at if evidence is not None else None
+    rank = next((w for w in failed if evidence is not None and w.rank == evidence.rank), None)
+    if at is not None and rank is not None and at < first and (
+            rank.second_last_step_at is None or at >= rank.second_last_step_at):
+        return at
+    return first
 
 
 def task_of(rank: int | None) -> str:

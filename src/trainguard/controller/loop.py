@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from trainguard.controller.drain import drain
 from trainguard.controller.hang_watch import HangConfirmation, HangWatch, hang_fault
 from trainguard.controller.high_water import HighWater
-from trainguard.controller.incidents import Fault, fault_scenario, stopped_by, task_of
+from trainguard.controller.incidents import Fault, fault_scenario, fault_time, stopped_by, task_of
 from trainguard.controller.inprocess import InProcessRestarts
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.resume_agree import ResumeAgreement
@@ -292,7 +292,7 @@ class Controller:
             raise RuntimeError("no failed worker to diagnose")
         self.rec.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
                        rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
-        first = min((w.ended_at for w in failed if w.ended_at), default=detected)
+        first = fault_time(failed, diag.evidence, detected)
         placement, spares = self.nodes.snapshot() if self.nodes is not None else ((), ())
         node = next((w.node for w in report.workers
                      if w.rank == diag.culprit_rank and w.node), None)
