@@ -256,6 +256,8 @@ def main() -> None:
             print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt * 1000:.1f}ms",
                   flush=True)
         log_digest("step", step, model)
+        if rank == 0 and (step % 10 == 0 or step == args.steps):  # as a logger would
+            trainguard.log_metrics(step, loss=loss_value, learning_rate=lr)  # `status` shows it
         if args.progress:
             trainguard.progress(step)  # hang detection: this rank is still moving
 

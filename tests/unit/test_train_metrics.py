@@ -123,3 +123,12 @@ def test_a_drain_reaches_only_a_process_that_drains_and_a_single_rank_drains_at_
     with pytest.raises(SystemExit) as e:
         d.finish()
     assert e.value.code == 143
+
+
+def test_status_shows_a_logged_value_as_a_logger_would() -> None:
+    """Walk-through 24: `loss 2.5786819458007812, learning rate 0.00032950073900936237`."""
+    from trainguard.cli.status import _metric
+
+    assert _metric(2.5786819458007812) == "2.57868"
+    assert _metric(0.00032950073900936237) == "0.000329501"
+    assert _metric(None) == "-" and _metric(0.0) == "0"

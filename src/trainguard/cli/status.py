@@ -92,7 +92,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
                   highlight=False)
     for m in doc["training"]:
         console.print(f"train metrics: rank {m['rank']} at step {m['step']}: loss "
-                      f"{dash(m['loss'])}, learning rate {dash(m['learning_rate'])}",
+                      f"{_metric(m['loss'])}, learning rate {_metric(m['learning_rate'])}",
                       highlight=False)
     if doc["hang"]:
         h = doc["hang"]
@@ -280,6 +280,12 @@ def _stopping(state: str | None, events: list[Event]) -> dict[str, Any] | None:
     data = events[-1].data or {}
     return {"requested_at": iso(events[-1].time), "signal": data.get("signal"),
             "grace_s": data.get("grace_s")}
+
+
+def _metric(value: Any) -> str:
+    """A logged loss or learning rate as a logger shows it (6 significant digits; the JSON
+    keeps every one): 2.57868, not 2.5786819458007812."""
+    return f"{value:.6g}" if isinstance(value, float) else dash(value)
 
 
 # a job that ended without succeeding: launched again on its job dir, it goes on
