@@ -69,18 +69,28 @@ def test_time_a_crash_cut_short_is_not_called_steps_done_again() -> None:
 
 def test_a_long_hang_left_running_is_answered_with_restart_on_hang() -> None:
     """Walk-through 9: 652 s of 656 hung, left running, and no word of --restart-on-hang."""
+    from datetime import datetime, timezone
+
+    from trainguard.records import RecoverRecord, RunningRecord, StartType
+
+    t = datetime(2026, 12, 5, tzinfo=timezone.utc)
+
+    def hang(recover: str) -> list[RunningRecord]:
+        rec = RunningRecord(0, t, StartType.FIRST_START)
+        rec.recover_records.append(RecoverRecord(
+            attempt=0, recover_start_at=t, fault_scenario=FaultScenario.JOB_HANGED,
+            reason="hang", related_task="job", recover=recover))
+        return [rec]
+
     r = report_input(0)
     r.goodput.wall_s = 656.0
     r.goodput.seconds = lambda cause: 652.0 if cause == "hang" else 0.0
     assert not [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
-    left = SimpleNamespace(recover="none", fault_scenario=FaultScenario.JOB_HANGED, attempt=0)
-    r.records = [SimpleNamespace(recover_records=[left])]
+    r.records = hang("none")
     (line,) = [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
     assert line.startswith("hangs: 652s (99% of the run) went to hangs, a confirmed one "
                            "left running; with --restart-on-hang"), line
-    restarted = SimpleNamespace(recover="process_restart",
-                                fault_scenario=FaultScenario.JOB_HANGED, attempt=0)
-    r.records = [SimpleNamespace(recover_records=[restarted])]  # it was on: nothing to say
+    r.records = hang("process_restart")  # it was on: nothing to say
     assert not [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
 
 
@@ -106,3 +116,27 @@ def test_a_hang_left_once_its_budget_was_spent_is_not_told_to_turn_restarts_on()
     (spent,) = [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
     assert "--restart-on-hang" not in spent and "(--max-hang-restarts 2 in a row" in spent, spent
     assert spent.startswith("hangs: 33s (55% of the run) went to hangs; the last was left")
+
+
+def test_failures_of_a_full_disk_get_no_advice_to_save_more_often() -> None:
+    """Walk-through 24: every failure was a full checkpoint disk's, and the advice was to
+    checkpoint more often (from the MTBF those failed saves made)."""
+    from datetime import datetime, timezone
+
+    from trainguard.records import RecoverRecord, RunningRecord, StartType
+
+    t = datetime(2026, 12, 5, tzinfo=timezone.utc)
+    rec = RunningRecord(0, t, StartType.FIRST_START)
+    rec.recover_records.append(RecoverRecord(
+        attempt=0, recover_start_at=t, fault_scenario=FaultScenario.ERROR_IN_LOG,
+        reason="disk full", related_task="worker-0", recover="process_restart",
+        category="disk_full_or_storage_io"))
+    r = report_input(4)
+    r.records = [rec]
+    often = IntervalAdvice(mtbf_s=10.0, blocking_s=0.01, current_s=1.0, optimal_s=0.5,
+                           loss_now=0.1, loss_optimal=0.05)
+    (line,) = [a for a in advice_lines(r, often) if a.startswith("checkpoints:")]
+    assert line.startswith("checkpoints: every failure was the storage's"), line
+    rec.recover_records[0].category = "gpu_oom"  # another cause: the interval advice stands
+    (line,) = [a for a in advice_lines(r, often) if a.startswith("checkpoints:")]
+    assert line.startswith("checkpoints: every 1.0s now (too rarely)"), line

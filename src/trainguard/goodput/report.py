@@ -80,6 +80,9 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
             "advice": advice_lines(r, advice)}
 
 
+_STORAGE = "disk_full_or_storage_io"
+
+
 def _hang_advice(r: ReportInput) -> list[str]:
     """Hangs that took over 5% of the run, one of them left running: why it was left (the
     flag off, or its budget spent: a HangRestartLimitReached in its attempt) and what to do."""
@@ -115,7 +118,13 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
                "attempts kept failing without progress (NoProgress)")
         out.append(f"the job ended with exit {int(ExitCode.NO_PROGRESS)}: {why}; do not requeue "
                    "it as it is: `trainguard diagnose JOB_DIR` names the cause to fix first")
-    if a.optimal_s is not None and a.current_s is not None and a.loss_now is not None \
+    storage = [rr for rr in incidents_of(r.records) if rr.category == _STORAGE]
+    if storage and len(storage) == len(incidents_of(r.records)):  # walk-through 24: a full
+        # disk's failed saves were the failures, and saving more often was the advice
+        out.append(f"checkpoints: every failure was the storage's ({_STORAGE}: `trainguard "
+                   "diagnose JOB_DIR` names the path): free or fix it; no interval advice "
+                   "from failures that saving caused")
+    elif a.optimal_s is not None and a.current_s is not None and a.loss_now is not None \
             and a.loss_optimal is not None:
         verb = "about right" if 0.67 <= a.current_s / a.optimal_s <= 1.5 else (
             "too often" if a.current_s < a.optimal_s else "too rarely")
