@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import time
 from pathlib import Path
+from typing import Any
 
 from trainguard.controller.echo import RankEcho
 
@@ -53,3 +54,19 @@ def test_the_console_choices_of_the_job_hold(tmp_path: Path) -> None:
     log(tmp_path, 0, 1, f"{T} out hidden too\n")
     echo.close()
     assert buf.getvalue() == "[rank 0] shown\n"
+
+
+def test_a_log_that_grew_a_lot_is_read_in_bounded_pieces(tmp_path: Path,
+                                                         monkeypatch: Any) -> None:
+    from trainguard.controller import echo as echo_mod
+
+    monkeypatch.setattr(echo_mod, "MAX_READ", 64)
+    buf = io.StringIO()
+    e = RankEcho(tmp_path, 0, buf, lambda rank: (True, True), poll_s=0.02)
+    lines = [f"{T} out line {i}\n" for i in range(20)] + [f"{T} out " + "x" * 100 + "\n"]
+    log(tmp_path, 0, 0, *lines)
+    e.start()
+    e.close()
+    got = buf.getvalue()
+    assert all(f"[rank 0] line {i}\n" in got for i in range(20)), got
+    assert got.count("x") == 100  # the long line came in pieces, nothing lost

@@ -20,6 +20,7 @@ from trainguard.paths import attempt_log_dir
 from trainguard.worker.contract import STAMP_PATTERN
 
 POLL_S = 0.25
+MAX_READ = 1 << 20  # a file's bytes read a poll: memory stays bounded however much it grew
 _STAMP = re.compile("^" + STAMP_PATTERN)  # `<ISO time> <out|err> `
 _RANK_LOG = re.compile(r"rank-(\d+)\.log")
 Streams = Callable[[int], tuple[bool, bool]]  # rank -> (stdout shown, stderr shown)
@@ -71,21 +72,20 @@ class RankEcho:
         for path in self._logs(attempt):
             m = _RANK_LOG.fullmatch(path.name)
             assert m is not None
-            rank = int(m.group(1))
-            text = self._grown(path)
-            if text:
-                self._write(rank, text)
+            while text := self._grown(path):  # a log that grew a lot: read on, bounded
+                self._write(int(m.group(1)), text)
 
     def _grown(self, path: Path) -> str:
-        """The whole lines added since the last read (a partial last line waits)."""
+        """The whole lines added since the last read, at most MAX_READ bytes of them (a
+        partial last line waits; one longer than that comes in pieces)."""
         pos = self._pos.get(path, 0)
         try:
             with open(path, "rb") as f:
                 f.seek(pos)
-                data = f.read()
+                data = f.read(MAX_READ)
         except OSError:
             return ""
-        cut = data.rfind(b"\n") + 1
+        cut = data.rfind(b"\n") + 1 or (len(data) if len(data) == MAX_READ else 0)
         self._pos[path] = pos + cut
         return data[:cut].decode("utf-8", "replace")
 
