@@ -57,6 +57,9 @@ def test_diagnose_of_a_stopped_rank_says_where_it_waits_and_to_send_sigcont() ->
         "confidence": 0.9}}
     d = hang_diagnosis(data, {})
     assert "kill -CONT" in d.advice and d.culprit.frame == "/w/train.py:271 in main"
+    assert d.fault_domain.value == "infrastructure"  # stopped from outside (walk-through 24)
+    data["culprit"]["reason"] = "Rank 1's process is stopped ...: `kill -CONT 4321`"
+    assert "`kill -CONT 4321`" in hang_diagnosis(data, {}).advice  # its pid, said
     text = "\n".join(_verdict_lines(d))
     assert "waiting at /w/train.py:271 in main" in text and "raised at" not in text, text
 

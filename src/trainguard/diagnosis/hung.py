@@ -8,6 +8,7 @@ gets, with the culprit's stack line as evidence and the other ranks' states as s
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from trainguard.diagnosis.taxonomy import (
@@ -44,13 +45,16 @@ def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
     advice = ("Look at the culprit's stack: a rank that does not reach the collective the "
               "others wait in (data loading, a lock, a loop) hangs them all; restart upon "
               "suspension (--restart-on-hang) resumes from the last checkpoint.")
-    if rank is not None and by_rank.get(rank) == STOPPED:
+    domain = FaultDomain.FRAMEWORK
+    if rank is not None and by_rank.get(rank) == STOPPED:  # stopped from outside the job
+        domain = FaultDomain.INFRASTRUCTURE  # (walk-through 24: it read `framework`)
+        pid = re.search(r"kill -CONT ([\d ]+)`", reason)
         advice = (f"Rank {rank}'s process is stopped (state T): send it SIGCONT (`kill -CONT "
-                  "PID`, its pid in `trainguard status`) or find what stopped it (a debugger, "
+                  f"{pid.group(1) if pid else 'PID'}`) or find what stopped it (a debugger, "
                   "Ctrl-Z, a job-control signal); restart upon suspension (--restart-on-hang) "
                   "replaces it and resumes from the last checkpoint.")
     return Diagnosis(
-        Category.NCCL_TIMEOUT_OR_HANG, FaultDomain.FRAMEWORK, RestartHelps.YES, summary,
+        Category.NCCL_TIMEOUT_OR_HANG, domain, RestartHelps.YES, summary,
         advice,
         Culprit(rank, None, frame), evidence, symptoms, False,
         float(c.get("confidence") or 0.6), "hang", None, from_log=False)
