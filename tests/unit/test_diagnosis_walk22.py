@@ -99,6 +99,25 @@ def test_a_gloo_deciding_line_says_its_nccl_named_category_covers_gloo(tmp_path:
         "unhandled system error, NCCL version 2.14.3"))
     out = tg("diagnose", str(nccl)).stdout
     assert out.startswith("nccl_communication_error") and "[" not in out.split(":")[0], out
+    # (reread) said by the diagnosis itself: the event a job records and --json too
+    import json
+
+    from trainguard.diagnosis.attempt import diagnosis_message
+    from trainguard.diagnosis.taxonomy import (
+        Category,
+        Diagnosis,
+        Evidence,
+        FaultDomain,
+        RestartHelps,
+    )
+
+    assert json.loads(tg("diagnose", str(gloo), "--json").stdout)["diagnosis"]["library"] == \
+        "gloo"
+    d = Diagnosis(Category.NCCL_TIMEOUT_OR_HANG, FaultDomain.FRAMEWORK, RestartHelps.YES,
+                  "timed out", "raise the timeout",
+                  evidence=Evidence("rank-0.log", 9, "[gloo/transport/tcp/pair.cc] Timed out"))
+    assert diagnosis_message(d).startswith("nccl_timeout_or_hang [gloo's: the category covers "
+                                           "NCCL, gloo and HCCL] (framework, restart helps")
 
 
 def test_a_full_disk_s_advice_names_the_path_its_line_names(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from trainguard.cli.fmt import complain
 from trainguard.controller.store import holds_job_dirs
 from trainguard.diagnosis.rules import RuleSet, load_rules, parse_rules
 from trainguard.diagnosis.sources import Report, diagnose_paths
-from trainguard.diagnosis.taxonomy import Category, Diagnosis
+from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.errors import RulesError
 from trainguard.exitcodes import ExitCode
 
@@ -95,22 +95,9 @@ def render(report: Report) -> str:
     return "\n".join([*head, *_verdict_lines(d), f"  ({read})"])
 
 
-_NAMED_FOR_NCCL = (Category.NCCL_COMMUNICATION_ERROR, Category.NCCL_TIMEOUT_OR_HANG)
-
-
-def _library(d: Diagnosis) -> str:
-    """For a category named after NCCL whose deciding line is another collective library's
-    (gloo, HCCL): which, so that a gloo job's reader is not sent looking for NCCL."""
-    text = (d.evidence.text if d.evidence is not None else "").lower()
-    if d.category not in _NAMED_FOR_NCCL or "nccl" in text:
-        return ""
-    lib = next((name for key, name in (("gloo", "gloo"), ("hccl", "HCCL")) if key in text), "")
-    return f" [{lib}'s: the category covers NCCL, gloo and HCCL]" if lib else ""
-
-
 def _verdict_lines(d: Diagnosis) -> list[str]:
     out = [f"{d.category.value}" + (f" ({d.subcategory})" if d.subcategory else "")
-           + f"{_library(d)}: {d.summary}",
+           + f"{d.library_note}: {d.summary}",
            f"  restart helps: {d.restart_helps.value} · fault domain: {d.fault_domain.value}"
            f" · isolate node: {'yes' if d.isolate_node else 'no'}"
            f" · confidence: {d.confidence:.2f}"]

@@ -68,7 +68,7 @@ def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = Non
 
 def diagnosis_message(d: Diagnosis) -> str:
     """The FailureDiagnosed event's text: verdict, evidence location, advice."""
-    parts = [f"{d.category.value} ({d.fault_domain.value}, restart helps: "
+    parts = [f"{d.category.value}{d.library_note} ({d.fault_domain.value}, restart helps: "
              f"{d.restart_helps.value}{', isolate node' if d.isolate_node else ''}): "
              f"{d.summary.rstrip('.')}."]
     if d.evidence is not None:

@@ -114,6 +114,10 @@ class Culprit:
                 "in_library": self.in_library}
 
 
+# the categories named after NCCL that cover every collective library (Diagnosis.library)
+_NAMED_FOR_NCCL = (Category.NCCL_COMMUNICATION_ERROR, Category.NCCL_TIMEOUT_OR_HANG)
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     category: Category
@@ -134,6 +138,24 @@ class Diagnosis:
     def culprit_rank(self) -> int | None:
         return self.culprit.rank
 
+    @property
+    def library(self) -> str | None:
+        """For a category named after NCCL whose deciding line is another collective
+        library's (gloo, HCCL): which, so that a gloo job's reader is not sent looking for
+        NCCL; None otherwise."""
+        text = (self.evidence.text if self.evidence is not None else "").lower()
+        if self.category not in _NAMED_FOR_NCCL or "nccl" in text:
+            return None
+        return next((name for key, name in (("gloo", "gloo"), ("hccl", "HCCL")) if key in text),
+                    None)
+
+    @property
+    def library_note(self) -> str:
+        """Said beside the category id (`diagnose`, the FailureDiagnosed event) when the id
+        names NCCL and the deciding line is gloo's or HCCL's; "" otherwise."""
+        lib = self.library
+        return f" [{lib}'s: the category covers NCCL, gloo and HCCL]" if lib else ""
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "category": self.category.value,
@@ -148,4 +170,5 @@ class Diagnosis:
             "advice": self.advice,
             "confidence": round(self.confidence, 2),
             "rule": self.rule,
+            "library": self.library,
         }
