@@ -103,6 +103,11 @@ def drained_step(r: subprocess.CompletedProcess[str], job_dir: Path) -> int:
     saves = [e for e in events if e["reason"] == "CheckpointSaved"
              and "drained" in (e.get("data") or {}).get("on_exit", "")]
     assert len(saves) == 1, [e["message"] for e in events]
+    # (walk-through 25) said as a drain, and the drained ranks read stopped, not failed
+    (stopped,) = [e["message"] for e in events if e["reason"] == "JobStopped"]
+    assert "every rank drained: saved a checkpoint at its next step end" in stopped, stopped
+    ranks = read_json("status", job_dir)["ranks"]
+    assert {w["state"] for w in ranks} == {"stopped"}, ranks
     return int(saves[0]["data"]["step"])
 
 

@@ -17,6 +17,7 @@ from trainguard.controller.recorder import Recorder
 from trainguard.errors import LaunchError
 from trainguard.protocol import AgentAPI, Tell
 from trainguard.records import Level, Reason
+from trainguard.states import WorkerState
 from trainguard.worker.contract import ControlKind
 
 log = logging.getLogger(__name__)
@@ -25,16 +26,16 @@ POLL_S = 0.25
 
 
 def drain(agent: AgentAPI, rec: Recorder, attempt: int, grace_s: float, why: str,
-          cut_short: Callable[[], bool] = lambda: False) -> None:
+          cut_short: Callable[[], bool] = lambda: False) -> bool:
     """Ask every running rank to drain; wait until they all ended, or `grace_s`, or
-    `cut_short()` (a second Ctrl-C)."""
+    `cut_short()` (a second Ctrl-C). True when every rank drained (ended by itself)."""
     try:
         told = agent.tell(Tell(control={"kind": ControlKind.DRAIN.value, "reason": why}))
     except LaunchError as e:  # a node's agent could not be reached: stop as always
         log.warning("could not ask the ranks to drain: %s", e)
-        return
+        return False
     if told == 0:
-        return
+        return False
     rec.event(Level.INFO, Reason.DRAIN_REQUESTED,
               f"{why}: asked {told} rank(s) to save a checkpoint at the next step end and exit "
               f"(waiting up to the grace period, {grace_s:g}s)", attempt=attempt)
@@ -43,5 +44,6 @@ def drain(agent: AgentAPI, rec: Recorder, attempt: int, grace_s: float, why: str
         report = agent.poll(wait_s=min(left, POLL_S))
         rec.sync(report)
         if report.workers and all(w.state.ended for w in report.workers):
-            return
+            return not any(w.state == WorkerState.FAILED for w in report.workers)
     log.info("the ranks did not drain within %gs; stopping them", grace_s)
+    return False

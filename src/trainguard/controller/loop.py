@@ -391,9 +391,9 @@ class Controller:
                        f"stop requested (the launcher got {name}): the ranks have the grace "
                        f"period, {grace:g}s, to exit, then SIGKILL", attempt=attempt,
                        data={"signal": name, "grace_s": grace})
-        drain(self.agent, self.rec, attempt, grace, f"the launcher got {name}",
-              cut_short=lambda: self._signals.cut_short)
+        drained = drain(self.agent, self.rec, attempt, grace, f"the launcher got {name}",
+                        cut_short=lambda: self._signals.cut_short)
         report = self._stop(f"launcher got {name}")
         self.rec.book.attempt_stopped(attempt, stopped_by(name), report.progress)
         killed = sorted(w.rank for w in report.workers if w.returncode == -signal.SIGKILL)
-        return self.rec.stopped_by(attempt, signum, killed, self._signals.cut_short)
+        return self.rec.stopped_by(attempt, signum, killed, self._signals.cut_short, drained)

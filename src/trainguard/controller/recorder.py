@@ -246,16 +246,19 @@ class Recorder:
                             f"job failed: {failure}", attempt=attempt, rank=rank, limit=limit)
 
     def stopped_by(self, attempt: int, signum: int, killed: list[int] | None = None,
-                   cut_short: bool = False) -> int:
+                   cut_short: bool = False, drained: bool = False) -> int:
         """`killed`: the ranks that outlived the grace period and got SIGKILL; `cut_short`:
-        a second signal ended the grace period early."""
+        a second signal ended the grace period early; `drained`: every rank saved a
+        checkpoint at its next step end and exited by itself (controller/drain.py)."""
         late = (f"; rank{'s' if len(killed) > 1 else ''} {rank_list(killed)} did not and "
                 "got SIGKILL" if killed else "")
         if cut_short:
             late += " (a second signal cut the grace period short)"
-        return self.end_job(JobState.STOPPED, 128 + signum,
-                            f"stopped by {signal.Signals(signum).name}: workers got SIGTERM "
-                            f"and {self.spec.grace_period_s:g}s to exit{late}", attempt=attempt)
+        how = ("every rank drained: saved a checkpoint at its next step end and exited" if
+               drained else f"workers got SIGTERM and {self.spec.grace_period_s:g}s to exit")
+        return self.end_job(JobState.STOPPED, 128 + signum,  # (walk-through 25: drained too)
+                            f"stopped by {signal.Signals(signum).name}: {how}{late}",
+                            attempt=attempt)
 
     def not_started(self, attempt: int, e: LaunchError, started_any: bool) -> int:
         """An attempt's workers could not be started: a usage error before any ever ran."""

@@ -95,7 +95,7 @@ class NodeAgent:
             MessageKind.IMPORTS: lambda r, m: self._standby.learn(m.data["modules"].split(",")),
         }
         self._strays_reaped = 0.0
-        self._hurried = False  # hurry(): a stop under way ends its grace period now
+        self._hurried = self._draining = False  # hurry(): grace over; drain told: 143 = stop
         procs.become_subreaper()
         # the failure rules (YAML, RE2) load in the background now, not on the recovery path
         self._preloader = threading.Thread(target=default_trigger, name="trainguard-rules",
@@ -118,7 +118,7 @@ class NodeAgent:
         if any(not w.state.ended for w in self._workers):
             raise LaunchError("start_workers while workers of the last attempt still run")
         self._attempt, self._start = cmd.attempt, cmd
-        self._hurried = False  # a second Ctrl-C ends only the stop it came during
+        self._hurried = self._draining = False  # a Ctrl-C ends only the stop it came in
         self._job_dir = Path(cmd.job_dir)
         self._oom_base = oom_kill_count()
         self._dead_file = self._dead_ranks_file(cmd)
@@ -211,8 +211,9 @@ class NodeAgent:
         now = utcnow()
         for w in self._workers:
             rc = procs.exit_status(w.proc.pid) if not w.state.ended else None
-            if rc is not None:  # RUNNING -> SUCCEEDED | FAILED (left unreaped until stopped)
-                w.state = WorkerState.SUCCEEDED if rc == 0 else WorkerState.FAILED
+            if rc is not None:  # RUNNING -> SUCCEEDED | STOPPED (drained) | FAILED (unreaped)
+                w.state = WorkerState.SUCCEEDED if rc == 0 else WorkerState.STOPPED if (
+                    self._draining and rc in (143, -signal.SIGTERM)) else WorkerState.FAILED
                 w.ended_at, w.returncode = now, rc
                 if rc == -signal.SIGKILL:
                     w.oom_killed = self._oom_rose()
@@ -272,6 +273,7 @@ class NodeAgent:
             parse_control(cmd.control)
         except ContractError as e:
             raise LaunchError(f"not a control message: {e}") from e
+        self._draining |= cmd.control.get("kind") == ControlKind.DRAIN.value
         running = [w.assignment.rank for w in self._workers if not w.state.ended]
         return self._channel.tell([r for r in running if cmd.ranks is None or r in cmd.ranks],
                                   cmd.control)
