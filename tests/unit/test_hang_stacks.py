@@ -205,6 +205,9 @@ def test_frame_paths_are_shortened_like_py_spys() -> None:
         "multiprocessing/queues.py")
     assert USER.short_filename == "train.py" and USER.is_user_code
     assert not py("f", f"{STDLIB}/threading.py").is_user_code
+    # trainguard's own integrations, installed from a source tree (walk-through 25: a rank
+    # "waits in a collective at .../src/trainguard/integrations/hf.py:121")
+    assert not py("train_resuming", "/work/main/src/trainguard/integrations/hf.py").is_user_code
     assert USER.where() == "train.py:88 in step"
     assert c("read").where() == "libc.so.6 in read"
 

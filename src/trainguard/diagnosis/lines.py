@@ -156,8 +156,13 @@ def file_rank(name: str) -> int | None:
 
 
 def is_library_path(path: str) -> bool:
-    return (any(p in path for p in _LIBRARY) or is_fault_injection(path)
-            or _OWN.search(path.replace("\\", "/")) is not None)
+    return any(p in path for p in _LIBRARY) or is_fault_injection(path) or is_trainguards(path)
+
+
+def is_trainguards(path: str) -> bool:
+    """A frame of trainguard's own code in a job (its trainer integrations, checkpoints,
+    worker library, fault injection), wherever it is installed: a library to the script."""
+    return _OWN.search(path.replace("\\", "/")) is not None
 
 
 def is_fault_injection(path: str) -> bool:

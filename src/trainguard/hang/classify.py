@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from trainguard.diagnosis.lines import is_fault_injection
+from trainguard.diagnosis.lines import is_trainguards
 
 COLLECTIVE, GPU, DATALOADER, LOCK = "collective", "gpu", "dataloader", "lock"
 SLEEP, IO, BLOCKED, COMPUTE, UNKNOWN, ERROR = ("sleep", "io", "blocked", "compute", "unknown",
@@ -97,10 +97,12 @@ class Frame:
 
     @property
     def is_user_code(self) -> bool:
-        """A Python frame outside the standard library and installed packages."""
+        """A Python frame outside the standard library, installed packages and trainguard's
+        own code (its trainer integrations, installed from a source tree too: walk-through
+        25 named integrations/hf.py as where a rank waited)."""
         return not (self.native or self.filename.startswith("<frozen")
                     or _LIB_ROOT.match(self.filename.replace("\\", "/"))
-                    or is_fault_injection(self.filename))
+                    or is_trainguards(self.filename))
 
     def where(self, full: bool = False) -> str:
         """`train.py:88 in step`; `full`: the path as the process has it (one to open)."""
