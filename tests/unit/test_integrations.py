@@ -295,7 +295,8 @@ def test_the_same_lightning_file_saved_twice_at_one_step_is_one_commit_told(
 
 
 def test_a_mid_epoch_lightning_resume_with_a_plain_dataloader_says_it_is_not_exact(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """(walk-through 22) Only Lightning's own warning hinted that a plain DataLoader resumed
     inside an epoch draws that epoch from its start again; trainguard says so with the fix.
     A real Trainer, in this process: 3 steps saved mid-epoch (10 batches an epoch), then a
@@ -328,10 +329,21 @@ def test_a_mid_epoch_lightning_resume_with_a_plain_dataloader_says_it_is_not_exa
                           default_root_dir=tmp_path, callbacks=[ModelCheckpoint(
                               dirpath=tmp_path / "ck", every_n_train_steps=3, save_top_k=-1)])
 
+    from trainguard.node.channel import ChannelServer
+    from trainguard.worker.contract import ENV_RANK, ENV_SOCKET, MessageKind
+
+    srv = ChannelServer(f"@tg-test-{tmp_path.name}-lightning-exact")
+    monkeypatch.setenv(ENV_SOCKET, srv.name)
+    monkeypatch.setenv(ENV_RANK, "0")
     lightning.fit(trainer(3), Tiny(), data)
     assert "keeps no position" not in capsys.readouterr().err  # a fresh start says nothing
     lightning.fit(trainer(5), Tiny(), data)
     err = capsys.readouterr().err
+    # (walk-through 25) said to the launcher too: a Warning event, not only the rank's log
+    said = [m for m in srv.drain() if m["kind"] == MessageKind.RESUMED and "not_exact" in m]
+    srv.close()
+    assert len(said) == 1 and said[0]["not_exact"].startswith(
+        "resumed after batch 3 of epoch 0 with a DataLoader that keeps no position"), said
     assert ("lightning: resumed after batch 3 of epoch 0 with a DataLoader that keeps no "
             "position: the rest of this epoch is drawn from its start again, not exact; a "
             "torchdata StatefulDataLoader resumes where it stopped") in err, err

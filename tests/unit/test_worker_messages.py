@@ -44,6 +44,18 @@ def test_resumed_is_reported_once_per_attempt_whatever_the_number_of_ranks(
     assert [r for _, r, _ in seen] == [Reason.RESUMED]
 
 
+def test_a_resume_said_not_exact_is_a_warning_once_an_attempt(tmp_path: Path) -> None:
+    """Walk-through 25: Lightning's not-exact resume was only in the rank logs."""
+    h, seen = handler(tmp_path)
+    why = "resumed after batch 2 of epoch 1 with a DataLoader that keeps no position: ..."
+    h.handle([msg("resumed", step=12, location="/ck/last.ckpt"),
+              msg("resumed", step=12, not_exact=why),
+              msg("resumed", step=12, not_exact=why)], attempt=1)  # each rank says it
+    assert [(lv, r) for lv, r, _ in seen] == [(Level.INFO, Reason.RESUMED),
+                                             (Level.WARNING, Reason.RESUMED)]
+    assert seen[1][2] == f"rank 0's resume from step 12 is not exact: {why}"
+
+
 def test_no_checkpoint_after_one_was_committed_is_a_warning(tmp_path: Path) -> None:
     h, seen = handler(tmp_path)
     h.handle([msg("no_checkpoint", location="s3://b/run")], attempt=0)

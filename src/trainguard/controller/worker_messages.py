@@ -50,6 +50,7 @@ class WorkerMessages:
         # rank -> its latest {step, loss, learning_rate, at} (trainguard.log_metrics)
         self.train_metrics: dict[int, dict[str, Any]] = {}
         self.train_metrics_changed = False  # since the recorder last wrote them
+        self._not_exact_said: set[int] = set()  # attempts whose resume was said not exact
         self._handlers: dict[str, Handler] = {
             MessageKind.CHECKPOINT_SAVED: self._on_checkpoint_saved,
             MessageKind.CHECKPOINT_EXIT_SKIPPED: self._on_checkpoint_exit_skipped,
@@ -177,6 +178,13 @@ class WorkerMessages:
         (the moved ranks of a pod-level move: a peer's copy; the others: their memory)."""
         step = int(d.get("step", 0))
         source = str(d.get("source") or SOURCE_STORAGE)
+        if d.get("not_exact"):  # said by a trainer integration (walk-through 25), once
+            if attempt not in self._not_exact_said:
+                self._not_exact_said.add(attempt)
+                self._emit(Level.WARNING, Reason.RESUMED, f"rank {m.rank}'s resume from step "
+                           f"{step} is not exact: {d['not_exact']}", rank=m.rank,
+                           attempt=attempt, data={"step": step, "exact": False})
+            return
         if d.get("own_part") is False:  # said for each such rank, whatever the sources
             donor = d.get("borrowed_from")
             whose = "a fresh" if donor is None else f"rank {donor}'s"

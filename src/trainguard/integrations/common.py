@@ -51,10 +51,16 @@ def mark_committed(ckpt_dir: Path, step: int, write_s: float | None = None,
                  on_exit=on_exit)
 
 
-def resumed(ckpt_dir: Path, step: int) -> None:
-    """Tell the launcher this rank resumes from `ckpt_dir` (the job's Resumed event)."""
-    channel.send(MessageKind.RESUMED, step=step, location=str(ckpt_dir),
-                 source=SOURCE_STORAGE)
+def resumed(ckpt_dir: Path | None, step: int, not_exact: str | None = None) -> None:
+    """Tell the launcher this rank resumes from `ckpt_dir` (the job's Resumed event); with
+    `not_exact`, that this resume is not exact, and why (a Warning event: the rank log alone
+    is not where anyone looks in the morning)."""
+    fields: dict[str, object] = {"step": step, "source": SOURCE_STORAGE}
+    if ckpt_dir is not None:
+        fields["location"] = str(ckpt_dir)
+    if not_exact is not None:
+        fields["not_exact"] = not_exact
+    channel.send(MessageKind.RESUMED, **fields)
 
 
 def is_committed(ckpt_dir: Path) -> bool:

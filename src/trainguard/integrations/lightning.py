@@ -307,10 +307,12 @@ def _say_if_not_exact(loop: Any, loaders: list[Any]) -> None:
         return
     plain = [dl for dl in loaders if not _keeps_state(dl)]
     if plain:
-        log(f"lightning: resumed after batch {done} of epoch "
-            f"{int(loop.epoch_progress.current.completed)} with a {type(plain[0]).__name__} that "
-            "keeps no position: the rest of this epoch is drawn from its start again, not "
-            "exact; a torchdata StatefulDataLoader resumes where it stopped (docs/integrations.md)")
+        why = (f"resumed after batch {done} of epoch "
+               f"{int(loop.epoch_progress.current.completed)} with a {type(plain[0]).__name__} "
+               "that keeps no position: the rest of this epoch is drawn from its start again")
+        fix = "a torchdata StatefulDataLoader resumes where it stopped (docs/integrations.md)"
+        log(f"lightning: {why}, not exact; {fix}")
+        resumed(None, int(loop.trainer.global_step), not_exact=f"{why}; {fix}")  # an event
 
 
 def fit(trainer: Trainer, model: Any, train_dataloaders: Any = None,

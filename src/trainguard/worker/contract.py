@@ -243,7 +243,8 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
     # source: SOURCE_*; own_part False: no part of its own (dead at the save): a donor's data
     MessageKind.RESUMED: {"step": _STEP, "location": _text(MAX_PATH),
                           "source": Field(str, max_len=MAX_NAME), "own_part": Field(bool),
-                          "borrowed_from": _int(0, MAX_INT32, nullable=True)},
+                          "borrowed_from": _int(0, MAX_INT32, nullable=True),
+                          "not_exact": _text(MAX_TEXT)},  # why this resume is not exact
     MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
     MessageKind.STEP_FAILED: {
         "step": _STEP,
