@@ -347,3 +347,27 @@ def test_a_mid_epoch_lightning_resume_with_a_plain_dataloader_says_it_is_not_exa
     assert ("lightning: resumed after batch 3 of epoch 0 with a DataLoader that keeps no "
             "position: the rest of this epoch is drawn from its start again, not exact; a "
             "torchdata StatefulDataLoader resumes where it stopped") in err, err
+
+
+def test_auto_resume_of_the_other_framework_says_so_once(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Walk-through 25: `--auto-resume hf` on a Lightning script (and the reverse) resumed
+    nothing and said nothing; the job trained again from step 0."""
+    import sys
+
+    from trainguard.integrations.autoresume import _WrongFramework
+
+    finder = _WrongFramework("hf")
+    sys.meta_path.insert(0, finder)
+    try:
+        assert finder.find_spec("torch.nn", None) is None  # another module: nothing said
+        assert capsys.readouterr().err == ""
+        assert finder.find_spec("pytorch_lightning.trainer.trainer", None) is None
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+    err = capsys.readouterr().err
+    assert ("--auto-resume hf is on, but this script loads Lightning's Trainer "
+            "(pytorch_lightning.trainer.trainer)") in err and \
+        "Fix: run with --auto-resume lightning" in err, err
+    assert finder not in sys.meta_path  # said once: it left the import path

@@ -27,6 +27,32 @@ TARGETS = {"hf": ("transformers.trainer", "trainguard.integrations.hf"),
                          "trainguard.integrations.lightning")}
 
 
+# framework -> the modules that show the script trains with the other one (a wrong flag)
+OTHERS = {"hf": ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer"),
+          "lightning": ("transformers.trainer",)}
+FLAGS = {"hf": "transformers' Trainer", "lightning": "Lightning's Trainer"}
+
+
+class _WrongFramework(importlib.abc.MetaPathFinder):
+    """Says once, on the rank's stderr, that the script loads the other framework's Trainer:
+    `--auto-resume hf` on a Lightning script resumed nothing and said nothing
+    (walk-through 25). Finds no module itself."""
+
+    def __init__(self, framework: str) -> None:
+        self.framework = framework
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname in OTHERS.get(self.framework, ()):
+            sys.meta_path.remove(self)
+            other = "lightning" if self.framework == "hf" else "hf"
+            print(f"[trainguard] --auto-resume {self.framework} is on, but this script loads "
+                  f"{FLAGS[other]} ({fullname}), which it does not patch: nothing resumes it "
+                  f"from a checkpoint. Fix: run with --auto-resume {other}",
+                  file=sys.stderr, flush=True)
+        return None
+
+
 class _PatchAfterLoad(importlib.abc.MetaPathFinder):
     def __init__(self, module: str, patcher: str) -> None:
         self.module, self.patcher = module, patcher
@@ -63,6 +89,7 @@ def install() -> None:
     if framework not in TARGETS:
         return
     module, patcher = TARGETS[framework]
+    sys.meta_path.insert(0, _WrongFramework(framework))
     if module in sys.modules:
         importlib.import_module(patcher).patch()
         return
