@@ -44,6 +44,24 @@ def ckpt(root: Path, n: int, *, state: bool = True, marked: bool = False,
     return d
 
 
+def test_an_explicit_checkpoint_never_committed_is_replaced_by_the_newest_committed(
+        tmp_path: Path) -> None:
+    """Walk-through 25: `train(resume_from_checkpoint=get_last_checkpoint(out))` under
+    --auto-resume hf picked the half-written checkpoint a killed rank left, and every restart
+    failed loading it; the newest committed one is used instead. A path elsewhere, or a job
+    with nothing committed, stays the script's choice."""
+    from trainguard.integrations.hf import _committed_instead
+
+    out = tmp_path / "out"
+    ckpt(out, 15, marked=True)
+    torn = ckpt(out, 1022, state=False)  # what get_last_checkpoint returns
+    assert _committed_instead(out, str(torn)) == str(out / "checkpoint-15")
+    assert _committed_instead(out, out / "checkpoint-15") is None  # committed: kept
+    assert _committed_instead(out, str(ckpt(tmp_path / "other", 30))) is None
+    assert _committed_instead(tmp_path / "other", str(tmp_path / "other" / "checkpoint-30")) \
+        is None  # nothing committed there: the script's choice
+
+
 def test_the_newest_committed_checkpoint_wins_over_newer_unmarked_ones(tmp_path: Path) -> None:
     ckpt(tmp_path, 4, marked=True)
     ckpt(tmp_path, 8)  # complete, but its commit never happened (a rank died)

@@ -16,6 +16,7 @@ step end the ranks agree on, `should_save` and `should_training_stop`, then exit
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,13 @@ from typing import Any
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
-from trainguard.integrations.common import mark_committed, newest, numbered_dirs, resumed
+from trainguard.integrations.common import (
+    is_committed,
+    mark_committed,
+    newest,
+    numbered_dirs,
+    resumed,
+)
 from trainguard.integrations.drain import Drain
 from trainguard.worker.progress import log_metrics, progress
 
@@ -45,7 +52,29 @@ def last_checkpoint(output_dir: str | Path | None) -> str | None:
     found = newest(numbered_dirs(Path(output_dir), CHECKPOINT_DIR), complete)
     if found is None:
         return None
-    resumed(found, int(found.name.rsplit("-", 1)[1]))
+    resumed(found, _step_of(found))
+    return str(found)
+
+
+def _step_of(ckpt_dir: Path) -> int:
+    return int(ckpt_dir.name.rsplit("-", 1)[1])
+
+
+def _committed_instead(output_dir: str | Path | None, given: Any) -> str | None:
+    """For an explicit `checkpoint-N` of the output dir that was never committed while newer
+    than the newest committed one (a save a killed rank left half written, which HF's own
+    `get_last_checkpoint` picks: walk-through 25), the newest committed one; else None (a
+    path elsewhere, or a job with nothing committed, is the script's choice)."""
+    if output_dir is None or not isinstance(given, (str, Path)):
+        return None
+    path = Path(given)
+    m = re.fullmatch(CHECKPOINT_DIR, path.name)
+    if m is None or path.resolve().parent != Path(output_dir).resolve() or is_committed(path):
+        return None
+    found = newest(numbered_dirs(Path(output_dir), CHECKPOINT_DIR), complete)
+    if found is None or _step_of(found) > int(m.group(1)) or not is_committed(found):
+        return None
+    resumed(found, _step_of(found))
     return str(found)
 
 
@@ -118,6 +147,11 @@ def patch() -> None:
             resume_from_checkpoint = last_checkpoint(self.args.output_dir)
             what = resume_from_checkpoint or "no committed checkpoint yet: starting fresh"
             print(f"[trainguard] auto-resume: {what}", flush=True)
+        elif (instead := _committed_instead(self.args.output_dir, resume_from_checkpoint)):
+            print(f"[trainguard] auto-resume: {resume_from_checkpoint} was never committed (a "
+                  f"save cut short: get_last_checkpoint picks it); resuming from {instead}, "
+                  "the newest committed checkpoint", flush=True)
+            resume_from_checkpoint = instead
         return original(self, resume_from_checkpoint, *args, **kwargs)
 
     train_resuming.__trainguard__ = True  # type: ignore[attr-defined]
