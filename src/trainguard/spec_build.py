@@ -37,9 +37,7 @@ def build_spec(
 def build(job_file: dict[str, Any] | None, flags: dict[str, Any], source: str = "job file"
           ) -> Built:
     """build_spec, keeping each value's origin (`run --dry-run` shows it)."""
-    job_file = dict(job_file or {})
-    _check_keys(job_file, source)
-    job_file = {key: _job_file_value(key, value, source) for key, value in job_file.items()}
+    job_file = _job_file(dict(job_file or {}), source)
     scenario = flags.get("scenario", job_file.get("scenario"))
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
@@ -75,13 +73,31 @@ def _preset_yields(merged: dict[str, Any], origin: dict[str, str], from_preset: 
             origin[key] = f"{origin[key]}, turned off by {by} from {origin.get(by, DEFAULT)}"
 
 
-def _check_keys(job_file: dict[str, Any], source: str) -> None:
-    for key in job_file:
-        if key not in FIELDS:  # matched on the key's words and its flag's
-            close = closest(str(key), {k: [flag_name(k)] for k in FIELDS})
-            fix = (instead(str(key)) or (f"did you mean '{close}' ({flag_name(close)})?" if close
-                   else f"valid keys: {', '.join(FIELDS)}"))
-            raise SpecError(f"{source}: {key}", "unknown key", fix)
+def _job_file(job_file: dict[str, Any], source: str) -> dict[str, Any]:
+    """The job file's values, checked key by key; every bad key is said at once (walk-through
+    25: a file with two mistakes told of one, then, once fixed, of the next)."""
+    values, errors = {}, []
+    for key, value in job_file.items():
+        try:
+            _check_key(key, source)
+            values[key] = _job_file_value(key, value, source)
+        except SpecError as e:
+            errors.append(e)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise SpecError(source, f"{len(errors)} problems: " + "; ".join(
+            f"{e.key.removeprefix(f'{source}: ')}: {e.problem} ({e.fix})" for e in errors),
+            "fix each one (`trainguard run --dry-run ...` checks the file again)")
+    return values
+
+
+def _check_key(key: str, source: str) -> None:
+    if key not in FIELDS:  # matched on the key's words and its flag's
+        close = closest(str(key), {k: [flag_name(k)] for k in FIELDS})
+        fix = (instead(str(key)) or (f"did you mean '{close}' ({flag_name(close)})?" if close
+               else f"valid keys: {', '.join(FIELDS)}"))
+        raise SpecError(f"{source}: {key}", "unknown key", fix)
 
 
 _KINDS = ((bool, "true or false", "true"), (int, "a whole number", "3"),

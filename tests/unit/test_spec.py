@@ -166,6 +166,14 @@ def test_an_unknown_job_file_key_names_the_key_and_suggests_the_close_match() ->
     assert isinstance(err, TrainguardError)
 
 
+def test_every_bad_key_of_a_job_file_is_said_at_once() -> None:
+    """Walk-through 25: two mistakes were told one at a time."""
+    err = spec_error({"restart_backoff": 2, "max_restarts": "yes", "nproc_per_node": 2}, {})
+    assert str(err).startswith("job file: 2 problems: restart_backoff: unknown key (did you "
+                               "mean 'restart_backoff_s'"), str(err)
+    assert "; max_restarts: 'yes' (str) is not a whole number" in str(err), str(err)
+
+
 def test_an_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
     err = spec_error({"flux_capacitor": 1}, {})
     assert "flux_capacitor" in str(err)
