@@ -31,7 +31,7 @@ _PY_WARNING = re.compile(r"\.py:\d+: \w*Warning: ")
 _INFO_LEVEL = re.compile(r"\[INFO\]|(?:^|[\s|:\]])INFO(?:[\s|:\[]|$)")
 _FAILURE_WORD = re.compile(
     r"(?i)error|fail|fatal|abort|time[ds]?[ _]?out|refused|reset|unreachable|no route|killed|"
-    r"\bnan\b|\binf\b|overflow|exception|unable|cannot|can't|\bnot\b|invalid|\boom\b|"
+    r"\bnan(?:x+)?\b|\binf\b|overflow|exception|unable|cannot|can't|\bnot\b|invalid|\boom\b|"
     r"out of memory|closed|\blost\b|died|exit|signal|skip|\blame\b|preempt|"
     r"\d{10,}\.\d|Traceback \(most recent|"  # an exploded loss; a flattened paste
     r"\.\w+:\d+ -> [1-9]")  # NCCL's error trace (`INFO transport/net_ib.cu:555 -> 2`)

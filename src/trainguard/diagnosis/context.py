@@ -21,6 +21,9 @@ CONTEXT_LINES = 24  # lines kept per file
 CONTEXT_TEXT = 400  # characters of a context line kept
 _FRAME_END = re.compile(rb'", line \d+, in \S+\s*$')  # a frame line (its start may be cut)
 _SKIP = ("Traceback (most recent call last)", "File \"", "frame #")  # and C++ stack frames
+# ... but a traceback flattened onto one line (a paste: `Traceback (most recent call last): File
+# "x.py", line 5, in f ... AssertionError: ...`) holds its exception: kept
+_FLATTENED = re.compile(r'^Traceback \(most recent call last\):? +File "')
 # a frame of importlib's loader in faulthandler's stack (`line N in f`, no comma): a native
 # crash came while a module loaded (diagnosis/restart.py); one such line is kept
 _LOADER_FRAME = re.compile(r'^File "<frozen importlib\._bootstrap(?:_external)?>", line \d+ in ')
@@ -66,7 +69,8 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
         elif not loader and _LOADER_FRAME.match(text):
             loader = True
         elif not text or CODE_LINE.match(pre.text) or pre.text.startswith("    ") \
-                or text.startswith(_SKIP) or not any(c.isalpha() for c in text):
+                or (text.startswith(_SKIP) and not _FLATTENED.match(text)) \
+                or not any(c.isalpha() for c in text):
             continue
         else:
             cut = False

@@ -39,11 +39,17 @@ GENERIC = 0.6  # a generic exception at least this sure is relabelled, not repla
 # a context line that shows an error although no rule or exception pattern took it
 # (or an exception's message quoted without its type: `'str' object has no attribute 'size'`;
 # or the innermost frame of a traceback the log ends in, cut before its exception line: the
-# only frames kept as context)
+# only frames kept as context, its start whole or cut mid-path: `File "/usr/lib/python3.7/dist-`;
+# or a frame quoted (`>   File "x.py", ...`), printed as `File: "x.py"` or cut at its start; or
+# a traceback's header glued to a progress bar or cut at its first letter; or a `Couldn't
+# reconnect to ...`, `Unable to connect to ...`, `Out of Memory: ...`, `Data loss: ...`, `...
+# was not successful`)
 _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort(?:ed)?|panic|"
-                       r"critical|could not find)\b|[a-z](?:Error|Exception)\b"
-                       r"|^Traceback \(most recent call"
-                       r'|^File "[^"]+", line \d+, in \S+$'
+                       r"critical|(?:could(?:n['\u2019]?t| not)|unable to) \w+|out of memory|"
+                       r"data loss|(?:not |un)successful)\b"
+                       r"|[a-z](?:Error|Exception|EnforceNotMet)\b"
+                       r"|raceback \(most recent call"
+                       r'|^(?:>\s*)?File:? "|\.py", line \d+, in \S+$'
                        r"|\bobject (?:has no attribute|is not (?:callable|subscriptable|iterable))",
                        re.IGNORECASE)
 # two shapes an operation compared: the target's and the input's (two tensors' sizes at one
