@@ -17,7 +17,6 @@ from trainguard.controller.recorder import Recorder
 from trainguard.errors import LaunchError
 from trainguard.protocol import AgentAPI, Tell
 from trainguard.records import Level, Reason
-from trainguard.states import WorkerState
 from trainguard.worker.contract import ControlKind
 
 log = logging.getLogger(__name__)
@@ -28,7 +27,9 @@ POLL_S = 0.25
 def drain(agent: AgentAPI, rec: Recorder, attempt: int, grace_s: float, why: str,
           cut_short: Callable[[], bool] = lambda: False) -> bool:
     """Ask every running rank to drain; wait until they all ended, or `grace_s`, or
-    `cut_short()` (a second Ctrl-C). True when every rank drained (ended by itself)."""
+    `cut_short()` (a second Ctrl-C). True when every rank drained: a checkpoint was
+    committed meanwhile and every rank ended by itself (whatever its exit: torch may abort
+    a drained rank at interpreter exit)."""
     try:
         told = agent.tell(Tell(control={"kind": ControlKind.DRAIN.value, "reason": why}))
     except LaunchError as e:  # a node's agent could not be reached: stop as always
@@ -39,11 +40,13 @@ def drain(agent: AgentAPI, rec: Recorder, attempt: int, grace_s: float, why: str
     rec.event(Level.INFO, Reason.DRAIN_REQUESTED,
               f"{why}: asked {told} rank(s) to save a checkpoint at the next step end and exit "
               f"(waiting up to the grace period, {grace_s:g}s)", attempt=attempt)
+    before = rec.messages.committed_this_attempt
     deadline = time.monotonic() + grace_s
     while (left := deadline - time.monotonic()) > 0 and not cut_short():
         report = agent.poll(wait_s=min(left, POLL_S))
         rec.sync(report)
         if report.workers and all(w.state.ended for w in report.workers):
-            return not any(w.state == WorkerState.FAILED for w in report.workers)
+            after = rec.messages.committed_this_attempt
+            return after is not None and (before is None or after > before)
     log.info("the ranks did not drain within %gs; stopping them", grace_s)
     return False
