@@ -58,7 +58,8 @@ def launch(spec: JobSpec, argv: list[str], marker: str) -> int:
                 code = launch_cluster(spec, argv, marker, paths, store, out, err)
                 _job_dir_line(paths, err)
                 return code
-            agent = NodeAgent("node-0", out, console_options(spec),
+            agent = NodeAgent("node-0", out,
+                              ConsoleOptions.of(spec.redirects, spec.local_ranks_filter),
                               spec.step_pattern, marker)
             recorder = Recorder(spec, paths, store, argv, on_event=console_printer(err))
             code = Controller(recorder, agent, hurry=agent.hurry).run()
@@ -188,17 +189,11 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
 def _echo_ranks(spec: JobSpec, paths: JobPaths, attempt: int, out: Writable) -> RankEcho:
     """The adopted agents echo the ranks to the first launcher's console: this one echoes
     them from the rank logs, as its own agents would have (controller/echo.py)."""
-    shown = console_options(spec)
+    shown = ConsoleOptions.of(spec.redirects, spec.local_ranks_filter)
     echo = RankEcho(paths.log_dir, attempt, out,
                     lambda rank: shown.streams(rank, rank % spec.nproc_per_node))
     echo.start()
     return echo
-
-
-def console_options(spec: JobSpec) -> ConsoleOptions:
-    """Which ranks' streams reach the console (torchrun's --redirects, --local-ranks-filter)."""
-    filt = frozenset(spec.local_ranks_filter) if spec.local_ranks_filter is not None else None
-    return ConsoleOptions(spec.redirects, filt)
 
 
 def make_backend(spec: JobSpec, cdir: Path, own_job: object = None) -> Backend:

@@ -61,7 +61,15 @@ def test_a_log_that_grew_a_lot_is_read_in_bounded_pieces(tmp_path: Path,
     from trainguard.controller import echo as echo_mod
 
     monkeypatch.setattr(echo_mod, "MAX_READ", 64)
-    buf = io.StringIO()
+
+    class Writes(io.StringIO):  # each write is what one read of at most MAX_READ gave
+        sizes: list[int] = []
+
+        def write(self, s: str) -> int:
+            self.sizes.append(len(s))
+            return super().write(s)
+
+    buf = Writes()
     e = RankEcho(tmp_path, 0, buf, lambda rank: (True, True), poll_s=0.02)
     lines = [f"{T} out line {i}\n" for i in range(20)] + [f"{T} out " + "x" * 100 + "\n"]
     log(tmp_path, 0, 0, *lines)
@@ -70,3 +78,4 @@ def test_a_log_that_grew_a_lot_is_read_in_bounded_pieces(tmp_path: Path,
     got = buf.getvalue()
     assert all(f"[rank 0] line {i}\n" in got for i in range(20)), got
     assert got.count("x") == 100  # the long line came in pieces, nothing lost
+    assert len(buf.sizes) > 10 and max(buf.sizes) < 64 + 20  # read 64 bytes at a time

@@ -70,7 +70,7 @@ _BUDGETS = (("restarts", "restarts_used", "max_restarts"),
 def print_status(store: JobStore, args: argparse.Namespace) -> int:
     meta = store.meta()
     read = [ev for _, ev in store.events(reasons=HANG_REASONS + _LAUNCH_REASONS)]
-    hang_events = [ev for ev in read if ev.reason in HANG_REASONS]
+    hang_events = [ev for ev in read if ev.reason in HANG_REASONS]  # (one read for both)
     launch_events = [ev for ev in read if ev.reason in _LAUNCH_REASONS]
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes(),
                      store.running_records(), hang_events, store.last_checkpoint(),

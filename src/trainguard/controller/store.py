@@ -20,14 +20,17 @@ from typing import Any, TypeAlias
 
 from trainguard.controller.store_ledger import LedgerTables
 from trainguard.controller.store_rows import (
+    HANG_REASONS,
     NODE_COLUMNS,
     WORKER_COLUMNS,
     NodeRow,
     WorkerRow,
     check_nodes,
     event_from_row,
+    hang_left_running,
     node_from_row,
     running_to_json,
+    shown_state,
     to_row,
     worker_from_row,
 )
@@ -196,6 +199,12 @@ class JobStore(LedgerTables):
                 (after_id, *reasons),
             ).fetchall()
         return [(row[0], event_from_row(row[1:])) for row in rows]
+
+    def hang_left_running(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+        """A confirmed hang left running in the current attempt (`meta`: this store's, as
+        read): what `status`, the dashboard and the metrics show (store_rows)."""
+        return hang_left_running(shown_state(meta), meta.get("attempt"),
+                                 [ev for _, ev in self.events(reasons=HANG_REASONS)])
 
     def has_message(self, message_id: str) -> bool:
         """Is an event of the worker message with this id (node/outbox.py) recorded? (Asked

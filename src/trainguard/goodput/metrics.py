@@ -24,12 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import (
-    HANG_REASONS,
-    hang_left_running,
-    last_progress,
-    shown_state,
-)
+from trainguard.controller.store_rows import last_progress, shown_state
 from trainguard.goodput.interval import IntervalAdvice, advise
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.read import Save, job_goodput, saves
@@ -87,8 +82,7 @@ def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric
     commits = saves(store)
     g = job_goodput(store, now, commits, meta, records)
     yield from _job(meta, store.last_checkpoint())
-    hang = hang_left_running(shown_state(meta), meta.get("attempt"),
-                             [ev for _, ev in store.events(reasons=HANG_REASONS)])
+    hang = store.hang_left_running(meta)
     yield GaugeMetricFamily("trainguard_job_hung", "1 while a confirmed hang is left running "
                             "in the current attempt (--restart-on-hang off, or its budget "
                             "spent), as `trainguard status` says HUNG", value=float(bool(hang)))

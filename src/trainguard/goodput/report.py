@@ -118,8 +118,8 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
                "attempts kept failing without progress (NoProgress)")
         out.append(f"the job ended with exit {int(ExitCode.NO_PROGRESS)}: {why}; do not requeue "
                    "it as it is: `trainguard diagnose JOB_DIR` names the cause to fix first")
-    storage = [rr for rr in incidents_of(r.records) if rr.category == _STORAGE]
-    if storage and len(storage) == len(incidents_of(r.records)):  # walk-through 24: a full
+    incidents = incidents_of(r.records)
+    if incidents and all(rr.category == _STORAGE for rr in incidents):  # walk-through 24: a full
         # disk's failed saves were the failures, and saving more often was the advice
         out.append(f"checkpoints: every failure was the storage's ({_STORAGE}: `trainguard "
                    "diagnose JOB_DIR` names the path): free or fix it; no interval advice "

@@ -41,6 +41,11 @@ class ConsoleOptions:
     redirects: dict[int, int]  # local rank -> 0 none, 1 stdout, 2 stderr, 3 both kept off
     ranks_filter: frozenset[int] | None = None
 
+    @classmethod
+    def of(cls, redirects: dict[int, int], ranks_filter: list[int] | None) -> ConsoleOptions:
+        """From the job's --redirects and --local-ranks-filter (spec, or an agent's config)."""
+        return cls(redirects, frozenset(ranks_filter) if ranks_filter is not None else None)
+
     def streams(self, rank: int, local_rank: int) -> tuple[bool, bool]:
         if self.ranks_filter is not None and rank not in self.ranks_filter:
             return (False, False)

@@ -326,9 +326,8 @@ def _serve_node(ns: argparse.Namespace, out: Writable) -> int:
         print(f"trainguard agent: error: cannot read {ns.config}: {e}", file=sys.stderr)
         return ExitCode.USAGE
     node = node_name(ns.node)
-    filt = frozenset(cfg.ranks_filter) if cfg.ranks_filter is not None else None
-    agent = NodeAgent(node, out, ConsoleOptions(cfg.redirects, filt), cfg.step_pattern,
-                      f"{cfg.marker}-{node}")
+    agent = NodeAgent(node, out, ConsoleOptions.of(cfg.redirects, cfg.ranks_filter),
+                      cfg.step_pattern, f"{cfg.marker}-{node}")
     try:
         runner = AgentRunner(agent, cfg, node)
         return runner.run()

@@ -10,10 +10,8 @@ from typing import Any
 
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import (
-    HANG_REASONS,
     NodeRow,
     WorkerRow,
-    hang_left_running,
     log_dir_of,
     shown_state,
     to_row,
@@ -46,7 +44,7 @@ def summary(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
             meta = store.meta()
             ratio = goodput_for(goodput, job_dir, store, meta, log.last_id()).get("goodput")
             return {**_summary(jid, job_dir, meta, store.running_records(), ratio),
-                    "hang": hang_of(store, meta)}
+                    "hang": store.hang_left_running(meta)}
     except StoreError as e:
         return {"id": jid, "job_dir": str(job_dir), "error": str(e), "state": None}
 
@@ -95,12 +93,6 @@ def detail(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
     return doc
 
 
-def hang_of(store: JobStore, meta: dict[str, Any]) -> dict[str, Any] | None:
-    """A confirmed hang left running in the current attempt (as `status` shows it)."""
-    return hang_left_running(shown_state(meta), meta.get("attempt"),
-                             [ev for _, ev in store.events(reasons=HANG_REASONS)])
-
-
 def live_parts(store: JobStore, meta: dict[str, Any],
                records: list[RunningRecord]) -> dict[str, Any]:
     """What changes while a job runs, without its events: state, attempts, ranks, nodes
@@ -108,7 +100,7 @@ def live_parts(store: JobStore, meta: dict[str, Any],
     state = shown_state(meta)
     return {
         "state": state, "ended": is_ended(state), "attempts": len(records),
-        "hang": hang_of(store, meta),
+        "hang": store.hang_left_running(meta),
         "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
         "records": [r.to_dict() for r in records],
         "workers": [row_dict(w) for w in store.workers()],
