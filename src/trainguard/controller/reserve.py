@@ -23,7 +23,6 @@ class Reserve:
     def __init__(self, job_dir: Path, nbytes: int = RESERVE_BYTES) -> None:
         self.path = job_dir / RESERVE_NAME
         self.nbytes = nbytes
-        self.kept = False
 
     def keep(self) -> bool:
         """Allocate the room (real blocks: posix_fallocate, not a sparse file); False when
@@ -37,11 +36,9 @@ class Reserve:
         except OSError:
             self.release()
             return False
-        self.kept = True
         return True
 
     def release(self) -> None:
         """Give the room back to the disk (for the writes that follow)."""
         with contextlib.suppress(OSError):
             self.path.unlink()
-        self.kept = False
