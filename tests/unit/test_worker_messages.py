@@ -186,3 +186,32 @@ def test_a_message_kept_while_no_controller_watched_keeps_its_own_time(tmp_path:
     wm.handle([late, now], 0)
     assert got[0]["at"] == sent
     assert got[1]["at"] is None
+
+
+def test_the_interval_advice_times_saves_by_the_rank_that_made_them(tmp_path: Path) -> None:
+    """(walk-through 25) Saves 0.1 s apart arrive in one agent poll and were recorded at one
+    instant: the interval advice read the poll's period (or nothing) as the save interval."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from trainguard.controller.recorder import Recorder
+    from trainguard.goodput.metrics import interval_advice
+    from trainguard.goodput.read import saves
+    from trainguard.paths import JobPaths
+    from trainguard.records import utcnow
+    from trainguard.spec_build import build_spec
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    store = JobStore.create(paths.job_dir, "r")
+    t0 = utcnow()
+    batch = [WorkerMessage(kind="checkpoint_saved", rank=0, at=t0 + timedelta(seconds=0.1 * i),
+                           data={"step": 10 * i, "location": "/ck", "blocked_s": 0.01})
+             for i in range(1, 6)]
+    Recorder(spec, paths, store, ["train.py"]).messages.handle(batch, attempt=0)
+    commits = saves(store)
+    assert [c.sent_at for c in commits] == [round(m.at.timestamp(), 3) for m in batch]
+    g = SimpleNamespace(wall_s=60.0, seconds=lambda cause: 0.0)
+    a = interval_advice(g, [], commits)  # type: ignore[arg-type]
+    assert a.current_s is not None and abs(a.current_s - 0.1) < 0.002, a

@@ -134,9 +134,11 @@ class WorkerMessages:
                    f"checkpoint of step {step} committed at {d.get('location')}"
                    f"{f' ({known})' if known else ''}{gone}",
                    rank=m.rank, attempt=attempt, data={
-                       k: d[k] for k in ("step", "location", "blocked_s", "resumed_before_s",
-                                         "write_s", "bytes", "on_exit", "source")
-                       if d.get(k) is not None})
+                       **{k: d[k] for k in ("step", "location", "blocked_s",
+                                            "resumed_before_s", "write_s", "bytes", "on_exit",
+                                            "source") if d.get(k) is not None},
+                       # the sender's clock: saves a poll apart are recorded together
+                       "sent_at": round(m.at.timestamp(), 3)})
 
     def _on_checkpoint_exit_skipped(self, m: WorkerMessage, d: dict[str, Any],
                                     attempt: int) -> None:

@@ -248,11 +248,13 @@ def _advice(g: Goodput, records: list[RunningRecord], commits: list[Save]) -> It
 def interval_advice(g: Goodput, records: list[RunningRecord],
                     commits: list[Save]) -> IntervalAdvice:
     """The checkpoint interval advice of a job (trainguard.goodput.interval): the loop's own
-    saves only (not those on the way out, nor the agent's from memory)."""
+    saves only (not those on the way out, nor the agent's from memory), timed by the rank
+    that saved (a poll's saves are recorded at once; one rank's clock makes no skew)."""
     failures = len(incidents_of(records))
     loop = [c for c in commits if c.blocked_s is not None and not c.on_exit
             and not c.by_agent]
-    return advise(g.wall_s - g.seconds("queued"), failures, [(c.attempt, c.at) for c in loop],
+    return advise(g.wall_s - g.seconds("queued"), failures,
+                  [(c.attempt, c.sent_at or c.at) for c in loop],
                   [c.blocked_s for c in loop if c.blocked_s is not None])
 
 

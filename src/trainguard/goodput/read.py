@@ -38,17 +38,20 @@ class Save:
     resumed_before_s: float  # the loop went on this long before the commit (an async write)
     on_exit: bool  # saved on the way out (not the loop's cadence)
     by_agent: bool  # persisted by the node agent from memory snapshots
+    sent_at: float | None = None  # when its sender said it was committed, by its own clock
 
 
 def saves(store: JobStore) -> list[Save]:
     """Every checkpoint commit, read field by field (a long job has tens of thousands)."""
     rows = store.event_values(Reason.CHECKPOINT_SAVED.value,
-                              ("step", "blocked_s", "resumed_before_s", "on_exit", "source"))
+                              ("step", "blocked_s", "resumed_before_s", "on_exit", "source",
+                               "sent_at"))
     return [Save(_iso_ts(t), a, step if isinstance(step, int) else None,
                  float(b) if isinstance(b, int | float) else None,
                  float(r) if isinstance(r, int | float) else 0.0,  # (not said before 2026-12-04)
-                 bool(on_exit), source == SOURCE_MEMORY)
-            for t, a, (step, b, r, on_exit, source) in rows]
+                 bool(on_exit), source == SOURCE_MEMORY,
+                 float(sent) if isinstance(sent, int | float) else None)  # (since 2026-12-05)
+            for t, a, (step, b, r, on_exit, source, sent) in rows]
 
 
 def job_goodput(store: JobStore, now: datetime | None = None,
