@@ -33,7 +33,7 @@ integration: $(STAMP)
 
 # the files that hold tests marked serial (collected alone: collecting all of tests/ takes
 # about 20 s; tests/unit/test_makefile.py checks that the list names every such file)
-SERIAL_FILES := tests/chaos/test_chaos.py tests/browser/test_ui.py \
+SERIAL_FILES := tests/browser/test_ui.py \
 	tests/integration/test_silent_eval.py tests/integration/test_hang.py
 
 # two pytest-xdist workers, a test file at a time on one (tests/conftest.py), then the tests

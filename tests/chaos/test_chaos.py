@@ -17,8 +17,7 @@ from tests.chaos.run import Config, ok, run_chaos, table
 
 pytestmark = [pytest.mark.skipif(
     os.geteuid() != 0 or importlib.util.find_spec("moto") is None,
-    reason="the chaos run mounts tmpfs file systems (root) and runs moto's S3 server"),
-    pytest.mark.serial]  # its 8 s hang timeout assumes no second job beside it
+    reason="the chaos run mounts tmpfs file systems (root) and runs moto's S3 server")]
 
 
 @pytest.mark.timeout(900)  # 114 s at a load of 3-4 on 2 cores (6 min 48 s at 20-25)
@@ -30,14 +29,14 @@ def test_a_few_faults_of_several_kinds_leave_no_wrong_resume_orphan_or_leaked_me
     nothing of the job is left when it ends. (A worker SIGSTOPped, a hang, is the ten-minute
     run's (make chaos) and test_hang.py's in make test: here it cost about 30 s of the 130.)"""
     order = ("worker_kill", "controller_kill", "agent_kill")
-    # short: 100 steps of 0.15 s, and a hang confirmed after 8 s (it runs alone, `serial`; the
-    # ten-minute run keeps 20 s for a loaded machine). A fault comes a random gap (mean 2 s
-    # at 30 a minute) after the last one struck, and at least 1 s after it recovered: at 70
-    # steps and a mean of 5 s, the job once reached its last 10 steps before the fourth fault
-    # (a 23.6 s hang recovery, then a long gap), which then never came
+    # short: 100 steps of 0.15 s, and the ten-minute run's 20 s hang timeout (no hang is
+    # injected: it runs beside other tests, on a loaded machine, not alone). A fault comes a
+    # random gap (mean 2 s at 30 a minute) after the last one struck, and at least 1 s after
+    # it recovered: at 70 steps and a mean of 5 s, the job once reached its last 10 steps
+    # before the fourth fault (a 23.6 s hang recovery, then a long gap), which never came
     cfg = Config(minutes=3, seed=16, fault_rate=30, order=order, kinds=order, steps=100,
                  step_time=0.15, first_fault_after=4, standby=False, recover_timeout_s=120,
-                 reference="one-node", max_faults=len(order), hang_timeout=8.0)
+                 reference="one-node", max_faults=len(order))
     result = run_chaos(cfg, work=tmp_path / "chaos")
     summary = table(result, "-") + "\n" + json.dumps(
         {k: result[k] for k in ("faults", "orphan_processes", "leaked_shm_paths", "wrong")},
