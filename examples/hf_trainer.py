@@ -2,9 +2,14 @@
 tokens: no hub download), for trainguard's HF integration.
 
     # unmodified: trainguard's site hook makes Trainer.train() resume
-    trainguard run --auto-resume hf --nproc-per-node 2 examples/hf_trainer.py --out runs/hf
+    trainguard run --auto-resume hf --nproc-per-node 2 --max-restarts 3 \
+        examples/hf_trainer.py --out runs/hf
     # one line changed: the callback and train() from trainguard.integrations.hf
-    trainguard run --nproc-per-node 2 examples/hf_trainer.py --out runs/hf --trainguard
+    trainguard run --nproc-per-node 2 --max-restarts 3 examples/hf_trainer.py --out runs/hf \
+        --trainguard
+
+(--max-restarts: trainguard restarts nothing without a restart budget, as torchrun;
+--scenario single-node sets one too.)
 
 At the end rank 0 prints `losses [[step, loss], ...]` (the trainer's log history: the whole
 run's, across restarts) and `weights sha256 HEX`. For the tests, EXAMPLE_KILL_AT=STEP makes

@@ -2,10 +2,14 @@
 gloo), for trainguard's Lightning integration.
 
     # unmodified: trainguard's site hook makes Trainer.fit() resume
-    trainguard run --auto-resume lightning --nproc-per-node 2 \
+    trainguard run --auto-resume lightning --nproc-per-node 2 --max-restarts 3 \
         examples/lightning_trainer.py --out runs/pl
     # one line changed: fit() from trainguard.integrations.lightning
-    trainguard run --nproc-per-node 2 examples/lightning_trainer.py --out runs/pl --trainguard
+    trainguard run --nproc-per-node 2 --max-restarts 3 examples/lightning_trainer.py \
+        --out runs/pl --trainguard
+
+(--max-restarts: trainguard restarts nothing without a restart budget, as torchrun;
+--scenario single-node sets one too.)
 
 Lightning reads the ranks from the torchrun variables trainguard sets (its
 TorchElasticEnvironment). Deterministic: the seed is set before the model is built and the

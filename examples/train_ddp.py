@@ -4,6 +4,10 @@ Runs on CPU with the gloo backend. Launch one process per rank with torchrun, or
 trainguard, which takes the same flags and sets the same environment:
 
     torchrun --nproc-per-node 2 examples/train_ddp.py --steps 200
+    trainguard run --nproc-per-node 2 --max-restarts 3 examples/train_ddp.py --steps 200
+
+(--max-restarts: trainguard restarts nothing without a restart budget, as torchrun;
+--scenario single-node sets one too.)
 
 It checkpoints every --ckpt-every steps with trainguard's checkpoint library and resumes
 from the newest valid checkpoint on start, and calls trainguard's fault injection after each
