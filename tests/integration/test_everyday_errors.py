@@ -139,6 +139,13 @@ def test_a_job_whose_job_dir_disk_fills_up_still_records_that_it_succeeded(
             _wait_for(job / "logs" / "attempt-0" / "rank-0.log")
             time.sleep(1)
             _fill(fs)
+            time.sleep(1.5)  # a progress write fails
+            behind = read_json("status", job)  # (walk-through 24: nothing said it was behind)
+            assert behind["state"] == "running" and behind["store_disk_full"], behind
+            said = subprocess.run([*TG, "status", str(job)], capture_output=True, text=True,
+                                  timeout=60)
+            assert "store: the job dir's disk has 0 B free: the launcher cannot write the " \
+                "job's store, so this status may be behind" in said.stdout, said.stdout
             flag.touch()
             out, _ = launcher.communicate(timeout=120)
         finally:
@@ -148,5 +155,6 @@ def test_a_job_whose_job_dir_disk_fills_up_still_records_that_it_succeeded(
         assert "StoreWriteFailed: cannot write the job store" in out, out[-3000:]
         status = read_json("status", job)
         assert status["state"] == "succeeded" and status["exit_code"] == 0, status
+        assert not status["store_disk_full"]  # ended: its end was written
         assert reasons(job)[-1] == "JobSucceeded"
         assert not (job / ".trainguard-reserve").exists()  # the room went with the job

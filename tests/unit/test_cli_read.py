@@ -212,6 +212,8 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "ranks",
         "job_dir",
         "recorded_job_dir",
+        "store_free_bytes",
+        "store_disk_full",
         "nodes",
         "node_usage",
         "restarts",

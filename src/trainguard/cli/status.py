@@ -9,6 +9,7 @@ ladder, and `lost` ranks when the launcher is gone; nothing live once the job en
 from __future__ import annotations
 
 import argparse
+import shutil
 from enum import Enum
 from typing import Any
 
@@ -48,6 +49,9 @@ from trainguard.records import (
 )
 from trainguard.states import JOB_ENDED, JobState, NodeState, WorkerState
 
+# less free than this on the job dir's disk: a running job's store writes fail (a page, its
+# journal, the WAL) and status may read behind (walk-through 24)
+STORE_FULL_BYTES = 1 << 20
 # a stop under way: the last of these is a StopRequested of this launch
 _LAUNCH_REASONS = (Reason.JOB_CREATED.value, Reason.JOB_RELAUNCHED.value,
                    Reason.STOP_REQUESTED.value)
@@ -74,7 +78,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     launch_events = [ev for ev in read if ev.reason in _LAUNCH_REASONS]
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes(),
                      store.running_records(), hang_events, store.last_checkpoint(),
-                     launch_events)
+                     launch_events, _free_bytes(store))
     if args.json:
         print_json(doc)
         return ExitCode.SUCCESS
@@ -104,6 +108,12 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
         console.print(f"stopping: requested at {clock_or_dash(st['requested_at'])} "
                       f"({dash(st['signal'])}); the ranks have {grace}s to exit, then "
                       "SIGKILL", highlight=False)
+    if doc["store_disk_full"]:
+        console.print(f"store: the job dir's disk has {size_text(doc['store_free_bytes'])} "
+                      "free: the launcher cannot write the job's store, so this status may be "
+                      "behind (the launcher's console says StoreWriteFailed); free space on it "
+                      "and the job writes what waited", style="bold red", highlight=False,
+                      markup=False)
     launcher = doc["launcher"]
     gone = " (gone)" if launcher["alive"] is False else ""
     console.print(f"launcher: pid {dash(launcher['pid'])} on {dash(launcher['host'])}{gone}"
@@ -152,11 +162,13 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                nodes: list[NodeRow] | None = None, records: list[RunningRecord] | None = None,
                hang_events: list[Event] | None = None,
                checkpoint: tuple[int, str] | None = None,
-               launch_events: list[Event] | None = None) -> dict[str, Any]:
+               launch_events: list[Event] | None = None,
+               free_bytes: int | None = None) -> dict[str, Any]:
     """The `status --json` document; `nodes` is empty for a single-node job;
     `checkpoint`: (step, time) of the last committed one, the progress of a job that
     reports no steps; `job_dir`: the one read (resolved), shown even when the store was
-    written elsewhere."""
+    written elsewhere; `free_bytes`: free on the job dir's disk (None: unknown), where a
+    running job's store writes fail when it is full (what this reads may be behind)."""
     state = shown_state(meta)
     by_rung = recoveries_by_rung(records or [])
     progress = last_progress(meta, checkpoint)
@@ -186,7 +198,17 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "recorded_job_dir": _elsewhere(meta.get("job_dir"), job_dir),
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
         "node_usage": [] if state in JOB_ENDED else _usage(meta.get("node_usage")),
+        "store_free_bytes": free_bytes,
+        "store_disk_full": state not in JOB_ENDED and free_bytes is not None
+        and free_bytes < STORE_FULL_BYTES,
     }
+
+
+def _free_bytes(store: JobStore) -> int | None:
+    try:
+        return shutil.disk_usage(store.job_dir).free
+    except OSError:
+        return None
 
 
 _NODE_RUNGS = (Rung.POD_RESCHEDULE.value, Rung.JOB_RESCHEDULE.value)
