@@ -64,7 +64,7 @@ class Recorder:
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
         self._progress_written = 0.0
         self._ledger: list[tuple[int, int, float]] = []  # progress samples not yet written
-        self._sampled: tuple[object, ...] = ()  # (attempt, first step time, last step)
+        self._sampled: tuple[int, datetime, int] | None = None  # attempt, first at, last step
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
               attempt: int | None = None, data: dict[str, Any] | None = None,
@@ -313,17 +313,19 @@ class Recorder:
 
     def _sample(self, attempt: int, p: Progress) -> None:
         """The step ledger: the first step of each attempt (or in-process restart) and every
-        new last step, with the time the workers reached it."""
+        new last step, with the time the workers reached it. A first step seen earlier than
+        the one sampled, in the same attempt, is the same start as another node saw it (the
+        merged report takes the earliest node's once that node has reported): not a new
+        start, which the ledger would read as a step done again (walk-through 26)."""
         if p.first_step is None or p.first_step_at is None:
             return
-        first = (attempt, p.first_step_at)
-        if self._sampled[:2] != first:
+        seen = self._sampled
+        if seen is None or seen[0] != attempt or p.first_step_at > seen[1]:
             self._ledger.append((attempt, p.first_step, p.first_step_at.timestamp()))
-            self._sampled = (*first, p.first_step)
-        if p.last_step is not None and p.last_step_at is not None \
-                and p.last_step != self._sampled[2]:
+            seen = self._sampled = (attempt, p.first_step_at, p.first_step)
+        if p.last_step is not None and p.last_step_at is not None and p.last_step != seen[2]:
             self._ledger.append((attempt, p.last_step, p.last_step_at.timestamp()))
-            self._sampled = (*first, p.last_step)
+            self._sampled = (attempt, seen[1], p.last_step)
 
 
 _ENDINGS = {JobState.SUCCEEDED: (Level.INFO, Reason.JOB_SUCCEEDED),

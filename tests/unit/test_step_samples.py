@@ -1,0 +1,69 @@
+"""The step ledger's samples (Recorder._sample) from the fleet's merged reports: pure, over a
+real job store."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from trainguard.controller.merger import Merger
+from trainguard.controller.recorder import Recorder
+from trainguard.controller.store import JobStore
+from trainguard.goodput.ledger import Attempt, Goodput, LedgerInput, account
+from trainguard.paths import JobPaths
+from trainguard.protocol import NodeReport, Progress, WorkerFact
+from trainguard.spec_build import build_spec
+from trainguard.states import WorkerState
+
+T = datetime(2026, 12, 5, 13, tzinfo=timezone.utc)
+
+
+def report(node: str, rank: int, first: tuple[int, float], last: tuple[int, float]
+           ) -> NodeReport:
+    return NodeReport(node=node, attempt=0, at=T, workers=[WorkerFact(
+        rank=rank, node=node, local_rank=0, pid=100 + rank, state=WorkerState.RUNNING)],
+        progress=Progress(first_step=first[0], first_step_at=T + timedelta(seconds=first[1]),
+                          last_step=last[0], last_step_at=T + timedelta(seconds=last[1])))
+
+
+def ledger(store: JobStore, end_s: float) -> Goodput:
+    t0 = T.timestamp()
+    return account(LedgerInput(start=t0, end=t0 + end_s, attempts=[Attempt(0, t0, None, True)],
+                               samples=store.progress()))
+
+
+def test_the_same_start_seen_by_two_nodes_is_one_sample_not_a_step_done_again(
+        tmp_path: Path) -> None:
+    """Walk-through 26: a 2-node job that redid 10 steps read `done again 13`: node-1's report
+    came first, node-0's first step (3 ms earlier) moved the merged first step back, and the
+    recorder sampled the start twice (steps 111, 112, 111, 112): the ledger saw the steps
+    go back, twice."""
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    store = JobStore.create(paths.job_dir, "r")
+    rec = Recorder(spec, paths, store, ["train.py"])
+    merger = Merger()
+    merger.new_attempt(0)
+    placement = ["node-0", "node-1"]
+    merger.fold("node-1", [report("node-1", 1, (111, 0.003), (112, 0.103))])
+    rec.sync(merger.merged(placement, {}, set(placement)), force=True)
+    merger.fold("node-0", [report("node-0", 0, (111, 0.0), (112, 0.1))])
+    merger.fold("node-1", [report("node-1", 1, (111, 0.003), (120, 0.9))])
+    rec.sync(merger.merged(placement, {}, set(placement)), force=True)
+    assert [s for _, s, _ in store.progress()] == [111, 112, 120]
+    g = ledger(store, 2.0)
+    assert (g.steps_productive, g.steps_wasted) == (10, 0)
+
+
+def test_an_in_process_restart_is_a_new_start_of_the_attempt(tmp_path: Path) -> None:
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    store = JobStore.create(paths.job_dir, "r")
+    rec = Recorder(spec, paths, store, ["train.py"])
+    rec.sync(report("node-0", 0, (1, 0.0), (20, 2.0)), force=True)
+    rec.sync(report("node-0", 0, (16, 3.0), (25, 4.0)), force=True)  # back to step 15
+    assert [s for _, s, _ in store.progress()] == [1, 20, 16, 25]
+    g = ledger(store, 5.0)
+    assert g.steps_wasted == 5  # steps 16-20, done twice
