@@ -12,6 +12,7 @@ launcher (walk-through 23), and a second Ctrl-C that must reach every agent:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -61,6 +62,16 @@ def test_stop_ends_the_agents_that_outlived_a_killed_launcher(tmp_path: Path) ->
     bg.proc.kill()
     bg.finish(timeout=30)
     assert all(p.is_running() for p in workers + agents)  # training on, no controller
+    # (walk-through 26) status said every rank `lost` and offered a resume from the newest
+    # checkpoint: the ranks train on, and the same command takes the job over
+    said = run_tg(["status", "--json", str(job)], cwd=tmp_path)
+    doc = json.loads(said.stdout)
+    assert doc["state"] == "lost" and doc["agents_without_controller"] == ["node-0", "node-1"]
+    assert {r["state"] for r in doc["ranks"]} == {"running"}, doc["ranks"]
+    said = run_tg(["status", str(job)], cwd=tmp_path)
+    assert "no controller: the launcher is gone, but the node agents of node-0, node-1 still " \
+        "run" in " ".join(said.stdout.split()), said.stdout
+    assert "continue it:" not in said.stdout
     r = run_tg(["stop", str(job)], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "its node agents still ran its workers: ended node-0 (pid" in r.stdout

@@ -214,6 +214,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "recorded_job_dir",
         "store_free_bytes",
         "store_disk_full",
+        "agents_without_controller",
         "nodes",
         "node_usage",
         "restarts",

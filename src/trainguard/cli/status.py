@@ -16,6 +16,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from trainguard.backends.local import is_agent_of
 from trainguard.cli.fmt import (
     clock,
     clock_or_dash,
@@ -37,6 +38,7 @@ from trainguard.controller.store_rows import (
 )
 from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import Rung
+from trainguard.protocol import AgentConfig
 from trainguard.records import (
     Event,
     Reason,
@@ -52,6 +54,7 @@ from trainguard.states import JOB_ENDED, JobState, NodeState, WorkerState
 # less free than this on the job dir's disk: a running job's store writes fail (a page, its
 # journal, the WAL) and status may read behind (walk-through 24)
 STORE_FULL_BYTES = 1 << 20
+_ORPHAN_S = AgentConfig.model_fields["orphan_timeout_s"].default
 # a stop under way: the last of these is a StopRequested of this launch
 _LAUNCH_REASONS = (Reason.JOB_CREATED.value, Reason.JOB_RELAUNCHED.value,
                    Reason.STOP_REQUESTED.value)
@@ -76,9 +79,11 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     read = [ev for _, ev in store.events(reasons=HANG_REASONS + _LAUNCH_REASONS)]
     hang_events = [ev for ev in read if ev.reason in HANG_REASONS]  # (one read for both)
     launch_events = [ev for ev in read if ev.reason in _LAUNCH_REASONS]
-    doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), store.nodes(),
+    nodes = store.nodes()
+    doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), nodes,
                      store.running_records(), hang_events, store.last_checkpoint(),
-                     launch_events, _free_bytes(store))
+                     launch_events, _free_bytes(store),
+                     _agents_alive(nodes) if shown_state(meta) == JobState.LOST.value else [])
     if args.json:
         print_json(doc)
         return ExitCode.SUCCESS
@@ -102,6 +107,14 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
         h = doc["hang"]
         console.print(f"hang: confirmed at {clock_or_dash(h['confirmed_at'])} on rank(s) "
                       f"{rank_list(h['ranks'])}; culprit: {h['culprit']}", highlight=False)
+    if doc["agents_without_controller"]:
+        console.print(f"no controller: the launcher is gone, but the node agents of "
+                      f"{', '.join(doc['agents_without_controller'])} still run, and their "
+                      "workers train on unrecorded (an agent ends them after "
+                      f"{_ORPHAN_S / 60:g} min without a controller): run the same `trainguard "
+                      f"run` command with --job-dir {doc['job_dir']} to take the job over "
+                      f"without a restart, or `trainguard stop {doc['job_dir']}` to end them",
+                      style="bold yellow", highlight=False, markup=False)
     if doc["stopping"]:
         st = doc["stopping"]
         grace = f"{st['grace_s']:g}" if isinstance(st["grace_s"], (int, float)) else "-"
@@ -129,7 +142,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
                       "progress: do not requeue it as it is; `trainguard diagnose "
                       f"{doc['job_dir']}` names the cause to fix first", highlight=False,
                       markup=False)
-    elif doc["state"] in _CONTINUABLE:
+    elif doc["state"] in _CONTINUABLE and not doc["agents_without_controller"]:
         first = (f"once its cause is fixed (`trainguard diagnose {doc['job_dir']}`), "
                  if doc["state"] == JobState.FAILED.value else "")
         console.print(f"continue it: {first}run the same `trainguard run` command with "
@@ -163,12 +176,15 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                hang_events: list[Event] | None = None,
                checkpoint: tuple[int, str] | None = None,
                launch_events: list[Event] | None = None,
-               free_bytes: int | None = None) -> dict[str, Any]:
+               free_bytes: int | None = None,
+               agents_alive: list[str] | None = None) -> dict[str, Any]:
     """The `status --json` document; `nodes` is empty for a single-node job;
     `checkpoint`: (step, time) of the last committed one, the progress of a job that
     reports no steps; `job_dir`: the one read (resolved), shown even when the store was
     written elsewhere; `free_bytes`: free on the job dir's disk (None: unknown), where a
-    running job's store writes fail when it is full (what this reads may be behind)."""
+    running job's store writes fail when it is full (what this reads may be behind);
+    `agents_alive`: the nodes of a lost job whose agents still run (they outlive a killed
+    launcher, waiting for a controller to take the job over: their ranks train on)."""
     state = shown_state(meta)
     by_rung = recoveries_by_rung(records or [])
     progress = last_progress(meta, checkpoint)
@@ -193,7 +209,9 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                      else not launcher_dead(meta)},
         "last_progress": {**progress, "time": iso(meta_time(progress["time"]))},
         "training": _training(meta.get("training")),
-        "ranks": [_rank_dict(w, state, hung) for w in sorted(workers, key=lambda w: w.rank)],
+        "ranks": [_rank_dict(w, state, hung, set(agents_alive or ()))
+                  for w in sorted(workers, key=lambda w: w.rank)],
+        "agents_without_controller": sorted(agents_alive or []),
         "job_dir": job_dir,
         "recorded_job_dir": _elsewhere(meta.get("job_dir"), job_dir),
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
@@ -202,6 +220,13 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "store_disk_full": state not in JOB_ENDED and free_bytes is not None
         and free_bytes < STORE_FULL_BYTES,
     }
+
+
+def _agents_alive(nodes: list[NodeRow]) -> list[str]:
+    """The nodes whose agent still runs on this machine (the local backend; under Slurm the
+    agents run elsewhere, and end by themselves without a controller)."""
+    return [n.name for n in nodes if n.backend == "local" and n.agent_pid is not None
+            and is_agent_of(n.agent_pid, n.name)]
 
 
 def _free_bytes(store: JobStore) -> int | None:
@@ -318,12 +343,15 @@ _NODE_KEYS = ("name", "host", "state", "agent_pid", "slot", "backend", "times_im
               "updated_at", "reason")
 
 
-def _rank_dict(w: WorkerRow, job_state: str | None, hung: set[int]) -> dict[str, Any]:
+def _rank_dict(w: WorkerRow, job_state: str | None, hung: set[int],
+               agents_alive: set[str]) -> dict[str, Any]:
     """A rank's row; a rank not ended when its launcher died reads `lost` (the guardian
-    killed it with the launcher: nothing recorded its end); `hung`: a running rank of a
+    killed it with the launcher: nothing recorded its end), but as recorded on a node whose
+    agent still runs (it keeps its workers for a takeover); `hung`: a running rank of a
     confirmed hang left running."""
     d = {k: _plain(getattr(w, k)) for k in _RANK_KEYS}
-    if job_state == JobState.LOST.value and not WorkerState(w.state).ended:
+    if job_state == JobState.LOST.value and not WorkerState(w.state).ended \
+            and w.node not in agents_alive:
         d["state"] = "lost"
     d["hung"] = w.rank in hung and d["state"] == WorkerState.RUNNING.value
     return d
