@@ -61,6 +61,20 @@ def test_the_gap_between_two_launches_is_queued_never_productive() -> None:
     assert math.isclose(parts_sum(g), 1000.0)
 
 
+def test_a_relaunch_s_own_start_up_is_start_up_as_the_first_launch_s_is() -> None:
+    """Walk-through 26: a relaunch's pre-check and agents' start (5 s) were `queued`, while
+    the first launch's same 5 s were `startup`."""
+    inp = LedgerInput(
+        start=0.0, end=1000.0,
+        attempts=[Attempt(0, 5.0, 16.0, launch=True),
+                  Attempt(1, 900.0, 1000.0, launch=True, launched=895.0)],
+        samples=steps(0, 1, 10, 6.0) + steps(1, 11, 20, 901.0))
+    g = account(inp)
+    assert math.isclose(g.seconds("queued"), 895.0 - 16.0)
+    assert math.isclose(g.seconds("startup"), 5.0 + 1.0 + 5.0 + 1.0)  # launch -> first step
+    assert math.isclose(parts_sum(g), 1000.0)
+
+
 def test_a_reschedule_s_wait_for_nodes_is_queued_while_it_waits_and_after() -> None:
     """(walk-through 23) A node lost at 11 s, the job rescheduled and waiting for a healthy
     node from 12 s (Queuing) to 32 s: that wait was `other` while it lasted (no record yet)

@@ -44,6 +44,7 @@ class Attempt:
     end: float | None  # None: still running, or its launcher died
     launch: bool  # a first start or a relaunch (not a restart)
     first_output: float | None = None
+    launched: float | None = None  # a relaunch: when its launcher began (pre-check, agents)
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,12 @@ def _attempt_spans(inp: LedgerInput, order: list[Attempt],
             last = samples[-1][1] if samples else _unmeasured_end(a, end, inp)
             spans.append((first, last, PRODUCTIVE, a.attempt))
         if i + 1 < len(order) and order[i + 1].launch:  # the job was not running
-            prev_end = _last_sign(a, samples, inp)
-            spans.append((prev_end, order[i + 1].start, "queued", None))
+            prev_end, nxt = _last_sign(a, samples, inp), order[i + 1]
+            # until the relaunch began; then its pre-check and agents' start are start-up,
+            # as the first launch's are
+            began = min(max(nxt.launched or nxt.start, prev_end), nxt.start)
+            spans.append((prev_end, began, "queued", None))
+            spans.append((began, nxt.start, "startup", nxt.attempt))
     return spans
 
 

@@ -63,20 +63,25 @@ def job_goodput(store: JobStore, now: datetime | None = None,
              if a is not None]
     queues = [(a, _iso_ts(t)) for t, a, _ in store.event_values(Reason.QUEUING.value, ())
               if a is not None]
+    relaunches = [_iso_ts(t) for t, _, _ in store.event_values(Reason.JOB_RELAUNCHED.value, ())]
     last_event = store.last_event_time()
     return account(ledger_input(store.meta() if meta is None else meta,
                                 store.running_records() if records is None else records,
                                 store.progress(),
                                 saves(store) if commits is None else commits, hangs,
-                                last_event, now or utcnow(), queues))
+                                last_event, now or utcnow(), queues, relaunches))
 
 
 def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                  samples: list[tuple[int, int, float]], commits: list[Save],
                  hangs: list[tuple[int, float]], last_event: float | None,
-                 now: datetime, queues: list[tuple[int, float]] | None = None) -> LedgerInput:
+                 now: datetime, queues: list[tuple[int, float]] | None = None,
+                 relaunches: list[float] | None = None) -> LedgerInput:
+    """`relaunches`: when each relaunch of the job dir began (its JobRelaunched event)."""
     attempts = [Attempt(r.attempt, r.start_at.timestamp(), _ts(r.end_at),
-                        r.start_type in _LAUNCHES, _ts(r.first_output_at)) for r in records]
+                        r.start_type in _LAUNCHES, _ts(r.first_output_at),
+                        _began(r.start_at.timestamp(), relaunches or [])
+                        if r.start_type == StartType.RELAUNCH else None) for r in records]
     incidents = [
         Incident(attempt=rr.attempt, detected=(rr.detected_at or rr.recover_start_at).timestamp(),
                  fault=_ts(rr.fault_at), recovered=_ts(rr.first_progress_at),
@@ -94,6 +99,11 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                        saves=[(c.at - c.resumed_before_s, c.blocked_s) for c in commits
                               if c.blocked_s],
                        hangs=hangs, queues=queues or [])
+
+
+def _began(start: float, relaunches: list[float]) -> float | None:
+    """The latest relaunch that began before the attempt started."""
+    return max((t for t in relaunches if t <= start), default=None)
 
 
 def _iso_ts(t: str) -> float:
