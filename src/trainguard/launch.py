@@ -41,6 +41,8 @@ from trainguard.launch_checks import job_lock, metrics_port_refused, prepare
 from trainguard.node.agent import NodeAgent
 from trainguard.node.logs import ConsoleOptions
 from trainguard.paths import JobPaths
+from trainguard.policy.decision import HAPolicy, History
+from trainguard.policy.nodes import recent_implications
 from trainguard.protocol import HURRY_FRAME, AgentConfig, report_interval
 from trainguard.records import Level, Reason, utcnow
 from trainguard.spec import JobSpec
@@ -157,6 +159,12 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     if spec.memory_every:  # each node's memory snapshots copied to the next node
         fleet.peer = PeerCopies(hub, lambda: list(fleet.placement))
     fleet.moves = slot_moves(meta)  # schedule counts keep growing across launches
+    # a relaunch's nodes start with the implications a repeat offender is counted by (the
+    # job's last hour): status showed 0 where one more fault isolated the node (walk-through 26)
+    for name, n in recent_implications(History.from_meta(meta), time.time(),
+                                       HAPolicy.from_spec(spec)).items():
+        if name in fleet.nodes:
+            fleet.nodes[name].times_implicated = n
     store.set_meta(controller_port=hub.port, controller_host=host, nnodes=spec.nnodes,
                    spare_nodes=spec.spare_nodes, backend=backend.name,
                    slurm_own_job=getattr(backend, "owned_job", None))

@@ -19,7 +19,7 @@ from trainguard.policy.decision import (
     Rung,
 )
 from trainguard.policy.ladder import decide
-from trainguard.policy.nodes import implicate, is_repeat_offender
+from trainguard.policy.nodes import implicate, is_repeat_offender, recent_implications
 from trainguard.records import Reason, RecoverResult, StartType
 from trainguard.spec import RestartPolicy
 
@@ -340,3 +340,14 @@ def test_implications_older_than_the_window_are_forgotten() -> None:
 
 def test_repeat_offender_zero_turns_the_rule_off() -> None:
     assert not is_repeat_offender(99, HAPolicy(repeat_offender_count=0))
+
+
+def test_a_relaunch_s_nodes_start_with_the_implications_the_next_one_is_counted_with() -> None:
+    """Walk-through 26: after a relaunch status showed `0` times implicated for a node that
+    one more fault isolated as 'implicated 3 times within 1 h'."""
+    hist = History(implicated=(("a", 0.0), ("b", 100.0), ("a", 130.0), ("a", 150.0)))
+    now = 190.0  # POL's window: 100 s
+    recent = recent_implications(hist, now, POL)
+    assert recent == {"a": 2, "b": 1}  # a's first, 190 s ago, is out of the window
+    _, count = implicate(hist, "a", now, POL)
+    assert count == recent["a"] + 1  # the count the repeat-offender rule reads next

@@ -36,6 +36,15 @@ def implicate(hist: History, node: str, now_s: float, pol: HAPolicy) -> tuple[Hi
     return replace(hist, implicated=recent), sum(1 for n, _ in recent if n == node)
 
 
+def recent_implications(hist: History, now_s: float, pol: HAPolicy) -> dict[str, int]:
+    """node -> its implications within the window: what the next one is counted with."""
+    out: dict[str, int] = {}
+    for n, t in hist.implicated:
+        if now_s - t <= pol.repeat_window_s:
+            out[n] = out.get(n, 0) + 1
+    return out
+
+
 def is_repeat_offender(count: int, pol: HAPolicy) -> bool:
     return pol.repeat_offender_count > 0 and count >= pol.repeat_offender_count
 
