@@ -367,14 +367,18 @@ def incidents_of(records: list[RunningRecord]) -> list[RecoverRecord]:
 
 
 def recoveries_by_rung(records: list[RunningRecord]) -> dict[str, int]:
-    """Recoveries that acted (succeeded or still recovering), by rung of the ladder: the one
-    count of recoveries that `status`, `recovery`, `report` and the metrics all show (an
-    incident no rung acted on, NO_RECOVERY, is none: a hang left running that ended by
-    itself)."""
+    """Recoveries that acted (succeeded, or still recovering with its workers started), by
+    rung of the ladder: the one count of recoveries that `status`, `recovery`, `report` and
+    the metrics all show (an incident no rung acted on, NO_RECOVERY, is none: a hang left
+    running that ended by itself; a reschedule waiting for nodes has not acted yet, and may
+    never: counted while it waited, a stop or the queue timeout took it back, and the count
+    went down (walk-through 26))."""
     counts: dict[str, int] = {}
     for r in records:
         for rr in r.recover_records:
-            if rr.recover != NO_RECOVERY and rr.recover_result in (RecoverResult.SUCCESS,
-                                                                   RecoverResult.RECOVERING):
+            if rr.recover != NO_RECOVERY and (
+                    rr.recover_result == RecoverResult.SUCCESS
+                    or (rr.recover_result == RecoverResult.RECOVERING
+                    and rr.workers_started_at is not None)):
                 counts[rr.recover] = counts.get(rr.recover, 0) + 1
     return counts

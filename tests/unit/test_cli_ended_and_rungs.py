@@ -122,3 +122,19 @@ def test_an_ended_job_whose_launcher_pid_is_alive_gives_no_stop_hint(tmp_path: P
         s.set_meta(state="succeeded", ended_at=iso(at(30)), exit_code=0)
     text = tg("status", str(live))
     assert "· succeeded ·" in text and "trainguard stop" not in text, text
+
+
+def test_a_reschedule_waiting_for_nodes_is_not_counted_until_its_workers_start() -> None:
+    """Walk-through 26: a job reschedule queuing for nodes read `5 recoveries (... 2 job
+    reschedules)`; stopped while it waited, the same job read 4: a count that went down."""
+    from trainguard.records import recoveries_by_rung
+
+    rec = RunningRecord(0, at(0), StartType.FIRST_START)
+    waiting = RecoverRecord(
+        attempt=0, recover_start_at=at(10), fault_scenario=FaultScenario.NODE_FAULT,
+        reason="node-1 isolated", related_task="worker-1", recover="job_reschedule_with_taint",
+        decided_at=at(11))
+    rec.recover_records.append(waiting)
+    assert recoveries_by_rung([rec]) == {}
+    waiting.workers_started_at = at(20)  # placed: its workers started
+    assert recoveries_by_rung([rec]) == {"job_reschedule_with_taint": 1}
