@@ -46,8 +46,8 @@ SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "hel
         "heldout14", "heldout15", "heldout16", "heldout17", "heldout18", "heldout19",
         "heldout20", "heldout21", "heldout22", "heldout23", "heldout24", "heldout25",
         "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31",
-        "heldout32", "heldout33", "heldout34", "heldout35")
-BLIND = "heldout36"
+        "heldout32", "heldout33", "heldout34", "heldout35", "heldout36")
+BLIND = "heldout37"
 MODEL = ROOT / "src" / "trainguard" / "diagnosis" / "model.json"
 MIN_SOURCES = 2
 ALPHA = 0.5  # Laplace smoothing

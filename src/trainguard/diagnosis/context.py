@@ -32,6 +32,9 @@ _LOADER_FRAME = re.compile(r'^File "<frozen importlib\._bootstrap(?:_external)?>
 # (a `with` that waits for the other ranks, a DataLoader waiting for its workers' batches),
 # so it is kept too
 _WITH_FRAME = re.compile(r'[/\\](?:contextlib|threading|queue)\.py", line \d+, in ')
+# an exception line quoted inside a long line of prose (an issue's `... I got an error
+# `ImportError: cannot import name ...``): past the characters kept, the kept text starts there
+_QUOTED_EXCEPTION = re.compile(r"\b(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S")
 
 
 def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole: bool,
@@ -74,9 +77,20 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
             continue
         else:
             cut = False
-        out.append(Finding(file=name, line=no, offset=start, text=text[:CONTEXT_TEXT],
+        out.append(Finding(file=name, line=no, offset=start, text=_kept(text),
                            rank=rank_of(pre.rank), node=pre.node, context=True))
         if len(out) >= keep:
             break
     out.reverse()
     return out
+
+
+def _kept(text: str) -> str:
+    """A context line's first CONTEXT_TEXT characters, or, when it is longer and an exception
+    line is quoted past them (and none before) in prose, the CONTEXT_TEXT from that exception
+    on (not in a traceback flattened onto one line: its frames say where it stopped)."""
+    if len(text) > CONTEXT_TEXT and not _FLATTENED.match(text):
+        m = _QUOTED_EXCEPTION.search(text)
+        if m is not None and m.end() > CONTEXT_TEXT:
+            return text[m.start():m.start() + CONTEXT_TEXT]
+    return text[:CONTEXT_TEXT]

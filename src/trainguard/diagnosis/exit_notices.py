@@ -24,6 +24,10 @@ _EXIT_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
                          r"|Aborted|Terminated)"), ""),
     ("task ", re.compile(rf"task (?P<rank>{_N}): Exited with exit code (?P<code>{_N})"), ""),
     ("exits with", re.compile(rf"exits with return code = (?P<code>-?{_N})"), ""),
+    # Paddle's launcher (paddle.distributed.launch): "Container rank 0 status failed cmd
+    # ['python', '-u', 'tools/train.py', ...] code -9 log ./debug/workerlog.0"
+    ("status failed cmd", re.compile(rf"[Cc]ontainer rank (?P<rank>{_N}) status failed cmd "
+                                     rf"\[.{{0,4000}}?\] code (?P<code>-?{_N})\b"), ""),
     ("died with", re.compile(r"died with <Signals\.(?P<sig>SIG[A-Z]+): \d+>"), ""),
     ("received by", re.compile(r"Signal \d+ \((?P<sig>SIG[A-Z]+)\) received by PID"), ""),
     ("WTERMSIG", re.compile(rf"WTERMSIG (?P<code>{_N})\b"), "negate"),

@@ -43,10 +43,12 @@ GENERIC = 0.6  # a generic exception at least this sure is relabelled, not repla
 # or a frame quoted (`>   File "x.py", ...`), printed as `File: "x.py"` or cut at its start; or
 # a traceback's header glued to a progress bar or cut at its first letter; or a `Couldn't
 # reconnect to ...`, `Unable to connect to ...`, `Out of Memory: ...`, `Data loss: ...`, `...
-# was not successful`)
+# was not successful`; or the Chinese words for an error or a failure, `...错误`, `报错`,
+# `失败`, in an issue's prose around a quoted message)
 _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort(?:ed)?|panic|"
                        r"critical|(?:could(?:n['\u2019]?t| not)|unable to) \w+|out of memory|"
                        r"data loss|(?:not |un)successful)\b"
+                       r"|错误|報錯|报错|出错|出錯|失败|失敗"
                        r"|[a-z](?:Error|Exception|EnforceNotMet)\b"
                        r"|raceback \(most recent call"
                        r'|^(?:>\s*)?File:? "|\.py", line \d+, in \S+$'

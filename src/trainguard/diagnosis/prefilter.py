@@ -27,7 +27,8 @@ from trainguard.diagnosis.rules import Rule, RuleSet
 EXTRA = (
     r"Traceback \(most recent call last\)|\w(?:Error|Exception|Exit|Interrupt)\b"
     r"|exitcode\s*:\s*-?\d+|exitcode: -?\d+|terminated with (?:signal|exit code)"
-    r"|task \d+: |exits with return code|During handling of the above exception|died with <Signals"
+    r"|task \d+: |exits with return code|status failed cmd \["
+    r"|During handling of the above exception|died with <Signals"
     r"|The above exception was the direct|WTERMSIG \d+|exited on signal \d+"
     r"|line \d+:\s+\d+ (?:Killed|Segmentation fault|Bus error|Aborted|Terminated)"
     r"|exit code (?:-?\d{10}|0x[0-9A-Fa-f]{8})\b"
