@@ -91,6 +91,7 @@ class IncidentBook:
         self._unsaved: dict[int, RunningRecord] = {}  # attempt -> record not written yet
         self.current: RunningRecord | None = None
         self._pending: tuple[RunningRecord, RecoverRecord] | None = None
+        self._pending_after: datetime | None = None  # the fault's report's first step time
         self._recovered: tuple[RunningRecord, RecoverRecord] | None = None  # the last one
         self._max_step: int | None = None
         self._step_open: RecoverRecord | None = None  # rung 0's record while it recovers
@@ -170,7 +171,12 @@ class IncidentBook:
         first = rec.first_step if rec.first_step is not None else p.first_step  # the attempt's
         changed = rec.first_step != first or rec.last_step != p.last_step
         rec.first_step, rec.last_step = first, p.last_step
-        if self._pending is not None and p.first_step is not None and p.first_step_at:
+        # the failed attempt's own first step is not the recovery's (a second node lost
+        # before the rescheduled attempt started: the first record read `success`, ended
+        # 8.7 s before it began, with steps lost from no resume; walk-through 26). Compared
+        # with the first step the fault's report had, on the agents' clocks, not ours
+        if self._pending is not None and p.first_step is not None and p.first_step_at and (
+                self._pending_after is None or p.first_step_at > self._pending_after):
             owner, inc = self._pending
             inc.first_progress_at = inc.recover_end_at = p.first_step_at
             if inc.resumed_step is None:  # no Resumed report: first step after restart - 1
@@ -311,6 +317,7 @@ class IncidentBook:
             rec.end_related_task = inc.related_task
             rec.end_recover = inc.recover
         self._pending = (rec, inc) if restart else None
+        self._pending_after = progress.first_step_at
         self._save(rec)
 
     def recovery_failed(self, fault: Fault) -> None:
