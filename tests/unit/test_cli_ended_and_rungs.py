@@ -138,3 +138,28 @@ def test_a_reschedule_waiting_for_nodes_is_not_counted_until_its_workers_start()
     assert recoveries_by_rung([rec]) == {}
     waiting.workers_started_at = at(20)  # placed: its workers started
     assert recoveries_by_rung([rec]) == {"job_reschedule_with_taint": 1}
+
+
+def test_a_job_out_of_reschedules_names_the_flags_and_the_rung_that_ended_it(
+        tmp_path: Path) -> None:
+    """Walk-through 26: out of reschedules, `status` said 'continue it: once its cause is
+    fixed ... run the same command' (no flag; `ended_by` null), and the same command failed
+    at the first node loss: the reschedule budgets are kept across relaunches."""
+    job = tmp_path / "j"
+    rec = RunningRecord(0, at(0), StartType.FIRST_START, end_at=at(30), end_reason="failed")
+    rec.recover_records.append(RecoverRecord(
+        attempt=0, recover_start_at=at(20), fault_scenario=FaultScenario.NODE_FAULT,
+        reason="isolated job-level rescheduling budget spent (1, --max-job-reschedules; ...)",
+        related_task="node/node-3", recover="job_reschedule_with_taint",
+        recover_result=RecoverResult.QUOTA_EXCEEDED, recover_end_at=at(20)))
+    with JobStore.create(job, "run-q") as s:
+        s.put_running(rec)
+        s.set_meta(state="failed", attempt=0, created_at=iso(at(0)), ended_at=iso(at(30)),
+                   exit_code=1, max_restarts=2, pod_reschedules_used=1,
+                   job_reschedules_used=1,
+                   budgets={"max_pod_reschedules": 1, "max_job_reschedules": 1})
+    assert json.loads(tg("status", str(job), "--json"))["ended_by"] == \
+        "job_reschedule_with_taint"
+    text = " ".join(tg("status", str(job)).split())
+    assert "its node reschedules were spent: give --max-pod-reschedules and " \
+        "--max-job-reschedules more than it used" in text, text

@@ -244,7 +244,8 @@ def _ended_by(state: str | None, records: list[RunningRecord]) -> str | None:
     if state != JobState.FAILED.value or not records or not records[-1].recover_records:
         return None
     last = records[-1].recover_records[-1]
-    return last.recover if last.recover_result == RecoverResult.FAILED else None
+    return last.recover if last.recover_result in (RecoverResult.FAILED,
+                                                   RecoverResult.QUOTA_EXCEEDED) else None
 
 
 def _elsewhere(recorded: Any, job_dir: str) -> str | None:
@@ -291,6 +292,14 @@ def _restart_hint(doc: dict[str, Any]) -> str:
     JobFailed event names it; the advice under `status` did not)."""
     if doc["state"] != JobState.FAILED.value:
         return ""
+    spent = [name for name in ("pod_reschedules", "job_reschedules")
+             if isinstance(doc["budgets"][name]["max"], int)
+             and doc["budgets"][name]["used"] >= doc["budgets"][name]["max"]]
+    if doc["ended_by"] in _NODE_RUNGS and "job_reschedules" in spent:
+        flags = " and ".join(f"--max-{name.replace('_', '-')}" for name in spent)
+        return (f"; its node reschedules were spent: give {flags} more than it used (they "
+                "are counted across relaunches of the job dir, unlike --max-restarts: the "
+                "same command has none left)")
     if doc["ended_by"] in _NODE_RUNGS:
         return ("; it ended out of healthy nodes (--max-restarts does not cover that): "
                 "--spare-nodes N keeps nodes ready for a lost node's ranks, a longer "

@@ -195,11 +195,12 @@ class NodeRecovery:
         node = d.node or "?"
         for iso in d.isolate:
             self.isolate(iso, attempt)
-        for t in d.tried:
+        for i, t in enumerate(d.tried):
+            then = ("trying the next level" if i + 1 < len(d.tried) or d.rung is not None
+                    else "no level is left: the job fails")
             self.rec.event(Level.WARNING, Reason.RESCHEDULE_DOWNGRADED,
                            f"{t.rung.value} not possible for {node}: {t.why} "
-                           f"({t.result.value}); trying the next level", node=node,
-                           attempt=attempt)
+                           f"({t.result.value}); {then}", node=node, attempt=attempt)
         placement: list[str] | None = list(d.placement)
         fault_at, detected, stopped = times
         if d.action == Action.GIVE_UP:  # out of every budget: the last rung tried says why

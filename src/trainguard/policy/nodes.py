@@ -102,7 +102,8 @@ def _pod(node: str, why: str, placement: tuple[str, ...], spares: tuple[str, ...
          hist: History, pol: HAPolicy, isolate: tuple[Isolation, ...]) -> Decision | Tried:
     if hist.pod_used >= pol.max_pod_reschedules:
         return Tried(Rung.POD_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED,
-                     f"pod-level rescheduling budget spent ({pol.max_pod_reschedules})")
+                     f"pod-level rescheduling budget spent ({pol.max_pod_reschedules}, "
+                     "--max-pod-reschedules)")
     if not spares:
         return Tried(Rung.POD_RESCHEDULE, RecoverResult.DOWNGRADE,
                      "no spare node to replace it with")
@@ -123,7 +124,9 @@ def _job(node: str, why: str, placement: tuple[str, ...], spares: tuple[str, ...
          isolate: tuple[Isolation, ...]) -> Decision:
     if hist.job_used >= pol.max_job_reschedules:
         last = Tried(Rung.JOB_RESCHEDULE, RecoverResult.QUOTA_EXCEEDED,
-                     f"isolated job-level rescheduling budget spent ({pol.max_job_reschedules})")
+                     f"isolated job-level rescheduling budget spent ({pol.max_job_reschedules}, "
+                     "--max-job-reschedules; the job's reschedules are counted across "
+                     "relaunches of its job dir)")
         return Decision(Action.GIVE_UP, f"{node} {why}; {last.why}", hist, tried=(*tried, last),
                         isolate=isolate, node=node, placement=placement,
                         result=RecoverResult.QUOTA_EXCEEDED, exit_code=ExitCode.FAILED)
