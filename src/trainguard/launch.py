@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trainguard.backends.base import Backend
-from trainguard.backends.local import LocalBackend
+from trainguard.backends.local import LocalBackend, is_agent_of
 from trainguard.console import Writable, consoles
 from trainguard.controller.echo import RankEcho
 from trainguard.controller.fleet import Fleet
@@ -169,8 +169,16 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
                    spare_nodes=spec.spare_nodes, backend=backend.name,
                    slurm_own_job=getattr(backend, "owned_job", None))
     adopt = False
-    if resumable:
-        why_not = _adopt(fleet, store, int(meta.get("attempt") or 0), rec)
+    if resumable:  # (walk-through 26: 20 s without a word while the agents were awaited)
+        why_not = _agents_gone(store)
+        if why_not is None:
+            err.write(f"[trainguard] {time.strftime('%H:%M:%S')} attempt "
+                      f"{meta.get('attempt')} of this job may still run without a controller: "
+                      f"waiting up to {ADOPT_TIMEOUT_S:g}s for its node agents to reconnect, "
+                      "to take it over\n")
+            why_not = _adopt(fleet, store, int(meta.get("attempt") or 0), rec)
+        else:
+            _give_up_adoption(fleet, rec, why_not)
         adopt = why_not is None
         if not adopt:
             rec.event(Level.WARNING, Reason.CONTROLLER_RESTARTED,
@@ -282,15 +290,24 @@ def _adopt(fleet: Fleet, store: JobStore, attempt: int, rec: Recorder) -> str | 
     return None
 
 
+def _agents_gone(store: JobStore) -> str | None:
+    """Why no takeover can be waited for: on the local backend, none of the recorded node
+    agents runs any more (`trainguard stop` ended them); None: they may reconnect."""
+    rows = [r for r in store.nodes() if r.agent_pid is not None]
+    if not rows or any(r.backend != LocalBackend.name for r in rows) or any(
+            is_agent_of(r.agent_pid, r.name) for r in rows if r.agent_pid is not None):
+        return None
+    return "none of its node agents runs any more"
+
+
 def _give_up_adoption(fleet: Fleet, rec: Recorder, why: str) -> str:
     """The running attempt cannot be taken over: end the old agents; a fresh start follows.
     What they kept for a controller (node/outbox.py: a checkpoint committed while none
     watched, sent again on reconnecting) is recorded first, under its own attempt."""
     _record_kept(fleet, rec)
     fleet.end_agents()
-    for node in fleet.nodes.values():
-        if node.state.usable:  # lost and isolated nodes stay out of the job
-            node.state, node.reason = NodeState.SPARE, None
+    for node in fleet.nodes.values():  # every node starts afresh, as on any relaunch (a
+        node.state, node.reason = NodeState.SPARE, None  # lost spare stayed out: walk-through 26)
     return why
 
 
