@@ -320,14 +320,20 @@ class IncidentBook:
         self._pending_after = progress.first_step_at
         self._save(rec)
 
-    def recovery_failed(self, fault: Fault) -> None:
+    def recovery_failed(self, fault: Fault, result: RecoverResult = RecoverResult.FAILED
+                        ) -> None:
         """The open incident's rung could not act after all (a reschedule's queue for nodes
         timed out): it ends `failed` now, with the attempt, and says why."""
         if self._pending is None:
             return
         owner, inc = self._pending
         inc.reason, owner.end_reason = fault.reason, fault.end_reason
-        self._close_pending(RecoverResult.FAILED, utcnow())
+        self._close_pending(result, utcnow())
+
+    def recovery_terminated(self, fault: Fault) -> None:
+        """The job was stopped while the open incident's rung waited (a reschedule queuing
+        for nodes): it ends `terminated`, not failed, and says how long it waited."""
+        self.recovery_failed(fault, RecoverResult.TERMINATED)
 
     def backoff_interrupted(self) -> None:
         """Stopped while waiting to restart: nothing runs; the open incident is terminated."""

@@ -214,12 +214,20 @@ class NodeRecovery:
         # decided now, whatever the wait: `recovery` shows the rung recovering while it
         # queues (the downgrade before it too), and its budget is spent once placed
         self.rec.book.record(attempt, d, fault(d.reason))
+        waited = time.monotonic()
         if d.action == Action.RESCHEDULE and d.missing:
             self.rec.set_meta(**_unspent(d).to_meta())  # status says so while it queues
             placement = self._wait_for_nodes(d, attempt)
             if placement is not None:
                 self.rec.set_meta(**d.history.to_meta())
-        if placement is None:  # nothing was rescheduled: its budget is not spent
+        if placement is None and self.stop_requested():  # stopped while it queued: the
+            h = _unspent(d)  # user ended it, no timeout did (walk-through 26)
+            d = replace(d, action=Action.GIVE_UP, result=RecoverResult.TERMINATED, history=h,
+                        exit_code=ExitCode.FAILED, reason=(
+                            f"{node} is out; stopped after waiting "
+                            f"{time.monotonic() - waited:.0f}s for a healthy node"))
+            self.rec.book.recovery_terminated(fault(d.reason))
+        elif placement is None:  # nothing was rescheduled: its budget is not spent
             h = _unspent(d)
             d = replace(d, action=Action.GIVE_UP, result=RecoverResult.FAILED, history=h,
                         exit_code=ExitCode.FAILED, reason=(
