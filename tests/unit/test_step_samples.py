@@ -67,3 +67,27 @@ def test_an_in_process_restart_is_a_new_start_of_the_attempt(tmp_path: Path) -> 
     assert [s for _, s, _ in store.progress()] == [1, 20, 16, 25]
     g = ledger(store, 5.0)
     assert g.steps_wasted == 5  # steps 16-20, done twice
+
+
+def test_steps_trained_while_no_controller_watched_count_from_the_kept_commits() -> None:
+    """Walk-through 26: the launcher SIGKILLed at step 43, the ranks trained on to 150 and
+    committed checkpoints the agents handed to the next controller; the job succeeded and
+    read `last progress: step 43`, goodput 13.5%, 43 steps done."""
+    from trainguard.controller.store_rows import last_progress
+    from trainguard.goodput.read import Save, ledger_input
+    from trainguard.records import RunningRecord, StartType, iso
+
+    t0 = T.timestamp()
+    samples = [(0, s, t0 + s * 0.1) for s in range(1, 44)]
+    commits = [Save(t0 + s * 0.1 + 0.05, 0, s, 0.01, 0.0, False, False)
+               for s in range(50, 151, 50)]
+    end = T + timedelta(seconds=16)
+    attempt = RunningRecord(0, T, StartType.FIRST_START, end_at=end, end_reason="succeeded")
+    g = account(ledger_input({"created_at": iso(T), "state": "succeeded",
+                              "ended_at": iso(end)}, [attempt], samples,
+                             commits, [], None, T + timedelta(seconds=16)))
+    assert g.steps_productive == 150 and g.steps_wasted == 0
+    meta = {"last_step": 43, "last_progress_at": iso(T + timedelta(seconds=4.3))}
+    assert last_progress(meta, (150, iso(T + timedelta(seconds=15))))["step"] == 150
+    assert last_progress(meta, (40, iso(T + timedelta(seconds=4)))) == {
+        "step": 43, "time": meta["last_progress_at"], "source": "step"}

@@ -145,11 +145,14 @@ def shown_state(meta: dict[str, Any]) -> str | None:
 
 def last_progress(meta: dict[str, Any], checkpoint: tuple[int, str] | None
                   ) -> dict[str, Any]:
-    """The job's last progress: the last step its workers reported (`source` "step"), or,
-    for a job that reports no steps (`--quiet`, a script that only saves checkpoints), its
-    last committed checkpoint (`source` "checkpoint"); all None before either."""
+    """The job's last progress: the last step its workers reported (`source` "step"), or
+    its last committed checkpoint (`source` "checkpoint") for a job that reports no steps
+    (`--quiet`, a script that only saves checkpoints) and when the checkpoint is further
+    (steps trained while no controller watched: a multi-node job's agents hand their
+    commits to the next controller, not their steps; walk-through 26); all None before
+    either."""
     step, at = meta.get("last_step"), meta.get("last_progress_at")
-    if step is None and checkpoint is not None:
+    if checkpoint is not None and (not isinstance(step, int) or checkpoint[0] > step):
         return {"step": checkpoint[0], "time": checkpoint[1], "source": "checkpoint"}
     return {"step": step, "time": at, "source": None if step is None else "step"}
 
