@@ -65,7 +65,10 @@ _STATE_STYLES: dict[str, str] = {  # of workers, then of nodes
     NodeState.LOST: "bold red", NodeState.ISOLATED: "yellow", "lost": "bold red",
 }
 # how `status` and `ls` say where the last progress comes from (store_rows.last_progress)
-PROGRESS_SOURCES = {"checkpoint": " (last committed checkpoint; the job reports no steps)"}
+PROGRESS_SOURCES = {"checkpoint": " (last committed checkpoint; the job reports no steps)",
+                    # a checkpoint beyond the last step recorded (no controller watched)
+                    "checkpoint_beyond": " (last committed checkpoint, beyond the last step "
+                    "recorded)"}
 # (budget name, meta key of what is used, meta key of the maximum in `budgets`)
 _BUDGETS = (("restarts", "restarts_used", "max_restarts"),
             ("hang_restarts_in_a_row", "hang_restarts", "max_hang_restarts"),
@@ -96,7 +99,9 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     progress = doc["last_progress"]
     at = meta_time(progress["time"])
     when = "never" if at is None else f"at {clock(at)}"
-    source = PROGRESS_SOURCES.get(progress["source"], "")
+    source = PROGRESS_SOURCES.get("checkpoint_beyond" if progress["source"] == "checkpoint"
+                                  and meta.get("last_step") is not None
+                                  else progress["source"], "")
     console.print(f"last progress: step {dash(progress['step'])} {when}{source}",
                   highlight=False)
     for m in doc["training"]:
