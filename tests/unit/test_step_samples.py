@@ -91,3 +91,26 @@ def test_steps_trained_while_no_controller_watched_count_from_the_kept_commits()
     assert last_progress(meta, (150, iso(T + timedelta(seconds=15))))["step"] == 150
     assert last_progress(meta, (40, iso(T + timedelta(seconds=4)))) == {
         "step": 43, "time": meta["last_progress_at"], "source": "step"}
+
+
+def test_a_controller_that_took_over_does_not_sample_the_attempt_s_start_again(
+        tmp_path: Path) -> None:
+    """Walk-through 26: after each takeover the job read `done again 1` with no restart: the
+    new controller sampled the attempt's first step again, as the first node to report saw
+    it (3 ms after the first sample), and the ledger read the steps going back."""
+    from trainguard.records import RunningRecord, StartType
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    store = JobStore.create(paths.job_dir, "r")
+    t0 = T.timestamp()
+    store.put_running(RunningRecord(0, T, StartType.FIRST_START))
+    store.set_meta(attempt=0, state="running", launches=1)
+    store.add_progress([(0, 1, t0), (0, 50, t0 + 5.0)])  # the dead controller's samples
+    rec = Recorder(spec, paths, store, ["train.py"])
+    assert rec.adopt() == 0
+    rec.sync(report("node-1", 1, (1, 0.003), (60, 6.0)), force=True)
+    assert [s for _, s, _ in store.progress()] == [1, 50, 60]
+    g = ledger(store, 7.0)
+    assert (g.steps_productive, g.steps_wasted) == (60, 0)

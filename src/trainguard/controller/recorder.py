@@ -64,7 +64,7 @@ class Recorder:
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
         self._progress_written = 0.0
         self._ledger: list[tuple[int, int, float]] = []  # progress samples not yet written
-        self._sampled: tuple[int, datetime, int] | None = None  # attempt, first at, last step
+        self._sampled: tuple[int, int, float] | None = None  # the last sample: attempt, step, at
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
               attempt: int | None = None, data: dict[str, Any] | None = None,
@@ -206,6 +206,8 @@ class Recorder:
         for r in self.store.running_records():
             if r.attempt == attempt:
                 self.book.current = r
+        mine = [x for x in self.store.progress() if x[0] == attempt]
+        self._sampled = mine[-1] if mine else None  # the dead controller's last sample
         self.event(Level.INFO, Reason.CONTROLLER_RESTARTED,
                    f"a new controller (pid {os.getpid()}) took over attempt {attempt}: the "
                    "node agents reconnected and the workers kept running; the ranks' output "
@@ -313,19 +315,22 @@ class Recorder:
 
     def _sample(self, attempt: int, p: Progress) -> None:
         """The step ledger: the first step of each attempt (or in-process restart) and every
-        new last step, with the time the workers reached it. A first step seen earlier than
-        the one sampled, in the same attempt, is the same start as another node saw it (the
-        merged report takes the earliest node's once that node has reported): not a new
-        start, which the ledger would read as a step done again (walk-through 26)."""
+        new last step, with the time the workers reached it. Within an attempt a first step
+        is a new start (an in-process restart) only when it came after the last step
+        sampled: an earlier one is the same start as another node saw it (the merged
+        report takes the earliest node's once that node has reported), or as the dead
+        controller sampled it (a takeover); sampled again, the ledger read it as steps done
+        again (walk-through 26)."""
         if p.first_step is None or p.first_step_at is None:
             return
         seen = self._sampled
-        if seen is None or seen[0] != attempt or p.first_step_at > seen[1]:
-            self._ledger.append((attempt, p.first_step, p.first_step_at.timestamp()))
-            seen = self._sampled = (attempt, p.first_step_at, p.first_step)
-        if p.last_step is not None and p.last_step_at is not None and p.last_step != seen[2]:
+        first_at = p.first_step_at.timestamp()
+        if seen is None or seen[0] != attempt or first_at > seen[2]:
+            self._ledger.append((attempt, p.first_step, first_at))
+            seen = self._sampled = (attempt, p.first_step, first_at)
+        if p.last_step is not None and p.last_step_at is not None and p.last_step != seen[1]:
             self._ledger.append((attempt, p.last_step, p.last_step_at.timestamp()))
-            self._sampled = (attempt, seen[1], p.last_step)
+            self._sampled = (attempt, p.last_step, p.last_step_at.timestamp())
 
 
 _ENDINGS = {JobState.SUCCEEDED: (Level.INFO, Reason.JOB_SUCCEEDED),
