@@ -232,6 +232,15 @@ def test_report_summary_names_each_failure_on_one_line() -> None:
     assert "shm: /dev/shm is missing" in s and "No module named 'torch'" in s
 
 
+def test_a_node_that_never_answered_names_no_empty_host() -> None:
+    """Walk-through 26: 'precheck on node-1 (): 1 of 1 failed: ...' for an agent that died."""
+    rep = PrecheckReport(node="node-1", host="", at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                         checks=[CheckResult(name="agent", ok=False, detail="no pre-check "
+                                             "answer: its agent process ended")])
+    assert rep.summary() == ("precheck on node-1: 1 of 1 failed: agent: no pre-check answer: "
+                             "its agent process ended")
+
+
 def test_report_round_trips_as_json() -> None:
     rep = report(judge_disk("/j", MIB, 1024), judge_nofile(None, None))
     assert PrecheckReport.model_validate_json(rep.model_dump_json()) == rep

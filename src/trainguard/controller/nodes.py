@@ -136,10 +136,14 @@ class NodeRecovery:
             if r.ok:
                 report = PrecheckReport.model_validate(r.body)
             else:  # no answer (silent, gone, or the check itself broke): not a usable node
+                node, link = self.fleet.nodes[name], self.fleet.hub.links.get(name)
+                why = ("its agent process ended" if node.handle is not None
+                       and node.handle.ended() else r.error)  # (not "unreachable": F11)
                 report = PrecheckReport.model_validate({
-                    "node": name, "host": "", "at": utcnow(), "checks": [{
+                    "node": name, "host": link.host if link is not None and link.host else "",
+                    "at": utcnow(), "checks": [{
                         "name": "agent", "ok": False, "detail": f"no pre-check answer: "
-                        f"{r.error}", "fix": f"read {self.rec.paths.job_dir}/cluster/"
+                        f"{why}", "fix": f"read {self.rec.paths.job_dir}/cluster/"
                         f"{name}.agent.log"}]})
             out[name] = report
             data = {"checks": [c.model_dump() for c in report.checks]}

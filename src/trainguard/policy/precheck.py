@@ -64,7 +64,7 @@ class PrecheckReport(BaseModel):
     def summary(self) -> str:
         """One line: `precheck on node-0 (host-a): ok, 7 checks`, or the failed checks with
         their details: `precheck on node-0 (host-a): 2 of 7 failed: shm: ...; ports: ...`."""
-        where = f"precheck on {self.node} ({self.host})"
+        where = f"precheck on {self.node}" + (f" ({self.host})" if self.host else "")
         bad = self.failed
         if not bad:
             return f"{where}: ok, {len(self.checks)} checks"
