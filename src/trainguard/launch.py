@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trainguard.backends.base import Backend
-from trainguard.backends.local import LocalBackend, is_agent_of
+from trainguard.backends.local import LocalBackend, live_agents
 from trainguard.console import Writable, consoles
 from trainguard.controller.echo import RankEcho
 from trainguard.controller.fleet import Fleet
@@ -294,8 +294,7 @@ def _agents_gone(store: JobStore) -> str | None:
     """Why no takeover can be waited for: on the local backend, none of the recorded node
     agents runs any more (`trainguard stop` ended them); None: they may reconnect."""
     rows = [r for r in store.nodes() if r.agent_pid is not None]
-    if not rows or any(r.backend != LocalBackend.name for r in rows) or any(
-            is_agent_of(r.agent_pid, r.name) for r in rows if r.agent_pid is not None):
+    if not rows or any(r.backend != LocalBackend.name for r in rows) or live_agents(rows):
         return None
     return "none of its node agents runs any more"
 

@@ -17,7 +17,9 @@ import os
 import select
 import signal
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import psutil
 
@@ -35,6 +37,28 @@ def is_agent_of(pid: int, node: str) -> bool:
         return False
     pairs = set(itertools.pairwise(argv))
     return AGENT_MODULE in argv and ("--node", node) in pairs
+
+
+class AgentRow(Protocol):
+    """What a job store's node row says of its agent (controller/store_rows.NodeRow)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def agent_pid(self) -> int | None: ...
+    @property
+    def backend(self) -> str: ...
+
+
+R = TypeVar("R", bound=AgentRow)
+
+
+def live_agents(rows: Iterable[R]) -> list[R]:
+    """The rows whose node agent still runs on this machine (the local backend's: a Slurm
+    node's runs elsewhere, where nobody here can tell): they outlive a killed launcher,
+    waiting for a controller to take the job over, and their workers train on."""
+    return [r for r in rows if r.backend == LocalBackend.name and r.agent_pid is not None
+            and is_agent_of(r.agent_pid, r.name)]
 
 
 def signal_agent(pid: int, node: str, sig: int = signal.SIGKILL) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
-from trainguard.backends.local import signal_agent
+from trainguard.backends.local import live_agents, signal_agent
 from trainguard.cli.args import days
 from trainguard.cli.fmt import (
     clock_or_dash,
@@ -175,9 +175,8 @@ def _end_agents(job_dir: Path) -> list[str]:
             rows = store.nodes()
     except StoreError:
         return []
-    return [f"{r.name} (pid {r.agent_pid})" for r in rows
-            if r.backend == "local" and r.agent_pid is not None
-            and signal_agent(r.agent_pid, r.name)]
+    return [f"{r.name} (pid {r.agent_pid})" for r in live_agents(rows)
+            if r.agent_pid is not None and signal_agent(r.agent_pid, r.name)]
 
 
 def _launcher(pid: int) -> psutil.Process | None:

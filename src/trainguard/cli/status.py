@@ -16,7 +16,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.backends.local import is_agent_of
+from trainguard.backends.local import live_agents
 from trainguard.cli.fmt import (
     clock,
     clock_or_dash,
@@ -86,7 +86,8 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), nodes,
                      store.running_records(), hang_events, store.last_checkpoint(),
                      launch_events, _free_bytes(store),
-                     _agents_alive(nodes) if shown_state(meta) == JobState.LOST.value else [])
+                     [r.name for r in live_agents(nodes)]
+                     if shown_state(meta) == JobState.LOST.value else [])
     if args.json:
         print_json(doc)
         return ExitCode.SUCCESS
@@ -225,13 +226,6 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "store_disk_full": state not in JOB_ENDED and free_bytes is not None
         and free_bytes < STORE_FULL_BYTES,
     }
-
-
-def _agents_alive(nodes: list[NodeRow]) -> list[str]:
-    """The nodes whose agent still runs on this machine (the local backend; under Slurm the
-    agents run elsewhere, and end by themselves without a controller)."""
-    return [n.name for n in nodes if n.backend == "local" and n.agent_pid is not None
-            and is_agent_of(n.agent_pid, n.name)]
 
 
 def _free_bytes(store: JobStore) -> int | None:
