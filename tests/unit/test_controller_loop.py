@@ -684,3 +684,14 @@ def test_a_crash_happened_when_its_deciding_line_was_written_not_when_the_rank_e
     other = Evidence("logs/attempt-0/rank-0.log", 5, "RuntimeError: boom", rank=0, at=at(26.3))
     assert fault_time(failed, other, at(30)) == at(29.7)  # not a failed rank's line
     assert fault_time([fact(1, 29.7, None)], line, at(30)) == at(26.3)  # no step lines
+
+
+def test_a_restart_that_started_fewer_ranks_than_the_job_has_says_so(job: Any) -> None:
+    """Walk-through 26 (F13): a node lost during the restart's backoff started none of its
+    ranks, and WorkersRestarted said 'the job has been restarted' with rank 0 alone."""
+    half = report(1, W(RUNNING), seconds=3)
+    half = half.model_copy(update={"workers": half.workers[:1]})
+    run = job([CRASH_THEN_RECOVER[0], [half, *CRASH_THEN_RECOVER[1][1:]]], max_restarts=3)
+    (restarted,) = [e for e in run.events if e.reason == "WorkersRestarted"]
+    assert "(auto_restart, attempt 1): only 1 of 2 rank(s) started: rank 0: pid" in \
+        restarted.message, restarted.message

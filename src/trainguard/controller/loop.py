@@ -39,11 +39,7 @@ from trainguard.policy.decision import (
     Rung,
 )
 from trainguard.policy.ladder import decide
-from trainguard.protocol import (
-    AgentAPI,
-    NodeReport,
-    StopWorkers,
-)
+from trainguard.protocol import AgentAPI, NodeReport, StopWorkers
 from trainguard.records import FaultScenario, Level, Reason, StartType, iso, rank_list, utcnow
 from trainguard.states import JobState, WorkerState
 
@@ -177,9 +173,11 @@ class Controller:
             self.rec.event(Level.INFO, Reason.JOB_RUNNING,
                            f"started {len(report.workers)} worker(s) ({pids}), port {port}",
                            attempt=attempt)
-        else:
-            self.rec.event(Level.INFO, Reason.WORKERS_RESTARTED,
-                           f"the job has been restarted ({start_type.value}, attempt {attempt}): "
+        else:  # a node lost meanwhile starts none of its ranks: not "the job" (F13)
+            n, world = len(report.workers), self.spec.nnodes * self.spec.nproc_per_node
+            self.rec.event(Level.INFO, Reason.WORKERS_RESTARTED, f"the job has been restarted "
+                           f"({start_type.value}, attempt {attempt}):"
+                           f"{f' only {n} of {world} rank(s) started:' if n < world else ''} "
                            f"{pids}, port {port}", attempt=attempt)
         self.rec.set_meta(state=JobState.RUNNING.value, attempt=attempt)
         return self._watch()
