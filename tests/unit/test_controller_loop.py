@@ -341,7 +341,10 @@ def test_a_signal_during_the_restart_backoff_stops_the_job_and_terminates_the_in
                  report(0, W(RUNNING), W(FAILED, -9), first=1, last=15, seconds=1)]]
     run = job(attempts, restart_backoff_s=5, restart_backoff_max_s=5, max_restarts=3)
     assert run.code == 128 + signal.SIGINT
-    assert run.reasons[-2:] == ["RestartScheduled", "JobStopped"]
+    # (walk-through 26) the stop is recorded, and no worker is said to get the grace period
+    assert run.reasons[-3:] == ["RestartScheduled", "StopRequested", "JobStopped"]
+    assert run.events[-1].message == ("stopped by SIGINT while waiting to restart (the "
+                                      "backoff): no worker ran")
     (rec,) = run.store.running_records()
     assert rec.end_reason is not None and "SIGKILL" in rec.end_reason  # not overwritten
     (inc,) = rec.recover_records

@@ -136,7 +136,7 @@ class Controller:
                 continue
             decision = nxt.decision
             if nxt.node_level and self._signals.received is not None:
-                return self.rec.stopped_by(attempt, self._signals.received)  # waiting for nodes
+                return self.rec.stopped_idle(attempt, self._signals.received, "waiting for nodes")
             if decision.action == Action.GIVE_UP:
                 if decision.limit == Reason.NO_PROGRESS:  # say where the attempts got stuck
                     decision = replace(decision, reason=f"{decision.reason}: "
@@ -146,7 +146,8 @@ class Controller:
                 self.rec.set_meta(state=JobState.RESTARTING.value)
             if decision.delay_s > 0 and not self._signals.sleep(decision.delay_s):
                 self.rec.book.backoff_interrupted()
-                return self.rec.stopped_by(attempt, self._signals.received or signal.SIGTERM)
+                return self.rec.stopped_idle(attempt, self._signals.received or signal.SIGTERM,
+                                             "waiting to restart (the backoff)")
             attempt, start_type = attempt + 1, decision.start_type or StartType.AUTO_RESTART
 
     def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome:

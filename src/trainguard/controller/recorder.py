@@ -262,6 +262,17 @@ class Recorder:
                             f"stopped by {signal.Signals(signum).name}: {how}{late}",
                             attempt=attempt)
 
+    def stopped_idle(self, attempt: int, signum: int, waiting: str) -> int:
+        """Stopped while no worker ran (`waiting`: for healthy nodes, a restart's backoff):
+        the stop is recorded, and the end says so, not that workers got the grace period
+        (walk-through 26)."""
+        name = signal.Signals(signum).name
+        self.event(Level.INFO, Reason.STOP_REQUESTED, f"stop requested (the launcher got "
+                   f"{name}) while {waiting}: no worker runs", attempt=attempt,
+                   data={"signal": name, "grace_s": 0.0})
+        return self.end_job(JobState.STOPPED, 128 + signum, f"stopped by {name} while "
+                            f"{waiting}: no worker ran", attempt=attempt)
+
     def not_started(self, attempt: int, e: LaunchError, started_any: bool) -> int:
         """An attempt's workers could not be started: a usage error before any ever ran."""
         self.book.attempt_not_started(attempt, str(e))
