@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,16 +36,22 @@ def read_json(cmd: str, job_dir: Path) -> Any:
     """`trainguard CMD JOB_DIR --json`, read by the command's own code (trainguard.cli.main)
     in this process: a `python -m trainguard` per read costs about 0.75 s of CPU, and the
     waits read `status` every half second beside the job under test. A failure raises what
-    the subprocess did (CalledProcessError, with the output and the error text)."""
+    the subprocess did (CalledProcessError, with the output and the error text). A store read
+    in the milliseconds its launcher creates it says so ('the job is still being created; try
+    again', exit 2): read again, as a user would (a wait read that instant once in CI)."""
     from trainguard.cli import main
 
     argv = [cmd, str(job_dir), "--json"]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:  # argparse's refusals
-            code = e.code if isinstance(e.code, int) else 2
+    for _ in range(50):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as e:  # argparse's refusals
+                code = e.code if isinstance(e.code, int) else 2
+        if code == 0 or "the job is still being created" not in err.getvalue():
+            break
+        time.sleep(0.1)
     if code != 0:
         raise subprocess.CalledProcessError(code, [*TG, *argv], out.getvalue(), err.getvalue())
     return json.loads(out.getvalue())
