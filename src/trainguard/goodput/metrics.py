@@ -113,9 +113,10 @@ def _job(meta: dict[str, object], checkpoint: tuple[int, str] | None) -> Iterato
                                 value=float(attempt))
     progress = last_progress(meta, checkpoint)
     if isinstance(progress["step"], int):
-        yield GaugeMetricFamily("trainguard_step", "the last step the workers reported, or, "
-                                "for a job that reports no steps, its last committed "
-                                "checkpoint's (trainguard_progress_source says which)",
+        yield GaugeMetricFamily("trainguard_step", "the last step the workers reported, or "
+                                "the last committed checkpoint's when it is further (a job "
+                                "that reports no steps, steps trained while no controller "
+                                "watched; trainguard_progress_source says which)",
                                 value=float(progress["step"]))
         source = GaugeMetricFamily("trainguard_progress_source", "1 for where "
                                    "trainguard_step comes from", labels=["source"])
