@@ -163,6 +163,12 @@ class Fleet:
                 out[name] = f"Slurm reports it {bad[name]}"
         return out
 
+    def silent_s(self) -> dict[str, float]:
+        """Each placed node's seconds since its agent's last frame: a rank whose node is
+        silent has progress nobody could report (hang detection says so)."""
+        links = self.hub.links_now()
+        return {n: links[n].silent_s for n in self.placement if n in links}
+
     def heard_ago(self, names: list[str]) -> float:
         """Seconds since the earliest last frame of `names`: a lost node's first sign (its
         silence, its link's end, its agent's death all start after its last frame)."""

@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -51,6 +52,7 @@ from trainguard.worker.contract import EXIT_SAVE_PHASE, EXITING_PHASE
 log = logging.getLogger(__name__)
 
 SUSPENDED = "The system detects that your training job may be suspended"
+SILENT_AGENT_S = 3.0  # an agent reports every 0.25-2 s: silent longer, its ranks are unheard
 LOOK_TIMEOUT_S = 5.0  # a quick look at the stacks (Python frames only)
 LOOK_EVERY_S = 0.5  # between the end of a look and the next, while a hang is suspected
 LOOK_WORKING_S = 2.0  # ... once the ranks were found working (detector motion_fresh_s: 10 s)
@@ -79,8 +81,10 @@ def policy_of(rec: Recorder) -> HangPolicy:
 
 
 class HangWatch:
-    def __init__(self, rec: Recorder, agent: AgentAPI) -> None:
-        self.rec, self.agent = rec, agent
+    def __init__(self, rec: Recorder, agent: AgentAPI,
+                 silent: Callable[[], dict[str, float]] | None = None) -> None:
+        """`silent`: each node's seconds since its agent was last heard (multi-node)."""
+        self.rec, self.agent, self._silent = rec, agent, silent
         self.enabled = rec.spec.hang_detection
         self.detector = HangDetector(policy_of(rec))
         self.signal = ProgressSignal(rec)
@@ -165,8 +169,7 @@ class HangWatch:
             self._new_suspicion()
         elif v.state == HangState.SUSPECTED:
             if before == HangState.OK:
-                self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED,
-                               f"{SUSPENDED}: {v.describe()}",
+                self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED, self.suspected(v, report),
                                rank=v.stuck_ranks[0] if len(v.stuck_ranks) == 1 else None,
                                attempt=self._attempt, data=_verdict_data(v))
                 self._new_suspicion()
@@ -183,6 +186,21 @@ class HangWatch:
                     fault, reason=f"left running (--restart-on-hang is off): {fault.reason}"))
             return self.confirmed
         return None
+
+    def suspected(self, v: HangVerdict, report: NodeReport) -> str:
+        """The suspicion, said as what is known: when every stuck rank's node agent has been
+        silent, its progress is what nobody heard (a frozen agent's rank trained on, and was
+        said to be suspended; walk-through 26); the node's loss decides that case."""
+        silent = self._silent() if self._silent is not None else {}
+        node_of = {w.rank: w.node for w in report.workers}
+        quiet = sorted({n for r in v.stuck_ranks if (n := node_of.get(r)) is not None})
+        if not quiet or any(silent.get(n, 0.0) < SILENT_AGENT_S for n in quiet):
+            return f"{SUSPENDED}: {v.describe()}"
+        return (f"no progress heard from rank(s) {rank_list(v.stuck_ranks)} for "
+                f"{v.idle_s:.1f}s: the agent of {', '.join(quiet)} has been silent for "
+                f"{max(silent[n] for n in quiet):.1f}s, so nobody could report it (the ranks may "
+                f"be training); a node is lost after {self.rec.spec.node_timeout_s:g}s of "
+                "silence")
 
     def _deferred(self, v: HangVerdict, report: NodeReport, now: datetime) -> bool:
         """Whether a hang about to be confirmed waits: a stuck rank outside a marked phase

@@ -85,7 +85,7 @@ class Controller:
             nodes.stop_requested = lambda: self._signals.received is not None
         self._marks = HighWater()
         self._started_any = False
-        self._hangs = HangWatch(recorder, agent)
+        self._hangs = HangWatch(recorder, agent, None if nodes is None else nodes.fleet.silent_s)
         self._steps = StepRetries(recorder, agent, self._decide, self._commit)
         self._inproc = InProcessRestarts(recorder, agent, self._steps, nodes is None)
         self._resume = ResumeAgreement(agent, self.spec.world_size)
