@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainguard.controller.store import JobStore
 from trainguard.diagnosis.taxonomy import Diagnosis, Evidence
@@ -83,6 +83,13 @@ def task_of(rank: int | None) -> str:
     return "job" if rank is None else f"worker-{rank}"
 
 
+class _Open(NamedTuple):
+    """An incident's record and the attempt's record that holds it."""
+    owner: RunningRecord
+    inc: RecoverRecord
+    after: datetime | None  # the first step time the fault's report had (agents' clocks)
+
+
 class IncidentBook:
     def __init__(self, store: JobStore,
                  on_error: Callable[[Exception], None] | None = None) -> None:
@@ -90,9 +97,8 @@ class IncidentBook:
         self._on_error = on_error  # a write that failed (the job goes on; it is retried)
         self._unsaved: dict[int, RunningRecord] = {}  # attempt -> record not written yet
         self.current: RunningRecord | None = None
-        self._pending: tuple[RunningRecord, RecoverRecord] | None = None
-        self._pending_after: datetime | None = None  # the fault's report's first step time
-        self._recovered: tuple[RunningRecord, RecoverRecord] | None = None  # the last one
+        self._pending: _Open | None = None  # the incident recovering now
+        self._recovered: _Open | None = None  # the last one that recovered
         self._max_step: int | None = None
         self._step_open: RecoverRecord | None = None  # rung 0's record while it recovers
         self._hang_open: RecoverRecord | None = None  # a confirmed hang left running
@@ -125,7 +131,7 @@ class IncidentBook:
         """The restarted workers are up; `standby`: per started worker, whether it came
         from a pre-warmed standby."""
         if self._pending is not None:
-            owner, inc = self._pending
+            owner, inc, _ = self._pending
             inc.workers_started_at = at
             inc.workers_from = workers_from(standby)
             self._save(owner)
@@ -135,7 +141,7 @@ class IncidentBook:
         whether those it started came from standbys (the open or just-closed record)."""
         held = self._pending if self._pending is not None else self._recovered
         if held is not None:
-            owner, inc = held
+            owner, inc, _ = held
             inc.workers_from = workers_from(standby)
             self._save(owner)
 
@@ -144,12 +150,12 @@ class IncidentBook:
         "+"-joined when the ranks loaded from several):
         the authoritative resume point."""
         if self._pending is None and self._recovered is not None:
-            owner, inc = self._recovered  # a later rank's report, after the first step
+            owner, inc, _ = self._recovered  # a later rank's report, after the first step
             if inc.resumed_step == step:
                 inc.resumed_from = source
                 self._save(owner)
         if self._pending is not None:
-            owner, inc = self._pending
+            owner, inc, _ = self._pending
             inc.resumed_step, inc.resumed_from = step, source
             if inc.last_step_before is not None:
                 inc.steps_lost = max(0, inc.last_step_before - step)
@@ -176,8 +182,8 @@ class IncidentBook:
         # 8.7 s before it began, with steps lost from no resume; walk-through 26). Compared
         # with the first step the fault's report had, on the agents' clocks, not ours
         if self._pending is not None and p.first_step is not None and p.first_step_at and (
-                self._pending_after is None or p.first_step_at > self._pending_after):
-            owner, inc = self._pending
+                self._pending.after is None or p.first_step_at > self._pending.after):
+            owner, inc, _ = self._pending
             inc.first_progress_at = inc.recover_end_at = p.first_step_at
             if inc.resumed_step is None:  # no Resumed report: first step after restart - 1
                 inc.resumed_step = p.first_step - 1
@@ -316,24 +322,19 @@ class IncidentBook:
             rec.end_at, rec.end_reason = stopped, end_reason
             rec.end_related_task = inc.related_task
             rec.end_recover = inc.recover
-        self._pending = (rec, inc) if restart else None
-        self._pending_after = progress.first_step_at
+        self._pending = _Open(rec, inc, progress.first_step_at) if restart else None
         self._save(rec)
 
     def recovery_failed(self, fault: Fault, result: RecoverResult = RecoverResult.FAILED
                         ) -> None:
         """The open incident's rung could not act after all (a reschedule's queue for nodes
-        timed out): it ends `failed` now, with the attempt, and says why."""
+        timed out): it ends `result` now, with the attempt, and says why (`terminated`:
+        the job was stopped while the rung waited)."""
         if self._pending is None:
             return
-        owner, inc = self._pending
+        owner, inc, _ = self._pending
         inc.reason, owner.end_reason = fault.reason, fault.end_reason
         self._close_pending(result, utcnow())
-
-    def recovery_terminated(self, fault: Fault) -> None:
-        """The job was stopped while the open incident's rung waited (a reschedule queuing
-        for nodes): it ends `terminated`, not failed, and says how long it waited."""
-        self.recovery_failed(fault, RecoverResult.TERMINATED)
 
     def backoff_interrupted(self) -> None:
         """Stopped while waiting to restart: nothing runs; the open incident is terminated."""
@@ -377,7 +378,7 @@ class IncidentBook:
     def _close_pending(self, result: RecoverResult, at: datetime) -> None:
         if self._pending is None:
             return
-        owner, inc = self._pending
+        owner, inc, _ = self._pending
         inc.recover_result, inc.recover_end_at = result, at
         self._pending = None
         self._save(owner)

@@ -218,7 +218,7 @@ class NodeRecovery:
         # decided now, whatever the wait: `recovery` shows the rung recovering while it
         # queues (the downgrade before it too), and its budget is spent once placed
         self.rec.book.record(attempt, d, fault(d.reason))
-        waited = time.monotonic()
+        queued_at = time.monotonic()
         if d.action == Action.RESCHEDULE and d.missing:
             self.rec.set_meta(**_unspent(d).to_meta())  # status says so while it queues
             placement = self._wait_for_nodes(d, attempt)
@@ -229,8 +229,8 @@ class NodeRecovery:
             d = replace(d, action=Action.GIVE_UP, result=RecoverResult.TERMINATED, history=h,
                         exit_code=ExitCode.FAILED, reason=(
                             f"{node} is out; stopped after waiting "
-                            f"{time.monotonic() - waited:.0f}s for a healthy node"))
-            self.rec.book.recovery_terminated(fault(d.reason))
+                            f"{time.monotonic() - queued_at:.0f}s for a healthy node"))
+            self.rec.book.recovery_failed(fault(d.reason), RecoverResult.TERMINATED)
         elif placement is None:  # nothing was rescheduled: its budget is not spent
             h = _unspent(d)
             d = replace(d, action=Action.GIVE_UP, result=RecoverResult.FAILED, history=h,
