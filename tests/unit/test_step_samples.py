@@ -114,3 +114,13 @@ def test_a_controller_that_took_over_does_not_sample_the_attempt_s_start_again(
     assert [s for _, s, _ in store.progress()] == [1, 50, 60]
     g = ledger(store, 7.0)
     assert (g.steps_productive, g.steps_wasted) == (60, 0)
+
+
+def test_an_attempt_s_last_sample_is_its_newest_not_another_attempt_s(tmp_path: Path) -> None:
+    store = JobStore.create(tmp_path / "job", "r")
+    assert store.last_sample(0) is None
+    t0 = T.timestamp()
+    store.add_progress([(0, 1, t0), (0, 50, t0 + 5.0), (1, 41, t0 + 9.0), (1, 45, t0 + 9.0)])
+    assert store.last_sample(0) == (0, 50, t0 + 5.0)
+    assert store.last_sample(1) == (1, 45, t0 + 9.0)  # same instant: the later row
+    assert store.last_sample(2) is None

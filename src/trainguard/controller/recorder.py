@@ -206,8 +206,7 @@ class Recorder:
         for r in self.store.running_records():
             if r.attempt == attempt:
                 self.book.current = r
-        mine = [x for x in self.store.progress() if x[0] == attempt]
-        self._sampled = mine[-1] if mine else None  # the dead controller's last sample
+        self._sampled = self.store.last_sample(attempt)  # the dead controller's last
         self.event(Level.INFO, Reason.CONTROLLER_RESTARTED,
                    f"a new controller (pid {os.getpid()}) took over attempt {attempt}: the "
                    "node agents reconnected and the workers kept running; the ranks' output "

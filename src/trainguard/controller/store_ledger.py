@@ -46,6 +46,16 @@ class LedgerTables:
             row = self._conn.execute("SELECT MAX(at) FROM progress").fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
+    def last_sample(self, attempt: int) -> tuple[int, int, float] | None:
+        """The newest progress sample (attempt, step, time) of `attempt`; None without one."""
+        if self._version < 4:
+            return None
+        with self._errors("read progress from"):
+            row = self._conn.execute(
+                "SELECT attempt, step, at FROM progress WHERE attempt = ? "
+                "ORDER BY at DESC, rowid DESC LIMIT 1", (attempt,)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), float(row[2]))
+
     def event_values(self, reason: str, keys: tuple[str, ...]
                      ) -> list[tuple[str, int | None, tuple[Any, ...]]]:
         """(time, attempt, the values of `keys` in its data) of each event of `reason`, oldest
