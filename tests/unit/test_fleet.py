@@ -243,6 +243,19 @@ def test_a_lost_nodes_running_workers_read_failed_in_the_merged_report() -> None
         3: WorkerState.FAILED}
 
 
+def test_a_node_whose_agent_ended_is_not_sent_a_start_and_is_lost_at_once() -> None:
+    """Walk-through 26 (F13): a node whose agent died during a restart's backoff was sent
+    the start and given the 3 s reconnect grace ('unreachable'); its process had ended."""
+    f, hub, _ = fleet()
+    handle = f.nodes["b"].handle
+    assert isinstance(handle, FakeHandle)
+    handle.dead = True
+    merged = f.start_workers(start_cmd(attempt=1))
+    assert sorted(hub.calls[-1]) == ["a"]  # only the live node is asked
+    assert [w.rank for w in merged.workers if w.state == WorkerState.RUNNING] == [0, 1]
+    assert f.lost_now() == {"b": "its agent process ended"}
+
+
 def test_a_spares_reports_are_taken_and_dropped_so_they_never_pile_up() -> None:
     f, hub, _ = fleet()
     f.start_workers(start_cmd())

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0
 MIN_POLL_S = 0.05  # poll(wait_s) merges the nodes' reports at most this often, and at
 MERGE_S_PER_NODE = 0.00025  # most every 0.5 s at 2,000 nodes (a merge is O(ranks))
+AGENT_ENDED = "its agent process ended"  # why a node is lost when its agent ended
 DISRUPTION_WAIT_S = 120.0  # every link down at once: how long before any counts as lost
 
 
@@ -126,8 +127,18 @@ class Fleet:
               timeout: float) -> dict[str, Reply]:
         """The hub's call, with this fleet's reconnect grace and node timeout: a frozen
         agent holds a command (a hang watch's stack dump, a stop) no longer than a silent
-        one is given before it counts as lost."""
-        return self.hub.call(calls, timeout, self.grace_s, self.node_timeout_s)
+        one is given before it counts as lost. A node whose agent process has ended
+        answers at once, with why (not "unreachable" after the grace: a node lost during
+        a restart's backoff was found 3 s late; walk-through 26, F13)."""
+        out = {n: Reply(False, {}, AGENT_ENDED) for n in calls if self._agent_ended(n)}
+        rest = {n: c for n, c in calls.items() if n not in out}
+        if rest:
+            out.update(self.hub.call(rest, timeout, self.grace_s, self.node_timeout_s))
+        return out
+
+    def _agent_ended(self, name: str) -> bool:
+        node = self.nodes.get(name)
+        return node is not None and node.handle is not None and node.handle.ended()
 
     def publish(self) -> None:
         self._publish(self)
@@ -150,8 +161,8 @@ class Fleet:
                 continue
             if name in self._broken:
                 out[name] = self._broken[name]
-            elif node.handle is not None and node.handle.ended():
-                out[name] = "its agent process ended"
+            elif self._agent_ended(name):
+                out[name] = AGENT_ENDED
             elif link.disconnected_s > self.grace_s and not waiting:
                 out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s"
                              + (" (every node's link went down at once)"
@@ -185,8 +196,8 @@ class Fleet:
             if name in self.placement or node.state != NodeState.SPARE:
                 continue
             link = links.get(name)
-            if node.handle is not None and node.handle.ended():
-                out[name] = "its agent process ended"
+            if self._agent_ended(name):
+                out[name] = AGENT_ENDED
             elif (link is not None and link.disconnected_s > self.grace_s
                   and self.disrupted_since is None):
                 out[name] = f"its agent has been disconnected for over {self.grace_s:g}s"
@@ -258,7 +269,8 @@ class Fleet:
         if failed and len(failed) == len(replies):  # the same on every node: not a node's
             raise LaunchError("; ".join(f"{n}: {e}" for n, e in failed.items()))
         for name, error in failed.items():  # one node's own trouble: it is lost
-            self._broken[name] = f"it could not start its workers ({error})"
+            self._broken[name] = error if error == AGENT_ENDED \
+                else f"it could not start its workers ({error})"
         self._take(replies)
         self._prepare_spares(cmd)
         return self._merged()

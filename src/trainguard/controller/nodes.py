@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from trainguard.controller.fleet import Fleet
+from trainguard.controller.fleet import AGENT_ENDED, Fleet
 from trainguard.controller.incidents import Fault
 from trainguard.controller.recorder import Recorder
 from trainguard.exitcodes import ExitCode
@@ -137,7 +137,7 @@ class NodeRecovery:
                 report = PrecheckReport.model_validate(r.body)
             else:  # no answer (silent, gone, or the check itself broke): not a usable node
                 node, link = self.fleet.nodes[name], self.fleet.hub.links.get(name)
-                why = ("its agent process ended" if node.handle is not None
+                why = (AGENT_ENDED if node.handle is not None
                        and node.handle.ended() else r.error)  # (not "unreachable": F11)
                 report = PrecheckReport.model_validate({
                     "node": name, "host": link.host if link is not None and link.host else "",
