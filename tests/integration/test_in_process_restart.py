@@ -63,9 +63,15 @@ def the_one_record(job_dir: Path) -> dict[str, object]:
 
 def test_a_killed_rank_is_started_again_alone_and_its_peer_reenters_in_place(
         tmp_path: Path, job_dir: Path, clean_digest: str) -> None:
-    r = run_tg(job(job_dir), cwd=tmp_path, fault="signal:KILL@rank=1,step=6")
+    r = run_tg(job(job_dir, "--save-on-exit"), cwd=tmp_path, fault="signal:KILL@rank=1,step=6")
     assert r.returncode == 0, r.stderr[-3000:]
     assert digest(r.stdout) == clean_digest  # resumed from step 4: the same weights
+    # the job's last step is the newest checkpoint: the survivor's first entry saved its old
+    # step 6 at interpreter exit after it, and `latest` pointed back at it (walk-through 27)
+    assert (job_dir / "checkpoints" / "latest").read_text().strip() == f"step-{STEPS:09d}"
+    saved = [e["message"] for e in read_json("events", job_dir)
+             if e["reason"] == "CheckpointSaved"]
+    assert not any("checkpoint of step 6 " in m for m in saved), saved
     got = reasons(job_dir)
     assert got.index("WorkerFailed") < got.index("InProcessRestarting") < got.index(
         "InProcessRestarted")

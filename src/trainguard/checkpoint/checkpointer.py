@@ -207,8 +207,12 @@ class Checkpointer:
     def abandon(self) -> None:
         """Give up the save in flight when its parts are not all written (an in-process
         restart: a rank that died never writes its part) and wait for it to end (at most
-        one storage poll). run_resilient calls it; the Checkpointer is not used after."""
+        one storage poll); nothing is saved on the way out either. run_resilient calls it;
+        the Checkpointer is not used after."""
         self._abandoned = True
+        if self._exit is not None:  # its last step is the old group's: never saved at exit
+            self._exit.close()
+            self._exit = None
         self.wait_quietly()
         if self._executor is not None:
             self._executor.shutdown(wait=True)

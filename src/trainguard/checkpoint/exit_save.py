@@ -94,9 +94,23 @@ class ExitSaver:
         self._done = False
         grace = float(os.environ.get(ENV_GRACE, "30") or 30)
         self.commit_timeout_s = max(1.0, grace / 2)  # leave the rest of the grace to write
+        self._old_term: Any = None
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_signal)
+            self._old_term = signal.signal(signal.SIGTERM, self._on_signal)
         atexit.register(self._at_exit)
+
+    def close(self) -> None:
+        """Nothing is saved on the way out any more (an in-process restart abandoned this
+        Checkpointer: its last step is the old group's, and the re-entered function's own
+        Checkpointer saves from now on; walk-through 27: the survivor's old step was
+        committed at exit, after the job's last, and `latest` pointed back at it). A stop
+        signal before the new Checkpointer exists gets the handler that was there before."""
+        self._done = True
+        atexit.unregister(self._at_exit)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) == self._on_signal:
+            signal.signal(signal.SIGTERM, self._old_term if self._old_term is not None
+                          else signal.SIG_DFL)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._last is None:  # no step done yet (start-up, loading): nothing to save
