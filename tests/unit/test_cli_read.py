@@ -378,6 +378,27 @@ def test_status_shows_a_confirmed_hang_left_running_and_the_launcher_to_stop(
     assert json.loads(capsys.readouterr().out)["hang"] is None
 
 
+def test_a_hang_restarted_in_process_is_not_left_running(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Walk-through 27: an in-process restart upon suspension goes on in the same attempt;
+    status read 'HUNG (confirmed, left running)' (and trainguard_job_hung 1) while the job
+    trained on, naming the replaced rank's old pid to `kill -CONT`."""
+    with JobStore.create(job, "run-1") as s:
+        s.set_meta(state="running", ended_at=None, attempt=0, launcher_pid=os.getpid(),
+                   launcher_host=socket.gethostname())
+        s.add_event(Event(at(290), Level.WARNING, "HangConfirmed", "hang confirmed",
+                          Involved("run-1", None, None, 0),
+                          {"stuck_ranks": [0, 1], "culprit": {"rank": 1}}))
+        s.add_event(Event(at(292), Level.WARNING, "InProcessRestarting", "rank 1 starts again",
+                          Involved("run-1", None, None, 0)))
+    assert run("status", str(job), "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hang"] is None
+    assert run("metrics", str(job)) == 0
+    assert "trainguard_job_hung 0.0" in capsys.readouterr().out
+
+
 def test_events_filter_by_level_reason_attempt_and_tail(
     job: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -125,7 +125,11 @@ def node_from_row(row: tuple[Any, ...]) -> NodeRow:
 
 
 # the events that say whether a hang is left running (hang_left_running)
-HANG_REASONS = (Reason.HANG_CONFIRMED.value, Reason.HANG_CLEARED.value)
+# the events that say whether a confirmed hang is left running: cleared by progress, or
+# acted on inside the attempt (an in-process restart goes on in the same attempt; walk-
+# through 27: status read HUNG while the restarted job trained on)
+HANG_REASONS = (Reason.HANG_CONFIRMED.value, Reason.HANG_CLEARED.value,
+                Reason.IN_PROCESS_RESTARTING.value)
 
 
 def shown_state(meta: dict[str, Any]) -> str | None:
