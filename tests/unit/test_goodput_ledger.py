@@ -161,6 +161,7 @@ def test_an_in_process_restart_counts_its_redone_steps() -> None:
                       samples=samples)
     g = account(inp)
     assert g.steps_wasted == 5  # steps 6..10 of the first pass
+    assert g.steps_productive == 12  # steps 1..12 once (walk-through 27: it read 11)
     assert math.isclose(parts_sum(g), 20.0)
 
 

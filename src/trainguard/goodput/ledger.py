@@ -283,8 +283,12 @@ def _steps(order: list[Attempt], by_attempt: dict[int, list[tuple[int, float]]],
         elif samples:
             productive += 1
         for (s0, t0), (s1, t1) in pairwise(samples):
-            if s1 <= s0:
-                continue  # an in-process restart went back: its time is recovery
+            if s1 <= s0:  # an in-process restart went back: its time is recovery, and its
+                if s1 > floor_after(t1):  # first step is counted once, as an attempt's
+                    wasted += 1  # (it was one short: walk-through 27)
+                else:
+                    productive += 1
+                continue
             n = s1 - s0
             step_seconds.append((a.attempt, s1, (t1 - t0) / n))
             floor = floor_after(t1)
