@@ -114,8 +114,11 @@ def test_a_hang_left_once_its_budget_was_spent_is_not_told_to_turn_restarts_on()
     r.events = [SimpleNamespace(reason="HangRestartLimitReached",
                                 involved=Involved(job="j", attempt=2))]
     (spent,) = [a for a in advice_lines(r, NO_INTERVAL) if a.startswith("hangs:")]
-    assert "--restart-on-hang" not in spent and "(--max-hang-restarts 2 in a row" in spent, spent
-    assert spent.startswith("hangs: 33s (55% of the run) went to hangs; the last was left")
+    assert "--restart-on-hang" not in spent and "2 restarts upon suspension in a row" in spent
+    # walk-through 27: it named a flag `run` refuses (--max-hang-restarts) and said the last
+    # hang was left running, while its ranks were stopped and the job failed
+    assert "--max-hang-restarts" not in spent and "left running" not in spent, spent
+    assert spent.startswith("hangs: 33s (55% of the run) went to hangs; the job gave up on the")
 
 
 def test_failures_of_a_full_disk_get_no_advice_to_save_more_often() -> None:

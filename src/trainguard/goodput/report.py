@@ -84,8 +84,9 @@ _STORAGE = "disk_full_or_storage_io"
 
 
 def _hang_advice(r: ReportInput) -> list[str]:
-    """Hangs that took over 5% of the run, one of them left running: why it was left (the
-    flag off, or its budget spent: a HangRestartLimitReached in its attempt) and what to do."""
+    """Hangs that took over 5% of the run, one of them not restarted: why (the flag off: left
+    running; or its limit spent, a HangRestartLimitReached in its attempt: the job gave up)
+    and what to do."""
     g = r.goodput
     hung = g.seconds("hang")
     left = {rr.attempt for rec in r.records for rr in rec.recover_records
@@ -98,10 +99,11 @@ def _hang_advice(r: ReportInput) -> list[str]:
     if left <= spent:  # walk-through 24: told to turn on the --restart-on-hang it had
         limits = r.meta.get("budgets")
         budget = limits.get("max_hang_restarts") if isinstance(limits, dict) else None
-        return [f"{head}; the last was left running once the restarts upon suspension were "
-                f"spent (--max-hang-restarts {budget if budget is not None else '-'} in a "
-                "row without progress): find why the ranks hang (`trainguard diagnose "
-                "JOB_DIR` names the culprit) before giving it more"]
+        return [f"{head}; the job gave up on the last one, its ranks stopped: "
+                f"{budget if budget is not None else 'the'} restarts upon suspension in a row "
+                "made no progress (HangRestartLimitReached; a fixed limit, not a flag): find "
+                "why the ranks hang (`trainguard diagnose JOB_DIR` names the culprit) and fix "
+                "it before running the job again"]
     return [f"{head}, a confirmed one left running; with --restart-on-hang the ranks are "
             "restarted in place once a hang is confirmed (outside the restart budget)"]
 
