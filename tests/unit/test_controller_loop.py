@@ -670,7 +670,7 @@ def test_a_crash_happened_when_its_deciding_line_was_written_not_when_the_rank_e
     """Walk-through 24: the traceback at :26.311, the exit (after 3.4 s of teardown) at
     :29.695: the fault was put at the exit, so detection read 0.2 s and the teardown a step
     cut short. A line from before the rank's last step began is not the fault's time."""
-    from trainguard.controller.incidents import fault_time
+    from trainguard.controller.faults import fault_time
     from trainguard.diagnosis.taxonomy import Evidence
     from trainguard.protocol import WorkerFact
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from trainguard.cli.diagnose_job import read_job_dir
-from trainguard.controller.incidents import LOST_END_REASON
+from trainguard.controller.faults import LOST_END_REASON
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.records import RunningRecord, StartType
 

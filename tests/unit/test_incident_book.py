@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from trainguard.controller.incidents import Fault, IncidentBook
+from trainguard.controller.faults import Fault
+from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore
 from trainguard.policy.decision import Action, Decision, History, Rung
 from trainguard.protocol import NodeReport, Progress
@@ -84,3 +85,46 @@ def test_a_job_stopped_while_it_queues_for_nodes_is_terminated_not_a_timeout(
     assert record.recover_result == RecoverResult.TERMINATED, record
     assert "stopped after waiting 0s for a healthy node" in record.reason
     assert "300s" not in record.reason
+
+
+def test_a_step_given_up_by_rung_0_is_one_fault_with_the_rung_that_takes_it_over(
+        tmp_path: Path) -> None:
+    """Walk-through 27: a step failed, was re-executed, failed again (rung 0 out of budget,
+    quotaExceeded) and the in-process restart took it over: three incidents were counted
+    (the MTBF a third of the run), and the in-process record's detection started 0.16 s
+    after the failure it carried on, when the ranks raised the step's error."""
+    from trainguard.records import incidents_of
+
+    book = IncidentBook(JobStore.create(tmp_path / "job", "r"))
+    book.attempt_started(0, StartType.FIRST_START, 29500)
+    p = Progress(first_step=1, first_step_at=utcnow(), last_step=24, last_step_at=utcnow())
+
+    def fault(why: str) -> Fault:
+        t = utcnow()
+        return Fault(FaultScenario.JOB_FAILED, why, why, "worker-1", t, t, t, p)
+
+    retry = Decision(Action.REEXECUTE, "re-execute step 25", History(),
+                     rung=Rung.STEP_REEXECUTION)
+    book.step_incident(0, retry, fault("step 25 failed"), 25)
+    spent = Decision(Action.DOWNGRADE, "step retries spent", History(),
+                     rung=Rung.STEP_REEXECUTION, result=RecoverResult.QUOTA_EXCEEDED)
+    second = fault("step 25 failed again")
+    book.step_incident(0, spent, second, 25)
+    raised = fault("rank 1 raised the step's error")  # the ranks' exit, later
+    inproc = Decision(Action.RESTART_RANKS, "rank 1 starts again", History(),
+                      rung=Rung.IN_PROCESS_RESTART)
+    book.record(0, inproc, raised)
+    records = book.current.recover_records if book.current else []
+    assert [r.recover for r in records] == ["step_reexecution", "step_reexecution",
+                                            "in_process_restart"]
+    assert (records[2].fault_at, records[2].detected_at) == (second.fault_at, second.detected)
+    assert len(incidents_of([book.current] if book.current else [])) == 2  # failed twice
+    # a step given up and then trained past (the script caught the error): the next fault
+    # is its own
+    book.step_incident(0, spent, fault("step 30 failed"), 30)
+    book.progress_seen(Progress(first_step=1, first_step_at=utcnow(), last_step=31,
+                                last_step_at=utcnow()))
+    later = fault("rank 0 died")
+    book.record(0, inproc, later)
+    assert book.current is not None and book.current.recover_records[-1].fault_at == \
+        later.fault_at

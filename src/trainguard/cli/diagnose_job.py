@@ -21,7 +21,7 @@ import signal
 from datetime import datetime
 from pathlib import Path
 
-from trainguard.controller.incidents import LOST_END_REASON, STOPPED_BY
+from trainguard.controller.faults import LOST_END_REASON, STOPPED_BY
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.diagnosis.candidates import RankExit

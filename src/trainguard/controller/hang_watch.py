@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trainguard.controller.incidents import Fault, task_of
+from trainguard.controller.faults import Fault, task_of
 from trainguard.controller.progress_signal import ProgressSignal
 from trainguard.controller.recorder import Recorder
 from trainguard.hang.classify import STOPPED, finalizing

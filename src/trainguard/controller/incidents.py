@@ -7,18 +7,17 @@ shapes, the time split and the steps lost, and writes them to the store as they 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from trainguard.controller.faults import LOST_END_REASON, Fault
 from trainguard.controller.store import JobStore
-from trainguard.diagnosis.taxonomy import Diagnosis, Evidence
 from trainguard.errors import StoreError
 from trainguard.policy.decision import Action, Decision, Rung
-from trainguard.protocol import Progress, WorkerFact
+from trainguard.protocol import Progress
 from trainguard.records import (
     NO_RECOVERY,
-    FaultScenario,
     RecoverRecord,
     RecoverResult,
     RunningRecord,
@@ -26,61 +25,6 @@ from trainguard.records import (
     utcnow,
 )
 from trainguard.states import JobState
-
-_CHIP_CATEGORIES = {"gpu_hardware", "npu_hardware_or_driver"}
-# the end of an attempt whose launcher died, closed by the next launch of the job
-LOST_END_REASON = "lost: its launcher died; ended at its last sign of life"
-# the end of an attempt the user stopped (`trainguard stop`, Ctrl-C): `stopped_by(SIGTERM)`
-STOPPED_BY = "launcher received"
-
-
-def stopped_by(signal_name: str) -> str:
-    return f"{STOPPED_BY} {signal_name}"
-
-
-def fault_scenario(diag: Diagnosis) -> FaultScenario:
-    if diag.category.value in _CHIP_CATEGORIES:
-        return FaultScenario.CHIP_FAULT
-    if diag.isolate_node:
-        return FaultScenario.NODE_FAULT
-    if diag.from_log:
-        return FaultScenario.ERROR_IN_LOG
-    return FaultScenario.JOB_FAILED
-
-
-@dataclass(frozen=True)
-class Fault:
-    """What an incident's records say of the fault itself."""
-
-    scenario: FaultScenario
-    reason: str  # the recover record's reason
-    end_reason: str  # the running record's end reason
-    related_task: str  # worker-N, node/NAME or job
-    fault_at: datetime  # the first sign (a worker's exit, the last progress before a hang)
-    detected: datetime
-    stopped: datetime  # the attempt's workers were stopped
-    progress: Progress
-    category: str | None = None
-
-
-def fault_time(failed: list[WorkerFact], evidence: Evidence | None,
-               default: datetime) -> datetime:
-    """When a crash happened: the first failed rank's exit, or, when earlier, when the
-    deciding line was written by a failed rank (one that printed its error, then spent
-    seconds tearing down before it exited: walk-through 24 counted those as a step cut short
-    and 0.2 s to detect); never a line from before that rank's last step began (it trained
-    past it)."""
-    first = min((w.ended_at for w in failed if w.ended_at), default=default)
-    at = evidence.at if evidence is not None else None
-    rank = next((w for w in failed if evidence is not None and w.rank == evidence.rank), None)
-    if at is not None and rank is not None and at < first and (
-            rank.second_last_step_at is None or at >= rank.second_last_step_at):
-        return at
-    return first
-
-
-def task_of(rank: int | None) -> str:
-    return "job" if rank is None else f"worker-{rank}"
 
 
 class _Open(NamedTuple):
@@ -101,6 +45,7 @@ class IncidentBook:
         self._recovered: _Open | None = None  # the last one that recovered
         self._max_step: int | None = None
         self._step_open: RecoverRecord | None = None  # rung 0's record while it recovers
+        self._step_handed: RecoverRecord | None = None  # rung 0 gave its step's fault up
         self._hang_open: RecoverRecord | None = None  # a confirmed hang left running
 
     def _save(self, rec: RunningRecord | None) -> None:
@@ -175,6 +120,10 @@ class IncidentBook:
         if rec is None:
             return
         first = rec.first_step if rec.first_step is not None else p.first_step  # the attempt's
+        handed = self._step_handed
+        if handed is not None and p.last_step is not None and handed.last_step_before \
+                is not None and p.last_step > handed.last_step_before + 1:
+            self._step_handed = None  # trained past the step given up: no failure followed
         changed = rec.first_step != first or rec.last_step != p.last_step
         rec.first_step, rec.last_step = first, p.last_step
         # the failed attempt's own first step is not the recovery's (a second node lost
@@ -203,6 +152,12 @@ class IncidentBook:
         rec = self.current
         if rec is None:
             return
+        handed, self._step_handed = self._step_handed, None
+        if handed is not None and handed.detected_at is not None and handed.fault_at:
+            # the failure rung 0 handed on (its ranks raised the step's error): the same
+            # fault, detected when the step failed (walk-through 27: counted twice, and
+            # its recovery timed from the ranks' exit)
+            fault = replace(fault, fault_at=handed.fault_at, detected=handed.detected_at)
         tried = list(decision.tried)
         recover = decision.rung.value if decision.rung is not None else NO_RECOVERY
         result = decision.result
@@ -274,6 +229,7 @@ class IncidentBook:
             steps_lost=0, category=fault.category)
         rec.recover_records.append(inc)
         self._step_open = inc if acting else None
+        self._step_handed = None if acting else inc  # the next rung's record goes on with it
         self._save(rec)
 
     def _close_step(self, at: datetime) -> None:

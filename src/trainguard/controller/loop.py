@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from trainguard.controller.drain import drain
+from trainguard.controller.faults import Fault, fault_scenario, fault_time, stopped_by, task_of
 from trainguard.controller.hang_watch import HangConfirmation, HangWatch, hang_fault
 from trainguard.controller.high_water import HighWater
-from trainguard.controller.incidents import Fault, fault_scenario, fault_time, stopped_by, task_of
 from trainguard.controller.inprocess import InProcessRestarts
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.resume_agree import ResumeAgreement

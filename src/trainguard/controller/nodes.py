@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from trainguard.controller.faults import Fault
 from trainguard.controller.fleet import AGENT_ENDED, Fleet
-from trainguard.controller.incidents import Fault
 from trainguard.controller.recorder import Recorder
 from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import (

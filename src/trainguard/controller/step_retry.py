@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from trainguard.controller.incidents import Fault
+from trainguard.controller.faults import Fault
 from trainguard.controller.recorder import Recorder
 from trainguard.errors import LaunchError
 from trainguard.policy.decision import (
