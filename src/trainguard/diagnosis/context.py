@@ -24,6 +24,8 @@ _SKIP = ("Traceback (most recent call last)", "File \"", "frame #")  # and C++ s
 # ... but a traceback flattened onto one line (a paste: `Traceback (most recent call last): File
 # "x.py", line 5, in f ... AssertionError: ...`) holds its exception: kept
 _FLATTENED = re.compile(r'^Traceback \(most recent call last\):? +File "')
+# (and a header that is the file's last line, nothing after it: an exception was raised, the
+# log cut before it said which; kept, so that the answer is `other` on it, not none)
 # a frame of importlib's loader in faulthandler's stack (`line N in f`, no comma): a native
 # crash came while a module loaded (diagnosis/restart.py); one such line is kept
 _LOADER_FRAME = re.compile(r'^File "<frozen importlib\._bootstrap(?:_external)?>", line \d+ in ')
@@ -72,7 +74,8 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
         elif not loader and _LOADER_FRAME.match(text):
             loader = True
         elif not text or CODE_LINE.match(pre.text) or pre.text.startswith("    ") \
-                or (text.startswith(_SKIP) and not _FLATTENED.match(text)) \
+                or (text.startswith(_SKIP) and not _FLATTENED.match(text)
+                    and not (no == last_line and text.startswith(_SKIP[0]))) \
                 or not any(c.isalpha() for c in text):
             continue
         else:

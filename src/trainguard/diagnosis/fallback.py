@@ -52,7 +52,9 @@ _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort
                        r"|[a-z](?:Error|Exception|EnforceNotMet)\b"
                        r"|raceback \(most recent call"
                        r'|^(?:>\s*)?File:? "|\.py", line \d+, in \S+$'
-                       r"|\bobject (?:has no attribute|is not (?:callable|subscriptable|iterable))",
+                       r"|\bobject (?:has no attribute|is not (?:callable|subscriptable|iterable))"
+                       r"|\b[EF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w./-]+:\d+\]"
+                       r"|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [EF] [\w./-]+:\d+\]",
                        re.IGNORECASE)
 # two shapes an operation compared: the target's and the input's (two tensors' sizes at one
 # dimension, `must match the size of tensor b ... at non-singleton dimension 1`, are the
@@ -71,6 +73,11 @@ _OPTIM_STEP = re.compile(r'[/\\]optim[/\\]\w+\.py", line \d+, in (?:step|_\w+)$'
 _KEY_ERROR = re.compile(r"""^(?:[\w.]+\.)?KeyError: ['"]([\w.-]+)['"]\s*$""")
 _SETTINGS = (r"""\b(?:\w+_)?(?:args|cfg|config|conf|opts?|options|hparams|hyp|params|"""
              r"""settings)\w*(?:\.\w+)*(?:\[[^\]]*\])*\[\s*['"]{key}['"]\s*\]""")
+# ... or from a checkpoint (`checkpoint['model_state_dict']`, `state_dict["optimizer"]`): what
+# was loaded lacks what the code reads from it (round 33: all 7 such logs of the sets are
+# checkpoint_load_error)
+_CHECKPOINT = (r"""\b\w*(?:checkpoint|ckpt|state_dict|snapshot)\w*(?:\.\w+)*(?:\[[^\]]*\])*"""
+               r"""\[\s*['"]{key}['"]\s*\]""")
 _ADVICE = {
     "family": "No rule knows this wording; the line matches the {cat} family (words: "
               "{why}). Check it, and add a rule (rules.yaml) if it is right.",
@@ -161,11 +168,12 @@ def count_mismatch(text: str) -> bool:
     return False
 
 
-def setting_missing(text: str, src: str) -> bool:
+def setting_missing(text: str, src: str, mapping: str = _SETTINGS) -> bool:
     """A KeyError whose source line reads the missing key from the run's settings (a
-    mapping named args, cfg, config, options, hparams, params, settings...)."""
+    mapping named args, cfg, config, options, hparams, params, settings...; or, `mapping`
+    _CHECKPOINT, from a checkpoint)."""
     m = _KEY_ERROR.match(text.strip())
-    return m is not None and re.search(_SETTINGS.format(key=re.escape(m.group(1))), src,
+    return m is not None and re.search(mapping.format(key=re.escape(m.group(1))), src,
                                        re.IGNORECASE) is not None
 
 
@@ -202,6 +210,8 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
     ckpt = fam.scores(src).get(Category.CHECKPOINT_LOAD_ERROR, 0.0) if src else 0.0
     if _optimizer_state_mismatch(d, findings):
         ckpt, src = RELABEL_MIN, text
+    elif src and setting_missing(text, src, _CHECKPOINT):
+        ckpt = max(ckpt, RELABEL_MIN)
     if ckpt >= RELABEL_MIN and max(scores.values(), default=0.0) < RELABEL_MIN:
         scores[Category.CHECKPOINT_LOAD_ERROR] = ckpt
         text = src
@@ -212,6 +222,8 @@ def _relabel(d: Diagnosis, fam: Families, findings: Sequence[Finding]) -> Diagno
         return d
     domain, restart = fam.defaults[cat]
     why = fam.words(text, cat) or ("a key the run's settings lack" if missing else
+                                   "a key the checkpoint lacks"
+                                   if cat == Category.CHECKPOINT_LOAD_ERROR else
                                    "a count that does not fit the data or the model")
     return replace(d, category=cat, fault_domain=domain, restart_helps=restart,
                    subcategory=d.subcategory, rule=f"family:{cat.value}",
