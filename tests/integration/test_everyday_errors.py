@@ -158,3 +158,43 @@ def test_a_job_whose_job_dir_disk_fills_up_still_records_that_it_succeeded(
         assert not status["store_disk_full"]  # ended: its end was written
         assert reasons(job)[-1] == "JobSucceeded"
         assert not (job / ".trainguard-reserve").exists()  # the room went with the job
+
+
+LAST_SAVE = """import os, sys, time, torch
+from trainguard.checkpoint import Checkpointer
+model = torch.nn.Linear(4, 4)
+ckpt = Checkpointer(every_steps=1)
+ckpt.maybe_save(1, {"model": model})
+ckpt.wait()
+print("saved 1", flush=True)
+while not os.path.exists(sys.argv[1]):  # the test fills the checkpoint disk meanwhile
+    time.sleep(0.1)
+ckpt.maybe_save(2, {"model": torch.nn.Linear(512, 4096)})  # 8 MiB: more than is left
+ckpt.close()  # the last save is durable, or this raises
+print("closed", flush=True)
+"""
+
+
+def test_a_job_whose_last_checkpoint_save_fails_is_not_succeeded(tmp_path: Path) -> None:
+    """Walk-through 27: the final checkpoint hit a full disk, close() returned, and the job
+    read `succeeded` with its last steps kept nowhere (a Warning event the only trace)."""
+    script, flag, job = tmp_path / "last.py", tmp_path / "filled", tmp_path / "job"
+    script.write_text(LAST_SAVE)
+    for fs in mount_tmpfs(tmp_path / "ck", "size=4m"):
+        launcher = subprocess.Popen([*TG, "run", "--nproc-per-node", "1", "--max-restarts",
+                                     "0", "--job-dir", str(job), "--checkpoint-dir", str(fs),
+                                     str(script), str(flag)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+        try:
+            _wait_for(fs / "step-000000001" / "manifest.json")
+            _fill(fs)
+            flag.touch()
+            out, _ = launcher.communicate(timeout=120)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+        assert launcher.returncode != 0, out[-3000:]
+        assert "closed" not in out
+        assert "the last checkpoint save (step 2) failed and no save follows" in out, out[-3000:]
+        assert read_json("status", job)["state"] == "failed"
+        assert reasons(job)[-1] == "JobFailed"

@@ -103,6 +103,7 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._failures = 0
         self._last_error: BaseException | None = None
+        self._failed_step: int | None = None  # the step of the last save that failed
         self._bad_steps: set[int] = set()  # found corrupt on load: re-saved when reached
         self.last_saved_step: int | None = None  # committed (rank 0), or found committed
         self.last_written_step: int | None = None  # this rank's part is durable (any rank)
@@ -260,7 +261,7 @@ class Checkpointer:
     def _failed(self, step: int, e: Exception, on_exit: str | None = None) -> None:
         with self._lock:
             self._failures += 1
-            self._last_error = e
+            self._last_error, self._failed_step = e, step
             n = self._failures
         log.warning("checkpoint save of step %s failed (%s in a row): %s", step, n, e)
         channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step, error=str(e)[:500],
@@ -283,8 +284,20 @@ class Checkpointer:
         self._raise_if_failing()
 
     def close(self) -> None:
+        """Wait until the last save is durable; raise CheckpointError when it failed (no
+        save follows to retry it: the rank must not end as if its state were kept;
+        walk-through 27: a job whose final save hit a full disk read `succeeded`)."""
         try:
             self.wait()
+            with self._lock:
+                n, err, step = self._failures, self._last_error, self._failed_step
+            if n:
+                kept = "none" if self.last_saved_step is None else self.last_saved_step
+                raise CheckpointError(
+                    f"the last checkpoint save (step {step}) failed and no save follows: "
+                    f"{err}; the steps after the newest committed checkpoint ({kept}) are "
+                    f"not kept. Fix: free or fix the storage at {self.storage.location} (space,"
+                    " permissions, connectivity), then run the job again: it resumes there")
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
