@@ -120,22 +120,33 @@ class LogRouter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._errors: list[str] = []
+        self._life = threading.Lock()  # the reader's decision to end, against add()
+        self._ended = False  # every pipe reached end of file: the reader ended
 
     def add(self, rank: int, path: Path, stdout: IO[bytes], stderr: IO[bytes],
             console_streams: tuple[bool, bool]) -> None:
         """Route one worker's pipes: before start(), or while it runs for a rank started
-        again in its attempt (an in-process restart; its log file is appended to)."""
+        again in its attempt (an in-process restart; its log file is appended to), also
+        once every earlier pipe had ended and the reader with them (every rank failed, then
+        restarted in process: the launcher crashed on the closed selector; walk-through 27)."""
         sink = _Sink(path, self._errors)
         self._files.append(sink)
         self._sinks[rank] = sink
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._tails[rank] = tail
-        for pipe, name, echo in ((stdout, "out", console_streams[0]),
-                                 (stderr, "err", console_streams[1])):
-            os.set_blocking(pipe.fileno(), False)
-            with self._eof:  # the reader thread may be counting this rank's old pipes down
-                self._open[rank] = self._open.get(rank, 0) + 1
-            self._sel.register(pipe, selectors.EVENT_READ, _Stream(rank, name, sink, tail, echo))
+        with self._life:
+            again = self._ended
+            if again:
+                self._sel, self._ended = selectors.DefaultSelector(), False
+            for pipe, name, echo in ((stdout, "out", console_streams[0]),
+                                     (stderr, "err", console_streams[1])):
+                os.set_blocking(pipe.fileno(), False)
+                with self._eof:  # the reader thread may be counting this rank's pipes down
+                    self._open[rank] = self._open.get(rank, 0) + 1
+                self._sel.register(pipe, selectors.EVENT_READ,
+                                   _Stream(rank, name, sink, tail, echo))
+        if again:
+            self.start()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="trainguard-logs", daemon=True)
@@ -177,11 +188,19 @@ class LogRouter:
 
     def _run(self) -> None:
         try:
-            while self._sel.get_map() and not self._stop.is_set():
+            while True:
+                with self._life:
+                    if not self._sel.get_map() or self._stop.is_set():
+                        self._ended = True
+                        self._close()
+                        return
                 for key, _ in self._sel.select(timeout=0.5):
                     self._read(key)
-        finally:
-            self._close()
+        except BaseException:
+            with self._life:
+                self._ended = True
+                self._close()
+            raise
 
     def _read(self, key: selectors.SelectorKey) -> None:
         stream: _Stream = key.data

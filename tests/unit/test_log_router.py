@@ -1,0 +1,47 @@
+"""The log router reads real pipes of real processes (node/logs.py)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from trainguard.node.logs import LogRouter
+from trainguard.presets import DEFAULT_STEP_PATTERN
+
+
+def spawn(text: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", f"print({text!r})"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_a_rank_added_after_every_pipe_ended_is_still_read(tmp_path: Path) -> None:
+    """Walk-through 27: every rank failed (a full checkpoint disk), the reader ended with the
+    last pipe, and the in-process restart's add() crashed the launcher on the closed
+    selector ('I/O operation on closed epoll object')."""
+    seen: list[tuple[int, int]] = []
+
+    def on_progress(rank: int, step: int, at: datetime) -> None:
+        seen.append((rank, step))
+
+    router = LogRouter(io.StringIO(), DEFAULT_STEP_PATTERN, on_progress)
+    first = spawn("step 1")
+    assert first.stdout is not None and first.stderr is not None
+    router.add(0, tmp_path / "rank-0.log", first.stdout, first.stderr, (False, False))
+    router.start()
+    first.wait()
+    router.join(timeout=10)  # every pipe at end of file: the reader ended
+    again = spawn("step 2")
+    assert again.stdout is not None and again.stderr is not None
+    router.add(0, tmp_path / "rank-0.log", again.stdout, again.stderr, (False, False))
+    again.wait()
+    deadline = time.monotonic() + 10
+    while (0, 2) not in seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    router.close(timeout=5)
+    assert seen == [(0, 1), (0, 2)]
+    text = (tmp_path / "rank-0.log").read_text()
+    assert "step 1" in text and "step 2" in text
