@@ -55,7 +55,7 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
                                    "missing_ranks": [3, 5], "source": "memory"},
     MessageKind.CHECKPOINT_SAVE_FAILED: {"step": 10, "error": "No space left on device",
                                          "consecutive": 2, "limit": 3, "location": "/ckpt",
-                                         "on_exit": None},
+                                         "on_exit": None, "source": "memory"},
     MessageKind.CHECKPOINT_EXIT_SKIPPED: {"step": 9, "reason": "no optimizer in the state"},
     MessageKind.CHECKPOINT_CORRUPT: {"step": 8, "status": "corrupt", "reason": "sha differs",
                                      "location": "s3://bucket/ckpt"},

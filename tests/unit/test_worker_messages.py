@@ -215,3 +215,18 @@ def test_the_interval_advice_times_saves_by_the_rank_that_made_them(tmp_path: Pa
     g = SimpleNamespace(wall_s=60.0, seconds=lambda cause: 0.0)
     a = interval_advice(g, [], commits)  # type: ignore[arg-type]
     assert a.current_s is not None and abs(a.current_s - 0.1) < 0.002, a
+
+
+def test_a_failed_save_at_breakpoint_is_an_event_that_says_the_step_is_not_in_storage(
+        tmp_path: Path) -> None:
+    """Walk-through 27: the agent's persistence of the memory snapshots hit a full disk and
+    only a console line and persist.log said so."""
+    h, seen = handler(tmp_path)
+    h.handle([WorkerMessage(kind="checkpoint_save_failed", rank=None, at=NOW, data={
+        "step": 30, "error": "[Errno 28] No space left on device", "location": "/ck",
+        "source": "memory"})], attempt=0)
+    ((level, reason, message),) = seen
+    assert (level, reason) == (Level.WARNING, Reason.CHECKPOINT_SAVE_FAILED)
+    assert message == ("the save at breakpoint of step 30 from memory failed: [Errno 28] No "
+                       "space left on device; that step is kept only in the node's memory, "
+                       "not in storage (/ck)")

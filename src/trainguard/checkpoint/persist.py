@@ -79,7 +79,12 @@ def persist_ranks(sources: dict[int, str], location: str, world_size: int, run_i
                       replicated=stage(tree["replicated"], pool, "r") if rank == 0 else None,
                       per_rank=stage(tree["rank"], pool, "p"), keep=keep,
                       commit_timeout_s=COMMIT_TIMEOUT_S, library_version=__version__)
-        result = run_save(job)
+        try:
+            result = run_save(job)
+        except (CheckpointError, OSError) as e:  # an event, not only persist.log (walk-
+            channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step,  # through 27)
+                         error=str(e)[:500], location=st.location, source=source)
+            raise
         written += result.bytes_written
         if result.already_valid:
             return None

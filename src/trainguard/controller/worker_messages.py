@@ -148,6 +148,12 @@ class WorkerMessages:
 
     def _on_checkpoint_save_failed(self, m: WorkerMessage, d: dict[str, Any],
                                    attempt: int) -> None:
+        if d.get("source"):  # the agent persisting the ranks' snapshots (save at breakpoint)
+            self._emit(Level.WARNING, Reason.CHECKPOINT_SAVE_FAILED,
+                       f"the save at breakpoint of step {d.get('step')} from {d.get('source')} "
+                       f"failed: {d.get('error')}; that step is kept only in the node's "
+                       f"memory, not in storage ({d.get('location')})", attempt=attempt)
+            return
         n, limit = d.get("consecutive"), d.get("limit")
         then = ("a save on the way out: no save follows" if d.get("on_exit")
                 else "the next save retries" if not isinstance(n, int)

@@ -234,6 +234,7 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "limit": _int(1, MAX_INT64),  # this many in a row raise CheckpointError in the loop
         "location": _text(MAX_PATH),
         "on_exit": _text(MAX_TEXT, nullable=True),  # a save on the way out: none follows
+        "source": Field(str, max_len=MAX_NAME),  # SOURCE_MEMORY/PEER: the agent's persist
     },
     MessageKind.CHECKPOINT_EXIT_SKIPPED: {"step": _STEP, "reason": _text(MAX_TEXT, True)},
     MessageKind.CHECKPOINT_CORRUPT: {"step": _STEP, "status": _text(MAX_NAME, required=True),
