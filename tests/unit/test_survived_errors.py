@@ -90,6 +90,24 @@ def test_the_liveness_book_times_new_steps_only() -> None:
     assert book.second_last_step_at(7) is None  # not a rank of this attempt
 
 
+def test_a_survivor_of_an_in_process_restart_keeps_what_it_trained_past() -> None:
+    """Walk-through 27: the book is reset at each in-process restart (a first step anew); a
+    survivor that failed right after the second one had its error taken from a line it had
+    trained 30 steps past, 19 s of training counted as detection."""
+    book = LivenessBook()
+    book.reset({0: 100, 1: 101})
+    for k, step in enumerate((30, 31, 32)):
+        book.progress(0, step, T0 + timedelta(seconds=k))
+        book.progress(1, step, T0 + timedelta(seconds=k))
+    book.reset({0: 100, 1: 202})  # rank 1 restarted as a new process, rank 0 re-enters
+    assert book.second_last_step_at(0) == T0 + timedelta(seconds=1)  # the same process
+    assert book.second_last_step_at(1) is None  # a new process: nothing of its own yet
+    book.progress(0, 31, T0 + timedelta(seconds=5))  # its first step after the re-entry
+    assert book.second_last_step_at(0) == T0 + timedelta(seconds=1)
+    book.progress(0, 32, T0 + timedelta(seconds=6))
+    assert book.second_last_step_at(0) == T0 + timedelta(seconds=5)
+
+
 ILLEGAL = ("RuntimeError: CUDA error: an illegal memory access was encountered")
 
 

@@ -47,8 +47,15 @@ class LivenessBook:
         self._accel = AcceleratorSampler()
 
     def reset(self, pids: dict[int, int], local_ranks: dict[int, int] | None = None) -> None:
+        """A fresh book for each rank (a start, an in-process restart: a first step anew);
+        a process that lives on keeps when it had trained past (second_last_step_at): a
+        survivor that failed right after the next in-process restart had its error taken
+        from a line it had trained 30 steps past (walk-through 27)."""
         with self._lock:
-            self._ranks = {rank: _RankBook(pid, local_rank=(local_ranks or {}).get(rank, 0))
+            old = self._ranks
+            self._ranks = {rank: _RankBook(pid, local_rank=(local_ranks or {}).get(rank, 0),
+                                           second_last_step_at=old[rank].second_last_step_at
+                                           if rank in old and old[rank].pid == pid else None)
                            for rank, pid in pids.items()}
             self._sampled = 0.0
 
@@ -67,7 +74,8 @@ class LivenessBook:
                 # never a gap that spans a phase, whose end moved last_progress_at
                 r.pending.append((at - r.last_progress_at).total_seconds())
             if step is not None and (r.last_step is None or step > r.last_step):
-                r.second_last_step_at = r.last_step_at
+                if r.last_step_at is not None:  # (a survivor's, kept across a reset, stays)
+                    r.second_last_step_at = r.last_step_at
                 r.last_step_at = at if r.last_step_at is None else max(at, r.last_step_at)
             if r.last_progress_at is None or at >= r.last_progress_at:
                 r.last_progress_at = at
