@@ -348,8 +348,8 @@ class Checkpointer:
                 restore_rng(rng)
         own = loaded.borrowed_from is None and loaded.per_rank is not None
         if not own:
-            log.warning("checkpoint step %s has no part of rank %s (it died before the save, "
-                        "or the world grew): data position from rank %s, fresh RNG",
+            log.warning("checkpoint step %s has no part of rank %s (see its Resumed event):"
+                        " data position from rank %s, fresh RNG",
                         loaded.step, self.rank, loaded.borrowed_from)
         channel.send(MessageKind.RESUMED, step=loaded.step, location=self.storage.location,
                      source=SOURCE_STORAGE, own_part=own, borrowed_from=loaded.borrowed_from)

@@ -197,11 +197,12 @@ class WorkerMessages:
             donor = d.get("borrowed_from")
             whose = "a fresh" if donor is None else f"rank {donor}'s"
             self._emit(Level.WARNING, Reason.RESUMED, f"rank {m.rank} resumed from the "
-                       f"checkpoint of step {step} without a part of its own (it died before "
-                       f"that save, or the world grew): {whose} data position and a fresh "
-                       "RNG, so the run goes on, not bit for bit as an uninterrupted "
-                       "one (a save on the way out, --save-on-exit, holds no dead rank's "
-                       "state; without it a restart resumes from the last whole checkpoint)",
+                       f"checkpoint of step {step} without a part of its own (a save on the "
+                       "way out it wrote none in: it was dead, or blocked in a collective "
+                       "waiting for the saving rank; or the world grew): "
+                       f"{whose} data position and a fresh RNG, so the run goes on, not bit "
+                       "for bit as an uninterrupted one (without --save-on-exit a restart "
+                       "resumes from the last whole checkpoint)",
                        rank=m.rank, attempt=attempt,
                        data={"step": step, "own_part": False, "borrowed_from": donor})
         sources = self._resumed_sources.setdefault(attempt, set())
