@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from trainguard.diagnosis.sources import default_trigger
 from trainguard.errors import LaunchError
 from trainguard.node import procs
 from trainguard.node.channel import ChannelServer, JobProcesses
-from trainguard.node.env import worker_env
+from trainguard.node.env import free_port, worker_env
 from trainguard.node.facts import Worker, oom_kill_count, worker_fact, worker_message
 from trainguard.node.liveness import LivenessBook
 from trainguard.node.logs import ConsoleOptions, LogRouter
@@ -60,13 +59,6 @@ from trainguard.worker.contract import (
 log = logging.getLogger(__name__)
 
 PRELOAD_JOIN_S = 30.0  # close(): the rules take about a second to load; never hang on them
-
-
-def free_port(addr: str) -> int:
-    """A port nobody listens on right now at `addr` (each attempt gets a fresh one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])
 
 
 class NodeAgent:
@@ -168,8 +160,13 @@ class NodeAgent:
                               ) from e
         self._guardian.watch(proc.pid)
         assert proc.stdout is not None and proc.stderr is not None
-        router.add(a.rank, rank_log_path(log_dir, cmd.attempt, a.rank), proc.stdout,
-                   proc.stderr, self._console_opts.streams(a.rank, a.local_rank))
+        try:
+            router.add(a.rank, rank_log_path(log_dir, cmd.attempt, a.rank), proc.stdout,
+                       proc.stderr, self._console_opts.streams(a.rank, a.local_rank))
+        except BaseException:  # not a worker of ours yet: never left running (walk-through
+            procs.stop_groups([proc], 0.0)  # 27: a rank spawned as the launcher crashed
+            self._guardian.forget(proc.pid)  # trained on alone, orphaned, 12 minutes on)
+            raise
         log.debug("started rank %s as pid %s%s", a.rank, proc.pid,
                   " (a standby)" if standby else "")
         return Worker(a, proc, utcnow(), err_file,

@@ -30,7 +30,8 @@ from typing import Any
 from trainguard.console import Writable, consoles
 from trainguard.exitcodes import ExitCode
 from trainguard.node import peer
-from trainguard.node.agent import NodeAgent, free_port
+from trainguard.node.agent import NodeAgent
+from trainguard.node.env import free_port
 from trainguard.node.logs import ConsoleOptions
 from trainguard.node.outbox import Outbox
 from trainguard.protocol import (
