@@ -230,8 +230,7 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
     MessageKind.CHECKPOINT_SAVE_FAILED: {
         "step": _STEP,
         "error": _text(MAX_TEXT, required=True),
-        "consecutive": _int(0, MAX_INT64),
-        "limit": _int(1, MAX_INT64),  # this many in a row raise CheckpointError in the loop
+        "consecutive": _int(0, MAX_INT64), "limit": _int(1, MAX_INT64),  # limit in a row: raise
         "location": _text(MAX_PATH),
         "on_exit": _text(MAX_TEXT, nullable=True),  # a save on the way out: none follows
         "source": Field(str, max_len=MAX_NAME),  # SOURCE_MEMORY/PEER: the agent's persist
