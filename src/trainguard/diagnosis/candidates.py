@@ -36,6 +36,11 @@ _FAILURE_WORD = re.compile(
     r"\d{10,}\.\d|Traceback \(most recent|"  # an exploded loss; a flattened paste
     r"\.\w+:\d+ -> [1-9]")  # NCCL's error trace (`INFO transport/net_ib.cu:555 -> 2`)
 
+# ... as does a progress bar that reached its end (`Loading checkpoint shards: 100%|███| 33/33
+# [00:50<00:00, 1.55s/it]`): the step it counts was done (round 34: both logs of the sets a
+# family answered on one are labelled for another cause, not the checkpoint it loaded)
+_DONE_BAR = re.compile(r"\b100%\s?\|[^|]*\|\s*(\d+)/\1\b")
+
 # ... and so does a line that reports a miss the program handles itself: a file not found in
 # a local copy or cache that it goes on to fetch (`checkpoints/needle2.pkl not found locally,
 # downloading from HF...`), at whatever level
@@ -46,11 +51,12 @@ _HANDLED_MISS = re.compile(
 
 def reports_success(text: str) -> bool:
     """A line logged at INFO level that names no failure (`ppdet.utils.checkpoint INFO:
-    Finish loading model weights: ...pdparams`), or one that reports a miss the program
+    Finish loading model weights: ...pdparams`) or a progress bar at its end (`100%|...|
+    33/33`) that names no failure, or one that reports a miss the program
     handles (`... not found locally, downloading from HF...`): it decides nothing, by rule or
     family."""
-    return (_INFO_LEVEL.search(text) is not None and _FAILURE_WORD.search(text) is None) \
-        or _HANDLED_MISS.search(text) is not None
+    return ((_INFO_LEVEL.search(text) is not None or _DONE_BAR.search(text) is not None)
+            and _FAILURE_WORD.search(text) is None) or _HANDLED_MISS.search(text) is not None
 
 # exit notices of a batch system or an MPI launcher (Slurm's WTERMSIG and job script, srun,
 # mpirun): a SIGKILL they report with no OOM kill anywhere in the logs came from outside

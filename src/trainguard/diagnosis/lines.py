@@ -57,6 +57,11 @@ EXCEPTION_IN_LINE = re.compile(
 IPYTHON_HEADER = re.compile(
     r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault)"
     r"\s{2,}Traceback \(most recent call last\)")
+# TensorFlow's Coordinator reporting the exception a thread of the input pipeline or the
+# training loop raised (`INFO:tensorflow:Error reported to Coordinator: <class
+# '...InvalidArgumentError'>, Invalid JPEG data, size 82243`): the exception the run stops
+# with, at INFO level, so the rules for exception lines read it too.
+COORDINATOR_REPORT = re.compile(r"\bError reported to Coordinator: ")
 # Source lines inside a traceback: never findings themselves.
 CODE_LINE = re.compile(r"^\s+(?:raise\b|assert\b|File \"|\^+\s*$|~+)")
 

@@ -18,6 +18,7 @@ from trainguard.diagnosis.exit_notices import exit_code
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import (
     CODE_LINE,
+    COORDINATOR_REPORT,
     EXCEPTION_IN_LINE,
     EXCEPTION_LINE,
     IPYTHON_HEADER,
@@ -187,7 +188,8 @@ class FileScan:
         at, inherited = self._time(pre.at, text)
         exc = EXCEPTION_LINE.match(text) or EXCEPTION_IN_LINE.search(text[:200])
         rule = self.trigger.match(text, is_exception=exc is not None or (
-            "Traceback (" in text and IPYTHON_HEADER.match(text) is not None))
+            "Traceback (" in text and IPYTHON_HEADER.match(text) is not None)
+            or COORDINATOR_REPORT.search(text) is not None)
         code_rank, code = exit_code(text)
         if exc is None and rule is None and code is None:
             return None
