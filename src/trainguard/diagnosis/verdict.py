@@ -76,6 +76,15 @@ def _order(cands: list[Candidate]) -> list[Candidate]:
 def _pick(cands: list[Candidate]) -> Candidate:
     best = min(c.tier for c in cands)
     tier = [c for c in cands if c.tier == best]
+    # an exception no rule knows, read as the user's, gives way to a later exception of its
+    # own chain that a rule knows: the library's wrapper names what failed (an object
+    # store's EndpointConnectionError over the ConnectionRefusedError under it; walk-through
+    # 27 read a storage outage as the user's bug)
+    known = {(c.finding.file, c.finding.chain) for c in tier if c.rule is not None
+             and c.finding is not None and c.finding.chain is not None}
+    tier = [c for c in tier if not (
+        c.rule is None and c.category == Category.USER_CODE_ERROR and c.finding is not None
+        and (c.finding.file, c.finding.chain) in known)] or tier
     if best == TIER[Role.SYMPTOM]:
         # symptoms only: the most specific kind (a launcher's summary is the least), then
         # the earliest
