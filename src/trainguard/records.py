@@ -372,13 +372,13 @@ def recoveries_by_rung(records: list[RunningRecord]) -> dict[str, int]:
     the metrics all show (an incident no rung acted on, NO_RECOVERY, is none: a hang left
     running that ended by itself; a reschedule waiting for nodes has not acted yet, and may
     never: counted while it waited, a stop or the queue timeout took it back, and the count
-    went down (walk-through 26))."""
+    went down (walk-through 26)). One that acted stays counted whatever came of it: a
+    restart whose workers started and failed again read 2 recoveries, then 0 (walk-through
+    28)."""
     counts: dict[str, int] = {}
     for r in records:
         for rr in r.recover_records:
-            if rr.recover != NO_RECOVERY and (
-                    rr.recover_result == RecoverResult.SUCCESS
-                    or (rr.recover_result == RecoverResult.RECOVERING
-                    and rr.workers_started_at is not None)):
+            if rr.recover != NO_RECOVERY and (rr.recover_result == RecoverResult.SUCCESS
+                                              or rr.workers_started_at is not None):
                 counts[rr.recover] = counts.get(rr.recover, 0) + 1
     return counts

@@ -138,6 +138,10 @@ def test_a_reschedule_waiting_for_nodes_is_not_counted_until_its_workers_start()
     assert recoveries_by_rung([rec]) == {}
     waiting.workers_started_at = at(20)  # placed: its workers started
     assert recoveries_by_rung([rec]) == {"job_reschedule_with_taint": 1}
+    # walk-through 28: a restart whose workers started and failed again stays counted (the
+    # job read `2 recoveries`, then `0 recoveries` beside `restarts 2/5`)
+    waiting.recover_result = RecoverResult.FAILED
+    assert recoveries_by_rung([rec]) == {"job_reschedule_with_taint": 1}
 
 
 def test_a_job_out_of_reschedules_names_the_flags_and_the_rung_that_ended_it(
