@@ -220,6 +220,17 @@ def test_an_error_file_with_a_plain_string_message_is_read_too() -> None:
     assert d.evidence is not None and d.evidence.text == "ValueError: nope"
 
 
+def test_the_logs_own_line_of_the_error_files_exception_is_the_evidence() -> None:
+    """Walk-through 28: a @record script's live verdict took the error file's line (its
+    whole-second stamp came before the log's) and said 'no traceback in the log says where'
+    while `diagnose` of the job dir named the frame from the log."""
+    stamp = "2023-11-14T22:13:20.594000+00:00 err "  # 0.594 s after the file's 1700000000
+    log = [stamp + line for line in traceback(1, "ValueError: bad batch at it 15")]
+    d = only(fact(1, 1, log, error_file=error_file("ValueError: bad batch at it 15")))
+    assert d.evidence is not None and d.evidence.file == "rank-1.log", d.evidence
+    assert d.culprit.frame is not None and "train.py:61 in main" in d.culprit.frame
+
+
 def test_an_error_file_without_a_message_falls_back_to_the_log() -> None:
     d = only(fact(0, 1, traceback(0, "KeyError: 'lr'"), error_file={"message": {}}))
     assert d.evidence is not None and d.evidence.text == "KeyError: 'lr'"
