@@ -101,9 +101,17 @@ def test_a_bad_stream_map_is_a_spec_error(value: str) -> None:
     assert spec_error("--redirects", value, "train.py").key == "--redirects"
 
 
-def test_tee_is_accepted_and_changes_nothing() -> None:
+def test_tee_alone_changes_nothing_every_stream_reaches_the_console_and_the_files() -> None:
     assert dump(spec("--tee", "3", "train.py")) == dump(spec("train.py"))
     assert dump(spec("-t", "0:3", "train.py")) == dump(spec("train.py"))
+
+
+def test_tee_brings_back_to_the_console_what_redirects_keeps_off_as_torchrun() -> None:
+    """Walk-through 28: `--redirects 3 --tee 3` (torchrun: files and the console) left the
+    console empty."""
+    assert spec("--redirects", "3", "--tee", "3", "train.py").redirects == {-1: 0}
+    assert spec("--redirects", "3", "--tee", "1", "train.py").redirects == {-1: 2}
+    assert spec("-r", "3", "-t", "0:3", "train.py").redirects == {-1: 3, 0: 0}
 
 
 def test_local_ranks_filter_lists_the_ranks_shown() -> None:

@@ -71,7 +71,8 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _flag(t, "rdzv-id", type=str, help="same as --run-id")
     _flag(t, "log-dir", type=str, help="where attempt logs go (default JOB_DIR/logs)")
     _flag(t, "redirects", "-r", type=str, help="streams kept off the console: 0-3 or lr:N,...")
-    _flag(t, "tee", "-t", type=str, help="accepted for compatibility: logs always go to files")
+    _flag(t, "tee", "-t", type=str, help="streams shown on the console despite --redirects "
+          "(files always get them): 0-3 or lr:N,...")
     _flag(t, "local-ranks-filter", type=str, help="ranks shown on the console, e.g. 0,2")
     _flag(t, "rdzv-backend", type=str, help="static or c10d (others are not supported)")
     _flag(t, "rdzv-endpoint", type=str, help="host:port, used as master addr/port")
@@ -210,10 +211,16 @@ def flags_to_spec_values(ns: argparse.Namespace) -> dict[str, Any]:
         out["nproc_per_node"] = nproc(v.pop("nproc_per_node"))
     if "redirects" in v:
         out["redirects"] = parse_std_map(v.pop("redirects"), "--redirects")
+    if "tee" in v:  # as torchrun: what --tee names reaches the console, redirected or not
+        teed = parse_std_map(v.pop("tee"), "--tee")
+        kept = out.get("redirects", {})
+        if kept:  # (files always get every stream; without --redirects so does the console)
+            out["redirects"] = {k: kept.get(k, kept.get(-1, 0)) & ~teed.get(k, teed.get(-1, 0))
+                                for k in {-1, *kept, *teed}}
     if "local_ranks_filter" in v:
         out["local_ranks_filter"] = _ranks(v.pop("local_ranks_filter"))
     _rdzv(v, out)
-    for dropped in ("standalone", "tee", "rdzv_conf"):
+    for dropped in ("standalone", "rdzv_conf"):
         v.pop(dropped, None)
     out.update(v)
     return out
@@ -339,9 +346,6 @@ def entrypoint_source(ns: argparse.Namespace) -> str:
 
 
 _IGNORED = {
-    "tee": "--tee is accepted for compatibility: every rank's output always goes to "
-           "the log dir (JOB_DIR/logs, or --log-dir), and to the console unless --redirects "
-           "says otherwise",
     "rdzv_conf": "--rdzv-conf is ignored: trainguard forms a fresh rendezvous per attempt",
 }
 
