@@ -126,6 +126,9 @@ class RankLiveness(_Msg):
     phase_since: datetime | None = None
     phase_timeout_s: float | None = None
     last_output_at: datetime | None = Field(None, description="the rank's last line of output")
+    unread_step_line: str | None = Field(None, description="a line of the rank's that counts "
+                                         "up like steps but that --step-pattern does not read")
+    unread_step_pattern: str | None = Field(None, description="a --step-pattern that reads it")
     cpu_s: float | None = Field(None, description="CPU time of the rank's process tree so far")
     io_bytes: int | None = Field(None, description="bytes read + written by its process tree")
     accel_util: int | None = Field(None, description="utilisation (%) of the accelerator of "

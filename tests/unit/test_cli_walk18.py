@@ -144,7 +144,11 @@ def test_stuck_names_the_checkpoint_when_there_is_one() -> None:
     marks = HighWater(max_step=40, max_committed=30)  # (a relaunch starts from the store's)
     assert marks.stuck() == ("no attempt got beyond step 40 or committed a checkpoint beyond "
                              "step 30")
-    assert HighWater().stuck().startswith("no attempt reported a step, and none committed")
+    stuck = HighWater().stuck()
+    assert stuck.startswith("no attempt reported a step and none committed"), stuck
+    # walk-through 28: a script with steps and checkpoints of its own format got further each
+    # attempt and was given up with 86: the fix names --step-pattern
+    assert "--step-pattern" in stuck and "trainguard.progress(step)" in stuck
 
 
 def test_read_commands_take_a_run_id_or_default_to_the_last_job(tmp_path: Path) -> None:

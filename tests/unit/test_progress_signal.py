@@ -79,3 +79,37 @@ def test_a_rank_that_printed_once_and_went_quiet_is_not_told_it_prints() -> None
     assert said == []
     w.observe(report(600, 381), 1)
     assert len(said) == 1
+
+
+def test_lines_that_count_up_in_a_format_the_pattern_misses_are_said_at_once() -> None:
+    """Walk-through 28: `it 15 | loss 0.83` went unread; the rank hung 3 s in and the hang
+    sat out the 30-minute start-up allowance with no word."""
+    w, said = watch(hang_detection=True, restart_on_hang=True)
+    lv = RankLiveness(rank=1, last_output_at=T0 + timedelta(seconds=3),
+                      unread_step_line="it 15 | loss 0.8312",
+                      unread_step_pattern=r"\bit\W{0,3}(\d+)")
+    w.observe(NodeReport(node="n0", attempt=0, workers=[], progress=Progress(),
+                         at=T0 + timedelta(seconds=4), liveness=[lv]), 0)
+    (told,) = said
+    assert told.startswith("NoProgressSignal: rank 1's lines count up like steps "
+                           "(`it 15 | loss 0.8312`) but --step-pattern does not read them")
+    assert "Fix: --step-pattern '\\bit\\W{0,3}(\\d+)'" in told, told
+
+
+def test_counting_lines_are_found_and_read_by_the_pattern_suggested() -> None:
+    import re
+
+    from trainguard.hang.step_lines import CountingLines, pattern_at
+
+    lines = CountingLines()
+    seen = [lines.observe(f"[rank1]: it {k} | loss {1 / k:.4f}") for k in range(1, 6)]
+    assert seen == [None, None, None, 1, 1]  # three increases in a row, at the 2nd number
+    pattern = pattern_at("[rank1]: it 4 | loss 0.2500", 1)
+    assert pattern is not None
+    assert re.search(pattern, "[rank1]: it 15 | loss 0.83").group(1) == "15"  # type: ignore[union-attr]
+    assert pattern_at("[15/400] 0.83", 0) is None  # no word names the count
+    clock = CountingLines()  # a clock's seconds count up too: no word names them
+    assert all(clock.observe(f"2026-12-05 17:00:0{k} loading shard") is None
+               for k in range(6))
+    same = CountingLines()
+    assert all(same.observe("epoch 1 done") is None for _ in range(5))

@@ -60,6 +60,14 @@ class HighWater:
                  else "no attempt reported a step")
         if self.max_committed is not None:
             return f"{where} or committed a checkpoint beyond step {self.max_committed}"
+        if self.max_step is None:  # trainguard saw no step: a script of its own format may
+            # have got further each attempt (walk-through 28: given up with 86, "do not
+            # requeue", while its own checkpoints moved on)
+            return (f"{where} and none committed a checkpoint trainguard saw, so each seemed to "
+                    "start over; a script that prints steps in a format of its own and saves "
+                    "its own checkpoints may have got further: pass --step-pattern (the "
+                    "NoProgressSignal event names one) or call trainguard.progress(step), "
+                    "else save checkpoints to resume past the failure, or fix what fails there")
         return (f"{where}, and none committed a checkpoint trainguard saw, so each started "
                 "over from the beginning, unless the script resumes from checkpoints of its "
                 "own (save checkpoints to resume past the failure, or fix what fails there)")

@@ -3,8 +3,11 @@ the no-progress guard have nothing to go by (walk-through 21: a loop logging `IN
 5` through `logging`, before the default pattern read such lines, sat hung for the 30-minute
 start-up allowance with no word). `NoProgressSignal` (Warning), once per launch, when the
 ranks have printed for SILENT_WARN_S and no rank reported a step (a step line,
-`trainguard.progress`, a checkpoint trainguard saw). Pure bookkeeping over the reports; the
-recorder writes the event."""
+`trainguard.progress`, a checkpoint trainguard saw); at once when a rank's lines count up like
+steps in a format the pattern does not read (node/step_lines.py), quoting one and a
+--step-pattern that reads it (walk-through 28: `it 15 | loss 0.83` went unread, a hang sat out
+the 30-minute start-up allowance in silence). Pure bookkeeping over the reports; the recorder
+writes the event."""
 
 from __future__ import annotations
 
@@ -40,8 +43,10 @@ class ProgressSignal:
         if not printed:
             return
         self._printing_since = self._printing_since or min(printed)
+        counting = next((lv for lv in report.liveness if lv.unread_step_line), None)
         # still printing: a rank that said "loading..." and went quiet loads, it says no step
-        if (max(printed) - self._printing_since).total_seconds() < self.warn_after_s:
+        if counting is None and (
+                max(printed) - self._printing_since).total_seconds() < self.warn_after_s:
             return
         self._done = True
         spec = self.rec.spec
@@ -50,6 +55,18 @@ class ProgressSignal:
                  "hang detection and the no-progress guard" if spec.hang_detection else
                  "the no-progress guard")
         have = "has" if needs == "the no-progress guard" else "have"
+        if counting is not None and counting.unread_step_line:
+            line, pattern = counting.unread_step_line.strip(), counting.unread_step_pattern
+            self.rec.event(Level.WARNING, Reason.NO_PROGRESS_SIGNAL,
+                           f"rank {counting.rank}'s lines count up like steps (`{line[:120]}`) "
+                           f"but --step-pattern does not read them, so {needs} {have} "
+                           "nothing to go by. Fix: "
+                           + (f"--step-pattern '{pattern}' (its first group is the step), "
+                              if pattern else "pass --step-pattern with a regex whose first "
+                              "group is your step number, ")
+                           + "or call trainguard.progress(step) after each step "
+                           "(docs/hang-detection.md)", rank=counting.rank, attempt=attempt)
+            return
         self.rec.event(Level.WARNING, Reason.NO_PROGRESS_SIGNAL,
                        f"no progress signal after {self.warn_after_s:.0f}s: the ranks print, "
                        "but no line matched --step-pattern, no rank called "

@@ -359,12 +359,14 @@ class NodeAgent:
         with self._progress_lock:
             progress = self._progress
         running = {w.assignment.rank for w in self._workers if not w.state.ended}
-        last_output = self._router.last_output() if self._router is not None else {}
+        router = self._router
         return NodeReport(node=self.node, attempt=self._attempt,
                           workers=self._facts(),
                           progress=progress, at=utcnow(),
                           messages=messages + self._log_errors(),
-                          liveness=self._liveness.report(running, last_output),
+                          liveness=self._liveness.report(
+                              running, router.last_output() if router else {},
+                              router.unread_steps() if router else {}),
                           usage=[self._usage.now()])
 
     def _facts(self) -> list[WorkerFact]:

@@ -131,8 +131,11 @@ class LivenessBook:
                            and r.local_rank < len(devices) else r.local_rank)
                     r.accel_util = util.get(dev)
 
-    def report(self, running: set[int], last_output: dict[int, datetime]) -> list[RankLiveness]:
-        """Liveness of the running ranks; the intervals reported are dropped here."""
+    def report(self, running: set[int], last_output: dict[int, datetime],
+               unread: dict[int, tuple[str, str | None]] | None = None
+               ) -> list[RankLiveness]:
+        """Liveness of the running ranks; the intervals reported are dropped here.
+        `unread`: per rank, a line that counts like steps the step pattern did not read."""
         out = []
         with self._lock:
             for rank in sorted(running):
@@ -145,7 +148,10 @@ class LivenessBook:
                     intervals=r.pending, phase=phase[0] if phase else None,
                     phase_since=phase[1] if phase else None,
                     phase_timeout_s=phase[2] if phase else None,
-                    last_output_at=last_output.get(rank), cpu_s=r.cpu_s, io_bytes=r.io_bytes,
+                    last_output_at=last_output.get(rank),
+                    unread_step_line=(unread or {}).get(rank, (None, None))[0],
+                    unread_step_pattern=(unread or {}).get(rank, (None, None))[1],
+                    cpu_s=r.cpu_s, io_bytes=r.io_bytes,
                     accel_util=r.accel_util, sampled_at=r.sampled_at))
                 r.pending = []
         return out

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from trainguard.console import Writable
+from trainguard.hang.step_lines import CountingLines, pattern_at
 from trainguard.worker.contract import stamp_lines
 
 CHUNK = 64 * 1024
@@ -113,6 +114,9 @@ class LogRouter:
         self._tails: dict[int, deque[str]] = {}
         self._sinks: dict[int, _Sink] = {}
         self._last_output: dict[int, datetime] = {}
+        self._counting: dict[int, CountingLines] = {}
+        # rank -> a line that counts up but is read as no step, and a pattern that reads it
+        self._unread: dict[int, tuple[str, str | None]] = {}
         self._open: dict[int, int] = {}  # rank -> pipes not yet at end of file
         self._eof = threading.Condition()
         self._files: list[_Sink] = []
@@ -160,6 +164,12 @@ class LogRouter:
         """When each rank last printed a line."""
         with self._lock:
             return dict(self._last_output)
+
+    def unread_steps(self) -> dict[int, tuple[str, str | None]]:
+        """Per rank, a line that counts up like steps but that the step pattern does not
+        read (node/step_lines.py)."""
+        with self._lock:
+            return dict(self._unread)
 
     def tail(self, rank: int) -> list[str]:
         with self._lock:
@@ -246,6 +256,14 @@ class LogRouter:
                 self._console.write("".join(prefix + t + "\n" for t in texts))
                 self._console.flush()
         steps = [int(n) for t in texts if (n := self.step_of(t)) is not None]
+        if not steps and stream.rank not in self._unread:
+            lines = self._counting.setdefault(stream.rank, CountingLines())
+            for t in texts:
+                at = lines.observe(t)
+                if at is not None:
+                    with self._lock:
+                        self._unread[stream.rank] = (t, pattern_at(t, at))
+                    break
         if steps:
             self._on_progress(stream.rank, steps[0], now)
             if len(steps) > 1:
