@@ -45,3 +45,24 @@ def test_a_rank_added_after_every_pipe_ended_is_still_read(tmp_path: Path) -> No
     assert seen == [(0, 1), (0, 2)]
     text = (tmp_path / "rank-0.log").read_text()
     assert "step 1" in text and "step 2" in text
+
+
+def test_a_ranks_own_step_format_is_noticed_and_a_pattern_named(tmp_path: Path) -> None:
+    """Walk-through 28: a torchrun script's `it N | loss X` lines, read by no pattern."""
+    router = LogRouter(io.StringIO(), DEFAULT_STEP_PATTERN, lambda *a: None)
+    proc = spawn("\n".join(f"it {k} | loss {1 / k:.4f}" for k in range(1, 8)))
+    assert proc.stdout is not None and proc.stderr is not None
+    router.add(1, tmp_path / "rank-1.log", proc.stdout, proc.stderr, (False, False))
+    router.start()
+    proc.wait()
+    router.join(timeout=10)
+    line, pattern = router.unread_steps()[1]
+    assert line.startswith("it 4 | loss") and pattern == r"\bit\W{0,3}(\d+)"
+    read = LogRouter(io.StringIO(), DEFAULT_STEP_PATTERN, lambda *a: None)
+    again = spawn("\n".join(f"step {k} loss 0.5" for k in range(1, 8)))  # read as steps
+    assert again.stdout is not None and again.stderr is not None
+    read.add(0, tmp_path / "rank-0.log", again.stdout, again.stderr, (False, False))
+    read.start()
+    again.wait()
+    read.join(timeout=10)
+    assert read.unread_steps() == {}

@@ -24,10 +24,12 @@ class CountingLines:
     def __init__(self) -> None:
         # shape -> (its numbers last time, {position: increases in a row there})
         self._shapes: dict[str, tuple[list[str], dict[int, int]]] = {}
+        self.seen = 0  # lines observed
 
     def observe(self, text: str) -> int | None:
         """The place (the index among its numbers) where lines of `text`'s shape counted up
         STREAK times in a row, or None."""
+        self.seen += 1
         if len(text) > MAX_LINE:
             return None
         found = list(_NUMBER.finditer(text))

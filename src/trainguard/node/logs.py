@@ -28,6 +28,7 @@ from trainguard.worker.contract import stamp_lines
 
 CHUNK = 64 * 1024
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+WATCH_LINES = 10_000  # a rank's first lines the step pattern missed are watched
 MAX_LINE = 64 * 1024  # longer lines are split into pieces of this size
 TAIL_LINES = 200
 TAIL_LINE_CHARS = 4096
@@ -114,7 +115,7 @@ class LogRouter:
         self._tails: dict[int, deque[str]] = {}
         self._sinks: dict[int, _Sink] = {}
         self._last_output: dict[int, datetime] = {}
-        self._counting: dict[int, CountingLines] = {}
+        self._counting: dict[int, CountingLines | None] = {}  # None: its steps are read
         # rank -> a line that counts up but is read as no step, and a pattern that reads it
         self._unread: dict[int, tuple[str, str | None]] = {}
         self._open: dict[int, int] = {}  # rank -> pipes not yet at end of file
@@ -256,8 +257,11 @@ class LogRouter:
                 self._console.write("".join(prefix + t + "\n" for t in texts))
                 self._console.flush()
         steps = [int(n) for t in texts if (n := self.step_of(t)) is not None]
-        if not steps and stream.rank not in self._unread:
-            lines = self._counting.setdefault(stream.rank, CountingLines())
+        if steps:
+            self._counting[stream.rank] = None  # read: no need to watch its lines
+        elif stream.rank not in self._unread and (
+                lines := self._counting.setdefault(stream.rank, CountingLines())) is not None \
+                and lines.seen < WATCH_LINES:
             for t in texts:
                 at = lines.observe(t)
                 if at is not None:
