@@ -36,7 +36,7 @@ PROBE = textwrap.dedent("""\
                 "rank": os.environ.get("RANK"), "unbuffered": sys.stdout.write_through,
                 "sigterm": str(signal.getsignal(signal.SIGTERM)),
                 "sigint": str(signal.getsignal(signal.SIGINT)),
-                "main_file": sys.modules["__main__"].__file__,
+                "main_file": sys.modules["__main__"].__file__, "orig_argv": sys.orig_argv,
                 "nice": [os.getpriority(os.PRIO_PROCESS, int(t))
                          for t in os.listdir("/proc/self/task")]}
         print(json.dumps(what), flush=True)
@@ -76,13 +76,16 @@ def pool() -> StandbyPool:
     guardian.close()
 
 
-@pytest.mark.parametrize("mode", ["exit", "raise", "term"])
+@pytest.mark.parametrize(("mode", "relative"), [("exit", False), ("raise", False),
+                                                ("term", False), ("exit", True)])
 def test_a_standby_is_indistinguishable_from_a_cold_start(
-        tmp_path: Path, pool: StandbyPool, mode: str) -> None:
+        tmp_path: Path, pool: StandbyPool, mode: str, relative: bool) -> None:
+    """`relative`: the script named from the directory (walk-through 28: the standby's
+    `__file__` was relative where a cold start's is absolute)."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     env = {**os.environ, "TG_X": "1", "RANK": "0", "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-u", str(script), mode]
+    argv = [sys.executable, "-u", "probe.py" if relative else str(script), mode]
     pool.configure(1, argv, {**env, "RANK": "5"}, str(tmp_path))  # another rank's: fine
     pool.maintain(None)
     assert len(pool) == 0  # not before the attempt's first step (and FILL_AFTER_S)

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import os
 import resource
 import runpy
 import signal
 import sys
+import types
+import zipfile
 from types import TracebackType
 from typing import Any
 
@@ -109,7 +112,11 @@ def become(job: dict[str, Any]) -> None:
 
 
 def run(argv: list[str]) -> None:
-    """Run `script ARGS` or `-m MODULE ARGS` as `__main__`, as the interpreter would."""
+    """Run `script ARGS` or `-m MODULE ARGS` as `__main__`, as the interpreter would: the
+    script's `__file__` absolute, `sys.argv` as given, `sys.orig_argv` the command line a cold
+    `python -u` had (walk-through 28: a relative `__file__` broke a script that changes
+    directory and then reads a file next to itself, after every restart, and only there)."""
+    sys.orig_argv = [sys.executable, "-u", *argv]
     if argv[:1] == ["-m"]:
         sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's path in argv[0]
         sys.path[0] = os.getcwd()
@@ -117,7 +124,19 @@ def run(argv: list[str]) -> None:
     else:
         sys.argv = list(argv)
         sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
-        runpy.run_path(argv[0], run_name="__main__")
+        path = os.path.abspath(argv[0])
+        if not os.path.isfile(path) or zipfile.is_zipfile(path):  # a directory or a zip
+            runpy.run_path(argv[0], run_name="__main__")  # with a __main__.py
+            return
+        # as the interpreter runs a script: compiled under its absolute path (tracebacks,
+        # `__file__`), sys.argv[0] as given (runpy.run_path would set both to one name)
+        with io.open_code(path) as f:
+            code = compile(f.read(), path, "exec")
+        main = types.ModuleType("__main__")
+        main.__dict__.update(__file__=path, __cached__=None, __loader__=None,
+                             __package__=None, __spec__=None)
+        sys.modules["__main__"] = main
+        exec(code, main.__dict__)
 
 
 def _script_frames(tb: TracebackType | None) -> TracebackType | None:
