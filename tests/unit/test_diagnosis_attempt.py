@@ -229,6 +229,10 @@ def test_the_logs_own_line_of_the_error_files_exception_is_the_evidence() -> Non
     d = only(fact(1, 1, log, error_file=error_file("ValueError: bad batch at it 15")))
     assert d.evidence is not None and d.evidence.file == "rank-1.log", d.evidence
     assert d.culprit.frame is not None and "train.py:61 in main" in d.culprit.frame
+    # the log names the class with its module, the file bare (walk-through 28)
+    log = [stamp + line for line in traceback(1, "mytrain.errors.ShardError: shard 7 empty")]
+    d = only(fact(1, 1, log, error_file=error_file("ShardError: shard 7 empty")))
+    assert d.evidence is not None and d.evidence.file == "rank-1.log", d.evidence
 
 
 def test_an_error_file_without_a_message_falls_back_to_the_log() -> None:

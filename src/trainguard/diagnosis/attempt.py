@@ -59,8 +59,9 @@ def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = Non
             continue
         findings += f.findings
         from_file = error_file_finding(f.error_file, f.rank, f"rank-{f.rank}.error.json")
-        if from_file is not None and not any(
-                g.final and g.text == from_file.text for g in f.findings):
+        if from_file is not None and not any(  # (the file names the class bare, the log
+                g.final and (g.text == from_file.text  # with its module: `mod.Err: ...`)
+                             or g.text.endswith("." + from_file.text)) for g in f.findings):
             # (the log's own line of that exception is the evidence: it has the frame and
             # the time to the microsecond; the file's whole-second stamp came first and the
             # live verdict said "no traceback in the log says where"; walk-through 28)
