@@ -209,13 +209,9 @@ class JobStore(LedgerTables):
     def has_message(self, message_id: str) -> bool:
         """Is an event of the worker message with this id (node/outbox.py) recorded? (Asked
         only for messages sent again after a reconnect: a scan is fine.)"""
-        if self._version < 2:
-            return False
-        with self._errors("read events from"):
-            row = self._conn.execute(
-                "SELECT 1 FROM events WHERE data IS NOT NULL AND "
-                "json_extract(data, '$.message_id') = ? LIMIT 1", (message_id,)).fetchone()
-        return row is not None
+        return self._one(2, "events", "SELECT 1 FROM events WHERE data IS NOT NULL AND "
+                         "json_extract(data, '$.message_id') = ? LIMIT 1",
+                         (message_id,)) is not None
 
     # -- running records --------------------------------------------------------
 

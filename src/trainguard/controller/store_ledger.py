@@ -22,6 +22,16 @@ class LedgerTables:
     def _tx(self, action: str) -> AbstractContextManager[None]:
         raise NotImplementedError  # JobStore's: one short write transaction
 
+    def _one(self, since: int, what: str, sql: str, params: tuple[Any, ...] = ()
+             ) -> tuple[Any, ...] | None:
+        """The first row a read returns; None without one, or in a store older than schema
+        `since` (that lacks what it reads)."""
+        if self._version < since:
+            return None
+        with self._errors(f"read {what} from"):
+            row = self._conn.execute(sql, params).fetchone()
+        return None if row is None else tuple(row)
+
     def add_progress(self, samples: list[tuple[int, int, float]]) -> None:
         """Append (attempt, step, epoch seconds) samples: a step an attempt reached, and when."""
         if samples:
@@ -40,20 +50,13 @@ class LedgerTables:
 
     def last_progress_time(self) -> float | None:
         """When the newest progress sample was taken (epoch seconds); None without one."""
-        if self._version < 4:
-            return None
-        with self._errors("read progress from"):
-            row = self._conn.execute("SELECT MAX(at) FROM progress").fetchone()
+        row = self._one(4, "progress", "SELECT MAX(at) FROM progress")
         return None if row is None or row[0] is None else float(row[0])
 
     def last_sample(self, attempt: int) -> tuple[int, int, float] | None:
         """The newest progress sample (attempt, step, time) of `attempt`; None without one."""
-        if self._version < 4:
-            return None
-        with self._errors("read progress from"):
-            row = self._conn.execute(
-                "SELECT attempt, step, at FROM progress WHERE attempt = ? "
-                "ORDER BY at DESC, rowid DESC LIMIT 1", (attempt,)).fetchone()
+        row = self._one(4, "progress", "SELECT attempt, step, at FROM progress WHERE attempt = ? "
+                        "ORDER BY at DESC, rowid DESC LIMIT 1", (attempt,))
         return None if row is None else (int(row[0]), int(row[1]), float(row[2]))
 
     def event_values(self, reason: str, keys: tuple[str, ...]
@@ -71,17 +74,12 @@ class LedgerTables:
 
     def last_checkpoint(self) -> tuple[int, str] | None:
         """(step, ISO time) of the newest checkpoint committed (`CheckpointSaved`), or None."""
-        if self._version < 2:
-            return None
-        with self._errors("read events from"):
-            row = self._conn.execute(
-                "SELECT json_extract(data, '$.step'), time FROM events WHERE reason = ? "
-                "ORDER BY id DESC LIMIT 1", (Reason.CHECKPOINT_SAVED.value,)).fetchone()
+        row = self._one(2, "events", "SELECT json_extract(data, '$.step'), time FROM events "
+                        "WHERE reason = ? ORDER BY id DESC LIMIT 1",
+                        (Reason.CHECKPOINT_SAVED.value,))
         return (row[0], row[1]) if row is not None and isinstance(row[0], int) else None
 
     def last_event_time(self) -> float | None:
         """When the newest event was recorded (epoch seconds); None without events."""
-        with self._errors("read events from"):
-            row = self._conn.execute(
-                "SELECT time FROM events ORDER BY id DESC LIMIT 1").fetchone()
+        row = self._one(0, "events", "SELECT time FROM events ORDER BY id DESC LIMIT 1")
         return None if row is None else datetime.fromisoformat(row[0]).timestamp()
