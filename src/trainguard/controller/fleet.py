@@ -130,13 +130,14 @@ class Fleet:
         one is given before it counts as lost. A node whose agent process has ended
         answers at once, with why (not "unreachable" after the grace: a node lost during
         a restart's backoff was found 3 s late; walk-through 26, F13)."""
-        out = {n: Reply(False, {}, AGENT_ENDED) for n in calls if self._agent_ended(n)}
+        out = {n: Reply(False, {}, AGENT_ENDED) for n in calls if self.agent_ended(n)}
         rest = {n: c for n, c in calls.items() if n not in out}
         if rest:
             out.update(self.hub.call(rest, timeout, self.grace_s, self.node_timeout_s))
         return out
 
-    def _agent_ended(self, name: str) -> bool:
+    def agent_ended(self, name: str) -> bool:
+        """Whether `name`'s agent process (or the Slurm step running it) has ended."""
         node = self.nodes.get(name)
         return node is not None and node.handle is not None and node.handle.ended()
 
@@ -161,7 +162,7 @@ class Fleet:
                 continue
             if name in self._broken:
                 out[name] = self._broken[name]
-            elif self._agent_ended(name):
+            elif self.agent_ended(name):
                 out[name] = AGENT_ENDED
             elif link.disconnected_s > self.grace_s and not waiting:
                 out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s"
@@ -196,7 +197,7 @@ class Fleet:
             if name in self.placement or node.state != NodeState.SPARE:
                 continue
             link = links.get(name)
-            if self._agent_ended(name):
+            if self.agent_ended(name):
                 out[name] = AGENT_ENDED
             elif (link is not None and link.disconnected_s > self.grace_s
                   and self.disrupted_since is None):
@@ -268,9 +269,9 @@ class Fleet:
         failed = {n: r.error for n, r in replies.items() if not r.ok}
         if failed and len(failed) == len(replies):  # the same on every node: not a node's
             raise LaunchError("; ".join(f"{n}: {e}" for n, e in failed.items()))
-        for name, error in failed.items():  # one node's own trouble: it is lost
-            self._broken[name] = error if error == AGENT_ENDED \
-                else f"it could not start its workers ({error})"
+        for name, error in failed.items():  # one node's own trouble: it is lost (an ended
+            if error != AGENT_ENDED:  # agent is, by lost_now itself, with that reason)
+                self._broken[name] = f"it could not start its workers ({error})"
         self._take(replies)
         self._prepare_spares(cmd)
         return self._merged()

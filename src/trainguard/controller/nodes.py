@@ -136,9 +136,8 @@ class NodeRecovery:
             if r.ok:
                 report = PrecheckReport.model_validate(r.body)
             else:  # no answer (silent, gone, or the check itself broke): not a usable node
-                node, link = self.fleet.nodes[name], self.fleet.hub.links.get(name)
-                why = (AGENT_ENDED if node.handle is not None
-                       and node.handle.ended() else r.error)  # (not "unreachable": F11)
+                link = self.fleet.hub.links.get(name)  # (an ended agent: not "unreachable")
+                why = AGENT_ENDED if self.fleet.agent_ended(name) else r.error
                 report = PrecheckReport.model_validate({
                     "node": name, "host": link.host if link is not None and link.host else "",
                     "at": utcnow(), "checks": [{
