@@ -4,7 +4,7 @@ the no-progress guard have nothing to go by (walk-through 21: a loop logging `IN
 start-up allowance with no word). `NoProgressSignal` (Warning), once per launch, when the
 ranks have printed for SILENT_WARN_S and no rank reported a step (a step line,
 `trainguard.progress`, a checkpoint trainguard saw); at once when a rank's lines count up like
-steps in a format the pattern does not read (node/step_lines.py), quoting one and a
+steps in a format the pattern does not read (hang/step_lines.py), quoting one and a
 --step-pattern that reads it (walk-through 28: `it 15 | loss 0.83` went unread, a hang sat out
 the 30-minute start-up allowance in silence). Pure bookkeeping over the reports; the recorder
 writes the event."""
@@ -55,8 +55,8 @@ class ProgressSignal:
                  "hang detection and the no-progress guard" if spec.hang_detection else
                  "the no-progress guard")
         have = "has" if needs == "the no-progress guard" else "have"
-        if counting is not None and counting.unread_step_line:
-            line, pattern = counting.unread_step_line.strip(), counting.unread_step_pattern
+        if counting is not None:
+            line, pattern = str(counting.unread_step_line).strip(), counting.unread_step_pattern
             self.rec.event(Level.WARNING, Reason.NO_PROGRESS_SIGNAL,
                            f"rank {counting.rank}'s lines count up like steps (`{line[:120]}`) "
                            f"but --step-pattern does not read them, so {needs} {have} "

@@ -124,7 +124,6 @@ def node_from_row(row: tuple[Any, ...]) -> NodeRow:
     return NodeRow(**values)
 
 
-# the events that say whether a hang is left running (hang_left_running)
 # the events that say whether a confirmed hang is left running: cleared by progress, or
 # acted on inside the attempt (an in-process restart goes on in the same attempt; walk-
 # through 27: status read HUNG while the restarted job trained on)

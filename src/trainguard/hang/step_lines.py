@@ -7,7 +7,7 @@ further each attempt was given up as making no progress (walk-through 28). The a
 reader shows each line the pattern did not read to a `CountingLines` of its rank; once lines
 of one shape (their numbers aside) have counted up at the same place three times in a row,
 that line is what the controller's NoProgressSignal quotes, with a --step-pattern that reads
-it (`suggest_pattern`)."""
+it (`pattern_at`)."""
 
 from __future__ import annotations
 

@@ -143,14 +143,14 @@ class LivenessBook:
                 if r is None:
                     continue
                 phase = r.phases[-1] if r.phases else None
+                line, pattern = (unread or {}).get(rank, (None, None))
                 out.append(RankLiveness(
                     rank=rank, last_step=r.last_step, last_progress_at=r.last_progress_at,
                     intervals=r.pending, phase=phase[0] if phase else None,
                     phase_since=phase[1] if phase else None,
                     phase_timeout_s=phase[2] if phase else None,
                     last_output_at=last_output.get(rank),
-                    unread_step_line=(unread or {}).get(rank, (None, None))[0],
-                    unread_step_pattern=(unread or {}).get(rank, (None, None))[1],
+                    unread_step_line=line, unread_step_pattern=pattern,
                     cpu_s=r.cpu_s, io_bytes=r.io_bytes,
                     accel_util=r.accel_util, sampled_at=r.sampled_at))
                 r.pending = []

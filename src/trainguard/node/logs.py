@@ -168,7 +168,7 @@ class LogRouter:
 
     def unread_steps(self) -> dict[int, tuple[str, str | None]]:
         """Per rank, a line that counts up like steps but that the step pattern does not
-        read (node/step_lines.py)."""
+        read (hang/step_lines.py), with a --step-pattern that reads it (None: none found)."""
         with self._lock:
             return dict(self._unread)
 
@@ -257,21 +257,26 @@ class LogRouter:
                 self._console.write("".join(prefix + t + "\n" for t in texts))
                 self._console.flush()
         steps = [int(n) for t in texts if (n := self.step_of(t)) is not None]
-        if steps:
-            self._counting[stream.rank] = None  # read: no need to watch its lines
-        elif stream.rank not in self._unread and (
-                lines := self._counting.setdefault(stream.rank, CountingLines())) is not None \
-                and lines.seen < WATCH_LINES:
-            for t in texts:
-                at = lines.observe(t)
-                if at is not None:
-                    with self._lock:
-                        self._unread[stream.rank] = (t, pattern_at(t, at))
-                    break
-        if steps:
+        if not steps:
+            self._watch_unread(stream.rank, texts)
+        else:
+            self._counting[stream.rank] = None  # its steps are read: no need to watch
             self._on_progress(stream.rank, steps[0], now)
             if len(steps) > 1:
                 self._on_progress(stream.rank, steps[-1], now)
+
+    def _watch_unread(self, rank: int, texts: list[str]) -> None:
+        """Lines the step pattern did not read: do they count up like steps (the first
+        WATCH_LINES of a rank whose steps were never read; hang/step_lines.py)?"""
+        lines = self._counting.setdefault(rank, CountingLines())
+        if lines is None or rank in self._unread or lines.seen >= WATCH_LINES:
+            return
+        for t in texts:
+            at = lines.observe(t)
+            if at is not None:
+                with self._lock:
+                    self._unread[rank] = (t, pattern_at(t, at))
+                return
 
     def step_of(self, text: str) -> str | None:
         """The step a line reports (the pattern's first group that matched), colour codes
