@@ -131,6 +131,8 @@ class RankLiveness(_Msg):
     unread_step_pattern: str | None = Field(None, description="a --step-pattern that reads it")
     cpu_s: float | None = Field(None, description="CPU time of the rank's process tree so far")
     io_bytes: int | None = Field(None, description="bytes read + written by its process tree")
+    reads: int | None = Field(None, description="read calls of the rank's own process so far "
+                              "(every thread's; its data loader's batches arrive as reads)")
     accel_util: int | None = Field(None, description="utilisation (%) of the accelerator of "
                                    "its local rank, when one can be read (NVML, npu-smi)")
     sampled_at: datetime | None = Field(None, description="when cpu/io/accel were sampled")

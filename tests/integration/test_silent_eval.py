@@ -53,3 +53,71 @@ def test_a_silent_evaluation_is_not_restarted_as_a_hang(tmp_path: Path) -> None:
                and e["message"].startswith("not confirmed: the Python stack of rank(s) 0 moves")]
     assert len(working) == 1 and 'trainguard.phase("eval")' in working[0]["message"]
     assert reasons[-1] == "JobSucceeded"
+
+
+LOADER_SCRIPT = """
+import os, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+STUCK = os.environ["TRAINGUARD_ATTEMPT"] == "0" and os.environ.get("LOADER") == "stuck"
+
+class Slow(Dataset):  # samples read from slow storage: the loader's workers wait, not compute
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        time.sleep(1e6 if STUCK else 0.2)
+        return torch.randn(256)
+
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+loader = DataLoader(Slow(), batch_size=4, num_workers=2)
+for step in range(1, 31):
+    time.sleep(0.1)
+    print(f"step {step} loss {1.0 / step:.3f}", flush=True)
+    if step == 15:  # a silent evaluation: the main thread waits in the loader for each batch
+        t = time.monotonic()
+        with torch.no_grad():
+            for x in loader:
+                float(model(x).sum())
+                if time.monotonic() - t > 16:  # twice the 8 s threshold
+                    break
+"""
+
+
+@pytest.mark.serial
+def test_a_silent_evaluation_fed_by_a_data_loader_is_not_a_hang(tmp_path: Path) -> None:
+    """Walk-through 28, finding 9: the main thread sits at one place (waiting in the loader),
+    its workers sleep on slow storage (no CPU, no I/O): three restarts as hung, then 86."""
+    script = tmp_path / "train.py"
+    script.write_text(LOADER_SCRIPT)
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "1", "--restart-on-hang", "--job-dir", str(job),
+                str(script)], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = read_json("events", job)
+    reasons = [e["reason"] for e in events]
+    assert "HangConfirmed" not in reasons and "WorkersRestarted" not in reasons, reasons
+    working = [e for e in events if e["reason"] == "HangSuspected"
+               and e["message"].startswith("not confirmed:")]
+    assert len(working) == 1, working
+    assert "rank(s) 0 wait in the data loader and get batches" in working[0]["message"]
+    assert reasons[-1] == "JobSucceeded"
+
+
+@pytest.mark.serial
+def test_a_data_loader_whose_workers_are_stuck_is_confirmed_hung(tmp_path: Path) -> None:
+    """The other side: the loader's workers never return a sample; the rank reads nothing,
+    is confirmed hung in the data loader and restarted (the second attempt's loader works)."""
+    script = tmp_path / "train.py"
+    script.write_text(LOADER_SCRIPT)
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "1", "--restart-on-hang", "--job-dir", str(job),
+                str(script)], cwd=tmp_path, env={"LOADER": "stuck"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = read_json("events", job)
+    confirmed = [e for e in events if e["reason"] == "HangConfirmed"]
+    assert len(confirmed) == 1 and "in the data loader" in confirmed[0]["message"], confirmed
+    working = [e["involved"]["attempt"] for e in events if e["reason"] == "HangSuspected"
+               and e["message"].startswith("not confirmed:")]
+    assert working in ([], [1]), working  # attempt 1's evaluation is fed (not stuck)
+    assert confirmed[0]["involved"]["attempt"] == 0 and events[-1]["reason"] == "JobSucceeded"

@@ -67,7 +67,7 @@ def fake_hang_watch(states: list[Any], said: list[str], agent: Any, log_dir: str
     """A real controller HangWatch over fakes: a recorder that keeps each event as
     `Reason: message` in `said`, `agent` for the stack dumps, and a detector that answers
     `states` in turn (rank 0 stuck 9 s against an 8 s threshold); `detector` adds to it
-    (`stack_moved`, `policy`, `hold`)."""
+    (`seen_working`, `policy`, `hold`, `reads_rose`)."""
     from types import SimpleNamespace
 
     from trainguard.controller.hang_watch import HangWatch
@@ -83,5 +83,6 @@ def fake_hang_watch(states: list[Any], said: list[str], agent: Any, log_dir: str
         observe=lambda liveness, now, ending: SimpleNamespace(
             state=next(verdicts), stuck_ranks=(0,), describe=lambda: "rank 0 stuck",
             last_progress_at=None, idle_s=9.0, threshold_s=8.0, p99_s=None, basis="floor",
-            waiting_for=None), **{"hold": lambda: None, **detector})
+            waiting_for=None),
+        **{"hold": lambda: None, "reads_rose": lambda rank: None, **detector})
     return w

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from trainguard.controller.hang_watch import job_ending
+from trainguard.controller.hang_evidence import job_ending
 from trainguard.node.channel import ChannelServer
 from trainguard.protocol import NodeReport, Progress, RankLiveness
 from trainguard.worker import channel

@@ -64,14 +64,14 @@ def test_a_moving_stack_holds_the_confirmation_off_until_the_phase_allowance_is_
     last = steady(det)
     assert silent(det, last + 6).state == HangState.SUSPECTED
     assert silent(det, last + 8.5).state == HangState.CONFIRMED  # nothing else moves
-    assert det.stack_moved([0], at(last + 8.5))  # the controller looked: the stack moved
+    assert det.seen_working([0], at(last + 8.5))  # the controller looked: the stack moved
     for t in range(10, 119, 2):  # an evaluation: the looks keep finding it at work
-        det.stack_moved([0], at(last + t))
+        det.seen_working([0], at(last + t))
         v = silent(det, last + t + 1)
         assert v.state == HangState.SUSPECTED, t
-        assert "Python stack moves" in (v.waiting_for or "")
+        assert "works at something that reports no step" in (v.waiting_for or "")
     assert silent(det, last + 121).state == HangState.CONFIRMED  # the allowance is spent
-    assert not det.stack_moved([0], at(last + 121))  # past it: it stays confirmed
+    assert not det.seen_working([0], at(last + 121))  # past it: it stays confirmed
     assert silent(det, last + 122).state == HangState.CONFIRMED
 
 
@@ -80,7 +80,7 @@ def test_a_stack_that_stops_moving_is_confirmed_once_the_motion_is_stale() -> No
     last = steady(det)
     silent(det, last + 6)
     silent(det, last + 8.5)
-    assert det.stack_moved([0], at(last + 8.5))
+    assert det.seen_working([0], at(last + 8.5))
     assert silent(det, last + 8.5 + 9).state == HangState.SUSPECTED  # within motion_fresh_s
     assert silent(det, last + 8.5 + 11).state == HangState.CONFIRMED  # 10 s: no look moved
 
@@ -98,7 +98,7 @@ def test_a_rank_in_a_marked_phase_keeps_its_phases_own_timeout() -> None:
                                          phase_timeout_s=30.0)], at(t))
     assert in_eval(31).state == HangState.SUSPECTED
     assert in_eval(41).state == HangState.CONFIRMED  # 31 s in the phase: its timeout
-    assert not det.stack_moved([0], at(41))  # moving or not: the phase's timeout decides
+    assert not det.seen_working([0], at(41))  # moving or not: the phase's timeout decides
     assert in_eval(42).state == HangState.CONFIRMED
 
 
@@ -107,7 +107,7 @@ def test_a_moving_stack_of_an_earlier_suspicion_counts_no_more() -> None:
     last = steady(det)
     silent(det, last + 6)
     silent(det, last + 8.5)
-    det.stack_moved([0], at(last + 8.5))
+    det.seen_working([0], at(last + 8.5))
     t = last + 9
     det.observe([RankLiveness(rank=0, last_step=21, last_progress_at=at(t))], at(t))  # a step
     assert det.observe([RankLiveness(rank=0, last_step=21, last_progress_at=at(t))],
@@ -140,7 +140,7 @@ def watch(tmp_path: Path, looks: list[Any], states: list[HangState] | None = Non
                                    HangState.SUSPECTED, HangState.CONFIRMED],
                         said, SimpleNamespace(dump_stacks=dumps), str(tmp_path),
                         policy=HangPolicy(), hold=lambda: held.append(1),
-                        stack_moved=lambda ranks, now: moved.append(ranks) or True)
+                        seen_working=lambda ranks, now: moved.append(list(ranks)) or True)
     w.asked, w.held = asked, held  # type: ignore[attr-defined]
     return w, said, moved
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainguard.controller.hang_watch import _stopped_culprit
+from trainguard.controller.hang_evidence import stopped_culprit
 from trainguard.hang.stacks import HangCulprit
 from trainguard.node.stacks import _proc_state, dump_stack_messages
 from trainguard.protocol import StackDump
@@ -36,12 +36,12 @@ def test_the_stopped_rank_is_the_culprit_whatever_its_stack_shows() -> None:
     named = HangCulprit(0, "Rank 0 is blocked outside Python code", {0: "blocked", 1: "sleep"},
                         "/w/train.py:9 in main", 0.6)
     dumps = [StackDump(rank=0, pid=10), StackDump(rank=1, pid=11, stopped=True)]
-    c = _stopped_culprit(named, dumps)
+    c = stopped_culprit(named, dumps)
     assert c.rank == 1 and c.by_rank[1] == "state_t" and c.frame is None
     assert c.reason.endswith("until SIGCONT (`kill -CONT 11`)"), c.reason  # its pid, said
     assert c.reason.startswith("Rank 1's process is stopped (state T: SIGSTOP"), c.reason
     assert "SIGCONT" in c.reason and c.confidence >= 0.9
-    assert _stopped_culprit(named, [StackDump(rank=0, pid=10)]) is named  # none stopped
+    assert stopped_culprit(named, [StackDump(rank=0, pid=10)]) is named  # none stopped
 
 
 def test_diagnose_of_a_stopped_rank_says_where_it_waits_and_to_send_sigcont() -> None:

@@ -6,9 +6,12 @@ quick looks at the Python stacks of the stuck ranks outside a marked phase (LOOK
 apart, LOOK_WORKING_S once they were found working, and one more before a confirmation,
 which waits until each was looked at MIN_LOOKS times, one look a poll, for at most
 MORE_LOOKS_S: a loaded machine's looks are slow and few). A
-rank found at two places in Python within MOTION_WINDOW_S works at something that reports no
-step (an evaluation no `trainguard.phase` marks), so the hang waits (detector.stack_moved),
-with a second `HangSuspected` saying why, up to the phase allowance. On a confirmation:
+rank found at two places in Python within MOTION_WINDOW_S, or waiting in its data loader
+while its process reads what the loader's workers send (batches arrive: a silent evaluation
+over a DataLoader whose main thread waits for each batch), works at something that reports no
+step (an evaluation no `trainguard.phase` marks), so the hang waits
+(detector.seen_working), with a second `HangSuspected` saying why, up to the phase
+allowance. On a confirmation:
 every rank's stack is dumped (py-spy, through the node agent) into
 `logs/attempt-N/stacks/`, the culprit is named (hang.stacks.name_culprit), the verdict is
 written to `logs/attempt-N/stacks/hang.json` (what `trainguard diagnose` reads) and a
@@ -27,27 +30,33 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from trainguard.controller.faults import Fault, task_of
+from trainguard.controller.hang_evidence import (
+    culprit_data,
+    ending_in,
+    job_ending,
+    rank_stack,
+    ranks_leaving,
+    stopped_culprit,
+    top_frames,
+    verdict_data,
+    write_json,
+)
 from trainguard.controller.progress_signal import ProgressSignal
 from trainguard.controller.recorder import Recorder
-from trainguard.hang.classify import STOPPED, finalizing
+from trainguard.hang.classify import DATALOADER, describe
 from trainguard.hang.detector import HangDetector, HangPolicy, HangState, HangVerdict
 from trainguard.hang.stacks import (
-    Frame,
     HangCulprit,
     RankStack,
-    ThreadStack,
     main_thread,
     moving,
     name_culprit,
 )
 from trainguard.paths import HANG_FILE, stacks_dir
-from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, Progress, StackDump
+from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, Progress
 from trainguard.records import FaultScenario, Level, Reason, rank_list, utcnow
-from trainguard.states import WorkerState
-from trainguard.worker.contract import EXIT_SAVE_PHASE, EXITING_PHASE
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +74,10 @@ MORE_LOOKS_S = 10.0
 # a rank found at two places within this long works; one found at one place for this long
 # (30 looks) is stuck, even right after work that moved (an evaluation, then a deadlock)
 MOTION_WINDOW_S = 60.0
+# a rank waiting in its data loader is fed while its process read within this long (a
+# loader's worker processes hand over each batch through a pipe; the loader itself checks
+# its workers every 5 s, MP_STATUS_CHECK_INTERVAL, reading nothing)
+LOADER_FED_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -93,17 +106,19 @@ class HangWatch:
         self.confirmed: HangConfirmation | None = None
         self._ending: str | None = None  # seen in the stacks: the attempt is ending
         self._look_ending: str | None = None  # the last look saw a rank exit or shut down
-        self._new_suspicion()
+        self._new_suspicion(None)
 
-    def _new_suspicion(self) -> None:
-        """Forget the last suspicion's looks: a new one starts from none."""
-        # this suspicion's looks at each rank's stack, with when they were taken (monotonic)
-        self._looks: dict[int, list[tuple[float, RankStack]]] = {}
+    def _new_suspicion(self, at: datetime | None) -> None:
+        """Forget the last suspicion's looks: a new one (suspected `at`) starts from none."""
+        self._suspected_at = at  # the node's clock, as the reads' samples
+        # this suspicion's looks at each rank's stack, with when they were taken (monotonic,
+        # and the node's clock at the poll that took them: the reads' samples are timed so)
+        self._looks: dict[int, list[tuple[float, datetime, RankStack]]] = {}
         self._looked = 0.0  # when the last look ended (time.monotonic)
         self._working_told = False  # this suspicion's "still working" event was given
         self._held_since: float | None = None  # this suspicion's wait for MIN_LOOKS looks
 
-    def _look(self, ranks: list[int]) -> None:
+    def _look(self, ranks: list[int], at: datetime) -> None:
         """A quick look at the Python stacks of `ranks`, kept (best effort)."""
         out = stacks_dir(Path(self.rec.paths.log_dir), self._attempt) / "looks"
         try:
@@ -113,17 +128,33 @@ class HangWatch:
             log.warning("a look at the stacks failed: %s", e)
             dumps = []
         self._looked = now = time.monotonic()
-        self._look_ending = ending_in(dumps, {d.rank: _rank_stack(d) for d in dumps})
+        self._look_ending = ending_in(dumps, {d.rank: rank_stack(d) for d in dumps})
         for d in dumps:
             if d.rank in ranks and not d.error:
                 kept = [x for x in self._looks.get(d.rank, []) if now - x[0] <= MOTION_WINDOW_S]
-                self._looks[d.rank] = [*kept, (now, _rank_stack(d))]
+                self._looks[d.rank] = [*kept, (now, at, rank_stack(d))]
 
-    def _working(self, ranks: list[int]) -> list[int]:
-        """The ranks found at two places in Python within the last MOTION_WINDOW_S."""
-        now = time.monotonic()
-        return [r for r in ranks if moving(
-            rs for t, rs in self._looks.get(r, []) if now - t <= MOTION_WINDOW_S)]
+    def _working(self, ranks: list[int], now: datetime) -> dict[int, str]:
+        """The ranks found working at something that reports no step, each with how:
+        "moves" (found at two places in Python within the last MOTION_WINDOW_S) or "loads"
+        (found waiting for a batch in its data loader at the last look and at one before,
+        and its process read between two samples taken after that one, the later within
+        LOADER_FED_S: batches arrive; the reads of the loader's start do not count)."""
+        found: dict[int, str] = {}
+        t = time.monotonic()
+        for r in ranks:
+            looks = [(at, rs) for mono, at, rs in self._looks.get(r, [])
+                     if t - mono <= MOTION_WINDOW_S]
+            if moving(rs for _, rs in looks):
+                found[r] = "moves"
+                continue
+            rose = self.detector.reads_rose(r)
+            waited = [at for at, rs in looks if _waits_for_data(rs)]
+            if rose is not None and waited and _waits_for_data(looks[-1][1]) \
+                    and rose[0] >= waited[0] \
+                    and (now - rose[1]).total_seconds() <= LOADER_FED_S:
+                found[r] = "loads"
+        return found
 
     def _keep_looking(self, v: HangVerdict, report: NodeReport, now: datetime) -> None:
         """A look when one is due, while a hang is suspected; the detector is told of the
@@ -131,10 +162,10 @@ class HangWatch:
         ranks = _lookable(v, report)
         wait = LOOK_WORKING_S if self._working_told else LOOK_EVERY_S
         if ranks and time.monotonic() - self._looked >= wait:
-            self._look(ranks)
-            working = self._working(ranks)
+            self._look(ranks, now)
+            working = self._working(ranks, now)
             if working:
-                self.detector.stack_moved(working, now)
+                self.detector.seen_working(working, now)
                 self._tell_working(v, working)
 
     def start_attempt(self, attempt: int, at: datetime) -> None:
@@ -163,16 +194,16 @@ class HangWatch:
                 path = self.confirmed.stacks_dir / HANG_FILE
                 with contextlib.suppress(OSError, ValueError):
                     data = json.loads(path.read_text(encoding="utf-8"))
-                    _write_json(path, {**data, "cleared_at": now.isoformat()})
+                    write_json(path, {**data, "cleared_at": now.isoformat()})
                 self.rec.book.hang_cleared(now)
             self.confirmed = None
-            self._new_suspicion()
+            self._new_suspicion(None)
         elif v.state == HangState.SUSPECTED:
             if before == HangState.OK:
                 self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED, self.suspected(v, report),
                                rank=v.stuck_ranks[0] if len(v.stuck_ranks) == 1 else None,
-                               attempt=self._attempt, data=_verdict_data(v))
-                self._new_suspicion()
+                               attempt=self._attempt, data=verdict_data(v))
+                self._new_suspicion(now)
             self._keep_looking(v, report, now)
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and \
                 self._deferred(v, report, now):
@@ -204,19 +235,19 @@ class HangWatch:
 
     def _deferred(self, v: HangVerdict, report: NodeReport, now: datetime) -> bool:
         """Whether a hang about to be confirmed waits: a stuck rank outside a marked phase
-        was found at two places within MOTION_WINDOW_S (one more look first, when none was
-        yet), and the detector's allowance for that is not spent; or a rank was seen fewer
+        was found working (`_working`; one more look first, when none was yet), and the
+        detector's allowance for that is not spent; or a rank was seen fewer
         than MIN_LOOKS times yet (but at least once: looks work here), for at most
         MORE_LOOKS_S (one look at each poll)."""
         ranks = _lookable(v, report)
         if not ranks:
             return False
-        if not self._working(ranks):
+        if not self._working(ranks, now):
             time.sleep(max(0.0, LOOK_GAP_S - (time.monotonic() - self._looked)))
-            self._look(ranks)
-        working = self._working(ranks)
+            self._look(ranks, now)
+        working = self._working(ranks, now)
         if working:
-            if not self.detector.stack_moved(working, now):
+            if not self.detector.seen_working(working, now):
                 return False  # past the allowance of work that reports no step
             self._tell_working(v, working)
             return True
@@ -231,21 +262,30 @@ class HangWatch:
             return True
         return False
 
-    def _tell_working(self, v: HangVerdict, working: list[int]) -> None:
+    def _tell_working(self, v: HangVerdict, working: dict[int, str]) -> None:
         """The second HangSuspected of a suspicion: why it is not confirmed (once)."""
         if self._working_told:
             return
         self._working_told = True
+        moves = sorted(r for r, how in working.items() if how == "moves")
+        loads = sorted(r for r, how in working.items() if how == "loads")
+        why = " and ".join(w for w in (
+            f"the Python stack of rank(s) {rank_list(moves)} moves" if moves else "",
+            f"rank(s) {rank_list(loads)} wait in the data loader and get batches from its "
+            f"workers" if loads else "") if w)
+        ranks = sorted(working)
         self.rec.event(
             Level.WARNING, Reason.HANG_SUSPECTED,
-            f"not confirmed: the Python stack of rank(s) {rank_list(working)} moves, so the "
-            f"job works at something that reports no step ({v.describe()}); it is given the "
-            f"phase allowance ({self.detector.policy.phase_s:g}s without progress) while it "
-            f"moves, and confirmed once it has sat at one place for {MOTION_WINDOW_S:g}s. An "
-            f"evaluation or other long work without step lines: mark it with "
-            f"`with trainguard.phase(\"eval\"):` (docs/hang-detection.md)",
-            rank=working[0] if len(working) == 1 else None, attempt=self._attempt,
-            data={**_verdict_data(v), "working_ranks": working})
+            f"not confirmed: {why}, so the job works at something that reports no step "
+            f"({v.describe()}); it is given the phase allowance "
+            f"({self.detector.policy.phase_s:g}s without progress) while it works, and "
+            f"confirmed once it has sat at one place for {MOTION_WINDOW_S:g}s (or its data "
+            f"loader has handed over nothing for {LOADER_FED_S:g}s). An evaluation or other "
+            f"long work without step lines: mark it with `with trainguard.phase(\"eval\"):` "
+            f"(docs/hang-detection.md)",
+            rank=ranks[0] if len(ranks) == 1 else None, attempt=self._attempt,
+            data={**verdict_data(v), "working_ranks": ranks,
+                  "working": {str(r): how for r, how in working.items()}})
 
     def _confirm(self, v: HangVerdict, report: NodeReport, now: datetime
                  ) -> HangConfirmation | None:
@@ -256,7 +296,7 @@ class HangWatch:
         except Exception as e:  # evidence is best effort: never lose the verdict for it
             log.warning("stack dumps failed: %s", e)
             dumps = []
-        stacks = {d.rank: _rank_stack(d) for d in dumps}
+        stacks = {d.rank: rank_stack(d) for d in dumps}
         ending = ending_in(dumps, stacks)
         if ending is not None:  # under load a rank's exit can outlast the hang timeout
             self._ending, self._state = ending, HangState.OK
@@ -271,14 +311,14 @@ class HangWatch:
         except Exception as e:  # a bug there must not take the launcher down
             log.exception("naming the culprit failed")
             culprit = HangCulprit(None, f"the culprit could not be named ({e})", {}, None, 0.0)
-        culprit = _stopped_culprit(culprit, dumps)
+        culprit = stopped_culprit(culprit, dumps)
         files = [f for d in dumps for f in d.files]
-        top = {str(r): _top_frames(rs) for r, rs in stacks.items()}
-        data = {**_verdict_data(v), "culprit": _culprit_data(culprit), "stacks": top,
+        top = {str(r): top_frames(rs) for r, rs in stacks.items()}
+        data = {**verdict_data(v), "culprit": culprit_data(culprit), "stacks": top,
                 "stack_files": files,
                 "stack_errors": {str(d.rank): d.error for d in dumps if d.error},
                 "confirmed_at": now.isoformat()}
-        _write_json(out / HANG_FILE, {**data, "attempt": self._attempt})
+        write_json(out / HANG_FILE, {**data, "attempt": self._attempt})
         who = f"rank {culprit.rank}" if culprit.rank is not None else "no single rank"
         took = (utcnow() - now).total_seconds()  # the event comes once the stacks are in
         self.rec.event(Level.WARNING, Reason.HANG_CONFIRMED,
@@ -291,29 +331,19 @@ class HangWatch:
         return HangConfirmation(v, culprit, now, out)
 
 
+
+def _waits_for_data(rs: RankStack) -> bool:
+    """Whether a rank's main thread is in its data loader, past the loader's start
+    (forking its workers reads)."""
+    what, where = describe(main_thread(rs))
+    return what == DATALOADER and not where.endswith(("__init__", "__iter__", "_get_iterator"))
+
+
 def _lookable(v: HangVerdict, report: NodeReport) -> list[int]:
     """The stuck ranks whose stacks are looked at: not those in a marked phase (its own
     timeout decides)."""
     in_phase = {rl.rank for rl in report.liveness if rl.phase is not None}
     return [r for r in v.stuck_ranks if r not in in_phase]
-
-
-def _stopped_culprit(culprit: HangCulprit, dumps: list[StackDump]) -> HangCulprit:
-    """A rank whose process is stopped (state T) is the culprit, whatever its stack shows:
-    it runs nothing until it gets SIGCONT (the others wait for it)."""
-    stopped = sorted(d.rank for d in dumps if d.stopped)
-    if not stopped:
-        return culprit
-    pids = " ".join(str(d.pid) for d in sorted(dumps, key=lambda d: d.rank)
-                    if d.stopped and d.pid is not None) or "PID"
-    who = f"Rank {stopped[0]}'s process is" if len(stopped) == 1 else \
-        f"The processes of ranks {rank_list(stopped)} are"
-    rank = stopped[0] if len(stopped) == 1 else None
-    return replace(culprit, rank=rank, frame=culprit.frame if culprit.rank == rank else None,
-                   reason=f"{who} stopped (state T: SIGSTOP, Ctrl-Z or a debugger): nothing "
-                          f"runs until SIGCONT (`kill -CONT {pids}`)",
-                   by_rank={**culprit.by_rank, **{r: STOPPED for r in stopped}},
-                   confidence=max(culprit.confidence, 0.9))
 
 
 def hang_fault(hang: HangConfirmation, stopped: datetime, progress: Progress) -> Fault:
@@ -323,70 +353,3 @@ def hang_fault(hang: HangConfirmation, stopped: datetime, progress: Progress) ->
     return Fault(FaultScenario.JOB_HANGED, reason, f"hang: {reason}",
                  task_of(hang.culprit.rank), hang.verdict.last_progress_at or hang.confirmed_at,
                  hang.confirmed_at, stopped, progress, "nccl_timeout_or_hang")
-
-
-def job_ending(report: NodeReport) -> str | None:
-    """Why the attempt is ending, if it is: a rank exited 0, so the ranks left are
-    finishing or tearing down (never confirmed hung within the ending allowance). A rank
-    that exited is not in the liveness at all."""
-    done = [w.rank for w in report.workers if w.state == WorkerState.SUCCEEDED]
-    return f"rank(s) {rank_list(done)} exited 0" if done else ranks_leaving(report)
-
-
-def ranks_leaving(report: NodeReport) -> str | None:
-    """Ranks in a phase that only comes on the way out (the attempt ends with them)."""
-    # a rank saving its last step on its way out (an error, or a stop): its peers wait in a
-    # collective for it until it exits and the launcher acts
-    leaving = [rl.rank for rl in report.liveness if rl.phase == EXIT_SAVE_PHASE]
-    if leaving:
-        return f"rank(s) {rank_list(leaving)} saving a checkpoint on the way out"
-    # a rank whose script returned or raised: its interpreter tears down (torch: seconds)
-    exiting = [rl.rank for rl in report.liveness if rl.phase == EXITING_PHASE]
-    return f"rank(s) {rank_list(exiting)} exiting their interpreter" if exiting else None
-
-
-def ending_in(dumps: list[StackDump], stacks: dict[int, RankStack]) -> str | None:
-    """Why the stacks show the attempt ending, if they do: a rank's process had ended (its
-    exit not reaped yet) or a rank's interpreter is shutting down."""
-    gone = sorted(d.rank for d in dumps if d.exited)
-    closing = sorted(r for r, rs in stacks.items() if r not in gone
-                     and finalizing(main_thread(rs)))
-    why = [f"rank(s) {rank_list(ranks)} {what}" for ranks, what in (
-        (gone, "had exited"), (closing, "were shutting down their interpreter")) if ranks]
-    return " and ".join(why) or None
-
-
-def _top_frames(rs: RankStack, n: int = 8) -> list[str]:
-    """The innermost frames of a rank's main thread, for the event."""
-    t = main_thread(rs)
-    frames = t.frames[:n] if t is not None else ()
-    return [f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.line})" for f in frames]
-
-
-def _verdict_data(v: HangVerdict) -> dict[str, Any]:
-    return {"state": v.state.value, "stuck_ranks": list(v.stuck_ranks),
-            "last_progress_at": v.last_progress_at.isoformat() if v.last_progress_at else None,
-            "idle_s": round(v.idle_s, 3), "threshold_s": round(v.threshold_s, 3),
-            "p99_step_s": None if v.p99_s is None else round(v.p99_s, 4), "basis": v.basis,
-            "waiting_for": v.waiting_for}
-
-
-def _culprit_data(c: HangCulprit) -> dict[str, Any]:
-    return {"rank": c.rank, "reason": c.reason, "frame": c.frame,
-            "by_rank": {str(r): what for r, what in c.by_rank.items()},
-            "confidence": c.confidence}
-
-
-def _rank_stack(d: StackDump) -> RankStack:
-    return RankStack(d.rank, d.pid or 0, tuple(
-        ThreadStack(t.thread_id, t.name, t.idle, t.owns_gil, tuple(
-            Frame(f.name, f.filename, f.line or 0, None, f.native) for f in t.frames))
-        for t in d.threads), d.error)
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
-    except OSError as e:
-        log.warning("cannot write %s: %s", path, e)

@@ -24,11 +24,13 @@ long it has gone without progress:
   rank spinning in a loop, or busy-polling a collective, is as hung as one that sleeps).
   While there is life,
   confirmation waits, up to `life_cap` x T.
-- **a moving stack**: while a hang is suspected the controller looks at the stuck ranks'
-  Python stacks (controller/hang_watch.py); while a rank outside a marked phase is found at
-  two places within the last minute (`stack_moved`, told again at each look), it works at
-  something that reports no step (an evaluation no `trainguard.phase` marks): confirmation
-  waits, up to the phase allowance, and comes `motion_fresh_s` after the looks stop saying so.
+- **work that reports no step**: while a hang is suspected the controller looks at the stuck
+  ranks' Python stacks (controller/hang_watch.py); while a rank outside a marked phase is
+  found at two places within the last minute, or waiting in its data loader while its process
+  reads what the loader's workers send (`reads_rose`: batches arrive), it works at something
+  that reports no step (an evaluation no `trainguard.phase` marks; `seen_working`, told
+  again at each look): confirmation waits, up to the phase allowance, and comes
+  `motion_fresh_s` after the looks stop saying so.
 """
 
 from __future__ import annotations
@@ -98,8 +100,11 @@ class _Rank:
     last_output_at: datetime | None = None
     io_bytes: int | None = None
     io_grew: bool = False
+    reads: int | None = None  # read calls of the rank's own process (all its threads)
+    # the samples (the one before, the one that saw it) of the last rise of `reads`
+    reads_rose: tuple[datetime, datetime] | None = None
     sampled_at: datetime | None = None
-    stack_moved_at: datetime | None = None  # the controller saw its Python stack move
+    working_at: datetime | None = None  # the controller saw it work (hang_watch.py)
     phase: str | None = None  # the phase it marked, at the last poll
     accel: deque[int] = field(default_factory=lambda: deque(maxlen=ACCEL_SAMPLES))
 
@@ -175,19 +180,28 @@ class HangDetector:
         return HangVerdict(self._state, ranks, since, idle, allowed, self.learned_p99(), basis,
                            waiting if self._state != HangState.CONFIRMED else None)
 
-    def stack_moved(self, ranks: Iterable[int], at: datetime) -> bool:
-        """The controller saw these ranks' Python stacks move (controller/hang_watch.py): they
-        work at something that reports no step, so for `motion_fresh_s` the suspicion has the
+    def seen_working(self, ranks: Iterable[int], at: datetime) -> bool:
+        """The controller saw these ranks work at something that reports no step
+        (controller/hang_watch.py: a Python stack that moves, a data loader that hands over
+        batches), so for `motion_fresh_s` the suspicion has the
         allowance of a marked phase, and the hang just confirmed is not one, unless it has
         gone past that allowance. A rank inside a marked phase has that phase's own timeout
         instead. True: not confirmed."""
         moved = [r for r in ranks if self._ranks.setdefault(r, _Rank()).phase is None]
         for rank in moved:
-            self._ranks[rank].stack_moved_at = at
+            self._ranks[rank].working_at = at
         if not moved or self._state != HangState.CONFIRMED or self._past_motion_cap:
             return False
         self._state = HangState.SUSPECTED
         return True
+
+    def reads_rose(self, rank: int) -> tuple[datetime, datetime] | None:
+        """Between which two samples the read calls of `rank`'s own process last went up
+        (None: never seen, or not sampled): a rank waiting in its data loader receives each
+        batch from the loader's workers as reads, and one whose workers are stuck or dead
+        reads nothing."""
+        r = self._ranks.get(rank)
+        return None if r is None else r.reads_rose
 
     def hold(self) -> None:
         """The hang just confirmed waits for more evidence (controller/hang_watch.py: too few
@@ -211,10 +225,15 @@ class HangDetector:
         r.phase = rl.phase
         if rl.sampled_at is not None and rl.sampled_at == r.sampled_at:
             return  # the same activity sample as at the last poll
-        r.sampled_at = rl.sampled_at
+        before, r.sampled_at = r.sampled_at, rl.sampled_at
         if rl.io_bytes is not None:
             grew = r.io_bytes is not None and rl.io_bytes - r.io_bytes > self.policy.io_life_bytes
             r.io_grew, r.io_bytes = grew, rl.io_bytes
+        if rl.reads is not None:
+            if r.reads is not None and rl.reads > r.reads and before is not None \
+                    and rl.sampled_at is not None:
+                r.reads_rose = (before, rl.sampled_at)
+            r.reads = rl.reads
         if rl.accel_util is not None:
             r.accel.append(rl.accel_util)
 
@@ -242,16 +261,17 @@ class HangDetector:
               ) -> tuple[str | None, float]:
         """Why the job still looks busy (None when nothing is happening), and how long that
         may hold the confirmation off (seconds without progress): a Python stack seen moving
-        in the last motion_fresh_s counts as a marked phase does (its allowance); a line printed
-        since the suspicion and within the last third of the threshold (at least 2 s), more
-        than io_life_bytes read or written since the last sample, or a varying accelerator
-        load, up to life_cap x the threshold."""
+        (or a data loader seen handing over batches) in the last motion_fresh_s counts as a
+        marked phase does (its allowance); a line printed since the suspicion and within the
+        last third of the threshold (at least 2 s), more than io_life_bytes read or written
+        since the last sample, or a varying accelerator load, up to life_cap x the
+        threshold."""
         for rl in liveness:
-            moved = self._ranks[rl.rank].stack_moved_at
+            moved = self._ranks[rl.rank].working_at
             if (moved is not None and self._suspected_at is not None and rl.phase is None
                     and moved >= self._suspected_at
                     and (now - moved).total_seconds() <= self.policy.motion_fresh_s):
-                return (f"rank {rl.rank}'s Python stack moves (work that reports no step, an "
+                return (f"rank {rl.rank} works at something that reports no step (an "
                         f"evaluation say: mark it with trainguard.phase)",
                         self._motion_cap(threshold))
         return self._activity(liveness, now, threshold), threshold * self.policy.life_cap

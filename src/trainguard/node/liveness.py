@@ -1,6 +1,6 @@
-"""What the node agent knows of each running rank's liveness: progress, phases, output, and
-the CPU and I/O of its process tree (psutil). Feeds hang.detector.HangDetector through
-protocol.RankLiveness; decides nothing.
+"""What the node agent knows of each running rank's liveness: progress, phases, output, the
+CPU and I/O of its process tree and the read calls of its own process (psutil). Feeds
+hang.detector.HangDetector through protocol.RankLiveness; decides nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class _RankBook:
     phases: list[tuple[str, datetime, float | None]] = field(default_factory=list)
     cpu_s: float | None = None
     io_bytes: int | None = None
+    reads: int | None = None
     local_rank: int = 0
     accel_util: int | None = None
     sampled_at: datetime | None = None
@@ -110,7 +111,8 @@ class LivenessBook:
                     r.last_progress_at = max(at, r.last_progress_at)
 
     def sample(self) -> None:
-        """CPU and I/O of each rank's process tree, at most once per SAMPLE_EVERY_S."""
+        """CPU and I/O of each rank's process tree, and its own process's read calls, at most
+        once per SAMPLE_EVERY_S."""
         now = time.monotonic()
         if now - self._sampled < SAMPLE_EVERY_S:
             return
@@ -122,10 +124,10 @@ class LivenessBook:
         devices = visible_devices()
         stamp = datetime.now(timezone.utc)
         with self._lock:
-            for rank, (cpu, io) in found.items():
+            for rank, (cpu, io, reads) in found.items():
                 r = self._ranks.get(rank)
                 if r is not None:
-                    r.cpu_s, r.io_bytes, r.sampled_at = cpu, io, stamp
+                    r.cpu_s, r.io_bytes, r.reads, r.sampled_at = cpu, io, reads, stamp
                     # local rank i uses the i-th visible device (CUDA_VISIBLE_DEVICES order)
                     dev = (devices[r.local_rank] if devices is not None
                            and r.local_rank < len(devices) else r.local_rank)
@@ -151,7 +153,7 @@ class LivenessBook:
                     phase_timeout_s=phase[2] if phase else None,
                     last_output_at=last_output.get(rank),
                     unread_step_line=line, unread_step_pattern=pattern,
-                    cpu_s=r.cpu_s, io_bytes=r.io_bytes,
+                    cpu_s=r.cpu_s, io_bytes=r.io_bytes, reads=r.reads,
                     accel_util=r.accel_util, sampled_at=r.sampled_at))
                 r.pending = []
         return out
@@ -167,14 +169,16 @@ def visible_devices() -> list[int] | None:
     return None
 
 
-def _tree_usage(pid: int) -> tuple[float | None, int | None]:
-    """(CPU seconds, bytes read + written) of a process and its descendants."""
+def _tree_usage(pid: int) -> tuple[float | None, int | None, int | None]:
+    """(CPU seconds, bytes read + written) of a process and its descendants, and the read
+    calls of the process itself (every thread's, not its children's: the batches its data
+    loader's worker processes send arrive as reads of a pipe)."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except (psutil.Error, OSError):
-        return None, None
-    cpu, io = 0.0, 0
+        return None, None, None
+    cpu, io, reads = 0.0, 0, None
     for p in procs:
         with contextlib.suppress(psutil.Error, OSError):
             t = p.cpu_times()
@@ -183,4 +187,6 @@ def _tree_usage(pid: int) -> tuple[float | None, int | None]:
             c = p.io_counters()
             io += int(getattr(c, "read_chars", c.read_bytes)) + int(
                 getattr(c, "write_chars", c.write_bytes))
-    return cpu, io
+            if p is root:
+                reads = int(c.read_count)
+    return cpu, io, reads
