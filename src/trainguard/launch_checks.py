@@ -1,13 +1,14 @@
 """What `run` and `run --dry-run` both check before anything starts (prepare), with the
 same words: the job, log and checkpoint dirs, the checkpoint URL's filesystem, the job dir's
-lock and run id, the rendezvous address and the metrics port. A launch refused here leaves
-no job record behind."""
+lock and run id, a --log-dir's owner, the rendezvous address and the metrics port. A launch
+refused here leaves no job record behind."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -15,8 +16,9 @@ from pathlib import Path
 from typing import IO
 
 from trainguard.controller.store import JobStore, db_path, other_job
+from trainguard.controller.store_rows import log_dir_of
 from trainguard.errors import SpecError, StoreError
-from trainguard.paths import LOCK_NAME, JobPaths, is_url
+from trainguard.paths import LOCK_NAME, LOG_OWNER_NAME, JobPaths, attempt_logs, is_url
 from trainguard.spec import JobSpec, flag_name
 
 
@@ -24,7 +26,8 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     """What `run` and `run --dry-run` both check before anything starts, in this order: the
     checkpoint URL's filesystem, that no launcher holds the job dir (`run` then takes its
     lock, job_lock, with the same words: a job still running is said to be, not its metrics
-    port), that the run id fits the job dir (continued_run), the rendezvous address (a
+    port), that the run id fits the job dir (continued_run), that a --log-dir holds no other
+    job's logs (check_log_dir; `run` then writes whose it is), the rendezvous address (a
     single-node job's, or a local multi-node job's), Slurm's commands for `--backend slurm`
     and the metrics endpoint; then the job, log and checkpoint dirs can be made (and are,
     unless `create` is False). Errors name the flag and the fix."""
@@ -32,6 +35,7 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     check_checkpoint_url(paths)
     check_unlocked(paths.job_dir)
     spec = continued_run(spec, paths.job_dir)
+    check_log_dir(paths)
     if not spec.multi_node:  # a multi-node job meets at its first node's address
         check_master_addr(spec.master_addr)
     elif spec.backend == "local":  # ... on this machine: another machine's is a mistake
@@ -39,7 +43,69 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     check_backend(spec)
     check_metrics_port(spec)
     paths.make(create)
+    if create:
+        claim_log_dir(paths, spec.run_id)
     return spec, paths
+
+
+def check_log_dir(paths: JobPaths) -> None:
+    """A --log-dir that holds another job's `attempt-N` logs is refused: the two jobs' ranks
+    would append to the same `attempt-N/rank-R.log` files, and `logs` and `diagnose` of either
+    would read the other's lines (walk-through 28: torchrun makes a folder per run, so a team
+    passes one fixed --log-dir). The job continued in the same job dir (a requeue) keeps it;
+    so does a log dir written before the owner file was (the job dir's store names it)."""
+    if paths.log_dir_key != "log_dir":
+        return  # JOB_DIR/logs: the job dir's own
+    held = attempt_logs(paths.log_dir)
+    if not held:
+        return
+    owner = _log_owner(paths.log_dir)
+    if owner is not None and owner.get("job_dir") == str(paths.job_dir):
+        return
+    if owner is None and _stored_log_dir(paths.job_dir) == paths.log_dir:
+        return
+    who = (f"the job {owner.get('run_id')!r} (job dir {owner.get('job_dir')})"
+           if owner is not None else "an earlier job")
+    shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+    raise SpecError("--log-dir / 'log_dir'", f"{paths.log_dir} holds the logs of {who} "
+                    f"({shown}): this job's ranks would write into the same "
+                    "attempt-N/rank-R.log files, and `logs` and `diagnose` of either job "
+                    "would read the other's lines", "give each job its own --log-dir (e.g. "
+                    "--log-dir logs/<run name>; torchrun makes a folder per run), or leave "
+                    "--log-dir out (the logs go to JOB_DIR/logs)")
+
+
+def claim_log_dir(paths: JobPaths, run_id: str) -> None:
+    """Write whose logs a --log-dir holds (LOG_OWNER_NAME), for check_log_dir."""
+    if paths.log_dir_key != "log_dir":
+        return
+    tmp = paths.log_dir / f"{LOG_OWNER_NAME}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps({"run_id": run_id, "job_dir": str(paths.job_dir)}),
+                       encoding="utf-8")
+        os.replace(tmp, paths.log_dir / LOG_OWNER_NAME)
+    except OSError as e:
+        raise SpecError("--log-dir / 'log_dir'", f"cannot write {tmp} ({e.strerror})",
+                        "choose a writable directory") from None
+
+
+def _log_owner(log_dir: Path) -> dict[str, str] | None:
+    try:
+        data = json.loads((log_dir / LOG_OWNER_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {k: str(v) for k, v in data.items()} if isinstance(data, dict) else None
+
+
+def _stored_log_dir(job_dir: Path) -> Path | None:
+    """The log dir of the job the job dir holds, if it holds one."""
+    if not db_path(job_dir).is_file():
+        return None
+    try:
+        with JobStore.open(job_dir) as store:
+            return log_dir_of(store.meta(), job_dir).resolve()
+    except (StoreError, OSError):
+        return None
 
 
 def check_checkpoint_url(paths: JobPaths) -> None:
