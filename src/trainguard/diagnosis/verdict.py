@@ -56,6 +56,9 @@ _ABORT_LINE = re.compile(r"\bAborted\b|\bSIGABRT\b|signal 6\b")
 # where Python reports a SyntaxError (no "Traceback" header, no ", in f"): the scanner keeps
 # it among a log's last lines (context findings), a few lines above the exception
 _COMPILE_SITE = re.compile(r'^File "([^"]+)", line (\d+)$')
+# TensorFlow's exception that gathers the errors of its ops: the numbered lines below it
+# (`  (0) Internal: ...`) name them
+_ROOT_ERRORS = re.compile(r"\b\d+ root error\(s\) found\.?\s*$")
 
 
 def _order(cands: list[Candidate]) -> list[Candidate]:
@@ -82,9 +85,16 @@ def _pick(cands: list[Candidate]) -> Candidate:
     # 27 read a storage outage as the user's bug)
     known = {(c.finding.file, c.finding.chain) for c in tier if c.rule is not None
              and c.finding is not None and c.finding.chain is not None}
+    # ... and TensorFlow's header over the errors it gathered (`InternalError: 2 root
+    # error(s) found.`) to a line a rule knows among the numbered ones below it (`  (0)
+    # Internal: Blas GEMM launch failed ...`): those are what failed
+    listed = {(c.finding.file, c.finding.line) for c in tier if c.rule is not None
+              and c.finding is not None}
     tier = [c for c in tier if not (
         c.rule is None and c.category == Category.USER_CODE_ERROR and c.finding is not None
-        and (c.finding.file, c.finding.chain) in known)] or tier
+        and ((c.finding.file, c.finding.chain) in known or (
+            _ROOT_ERRORS.search(c.finding.text) is not None
+            and any((c.finding.file, c.finding.line + n) in listed for n in (1, 2)))))] or tier
     if best == TIER[Role.SYMPTOM]:
         # symptoms only: the most specific kind (a launcher's summary is the least), then
         # the earliest
