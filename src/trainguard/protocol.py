@@ -230,6 +230,8 @@ class NodeReport(_Msg):
                                   "(multi-node: silent, disconnected or its process ended)")
     usage: list[NodeUsage] = Field(default_factory=list, description="per node (an agent: "
                                    "its own; the fleet: every node's, spares too)")
+    persisting: bool = Field(default=False, description="the agent is saving the ranks' memory "
+                             "snapshots to storage (a save at breakpoint) now")
     seq: int | None = Field(default=None, description="a remote agent's number for a report whose "
                             "messages it keeps until the controller acknowledges them")
     epoch: int | None = Field(default=None, description="with `seq`: which agent process "
@@ -283,6 +285,10 @@ HURRY_FRAME = "hurry"
 ACK_FRAME = "ack"
 
 
+# how long a save at breakpoint under way (the agent persisting the memory snapshots) may go
+# on once the job ends: the agent's close waits so long, and so does a job that gives up,
+# to record its CheckpointSaved or CheckpointSaveFailed before JobFailed
+PERSIST_WAIT_S = 120.0
 REPORTS_PER_S = 250.0  # every agent's NodeReports together: the controller's budget
 
 

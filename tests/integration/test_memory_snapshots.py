@@ -73,6 +73,14 @@ def test_when_a_worker_dies_the_agent_persists_its_snapshot_and_a_relaunch_resum
     assert steps_in_storage(ckpt) == [10, 8, 4]  # ...but step 10 reached storage from memory
     log = (job / "logs" / "attempt-0" / "persist.log").read_text()
     assert "persisted the memory snapshot of step 10" in log
+    # ...and the job's record says so before its end (walk-through 27: a job that gave up
+    # ended first, and the save's outcome reached no event)
+    events = read_json("events", job)
+    reasons = [e["reason"] for e in events]
+    saved = [i for i, e in enumerate(events) if e["reason"] == "CheckpointSaved"
+             and e["data"].get("step") == 10]
+    assert saved and "memory" in events[saved[0]]["message"], events[-5:]
+    assert saved[0] < reasons.index("JobFailed") == len(events) - 1, reasons
     assert list(shm.iterdir()) == []
     again = run_tg(ddp(tmp_path / "job2", "--checkpoint-dir", str(ckpt)), cwd=tmp_path,
                    env={"TRAINGUARD_SHM_ROOT": str(shm)})

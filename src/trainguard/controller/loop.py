@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from trainguard.controller.drain import drain
+from trainguard.controller.drain import drain, finish_saves
 from trainguard.controller.faults import Fault, fault_scenario, fault_time, stopped_by, task_of
 from trainguard.controller.hang_watch import HangConfirmation, HangWatch, hang_fault
 from trainguard.controller.high_water import HighWater
@@ -141,6 +141,7 @@ class Controller:
                 if decision.limit == Reason.NO_PROGRESS:  # say where the attempts got stuck
                     decision = replace(decision, reason=f"{decision.reason}: "
                                        f"{self._marks.stuck()}")
+                finish_saves(self.agent, self.rec, self._signals.stopping)
                 return self.rec.give_up(attempt, decision, nxt.failure, nxt.rank)
             if nxt.node_level:
                 self.rec.set_meta(state=JobState.RESTARTING.value)

@@ -110,6 +110,7 @@ class Merger:
         messages: list[WorkerMessage] = []
         liveness: list[RankLiveness] = []
         firsts, lasts = [], []
+        persisting = False
         for name in placement:
             r = self._latest.pop(name, None)
             messages.extend(self._late.pop(name, []))
@@ -127,6 +128,7 @@ class Merger:
                 workers.append(w)
             messages.extend(r.messages)
             liveness.extend(r.liveness)
+            persisting = persisting or r.persisting
             p = r.progress
             if p.first_step is not None:
                 firsts.append((p.first_step_at or now, p.first_step))
@@ -140,7 +142,7 @@ class Merger:
         return NodeReport(node="cluster", attempt=self.attempt,
                           workers=sorted(workers, key=lambda w: w.rank), progress=progress,
                           at=now, messages=messages, liveness=liveness,
-                          lost_nodes=sorted(lost),
+                          lost_nodes=sorted(lost), persisting=persisting,
                           usage=[u for n, u in sorted(self.usage.items())
                                  if n in usable and n not in lost])
 

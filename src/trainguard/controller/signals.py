@@ -28,6 +28,10 @@ class SignalReceiver:
         self._first_at = 0.0
         self._old: dict[int, object] = {}
 
+    def stopping(self) -> bool:
+        """A stop was asked for (a signal came)."""
+        return self.received is not None
+
     @property
     def cut_short(self) -> bool:
         """A second signal ended the grace period (only where it can: `on_repeat` set)."""

@@ -367,7 +367,7 @@ class NodeAgent:
                           liveness=self._liveness.report(
                               running, router.last_output() if router else {},
                               router.unread_steps() if router else {}),
-                          usage=[self._usage.now()])
+                          usage=[self._usage.now()], persisting=self.memory.persisting())
 
     def _facts(self) -> list[WorkerFact]:
         return [worker_fact(self.node, w, self._router, self._job_dir,

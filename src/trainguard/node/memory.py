@@ -20,7 +20,7 @@ from pathlib import Path
 
 from trainguard.checkpoint.memory_format import DEFAULT_ROOT, free_region, region_path
 from trainguard.node import procs
-from trainguard.protocol import StartWorkers
+from trainguard.protocol import PERSIST_WAIT_S, StartWorkers
 from trainguard.worker.contract import (
     ENV_MARKER,
     ENV_MEMORY_DIR,
@@ -31,7 +31,6 @@ from trainguard.worker.contract import (
 
 log = logging.getLogger(__name__)
 
-PERSIST_WAIT_S = 120.0  # close(): a persistence in flight may finish this long
 # added to the persisting process's nice value: the restarted workers it runs beside (the
 # restart does not wait for it) import and load first
 PERSIST_NICE = 10
