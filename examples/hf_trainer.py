@@ -14,7 +14,9 @@ tokens: no hub download), for trainguard's HF integration.
 At the end rank 0 prints `losses [[step, loss], ...]` (the trainer's log history: the whole
 run's, across restarts) and `weights sha256 HEX`. For the tests, EXAMPLE_KILL_AT=STEP makes
 rank 1 SIGKILL itself after that step on the first attempt (EXAMPLE_LEFTOVER=1: after leaving
-a half-written checkpoint directory behind, as a kill during a save would); EXAMPLE_STOP_AT=STEP
+a half-written checkpoint directory behind, as a kill during a save would);
+EXAMPLE_KILL_IN_SAVE=STEP makes rank 1 SIGKILL itself inside checkpoint-STEP's save (before
+its RNG state is written) on the first attempt; EXAMPLE_STOP_AT=STEP
 makes rank 0 run `trainguard stop` on its own job when it first reaches that step (once per
 output dir) and then slows every step to 1 s, so the drain lands mid-run. Like the other
 examples it honours TRAINGUARD_FAULT (trainguard.testing.faults, fired after each optimizer
@@ -105,11 +107,25 @@ class StopAt(TrainerCallback):
             time.sleep(1.0)
 
 
+def kill_in_save(trainer: Trainer, step: int) -> None:
+    """The tests' fault: rank 1 SIGKILLs itself in checkpoint-STEP's save, first attempt."""
+    save_rng = trainer._save_rng_state
+
+    def killing(output_dir: str) -> None:
+        first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first and os.environ.get("RANK") == "1" and output_dir.endswith(f"-{step}"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        save_rng(output_dir)
+
+    trainer._save_rng_state = killing  # type: ignore[method-assign]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, help="the Trainer's output_dir")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--save-every", type=int, default=5)
+    p.add_argument("--save-total-limit", type=int, default=None)
     p.add_argument("--trainguard", action="store_true",
                    help="use trainguard.integrations.hf (else plain Trainer.train())")
     a = p.parse_args()
@@ -117,7 +133,8 @@ def main() -> None:
     cfg = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
     args = TrainingArguments(
         output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=4,
-        save_strategy="steps", save_steps=a.save_every, logging_steps=1, seed=7, data_seed=7,
+        save_strategy="steps", save_steps=a.save_every, save_total_limit=a.save_total_limit,
+        logging_steps=1, seed=7, data_seed=7,
         full_determinism=True, report_to=[], use_cpu=True, ddp_backend="gloo",
         dataloader_num_workers=0, disable_tqdm=True, learning_rate=1e-3)
     trainer = Trainer(model=GPT2LMHeadModel(cfg), args=args,
@@ -126,6 +143,8 @@ def main() -> None:
     kill = os.environ.get("EXAMPLE_KILL_AT")
     if kill:
         trainer.add_callback(KillAt(int(kill), os.environ.get("EXAMPLE_LEFTOVER") == "1"))
+    if os.environ.get("EXAMPLE_KILL_IN_SAVE"):
+        kill_in_save(trainer, int(os.environ["EXAMPLE_KILL_IN_SAVE"]))
     if os.environ.get("EXAMPLE_STOP_AT"):
         trainer.add_callback(StopAt(int(os.environ["EXAMPLE_STOP_AT"])))
     if a.trainguard:

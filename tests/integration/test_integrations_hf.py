@@ -105,6 +105,25 @@ def test_the_unmodified_script_killed_then_stopped_resumes_each_time_exactly(
     assert_train_metrics(job, losses[-1])
 
 
+def test_a_rank_killed_in_a_save_with_save_total_limit_resumes_from_the_committed_one(
+        tmp_path: Path, uninterrupted: tuple[list[list[float]], str]) -> None:
+    """Walk-through 29: with save_total_limit=1, Trainer deleted the committed checkpoint-4
+    inside checkpoint-8's save, before the commit; rank 1 killed there left only the half-written
+    checkpoint-8 (no RNG state of rank 1), and the restart resumed from it, not exactly. The
+    rotation now waits for the commit."""
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "2", "--max-restarts", "2", "--auto-resume", "hf",
+                "--job-dir", str(job), str(EXAMPLE), "--out", str(tmp_path / "out"), *STEPS,
+                "--save-total-limit", "1"], cwd=tmp_path, timeout=300,
+               env={"EXAMPLE_KILL_IN_SAVE": "8"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[trainguard] auto-resume: " in r.stdout and f"{tmp_path / 'out'}/checkpoint-4" \
+        in r.stdout, r.stdout[-3000:]
+    assert trainer_result(r.stdout) == uninterrupted
+    # the limit still holds once the saves are committed: the last one is left
+    assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-14"]
+
+
 def assert_killed_and_resumed_from_4(tmp_path: Path) -> None:
     assert reasons(tmp_path / "job").count("WorkersRestarted") == 1
     # the kill left checkpoint-1006 half written: the stock resume would have picked it

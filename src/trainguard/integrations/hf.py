@@ -9,15 +9,20 @@ Trainer writes `trainer_state.json` last in each `checkpoint-N`; the callback wa
 rank's `on_save` (a barrier), checks that file is there and no `checkpoint-is-incomplete.txt`
 sentinel, then marks the directory committed (integrations.common). `last_checkpoint`
 returns the newest committed directory, or None on a first attempt (where
-`resume_from_checkpoint=True` would raise). The callback also puts the logged loss and
-learning rate in the job's metrics, and drains on request (integrations.drain): at the next
-step end the ranks agree on, `should_save` and `should_training_stop`, then exit at train end.
+`resume_from_checkpoint=True` would raise). Trainer deletes the checkpoints past
+`save_total_limit` inside the save, before `on_save`: while the callback trains, that rotation
+waits for the new checkpoint's commit (a rank killed in the save must not leave the newest
+committed checkpoint deleted and only the half-written one to resume from). The callback
+also puts the logged loss and learning rate in the job's metrics, and drains on request
+(integrations.drain): at the next step end the ranks agree on, `should_save` and
+`should_training_stop`, then exit at train end.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,33 @@ from trainguard.worker.progress import log_metrics, progress
 STATE_FILE = "trainer_state.json"  # Trainer writes it last
 INCOMPLETE = "checkpoint-is-incomplete.txt"  # Trainer's save-on-SIGTERM sentinel
 CHECKPOINT_DIR = r"checkpoint-(\d+)"
+# Trainer's rotations asked for during a save, run once it is committed (defer_rotation)
+_rotations: list[Callable[[], None]] = []
+_deferring = [False]  # a TrainguardCallback trains in this process
+
+
+def defer_rotation() -> None:
+    """Make Trainer's checkpoint rotation (`save_total_limit`) wait, while a
+    TrainguardCallback trains, for the commit of the save that asked for it: Trainer deletes
+    the older checkpoints inside the save, before `on_save`, so a rank killed in the save left
+    the committed checkpoint deleted and the resume took the half-written one, not exact
+    (walk-through 29). Both of transformers' forms: the module's `rotate_checkpoints` (5.x)
+    and the `Trainer._rotate_checkpoints` method (4.x)."""
+    import transformers.trainer as trainer_module
+
+    for owner, name in ((trainer_module, "rotate_checkpoints"), (Trainer, "_rotate_checkpoints")):
+        fn = getattr(owner, name, None)
+        if fn is None or getattr(fn, "__trainguard__", False):
+            continue
+
+        def deferred(*args: Any, __fn: Callable[..., Any] = fn, **kwargs: Any) -> Any:
+            if not _deferring[0]:
+                return __fn(*args, **kwargs)
+            _rotations.append(lambda: __fn(*args, **kwargs))
+            return None
+
+        deferred.__trainguard__ = True  # type: ignore[attr-defined]
+        setattr(owner, name, deferred)
 
 
 def complete(ckpt_dir: Path) -> bool:
@@ -87,7 +119,12 @@ class TrainguardCallback(TrainerCallback):
         self.drain = Drain()
         self._step_end: float | None = None  # when the last step ended: a save blocks from it
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        defer_rotation()
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        defer_rotation()
+        _deferring[0] = True
         self.drain.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -110,14 +147,20 @@ class TrainguardCallback(TrainerCallback):
         if dist.is_available() and dist.is_initialized():
             dist.barrier()  # every rank's files (its RNG state among them) are written
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if state.is_world_process_zero and complete(ckpt):
+        done = complete(ckpt)
+        if state.is_world_process_zero and done:
             drained = self.drain.drained_at == state.global_step
             # Trainer saves in the loop, after the step ends: the loop waited this long
             blocked = None if self._step_end is None else time.monotonic() - self._step_end
             mark_committed(ckpt, int(state.global_step), write_s=blocked, blocked_s=blocked,
                            on_exit=self.drain.on_exit() if drained else None)
+        rotations = list(_rotations)
+        _rotations.clear()
+        for rotate in rotations if done else ():  # an incomplete save deletes nothing
+            rotate()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _deferring[0] = False
         self.drain.finish()
 
 
