@@ -6,7 +6,9 @@ is then also stopped (`trainguard stop`: the ranks drain) and run again to the e
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,3 +147,72 @@ def test_the_example_honours_trainguard_fault_like_the_other_examples(tmp_path: 
     assert r.returncode == 1, r.stderr[-3000:]
     rank = read_json("status", tmp_path / "job")["ranks"][0]
     assert rank["exit_code"] == 7
+
+
+def tiny_trainer(out: Path, steps: int) -> Any:
+    """A real Trainer in this process (one rank, CPU): examples/hf_trainer.py's model."""
+    from examples.hf_trainer import SEQ, VOCAB, RandomTokens
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(out), max_steps=steps, save_steps=2,
+                             per_device_train_batch_size=2, report_to=[], use_cpu=True,
+                             disable_tqdm=True, logging_steps=1, save_strategy="steps")
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=1, n_head=2)
+    return Trainer(model=GPT2LMHeadModel(cfg), args=args,
+                   train_dataset=RandomTokens(64, seed=1))
+
+
+def test_a_save_into_a_committed_dir_removes_its_old_marker_first(tmp_path: Path) -> None:
+    """Walk-through 29: a resume from before a committed checkpoint-N (N skipped as damaged)
+    saves into checkpoint-N again; its old marker stayed while Trainer wrote, so a save cut
+    short there read as committed (new weights, the old optimizer state)."""
+    from trainguard.integrations.common import COMMIT_MARKER
+    from trainguard.integrations.hf import TrainguardCallback
+
+    out = tmp_path / "out"
+    stale = out / "checkpoint-2"
+    stale.mkdir(parents=True)
+    (stale / COMMIT_MARKER).write_text('{"step": 2, "files": {}}')
+    trainer = tiny_trainer(out, 2)
+    trainer.add_callback(TrainguardCallback())
+    seen: list[bool] = []
+    save_opt = trainer._save_optimizer_and_scheduler
+
+    def saving(output_dir: str) -> None:  # mid-save: the weights written, not the optimizer
+        seen.append((Path(output_dir) / COMMIT_MARKER).exists())
+        save_opt(output_dir)
+
+    trainer._save_optimizer_and_scheduler = saving
+    trainer.train()
+    assert seen == [False]  # gone before the save wrote into the dir
+    assert json.loads((stale / COMMIT_MARKER).read_text())["files"]  # committed anew
+
+
+def test_resume_false_on_a_restart_resumes_under_auto_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Walk-through 29: `train(resume_from_checkpoint=args.resume)` with the flag left off
+    passes False; under --auto-resume hf every restart began at step 0 without a word. A
+    restart (attempt > 0) now resumes from the newest committed checkpoint and says so; a
+    first attempt starts fresh, as the script asks, and says what it passes over."""
+    from trainguard.integrations import hf
+
+    out = tmp_path / "out"
+    hf.patch()
+    first = tiny_trainer(out, 4)
+    first.train(resume_from_checkpoint=False)  # commits checkpoint-2 and checkpoint-4
+    assert hf.is_committed(out / "checkpoint-4")
+    monkeypatch.setenv("TRAINGUARD_ATTEMPT", "0")
+    fresh = tiny_trainer(out, 6)
+    fresh.train(resume_from_checkpoint=False)
+    said = capsys.readouterr().out
+    assert (f"resume_from_checkpoint=False: starting fresh as it asks, though {out}/"
+            "checkpoint-4 is committed") in said, said
+    monkeypatch.setenv("TRAINGUARD_ATTEMPT", "1")
+    again = tiny_trainer(out, 8)
+    again.train(resume_from_checkpoint=False)
+    said = capsys.readouterr().out
+    assert (f"this is a restart of the job (attempt 1): resuming from {out}/checkpoint-6, "
+            "the newest committed checkpoint") in said, said
+    assert [h["step"] for h in again.state.log_history if "loss" in h] == [1, 2, 3, 4, 5, 6,
+                                                                           7, 8]

@@ -9,10 +9,11 @@ Trainer writes `trainer_state.json` last in each `checkpoint-N`; the callback wa
 rank's `on_save` (a barrier), checks that file is there and no `checkpoint-is-incomplete.txt`
 sentinel, then marks the directory committed (integrations.common). `last_checkpoint`
 returns the newest committed directory, or None on a first attempt (where
-`resume_from_checkpoint=True` would raise). Trainer deletes the checkpoints past
-`save_total_limit` inside the save, before `on_save`: while the callback trains, that rotation
-waits for the new checkpoint's commit (a rank killed in the save must not leave the newest
-committed checkpoint deleted and only the half-written one to resume from). The callback
+`resume_from_checkpoint=True` would raise). While the callback trains, Trainer's saves are
+made safe for the commit (patch_saves): a save into a `checkpoint-N` that exists already (a
+resume from before it) first removes its old marker, and the rotation of the checkpoints past
+`save_total_limit`, which Trainer runs inside the save, waits for the new one's commit (a rank
+killed in the save must not leave the newest committed checkpoint deleted). The callback
 also puts the logged loss and learning rate in the job's metrics, and drains on request
 (integrations.drain): at the next step end the ranks agree on, `should_save` and
 `should_training_stop`, then exit at train end.
@@ -20,6 +21,7 @@ also puts the logged loss and learning rate in the job's metrics, and drains on 
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -30,6 +32,7 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
 from trainguard.integrations.common import (
+    COMMIT_MARKER,
     is_committed,
     mark_committed,
     newest,
@@ -37,23 +40,28 @@ from trainguard.integrations.common import (
     resumed,
 )
 from trainguard.integrations.drain import Drain
+from trainguard.worker.contract import ENV_ATTEMPT
 from trainguard.worker.progress import log_metrics, progress
 
 STATE_FILE = "trainer_state.json"  # Trainer writes it last
 INCOMPLETE = "checkpoint-is-incomplete.txt"  # Trainer's save-on-SIGTERM sentinel
 CHECKPOINT_DIR = r"checkpoint-(\d+)"
-# Trainer's rotations asked for during a save, run once it is committed (defer_rotation)
+# Trainer's rotations asked for during a save, run once it is committed (patch_saves)
 _rotations: list[Callable[[], None]] = []
 _deferring = [False]  # a TrainguardCallback trains in this process
 
 
-def defer_rotation() -> None:
-    """Make Trainer's checkpoint rotation (`save_total_limit`) wait, while a
-    TrainguardCallback trains, for the commit of the save that asked for it: Trainer deletes
-    the older checkpoints inside the save, before `on_save`, so a rank killed in the save left
-    the committed checkpoint deleted and the resume took the half-written one, not exact
-    (walk-through 29). Both of transformers' forms: the module's `rotate_checkpoints` (5.x)
-    and the `Trainer._rotate_checkpoints` method (4.x)."""
+def patch_saves() -> None:
+    """Make Trainer's saves safe for the commit while a TrainguardCallback trains:
+    - `_save_checkpoint` first removes the commit marker of the `checkpoint-N` it writes
+      into: a resume from an older checkpoint (the newer one skipped as damaged) saves into a
+      dir that still holds its old marker, and a save cut short there read as committed,
+      new weights with the old optimizer state (walk-through 29);
+    - the rotation of the checkpoints past `save_total_limit`, which Trainer runs inside the
+      save, before `on_save`, waits for the commit of the save that asked for it: a rank
+      killed in the save left the committed checkpoint deleted and the resume took the
+      half-written one, not exact (walk-through 29). Both of transformers' forms: the
+      module's `rotate_checkpoints` (5.x) and `Trainer._rotate_checkpoints` (4.x)."""
     import transformers.trainer as trainer_module
 
     for owner, name in ((trainer_module, "rotate_checkpoints"), (Trainer, "_rotate_checkpoints")):
@@ -69,6 +77,18 @@ def defer_rotation() -> None:
 
         deferred.__trainguard__ = True  # type: ignore[attr-defined]
         setattr(owner, name, deferred)
+    save = Trainer._save_checkpoint
+    if getattr(save, "__trainguard__", False):
+        return
+
+    def unmarking(self: Trainer, model: Any, trial: Any, *args: Any, **kwargs: Any) -> Any:
+        if _deferring[0]:
+            out = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+            (out / COMMIT_MARKER).unlink(missing_ok=True)
+        return save(self, model, trial, *args, **kwargs)
+
+    unmarking.__trainguard__ = True  # type: ignore[attr-defined]
+    Trainer._save_checkpoint = unmarking  # type: ignore[method-assign]
 
 
 def complete(ckpt_dir: Path) -> bool:
@@ -120,10 +140,10 @@ class TrainguardCallback(TrainerCallback):
         self._step_end: float | None = None  # when the last step ended: a save blocks from it
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        defer_rotation()
+        patch_saves()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        defer_rotation()
+        patch_saves()
         _deferring[0] = True
         self.drain.start()
 
@@ -164,6 +184,29 @@ class TrainguardCallback(TrainerCallback):
         self.drain.finish()
 
 
+def _resume_despite_false(output_dir: str | None) -> str | bool:
+    """`train(resume_from_checkpoint=False)` (a script's `--resume` flag left off) under
+    --auto-resume: a restart of the job (attempt > 0) resumes from the newest committed
+    checkpoint all the same, and says so: a crash on day 5 restarted at step 0 with no word
+    (walk-through 29). A first attempt starts fresh, as the script asks, and says what it
+    passes over."""
+    attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)
+    if output_dir is None:
+        return False
+    found = newest(numbered_dirs(Path(output_dir), CHECKPOINT_DIR), complete)
+    if found is None or not is_committed(found):
+        return False
+    if attempt == 0:
+        print(f"[trainguard] auto-resume: the script passed resume_from_checkpoint=False: "
+              f"starting fresh as it asks, though {found} is committed", flush=True)
+        return False
+    resumed(found, _step_of(found))
+    print(f"[trainguard] auto-resume: the script passed resume_from_checkpoint=False, but this "
+          f"is a restart of the job (attempt {attempt}): resuming from {found}, the newest "
+          "committed checkpoint (--auto-resume hf)", flush=True)
+    return str(found)
+
+
 def ensure_callback(trainer: Trainer) -> None:
     if not any(isinstance(cb, TrainguardCallback) for cb in trainer.callback_handler.callbacks):
         trainer.add_callback(TrainguardCallback())
@@ -190,6 +233,8 @@ def patch() -> None:
             resume_from_checkpoint = last_checkpoint(self.args.output_dir)
             what = resume_from_checkpoint or "no committed checkpoint yet: starting fresh"
             print(f"[trainguard] auto-resume: {what}", flush=True)
+        elif resume_from_checkpoint is False:
+            resume_from_checkpoint = _resume_despite_false(self.args.output_dir)
         elif (instead := _committed_instead(self.args.output_dir, resume_from_checkpoint)):
             print(f"[trainguard] auto-resume: {resume_from_checkpoint} was never committed (a "
                   f"save cut short: get_last_checkpoint picks it); resuming from {instead}, "
