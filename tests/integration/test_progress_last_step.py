@@ -73,3 +73,31 @@ def test_the_last_step_of_a_script_that_ends_right_after_it_is_the_jobs_last_ste
     metrics = subprocess.run([*TG, "metrics", str(job)], capture_output=True, text=True,
                              check=True, timeout=60).stdout
     assert "\ntrainguard_step 30.0\n" in metrics
+
+
+EVAL_BAR = """
+import sys, time
+import trainguard
+
+for step in range(1, 6):
+    trainguard.progress(step)
+    time.sleep(0.2)
+    if step == 3:  # an evaluation's progress bar (tqdm), as HF Trainer draws it
+        for i in range(1, 501, 50):
+            print(f"{i * 100 // 500}%|###| {i}/500 [00:01<00:00, 400.0it/s]", flush=True)
+        print("100%|#####| 500/500 [00:01<00:00, 400.0it/s]", flush=True)
+        time.sleep(0.5)
+"""
+
+
+def test_a_rank_that_reports_its_steps_is_not_read_from_its_progress_bars(
+        tmp_path: Path) -> None:
+    """Walk-through 29: an HF job (its callback reports global_step) evaluating 500 batches
+    read as "step 1500" of 30 (status, metrics, the ledger: 490 steps lost for 3)."""
+    script = tmp_path / "eval_bar.py"
+    script.write_text(EVAL_BAR)
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "1", "--job-dir", str(job), str(script)],
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert last_step(job) == 5

@@ -155,6 +155,11 @@ class TrainguardCallback(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
 
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Trainer evaluates between the step's end and the save: the save blocks from here
+        (an evaluation's 12 s read as the checkpoint's blocking: walk-through 29)."""
+        self._step_end = time.monotonic()
+
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
         """Trainer's logs carry the loss averaged over the ranks: rank 0 reports it."""

@@ -200,9 +200,8 @@ class NodeAgent:
         self._update_states()
         with self._progress_lock:
             progress = self._progress
-        return NodeReport(node=self.node, attempt=self._attempt,
-                          workers=self._facts(), progress=progress,
-                          at=utcnow())
+        return NodeReport(node=self.node, attempt=self._attempt, workers=self._facts(),
+                          progress=progress, at=utcnow())
 
     def _update_states(self) -> None:
         now = utcnow()
@@ -338,7 +337,9 @@ class NodeAgent:
         now = oom_kill_count()
         return None if now is None or self._oom_base is None else now > self._oom_base
 
-    def _on_progress(self, rank: int, step: int, at: datetime) -> None:
+    def _on_progress(self, rank: int, step: int, at: datetime, line: bool = True) -> None:
+        if line and self._reentry.reports_itself(rank):
+            return  # its own progress decides: a log line's number is not a step
         if not self._reentry.counts(rank):  # a survivor's step of the old group
             self._liveness.progress(rank, step, at)
             return
@@ -360,8 +361,7 @@ class NodeAgent:
             progress = self._progress
         running = {w.assignment.rank for w in self._workers if not w.state.ended}
         router = self._router
-        return NodeReport(node=self.node, attempt=self._attempt,
-                          workers=self._facts(),
+        return NodeReport(node=self.node, attempt=self._attempt, workers=self._facts(),
                           progress=progress, at=utcnow(),
                           messages=messages + self._log_errors(),
                           liveness=self._liveness.report(
@@ -382,7 +382,7 @@ class NodeAgent:
             handler(m.rank, m)
 
     def _progress_signal(self, rank: int, m: WorkerMessage) -> None:
-        self._on_progress(rank, int(m.data["step"]), m.at)
+        self._on_progress(rank, int(m.data["step"]), m.at, line=False)
 
     def _saved_signal(self, rank: int, m: WorkerMessage) -> None:
         self._liveness.progress(rank, None, m.at)
