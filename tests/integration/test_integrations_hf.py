@@ -245,3 +245,26 @@ def test_the_evaluation_before_a_save_is_not_the_saves_blocking_time(
     trainer.add_callback(hf.TrainguardCallback())
     trainer.train()
     assert len(blocked) == 1 and blocked[0] < 1.0, blocked  # the save alone
+
+
+def test_an_explicit_checkpoint_damaged_since_its_commit_gives_way(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Walk-through 29: the usual `train(resume_from_checkpoint=get_last_checkpoint(out))`
+    under --auto-resume hf passed a committed checkpoint truncated since, the load failed
+    (not restarted: checkpoint_load_error), and the advice said the integration skips it."""
+    from trainguard.integrations import hf
+
+    out = tmp_path / "out"
+    hf.patch()
+    tiny_trainer(out, 4).train()  # commits checkpoint-2 and checkpoint-4
+    weights = out / "checkpoint-4" / "model.safetensors"
+    half = weights.stat().st_size // 2
+    with open(weights, "r+b") as f:
+        f.truncate(half)
+    again = tiny_trainer(out, 6)
+    again.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    said = capsys.readouterr().out
+    assert (f"{out}/checkpoint-4 is damaged since it was committed (model.safetensors is "
+            f"{half} bytes") in said, said
+    assert f"resuming from {out}/checkpoint-2, the newest intact committed checkpoint" in said
+    assert again.state.global_step == 6  # loaded checkpoint-2 (the truncated one would raise)

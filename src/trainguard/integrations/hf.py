@@ -33,6 +33,7 @@ from transformers import Trainer, TrainerCallback
 
 from trainguard.integrations.common import (
     COMMIT_MARKER,
+    damage,
     is_committed,
     mark_committed,
     newest,
@@ -112,22 +113,31 @@ def _step_of(ckpt_dir: Path) -> int:
     return int(ckpt_dir.name.rsplit("-", 1)[1])
 
 
-def _committed_instead(output_dir: str | Path | None, given: Any) -> str | None:
+def _committed_instead(output_dir: str | Path | None, given: Any) -> tuple[str, str] | None:
     """For an explicit `checkpoint-N` of the output dir that was never committed while newer
     than the newest committed one (a save a killed rank left half written, which HF's own
-    `get_last_checkpoint` picks: walk-through 25), the newest committed one; else None (a
-    path elsewhere, or a job with nothing committed, is the script's choice)."""
+    `get_last_checkpoint` picks: walk-through 25), or that is damaged since its commit (a file
+    truncated or gone: walk-through 29), the newest intact committed one and what was wrong
+    with the one given; else None (a path elsewhere, or a job with nothing committed, is the
+    script's choice)."""
     if output_dir is None or not isinstance(given, (str, Path)):
         return None
     path = Path(given)
     m = re.fullmatch(CHECKPOINT_DIR, path.name)
-    if m is None or path.resolve().parent != Path(output_dir).resolve() or is_committed(path):
+    if m is None or path.resolve().parent != Path(output_dir).resolve():
         return None
+    if is_committed(path):
+        broken = damage(path)
+        if broken is None:
+            return None
+        why = f"is damaged since it was committed ({broken})"
+    else:
+        why = "was never committed (a save cut short: get_last_checkpoint picks it)"
     found = newest(numbered_dirs(Path(output_dir), CHECKPOINT_DIR), complete)
     if found is None or _step_of(found) > int(m.group(1)) or not is_committed(found):
         return None
     resumed(found, _step_of(found))
-    return str(found)
+    return str(found), why
 
 
 class TrainguardCallback(TrainerCallback):
@@ -241,10 +251,9 @@ def patch() -> None:
         elif resume_from_checkpoint is False:
             resume_from_checkpoint = _resume_despite_false(self.args.output_dir)
         elif (instead := _committed_instead(self.args.output_dir, resume_from_checkpoint)):
-            print(f"[trainguard] auto-resume: {resume_from_checkpoint} was never committed (a "
-                  f"save cut short: get_last_checkpoint picks it); resuming from {instead}, "
-                  "the newest committed checkpoint", flush=True)
-            resume_from_checkpoint = instead
+            print(f"[trainguard] auto-resume: {resume_from_checkpoint} {instead[1]}; resuming "
+                  f"from {instead[0]}, the newest intact committed checkpoint", flush=True)
+            resume_from_checkpoint = instead[0]
         return original(self, resume_from_checkpoint, *args, **kwargs)
 
     train_resuming.__trainguard__ = True  # type: ignore[attr-defined]

@@ -347,8 +347,8 @@ class NodeAgent:
             p = self._progress
             if p.first_step is None:
                 p = p.model_copy(update={"first_step": step, "first_step_at": at})
-            if p.last_step is None or step >= p.last_step:
-                p = p.model_copy(update={"last_step": step, "last_step_at": at})
+            if p.last_step is None or step > p.last_step:  # the same step again (a frozen
+                p = p.model_copy(update={"last_step": step, "last_step_at": at})  # rank's exit)
             self._progress = p
         self._liveness.progress(rank, step, at)
 
