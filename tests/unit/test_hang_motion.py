@@ -237,3 +237,18 @@ def test_work_then_a_stack_in_place_for_the_window_is_confirmed(
     assert w.observe(report()) is None  # one look in the window: held for a second
     confirmed = w.observe(report())
     assert confirmed is not None and said[-1].startswith("HangConfirmed: hang confirmed")
+
+
+def test_a_hang_left_running_says_so_and_how_to_restart_it(tmp_path: Path) -> None:
+    """Walk-through 29, #12: with the default settings a confirmed hang sat for 5 minutes and
+    only `report` named --restart-on-hang."""
+    w, said, _ = watch(tmp_path, [WAIT] * 5, SUSPECT_THEN_CONFIRM)
+    w.rec.spec.restart_on_hang = False  # type: ignore[attr-defined]
+    w.rec.book = SimpleNamespace(hang_left_running=lambda *a: None)  # type: ignore[attr-defined]
+    confirmed = None
+    for _ in range(5):
+        confirmed = confirmed or w.observe(report())
+    assert confirmed is not None
+    assert said[-1].endswith("Left running: --restart-on-hang is off (with it, or the "
+                             "multi-node and llm presets, the hung ranks are restarted); "
+                             "`trainguard stop` ends it"), said[-1]

@@ -325,7 +325,10 @@ class HangWatch:
                        f"hang confirmed: {v.describe()}. Culprit: {who}: "
                        f"{culprit.reason.rstrip('.')}. Stacks of every rank: {out} (taken in "
                        f"{took:.1f}s after the hang was confirmed at "
-                       f"{now.astimezone().strftime('%H:%M:%S')})",
+                       f"{now.astimezone().strftime('%H:%M:%S')})"
+                       + ("" if self.rec.spec.restart_on_hang else ". Left running: "
+                          "--restart-on-hang is off (with it, or the multi-node and llm "
+                          "presets, the hung ranks are restarted); `trainguard stop` ends it"),
                        rank=culprit.rank,
                        attempt=self._attempt, data=data)
         return HangConfirmation(v, culprit, now, out)

@@ -56,8 +56,8 @@ def resumed(ckpt_dir: Path | None, step: int, not_exact: str | None = None) -> N
     `not_exact`, that this resume is not exact, and why (a Warning event: the rank log alone
     is not where anyone looks in the morning)."""
     fields: dict[str, object] = {"step": step, "source": SOURCE_STORAGE}
-    if ckpt_dir is not None:
-        fields["location"] = str(ckpt_dir)
+    if ckpt_dir is not None:  # absolute, as CheckpointSaved's (`events` runs elsewhere)
+        fields["location"] = str(ckpt_dir.absolute())
     if not_exact is not None:
         fields["not_exact"] = not_exact
     channel.send(MessageKind.RESUMED, **fields)
