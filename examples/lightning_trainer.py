@@ -26,6 +26,8 @@ EXAMPLE_KILL_AT=STEP makes rank 1 SIGKILL itself after that step on the first at
 save on a non-atomic filesystem would); EXAMPLE_PLAIN_LOADER=1 uses a plain DataLoader,
 EXAMPLE_STATEFUL_LOADER=1 torchdata's StatefulDataLoader (the same batches as ResumableLoader:
 Lightning gives both the same DistributedSampler);
+EXAMPLE_ACCUMULATE=N sets accumulate_grad_batches=N; EXAMPLE_SAVE_LAST=1 passes save_last=True
+to the ModelCheckpoint (a last.ckpt written at every save too);
 EXAMPLE_STOP_AT=STEP makes rank 0 run `trainguard stop` on its own job when it first reaches
 that step (once per output dir) and then slows every step to 1 s, so the drain lands mid-run.
 """
@@ -164,7 +166,8 @@ def main() -> None:
         loader_cls = StatefulDataLoader
     loader = loader_cls(data, batch_size=8, shuffle=True, num_workers=0)
     callbacks: list[pl.Callback] = [ModelCheckpoint(
-        dirpath=out, every_n_train_steps=a.save_every, save_top_k=-1)]
+        dirpath=out, every_n_train_steps=a.save_every, save_top_k=-1,
+        save_last=os.environ.get("EXAMPLE_SAVE_LAST") == "1")]
     kill = os.environ.get("EXAMPLE_KILL_AT")
     if kill:
         callbacks.append(KillAt(int(kill), out, os.environ.get("EXAMPLE_LEFTOVER") == "1"))
@@ -175,6 +178,7 @@ def main() -> None:
         num_nodes=int(os.environ.get("WORLD_SIZE", "1"))
         // int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         strategy=DDPStrategy(process_group_backend="gloo"), max_steps=a.steps,
+        accumulate_grad_batches=int(os.environ.get("EXAMPLE_ACCUMULATE", "1")),
         deterministic=True, callbacks=callbacks, logger=False, enable_progress_bar=False,
         log_every_n_steps=1,  # what trainguard's callback reports as metrics, too
         enable_model_summary=False, default_root_dir=out, num_sanity_val_steps=0)

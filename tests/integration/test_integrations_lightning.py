@@ -122,3 +122,27 @@ def assert_killed_and_resumed_from_4(tmp_path: Path, r: Any) -> None:
     assert rr["resumed_step"] == 4 and rr["steps_lost"] <= 2
     assert rr["resumed_from"] == "storage"
     assert "not resumable" not in r.stdout + r.stderr  # the loader's state came back
+
+
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[float]]]:
+    """A job accumulating gradients over 2 batches (5 optimizer steps an epoch), 8 steps,
+    a ModelCheckpoint every 4 with save_last=True (epoch=E-step=S.ckpt, then last.ckpt)."""
+    tmp = tmp_path_factory.mktemp("pl-accumulated")
+    r = run_tg(["run", "--nproc-per-node", "2", "--auto-resume", "lightning", "--job-dir",
+                str(tmp / "job"), str(EXAMPLE), "--out", str(tmp / "out"), "--steps", "8",
+                "--save-every", "4", "--samples", "160"], cwd=tmp, timeout=300,
+               env={"EXAMPLE_ACCUMULATE": "2", "EXAMPLE_SAVE_LAST": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    losses, _ = trainer_result(r.stdout)
+    # one [step, loss] per training_step call: two batches (one step) at a time
+    assert [s for s, _ in losses] == [s for s in range(1, 9) for _ in range(2)]
+    return tmp, losses
+
+
+def test_with_accumulated_gradients_the_loss_reported_is_the_one_training_step_returned(
+        accumulated: tuple[Path, list[list[float]]]) -> None:
+    """(walk-through 29, #2) Lightning hands the callbacks the loss divided by
+    accumulate_grad_batches: status and metrics showed half the loss."""
+    tmp, losses = accumulated
+    assert_train_metrics(tmp / "job", losses[-1])  # step 8's second batch, as returned

@@ -312,6 +312,29 @@ def test_the_same_lightning_file_saved_twice_at_one_step_is_one_commit_told(
     assert file_committed_step(f) == 16
 
 
+def test_the_lightning_loss_reported_is_the_one_training_step_returned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """(walk-through 29, #2) Automatic optimization hands the callbacks the returned loss
+    divided by accumulate_grad_batches (multiplied back); manual optimization the loss
+    itself (kept)."""
+    from types import SimpleNamespace
+
+    from trainguard.integrations import lightning
+
+    sent: list[tuple[int, float | None]] = []
+    monkeypatch.setattr(lightning, "log_metrics",
+                        lambda step, loss=None, learning_rate=None: sent.append((step, loss)))
+    trainer = SimpleNamespace(accumulate_grad_batches=4, optimizers=[])
+    cb = lightning.TrainguardCallback()
+    cb._log_metrics(trainer, SimpleNamespace(automatic_optimization=True), 3,  # type: ignore[arg-type]
+                    {"loss": 0.375})
+    cb._log_metrics(trainer, SimpleNamespace(automatic_optimization=False), 4,  # type: ignore[arg-type]
+                    {"loss": 1.5})
+    cb._log_metrics(trainer, SimpleNamespace(automatic_optimization=True), 5,  # type: ignore[arg-type]
+                    None)
+    assert sent == [(3, 1.5), (4, 1.5), (5, None)]
+
+
 def test_a_mid_epoch_lightning_resume_with_a_plain_dataloader_says_it_is_not_exact(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

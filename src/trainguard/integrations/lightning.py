@@ -136,18 +136,24 @@ class TrainguardCallback(Callback):
         self._last_step = step
         every = int(getattr(trainer, "log_every_n_steps", 50) or 0)  # 0: Lightning never logs
         if trainer.is_global_zero and every > 0 and step % every == 0:
-            self._log_metrics(trainer, step, outputs)
+            self._log_metrics(trainer, pl_module, step, outputs)
         if self.drain.drained_at is not None:  # min_steps/min_epochs kept it going
             self.drain.finish()
         if self.drain.step_end():
             self._save_and_stop(trainer, step)
 
-    def _log_metrics(self, trainer: Trainer, step: int, outputs: Any) -> None:
-        """The loss training_step returned (this rank's) and the first optimizer's rate."""
+    def _log_metrics(self, trainer: Trainer, pl_module: Any, step: int, outputs: Any) -> None:
+        """The loss training_step returned (this rank's) and the first optimizer's rate.
+        Under automatic optimization Lightning hands the callbacks its closure loss, the
+        returned one divided by accumulate_grad_batches (ClosureResult): multiplied back.
+        Manual optimization's is the returned loss itself."""
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         optimizers = trainer.optimizers
         lr = optimizers[0].param_groups[0].get("lr") if optimizers else None
-        log_metrics(step, loss=None if loss is None else float(loss), learning_rate=lr)
+        value = None if loss is None else float(loss)
+        if value is not None and getattr(pl_module, "automatic_optimization", True):
+            value *= int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        log_metrics(step, loss=value, learning_rate=lr)
 
     def _save_and_stop(self, trainer: Trainer, step: int) -> None:
         """Every rank: the drain checkpoint (committed by TrainguardCheckpointIO once written),
