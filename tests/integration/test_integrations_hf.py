@@ -7,6 +7,7 @@ is then also stopped (`trainguard stop`: the ranks drain) and run again to the e
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from tests.integration.conftest import (
     ROOT,
+    TG,
     assert_train_metrics,
     drained_step,
     read_json,
@@ -124,6 +126,10 @@ def test_a_rank_killed_in_a_save_with_save_total_limit_resumes_from_the_committe
     assert trainer_result(r.stdout) == uninterrupted
     # the limit still holds once the saves are committed: the last one is left
     assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-14"]
+    # `ckpt ls JOB_DIR` finds it from the job's CheckpointSaved events (walk-through 29, #8)
+    ls = subprocess.run([*TG, "ckpt", "ls", str(job), "--json"], capture_output=True,
+                        text=True, check=True, timeout=60)
+    assert [(r["step"], r["status"]) for r in json.loads(ls.stdout)] == [(14, "valid")]
 
 
 def assert_killed_and_resumed_from_4(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from trainguard.checkpoint.manifest import LATEST, Status, parse_step_dir, step_dir
+from trainguard.cli.ckpt_trainers import show_trainer_rows, trainer_dirs, trainer_rows
 from trainguard.cli.fmt import complain, plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import checkpoint_dir_of, holds_job_dirs
@@ -146,16 +147,24 @@ class Listing:
 
 
 def _run(ns: argparse.Namespace) -> int:
+    given = Path(ns.location) if not is_url(ns.location) else None
     ns.location = checkpoint_location(ns.location)
+    rows: list[dict[str, Any]] = []
     try:
-        listing = _read(ns)
+        listing = _read(ns) if given is None or Path(ns.location).exists() else \
+            Listing(ns.location, [], [], None)
+        if not listing.steps and given is not None:  # HF's or Lightning's, maybe
+            rows = trainer_rows(trainer_dirs(ns.location, given))
     except (SpecError, KeyboardInterrupt):
         raise
     except Exception as e:  # the storage layer's errors (fsspec, botocore...) reach users
         complain("ckpt", f"cannot read {ns.location}: {type(e).__name__}: {e}. Fix: check the "
                  "path or URL, and credentials / AWS_ENDPOINT_URL for object stores")
         return ExitCode.UNREADABLE
-    return _show(ns, listing)  # outside: a closed stdout (`| head`) is main's to handle
+    # outside: a closed stdout (`| head`) is main's to handle
+    if rows and not (ns.verb == "verify" and ns.step is not None):
+        return show_trainer_rows(rows, str(given), ns.json, ns.verb == "verify")
+    return _show(ns, listing)
 
 
 def _read(ns: argparse.Namespace) -> Listing:

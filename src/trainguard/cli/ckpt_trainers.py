@@ -1,0 +1,108 @@
+"""`trainguard ckpt` for the checkpoints a trainer integration committed (HF Trainer's
+`checkpoint-N` dirs, Lightning's `.ckpt` files): not trainguard.checkpoint's format, so the
+step listing finds none, and `ckpt ls JOB_DIR` of an HF job said "no checkpoints" while it
+had committed several (walk-through 29). Their commit markers record each file's size (not a
+checksum): a row is `valid` while every file is there at its committed size, `damaged`
+otherwise, as a resume reads them (integrations/common.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainguard.controller.store import JobStore, db_path
+from trainguard.errors import StoreError
+from trainguard.integrations.common import (
+    COMMIT_MARKER,
+    checkpoint_files,
+    damage,
+    file_committed_step,
+    file_marker,
+    file_sizes,
+    is_committed,
+    numbered_dirs,
+)
+
+HF_DIR = r"checkpoint-(\d+)"
+
+
+def trainer_dirs(location: str, job_dir: Path | None) -> list[Path]:
+    """Where to look: the folders of the job's CheckpointSaved events (a job dir given), or
+    the location itself."""
+    found: list[Path] = []
+    if job_dir is not None and db_path(job_dir).is_file():
+        try:
+            with JobStore.open(job_dir) as store:
+                saved = [ev for _, ev in store.events(reasons=("CheckpointSaved",))]
+        except StoreError:
+            saved = []
+        for ev in saved:
+            where = (ev.data or {}).get("location")
+            if isinstance(where, str) and "://" not in where:
+                parent = Path(where).parent
+                if parent not in found:
+                    found.append(parent)
+    if not found and "://" not in location:
+        found.append(Path(location))
+    return [d for d in found if d.is_dir()]
+
+
+def trainer_rows(dirs: list[Path]) -> list[dict[str, Any]]:
+    """The committed checkpoints under `dirs`, newest step first."""
+    rows: list[dict[str, Any]] = []
+    for d in dirs:
+        for step, ckpt in numbered_dirs(d, HF_DIR):
+            if (ckpt / COMMIT_MARKER).exists():
+                why = damage(ckpt) if is_committed(ckpt) else "its commit marker is unreadable"
+                rows.append(_row(step, ckpt, why, sum(file_sizes(ckpt).values())))
+        for f in checkpoint_files(d, ".ckpt"):
+            if file_marker(f).exists():
+                why = None if file_committed_step(f) is not None else \
+                    "not the size it had when it was committed"
+                rows.append(_row(_marked_step(f), f, why, f.stat().st_size))
+    return sorted(rows, key=lambda r: (r["step"], r["path"]), reverse=True)
+
+
+def _marked_step(ckpt_file: Path) -> int:
+    try:
+        return int(json.loads(file_marker(ckpt_file).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
+
+
+def _row(step: int, path: Path, why: str | None, size: int) -> dict[str, Any]:
+    return {"step": step, "status": "valid" if why is None else "damaged", "reason": why,
+            "path": str(path), "bytes": size, "format": "dir" if path.is_dir() else "file"}
+
+
+def show_trainer_rows(rows: list[dict[str, Any]], location: str, as_json: bool,
+                      verify: bool) -> int:
+    """The rows as `ckpt ls|verify` prints them; the exit code (verify: the newest valid)."""
+    from trainguard.cli.fmt import complain, print_table, size_text
+    from trainguard.exitcodes import ExitCode
+
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"{location}: checkpoints committed by a trainer integration",
+                  title_justify="left", box=None)
+        for col in ("STEP", "STATUS", "SIZE", "PATH", "REASON"):
+            t.add_column(col)
+        colour = {"valid": "green", "damaged": "red"}
+        for r in rows:
+            t.add_row(str(r["step"]), f"[{colour[r['status']]}]{r['status']}",
+                      size_text(r["bytes"]), r["path"], r["reason"] or "")
+        print_table(t)
+        print("HF Trainer / Lightning checkpoints (not trainguard.checkpoint's format): each\n"
+              "file checked against the size its commit marker recorded (no checksums); a "
+              "resume\ntakes the newest valid one")
+    if verify and rows[0]["status"] != "valid":
+        good = next((r["step"] for r in rows if r["status"] == "valid"), None)
+        complain("ckpt verify", f"step {rows[0]['step']} is damaged ({rows[0]['reason']})"
+                 + (f"; the newest valid step is {good}: a resume takes it" if good is not None
+                    else "; none is valid: a resume starts over"), "note")
+        return int(ExitCode.NOT_VALID)
+    return int(ExitCode.SUCCESS)
