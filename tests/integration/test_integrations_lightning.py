@@ -6,6 +6,7 @@ run again to the end), and with the unmodified script under `--auto-resume light
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.integration.conftest import (
     ROOT,
+    TG,
     assert_train_metrics,
     drained_step,
     read_json,
@@ -146,3 +148,26 @@ def test_with_accumulated_gradients_the_loss_reported_is_the_one_training_step_r
     accumulate_grad_batches: status and metrics showed half the loss."""
     tmp, losses = accumulated
     assert_train_metrics(tmp / "job", losses[-1])  # step 8's second batch, as returned
+
+
+def test_save_last_commits_last_ckpt_but_counts_each_step_saved_once(
+        accumulated: tuple[Path, list[list[float]]]) -> None:
+    """(walk-through 29, #3) With save_last=True every save wrote epoch=E-step=S.ckpt and,
+    ms later, last.ckpt: two CheckpointSaved events, so the checkpoint interval (report,
+    metric) was the gap between the two writes. last.ckpt is still committed (resume may
+    take it)."""
+    from trainguard.integrations.common import file_committed_step
+
+    tmp, _ = accumulated
+    saves = [e for e in read_json("events", tmp / "job") if e["reason"] == "CheckpointSaved"]
+    assert [(e["data"]["step"], Path(e["data"]["location"]).name) for e in saves] == [
+        (4, "epoch=0-step=4.ckpt"), (8, "epoch=1-step=8.ckpt")]
+    assert file_committed_step(tmp / "out" / "last.ckpt") == 8
+    assert file_committed_step(tmp / "out" / "epoch=1-step=8.ckpt") == 8
+    # the interval is the gap from step 4's save to step 8's, not the ms to last.ckpt
+    text = subprocess.run([*TG, "metrics", str(tmp / "job")], capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+    (interval,) = [float(line.split()[1]) for line in text.splitlines()
+                   if line.startswith("trainguard_checkpoint_interval_seconds ")]
+    gap = saves[1]["data"]["sent_at"] - saves[0]["data"]["sent_at"]
+    assert interval == pytest.approx(gap, abs=0.002)

@@ -312,6 +312,31 @@ def test_the_same_lightning_file_saved_twice_at_one_step_is_one_commit_told(
     assert file_committed_step(f) == 16
 
 
+def test_a_step_saved_again_under_another_name_is_committed_but_told_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(walk-through 29, #3) ModelCheckpoint(save_last=True) writes epoch=E-step=S.ckpt and
+    then last.ckpt: both committed, one CheckpointSaved per step."""
+    from trainguard.integrations.lightning import TrainguardCheckpointIO
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as launcher:
+        launcher.bind(str(tmp_path / "s"))
+        launcher.settimeout(0.5)
+        monkeypatch.setenv(ENV_SOCKET, str(tmp_path / "s"))
+        io = TrainguardCheckpointIO()
+        for step in (4, 8):
+            io.save_checkpoint({"global_step": step}, tmp_path / f"epoch=0-step={step}.ckpt")
+            io.save_checkpoint({"global_step": step}, tmp_path / "last.ckpt")
+        io.told_step = None  # a new fit (TrainguardCallback.on_train_start)
+        io.save_checkpoint({"global_step": 8}, tmp_path / "last.ckpt")
+        got = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.append(json.loads(launcher.recv(65536)))
+    assert [(m["step"], Path(m["location"]).name) for m in got] == [
+        (4, "epoch=0-step=4.ckpt"), (8, "epoch=0-step=8.ckpt"), (8, "last.ckpt")]
+    assert file_committed_step(tmp_path / "last.ckpt") == 8
+
+
 def test_the_lightning_loss_reported_is_the_one_training_step_returned(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """(walk-through 29, #2) Automatic optimization hands the callbacks the returned loss

@@ -126,6 +126,9 @@ class TrainguardCallback(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         self.drain.start()
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, TrainguardCheckpointIO):  # a new fit: its saves are all told anew
+            io.told_step = None
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -175,12 +178,14 @@ class TrainguardCallback(Callback):
 class TrainguardCheckpointIO(CheckpointIO):
     """Wraps a CheckpointIO (the strategy's; TorchCheckpointIO when none): each local .ckpt
     is committed once `save_checkpoint` returned, and unmarked before it is overwritten or
-    removed."""
+    removed. One save is told per step: the same step written again, under its own name or
+    another (ModelCheckpoint's last.ckpt with save_last=True, a second ModelCheckpoint), is
+    committed (resume may pick that file) but not told, so the job counts one save."""
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
         self.on_exit: str | None = None  # set for a drain's save: the next commit says why
-        self._told: tuple[str, int] | None = None  # the last commit told: (file, step)
+        self.told_step: int | None = None  # the step of the last commit told (this fit)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
                         storage_options: Any | None = None) -> None:
@@ -191,13 +196,14 @@ class TrainguardCheckpointIO(CheckpointIO):
         self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
         if local and Path(path).is_file():  # written in the loop: it waited for the write
             took, step = time.monotonic() - started, int(checkpoint.get("global_step", 0))
-            # the same file at the same step again (a drain's save, then ModelCheckpoint's at
-            # its regular step): committed again, told once; a drain's is always told (the
-            # job must hear that the ranks saved on their way out)
-            again = self._told == (str(path), step) and self.on_exit is None
+            # a step told already (ModelCheckpoint's epoch=E-step=S.ckpt, then its last.ckpt;
+            # a drain's save, then ModelCheckpoint's at its regular step): committed again,
+            # told once, or the interval would be the ms between the two writes; a drain's is
+            # always told (the job must hear that the ranks saved on their way out)
+            again = self.told_step == step and self.on_exit is None
             mark_file_committed(Path(path), step, write_s=took, blocked_s=took,
                                 on_exit=self.on_exit, tell=not again)
-            self._told = (str(path), step)
+            self.told_step = step
             self.on_exit = None
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None,
