@@ -171,3 +171,33 @@ def test_save_last_commits_last_ckpt_but_counts_each_step_saved_once(
                    if line.startswith("trainguard_checkpoint_interval_seconds ")]
     gap = saves[1]["data"]["sent_at"] - saves[0]["data"]["sent_at"]
     assert interval == pytest.approx(gap, abs=0.002)
+
+
+def test_a_damaged_committed_ckpt_is_told_and_the_one_before_it_taken(
+        tmp_path: Path, accumulated: tuple[Path, list[list[float]]]) -> None:
+    """(walk-through 29, #11) The newest committed .ckpt files (step 8 and its last.ckpt)
+    truncated since their commit: the job resumes from step 4 and says why, a Warning
+    CheckpointCorrupt for each from rank 0 (HF's directories had it, Lightning's files were
+    skipped silently)."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(accumulated[0] / "out", out)
+    for name in ("epoch=1-step=8.ckpt", "last.ckpt"):
+        with open(out / name, "r+b") as f:
+            f.truncate(5000)
+    r = run_tg(["run", "--nproc-per-node", "2", "--auto-resume", "lightning", "--job-dir",
+                str(tmp_path / "job"), str(EXAMPLE), "--out", str(out), "--steps", "10",
+                "--save-every", "4", "--samples", "160"], cwd=tmp_path, timeout=300,
+               env={"EXAMPLE_ACCUMULATE": "2", "EXAMPLE_SAVE_LAST": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Restored all states from the checkpoint at " + str(out / "epoch=0-step=4.ckpt") \
+        in r.stdout
+    events = read_json("events", tmp_path / "job")
+    corrupt = sorted((e["level"], e["involved"]["rank"], e["message"])
+                     for e in events if e["reason"] == "CheckpointCorrupt")
+    assert [c[:2] for c in corrupt] == [("Warning", 0)] * 2
+    for c, name in zip(corrupt, ["epoch=1-step=8.ckpt", "last.ckpt"], strict=True):
+        assert c[2].startswith(f"checkpoint of step 8 skipped (damaged): {name} is 5000 bytes, ")
+        assert c[2].endswith(" when it was committed; the one before it is tried")
+    assert [e["data"]["step"] for e in events if e["reason"] == "Resumed"] == [4]

@@ -197,6 +197,38 @@ def test_the_newest_committed_file_wins_over_newer_unmarked_ones(tmp_path: Path)
     assert newest_file([], step_in_name) is None
 
 
+def test_a_damaged_committed_file_is_told_from_rank_0_and_the_one_before_it_taken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(walk-through 29, #11) As `newest` for directories: each damaged committed file newer
+    than the one taken is a CheckpointCorrupt with why, told by rank 0 only."""
+    def step_in_name(f: Path) -> int | None:
+        return None
+
+    ckpt_file(tmp_path, 4, marked=True)
+    old = ckpt_file(tmp_path, 2, marked=True)
+    old.write_bytes(b"PK")  # damaged too, but older than the one taken: not looked at
+    for step in (8, 12):
+        ckpt_file(tmp_path, step, marked=True).write_bytes(b"PK\x03\x04")
+    files = checkpoint_files(tmp_path, ".ckpt")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as launcher:
+        launcher.bind(str(tmp_path / "s"))
+        launcher.settimeout(0.5)
+        monkeypatch.setenv(ENV_SOCKET, str(tmp_path / "s"))
+        monkeypatch.setenv("RANK", "1")
+        assert newest_file(files, step_in_name) == (4, tmp_path / "epoch=0-step=4.ckpt")
+        monkeypatch.setenv("RANK", "0")
+        assert newest_file(files, step_in_name) == (4, tmp_path / "epoch=0-step=4.ckpt")
+        got = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.append(json.loads(launcher.recv(65536)))
+    size = (tmp_path / "epoch=0-step=4.ckpt").stat().st_size
+    assert [(m["kind"], m["step"], m["status"], m["reason"], m["location"]) for m in got] == [
+        ("checkpoint_corrupt", s, "damaged", f"epoch=0-step={s}.ckpt is 4 bytes, {size} when "
+         "it was committed; the one before it is tried", str(tmp_path / f"epoch=0-step={s}.ckpt"))
+        for s in (12, 8)]
+
+
 def test_lightning_resumes_from_the_newest_committed_ckpt_or_none(tmp_path: Path) -> None:
     from trainguard.integrations import lightning
 

@@ -8,7 +8,8 @@ whose files are still all there at their sizes (a damaged one, truncated or with
 is told as CheckpointCorrupt and the one before it taken), or none: never an incomplete one
 left by a kill in the middle of a save, and never an error on the first attempt. A checkpoint
 that is a single file (Lightning's .ckpt) gets a sidecar marker instead, `<name>` +
-COMMIT_MARKER, which also records the file's size (mark_file_committed, newest_file).
+COMMIT_MARKER, which also records the file's size (mark_file_committed, newest_file: a
+damaged file is told and skipped the same way).
 """
 
 from __future__ import annotations
@@ -175,17 +176,35 @@ def unmark_file(ckpt_file: Path) -> None:
     file_marker(ckpt_file).unlink(missing_ok=True)
 
 
-def file_committed_step(ckpt_file: Path) -> int | None:
-    """The step `ckpt_file`'s marker records, or None: no marker, an unreadable one, or a
-    file that is gone or no longer the size it had when it was committed."""
+def file_commit(ckpt_file: Path) -> tuple[int, int] | None:
+    """(step, bytes) that `ckpt_file`'s marker records, or None: no marker, or one that
+    cannot be read."""
     try:
         info = json.loads(file_marker(ckpt_file).read_text())
         step, size = int(info["step"]), int(info["bytes"])
-        if step < 0 or ckpt_file.stat().st_size != size:
-            return None
-        return step
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return (step, size) if step >= 0 else None
+
+
+def file_damage(ckpt_file: Path, size: int) -> str | None:
+    """Why a committed file (of `size` bytes when committed) no longer is what was committed
+    (gone, or another size: truncated, or rewritten since), or None."""
+    try:
+        now = ckpt_file.stat().st_size
+    except OSError:
+        return f"{ckpt_file.name} is missing"
+    return None if now == size else \
+        f"{ckpt_file.name} is {now} bytes, {size} when it was committed"
+
+
+def file_committed_step(ckpt_file: Path) -> int | None:
+    """The step `ckpt_file`'s marker records, or None: no marker, an unreadable one, or a
+    file that is gone or no longer the size it had when it was committed."""
+    commit = file_commit(ckpt_file)
+    if commit is None or file_damage(ckpt_file, commit[1]) is not None:
+        return None
+    return commit[0]
 
 
 def checkpoint_files(root: Path, suffix: str) -> list[Path]:
@@ -198,9 +217,11 @@ def checkpoint_files(root: Path, suffix: str) -> list[Path]:
 
 def newest_file(files: Iterable[Path],
                 complete: Callable[[Path], int | None]) -> tuple[int, Path] | None:
-    """(step, file) of the newest committed checkpoint file (the highest committed step; the
-    latest modified among equal steps). When none carries a marker (saved before trainguard
-    ran the job), the newest that `complete` gives a step for; else None."""
+    """(step, file) of the newest committed checkpoint file whose size is the one committed
+    (the highest committed step; the latest modified among equal steps); a damaged one newer
+    than it is told as CheckpointCorrupt, as `newest` tells a directory. When none carries a
+    marker (saved before trainguard ran the job), the newest that `complete` gives a step
+    for; else None."""
     def mtime(f: Path) -> float:
         try:
             return f.stat().st_mtime
@@ -208,10 +229,17 @@ def newest_file(files: Iterable[Path],
             return 0.0
 
     ordered = list(files)
-    committed = [(s, mtime(f), f) for f in ordered if (s := file_committed_step(f)) is not None]
-    if committed:
-        step, _, found = max(committed, key=lambda x: (x[0], x[1]))
-        return step, found
+    committed = sorted(((c[0], mtime(f), f, c[1]) for f in ordered
+                        if (c := file_commit(f)) is not None),
+                       key=lambda x: (x[0], x[1]), reverse=True)
+    for step, _, f, size in committed:
+        why = file_damage(f, size)
+        if why is None:
+            return step, f
+        if os.environ.get("RANK", "0") == "0":  # every rank skips it; one tells
+            channel.send(MessageKind.CHECKPOINT_CORRUPT, step=step, status="damaged",
+                         reason=f"{why}; the one before it is tried",
+                         location=str(f.absolute()))
     if any(file_marker(f).exists() for f in ordered):
         return None  # markers exist but none holds: trust nothing unmarked
     unmarked = [(s, mtime(f), f) for f in ordered if (s := complete(f)) is not None]
