@@ -55,7 +55,9 @@ def test_an_explicit_checkpoint_never_committed_is_replaced_by_the_newest_commit
     out = tmp_path / "out"
     ckpt(out, 15, marked=True)
     torn = ckpt(out, 1022, state=False)  # what get_last_checkpoint returns
-    assert _committed_instead(out, str(torn)) == str(out / "checkpoint-15")
+    assert _committed_instead(out, str(torn)) == (
+        str(out / "checkpoint-15"),
+        "was never committed (a save cut short: get_last_checkpoint picks it)")
     assert _committed_instead(out, out / "checkpoint-15") is None  # committed: kept
     assert _committed_instead(out, str(ckpt(tmp_path / "other", 30))) is None
     assert _committed_instead(tmp_path / "other", str(tmp_path / "other" / "checkpoint-30")) \
