@@ -106,11 +106,10 @@ class HangWatch:
         self.confirmed: HangConfirmation | None = None
         self._ending: str | None = None  # seen in the stacks: the attempt is ending
         self._look_ending: str | None = None  # the last look saw a rank exit or shut down
-        self._new_suspicion(None)
+        self._new_suspicion()
 
-    def _new_suspicion(self, at: datetime | None) -> None:
-        """Forget the last suspicion's looks: a new one (suspected `at`) starts from none."""
-        self._suspected_at = at  # the node's clock, as the reads' samples
+    def _new_suspicion(self) -> None:
+        """Forget the last suspicion's looks: a new one starts from none."""
         # this suspicion's looks at each rank's stack, with when they were taken (monotonic,
         # and the node's clock at the poll that took them: the reads' samples are timed so)
         self._looks: dict[int, list[tuple[float, datetime, RankStack]]] = {}
@@ -197,13 +196,13 @@ class HangWatch:
                     write_json(path, {**data, "cleared_at": now.isoformat()})
                 self.rec.book.hang_cleared(now)
             self.confirmed = None
-            self._new_suspicion(None)
+            self._new_suspicion()
         elif v.state == HangState.SUSPECTED:
             if before == HangState.OK:
                 self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED, self.suspected(v, report),
                                rank=v.stuck_ranks[0] if len(v.stuck_ranks) == 1 else None,
                                attempt=self._attempt, data=verdict_data(v))
-                self._new_suspicion(now)
+                self._new_suspicion()
             self._keep_looking(v, report, now)
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and \
                 self._deferred(v, report, now):
