@@ -47,9 +47,18 @@ from trainguard.worker.progress import log_metrics, progress
 STATE_FILE = "trainer_state.json"  # Trainer writes it last
 INCOMPLETE = "checkpoint-is-incomplete.txt"  # Trainer's save-on-SIGTERM sentinel
 CHECKPOINT_DIR = r"checkpoint-(\d+)"
-# Trainer's rotations asked for during a save, run once it is committed (patch_saves)
-_rotations: list[Callable[[], None]] = []
-_deferring = [False]  # a TrainguardCallback trains in this process
+
+
+class _Saves:
+    """While a TrainguardCallback trains in this process (`training`), Trainer's rotations
+    asked for during a save wait in `rotations` for its commit (patch_saves)."""
+
+    def __init__(self) -> None:
+        self.training = False
+        self.rotations: list[Callable[[], None]] = []
+
+
+_SAVES = _Saves()
 
 
 def patch_saves() -> None:
@@ -71,9 +80,9 @@ def patch_saves() -> None:
             continue
 
         def deferred(*args: Any, __fn: Callable[..., Any] = fn, **kwargs: Any) -> Any:
-            if not _deferring[0]:
+            if not _SAVES.training:
                 return __fn(*args, **kwargs)
-            _rotations.append(lambda: __fn(*args, **kwargs))
+            _SAVES.rotations.append(lambda: __fn(*args, **kwargs))
             return None
 
         deferred.__trainguard__ = True  # type: ignore[attr-defined]
@@ -83,7 +92,7 @@ def patch_saves() -> None:
         return
 
     def unmarking(self: Trainer, model: Any, trial: Any, *args: Any, **kwargs: Any) -> Any:
-        if _deferring[0]:
+        if _SAVES.training:
             out = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
             (out / COMMIT_MARKER).unlink(missing_ok=True)
         return save(self, model, trial, *args, **kwargs)
@@ -154,7 +163,7 @@ class TrainguardCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         patch_saves()
-        _deferring[0] = True
+        _SAVES.training = True
         self.drain.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -189,13 +198,12 @@ class TrainguardCallback(TrainerCallback):
             blocked = None if self._step_end is None else time.monotonic() - self._step_end
             mark_committed(ckpt, int(state.global_step), write_s=blocked, blocked_s=blocked,
                            on_exit=self.drain.on_exit() if drained else None)
-        rotations = list(_rotations)
-        _rotations.clear()
+        rotations, _SAVES.rotations = _SAVES.rotations, []
         for rotate in rotations if done else ():  # an incomplete save deletes nothing
             rotate()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        _deferring[0] = False
+        _SAVES.training = False
         self.drain.finish()
 
 
