@@ -146,6 +146,12 @@ def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
     before = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 10)
     first.proc.kill()  # the controller only: the agents and workers live on
     first.finish(timeout=30)
+    # lost, but training on: the nightly prune leaves it (walk-through 30 saw it deleted)
+    pruned = subprocess.run([*TG, "prune", str(tmp_path), "--older-than", "0", "--yes"],
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert f"{job} is lost, but the node agents of node-0, node-1, node-2 still run" in \
+        pruned.stderr, pruned.stderr
+    assert (job / "trainguard.db").is_file()
     r = run_tg(args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "ControllerRestarted" in reasons(job) and "took over attempt 0" in r.stderr

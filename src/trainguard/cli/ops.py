@@ -244,12 +244,16 @@ def _read_job(job_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             meta = store.meta()
             attempts = len(store.running_records())
             progress = last_progress(meta, store.last_checkpoint())
+            state = shown_state(meta)
+            agents = [n.name for n in live_agents(store.nodes())] \
+                if state == JobState.LOST.value else []
     except StoreError as e:
         return {"job_dir": str(job_dir), "run_id": None, "state": "unreadable",
                 "error": str(e)}, {}
     return {
         "job_dir": str(job_dir),
-        "run_id": meta.get("run_id"), "state": shown_state(meta), "attempts": attempts,
+        "run_id": meta.get("run_id"), "state": state, "attempts": attempts,
+        "agents_without_controller": agents,
         "last_step": progress["step"], "last_progress_at": progress["time"],
         "progress_source": progress["source"],
         "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at")}, meta
@@ -289,8 +293,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
                  "job dirs (as for trainguard ls)")
         return ExitCode.NO_JOB
     cutoff = utcnow() - timedelta(days=args.older_than)
-    old = [(r, meta) for r, meta in (_read_job(d) for d in find_job_dirs(root.resolve()))
+    due = [(r, meta) for r, meta in (_read_job(d) for d in find_job_dirs(root.resolve()))
            if _prunable(r, cutoff)]
+    old = [(r, meta) for r, meta in due if not r["agents_without_controller"]]
+    for r in (r for r, _ in due if r["agents_without_controller"]):
+        complain("prune", f"{r['job_dir']} is lost, but the node agents of "
+                 f"{', '.join(r['agents_without_controller'])} still run and their workers "
+                 f"train on: not deleted. Fix: `trainguard stop {r['job_dir']}` ends them "
+                 "(or run the job's command again to take it over)", "note")
     freed = 0
     for r, meta in old:
         job_dir = Path(r["job_dir"])

@@ -23,7 +23,7 @@ from trainguard.console import Writable
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.settings_diff import changes_text, settings_changes
 from trainguard.controller.store import JobStore, WorkerRow
-from trainguard.controller.store_rows import last_sign_of_life, slot_moves
+from trainguard.controller.store_rows import last_sign_of_life, process_started, slot_moves
 from trainguard.controller.store_writes import StoreWrites
 from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
@@ -102,6 +102,7 @@ class Recorder:
                 ("step_retries", self.spec.operator_reexecution)) if not on],
             created_at=previous.get("created_at") or utcnow().isoformat(),
             exit_code=None, ended_at=None, launcher_pid=os.getpid(),
+            launcher_started=process_started(os.getpid()),
             log_dir=str(self.paths.log_dir), checkpoint_dir=str(self.paths.checkpoint_dir),
             launcher_host=socket.gethostname())
         self.writes.reserve.keep()  # room for the job's end on a disk that fills up
@@ -201,6 +202,7 @@ class Recorder:
         self._note_previous(previous)
         attempt = int(previous["attempt"])
         self.store.set_meta(launcher_pid=os.getpid(), launcher_host=socket.gethostname(),
+                            launcher_started=process_started(os.getpid()),
                             state=JobState.RUNNING.value)
         self.writes.reserve.keep()
         for r in self.store.running_records():

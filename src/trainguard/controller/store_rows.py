@@ -204,7 +204,10 @@ def hang_left_running(state: str | None, attempt: Any, events: list[Event]
 
 def launcher_dead(meta: dict[str, Any]) -> bool:
     """Whether the launcher recorded in meta is known to be gone: it ran on this host and
-    its pid is no longer there (on another host nobody here can tell: False)."""
+    its pid is no longer there, or is a zombie, or is another process's now (its start time
+    is not the one recorded, `launcher_started`: pids wrap within an hour on a busy machine,
+    and a job killed last night read `restarting` for ever; walk-through 30). On another
+    host nobody here can tell: False."""
     pid, host = meta.get("launcher_pid"), meta.get("launcher_host")
     if not isinstance(pid, int) or host != socket.gethostname():
         return False
@@ -214,11 +217,25 @@ def launcher_dead(meta: dict[str, Any]) -> bool:
         return True
     except PermissionError:
         pass
-    try:  # an exited launcher its parent has not reaped yet (a zombie) is gone too
+    try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+            fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return False
+    started = meta.get("launcher_started")
+    if fields[:1] == [b"Z"]:  # exited, not reaped by its parent yet
+        return True
+    return isinstance(started, int) and fields[19:20] != [str(started).encode()]
+
+
+def process_started(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc's `starttime`): with its
+    pid it names one process for good. None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def event_from_row(row: tuple[Any, ...]) -> Event:
