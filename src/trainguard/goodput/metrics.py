@@ -29,7 +29,13 @@ from trainguard.goodput.interval import IntervalAdvice, advise
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.read import Save, job_goodput, saves
 from trainguard.policy.decision import Rung
-from trainguard.records import Reason, RecoverResult, RunningRecord, from_iso, incidents_of
+from trainguard.records import (
+    Reason,
+    RunningRecord,
+    from_iso,
+    incidents_of,
+    recoveries_by_rung,
+)
 from trainguard.states import JobState, NodeState
 
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -94,6 +100,8 @@ def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric
     nodes = GaugeMetricFamily("trainguard_nodes", "nodes of the job by state",
                               labels=["state"])
     counts = Counter(n.state.value for n in store.nodes())
+    if not counts:  # a single-node job records no node rows: its one node, this machine
+        counts[NodeState.HEALTHY.value] = max(1, len(meta.get("node_usage") or {}))
     for state in NodeState:
         nodes.add_metric([state.value], counts.get(state.value, 0))
     yield nodes
@@ -177,15 +185,25 @@ def _goodput(g: Goodput) -> Iterator[Metric]:
 
 def _recoveries(records: list[RunningRecord]) -> Iterator[Metric]:
     incidents = [rr for r in records for rr in r.recover_records]
+    # the one count of recoveries status, recovery and report show, which never goes down (it
+    # counted only success and recovering: a restart whose workers failed again dropped out,
+    # and the counter went 1 -> 0; walk-through 30)
     restarts = CounterMetricFamily("trainguard_restarts", "recoveries carried out, by rung of "
                                    "the ladder", labels=["rung"])
-    acted = Counter(rr.recover for rr in incidents
-                    if rr.recover_result in (RecoverResult.SUCCESS, RecoverResult.RECOVERING))
+    acted = recoveries_by_rung(records)
     for rung in Rung:
         restarts.add_metric([rung.value], acted.get(rung.value, 0))
     yield restarts
-    results = CounterMetricFamily("trainguard_recoveries", "incidents by fault scenario and "
-                                  "result", labels=["fault_scenario", "result"])
+    # every incident recorded, a counter; their results now, a gauge (an incident moves from
+    # recovering to its result, or from failed to terminated: a counter series by result went
+    # down each time; walk-through 30)
+    total = CounterMetricFamily("trainguard_incidents", "incidents by fault scenario",
+                                labels=["fault_scenario"])
+    for scenario, n in sorted(Counter(rr.fault_scenario.value for rr in incidents).items()):
+        total.add_metric([scenario], n)
+    yield total
+    results = GaugeMetricFamily("trainguard_incident_results", "incidents by fault scenario "
+                                "and their result now", labels=["fault_scenario", "result"])
     for (scenario, result), n in sorted(Counter(
             (rr.fault_scenario.value, rr.recover_result.value) for rr in incidents).items()):
         results.add_metric([scenario, result], n)

@@ -1,0 +1,71 @@
+"""The job's Prometheus counters never go down, and agree with `status` (walk-through 30):
+trainguard_restarts_total counted only success/recovering incidents (a restart whose workers
+failed again dropped out: 1 -> 0 while status said 1 recovery); trainguard_recoveries_total
+counted incidents by their current result, so each series went down as an incident moved
+on; trainguard_nodes read 0 healthy nodes for every single-node job."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from trainguard.controller.store import JobStore
+from trainguard.goodput.metrics import exposition
+from trainguard.records import (
+    FaultScenario,
+    RecoverRecord,
+    RecoverResult,
+    RunningRecord,
+    StartType,
+)
+
+T0 = datetime(2026, 12, 5, tzinfo=timezone.utc)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def samples(job: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(exposition(job).decode())
+            for s in f.samples}
+
+
+def restart(result: RecoverResult, started: bool) -> RecoverRecord:
+    return RecoverRecord(
+        attempt=0, recover_start_at=at(10), fault_scenario=FaultScenario.JOB_FAILED,
+        reason="rank 1 killed", related_task="worker-1", recover="process_restart",
+        decided_at=at(11), workers_started_at=at(12) if started else None,
+        recover_result=result)
+
+
+def test_the_counters_follow_the_incidents_without_going_down(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    rec = RunningRecord(0, at(0), StartType.FIRST_START)
+    incident = restart(RecoverResult.RECOVERING, started=False)  # in its backoff
+    rec.recover_records.append(incident)
+    seen = []
+    for result, started in ((RecoverResult.RECOVERING, False), (RecoverResult.RECOVERING, True),
+                            (RecoverResult.FAILED, True)):  # its workers failed again
+        incident.recover_result, incident.workers_started_at = result, \
+            at(12) if started else None
+        with JobStore.create(job, "r") as s:
+            s.set_meta(state="running")
+            s.put_running(rec)
+        m = samples(job)
+        seen.append((m[("trainguard_restarts_total", (("rung", "process_restart"),))],
+                     m[("trainguard_incidents_total", (("fault_scenario", "job_failed"),))]))
+        assert m[("trainguard_incident_results", (("fault_scenario", "job_failed"),
+                                                  ("result", result.value)))] == 1
+    # not counted while it waited; counted once its workers started, and stays counted
+    assert seen == [(0, 1), (1, 1), (1, 1)]
+
+
+def test_a_single_node_job_has_one_healthy_node(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    with JobStore.create(job, "r") as s:
+        s.set_meta(state="running")
+    assert samples(job)[("trainguard_nodes", (("state", "healthy"),))] == 1
