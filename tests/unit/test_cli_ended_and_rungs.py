@@ -167,3 +167,19 @@ def test_a_job_out_of_reschedules_names_the_flags_and_the_rung_that_ended_it(
     text = " ".join(tg("status", str(job)).split())
     assert "its node reschedules were spent: give --max-pod-reschedules and " \
         "--max-job-reschedules more than it used" in text, text
+
+
+def test_a_failed_job_no_rung_acted_on_ended_by_none_of_them(tmp_path: Path) -> None:
+    """Walk-through 30: `ended_by` read the string "none" (the record's no-rung mark) for a
+    user error, a spent restart budget and the no-progress guard: null, as the docs say."""
+    job = tmp_path / "j"
+    rec = RunningRecord(0, at(0), StartType.FIRST_START, end_at=at(30), end_reason="failed")
+    rec.recover_records.append(RecoverRecord(
+        attempt=0, recover_start_at=at(20), fault_scenario=FaultScenario.JOB_FAILED,
+        reason="restart budget spent", related_task="worker-1", recover="none",
+        recover_result=RecoverResult.QUOTA_EXCEEDED, recover_end_at=at(20)))
+    with JobStore.create(job, "run-n") as s:
+        s.put_running(rec)
+        s.set_meta(state="failed", attempt=0, created_at=iso(at(0)), ended_at=iso(at(30)),
+                   exit_code=1)
+    assert json.loads(tg("status", str(job), "--json"))["ended_by"] is None

@@ -40,6 +40,7 @@ from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import Rung
 from trainguard.protocol import AgentConfig
 from trainguard.records import (
+    NO_RECOVERY,
     Event,
     Reason,
     RecoverResult,
@@ -243,6 +244,8 @@ def _ended_by(state: str | None, records: list[RunningRecord]) -> str | None:
     if state != JobState.FAILED.value or not records or not records[-1].recover_records:
         return None
     last = records[-1].recover_records[-1]
+    if last.recover == NO_RECOVERY:  # no rung acted (a user error, a spent budget): not a
+        return None  # rung named "none" (walk-through 30)
     return last.recover if last.recover_result in (RecoverResult.FAILED,
                                                    RecoverResult.QUOTA_EXCEEDED) else None
 
