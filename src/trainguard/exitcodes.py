@@ -26,6 +26,7 @@ class ExitCode(IntEnum):
     # -- the read commands (`events`, `recovery`, `status`) --
     NO_JOB = 2  # no readable job store at JOB_DIR
     INTERRUPTED = 130  # `events --follow` ended by Ctrl-C (128 + SIGINT)
+    JOB_LOST = 3  # `events --follow`, `logs -f`: the job's launcher died while followed
     # -- every command that prints --
     OUTPUT_CLOSED = 1  # the reader of stdout went away (`| head`): end quietly, as rich does
     # -- `trainguard diagnose` --

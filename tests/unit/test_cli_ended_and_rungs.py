@@ -183,3 +183,20 @@ def test_a_failed_job_no_rung_acted_on_ended_by_none_of_them(tmp_path: Path) -> 
         s.set_meta(state="failed", attempt=0, created_at=iso(at(0)), ended_at=iso(at(30)),
                    exit_code=1)
     assert json.loads(tg("status", str(job), "--json"))["ended_by"] is None
+
+
+def test_following_a_job_whose_launcher_died_ends_with_a_note_and_exit_3(
+        tmp_path: Path) -> None:
+    """Walk-through 30: `events --follow` and `logs -f` ended with exit 0 and no word when
+    the launcher was killed: as a job that succeeded. Now a note and exit 3 (JOB_LOST)."""
+    from tests.unit.helpers import tg as run
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    job = a_job(tmp_path / "lost", dead.pid)
+    (job / "logs" / "attempt-0").mkdir(parents=True)
+    (job / "logs" / "attempt-0" / "rank-0.log").write_text("step 35\n")
+    for cmd in (("events", str(job), "--follow"), ("logs", str(job), "-f")):
+        r = run(*cmd)
+        assert r.returncode == 3, (cmd, r.returncode, r.stderr)
+        assert f"the job's launcher (pid {dead.pid}) is gone: the job is lost" in r.stderr

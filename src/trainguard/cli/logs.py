@@ -20,7 +20,7 @@ from typing import Any
 
 from trainguard.cli.args import count, not_in_job
 from trainguard.cli.fmt import complain
-from trainguard.cli.read import add_job_dir, job_finished
+from trainguard.cli.read import add_job_dir, follow_ended, job_finished
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.errors import StoreError
@@ -84,6 +84,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         pos = _print_existing(rank_log_path(log_dir, attempt, args.rank), attempt, args.tail, out)
         if args.follow:
             _follow(job_dir, log_dir, args.rank, attempt, pos, out)
+            return follow_ended(_meta(job_dir), str(job_dir), "logs")
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
     return ExitCode.SUCCESS
@@ -208,11 +209,14 @@ def _grown(path: Path, pos: int) -> tuple[str, int] | None:
     return data[:cut].decode("utf-8", "replace"), pos + cut
 
 
-def _finished(job_dir: Path) -> bool:
-    meta: dict[str, Any]
+def _meta(job_dir: Path) -> dict[str, Any] | None:
     try:
         with JobStore.open(job_dir) as store:
-            meta = store.meta()
+            return store.meta()
     except StoreError:
-        return True
-    return job_finished(meta)
+        return None
+
+
+def _finished(job_dir: Path) -> bool:
+    meta = _meta(job_dir)
+    return meta is None or job_finished(meta)

@@ -2,7 +2,8 @@
 
 They only read the job store, so they work while the job runs and after it ends.
 Exit codes (ExitCode): 0 done, 2 no readable job at JOB_DIR (or `events --attempt N` of an
-attempt the job does not have), 130 interrupted (`events --follow`).
+attempt the job does not have), 3 the job was lost while followed (`events --follow`: its
+launcher died), 130 interrupted (`events --follow`).
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ def _follow_events(store: JobStore, args: argparse.Namespace) -> int:
                 _emit_event_line(console, ev, as_json=args.json)
             first = False
             if finished_before and not new:
-                return ExitCode.SUCCESS
+                return follow_ended(store.meta(), str(store.job_dir), "events")
             finished_before = finished
             time.sleep(POLL_INTERVAL_S)
     except KeyboardInterrupt:
@@ -250,6 +251,18 @@ def _emit_event_line(console: Console, ev: Event, as_json: bool) -> None:
     console.print(line)
 
 
+
+
+def follow_ended(meta: dict[str, Any] | None, job_dir: str, cmd: str) -> int:
+    """How a follow ends: 0, or JOB_LOST with a note when the job's launcher died while it
+    was followed (it ended as silently as a job that succeeded: walk-through 30)."""
+    if meta is None or shown_state(meta) != JobState.LOST.value:
+        return ExitCode.SUCCESS
+    complain(cmd, f"the job's launcher (pid {meta.get('launcher_pid')}) is gone: the job is "
+             "lost (killed, or its machine went down: nothing recorded its end). Fix: "
+             f"`trainguard status {job_dir}` says what still runs; run the same `trainguard "
+             "run` command again to continue it", "note")
+    return ExitCode.JOB_LOST
 
 
 def job_finished(meta: dict[str, Any]) -> bool:
