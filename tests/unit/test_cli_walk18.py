@@ -231,3 +231,16 @@ def test_sizes_read_in_the_unit_people_read() -> None:
 
     assert [size_text(n) for n in (512, 1023, 1024, 2**20 - 1, 2**20, int(2**20 * 0.4))] == [
         "512 B", "1023 B", "1.0 KiB", "1.0 MiB", "1.0 MiB", "409.6 KiB"]
+
+
+def test_prune_leaves_no_empty_dir_of_its_own_in_a_shared_job_dir(tmp_path: Path) -> None:
+    """Walk-through 30: the empty `checkpoints/` `run` made beside the user's files stayed."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("print('step 1', flush=True)\n")
+    r = tg("run", "--nproc-per-node", "1", "--job-dir", ".", "train.py", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert (proj / "checkpoints").is_dir()
+    r = tg("prune", str(tmp_path), "--older-than", "0", "--yes", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in proj.iterdir()) == ["train.py"]

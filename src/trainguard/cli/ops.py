@@ -304,8 +304,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     freed = 0
     for r, meta in old:
         job_dir = Path(r["job_dir"])
-        delete, keep = prune_plan(job_dir, log_dir_of(meta, job_dir),
-                                  checkpoint_dir_of(meta, job_dir))
+        own = [log_dir_of(meta, job_dir), Path(checkpoint_dir_of(meta, job_dir))]
+        delete, keep = prune_plan(job_dir, own[0], str(own[1]))
         size = sum(allocated_bytes(p)[0] for p in delete)
         freed += size
         what = f"trainguard's files in {job_dir}" if keep else str(job_dir)
@@ -317,21 +317,24 @@ def cmd_prune(args: argparse.Namespace) -> int:
             print(f"  {'keeping' if args.yes else 'would keep'} what trainguard did not write "
                   f"there: {shown}")
         if args.yes:
-            _delete(job_dir, delete)
+            _delete(job_dir, delete, own)
     print(prune_summary(len(old), args.older_than, size_text(freed), deleted=args.yes))
     return ExitCode.SUCCESS
 
 
-def _delete(job_dir: Path, delete: list[Path]) -> None:
-    """Delete `delete`, then the dirs left empty up to and with the job dir (never a
-    non-empty one: what trainguard did not write stays)."""
+def _delete(job_dir: Path, delete: list[Path], own: list[Path]) -> None:
+    """Delete `delete`, then the dirs left empty up to and with the job dir, `own` (the
+    job's log and checkpoint dirs: an empty `checkpoints/` was left in a shared job dir,
+    walk-through 30) among them (never a non-empty one: what trainguard did not write
+    stays)."""
     for p in delete:
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
-    for d in sorted({p.parent for p in delete}, key=lambda d: len(d.parts), reverse=True):
+    for d in sorted({p.parent for p in delete} | set(own), key=lambda d: len(d.parts),
+                    reverse=True):
         while d != job_dir.parent and d.is_relative_to(job_dir):
             try:
                 d.rmdir()
