@@ -141,11 +141,22 @@ def test_classify_real_dumps(name: str, kind: str, detail: str) -> None:
     assert classify(main_of(name)) == kind
 
 
-@pytest.mark.parametrize("name", ["sleep", "flock", "gloo_sleep_rank1", "pipe_read",
-                                  "ddp_backward_rank0"])
+@pytest.mark.parametrize("name", ["sleep", "flock", "gloo_sleep_rank1", "pipe_read"])
 def test_without_native_frames_a_blocked_call_is_only_blocked(name: str) -> None:
-    """time.sleep, flock, read and DDP's C++ wait leave no Python frame of their own."""
+    """time.sleep, flock and read leave no Python frame of their own."""
     assert classify(main_of(name)) == "blocked"
+
+
+def test_without_native_frames_ddp_backward_still_waits_in_a_collective() -> None:
+    """Walk-through 30: a native dump timed out under load, and the rank waiting for DDP's
+    gradient all-reduce read "blocked outside Python code": the hang named no culprit. In
+    autograd's backward and not running code, it waits for the all-reduce."""
+    assert describe(main_of("ddp_backward_rank0")) == (
+        "collective", "autograd backward (DDP's gradient all-reduce)")
+    busy = replace(main_of("ddp_backward_rank0"), idle=False)  # computing its gradients
+    assert classify(busy) == "compute"
+    v = culprit({0: "ddp_backward_rank0", 1: "gloo_sleep_rank1"})
+    assert (v.rank, v.by_rank) == (1, {0: "collective", 1: "blocked"})
 
 
 def test_a_thread_in_a_lock_of_its_own() -> None:

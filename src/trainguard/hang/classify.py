@@ -160,6 +160,17 @@ def _dataloader(frames: tuple[Frame, ...]) -> str | None:
     return None
 
 
+_BACKWARD = "autograd backward (DDP's gradient all-reduce)"
+
+
+def _in_backward(frames: tuple[Frame, ...]) -> bool:
+    """A thread in autograd's backward that is not running code: without native frames (a
+    look, or a native dump that timed out under load) DDP's wait for the gradient
+    all-reduce shows only this (walk-through 30: the culprit went unnamed)."""
+    return any(not f.native and f.func == "_engine_run_backward"
+               and f.short_filename == "torch/autograd/graph.py" for f in frames)
+
+
 def _lock(f: Frame) -> str | None:
     if f.native:
         if f.name in _FILE_LOCK_NATIVE:
@@ -194,6 +205,8 @@ def describe(thread: ThreadStack | None) -> tuple[str, str]:
         found = find(frames)
         if found:
             return kind, found
+    if thread.idle is not False and _in_backward(frames):
+        return COLLECTIVE, _BACKWARD
     locks = [d for d in map(_lock, frames) if d]
     if locks:  # a named lock (fcntl.flock, Thread.join) says more than the native acquire
         return LOCK, next((d for d in locks if d != _THREAD_LOCK), locks[0])
