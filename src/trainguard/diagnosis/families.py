@@ -64,9 +64,11 @@ class Support:
 
 
 def parse_families(text: str) -> Families:
+    # ASCII word classes: `\b` and `\w` take a CJK character for no letter, so a word glued
+    # to Chinese prose is still a word (`loss训练一会后变成nan`: round 37)
     data = yaml.safe_load(text)
     sigs = tuple(Signature(Category(f["category"]),
-                           tuple(re.compile(p, re.IGNORECASE) for p in f["all"]),
+                           tuple(re.compile(p, re.IGNORECASE | re.ASCII) for p in f["all"]),
                            float(f["weight"]))
                  for f in data["families"])
     defaults = {Category(k): (FaultDomain(v[0]), RestartHelps(v[1]))

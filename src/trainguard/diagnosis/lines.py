@@ -50,6 +50,10 @@ EXCEPTION_LINE = re.compile(
 # The same after some other prefix (a logger's time and source): "... ] KeyError: 'x'".
 EXCEPTION_IN_LINE = re.compile(
     r"(?:^|[\s|\]>*])((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?::\s|\s*$)")
+# An exception line quoted inside prose (an issue's `I encounter an error: "OSError: image
+# file is truncated (3440 bytes not processed)."`): the rules for exception lines read it, but
+# it is no exception of its own (a quoted exception no rule knows is not a user_code_error).
+QUOTED_EXCEPTION = re.compile(r"[\"']((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): \S")
 # IPython's (Jupyter's, Colab's) traceback header names the exception type first, with no
 # colon (`UnidentifiedImageError                    Traceback (most recent call last)`):
 # when a paste is cut before the exception line at the end, it is the only line that names

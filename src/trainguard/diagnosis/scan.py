@@ -22,6 +22,7 @@ from trainguard.diagnosis.lines import (
     EXCEPTION_IN_LINE,
     EXCEPTION_LINE,
     IPYTHON_HEADER,
+    QUOTED_EXCEPTION,
     file_rank,
     is_library_path,
     line_time,
@@ -189,7 +190,8 @@ class FileScan:
         exc = EXCEPTION_LINE.match(text) or EXCEPTION_IN_LINE.search(text[:200])
         rule = self.trigger.match(text, is_exception=exc is not None or (
             "Traceback (" in text and IPYTHON_HEADER.match(text) is not None)
-            or COORDINATOR_REPORT.search(text) is not None)
+            or COORDINATOR_REPORT.search(text) is not None
+            or QUOTED_EXCEPTION.search(text[:400]) is not None)
         code_rank, code = exit_code(text)
         if exc is None and rule is None and code is None:
             return None
