@@ -254,7 +254,7 @@ def test_exit_codes_keep_their_numbers() -> None:
     assert {name: int(code) for name, code in ExitCode.__members__.items()} == {
         "SUCCESS": 0, "FAILED": 1, "USAGE": 2, "NO_PROGRESS": 86, "ORPHANED": 3,
         "SUPERSEDED": 4, "NO_JOB": 2, "INTERRUPTED": 130, "NOTHING_FOUND": 1,
-        "NOT_VALID": 1, "UNREADABLE": 2, "OUTPUT_CLOSED": 1}
+        "NOT_VALID": 1, "UNREADABLE": 2, "OUTPUT_CLOSED": 1, "JOB_LOST": 3}
 
 
 # where a trainguard command's or process's exit code is decided (the guardian, a helper
