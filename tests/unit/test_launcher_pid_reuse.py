@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from trainguard.controller.store_rows import launcher_dead, process_started, shown_state
 
@@ -34,3 +35,24 @@ def test_an_ended_launcher_is_dead_whatever_its_start_time() -> None:
     p.wait()
     assert launcher_dead(meta_of(p.pid, started))
     assert process_started(p.pid) is None
+
+
+def test_a_job_is_created_when_its_launcher_started(tmp_path: Path) -> None:
+    """Walk-through 30, #11: the job's wall time ran from its store's creation, 0.7-5.7 s
+    after the command began (imports, checks, the job dir): time no goodput cause held."""
+    import time
+    from datetime import datetime
+
+    from tests.unit.helpers import tg
+    from trainguard.controller.store import JobStore
+    from trainguard.controller.store_rows import launched_at
+
+    assert launched_at().timestamp() <= time.time()
+    (tmp_path / "t.py").write_text("print('step 1', flush=True)\n")
+    before = time.time()
+    assert tg("run", "--nproc-per-node", "1", "--job-dir", "j", "t.py",
+              cwd=tmp_path).returncode == 0
+    with JobStore.open(tmp_path / "j") as s:
+        created = datetime.fromisoformat(str(s.meta()["created_at"])).timestamp()
+    assert before - 0.05 <= created <= before + 0.5, created - before  # the launcher's start
+

@@ -23,7 +23,12 @@ from trainguard.console import Writable
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.settings_diff import changes_text, settings_changes
 from trainguard.controller.store import JobStore, WorkerRow
-from trainguard.controller.store_rows import last_sign_of_life, process_started, slot_moves
+from trainguard.controller.store_rows import (
+    last_sign_of_life,
+    launched_at,
+    process_started,
+    slot_moves,
+)
 from trainguard.controller.store_writes import StoreWrites
 from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
@@ -100,7 +105,7 @@ class Recorder:
             budgets_off=[name for name, on in (
                 ("hang_restarts_in_a_row", self.spec.restart_on_hang),
                 ("step_retries", self.spec.operator_reexecution)) if not on],
-            created_at=previous.get("created_at") or utcnow().isoformat(),
+            created_at=previous.get("created_at") or launched_at().isoformat(),
             exit_code=None, ended_at=None, launcher_pid=os.getpid(),
             launcher_started=process_started(os.getpid()),
             log_dir=str(self.paths.log_dir), checkpoint_dir=str(self.paths.checkpoint_dir),
