@@ -218,10 +218,8 @@ def launcher_dead(meta: dict[str, Any]) -> bool:
         return True
     except PermissionError:
         pass
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = _stat(pid)
+    if fields is None:
         return False
     started = meta.get("launcher_started")
     if fields[:1] == [b"Z"]:  # exited, not reaped by its parent yet
@@ -237,22 +235,29 @@ def launched_at() -> datetime:
     started = process_started(os.getpid())
     try:  # uptime to 10 ms (psutil's create_time rests on a boot time in whole seconds)
         with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-        ago = uptime - (started or 0) / os.sysconf("SC_CLK_TCK")
+            ago = float(f.read().split()[0]) - (started or 0) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        ago = None
-    if started is None or ago is None or not 0 <= ago < 3600:
-        return datetime.fromtimestamp(now, timezone.utc)
-    return datetime.fromtimestamp(now - ago, timezone.utc)
+        ago = -1.0
+    return datetime.fromtimestamp(now - ago if started is not None and 0 <= ago < 3600
+                                  else now, timezone.utc)
 
 
 def process_started(pid: int) -> int | None:
     """When process `pid` started (clock ticks since boot, /proc's `starttime`): with its
     pid it names one process for good. None where it cannot be read."""
+    fields = _stat(pid)
+    try:
+        return None if fields is None else int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
         return None
 
 
