@@ -17,7 +17,8 @@ from trainguard.integrations.common import (
     COMMIT_MARKER,
     checkpoint_files,
     damage,
-    file_committed_step,
+    file_commit,
+    file_damage,
     file_marker,
     file_sizes,
     is_committed,
@@ -58,17 +59,11 @@ def trainer_rows(dirs: list[Path]) -> list[dict[str, Any]]:
                 rows.append(_row(step, ckpt, why, sum(file_sizes(ckpt).values())))
         for f in checkpoint_files(d, ".ckpt"):
             if file_marker(f).exists():
-                why = None if file_committed_step(f) is not None else \
-                    "not the size it had when it was committed"
-                rows.append(_row(_marked_step(f), f, why, f.stat().st_size))
+                commit = file_commit(f)
+                rows.append(_row(-1, f, "its commit marker is unreadable", f.stat().st_size)
+                            if commit is None else
+                            _row(commit[0], f, file_damage(f, commit[1]), f.stat().st_size))
     return sorted(rows, key=lambda r: (r["step"], r["path"]), reverse=True)
-
-
-def _marked_step(ckpt_file: Path) -> int:
-    try:
-        return int(json.loads(file_marker(ckpt_file).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return -1
 
 
 def _row(step: int, path: Path, why: str | None, size: int) -> dict[str, Any]:
