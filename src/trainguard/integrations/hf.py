@@ -109,13 +109,19 @@ def complete(ckpt_dir: Path) -> bool:
 def last_checkpoint(output_dir: str | Path | None) -> str | None:
     """The newest committed `checkpoint-N` under `output_dir`, or None; the launcher hears
     which (its recover record's resume point and source)."""
-    if output_dir is None:
-        return None
-    found = newest(numbered_dirs(Path(output_dir), CHECKPOINT_DIR), complete)
+    found = _newest(output_dir)
     if found is None:
         return None
     resumed(found, _step_of(found))
     return str(found)
+
+
+def _newest(output_dir: str | Path | None) -> Path | None:
+    """The newest intact committed `checkpoint-N` under `output_dir` (damaged ones told as
+    CheckpointCorrupt), or, where none carries a marker, the newest complete one."""
+    if output_dir is None:
+        return None
+    return newest(numbered_dirs(Path(output_dir), CHECKPOINT_DIR), complete)
 
 
 def _step_of(ckpt_dir: Path) -> int:
@@ -142,7 +148,7 @@ def _committed_instead(output_dir: str | Path | None, given: Any) -> tuple[str, 
         why = f"is damaged since it was committed ({broken})"
     else:
         why = "was never committed (a save cut short: get_last_checkpoint picks it)"
-    found = newest(numbered_dirs(Path(output_dir), CHECKPOINT_DIR), complete)
+    found = _newest(output_dir)
     if found is None or _step_of(found) > int(m.group(1)) or not is_committed(found):
         return None
     resumed(found, _step_of(found))
@@ -157,9 +163,6 @@ class TrainguardCallback(TrainerCallback):
     def __init__(self) -> None:
         self.drain = Drain()
         self._step_end: float | None = None  # when the last step ended: a save blocks from it
-
-    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        patch_saves()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         patch_saves()
@@ -214,9 +217,7 @@ def _resume_despite_false(output_dir: str | None) -> str | bool:
     (walk-through 29). A first attempt starts fresh, as the script asks, and says what it
     passes over."""
     attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)
-    if output_dir is None:
-        return False
-    found = newest(numbered_dirs(Path(output_dir), CHECKPOINT_DIR), complete)
+    found = _newest(output_dir)
     if found is None or not is_committed(found):
         return False
     if attempt == 0:
