@@ -6,6 +6,7 @@ Now the looks at its Python stack find it working: one attempt, no HangConfirmed
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,17 +37,25 @@ for step in range(1, 31):
 """
 
 
+def run_job(tmp_path: Path, script: str, env: dict[str, str] | None = None
+            ) -> list[dict[str, Any]]:
+    """`script` run by `trainguard run --restart-on-hang` on one rank, to success: its
+    events."""
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "1", "--restart-on-hang", "--job-dir", str(job),
+                str(path)], cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    events: list[dict[str, Any]] = read_json("events", job)
+    return events
+
+
 # alone: beside a second job on 2 cores a look can take seconds, and too few of them land in
 # the 2.7 s between the suspicion and the threshold (a make test run saw it confirmed)
 @pytest.mark.serial
 def test_a_silent_evaluation_is_not_restarted_as_a_hang(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    job = tmp_path / "job"
-    r = run_tg(["run", "--nproc-per-node", "1", "--restart-on-hang", "--job-dir", str(job),
-                str(script)], cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    events = read_json("events", job)
+    events = run_job(tmp_path, SCRIPT)
     reasons = [e["reason"] for e in events]
     assert "HangConfirmed" not in reasons and "WorkersRestarted" not in reasons, reasons
     working = [e for e in events if e["reason"] == "HangSuspected"
@@ -91,13 +100,7 @@ for step in range(1, 31):
 def test_a_silent_evaluation_fed_by_a_data_loader_is_not_a_hang(tmp_path: Path) -> None:
     """Walk-through 28, finding 9: the main thread sits at one place (waiting in the loader),
     its workers sleep on slow storage (no CPU, no I/O): three restarts as hung, then 86."""
-    script = tmp_path / "train.py"
-    script.write_text(LOADER_SCRIPT)
-    job = tmp_path / "job"
-    r = run_tg(["run", "--nproc-per-node", "1", "--restart-on-hang", "--job-dir", str(job),
-                str(script)], cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    events = read_json("events", job)
+    events = run_job(tmp_path, LOADER_SCRIPT)
     reasons = [e["reason"] for e in events]
     assert "HangConfirmed" not in reasons and "WorkersRestarted" not in reasons, reasons
     working = [e for e in events if e["reason"] == "HangSuspected"
@@ -111,13 +114,7 @@ def test_a_data_loader_whose_workers_are_stuck_is_confirmed_hung(tmp_path: Path)
     """The other side: the loader's workers never return a sample; the rank reads nothing,
     is confirmed hung in the data loader and restarted (the second attempt evaluates
     nothing). Not serial: a slow look on a loaded machine delays the confirmation only."""
-    script = tmp_path / "train.py"
-    script.write_text(LOADER_SCRIPT)
-    job = tmp_path / "job"
-    r = run_tg(["run", "--nproc-per-node", "1", "--restart-on-hang", "--job-dir", str(job),
-                str(script)], cwd=tmp_path, env={"LOADER": "stuck"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    events = read_json("events", job)
+    events = run_job(tmp_path, LOADER_SCRIPT, {"LOADER": "stuck"})
     confirmed = [e for e in events if e["reason"] == "HangConfirmed"]
     assert len(confirmed) == 1 and "in the data loader" in confirmed[0]["message"], confirmed
     assert not [e for e in events if e["reason"] == "HangSuspected"
