@@ -7,6 +7,7 @@ calls its NodeAgent) and as JSON over the wire between nodes (`model_dump_json` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from enum import Enum
 from typing import Any, Protocol
@@ -243,7 +244,10 @@ class AgentAPI(Protocol):
 
     def start_workers(self, cmd: StartWorkers) -> NodeReport: ...
     def poll(self, wait_s: float = 0.0) -> NodeReport: ...
-    def stop_workers(self, cmd: StopWorkers) -> NodeReport: ...
+    def stop_workers(self, cmd: StopWorkers,
+                     meanwhile: Callable[[NodeReport], None] | None = None) -> NodeReport:
+        """SIGTERM, the grace period, SIGKILL; each second of the grace period `meanwhile`
+        gets a report (ranks that ignore SIGTERM train on)."""
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]: ...
     def tell(self, cmd: Tell) -> int: ...
     def restart_ranks(self, cmd: RestartRanks) -> int: ...

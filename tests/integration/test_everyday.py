@@ -193,8 +193,8 @@ for step in range(1, 100000):
 def test_a_stop_under_way_shows_in_status_and_a_stopped_or_lost_job_says_how_to_go_on(
         tmp_path: Path) -> None:
     """During the grace period `status` reads STOPPING (when, the signal, the grace) and the
-    events have StopRequested; a job that ended lost (stop --force) tells how to continue
-    it: the same command with its --job-dir."""
+    progress of ranks that train on, and the events have StopRequested; a job that ended
+    lost (stop --force) tells how to continue it: the same command with its --job-dir."""
     script, job = tmp_path / "stubborn.py", tmp_path / "job"
     script.write_text(STUBBORN)
 
@@ -220,6 +220,11 @@ def test_a_stop_under_way_shows_in_status_and_a_stopped_or_lost_job_says_how_to_
         status = read_json("status", job)
         assert status["state"] == "running" and status["stopping"]["signal"] == "SIGTERM"
         assert status["stopping"]["grace_s"] == 60
+        # the rank trains on through the grace period, and status shows it (walk-through 30:
+        # progress froze at the step of the stop while the stop ran)
+        at_stop = status["last_progress"]["step"]
+        _wait(lambda: read_json("status", job)["last_progress"]["step"] >= at_stop + 20,
+              timeout=15)
         text = tg("status", str(job)).stdout
         assert "running · STOPPING" in text and "the ranks have 60s to exit" in text, text
         assert "continue it:" not in text and "(stop the job:" not in text, text

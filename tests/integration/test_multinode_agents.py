@@ -82,7 +82,8 @@ def test_stop_ends_the_agents_that_outlived_a_killed_launcher(tmp_path: Path) ->
 def test_a_second_ctrl_c_ends_every_node_agents_grace_period(tmp_path: Path) -> None:
     """Ranks that ignore SIGTERM kept a stopping multi-node job for its whole grace period
     after a second Ctrl-C (the node agents never heard of it); the controller now passes the
-    second signal on and every agent SIGKILLs what is left."""
+    second signal on and every agent SIGKILLs what is left. Through the grace period the
+    progress of the ranks that train on is recorded."""
     (tmp_path / "t.py").write_text(
         "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "for s in range(1, 10**6):\n    print(f'step {s}', flush=True)\n    time.sleep(0.2)\n")
@@ -101,6 +102,9 @@ def test_a_second_ctrl_c_ends_every_node_agents_grace_period(tmp_path: Path) -> 
         time.sleep(0.1)
     time.sleep(1.2)  # (a repeat within 1 s is the same stop delivered twice)
     assert bg.proc.poll() is None  # the ranks ignore SIGTERM: the grace period runs
+    # they train on, and the agents' reports during the stop show it (walk-through 30)
+    at_stop = read_json("status", job)["last_progress"]["step"]
+    wait_for(job, lambda s: s["last_progress"]["step"] >= at_stop + 10, timeout=15)
     t0 = time.monotonic()
     bg.proc.send_signal(signal.SIGINT)
     code, out = bg.finish(timeout=60)

@@ -100,7 +100,7 @@ class ScriptedAgent:
         assert self._last is not None
         return self._last
 
-    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+    def stop_workers(self, cmd: StopWorkers, meanwhile: object = None) -> NodeReport:
         self.stops.append(cmd)
         assert self._last is not None
         workers = [w if w.state.ended else w.model_copy(update={
@@ -497,7 +497,7 @@ class EndingAgent(HangAgent):
     """The ranks were tearing down, not hung: by the time the confirmed hang is acted on,
     every one has exited 0."""
 
-    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+    def stop_workers(self, cmd: StopWorkers, meanwhile: object = None) -> NodeReport:
         self.stops.append(cmd)
         self._last = report(0, W(WorkerState.SUCCEEDED, 0), W(WorkerState.SUCCEEDED, 0))
         return self._last
@@ -578,7 +578,7 @@ class StubbornAgent(ScriptedAgent):
     def tell(self, cmd: Any) -> int:
         return 0  # no rank takes the drain request
 
-    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+    def stop_workers(self, cmd: StopWorkers, meanwhile: object = None) -> NodeReport:
         last = super().stop_workers(cmd)
         workers = [w.model_copy(update={"returncode": -signal.SIGKILL}) if w.rank == 1 else w
                    for w in last.workers]
@@ -603,7 +603,7 @@ def test_a_stop_that_had_to_sigkill_a_rank_says_so(
 class KillingAgent(ScriptedAgent):
     """Rank 0, stopped after rank 1 failed, outlives the grace period: SIGKILL."""
 
-    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+    def stop_workers(self, cmd: StopWorkers, meanwhile: object = None) -> NodeReport:
         last = super().stop_workers(cmd)
         workers = [w.model_copy(update={"returncode": -signal.SIGKILL})
                    if w.rank == 0 and w.state == WorkerState.STOPPED else w

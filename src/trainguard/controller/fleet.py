@@ -12,6 +12,7 @@ after DISRUPTION_WAIT_S and such nodes are not drained. Node states: states.Node
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -308,12 +309,32 @@ class Fleet:
                 self.merger.note_usage(name, reports)
         return self._merged()
 
-    def stop_workers(self, cmd: StopWorkers) -> NodeReport:
+    def stop_workers(self, cmd: StopWorkers,
+                     meanwhile: Callable[[NodeReport], None] | None = None) -> NodeReport:
         live = self._in_job()
         body = cmd.model_dump(mode="json")
-        replies = self._call({n: (Op.STOP, body) for n in live}, cmd.grace_s + 60)
+        calls = {n: (Op.STOP, body) for n in live}
+        replies = (self._call(calls, cmd.grace_s + 60) if meanwhile is None
+                   else self._call_polling(calls, cmd.grace_s + 60, meanwhile))
         self._take(replies)
         return self._merged()
+
+    def _call_polling(self, calls: dict[str, tuple[Op, dict[str, Any]]], timeout: float,
+                      meanwhile: Callable[[NodeReport], None]) -> dict[str, Reply]:
+        """_call from a thread while this one hands `meanwhile` a merge of the reports the
+        agents push each second (a stop's grace period: ranks that ignore SIGTERM train on,
+        and their progress is recorded as it comes; walk-through 30)."""
+        done: list[dict[str, Reply]] = []
+        t = threading.Thread(target=lambda: done.append(self._call(calls, timeout)),
+                             name="trainguard-call", daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(1.0)
+            if t.is_alive():
+                meanwhile(self.poll())
+        if not done:  # its traceback is in the log (threading.excepthook)
+            raise LaunchError("the call to the node agents failed: see the traceback above")
+        return done[0]
 
     def dump_stacks(self, cmd: DumpStacks) -> list[StackDump]:
         live = self._in_job()

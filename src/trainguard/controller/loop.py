@@ -231,8 +231,8 @@ class Controller:
 
     def _stop(self, reason: str, dead: list[int] | None = None) -> NodeReport:
         """Stop what is left of the attempt (workers, their children) and read all logs."""
-        report = self.agent.stop_workers(StopWorkers(grace_s=self.spec.grace_period_s,
-                                                     reason=reason, dead_ranks=dead or []))
+        cmd = StopWorkers(grace_s=self.spec.grace_period_s, reason=reason, dead_ranks=dead or [])
+        report = self.agent.stop_workers(cmd, meanwhile=self.rec.sync)  # ranks may train on
         self.rec.sync(report, force=True)
         return report
 

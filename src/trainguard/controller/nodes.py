@@ -63,8 +63,9 @@ class NodeRecovery:
         """Stop the workers left on the placed nodes (they restart in the next attempt);
         `dead`: the ranks of lost nodes, whose part a survivor's save on the way out does not
         wait for."""
-        report = self.fleet.stop_workers(StopWorkers(grace_s=self.rec.spec.grace_period_s,
-                                                     reason=reason, dead_ranks=dead or []))
+        cmd = StopWorkers(grace_s=self.rec.spec.grace_period_s, reason=reason,
+                          dead_ranks=dead or [])
+        report = self.fleet.stop_workers(cmd, meanwhile=self.rec.sync)  # ranks may train on
         self.rec.sync(report, force=True)
         return report
 

@@ -1,8 +1,7 @@
 """The node agent: owns one node's worker processes and reports facts; decides nothing.
 
 Commands (protocol.StartWorkers / StopWorkers) come from the controller; NodeReport goes back
-(in-process or as JSON). Worker lifecycle: STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED.
-"""
+(in-process or as JSON). Worker lifecycle: STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED."""
 
 from __future__ import annotations
 
@@ -234,17 +233,19 @@ class NodeAgent:
         return self.memory.persist(self._env(cmd, cmd.workers[0], ""), cmd, step,
                                    self._dead_ranks_file(cmd).with_name("persist.log"), spread)
 
-    def stop_workers(self, cmd: StopWorkers,
+    def stop_workers(self, cmd: StopWorkers, meanwhile: Callable[[NodeReport], None] | None = None,
                      cut_short: Callable[[], bool] = lambda: False) -> NodeReport:
         """Stop every worker: SIGTERM, `cmd.grace_s`, SIGKILL; the grace period ends early on
-        hurry() or once `cut_short()` (a node agent's link brought the controller's hurry)."""
+        hurry() or once `cut_short()` (a node agent's link brought the controller's hurry);
+        each second of it a report goes to `meanwhile` (ranks may train on: walk-through 30)."""
         self.poll()
         if cmd.dead_ranks and self._dead_file is not None:
             with contextlib.suppress(OSError):
                 self._dead_file.write_text(json.dumps(cmd.dead_ranks))
         running = [w for w in self._workers if not w.state.ended]
         procs.stop_groups([w.proc for w in self._workers], cmd.grace_s, self._marker,
-                          cut_short=lambda: self._hurried or cut_short())
+                          cut_short=lambda: self._hurried or cut_short(),
+                          meanwhile=lambda: meanwhile(self._report()) if meanwhile else None)
         now = utcnow()
         for w in running:  # RUNNING -> STOPPED
             w.state, w.ended_at, w.returncode = WorkerState.STOPPED, now, w.proc.returncode

@@ -3,12 +3,13 @@ a backend (launch.py builds its command line), never by hand.
 
 It owns the node's workers through agent.NodeAgent and serves the controller over the wire:
 it connects (and reconnects after a blip, re-reading where the controller is), pushes a
-NodeReport every report interval and a beat every second (also while a command runs), and
-executes commands. The worker messages it sends up are kept until the controller
-acknowledges them, and sent again after a reconnect (node/outbox.py). A command is
-identified by its id: a command resent after a reconnect is answered from memory, never run
-twice. Without a controller for `orphan_timeout_s` it stops its workers and ends: a node
-never trains on for a job nobody watches.
+NodeReport every report interval (and each second of a stop's grace period, which holds the
+serve loop) and a beat every second (also while a command runs), and executes commands. The
+worker messages it sends up are kept until the controller acknowledges them, and sent again
+after a reconnect (node/outbox.py). A command is identified by its id: a command resent
+after a reconnect is answered from memory, never run twice. Without a controller for
+`orphan_timeout_s` it stops its workers and ends: a node never trains on for a job nobody
+watches.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from trainguard.protocol import (
     HURRY_FRAME,
     AgentConfig,
     DumpStacks,
+    NodeReport,
     Op,
     StartWorkers,
     StopWorkers,
@@ -220,7 +222,20 @@ class AgentRunner:
 
     def _op_stop(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._outbox.number(self.agent.stop_workers(
-            StopWorkers.model_validate(body), cut_short=self._hurried)).model_dump(mode="json")
+            StopWorkers.model_validate(body), meanwhile=self._report_stopping,
+            cut_short=self._hurried)).model_dump(mode="json")
+
+    def _report_stopping(self, report: NodeReport) -> None:
+        """A report during a stop's grace period, as the serve loop (which waits for this
+        stop) would send: ranks that ignore SIGTERM train on, and status shows it."""
+        conn = self._conn
+        if conn is None or self._broke is not None:
+            return
+        try:
+            conn.send({"type": "report",
+                       "body": self._outbox.number(report).model_dump(mode="json")})
+        except WireError as e:  # a lost link: the serve loop's, after this stop
+            self._broke = e
 
     def _hurried(self) -> bool:
         """Polled through a stop's grace period: did the controller send a HURRY_FRAME (a

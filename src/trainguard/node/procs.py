@@ -208,10 +208,12 @@ def kill_marked(marker: str) -> int:
 def stop_groups(
     procs: Iterable[subprocess.Popen[bytes]], grace_s: float, marker: str = "",
     poll_s: float = 0.05, cut_short: Callable[[], bool] = lambda: False,
+    meanwhile: Callable[[], None] = lambda: None, meanwhile_every_s: float = 1.0,
 ) -> None:
     """SIGTERM every group, wait up to one shared grace period (or until `cut_short()`: a
     second Ctrl-C), SIGKILL the rest, reap; then kill any process still carrying the job's
-    marker (children that left their group)."""
+    marker (children that left their group). `meanwhile()` runs every `meanwhile_every_s`
+    of the grace period (ranks that ignore SIGTERM train on: their progress is reported)."""
     procs = list(procs)
     known = {p.pid: p for p in procs}
     pgids = list(known)  # each worker leads its own session and group
@@ -221,7 +223,13 @@ def stop_groups(
         # again: without this it cost the whole grace period, then SIGKILL (walk-through 24)
         signal_group(pgid, signal.SIGCONT)
 
+    next_at = time.monotonic() + meanwhile_every_s
+
     def wait_a_little(left_s: float) -> None:
+        nonlocal next_at
+        if time.monotonic() >= next_at:
+            next_at = time.monotonic() + meanwhile_every_s
+            meanwhile()
         leaders = [p for p in procs if p.returncode is None]
         if leaders:
             wait_any_exit(leaders, min(poll_s, left_s))
