@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -22,7 +22,7 @@ from trainguard.ui.auth import Guard
 from trainguard.ui.catalog import Catalog
 from trainguard.ui.eventlog import PAGE, EventLog
 from trainguard.ui.goodput_view import GoodputCache
-from trainguard.ui.stream import JobFeed, event_doc, job_stream
+from trainguard.ui.stream import FeedResponse, JobFeed, event_doc, start_after, whole_number
 
 STATIC = Path(__file__).resolve().parent / "static"
 _NO_CACHE = {"cache-control": "no-store"}
@@ -88,13 +88,7 @@ def _int(request: Request, name: str, default: int | None, low: int = 0) -> int 
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise HTTPException(400, f"{name}={raw!r} is not a whole number") from None
-    if value < low:
-        raise HTTPException(400, f"{name} must be at least {low}")
-    return value
+    return whole_number(name, raw, low)
 
 
 def list_jobs(request: Request) -> Response:
@@ -151,6 +145,10 @@ def job_goodput(request: Request) -> Response:
 
 def job_events_stream(request: Request) -> Response:
     feed = JobFeed(_job_dir(request))  # a job that cannot be read fails here, not mid-stream
-    return StreamingResponse(job_stream(request, feed),
-                             media_type="text/event-stream",
-                             headers={**_NO_CACHE, "x-accel-buffering": "no"})
+    try:  # so does a bad Last-Event-ID or ?after=: a 400 before the stream's 200
+        after = start_after(request, feed.log.last_id())
+    except BaseException:
+        feed.close()
+        raise
+    return FeedResponse(request, feed, after, media_type="text/event-stream",
+                        headers={**_NO_CACHE, "x-accel-buffering": "no"})

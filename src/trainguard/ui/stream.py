@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from trainguard.controller.store import JobStore
 from trainguard.records import Event
@@ -32,6 +35,7 @@ POLL_S = 0.5
 PING_S = 15.0
 RETRY_MS = 2000
 BACKLOG = 200  # events a page that has seen none gets first
+MAX_INT = 2**63 - 1  # SQLite's largest integer: event ids and every number asked for
 
 
 def frame(kind: str, data: Any, eid: int | None = None) -> str:
@@ -44,12 +48,26 @@ def event_doc(eid: int, ev: Event) -> dict[str, Any]:
     return {"id": eid, **ev.to_dict()}
 
 
+def whole_number(name: str, raw: str, low: int = 0, high: int = MAX_INT) -> int:
+    """`raw` as an int in low..high, else HTTP 400 naming the range (SQLite's integers end
+    at MAX_INT: a bigger one made the query fail with a 500, walk-through 32 #10)."""
+    text = raw.strip()
+    shown = repr(text) if len(text) <= 24 else f"{text[:20]!r}... ({len(text)} characters)"
+    if not (text.isascii() and text.lstrip("-").isdigit()):
+        raise HTTPException(400, f"{name}={shown} is not a whole number")
+    if len(text.lstrip("-0")) > len(str(high)) or not low <= int(text) <= high:
+        raise HTTPException(400, f"{name}={shown} is out of range: give {low} to {high}")
+    return int(text)
+
+
 def start_after(request: Request, newest: int) -> int:
     """Where a stream starts: after `Last-Event-ID` (a reconnect), or `?after=N`, else
-    the newest BACKLOG events."""
-    for raw in (request.headers.get("last-event-id"), request.query_params.get("after")):
-        if raw is not None and raw.strip().isdigit():
-            return int(raw.strip())
+    the newest BACKLOG events. An id out of range is HTTP 400; one that is no number at
+    all is left alone (a stream always starts somewhere)."""
+    for name, raw in (("Last-Event-ID", request.headers.get("last-event-id")),
+                      ("after", request.query_params.get("after"))):
+        if raw is not None and raw.strip().isascii() and raw.strip().isdigit():
+            return whole_number(name, raw)
     return max(newest - BACKLOG, 0)
 
 
@@ -77,39 +95,56 @@ class JobFeed:
         return _Poll(self.log.after(after, PAGE), parts, bool(parts["ended"]))
 
     def close(self) -> None:
-        self.log.close()
-        self.store.close()
+        try:
+            self.log.close()
+        finally:
+            self.store.close()
 
 
-async def job_stream(request: Request, feed: JobFeed) -> AsyncIterator[str]:
-    """The frames of one job page's stream, until the client goes or the job has ended;
-    closes `feed` at the end."""
-    try:
-        last = start_after(request, await anyio.to_thread.run_sync(feed.log.last_id))
-        yield f"retry: {RETRY_MS}\n\n"
-        shown: str | None = None
-        quiet_since = time.monotonic()
-        while True:
-            got = await anyio.to_thread.run_sync(feed.poll, last)
-            out = [frame("event", event_doc(i, ev), i) for i, ev in got.events]
-            if got.events:
-                last = got.events[-1][0]
-            parts = json.dumps(got.parts, sort_keys=True)
-            if parts != shown:
-                shown = parts
-                out.append(frame("job", got.parts))
-            if got.ended and not got.events:
-                yield "".join(out) + frame("end", {"last_id": last})
+class FeedResponse(StreamingResponse):
+    """A stream of `job_stream` frames that closes its feed however it ends. A client that
+    goes away cancels the response (and may leave the generator suspended, never resumed);
+    closing in the generator's `finally` then never ran (walk-through 32 #6: every dropped
+    stream kept its two store connections), so the close is here, shielded."""
+
+    def __init__(self, request: Request, feed: JobFeed, after: int, **kw: Any) -> None:
+        super().__init__(job_stream(request, feed, after), **kw)
+        self.feed = feed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.feed.close)
+
+
+async def job_stream(request: Request, feed: JobFeed, after: int) -> AsyncIterator[str]:
+    """The frames of one job page's stream from after event `after`, until the client goes
+    or the job has ended (FeedResponse closes `feed`)."""
+    last = after
+    yield f"retry: {RETRY_MS}\n\n"
+    shown: str | None = None
+    quiet_since = time.monotonic()
+    while True:
+        got = await anyio.to_thread.run_sync(feed.poll, last)
+        out = [frame("event", event_doc(i, ev), i) for i, ev in got.events]
+        if got.events:
+            last = got.events[-1][0]
+        parts = json.dumps(got.parts, sort_keys=True)
+        if parts != shown:
+            shown = parts
+            out.append(frame("job", got.parts))
+        if got.ended and not got.events:
+            yield "".join(out) + frame("end", {"last_id": last})
+            return
+        if out:
+            yield "".join(out)
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= PING_S:
+            yield ": ping\n\n"
+            quiet_since = time.monotonic()
+        if len(got.events) < PAGE:  # caught up: wait for more
+            if await request.is_disconnected():
                 return
-            if out:
-                yield "".join(out)
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= PING_S:
-                yield ": ping\n\n"
-                quiet_since = time.monotonic()
-            if len(got.events) < PAGE:  # caught up: wait for more
-                if await request.is_disconnected():
-                    return
-                await anyio.sleep(POLL_S)
-    finally:
-        await anyio.to_thread.run_sync(feed.close)
+            await anyio.sleep(POLL_S)
