@@ -1,23 +1,12 @@
-"""Controller <-> node agent wire: length-prefixed frames over TCP, HMAC handshake, then
-every frame authenticated.
+"""Controller <-> node agent wire: length-prefixed frames over TCP, every frame after the
+handshake (handshake.py) authenticated; the job token's file.
 
-A frame is a 4-byte big-endian length and that many bytes. Handshake (JSON frames, at most
-256 KiB, all of it within HANDSHAKE_TIMEOUT_S), initiated by the agent (it connects; it
-reconnects after a blip):
-
-    controller -> {"type": "challenge", "nonce": HEX, "version": WIRE_VERSION}
-    agent      -> {"type": "hello", "node": NAME, "mac": HMAC-SHA256(token, nonce|node),
-                   "nonce": HEX2, "version": WIRE_VERSION, "addr": its address, ...}
-    controller -> {"type": "welcome", "mac": HMAC-SHA256(token, HEX2|controller:NAME)}
-                  | {"type": "denied", "why": TEXT} (then closes)
-
-Both sides prove they know the job's token, which never travels. After the welcome each
-frame is `MAC(32) | seq(8) | JSON`: MAC = HMAC-SHA256(key, direction | seq | JSON) with the
-connection's key = HMAC-SHA256(token, "session"|nonce|HEX2|node), seq counting from 0 in
-each direction. A frame with a wrong MAC, a sequence number out of order (a replay, a
-dropped or injected frame) or one reflected back is refused (FrameRejected) and the
-connection ends; the agent reconnects with fresh nonces. A peer of another WIRE_VERSION is
-refused at the handshake with both versions named.
+A frame is a 4-byte big-endian length and that many bytes: plain JSON during the handshake,
+then `MAC(32) | seq(8) | JSON`: MAC = HMAC-SHA256(key, direction | seq | JSON) with the
+connection's key from the handshake, seq counting from 0 in each direction. A frame with a
+wrong MAC, a sequence number out of order (a replay, a dropped or injected frame) or one
+reflected back is refused (FrameRejected) and the connection ends; the agent reconnects with
+fresh nonces.
 """
 
 from __future__ import annotations
@@ -39,10 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-WIRE_VERSION = 2  # 1: frames after the handshake carried no MAC
 MAX_FRAME = 64 << 20
-MAX_HANDSHAKE_FRAME = 256 << 10
-HANDSHAKE_TIMEOUT_S = 10.0  # the whole handshake, however slowly the bytes come
 SEND_TIMEOUT_S = 30.0  # a peer that takes no bytes for this long is gone
 _HEADER = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
@@ -53,10 +39,6 @@ _TO_AGENT, _TO_CONTROLLER = b"A", b"C"  # a frame reflected back to its sender f
 
 class WireError(ConnectionError):
     """The peer closed, sent garbage, or failed the handshake."""
-
-
-class Superseded(WireError):
-    """The controller has another agent for this node: this one must end."""
 
 
 class FrameRejected(WireError):
@@ -115,20 +97,6 @@ def raise_fd_limit() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
             return want
     return soft
-
-
-def mac(token: str, nonce: str, node: str) -> str:
-    return hmac.new(token.encode(), f"{nonce}|{node}".encode(), hashlib.sha256).hexdigest()
-
-
-def check_mac(token: str, nonce: str, node: str, got: object) -> bool:
-    return (isinstance(got, str) and got.isascii()  # compare_digest refuses other text
-            and hmac.compare_digest(mac(token, nonce, node), got))
-
-
-def session_key(token: str, controller_nonce: str, agent_nonce: str, node: str) -> bytes:
-    return hmac.new(token.encode(), f"session|{controller_nonce}|{agent_nonce}|{node}".encode(),
-                    hashlib.sha256).digest()
 
 
 def readable(sock: socket.socket, timeout: float | None) -> bool:
@@ -288,88 +256,6 @@ def keepalive(sock: socket.socket) -> None:
         if hasattr(socket, opt):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
-
-
-def connect(host: str, port: int, token: str, node: str, hello: dict[str, Any],
-            timeout: float = 5.0) -> Conn:
-    """Connect to the controller, pass its challenge and check that it knows the job's
-    token too; WireError when refused or when the peer is not the job's controller."""
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except OSError as e:
-        raise WireError(f"cannot reach the controller at {host}:{port}: {e}") from e
-    keepalive(sock)
-    conn = Conn(sock)
-    own_nonce = secrets.token_hex(16)
-    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
-    try:
-        challenge = conn.recv(timeout, MAX_HANDSHAKE_FRAME, deadline)
-        nonce = challenge.get("nonce")
-        if challenge.get("type") != "challenge" or not isinstance(nonce, str):
-            raise WireError(f"{host}:{port} is not a trainguard controller")
-        if challenge.get("version") != WIRE_VERSION:
-            raise WireError(f"{host}:{port} speaks wire version {challenge.get('version', 1)}, "
-                            f"this agent {WIRE_VERSION}: run one trainguard on every node")
-        conn.send({"addr": sock.getsockname()[0], **hello, "type": "hello", "node": node,
-                   "mac": mac(token, nonce, node), "nonce": own_nonce,
-                   "version": WIRE_VERSION})
-        answer = conn.recv(timeout, MAX_HANDSHAKE_FRAME, deadline)
-    except (TimeoutError, WireError) as e:
-        conn.close()
-        raise WireError(f"handshake with {host}:{port} failed: {e}") from e
-    if answer.get("type") != "welcome":
-        conn.close()
-        why = f"the controller refused node {node}: {answer.get('why', answer)}"
-        raise Superseded(why) if answer.get("superseded") else WireError(why)
-    if not check_mac(token, own_nonce, f"controller:{node}", answer.get("mac")):
-        conn.close()
-        raise WireError(f"{host}:{port} does not know the job token: not this job's "
-                        "controller (another process may have taken its port)")
-    conn.secure(session_key(token, nonce, own_nonce, node), controller_side=False)
-    return conn
-
-
-def accept(conn: Conn, token: str, timeout: float | None = None) -> dict[str, Any]:
-    """The controller's side of the handshake: the agent's hello (its "challenge" key: the
-    nonce sent), or WireError. The whole hello must come within `timeout` (default
-    HANDSHAKE_TIMEOUT_S). The caller answers with welcome(...) or deny(...)."""
-    timeout = HANDSHAKE_TIMEOUT_S if timeout is None else timeout
-    nonce = secrets.token_hex(16)
-    deadline = time.monotonic() + timeout
-    try:
-        conn.send({"type": "challenge", "nonce": nonce, "version": WIRE_VERSION})
-        hello = conn.recv(timeout, MAX_HANDSHAKE_FRAME, deadline)
-    except (TimeoutError, WireError) as e:  # a TimeoutError has no text of its own
-        why = str(e) or f"nothing within {timeout:g}s"
-        raise WireError(f"{conn.peer} did not say hello: {why}") from e
-    node = hello.get("node")
-    if hello.get("type") != "hello" or not isinstance(node, str) or not node:
-        raise WireError(f"{conn.peer} sent no node name")
-    if hello.get("version") != WIRE_VERSION:
-        why = (f"agent speaks wire version {hello.get('version', 1)}, the controller "
-               f"{WIRE_VERSION}: run one trainguard on every node")
-        deny(conn, why)
-        raise WireError(f"{conn.peer} (node {node!r}): {why}")
-    if not check_mac(token, nonce, node, hello.get("mac")):
-        deny(conn, "wrong job token")
-        raise WireError(f"{conn.peer} (node {node!r}) does not know the job token")
-    if not isinstance(hello.get("nonce"), str):
-        raise WireError(f"{conn.peer} (node {node!r}) sent no nonce")
-    return {**hello, "challenge": nonce}
-
-
-def welcome(conn: Conn, token: str, hello: dict[str, Any]) -> None:
-    """The controller's proof that it knows the token too, answering the agent's nonce;
-    every frame after it is authenticated."""
-    node = str(hello["node"])
-    conn.send({"type": "welcome", "mac": mac(token, str(hello["nonce"]), f"controller:{node}")})
-    conn.secure(session_key(token, str(hello["challenge"]), str(hello["nonce"]), node),
-                controller_side=True)
-
-
-def deny(conn: Conn, why: str, superseded: bool = False) -> None:
-    with contextlib.suppress(WireError):
-        conn.send({"type": "denied", "why": why, "superseded": superseded})
 
 
 def out_of_fds(e: OSError) -> bool:

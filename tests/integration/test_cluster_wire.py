@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from trainguard.controller.hub import Hub
+from trainguard.handshake import WIRE_VERSION, connect
 from trainguard.protocol import AgentConfig, Op
 from trainguard.spec import DEFAULT_STEP_PATTERN
-from trainguard.wire import WIRE_VERSION, Conn, WireError, connect, new_token, write_token
+from trainguard.wire import Conn, WireError, new_token, write_token
 
 
 def write_config(d: Path, port: int, token: str, orphan_s: float = 60) -> Path:
@@ -72,7 +73,7 @@ def test_an_agent_refuses_a_peer_that_does_not_know_the_job_token(tmp_path: Path
     def impostor() -> None:
         sock, _ = listener.accept()
         conn = Conn(sock)
-        conn.send({"type": "challenge", "nonce": "00", "version": WIRE_VERSION})
+        conn.send({"type": "challenge", "nonce": "0" * 32, "version": WIRE_VERSION})
         conn.recv(5)
         conn.send({"type": "welcome", "mac": "0" * 64})
         time.sleep(1)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from tests.integration.test_cluster_wire import start_agent, write_config
 from trainguard.controller.hub import Hub
-from trainguard.wire import WIRE_VERSION, Conn, WireError, accept, connect, new_token, welcome
+from trainguard.handshake import WIRE_VERSION, accept, connect, welcome
+from trainguard.wire import Conn, WireError, new_token
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
@@ -81,7 +82,7 @@ def link_threads() -> int:
 
 def test_a_live_hub_survives_fuzzing_and_still_serves_an_agent(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("trainguard.wire.HANDSHAKE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("trainguard.handshake.HANDSHAKE_TIMEOUT_S", 0.5)
     token = new_token()
     hub = Hub(token, "127.0.0.1")
     port = hub.port
@@ -202,7 +203,7 @@ def test_a_live_agent_survives_a_fuzzing_controller_and_still_serves_a_real_one(
             conn = next_conn()
             try:
                 if hello_first:
-                    conn.send({"type": "challenge", "nonce": "00", "version": WIRE_VERSION})
+                    conn.send({"type": "challenge", "nonce": "0" * 32, "version": WIRE_VERSION})
                     conn.recv(5)
                     conn.send({"type": "welcome", "mac": "0" * 64})
                 else:

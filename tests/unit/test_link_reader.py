@@ -18,7 +18,8 @@ import pytest
 
 from trainguard.controller.hub import Hub
 from trainguard.controller.links import SLICE_S, Heard, LinkReader
-from trainguard.wire import Conn, connect, new_token
+from trainguard.handshake import connect
+from trainguard.wire import Conn, new_token
 
 # -- the rule --------------------------------------------------------------------------------
 

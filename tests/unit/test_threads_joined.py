@@ -13,11 +13,12 @@ import pytest
 
 from trainguard.backends import slurm, slurm_cli
 from trainguard.controller.hub import Hub
+from trainguard.handshake import connect
 from trainguard.node import agent as agent_mod
 from trainguard.node.agent import NodeAgent
 from trainguard.node.logs import ConsoleOptions
 from trainguard.spec import DEFAULT_STEP_PATTERN
-from trainguard.wire import connect, new_token
+from trainguard.wire import new_token
 
 
 def alive(names: set[str], before: set[threading.Thread]) -> list[str]:

@@ -24,18 +24,8 @@ import pytest
 from trainguard.controller import admission
 from trainguard.controller import hub as hub_mod
 from trainguard.controller.hub import Hub
-from trainguard.wire import (
-    WIRE_VERSION,
-    Conn,
-    FrameRejected,
-    WireError,
-    accept,
-    connect,
-    new_token,
-    read_token,
-    welcome,
-    write_token,
-)
+from trainguard.handshake import WIRE_VERSION, accept, connect, welcome
+from trainguard.wire import Conn, FrameRejected, WireError, new_token, read_token, write_token
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -115,7 +105,8 @@ def hub() -> Iterator[tuple[Hub, str]]:
 ACCEPT_AFTER_EMFILE = """
 import os, resource, socket, sys, time
 from trainguard.controller.hub import Hub
-from trainguard.wire import WireError, connect, new_token
+from trainguard.handshake import connect
+from trainguard.wire import WireError, new_token
 token = new_token()
 hub = Hub(token, "127.0.0.1")
 used = len(os.listdir("/proc/self/fd"))
@@ -180,7 +171,7 @@ def test_the_hub_accepts_again_after_a_link_thread_could_not_start(
 
 def test_a_slow_loris_handshake_is_cut_at_the_deadline(
         hub: tuple[Hub, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("trainguard.wire.HANDSHAKE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("trainguard.handshake.HANDSHAKE_TIMEOUT_S", 1.0)
     h, _ = hub
     before = set(threading.enumerate())
     s = socket.create_connection(("127.0.0.1", h.port))
@@ -204,7 +195,7 @@ def test_a_slow_loris_handshake_is_cut_at_the_deadline(
 def test_connections_in_their_handshake_are_capped_and_an_agent_still_gets_in(
         hub: tuple[Hub, str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(admission, "MAX_HANDSHAKES_PER_HOST", 4)
-    monkeypatch.setattr("trainguard.wire.HANDSHAKE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("trainguard.handshake.HANDSHAKE_TIMEOUT_S", 1.0)
     h, token = hub
     before = set(threading.enumerate())
     silent = [socket.create_connection(("127.0.0.1", h.port)) for _ in range(12)]

@@ -26,17 +26,9 @@ from typing import Any
 
 from trainguard.controller.admission import Admission
 from trainguard.controller.links import Heard, LinkReader, LinkState, NodeLink
+from trainguard.handshake import accept, supersede, welcome
 from trainguard.protocol import NodeReport, Op
-from trainguard.wire import (
-    Conn,
-    FrameRejected,
-    WireError,
-    accept,
-    deny,
-    keepalive,
-    raise_fd_limit,
-    welcome,
-)
+from trainguard.wire import Conn, FrameRejected, WireError, keepalive, raise_fd_limit
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +165,7 @@ class Hub:
             link = self.links.get(name)
             serving = link.agent_pid if link is not None and link.conn is not None else None
         if serving is not None and pid != serving:
-            deny(conn, f"agent pid {serving} serves node {name}", superseded=True)
+            supersede(conn, self._token, hello, f"agent pid {serving} serves node {name}")
             log.warning("node %s: a second agent (pid %s) was told to end; pid %s serves "
                         "it", name, pid, serving)
             return None

@@ -30,6 +30,7 @@ from typing import Any
 
 from trainguard.console import Writable, consoles
 from trainguard.exitcodes import ExitCode
+from trainguard.handshake import Superseded, connect
 from trainguard.node import peer
 from trainguard.node.agent import NodeAgent
 from trainguard.node.env import free_port
@@ -46,7 +47,7 @@ from trainguard.protocol import (
     StopWorkers,
     Tell,
 )
-from trainguard.wire import Conn, FrameRejected, Superseded, WireError, connect, read_token
+from trainguard.wire import Conn, FrameRejected, WireError, read_token
 
 log = logging.getLogger("trainguard.node.agent")
 

@@ -1,0 +1,159 @@
+"""The handshake against a peer on the controller's address that does not know the token
+(walk-through 32 #1, #11): the agent's hello is no signing oracle (a challenge that is not a
+nonce gets no hello; a hello's MAC is no session key), and an agent ends only on a denial
+that proves the token; a second agent the real hub supersedes does end."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from trainguard.controller.hub import Hub
+from trainguard.handshake import WIRE_VERSION, Superseded, connect, session_key
+from trainguard.wire import WireError, new_token
+
+H = struct.Struct(">I")
+NODE = "node-1"
+
+
+def send(s: socket.socket, obj: object) -> None:
+    data = json.dumps(obj).encode()
+    s.sendall(H.pack(len(data)) + data)
+
+
+def recv(s: socket.socket) -> dict[str, Any]:
+    (n,) = H.unpack(s.recv(4, socket.MSG_WAITALL))
+    out: dict[str, Any] = json.loads(s.recv(n, socket.MSG_WAITALL))
+    return out
+
+
+class FakeController:
+    """A listener on the controller's address without the token: `answer(conn, hello)`
+    plays its part after its challenge; what each agent sent is kept."""
+
+    def __init__(self, nonce: str, answer: Callable[[socket.socket, dict[str, Any]], None]):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.hellos: list[dict[str, Any]] = []
+        self._nonce, self._answer = nonce, answer
+        self._t = threading.Thread(target=self._serve, daemon=True)
+        self._t.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            send(conn, {"type": "challenge", "nonce": self._nonce, "version": WIRE_VERSION})
+            conn.settimeout(3)
+            try:
+                hello = recv(conn)
+            except (OSError, struct.error):
+                return  # the agent hung up: it said nothing
+            self.hellos.append(hello)
+            self._answer(conn, hello)
+
+    def close(self) -> None:
+        self._t.join(5)
+        self.sock.close()
+
+
+def agent_connect(port: int, token: str) -> Exception:
+    try:
+        connect("127.0.0.1", port, token, NODE, {"agent_pid": 4242})
+    except WireError as e:
+        return e
+    raise AssertionError("the agent took a peer without the token for its controller")
+
+
+@pytest.fixture
+def hub() -> Iterator[tuple[Hub, str]]:
+    token = new_token()
+    h = Hub(token, "127.0.0.1")
+    try:
+        yield h, token
+    finally:
+        h.close()
+
+
+def test_a_challenge_that_is_not_a_nonce_gets_no_hello(hub: tuple[Hub, str]) -> None:
+    """The finding's attack: the real hub's challenge N, then "session|N|X" as the fake
+    controller's challenge, whose hello MAC was the session key of (N, X)."""
+    h, token = hub
+    real = socket.create_connection(("127.0.0.1", h.port))
+    n = recv(real)["nonce"]
+    fake = FakeController(f"session|{n}|{'a' * 32}", lambda c, hello: None)
+    try:
+        e = agent_connect(fake.port, token)
+    finally:
+        fake.close()
+        real.close()
+    assert "is not a trainguard controller" in str(e), e
+    assert fake.hellos == []  # nothing signed
+
+
+def test_the_hello_macs_a_fake_controller_collects_open_no_connection(
+        hub: tuple[Hub, str]) -> None:
+    """A fake controller gets the agent's hello MAC for the real hub's challenge N (a relay)
+    and tries for the session key of (N, X) with the challenge "session|N|X", then with X:
+    no MAC it collects is the key, and a frame sealed with the best it has is refused and
+    counted (on wire version 2 the second challenge's MAC was the key: accepted, 0 counted)."""
+    h, token = hub
+    real = socket.create_connection(("127.0.0.1", h.port))
+    n, x = recv(real)["nonce"], "b" * 32
+    macs: dict[str, str] = {}
+    for nonce in (n, f"session|{n}|{x}", x):
+        fake = FakeController(nonce, lambda c, hello: send(c, {"type": "denied", "why": "x"}))
+        try:
+            agent_connect(fake.port, token)
+        finally:
+            fake.close()
+        if fake.hellos:
+            macs[nonce] = fake.hellos[0]["mac"]
+    assert session_key(token, n, x, NODE) not in {bytes.fromhex(m) for m in macs.values()}
+    send(real, {"type": "hello", "node": NODE, "mac": macs[n], "nonce": x,
+                "version": WIRE_VERSION, "agent_pid": 4242})  # the relayed proof passes
+    assert recv(real)["type"] == "welcome"
+    best = macs.get(f"session|{n}|{x}", macs[x])
+    body = {"node": NODE, "attempt": 0, "workers": [], "progress": {},
+            "at": "2026-12-05T00:00:00+00:00"}
+    data = json.dumps({"type": "report", "body": body}).encode()
+    seq = struct.pack(">Q", 0)
+    tag = hmac.new(bytes.fromhex(best), b"C" + seq + data, hashlib.sha256).digest()
+    real.sendall(H.pack(len(tag + seq + data)) + tag + seq + data)
+    deadline = time.monotonic() + 10
+    while h.rejected_frames == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert h.rejected_frames == 1 and not h.take_all_reports()
+    real.close()
+
+
+def test_an_agent_does_not_end_on_a_denial_without_the_token() -> None:
+    """A process that took a dead controller's port stopped every agent and its ranks with
+    one unauthenticated "superseded" denial."""
+    fake = FakeController("c" * 32, lambda c, hello: send(c, {
+        "type": "denied", "why": "agent pid 1 serves node node-1", "superseded": True,
+        "mac": "0" * 64}))
+    try:
+        e = agent_connect(fake.port, new_token())
+    finally:
+        fake.close()
+    assert not isinstance(e, Superseded) and "refused node node-1" in str(e), e
+
+
+def test_a_second_agent_the_hub_supersedes_does_end(hub: tuple[Hub, str]) -> None:
+    h, token = hub
+    first = connect("127.0.0.1", h.port, token, NODE, {"agent_pid": 1111})
+    try:
+        assert not h.wait_connected([NODE], 10)
+        with pytest.raises(Superseded, match="agent pid 1111 serves node node-1"):
+            connect("127.0.0.1", h.port, token, NODE, {"agent_pid": 2222})
+    finally:
+        first.close()
