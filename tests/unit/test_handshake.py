@@ -5,11 +5,15 @@ that proves the token; a second agent the real hub supersedes does end."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
+import logging
+import os
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from trainguard.controller import admission
 from trainguard.controller.hub import Hub
 from trainguard.handshake import WIRE_VERSION, Superseded, connect, session_key
 from trainguard.wire import WireError, new_token
@@ -157,3 +162,53 @@ def test_a_second_agent_the_hub_supersedes_does_end(hub: tuple[Hub, str]) -> Non
             connect("127.0.0.1", h.port, token, NODE, {"agent_pid": 2222})
     finally:
         first.close()
+
+
+HOLD = """
+import socket, sys, time
+socks = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(8)]
+print("holding", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another local user is made with setuid (root)")
+def test_another_users_held_handshakes_do_not_keep_the_jobs_agent_out(
+        hub: tuple[Hub, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """(walk-through 32 #2) Another local user held 64 connections in their handshake from
+    127.0.0.1, the local backend's agents' address too: an agent that lost its link was
+    refused at once until its node was lost. The controller's own user has a budget of its
+    own (4 here for 4 from an address)."""
+    monkeypatch.setattr(admission, "MAX_HANDSHAKES_PER_HOST", 4)
+    h, token = hub
+    python = "/usr/bin/python3"  # the job's venv may not be another user's to run
+    stranger = subprocess.Popen([python, "-c", HOLD, str(h.port)], user=65534, group=65534,
+                                cwd="/", stdout=subprocess.PIPE, text=True)
+    try:
+        assert stranger.stdout is not None and stranger.stdout.readline() == "holding\n"
+        time.sleep(0.3)
+        connect("127.0.0.1", h.port, token, NODE, {"agent_pid": 4242}).close()  # at once
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_refused_handshakes_are_counted_and_told_once_in_a_while(
+        hub: tuple[Hub, str], caplog: pytest.LogCaptureFixture) -> None:
+    """(walk-through 32 #3) Each refused connection wrote a warning: 3,000 lines in 3 s."""
+    h, _ = hub
+    with caplog.at_level(logging.WARNING, logger="trainguard.controller.hub"):
+        for _ in range(40):
+            with socket.create_connection(("127.0.0.1", h.port)) as s:
+                recv(s)
+                send(s, {"type": "hello", "node": NODE, "mac": "0" * 64, "nonce": "a" * 32,
+                         "version": WIRE_VERSION})
+                with contextlib.suppress(OSError, struct.error):
+                    recv(s)  # denied: wrong job token
+        deadline = time.monotonic() + 10
+        while h._admission.refused < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert h._admission.refused == 40
+    told = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(told) == 1 and "refused 1 connection(s)" in told[0] and \
+        "does not know the job token" in told[0], told

@@ -2,17 +2,24 @@
 
 Before the handshake a peer is nobody: at most MAX_HANDSHAKES connections, and
 MAX_HANDSHAKES_PER_HOST from one address, may be in one at once; the rest are closed at
-once. accept() running out of fds, buffers or memory waits ACCEPT_BACKOFF_S and goes on;
-other errors go on at once. Warnings come at most every WARN_EVERY_S (a flood must not
-flood the log too).
+once. A loopback connection from a process of the controller's own user (the local
+backend's agents; /proc/net/tcp names each socket's owner) counts apart, with a budget of
+its own: another local user holding 64 handshakes open no longer keeps the job's agents out
+(walk-through 32 #2). accept() running out of fds, buffers or memory waits ACCEPT_BACKOFF_S
+and goes on; other errors go on at once. Refused handshakes are counted (`refused`) and,
+like the rest, told at most every WARN_EVERY_S with how many (a flood must not flood the
+log too: walk-through 32 #3 wrote a line a connection).
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 
 from trainguard.wire import out_of_fds
 
@@ -25,25 +32,78 @@ WARN_EVERY_S = 10.0
 _TRANSIENT = (errno.ECONNABORTED, errno.EINTR, errno.EPROTO, errno.EAGAIN)
 
 
+OWN = "own user"  # the key of loopback connections of the controller's own user
+
+
+def loopback_owner(peer_port: int, own_port: int,
+                   tables: tuple[Path, ...] = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+                   ) -> int | None:
+    """The uid owning the local socket at `peer_port` connected to our `own_port` (a
+    loopback peer: its socket is in this host's tables), None when not found."""
+    want = (f"{peer_port:04X}", f"{own_port:04X}")
+    for table in tables:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 7 and (f[1].rsplit(":", 1)[-1], f[2].rsplit(":", 1)[-1]) == want:
+                return int(f[7])
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.removeprefix("::ffff:")).is_loopback
+    except ValueError:
+        return False
+
+
 class Admission:
     def __init__(self) -> None:
-        self._pending: dict[str, int] = {}  # peer address -> connections in handshake
+        self._pending: dict[str, int] = {}  # peer address (or OWN) -> connections in handshake
         self._lock = threading.Lock()
         self._warned = -WARN_EVERY_S
+        self.refused = 0  # handshakes that failed (no token, garbage, too slow), in all
+        self._refused_told = 0
 
-    def enter(self, host: str) -> bool:
-        """Count one more connection from `host` in its handshake; False: refuse it."""
+    def key(self, host: str, peer_port: int, own_port: int) -> str:
+        """Whose budget a new connection counts in: OWN for a loopback peer of our own user
+        (looked up only when its address has no room left), else its address."""
         with self._lock:
-            if (sum(self._pending.values()) >= MAX_HANDSHAKES
-                    or self._pending.get(host, 0) >= MAX_HANDSHAKES_PER_HOST):
-                full = True
+            room = self._pending.get(host, 0) < MAX_HANDSHAKES_PER_HOST and \
+                sum(self._pending.values()) < MAX_HANDSHAKES
+        if room or not is_loopback(host):
+            return host
+        return OWN if loopback_owner(peer_port, own_port) == os.getuid() else host
+
+    def enter(self, key: str) -> bool:
+        """Count one more connection in its handshake under `key` (Admission.key); False:
+        refuse it. The own user's loopback connections are capped apart, by the per-address
+        cap alone."""
+        with self._lock:
+            if key == OWN:
+                full = self._pending.get(OWN, 0) >= MAX_HANDSHAKES_PER_HOST
             else:
-                self._pending[host] = self._pending.get(host, 0) + 1
-                full = False
+                full = (sum(n for k, n in self._pending.items() if k != OWN) >= MAX_HANDSHAKES
+                        or self._pending.get(key, 0) >= MAX_HANDSHAKES_PER_HOST)
+            if not full:
+                self._pending[key] = self._pending.get(key, 0) + 1
         if full:
             self.warn("too many unauthenticated connections (from %s): refusing new ones "
-                      "until their handshakes end", host)
+                      "until their handshakes end", key)
         return not full
+
+    def refuse(self, why: str) -> None:
+        """A connection whose handshake failed: counted, and told with how many at most
+        every WARN_EVERY_S."""
+        with self._lock:
+            self.refused += 1
+            since = self.refused - self._refused_told
+        if self.warn("refused %d connection(s) that did not complete a handshake (the last: "
+                     "%s)", since, why):
+            self._refused_told += since
 
     def leave(self, host: str) -> None:
         with self._lock:
@@ -61,7 +121,10 @@ class Admission:
             self.warn("accept() failed (%s): retrying", e)
             time.sleep(ACCEPT_BACKOFF_S)
 
-    def warn(self, fmt: str, *args: object) -> None:
+    def warn(self, fmt: str, *args: object) -> bool:
+        """Log a warning unless one came within WARN_EVERY_S; whether it was logged."""
         if time.monotonic() - self._warned > WARN_EVERY_S:
             self._warned = time.monotonic()
             log.warning(fmt, *args)
+            return True
+        return False

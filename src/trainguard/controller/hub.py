@@ -85,7 +85,8 @@ class Hub:
                     return
                 self._admission.accept_failed(e)
                 continue
-            host = str(addr[0]) if addr else "?"
+            host = self._admission.key(str(addr[0]), int(addr[1]), self.port) if addr \
+                else "?"
             with self._cond:
                 if self._closed:  # woken by close()
                     sock.close()
@@ -117,7 +118,7 @@ class Hub:
                 self._admission.leave(host)
         except Exception as e:  # a bug, too, must not leave the connection open or kill silently
             if isinstance(e, WireError):
-                log.warning("refused a connection: %s", e)
+                self._admission.refuse(str(e))
             else:
                 log.exception("refused a connection from %s", conn.peer)
             attached = None
