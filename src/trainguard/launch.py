@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -124,7 +125,11 @@ _RESUMABLE = frozenset(s.value for s in JobState if s.resumable)
 def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
                    store: JobStore, out: Writable, err: Writable) -> int:
     cdir = paths.job_dir / "cluster"
-    cdir.mkdir(parents=True, exist_ok=True)
+    cdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if cdir.stat().st_uid != os.geteuid():  # its owner could swap controller.json
+        raise LaunchError(f"{cdir} belongs to uid {cdir.stat().st_uid}, not to you. Fix: "
+                          "remove it, or use a job dir of your own")
+    cdir.chmod(0o700)  # what agents read to find their controller: nobody else's to change
     meta = store.meta()
     resumable = meta.get("state") in _RESUMABLE and \
         isinstance(meta.get("controller_port"), int) and (cdir / "token").exists()
@@ -142,6 +147,7 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     bind = spec.controller_host or ("127.0.0.1" if spec.backend == "local" else "0.0.0.0")
     hub = Hub(token, bind, int(meta["controller_port"]) if resumable else 0)
     (cdir / "controller.json").write_text(json.dumps({"host": host, "port": hub.port}))
+    (cdir / "controller.json").chmod(0o600)  # agents follow only a file nobody else may change
     cfg = AgentConfig.model_validate({
         "run_id": spec.run_id, "controller_file": str(cdir / "controller.json"),
         "token_file": str(cdir / "token"), "step_pattern": spec.step_pattern,

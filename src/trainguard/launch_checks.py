@@ -1,6 +1,6 @@
 """What `run` and `run --dry-run` both check before anything starts (prepare), with the
 same words: the job, log and checkpoint dirs, the checkpoint URL's filesystem, the job dir's
-lock and run id, a --log-dir's owner, the rendezvous address and the metrics port. A launch
+owner, lock and run id, a --log-dir's owner, the rendezvous address and the metrics port. A launch
 refused here leaves no job record behind."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from trainguard.spec import JobSpec, flag_name
 
 def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     """What `run` and `run --dry-run` both check before anything starts, in this order: the
-    checkpoint URL's filesystem, that no launcher holds the job dir (`run` then takes its
+    checkpoint URL's filesystem, that the job dir is the user's own (check_job_dir_owner), that
+    no launcher holds the job dir (`run` then takes its
     lock, job_lock, with the same words: a job still running is said to be, not its metrics
     port), that the run id fits the job dir (continued_run), that a --log-dir holds no other
     job's logs (check_log_dir; `run` then writes whose it is), the rendezvous address (a
@@ -33,6 +34,7 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     unless `create` is False). Errors name the flag and the fix."""
     paths = JobPaths.for_spec(spec, Path.cwd())
     check_checkpoint_url(paths)
+    check_job_dir_owner(paths.job_dir)
     check_unlocked(paths.job_dir)
     spec = continued_run(spec, paths.job_dir)
     check_log_dir(paths)
@@ -46,6 +48,25 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     if create:
         claim_log_dir(paths, spec.run_id)
     return spec, paths
+
+
+def check_job_dir_owner(job_dir: Path) -> None:
+    """A job dir another user owns, or that every user may write, is refused: they could
+    replace what the job reads back (a multi-node job's controller address, which its agents
+    follow; checkpoints; the store) (walk-through 32 #8)."""
+    try:
+        st = job_dir.stat()
+    except OSError:
+        return  # made by this launch (or unusable: paths.make says why)
+    if st.st_uid != os.geteuid():
+        raise SpecError("--job-dir", f"{job_dir} belongs to uid {st.st_uid}, not to you (uid "
+                        f"{os.geteuid()}): its owner could point the job's agents at a "
+                        "controller of theirs or replace its checkpoints",
+                        "use a job dir of your own")
+    if st.st_mode & 0o002:
+        raise SpecError("--job-dir", f"{job_dir} may be written by every user (mode "
+                        f"{st.st_mode & 0o7777:o}): anyone could replace what the job reads "
+                        "back", f"chmod o-w {job_dir}, or use another --job-dir")
 
 
 def check_log_dir(paths: JobPaths) -> None:

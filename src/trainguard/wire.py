@@ -73,12 +73,17 @@ def write_token(path: Path, token: str) -> None:
 
 def read_token(path: Path) -> str:
     try:
-        mode = path.stat().st_mode
+        st = path.stat()
+        mode, owner = st.st_mode, st.st_uid
         token = path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError) as e:
         why = e.strerror if isinstance(e, OSError) else "not ASCII"
         raise WireError(f"cannot read the job token {path} ({why}). Fix: the agent "
                         "needs the job dir the controller wrote (a shared file system)") from e
+    if owner != os.geteuid():
+        raise WireError(f"the job token {path} belongs to uid {owner}, not to this process's "
+                        f"user (uid {os.geteuid()}). Fix: run the job's launcher and agents "
+                        "as one user, in a job dir of its own")
     if mode & 0o077:
         raise WireError(f"the job token {path} is readable by others (mode "
                         f"{stat.S_IMODE(mode):o}). Fix: chmod 600 {path}")

@@ -54,12 +54,21 @@ log = logging.getLogger("trainguard.node.agent")
 _KEEP_REPLIES = 64
 
 
-def controller_address(path: Path) -> tuple[str, int] | None:
+def controller_address(path: Path) -> tuple[str, int] | str:
+    """Where the controller listens, or why that cannot be read: a file that another user
+    owns or may change is not followed (they would point the agent at a controller of
+    theirs: walk-through 32 #8)."""
     try:
+        st, dst = path.stat(), path.parent.stat()
+        if st.st_uid != os.geteuid() or dst.st_uid != os.geteuid() or \
+                (st.st_mode | dst.st_mode) & 0o022:
+            return (f"{path} (or its dir) is not this agent's user's alone (owner uid "
+                    f"{st.st_uid}, mode {st.st_mode & 0o777:o}; dir owner uid {dst.st_uid}, "
+                    f"mode {dst.st_mode & 0o777:o}): not following it")
         doc = json.loads(path.read_text(encoding="utf-8"))
         return str(doc["host"]), int(doc["port"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"cannot read the controller's address from {path} ({e})"
 
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.2, 2.0  # reconnect backoff: 0.2, 0.4, ... 2 s, with jitter
@@ -112,9 +121,8 @@ class AgentRunner:
 
     def _connect(self) -> Conn | None:
         addr = controller_address(Path(self.cfg.controller_file))
-        if addr is None:
-            self._complain(f"cannot read the controller's address from "
-                           f"{self.cfg.controller_file}")
+        if isinstance(addr, str):
+            self._complain(addr)
             return None
         report = self.agent.snapshot()  # the messages wait for a connection that holds
         hello: dict[str, Any] = {"host": socket.gethostname(), "agent_pid": os.getpid(),
