@@ -52,8 +52,11 @@ class JobCollector(Collector):
         self.job_dir = Path(job_dir)
 
     def collect(self) -> Iterator[Metric]:
+        """The metrics, read whole while the store is open: the store is closed before the
+        first one is written, whatever the reader does with them."""
         with JobStore.open(self.job_dir) as store:
-            yield from job_metrics(store)
+            metrics = list(job_metrics(store))
+        return iter(metrics)
 
 
 def exposition(job_dir: Path) -> bytes:
@@ -66,19 +69,13 @@ def exposition(job_dir: Path) -> bytes:
 
 
 def serve(job_dir: Path, host: str, port: int) -> tuple[str, Callable[[], None]]:
-    """Serve the job's /metrics from a thread of this process; returns its URL and a closer."""
-    from prometheus_client import start_http_server
+    """Serve the job's /metrics from a thread of this process (a bounded server:
+    goodput/metrics_server.py); returns its URL and a closer."""
+    from trainguard.goodput.metrics_server import serve_registry
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(JobCollector(job_dir))
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{server.server_port}/metrics"
-
-    def close() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
+    url, close, _ = serve_registry(registry, host, port)
     return url, close
 
 
