@@ -37,6 +37,8 @@ from trainguard.checkpoint.memory_format import (
     close_slot_bytes,
     free_slot,
     loadable,
+    not_private,
+    open_file,
     open_slot_bytes,
     rank_dir,
     read_manifest,
@@ -149,7 +151,14 @@ class RankSlots:
                  run_id: str, keep: int = 3, pinned: bool = False) -> None:
         self.region, self.rank, self.world_size, self.run_id = (
             Path(region), rank, world_size, run_id)
-        rank_dir(region, rank).mkdir(mode=0o700, exist_ok=True)
+        for d, make in ((Path(region), False), (rank_dir(region, rank), True)):
+            if make:
+                d.mkdir(mode=0o700, exist_ok=True)
+            why = not_private(d)  # another user's, or a symlink: never written through
+            if why is not None:
+                raise CheckpointError(
+                    f"memory snapshots refused: {why}. Fix: launch with `trainguard run "
+                    f"--memory-every N` (the agent makes a private region), or remove {d}")
         self._manifest = read_manifest(region, rank) or MemoryManifest(rank)
         self._manifest.keep = keep
         newest = self._manifest.newest()
@@ -220,7 +229,7 @@ class RankSlots:
     def _open(self, n: int) -> _Slot:
         slot = self._slots.get(n)
         if slot is None:
-            fd = os.open(slot_path(self.region, self.rank, n), os.O_RDWR | os.O_CREAT, 0o600)
+            fd = open_file(slot_path(self.region, self.rank, n), os.O_RDWR | os.O_CREAT)
             slot = self._slots[n] = _Slot(fd)
         return slot
 

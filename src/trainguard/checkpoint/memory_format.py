@@ -28,6 +28,8 @@ import json
 import logging
 import mmap
 import os
+import secrets
+import stat
 import zlib
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -113,7 +115,7 @@ def open_slot_bytes(region: str | os.PathLike[str], rank: int, entry: SlotEntry,
     snapshot (a writer drops it from the manifest before it writes the slot). `check`
     False: no CRC pass (a reader that checks the bytes another way)."""
     path = slot_path(region, rank, entry.slot)
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_file(path, os.O_RDONLY)
     try:
         if lock:
             try:
@@ -170,7 +172,9 @@ def read_pin(region: str | os.PathLike[str], rank: int) -> frozenset[int]:
 def write_pin(region: str | os.PathLike[str], rank: int, steps: Iterable[int]) -> None:
     d = rank_dir(region, rank)
     tmp = d / f".{PIN}.tmp"
-    tmp.write_text(" ".join(str(s) for s in sorted(set(steps))))
+    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with open(fd, "w") as f:
+        f.write(" ".join(str(s) for s in sorted(set(steps))))
     os.replace(tmp, d / PIN)
 
 
@@ -238,7 +242,7 @@ def write_manifest(region: str | os.PathLike[str], manifest: MemoryManifest) -> 
     d = rank_dir(region, manifest.rank)
     data = manifest.to_json()
     spare, current = d / SPARE, d / MANIFEST
-    fd = os.open(spare, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_file(spare, os.O_RDWR | os.O_CREAT)
     try:
         room = os.fstat(fd).st_size
         if room < len(data):
@@ -280,8 +284,66 @@ def agreed_step(per_rank: Sequence[Iterable[int]]) -> int | None:
 
 
 def region_path(root: str, marker: str, node: str) -> Path:
+    """A new region's name: the job's marker and node (for people), then a random part:
+    the marker is public (the agent's socket name), and a name known in advance can be
+    made first by another user (walk-through 32 #9)."""
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{marker}-{node}")
-    return Path(root) / f"{REGION_PREFIX}{safe}"
+    return Path(root) / f"{REGION_PREFIX}{safe}-{secrets.token_hex(8)}"
+
+
+def not_private(path: str | os.PathLike[str], what: str = "directory") -> str | None:
+    """Why `path` is not a directory only this user can write (None: it is): not a
+    directory (a symlink is not followed), another user's, or writable by others."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a {what} (a {'symlink' if stat.S_ISLNK(st.st_mode) else 'file'})"
+    if st.st_uid != os.geteuid():
+        return f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def make_private(path: Path) -> None:
+    """Make `path` a new directory of this user, mode 0700: never one that exists (made by
+    someone else first, or a symlink), never in a directory where others may rename it.
+    Raises OSError naming the problem and the fix."""
+    root = os.stat(path.parent)
+    if root.st_mode & 0o002 and not root.st_mode & stat.S_ISVTX:
+        raise OSError(errno.EPERM, f"{path.parent} is writable by every user and not sticky: "
+                      "anyone could replace the region. Fix: chmod +t it, or set "
+                      "TRAINGUARD_SHM_ROOT to a directory only this user can write")
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        raise OSError(errno.EEXIST, f"{path} exists already and this job did not make it "
+                      "(another user's, made before the job?); it is not used. Fix: remove "
+                      "it (its owner or root), or set TRAINGUARD_SHM_ROOT to a directory "
+                      "only this user can write") from None
+    os.chmod(path, 0o700, follow_symlinks=False)  # whatever the umask
+    why = not_private(path)
+    if why is not None:  # it changed hands since the mkdir: only root can do that
+        raise OSError(errno.EPERM, why)
+
+
+def open_file(path: str | os.PathLike[str], flags: int) -> int:
+    """os.open for a region's file: no symlink followed (O_NOFOLLOW), new ones 0600, and
+    only a regular file of this user with one name (no hard link to a file elsewhere)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise OSError(errno.ELOOP, f"{path} is a symlink: not followed") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{path} is not a regular file of this user with one "
+                      "name: not used")
+    return fd
 
 
 def free_region(path: str | os.PathLike[str]) -> None:

@@ -7,6 +7,11 @@ worker fails, the agent persists the ranks' newest common snapshot to storage in
 background (`python -m trainguard.checkpoint.persist`: torch is needed to write the
 checkpoint format, and the agent never imports it) at a lower CPU priority (PERSIST_NICE):
 the restart does not wait for it, and the restarted workers go first.
+
+The region is a new directory of the job's user, mode 0700, its name with a random part
+(memory_format.make_private, region_path): another local user can neither make it first nor
+put anything in it (walk-through 32 #9: a region planted under the old, predictable name
+was used as it was, and the ranks wrote their snapshots through its symlinks).
 """
 
 from __future__ import annotations
@@ -18,7 +23,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainguard.checkpoint.memory_format import DEFAULT_ROOT, free_region, region_path
+from trainguard.checkpoint.memory_format import (
+    DEFAULT_ROOT,
+    free_region,
+    make_private,
+    region_path,
+)
 from trainguard.node import procs
 from trainguard.protocol import PERSIST_WAIT_S, StartWorkers
 from trainguard.worker.contract import (
@@ -39,7 +49,7 @@ PERSIST_NICE = 10
 class MemoryRegion:
     def __init__(self, marker: str, node: str, guardian: procs.Guardian) -> None:
         root = os.environ.get(ENV_SHM_ROOT, DEFAULT_ROOT)
-        self.path = region_path(root, marker, node)
+        self.path = region_path(root, marker, node)  # with a random part: not guessable
         self._guardian = guardian
         self._made = False
         self._persisting: subprocess.Popen[bytes] | None = None
@@ -51,12 +61,16 @@ class MemoryRegion:
         if job_env.get(ENV_MEMORY_EVERY, "0") in ("", "0"):
             return {}
         if not self._made:
-            try:
-                self.path.mkdir(mode=0o700, parents=False, exist_ok=True)
-            except OSError as e:
+            try:  # a new directory, private: never one someone made first (#9 of walk 32)
+                make_private(self.path)
+            except FileNotFoundError as e:
                 log.warning("no memory snapshots on this node: cannot make %s (%s). Fix: "
                             "mount /dev/shm, or set %s to a tmpfs directory", self.path,
                             e.strerror, ENV_SHM_ROOT)
+                return {ENV_MEMORY_EVERY: "0"}
+            except OSError as e:
+                log.warning("no memory snapshots on this node: cannot make %s: %s",
+                            self.path, e.strerror or e)
                 return {ENV_MEMORY_EVERY: "0"}
             self._guardian.free_on_death(str(self.path))
             self._made = True
