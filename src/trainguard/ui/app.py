@@ -17,7 +17,7 @@ from starlette.staticfiles import StaticFiles
 
 from trainguard.controller.store import JobStore
 from trainguard.errors import StoreError
-from trainguard.ui import hangs, jobs, logview
+from trainguard.ui import hangs, jobfiles, jobs, logview
 from trainguard.ui.auth import Guard
 from trainguard.ui.catalog import Catalog
 from trainguard.ui.eventlog import PAGE, EventLog
@@ -56,7 +56,8 @@ def create_app(catalog: Catalog, token: str | None = None) -> Starlette:
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(Guard, token=token)],
-                    exception_handlers={HTTPException: _http_error, StoreError: _store_error})
+                    exception_handlers={HTTPException: _http_error, StoreError: _store_error,
+                                        jobfiles.Refused: _refused})
     app.state.catalog = catalog
     app.state.goodput = GoodputCache()
     return app
@@ -76,11 +77,17 @@ async def _store_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=503)
 
 
+async def _refused(request: Request, exc: Exception) -> Response:
+    """A file the dashboard does not serve (ui/jobfiles.py): 403 with why."""
+    return JSONResponse({"error": str(exc)}, status_code=403)
+
+
 def _job_dir(request: Request) -> Path:
     jid = request.path_params["jid"]
     found: Path | None = request.app.state.catalog.find(jid)
     if found is None:
         raise HTTPException(404, f"no job {jid!r} on this dashboard")
+    jobfiles.check_store(found)  # its store is its own, not a symlink to another's
     return found
 
 

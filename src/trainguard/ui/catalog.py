@@ -5,7 +5,9 @@ again on each listing. Each job gets an id for URLs, made from its path (stable,
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,7 @@ def find_job_dirs(root: Path, depth: int = ROOT_DEPTH) -> list[Path]:
     for _ in range(depth + 1):
         below: list[Path] = []
         for d in level:
-            if (d / DB_NAME).is_file():
+            if _holds_store(d):
                 found.append(d)
                 continue
             try:
@@ -40,6 +42,15 @@ def find_job_dirs(root: Path, depth: int = ROOT_DEPTH) -> list[Path]:
                 continue
         level = below
     return found
+
+
+def _holds_store(d: Path) -> bool:
+    """A store of its own: a regular file, not a symlink to another job's (that one would
+    be shown under this dir's name; walk-through 32 #5)."""
+    try:
+        return stat.S_ISREG(os.lstat(d / DB_NAME).st_mode)
+    except OSError:
+        return False
 
 
 @dataclass

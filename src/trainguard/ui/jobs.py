@@ -21,6 +21,7 @@ from trainguard.records import Event, Reason, RunningRecord, incidents_of, recov
 from trainguard.states import JOB_ENDED
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.goodput_view import GoodputCache
+from trainguard.ui.jobfiles import Refused, check_store
 
 RECENT_CHECKPOINTS = 50
 RECENT_INCIDENTS = 100
@@ -40,12 +41,13 @@ def is_ended(state: str | None) -> bool:
 def summary(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
     """A row of the job list; a job dir that cannot be read becomes a row with `error`."""
     try:
+        check_store(job_dir)
         with JobStore.open(job_dir) as store, EventLog(job_dir) as log:
             meta = store.meta()
             ratio = goodput_for(goodput, job_dir, store, meta, log.last_id()).get("goodput")
             return {**_summary(jid, job_dir, meta, store.running_records(), ratio),
                     "hang": store.hang_left_running(meta)}
-    except StoreError as e:
+    except (StoreError, Refused) as e:
         return {"id": jid, "job_dir": str(job_dir), "error": str(e), "state": None}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 BLOCK = 64 * 1024
 MAX_LINES = 5000  # the most lines one request returns
@@ -19,6 +20,7 @@ NUMBER_LIMIT = 8 * 2**20  # files up to this size get line numbers on a tail (on
 BIG_BLOCK = 16 * BLOCK  # forward reads
 MAX_LINE = 64 * 1024  # a longer line is shown cut (the node's log writer splits at this)
 _STREAMS = ("out", "err")
+Source = Path | int  # a file's path, or an fd the caller opened (and closes)
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,15 @@ def _decode(raw: bytes) -> str:
     return text + f" ... ({len(raw) - MAX_LINE} more bytes)" if cut else text
 
 
-def tail(path: Path, lines: int) -> Slice:
+def _open(source: Source) -> BinaryIO:
+    """`source` to read; an fd stays open after (ui/jobfiles.py opens the dashboard's)."""
+    return open(source, "rb", closefd=not isinstance(source, int))
+
+
+def tail(path: Source, lines: int) -> Slice:
     """The last `lines` lines of `path` (at most MAX_LINES, MAX_BYTES), read backwards."""
     want = max(0, min(lines, MAX_LINES))
-    with open(path, "rb") as f:
+    with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         pos, chunks, newlines = size, [], 0
         # want + 1 newlines (+1 for the file's last): the start of the first line is known
@@ -89,13 +96,14 @@ def tail(path: Path, lines: int) -> Slice:
     return Slice(out, size, start, complete)
 
 
-def _first_number(path: Path, offset: int, size: int) -> int | None:
+def _first_number(path: Source, offset: int, size: int) -> int | None:
     """The 1-based number of the line that starts at `offset`: the newlines before it plus
     one, counted block by block; None for files over NUMBER_LIMIT (too slow to count)."""
     if size > NUMBER_LIMIT:
         return None
     count = 0
-    with open(path, "rb") as f:
+    with _open(path) as f:
+        f.seek(0)
         left = offset
         while left > 0:
             block = f.read(min(BIG_BLOCK, left))
@@ -106,14 +114,15 @@ def _first_number(path: Path, offset: int, size: int) -> int | None:
     return count + 1
 
 
-def around(path: Path, line: int, context: int) -> Slice:
+def around(path: Source, line: int, context: int) -> Slice:
     """Lines `line - context` .. `line + context` of `path` (1-based), read forwards; a
     line longer than BIG_BLOCK keeps only its last BIG_BLOCK bytes."""
     context = max(0, min(context, MAX_LINES // 2))
     first, last = max(1, line - context), line + context
     out: list[LogLine] = []
     n, offset, carry, used, start = 1, 0, b"", 0, -1  # n: the line starting at `offset`
-    with open(path, "rb") as f:
+    with _open(path) as f:
+        f.seek(0)
         size = os.fstat(f.fileno()).st_size
         while n <= last and used < MAX_BYTES:
             block = f.read(BIG_BLOCK)

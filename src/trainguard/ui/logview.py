@@ -3,14 +3,16 @@ line) with the diagnosis' deciding line and its symptoms marked."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import log_dir_of
 from trainguard.paths import rank_log_path
 from trainguard.records import Reason
+from trainguard.ui import jobfiles
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.jobs import RECENT_INCIDENTS
 from trainguard.ui.logtail import LogLine, Slice, around, tail
@@ -22,25 +24,23 @@ _RANK = re.compile(r"rank-(\d+)\.log$")
 
 
 def list_logs(job_dir: Path) -> list[dict[str, Any]]:
-    """Every rank log of the job: attempt, rank, size; by attempt then rank."""
+    """Every rank log of the job: attempt, rank, size; by attempt then rank. Only regular
+    files of the job dir's owner are listed (ui/jobfiles.py); Refused when the log dir
+    itself may not be read."""
     with JobStore.open(job_dir) as store:
-        logs = log_dir_of(store.meta(), job_dir)
+        root = jobfiles.log_root(job_dir, store.meta())
     out: list[dict[str, Any]] = []
-    try:
-        attempts = [(int(m.group(1)), d) for d in logs.iterdir()
-                    if (m := _ATTEMPT.match(d.name)) is not None and d.is_dir()]
-    except OSError:
-        return out
-    for a, d in attempts:
-        for f in d.glob("rank-*.log"):
-            m = _RANK.match(f.name)
-            if m is None:
-                continue
-            try:
-                size = f.stat().st_size
-            except OSError:
-                continue
-            out.append({"attempt": a, "rank": int(m.group(1)), "size": size})
+    attempts = [(int(m.group(1)), name) for name, st in jobfiles.entries(root)
+                if (m := _ATTEMPT.match(name)) is not None and stat.S_ISDIR(st.st_mode)]
+    for a, name in attempts:
+        try:
+            files = jobfiles.entries(root, [name])
+        except jobfiles.Refused:
+            continue
+        for f, st in files:
+            m = _RANK.match(f)
+            if m is not None and stat.S_ISREG(st.st_mode) and st.st_uid == root.owner:
+                out.append({"attempt": a, "rank": int(m.group(1)), "size": st.st_size})
     return sorted(out, key=lambda x: (x["attempt"], x["rank"]))
 
 
@@ -74,12 +74,18 @@ def _names_log(evidence: dict[str, Any], attempt: int, rank: int) -> bool:
 def read_log(job_dir: Path, attempt: int, rank: int, *, lines: int = 200,
              line: int | None = None, context: int = 20) -> dict[str, Any]:
     """A tail of the rank log (or the lines around `line`), each line with its mark.
-    FileNotFoundError when the job has no such log."""
+    FileNotFoundError when the job has no such log; jobfiles.Refused when it is not a
+    file the dashboard serves (a symlink, another user's, outside the job dir)."""
     with JobStore.open(job_dir) as store:
-        path = rank_log_path(log_dir_of(store.meta(), job_dir), attempt, rank)
-    part = tail(path, lines) if line is None else around(path, line, context)
+        root = jobfiles.log_root(job_dir, store.meta())
+    names = rank_log_path(Path(), attempt, rank).parts
+    fd = jobfiles.open_file(root, names)
+    try:
+        part = tail(fd, lines) if line is None else around(fd, line, context)
+    finally:
+        os.close(fd)
     marks = marks_for(job_dir, attempt, rank)
-    doc: dict[str, Any] = {"attempt": attempt, "rank": rank, "path": str(path),
+    doc: dict[str, Any] = {"attempt": attempt, "rank": rank, "path": str(root.under(*names)),
                            **part.to_dict(), "marks": marks}
     doc["lines"] = [dict(ln.to_dict(), mark=mark_of(ln, marks)) for ln in part.lines]
     return doc
