@@ -16,15 +16,25 @@ from typing import Any
 
 import pytest
 
+from trainguard.node.channel import ChannelServer
 from trainguard.worker import control, resilient
 from trainguard.worker.contract import ControlKind
 from trainguard.worker.transient import is_transient
 
+ENDS: dict[str, socket.socket] = {}  # the end each test inbox handed over, by its name
+
+
+def inbox() -> control.Inbox:
+    """An inbox whose other end this test keeps (the agent's, under a launcher)."""
+    def keep(name: str, end: socket.socket) -> bool:
+        ENDS[name] = end.dup()
+        return True
+    return control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}", hand_over=keep)
+
 
 def send(name: str, msg: dict[str, object] | bytes) -> None:
     data = msg if isinstance(msg, bytes) else json.dumps(msg).encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        s.sendto(data, "\0" + name.removeprefix("@"))
+    ENDS[name].send(data)
 
 
 RESTART = {"kind": "restart", "generation": 2, "master_addr": "127.0.0.1", "master_port": 29501}
@@ -33,7 +43,7 @@ REFORM = {"kind": "reform", "step": 4, "generation": 1, "master_addr": "127.0.0.
 
 
 def test_a_verdict_the_waiter_does_not_take_is_kept_for_the_next() -> None:
-    box = control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}")
+    box = inbox()
     try:
         send(box.name, b"not json")  # ignored
         send(box.name, {"kind": "explode"})  # not a verdict: ignored
@@ -49,7 +59,7 @@ def test_a_verdict_the_waiter_does_not_take_is_kept_for_the_next() -> None:
 
 
 def test_a_wait_ticks_every_second_and_gives_up_at_its_deadline() -> None:
-    box = control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}")
+    box = inbox()
     ticks: list[float] = []
     try:
         t0 = time.monotonic()
@@ -87,10 +97,11 @@ def test_only_collective_failures_count_as_transient() -> None:
 
 
 @pytest.fixture
-def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A rank under the launcher with in-process restart on; its inbox's socket name."""
-    agent = f"@tg-test-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("TRAINGUARD_AGENT_SOCKET", agent)
+def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[ChannelServer]:
+    """A rank under the launcher with in-process restart on; its agent's channel (a real
+    one: the rank hands it its inbox)."""
+    agent = ChannelServer(f"@tg-test-{uuid.uuid4().hex[:8]}")
+    monkeypatch.setenv("TRAINGUARD_AGENT_SOCKET", agent.name)
     monkeypatch.setenv("TRAINGUARD_IN_PROCESS_RESTART", "1")
     monkeypatch.setenv("TRAINGUARD_IN_PROCESS_TIMEOUT_S", "2")
     monkeypatch.setenv("RANK", "1")
@@ -101,19 +112,20 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setattr(control, "_failed", False)
     box = control.inbox()
     assert box is not None
-    yield box.name
+    yield agent
     box.close()
+    agent.close()
 
 
 def test_on_the_launchers_restart_the_function_is_entered_again_on_the_new_group(
-        launched: str) -> None:
+        launched: ChannelServer) -> None:
     entries: list[tuple[str | None, str | None]] = []
 
     def main() -> str:
         entries.append((os.environ.get("MASTER_PORT"),
                         os.environ.get("TRAINGUARD_PG_GENERATION")))
         if len(entries) == 1:
-            send(launched, RESTART)  # the launcher's verdict, as the peer's death brings it
+            assert launched.tell([1], RESTART) == 1  # the verdict, as a peer's death brings it
             raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer")
         return "done"
 
@@ -122,9 +134,9 @@ def test_on_the_launchers_restart_the_function_is_entered_again_on_the_new_group
 
 
 def test_no_restart_or_no_verdict_raises_the_error_and_a_script_error_is_raised_at_once(
-        launched: str) -> None:
+        launched: ChannelServer) -> None:
     def broken() -> None:
-        send(launched, {"kind": "no_restart", "generation": 0, "reason": "nothing died"})
+        launched.tell([1], {"kind": "no_restart", "generation": 0, "reason": "nothing died"})
         raise RuntimeError("Connection reset by peer")
 
     with pytest.raises(RuntimeError, match="reset by peer"):
@@ -144,12 +156,14 @@ def test_a_verdict_from_another_user_is_dropped() -> None:
     """Abstract sockets have no permissions: the kernel's credentials decide."""
     if os.getuid() != 0:
         pytest.skip("needs root to send as another user")
-    box = control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}")
+    box = inbox()
     try:
-        send = ("import os, socket, sys; os.setuid(65534); s = socket.socket(socket.AF_UNIX, "
-                "socket.SOCK_DGRAM); s.sendto(sys.argv[2].encode(), '\\0' + sys.argv[1][1:])")
+        send = ("import os, socket, sys; os.setuid(65534); s = socket.socket(fileno=int("
+                "sys.argv[1])); s.send(sys.argv[2].encode())")
         verdict = json.dumps({"kind": "give_up", "step": 1, "reason": "forged"})
-        subprocess.run([sys.executable, "-c", send, box.name, verdict], check=True, timeout=30)
+        end = ENDS[box.name]
+        subprocess.run([sys.executable, "-c", send, str(end.fileno()), verdict], check=True,
+                       timeout=30, pass_fds=[end.fileno()])
         assert box.wait(lambda v: True, 0.5) is None
     finally:
         box.close()
@@ -174,7 +188,7 @@ def test_a_reform_is_joined_only_once_the_launcher_confirms_it(
     """A REFORM that did not reach every rank is taken back by a GIVE_UP (walk-through 12:
     the survivor waited in a rendezvous its dead peer never joined); a rank joins only on
     REFORM_GO, which carries no address: the REFORM's is kept."""
-    box = control.Inbox(f"@tg-test-{uuid.uuid4().hex[:8]}")
+    box = inbox()
     try:
         send(box.name, {"kind": "reform_go", "step": 3, "generation": 1})  # another step's
         if then is not None:

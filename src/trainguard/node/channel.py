@@ -11,14 +11,24 @@ standbys and their descendants, JobProcesses). Each admitted datagram is checked
 the worker contract (worker.contract.parse_message): one that is not JSON, of an unknown
 kind, or with a missing, mistyped or out-of-bounds field is dropped. Drops are counted
 (`dropped`) and logged as a warning at most every 10 s; none is ever fatal.
+
+The other direction (`tell`): each rank's process hands its agent one end of a socket pair
+(SCM_RIGHTS, worker/control.py Inbox), named by contract.control_socket; the agent keeps it
+when the hand-over came from a process `admit` accepts and the pair was made by one
+(SO_PEERCRED), and sends that rank's verdicts into it. No name is bound, so no other user
+can take a rank's place (walk-through 32 #4: the rank's abstract name, derived from this
+public one, could be bound first by another user: the rank lost its verdicts, and the
+agent sent them to that user).
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import logging
 import os
+import re
 import select
 import socket
 import struct
@@ -28,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Container
 from typing import Any
 
+from trainguard.worker.channel import HAND_OVER
 from trainguard.worker.contract import ContractError, ControlKind, control_socket, parse_message
 
 log = logging.getLogger(__name__)
@@ -35,6 +46,10 @@ log = logging.getLogger(__name__)
 MAX_KEPT = 100_000  # messages kept between two drains (the oldest go first)
 WARN_EVERY_S = 10.0
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+MAX_INBOXES = 4_096  # ranks' control inboxes kept (two per rank: verdicts, drains)
+# a datagram's credentials and one passed fd (a rank's control inbox); more: MSG_CTRUNC, and
+# the kernel closes what did not fit
+_ANCILLARY = socket.CMSG_SPACE(_CREDS.size) + socket.CMSG_SPACE(array.array("i").itemsize)
 
 Admit = Callable[[int, int], bool]  # (sender pid, sender uid) -> keep its datagrams?
 
@@ -74,6 +89,9 @@ class ChannelServer:
         self._sock.bind("\0" + name.removeprefix("@"))
         self._sock.setblocking(False)
         self._got: deque[dict[str, Any]] = deque(maxlen=MAX_KEPT)
+        # ranks' control inboxes, by contract.control_socket name (handed over by the ranks)
+        self._inboxes: dict[str, socket.socket] = {}
+        self._inbox_name = re.compile(re.escape(self.name) + r"-rank-\d{1,9}(-drain)?")
         self._lock = threading.Lock()  # every read happens under it: arrival order is kept
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="trainguard-channel",
@@ -95,30 +113,81 @@ class ChannelServer:
     def _read_all(self) -> None:
         while True:
             try:
-                data, anc, flags, _ = self._sock.recvmsg(65536, socket.CMSG_SPACE(_CREDS.size))
+                data, anc, flags, _ = self._sock.recvmsg(65536, _ANCILLARY)
             except (BlockingIOError, InterruptedError, OSError):
                 return
-            creds = next((_CREDS.unpack(c[:_CREDS.size]) for level, kind, c in anc
-                          if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
-                          and len(c) >= _CREDS.size), None)
-            if creds is None or not self._admit(creds[0], creds[1]):
-                self._drop("from pid %s uid %s, not a process of this job",
-                           *(creds[:2] if creds else ("?", "?")))
-                continue
-            if flags & socket.MSG_TRUNC:
-                self._drop("of over 64 KiB from pid %s", creds[0])
-                continue
+            fds = passed_fds(anc)  # closed here unless a hand-over takes one
             try:
-                msg = parse_message(json.loads(data))
-            except ContractError as e:
-                self._drop("from pid %s: %s", creds[0], e)
-                continue
-            except (ValueError, RecursionError):  # not JSON (or nested past the parser)
-                self._drop("from pid %s: not JSON", creds[0])
-                continue
-            self._got.append(msg)
-            if self._on_message is not None:
-                self._on_message(msg)
+                self._one(data, anc, flags, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    def _one(self, data: bytes, anc: list[tuple[int, int, bytes]], flags: int,
+             fds: list[int]) -> None:
+        creds = next((_CREDS.unpack(c[:_CREDS.size]) for level, kind, c in anc
+                      if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
+                      and len(c) >= _CREDS.size), None)
+        if creds is None or not self._admit(creds[0], creds[1]):
+            self._drop("from pid %s uid %s, not a process of this job",
+                       *(creds[:2] if creds else ("?", "?")))
+            return
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            self._drop("of over 64 KiB (or with more than one fd) from pid %s", creds[0])
+            return
+        try:
+            raw = json.loads(data)
+        except (ValueError, RecursionError):  # not JSON (or nested past the parser)
+            self._drop("from pid %s: not JSON", creds[0])
+            return
+        if isinstance(raw, dict) and raw.get("kind") == HAND_OVER:
+            self._hand_over(raw.get("name"), fds, creds[0])
+            return
+        if fds:
+            self._drop("from pid %s: an fd with a message", creds[0])
+            return
+        try:
+            msg = parse_message(raw)
+        except ContractError as e:
+            self._drop("from pid %s: %s", creds[0], e)
+            return
+        self._got.append(msg)
+        if self._on_message is not None:
+            self._on_message(msg)
+
+    def _hand_over(self, name: object, fds: list[int], pid: int) -> None:
+        """A rank's control inbox, handed over (worker/control.py Inbox): kept under its
+        name when the name is one of this agent's ranks' and the socket's other end was
+        made by a process of this job (SO_PEERCRED), else dropped."""
+        if not isinstance(name, str) or not self._inbox_name.fullmatch(name) or len(fds) != 1:
+            self._drop("from pid %s: a control hand-over of %r with %d fd(s)", pid,
+                       str(name)[:200], len(fds))
+            return
+        fd = os.dup(fds[0])
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError as e:
+            os.close(fd)
+            self._drop("from pid %s: a control hand-over that is not a socket (%s)", pid, e)
+            return
+        try:
+            peer_pid, peer_uid, _ = _CREDS.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size))
+        except OSError:
+            peer_pid, peer_uid = 0, -1
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_DGRAM or \
+                not self._admit(peer_pid, peer_uid):
+            sock.close()
+            self._drop("from pid %s: a control hand-over whose other end is pid %s uid %s, "
+                       "not a process of this job", pid, peer_pid, peer_uid)
+            return
+        sock.setblocking(False)
+        old = self._inboxes.pop(name, None)
+        if old is not None:  # the rank's previous process
+            old.close()
+        while len(self._inboxes) >= MAX_INBOXES:
+            self._inboxes.pop(next(iter(self._inboxes))).close()
+        self._inboxes[name] = sock
 
     def _drop(self, why: str, *args: object) -> None:
         self.dropped += 1
@@ -141,22 +210,42 @@ class ChannelServer:
         self._closed.set()
         with self._lock, contextlib.suppress(OSError):
             self._sock.close()
+            for sock in self._inboxes.values():
+                sock.close()
+            self._inboxes.clear()
         self._thread.join(timeout=1.0)
 
     def tell(self, ranks: list[int], msg: dict[str, Any]) -> int:
         """The other direction: one control datagram (worker.contract.ControlKind) to each
-        rank (worker/control.py); how many were handed to the kernel (a rank that does not
-        listen: not)."""
+        rank (worker/control.py), into the inbox its process handed over (the hand-overs
+        sent before now are read first); how many were handed to the kernel (a rank that
+        handed none, or whose process is gone: not)."""
         data = json.dumps(msg).encode()
         kind = ControlKind.DRAIN if msg.get("kind") == ControlKind.DRAIN.value else None
         told = 0
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.setblocking(False)
+        with self._lock:
+            self._read_all()
             for rank in ranks:
-                name = control_socket(self.name, rank, kind)  # a drain: its own socket
+                name = control_socket(self.name, rank, kind)  # a drain: its own inbox
+                sock = self._inboxes.get(name)
+                if sock is None:
+                    log.debug("rank %s: control message not delivered (no inbox)", rank)
+                    continue
                 try:
-                    s.sendto(data, "\0" + name.removeprefix("@"))
+                    sock.send(data)
                     told += 1
-                except OSError as e:  # nobody listens there (or its queue is full)
+                except BlockingIOError:  # its queue is full
+                    log.debug("rank %s: control message not delivered (queue full)", rank)
+                except OSError as e:  # its process is gone
                     log.debug("rank %s: control message not delivered (%s)", rank, e)
+                    self._inboxes.pop(name).close()
         return told
+
+
+def passed_fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
+    """The file descriptors a datagram carried (SCM_RIGHTS), now open in this process."""
+    fds = array.array("i")
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    return list(fds)

@@ -12,6 +12,7 @@ datagram against. Standard library only.
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import socket
@@ -27,6 +28,9 @@ RETRY_S = 1.0  # how long a full queue is tried again for a message the next one
 RETRY_EVERY_S = 0.005  # supersede
 # superseded by the next one: dropped when the queue is full, never sent up again (node/outbox.py)
 LOSSY_KINDS = frozenset({MessageKind.PROGRESS, MessageKind.TRAIN_METRICS})
+# not a message of the contract: a rank handing its agent the way to its control inbox (an
+# fd passed with SCM_RIGHTS), taken by the agent's channel itself (node/channel.py)
+HAND_OVER = "control_hand_over"
 
 _lock = threading.Lock()
 _sock: socket.socket | None = None
@@ -47,15 +51,30 @@ def available() -> bool:
 def send(kind: MessageKind, **fields: Any) -> bool:
     """Send one message (`kind` plus its fields, as worker.contract.FIELDS names them); True
     when it was handed to the kernel."""
-    global _sock, _addr
-    addr = _address()
-    if addr is None:
-        return False
     msg = {"kind": kind, "rank": _env_int(ENV_RANK), "pid": os.getpid(), "at": time.time(),
            **fields}
     data = json.dumps(msg, default=str).encode()
     if len(data) > MAX_DATAGRAM_BYTES:
         return False
+    return _send(data, kind in LOSSY_KINDS)
+
+
+def hand_over(name: str, end: socket.socket) -> bool:
+    """Hand the agent `end`, the agent's side of a socket pair whose other side is this
+    rank's control inbox `name` (contract.control_socket: which rank, which verdicts):
+    the agent sends that rank's verdicts into it, never to an abstract name another user
+    could bind first (walk-through 32 #4). True once the kernel took it."""
+    data = json.dumps({"kind": HAND_OVER, "name": name, "pid": os.getpid()}).encode()
+    return _send(data, False, [end.fileno()])
+
+
+def _send(data: bytes, lossy: bool, fds: list[int] | None = None) -> bool:
+    global _sock, _addr
+    addr = _address()
+    if addr is None:
+        return False
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] \
+        if fds else []
     with _lock:
         deadline = None
         while True:
@@ -64,12 +83,12 @@ def send(kind: MessageKind, **fields: Any) -> bool:
                     _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                     _sock.setblocking(False)
                     _addr = addr
-                _sock.sendto(data, addr)
+                _sock.sendmsg([data], rights, 0, addr)
                 return True
             except BlockingIOError:  # the agent's queue is full: it reads late
                 now = time.monotonic()
                 deadline = now + RETRY_S if deadline is None else deadline
-                if kind in LOSSY_KINDS or now >= deadline:
+                if lossy or now >= deadline:
                     return False
                 time.sleep(RETRY_EVERY_S)
             except OSError:  # no agent there (gone, or not started yet)

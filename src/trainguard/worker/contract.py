@@ -317,8 +317,8 @@ CONTROL_FIELDS: dict[ControlKind, dict[str, Field]] = {
 
 
 def control_socket(agent_socket: str, rank: int, kind: ControlKind | None = None) -> str:
-    """The abstract socket (`@name`) a rank listens on for its agent's verdicts; DRAIN has
-    its own, bound only by a process that drains (the trainer integrations)."""
+    """The name of a rank's inbox for its agent's verdicts (a socket pair's end handed over,
+    worker/control.py; no socket binds it); DRAIN: its own, of a process that drains."""
     return f"{agent_socket}-rank-{rank}" + ("-drain" if kind == ControlKind.DRAIN else "")
 
 

@@ -1,7 +1,8 @@
 """A rank's end of the control channel: its agent's verdicts, out of band. Stdlib only.
 
-The agent sends datagrams to the rank's abstract socket (contract.control_socket); this
-process binds it once, on first use, and StepGuard (worker/step.py) and run_resilient
+The agent sends datagrams into the rank's inbox, a socket pair whose other end the rank
+handed it over the worker channel (Inbox); this process makes it once, on first use, and
+StepGuard (worker/step.py) and run_resilient
 (worker/resilient.py) both read it through the one Inbox. A verdict that the reader waiting
 now does not take is kept for the next (a RESTART that comes while a StepGuard waits for
 its step's REFORM is run_resilient's), up to KEEP of them.
@@ -9,6 +10,7 @@ its step's REFORM is run_resilient's), up to KEEP of them.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -49,15 +51,27 @@ class RestartRequested(BaseException):
 
 
 class Inbox:
-    def __init__(self, name: str) -> None:
+    """`name` (contract.control_socket) says which rank and which verdicts; no socket has
+    it. The inbox is one end of a socket pair; `hand_over` gives the other end to whoever
+    sends the verdicts (default: the agent, through the worker channel) and it is closed
+    here, so nobody else can send into it, nor take the place of it (walk-through 32 #4:
+    an abstract name, bound again by each new process of a rank, could be bound first by
+    another user, who then got the rank's verdicts while the rank had none). Raises
+    OSError when the end cannot be handed over."""
+
+    def __init__(self, name: str,
+                 hand_over: Callable[[str, socket.socket], bool] | None = None) -> None:
         self.name = name
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:  # the kernel's credentials of each sender: another user's verdicts are dropped
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            self._sock.bind("\0" + name.removeprefix("@"))
+            if not (hand_over or channel.hand_over)(name, theirs):
+                raise OSError(errno.ENOTCONN, "the agent's channel did not take it")
         except OSError:
             self._sock.close()
             raise
+        finally:
+            theirs.close()
         self._kept: list[Verdict] = []
 
     def wait(self, accept: Callable[[Verdict], bool], timeout_s: float,
@@ -136,8 +150,8 @@ _failed = False
 
 
 def inbox() -> Inbox | None:
-    """This process's inbox, bound on the first call; None outside the launcher (no agent
-    channel, no RANK) or when the socket is taken (another process of this rank holds it)."""
+    """This process's inbox, made on the first call; None outside the launcher (no agent
+    channel, no RANK) or when the agent could not be handed its end (said on stderr)."""
     global _inbox, _failed
     if _inbox is not None or _failed:
         return _inbox
@@ -149,8 +163,8 @@ def inbox() -> Inbox | None:
         _inbox = Inbox(name)
     except OSError as e:
         _failed = True
-        say("control", f"cannot listen on {name} ({e}): no verdicts reach this process "
-            "(step re-execution and in-process restart are off in it)")
+        say("control", f"WARNING: cannot hand the agent a way to reach this process ({e}): "
+            "no verdicts reach it (step re-execution and in-process restart are off in it)")
     return _inbox
 
 
