@@ -38,7 +38,10 @@ def ui(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, str]]:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         m = re.search(r":(\d+)/", line)
-        assert m, f"no URL printed: {line!r}"
+        if m is None:
+            proc.kill()
+            pytest.fail(f"trainguard ui printed no URL: {line!r}; stderr: "
+                        f"{proc.communicate(timeout=10)[1][-2000:]}")
         yield proc, int(m.group(1)), job_id(job.resolve())
     finally:
         proc.terminate()
