@@ -127,6 +127,13 @@ def test_a_symlinked_store_is_not_shown_as_this_dirs_job(shared: tuple[Path, Pat
         assert "symbolic link" in c.get("/api/jobs").json()[0]["error"]
         r = c.get(f"/api/jobs/{jid}/events")
         assert r.status_code == 403 and "symbolic link" in r.json()["error"]
+    (planted / "trainguard.db").unlink()  # its own store, another's write-ahead log on it
+    make_job(planted).close()
+    (planted / "trainguard.db-wal").unlink(missing_ok=True)
+    (planted / "trainguard.db-wal").symlink_to(private / "trainguard.db-wal")
+    with TestClient(create_app(Catalog([planted])), base_url=LOCAL) as c:
+        r = c.get(f"/api/jobs/{job_id(planted.resolve())}")
+        assert r.status_code == 403 and "trainguard.db-wal is a symbolic link" in r.text
 
 
 def test_a_job_dir_swapped_for_a_symlink_after_it_was_listed_is_refused(

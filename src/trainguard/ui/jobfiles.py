@@ -69,20 +69,24 @@ def own_and_private(job_dir: Path) -> bool:
 
 
 def check_store(job_dir: Path) -> None:
-    """Refused unless JOB_DIR/trainguard.db is a regular file (not a symlink) of the job
-    dir's owner; absent is fine here (the store's own open says so)."""
-    path = job_dir / DB_NAME
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if not stat.S_ISREG(st.st_mode):
-        raise Refused(f"{path} is {_kind(st.st_mode)}, not the job's store: {_WHAT}. Fix: "
-                      "remove it, or show the job dir the symlink leads to")
-    owner = owner_of(job_dir)
-    if st.st_uid != owner:
-        raise Refused(f"{path} is owned by uid {st.st_uid}, not by the job dir's owner "
-                      f"(uid {owner}): {_WHAT}")
+    """Refused unless JOB_DIR/trainguard.db and the files SQLite opens beside it (-wal, -shm,
+    -journal) are regular files (not symlinks: one would show another job's store, or lay
+    another store's recent pages over this one) of the job dir's owner; absent is fine here
+    (the store's own open says so)."""
+    owner: int | None = None
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        path = job_dir / f"{DB_NAME}{suffix}"
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{path} is {_kind(st.st_mode)}, not the job's store: {_WHAT}. "
+                          "Fix: remove it, or show the job dir the symlink leads to")
+        owner = owner_of(job_dir) if owner is None else owner
+        if st.st_uid != owner:
+            raise Refused(f"{path} is owned by uid {st.st_uid}, not by the job dir's owner "
+                          f"(uid {owner}): {_WHAT}")
 
 
 def log_root(job_dir: Path, meta: dict[str, Any]) -> LogRoot:
