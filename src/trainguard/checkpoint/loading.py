@@ -1,8 +1,10 @@
 """Find the newest valid checkpoint every rank can load, newest to oldest.
 
 Each rank checks the manifest, the sizes of every file, and the SHA-256 of the files it
-reads (the replicated state and its own part); with torch.distributed initialised the
-ranks agree (all-reduce of the verdicts) so they all load the same step. Loading uses
+reads (the replicated state and its own part); the DCP shards under `sharded/` are all
+checked, split across the ranks, since under a world-size change a rank reads other ranks'
+shards. With torch.distributed initialised the ranks agree (all-reduce of the verdicts) so
+they all load the same step. Loading uses
 `torch.load(weights_only=True)`: no pickled code runs.
 """
 
@@ -83,11 +85,24 @@ def newest_valid_step(st: Storage, steps: list[int] | None = None) -> int | None
     return None
 
 
+def _world() -> int:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1  # alone: this rank checks every shard
+
+
 def _read(st: Storage, manifest: Manifest, rank: int) -> Loaded:
     d = step_dir(manifest.step)
     replicated = _load(st, manifest, d, REPLICATED)
-    for f in manifest.files:  # this rank's DCP shards: DCP itself checks no checksum
-        if f.rank == rank and "/" in f.name and st.sha256(f"{d}/{f.name}") != f.sha256:
+    # DCP's shards (DCP checks no checksum): under a world-size change a rank reads other
+    # ranks' shards (2 saved, 1 resumes: rank 0 reads __1_0.distcp; walk-through 31 #6), so
+    # every shard is checked, each by one rank of this world (its own when the world is the
+    # same); agree() makes one rank's failure every rank's
+    world = _world()
+    for f in manifest.files:
+        if ("/" in f.name and f.rank % world == rank % world
+                and st.sha256(f"{d}/{f.name}") != f.sha256):
             raise ValueError(f"{f.name}: checksum differs from the manifest")
     if manifest.entry(rank_file(rank)) is not None:
         return Loaded(manifest.step, replicated, _load(st, manifest, d, rank_file(rank)),
