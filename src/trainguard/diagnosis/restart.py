@@ -14,6 +14,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | port_conflict | - | yes (a fresh port) |
 | gpu_hardware, npu_hardware_or_driver | the node is isolated (Xid, ECC, device) | yes |
 | gpu_hardware | not isolated | maybe |
+| npu_hardware_or_driver | the device reports a task that raised on it (not a timeout) | no |
 | npu_hardware_or_driver | not isolated (an operator or driver error) | its rule's |
 | port_conflict | the port is a well-known one (< 1024: a system service's) | no |
 | network_or_rendezvous | no name resolution, ssh refused here or on :22, 127.0.1.1, no NIC | no |
@@ -154,6 +155,12 @@ _QP_REFUSED = re.compile(r"ibv_modify_qp failed with error (?:Invalid argument|N
 # failed"): the interface it picked does not reach the peers, and a rerun picks the same
 _GLOO_MESH = re.compile(r"connectFullMesh failed", re.IGNORECASE)
 _MISALIGNED = re.compile(r"\berror\b\W+(?:\w+\W+){0,2}misaligned address", re.IGNORECASE)
+# an Ascend device's own report of a task that raised on it (`The error from device(chipId:1,
+# dieId:0), serial number is 6.`, `..., there is an exception of fftsplus aivector error`), not
+# one that timed out: an operator's fault on its inputs, whichever line the answer is read from
+# (round 38: the 10 logs of the sets with one are all npu_hardware_or_driver/no)
+_DEVICE_TASK_FAULT = re.compile(r"The error from device\(chipId:\d+, dieId:\d+\), serial number is "
+                                r"\d+(?:\.\s*$|[.,] (?:there is an?|an exception occurred))")
 
 
 def desynced(findings: Sequence[Finding]) -> bool:
@@ -197,6 +204,9 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
         verdict = RestartHelps.YES  # a fresh port; the job placed on healthy nodes
     elif cat == Category.GPU_HARDWARE:
         verdict = RestartHelps.MAYBE
+    elif cat == Category.NPU_HARDWARE_OR_DRIVER and any(
+            _DEVICE_TASK_FAULT.search(f.text) for f in findings):
+        verdict, why = RestartHelps.NO, "the device reports an operator's task that raised on it"
     # npu_hardware_or_driver not isolated: an operator or driver error code, whose rule says
     # whether it repeats (the Ascend codes differ: a timeout that passes, an operator that
     # fails the same way every time)
