@@ -85,8 +85,8 @@ SHARED_TOP: dict[str, frozenset[str]] = {
     **{m: frozenset({PURE}) for m in ("spec", "errors", "exitcodes", "records", "states",
                                       "protocol", "suggest", "presets", "spec_words",
                                       "spec_build")},
-    **{m: frozenset({SHARED}) for m in ("paths", "wire", "handshake", "console")},  # mkdir;
-    # sockets; a thread
+    **{m: frozenset({SHARED}) for m in ("paths", "wire", "handshake", "sockowner",
+                                        "console")},  # mkdir; sockets; /proc; a thread
 }
 SIDES = (CONTROLLER, NODE)
 # outside trainguard, besides the standard library

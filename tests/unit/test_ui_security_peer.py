@@ -20,8 +20,8 @@ import pytest
 import uvicorn
 
 from tests.unit.test_ui_api import make_job
+from trainguard.sockowner import client_uid
 from trainguard.ui.app import create_app
-from trainguard.ui.auth import client_uid
 from trainguard.ui.catalog import Catalog
 from trainguard.ui.server import bind
 

@@ -14,13 +14,12 @@ log too: walk-through 32 #3 wrote a line a connection).
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import os
 import threading
 import time
-from pathlib import Path
 
+from trainguard.sockowner import client_uid
 from trainguard.wire import out_of_fds
 
 log = logging.getLogger("trainguard.controller.hub")
@@ -35,31 +34,6 @@ _TRANSIENT = (errno.ECONNABORTED, errno.EINTR, errno.EPROTO, errno.EAGAIN)
 OWN = "own user"  # the key of loopback connections of the controller's own user
 
 
-def loopback_owner(peer_port: int, own_port: int,
-                   tables: tuple[Path, ...] = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
-                   ) -> int | None:
-    """The uid owning the local socket at `peer_port` connected to our `own_port` (a
-    loopback peer: its socket is in this host's tables), None when not found."""
-    want = (f"{peer_port:04X}", f"{own_port:04X}")
-    for table in tables:
-        try:
-            lines = table.read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if len(f) > 7 and (f[1].rsplit(":", 1)[-1], f[2].rsplit(":", 1)[-1]) == want:
-                return int(f[7])
-    return None
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.removeprefix("::ffff:")).is_loopback
-    except ValueError:
-        return False
-
-
 class Admission:
     def __init__(self) -> None:
         self._pending: dict[str, int] = {}  # peer address (or OWN) -> connections in handshake
@@ -68,15 +42,16 @@ class Admission:
         self.refused = 0  # handshakes that failed (no token, garbage, too slow), in all
         self._refused_told = 0
 
-    def key(self, host: str, peer_port: int, own_port: int) -> str:
+    def key(self, peer: tuple[str, int], server: tuple[str, int]) -> str:
         """Whose budget a new connection counts in: OWN for a loopback peer of our own user
         (looked up only when its address has no room left), else its address."""
+        host = peer[0]
         with self._lock:
             room = self._pending.get(host, 0) < MAX_HANDSHAKES_PER_HOST and \
                 sum(self._pending.values()) < MAX_HANDSHAKES
-        if room or not is_loopback(host):
+        if room:
             return host
-        return OWN if loopback_owner(peer_port, own_port) == os.getuid() else host
+        return OWN if client_uid(peer, server) == os.geteuid() else host
 
     def enter(self, key: str) -> bool:
         """Count one more connection in its handshake under `key` (Admission.key); False:

@@ -85,8 +85,8 @@ class Hub:
                     return
                 self._admission.accept_failed(e)
                 continue
-            host = self._admission.key(str(addr[0]), int(addr[1]), self.port) if addr \
-                else "?"
+            host = self._admission.key((str(addr[0]), int(addr[1])),
+                                       self._listener.getsockname()[:2]) if addr else "?"
             with self._cond:
                 if self._closed:  # woken by close()
                     sock.close()
