@@ -1,5 +1,5 @@
-"""`trainguard stop JOB_DIR`, `trainguard ls [ROOT]` and `trainguard prune ROOT`: the everyday
-commands around a job (the ones people otherwise do with `kill` and `rm -rf`).
+"""`trainguard stop JOB_DIR`, `trainguard ls [ROOT]` and `trainguard prune ROOT` (cli/prune.py):
+the everyday commands around a job (the ones people otherwise do with `kill` and `rm -rf`).
 
 `stop` sends SIGTERM to the job's launcher, the same as Ctrl-C in its terminal: the launcher
 stops every worker on every node with the grace period (`--grace-period`), records
@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import signal
 import socket
 import time
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,31 +20,16 @@ import psutil
 from rich.table import Table
 
 from trainguard.backends.local import live_agents, signal_agent
-from trainguard.cli.args import days
-from trainguard.cli.fmt import (
-    clock_or_dash,
-    complain,
-    dash,
-    meta_time,
-    plural,
-    print_json,
-    print_table,
-    size_text,
-)
+from trainguard.cli.fmt import clock_or_dash, complain, dash, print_json, print_table, size_text
+from trainguard.cli.job_rows import job_row, when
+from trainguard.cli.prune import add_prune_command
 from trainguard.cli.read import add_job_dir
 from trainguard.cli.status import stop_under_way
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import (
-    checkpoint_dir_of,
-    last_progress,
-    log_dir_of,
-    shown_state,
-)
+from trainguard.controller.store_rows import shown_state
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
-from trainguard.node.usage import allocated_bytes
-from trainguard.paths import DEFAULT_RUNS_DIR, prune_plan
-from trainguard.records import utcnow
+from trainguard.paths import DEFAULT_RUNS_DIR
 from trainguard.states import JOB_ENDED, JobState
 from trainguard.ui.catalog import find_job_dirs
 
@@ -78,19 +61,7 @@ def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                     "run` puts a job given no --job-dir)")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.set_defaults(func=cmd_ls)
-    pr = sub.add_parser("prune", help="delete ended jobs older than N days",
-                        description="Delete the job dirs under ROOT (their store, logs and "
-                        "checkpoints) of jobs that ended (or whose launcher is gone) more than "
-                        "--older-than days ago. Lists them only, unless --yes. A job that "
-                        "runs is never touched, nor anything in a job dir that trainguard did "
-                        "not write there, nor a --log-dir or --checkpoint-dir outside it.")
-    pr.add_argument("root", metavar="ROOT", nargs="?", default=DEFAULT_RUNS_DIR,
-                    help=f"where to look, two levels deep (default: ./{DEFAULT_RUNS_DIR}, as "
-                    "for ls)")
-    pr.add_argument("--older-than", type=days, required=True, metavar="DAYS",
-                    help="ended at least this many days ago (0 or more)")
-    pr.add_argument("--yes", action="store_true", help="delete them (default: list only)")
-    pr.set_defaults(func=cmd_prune)
+    add_prune_command(sub)
 
 
 # -- stop ---------------------------------------------------------------------------------
@@ -227,36 +198,7 @@ def _stopped(job_dir: Path, killed: bool = False) -> int:
     return ExitCode.SUCCESS
 
 
-# -- ls and prune -------------------------------------------------------------------------
-
-
-def job_row(job_dir: Path) -> dict[str, Any]:
-    """One job's line of `ls`: its size on disk, and what its store says (or the error)."""
-    return {"job_dir": str(job_dir), "size_bytes": allocated_bytes(job_dir)[0]} | \
-        _read_job(job_dir)[0]
-
-
-def _read_job(job_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What the store says of a job (`ls`'s columns but the size), and its meta ({} when
-    the store cannot be read: the row says why)."""
-    try:
-        with JobStore.open(job_dir) as store:
-            meta = store.meta()
-            attempts = len(store.running_records())
-            progress = last_progress(meta, store.last_checkpoint())
-            state = shown_state(meta)
-            agents = [n.name for n in live_agents(store.nodes())] \
-                if state == JobState.LOST.value else []
-    except StoreError as e:
-        return {"job_dir": str(job_dir), "run_id": None, "state": "unreadable",
-                "error": str(e)}, {}
-    return {
-        "job_dir": str(job_dir),
-        "run_id": meta.get("run_id"), "state": state, "attempts": attempts,
-        "agents_without_controller": agents,
-        "last_step": progress["step"], "last_progress_at": progress["time"],
-        "progress_source": progress["source"],
-        "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at")}, meta
+# -- ls --------------------------------------------------------------------------------
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -280,99 +222,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
         table.add_column(name, no_wrap=name != "JOB DIR")
     for r in rows:
         table.add_row(dash(r["run_id"]), dash(r["state"]), dash(r.get("attempts")),
-                      _step(r), _when(r.get("last_progress_at")),
+                      _step(r), when(r.get("last_progress_at")),
                       size_text(r["size_bytes"]), r["job_dir"])
     print_table(table)
     return ExitCode.SUCCESS
-
-
-def cmd_prune(args: argparse.Namespace) -> int:
-    root = Path(args.root)
-    if not root.is_dir():
-        complain("prune", f"{root} is not a directory. Fix: pass the directory that holds the "
-                 "job dirs (as for trainguard ls)")
-        return ExitCode.NO_JOB
-    cutoff = utcnow() - timedelta(days=args.older_than)
-    due = [(r, meta) for r, meta in (_read_job(d) for d in find_job_dirs(root.resolve()))
-           if _prunable(r, cutoff)]
-    old = [(r, meta) for r, meta in due if not r["agents_without_controller"]]
-    for r in (r for r, _ in due if r["agents_without_controller"]):
-        complain("prune", f"{r['job_dir']} is lost, but the node agents of "
-                 f"{', '.join(r['agents_without_controller'])} still run and their workers "
-                 f"train on: not deleted. Fix: `trainguard stop {r['job_dir']}` ends them "
-                 "(or run the job's command again to take it over)", "note")
-    freed = 0
-    for r, meta in old:
-        job_dir = Path(r["job_dir"])
-        own = [log_dir_of(meta, job_dir), Path(checkpoint_dir_of(meta, job_dir))]
-        delete, keep = prune_plan(job_dir, own[0], str(own[1]))
-        size = sum(allocated_bytes(p)[0] for p in delete)
-        freed += size
-        what = f"trainguard's files in {job_dir}" if keep else str(job_dir)
-        print(f"{'deleting' if args.yes else 'would delete'} {what} ({r['state']}, "
-              f"ended {_when(r.get('ended_at') or r.get('last_progress_at'))}, "
-              f"{size_text(size)})")
-        if keep:  # the job ran in a dir that was not its own (--job-dir .)
-            shown = ", ".join(keep[:5]) + (f" and {len(keep) - 5} more" if len(keep) > 5 else "")
-            print(f"  {'keeping' if args.yes else 'would keep'} what trainguard did not write "
-                  f"there: {shown}")
-        if args.yes:
-            _delete(job_dir, delete, own)
-    print(prune_summary(len(old), args.older_than, size_text(freed), deleted=args.yes))
-    return ExitCode.SUCCESS
-
-
-def _delete(job_dir: Path, delete: list[Path], own: list[Path]) -> None:
-    """Delete `delete`, then the dirs left empty up to and with the job dir, `own` (the
-    job's log and checkpoint dirs: an empty `checkpoints/` was left in a shared job dir,
-    walk-through 30) among them (never a non-empty one: what trainguard did not write
-    stays)."""
-    for p in delete:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-    for d in sorted({p.parent for p in delete} | set(own), key=lambda d: len(d.parts),
-                    reverse=True):
-        while d != job_dir.parent and d.is_relative_to(job_dir):
-            try:
-                d.rmdir()
-            except OSError:  # not empty: it stays, and so do the dirs above it
-                break
-            d = d.parent
-
-
-def prune_summary(jobs: int, days: float, freed: str, *, deleted: bool) -> str:
-    """`prune`'s last line: what ended more than `days` ago, and what was (or would be)
-    freed."""
-    ago = f"ended more than {days:g} {'day' if days == 1 else 'days'} ago"
-    if jobs == 0:
-        return f"no job {ago}: nothing to delete"
-    them = "it" if jobs == 1 else "them"
-    if deleted:
-        return f"deleted {plural(jobs, 'job')} that {ago}: {freed} freed"
-    return f"{plural(jobs, 'job')} {ago}: {freed} to free; add --yes to delete {them}"
-
-
-def _prunable(r: dict[str, Any], cutoff: datetime) -> bool:
-    """Ended (or lost) before `cutoff`; an unreadable store or a running job never is."""
-    if r["state"] not in JOB_ENDED:
-        return False
-    ended = meta_time(r.get("ended_at")) or meta_time(r.get("last_progress_at")) or \
-        meta_time(r.get("created_at"))
-    return ended is not None and ended <= cutoff
 
 
 def _step(row: dict[str, Any]) -> str:
     """The STEP cell: a job that reports no steps shows its last committed checkpoint."""
     ckpt = " (checkpoint)" if row.get("progress_source") == "checkpoint" else ""
     return dash(row.get("last_step")) + ckpt
-
-
-def _when(value: Any) -> str:
-    at = meta_time(value)
-    if at is None:
-        return "-"
-    return clock_or_dash(value) if at.date() == utcnow().date() else at.strftime("%Y-%m-%d")
-
