@@ -6,6 +6,11 @@ checked, split across the ranks, since under a world-size change a rank reads ot
 shards. With torch.distributed initialised the ranks agree (all-reduce of the verdicts) so
 they all load the same step. Loading uses
 `torch.load(weights_only=True)`: no pickled code runs.
+
+A read error of the storage (EIO, a timeout, a throttled object store) is not corruption:
+it is tried again (RETRY_DELAYS), and when it lasts the resume stops with a CheckpointError
+saying the storage cannot be read; the step is neither skipped nor marked bad. Only a
+checksum or format failure makes a step corrupt.
 """
 
 from __future__ import annotations
@@ -14,13 +19,17 @@ import hashlib
 import io
 import logging
 import pickle
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import torch
 
+from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.manifest import (
+    MANIFEST,
     REPLICATED,
     Manifest,
     Status,
@@ -35,6 +44,15 @@ log = logging.getLogger(__name__)
 
 Agree = Callable[[bool], list[int]]  # this rank's "ok" -> the ranks that were not ok
 Report = Callable[[Verdict, bool], None]  # a step skipped; True: this rank tells the job
+T = TypeVar("T")
+
+RETRY_DELAYS: tuple[float, ...] = (0.5, 2.0, 5.0)  # seconds before each new try of a read
+# what a read raises when the bytes are wrong (checksum, format) or a listed file is gone
+_CORRUPT = (ValueError, RuntimeError, EOFError, pickle.UnpicklingError, FileNotFoundError)
+
+
+class Unreadable(CheckpointError):
+    """The storage would not give a checkpoint's bytes, after every try: not corruption."""
 
 
 @dataclass(frozen=True)
@@ -51,16 +69,26 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report,
     """The newest step every rank could load (`steps`: the store's, newest first, when the
     caller listed them already; a listing is a request on object storage)."""
     for step in st.steps() if steps is None else steps:
-        verdict, manifest = quick_verdict(st, step)
         loaded: Loaded | None = None
-        if verdict.status == Status.VALID and manifest is not None:
-            try:
+        stuck: str | None = None  # the storage error that outlasted the retries
+        verdict = Verdict(step, Status.CORRUPT)
+        try:
+            verdict, manifest = _io(f"{step_dir(step)}/{MANIFEST}",
+                                    partial(quick_verdict, st, step))
+            if verdict.status == Status.VALID and manifest is not None:
                 loaded = _read(st, manifest, rank)
-            except (ValueError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
-                # UnpicklingError: weights_only refused a pickled object (it never runs)
-                verdict = Verdict(step, Status.CORRUPT, f"{type(e).__name__}: {e}"[:300])
+        except Unreadable as e:
+            stuck = str(e)
+        except _CORRUPT as e:
+            # UnpicklingError: weights_only refused a pickled object (it never runs)
+            verdict = Verdict(step, Status.CORRUPT, f"{type(e).__name__}: {e}"[:300])
         failed = agree(loaded is not None)
         if failed:
+            # a second vote, only when a rank failed (every rank sees the same `failed`):
+            # the "not ok" ranks of agree(stuck) are those whose storage answered
+            answered = set(agree(stuck is not None))
+            if unread := [r for r in failed if r not in answered]:
+                raise CheckpointError(_unreadable(st, step, unread, stuck))
             if loaded is not None:
                 verdict = Verdict(step, Status.CORRUPT,
                                   f"rank {_ranks(failed)} could not load it")
@@ -77,10 +105,39 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
+def _unreadable(st: Storage, step: int, ranks: list[int], stuck: str | None) -> str:
+    what = stuck or f"rank {_ranks(ranks)} could not read it (its log says why)"
+    return (f"cannot read the checkpoint of step {step} at {st.location}: {what}. This is a "
+            f"storage error, not corruption ({len(RETRY_DELAYS) + 1} tries): the step is not "
+            "skipped. Fix: check the storage (disk, mount, object store reachability, "
+            "credentials, throttling); a restart retries it. If the files of "
+            f"{step_dir(step)} stay unreadable, delete that directory to resume from the "
+            "checkpoint before it")
+
+
+def _io(what: str, read: Callable[[], T]) -> T:
+    """`read()`, tried again after a storage error; Unreadable when it lasts. Wrong bytes
+    (checksum, format) and a missing file are raised at once: trying again cannot help."""
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            return read()
+        except _CORRUPT:
+            raise
+        except Exception as e:  # OSError (EIO, ESTALE, EBUSY: throttled), timeouts, HTTP
+            if delay is None:
+                raise Unreadable(f"reading {what} failed: {type(e).__name__}: {e}"[:400]
+                                 ) from e
+            log.warning("reading %s failed (%s: %s): trying again in %.1f s",
+                        what, type(e).__name__, e, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 def newest_valid_step(st: Storage, steps: list[int] | None = None) -> int | None:
     """The newest step whose manifest and file sizes are right (checksums: on load)."""
     for step in st.steps() if steps is None else steps:
-        if quick_verdict(st, step)[0].status == Status.VALID:
+        verdict = _io(f"{step_dir(step)}/{MANIFEST}", partial(quick_verdict, st, step))[0]
+        if verdict.status == Status.VALID:
             return step
     return None
 
@@ -102,7 +159,7 @@ def _read(st: Storage, manifest: Manifest, rank: int) -> Loaded:
     world = _world()
     for f in manifest.files:
         if ("/" in f.name and f.rank % world == rank % world
-                and st.sha256(f"{d}/{f.name}") != f.sha256):
+                and _io(f.name, partial(st.sha256, f"{d}/{f.name}")) != f.sha256):
             raise ValueError(f"{f.name}: checksum differs from the manifest")
     if manifest.entry(rank_file(rank)) is not None:
         return Loaded(manifest.step, replicated, _load(st, manifest, d, rank_file(rank)),
@@ -120,13 +177,15 @@ def _load(st: Storage, manifest: Manifest, d: str, name: str) -> dict[str, Any]:
     entry = manifest.entry(name)
     if entry is None:
         raise ValueError(f"{name} is not in the manifest")
-    local = st.local_path(f"{d}/{name}")
+    rel = f"{d}/{name}"
+    local = st.local_path(rel)
     if local is not None:  # hash by streaming, then map the file: no second copy in memory
-        if st.sha256(f"{d}/{name}") != entry.sha256:
+        if _io(rel, partial(st.sha256, rel)) != entry.sha256:
             raise ValueError(f"{name}: checksum differs from the manifest")
-        obj = torch.load(local, map_location="cpu", weights_only=True, mmap=True)
+        obj = _io(rel, partial(torch.load, local, map_location="cpu", weights_only=True,
+                               mmap=True))
     else:
-        data = st.read_bytes(f"{d}/{name}")
+        data = _io(rel, partial(st.read_bytes, rel))
         if hashlib.sha256(data).hexdigest() != entry.sha256:
             raise ValueError(f"{name}: checksum differs from the manifest")
         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
