@@ -5,6 +5,7 @@
   world-size change; it was never checksummed, so the corrupt step loaded (or DCP crashed
   the job). Now it is skipped as corrupt and the step before it loads.
 - #10, a real Checkpointer: one read error while resuming is tried again.
+- #1, a real Checkpointer: a manifest edited to say another step is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tests.checkpoint.conftest import (
     fresh_state,
     step_state,
 )
-from trainguard.checkpoint import loading
+from trainguard.checkpoint import Checkpointer, loading
 from trainguard.checkpoint.manifest import step_dir
 from trainguard.checkpoint.storage import Storage
 
@@ -72,3 +73,26 @@ def test_one_read_error_while_resuming_is_retried_not_taken_for_corruption(
     assert_state_is_step(state, 2)
     assert agent_channel.wait_for("resumed")["step"] == 2
     assert agent_channel.of_kind("checkpoint_corrupt") == []
+
+
+@pytest.mark.usefixtures("keep_rng")
+def test_a_manifest_edited_to_another_step_is_skipped_saying_so(
+        tmp_path: Path, agent_channel: AgentChannel) -> None:
+    """Walk-through 31 #1 through a real Checkpointer: step 2's manifest edited to say 3 was
+    skipped with 'FileNotFoundError: .../step-000000003/replicated.pt', a directory that
+    never existed; the reason now names both steps and the fix."""
+    loc = str(tmp_path / "ck")
+    ckpt = Checkpointer(loc, async_save=False)
+    for step in (1, 2):
+        ckpt.save(step, step_state(step))
+    ckpt.close()
+    manifest = tmp_path / "ck" / step_dir(2) / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["step"] = 3
+    manifest.write_text(json.dumps(doc))
+    state = fresh_state()
+    assert Checkpointer(loc, async_save=False).load_latest(state) == 1
+    assert_state_is_step(state, 1)
+    reason = agent_channel.wait_for("checkpoint_corrupt", step=2)["reason"]
+    assert "manifest.json says step 3 but lies in step-000000002" in reason, reason
+    assert "FileNotFoundError" not in reason

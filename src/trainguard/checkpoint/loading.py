@@ -1,10 +1,10 @@
 """Find the newest valid checkpoint every rank can load, newest to oldest.
 
-Each rank checks the manifest, the sizes of every file, and the SHA-256 of the files it
-reads (the replicated state and its own part); the DCP shards under `sharded/` are all
-checked, split across the ranks, since under a world-size change a rank reads other ranks'
-shards. With torch.distributed initialised the ranks agree (all-reduce of the verdicts) so
-they all load the same step. Loading uses
+Each rank checks the manifest (its step must be its directory's), the sizes of every file,
+and the SHA-256 of the files it reads (the replicated state and its own part); the DCP
+shards under `sharded/` are all checked, split across the ranks, since under a world-size
+change a rank reads other ranks' shards. With torch.distributed initialised the ranks agree
+(all-reduce of the verdicts) so they all load the same step. Loading uses
 `torch.load(weights_only=True)`: no pickled code runs.
 
 A read error of the storage (EIO, a timeout, a throttled object store) is not corruption:
@@ -34,6 +34,7 @@ from trainguard.checkpoint.manifest import (
     Manifest,
     Status,
     Verdict,
+    check_step,
     rank_file,
     step_dir,
 )
@@ -74,9 +75,9 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report,
         verdict = Verdict(step, Status.CORRUPT)
         try:
             verdict, manifest = _io(f"{step_dir(step)}/{MANIFEST}",
-                                    partial(quick_verdict, st, step))
+                                    partial(verdict_of, st, step))
             if verdict.status == Status.VALID and manifest is not None:
-                loaded = _read(st, manifest, rank)
+                loaded = _read(st, manifest, step, rank)
         except Unreadable as e:
             stuck = str(e)
         except _CORRUPT as e:
@@ -133,10 +134,19 @@ def _io(what: str, read: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
+def verdict_of(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
+    """quick_verdict, and the manifest must be its directory's step's (walk-through 31 #1:
+    one edited to say 31 in step-30 was valid, and its files were read from step-31)."""
+    verdict, manifest = quick_verdict(st, step)
+    if manifest is not None and (problem := check_step(manifest, step)) is not None:
+        return Verdict(step, Status.CORRUPT, problem), manifest
+    return verdict, manifest
+
+
 def newest_valid_step(st: Storage, steps: list[int] | None = None) -> int | None:
     """The newest step whose manifest and file sizes are right (checksums: on load)."""
     for step in st.steps() if steps is None else steps:
-        verdict = _io(f"{step_dir(step)}/{MANIFEST}", partial(quick_verdict, st, step))[0]
+        verdict = _io(f"{step_dir(step)}/{MANIFEST}", partial(verdict_of, st, step))[0]
         if verdict.status == Status.VALID:
             return step
     return None
@@ -149,8 +159,8 @@ def _world() -> int:
     return 1  # alone: this rank checks every shard
 
 
-def _read(st: Storage, manifest: Manifest, rank: int) -> Loaded:
-    d = step_dir(manifest.step)
+def _read(st: Storage, manifest: Manifest, step: int, rank: int) -> Loaded:
+    d = step_dir(step)
     replicated = _load(st, manifest, d, REPLICATED)
     # DCP's shards (DCP checks no checksum): under a world-size change a rank reads other
     # ranks' shards (2 saved, 1 resumes: rank 0 reads __1_0.distcp; walk-through 31 #6), so
@@ -162,15 +172,14 @@ def _read(st: Storage, manifest: Manifest, rank: int) -> Loaded:
                 and _io(f.name, partial(st.sha256, f"{d}/{f.name}")) != f.sha256):
             raise ValueError(f"{f.name}: checksum differs from the manifest")
     if manifest.entry(rank_file(rank)) is not None:
-        return Loaded(manifest.step, replicated, _load(st, manifest, d, rank_file(rank)),
-                      manifest)
+        return Loaded(step, replicated, _load(st, manifest, d, rank_file(rank)), manifest)
     # No part of ours (we died before the exit save, or the world grew): data positions of
     # data-parallel ranks advance together, so the lowest rank's are ours; RNG starts fresh.
     donors = sorted(f.rank for f in manifest.files if f.name == rank_file(f.rank))
     if not donors:
-        return Loaded(manifest.step, replicated, None, manifest)
+        return Loaded(step, replicated, None, manifest)
     part = _load(st, manifest, d, rank_file(donors[0]))
-    return Loaded(manifest.step, replicated, part, manifest, borrowed_from=donors[0])
+    return Loaded(step, replicated, part, manifest, borrowed_from=donors[0])
 
 
 def _load(st: Storage, manifest: Manifest, d: str, name: str) -> dict[str, Any]:

@@ -114,6 +114,18 @@ def check_sizes(manifest: Manifest, sizes: dict[str, int]) -> str | None:
     return None
 
 
+def check_step(manifest: Manifest, step: int) -> str | None:
+    """Why a manifest does not belong in `step-<step>` (it names another step); None if it
+    does. A manifest is valid only in its own step's directory: a loader reads the files
+    where the manifest's step says (walk-through 31 #1)."""
+    if manifest.step == step:
+        return None
+    return (f"{MANIFEST} says step {manifest.step} but lies in {step_dir(step)}: it was "
+            "edited or moved by hand. Fix: move the directory back to "
+            f"{step_dir(manifest.step)} (or set the manifest's step back to {step}), or "
+            f"delete {step_dir(step)}")
+
+
 def prune_plan(verdicts: list[Verdict], keep: int, newest_valid_in_use: int | None = None
                ) -> list[int]:
     """Steps to delete: valid ones beyond the newest `keep`, and broken ones older than the
