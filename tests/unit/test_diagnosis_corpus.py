@@ -36,7 +36,7 @@ CASES = load_cases()
 # heldout36/ after the thirtieth, heldout37/ after the thirty-first, heldout38/ after the
 # thirty-second, heldout39/ after the thirty-third, heldout40/ after the thirty-fourth,
 # heldout41/ after the thirty-fifth, heldout42/ after the thirty-sixth, heldout43/ after the
-# thirty-seventh: their forms and sources are checked here)
+# thirty-seventh, heldout44/ after the thirty-eighth: their forms and sources are checked here)
 HELDOUT_SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
                 "heldout7", "heldout8", "heldout9", "heldout10", "heldout11", "heldout12",
                 "heldout13", "heldout14", "heldout15", "heldout16", "heldout17", "heldout18",
@@ -44,7 +44,7 @@ HELDOUT_SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "held
                 "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30",
                 "heldout31", "heldout32", "heldout33", "heldout34", "heldout35",
                 "heldout36", "heldout37", "heldout38", "heldout39", "heldout40",
-                "heldout41", "heldout42", "heldout43")
+                "heldout41", "heldout42", "heldout43", "heldout44")
 HELDOUT = [c for name in HELDOUT_SETS for c in load_cases(CORPUS.parent / name)]
 # The figures docs/diagnosis.md reports, less a little slack; a rule change that loses
 # cases fails here.
