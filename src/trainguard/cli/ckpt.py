@@ -151,7 +151,9 @@ def _run(ns: argparse.Namespace) -> int:
     ns.location = checkpoint_location(ns.location)
     rows: list[dict[str, Any]] = []
     try:
-        listing = _read(ns) if given is None or Path(ns.location).exists() else \
+        # a job dir's checkpoints are read where the store says: an object store's URL as
+        # it is (walk-through 31 #9: `Path("s3://...").exists()` read as "no checkpoints")
+        listing = _read(ns) if is_url(ns.location) or Path(ns.location).exists() else \
             Listing(ns.location, [], [], None)
         if not listing.steps and given is not None:  # HF's or Lightning's, maybe
             rows = trainer_rows(trainer_dirs(ns.location, given))

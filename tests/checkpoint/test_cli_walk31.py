@@ -1,0 +1,76 @@
+"""`trainguard ckpt ls|verify` on an object store (walk-through 31), against a real S3 server
+(moto, loopback):
+
+- #9: `ckpt ls|verify JOB_DIR` of a job that checkpoints to s3:// said "no checkpoints" (the
+  recorded URL was looked up as a local path): it is read where it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.checkpoint.conftest import S3Location
+from tests.unit.helpers import tg
+from trainguard.checkpoint import Checkpointer
+from trainguard.cli import main
+from trainguard.controller.store import JobStore
+
+pytestmark = [pytest.mark.s3]
+
+
+def _options(loc: S3Location) -> list[str]:
+    """The location's storage options as `-o KEY=VALUE` flags."""
+    opts: dict[str, Any] = loc.storage_options
+    return ["-o", f"client_kwargs.endpoint_url={opts['client_kwargs']['endpoint_url']}",
+            "-o", f"key={opts['key']}", "-o", f"secret={opts['secret']}"]
+
+
+def _env(loc: S3Location) -> dict[str, str]:
+    """What a user sets for an S3-compatible server (as the walk-through's s3env.sh)."""
+    opts: dict[str, Any] = loc.storage_options
+    return {**os.environ, "AWS_ENDPOINT_URL": opts["client_kwargs"]["endpoint_url"],
+            "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+            "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def s3_job(tmp_path: Path, s3_location: S3Location, no_agent: None) -> Path:
+    """A job dir whose store records an s3:// checkpoint dir holding steps 5 and 10."""
+    ckpt = Checkpointer(s3_location.url, storage_options=s3_location.storage_options,
+                        async_save=False, keep=5)
+    for step in (5, 10):
+        ckpt.save(step, {"w": torch.full((4,), float(step))})
+    ckpt.close()
+    job = tmp_path / "job"
+    with JobStore.create(job, "tg-s3") as store:
+        store.set_meta(job_dir=str(job), checkpoint_dir=s3_location.url)
+    return job
+
+
+def test_ckpt_ls_and_verify_of_a_job_dir_read_its_s3_checkpoints(
+        s3_job: Path, s3_location: S3Location, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ckpt", "ls", str(s3_job), "--json", *_options(s3_location)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["step"], r["status"], r["latest"]) for r in rows] == [
+        (10, "valid", True), (5, "valid", False)]
+    assert main(["ckpt", "verify", str(s3_job), *_options(s3_location)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == s3_location.url, out
+    assert "step 10 is valid: 2 data files, every checksum matches the manifest" in out, out
+
+
+def test_ckpt_ls_of_an_s3_job_dir_through_the_real_command(
+        s3_job: Path, s3_location: S3Location) -> None:
+    """The finding's command: the endpoint and keys in the environment, JOB_DIR given."""
+    r = tg("ckpt", "ls", str(s3_job), env=_env(s3_location))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == s3_location.url, r.stdout
+    assert "no checkpoints" not in r.stdout
+    steps = [ln.split()[:3] for ln in r.stdout.splitlines()[2:4]]
+    assert steps == [["10", "valid", "*"], ["5", "valid", "1"]], r.stdout  # 1: WORLD
