@@ -57,6 +57,8 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
                                          "consecutive": 2, "limit": 3, "location": "/ckpt",
                                          "on_exit": None, "source": "memory"},
     MessageKind.CHECKPOINT_EXIT_SKIPPED: {"step": 9, "reason": "no optimizer in the state"},
+    MessageKind.CHECKPOINT_SAVE_SKIPPED: {"step": 20, "reason": "the save of 15 is in flight",
+                                          "location": "s3://ckpts/run"},
     MessageKind.CHECKPOINT_CORRUPT: {"step": 8, "status": "corrupt", "reason": "sha differs",
                                      "location": "s3://bucket/ckpt"},
     MessageKind.NO_CHECKPOINT: {"location": "/ckpt"},

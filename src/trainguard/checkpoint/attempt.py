@@ -51,3 +51,9 @@ def _agreed_token() -> str:
         raise CheckpointError("several ranks but no shared save token. Fix: launch with "
                               "trainguard run or torchrun, or init the process group first")
     return uuid.uuid4().hex[:12]
+
+
+def job_run_id() -> str:
+    """The job's run id under the launcher (the same in every attempt), else "": a manifest
+    records it, so a save can tell its own job's commit from another job's."""
+    return os.environ.get(ENV_RUN_ID, "")

@@ -22,19 +22,22 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
 
 from trainguard import __version__
-from trainguard.checkpoint.attempt import rank_and_world, save_token
+from trainguard.checkpoint.attempt import job_run_id, rank_and_world, save_token
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.loading import load_newest, newest_valid_step
-from trainguard.checkpoint.manifest import Status, Verdict, step_dir
+from trainguard.checkpoint.manifest import Verdict, step_dir
 from trainguard.checkpoint.memory_tier import MemoryTier, memory_every_from_env
-from trainguard.checkpoint.saving import SaveJob, SaveResult, quick_verdict, run_save
+from trainguard.checkpoint.save_report import CheckpointInfo as CheckpointInfo  # re-exported
+from trainguard.checkpoint.save_report import SaveReporter, newest_kept
+from trainguard.checkpoint.save_report import list_checkpoints as list_checkpoints
+from trainguard.checkpoint.saving import SaveJob, SaveResult, run_save
 from trainguard.checkpoint.sharded import KEYS as SHARDED_KEYS
 from trainguard.checkpoint.sharded import load_sharded, save_sharded
 from trainguard.checkpoint.state import (
@@ -61,13 +64,7 @@ from trainguard.worker.resilient import on_restart
 log = logging.getLogger(__name__)
 
 RNG_KEY = "__rng__"
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    status: Status
-    reason: str = ""
+_LAST_SAVE = "the last save (close()): no save follows; the rank ends with a CheckpointError"
 
 
 class Checkpointer:
@@ -104,6 +101,10 @@ class Checkpointer:
         self._failures = 0
         self._last_error: BaseException | None = None
         self._failed_step: int | None = None  # the step of the last save that failed
+        self._closing = False  # close() waits for the last save: none follows it
+        self._told_final = False  # the last failure's event said no save follows
+        self._events = SaveReporter(self.storage.location, self.rank, max_consecutive_failures)
+        self._pending_step: tuple[int, float] | None = None  # the save in flight, its start
         self._bad_steps: set[int] = set()  # found corrupt on load: re-saved when reached
         self.last_saved_step: int | None = None  # committed (rank 0), or found committed
         self.last_written_step: int | None = None  # this rank's part is durable (any rank)
@@ -149,9 +150,11 @@ class Checkpointer:
         t0 = time.monotonic()
         if self._pending is not None and not self._pending.done():
             if self.if_busy == "skip":
-                log.info("checkpoint of step %s skipped: the previous save is in flight", step)
+                busy = self._pending_step
+                self._events.skipped(step, *(busy if busy else (None, None)))
                 return False
             _wait_quietly(self._pending)
+        self._events.saving()
         self._raise_if_failing()
         try:
             job = self._job(step, state, capture_rng(), None, self.commit_timeout_s)
@@ -163,6 +166,7 @@ class Checkpointer:
             return False
         resumed = time.monotonic()
         self.last_blocked_s = resumed - t0
+        self._pending_step = (step, resumed)
         if self.async_save:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-ckpt")
@@ -194,7 +198,8 @@ class Checkpointer:
             replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
             per_rank=stage(per_rank, self._pool, "p"), library_version=__version__,
             allow_missing=allow_missing, dead=self._dead, extra_files=extra,
-            rewrite=step in self._bad_steps, bad_steps=frozenset(self._bad_steps))
+            rewrite=step in self._bad_steps, bad_steps=frozenset(self._bad_steps),
+            run_id=job_run_id())
 
     def save_snapshot(self, step: int, state: Mapping[str, Any], rng: dict[str, Any],
                       data: dict[str, Any], *, commit_timeout_s: float, reason: str) -> None:
@@ -232,11 +237,11 @@ class Checkpointer:
     def _run(self, job: SaveJob, blocked: tuple[float, float | None],
              on_exit: str | None = None) -> SaveResult:
         """`blocked`: when the training loop began to wait for this save and when it went on
-        (monotonic; None: it waits until this returns, a synchronous save). The commit's event
-        says how long the loop waited and how long before the commit it went on, so goodput
-        places the wait where it was, not at the commit (an async write can take longer)."""
+        (monotonic; None: it waits until this returns, a synchronous save): see
+        SaveReporter.committed, called as soon as the commit is durable."""
         try:
-            result = run_save(job)
+            result = run_save(replace(job, on_commit=lambda r: self._events.committed(
+                r, job.step, blocked, on_exit)))
         except Exception as e:
             self._failed(job.step, e, on_exit)
             raise
@@ -246,16 +251,10 @@ class Checkpointer:
         if result.committed or result.already_valid:  # other ranks: only their part is known
             self.last_saved_step = job.step
             self._bad_steps.discard(job.step)  # written anew: no longer the corrupt one
-        if result.already_valid:
+        if result.other_writer is not None:  # another job's: a Warning (walk-through 31 #3)
+            self._events.other_writer(job.step, result.other_writer)
+        elif result.already_valid:
             log.info("checkpoint of step %s is already committed: not written again", job.step)
-        elif result.committed:
-            now = time.monotonic()  # (a save on the way out: after the loop, blocking none)
-            since, until = (now, now) if on_exit else (blocked[0], blocked[1] or now)
-            channel.send(MessageKind.CHECKPOINT_SAVED, step=job.step,
-                         location=self.storage.location, bytes=result.bytes_written,
-                         write_s=round(result.write_s, 4), blocked_s=round(until - since, 4),
-                         resumed_before_s=round(now - until, 4), on_exit=on_exit,
-                         missing_ranks=list(result.missing_ranks))
         return result
 
     def _failed(self, step: int, e: Exception, on_exit: str | None = None) -> None:
@@ -263,10 +262,10 @@ class Checkpointer:
             self._failures += 1
             self._last_error, self._failed_step = e, step
             n = self._failures
-        log.warning("checkpoint save of step %s failed (%s in a row): %s", step, n, e)
-        channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step, error=str(e)[:500],
-                     consecutive=n, limit=self.max_consecutive_failures,
-                     location=self.storage.location, on_exit=on_exit)
+            if on_exit is None and self._closing:  # close() waits for it: the last save
+                on_exit = _LAST_SAVE
+            self._told_final = on_exit is not None
+        self._events.failed(step, e, n, on_exit)
 
     def _raise_if_failing(self) -> None:
         with self._lock:
@@ -288,11 +287,15 @@ class Checkpointer:
         save follows to retry it: the rank must not end as if its state were kept;
         walk-through 27: a job whose final save hit a full disk read `succeeded`)."""
         try:
+            self._closing = True
             self.wait()
             with self._lock:
-                n, err, step = self._failures, self._last_error, self._failed_step
+                n, err, step, told = (self._failures, self._last_error, self._failed_step,
+                                      self._told_final)
             if n:
-                kept = "none" if self.last_saved_step is None else self.last_saved_step
+                if not told and err is not None and step is not None:  # it said "retries"
+                    self._events.failed(step, err, n, _LAST_SAVE)  # (walk-through 31 #5)
+                kept = newest_kept(self.storage, self.last_saved_step)
                 raise CheckpointError(
                     f"the last checkpoint save (step {step}) failed and no save follows: "
                     f"{err}; the steps after the newest committed checkpoint ({kept}) are "
@@ -380,15 +383,6 @@ class Checkpointer:
 
     def list(self) -> list[CheckpointInfo]:
         return list_checkpoints(self.storage)
-
-
-def list_checkpoints(st: Storage) -> list[CheckpointInfo]:
-    """Every `step-N` at the location with its status (sizes checked, not checksums)."""
-    out = []
-    for step in st.steps():
-        v, _ = quick_verdict(st, step)
-        out.append(CheckpointInfo(step, v.status, v.reason))
-    return out
 
 
 def _wait_quietly(fut: Future[SaveResult]) -> None:

@@ -27,7 +27,7 @@ from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.loading import newest_valid_step
 from trainguard.checkpoint.memory import read_entry
 from trainguard.checkpoint.memory_format import agreed_step, loadable, read_manifest
-from trainguard.checkpoint.saving import SaveJob, run_save
+from trainguard.checkpoint.saving import SaveJob, SaveResult, run_save
 from trainguard.checkpoint.state import BufferPool, stage
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
@@ -72,29 +72,31 @@ def persist_ranks(sources: dict[int, str], location: str, world_size: int, run_i
     manifest = read_manifest(sources[first], first)
     keep = manifest.keep if manifest is not None else 3  # as the workers' Checkpointer prunes
     pool = BufferPool()
-    written = 0
+
+    def committed(result: SaveResult) -> None:  # durable: told before `latest` and pruning
+        channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=st.location,
+                     bytes=result.total_bytes, write_s=round(time.monotonic() - t0, 4),
+                     blocked_s=0.0, source=source, missing_ranks=[])
+
     for rank in sorted(sources, key=lambda r: r == 0):  # rank 0 last: it commits
         tree = read_entry(sources[rank], rank, per_rank[rank][step], lock=True)
         job = SaveJob(storage=st, step=step, rank=rank, world_size=world_size, token=token,
                       replicated=stage(tree["replicated"], pool, "r") if rank == 0 else None,
                       per_rank=stage(tree["rank"], pool, "p"), keep=keep,
-                      commit_timeout_s=COMMIT_TIMEOUT_S, library_version=__version__)
+                      commit_timeout_s=COMMIT_TIMEOUT_S, library_version=__version__,
+                      run_id=run_id, on_commit=committed)
         try:
             result = run_save(job)
         except (CheckpointError, OSError) as e:  # an event, not only persist.log (walk-
             channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step,  # through 27)
                          error=str(e)[:500], location=st.location, source=source)
             raise
-        written += result.bytes_written
         if result.already_valid:
             return None
     if 0 not in sources:
         log.info("wrote the memory snapshots of rank(s) %s of step %s to %s (the node with "
                  "rank 0 commits)", sorted(sources), step, st.location)
         return step
-    channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=st.location,
-                 bytes=written, write_s=round(time.monotonic() - t0, 4), blocked_s=0.0,
-                 source=source, missing_ranks=[])
     log.info("persisted the memory snapshot of step %s to %s", step, st.location)
     return step
 

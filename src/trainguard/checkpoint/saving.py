@@ -55,6 +55,10 @@ class SaveJob:
     extra_files: tuple[dict[str, Any], ...] = ()  # already written (sharded/, by DCP)
     rewrite: bool = False  # the step exists but was found corrupt on load: write it anew
     bad_steps: frozenset[int] = frozenset()  # found corrupt on load: never count as valid
+    run_id: str = ""  # the job's (the launcher's run id): recorded in the manifest
+    # called on rank 0 once the checkpoint is durable, before `latest` and pruning (a rank
+    # killed in between must not lose the commit's report; walk-through 31 #14)
+    on_commit: Callable[[SaveResult], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,17 +69,21 @@ class SaveResult:
     committed: bool  # True on rank 0 once the checkpoint is published
     missing_ranks: tuple[int, ...] = ()
     already_valid: bool = False  # the step was committed before: nothing was written
+    total_bytes: int | None = None  # the checkpoint's size (its manifest's files), rank 0
+    other_writer: str | None = None  # already_valid: the other job that committed it
 
 
 def run_save(job: SaveJob) -> SaveResult:
     t0 = time.monotonic()
     st = job.storage
     staging = st.staging_dir(job.step, job.token)
-    if not job.rewrite and quick_verdict(st, job.step)[0].status == Status.VALID:
+    verdict, existing = quick_verdict(st, job.step)
+    if not job.rewrite and verdict.status == Status.VALID and existing is not None:
         # Re-saving a committed step (a job resumed from an older checkpoint) could only
         # put the valid one at risk: every rank sees it and writes nothing.
         return SaveResult(job.step, 0, time.monotonic() - t0, committed=job.rank == 0,
-                          already_valid=True)
+                          already_valid=True, total_bytes=_total(existing),
+                          other_writer=other_writer(existing, job.run_id))
     published = False
     try:
         if job.rewrite and job.rank == 0 and not st.local:
@@ -95,18 +103,26 @@ def run_save(job: SaveJob) -> SaveResult:
         missing = tuple(r for r in range(job.world_size) if r not in parts)
         manifest = Manifest(step=job.step, world_size=job.world_size,
                             files=parts_to_files(parts), library_version=job.library_version,
-                            created_at=time.time(), missing_ranks=missing)
+                            created_at=time.time(), missing_ranks=missing,
+                            extra={"run_id": job.run_id} if job.run_id else {})
         st.write_atomic(f"{staging}/{MANIFEST}", manifest.to_json())
         st.publish(staging, job.step)
         published = True
-        try:  # the checkpoint is committed: `latest` is a pointer for people, pruning tidies
+        result = SaveResult(job.step, written, time.monotonic() - t0, committed=True,
+                            missing_ranks=missing, total_bytes=_total(manifest))
+        try:  # reported first: durable now, whatever happens to this rank next
+            if job.on_commit is not None:
+                job.on_commit(result)
+        except Exception as e:
+            log.warning("checkpoint of step %s is committed; reporting it failed: %s",
+                        job.step, e)
+        try:  # `latest` is a pointer for people, pruning tidies
             st.write_atomic(LATEST, step_dir(job.step).encode())
             prune(st, job.keep, committed=job.step, bad=job.bad_steps)
         except Exception as e:
             log.warning("checkpoint of step %s is committed, but updating latest or pruning "
                         "failed: %s", job.step, e)
-        return SaveResult(job.step, written, time.monotonic() - t0, committed=True,
-                          missing_ranks=missing)
+        return result
     except BaseException:
         if job.rank == 0 and not published:
             try:  # leave no half-written checkpoint, free the space (disk full)
@@ -114,6 +130,20 @@ def run_save(job: SaveJob) -> SaveResult:
             except Exception as cleanup:  # storage gone: keep the error that caused this
                 log.warning("could not remove the failed save's files: %s", cleanup)
         raise
+
+
+def _total(manifest: Manifest) -> int:
+    """A checkpoint's size: every rank's files, as its manifest lists them (walk-through 31
+    #7: rank 0's own files were reported)."""
+    return sum(f.size for f in manifest.files)
+
+
+def other_writer(manifest: Manifest, run_id: str) -> str | None:
+    """The job that committed `manifest` when it is not the job `run_id` (both known)."""
+    theirs = manifest.extra.get("run_id")
+    if not run_id or not isinstance(theirs, str) or not theirs or theirs == run_id:
+        return None
+    return theirs
 
 
 def _write(st: Storage, rel: str, tree: dict[str, Any]) -> dict[str, Any]:
@@ -208,6 +238,8 @@ def prune(st: Storage, keep: int, committed: int | None = None,
         if name.startswith(f".{LATEST}.") and name.endswith(".tmp"):
             st.remove(name)  # a `latest` write killed before its rename (rank 0 writes alone)
         elif name.startswith((".tmp-step-", ".old-step-")) and newest is not None:
+            # older steps' leftovers, and another attempt's save of the step just committed
+            # (this save's own staging dir is step-N now; walk-through 31 #11)
             step_text = name.split("-")[2]
-            if step_text.isdigit() and int(step_text) < newest:
+            if step_text.isdigit() and (int(step_text) < newest or int(step_text) == committed):
                 st.remove(name)

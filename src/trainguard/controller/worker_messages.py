@@ -54,6 +54,7 @@ class WorkerMessages:
         self._handlers: dict[str, Handler] = {
             MessageKind.CHECKPOINT_SAVED: self._on_checkpoint_saved,
             MessageKind.CHECKPOINT_EXIT_SKIPPED: self._on_checkpoint_exit_skipped,
+            MessageKind.CHECKPOINT_SAVE_SKIPPED: self._on_checkpoint_save_skipped,
             MessageKind.CHECKPOINT_SAVE_FAILED: self._on_checkpoint_save_failed,
             MessageKind.CHECKPOINT_CORRUPT: self._on_checkpoint_corrupt,
             MessageKind.LOG_WRITE_FAILED: self._on_log_write_failed,
@@ -145,6 +146,14 @@ class WorkerMessages:
         self._emit(Level.INFO, Reason.CHECKPOINT_SAVE_SKIPPED,
                    f"no checkpoint on the way out after step {d.get('step')}: "
                    f"{d.get('reason')}", rank=m.rank, attempt=attempt)
+
+    def _on_checkpoint_save_skipped(self, m: WorkerMessage, d: dict[str, Any],
+                                    attempt: int) -> None:
+        """A save that wrote nothing: skipped behind the save in flight (if_busy="skip"), or
+        its step committed by another job (walk-through 31 #12, #3)."""
+        self._emit(Level.WARNING, Reason.CHECKPOINT_SAVE_SKIPPED,
+                   f"checkpoint of step {d.get('step')} skipped: {d.get('reason')}",
+                   rank=m.rank, attempt=attempt)
 
     def _on_checkpoint_save_failed(self, m: WorkerMessage, d: dict[str, Any],
                                    attempt: int) -> None:

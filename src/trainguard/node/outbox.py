@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # what controller/worker_messages.py makes events of (tests/unit/test_outbox.py checks)
 RECORDED_KINDS = frozenset({
     MessageKind.CHECKPOINT_SAVED, MessageKind.CHECKPOINT_EXIT_SKIPPED,
+    MessageKind.CHECKPOINT_SAVE_SKIPPED,
     MessageKind.CHECKPOINT_SAVE_FAILED, MessageKind.CHECKPOINT_CORRUPT,
     MessageKind.NO_CHECKPOINT, MessageKind.RESUMED, MessageKind.LOG_WRITE_FAILED})
 # messages; beyond it the oldest are dropped (a controller that never acknowledges). A

@@ -91,6 +91,7 @@ class MessageKind(str, Enum):
     CHECKPOINT_SAVED = "checkpoint_saved"  # rank 0, once a save is committed
     CHECKPOINT_SAVE_FAILED = "checkpoint_save_failed"
     CHECKPOINT_EXIT_SKIPPED = "checkpoint_exit_skipped"  # no save on the way out, and why
+    CHECKPOINT_SAVE_SKIPPED = "checkpoint_save_skipped"  # rank 0: a save wrote nothing, and why
     CHECKPOINT_CORRUPT = "checkpoint_corrupt"  # rank 0: a checkpoint skipped while loading
     NO_CHECKPOINT = "no_checkpoint"  # rank 0: nothing valid to load
     RESUMED = "resumed"  # every rank, once it loaded a checkpoint
@@ -236,6 +237,8 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "source": Field(str, max_len=MAX_NAME),  # SOURCE_MEMORY/PEER: the agent's persist
     },
     MessageKind.CHECKPOINT_EXIT_SKIPPED: {"step": _STEP, "reason": _text(MAX_TEXT, True)},
+    MessageKind.CHECKPOINT_SAVE_SKIPPED: {"step": _STEP, "reason": _text(MAX_TEXT, True),
+                                          "location": _text(MAX_PATH)},
     MessageKind.CHECKPOINT_CORRUPT: {"step": _STEP, "status": _text(MAX_NAME, required=True),
                                      "reason": _text(MAX_TEXT, required=True),
                                      "location": _text(MAX_PATH)},
@@ -334,12 +337,9 @@ def parse_control(raw: object) -> dict[str, Any]:
 
 
 def validate(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """`fields` of a `kind` message, checked: the ones the contract names, in their order.
-
-    Fields the contract does not name are left out (a newer sender may add some); an unknown
-    kind, a missing required field or a value of the wrong type or out of bounds raises
-    ContractError.
-    """
+    """`fields` of a `kind` message, checked: the ones the contract names, in their order; the
+    fields it does not name are left out (a newer sender may add some). An unknown kind, a
+    missing required field or a value of the wrong type or out of bounds raises ContractError."""
     try:
         k = MessageKind(kind)
     except ValueError:

@@ -1,0 +1,113 @@
+"""What the Checkpointer tells the launcher (and the rank's log) about its saves: a commit,
+a failed save, and a save that wrote nothing (skipped behind the save in flight, or its step
+committed by another job); and what it tells a script: the listing. Split from
+checkpointer.py."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from trainguard.checkpoint.loading import newest_valid_step
+from trainguard.checkpoint.manifest import Status
+from trainguard.checkpoint.saving import SaveResult, quick_verdict
+from trainguard.checkpoint.storage import Storage
+from trainguard.worker import channel
+from trainguard.worker.contract import MessageKind
+
+log = logging.getLogger("trainguard.checkpoint.checkpointer")
+
+REPEAT_S = 60.0  # a save skipped at every step is told once, then at most once a minute
+
+
+class SaveReporter:
+    def __init__(self, location: str, rank: int, limit: int) -> None:
+        self.location, self.rank, self.limit = location, rank, limit
+        self._skips = 0  # saves skipped in a row (if_busy="skip")
+        self._first_skip: int | None = None
+        self._told_at: dict[str, float] = {}  # what: when last told (rate limit)
+
+    def committed(self, result: SaveResult, step: int, blocked: tuple[float, float | None],
+                  on_exit: str | None) -> None:
+        """Rank 0, as soon as the commit is durable (before `latest` and pruning).
+        `blocked`: when the loop began to wait for this save and when it went on (None: it
+        waits until the save returns); the event says how long it waited and how long before
+        the commit it went on."""
+        now = time.monotonic()  # (a save on the way out: after the loop, blocking none)
+        since, until = (now, now) if on_exit else (blocked[0], blocked[1] or now)
+        channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=self.location,
+                     bytes=result.total_bytes, write_s=round(result.write_s, 4),
+                     blocked_s=round(until - since, 4), resumed_before_s=round(now - until, 4),
+                     on_exit=on_exit, missing_ranks=list(result.missing_ranks))
+
+    def failed(self, step: int, e: BaseException, n: int, on_exit: str | None) -> None:
+        log.warning("checkpoint save of step %s failed (%s in a row): %s", step, n, e)
+        channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step, error=str(e)[:500],
+                     consecutive=n, limit=self.limit, location=self.location, on_exit=on_exit)
+
+    def saving(self) -> None:
+        """A save started: the run of skipped saves (if any) ended."""
+        self._skips, self._first_skip = 0, None
+
+    def skipped(self, step: int, in_flight: int | None, since: float | None) -> None:
+        """A save skipped because the previous one is still being written (if_busy="skip";
+        walk-through 31 #12): a Warning at once, then at most once a minute."""
+        self._skips += 1
+        if self._first_skip is None:
+            self._first_skip = step
+        held = f" for {time.monotonic() - since:.1f}s" if since is not None else ""
+        run = (f"; {self._skips} saves in a row skipped, since step {self._first_skip}: a "
+               f"crash now loses every step after {in_flight}" if self._skips > 1 else "")
+        self._tell("skip", step, f"the save of step {in_flight} is still being written{held} "
+                   f"(if_busy='skip'){run}. Fix: if this repeats, the storage at "
+                   f"{self.location} is slower than the saves: save less often, or use "
+                   "if_busy='wait'")
+
+    def other_writer(self, step: int, job: str) -> None:
+        """The step is committed already, by another job (walk-through 31 #3): this job's
+        state of it is not kept, and a resume would load the other job's."""
+        self._tell("other", step, f"the checkpoint dir {self.location} already holds step "
+                   f"{step}, committed by the job {job!r}: this job's state of step {step} is "
+                   f"not written, and a restart of this job would resume the other job's "
+                   "weights. Fix: give each job its own --checkpoint-dir (two jobs write "
+                   "this one)")
+
+    def _tell(self, what: str, step: int, reason: str) -> None:
+        now = time.monotonic()
+        last = self._told_at.get(what)
+        if last is not None and now - last < REPEAT_S:
+            return
+        self._told_at[what] = now
+        log.warning("checkpoint of step %s skipped: %s", step, reason)
+        if self.rank == 0:
+            channel.send(MessageKind.CHECKPOINT_SAVE_SKIPPED, step=step, reason=reason[:900],
+                         location=self.location)
+
+
+def newest_kept(st: Storage, last_saved: int | None) -> str:
+    """The newest committed step, for close()'s error: rank 0 knows it, the other ranks read
+    it from storage (walk-through 31 #4: they said "none" while steps were committed)."""
+    if last_saved is not None:
+        return str(last_saved)
+    try:
+        newest = newest_valid_step(st)
+    except Exception as e:  # the storage the save failed on: say so, claim nothing
+        return f"unknown: the storage could not be read ({type(e).__name__})"
+    return "none" if newest is None else str(newest)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    status: Status
+    reason: str = ""
+
+
+def list_checkpoints(st: Storage) -> list[CheckpointInfo]:
+    """Every `step-N` at the location with its status (sizes checked, not checksums)."""
+    out = []
+    for step in st.steps():
+        v, _ = quick_verdict(st, step)
+        out.append(CheckpointInfo(step, v.status, v.reason))
+    return out
