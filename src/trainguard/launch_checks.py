@@ -11,15 +11,18 @@ import fcntl
 import json
 import os
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, TypeVar
 
 from trainguard.controller.store import JobStore, db_path, other_job
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.errors import SpecError, StoreError
 from trainguard.paths import LOCK_NAME, LOG_OWNER_NAME, JobPaths, attempt_logs, is_url
 from trainguard.spec import JobSpec, flag_name
+
+T = TypeVar("T")
 
 
 def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
@@ -28,16 +31,18 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     no launcher holds the job dir (`run` then takes its
     lock, job_lock, with the same words: a job still running is said to be, not its metrics
     port), that the run id fits the job dir (continued_run), that a --log-dir holds no other
-    job's logs (check_log_dir; `run` then writes whose it is), the rendezvous address (a
-    single-node job's, or a local multi-node job's), Slurm's commands for `--backend slurm`
-    and the metrics endpoint; then the job, log and checkpoint dirs can be made (and are,
-    unless `create` is False). Errors name the flag and the fix."""
+    job's logs (check_log_dir; `run` then writes whose it is), that no other running job
+    writes the checkpoint dir (check_checkpoint_dir; `run` then claims it), the rendezvous
+    address (a single-node job's, or a local multi-node job's), Slurm's commands for
+    `--backend slurm` and the metrics endpoint; then the job, log and checkpoint dirs can be
+    made (and are, unless `create` is False). Errors name the flag and the fix."""
     paths = JobPaths.for_spec(spec, Path.cwd())
     check_checkpoint_url(paths)
     check_job_dir_owner(paths.job_dir)
     check_unlocked(paths.job_dir)
     spec = continued_run(spec, paths.job_dir)
     check_log_dir(paths)
+    check_checkpoint_dir(paths)
     if not spec.multi_node:  # a multi-node job meets at its first node's address
         check_master_addr(spec.master_addr)
     elif spec.backend == "local":  # ... on this machine: another machine's is a mistake
@@ -47,6 +52,7 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     paths.make(create)
     if create:
         claim_log_dir(paths, spec.run_id)
+        claim_checkpoint_dir(paths, spec.run_id)
     return spec, paths
 
 
@@ -127,6 +133,111 @@ def _stored_log_dir(job_dir: Path) -> Path | None:
             return log_dir_of(store.meta(), job_dir).resolve()
     except (StoreError, OSError):
         return None
+
+
+def check_checkpoint_dir(paths: JobPaths) -> None:
+    """A checkpoint dir a running job of another job dir writes is refused (walk-through 31 #3:
+    the second job's saves found their steps committed and wrote nothing, it ended `succeeded`,
+    and a restart of it would have resumed the other's weights). An ended job's dir is taken
+    over (continuing from its checkpoints); the same job continued keeps its own."""
+    owner = _bounded(lambda: _ckpt_owner(paths.checkpoint_dir)) or _default_of(paths)
+    if not owner or owner.get("job_dir") == str(paths.job_dir) or not _running(owner):
+        return
+    raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'",
+                    f"{paths.checkpoint_dir} is the checkpoint dir of the running job "
+                    f"{owner.get('run_id')!r} (job dir {owner.get('job_dir')}): both jobs "
+                    "would save the same steps, this job's saves would find them committed "
+                    "and write nothing, and a restart of it would resume the other job's "
+                    "weights", "give each job its own --checkpoint-dir, or wait for that job "
+                    "to end (or stop it) to continue from its checkpoints")
+
+
+OWNER_NAME = LOG_OWNER_NAME  # in a --checkpoint-dir too: `{"run_id", "job_dir", "host", "pid"}`
+
+
+def claim_checkpoint_dir(paths: JobPaths, run_id: str) -> None:
+    """Write whose checkpoints a --checkpoint-dir holds (OWNER_NAME; on an object store, a few
+    seconds at most: the ranks say when it cannot be reached). The default JOB_DIR/checkpoints
+    is not written: its job dir says whose it is (and `prune` keeps only trainguard's files)."""
+    if paths.checkpoint_dir_key != "checkpoint_dir":
+        return
+    data = json.dumps({"run_id": run_id, "job_dir": str(paths.job_dir),
+                       "host": socket.gethostname(), "pid": os.getpid()}).encode()
+    if is_url(paths.checkpoint_dir):
+        _bounded(lambda: _fs_of(paths.checkpoint_dir).pipe_file(
+            f"{paths.checkpoint_dir.rstrip('/')}/{OWNER_NAME}", data))
+        return
+    tmp = Path(paths.checkpoint_dir) / f"{OWNER_NAME}.{os.getpid()}.tmp"
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, tmp.with_name(OWNER_NAME))
+    except OSError as e:
+        raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / "
+                        f"'{paths.checkpoint_dir_key}'", f"cannot write {tmp} ({e.strerror})",
+                        "choose a writable directory") from None
+
+
+def _ckpt_owner(location: str) -> dict[str, str] | None:
+    try:
+        if is_url(location):
+            raw = _fs_of(location).cat_file(f"{location.rstrip('/')}/{OWNER_NAME}")
+        else:
+            raw = (Path(location) / OWNER_NAME).read_bytes()
+        data = json.loads(raw)
+    except Exception:  # none, unreadable, a store not reachable: the ranks say why
+        return None
+    return {k: str(v) for k, v in data.items()} if isinstance(data, dict) \
+        and "job_dir" in data else None
+
+
+def _default_of(paths: JobPaths) -> dict[str, str] | None:
+    """The job whose default checkpoint dir (JOB_DIR/checkpoints) this one is, if another's."""
+    ck = Path(paths.checkpoint_dir)
+    if is_url(paths.checkpoint_dir) or ck.name != "checkpoints" or ck.parent == paths.job_dir \
+            or not db_path(ck.parent).is_file():
+        return None
+    try:
+        with JobStore.open(ck.parent) as store:
+            run_id = str(store.meta().get("run_id"))
+    except (StoreError, OSError):
+        run_id = "?"
+    return {"run_id": run_id, "job_dir": str(ck.parent)}
+
+
+def _fs_of(url: str) -> Any:
+    import fsspec  # only for a URL
+    return fsspec.core.url_to_fs(url)[0]
+
+
+def _running(owner: dict[str, str]) -> bool:
+    """Its launcher holds its job dir's lock (if here), or (this host) has not taken it yet."""
+    with contextlib.suppress(OSError), open(Path(owner["job_dir"]) / LOCK_NAME) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    pid = owner.get("pid", "")
+    if owner.get("host") != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"trainguard" in f.read()
+    except OSError:
+        return False
+
+
+def _bounded(fn: Callable[[], T], timeout_s: float = 10.0) -> T | None:
+    """fn() on a daemon thread for at most `timeout_s` (a store that does not answer): None."""
+    box: list[T] = []
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # not reachable: the ranks say why
+            box.append(fn())
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return box[0] if box else None
 
 
 def check_checkpoint_url(paths: JobPaths) -> None:
