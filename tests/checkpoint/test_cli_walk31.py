@@ -3,6 +3,9 @@
 
 - #9: `ckpt ls|verify JOB_DIR` of a job that checkpoints to s3:// said "no checkpoints" (the
   recorded URL was looked up as a local path): it is read where it is.
+- #2: `ckpt ls s3://nobucket/x` printed "no checkpoints" and exited 0: a bucket that does not
+  exist (and a prefix with nothing under it, given as LOCATION) exits 2 naming it and the fix,
+  as a local path that does not exist does.
 """
 
 from __future__ import annotations
@@ -74,3 +77,36 @@ def test_ckpt_ls_of_an_s3_job_dir_through_the_real_command(
     assert "no checkpoints" not in r.stdout
     steps = [ln.split()[:3] for ln in r.stdout.splitlines()[2:4]]
     assert steps == [["10", "valid", "*"], ["5", "valid", "1"]], r.stdout  # 1: WORLD
+
+
+def test_a_missing_bucket_or_prefix_is_an_error_naming_it(
+        tmp_path: Path, s3_location: S3Location, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = _options(s3_location)
+    endpoint = s3_location.storage_options["client_kwargs"]["endpoint_url"]
+    for verb in ("ls", "verify"):
+        assert main(["ckpt", verb, "s3://nobucket-w31/x", "--json", *opts]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err == (f"trainguard ckpt: error: LOCATION: the bucket 'nobucket-w31' of "
+                       f"s3://nobucket-w31/x does not exist on {endpoint}. Fix: check the "
+                       "bucket's name and the endpoint (AWS_ENDPOINT_URL or -o client_kwargs."
+                       "endpoint_url=...); a job that saves there needs the bucket made "
+                       "first\n"), err
+    typo = f"s3://{s3_location.bucket}/rnu"
+    assert main(["ckpt", "ls", typo, *opts]) == 2
+    assert (f"LOCATION: nothing is stored under {typo} on {endpoint}: the bucket "
+            f"'{s3_location.bucket}' exists, but holds no object under 'rnu'. Fix: check the "
+            "prefix") in capsys.readouterr().err
+    # a bucket that is there but empty, and a job dir whose location holds nothing yet: none
+    assert main(["ckpt", "ls", f"s3://{s3_location.bucket}", *opts]) == 0
+    assert capsys.readouterr().out == f"no checkpoints at s3://{s3_location.bucket}\n"
+    job = tmp_path / "job"
+    with JobStore.create(job, "tg-new") as store:
+        store.set_meta(job_dir=str(job), checkpoint_dir=s3_location.url)
+    assert main(["ckpt", "ls", str(job), *opts]) == 0
+    assert capsys.readouterr().out == f"no checkpoints at {s3_location.url}\n"
+    with JobStore.create(job, "tg-new") as store:  # ... but not in a bucket that is not there
+        store.set_meta(checkpoint_dir="s3://nobucket-w31/run")
+    assert main(["ckpt", "verify", str(job), *opts]) == 2
+    assert "the bucket 'nobucket-w31' of s3://nobucket-w31/run does not exist" in \
+        capsys.readouterr().err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -153,7 +154,8 @@ def _run(ns: argparse.Namespace) -> int:
     try:
         # a job dir's checkpoints are read where the store says: an object store's URL as
         # it is (walk-through 31 #9: `Path("s3://...").exists()` read as "no checkpoints")
-        listing = _read(ns) if is_url(ns.location) or Path(ns.location).exists() else \
+        listing = _read(ns, direct=given is None) \
+            if is_url(ns.location) or Path(ns.location).exists() else \
             Listing(ns.location, [], [], None)
         if not listing.steps and given is not None:  # HF's or Lightning's, maybe
             rows = trainer_rows(trainer_dirs(ns.location, given))
@@ -169,11 +171,15 @@ def _run(ns: argparse.Namespace) -> int:
     return _show(ns, listing)
 
 
-def _read(ns: argparse.Namespace) -> Listing:
+def _read(ns: argparse.Namespace, direct: bool) -> Listing:
+    """What is at ns.location (`direct`: LOCATION was that URL, not a job dir's)."""
     from trainguard.checkpoint.storage import Storage  # fsspec: only for this command
 
-    st = Storage(ns.location, storage_options(ns.storage_option))
+    options = storage_options(ns.storage_option)
+    st = Storage(ns.location, options)
     steps = st.steps()
+    if not steps:
+        check_root(st, ns.location, direct, options)
     wanted = steps
     if ns.verb == "verify" and ns.step is not None:
         wanted = [ns.step] if ns.step in steps else []
@@ -183,6 +189,39 @@ def _read(ns: argparse.Namespace) -> Listing:
         d["latest"] = latest == step_dir(d["step"])
     unfinished = sorted(n for n in st.children() if n.startswith(".tmp-step-"))
     return Listing(ns.location, steps, docs, latest, unfinished)
+
+
+def check_root(st: Storage, location: str, direct: bool, options: dict[str, Any]) -> None:
+    """Nothing listed at an object store location: a bucket that does not exist is an error
+    naming it (exit 2, as a local path that does not exist; walk-through 31 #2: a mistyped
+    bucket read as an empty, healthy location), and so is a prefix with nothing under it
+    given as LOCATION (a job dir's own location is empty until its first save: none)."""
+    if st.local or st.fs.exists(st.root):
+        return
+    bucket, _, prefix = st.root.strip("/").partition("/")
+    on = _endpoint(st, options)
+    if bucket and not st.fs.exists(bucket):
+        raise SpecError("LOCATION", f"the bucket {bucket!r} of {location} does not exist"
+                        f"{on}", "check the bucket's name and the endpoint (AWS_ENDPOINT_URL "
+                        "or -o client_kwargs.endpoint_url=...); a job that saves there needs "
+                        "the bucket made first")
+    if direct:
+        raise SpecError("LOCATION", f"nothing is stored under {location}{on}: the bucket "
+                        f"{bucket!r} exists, but holds no object under {prefix or '/'!r}",
+                        "check the prefix (`trainguard ckpt ls JOB_DIR` reads the "
+                        "--checkpoint-dir a job ran with)")
+
+
+def _endpoint(st: Storage, options: dict[str, Any]) -> str:
+    """ ` on http://host:port` for an S3 location: the server a mistyped bucket was looked
+    up on (botocore's AWS default when no endpoint is set); "" for other stores."""
+    protocols = (st.fs.protocol,) if isinstance(st.fs.protocol, str) else st.fs.protocol
+    if not {"s3", "s3a"} & set(protocols):
+        return ""
+    kwargs = options.get("client_kwargs")
+    url = (kwargs.get("endpoint_url") if isinstance(kwargs, dict) else None) or \
+        options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
+    return f" on {url}" if url else " on AWS (no AWS_ENDPOINT_URL is set)"
 
 
 def _show(ns: argparse.Namespace, listing: Listing) -> int:
