@@ -44,12 +44,25 @@ def load_metadata(data: bytes) -> Metadata:
     return md
 
 
+Retry = Callable[[str, Callable[[], Any]], Any]  # (what, read) -> read(), tried again
+
+
+def _once(what: str, read: Callable[[], Any]) -> Any:
+    return read()
+
+
 def safe_reader(reader_cls: type[Any], metadata: Callable[[], bytes], *args: Any,
-                **kwargs: Any) -> Any:
+                retry: Retry = _once, **kwargs: Any) -> Any:
     """An instance of DCP's `reader_cls(*args, **kwargs)` whose `.metadata` is `metadata()`
-    (the bytes, read by the caller) through the restricted unpickler."""
+    (the bytes, read by the caller) through the restricted unpickler. Its reads of the
+    shards go through `retry` (a storage error tried again: every tensor read is a copy
+    into its place, so a read done again is the same)."""
 
     class SafeReader(reader_cls):  # type: ignore[misc]
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            return retry("a DCP shard", lambda: super(SafeReader, self).read_data(
+                plan, planner))
+
         def read_metadata(self, *_: Any, **__: Any) -> Metadata:
             md = load_metadata(metadata())
             storage = md.storage_meta or StorageMeta()

@@ -74,8 +74,8 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report,
         stuck: str | None = None  # the storage error that outlasted the retries
         verdict = Verdict(step, Status.CORRUPT)
         try:
-            verdict, manifest = _io(f"{step_dir(step)}/{MANIFEST}",
-                                    partial(verdict_of, st, step))
+            verdict, manifest = read_retried(f"{step_dir(step)}/{MANIFEST}",
+                                             partial(verdict_of, st, step))
             if verdict.status == Status.VALID and manifest is not None:
                 loaded = _read(st, manifest, step, rank)
         except Unreadable as e:
@@ -116,9 +116,10 @@ def _unreadable(st: Storage, step: int, ranks: list[int], stuck: str | None) -> 
             "checkpoint before it")
 
 
-def _io(what: str, read: Callable[[], T]) -> T:
+def read_retried(what: str, read: Callable[[], T]) -> T:
     """`read()`, tried again after a storage error; Unreadable when it lasts. Wrong bytes
-    (checksum, format) and a missing file are raised at once: trying again cannot help."""
+    (checksum, format) and a missing file are raised at once: trying again cannot help.
+    Every read of a resume goes through it (DCP's shard reads too: sharded.py)."""
     for delay in (*RETRY_DELAYS, None):
         try:
             return read()
@@ -146,7 +147,8 @@ def verdict_of(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
 def newest_valid_step(st: Storage, steps: list[int] | None = None) -> int | None:
     """The newest step whose manifest and file sizes are right (checksums: on load)."""
     for step in st.steps() if steps is None else steps:
-        verdict = _io(f"{step_dir(step)}/{MANIFEST}", partial(verdict_of, st, step))[0]
+        what = f"{step_dir(step)}/{MANIFEST}"
+        verdict = read_retried(what, partial(verdict_of, st, step))[0]
         if verdict.status == Status.VALID:
             return step
     return None
@@ -169,7 +171,7 @@ def _read(st: Storage, manifest: Manifest, step: int, rank: int) -> Loaded:
     world = _world()
     for f in manifest.files:
         if ("/" in f.name and f.rank % world == rank % world
-                and _io(f.name, partial(st.sha256, f"{d}/{f.name}")) != f.sha256):
+                and read_retried(f.name, partial(st.sha256, f"{d}/{f.name}")) != f.sha256):
             raise ValueError(f"{f.name}: checksum differs from the manifest")
     if manifest.entry(rank_file(rank)) is not None:
         return Loaded(step, replicated, _load(st, manifest, d, rank_file(rank)), manifest)
@@ -189,12 +191,12 @@ def _load(st: Storage, manifest: Manifest, d: str, name: str) -> dict[str, Any]:
     rel = f"{d}/{name}"
     local = st.local_path(rel)
     if local is not None:  # hash by streaming, then map the file: no second copy in memory
-        if _io(rel, partial(st.sha256, rel)) != entry.sha256:
+        if read_retried(rel, partial(st.sha256, rel)) != entry.sha256:
             raise ValueError(f"{name}: checksum differs from the manifest")
-        obj = _io(rel, partial(torch.load, local, map_location="cpu", weights_only=True,
-                               mmap=True))
+        obj = read_retried(rel, partial(torch.load, local, map_location="cpu",
+                                        weights_only=True, mmap=True))
     else:
-        data = _io(rel, partial(st.read_bytes, rel))
+        data = read_retried(rel, partial(st.read_bytes, rel))
         if hashlib.sha256(data).hexdigest() != entry.sha256:
             raise ValueError(f"{name}: checksum differs from the manifest")
         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

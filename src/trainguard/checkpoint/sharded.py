@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -29,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from trainguard.checkpoint.dcp_safe import SafeLoadPlanner, safe_reader
 from trainguard.checkpoint.errors import CheckpointError
+from trainguard.checkpoint.loading import Unreadable, read_retried
 from trainguard.checkpoint.storage import Storage
 
 SUBDIR = "sharded"
@@ -54,14 +57,15 @@ def _writer(st: Storage, rel: str) -> Any:
 
 
 def _reader(st: Storage, rel: str) -> Any:
-    """DCP's reader, its `.metadata` read without running pickled code (dcp_safe)."""
+    """DCP's reader, its `.metadata` read without running pickled code (dcp_safe), a
+    storage error while reading tried again (walk-through 31 #10)."""
     def metadata() -> bytes:
-        return st.read_bytes(f"{rel}/.metadata")
+        return read_retried(f"{rel}/.metadata", partial(st.read_bytes, f"{rel}/.metadata"))
 
     if st.local:
-        return safe_reader(FileSystemReader, metadata, st.path(rel))
+        return safe_reader(FileSystemReader, metadata, st.path(rel), retry=read_retried)
     return safe_reader(FsspecReader, metadata, st.location.rstrip("/") + "/" + rel,
-                       **st.storage_options)
+                       retry=read_retried, **st.storage_options)
 
 
 def _owner(opt: torch.optim.Optimizer, state: Mapping[str, Any]) -> nn.Module:
@@ -103,8 +107,19 @@ def load_sharded(st: Storage, step_dir: str, state: Mapping[str, Any], keys: lis
     template = {k: sharded_state_dict(k, state) for k in keys if k in state}
     if not template:
         return
-    dcp_load(template, storage_reader=_reader(st, f"{step_dir}/{SUBDIR}"),
-             planner=SafeLoadPlanner())
+    try:
+        dcp_load(template, storage_reader=_reader(st, f"{step_dir}/{SUBDIR}"),
+                 planner=SafeLoadPlanner())
+    except CheckpointException as e:  # a BaseException: every rank raises it
+        unread = [f"rank {r}: {exc}" for r, (exc, _) in sorted(e.failures.items())
+                  if isinstance(exc, Unreadable)]
+        if not unread:
+            raise
+        raise CheckpointError(
+            f"cannot read the DCP shards of {step_dir} at {st.location} ({'; '.join(unread)})"
+            ". This is a storage error, not corruption (their checksums were checked). Fix: "
+            "check the storage (disk, mount, object store reachability, credentials, "
+            "throttling); a restart retries it") from None
     for k, sd in template.items():
         obj = state[k]
         if isinstance(obj, nn.Module):
