@@ -1,7 +1,9 @@
 """Walk-through 31 #8: `prune` deleted an ended job's dir that a running job checkpointed into
 (`run --job-dir B --checkpoint-dir A/checkpoints`, continuing from A): B's committed
 checkpoints went, without a word. A job dir holding what a running job uses (its job dir,
-log dir or checkpoint dir) is now kept, with a note naming the job."""
+log dir or checkpoint dir) is now kept, with a note naming the job.
+
+#13: `ckpt ls --json` rows of incomplete steps and malformed manifests lacked keys."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.unit.helpers import TG, tg
 from trainguard.cli.prune import Use, blocking, prune_summary
@@ -121,3 +125,37 @@ def test_prune_keeps_the_ended_job_a_running_job_continues_from(tmp_path: Path) 
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+KEYS = {"step", "status", "reason", "world_size", "files", "bytes", "created_at", "latest"}
+
+
+def test_ckpt_ls_json_rows_have_every_key(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Walk-through 31 #13: rows of an incomplete step and of a malformed manifest had 4 keys
+    (no world_size, files, bytes, created_at), so a script's row["bytes"] raised KeyError;
+    every row now has every key, null when unknown, and the table reads `-` for them."""
+    import torch
+
+    from trainguard.checkpoint import Checkpointer
+    from trainguard.cli import main
+
+    loc = tmp_path / "ck"
+    ckpt = Checkpointer(loc, async_save=False, keep=10)
+    for step in (10, 20):
+        ckpt.save(step, {"w": torch.zeros(4)})
+    ckpt.close()
+    (loc / "step-000000030").mkdir()  # incomplete: no manifest
+    with open(loc / "step-000000020" / "manifest.json", "a") as f:
+        f.write("garbage\n")  # malformed
+    assert main(["ckpt", "ls", str(loc), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["step"], r["status"]) for r in rows] == [
+        (30, "incomplete"), (20, "corrupt"), (10, "valid")]
+    assert all(set(r) == KEYS for r in rows), rows
+    assert [r[k] for r in rows[:2] for k in ("world_size", "files", "bytes", "created_at")] \
+        == [None] * 8
+    assert rows[2]["world_size"] == 1 and rows[2]["bytes"] > 0
+    assert main(["ckpt", "ls", str(loc)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[2].split()[:7] == ["30", "incomplete", "-", "-", "-", "-", "no"], table

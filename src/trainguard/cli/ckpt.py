@@ -21,7 +21,7 @@ from rich.table import Table
 
 from trainguard.checkpoint.manifest import LATEST, Status, parse_step_dir, step_dir
 from trainguard.cli.ckpt_trainers import show_trainer_rows, trainer_dirs, trainer_rows
-from trainguard.cli.fmt import complain, plural, print_table, size_text
+from trainguard.cli.fmt import complain, dash, plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import checkpoint_dir_of, holds_job_dirs
 from trainguard.errors import SpecError, StoreError
@@ -78,7 +78,11 @@ def describe(st: Storage, step: int, full: bool) -> dict[str, Any]:
             if st.sha256(f"{step_dir(step)}/{f.name}") != f.sha256:
                 status, reason = Status.CORRUPT, f"{f.name}: checksum differs from the manifest"
                 break
-    doc: dict[str, Any] = {"step": step, "status": status.value, "reason": reason or None}
+    # every row has every key, null when unknown (no manifest, or one that does not parse:
+    # walk-through 31 #13, a script's row["bytes"] raised KeyError)
+    doc: dict[str, Any] = {"step": step, "status": status.value, "reason": reason or None,
+                           "world_size": None, "files": None, "bytes": None,
+                           "created_at": None}
     if manifest is not None:
         created = datetime.fromtimestamp(manifest.created_at, timezone.utc)
         doc.update(world_size=manifest.world_size, files=len(manifest.files),
@@ -256,7 +260,7 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
                 _say_not_valid(docs)
             return ExitCode.NOT_VALID
         if not ns.json:
-            print(f"step {docs[0]['step']} is valid: {plural(docs[0].get('files', 0), 'data file')}"
+            print(f"step {docs[0]['step']} is valid: {plural(docs[0]['files'] or 0, 'data file')}"
                   ", every checksum matches the manifest")
     return ExitCode.SUCCESS
 
@@ -285,9 +289,9 @@ def _table(location: str, docs: list[dict[str, Any]]) -> None:
         t.add_column(col)
     colour = {"valid": "green", "incomplete": "yellow", "corrupt": "red"}
     for d in docs:
-        size = size_text(d["bytes"]) if "bytes" in d else "-"
+        size = size_text(d["bytes"]) if d["bytes"] is not None else "-"
         t.add_row(str(d["step"]), f"[{colour[d['status']]}]{d['status']}",
-                  "*" if d["latest"] else "", str(d.get("world_size", "-")),
-                  str(d.get("files", "-")), size, d.get("created_at", "-"), d["reason"] or "")
+                  "*" if d["latest"] else "", dash(d["world_size"]), dash(d["files"]), size,
+                  dash(d["created_at"]), d["reason"] or "")
     print_table(t)
     print(DATA_FILES_NOTE)
