@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     due = [(r, meta) for r, meta in due if not r["agents_without_controller"]]
     plans = [(r, meta, *_plan(Path(r["job_dir"]), meta)) for r, meta in due]
     uses = running_uses([(r, meta) for r, meta in jobs if _in_use(r)],
-                        [Path(r["job_dir"]) for r, _ in due])
+                        [Path(r["job_dir"]) for r, _ in due]) if due else []
     old = kept = 0
     freed = 0
     for r, _, own, delete, keep in plans:
@@ -191,7 +192,8 @@ def _inside(dirs: Iterable[Path]) -> list[Path]:
     found: list[Path] = []
     for top in dirs:
         for here, subdirs, files in os.walk(top):
-            subdirs[:] = [s for s in subdirs if not (Path(here) / s).is_symlink()]
+            subdirs[:] = [s for s in subdirs if not _SKIP.match(s)
+                          and not (Path(here) / s).is_symlink()]
             if DB_NAME in files and Path(here) != top:
                 found.append(Path(here))
             if LOG_OWNER_NAME in files:
@@ -199,6 +201,9 @@ def _inside(dirs: Iterable[Path]) -> list[Path]:
                 if owner is not None and owner.resolve() != top.resolve():
                     found.append(owner)
     return found
+
+
+_SKIP = re.compile(r"step-\d+$|\.tmp-step-|\.old-step-|attempt-\d+$")  # hold no job
 
 
 def _log_owner(mark: Path) -> Path | None:
