@@ -58,7 +58,8 @@ class SaveReporter:
             self._first_skip = step
         held = f" for {time.monotonic() - since:.1f}s" if since is not None else ""
         run = (f"; {self._skips} saves in a row skipped, since step {self._first_skip}: a "
-               f"crash now loses every step after {in_flight}" if self._skips > 1 else "")
+               f"crash now resumes from a step before {in_flight} and loses every step since"
+               if self._skips > 1 else "")
         self._tell("skip", step, f"the save of step {in_flight} is still being written{held} "
                    f"(if_busy='skip'){run}. Fix: if this repeats, the storage at "
                    f"{self.location} is slower than the saves: save less often, or use "
