@@ -31,7 +31,8 @@ JOB_DIR_FILES = frozenset({DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NA
 # what trainguard writes in a log dir (one dir per attempt) and in a checkpoint dir (a dir
 # per step, the `latest` pointer, and the staging names a save leaves if it is killed)
 _LOG_DIR_OWN = re.compile(r"attempt-\d+$|\.trainguard-job$")
-_CHECKPOINT_DIR_OWN = re.compile(r"step-\d{9,}$|latest$|\.tmp-step-|\.old-step-|\.latest\..*\.tmp$")
+_CHECKPOINT_DIR_OWN = re.compile(r"step-\d{9,}$|latest$|\.tmp-step-|\.old-step-|\.latest\..*\.tmp$"
+                                 r"|\.trainguard-job$")  # the dir's owner (walk-through 31 #3)
 _PROBE = ".trainguard-probe-"  # _check_makeable's, removed at once
 STACKS_DIR = "stacks"  # in an attempt's log dir
 HANG_FILE = "hang.json"  # in its stacks dir

@@ -37,3 +37,12 @@ def test_check_step_names_both_steps_and_the_fix() -> None:
     reason = check_step(m, 30)
     assert reason is not None
     assert "step 31" in reason and "step-000000030" in reason and "Fix:" in reason
+
+
+def test_ckpt_verify_and_ls_call_such_a_manifest_corrupt(tmp_path: Path) -> None:
+    """`ckpt verify` and `ckpt ls` read quick_verdict: they said step 30 was valid (exit 0)."""
+    from trainguard.checkpoint.saving import quick_verdict
+
+    write_step(tmp_path, 30, manifest_step=31)
+    verdict, _ = quick_verdict(Storage(tmp_path), 30)
+    assert verdict.status == Status.CORRUPT and "says step 31" in verdict.reason

@@ -27,6 +27,7 @@ from trainguard.checkpoint.manifest import (
     Status,
     Verdict,
     check_sizes,
+    check_step,
     part_file,
     parts_to_files,
     prune_plan,
@@ -207,7 +208,7 @@ def quick_verdict(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
         manifest = Manifest.from_json(raw)
     except ValueError as e:
         return Verdict(step, Status.CORRUPT, str(e)), None
-    problem = check_sizes(manifest, st.tree_sizes(d))
+    problem = check_step(manifest, step) or check_sizes(manifest, st.tree_sizes(d))
     if problem is not None:
         return Verdict(step, Status.CORRUPT, problem), manifest
     return Verdict(step, Status.VALID), manifest
