@@ -40,6 +40,9 @@ def _wait(job: Path, reason: str, timeout: float = 120) -> dict[str, Any]:
     raise AssertionError(f"no {reason} within {timeout:g}s: {[e['reason'] for e in _events(job)]}")
 
 
+@pytest.mark.long  # make test: its parts, tests/checkpoint/test_s3.py's outage tests (saves
+# that fail while the server is down, a store down at load) and the diagnosis snippets of
+# those S3 errors (a storage fault, restart helps); the whole job in make test-long
 def test_a_checkpoint_store_outage_is_the_storages_and_the_job_is_restarted(
         private_s3: S3Server, tmp_path: Path) -> None:
     bucket = private_s3.new_bucket()

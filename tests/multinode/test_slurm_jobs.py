@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.conftest import EXAMPLE, TG, read_json, reasons
 from tests.multinode.slurm_cluster import SlurmCluster
 
@@ -323,6 +325,9 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(
     assert [j[0] for j in squeue(cluster, "-o", "%T")] in ([], ["COMPLETING"])
 
 
+@pytest.mark.long  # make test: the chaos run SIGKILLs the launcher and starts it again, and
+# the new controller takes the running job over (local backend); make test-long runs this and
+# tests/integration/test_multinode_local.py's twin
 def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
         clean_cluster: SlurmCluster, tmp_path: Path) -> None:
     """Inside an allocation (as in an salloc shell): both controllers use the same job."""
