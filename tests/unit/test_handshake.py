@@ -16,7 +16,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -76,16 +76,6 @@ def agent_connect(port: int, token: str) -> Exception:
     except WireError as e:
         return e
     raise AssertionError("the agent took a peer without the token for its controller")
-
-
-@pytest.fixture
-def hub() -> Iterator[tuple[Hub, str]]:
-    token = new_token()
-    h = Hub(token, "127.0.0.1")
-    try:
-        yield h, token
-    finally:
-        h.close()
 
 
 def test_a_challenge_that_is_not_a_nonce_gets_no_hello(hub: tuple[Hub, str]) -> None:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,16 +88,6 @@ def sealed(conn: Conn, msg: dict[str, Any]) -> bytes:
     finally:
         conn.sock = real
     return rec.data
-
-
-@pytest.fixture
-def hub() -> Iterator[tuple[Hub, str]]:
-    token = new_token()
-    h = Hub(token, "127.0.0.1")
-    try:
-        yield h, token
-    finally:
-        h.close()
 
 
 # -- D1: the accept loop --------------------------------------------------------------------
