@@ -16,7 +16,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,14 +27,14 @@ from typing import Any
 import psutil
 
 from tests.checkpoint.conftest import http_answers
+from trainguard.node import ports
 
 TAG = "TG_CHAOS_RUN"  # the environment variable every process of the job inherits
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port outside the ephemeral range (trainguard.node.ports)."""
+    return ports.free_port("127.0.0.1")
 
 
 class Tmpfs:

@@ -31,15 +31,15 @@ import pytest
 import torch
 
 from trainguard.checkpoint import Checkpointer, ResumableSampler
+from trainguard.node import ports
 from trainguard.worker.channel import ENV_SOCKET
 
 MOTO_SERVER = shutil.which("moto_server", path=str(Path(sys.executable).parent))
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port outside the ephemeral range (trainguard.node.ports)."""
+    return ports.free_port("127.0.0.1")
 
 
 def http_answers(port: int, timeout_s: float = 1.0) -> bool:

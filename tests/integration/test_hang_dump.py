@@ -6,7 +6,6 @@ import fcntl
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import psutil
 import pytest
 
 from trainguard.hang.stacks import RankStack, describe, main_thread, name_culprit
+from trainguard.node import ports
 from trainguard.node import stacks as dump
 from trainguard.node.stacks import NO_PTRACE, NOT_INSTALLED, dump_stacks, find_pyspy
 
@@ -114,9 +114,8 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port outside the ephemeral range (trainguard.node.ports)."""
+    return ports.free_port("127.0.0.1")
 
 
 def test_blocked_processes_are_dumped_at_once_and_classified(procs: Procs, tmp_path: Path

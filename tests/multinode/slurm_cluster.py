@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -25,6 +24,8 @@ from pathlib import Path
 from types import TracebackType
 
 import psutil
+
+from trainguard.node import ports
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "srun", "sinfo", "scontrol", "salloc")
 MUNGE_DIRS = {"/etc/munge": 0o700, "/run/munge": 0o755, "/var/log/munge": 0o700,
@@ -79,16 +80,14 @@ def _tail(text: str, n: int = 20) -> str:
 
 
 def _free_ports(n: int) -> list[int]:
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """`n` distinct free loopback ports outside the ephemeral range (trainguard.node.ports:
+    slurmd binds its port a moment after it is picked)."""
+    got: list[int] = []
+    while len(got) < n:
+        port = ports.free_port("127.0.0.1")
+        if port not in got:
+            got.append(port)
+    return got
 
 
 def _munge_works() -> bool:

@@ -17,7 +17,7 @@ from trainguard.controller.store import JobStore
 from trainguard.diagnosis.sources import scan_lines
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
-from trainguard.node.env import free_port
+from trainguard.node.ports import free_port
 from trainguard.paths import JobPaths
 from trainguard.protocol import (
     AgentAPI,

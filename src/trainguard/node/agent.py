@@ -19,9 +19,9 @@ from pathlib import Path
 from trainguard.console import Writable
 from trainguard.diagnosis.sources import default_trigger
 from trainguard.errors import LaunchError
-from trainguard.node import procs
+from trainguard.node import ports, procs
 from trainguard.node.channel import ChannelServer, JobProcesses
-from trainguard.node.env import free_port, worker_env
+from trainguard.node.env import worker_env
 from trainguard.node.facts import Worker, oom_kill_count, worker_fact, worker_message
 from trainguard.node.liveness import LivenessBook
 from trainguard.node.logs import ConsoleOptions, LogRouter
@@ -257,7 +257,7 @@ class NodeAgent:
 
     def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]:
         """Rank 0's store address for the next attempt: `addr`, a fresh port unless given."""
-        return addr, preferred_port or free_port(addr)
+        return addr, preferred_port or ports.free_port(addr)
 
     def hurry(self) -> None:
         """End the grace period of a stop under way (a second Ctrl-C): SIGKILL what is left.

@@ -1,10 +1,8 @@
-"""The environment a worker starts with: torchrun's variables plus trainguard's own, and
-the fresh rendezvous port of each attempt."""
+"""The environment a worker starts with: torchrun's variables plus trainguard's own."""
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from trainguard.protocol import StartWorkers, WorkerAssignment
@@ -43,9 +41,3 @@ def worker_env(cmd: StartWorkers, a: WorkerAssignment, error_file: str,
     env.setdefault(c.ENV_PYTHONFAULTHANDLER, "1")
     return env
 
-
-def free_port(addr: str) -> int:
-    """A port nobody listens on right now at `addr` (each attempt gets a fresh one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])

@@ -33,9 +33,9 @@ from trainguard.exitcodes import ExitCode
 from trainguard.handshake import Superseded, connect
 from trainguard.node import peer
 from trainguard.node.agent import NodeAgent
-from trainguard.node.env import free_port
 from trainguard.node.logs import ConsoleOptions
 from trainguard.node.outbox import Outbox
+from trainguard.node.ports import free_port
 from trainguard.protocol import (
     ACK_FRAME,
     HURRY_FRAME,
