@@ -13,9 +13,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
+from fsdp_model import sharded_model
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from trainguard.checkpoint import Checkpointer
 
@@ -25,13 +24,7 @@ def rank_main(rank: int, world: int, loc: str, port: int, mode: str) -> None:
                       WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 8))
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = sharded_model(mesh)
     state = {"model": model, "optimizer": opt}
     ckpt = Checkpointer(loc, every_steps=5, async_save=False)
     if mode == "save":

@@ -7,9 +7,8 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from fsdp_model import sharded_model
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from trainguard.checkpoint import Checkpointer
 from trainguard.testing.faults import inject
@@ -21,13 +20,7 @@ args = p.parse_args()
 
 dist.init_process_group("gloo")
 mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 8))
-for layer in model:
-    if isinstance(layer, nn.Linear):
-        fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+model, opt = sharded_model(mesh)
 state = {"model": model, "optimizer": opt}
 ckpt = Checkpointer(every_steps=5)
 start = ckpt.load_latest(state) or 0
