@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import EXAMPLE, read_json, reasons, run_tg
+from trainguard.controller.store import JobStore
+from trainguard.goodput.read import job_goodput
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +91,12 @@ def test_a_killed_rank_is_started_again_alone_and_its_peer_reenters_in_place(
                      if e["reason"] == "InProcessRestarted")  # (walk-through 22: it was null)
     assert rr["workers_from"] == ("standby" if "pre-warmed standby" in restarted["message"]
                                   else "cold")
+    # every step counted once, the redone ones once more (tests/unit/test_goodput_ledger.py
+    # has the sparse samples of walk-through 27 F10, which this run's dense ones do not show)
+    with JobStore.open(job_dir) as store:
+        g = job_goodput(store)
+    assert g.steps_productive == STEPS
+    assert g.steps_wasted == rr["steps_lost"]
 
 
 def test_a_survivors_step_of_the_old_group_is_not_taken_for_recovery(

@@ -165,6 +165,44 @@ def test_an_in_process_restart_counts_its_redone_steps() -> None:
     assert math.isclose(parts_sum(g), 20.0)
 
 
+def test_a_pass_first_sampled_past_its_resume_counts_the_steps_before_the_sample() -> None:
+    # walk-through 27 F10: the in-process restart resumed after step 5, its first sample is
+    # step 7 (a report came after two steps): step 6 of the second pass was counted nowhere
+    samples = [*steps(0, 1, 10, 1.0), (0, 7, 15.0), (0, 12, 20.0)]
+    inp = LedgerInput(start=0.0, end=20.0, attempts=[Attempt(0, 0.0, 20.0, launch=True)],
+                      incidents=[Incident(0, detected=11.0, fault=10.5, recovered=15.0,
+                                          restarted=True, ends_attempt=False,
+                                          resumed_step=5)],
+                      samples=samples)
+    g = account(inp)
+    assert (g.steps_productive, g.steps_wasted) == (12, 5)  # 1..12 once; 6..10 again
+    assert math.isclose(parts_sum(g), 20.0)
+
+
+def test_an_attempt_first_sampled_past_its_resume_counts_the_steps_before_the_sample() -> None:
+    # attempt 1 resumed after step 4 (its incident says so) and was first sampled at step 7
+    samples = [*steps(0, 1, 8, 1.0), *steps(1, 7, 12, 15.0)]
+    inp = LedgerInput(start=0.0, end=21.0,
+                      attempts=[Attempt(0, 0.0, 9.0, launch=True),
+                                Attempt(1, 10.0, 21.0, launch=False)],
+                      incidents=[Incident(0, detected=9.0, restarted=True, resumed_step=4)],
+                      samples=samples)
+    g = account(inp)
+    assert (g.steps_productive, g.steps_wasted) == (12, 4)  # 1..12 once; 5..8 again
+    assert math.isclose(parts_sum(g), 21.0)
+
+
+def test_a_resumed_step_at_or_past_the_first_sample_is_not_believed() -> None:
+    samples = [*steps(0, 1, 8, 1.0), *steps(1, 5, 12, 15.0)]
+    inp = LedgerInput(start=0.0, end=23.0,
+                      attempts=[Attempt(0, 0.0, 9.0, launch=True),
+                                Attempt(1, 10.0, 23.0, launch=False)],
+                      incidents=[Incident(0, detected=9.0, restarted=True, resumed_step=6)],
+                      samples=samples)
+    g = account(inp)
+    assert (g.steps_productive, g.steps_wasted) == (12, 4)  # the pass began after step 4
+
+
 def test_ideal_step_time_drops_outliers_without_a_one_second_floor() -> None:
     times = [(1, 0.1)] * 50 + [(1, 0.12)] * 50 + [(1, 5.0)]
     ideal = ideal_step_s(times)

@@ -21,12 +21,12 @@ overlap the higher one wins (`_LAYERS`, lowest first):
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from trainguard.goodput.step_counts import Resume, count_steps
 from trainguard.goodput.step_time import ideal_step_s
 
 PRODUCTIVE = "productive"
@@ -129,14 +129,16 @@ def account(inp: LedgerInput) -> Goodput:
     spans: list[tuple[float, float, str, int | None]] = []
     order = sorted(inp.attempts, key=lambda a: a.attempt)
     spans += _attempt_spans(inp, order, by_attempt)
-    wasted, productive_n, wasted_n, step_seconds = _steps(order, by_attempt, inp.incidents)
-    spans += wasted
+    counts = count_steps([a.attempt for a in order], by_attempt,
+                         [Resume(i.attempt, i.detected, i.resumed_step, i.ends_attempt)
+                          for i in inp.incidents if i.resumed_step is not None])
+    spans += counts.wasted_spans
     spans += [(at - blocked, at, "checkpoint_blocking", None) for at, blocked in inp.saves
               if blocked > 0]
     spans += _cut_by_queues(_incident_spans(inp, order, by_attempt), _queue_spans(inp, order))
     segments = _paint(inp.start, inp.end, spans)
-    return Goodput(max(0.0, inp.end - inp.start), segments, productive_n, wasted_n,
-                   step_seconds, measured_steps=bool(inp.samples))
+    return Goodput(max(0.0, inp.end - inp.start), segments, counts.productive, counts.wasted,
+                   counts.step_seconds, measured_steps=bool(inp.samples))
 
 
 def _first_sign(a: Attempt, samples: list[tuple[int, float]]) -> float | None:
@@ -250,74 +252,6 @@ def _cut_by_queues(spans: list[tuple[float, float, str, int | None]],
                     if x[1] > x[0]]
         spans = cut
     return spans + queues
-
-
-def _steps(order: list[Attempt], by_attempt: dict[int, list[tuple[int, float]]],
-           incidents: list[Incident]
-           ) -> tuple[list[tuple[float, float, str, int | None]], int, int,
-                      list[tuple[int, int, float]]]:
-    """Wasted spans, productive and wasted step counts, and per-interval step times.
-
-    A step is wasted when a later restart point (an attempt's or an in-process restart's
-    resume step) lies below it: it was done again."""
-    points = _restart_points(order, by_attempt, incidents)
-    times = [t for t, _ in points]
-    suffix_min: list[float] = []
-    low = float("inf")
-    for _, step in reversed(points):
-        low = min(low, step)
-        suffix_min.append(low)
-    suffix_min.reverse()
-
-    def floor_after(t: float) -> float:
-        k = bisect.bisect_right(times, t)
-        return suffix_min[k] if k < len(suffix_min) else float("inf")
-
-    spans: list[tuple[float, float, str, int | None]] = []
-    productive = wasted = 0
-    step_seconds: list[tuple[int, int, float]] = []
-    for a in order:
-        samples = by_attempt.get(a.attempt, [])
-        if samples and samples[0][0] > floor_after(samples[0][1]):
-            wasted += 1  # the first step (its time is start-up) was done again
-        elif samples:
-            productive += 1
-        for (s0, t0), (s1, t1) in pairwise(samples):
-            if s1 <= s0:  # an in-process restart went back: its time is recovery, and its
-                if s1 > floor_after(t1):  # first step is counted once, as an attempt's
-                    wasted += 1  # (it was one short: walk-through 27)
-                else:
-                    productive += 1
-                continue
-            n = s1 - s0
-            step_seconds.append((a.attempt, s1, (t1 - t0) / n))
-            floor = floor_after(t1)
-            lost = 0 if s1 <= floor else n if s0 >= floor else int(s1 - floor)
-            wasted += lost
-            productive += n - lost
-            if lost:
-                w0 = t1 - (t1 - t0) * lost / n
-                if spans and spans[-1][1] == t0 and spans[-1][3] == a.attempt:
-                    w0 = spans.pop()[0]  # the previous interval's waste runs into this one
-                spans.append((w0, t1, "wasted_progress", a.attempt))
-    return spans, productive, wasted, step_seconds
-
-
-def _restart_points(order: list[Attempt], by_attempt: dict[int, list[tuple[int, float]]],
-                    incidents: list[Incident]) -> list[tuple[float, int]]:
-    """(time, step it resumed after), by time: where the job went back to redo steps."""
-    points: list[tuple[float, int]] = []
-    resumed_after = {i.attempt: i.resumed_step for i in incidents
-                     if i.ends_attempt and i.resumed_step is not None}
-    for prev, a in pairwise(order):
-        samples = by_attempt.get(a.attempt, [])
-        if samples:
-            step = resumed_after.get(prev.attempt)
-            points.append((samples[0][1], samples[0][0] - 1 if step is None else step))
-    for a in order:
-        samples = by_attempt.get(a.attempt, [])
-        points += [(t1, s1 - 1) for (s0, _), (s1, t1) in pairwise(samples) if s1 <= s0]
-    return sorted(points)
 
 
 def _paint(start: float, end: float,
