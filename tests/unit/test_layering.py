@@ -72,6 +72,7 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
     f"{PKG}.goodput.ledger": frozenset({PURE}),
     f"{PKG}.goodput.interval": frozenset({PURE}),
     f"{PKG}.goodput.step_time": frozenset({PURE}),
+    f"{PKG}.goodput.step_counts": frozenset({PURE}),
     f"{PKG}.node": frozenset({NODE}),
     f"{PKG}.backends": frozenset({BACKENDS}),
     f"{PKG}.launch": frozenset({ROOT}),
