@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainguard.diagnosis.findings import Finding
 from trainguard.states import WorkerState
 
+# why the controller's hub refused a connection (NodeReport.refused; status, metrics)
+REFUSALS = ("handshake", "over_budget", "forged_frame")
+
 
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -231,6 +234,8 @@ class NodeReport(_Msg):
                                   "(multi-node: silent, disconnected or its process ended)")
     usage: list[NodeUsage] = Field(default_factory=list, description="per node (an agent: "
                                    "its own; the fleet: every node's, spares too)")
+    refused: dict[str, int] = Field(default_factory=dict, description="the fleet's: connections "
+                                    "the controller's hub refused so far, by why")
     persisting: bool = Field(default=False, description="the agent is saving the ranks' memory "
                              "snapshots to storage (a save at breakpoint) now")
     seq: int | None = Field(default=None, description="a remote agent's number for a report whose "

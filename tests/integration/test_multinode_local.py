@@ -16,6 +16,7 @@ process group) on this machine, real DDP over gloo, real faults.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -33,6 +34,9 @@ from tests.integration.multinode import (
     node,
     wait_for,
 )
+from trainguard.controller.store import JobStore
+from trainguard.handshake import connect
+from trainguard.wire import WireError, new_token
 
 
 # make test runs the same scenario on Slurm (tests/multinode/test_slurm_jobs.py) and on the
@@ -45,6 +49,10 @@ def test_a_killed_node_is_replaced_by_the_spare_and_training_resumes(tmp_path: P
     assert [(n["name"], n["state"], n["slot"]) for n in status["nodes"]] == [
         ("node-0", "healthy", 0), ("node-1", "healthy", 1), ("node-2", "spare", None)]
     assert all(isinstance(n["agent_pid"], int) and n["host"] for n in status["nodes"])
+    with JobStore.open(job) as store:  # a stranger without the job token knocks
+        port = int(store.meta()["controller_port"])
+    with pytest.raises(WireError):
+        connect("127.0.0.1", port, new_token(), "node-9", {}, timeout=5)
     kill_node(status, "node-1")
     code, out = bg.finish()
     assert code == 0, out
@@ -56,6 +64,12 @@ def test_a_killed_node_is_replaced_by_the_spare_and_training_resumes(tmp_path: P
     final = read_json("status", job)
     assert {n["name"]: n["state"] for n in final["nodes"]} == {
         "node-0": "healthy", "node-2": "healthy", "node-1": "lost"}
+    # the stranger is counted where an operator looks (walk-through 32: logs only)
+    assert final["connections_refused"]["handshake"] >= 1, final["connections_refused"]
+    metrics = subprocess.run([*TG, "metrics", str(job)], capture_output=True, text=True,
+                             check=True, timeout=60).stdout
+    assert re.search(r'^trainguard_connections_refused_total\{reason="handshake"\} [1-9]',
+                     metrics, re.M), metrics
     ranks = {r["rank"]: r for r in final["ranks"]}
     assert len(ranks) == 4
     assert {r: ranks[r]["node"] for r in ranks} == {0: "node-0", 1: "node-0", 2: "node-2",

@@ -44,6 +44,9 @@ class FakeHub:
     disconnected: dict[str, float] = field(default_factory=dict)
     silent: dict[str, float] = field(default_factory=dict)
 
+    def refusals(self) -> dict[str, int]:
+        return {"handshake": 0, "over_budget": 0, "forged_frame": 0}
+
     def connected(self, name: str) -> bool:
         return name in self.connected_nodes
 

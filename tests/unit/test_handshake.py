@@ -196,9 +196,9 @@ def test_refused_handshakes_are_counted_and_told_once_in_a_while(
                 with contextlib.suppress(OSError, struct.error):
                     recv(s)  # denied: wrong job token
         deadline = time.monotonic() + 10
-        while h._admission.refused < 40 and time.monotonic() < deadline:
+        while h.refusals()["handshake"] < 40 and time.monotonic() < deadline:
             time.sleep(0.05)
-    assert h._admission.refused == 40
+    assert h.refusals() == {"handshake": 40, "over_budget": 0, "forged_frame": 0}
     told = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(told) == 1 and "refused 1 connection(s)" in told[0] and \
         "does not know the job token" in told[0], told

@@ -69,3 +69,18 @@ def test_a_single_node_job_has_one_healthy_node(tmp_path: Path) -> None:
     with JobStore.create(job, "r") as s:
         s.set_meta(state="running")
     assert samples(job)[("trainguard_nodes", (("state", "healthy"),))] == 1
+
+
+def test_connections_the_hub_refused_are_counters_by_reason(tmp_path: Path) -> None:
+    """(walk-through 32) The hub's refusals were told in its log only."""
+    job = tmp_path / "job"
+    with JobStore.create(job, "r") as s:
+        s.set_meta(state="running")
+        zero = samples(job)  # a job whose controller refused none (or has no hub): 0, not absent
+        assert {k[1]: v for k, v in zero.items()
+                if k[0] == "trainguard_connections_refused_total"} == {
+            (("reason", r),): 0.0 for r in ("handshake", "over_budget", "forged_frame")}
+        s.set_meta(connections_refused={"handshake": 3, "over_budget": 0, "forged_frame": 1})
+        m = samples(job)
+    assert m[("trainguard_connections_refused_total", (("reason", "handshake"),))] == 3
+    assert m[("trainguard_connections_refused_total", (("reason", "forged_frame"),))] == 1

@@ -143,3 +143,10 @@ def test_status_doc_keeps_its_three_argument_form_and_orders_the_nodes_it_gets()
     assert status_doc({}, [], "/jobs/a")["nodes"] == []
     doc = status_doc({}, [], "/jobs/a", NODES)
     assert [n["name"] for n in doc["nodes"]] == ["n0", "n3", "n1", "n2"]
+
+
+def test_status_says_how_many_connections_the_controller_refused() -> None:
+    assert status_doc({}, [], "/jobs/a")["connections_refused"] == {}
+    doc = status_doc({"connections_refused": {"handshake": 2, "over_budget": 0,
+                                              "forged_frame": 1}}, [], "/jobs/a")
+    assert doc["connections_refused"] == {"handshake": 2, "over_budget": 0, "forged_frame": 1}

@@ -192,6 +192,7 @@ def test_connections_in_their_handshake_are_capped_and_an_agent_still_gets_in(
     try:
         time.sleep(0.5)
         assert links_alive(before) <= 8  # 4 from the address, 4 more of our own user
+        assert h.refusals()["over_budget"] >= 4  # counted (status, metrics)
         deadline = time.monotonic() + 10
         while True:  # an agent retries; the silent ones time out
             try:
@@ -268,7 +269,7 @@ def test_a_frame_injected_after_the_handshake_is_refused_and_counted(
         wait_for(lambda: h.connected("n0"))
         agent.sock.sendall(raw_frame({"type": "reply", "id": "x", "ok": True}))
         wait_for(lambda: not h.connected("n0"), 5)
-        assert h.rejected_frames == 1
+        assert h.rejected_frames == 1 and h.refusals()["forged_frame"] == 1
     finally:
         agent.close()
     connect("127.0.0.1", h.port, token, "n0", {}).close()  # a fresh handshake is welcome

@@ -166,6 +166,10 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
         console.print(f"fast recovery on {u['node']}: {u['standby_ready']} standby worker(s) "
                       f"ready{warming}, {size_text(u['standby_rss_bytes'])} resident; /dev/shm "
                       f"{size_text(u['shm_bytes'])}{peer}", highlight=False, markup=False)
+    if any(doc["connections_refused"].values()):
+        console.print("connections refused: " + ", ".join(
+            f"{n} {_REFUSED.get(k, k)}" for k, n in doc["connections_refused"].items() if n)
+            + " (docs/security.md)", highlight=False, markup=False)
     if doc["nodes"]:
         print_table(keyed_table(doc["nodes"], _NODE_KEYS))
         console.print()
@@ -177,6 +181,9 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
                              for r in rows], _RANK_KEYS))
     return ExitCode.SUCCESS
 
+
+_REFUSED = {"handshake": "failed handshake(s)", "over_budget": "over the handshake budget",
+            "forged_frame": "link(s) ended by a forged frame"}
 
 def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                nodes: list[NodeRow] | None = None, records: list[RunningRecord] | None = None,
@@ -223,6 +230,8 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "recorded_job_dir": _elsewhere(meta.get("job_dir"), job_dir),
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
         "node_usage": [] if state in JOB_ENDED else _usage(meta.get("node_usage")),
+        "connections_refused": {k: int(v) for k, v in
+                                (meta.get("connections_refused") or {}).items()},
         "store_free_bytes": free_bytes,
         "store_disk_full": state not in JOB_ENDED and free_bytes is not None
         and free_bytes < STORE_FULL_BYTES,

@@ -40,6 +40,7 @@ class Admission:
         self._lock = threading.Lock()
         self._warned = -WARN_EVERY_S
         self.refused = 0  # handshakes that failed (no token, garbage, too slow), in all
+        self.over_budget = 0  # connections closed at once: too many in their handshake
         self._refused_told = 0
 
     def key(self, peer: tuple[str, int], server: tuple[str, int]) -> str:
@@ -65,6 +66,8 @@ class Admission:
                         or self._pending.get(key, 0) >= MAX_HANDSHAKES_PER_HOST)
             if not full:
                 self._pending[key] = self._pending.get(key, 0) + 1
+            else:
+                self.over_budget += 1
         if full:
             self.warn("too many unauthenticated connections (from %s): refusing new ones "
                       "until their handshakes end", key)

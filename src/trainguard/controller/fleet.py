@@ -395,4 +395,5 @@ class Fleet:
                                 for n, (epoch, seq) in due.items()})
         lost = self.lost = self.lost_now()
         usable = {n for n, node in self.nodes.items() if node.state.usable}
-        return self.merger.merged(self.placement, lost, usable)
+        return self.merger.merged(self.placement, lost, usable).model_copy(
+            update={"refused": self.hub.refusals()})

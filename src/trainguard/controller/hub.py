@@ -127,6 +127,12 @@ class Hub:
             return
         self._links.add(conn, attached, attached[0].heard)  # one thread reads every link
 
+    def refusals(self) -> dict[str, int]:
+        """Connections refused so far, by why (status, metrics: docs/security.md)."""
+        a = self._admission
+        return {"handshake": a.refused, "over_budget": a.over_budget,
+                "forged_frame": self.rejected_frames}
+
     def _on_frame(self, attached: tuple[NodeLink, int], msg: dict[str, Any]) -> None:
         self._frame(attached[0], msg)  # no lock per frame: thousands of links
 

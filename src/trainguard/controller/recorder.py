@@ -66,6 +66,7 @@ class Recorder:
         self.previous_committed: int | None = None  # and the newest checkpoint committed
         self._workers_sig: object = None
         self._usage_written: dict[str, dict[str, int]] = {}  # meta node_usage, as written
+        self._refused_written: dict[str, int] = {}  # meta connections_refused, as written
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
         self._progress_written = 0.0
         self._ledger: list[tuple[int, int, float]] = []  # progress samples not yet written
@@ -301,6 +302,10 @@ class Recorder:
             self._sync_progress(report, force)
         with self.writes.best_effort():
             self._sync_usage(report)
+        if report.refused and report.refused != self._refused_written:  # (multi-node)
+            with self.writes.best_effort():
+                self.store.set_meta(connections_refused=report.refused)
+                self._refused_written = report.refused
 
     def _sync_usage(self, report: NodeReport) -> None:
         """Each node's standbys and shared memory (meta `node_usage`), when they changed."""

@@ -29,6 +29,7 @@ from trainguard.goodput.interval import IntervalAdvice, advise
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.read import Save, job_goodput, saves
 from trainguard.policy.decision import Rung
+from trainguard.protocol import REFUSALS
 from trainguard.records import (
     Reason,
     RunningRecord,
@@ -85,6 +86,7 @@ def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric
     commits = saves(store)
     g = job_goodput(store, now, commits, meta, records)
     yield from _job(meta, store.last_checkpoint())
+    yield from _refused(meta.get("connections_refused"))
     hang = store.hang_left_running(meta)
     yield GaugeMetricFamily("trainguard_job_hung", "1 while a confirmed hang is left running "
                             "in the current attempt (--restart-on-hang off, or its budget "
@@ -102,6 +104,18 @@ def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric
     for state in NodeState:
         nodes.add_metric([state.value], counts.get(state.value, 0))
     yield nodes
+
+
+def _refused(recorded: object) -> Iterator[Metric]:
+    got = recorded if isinstance(recorded, dict) else {}
+    refused = CounterMetricFamily(
+        "trainguard_connections_refused", "connections the controller refused (multi-node): "
+        "a handshake that failed, one over the budget of unauthenticated connections, an "
+        "authenticated link ended by a forged frame (docs/security.md)", labels=["reason"])
+    for reason in REFUSALS:
+        n = got.get(reason)
+        refused.add_metric([reason], float(n) if isinstance(n, int) else 0.0)
+    yield refused
 
 
 def _job(meta: dict[str, object], checkpoint: tuple[int, str] | None) -> Iterator[Metric]:
