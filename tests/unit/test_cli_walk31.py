@@ -59,11 +59,11 @@ def test_a_dir_a_running_job_uses_blocks_its_deletion() -> None:
 
 def test_the_summary_counts_the_jobs_kept() -> None:
     assert prune_summary(0, 0, "0 B", deleted=True, kept=1) == (
-        "nothing to delete: 1 job ended more than 0 days ago, kept: a running job uses what "
-        "it holds (see the note above)")
+        "nothing to delete: 1 job ended more than 0 days ago, kept: a job that runs or ended "
+        "since uses what it holds (see the note above)")
     assert prune_summary(2, 7, "1.0 MiB", deleted=False, kept=2) == (
         "2 jobs ended more than 7 days ago: 1.0 MiB to free; add --yes to delete them; 2 more "
-        "jobs kept: a running job uses what they hold (see the note above)")
+        "jobs kept: a job that runs or ended since uses what they hold (see the note above)")
     assert prune_summary(0, 1, "0 B", deleted=False) == \
         "no job ended more than 1 day ago: nothing to delete"
 
@@ -96,7 +96,8 @@ def test_prune_keeps_what_running_jobs_use_wherever_it_lies(tmp_path: Path) -> N
     assert not h.exists()
     last = r.stdout.splitlines()[-1]
     assert last.startswith("deleted 1 job that ended more than 1 day ago: ") and last.endswith(
-        " freed; 4 more jobs kept: a running job uses what they hold (see the note above)"), last
+        " freed; 4 more jobs kept: a job that runs or ended since uses what they hold (see the "
+        "note above)"), last
 
 
 def test_prune_keeps_the_ended_job_a_running_job_continues_from(tmp_path: Path) -> None:

@@ -59,19 +59,32 @@ def add_prune_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 @dataclass(frozen=True)
 class Use:
-    """A dir a running job uses: `what` is "job dir", "log dir" or "checkpoint dir"."""
+    """A dir a job that is not due uses (one that runs, or ended since the cutoff): `what` is
+    "job dir", "log dir" or "checkpoint dir"."""
 
     job_dir: Path
     run_id: str | None
     what: str
     path: Path
     pid: int | None = None  # found through this process (a worker of the job)
+    ended: str | None = None  # the job ended (at this time), but not before the cutoff
 
     def said(self) -> str:
         job = f"job {self.run_id or '?'} ({self.job_dir})"
-        who = (f"process {self.pid}, a worker of {job}, still runs and" if self.pid is not None
-               else f"the running {job}")
+        if self.pid is not None:
+            who = f"process {self.pid}, a worker of {job}, still runs and"
+        elif self.ended is not None:
+            who = f"the {job}, which ended {self.ended} (not long enough ago),"
+        else:
+            who = f"the running {job}"
         return f"{who} uses {self.path} (its {self.what})"
+
+    def fix(self, days: float) -> str:
+        """What to do about the job dir this use keeps."""
+        if self.ended is not None:
+            return (f"prune it once that job too ended more than {days:g} "
+                    f"{'day' if days == 1 else 'days'} ago")
+        return f"prune it once that job has ended (`trainguard status {self.job_dir}`)"
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -92,8 +105,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
                  "(or run the job's command again to take it over)", "note")
     due = [(r, meta) for r, meta in due if not r["agents_without_controller"]]
     plans = [(r, meta, *_plan(Path(r["job_dir"]), meta)) for r, meta in due]
-    uses = running_uses([(r, meta) for r, meta in jobs if _in_use(r)],
-                        [Path(r["job_dir"]) for r, _ in due]) if due else []
+    uses = running_uses([(r, meta) for r, meta in jobs if _not_due(r, cutoff)],
+                        [Path(r["job_dir"]) for r, _ in due], cutoff) if due else []
     old = kept = 0
     freed = 0
     for r, _, own, delete, keep in plans:
@@ -101,8 +114,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         use = blocking(job_dir, delete, uses)
         if use is not None:
             complain("prune", f"{job_dir} is not deleted: {use.said()}, inside it. Fix: "
-                     f"prune it once that job has ended (`trainguard status {use.job_dir}`); "
-                     "what that job keeps there goes with it then", "note")
+                     f"{use.fix(args.older_than)}; what that job keeps there goes with it "
+                     "then", "note")
             kept += 1
             continue
         old += 1
@@ -136,11 +149,19 @@ def _in_use(r: dict[str, Any]) -> bool:
     return r["state"] not in JOB_ENDED or bool(r.get("agents_without_controller"))
 
 
+def _not_due(r: dict[str, Any], cutoff: datetime) -> bool:
+    """A job whose dirs prune must not delete: one in use, or one that ended after `cutoff`
+    (walk-through 31 review #1: B, continuing from ended A's checkpoints, failed a minute
+    ago; deleting A deleted every checkpoint B wrote)."""
+    return _in_use(r) or not _prunable(r, cutoff)
+
+
 def running_uses(running: Iterable[tuple[dict[str, Any], dict[str, Any]]],
-                 candidates: Iterable[Path]) -> list[Use]:
-    """The dirs running jobs use: those under ROOT (`running`, read already), those whose
-    store or log dir lies inside a dir prune would delete (`candidates`), and those this
-    user's processes here work for (a job dir anywhere)."""
+                 candidates: Iterable[Path], cutoff: datetime) -> list[Use]:
+    """The dirs jobs that are not due use (running, or ended after `cutoff`): those under
+    ROOT (`running`, read already), those whose store or log dir lies inside a dir prune
+    would delete (`candidates`), and those this user's processes here work for (a job dir
+    anywhere)."""
     workers = _workers()
     rows = {Path(r["job_dir"]).resolve(): (r, meta) for r, meta in running}
     for d in _inside(candidates) + [jd for jd, _, _ in workers]:
@@ -148,15 +169,18 @@ def running_uses(running: Iterable[tuple[dict[str, Any], dict[str, Any]]],
             rows[d.resolve()] = read_job(d)
     uses: list[Use] = []
     for r, meta in rows.values():
-        if not _in_use(r):
+        if not _not_due(r, cutoff):
             continue
         jd = Path(r["job_dir"])
-        uses.append(Use(jd, r.get("run_id"), "job dir", jd))
+        ended = None if _in_use(r) else when(r.get("ended_at") or r.get("last_progress_at")
+                                             or r.get("created_at"))
+        uses.append(Use(jd, r.get("run_id"), "job dir", jd, ended=ended))
         if meta:
-            uses.append(Use(jd, r.get("run_id"), "log dir", log_dir_of(meta, jd)))
+            uses.append(Use(jd, r.get("run_id"), "log dir", log_dir_of(meta, jd), ended=ended))
             kept_at = checkpoint_dir_of(meta, jd)
             if not is_url(kept_at):
-                uses.append(Use(jd, r.get("run_id"), "checkpoint dir", Path(kept_at)))
+                uses.append(Use(jd, r.get("run_id"), "checkpoint dir", Path(kept_at),
+                                ended=ended))
     for jd, ck, pid in workers:  # a live worker: in use whatever its store says
         run_id = rows[jd.resolve()][0].get("run_id") if jd.resolve() in rows else None
         uses.append(Use(jd, run_id, "job dir", jd, pid))
@@ -258,10 +282,10 @@ def _delete(job_dir: Path, delete: list[Path], own: list[Path]) -> None:
 
 def prune_summary(jobs: int, days: float, freed: str, *, deleted: bool, kept: int = 0) -> str:
     """`prune`'s last line: what ended more than `days` ago, and what was (or would be)
-    freed; `kept`: how many more ended then that a running job uses (a note names each)."""
+    freed; `kept`: how many more ended then that a job not due uses (a note names each)."""
     ago = f"ended more than {days:g} {'day' if days == 1 else 'days'} ago"
-    held = (f"a running job uses what {'it holds' if kept == 1 else 'they hold'} (see the "
-            "note above)")
+    held = (f"a job that runs or ended since uses what {'it holds' if kept == 1 else 'they hold'}"
+            " (see the note above)")
     if jobs == 0:
         return (f"nothing to delete: {plural(kept, 'job')} {ago}, kept: {held}" if kept
                 else f"no job {ago}: nothing to delete")
