@@ -39,8 +39,8 @@ from trainguard.diagnosis.taxonomy import Category
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "data" / "diagnosis"
-# heldout42 and heldout43 were measured blind once (docs/diagnosis.md), then joined the sets
-# tuned on (the thirty-seventh and thirty-eighth rounds); never heldout44 (the next blind set,
+# heldout43 and heldout44 were measured blind once (docs/diagnosis.md), then joined the sets
+# tuned on (the thirty-eighth and thirty-ninth rounds); never heldout45 (the next blind set,
 # not built yet)
 SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
         "heldout7", "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13",
@@ -48,8 +48,9 @@ SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "hel
         "heldout20", "heldout21", "heldout22", "heldout23", "heldout24", "heldout25",
         "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31",
         "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37",
-        "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43")
-BLIND = "heldout44"
+        "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43",
+        "heldout44")
+BLIND = "heldout45"
 MODEL = ROOT / "src" / "trainguard" / "diagnosis" / "model.json"
 MIN_SOURCES = 2
 ALPHA = 0.5  # Laplace smoothing

@@ -63,6 +63,10 @@ def reports_success(text: str) -> bool:
 # (Slurm reports its own OOM kills: "Detected 1 oom-kill event(s)", a decisive rule)
 _BATCH_NOTICE = re.compile(r"WTERMSIG|slurm_script|slurmstepd|\bsrun: |\bmpi(?:run|exec) noticed|"
                            r"noticed that process rank")
+# an attribute asked of None inside checkpoint-loading code (`network.state_dict()` on a model
+# not built yet): the code handed the loader nothing, the checkpoint is not read yet (round
+# 39: the 7 logs of the sets with `'NoneType' object has no attribute` are none a checkpoint's)
+_NONE_ATTRIBUTE = re.compile(r"'NoneType' object has no attribute")
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,8 @@ def from_finding(f: Finding, rules: RuleSet) -> Candidate | None:
             (f.config_build, Category.CONFIG_ERROR,
              "A registry could not build what the config names (a type not registered or "
              "not imported, a missing `type` key): fix the config."),
-            (f.checkpoint_load, Category.CHECKPOINT_LOAD_ERROR,
+            (f.checkpoint_load and not _NONE_ATTRIBUTE.search(f.text),
+             Category.CHECKPOINT_LOAD_ERROR,
              "Loading the checkpoint failed: it does not fit the model or config (or is "
              "damaged); check the path, model and parallel layout.")):
         if raised_there:

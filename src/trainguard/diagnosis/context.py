@@ -37,6 +37,9 @@ _WITH_FRAME = re.compile(r'[/\\](?:contextlib|threading|queue)\.py", line \d+, i
 # an exception line quoted inside a long line of prose (an issue's `... I got an error
 # `ImportError: cannot import name ...``): past the characters kept, the kept text starts there
 _QUOTED_EXCEPTION = re.compile(r"\b(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S")
+# a reading that went NaN or infinite in a right-aligned table of statistics (rsl_rl's
+# `               Value function loss: inf`): indented, but no source line; kept
+_NONFINITE_READING = re.compile(r"^[A-Za-z][\w /.()-]*:\s*[-+]?(?:nan|inf)\s*$", re.IGNORECASE)
 
 
 def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole: bool,
@@ -73,7 +76,8 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
             cut = not text.startswith('File "') or _WITH_FRAME.search(text) is not None
         elif not loader and _LOADER_FRAME.match(text):
             loader = True
-        elif not text or CODE_LINE.match(pre.text) or pre.text.startswith("    ") \
+        elif not text or CODE_LINE.match(pre.text) \
+                or (pre.text.startswith("    ") and not _NONFINITE_READING.match(text)) \
                 or (text.startswith(_SKIP) and not _FLATTENED.match(text)
                     and not (no == last_line and text.startswith(_SKIP[0]))) \
                 or not any(c.isalpha() for c in text):

@@ -88,6 +88,12 @@ _ILLEGAL = re.compile(r"illegal instruction|\bSIGILL\b", re.IGNORECASE)
 # importlib's loader frames: it crashed while a module or extension loaded (two builds that
 # clash in one process), and every start imports the same way
 _IMPORTING = re.compile(r'^\s*File "<frozen importlib\._bootstrap(?:_external)?>", line \d+ in ')
+# CPython's own check that failed, named by the runtime function that made it (`Fatal Python
+# error: none_dealloc: deallocating None`, `PyThreadState_Get: no current thread`; not a
+# signal's name, `Fatal Python error: Segmentation fault`): a reference count or thread
+# state broken by an extension's bug, which the same run reaches again (round 39: both logs
+# of the sets with such a line say `no`)
+_RUNTIME_CHECK = re.compile(r"Fatal Python error: [A-Za-z_]\w*: ")
 # DataLoader workers on Windows and macOS are spawned, not forked: one that exits there is
 # almost always the script failing to re-import or pickle in the child (no `if __name__ ==
 # "__main__":` guard, an unpicklable dataset), which fails the same way every time
@@ -223,6 +229,10 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
     elif cat == Category.SEGFAULT_OR_ABORT and any(_IMPORTING.search(f.text) for f in findings):
         verdict, why = RestartHelps.NO, ("it crashed while a module loaded: every start "
                                          "imports the same way")
+    elif cat == Category.SEGFAULT_OR_ABORT and d.evidence is not None \
+            and _RUNTIME_CHECK.search(d.evidence.text):
+        verdict, why = RestartHelps.NO, ("the interpreter's own check failed (a broken reference "
+                                         "count or thread state): the same run reaches it again")
     elif cat == Category.DATALOADER_WORKER_CRASH and any(
             _SPAWN_PLATFORM.search(f.text) for f in findings):
         verdict, why = RestartHelps.NO, ("DataLoader workers are spawned on Windows and macOS: "
