@@ -8,21 +8,25 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import socket
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO
 
+from trainguard.controller.dir_owner import (
+    OWNER_NAME,
+    bounded,
+    default_owner,
+    read_owner,
+    running,
+    write_owner,
+)
 from trainguard.controller.store import JobStore, db_path, other_job
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.errors import SpecError, StoreError
-from trainguard.paths import LOCK_NAME, LOG_OWNER_NAME, JobPaths, attempt_logs, is_url
+from trainguard.paths import LOCK_NAME, JobPaths, attempt_logs, is_url
 from trainguard.spec import JobSpec, flag_name
-
-T = TypeVar("T")
 
 
 def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
@@ -86,7 +90,7 @@ def check_log_dir(paths: JobPaths) -> None:
     held = attempt_logs(paths.log_dir)
     if not held:
         return
-    owner = _log_owner(paths.log_dir)
+    owner = read_owner(paths.log_dir)
     if owner is not None and owner.get("job_dir") == str(paths.job_dir):
         return
     if owner is None and _stored_log_dir(paths.job_dir) == paths.log_dir:
@@ -103,25 +107,14 @@ def check_log_dir(paths: JobPaths) -> None:
 
 
 def claim_log_dir(paths: JobPaths, run_id: str) -> None:
-    """Write whose logs a --log-dir holds (LOG_OWNER_NAME), for check_log_dir."""
+    """Write whose logs a --log-dir holds (the owner mark), for check_log_dir."""
     if paths.log_dir_key != "log_dir":
         return
-    tmp = paths.log_dir / f"{LOG_OWNER_NAME}.{os.getpid()}.tmp"
     try:
-        tmp.write_text(json.dumps({"run_id": run_id, "job_dir": str(paths.job_dir)}),
-                       encoding="utf-8")
-        os.replace(tmp, paths.log_dir / LOG_OWNER_NAME)
+        write_owner(paths.log_dir, run_id, paths.job_dir)
     except OSError as e:
-        raise SpecError("--log-dir / 'log_dir'", f"cannot write {tmp} ({e.strerror})",
-                        "choose a writable directory") from None
-
-
-def _log_owner(log_dir: Path) -> dict[str, str] | None:
-    try:
-        data = json.loads((log_dir / LOG_OWNER_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return {k: str(v) for k, v in data.items()} if isinstance(data, dict) else None
+        raise SpecError("--log-dir / 'log_dir'", f"cannot write {paths.log_dir / OWNER_NAME} "
+                        f"({e.strerror})", "choose a writable directory") from None
 
 
 def _stored_log_dir(job_dir: Path) -> Path | None:
@@ -140,8 +133,9 @@ def check_checkpoint_dir(paths: JobPaths) -> None:
     the second job's saves found their steps committed and wrote nothing, it ended `succeeded`,
     and a restart of it would have resumed the other's weights). An ended job's dir is taken
     over (continuing from its checkpoints); the same job continued keeps its own."""
-    owner = _bounded(lambda: _ckpt_owner(paths.checkpoint_dir)) or _default_of(paths)
-    if not owner or owner.get("job_dir") == str(paths.job_dir) or not _running(owner):
+    owner = bounded(lambda: read_owner(paths.checkpoint_dir)) or \
+        default_owner(paths.checkpoint_dir, paths.job_dir)
+    if not owner or owner.get("job_dir") == str(paths.job_dir) or not running(owner):
         return
     raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'",
                     f"{paths.checkpoint_dir} is the checkpoint dir of the running job "
@@ -152,92 +146,23 @@ def check_checkpoint_dir(paths: JobPaths) -> None:
                     "to end (or stop it) to continue from its checkpoints")
 
 
-OWNER_NAME = LOG_OWNER_NAME  # in a --checkpoint-dir too: `{"run_id", "job_dir", "host", "pid"}`
-
-
 def claim_checkpoint_dir(paths: JobPaths, run_id: str) -> None:
-    """Write whose checkpoints a --checkpoint-dir holds (OWNER_NAME; on an object store, a few
-    seconds at most: the ranks say when it cannot be reached). The default JOB_DIR/checkpoints
-    is not written: its job dir says whose it is (and `prune` keeps only trainguard's files)."""
+    """Write whose checkpoints a --checkpoint-dir holds (the owner mark; on an object store, a
+    few seconds at most: the ranks say when it cannot be reached). The default
+    JOB_DIR/checkpoints is not written: its job dir says whose it is (and `prune` keeps only
+    trainguard's files)."""
     if paths.checkpoint_dir_key != "checkpoint_dir":
         return
-    data = json.dumps({"run_id": run_id, "job_dir": str(paths.job_dir),
-                       "host": socket.gethostname(), "pid": os.getpid()}).encode()
     if is_url(paths.checkpoint_dir):
-        _bounded(lambda: _fs_of(paths.checkpoint_dir).pipe_file(
-            f"{paths.checkpoint_dir.rstrip('/')}/{OWNER_NAME}", data))
+        bounded(lambda: write_owner(paths.checkpoint_dir, run_id, paths.job_dir))
         return
-    tmp = Path(paths.checkpoint_dir) / f"{OWNER_NAME}.{os.getpid()}.tmp"
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, tmp.with_name(OWNER_NAME))
+        write_owner(paths.checkpoint_dir, run_id, paths.job_dir)
     except OSError as e:
         raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / "
-                        f"'{paths.checkpoint_dir_key}'", f"cannot write {tmp} ({e.strerror})",
+                        f"'{paths.checkpoint_dir_key}'", f"cannot write "
+                        f"{Path(paths.checkpoint_dir) / OWNER_NAME} ({e.strerror})",
                         "choose a writable directory") from None
-
-
-def _ckpt_owner(location: str) -> dict[str, str] | None:
-    try:
-        if is_url(location):
-            raw = _fs_of(location).cat_file(f"{location.rstrip('/')}/{OWNER_NAME}")
-        else:
-            raw = (Path(location) / OWNER_NAME).read_bytes()
-        data = json.loads(raw)
-    except Exception:  # none, unreadable, a store not reachable: the ranks say why
-        return None
-    return {k: str(v) for k, v in data.items()} if isinstance(data, dict) \
-        and "job_dir" in data else None
-
-
-def _default_of(paths: JobPaths) -> dict[str, str] | None:
-    """The job whose default checkpoint dir (JOB_DIR/checkpoints) this one is, if another's."""
-    ck = Path(paths.checkpoint_dir)
-    if is_url(paths.checkpoint_dir) or ck.name != "checkpoints" or ck.parent == paths.job_dir \
-            or not db_path(ck.parent).is_file():
-        return None
-    try:
-        with JobStore.open(ck.parent) as store:
-            run_id = str(store.meta().get("run_id"))
-    except (StoreError, OSError):
-        run_id = "?"
-    return {"run_id": run_id, "job_dir": str(ck.parent)}
-
-
-def _fs_of(url: str) -> Any:
-    import fsspec  # only for a URL
-    return fsspec.core.url_to_fs(url)[0]
-
-
-def _running(owner: dict[str, str]) -> bool:
-    """Its launcher holds its job dir's lock (if here), or (this host) has not taken it yet."""
-    with contextlib.suppress(OSError), open(Path(owner["job_dir"]) / LOCK_NAME) as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    pid = owner.get("pid", "")
-    if owner.get("host") != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"trainguard" in f.read()
-    except OSError:
-        return False
-
-
-def _bounded(fn: Callable[[], T], timeout_s: float = 10.0) -> T | None:
-    """fn() on a daemon thread for at most `timeout_s` (a store that does not answer): None."""
-    box: list[T] = []
-
-    def run() -> None:
-        with contextlib.suppress(Exception):  # not reachable: the ranks say why
-            box.append(fn())
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    return box[0] if box else None
 
 
 def check_checkpoint_url(paths: JobPaths) -> None:

@@ -19,12 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.unit.helpers import TG, tg
+from trainguard.controller.dir_owner import OWNER_NAME
 from trainguard.errors import SpecError
-from trainguard.launch_checks import (
-    OWNER_NAME,
-    check_checkpoint_dir,
-    claim_checkpoint_dir,
-)
+from trainguard.launch_checks import check_checkpoint_dir, claim_checkpoint_dir
 from trainguard.paths import LOCK_NAME, JobPaths
 
 

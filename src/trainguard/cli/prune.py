@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -30,9 +29,10 @@ import psutil
 from trainguard.cli.args import days
 from trainguard.cli.fmt import complain, meta_time, plural, size_text
 from trainguard.cli.job_rows import read_job, when
+from trainguard.controller.dir_owner import OWNER_NAME, read_owner
 from trainguard.controller.store_rows import checkpoint_dir_of, log_dir_of
 from trainguard.node.usage import allocated_bytes
-from trainguard.paths import DB_NAME, DEFAULT_RUNS_DIR, LOG_OWNER_NAME, is_url, prune_plan
+from trainguard.paths import DB_NAME, DEFAULT_RUNS_DIR, is_url, prune_plan
 from trainguard.records import utcnow
 from trainguard.states import JOB_ENDED
 from trainguard.ui.catalog import find_job_dirs
@@ -220,23 +220,14 @@ def _inside(dirs: Iterable[Path]) -> list[Path]:
                           and not (Path(here) / s).is_symlink()]
             if DB_NAME in files and Path(here) != top:
                 found.append(Path(here))
-            if LOG_OWNER_NAME in files:
-                owner = _log_owner(Path(here) / LOG_OWNER_NAME)
-                if owner is not None and owner.resolve() != top.resolve():
-                    found.append(owner)
+            if OWNER_NAME in files:
+                owner = read_owner(here)
+                if owner is not None and Path(owner["job_dir"]).resolve() != top.resolve():
+                    found.append(Path(owner["job_dir"]))
     return found
 
 
 _SKIP = re.compile(r"step-\d+$|\.tmp-step-|\.old-step-|attempt-\d+$")  # hold no job
-
-
-def _log_owner(mark: Path) -> Path | None:
-    try:
-        doc = json.loads(mark.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    job_dir = doc.get("job_dir") if isinstance(doc, dict) else None
-    return Path(job_dir) if isinstance(job_dir, str) and job_dir else None
 
 
 def _workers() -> list[tuple[Path, Path | None, int]]:

@@ -1,0 +1,115 @@
+"""Whose job a log or checkpoint dir is, and whether that job still runs.
+
+A launch writes an owner mark (OWNER_NAME: `{"run_id", "job_dir", "host", "pid"}`) into a
+--log-dir or --checkpoint-dir that is not its job dir's own; the launch checks read it to
+refuse a dir another running job writes, and `prune` to find the job dirs that use a dir it
+would delete. One writer, one reader, for local dirs and object-store URLs alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trainguard.controller.store import JobStore, db_path
+from trainguard.errors import StoreError
+from trainguard.paths import LOCK_NAME, is_url
+from trainguard.paths import LOG_OWNER_NAME as OWNER_NAME
+
+T = TypeVar("T")
+
+__all__ = ["OWNER_NAME", "bounded", "default_owner", "fs_of", "read_owner", "running",
+           "write_owner"]
+
+
+def read_owner(location: str | Path) -> dict[str, str] | None:
+    """The mark of a local dir or a URL (None: none, unreadable, or a store not reachable:
+    the ranks say why)."""
+    try:
+        if is_url(location):
+            raw = fs_of(str(location)).cat_file(f"{str(location).rstrip('/')}/{OWNER_NAME}")
+        else:
+            raw = (Path(location) / OWNER_NAME).read_bytes()
+        data = json.loads(raw)
+    except Exception:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("job_dir"), str) \
+            or not data["job_dir"]:
+        return None
+    return {k: str(v) for k, v in data.items()}
+
+
+def write_owner(location: str | Path, run_id: str, job_dir: Path) -> None:
+    """Mark `location` as the job's (a local dir: written aside, then renamed into place).
+    Raises OSError (local) or what the URL's filesystem raises."""
+    data = json.dumps({"run_id": run_id, "job_dir": str(job_dir),
+                       "host": socket.gethostname(), "pid": os.getpid()}).encode()
+    if is_url(location):
+        fs_of(str(location)).pipe_file(f"{str(location).rstrip('/')}/{OWNER_NAME}", data)
+        return
+    tmp = Path(location) / f"{OWNER_NAME}.{os.getpid()}.tmp"
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, tmp.with_name(OWNER_NAME))
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def default_owner(checkpoint_dir: str, job_dir: Path) -> dict[str, str] | None:
+    """The job whose default checkpoint dir (JOB_DIR/checkpoints) `checkpoint_dir` is, when
+    that is another job dir than `job_dir`."""
+    ck = Path(checkpoint_dir)
+    if is_url(checkpoint_dir) or ck.name != "checkpoints" or ck.parent == job_dir \
+            or not db_path(ck.parent).is_file():
+        return None
+    try:
+        with JobStore.open(ck.parent) as store:
+            run_id = str(store.meta().get("run_id"))
+    except (StoreError, OSError):
+        run_id = "?"
+    return {"run_id": run_id, "job_dir": str(ck.parent)}
+
+
+def running(owner: dict[str, str]) -> bool:
+    """Its launcher holds its job dir's lock (if here), or (this host) has not taken it yet."""
+    with contextlib.suppress(OSError), open(Path(owner["job_dir"]) / LOCK_NAME) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    pid = owner.get("pid", "")
+    if owner.get("host") != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"trainguard" in f.read()
+    except OSError:
+        return False
+
+
+def fs_of(url: str) -> Any:
+    import fsspec  # only for a URL
+    return fsspec.core.url_to_fs(url)[0]
+
+
+def bounded(fn: Callable[[], T], timeout_s: float = 10.0) -> T | None:
+    """fn() on a daemon thread for at most `timeout_s` (a store that does not answer): None."""
+    box: list[T] = []
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # not reachable: the ranks say why
+            box.append(fn())
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return box[0] if box else None

@@ -1,0 +1,40 @@
+"""The owner mark (`.trainguard-job`) of a --log-dir or --checkpoint-dir has one writer and one
+reader (controller/dir_owner.py), used by the launch checks and by `prune` (review of
+walk-through 31 #8: it was written by two functions, read by three and named twice)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from trainguard.controller.dir_owner import OWNER_NAME, read_owner, write_owner
+from trainguard.launch_checks import claim_checkpoint_dir, claim_log_dir
+from trainguard.paths import JobPaths
+
+
+def test_a_log_dir_and_a_checkpoint_dir_are_marked_alike_and_read_back(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    paths = JobPaths(job, tmp_path / "logs", str(tmp_path / "ck"), log_dir_key="log_dir",
+                     checkpoint_dir_key="checkpoint_dir")
+    for d in (tmp_path / "logs", tmp_path / "ck"):
+        d.mkdir()
+    claim_log_dir(paths, "run-1")
+    claim_checkpoint_dir(paths, "run-1")
+    want = {"run_id": "run-1", "job_dir": str(job), "host": socket.gethostname(),
+            "pid": str(os.getpid())}
+    assert read_owner(tmp_path / "logs") == want
+    assert read_owner(str(tmp_path / "ck")) == want
+    assert sorted(os.listdir(tmp_path / "ck")) == [OWNER_NAME]  # no temporary file left
+
+
+def test_an_object_store_mark_reads_back_and_a_broken_one_is_none(tmp_path: Path) -> None:
+    url = f"memory://dir-owner-{os.getpid()}/run"
+    write_owner(url, "run-2", tmp_path / "j")
+    owner = read_owner(url)
+    assert owner is not None and owner["job_dir"] == str(tmp_path / "j")
+    (tmp_path / OWNER_NAME).write_text(json.dumps({"job_dir": ""}))
+    assert read_owner(tmp_path) is None  # names no job dir
+    (tmp_path / OWNER_NAME).write_text("{not json")
+    assert read_owner(tmp_path) is None
