@@ -18,6 +18,7 @@ from trainguard.controller.dir_owner import (
     OWNER_NAME,
     bounded,
     default_owner,
+    lost_agents,
     read_owner,
     running,
     write_owner,
@@ -135,15 +136,32 @@ def check_checkpoint_dir(paths: JobPaths) -> None:
     over (continuing from its checkpoints); the same job continued keeps its own."""
     owner = bounded(lambda: read_owner(paths.checkpoint_dir)) or \
         default_owner(paths.checkpoint_dir, paths.job_dir)
-    if not owner or owner.get("job_dir") == str(paths.job_dir) or not running(owner):
-        return
+    if owner and owner.get("job_dir") != str(paths.job_dir):
+        _refuse_if_it_runs(paths, owner)
+
+
+def _refuse_if_it_runs(paths: JobPaths, owner: dict[str, str]) -> None:
+    """Refuse the checkpoint dir of `owner`'s job while that job runs, or its launcher is gone
+    but its node agents' workers train on (review of walk-through 31 #13)."""
+    if running(owner):
+        agents: list[str] = []
+    else:
+        agents = lost_agents(owner)
+        if not agents:
+            return
+    job = f"job {owner.get('run_id')!r} (job dir {owner.get('job_dir')})"
+    fix = "give each job its own --checkpoint-dir, or wait for that job to end (or stop it) to " \
+        "continue from its checkpoints"
+    if agents:
+        job = (f"lost {job}: its launcher is gone, but the node agents of {', '.join(agents)} "
+               "still run and their workers train on")
+        fix = (f"`trainguard stop {owner.get('job_dir')}` ends them (or run that job's command "
+               "again to take it over), or give each job its own --checkpoint-dir")
     raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'",
-                    f"{paths.checkpoint_dir} is the checkpoint dir of the running job "
-                    f"{owner.get('run_id')!r} (job dir {owner.get('job_dir')}): both jobs "
-                    "would save the same steps, this job's saves would find them committed "
-                    "and write nothing, and a restart of it would resume the other job's "
-                    "weights", "give each job its own --checkpoint-dir, or wait for that job "
-                    "to end (or stop it) to continue from its checkpoints")
+                    f"{paths.checkpoint_dir} is the checkpoint dir of the "
+                    f"{'' if agents else 'running '}{job}: both jobs would save the same steps, "
+                    "this job's saves would find them committed and write nothing, and a "
+                    "restart of it would resume the other job's weights", fix)
 
 
 def claim_checkpoint_dir(paths: JobPaths, run_id: str) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trainguard.backends.local import live_agents
 from trainguard.controller.store import JobStore, db_path
 from trainguard.errors import StoreError
 from trainguard.paths import LOCK_NAME, is_url
@@ -25,8 +26,8 @@ from trainguard.paths import LOG_OWNER_NAME as OWNER_NAME
 
 T = TypeVar("T")
 
-__all__ = ["OWNER_NAME", "bounded", "default_owner", "fs_of", "read_owner", "running",
-           "write_owner"]
+__all__ = ["OWNER_NAME", "bounded", "default_owner", "fs_of", "lost_agents", "read_owner",
+           "running", "write_owner"]
 
 
 def read_owner(location: str | Path) -> dict[str, str] | None:
@@ -87,6 +88,11 @@ def running(owner: dict[str, str]) -> bool:
         except BlockingIOError:
             return True
         fcntl.flock(f, fcntl.LOCK_UN)
+    return _launcher_starting(owner)
+
+
+def _launcher_starting(owner: dict[str, str]) -> bool:
+    """The mark's launcher (this host) runs, its job dir's lock not taken yet."""
     pid = owner.get("pid", "")
     if owner.get("host") != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
         return False
@@ -95,6 +101,20 @@ def running(owner: dict[str, str]) -> bool:
             return b"trainguard" in f.read()
     except OSError:
         return False
+
+
+def lost_agents(owner: dict[str, str]) -> list[str]:
+    """The nodes of the owner's job whose agent still runs here: a job whose launcher is gone
+    but whose workers train and save on, as `status` and `prune` say (review of walk-through
+    31 #13: the launch check counted it as ended)."""
+    job_dir = Path(owner["job_dir"])
+    if not db_path(job_dir).is_file():
+        return []
+    try:
+        with JobStore.open(job_dir) as store:
+            return [n.name for n in live_agents(store.nodes())]
+    except (StoreError, OSError):
+        return []
 
 
 def fs_of(url: str) -> Any:

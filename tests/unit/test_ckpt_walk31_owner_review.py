@@ -1,0 +1,67 @@
+"""The review of walk-through 31's launch check of a checkpoint dir (#3 there): the cases it
+let through.
+
+#13: a lost job whose node agents still train (its launcher killed) counted as ended: another
+job took its checkpoint dir while its ranks still wrote there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from trainguard.controller.dir_owner import OWNER_NAME
+from trainguard.controller.store import JobStore
+from trainguard.controller.store_rows import NodeRow
+from trainguard.errors import SpecError
+from trainguard.launch_checks import check_checkpoint_dir
+from trainguard.paths import JobPaths
+from trainguard.states import NodeState
+
+
+def paths(job_dir: Path, ck: str) -> JobPaths:
+    return JobPaths(job_dir, job_dir / "logs", ck, checkpoint_dir_key="checkpoint_dir")
+
+
+def _agent(node: str) -> subprocess.Popen[bytes]:
+    """A process that reads as `node`'s agent (its module and --node in its argv, leading
+    its own group)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             "trainguard.node.main", "--node", node], start_new_session=True)
+
+
+def _lost_job(job: Path, agents: dict[str, int | None]) -> None:
+    """A multi-node job whose launcher is gone (no lock held, no launcher pid alive)."""
+    now = datetime.now(timezone.utc)
+    with JobStore.create(job, "job-a") as s:
+        s.set_meta(state="running", job_dir=str(job), launcher_pid=2 ** 22 + 1,
+                   launcher_host="elsewhere")
+        s.put_nodes([NodeRow(name, "localhost", NodeState.HEALTHY, pid, i, None, now, "local")
+                     for i, (name, pid) in enumerate(agents.items())])
+
+
+def test_a_lost_job_whose_agents_train_on_keeps_its_checkpoint_dir(tmp_path: Path) -> None:
+    a, ck = tmp_path / "a", tmp_path / "ck"
+    ck.mkdir()
+    (ck / OWNER_NAME).write_text(json.dumps({"run_id": "job-a", "job_dir": str(a),
+                                             "host": "elsewhere", "pid": 1}))
+    agent = _agent("node-1")
+    try:
+        _lost_job(a, {"node-0": None, "node-1": agent.pid})
+        with pytest.raises(SpecError) as e:
+            check_checkpoint_dir(paths(tmp_path / "b", str(ck)))
+    finally:
+        agent.kill()
+        agent.wait()
+    assert str(e.value) == (
+        f"--checkpoint-dir / 'checkpoint_dir': {ck} is the checkpoint dir of the lost job "
+        f"'job-a' (job dir {a}): its launcher is gone, but the node agents of node-1 still run "
+        "and their workers train on: both jobs would save the same steps, this job's saves "
+        "would find them committed and write nothing, and a restart of it would resume the "
+        f"other job's weights. Fix: `trainguard stop {a}` ends them (or run that job's "
+        "command again to take it over), or give each job its own --checkpoint-dir")
+    check_checkpoint_dir(paths(tmp_path / "b", str(ck)))  # its agents ended: taken over
