@@ -134,10 +134,12 @@ def check_checkpoint_dir(paths: JobPaths) -> None:
     the second job's saves found their steps committed and wrote nothing, it ended `succeeded`,
     and a restart of it would have resumed the other's weights). An ended job's dir is taken
     over (continuing from its checkpoints); the same job continued keeps its own."""
-    owner = bounded(lambda: read_owner(paths.checkpoint_dir)) or \
-        default_owner(paths.checkpoint_dir, paths.job_dir)
-    if owner and owner.get("job_dir") != str(paths.job_dir):
-        _refuse_if_it_runs(paths, owner)
+    mark = bounded(lambda: read_owner(paths.checkpoint_dir))
+    # both: a job dir's default dir keeps the mark of a job that took it over once, and then
+    # ended, while its own job runs again (review of walk-through 31 #11)
+    for owner in (mark, default_owner(paths.checkpoint_dir, paths.job_dir)):
+        if owner and owner.get("job_dir") != str(paths.job_dir):
+            _refuse_if_it_runs(paths, owner)
 
 
 def _refuse_if_it_runs(paths: JobPaths, owner: dict[str, str]) -> None:
@@ -167,10 +169,13 @@ def _refuse_if_it_runs(paths: JobPaths, owner: dict[str, str]) -> None:
 def claim_checkpoint_dir(paths: JobPaths, run_id: str) -> None:
     """Write whose checkpoints a --checkpoint-dir holds (the owner mark; on an object store, a
     few seconds at most: the ranks say when it cannot be reached). The default
-    JOB_DIR/checkpoints is not written: its job dir says whose it is (and `prune` keeps only
-    trainguard's files)."""
+    JOB_DIR/checkpoints is not written, its job dir says whose it is, unless it holds the mark
+    of another job that took it over once (that job ended: check_checkpoint_dir): it is the
+    job's own again (review of walk-through 31 #11)."""
     if paths.checkpoint_dir_key != "checkpoint_dir":
-        return
+        owner = read_owner(paths.checkpoint_dir)
+        if owner is None or owner.get("job_dir") == str(paths.job_dir):
+            return
     if is_url(paths.checkpoint_dir):
         bounded(lambda: write_owner(paths.checkpoint_dir, run_id, paths.job_dir))
         return

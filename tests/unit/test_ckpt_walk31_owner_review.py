@@ -1,11 +1,15 @@
 """The review of walk-through 31's launch check of a checkpoint dir (#3 there): the cases it
 let through.
 
+#11: a stale owner mark in a job's default checkpoints/ (left by a job that took it over
+once, and ended) hid that job dir's own job while it ran again: a third job was accepted.
+
 #13: a lost job whose node agents still train (its launcher killed) counted as ended: another
 job took its checkpoint dir while its ranks still wrote there."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
@@ -18,8 +22,8 @@ from trainguard.controller.dir_owner import OWNER_NAME
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import NodeRow
 from trainguard.errors import SpecError
-from trainguard.launch_checks import check_checkpoint_dir
-from trainguard.paths import JobPaths
+from trainguard.launch_checks import check_checkpoint_dir, claim_checkpoint_dir
+from trainguard.paths import LOCK_NAME, JobPaths
 from trainguard.states import NodeState
 
 
@@ -65,3 +69,23 @@ def test_a_lost_job_whose_agents_train_on_keeps_its_checkpoint_dir(tmp_path: Pat
         f"other job's weights. Fix: `trainguard stop {a}` ends them (or run that job's "
         "command again to take it over), or give each job its own --checkpoint-dir")
     check_checkpoint_dir(paths(tmp_path / "b", str(ck)))  # its agents ended: taken over
+
+
+def test_a_stale_mark_in_a_running_jobs_default_dir_does_not_hide_that_job(
+        tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    with JobStore.create(a, "job-a"):
+        pass
+    ck = a / "checkpoints"
+    ck.mkdir()
+    # B once continued from A's checkpoints (its mark), and ended; A runs again (continued)
+    (ck / OWNER_NAME).write_text(json.dumps({"run_id": "job-b", "job_dir": str(b),
+                                             "host": "elsewhere", "pid": 1}))
+    with open(a / LOCK_NAME, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with pytest.raises(SpecError, match=r"of the running job 'job-a' \(job dir "):
+            check_checkpoint_dir(paths(c, str(ck)))
+    # A's launch makes the dir its own again: B's mark goes
+    claim_checkpoint_dir(JobPaths(a, a / "logs", str(ck)), "job-a")
+    owner = json.loads((ck / OWNER_NAME).read_text())
+    assert (owner["run_id"], owner["job_dir"]) == ("job-a", str(a))
