@@ -17,19 +17,10 @@ TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 def client_uid(client: object, server: object,
                tables: tuple[Path, ...] = TCP_TABLES) -> int | None:
     """The uid owning the client's end of a loopback TCP connection to `server`: -1 when
-    the tables are readable but do not have it (refused: it cannot be told); None when the
-    client is no loopback address (a test's transport) or the tables are not there (not
-    Linux: the Host check alone)."""
-    if not (isinstance(client, list | tuple) and isinstance(server, list | tuple)
-            and len(client) == 2 and len(server) == 2):
-        return None
-    try:
-        want = (_v4(ipaddress.ip_address(str(client[0]))), int(client[1]),
-                _v4(ipaddress.ip_address(str(server[0]))), int(server[1]))
-    except ValueError:
-        return None
-    if not want[0].is_loopback:
-        return None
+    the tables are readable but do not have it, or when the client is not a loopback
+    address and port (it cannot be told: refused, fail closed); None only when the tables
+    are not there (not Linux: the Host check alone)."""
+    want = _loopback_pair(client, server)
     found = False
     for table in tables:
         try:
@@ -37,11 +28,30 @@ def client_uid(client: object, server: object,
         except OSError:
             continue
         found = True
+        if want is None:
+            continue
         for line in lines:
             f = line.split()
-            if len(f) > 7 and _endpoint(f[1]) == want[:2] and _endpoint(f[2]) == want[2:]:
+            if len(f) > 7 and _endpoint(f[1]) == want[0] and _endpoint(f[2]) == want[1]:
                 return int(f[7])
     return -1 if found else None
+
+
+_Addr = tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]
+
+
+def _loopback_pair(client: object, server: object) -> tuple[_Addr, _Addr] | None:
+    """(client, server) as addresses and ports when the client is a loopback address and
+    both are (address, port) pairs; None otherwise."""
+    if not (isinstance(client, list | tuple) and isinstance(server, list | tuple)
+            and len(client) == 2 and len(server) == 2):
+        return None
+    try:
+        ends = ((_v4(ipaddress.ip_address(str(client[0]))), int(client[1])),
+                (_v4(ipaddress.ip_address(str(server[0]))), int(server[1])))
+    except ValueError:
+        return None
+    return ends if ends[0][0].is_loopback else None
 
 
 def _endpoint(field: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int] | None:

@@ -20,6 +20,7 @@ import pytest
 import uvicorn
 from starlette.testclient import TestClient
 
+from tests.unit.ui_process import running_ui
 from trainguard.cli import main as cli_main
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.records import (
@@ -43,6 +44,15 @@ RUN = "tg-ui"
 DECIDING = "RuntimeError: CUDA error: an illegal memory access was encountered"
 SYMPTOM = "RuntimeError: Connection closed by peer"
 LOCAL = "http://127.0.0.1"
+TOKEN = "test-token"
+
+
+def api_client(catalog: Catalog) -> TestClient:
+    """A TestClient of the dashboard over `catalog`. Its requests come from no socket, so a
+    dashboard without a token refuses them (the owner of the client's end cannot be told:
+    fail closed); this one has a token and sends it."""
+    return TestClient(create_app(catalog, token=TOKEN), base_url=LOCAL,
+                      headers={"Authorization": f"Bearer {TOKEN}"})
 
 
 def at(s: float) -> datetime:
@@ -125,7 +135,7 @@ def job(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def client(job: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(Catalog([job])), base_url=LOCAL) as c:
+    with api_client(Catalog([job])) as c:
         yield c
 
 
@@ -159,7 +169,7 @@ def test_a_job_whose_launcher_died_reads_lost(tmp_path: Path) -> None:
     d = tmp_path / "lost"
     with make_job(d, running=True) as store:
         store.set_meta(launcher_pid=2**22 + 12345)  # no such process
-    with TestClient(create_app(Catalog([d])), base_url=LOCAL) as c:
+    with api_client(Catalog([d])) as c:
         assert c.get("/api/jobs").json()[0]["state"] == "lost"
 
 
@@ -174,7 +184,7 @@ def test_a_hang_left_running_reads_hung_in_the_list_the_view_and_the_metrics(
     d = tmp_path / "hung"
     with make_job(d, running=True) as store:  # attempt 0's hang is not this attempt's
         store.set_meta(attempt=1)
-    with TestClient(create_app(Catalog([d])), base_url=LOCAL) as c:
+    with api_client(Catalog([d])) as c:
         assert c.get("/api/jobs").json()[0]["hang"] is None
         with JobStore.create(d, RUN) as store:
             store.add_event(event("HangConfirmed", 40, attempt=1, rank=1, data={
@@ -394,12 +404,20 @@ def test_with_a_token_every_request_needs_it_and_a_page_opened_with_it_sets_a_co
 
 
 def test_without_a_token_only_loopback_hosts_are_answered(job: Path) -> None:
-    app = create_app(Catalog([job]))
-    with TestClient(app, base_url="http://127.0.0.1:8642") as c:
-        assert c.get("/api/jobs").status_code == 200
-        assert c.get("/api/jobs", headers={"Host": "localhost:8642"}).status_code == 200
-        assert c.get("/api/jobs", headers={"Host": "[::1]:8642"}).status_code == 200
-        assert c.get("/api/jobs", headers={"Host": "evil.example:8642"}).status_code == 403
+    with running_ui(job) as (_, port):
+        url = f"http://127.0.0.1:{port}/api/jobs"
+        assert httpx.get(url, timeout=10).status_code == 200
+        for host, code in (("localhost", 200), ("[::1]", 200), ("evil.example", 403)):
+            r = httpx.get(url, headers={"Host": f"{host}:{port}"}, timeout=10)
+            assert r.status_code == code, (host, r.text)
+
+
+def test_a_request_from_no_socket_is_refused_without_a_token(job: Path) -> None:
+    """A client whose socket's owner cannot be looked up (not a loopback address and port:
+    here the TestClient's) is refused, not let through (review of walk-through 32 #1)."""
+    with TestClient(create_app(Catalog([job])), base_url=LOCAL) as c:
+        r = c.get("/api/jobs")
+        assert r.status_code == 403 and "cannot be told" in r.json()["error"], r.text
 
 
 def test_the_command_needs_a_job_dir_or_a_root(capsys: pytest.CaptureFixture[str]) -> None:
@@ -427,7 +445,7 @@ def test_restarts_are_the_recoveries_status_counts_not_the_relaunches(
     with make_job(d) as store:  # one recovery, then two relaunches of the job dir
         for a in (2, 3):
             store.put_running(RunningRecord(a, at(60 + a), StartType.RELAUNCH, end_at=at(61 + a)))
-    with TestClient(create_app(Catalog([d])), base_url=LOCAL) as c:
+    with api_client(Catalog([d])) as c:
         row = c.get("/api/jobs").json()[0]
         assert (row["attempts"], row["restarts"]) == (4, 1)
         assert c.get(f"/api/jobs/{row['id']}").json()["restarts"] == 1

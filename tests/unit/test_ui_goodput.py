@@ -7,18 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from starlette.testclient import TestClient
 
-from tests.unit.test_ui_api import LOCAL, event, make_job
+from tests.unit.test_ui_api import api_client, event, make_job
 from trainguard.controller.store import JobStore
 from trainguard.ui import goodput_view
-from trainguard.ui.app import create_app
 from trainguard.ui.catalog import Catalog, job_id
 
 
 def test_the_list_and_the_view_show_the_ledgers_goodput_and_its_parts(tmp_path: Path) -> None:
     make_job(tmp_path / "j").close()
-    with TestClient(create_app(Catalog([tmp_path / "j"])), base_url=LOCAL) as c:
+    with api_client(Catalog([tmp_path / "j"])) as c:
         ratio = c.get("/api/jobs").json()[0]["goodput"]
         ledger = c.get(f"/api/jobs/{job_id((tmp_path / 'j').resolve())}").json()[
             "goodput_detail"]
@@ -40,7 +38,7 @@ def test_an_ended_jobs_goodput_is_computed_again_only_when_its_store_changes(
 
     monkeypatch.setattr(goodput_view, "job_goodput", counting)
     jid = job_id((tmp_path / "j").resolve())
-    with TestClient(create_app(Catalog([tmp_path / "j"])), base_url=LOCAL) as c:
+    with api_client(Catalog([tmp_path / "j"])) as c:
         for path in ("/api/jobs", f"/api/jobs/{jid}", f"/api/jobs/{jid}/goodput", "/api/jobs"):
             assert c.get(path).status_code == 200
         assert len(calls) == 1

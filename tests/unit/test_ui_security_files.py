@@ -18,10 +18,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.unit.helpers import TG
-from tests.unit.test_ui_api import LOCAL, make_job
+from tests.unit.test_ui_api import api_client, make_job
 from trainguard.controller.store import JobStore
 from trainguard.ui import jobfiles
-from trainguard.ui.app import create_app
 from trainguard.ui.catalog import Catalog, job_id
 
 SECRET = "e64e60a91b5d425df2ef93f8ffee4b28 the job token"
@@ -40,7 +39,7 @@ def shared(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def _client(root: Path) -> TestClient:
-    return TestClient(create_app(Catalog([], root=root)), base_url=LOCAL)
+    return api_client(Catalog([], root=root))
 
 
 def _relink(path: Path, target: Path) -> None:
@@ -122,7 +121,7 @@ def test_a_symlinked_store_is_not_shown_as_this_dirs_job(shared: tuple[Path, Pat
     planted.mkdir()
     (planted / "trainguard.db").symlink_to(private / "trainguard.db")
     assert planted.resolve() not in Catalog([], root=root).jobs().values()
-    with TestClient(create_app(Catalog([planted])), base_url=LOCAL) as c:  # named by hand
+    with api_client(Catalog([planted])) as c:  # named by hand
         jid = job_id(planted.resolve())
         assert "symbolic link" in c.get("/api/jobs").json()[0]["error"]
         r = c.get(f"/api/jobs/{jid}/events")
@@ -131,7 +130,7 @@ def test_a_symlinked_store_is_not_shown_as_this_dirs_job(shared: tuple[Path, Pat
     make_job(planted).close()
     (planted / "trainguard.db-wal").unlink(missing_ok=True)
     (planted / "trainguard.db-wal").symlink_to(private / "trainguard.db-wal")
-    with TestClient(create_app(Catalog([planted])), base_url=LOCAL) as c:
+    with api_client(Catalog([planted])) as c:
         r = c.get(f"/api/jobs/{job_id(planted.resolve())}")
         assert r.status_code == 403 and "trainguard.db-wal is a symbolic link" in r.text
 

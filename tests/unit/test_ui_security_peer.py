@@ -1,8 +1,8 @@
 """Walk-through 32 #5 (the way in): a loopback dashboard without a token answered every local
 user, who read through it, with the dashboard user's rights, what they could not. Now it
 answers only its own user (and root), by the uid that owns the client's end of the loopback
-connection (/proc/net/tcp): a real server in a thread, a request from this process and one
-from another uid."""
+connection (/proc/net/tcp): the real `trainguard ui`, a request from this process and ones
+from another uid, also with forwarding headers (review of walk-through 32 #1)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,15 @@ import os
 import socket
 import struct
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from tests.unit.test_ui_api import make_job
+from tests.unit.ui_process import running_ui
 from trainguard.sockowner import client_uid
-from trainguard.ui.app import create_app
-from trainguard.ui.catalog import Catalog
-from trainguard.ui.server import bind
 
 NOBODY = 65534
 
@@ -44,41 +39,58 @@ def test_the_client_uid_is_read_from_the_kernels_table(tmp_path: Path) -> None:
     assert client_uid(("127.0.0.1", 40000), server, (table,)) == 1001  # the client's end
     assert client_uid(["::ffff:127.0.0.1", 40000], server, (table,)) == 1001
     assert client_uid(("127.0.0.1", 40001), server, (table,)) == -1  # not there: refused
-    assert client_uid(("testclient", 50000), server, (table,)) is None  # no socket at all
+    assert client_uid(("testclient", 50000), server, (table,)) == -1  # no socket: refused
+    assert client_uid(("10.9.8.7", 40000), server, (table,)) == -1  # not loopback: refused
     assert client_uid(("127.0.0.1", 40000), server, (tmp_path / "none",)) is None
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
+    """The real `trainguard ui` (as its users start it: uvicorn's proxy headers are its
+    settings, not a test's) over one job; its URL."""
     make_job(tmp_path / "job").close()
-    sock = bind("127.0.0.1", 0)
-    srv = uvicorn.Server(uvicorn.Config(create_app(Catalog([tmp_path / "job"])),
-                                        log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        srv.should_exit = True
-        thread.join(10)
-        sock.close()
+    with running_ui(tmp_path / "job") as (_, port):
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_the_dashboards_own_user_is_answered(server: str) -> None:
     assert httpx.get(f"{server}/api/jobs", timeout=10).status_code == 200
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
-                    reason="needs root to connect as another uid")
-def test_another_local_user_is_refused_without_a_token(server: str) -> None:
+def _as_nobody(server: str, headers: dict[str, str]) -> str:
+    """GET /api/jobs as uid 65534 with `headers`: the status, then the body."""
     code = ("import urllib.request, urllib.error, sys\n"
-            f"try: urllib.request.urlopen('{server}/api/jobs', timeout=10)\n"
+            f"req = urllib.request.Request('{server}/api/jobs', headers={headers!r})\n"
+            "try: urllib.request.urlopen(req, timeout=10)\n"
             "except urllib.error.HTTPError as e: print(e.code, e.read().decode())\n"
             "else: print(200)\n")
     out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
                          timeout=30, user=NOBODY, group=NOBODY, cwd="/", check=False,
                          env={"PATH": "/usr/bin:/bin"})
-    assert out.stdout.startswith("403"), (out.stdout, out.stderr)
-    assert f"uid {NOBODY}'s" in out.stdout and "--token" in out.stdout
+    return out.stdout + out.stderr
+
+
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
+                             reason="needs root to connect as another uid")
+
+
+@AS_ROOT
+def test_another_local_user_is_refused_without_a_token(server: str) -> None:
+    out = _as_nobody(server, {})
+    assert out.startswith("403"), out
+    assert f"uid {NOBODY}'s" in out and "--token" in out
+
+
+@AS_ROOT
+@pytest.mark.parametrize("header", [
+    {"X-Forwarded-For": "10.0.0.1"}, {"X-Forwarded-For": "127.0.0.1"},
+    {"X-Forwarded-For": "10.0.0.1", "X-Forwarded-Proto": "https"},
+    {"Forwarded": "for=10.0.0.1"}])
+def test_a_forwarding_header_does_not_make_another_user_the_dashboards(
+        server: str, header: dict[str, str]) -> None:
+    """Review of walk-through 32 #1: uvicorn took the client's address from a loopback
+    client's X-Forwarded-For (its default proxy_headers), and a client that was not a
+    loopback address passed the owner check: another user's request with
+    `X-Forwarded-For: 10.0.0.1` was answered 200."""
+    out = _as_nobody(server, header)
+    assert out.startswith("403"), (header, out)

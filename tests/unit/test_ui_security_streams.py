@@ -6,7 +6,6 @@ with a traceback in the server's log."""
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import time
@@ -15,11 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from starlette.testclient import TestClient
 
-from tests.unit.helpers import TG
-from tests.unit.test_ui_api import LOCAL, make_job
-from trainguard.ui.app import create_app
+from tests.unit.test_ui_api import api_client, make_job
+from tests.unit.ui_process import running_ui, stderr_after_stop
 from trainguard.ui.catalog import Catalog, job_id
 
 STREAMS = 40
@@ -32,20 +29,8 @@ def ui(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, str]]:
     `running` and its streams stay open): the process, its port, the job's id."""
     job = tmp_path / "live"
     make_job(job, running=True).close()
-    proc = subprocess.Popen([*TG, "ui", str(job), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        m = re.search(r":(\d+)/", line)
-        if m is None:
-            proc.kill()
-            pytest.fail(f"trainguard ui printed no URL: {line!r}; stderr: "
-                        f"{proc.communicate(timeout=10)[1][-2000:]}")
-        yield proc, int(m.group(1)), job_id(job.resolve())
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with running_ui(job) as (proc, port):
+        yield proc, port, job_id(job.resolve())
 
 
 def _fds(pid: int) -> int:
@@ -95,15 +80,14 @@ def test_an_event_id_past_sqlites_range_is_a_400_and_no_traceback(
         assert "9223372036854775807" in r.json()["error"], r.text
     ok = httpx.get(f"{base}/events?after={2**63 - 1}", timeout=10)
     assert ok.status_code == 200 and ok.json()["events"] == []
-    proc.terminate()
-    _, err = proc.communicate(timeout=10)
+    err = stderr_after_stop(proc)
     assert "Traceback" not in err and "OverflowError" not in err, err
 
 
 def test_bad_numbers_name_the_range_and_do_not_echo_a_huge_value(tmp_path: Path) -> None:
     make_job(tmp_path / "j").close()
     jid = job_id((tmp_path / "j").resolve())
-    with TestClient(create_app(Catalog([tmp_path / "j"])), base_url=LOCAL) as c:
+    with api_client(Catalog([tmp_path / "j"])) as c:
         r = c.get(f"/api/jobs/{jid}/events?limit={'9' * 5000}")
         assert r.status_code == 400 and len(r.text) < 300, r.text[:300]
         assert "limit" in r.json()["error"]

@@ -2,7 +2,8 @@
 whose Host is a loopback name pass (a web page elsewhere cannot reach it through DNS
 rebinding), and only from the dashboard's own user (or root): the uid that owns the client's
 end of the loopback connection, read from /proc/net/tcp{,6} (other local users would read
-with the dashboard user's rights what they cannot; walk-through 32 #5). With a token
+with the dashboard user's rights what they cannot; walk-through 32 #5): a client that is
+not a loopback address and port it can look up is refused (fail closed). With a token
 (required off loopback), every request carries it: `?token=`, `Authorization: Bearer`, or the
 cookie set when a page was opened with `?token=`, so the page's own requests and its event
 stream need nothing more."""

@@ -48,7 +48,10 @@ def serve(catalog: Catalog, host: str, port: int, token: str | None,
         token = secrets.token_urlsafe(24)
     sock = bind(host, port)
     app = create_app(catalog, token=token)
-    config = uvicorn.Config(app, log_level="warning", access_log=False,
+    # proxy_headers off: uvicorn would otherwise take the client's address from any
+    # loopback client's X-Forwarded-For, and the owner check with it (review of
+    # walk-through 32 #1); a dashboard behind a proxy uses --token
+    config = uvicorn.Config(app, log_level="warning", access_log=False, proxy_headers=False,
                             timeout_graceful_shutdown=1, lifespan="off")
     count = len(catalog.jobs())
     print(f"trainguard ui: {count} job(s) at {url_of(sock, host, token)}", file=out,
