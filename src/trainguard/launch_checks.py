@@ -18,6 +18,7 @@ from trainguard.controller.dir_owner import (
     OWNER_NAME,
     bounded,
     default_owner,
+    locked,
     lost_agents,
     read_owner,
     running,
@@ -176,16 +177,20 @@ def claim_checkpoint_dir(paths: JobPaths, run_id: str) -> None:
         owner = read_owner(paths.checkpoint_dir)
         if owner is None or owner.get("job_dir") == str(paths.job_dir):
             return
-    if is_url(paths.checkpoint_dir):
+    if is_url(paths.checkpoint_dir):  # no lock there: checked again just before and after
+        check_checkpoint_dir(paths)
         bounded(lambda: write_owner(paths.checkpoint_dir, run_id, paths.job_dir))
+        check_checkpoint_dir(paths)
         return
-    try:
-        write_owner(paths.checkpoint_dir, run_id, paths.job_dir)
-    except OSError as e:
-        raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / "
-                        f"'{paths.checkpoint_dir_key}'", f"cannot write "
-                        f"{Path(paths.checkpoint_dir) / OWNER_NAME} ({e.strerror})",
-                        "choose a writable directory") from None
+    with locked(paths.checkpoint_dir):  # two launches at once take turns (review #2)
+        check_checkpoint_dir(paths)  # again: another launch may have claimed it since
+        try:
+            write_owner(paths.checkpoint_dir, run_id, paths.job_dir)
+        except OSError as e:
+            raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / "
+                            f"'{paths.checkpoint_dir_key}'", f"cannot write "
+                            f"{Path(paths.checkpoint_dir) / OWNER_NAME} ({e.strerror})",
+                            "choose a writable directory") from None
 
 
 def check_checkpoint_url(paths: JobPaths) -> None:

@@ -13,6 +13,7 @@ import fcntl
 import json
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -89,3 +90,52 @@ def test_a_stale_mark_in_a_running_jobs_default_dir_does_not_hide_that_job(
     claim_checkpoint_dir(JobPaths(a, a / "logs", str(ck)), "job-a")
     owner = json.loads((ck / OWNER_NAME).read_text())
     assert (owner["run_id"], owner["job_dir"]) == ("job-a", str(a))
+
+
+RACER = """import fcntl, sys, time
+from pathlib import Path
+from trainguard.errors import SpecError
+from trainguard.launch_checks import prepare
+from trainguard.paths import LOCK_NAME
+from trainguard.spec import JobSpec
+name = sys.argv[2]
+spec = JobSpec(entrypoint="t.py", nproc_per_node=1, job_dir=name, checkpoint_dir="ck")
+Path(f"ready-{name}").touch()
+while not Path("go").exists():
+    time.sleep(0.0005)
+try:
+    spec, paths = prepare(spec, create=True)
+    f = open(paths.job_dir / LOCK_NAME, "a+")  # as run does next
+    fcntl.flock(f, fcntl.LOCK_EX)
+    print("passed", flush=True)
+    while not Path("done").exists():
+        time.sleep(0.01)
+except SpecError as e:
+    print("refused", e, flush=True)
+"""
+
+
+def test_two_launches_at_once_on_one_checkpoint_dir_let_exactly_one_pass(
+        tmp_path: Path) -> None:
+    """Review #2: the check read the mark and the claim wrote it later, with no lock around
+    the pair: two launchers released together both passed (the last writer's mark won). Five
+    trials of two launchers (their argv says trainguard, as a launcher's does)."""
+    for trial in range(5):
+        here = tmp_path / str(trial)
+        here.mkdir()
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, "trainguard", name],
+                                   cwd=here, stdout=subprocess.PIPE, text=True)
+                  for name in ("a", "b")]
+        try:
+            deadline = time.monotonic() + 60
+            while not all((here / f"ready-{n}").exists() for n in "ab"):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            (here / "go").touch()
+            outs = [p.stdout.readline() for p in racers if p.stdout is not None]
+        finally:
+            (here / "done").touch()
+            for p in racers:
+                p.communicate(timeout=30)
+        assert sorted(o.split()[0] for o in outs) == ["passed", "refused"], (trial, outs)
+        assert "is the checkpoint dir of the running job" in "".join(outs)

@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,8 +26,8 @@ from trainguard.paths import LOG_OWNER_NAME as OWNER_NAME
 
 T = TypeVar("T")
 
-__all__ = ["OWNER_NAME", "bounded", "default_owner", "fs_of", "lost_agents", "read_owner",
-           "running", "write_owner"]
+__all__ = ["OWNER_NAME", "bounded", "default_owner", "fs_of", "locked", "lost_agents",
+           "read_owner", "running", "write_owner"]
 
 
 def read_owner(location: str | Path) -> dict[str, str] | None:
@@ -63,6 +63,23 @@ def write_owner(location: str | Path, run_id: str, job_dir: Path) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+@contextlib.contextmanager
+def locked(directory: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on a local dir (flock of the directory itself: no file is left
+    there) while its mark is checked and written, so that two launches at once take turns.
+    A URL, or a filesystem without flock, goes unlocked."""
+    fd = None
+    if not is_url(directory):
+        with contextlib.suppress(OSError):
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # lets the lock go
 
 
 def default_owner(checkpoint_dir: str, job_dir: Path) -> dict[str, str] | None:
