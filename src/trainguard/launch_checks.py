@@ -10,6 +10,7 @@ import errno
 import fcntl
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -48,7 +49,8 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     check_unlocked(paths.job_dir)
     spec = continued_run(spec, paths.job_dir)
     check_log_dir(paths)
-    check_checkpoint_dir(paths)
+    store_until = time.monotonic() + STORE_WAIT_S  # an object store's reads and write, in all
+    check_checkpoint_dir(paths, store_until)
     if not spec.multi_node:  # a multi-node job meets at its first node's address
         check_master_addr(spec.master_addr)
     elif spec.backend == "local":  # ... on this machine: another machine's is a mistake
@@ -58,7 +60,7 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     paths.make(create)
     if create:
         claim_log_dir(paths, spec.run_id)
-        claim_checkpoint_dir(paths, spec.run_id)
+        claim_checkpoint_dir(paths, spec.run_id, store_until)
     return spec, paths
 
 
@@ -130,17 +132,25 @@ def _stored_log_dir(job_dir: Path) -> Path | None:
         return None
 
 
-def check_checkpoint_dir(paths: JobPaths) -> None:
+STORE_WAIT_S = 10.0  # the most a launch waits for an object store's owner mark, in all
+
+
+def check_checkpoint_dir(paths: JobPaths, store_until: float | None = None) -> None:
     """A checkpoint dir a running job of another job dir writes is refused (walk-through 31 #3:
     the second job's saves found their steps committed and wrote nothing, it ended `succeeded`,
     and a restart of it would have resumed the other's weights). An ended job's dir is taken
-    over (continuing from its checkpoints); the same job continued keeps its own."""
-    mark = bounded(lambda: read_owner(paths.checkpoint_dir))
+    over (continuing from its checkpoints); the same job continued keeps its own. An object
+    store is asked until `store_until` (monotonic; default STORE_WAIT_S from now)."""
+    mark = bounded(lambda: read_owner(paths.checkpoint_dir), _left(store_until))
     # both: a job dir's default dir keeps the mark of a job that took it over once, and then
     # ended, while its own job runs again (review of walk-through 31 #11)
     for owner in (mark, default_owner(paths.checkpoint_dir, paths.job_dir)):
         if owner and owner.get("job_dir") != str(paths.job_dir):
             _refuse_if_it_runs(paths, owner)
+
+
+def _left(until: float | None) -> float:
+    return STORE_WAIT_S if until is None else until - time.monotonic()
 
 
 def _refuse_if_it_runs(paths: JobPaths, owner: dict[str, str]) -> None:
@@ -167,9 +177,10 @@ def _refuse_if_it_runs(paths: JobPaths, owner: dict[str, str]) -> None:
                     "restart of it would resume the other job's weights", fix)
 
 
-def claim_checkpoint_dir(paths: JobPaths, run_id: str) -> None:
-    """Write whose checkpoints a --checkpoint-dir holds (the owner mark; on an object store, a
-    few seconds at most: the ranks say when it cannot be reached). The default
+def claim_checkpoint_dir(paths: JobPaths, run_id: str, store_until: float | None = None) -> None:
+    """Write whose checkpoints a --checkpoint-dir holds (the owner mark; on an object store,
+    until `store_until` at most, the check's time included, and not at all once it passed:
+    the store did not answer, the ranks say it; review of walk-through 31 #7). The default
     JOB_DIR/checkpoints is not written, its job dir says whose it is, unless it holds the mark
     of another job that took it over once (that job ended: check_checkpoint_dir): it is the
     job's own again (review of walk-through 31 #11)."""
@@ -178,9 +189,10 @@ def claim_checkpoint_dir(paths: JobPaths, run_id: str) -> None:
         if owner is None or owner.get("job_dir") == str(paths.job_dir):
             return
     if is_url(paths.checkpoint_dir):  # no lock there: checked again just before and after
-        check_checkpoint_dir(paths)
-        bounded(lambda: write_owner(paths.checkpoint_dir, run_id, paths.job_dir))
-        check_checkpoint_dir(paths)
+        until = store_until if store_until is not None else time.monotonic() + STORE_WAIT_S
+        check_checkpoint_dir(paths, until)
+        bounded(lambda: write_owner(paths.checkpoint_dir, run_id, paths.job_dir), _left(until))
+        check_checkpoint_dir(paths, until)
         return
     with locked(paths.checkpoint_dir):  # two launches at once take turns (review #2)
         check_checkpoint_dir(paths)  # again: another launch may have claimed it since

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import subprocess
 import sys
 import time
@@ -139,3 +140,49 @@ def test_two_launches_at_once_on_one_checkpoint_dir_let_exactly_one_pass(
                 p.communicate(timeout=30)
         assert sorted(o.split()[0] for o in outs) == ["passed", "refused"], (trial, outs)
         assert "is the checkpoint dir of the running job" in "".join(outs)
+
+
+def test_an_object_store_that_does_not_answer_costs_the_launch_one_wait_in_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review #7: the check and the claim each waited up to 10 s for a store that does not
+    answer (a real endpoint that accepts connections and never replies); one wait now covers
+    the check, the claim and the checks around it, and nothing is written once it is spent."""
+    import socket
+    import threading
+
+    import trainguard.launch_checks as lc
+    from trainguard.launch_checks import prepare
+    from trainguard.spec import JobSpec
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                continue
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+    for k, v in (("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "x"),
+                 ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(lc, "STORE_WAIT_S", 2.0, raising=False)
+    monkeypatch.chdir(tmp_path)
+    spec = JobSpec(entrypoint="t.py", nproc_per_node=1, job_dir="j",
+                   checkpoint_dir=f"s3://silent-{os.getpid()}/run")
+    try:
+        t0 = time.monotonic()
+        prepare(spec, create=True)
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        for c in held:
+            c.close()
+        server.close()
+    assert took < 4.5, took  # 2 s, not 2 s per request

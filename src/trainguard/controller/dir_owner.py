@@ -140,8 +140,11 @@ def fs_of(url: str) -> Any:
 
 
 def bounded(fn: Callable[[], T], timeout_s: float = 10.0) -> T | None:
-    """fn() on a daemon thread for at most `timeout_s` (a store that does not answer): None."""
+    """fn() on a daemon thread for at most `timeout_s` (a store that does not answer): None;
+    not started at all when no time is left."""
     box: list[T] = []
+    if timeout_s <= 0:
+        return None
 
     def run() -> None:
         with contextlib.suppress(Exception):  # not reachable: the ranks say why
