@@ -295,7 +295,11 @@ class Checkpointer:
             if n:
                 if not told and err is not None and step is not None:  # it said "retries"
                     self._events.failed(step, err, n, _LAST_SAVE)  # (walk-through 31 #5)
-                kept = newest_kept(self.storage, self.last_saved_step)
+                # rank 0 commits, so knows the newest; another rank knows only the step it
+                # resumed from or found committed: it reads the storage (review of
+                # walk-through 31 #4)
+                kept = newest_kept(self.storage, self.last_saved_step if self.rank == 0
+                                   else None)
                 raise CheckpointError(
                     f"the last checkpoint save (step {step}) failed and no save follows: "
                     f"{err}; the steps after the newest committed checkpoint ({kept}) are "

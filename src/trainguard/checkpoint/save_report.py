@@ -87,8 +87,9 @@ class SaveReporter:
 
 
 def newest_kept(st: Storage, last_saved: int | None) -> str:
-    """The newest committed step, for close()'s error: rank 0 knows it, the other ranks read
-    it from storage (walk-through 31 #4: they said "none" while steps were committed)."""
+    """The newest committed step, for close()'s error: rank 0 knows it (`last_saved`), the
+    other ranks pass None and it is read from storage (walk-through 31 #4: they said "none"
+    while steps were committed, then the step they resumed from)."""
     if last_saved is not None:
         return str(last_saved)
     try:
