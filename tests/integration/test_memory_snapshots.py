@@ -207,6 +207,37 @@ def test_a_lost_node_s_ranks_resume_from_their_peer_copy_on_the_spare(
             "node_lost", "node-1", 1), d
 
 
+@pytest.mark.long  # tests/unit/test_memory_region_owner.py checks the region in make test
+def test_a_lost_node_s_rank_resumes_from_its_peer_copy_on_a_spare_without_standbys(
+        tmp_path: Path) -> None:
+    """Review of walk-through 32 #5: with `--no-standby-workers` nothing made the spare's
+    region before the restore wrote into it; the agent refused the region the restore had
+    made, the moved rank ran without memory snapshots, the job failed after 120 s
+    (checkpoint_load_error) and the restored copy stayed in shared memory."""
+    from tests.integration.multinode import Background, kill_node, wait_for
+
+    job, shm = tmp_path / "job", tmp_path / "shm"
+    shm.mkdir()
+    args = ["run", "--nnodes", "2", "--nproc-per-node", "1", "--spare-nodes", "1",
+            "--no-standby-workers", "--memory-every", "1", "--restart-backoff", "0",
+            "--job-dir", str(job), "--max-restarts", "3", "--grace-period", "5",
+            str(EXAMPLE), "--steps", "14", "--step-time", "1.0", "--ckpt-every", "100",
+            "--progress"]
+    os.environ["TRAINGUARD_SHM_ROOT"] = str(shm)  # the agents inherit the launcher's
+    try:
+        bg = Background(args, tmp_path)
+    finally:
+        del os.environ["TRAINGUARD_SHM_ROOT"]
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 5)
+    kill_node(status, "node-1")
+    code, out = bg.finish()
+    assert code == 0, out[-3000:]
+    assert "exists already" not in out, out[-3000:]
+    resumed = messages(job, "Resumed")
+    assert any("peer node's copy" in m for m in resumed), resumed
+    assert list(shm.iterdir()) == []
+
+
 def test_the_save_at_breakpoint_runs_below_the_agents_priority(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The restart does not wait for the persisting process: the restarted workers, at the

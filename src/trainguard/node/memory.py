@@ -17,6 +17,7 @@ was used as it was, and the ranks wrote their snapshots through its symlinks).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import subprocess
@@ -27,6 +28,7 @@ from trainguard.checkpoint.memory_format import (
     DEFAULT_ROOT,
     free_region,
     make_private,
+    not_private,
     region_path,
 )
 from trainguard.node import procs
@@ -51,6 +53,8 @@ class MemoryRegion:
         root = os.environ.get(ENV_SHM_ROOT, DEFAULT_ROOT)
         self.path = region_path(root, marker, node)  # with a random part: not guessable
         self._guardian = guardian
+        # freed if this agent dies, also when a restore made it (peer.store) before env did
+        guardian.free_on_death(str(self.path))
         self._made = False
         self._persisting: subprocess.Popen[bytes] | None = None
         self._persist_log: Path | None = None
@@ -60,21 +64,31 @@ class MemoryRegion:
         memory snapshots; nothing otherwise."""
         if job_env.get(ENV_MEMORY_EVERY, "0") in ("", "0"):
             return {}
-        if not self._made:
-            try:  # a new directory, private: never one someone made first (#9 of walk 32)
-                make_private(self.path)
-            except FileNotFoundError as e:
-                log.warning("no memory snapshots on this node: cannot make %s (%s). Fix: "
-                            "mount /dev/shm, or set %s to a tmpfs directory", self.path,
-                            e.strerror, ENV_SHM_ROOT)
-                return {ENV_MEMORY_EVERY: "0"}
-            except OSError as e:
+        if not self.ensure():
+            return {ENV_MEMORY_EVERY: "0"}
+        return {ENV_MEMORY_DIR: str(self.path)}
+
+    def ensure(self) -> bool:
+        """Make the region unless this agent made it already; False (warned) when it cannot
+        be made. One a restore made (`peer.store`: onto a spare, before its first workers
+        start; review of walk-through 32 #5) is taken when it is this user's and private:
+        no other user can make a directory of this user's, and the name has a random part."""
+        if self._made:
+            return True
+        try:  # a new directory, private: never one someone made first (#9 of walk 32)
+            make_private(self.path)
+        except FileNotFoundError as e:
+            log.warning("no memory snapshots on this node: cannot make %s (%s). Fix: "
+                        "mount /dev/shm, or set %s to a tmpfs directory", self.path,
+                        e.strerror, ENV_SHM_ROOT)
+            return False
+        except OSError as e:
+            if e.errno != errno.EEXIST or not_private(self.path) is not None:
                 log.warning("no memory snapshots on this node: cannot make %s: %s",
                             self.path, e.strerror or e)
-                return {ENV_MEMORY_EVERY: "0"}
-            self._guardian.free_on_death(str(self.path))
-            self._made = True
-        return {ENV_MEMORY_DIR: str(self.path)}
+                return False
+        self._made = True
+        return True
 
     def held(self) -> Path | None:
         """The region's path while it exists (status measures it), else None."""
@@ -139,6 +153,5 @@ class MemoryRegion:
                     os.killpg(p.pid, 9)
                 p.wait()
             self.reap()
-        if self._made:
-            free_region(self.path)
-            self._made = False
+        free_region(self.path)  # made here or by a restore (peer.store); ours alone
+        self._made = False

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import fcntl
 import os
 from dataclasses import replace
@@ -39,6 +40,8 @@ from trainguard.checkpoint.memory_format import (
     SlotEntry,
     close_slot_bytes,
     free_slot,
+    make_private,
+    not_private,
     open_slot_bytes,
     rank_dir,
     read_manifest,
@@ -172,7 +175,10 @@ def store(region: Path, peer: bool, body: dict[str, Any], origin: str) -> bool:
     rank, offset = int(body["rank"]), int(body["offset"])
     entry = SlotEntry(**body["entry"])
     data = base64.b64decode(body["data"])
-    rank_dir(base, rank).mkdir(mode=0o700, parents=True, exist_ok=True)
+    own_region(region)
+    if peer:
+        base.mkdir(mode=0o700, exist_ok=True)
+    rank_dir(base, rank).mkdir(mode=0o700, exist_ok=True)
     manifest = read_manifest(base, rank) or MemoryManifest(rank)
     target = _target(manifest, entry)
     if offset == 0:  # a new copy: its slot holds no whole snapshot from now on
@@ -198,6 +204,19 @@ def store(region: Path, peer: bool, body: dict[str, Any], origin: str) -> bool:
     close_slot_bytes(handle)
     write_manifest(base, manifest.with_entry(copied))
     return True
+
+
+def own_region(region: Path) -> None:
+    """Make the region when it is not there yet (a restore onto a spare comes before its
+    first workers start, which is when the agent makes it: the agent then takes this one,
+    MemoryRegion.ensure); OSError unless it is this user's and private. Never a parent of
+    it, nor one someone else made (review of walk-through 32 #5: `mkdir(parents=True)`
+    made it here, 0755, and the agent then refused it as not its own)."""
+    if not os.path.lexists(region):
+        make_private(region)
+    why = not_private(region)
+    if why is not None:
+        raise OSError(errno.EPERM, f"{why}: no peer copy is written there")
 
 
 def _apply(path: Path, entry: SlotEntry, patch: list[Any]) -> None:
