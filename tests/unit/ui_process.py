@@ -15,9 +15,9 @@ from tests.unit.helpers import TG
 
 
 @contextmanager
-def running_ui(job: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """`trainguard ui JOB --port 0` (no token, loopback): the process and its port."""
-    proc = subprocess.Popen([*TG, "ui", str(job), "--port", "0"], stdout=subprocess.PIPE,
+def running_ui(*jobs: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`trainguard ui JOB... --port 0` (no token, loopback): the process and its port."""
+    proc = subprocess.Popen([*TG, "ui", *map(str, jobs), "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

@@ -115,7 +115,9 @@ def opened_dir(root: LogRoot, names: Sequence[str] = ()) -> Iterator[int]:
         where = root.base
         for name in (*root.parts, *names):
             where = where / name
-            fd = _step(fd, name, where, _DIR_FLAGS)
+            below = _step(fd, name, where, _DIR_FLAGS)
+            os.close(fd)  # one owner of each fd: only this loop closes them (review of
+            fd = below  # walk-through 32 #6: a failed step closed its parent twice)
         yield fd
     finally:
         os.close(fd)
@@ -187,16 +189,13 @@ def _still_real(path: Path, real: str) -> None:
 
 
 def _step(parent: int, name: str, where: Path, flags: int) -> int:
-    """Open `name` in the dir `parent` (closing `parent`)."""
+    """Open `name` in the dir `parent` (left open: the caller's to close)."""
+    if name in ("", ".", "..") or "/" in name:
+        raise Refused(f"{where}: a path out of the job dir: {_WHAT}")
     try:
-        if name in ("", ".", "..") or "/" in name:
-            raise Refused(f"{where}: a path out of the job dir: {_WHAT}")
-        try:
-            return os.open(name, flags, dir_fd=parent)
-        except OSError as e:
-            raise _refusal(e, parent, name, where) from None
-    finally:
-        os.close(parent)
+        return os.open(name, flags, dir_fd=parent)
+    except OSError as e:
+        raise _refusal(e, parent, name, where) from None
 
 
 def _refusal(e: OSError, parent: int, name: str, where: Path) -> Exception:
