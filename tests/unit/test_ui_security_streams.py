@@ -80,6 +80,14 @@ def test_an_event_id_past_sqlites_range_is_a_400_and_no_traceback(
         assert "9223372036854775807" in r.json()["error"], r.text
     ok = httpx.get(f"{base}/events?after={2**63 - 1}", timeout=10)
     assert ok.status_code == 200 and ok.json()["events"] == []
+    # the log's path numbers too (review of walk-through 32 #7: the route's int convertor
+    # ran int() on 5,000 digits, a ValueError and a 500 with a traceback)
+    for attempt, rank, name in (("9" * 5000, "0", "attempt"), ("0", TOO_BIG, "rank"),
+                                ("-1", "0", "attempt"), ("x", "0", "attempt")):
+        r = httpx.get(f"{base}/logs/{attempt}/{rank}", timeout=10)
+        assert r.status_code == 400 and name in r.json()["error"], (name, r.status_code, r.text)
+        assert len(r.text) < 300, r.text[:300]
+    assert httpx.get(f"{base}/logs/0/{2**63 - 1}", timeout=10).status_code == 404
     err = stderr_after_stop(proc)
     assert "Traceback" not in err and "OverflowError" not in err, err
 

@@ -49,7 +49,7 @@ def create_app(catalog: Catalog, token: str | None = None) -> Starlette:
         Route("/api/jobs/{jid}", job_detail),
         Route("/api/jobs/{jid}/events", job_events),
         Route("/api/jobs/{jid}/logs", job_logs),
-        Route("/api/jobs/{jid}/logs/{attempt:int}/{rank:int}", rank_log),
+        Route("/api/jobs/{jid}/logs/{attempt}/{rank}", rank_log),  # numbers: whole_number
         Route("/api/jobs/{jid}/hangs", job_hangs),
         Route("/api/jobs/{jid}/goodput", job_goodput),
         Route("/api/jobs/{jid}/stream", job_events_stream),
@@ -127,7 +127,10 @@ def job_logs(request: Request) -> Response:
 def rank_log(request: Request) -> Response:
     """`?tail=N` (200) lines from the end, or `?line=L&context=C` (20) around line L."""
     job_dir = _job_dir(request)
-    attempt, rank = request.path_params["attempt"], request.path_params["rank"]
+    # parsed here, not by the route's `int` convertor: it ran int() on 5,000 digits (a 500
+    # with a traceback; review of walk-through 32 #7)
+    attempt = whole_number("attempt", request.path_params["attempt"])
+    rank = whole_number("rank", request.path_params["rank"])
     lines = _int(request, "tail", 200) or 0
     line = _int(request, "line", None, low=1)
     context = _int(request, "context", 20) or 0
