@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.test_ckpt_load_walk31 import Told, alone, write_step
-from trainguard.checkpoint.loading import load_newest, newest_valid_step, verdict_of
+from trainguard.checkpoint.loading import load_newest, newest_valid_step
 from trainguard.checkpoint.manifest import Manifest, Status, check_step
+from trainguard.checkpoint.saving import quick_verdict
 from trainguard.checkpoint.storage import Storage
 
 
@@ -20,7 +21,7 @@ def test_a_manifest_whose_step_is_not_its_directorys_is_invalid_with_that_reason
     write_step(tmp_path, 25)
     write_step(tmp_path, 30, manifest_step=31)
     st = Storage(tmp_path)
-    verdict, _ = verdict_of(st, 30)
+    verdict, _ = quick_verdict(st, 30)
     assert verdict.status == Status.CORRUPT
     assert "says step 31 but lies in step-000000030" in verdict.reason
     assert newest_valid_step(st) == 25
@@ -41,8 +42,6 @@ def test_check_step_names_both_steps_and_the_fix() -> None:
 
 def test_ckpt_verify_and_ls_call_such_a_manifest_corrupt(tmp_path: Path) -> None:
     """`ckpt verify` and `ckpt ls` read quick_verdict: they said step 30 was valid (exit 0)."""
-    from trainguard.checkpoint.saving import quick_verdict
-
     write_step(tmp_path, 30, manifest_step=31)
     verdict, _ = quick_verdict(Storage(tmp_path), 30)
     assert verdict.status == Status.CORRUPT and "says step 31" in verdict.reason

@@ -1,10 +1,15 @@
 """The review of walk-through 31's checkpoint save side: what the fixes there left.
 
 #4: close() on a rank other than 0 named the step it resumed from as the newest committed
-one, after any resume (every restart): only rank 0 learns of later commits."""
+one, after any resume (every restart): only rank 0 learns of later commits.
+
+#9 (with #6): a complete checkpoint moved by hand to another step's name is called corrupt,
+its reason saying to move it back, and the job's next save pruned it before anyone could;
+the resume's own verdict_of repeated quick_verdict's check (now one check, quick_verdict)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +39,33 @@ def test_close_on_rank_1_names_the_newest_commit_after_a_resume(
     with pytest.raises(ckmod.CheckpointError) as e:
         r1.close()
     assert "the steps after the newest committed checkpoint (28) are not kept" in str(e.value)
+
+
+def _steps(where: Path) -> list[str]:
+    return sorted(n for n in os.listdir(where) if n.startswith("step-"))
+
+
+def test_a_checkpoint_moved_by_hand_survives_the_next_saves(
+        tmp_path: Path, sent: list[Any]) -> None:
+    ck = tmp_path / "ck"
+    c = ckpt(ck, async_save=False, keep=3)
+    for step in (10, 20):
+        c.save(step, state())
+    os.rename(ck / "step-000000020", ck / "step-000000015")  # moved by hand
+    [moved] = [i for i in c.list() if i.step == 15]
+    assert moved.status.value == "corrupt" and "move the directory back" in moved.reason
+    c.save(30, state())
+    assert _steps(ck) == ["step-000000010", "step-000000015", "step-000000030"]
+
+
+def test_a_checkpoint_moved_by_hand_survives_a_resume_that_skips_it(
+        tmp_path: Path, sent: list[Any]) -> None:
+    ck = tmp_path / "ck"
+    c = ckpt(ck, async_save=False, keep=3)
+    for step in (10, 20):
+        c.save(step, state())
+    os.rename(ck / "step-000000020", ck / "step-000000025")  # the newest, moved by hand
+    again = ckpt(ck, async_save=False, keep=3)
+    assert again.load_latest(state()) == 10  # skipped, with its reason
+    again.save(30, state())
+    assert _steps(ck) == ["step-000000010", "step-000000025", "step-000000030"]

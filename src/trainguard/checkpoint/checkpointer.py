@@ -375,7 +375,8 @@ class Checkpointer:
         return [r for r, bad in enumerate(flags.tolist()) if bad]
 
     def _report(self, verdict: Verdict, tell: bool) -> None:
-        self._bad_steps.add(verdict.step)
+        if not verdict.misplaced:  # a misplaced one is kept for the person to move back
+            self._bad_steps.add(verdict.step)
         log.warning("skipping checkpoint step %s (%s): %s", verdict.step,
                     verdict.status.value, verdict.reason)
         if tell:  # the lowest rank that failed, with its own reason (walk-through 22)

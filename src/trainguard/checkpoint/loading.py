@@ -21,7 +21,7 @@ import logging
 import pickle
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -34,7 +34,6 @@ from trainguard.checkpoint.manifest import (
     Manifest,
     Status,
     Verdict,
-    check_step,
     rank_file,
     step_dir,
 )
@@ -75,7 +74,7 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report,
         verdict = Verdict(step, Status.CORRUPT)
         try:
             verdict, manifest = read_retried(f"{step_dir(step)}/{MANIFEST}",
-                                             partial(verdict_of, st, step))
+                                             partial(quick_verdict, st, step))
             if verdict.status == Status.VALID and manifest is not None:
                 loaded = _read(st, manifest, step, rank)
         except Unreadable as e:
@@ -94,7 +93,7 @@ def load_newest(st: Storage, rank: int, agree: Agree, report: Report,
                 verdict = Verdict(step, Status.CORRUPT,
                                   f"rank {_ranks(failed)} could not load it")
             elif len(failed) > 1:
-                verdict = Verdict(step, verdict.status, f"{verdict.reason} (rank "
+                verdict = replace(verdict, reason=f"{verdict.reason} (rank "
                                   f"{_ranks(failed)} could not load it)"[:400])
             report(verdict, rank == failed[0])  # the lowest that failed tells its own why
             continue
@@ -135,20 +134,11 @@ def read_retried(what: str, read: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def verdict_of(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
-    """quick_verdict, and the manifest must be its directory's step's (walk-through 31 #1:
-    one edited to say 31 in step-30 was valid, and its files were read from step-31)."""
-    verdict, manifest = quick_verdict(st, step)
-    if manifest is not None and (problem := check_step(manifest, step)) is not None:
-        return Verdict(step, Status.CORRUPT, problem), manifest
-    return verdict, manifest
-
-
 def newest_valid_step(st: Storage, steps: list[int] | None = None) -> int | None:
     """The newest step whose manifest and file sizes are right (checksums: on load)."""
     for step in st.steps() if steps is None else steps:
         what = f"{step_dir(step)}/{MANIFEST}"
-        verdict = read_retried(what, partial(verdict_of, st, step))[0]
+        verdict = read_retried(what, partial(quick_verdict, st, step))[0]
         if verdict.status == Status.VALID:
             return step
     return None

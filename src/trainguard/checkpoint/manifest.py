@@ -101,6 +101,10 @@ class Verdict:
     step: int
     status: Status
     reason: str = ""
+    # CORRUPT only because its manifest names another step, its files whole: moved or edited
+    # by hand; the reason says how to put it back, so pruning keeps it (review of
+    # walk-through 31 #9: the next save deleted it)
+    misplaced: bool = False
 
 
 def check_sizes(manifest: Manifest, sizes: dict[str, int]) -> str | None:
@@ -129,7 +133,8 @@ def check_step(manifest: Manifest, step: int) -> str | None:
 def prune_plan(verdicts: list[Verdict], keep: int, newest_valid_in_use: int | None = None
                ) -> list[int]:
     """Steps to delete: valid ones beyond the newest `keep`, and broken ones older than the
-    newest valid one. The newest valid checkpoint is never deleted."""
+    newest valid one, but a misplaced one (Verdict.misplaced). The newest valid checkpoint is
+    never deleted."""
     valid = sorted((v.step for v in verdicts if v.status == Status.VALID), reverse=True)
     if not valid:
         return []
@@ -138,5 +143,6 @@ def prune_plan(verdicts: list[Verdict], keep: int, newest_valid_in_use: int | No
         kept.add(newest_valid_in_use)
     newest = valid[0]
     doomed = [s for s in valid if s not in kept]
-    doomed += [v.step for v in verdicts if v.status != Status.VALID and v.step < newest]
+    doomed += [v.step for v in verdicts
+               if v.status != Status.VALID and not v.misplaced and v.step < newest]
     return sorted(doomed)

@@ -208,9 +208,11 @@ def quick_verdict(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
         manifest = Manifest.from_json(raw)
     except ValueError as e:
         return Verdict(step, Status.CORRUPT, str(e)), None
-    problem = check_step(manifest, step) or check_sizes(manifest, st.tree_sizes(d))
-    if problem is not None:
-        return Verdict(step, Status.CORRUPT, problem), manifest
+    elsewhere = check_step(manifest, step)
+    broken = check_sizes(manifest, st.tree_sizes(d))
+    if elsewhere is not None or broken is not None:
+        return Verdict(step, Status.CORRUPT, elsewhere or broken or "",
+                       misplaced=elsewhere is not None and broken is None), manifest
     return Verdict(step, Status.VALID), manifest
 
 
