@@ -45,7 +45,9 @@ class Admission:
 
     def key(self, peer: tuple[str, int], server: tuple[str, int]) -> str:
         """Whose budget a new connection counts in: OWN for a loopback peer of our own user
-        (looked up only when its address has no room left), else its address."""
+        (looked up only when its address has no room left), else its address. `server`: the
+        accepted socket's own address, which the client's row names (a listener on every
+        interface is 0.0.0.0, in no row: review of walk-through 32 #2)."""
         host = peer[0]
         with self._lock:
             room = self._pending.get(host, 0) < MAX_HANDSHAKES_PER_HOST and \

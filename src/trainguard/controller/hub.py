@@ -85,8 +85,6 @@ class Hub:
                     return
                 self._admission.accept_failed(e)
                 continue
-            # the accepted socket's own address: the client's row names the address it
-            # connected to, never a wildcard listener's 0.0.0.0 (review of walk-through 32 #2)
             host = self._admission.key((str(addr[0]), int(addr[1])),
                                        sock.getsockname()[:2]) if addr else "?"
             with self._cond:
