@@ -69,3 +69,37 @@ def test_a_checkpoint_moved_by_hand_survives_a_resume_that_skips_it(
     assert again.load_latest(state()) == 10  # skipped, with its reason
     again.save(30, state())
     assert _steps(ck) == ["step-000000010", "step-000000025", "step-000000030"]
+
+
+def test_a_run_of_skipped_saves_says_what_a_crash_loses_and_how_many_were_skipped(
+        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """#14: the save of step 5 held, 9 saves skipped (10..50) within a minute: the only
+    Warning named neither what a crash loses nor that 9 were skipped."""
+    import threading
+
+    from tests.unit.test_ckpt_walk31 import of
+    from trainguard.worker.contract import MessageKind
+
+    go = threading.Event()
+    real = ckmod.run_save
+
+    def slow(job: Any) -> Any:
+        go.wait(10)
+        return real(job)
+
+    monkeypatch.setattr(ckmod, "run_save", slow)
+    c = ckpt(tmp_path / "ck", every_steps=5, if_busy="skip")
+    s = state()
+    assert c.maybe_save(5, s)
+    for step in range(10, 55, 5):
+        assert not c.maybe_save(step, s)
+    go.set()
+    c.close()
+    first, summary = of(sent, MessageKind.CHECKPOINT_SAVE_SKIPPED)
+    assert first["step"] == 10
+    assert ": until it commits, a crash resumes from a step before 5 and loses every step " \
+        "since. Fix:" in first["reason"]
+    assert summary["step"] == 50
+    assert summary["reason"].startswith(
+        "9 saves in a row were skipped, steps 10 to 50, while the save of step 5 was being "
+        "written (if_busy='skip'): a crash then resumed from a step before 5. Fix: "), summary

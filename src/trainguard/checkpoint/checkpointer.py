@@ -289,6 +289,7 @@ class Checkpointer:
         try:
             self._closing = True
             self.wait()
+            self._events.saving()  # a run of skipped saves ends here too
             with self._lock:
                 n, err, step, told = (self._failures, self._last_error, self._failed_step,
                                       self._told_final)

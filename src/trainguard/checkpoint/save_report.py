@@ -24,8 +24,9 @@ REPEAT_S = 60.0  # a save skipped at every step is told once, then at most once 
 class SaveReporter:
     def __init__(self, location: str, rank: int, limit: int) -> None:
         self.location, self.rank, self.limit = location, rank, limit
-        self._skips = 0  # saves skipped in a row (if_busy="skip")
-        self._first_skip: int | None = None
+        self._run: list[int] = []  # the steps of the saves skipped in a row (if_busy="skip")
+        self._run_told = 0  # how many of them the last Warning counted
+        self._run_behind: int | None = None  # the save in flight they were skipped behind
         self._told_at: dict[str, float] = {}  # what: when last told (rate limit)
 
     def committed(self, result: SaveResult, step: int, blocked: tuple[float, float | None],
@@ -47,23 +48,37 @@ class SaveReporter:
                      consecutive=n, limit=self.limit, location=self.location, on_exit=on_exit)
 
     def saving(self) -> None:
-        """A save started: the run of skipped saves (if any) ended."""
-        self._skips, self._first_skip = 0, None
+        """A save started, or close() waited for the last one: the run of skipped saves (if
+        any) ended. When some of its skips went untold (within the minute), one Warning says
+        how many and which steps (review of walk-through 31 #14: a run shorter than a minute
+        said only its first skip)."""
+        run, told, busy = self._run, self._run_told, self._run_behind
+        self._run, self._run_told, self._run_behind = [], 0, None
+        if len(run) > told:
+            saves = (f"{len(run)} saves in a row were skipped, steps {run[0]} to {run[-1]}"
+                     if len(run) > 1 else f"the save of step {run[0]} was skipped")
+            self._tell("skip-run", run[-1], f"{saves}, while the save of step {busy} was being "
+                       f"written (if_busy='skip'): a crash then resumed from a step before "
+                       f"{busy}. Fix: {self._slow_fix()}")
 
     def skipped(self, step: int, in_flight: int | None, since: float | None) -> None:
         """A save skipped because the previous one is still being written (if_busy="skip";
-        walk-through 31 #12): a Warning at once, then at most once a minute."""
-        self._skips += 1
-        if self._first_skip is None:
-            self._first_skip = step
+        walk-through 31 #12): a Warning at once, saying what a crash now loses, then at most
+        once a minute; saving() sums up the run."""
+        self._run.append(step)
+        self._run_behind = in_flight
         held = f" for {time.monotonic() - since:.1f}s" if since is not None else ""
-        run = (f"; {self._skips} saves in a row skipped, since step {self._first_skip}: a "
-               f"crash now resumes from a step before {in_flight} and loses every step since"
-               if self._skips > 1 else "")
-        self._tell("skip", step, f"the save of step {in_flight} is still being written{held} "
-                   f"(if_busy='skip'){run}. Fix: if this repeats, the storage at "
-                   f"{self.location} is slower than the saves: save less often, or use "
-                   "if_busy='wait'")
+        run = (f"; {len(self._run)} saves in a row skipped, since step {self._run[0]}"
+               if len(self._run) > 1 else "")
+        if self._tell("skip", step, f"the save of step {in_flight} is still being written{held} "
+                      f"(if_busy='skip'){run}: until it commits, a crash resumes from a step "
+                      f"before {in_flight} and loses every step since. Fix: if this repeats, "
+                      f"{self._slow_fix()}"):
+            self._run_told = len(self._run)
+
+    def _slow_fix(self) -> str:
+        return (f"the storage at {self.location} is slower than the saves: save less often, "
+                "or use if_busy='wait'")
 
     def other_writer(self, step: int, job: str) -> None:
         """The step is committed already, by another job (walk-through 31 #3): this job's
@@ -74,16 +89,18 @@ class SaveReporter:
                    "weights. Fix: give each job its own --checkpoint-dir (two jobs write "
                    "this one)")
 
-    def _tell(self, what: str, step: int, reason: str) -> None:
+    def _tell(self, what: str, step: int, reason: str) -> bool:
+        """A Warning, unless one of this kind was told within REPEAT_S (False then)."""
         now = time.monotonic()
         last = self._told_at.get(what)
         if last is not None and now - last < REPEAT_S:
-            return
+            return False
         self._told_at[what] = now
         log.warning("checkpoint of step %s skipped: %s", step, reason)
         if self.rank == 0:
             channel.send(MessageKind.CHECKPOINT_SAVE_SKIPPED, step=step, reason=reason[:900],
                          location=self.location)
+        return True
 
 
 def newest_kept(st: Storage, last_saved: int | None) -> str:
