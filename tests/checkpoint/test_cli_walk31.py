@@ -110,3 +110,18 @@ def test_a_missing_bucket_or_prefix_is_an_error_naming_it(
     assert main(["ckpt", "verify", str(job), *opts]) == 2
     assert "the bucket 'nobucket-w31' of s3://nobucket-w31/run does not exist" in \
         capsys.readouterr().err
+
+
+def test_a_missing_bucket_names_the_endpoint_botocore_used(
+        tmp_path: Path, s3_location: S3Location) -> None:
+    """Review of walk-through 31 #16: with the endpoint in AWS_ENDPOINT_URL_S3 (or a config
+    file), botocore asked the right server, and the error said "on AWS (no AWS_ENDPOINT_URL
+    is set)", sending the user to fix an endpoint that was fine."""
+    env = _env(s3_location)
+    endpoint = env.pop("AWS_ENDPOINT_URL")
+    env["AWS_ENDPOINT_URL_S3"] = endpoint
+    env["AWS_CONFIG_FILE"] = str(tmp_path / "none")  # this user's own config: not read
+    r = tg("ckpt", "ls", "s3://nobucket-w31/x", env=env)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert (f"LOCATION: the bucket 'nobucket-w31' of s3://nobucket-w31/x does not exist on "
+            f"{endpoint}. Fix: ") in r.stderr, r.stderr

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from rich.table import Table
 
@@ -218,14 +219,22 @@ def check_root(st: Storage, location: str, direct: bool, options: dict[str, Any]
 
 def _endpoint(st: Storage, options: dict[str, Any]) -> str:
     """ ` on http://host:port` for an S3 location: the server a mistyped bucket was looked
-    up on (botocore's AWS default when no endpoint is set); "" for other stores."""
+    up on, as the connected client has it (botocore also takes AWS_ENDPOINT_URL_S3 and the
+    config file's endpoint_url: review of walk-through 31 #16 named AWS while the lookup went
+    to the endpoint set there); "" for other stores."""
     protocols = (st.fs.protocol,) if isinstance(st.fs.protocol, str) else st.fs.protocol
     if not {"s3", "s3a"} & set(protocols):
         return ""
-    kwargs = options.get("client_kwargs")
-    url = (kwargs.get("endpoint_url") if isinstance(kwargs, dict) else None) or \
-        options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
-    return f" on {url}" if url else " on AWS (no AWS_ENDPOINT_URL is set)"
+    try:  # s3fs's client, connected by the listing already
+        url = st.fs.s3.meta.endpoint_url
+    except Exception:  # not s3fs as known, or no client: the endpoint as given, if any
+        kwargs = options.get("client_kwargs")
+        url = (kwargs.get("endpoint_url") if isinstance(kwargs, dict) else None) or \
+            options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
+    if not url:
+        return " on AWS"
+    aws = (urlsplit(str(url)).hostname or "").endswith(".amazonaws.com")
+    return f" on {url}{' (AWS)' if aws else ''}"
 
 
 def _show(ns: argparse.Namespace, listing: Listing) -> int:
