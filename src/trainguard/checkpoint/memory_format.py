@@ -309,12 +309,14 @@ def not_private(path: str | os.PathLike[str], what: str = "directory") -> str | 
 
 def make_private(path: Path) -> None:
     """Make `path` a new directory of this user, mode 0700: never one that exists (made by
-    someone else first, or a symlink), never in a directory where others may rename it.
-    Raises OSError naming the problem and the fix."""
+    someone else first, or a symlink), never in a directory where others may rename it
+    (writable by group or others and not sticky: review of walk-through 32 #8, a group's
+    0775 scratch dir passed). Raises OSError naming the problem and the fix."""
     root = os.stat(path.parent)
-    if root.st_mode & 0o002 and not root.st_mode & stat.S_ISVTX:
-        raise OSError(errno.EPERM, f"{path.parent} is writable by every user and not sticky: "
-                      "anyone could replace the region. Fix: chmod +t it, or set "
+    if root.st_mode & 0o022 and not root.st_mode & stat.S_ISVTX:
+        who = "every user" if root.st_mode & 0o002 else f"its group (gid {root.st_gid})"
+        raise OSError(errno.EPERM, f"{path.parent} is writable by {who} and not sticky: "
+                      "they could replace the region. Fix: chmod +t it, or set "
                       "TRAINGUARD_SHM_ROOT to a directory only this user can write")
     try:
         path.mkdir(mode=0o700)

@@ -42,6 +42,7 @@ from trainguard.checkpoint.memory_format import (
     free_slot,
     make_private,
     not_private,
+    open_file,
     open_slot_bytes,
     rank_dir,
     read_manifest,
@@ -176,15 +177,15 @@ def store(region: Path, peer: bool, body: dict[str, Any], origin: str) -> bool:
     entry = SlotEntry(**body["entry"])
     data = base64.b64decode(body["data"])
     own_region(region)
-    if peer:
-        base.mkdir(mode=0o700, exist_ok=True)
-    rank_dir(base, rank).mkdir(mode=0o700, exist_ok=True)
+    for d in [base, rank_dir(base, rank)] if peer else [rank_dir(base, rank)]:
+        d.mkdir(mode=0o700, exist_ok=True)
+        _private(d)
     manifest = read_manifest(base, rank) or MemoryManifest(rank)
     target = _target(manifest, entry)
     if offset == 0:  # a new copy: its slot holds no whole snapshot from now on
         manifest = manifest.without(target)
         write_manifest(base, manifest)
-    fd = os.open(slot_path(base, rank, target), os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_file(slot_path(base, rank, target), os.O_RDWR | os.O_CREAT)  # no symlink (#8)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if os.fstat(fd).st_size < entry.size:
@@ -214,13 +215,19 @@ def own_region(region: Path) -> None:
     made it here, 0755, and the agent then refused it as not its own)."""
     if not os.path.lexists(region):
         make_private(region)
-    why = not_private(region)
+    _private(region)
+
+
+def _private(path: Path) -> None:
+    """OSError unless `path` is a dir of this user's alone (not a symlink put in its place:
+    review of walk-through 32 #8)."""
+    why = not_private(path)
     if why is not None:
         raise OSError(errno.EPERM, f"{why}: no peer copy is written there")
 
 
 def _apply(path: Path, entry: SlotEntry, patch: list[Any]) -> None:
-    fd = os.open(path, os.O_RDWR)
+    fd = open_file(path, os.O_RDWR)
     try:
         for index, b64 in patch:
             spec = entry.tensors[int(index)]
