@@ -82,7 +82,7 @@ def test_many_half_open_connections_take_a_bounded_number_of_threads_and_leave_n
     assert b"trainguard_job_state" in scrape(url)  # and it still answers
 
 
-def test_a_client_that_sends_nothing_is_cut_at_the_deadline_and_a_full_house_refuses(
+def test_a_client_that_sends_little_is_cut_at_the_deadline_and_a_full_house_refuses(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metrics_server, "REQUEST_DEADLINE_S", 1.0)
     monkeypatch.setattr(metrics_server, "MAX_CONNECTIONS", 3)
@@ -96,12 +96,43 @@ def test_a_client_that_sends_nothing_is_cut_at_the_deadline_and_a_full_house_ref
             assert extra.recv(100) == b""  # closed at once: 3 are open
             extra.close()
             t0 = time.monotonic()
-            slow[0].sendall(b"GET /met")  # a byte now and then does not extend it
+            slow[0].sendall(b"GET /met")  # the per-read timeout alone cuts these
             for s in slow:
                 assert s.recv(100) == b""  # cut by the server
             assert time.monotonic() - t0 < 3.0
             for s in slow:
                 s.close()
+            assert b"trainguard_job_state" in scrape(url)
+        finally:
+            close()
+
+
+def test_a_trickling_client_is_cut_at_the_whole_connections_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A byte every 0.3 s keeps every read under its timeout: only the serve loop's deadline
+    over the whole connection cuts it (review of walk-through 32 #4: the test above sends
+    one chunk and passed with that deadline removed)."""
+    monkeypatch.setattr(metrics_server, "REQUEST_DEADLINE_S", 1.0)
+    with JobStore.create(tmp_path / "job", "r"):
+        url, close = serve(tmp_path / "job", "127.0.0.1", 0)
+        port = int(url.split(":")[2].split("/")[0])
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            t0, cut_after = time.monotonic(), None
+            for byte in b"GET /metrics HTTP/1.1\r\nX-Trickle: " + b"a" * 20:
+                try:
+                    s.sendall(bytes([byte]))
+                    s.settimeout(0.3)  # and wait for the next byte's turn
+                    if s.recv(100) == b"":
+                        cut_after = time.monotonic() - t0
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:  # reset: cut too
+                    cut_after = time.monotonic() - t0
+                    break
+            s.close()
+            assert cut_after is not None and cut_after < 2.5, cut_after
             assert b"trainguard_job_state" in scrape(url)
         finally:
             close()
