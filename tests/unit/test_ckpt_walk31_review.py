@@ -103,3 +103,19 @@ def test_a_run_of_skipped_saves_says_what_a_crash_loses_and_how_many_were_skippe
     assert summary["reason"].startswith(
         "9 saves in a row were skipped, steps 10 to 50, while the save of step 5 was being "
         "written (if_busy='skip'): a crash then resumed from a step before 5. Fix: "), summary
+
+
+def test_the_listing_lives_with_its_concern_and_the_reports_log_under_their_own_name(
+        tmp_path: Path, sent: list[Any], caplog: pytest.LogCaptureFixture) -> None:
+    """#12: save_report.py held the listing only to keep checkpointer.py under 400 lines, and
+    logged under the Checkpointer's name."""
+    import trainguard.checkpoint as ck
+
+    assert ck.list_checkpoints.__module__ == "trainguard.checkpoint.listing"
+    assert ck.CheckpointInfo.__module__ == "trainguard.checkpoint.listing"
+    c = ckpt(tmp_path / "ck", async_save=False)
+    c.save(5, state())
+    assert [(i.step, i.status.value) for i in c.list()] == [(5, "valid")]
+    c._events.other_writer(5, "job-b")
+    assert [r.name for r in caplog.records if "committed by the job 'job-b'" in r.message] == \
+        ["trainguard.checkpoint.save_report"]

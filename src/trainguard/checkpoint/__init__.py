@@ -10,14 +10,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainguard.checkpoint.checkpointer import Checkpointer, CheckpointInfo, list_checkpoints
+    from trainguard.checkpoint.checkpointer import Checkpointer
     from trainguard.checkpoint.errors import CheckpointError
+    from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
     from trainguard.checkpoint.manifest import Status
     from trainguard.checkpoint.sampler import ResumableSampler
 
 _WHERE = {
-    "Checkpointer": "checkpointer", "CheckpointInfo": "checkpointer",
-    "list_checkpoints": "checkpointer", "CheckpointError": "errors", "Status": "manifest",
+    "Checkpointer": "checkpointer", "CheckpointInfo": "listing",
+    "list_checkpoints": "listing", "CheckpointError": "errors", "Status": "manifest",
     "ResumableSampler": "sampler",
 }
 

@@ -31,12 +31,11 @@ from trainguard import __version__
 from trainguard.checkpoint.attempt import job_run_id, rank_and_world, save_token
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
+from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
 from trainguard.checkpoint.loading import load_newest, newest_valid_step
 from trainguard.checkpoint.manifest import Verdict, step_dir
 from trainguard.checkpoint.memory_tier import MemoryTier, memory_every_from_env
-from trainguard.checkpoint.save_report import CheckpointInfo as CheckpointInfo  # re-exported
 from trainguard.checkpoint.save_report import SaveReporter, newest_kept
-from trainguard.checkpoint.save_report import list_checkpoints as list_checkpoints
 from trainguard.checkpoint.saving import SaveJob, SaveResult, run_save
 from trainguard.checkpoint.sharded import KEYS as SHARDED_KEYS
 from trainguard.checkpoint.sharded import load_sharded, save_sharded

@@ -1,22 +1,19 @@
 """What the Checkpointer tells the launcher (and the rank's log) about its saves: a commit,
 a failed save, and a save that wrote nothing (skipped behind the save in flight, or its step
-committed by another job); and what it tells a script: the listing. Split from
-checkpointer.py."""
+committed by another job); and the newest committed step close() names."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 from trainguard.checkpoint.loading import newest_valid_step
-from trainguard.checkpoint.manifest import Status
-from trainguard.checkpoint.saving import SaveResult, quick_verdict
+from trainguard.checkpoint.saving import SaveResult
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
 from trainguard.worker.contract import MessageKind
 
-log = logging.getLogger("trainguard.checkpoint.checkpointer")
+log = logging.getLogger(__name__)
 
 REPEAT_S = 60.0  # a save skipped at every step is told once, then at most once a minute
 
@@ -114,19 +111,3 @@ def newest_kept(st: Storage, last_saved: int | None) -> str:
     except Exception as e:  # the storage the save failed on: say so, claim nothing
         return f"unknown: the storage could not be read ({type(e).__name__})"
     return "none" if newest is None else str(newest)
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    status: Status
-    reason: str = ""
-
-
-def list_checkpoints(st: Storage) -> list[CheckpointInfo]:
-    """Every `step-N` at the location with its status (sizes checked, not checksums)."""
-    out = []
-    for step in st.steps():
-        v, _ = quick_verdict(st, step)
-        out.append(CheckpointInfo(step, v.status, v.reason))
-    return out
