@@ -16,6 +16,7 @@ import json
 import os
 from urllib.parse import parse_qs
 
+import anyio.to_thread
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -60,7 +61,10 @@ class Guard:
                 await _refuse(send, 403, "this dashboard answers only to a loopback Host "
                               "(127.0.0.1, localhost); start it with --token to serve others")
                 return
-            uid = client_uid(scope.get("client"), scope.get("server"))
+            # off the event loop: the table's size is any local user's to grow (review of
+            # walk-through 32 #9)
+            uid = await anyio.to_thread.run_sync(client_uid, scope.get("client"),
+                                                 scope.get("server"))
             if uid is not None and uid not in (os.geteuid(), 0):
                 whose = f"uid {uid}'s" if uid >= 0 else "of a user that cannot be told"
                 await _refuse(send, 403, f"this dashboard answers only its own user (uid "
