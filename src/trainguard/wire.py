@@ -219,7 +219,11 @@ class Conn:
         while len(buf) < n:
             if deadline is not None:
                 left = deadline - time.monotonic()
-                if left <= 0 or not readable(self.sock, left):
+                try:  # closed under us (Hub.close): ValueError for its fd -1, as in recv
+                    ready = left > 0 and readable(self.sock, left)
+                except (OSError, ValueError) as e:
+                    raise WireError(f"connection to {self.peer} is closed: {e}") from e
+                if not ready:
                     raise WireError(f"{self.peer} sent too slowly (handshake deadline)")
             try:
                 chunk = self.sock.recv(n - len(buf))

@@ -7,6 +7,7 @@ is created safely."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
 import socket
@@ -397,3 +398,27 @@ def test_a_peer_that_never_says_hello_is_named_with_why() -> None:
         conn.close()
         client.close()
         listener.close()
+
+
+def test_closing_the_hub_with_handshakes_under_way_logs_no_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """(Seen in review 32) Hub.close() closed a connection whose handshake thread was in
+    the middle of a frame: `wire.readable` raised ValueError on the closed socket (fd -1)
+    inside `Conn._exact`, which caught only OSError, and each such connection was logged as
+    a bug with its traceback (`refused a connection from ...`)."""
+    h = Hub(new_token(), "127.0.0.1")
+    clients = []
+    try:
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", h.port), timeout=5)
+            read_raw_frame(s)  # the challenge; its thread waits for the hello
+            clients.append(s)
+        time.sleep(0.3)
+    finally:
+        with caplog.at_level(logging.WARNING, logger="trainguard.controller.hub"):
+            h.close()
+        for s in clients:
+            s.close()
+    bugs = [r for r in caplog.records if r.exc_info or "refused a connection from" in
+            r.getMessage()]
+    assert bugs == [], [r.getMessage() for r in bugs]
