@@ -6,9 +6,6 @@ that proves the token; a second agent the real hub supersedes does end."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
-import json
 import logging
 import os
 import socket
@@ -21,24 +18,17 @@ from typing import Any
 
 import pytest
 
+from tests.unit.wire_frames import raw_frame, read_raw_frame
 from trainguard.controller import admission
 from trainguard.controller.hub import Hub
 from trainguard.handshake import WIRE_VERSION, Superseded, connect, session_key
-from trainguard.wire import WireError, new_token
+from trainguard.wire import Conn, WireError, new_token
 
-H = struct.Struct(">I")
 NODE = "node-1"
 
 
 def send(s: socket.socket, obj: object) -> None:
-    data = json.dumps(obj).encode()
-    s.sendall(H.pack(len(data)) + data)
-
-
-def recv(s: socket.socket) -> dict[str, Any]:
-    (n,) = H.unpack(s.recv(4, socket.MSG_WAITALL))
-    out: dict[str, Any] = json.loads(s.recv(n, socket.MSG_WAITALL))
-    return out
+    s.sendall(raw_frame(obj))
 
 
 class FakeController:
@@ -59,7 +49,7 @@ class FakeController:
             send(conn, {"type": "challenge", "nonce": self._nonce, "version": WIRE_VERSION})
             conn.settimeout(3)
             try:
-                hello = recv(conn)
+                hello = read_raw_frame(conn)
             except (OSError, struct.error):
                 return  # the agent hung up: it said nothing
             self.hellos.append(hello)
@@ -83,7 +73,7 @@ def test_a_challenge_that_is_not_a_nonce_gets_no_hello(hub: tuple[Hub, str]) -> 
     controller's challenge, whose hello MAC was the session key of (N, X)."""
     h, token = hub
     real = socket.create_connection(("127.0.0.1", h.port))
-    n = recv(real)["nonce"]
+    n = read_raw_frame(real)["nonce"]
     fake = FakeController(f"session|{n}|{'a' * 32}", lambda c, hello: None)
     try:
         e = agent_connect(fake.port, token)
@@ -102,7 +92,7 @@ def test_the_hello_macs_a_fake_controller_collects_open_no_connection(
     counted (on wire version 2 the second challenge's MAC was the key: accepted, 0 counted)."""
     h, token = hub
     real = socket.create_connection(("127.0.0.1", h.port))
-    n, x = recv(real)["nonce"], "b" * 32
+    n, x = read_raw_frame(real)["nonce"], "b" * 32
     macs: dict[str, str] = {}
     for nonce in (n, f"session|{n}|{x}", x):
         fake = FakeController(nonce, lambda c, hello: send(c, {"type": "denied", "why": "x"}))
@@ -115,14 +105,13 @@ def test_the_hello_macs_a_fake_controller_collects_open_no_connection(
     assert session_key(token, n, x, NODE) not in {bytes.fromhex(m) for m in macs.values()}
     send(real, {"type": "hello", "node": NODE, "mac": macs[n], "nonce": x,
                 "version": WIRE_VERSION, "agent_pid": 4242})  # the relayed proof passes
-    assert recv(real)["type"] == "welcome"
+    assert read_raw_frame(real)["type"] == "welcome"
     best = macs.get(f"session|{n}|{x}", macs[x])
     body = {"node": NODE, "attempt": 0, "workers": [], "progress": {},
             "at": "2026-12-05T00:00:00+00:00"}
-    data = json.dumps({"type": "report", "body": body}).encode()
-    seq = struct.pack(">Q", 0)
-    tag = hmac.new(bytes.fromhex(best), b"C" + seq + data, hashlib.sha256).digest()
-    real.sendall(H.pack(len(tag + seq + data)) + tag + seq + data)
+    forger = Conn(real)  # sealed as the agent would, with the best key it collected
+    forger.secure(bytes.fromhex(best), controller_side=False)
+    forger.send({"type": "report", "body": body})
     deadline = time.monotonic() + 10
     while h.rejected_frames == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -195,11 +184,11 @@ def test_refused_handshakes_are_counted_and_told_once_in_a_while(
     with caplog.at_level(logging.WARNING, logger="trainguard.controller.hub"):
         for _ in range(40):
             with socket.create_connection(("127.0.0.1", h.port)) as s:
-                recv(s)
+                read_raw_frame(s)
                 send(s, {"type": "hello", "node": NODE, "mac": "0" * 64, "nonce": "a" * 32,
                          "version": WIRE_VERSION})
                 with contextlib.suppress(OSError, struct.error):
-                    recv(s)  # denied: wrong job token
+                    read_raw_frame(s)  # denied: wrong job token
         deadline = time.monotonic() + 10
         while h.refusals()["handshake"] < 40 and time.monotonic() < deadline:
             time.sleep(0.05)

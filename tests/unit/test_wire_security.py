@@ -6,7 +6,6 @@ is created safely."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import resource
@@ -18,10 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.unit.wire_frames import raw_frame, read_raw_frame, sealed
 from trainguard.controller import admission
 from trainguard.controller import hub as hub_mod
 from trainguard.controller.hub import Hub
@@ -41,23 +40,6 @@ def links_alive(before: set[threading.Thread]) -> int:
                if t not in before and t.name == "trainguard-link" and t.is_alive())
 
 
-def raw_frame(obj: object) -> bytes:
-    data = json.dumps(obj).encode()
-    return struct.pack(">I", len(data)) + data
-
-
-def read_raw_frame(sock: socket.socket) -> dict[str, Any]:
-    head = b""
-    while len(head) < 4:
-        head += sock.recv(4 - len(head))
-    (n,) = struct.unpack(">I", head)
-    body = b""
-    while len(body) < n:
-        body += sock.recv(n - len(body))
-    out: dict[str, Any] = json.loads(body)
-    return out
-
-
 def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
     sock.settimeout(timeout)
     try:
@@ -68,27 +50,6 @@ def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
     except OSError:
         return True
     return True
-
-
-class _Recorder:
-    """Stands in for a Conn's socket to capture the bytes one send() would write."""
-
-    def __init__(self) -> None:
-        self.data = b""
-
-    def sendall(self, data: bytes) -> None:
-        self.data += data
-
-
-def sealed(conn: Conn, msg: dict[str, Any]) -> bytes:
-    """The bytes `conn` would send for `msg` (its sequence number is used up)."""
-    real, rec = conn.sock, _Recorder()
-    conn.sock = rec  # type: ignore[assignment]
-    try:
-        conn.send(msg)
-    finally:
-        conn.sock = real
-    return rec.data
 
 
 # -- D1: the accept loop --------------------------------------------------------------------

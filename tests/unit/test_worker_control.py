@@ -1,5 +1,6 @@
-"""The rank's control inbox (real abstract datagram sockets) and run_resilient without a
-launcher verdict: what a training script sees of in-process restarts."""
+"""The rank's control inbox (a real socket pair, one end handed to the agent over the
+worker channel since walk-through 32 #4) and run_resilient without a launcher verdict:
+what a training script sees of in-process restarts."""
 
 from __future__ import annotations
 
