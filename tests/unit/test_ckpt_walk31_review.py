@@ -119,3 +119,26 @@ def test_the_listing_lives_with_its_concern_and_the_reports_log_under_their_own_
     c._events.other_writer(5, "job-b")
     assert [r.name for r in caplog.records if "committed by the job 'job-b'" in r.message] == \
         ["trainguard.checkpoint.save_report"]
+
+
+def test_a_job_behind_another_in_one_dir_says_it_and_prunes_none_of_its_steps(
+        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """#3: two jobs at different steps in one dir (the usual case): the one behind pruned the
+    other's steps, and nothing was said (only a save of a step the other had committed was)."""
+    ck = tmp_path / "ck"
+    a = ckpt(ck, async_save=False, keep=3)  # job-a (the `sent` fixture's run id)
+    for step in (80, 90, 100):
+        a.save(step, state())
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-b")
+    b = ckpt(ck, async_save=False, keep=3)
+    b.save(10, state())
+    b.save(20, state())
+    assert _steps(ck) == ["step-000000010", "step-000000020", "step-000000080",
+                          "step-000000090", "step-000000100"]
+    told = [r.message for r in caplog.records if "committed by the job 'job-a'" in r.message]
+    assert told == [
+        f"checkpoint of step 10 committed, but: the checkpoint dir {ck} holds step 100, newer "
+        "than this one, committed by the job 'job-a': two jobs write this dir, and a restart "
+        "of this job would resume the other job's weights (step 100); its steps are neither "
+        "counted nor pruned here. Fix: give each job its own --checkpoint-dir"]  # once a minute

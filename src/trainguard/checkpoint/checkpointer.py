@@ -250,10 +250,7 @@ class Checkpointer:
         if result.committed or result.already_valid:  # other ranks: only their part is known
             self.last_saved_step = job.step
             self._bad_steps.discard(job.step)  # written anew: no longer the corrupt one
-        if result.other_writer is not None:  # another job's: a Warning (walk-through 31 #3)
-            self._events.other_writer(job.step, result.other_writer)
-        elif result.already_valid:
-            log.info("checkpoint of step %s is already committed: not written again", job.step)
+        self._events.other_jobs(result)  # another job writes here: a Warning
         return result
 
     def _failed(self, step: int, e: Exception, on_exit: str | None = None) -> None:

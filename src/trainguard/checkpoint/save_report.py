@@ -77,6 +77,24 @@ class SaveReporter:
         return (f"the storage at {self.location} is slower than the saves: save less often, "
                 "or use if_busy='wait'")
 
+    def other_jobs(self, result: SaveResult) -> None:
+        """What a save found of another job in the dir: its step committed by that job
+        (walk-through 31 #3), or a step newer than the one committed (review #3: two jobs at
+        different steps; the one behind prunes nothing of the other's now, and says it)."""
+        if result.other_writer is not None:
+            self.other_writer(result.step, result.other_writer)
+        elif result.newer_of_other is not None:
+            newer, job = result.newer_of_other  # committed: the rank's log says it (the
+            # event kind says a save that wrote nothing)
+            self._tell("newer", result.step, f"the checkpoint dir {self.location} holds step "
+                       f"{newer}, newer than this one, committed by the job {job!r}: two jobs "
+                       f"write this dir, and a restart of this job would resume the other "
+                       f"job's weights (step {newer}); its steps are neither counted nor pruned"
+                       " here. Fix: give each job its own --checkpoint-dir", event=False)
+        elif result.already_valid:
+            log.info("checkpoint of step %s is already committed: not written again",
+                     result.step)
+
     def other_writer(self, step: int, job: str) -> None:
         """The step is committed already, by another job (walk-through 31 #3): this job's
         state of it is not kept, and a resume would load the other job's."""
@@ -86,15 +104,18 @@ class SaveReporter:
                    "weights. Fix: give each job its own --checkpoint-dir (two jobs write "
                    "this one)")
 
-    def _tell(self, what: str, step: int, reason: str) -> bool:
-        """A Warning, unless one of this kind was told within REPEAT_S (False then)."""
+    def _tell(self, what: str, step: int, reason: str, event: bool = True) -> bool:
+        """A Warning (`event`: a CheckpointSaveSkipped too, a save that wrote nothing; else
+        the rank's log only, of a save committed), unless one of this kind was told within
+        REPEAT_S (False then)."""
         now = time.monotonic()
         last = self._told_at.get(what)
         if last is not None and now - last < REPEAT_S:
             return False
         self._told_at[what] = now
-        log.warning("checkpoint of step %s skipped: %s", step, reason)
-        if self.rank == 0:
+        log.warning("checkpoint of step %s %s: %s", step,
+                    "skipped" if event else "committed, but", reason)
+        if self.rank == 0 and event:
             channel.send(MessageKind.CHECKPOINT_SAVE_SKIPPED, step=step, reason=reason[:900],
                          location=self.location)
         return True

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, cast
 
 import torch
@@ -72,6 +72,8 @@ class SaveResult:
     already_valid: bool = False  # the step was committed before: nothing was written
     total_bytes: int | None = None  # the checkpoint's size (its manifest's files), rank 0
     other_writer: str | None = None  # already_valid: the other job that committed it
+    # committed, but the dir holds a newer step another job committed: (that step, its job)
+    newer_of_other: tuple[int, str] | None = None
 
 
 def run_save(job: SaveJob) -> SaveResult:
@@ -119,7 +121,10 @@ def run_save(job: SaveJob) -> SaveResult:
                         job.step, e)
         try:  # `latest` is a pointer for people, pruning tidies
             st.write_atomic(LATEST, step_dir(job.step).encode())
-            prune(st, job.keep, committed=job.step, bad=job.bad_steps)
+            newer = prune(st, job.keep, committed=job.step, bad=job.bad_steps,
+                          run_id=job.run_id)
+            if newer is not None:
+                result = replace(result, newer_of_other=newer)
         except Exception as e:
             log.warning("checkpoint of step %s is committed, but updating latest or pruning "
                         "failed: %s", job.step, e)
@@ -217,18 +222,30 @@ def quick_verdict(st: Storage, step: int) -> tuple[Verdict, Manifest | None]:
 
 
 def prune(st: Storage, keep: int, committed: int | None = None,
-          bad: frozenset[int] = frozenset()) -> None:
+          bad: frozenset[int] = frozenset(), run_id: str = "") -> tuple[int, str] | None:
     """Delete beyond `keep` valid checkpoints and leftovers older than the newest valid one.
 
     `committed` (just written, checksums known good) is always kept; `bad` steps (checksums
     failed on load, sizes fine) never count as valid, so they cannot push good ones out.
+    A step newer than `committed` that another job (not `run_id`) committed is neither
+    counted nor deleted: two jobs write this dir (review of walk-through 31 #3); the newest
+    such (step, run id) is returned, for the job to say it.
     """
     steps = st.steps()
     verdicts: list[Verdict] = []
     older: list[int] = []  # beyond the kept ones: deleted without reading their manifests
+    other: tuple[int, str] | None = None
     for i, s in enumerate(steps):
-        verdicts.append(Verdict(s, Status.CORRUPT, "checksum failed on load") if s in bad
-                        else quick_verdict(st, s)[0])
+        if s in bad:
+            verdicts.append(Verdict(s, Status.CORRUPT, "checksum failed on load"))
+        else:
+            verdict, manifest = quick_verdict(st, s)
+            theirs = other_writer(manifest, run_id) if manifest is not None \
+                and committed is not None and s > committed else None
+            if theirs is not None:
+                other = other or (s, theirs)
+                continue
+            verdicts.append(verdict)
         kept = sum(v.status == Status.VALID for v in verdicts)
         if kept >= max(keep, 1) and (committed is None or s <= committed):
             older = [x for x in steps[i + 1:] if x != committed]
@@ -246,3 +263,4 @@ def prune(st: Storage, keep: int, committed: int | None = None,
             step_text = name.split("-")[2]
             if step_text.isdigit() and (int(step_text) < newest or int(step_text) == committed):
                 st.remove(name)
+    return other
