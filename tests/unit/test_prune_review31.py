@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.unit.helpers import tg
 from trainguard.controller.store import JobStore
@@ -56,3 +59,32 @@ def test_prune_keeps_an_old_job_dir_a_job_that_ended_since_checkpointed_into(
     r = tg("prune", str(root), "--older-than", "0", "--yes")
     assert r.returncode == 0, r.stderr
     assert not a.exists() and not b2.exists(), (r.stdout, r.stderr)
+
+
+def test_prune_walks_only_what_it_would_delete_not_a_projects_own_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    """#5: an ended job run with `--job-dir .` in a project: prune walked the whole project
+    (its data, venvs, .git) looking for running jobs, though it keeps those files; it walks
+    the dirs it would delete now (a store nested in a kept dir cannot block anything)."""
+    import os
+
+    import trainguard.cli.prune as pr
+    from trainguard.cli import main
+
+    proj = _job(tmp_path / "runs" / "proj", "run-P", "succeeded", "2026-01-01T00:00:00+00:00")
+    (proj / "logs" / "attempt-0").mkdir(parents=True)
+    for i in range(30):
+        (proj / "data" / f"d{i}").mkdir(parents=True)  # the user's own: prune keeps them
+    walked: list[str] = []
+    real = os.walk
+
+    def walk(top: Any, *a: Any, **k: Any) -> Any:
+        for here, subdirs, files in real(top, *a, **k):
+            walked.append(str(here))
+            yield here, subdirs, files
+
+    monkeypatch.setattr(pr.os, "walk", walk)
+    assert main(["prune", str(tmp_path / "runs"), "--older-than", "1"]) == 0
+    assert "would keep what trainguard did not write there: data" in capsys.readouterr().out
+    assert walked and not [w for w in walked if "/data" in w], walked

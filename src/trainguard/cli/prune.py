@@ -106,7 +106,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     due = [(r, meta) for r, meta in due if not r["agents_without_controller"]]
     plans = [(r, meta, *_plan(Path(r["job_dir"]), meta)) for r, meta in due]
     uses = running_uses([(r, meta) for r, meta in jobs if _not_due(r, cutoff)],
-                        [Path(r["job_dir"]) for r, _ in due], cutoff) if due else []
+                        [(Path(r["job_dir"]), delete) for r, _, _, delete, _ in plans],
+                        cutoff) if due else []
     old = kept = 0
     freed = 0
     for r, _, own, delete, keep in plans:
@@ -157,11 +158,11 @@ def _not_due(r: dict[str, Any], cutoff: datetime) -> bool:
 
 
 def running_uses(running: Iterable[tuple[dict[str, Any], dict[str, Any]]],
-                 candidates: Iterable[Path], cutoff: datetime) -> list[Use]:
+                 candidates: Iterable[tuple[Path, list[Path]]], cutoff: datetime) -> list[Use]:
     """The dirs jobs that are not due use (running, or ended after `cutoff`): those under
     ROOT (`running`, read already), those whose store or log dir lies inside a dir prune
-    would delete (`candidates`), and those this user's processes here work for (a job dir
-    anywhere)."""
+    would delete (`candidates`: each due job dir and what prune deletes of it), and those
+    this user's processes here work for (a job dir anywhere)."""
     workers = _workers()
     rows = {Path(r["job_dir"]).resolve(): (r, meta) for r, meta in running}
     for d in _inside(candidates) + [jd for jd, _, _ in workers]:
@@ -210,20 +211,25 @@ def _real(p: Path) -> Path:
     return p.parent.resolve() / p.name if p.parent != p else p
 
 
-def _inside(dirs: Iterable[Path]) -> list[Path]:
+def _inside(plans: Iterable[tuple[Path, list[Path]]]) -> list[Path]:
     """Job dirs whose store, or whose log or checkpoint dir (its owner mark names the job
-    dir), lies inside `dirs` (below the top: the top's own store and marks are the job's)."""
+    dir), lies inside a dir prune would delete (`plans`: a job dir and what it deletes
+    there). Only those dirs are walked, not what a job dir keeps (a project's own files,
+    `--job-dir .`: review of walk-through 31 #5); the job's own marks name itself."""
     found: list[Path] = []
-    for top in dirs:
-        for here, subdirs, files in os.walk(top):
-            subdirs[:] = [s for s in subdirs if not _SKIP.match(s)
-                          and not (Path(here) / s).is_symlink()]
-            if DB_NAME in files and Path(here) != top:
-                found.append(Path(here))
-            if OWNER_NAME in files:
-                owner = read_owner(here)
-                if owner is not None and Path(owner["job_dir"]).resolve() != top.resolve():
-                    found.append(Path(owner["job_dir"]))
+    for job_dir, delete in plans:
+        for top in (p for p in delete
+                    if not _SKIP.match(p.name) and p.is_dir() and not p.is_symlink()):
+            for here, subdirs, files in os.walk(top):
+                subdirs[:] = [s for s in subdirs if not _SKIP.match(s)
+                              and not (Path(here) / s).is_symlink()]
+                if DB_NAME in files:  # below the job dir's top: another job's store
+                    found.append(Path(here))
+                if OWNER_NAME in files:
+                    owner = read_owner(here)
+                    if owner is not None and \
+                            Path(owner["job_dir"]).resolve() != job_dir.resolve():
+                        found.append(Path(owner["job_dir"]))
     return found
 
 
