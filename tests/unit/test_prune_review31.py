@@ -88,3 +88,13 @@ def test_prune_walks_only_what_it_would_delete_not_a_projects_own_files(
     assert main(["prune", str(tmp_path / "runs"), "--older-than", "1"]) == 0
     assert "would keep what trainguard did not write there: data" in capsys.readouterr().out
     assert walked and not [w for w in walked if "/data" in w], walked
+
+
+def test_the_architecture_map_and_ops_say_where_prune_lives() -> None:
+    """#10: docs/architecture.md put prune in ops.py, and ops.py's docstring listed it."""
+    import trainguard.cli.ops as ops
+
+    root = Path(__file__).resolve().parents[2]
+    arch = (root / "docs" / "architecture.md").read_text()
+    assert "ops.py (stop | ls)," in arch and "prune.py, job_rows.py" in arch
+    assert "prune ROOT" not in (ops.__doc__ or "").splitlines()[0]

@@ -1,5 +1,6 @@
-"""`trainguard stop JOB_DIR`, `trainguard ls [ROOT]` and `trainguard prune ROOT` (cli/prune.py):
-the everyday commands around a job (the ones people otherwise do with `kill` and `rm -rf`).
+"""`trainguard stop JOB_DIR` and `trainguard ls [ROOT]`: the everyday commands around a job
+(the ones people otherwise do with `kill` and `ls`); `trainguard prune` is in cli/prune.py
+(registered here, with them).
 
 `stop` sends SIGTERM to the job's launcher, the same as Ctrl-C in its terminal: the launcher
 stops every worker on every node with the grace period (`--grace-period`), records
