@@ -34,7 +34,8 @@ from trainguard.spec import JobSpec, flag_name
 
 def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     """What `run` and `run --dry-run` both check before anything starts, in this order: the
-    checkpoint URL's filesystem, that the job dir is the user's own (check_job_dir_owner), that
+    checkpoint URL's filesystem, that the job, log and checkpoint dirs are the user's own
+    (check_dirs_owner; again once they are made), that
     no launcher holds the job dir (`run` then takes its
     lock, job_lock, with the same words: a job still running is said to be, not its metrics
     port), that the run id fits the job dir (continued_run), that a --log-dir holds no other
@@ -45,7 +46,7 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     made (and are, unless `create` is False). Errors name the flag and the fix."""
     paths = JobPaths.for_spec(spec, Path.cwd())
     check_checkpoint_url(paths)
-    check_job_dir_owner(paths.job_dir)
+    check_dirs_owner(paths)
     check_unlocked(paths.job_dir)
     spec = continued_run(spec, paths.job_dir)
     check_log_dir(paths)
@@ -59,28 +60,40 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     check_metrics_port(spec)
     paths.make(create)
     if create:
+        check_dirs_owner(paths)  # again: one another user made meanwhile is theirs
         claim_log_dir(paths, spec.run_id)
         claim_checkpoint_dir(paths, spec.run_id, store_until)
     return spec, paths
 
 
-def check_job_dir_owner(job_dir: Path) -> None:
-    """A job dir another user owns, or that every user may write, is refused: they could
-    replace what the job reads back (a multi-node job's controller address, which its agents
-    follow; checkpoints; the store) (walk-through 32 #8)."""
+def check_dirs_owner(paths: JobPaths) -> None:
+    """The job dir, a --log-dir and a local --checkpoint-dir another user owns, or that every
+    user may write, are refused: they could replace what the job reads back (a multi-node
+    job's controller address, which its agents follow; the store; the logs `diagnose` reads;
+    the checkpoints it resumes from) (walk-through 32 #8; its review #10: the checkpoint dir
+    was taken as it was). `prepare` checks before anything is made and again after the dirs
+    are made: a dir another user made in between is refused too (its review #3)."""
+    dirs = [("job_dir", paths.job_dir), (paths.log_dir_key, paths.log_dir)]
+    if not is_url(paths.checkpoint_dir):
+        dirs.append((paths.checkpoint_dir_key, Path(paths.checkpoint_dir)))
+    for key, d in dirs:
+        _check_dir_owner(flag_name(key), d)
+
+
+def _check_dir_owner(flag: str, d: Path) -> None:
     try:
-        st = job_dir.stat()
+        st = d.stat()
     except OSError:
         return  # made by this launch (or unusable: paths.make says why)
     if st.st_uid != os.geteuid():
-        raise SpecError("--job-dir", f"{job_dir} belongs to uid {st.st_uid}, not to you (uid "
+        raise SpecError(flag, f"{d} belongs to uid {st.st_uid}, not to you (uid "
                         f"{os.geteuid()}): its owner could point the job's agents at a "
                         "controller of theirs or replace its checkpoints",
-                        "use a job dir of your own")
+                        f"use a {flag.lstrip('-').replace('-', ' ')} of your own")
     if st.st_mode & 0o002:
-        raise SpecError("--job-dir", f"{job_dir} may be written by every user (mode "
+        raise SpecError(flag, f"{d} may be written by every user (mode "
                         f"{st.st_mode & 0o7777:o}): anyone could replace what the job reads "
-                        "back", f"chmod o-w {job_dir}, or use another --job-dir")
+                        "back", f"chmod o-w {d}, or use another {flag}")
 
 
 def check_log_dir(paths: JobPaths) -> None:

@@ -81,3 +81,49 @@ def test_an_agent_takes_no_address_or_token_of_another_user(tmp_path: Path) -> N
     os.chown(token, NOBODY, NOBODY)
     with pytest.raises(WireError, match=f"belongs to uid {NOBODY}, not to this process's user"):
         read_token(token)
+
+
+@ROOT_ONLY
+def test_a_checkpoint_dir_or_log_dir_another_user_owns_is_refused(tmp_path: Path) -> None:
+    """(review of walk-through 32 #10) The rule stopped at the job dir: a --checkpoint-dir of
+    another user's, which the job resumes from, was taken as it was."""
+    (tmp_path / "t.py").write_text("print('step 1')\n")
+    for flag in ("--checkpoint-dir", "--log-dir"):
+        theirs = tmp_path / f"theirs{flag}"
+        theirs.mkdir()
+        os.chown(theirs, NOBODY, NOBODY)
+        r = tg("run", "--nproc-per-node", "1", "--job-dir", str(tmp_path / "job"), flag,
+               str(theirs), "--dry-run", "t.py", cwd=tmp_path)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"{flag}: {theirs} belongs to uid {NOBODY}, not to you" in r.stderr, r.stderr
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    r = tg("run", "--nproc-per-node", "1", "--job-dir", str(tmp_path / "job"),
+           "--checkpoint-dir", str(open_dir), "--dry-run", "t.py", cwd=tmp_path)
+    assert r.returncode == 2 and "may be written by every user (mode 777)" in r.stderr
+
+
+@ROOT_ONLY
+def test_a_job_dir_another_user_makes_while_the_launch_checks_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(review of walk-through 32 #3) The owner was checked before the job dir existed and
+    never after it was made: a dir another user made in between (a shared parent, the path
+    readable in the launcher's argv) was taken as the job's."""
+    import trainguard.launch_checks as lc
+    from trainguard.errors import SpecError
+    from trainguard.spec import JobSpec
+
+    job = tmp_path / "job"
+    real = lc.check_unlocked
+
+    def stranger_makes_it(job_dir: Path) -> None:
+        job.mkdir()
+        os.chown(job, NOBODY, NOBODY)
+        job.chmod(0o777)
+        real(job_dir)
+
+    monkeypatch.setattr(lc, "check_unlocked", stranger_makes_it)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError, match=f"belongs to uid {NOBODY}"):
+        lc.prepare(JobSpec(entrypoint="t.py", nproc_per_node=1, job_dir=str(job)), create=True)
