@@ -24,10 +24,10 @@ LOCK_NAME = ".lock"  # held by the job's launcher (launch_checks.job_lock)
 # the files trainguard writes at a job dir's top (the store and SQLite's side files, the
 # launcher's lock, a multi-node job's cluster/ dir), besides its log and checkpoint dirs
 RESERVE_NAME = ".trainguard-reserve"  # room for the job's end (controller/reserve.py)
-# in a log dir given with --log-dir: which job's logs it holds (`{"run_id", "job_dir"}`)
-LOG_OWNER_NAME = ".trainguard-job"
+# in a --log-dir or --checkpoint-dir: which job writes it (controller/dir_owner.py)
+OWNER_NAME = ".trainguard-job"
 JOB_DIR_FILES = frozenset({DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal",
-                           LOCK_NAME, RESERVE_NAME, LOG_OWNER_NAME, "cluster"})
+                           LOCK_NAME, RESERVE_NAME, OWNER_NAME, "cluster"})
 # what trainguard writes in a log dir (one dir per attempt) and in a checkpoint dir (a dir
 # per step, the `latest` pointer, and the staging names a save leaves if it is killed)
 _LOG_DIR_OWN = re.compile(r"attempt-\d+$|\.trainguard-job$")
@@ -169,7 +169,7 @@ def attempt_logs(log_dir: Path) -> list[str]:
     be read)."""
     try:
         return sorted(n for n in os.listdir(log_dir) if _LOG_DIR_OWN.match(n)
-                      and n != LOG_OWNER_NAME)
+                      and n != OWNER_NAME)
     except OSError:
         return []
 

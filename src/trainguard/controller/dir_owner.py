@@ -21,8 +21,7 @@ from typing import Any, TypeVar
 from trainguard.backends.local import live_agents
 from trainguard.controller.store import JobStore, db_path
 from trainguard.errors import StoreError
-from trainguard.paths import LOCK_NAME, is_url
-from trainguard.paths import LOG_OWNER_NAME as OWNER_NAME
+from trainguard.paths import LOCK_NAME, OWNER_NAME, is_url
 
 T = TypeVar("T")
 
