@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from tests.unit.helpers import tg
-from trainguard.paths import LOG_OWNER_NAME
+from trainguard.paths import OWNER_NAME
 
 SCRIPT = "import os\nprint('job', os.environ.get('J'), 'step 1', flush=True)\n"
 
@@ -25,7 +25,7 @@ def test_a_second_job_in_a_log_dir_with_another_jobs_logs_is_refused(tmp_path: P
     (tmp_path / "t.py").write_text(SCRIPT)
     r = run(tmp_path, "--job-dir", "runs/a", "--log-dir", "logs")
     assert r.returncode == 0, r.stderr
-    owner = json.loads((tmp_path / "logs" / LOG_OWNER_NAME).read_text())
+    owner = json.loads((tmp_path / "logs" / OWNER_NAME).read_text())
     assert owner["job_dir"] == str(tmp_path / "runs" / "a")
     for dry in ([], ["--dry-run"]):
         r = run(tmp_path, "--job-dir", "runs/b", "--log-dir", "logs", *dry, job="2")
@@ -50,10 +50,10 @@ def test_the_same_job_continued_keeps_its_log_dir(tmp_path: Path) -> None:
     r = run(tmp_path, "--job-dir", "jd", "--log-dir", "logs")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "logs" / "attempt-1" / "rank-0.log").is_file()
-    (tmp_path / "logs" / LOG_OWNER_NAME).unlink()
+    (tmp_path / "logs" / OWNER_NAME).unlink()
     r = run(tmp_path, "--job-dir", "jd", "--log-dir", "logs")
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "logs" / LOG_OWNER_NAME).is_file()  # written again
+    assert (tmp_path / "logs" / OWNER_NAME).is_file()  # written again
 
 
 def test_logs_of_an_unknown_earlier_job_are_refused_too(tmp_path: Path) -> None:
