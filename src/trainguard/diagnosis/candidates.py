@@ -143,6 +143,8 @@ def from_finding(f: Finding, rules: RuleSet) -> Candidate | None:
     rule = rules.by_id(f.rule) if f.rule else None
     if f.exc_type is not None and f.exc_type.rsplit(".", 1)[-1] in _IGNORED_EXCEPTIONS:
         return None
+    if rule is not None and rule.role == Role.WEAK and f.config_build:
+        rule = None  # a registry raised it: what the config names outweighs a weak reading
     if rule is not None:
         role = rule.role
         if rule.fatal_only and not (f.exc_type is not None and f.final):
