@@ -39,8 +39,8 @@ from trainguard.diagnosis.taxonomy import Category
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "data" / "diagnosis"
-# heldout44 and heldout45 were measured blind once (docs/diagnosis.md), then joined the sets
-# tuned on (the thirty-ninth and fortieth rounds); never heldout46 (the next blind set,
+# heldout45 and heldout46 were measured blind once (docs/diagnosis.md), then joined the sets
+# tuned on (the fortieth and forty-first rounds); never heldout47 (the next blind set,
 # not built yet)
 SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
         "heldout7", "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13",
@@ -49,8 +49,8 @@ SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "hel
         "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31",
         "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37",
         "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43",
-        "heldout44", "heldout45")
-BLIND = "heldout46"
+        "heldout44", "heldout45", "heldout46")
+BLIND = "heldout47"
 MODEL = ROOT / "src" / "trainguard" / "diagnosis" / "model.json"
 MIN_SOURCES = 2
 ALPHA = 0.5  # Laplace smoothing
