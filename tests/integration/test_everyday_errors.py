@@ -180,7 +180,7 @@ def test_a_job_whose_last_checkpoint_save_fails_is_not_succeeded(tmp_path: Path)
     read `succeeded` with its last steps kept nowhere (a Warning event the only trace)."""
     script, flag, job = tmp_path / "last.py", tmp_path / "filled", tmp_path / "job"
     script.write_text(LAST_SAVE)
-    for fs in mount_tmpfs(tmp_path / "ck", "size=4m"):
+    for fs in mount_tmpfs(tmp_path / "ck", "size=4m,mode=0700"):
         launcher = subprocess.Popen([*TG, "run", "--nproc-per-node", "1", "--max-restarts",
                                      "0", "--job-dir", str(job), "--checkpoint-dir", str(fs),
                                      str(script), str(flag)], stdout=subprocess.PIPE,

@@ -41,12 +41,19 @@ def test_writes_to_a_console_that_does_not_read_return_at_once_and_drop_past_the
     stream.close()  # (the writer ended: EOF for the reader)
     reader.join(10)
     text = out[0].splitlines()
-    kept = [ln[:4] for ln in text if ln[:4].isdigit()]
-    assert kept == [f"{i:04d}" for i in range(len(kept))]  # in order, none lost in between
-    notice = next(i for i, ln in enumerate(text) if "console line(s) dropped" in ln)
-    dropped = int(text[notice].split()[1])
-    assert len(kept) + dropped == 1000  # every line written or counted
-    assert text[notice - 1][:4] == f"{len(kept) - 1:04d}"  # the notice where they went
+    # in order, and every line written or counted by a notice where it went: each notice
+    # stands between the last line kept before the drop and the next one kept (the writer
+    # thread can make room while the loop still writes: lines kept again after a drop, as
+    # on a loaded CI machine, with a second notice)
+    expect, dropped = 0, 0
+    for ln in text[:-1]:
+        if "console line(s) dropped" in ln:
+            n = int(ln.split()[1])
+            dropped, expect = dropped + n, expect + n
+        else:
+            assert ln[:4] == f"{expect:04d}", (ln[:40], expect)
+            expect += 1
+    assert expect == 1000 and dropped > 0  # 1 MB into 200 KB: some were dropped
     assert text[-1] == "the last line"  # a short line after the drop still fits
 
 
