@@ -104,9 +104,8 @@ def test_a_committed_step_removes_another_attempts_staging_of_that_step(
     assert not left.exists()
 
 
-def test_skipped_saves_are_told_once_a_minute(
-        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """#12: if_busy="skip" behind a stalled store: a Warning naming the save in flight."""
+def stall_saves(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Saves wait (up to 10 s) until the returned event is set: a stalled store."""
     go = threading.Event()
     real = ckmod.run_save
 
@@ -115,6 +114,13 @@ def test_skipped_saves_are_told_once_a_minute(
         return real(job)
 
     monkeypatch.setattr(ckmod, "run_save", slow)
+    return go
+
+
+def test_skipped_saves_are_told_once_a_minute(
+        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """#12: if_busy="skip" behind a stalled store: a Warning naming the save in flight."""
+    go = stall_saves(monkeypatch)
     c = ckpt(tmp_path / "ck", every_steps=5, if_busy="skip")
     s = state()
     assert c.maybe_save(5, s)

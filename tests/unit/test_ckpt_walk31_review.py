@@ -45,13 +45,19 @@ def _steps(where: Path) -> list[str]:
     return sorted(n for n in os.listdir(where) if n.startswith("step-"))
 
 
-def test_a_checkpoint_moved_by_hand_survives_the_next_saves(
-        tmp_path: Path, sent: list[Any]) -> None:
-    ck = tmp_path / "ck"
+def _saved_then_moved(ck: Path, to: int) -> ckmod.Checkpointer:
+    """Steps 10 and 20 saved (keep=3), then step 20's dir renamed by hand to step `to`."""
     c = ckpt(ck, async_save=False, keep=3)
     for step in (10, 20):
         c.save(step, state())
-    os.rename(ck / "step-000000020", ck / "step-000000015")  # moved by hand
+    os.rename(ck / "step-000000020", ck / f"step-{to:09d}")
+    return c
+
+
+def test_a_checkpoint_moved_by_hand_survives_the_next_saves(
+        tmp_path: Path, sent: list[Any]) -> None:
+    ck = tmp_path / "ck"
+    c = _saved_then_moved(ck, 15)  # moved by hand
     [moved] = [i for i in c.list() if i.step == 15]
     assert moved.status.value == "corrupt" and "move the directory back" in moved.reason
     c.save(30, state())
@@ -61,10 +67,7 @@ def test_a_checkpoint_moved_by_hand_survives_the_next_saves(
 def test_a_checkpoint_moved_by_hand_survives_a_resume_that_skips_it(
         tmp_path: Path, sent: list[Any]) -> None:
     ck = tmp_path / "ck"
-    c = ckpt(ck, async_save=False, keep=3)
-    for step in (10, 20):
-        c.save(step, state())
-    os.rename(ck / "step-000000020", ck / "step-000000025")  # the newest, moved by hand
+    _saved_then_moved(ck, 25)  # the newest, moved by hand
     again = ckpt(ck, async_save=False, keep=3)
     assert again.load_latest(state()) == 10  # skipped, with its reason
     again.save(30, state())
@@ -75,19 +78,10 @@ def test_a_run_of_skipped_saves_says_what_a_crash_loses_and_how_many_were_skippe
         tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """#14: the save of step 5 held, 9 saves skipped (10..50) within a minute: the only
     Warning named neither what a crash loses nor that 9 were skipped."""
-    import threading
-
-    from tests.unit.test_ckpt_walk31 import of
+    from tests.unit.test_ckpt_walk31 import of, stall_saves
     from trainguard.worker.contract import MessageKind
 
-    go = threading.Event()
-    real = ckmod.run_save
-
-    def slow(job: Any) -> Any:
-        go.wait(10)
-        return real(job)
-
-    monkeypatch.setattr(ckmod, "run_save", slow)
+    go = stall_saves(monkeypatch)
     c = ckpt(tmp_path / "ck", every_steps=5, if_busy="skip")
     s = state()
     assert c.maybe_save(5, s)

@@ -179,27 +179,26 @@ def test_a_pass_first_sampled_past_its_resume_counts_the_steps_before_the_sample
     assert math.isclose(parts_sum(g), 20.0)
 
 
+def restarted_at_step_8(first_sample: int, resumed_step: int, end: float) -> LedgerInput:
+    """Attempt 0 trains steps 1..8; attempt 1 (its incident says it resumed after
+    `resumed_step`) is first sampled at `first_sample` and trains on to step 12."""
+    return LedgerInput(start=0.0, end=end,
+                       attempts=[Attempt(0, 0.0, 9.0, launch=True),
+                                 Attempt(1, 10.0, end, launch=False)],
+                       incidents=[Incident(0, detected=9.0, restarted=True,
+                                           resumed_step=resumed_step)],
+                       samples=[*steps(0, 1, 8, 1.0), *steps(1, first_sample, 12, 15.0)])
+
+
 def test_an_attempt_first_sampled_past_its_resume_counts_the_steps_before_the_sample() -> None:
     # attempt 1 resumed after step 4 (its incident says so) and was first sampled at step 7
-    samples = [*steps(0, 1, 8, 1.0), *steps(1, 7, 12, 15.0)]
-    inp = LedgerInput(start=0.0, end=21.0,
-                      attempts=[Attempt(0, 0.0, 9.0, launch=True),
-                                Attempt(1, 10.0, 21.0, launch=False)],
-                      incidents=[Incident(0, detected=9.0, restarted=True, resumed_step=4)],
-                      samples=samples)
-    g = account(inp)
+    g = account(restarted_at_step_8(first_sample=7, resumed_step=4, end=21.0))
     assert (g.steps_productive, g.steps_wasted) == (12, 4)  # 1..12 once; 5..8 again
     assert math.isclose(parts_sum(g), 21.0)
 
 
 def test_a_resumed_step_at_or_past_the_first_sample_is_not_believed() -> None:
-    samples = [*steps(0, 1, 8, 1.0), *steps(1, 5, 12, 15.0)]
-    inp = LedgerInput(start=0.0, end=23.0,
-                      attempts=[Attempt(0, 0.0, 9.0, launch=True),
-                                Attempt(1, 10.0, 23.0, launch=False)],
-                      incidents=[Incident(0, detected=9.0, restarted=True, resumed_step=6)],
-                      samples=samples)
-    g = account(inp)
+    g = account(restarted_at_step_8(first_sample=5, resumed_step=6, end=23.0))
     assert (g.steps_productive, g.steps_wasted) == (12, 4)  # the pass began after step 4
 
 
