@@ -32,11 +32,6 @@ from trainguard.node import ports
 TAG = "TG_CHAOS_RUN"  # the environment variable every process of the job inherits
 
 
-def free_port() -> int:
-    """A free loopback port outside the ephemeral range (trainguard.node.ports)."""
-    return ports.free_port("127.0.0.1")
-
-
 class Tmpfs:
     """A tmpfs mounted at `path` (root only), and a ballast file that fills it up."""
 
@@ -83,7 +78,7 @@ class S3:
     """moto's S3 server in a process of its own, its request log read line by line."""
 
     bucket: str
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=lambda: ports.free_port("127.0.0.1"))
     proc: subprocess.Popen[str] | None = None
     puts: list[tuple[float, str]] = field(default_factory=list)  # (time, key) of each PUT
     _armed: threading.Event = field(default_factory=threading.Event)

@@ -37,11 +37,6 @@ from trainguard.worker.channel import ENV_SOCKET
 MOTO_SERVER = shutil.which("moto_server", path=str(Path(sys.executable).parent))
 
 
-def free_port() -> int:
-    """A free loopback port outside the ephemeral range (trainguard.node.ports)."""
-    return ports.free_port("127.0.0.1")
-
-
 def http_answers(port: int, timeout_s: float = 1.0) -> bool:
     """Whether an HTTP server on 127.0.0.1:`port` answers a GET (the moto server is up)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
@@ -63,7 +58,7 @@ class S3Server:
         if MOTO_SERVER is None:
             pytest.skip(f"moto_server is not installed next to {sys.executable} "
                         "(pip install 'moto[server]')")
-        self.port = port or free_port()
+        self.port = port or ports.free_port("127.0.0.1")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

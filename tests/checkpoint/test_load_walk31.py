@@ -25,12 +25,12 @@ from tests.checkpoint.conftest import (
     AgentChannel,
     S3Location,
     assert_state_is_step,
-    free_port,
     fresh_state,
     step_state,
 )
 from trainguard.checkpoint import Checkpointer, loading
 from trainguard.checkpoint.manifest import step_dir
+from trainguard.node import ports
 
 SCRIPT = Path(__file__).parent / "scripts" / "fsdp_reshard.py"
 
@@ -38,7 +38,8 @@ SCRIPT = Path(__file__).parent / "scripts" / "fsdp_reshard.py"
 @pytest.mark.integration
 def test_one_rank_resuming_a_two_rank_fsdp_checkpoint_skips_a_corrupt_shard_of_rank_1(
         tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "ck"), str(free_port())],
+    port = ports.free_port("127.0.0.1")
+    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "ck"), str(port)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"resumed": 5}, r.stdout

@@ -113,11 +113,6 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
     ps.stop()
 
 
-def free_port() -> int:
-    """A free loopback port outside the ephemeral range (trainguard.node.ports)."""
-    return ports.free_port("127.0.0.1")
-
-
 def test_blocked_processes_are_dumped_at_once_and_classified(procs: Procs, tmp_path: Path
                                                              ) -> None:
     held = tmp_path / "held.lock"
@@ -238,7 +233,7 @@ def test_no_ptrace_permission_is_an_error_that_says_what_to_do(procs: Procs,
 def test_gloo_rank_in_all_reduce_and_the_sleeping_rank_is_named(procs: Procs,
                                                                 tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    port = str(free_port())
+    port = str(ports.free_port("127.0.0.1"))
     ranks = {0: procs.start("ranks.py", "0", port), 1: procs.start("ranks.py", "1", port)}
     procs.ready(*ranks.values(), settle=0.5)
     t0 = time.monotonic()
