@@ -10,7 +10,6 @@ through no symlink put in its place."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,24 +19,7 @@ from trainguard.checkpoint import memory_format
 from trainguard.checkpoint.memory import RankSlots
 from trainguard.node import peer, procs
 from trainguard.node.memory import MemoryRegion
-from trainguard.worker.contract import ENV_MEMORY_DIR, ENV_MEMORY_EVERY, ENV_SHM_ROOT
-
-
-@pytest.fixture
-def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A /dev/shm of our own: every user may write it, sticky."""
-    root = tmp_path / "shm"
-    root.mkdir()
-    os.chmod(root, 0o1777)
-    monkeypatch.setenv(ENV_SHM_ROOT, str(root))
-    return root
-
-
-@pytest.fixture
-def guardian() -> Iterator[procs.Guardian]:
-    g = procs.Guardian("")
-    yield g
-    g.close()
+from trainguard.worker.contract import ENV_MEMORY_DIR, ENV_MEMORY_EVERY
 
 
 def _copy_of_rank_1(tmp_path: Path) -> list[dict[str, object]]:

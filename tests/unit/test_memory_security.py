@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,9 @@ from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.memory import RankSlots
 from trainguard.node import procs
 from trainguard.node.memory import MemoryRegion
-from trainguard.worker.contract import ENV_MEMORY_DIR, ENV_MEMORY_EVERY, ENV_SHM_ROOT
+from trainguard.worker.contract import ENV_MEMORY_DIR, ENV_MEMORY_EVERY
 
 STRANGER = 65534  # nobody
-
-
-@pytest.fixture
-def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A /dev/shm of our own: every user may write it, sticky."""
-    root = tmp_path / "shm"
-    root.mkdir()
-    os.chmod(root, 0o1777)
-    monkeypatch.setenv(ENV_SHM_ROOT, str(root))
-    return root
 
 
 @pytest.fixture
@@ -42,13 +31,6 @@ def victim(tmp_path: Path) -> Path:
     v.write_text("precious\n")
     os.chmod(v, 0o600)
     return v
-
-
-@pytest.fixture
-def guardian() -> Iterator[procs.Guardian]:
-    g = procs.Guardian("")
-    yield g
-    g.close()
 
 
 def plant(d: Path, victim: Path) -> None:
