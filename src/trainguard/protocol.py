@@ -236,6 +236,9 @@ class NodeReport(_Msg):
                                    "its own; the fleet: every node's, spares too)")
     refused: dict[str, int] = Field(default_factory=dict, description="the fleet's: connections "
                                     "the controller's hub refused so far, by why")
+    messages_refused: int = Field(default=0, description="datagrams the worker channel refused "
+                                  "so far (a stranger's, malformed, out of bounds): an agent's "
+                                  "own; the fleet's: every node's")
     persisting: bool = Field(default=False, description="the agent is saving the ranks' memory "
                              "snapshots to storage (a save at breakpoint) now")
     seq: int | None = Field(default=None, description="a remote agent's number for a report whose "

@@ -217,7 +217,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "agents_without_controller",
         "nodes",
         "node_usage",
-        "connections_refused",
+        "connections_refused", "worker_messages_refused",
         "restarts",
         "restarts_by_rung", "ended_by",
         "budgets", "budgets_off",

@@ -442,3 +442,16 @@ def test_no_acknowledgement_while_the_recorder_holds_unwritten_events() -> None:
     held[0] = False
     f.poll()
     assert hub.frames == [{"a": {"type": "ack", "seq": 4, "epoch": 5}}]
+
+
+def test_the_worker_messages_each_node_refused_add_up_and_a_new_agent_s_count_adds_on() -> None:
+    """(security.md W3's leftover) The agents' channels' refusals were in their logs only.
+    A node's count only grows while its agent lives; one that falls is a new agent's."""
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd())
+    hub.reports["a"] = [report("a", 0, [0, 1], last=5).model_copy(update={"messages_refused": 3})]
+    hub.reports["b"] = [report("b", 0, [2, 3], last=5).model_copy(update={"messages_refused": 2})]
+    assert f.poll().messages_refused == 5
+    assert f.poll().messages_refused == 5  # no new reports: still counted
+    hub.reports["a"] = [report("a", 0, [0, 1], last=6).model_copy(update={"messages_refused": 1})]
+    assert f.poll().messages_refused == 3 + 1 + 2  # a's new agent refused one more

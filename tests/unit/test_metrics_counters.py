@@ -84,3 +84,13 @@ def test_connections_the_hub_refused_are_counters_by_reason(tmp_path: Path) -> N
         m = samples(job)
     assert m[("trainguard_connections_refused_total", (("reason", "handshake"),))] == 3
     assert m[("trainguard_connections_refused_total", (("reason", "forged_frame"),))] == 1
+
+
+def test_worker_messages_the_agents_refused_are_a_counter(tmp_path: Path) -> None:
+    """(security.md W3's leftover) The worker channels' refusals were in the agents' logs only."""
+    job = tmp_path / "job"
+    with JobStore.create(job, "r") as s:
+        s.set_meta(state="running")
+        assert samples(job)[("trainguard_worker_messages_refused_total", ())] == 0
+        s.set_meta(worker_messages_refused=7)
+        assert samples(job)[("trainguard_worker_messages_refused_total", ())] == 7

@@ -150,3 +150,12 @@ def test_status_says_how_many_connections_the_controller_refused() -> None:
     doc = status_doc({"connections_refused": {"handshake": 2, "over_budget": 0,
                                               "forged_frame": 1}}, [], "/jobs/a")
     assert doc["connections_refused"] == {"handshake": 2, "over_budget": 0, "forged_frame": 1}
+
+
+def test_status_says_how_many_worker_messages_the_agents_refused() -> None:
+    """(security.md W3's leftover) The worker channels' refusals were in the agents' logs only."""
+    assert status_doc({}, [], "/jobs/a")["worker_messages_refused"] == 0
+    assert status_doc({"worker_messages_refused": 4}, [], "/jobs/a")[
+        "worker_messages_refused"] == 4
+    assert status_doc({"worker_messages_refused": "x", "connections_refused": [1]}, [],
+                      "/jobs/a") | {} == status_doc({}, [], "/jobs/a")  # a garbled meta: none

@@ -27,6 +27,7 @@ from trainguard.cli.fmt import (
     print_table,
     size_text,
 )
+from trainguard.cli.status_nodes import print_nodes, refused, usage
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
 from trainguard.controller.store_rows import (
     HANG_REASONS,
@@ -160,16 +161,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     console.print(f"job dir: {doc['job_dir']}" + (f" (recorded at {moved}: copied or moved "
                                                   "since)" if moved else ""),
                   highlight=False, markup=False)
-    for u in doc["node_usage"]:
-        peer = f" (peer copies {size_text(u['shm_peer_bytes'])})" if u["shm_peer_bytes"] else ""
-        warming = f" ({u['standby_warming']} still importing)" if u["standby_warming"] else ""
-        console.print(f"fast recovery on {u['node']}: {u['standby_ready']} standby worker(s) "
-                      f"ready{warming}, {size_text(u['standby_rss_bytes'])} resident; /dev/shm "
-                      f"{size_text(u['shm_bytes'])}{peer}", highlight=False, markup=False)
-    if any(doc["connections_refused"].values()):
-        console.print("connections refused: " + ", ".join(
-            f"{n} {_REFUSED.get(k, k)}" for k, n in doc["connections_refused"].items() if n)
-            + " (docs/security.md)", highlight=False, markup=False)
+    print_nodes(console, doc)
     if doc["nodes"]:
         print_table(keyed_table(doc["nodes"], _NODE_KEYS))
         console.print()
@@ -181,9 +173,6 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
                              for r in rows], _RANK_KEYS))
     return ExitCode.SUCCESS
 
-
-_REFUSED = {"handshake": "failed handshake(s)", "over_budget": "over the handshake budget",
-            "forged_frame": "link(s) ended by a forged frame"}
 
 def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                nodes: list[NodeRow] | None = None, records: list[RunningRecord] | None = None,
@@ -229,9 +218,8 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "job_dir": job_dir,
         "recorded_job_dir": _elsewhere(meta.get("job_dir"), job_dir),
         "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
-        "node_usage": [] if state in JOB_ENDED else _usage(meta.get("node_usage")),
-        "connections_refused": {k: int(v) for k, v in
-                                (meta.get("connections_refused") or {}).items()},
+        "node_usage": [] if state in JOB_ENDED else usage(meta.get("node_usage")),
+        **refused(meta),
         "store_free_bytes": free_bytes,
         "store_disk_full": state not in JOB_ENDED and free_bytes is not None
         and free_bytes < STORE_FULL_BYTES,
@@ -265,20 +253,6 @@ def _elsewhere(recorded: Any, job_dir: str) -> str | None:
     if not isinstance(recorded, str) or not recorded or recorded == job_dir:
         return None
     return recorded
-
-
-_USAGE_KEYS = ("standby_ready", "standby_warming", "standby_rss_bytes", "shm_bytes",
-               "shm_peer_bytes")
-
-
-def _usage(recorded: Any) -> list[dict[str, Any]]:
-    """Per node, the standbys ready and their memory, the job's /dev/shm bytes (the peer
-    copies among them), as the agents last reported them (none once the job ended, or
-    was lost: `status_doc`)."""
-    if not isinstance(recorded, dict):
-        return []
-    return [{"node": node, **{k: int(u.get(k) or 0) for k in _USAGE_KEYS}}
-            for node, u in sorted(recorded.items()) if isinstance(u, dict)]
 
 
 def _training(recorded: Any) -> list[dict[str, Any]]:

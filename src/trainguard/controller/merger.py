@@ -35,6 +35,9 @@ class Merger:
         self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
         self._stale: dict[str, NodeReport] = {}  # the last merged facts, deltas taken
         self.usage: dict[str, NodeUsage] = {}  # each node's latest, spares' too (status)
+        # node -> datagrams its worker channel refused: [counted by its agents before the
+        # current one, the current one's latest count]. Kept for a node lost or gone.
+        self._refused: dict[str, list[int]] = {}
         # node -> (epoch, seq) of the newest numbered report folded, merged (node/outbox.py)
         self._folded_seq: dict[str, tuple[int | None, int]] = {}
         self._merged_seq: dict[str, tuple[int | None, int]] = {}
@@ -62,6 +65,11 @@ class Merger:
         return due
 
     def note_usage(self, name: str, reports: list[NodeReport]) -> None:
+        """The node's latest usage and count of refused worker messages (spares' too)."""
+        for r in reports:  # an agent's count only grows: one that fell is a new agent's
+            before, latest = self._refused.setdefault(name, [0, 0])
+            self._refused[name] = [before + latest if r.messages_refused < latest else before,
+                                   r.messages_refused]
         for r in reversed(reports):
             if r.usage:
                 self.usage[name] = r.usage[-1]
@@ -143,6 +151,7 @@ class Merger:
                           workers=sorted(workers, key=lambda w: w.rank), progress=progress,
                           at=now, messages=messages, liveness=liveness,
                           lost_nodes=sorted(lost), persisting=persisting,
+                          messages_refused=sum(map(sum, self._refused.values())),
                           usage=[u for n, u in sorted(self.usage.items())
                                  if n in usable and n not in lost])
 

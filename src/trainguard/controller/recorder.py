@@ -67,6 +67,7 @@ class Recorder:
         self._workers_sig: object = None
         self._usage_written: dict[str, dict[str, int]] = {}  # meta node_usage, as written
         self._refused_written: dict[str, int] = {}  # meta connections_refused, as written
+        self._messages_refused_written = 0  # meta worker_messages_refused, as written
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
         self._progress_written = 0.0
         self._ledger: list[tuple[int, int, float]] = []  # progress samples not yet written
@@ -306,6 +307,10 @@ class Recorder:
             with self.writes.best_effort():
                 self.store.set_meta(connections_refused=report.refused)
                 self._refused_written = report.refused
+        if report.messages_refused > self._messages_refused_written:
+            with self.writes.best_effort():
+                self.store.set_meta(worker_messages_refused=report.messages_refused)
+                self._messages_refused_written = report.messages_refused
 
     def _sync_usage(self, report: NodeReport) -> None:
         """Each node's standbys and shared memory (meta `node_usage`), when they changed."""

@@ -86,7 +86,7 @@ def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric
     commits = saves(store)
     g = job_goodput(store, now, commits, meta, records)
     yield from _job(meta, store.last_checkpoint())
-    yield from _refused(meta.get("connections_refused"))
+    yield from _refused(meta.get("connections_refused"), meta.get("worker_messages_refused"))
     hang = store.hang_left_running(meta)
     yield GaugeMetricFamily("trainguard_job_hung", "1 while a confirmed hang is left running "
                             "in the current attempt (--restart-on-hang off, or its budget "
@@ -106,7 +106,7 @@ def job_metrics(store: JobStore, now: datetime | None = None) -> Iterator[Metric
     yield nodes
 
 
-def _refused(recorded: object) -> Iterator[Metric]:
+def _refused(recorded: object, messages: object) -> Iterator[Metric]:
     got = recorded if isinstance(recorded, dict) else {}
     refused = CounterMetricFamily(
         "trainguard_connections_refused", "connections the controller refused (multi-node): "
@@ -116,6 +116,10 @@ def _refused(recorded: object) -> Iterator[Metric]:
         n = got.get(reason)
         refused.add_metric([reason], float(n) if isinstance(n, int) else 0.0)
     yield refused
+    yield CounterMetricFamily(
+        "trainguard_worker_messages_refused", "datagrams the nodes' worker channels refused: "
+        "a stranger's (not a process of this job), malformed or out of bounds "
+        "(docs/security.md)", value=float(messages) if isinstance(messages, int) else 0.0)
 
 
 def _job(meta: dict[str, object], checkpoint: tuple[int, str] | None) -> Iterator[Metric]:

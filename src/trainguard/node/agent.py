@@ -363,8 +363,8 @@ class NodeAgent:
         running = {w.assignment.rank for w in self._workers if not w.state.ended}
         router = self._router
         return NodeReport(node=self.node, attempt=self._attempt, workers=self._facts(),
-                          progress=progress, at=utcnow(),
-                          messages=messages + self._log_errors(),
+                          progress=progress, at=utcnow(), messages=messages + self._log_errors(),
+                          messages_refused=self._channel.dropped,
                           liveness=self._liveness.report(
                               running, router.last_output() if router else {},
                               router.unread_steps() if router else {}),
