@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard.checkpoint.manifest import OWNER_NAME
 from trainguard.errors import SpecError
 from trainguard.spec import JobSpec, flag_name
 
@@ -24,8 +25,6 @@ LOCK_NAME = ".lock"  # held by the job's launcher (launch_checks.job_lock)
 # the files trainguard writes at a job dir's top (the store and SQLite's side files, the
 # launcher's lock, a multi-node job's cluster/ dir), besides its log and checkpoint dirs
 RESERVE_NAME = ".trainguard-reserve"  # room for the job's end (controller/reserve.py)
-# in a --log-dir or --checkpoint-dir: which job writes it (controller/dir_owner.py)
-OWNER_NAME = ".trainguard-job"
 JOB_DIR_FILES = frozenset({DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal",
                            LOCK_NAME, RESERVE_NAME, OWNER_NAME, "cluster"})
 # what trainguard writes in a log dir (one dir per attempt) and in a checkpoint dir (a dir

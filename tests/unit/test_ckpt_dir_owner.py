@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 from trainguard.controller.dir_owner import OWNER_NAME, read_owner, write_owner
@@ -20,12 +21,14 @@ def test_a_log_dir_and_a_checkpoint_dir_are_marked_alike_and_read_back(tmp_path:
                      checkpoint_dir_key="checkpoint_dir")
     for d in (tmp_path / "logs", tmp_path / "ck"):
         d.mkdir()
+    before = time.time()
     claim_log_dir(paths, "run-1")
     claim_checkpoint_dir(paths, "run-1")
     want = {"run_id": "run-1", "job_dir": str(job), "host": socket.gethostname(),
             "pid": str(os.getpid())}
-    assert read_owner(tmp_path / "logs") == want
-    assert read_owner(str(tmp_path / "ck")) == want
+    for mark in (read_owner(tmp_path / "logs"), read_owner(str(tmp_path / "ck"))):
+        assert mark is not None and before <= float(mark.pop("at")) <= time.time()  # launched
+        assert mark == want
     assert sorted(os.listdir(tmp_path / "ck")) == [OWNER_NAME]  # no temporary file left
 
 

@@ -20,6 +20,8 @@ from tests.unit.test_ckpt_walk31 import ckpt, failing_at, sent, state
 torch = pytest.importorskip("torch")
 
 import trainguard.checkpoint.checkpointer as ckmod  # noqa: E402
+from trainguard.checkpoint.manifest import step_dir  # noqa: E402
+from trainguard.controller.dir_owner import write_owner  # noqa: E402
 
 __all__ = ["sent"]  # the fixture, used by name
 
@@ -136,3 +138,79 @@ def test_a_job_behind_another_in_one_dir_says_it_and_prunes_none_of_its_steps(
         "than this one, committed by the job 'job-a': two jobs write this dir, and a restart "
         "of this job would resume the other job's weights (step 100); its steps are neither "
         "counted nor pruned here. Fix: give each job its own --checkpoint-dir"]  # once a minute
+
+
+def _as(monkeypatch: pytest.MonkeyPatch, job: str) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", job)
+
+
+def _launched(ck: Path, job: str) -> None:
+    """The owner mark a launch writes into its --checkpoint-dir (controller/dir_owner.py),
+    with the launch's time: a save made after it is newer."""
+    write_owner(ck, job, ck.parent / job)
+
+
+def test_a_job_ahead_of_another_in_one_dir_prunes_none_of_its_steps_and_says_it(
+        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """#3's rest: the job ahead learned nothing and its pruning deleted the other job's
+    newest steps as its own. Job b launched into job a's dir after it (the mark is b's)."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    _launched(ck, "job-a")
+    a = ckpt(ck, async_save=False, keep=3)
+    for step in (80, 90, 100):
+        a.save(step, state())
+    _as(monkeypatch, "job-b")
+    _launched(ck, "job-b")
+    b = ckpt(ck, async_save=False, keep=3)
+    b.save(10, state())
+    b.save(20, state())
+    _as(monkeypatch, "job-a")
+    a.save(110, state())
+    a.save(120, state())
+    assert _steps(ck) == [step_dir(s) for s in (10, 20, 100, 110, 120)]
+    told = [r.message for r in caplog.records if "which writes this dir too" in r.message]
+    assert told == [
+        f"checkpoint of step 110 committed, but: the checkpoint dir {ck} holds step 20, "
+        "committed by the job 'job-b', which writes this dir too (it launched into it after "
+        "this job, or saved there since); its steps are neither counted nor pruned here. "
+        "Fix: give each job its own --checkpoint-dir"]  # once a minute
+
+
+def test_the_job_that_launched_last_leaves_the_steps_another_job_saved_since(
+        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark is this job's own, but another job committed a step after this job's launch
+    (the mark's `at`): that step is left alone; the other job's steps from before the launch
+    are pruned, as a job continuing from another's checkpoints prunes them."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    _as(monkeypatch, "job-a")
+    a = ckpt(ck, async_save=False, keep=3)
+    a.save(10, state())
+    _launched(ck, "job-b")
+    _as(monkeypatch, "job-b")
+    b = ckpt(ck, async_save=False, keep=3)
+    for step in (100, 110, 120):
+        b.save(step, state())
+    _as(monkeypatch, "job-a")
+    a.save(30, state())
+    _as(monkeypatch, "job-b")
+    b.save(130, state())
+    assert _steps(ck) == [step_dir(s) for s in (30, 110, 120, 130)]
+
+
+def test_a_job_continuing_from_another_s_checkpoints_prunes_them_as_its_own(
+        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    _launched(ck, "job-a")
+    a = ckpt(ck, async_save=False, keep=3)
+    for step in (80, 90, 100):
+        a.save(step, state())
+    _launched(ck, "job-c")  # job a ended; job c continues from its checkpoints
+    _as(monkeypatch, "job-c")
+    c = ckpt(ck, async_save=False, keep=3)
+    c.save(110, state())
+    c.save(120, state())
+    assert _steps(ck) == [step_dir(s) for s in (100, 110, 120)]

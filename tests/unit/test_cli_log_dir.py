@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from tests.unit.helpers import tg
-from trainguard.paths import OWNER_NAME
+from trainguard.checkpoint.manifest import OWNER_NAME
 
 SCRIPT = "import os\nprint('job', os.environ.get('J'), 'step 1', flush=True)\n"
 

@@ -17,6 +17,10 @@ FORMAT = "trainguard-checkpoint/1"
 MANIFEST = "manifest.json"
 LATEST = "latest"
 REPLICATED = "replicated.pt"
+# in a --checkpoint-dir (or --log-dir) not under its job dir: which job launched into it last,
+# `{"run_id", "job_dir", "host", "pid", "at"}` (controller/dir_owner.py writes it; a save's
+# prune reads it: checkpoint/sharing.py)
+OWNER_NAME = ".trainguard-job"
 _STEP_DIR = re.compile(r"^step-(\d{9,})$")
 
 

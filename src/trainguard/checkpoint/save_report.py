@@ -79,18 +79,24 @@ class SaveReporter:
 
     def other_jobs(self, result: SaveResult) -> None:
         """What a save found of another job in the dir: its step committed by that job
-        (walk-through 31 #3), or a step newer than the one committed (review #3: two jobs at
-        different steps; the one behind prunes nothing of the other's now, and says it)."""
+        (walk-through 31 #3), or steps of another job that writes the dir too, left alone by
+        the prune (review #3, checkpoint/sharing.py): newer than the one committed (this job
+        is behind) or older (ahead)."""
         if result.other_writer is not None:
             self.other_writer(result.step, result.other_writer)
-        elif result.newer_of_other is not None:
-            newer, job = result.newer_of_other  # committed: the rank's log says it (the
+        elif result.of_other_job is not None:
+            theirs, job = result.of_other_job  # committed: the rank's log says it (the
             # event kind says a save that wrote nothing)
-            self._tell("newer", result.step, f"the checkpoint dir {self.location} holds step "
-                       f"{newer}, newer than this one, committed by the job {job!r}: two jobs "
-                       f"write this dir, and a restart of this job would resume the other "
-                       f"job's weights (step {newer}); its steps are neither counted nor pruned"
-                       " here. Fix: give each job its own --checkpoint-dir", event=False)
+            if theirs > result.step:
+                risk = (f"newer than this one, committed by the job {job!r}: two jobs write "
+                        "this dir, and a restart of this job would resume the other job's "
+                        f"weights (step {theirs})")
+            else:
+                risk = (f"committed by the job {job!r}, which writes this dir too (it launched "
+                        "into it after this job, or saved there since)")
+            self._tell("other_job", result.step, f"the checkpoint dir {self.location} holds "
+                       f"step {theirs}, {risk}; its steps are neither counted nor pruned "
+                       "here. Fix: give each job its own --checkpoint-dir", event=False)
         elif result.already_valid:
             log.info("checkpoint of step %s is already committed: not written again",
                      result.step)

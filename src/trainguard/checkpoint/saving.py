@@ -34,6 +34,7 @@ from trainguard.checkpoint.manifest import (
     rank_file,
     step_dir,
 )
+from trainguard.checkpoint.sharing import Sharers, other_writer
 from trainguard.checkpoint.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,9 @@ class SaveResult:
     already_valid: bool = False  # the step was committed before: nothing was written
     total_bytes: int | None = None  # the checkpoint's size (its manifest's files), rank 0
     other_writer: str | None = None  # already_valid: the other job that committed it
-    # committed, but the dir holds a newer step another job committed: (that step, its job)
-    newer_of_other: tuple[int, str] | None = None
+    # committed, but the dir holds steps another job committed that the prune left alone
+    # (checkpoint/sharing.py): the newest (step, its job)
+    of_other_job: tuple[int, str] | None = None
 
 
 def run_save(job: SaveJob) -> SaveResult:
@@ -121,10 +123,10 @@ def run_save(job: SaveJob) -> SaveResult:
                         job.step, e)
         try:  # `latest` is a pointer for people, pruning tidies
             st.write_atomic(LATEST, step_dir(job.step).encode())
-            newer = prune(st, job.keep, committed=job.step, bad=job.bad_steps,
-                          run_id=job.run_id)
-            if newer is not None:
-                result = replace(result, newer_of_other=newer)
+            theirs = prune(st, job.keep, committed=job.step, bad=job.bad_steps,
+                           run_id=job.run_id)
+            if theirs is not None:
+                result = replace(result, of_other_job=theirs)
         except Exception as e:
             log.warning("checkpoint of step %s is committed, but updating latest or pruning "
                         "failed: %s", job.step, e)
@@ -142,14 +144,6 @@ def _total(manifest: Manifest) -> int:
     """A checkpoint's size: every rank's files, as its manifest lists them (walk-through 31
     #7: rank 0's own files were reported)."""
     return sum(f.size for f in manifest.files)
-
-
-def other_writer(manifest: Manifest, run_id: str) -> str | None:
-    """The job that committed `manifest` when it is not the job `run_id` (both known)."""
-    theirs = manifest.extra.get("run_id")
-    if not run_id or not isinstance(theirs, str) or not theirs or theirs == run_id:
-        return None
-    return theirs
 
 
 def _write(st: Storage, rel: str, tree: dict[str, Any]) -> dict[str, Any]:
@@ -227,28 +221,26 @@ def prune(st: Storage, keep: int, committed: int | None = None,
 
     `committed` (just written, checksums known good) is always kept; `bad` steps (checksums
     failed on load, sizes fine) never count as valid, so they cannot push good ones out.
-    A step newer than `committed` that another job (not `run_id`) committed is neither
-    counted nor deleted: two jobs write this dir (review of walk-through 31 #3); the newest
-    such (step, run id) is returned, for the job to say it.
+    Steps another job (not `run_id`) committed are neither counted nor deleted where
+    checkpoint/sharing.py says that job writes this dir too (review of walk-through 31 #3);
+    the newest such (step, run id) is returned, for the job to say it.
     """
     steps = st.steps()
     verdicts: list[Verdict] = []
-    older: list[int] = []  # beyond the kept ones: deleted without reading their manifests
-    other: tuple[int, str] | None = None
+    older: list[int] = []  # beyond the kept ones: deleted unless another job's
+    sharers = Sharers(st, run_id, committed)
     for i, s in enumerate(steps):
         if s in bad:
             verdicts.append(Verdict(s, Status.CORRUPT, "checksum failed on load"))
         else:
             verdict, manifest = quick_verdict(st, s)
-            theirs = other_writer(manifest, run_id) if manifest is not None \
-                and committed is not None and s > committed else None
-            if theirs is not None:
-                other = other or (s, theirs)
+            if sharers.leaves(s, manifest):
                 continue
             verdicts.append(verdict)
         kept = sum(v.status == Status.VALID for v in verdicts)
         if kept >= max(keep, 1) and (committed is None or s <= committed):
-            older = [x for x in steps[i + 1:] if x != committed]
+            older = [x for x in steps[i + 1:] if x != committed and not (
+                run_id and committed is not None and sharers.leaves(x, sharers.manifest(x)))]
             break
     for step in prune_plan(verdicts, keep, newest_valid_in_use=committed) + older:
         log.debug("pruning checkpoint step %s", step)
@@ -263,4 +255,4 @@ def prune(st: Storage, keep: int, committed: int | None = None,
             step_text = name.split("-")[2]
             if step_text.isdigit() and (int(step_text) < newest or int(step_text) == committed):
                 st.remove(name)
-    return other
+    return sharers.kept

@@ -1,9 +1,11 @@
 """Whose job a log or checkpoint dir is, and whether that job still runs.
 
-A launch writes an owner mark (OWNER_NAME: `{"run_id", "job_dir", "host", "pid"}`) into a
---log-dir or --checkpoint-dir that is not its job dir's own; the launch checks read it to
-refuse a dir another running job writes, and `prune` to find the job dirs that use a dir it
-would delete. One writer, one reader, for local dirs and object-store URLs alike.
+A launch writes an owner mark (OWNER_NAME: `{"run_id", "job_dir", "host", "pid", "at"}`,
+`at` the launch's time) into a --log-dir or --checkpoint-dir that is not its job dir's own;
+the launch checks read it to refuse a dir another running job writes, and `prune` to find the
+job dirs that use a dir it would delete. One writer and one reader here, for local dirs and
+object-store URLs alike; a rank's save reads a checkpoint dir's mark too (the library's own
+reader, checkpoint/sharing.py: which of another job's steps its pruning leaves alone).
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from trainguard.backends.local import live_agents
+from trainguard.checkpoint.manifest import OWNER_NAME
 from trainguard.controller.store import JobStore, db_path
 from trainguard.errors import StoreError
-from trainguard.paths import LOCK_NAME, OWNER_NAME, is_url
+from trainguard.paths import LOCK_NAME, is_url
 
 T = TypeVar("T")
 
@@ -50,7 +54,8 @@ def write_owner(location: str | Path, run_id: str, job_dir: Path) -> None:
     """Mark `location` as the job's (a local dir: written aside, then renamed into place).
     Raises OSError (local) or what the URL's filesystem raises."""
     data = json.dumps({"run_id": run_id, "job_dir": str(job_dir),
-                       "host": socket.gethostname(), "pid": os.getpid()}).encode()
+                       "host": socket.gethostname(), "pid": os.getpid(),
+                       "at": time.time()}).encode()
     if is_url(location):
         fs_of(str(location)).pipe_file(f"{str(location).rstrip('/')}/{OWNER_NAME}", data)
         return
