@@ -11,7 +11,7 @@ R1 The in-script library (trainguard/__init__, worker/, checkpoint/, testing/) i
    torch in worker/step.py).
 R2 Pure modules (policy/, hang/, diagnosis/ except its file readers, and the shared
    vocabulary: spec, spec_build, spec_words, errors, exitcodes, records, states, protocol,
-   worker/contract) import only pure modules.
+   worker/contract and its worker/fields) import only pure modules.
 R3 controller/ never imports node/.
 R4 node/ never imports controller/.
 R5 A side (controller/, node/) is imported only by itself, by the composition root
@@ -58,6 +58,7 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
     PKG: frozenset({LIBRARY}),
     f"{PKG}.worker": frozenset({LIBRARY}),
     f"{PKG}.worker.contract": frozenset({LIBRARY, PURE}),  # the launcher side reads it too
+    f"{PKG}.worker.fields": frozenset({LIBRARY, PURE}),  # the contract's typed fields
     f"{PKG}.checkpoint": frozenset({LIBRARY}),
     f"{PKG}.testing": frozenset({LIBRARY}),
     f"{PKG}.integrations": frozenset({LIBRARY}),  # imported by training scripts
@@ -487,7 +488,7 @@ def test_the_package_root_imports_only_the_in_script_api() -> None:
     # `import trainguard; trainguard.progress(step)` / `trainguard.run_resilient(main)`:
     # standard library only, no launcher side
     assert closure(PKG) <= {f"{PKG}.worker.{m}" for m in (
-        "progress", "channel", "contract", "resilient", "control", "transient")} | {
+        "progress", "channel", "contract", "fields", "resilient", "control", "transient")} | {
         f"{PKG}.worker"}
     assert not {m for m in parsed(PKG).every if m.split(".")[0] in ("torch", "psutil",
                                                                      "pydantic")}

@@ -49,11 +49,11 @@ from trainguard.worker.contract import (
     ENV_DEAD_RANKS,
     ENV_PG_GENERATION,
     ENV_SOCKET,
-    ContractError,
     ControlKind,
     MessageKind,
     parse_control,
 )
+from trainguard.worker.fields import ContractError
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,12 @@ from collections.abc import Callable, Container
 from typing import Any
 
 from trainguard.worker.channel import HAND_OVER
-from trainguard.worker.contract import ContractError, ControlKind, control_socket, parse_message
+from trainguard.worker.contract import (
+    ControlKind,
+    control_socket,
+    parse_message,
+)
+from trainguard.worker.fields import ContractError
 
 log = logging.getLogger(__name__)
 

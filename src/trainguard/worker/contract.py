@@ -8,8 +8,8 @@ torch or launcher code, and does no I/O.
   listed in TRAINGUARD_ENV), and torchrun's variables, which the agent sets as torchrun
   would (TORCHRUN_ENV).
 - The channel: every kind of message a worker sends its agent (MessageKind), each with its
-  typed, bounded fields (FIELDS). The agent checks each datagram with `parse_message` and
-  drops what fails.
+  typed, bounded fields (FIELDS; the Field type and its checks: worker/fields.py, stdlib only
+  too). The agent checks each datagram with `parse_message` and drops what fails.
 - The rank log line: `<ISO time read> <out|err> <text>` (stamp_lines, STAMP_PATTERN).
 
 Adding a message kind: a MessageKind member, its fields in FIELDS, a sender, and an entry in
@@ -18,9 +18,35 @@ the receiver's dispatch table (node/agent.py: liveness; controller/worker_messag
 
 from __future__ import annotations
 
-import math
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any
+
+from trainguard.worker.fields import (
+    MAX_INT32,
+    MAX_INT64,
+    MAX_LIST,
+    MAX_METRIC,
+    MAX_NAME,
+    MAX_PATH,
+    MAX_PID,
+    MAX_RANK,
+    MAX_SECONDS,
+    MAX_TEXT,
+    MAX_TIME,
+    ContractError,
+    Field,
+    checked,
+    show,
+)
+from trainguard.worker.fields import (
+    int_field as _int,
+)
+from trainguard.worker.fields import (
+    seconds_field as _seconds,
+)
+from trainguard.worker.fields import (
+    text_field as _text,
+)
 
 # -- the environment: trainguard's own variables ------------------------------------------
 ENV_SOCKET = "TRAINGUARD_AGENT_SOCKET"  # the agent's channel, an abstract socket `@name`
@@ -124,77 +150,6 @@ SOURCE_PEER = "peer"  # a buddy node's copy of the rank's memory snapshot (a pod
 EXIT_SAVE_PHASE, EXITING_PHASE = "checkpoint on the way out", "interpreter exit"
 
 AGENT_ONLY = frozenset({MessageKind.LOG_WRITE_FAILED})  # a datagram of these kinds is dropped
-
-# bounds: anything outside is a broken or hostile sender, never a real value
-MAX_INT32, MAX_INT64 = 2**31 - 1, 2**63 - 1
-MAX_RANK = MAX_INT32  # torch's ranks are int32
-MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
-MAX_TIME = 32_503_680_000.0  # 3000-01-01 in Unix seconds: `at`, a sender's wall clock
-MAX_SECONDS = 1e9  # any duration (about 31 years)
-MAX_NAME, MAX_PATH = 1_024, 4_096  # a phase name or a status; a checkpoint location (a URL)
-MAX_TEXT = 16_384  # an error message, a reason
-MAX_LIST = 65_536  # ranks listed in one message
-MAX_METRIC = 1e300  # a loss or learning rate (a non-finite one is sent as null)
-
-
-class ContractError(ValueError):
-    """A message that breaks the contract (unknown kind, missing or bad field)."""
-
-
-class Field(NamedTuple):
-    """One field of a message: its type, and its bounds (inclusive) or longest length."""
-
-    of: type  # int, float (int accepted), str, bool, list (of ranks), or a str Enum
-    required: bool = False
-    nullable: bool = False  # None allowed
-    low: float = 0
-    high: float = 0
-    max_len: int = 0
-
-    def problem(self, value: object) -> str | None:
-        """Why `value` does not fit, or None when it does."""
-        if value is None:
-            return None if self.nullable else "is null"
-        t = self.of
-        if t is bool:
-            return None if isinstance(value, bool) else f"is not a bool: {_show(value)}"
-        if t is int or t is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                    t is int and not isinstance(value, int)):
-                return f"is not {'an int' if t is int else 'a number'}: {_show(value)}"
-            finite = not isinstance(value, float) or math.isfinite(value)
-            if not (finite and self.low <= value <= self.high):
-                return f"is out of [{self.low:g}, {self.high:g}]: {_show(value)}"
-            return None
-        if t is list:
-            if not isinstance(value, list):
-                return f"is not a list: {_show(value)}"
-            if len(value) > self.max_len:
-                return f"lists {len(value)} items, more than {self.max_len}"
-            item = Field(int, low=self.low, high=self.high or MAX_RANK)  # default: ranks
-            bad = next((v for v in value if item.problem(v) is not None), None)
-            return None if bad is None else f"lists a bad item: {_show(bad)}"
-        if not isinstance(value, str):
-            return f"is not a string: {_show(value)}"
-        if issubclass(t, Enum):
-            names = [str(m.value) for m in t]
-            return None if value in names else f"is not one of {'/'.join(names)}: {_show(value)}"
-        if len(value) > self.max_len:
-            return f"is {len(value)} characters long, more than {self.max_len}"
-        return None
-
-
-def _int(low: int, high: int, required: bool = False, nullable: bool = False) -> Field:
-    return Field(int, required, nullable, low, high)
-
-
-def _seconds(low: float = 0.0, nullable: bool = True) -> Field:
-    return Field(float, nullable=nullable, low=low, high=MAX_SECONDS)
-
-
-def _text(max_len: int, required: bool = False, nullable: bool = False) -> Field:
-    return Field(str, required, nullable, max_len=max_len)
-
 
 TRAIN_METRIC_NAMES = ("loss", "learning_rate")  # each absent: not logged; null: NaN or inf
 _METRIC = Field(float, nullable=True, low=-MAX_METRIC, high=MAX_METRIC)
@@ -328,12 +283,12 @@ def control_socket(agent_socket: str, rank: int, kind: ControlKind | None = None
 def parse_control(raw: object) -> dict[str, Any]:
     """A decoded control datagram, checked: `kind` (a ControlKind) and its fields."""
     if not isinstance(raw, dict):
-        raise ContractError(f"not a JSON object: {_show(raw)}")
+        raise ContractError(f"not a JSON object: {show(raw)}")
     try:
         kind = ControlKind(raw.get("kind"))
     except ValueError:
-        raise ContractError(f"unknown control kind {_show(raw.get('kind'))}") from None
-    return {"kind": kind, **_checked(kind.value, CONTROL_FIELDS[kind], raw)}
+        raise ContractError(f"unknown control kind {show(raw.get('kind'))}") from None
+    return {"kind": kind, **checked(kind.value, CONTROL_FIELDS[kind], raw)}
 
 
 def validate(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
@@ -343,21 +298,8 @@ def validate(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
     try:
         k = MessageKind(kind)
     except ValueError:
-        raise ContractError(f"unknown message kind {_show(kind)}") from None
-    return _checked(k.value, FIELDS[k], fields)
-
-
-def _checked(kind: str, spec: dict[str, Field], fields: dict[str, Any]) -> dict[str, Any]:
-    """The fields `spec` names, each checked (required ones present, values in bounds)."""
-    for name, f in spec.items():
-        if name not in fields:
-            if f.required:
-                raise ContractError(f"{kind}: required field {name!r} is missing")
-            continue
-        why = f.problem(fields[name])
-        if why is not None:
-            raise ContractError(f"{kind}: field {name!r} {why}")
-    return {name: v for name, v in fields.items() if name in spec}
+        raise ContractError(f"unknown message kind {show(kind)}") from None
+    return checked(k.value, FIELDS[k], fields)
 
 
 def parse_message(raw: object) -> dict[str, Any]:
@@ -365,10 +307,10 @@ def parse_message(raw: object) -> dict[str, Any]:
     may be absent) and the kind's fields. Raises ContractError for anything else, including
     the kinds only the agent may forge."""
     if not isinstance(raw, dict):
-        raise ContractError(f"not a JSON object: {_show(raw)}")
+        raise ContractError(f"not a JSON object: {show(raw)}")
     kind = raw.get("kind")
     if not isinstance(kind, str):
-        raise ContractError(f"no kind: {_show(raw)}")
+        raise ContractError(f"no kind: {show(raw)}")
     if kind in AGENT_ONLY:
         raise ContractError(f"{kind!r} is the agent's own kind; a worker cannot send it")
     fields = validate(kind, raw)
@@ -381,10 +323,6 @@ def parse_message(raw: object) -> dict[str, Any]:
             out[name] = raw[name]
     out.update(fields)
     return out
-
-
-def _show(v: object) -> str:
-    return r if len(r := repr(v)) <= 60 else r[:57] + "..."
 
 
 # -- the rank log line ------------------------------------------------------------------------

@@ -26,10 +26,10 @@ from trainguard.worker.contract import (
     ENV_PG_GENERATION,
     ENV_RANK,
     ENV_SOCKET,
-    ContractError,
     control_socket,
     parse_control,
 )
+from trainguard.worker.fields import ContractError
 
 KEEP = 64
 # a stop signal came that a handler only recorded (the on-exit save's, which saves at the next

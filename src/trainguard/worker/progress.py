@@ -60,11 +60,13 @@ from types import TracebackType
 from trainguard.worker import channel
 from trainguard.worker.contract import (
     EXITING_PHASE,
+    MessageKind,
+    PhaseState,
+)
+from trainguard.worker.fields import (
     MAX_METRIC,
     MAX_NAME,
     MAX_SECONDS,
-    MessageKind,
-    PhaseState,
 )
 
 __all__ = ["PROGRESS_INTERVAL_S", "log_metrics", "phase", "progress"]
