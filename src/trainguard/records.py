@@ -47,6 +47,7 @@ class Reason(str, Enum):
     CHECKPOINT_MISSING = "CheckpointMissing"
     RESUMED = "Resumed"
     LOG_WRITE_FAILED = "LogWriteFailed"
+    CONTROL_UNREACHABLE = "ControlUnreachable"  # a rank its agent's verdicts cannot reach
     STORE_WRITE_FAILED = "StoreWriteFailed"
     NO_PROGRESS_SIGNAL = "NoProgressSignal"  # ranks print, none reports a step
     HANG_SUSPECTED = "HangSuspected"

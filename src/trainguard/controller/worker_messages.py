@@ -58,6 +58,7 @@ class WorkerMessages:
             MessageKind.CHECKPOINT_SAVE_FAILED: self._on_checkpoint_save_failed,
             MessageKind.CHECKPOINT_CORRUPT: self._on_checkpoint_corrupt,
             MessageKind.LOG_WRITE_FAILED: self._on_log_write_failed,
+            MessageKind.CONTROL_UNREACHABLE: self._on_control_unreachable,
             MessageKind.NO_CHECKPOINT: self._on_no_checkpoint,
             MessageKind.RESUMED: self._on_resumed,
             MessageKind.TRAIN_METRICS: self._on_train_metrics,
@@ -180,6 +181,14 @@ class WorkerMessages:
 
     def _on_log_write_failed(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         self._emit(Level.WARNING, Reason.LOG_WRITE_FAILED, str(d.get("error")), attempt=attempt)
+
+    def _on_control_unreachable(self, m: WorkerMessage, d: dict[str, Any],
+                                attempt: int) -> None:
+        """A rank could not hand its agent the way to its inbox: no verdict reaches it, and
+        what needs one is off in that process (said on its console only, before)."""
+        self._emit(Level.WARNING, Reason.CONTROL_UNREACHABLE,
+                   f"rank {m.rank}'s agent cannot reach it ({d.get('error')}): {d.get('off')} "
+                   "off in this process", rank=m.rank, attempt=attempt)
 
     def _on_no_checkpoint(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         if self.max_committed_step is None:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from trainguard.worker.contract import ENV_RANK, ENV_SOCKET, ControlKind, control_socket
-from trainguard.worker.control import Inbox, say
+from trainguard.worker.control import Inbox, say, unreachable
 
 EXIT_CODE = 128 + signal.SIGTERM  # a drained rank exits as a rank stopped by SIGTERM
 
@@ -52,8 +52,7 @@ class Drain:
         try:
             self._inbox = Inbox(control_socket(name, int(rank), ControlKind.DRAIN))
         except OSError as e:
-            say("drain", f"cannot listen for drain requests ({e}): a stop ends this rank "
-                "without a save")
+            unreachable("drain", "the drain on a stop (a stop ends it without a save) is", e)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             try:
                 self._group = dist.new_group(backend="gloo")

@@ -32,7 +32,8 @@ RECORDED_KINDS = frozenset({
     MessageKind.CHECKPOINT_SAVED, MessageKind.CHECKPOINT_EXIT_SKIPPED,
     MessageKind.CHECKPOINT_SAVE_SKIPPED,
     MessageKind.CHECKPOINT_SAVE_FAILED, MessageKind.CHECKPOINT_CORRUPT,
-    MessageKind.NO_CHECKPOINT, MessageKind.RESUMED, MessageKind.LOG_WRITE_FAILED})
+    MessageKind.NO_CHECKPOINT, MessageKind.RESUMED, MessageKind.LOG_WRITE_FAILED,
+    MessageKind.CONTROL_UNREACHABLE})
 # messages; beyond it the oldest are dropped (a controller that never acknowledges). A
 # message is at most a datagram (worker.contract.MAX_DATAGRAM_BYTES), so a report that sends
 # them all again stays well inside a wire frame

@@ -129,6 +129,7 @@ class MessageKind(str, Enum):
     IMPORTS = "imports"  # load_latest, once: the installed packages this process imported
     TRAIN_METRICS = "train_metrics"  # trainguard.log_metrics: the loss, the learning rate
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
+    CONTROL_UNREACHABLE = "control_unreachable"  # the agent cannot reach this rank: what is off
 
     def __str__(self) -> str:  # the value, as StrEnum (f-strings, %s)
         return str.__str__(self)
@@ -204,6 +205,8 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
                           "borrowed_from": _int(0, MAX_INT32, nullable=True),
                           "not_exact": _text(MAX_TEXT)},  # why this resume is not exact
     MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
+    MessageKind.CONTROL_UNREACHABLE: {"off": _text(MAX_TEXT, required=True),
+                                      "error": _text(MAX_TEXT, required=True)},
     MessageKind.STEP_FAILED: {
         "step": _STEP,
         "generation": _int(0, MAX_INT32, required=True),  # the process group's generation

@@ -26,6 +26,7 @@ from trainguard.worker.contract import (
     ENV_PG_GENERATION,
     ENV_RANK,
     ENV_SOCKET,
+    MessageKind,
     control_socket,
     parse_control,
 )
@@ -163,9 +164,17 @@ def inbox() -> Inbox | None:
         _inbox = Inbox(name)
     except OSError as e:
         _failed = True
-        say("control", f"WARNING: cannot hand the agent a way to reach this process ({e}): "
-            "no verdicts reach it (step re-execution and in-process restart are off in it)")
+        unreachable("control", "step re-execution and in-process restart are", e)
     return _inbox
+
+
+def unreachable(who: str, off: str, e: OSError) -> None:
+    """An inbox that could not be handed over: said on the rank's console, and to the agent
+    (a ControlUnreachable event) through the channel, which may still work (an fd limit
+    reached after the channel's socket was made; walk-through 32's leftover)."""
+    say(who, f"WARNING: cannot hand the agent a way to reach this process ({e}): no verdict "
+        f"reaches it ({off} off in it)")
+    channel.send(MessageKind.CONTROL_UNREACHABLE, off=off, error=str(e))
 
 
 # -- what StepGuard and run_resilient share ----------------------------------------------------
