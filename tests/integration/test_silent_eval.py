@@ -120,3 +120,41 @@ def test_a_data_loader_whose_workers_are_stuck_is_confirmed_hung(tmp_path: Path)
     assert not [e for e in events if e["reason"] == "HangSuspected"
                 and e["message"].startswith("not confirmed:")]
     assert confirmed[0]["involved"]["attempt"] == 0 and events[-1]["reason"] == "JobSucceeded"
+
+
+PHASE_SCRIPT = """
+import os, time
+import torch
+import torch.distributed as dist
+import trainguard
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for step in range(1, 31):
+    time.sleep(0.1)
+    dist.all_reduce(torch.ones(1))
+    if rank == 0:
+        print(f"step {step} loss {1.0 / step:.3f}", flush=True)
+    if step == 15:  # rank 0 evaluates, marked; rank 1 waits for it in the barrier
+        if rank == 0:
+            with trainguard.phase("eval"):
+                time.sleep(16)  # twice the 8 s threshold
+        dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_waiting_in_a_barrier_for_a_marked_evaluation_are_not_a_hang(
+        tmp_path: Path) -> None:
+    """Walk-through 33 #1: rank 0's evaluation in `trainguard.phase("eval")`, rank 1 waiting
+    for it in `dist.barrier()`: rank 1 was judged against T, confirmed hung at 8 s and the
+    healthy job restarted. Not serial: no look decides it, only the phase."""
+    path = tmp_path / "train.py"
+    path.write_text(PHASE_SCRIPT)
+    job = tmp_path / "job"
+    r = run_tg(["run", "--nproc-per-node", "2", "--restart-on-hang", "--job-dir", str(job),
+                str(path)], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    reasons = [e["reason"] for e in read_json("events", job)]
+    assert "HangConfirmed" not in reasons and "WorkersRestarted" not in reasons, reasons
+    assert reasons[-1] == "JobSucceeded"

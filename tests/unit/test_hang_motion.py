@@ -102,6 +102,36 @@ def test_a_rank_in_a_marked_phase_keeps_its_phases_own_timeout() -> None:
     assert in_eval(42).state == HangState.CONFIRMED
 
 
+def test_ranks_waiting_for_a_rank_in_a_marked_phase_get_its_allowance() -> None:
+    """Walk-through 33 #1: rank 0 evaluates inside `trainguard.phase("eval")`, rank 1 waits
+    for it in a barrier: rank 1 was judged against T (8 s) and the healthy job restarted."""
+    det = HangDetector()
+    det.start_attempt(at(0))
+    for step in range(1, 21):
+        det.observe([RankLiveness(rank=r, last_step=step, last_progress_at=at(step * 0.5),
+                                  intervals=[0.5] if step > 1 else []) for r in (0, 1)],
+                    at(step * 0.5))
+
+    def evaluating(t: float) -> Any:
+        return det.observe([RankLiveness(rank=0, last_step=20, last_progress_at=at(10),
+                                         phase="eval", phase_since=at(10.2),
+                                         phase_timeout_s=30.0),
+                            RankLiveness(rank=1, last_step=20, last_progress_at=at(10))], at(t))
+    for t in (15, 20, 25, 30):
+        v = evaluating(t)
+        assert v.state == HangState.OK, (t, v)
+    assert "rank 0's phase 'eval' allowance 30s" in evaluating(31).basis  # suspected at 2/3
+    assert evaluating(41).state == HangState.CONFIRMED  # past the phase's own timeout
+    # the phase over, rank 1's own wait counts against T again
+    det2 = HangDetector()
+    det2.start_attempt(at(0))
+    for step in range(1, 21):
+        det2.observe([RankLiveness(rank=1, last_step=step, last_progress_at=at(step * 0.5),
+                                   intervals=[0.5] if step > 1 else [])], at(step * 0.5))
+    assert det2.observe([RankLiveness(rank=1, last_step=20, last_progress_at=at(10))],
+                        at(16)).state == HangState.SUSPECTED
+
+
 def test_a_moving_stack_of_an_earlier_suspicion_counts_no_more() -> None:
     det = HangDetector()
     last = steady(det)

@@ -13,7 +13,8 @@ long it has gone without progress:
   3 x p99 + 10 s with room for the polling and the stack dump.
 - **allowances**: before the first progress of an attempt, `startup_s` (loading, compiling,
   the rendezvous); while a rank is in a phase it marked (`trainguard.phase`, a checkpoint
-  save), the phase's own timeout or `phase_s`; once a rank of the attempt exited 0 (the job
+  save), the phase's own timeout or `phase_s`, for it and for the ranks outside a phase (they
+  wait for it: a barrier, the next collective); once a rank of the attempt exited 0 (the job
   is ending: the others are finishing or tearing down), `phase_s` too.
 - **suspected** at 2/3 of T: a Warning, nothing is done.
 - **confirmed** at T when the activity signals agree that nothing is being done: no rank
@@ -150,8 +151,9 @@ class HangDetector:
             self._update(rl)
         threshold, basis = self.threshold()
         stuck: list[tuple[int, float, float]] = []  # rank, idle seconds, its allowance
+        phased = [rl for rl in liveness if rl.phase is not None]
         for rl in liveness:
-            idle, allowed, why = self._idle(rl, now, threshold)
+            idle, allowed, why = self._idle(rl, now, threshold, phased)
             if ending is not None and allowed < max(self.policy.phase_s, threshold):
                 allowed = max(self.policy.phase_s, threshold)
                 why = f"job ending ({ending}): allowance {allowed:g}s"
@@ -237,25 +239,35 @@ class HangDetector:
         if rl.accel_util is not None:
             r.accel.append(rl.accel_util)
 
-    def _idle(self, rl: RankLiveness, now: datetime, threshold: float
-              ) -> tuple[float, float, str | None]:
-        """(seconds without progress, the allowance that applies, why it differs from T)."""
+    def _idle(self, rl: RankLiveness, now: datetime, threshold: float,
+              phased: list[RankLiveness]) -> tuple[float, float, str | None]:
+        """(seconds without progress, the allowance that applies, why it differs from T).
+        `phased`: the ranks in a phase they marked. A rank outside one while another rank is
+        in one gets that phase's allowance too (walk-through 33 #1): it waits for the marked
+        work (rank 0 evaluates or saves, the others wait in a barrier or the next step's
+        collective); the longest allowance when several are open."""
         last = self._ranks[rl.rank].last_progress_at
         if last is None:  # a rank that reports no progress of its own (only rank 0 logs
             # steps, say) is judged by the job's progress
             known = [r.last_progress_at for r in self._ranks.values() if r.last_progress_at]
             last = max(known) if known else None
-        if rl.phase is not None:
-            marks = [t for t in (rl.phase_since, last) if t is not None]
+        if rl.phase is not None or phased:
+            p = rl if rl.phase is not None else max(
+                phased, key=lambda q: self._phase_allowance(q, threshold))
+            marks = [t for t in (p.phase_since, last) if t is not None]
             start = max(marks) if marks else (self._started_at or now)
-            allowed = rl.phase_timeout_s or max(self.policy.phase_s, threshold)
+            allowed = self._phase_allowance(p, threshold)
+            whose = "" if p is rl else f"rank {p.rank}'s "
             return ((now - start).total_seconds(), allowed,
-                    f"phase {rl.phase!r} allowance {allowed:g}s")
+                    f"{whose}phase {p.phase!r} allowance {allowed:g}s")
         if last is None:
             start = self._started_at or now
             allowed = max(self.policy.startup_s, threshold)
             return (now - start).total_seconds(), allowed, f"start-up allowance {allowed:g}s"
         return (now - last).total_seconds(), threshold, None
+
+    def _phase_allowance(self, rl: RankLiveness, threshold: float) -> float:
+        return rl.phase_timeout_s or max(self.policy.phase_s, threshold)
 
     def _life(self, liveness: list[RankLiveness], now: datetime, threshold: float
               ) -> tuple[str | None, float]:
