@@ -50,6 +50,7 @@ from trainguard.hang.detector import HangDetector, HangPolicy, HangState, HangVe
 from trainguard.hang.stacks import (
     HangCulprit,
     RankStack,
+    in_library_compute,
     main_thread,
     moving,
     name_culprit,
@@ -78,6 +79,11 @@ MOTION_WINDOW_S = 60.0
 # loader's worker processes hand over each batch through a pipe; the loader itself checks
 # its workers every 5 s, MP_STATUS_CHECK_INTERVAL, reading nothing)
 LOADER_FED_S = 5.0
+# a rank found in a numeric library's compute at every look (a GEMM-bound evaluation: one
+# place each time) works while its process tree used this much CPU per second of the looks
+# (at least BUSY_SPAN_S of them), on a node without an accelerator (there its load varies)
+BUSY_CPU = 0.5
+BUSY_SPAN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,9 @@ class HangWatch:
         self._looked = 0.0  # when the last look ended (time.monotonic)
         self._working_told = False  # this suspicion's "still working" event was given
         self._held_since: float | None = None  # this suspicion's wait for MIN_LOOKS looks
+        # each stuck rank's CPU samples in this suspicion: (sampled at, CPU seconds so far)
+        self._cpu: dict[int, list[tuple[datetime, float]]] = {}
+        self._accel: set[int] = set()  # ranks whose node reports an accelerator's load
 
     def _look(self, ranks: list[int], at: datetime) -> None:
         """A quick look at the Python stacks of `ranks`, kept (best effort)."""
@@ -133,9 +142,28 @@ class HangWatch:
                 kept = [x for x in self._looks.get(d.rank, []) if now - x[0] <= MOTION_WINDOW_S]
                 self._looks[d.rank] = [*kept, (now, at, rank_stack(d))]
 
+    def _note_cpu(self, report: NodeReport) -> None:
+        for rl in report.liveness:
+            if rl.accel_util is not None:
+                self._accel.add(rl.rank)
+            if rl.cpu_s is not None and rl.sampled_at is not None:
+                kept = self._cpu.setdefault(rl.rank, [])
+                if not kept or kept[-1][0] != rl.sampled_at:
+                    kept.append((rl.sampled_at, rl.cpu_s))
+
+    def _busy(self, rank: int, since: datetime) -> bool:
+        """Whether the rank's process tree used BUSY_CPU of a CPU from `since` on."""
+        got = [(at, cpu) for at, cpu in self._cpu.get(rank, []) if at >= since]
+        if len(got) < 2 or rank in self._accel:
+            return False
+        span = (got[-1][0] - got[0][0]).total_seconds()
+        return span >= BUSY_SPAN_S and (got[-1][1] - got[0][1]) / span >= BUSY_CPU
+
     def _working(self, ranks: list[int], now: datetime) -> dict[int, str]:
         """The ranks found working at something that reports no step, each with how:
-        "moves" (found at two places in Python within the last MOTION_WINDOW_S) or "loads"
+        "moves" (found at two places in Python within the last MOTION_WINDOW_S), "computes"
+        (found in a numeric library's compute at every look, two at least, with its CPU
+        busy since the first: walk-through 33 #2) or "loads"
         (found waiting for a batch in its data loader at the last look and at one before,
         and its process read between two samples taken after that one, the later within
         LOADER_FED_S: batches arrive; the reads of the loader's start do not count)."""
@@ -146,6 +174,10 @@ class HangWatch:
                      if t - mono <= MOTION_WINDOW_S]
             if moving(rs for _, rs in looks):
                 found[r] = "moves"
+                continue
+            if len(looks) >= 2 and all(in_library_compute(rs) for _, rs in looks) \
+                    and self._busy(r, looks[0][0]):
+                found[r] = "computes"
                 continue
             rose = self.detector.reads_rose(r)
             waited = [at for at, rs in looks if _waits_for_data(rs)]
@@ -184,6 +216,8 @@ class HangWatch:
         ending = job_ending(report) or self._ending
         v = self.detector.observe(report.liveness, now, ending=ending)
         before, self._state = self._state, v.state
+        if v.state != HangState.OK:
+            self._note_cpu(report)
         if v.state == HangState.OK and before != HangState.OK:
             self.rec.event(Level.INFO, Reason.HANG_CLEARED,
                            f"not a hang: the attempt is ending ({ending})" if ending else
@@ -268,8 +302,11 @@ class HangWatch:
         self._working_told = True
         moves = sorted(r for r, how in working.items() if how == "moves")
         loads = sorted(r for r, how in working.items() if how == "loads")
+        computes = sorted(r for r, how in working.items() if how == "computes")
         why = " and ".join(w for w in (
             f"the Python stack of rank(s) {rank_list(moves)} moves" if moves else "",
+            f"rank(s) {rank_list(computes)} compute in a numeric library (torch) with their "
+            f"CPU busy" if computes else "",
             f"rank(s) {rank_list(loads)} wait in the data loader and get batches from its "
             f"workers" if loads else "") if w)
         ranks = sorted(working)

@@ -35,7 +35,8 @@ from trainguard.hang.classify import (
 
 __all__ = ["BLOCKED", "COLLECTIVE", "COMPUTE", "DATALOADER", "ERROR", "GPU", "IO", "LOCK",
            "SLEEP", "UNKNOWN", "Frame", "HangCulprit", "RankStack", "ThreadStack", "call_path",
-           "classify", "culprit_frame", "describe", "main_thread", "moving", "name_culprit",
+           "classify", "culprit_frame", "describe", "in_library_compute", "main_thread", "moving",
+           "name_culprit",
            "parse_pyspy_json", "render_text"]
 
 
@@ -112,6 +113,29 @@ def moving(samples: Iterable[RankStack]) -> bool:
     and its body's in turn)."""
     paths = {p for s in samples if (p := call_path(s))}
     return len(paths) > 1
+
+
+# numeric libraries whose Python frames call straight into compute kernels (a GEMM-bound
+# forward sits in `torch/nn/modules/linear.py` at every look); not their collectives, data
+# loaders or device syncs, which wait
+_COMPUTE_LIBS = ("torch/", "numpy/", "scipy/", "jax/", "jaxlib/", "tensorflow/")
+_WAITING_LIBS = ("torch/distributed/", "torch/utils/data/", "torch/cuda/", "jax/_src/dist")
+
+
+def in_library_compute(rank_stack: RankStack) -> bool:
+    """Whether a rank's main thread runs a numeric library's compute: active (not idle),
+    classified compute, its innermost Python frame in torch (not torch.distributed, its data
+    loader or CUDA) or another numeric library: a silent evaluation whose time goes to its
+    kernels is found at one place at every look (walk-through 33 #2). A user's own busy loop
+    (its innermost frame the user's code) is not."""
+    t = main_thread(rank_stack)
+    if rank_stack.error is not None or t is None or t.idle is not False \
+            or classify(t) != COMPUTE:
+        return False
+    inner = next((f for f in t.frames if not f.native), None)
+    return inner is not None and not inner.is_user_code and \
+        inner.short_filename.startswith(_COMPUTE_LIBS) and \
+        not inner.short_filename.startswith(_WAITING_LIBS)
 
 
 def main_thread(rank_stack: RankStack) -> ThreadStack | None:
