@@ -282,3 +282,34 @@ def test_a_hang_left_running_says_so_and_how_to_restart_it(tmp_path: Path) -> No
     assert said[-1].endswith("Left running: --restart-on-hang is off (with it, or the "
                              "multi-node and llm presets, the hung ranks are restarted); "
                              "`trainguard stop` ends it"), said[-1]
+
+
+def test_each_attempt_s_first_steps_get_the_warm_up_of_the_earlier_attempts() -> None:
+    """Walk-through 33 #5: every attempt's first 3 steps take 12 s (compilation, autotuning,
+    caches: a new process warms up again). Attempt 0 passed (start-up allowance until the
+    cadence is learned); after a crash every attempt's second step was judged against the 8 s
+    learned from attempt 0's steady steps, confirmed hung, and the job failed (86)."""
+    det = HangDetector()
+
+    def attempt(start: float, steps: int) -> list[Any]:
+        det.start_attempt(at(start))
+        t, verdicts = start, []
+        for step in range(1, steps + 1):
+            gap = 12.0 if step <= 3 else 0.5
+            for dt in (gap / 2, gap):  # a poll halfway through the step, one at its end
+                verdicts.append(det.observe([RankLiveness(
+                    rank=0, last_step=step, last_progress_at=at(t) if step > 1 else None,
+                    intervals=[])], at(t + dt)))
+            t += gap
+            det.observe([RankLiveness(rank=0, last_step=step, last_progress_at=at(t),
+                                      intervals=[gap] if step > 1 else [])], at(t))
+        return verdicts
+
+    assert all(v.state == HangState.OK for v in attempt(0, 400))  # p99: 0.5 s, T: 8 s
+    again = attempt(1000, 30)
+    assert all(v.state == HangState.OK for v in again), [v.describe() for v in again
+                                                           if v.state != HangState.OK]
+    # past its warm-up the attempt's own cadence holds again: 8 s without progress is a hang
+    det.observe([RankLiveness(rank=0, last_step=30, last_progress_at=at(1049.5))], at(1056))
+    assert det.observe([RankLiveness(rank=0, last_step=30, last_progress_at=at(1049.5))],
+                       at(1058)).state == HangState.CONFIRMED

@@ -108,6 +108,7 @@ class _Rank:
     working_at: datetime | None = None  # the controller saw it work (hang_watch.py)
     phase: str | None = None  # the phase it marked, at the last poll
     accel: deque[int] = field(default_factory=lambda: deque(maxlen=ACCEL_SAMPLES))
+    gaps: int = 0  # progress intervals it reported in this attempt
 
 
 @dataclass
@@ -121,11 +122,19 @@ class HangDetector:
     _state: HangState = HangState.OK
     _suspected_at: datetime | None = None
     _past_motion_cap: bool = False  # the last confirmation came after a moving stack's cap
+    # the first min_intervals gaps of each attempt (a new process warms up again: compiles,
+    # autotunes, fills caches): this attempt's, and the earlier attempts' (walk-through 33 #5)
+    _warm_now: list[float] = field(default_factory=list)
+    _warm_before: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
     def start_attempt(self, at: datetime) -> None:
-        """Clocks restart; the learned cadence is kept (it is the job's, not the attempt's)."""
+        """Clocks restart; the learned cadence is kept (it is the job's, not the attempt's),
+        and so are the first steps' gaps of the attempt that ends: the next attempt's first
+        steps get as long (warm-up)."""
         self._started_at, self._ranks = at, {}
         self._state, self._suspected_at = HangState.OK, None
+        self._warm_before.extend(self._warm_now)
+        self._warm_now = []
 
     def learned_p99(self) -> float | None:
         if len(self.intervals) < self.policy.min_intervals:
@@ -141,7 +150,16 @@ class HangDetector:
             t = max(pol.startup_s, pol.floor_s)
             return t, f"start-up allowance {t:g}s (cadence not learned yet)"
         t = max(pol.k * q, pol.floor_s)
+        warm = pol.k * max(self._warm_before) if self._warm_before else 0.0
+        if warm > t and self._warming():
+            return warm, (f"warm-up allowance {warm:g}s: {pol.k:g} x the slowest of the first "
+                          f"{pol.min_intervals} steps of earlier attempts, until this one has "
+                          "made as many")
         return t, f"max({pol.k:g} x p99 {q:.3f}s, floor {pol.floor_s:g}s)"
+
+    def _warming(self) -> bool:
+        """Whether no rank has made min_intervals steps in this attempt yet."""
+        return max((r.gaps for r in self._ranks.values()), default=0) < self.policy.min_intervals
 
     def observe(self, liveness: list[RankLiveness], now: datetime,
                 ending: str | None = None) -> HangVerdict:
@@ -219,6 +237,9 @@ class HangDetector:
         for x in rl.intervals:
             if x >= 0:
                 self.intervals.append(x)
+                if self._warming():
+                    self._warm_now.append(x)
+                r.gaps += 1
         while len(self.intervals) > self.policy.window:
             self.intervals.popleft()
         if rl.last_progress_at is not None:
