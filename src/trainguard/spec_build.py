@@ -14,7 +14,7 @@ from trainguard.errors import SpecError
 from trainguard.presets import PRESETS
 from trainguard.spec import FIELDS, Conflict, JobSpec, flag_name
 from trainguard.spec_words import plain
-from trainguard.suggest import closest, instead
+from trainguard.suggest import closest, instead, words
 
 DEFAULT = "the default"  # the origin of a value no layer gave
 
@@ -92,11 +92,19 @@ def _job_file(job_file: dict[str, Any], source: str) -> dict[str, Any]:
     return values
 
 
+# `trainguard run`'s flags that say how to run the command, not what the job is: no job-file
+# key (walk-through 33 #7: `dry_run: true` was told "did you mean 'run_id'?")
+COMMAND_LINE_ONLY = {"dry-run": "--dry-run", "config": "--config", "verbose": "--verbose"}
+
+
 def _check_key(key: str, source: str) -> None:
     if key not in FIELDS:  # matched on the key's words and its flag's
         close = closest(str(key), {k: [flag_name(k)] for k in FIELDS})
-        fix = (instead(str(key)) or (f"did you mean '{close}' ({flag_name(close)})?" if close
-               else f"valid keys: {', '.join(FIELDS)}"))
+        flag = COMMAND_LINE_ONLY.get("-".join(words(str(key))))
+        fix = (f"`{key}` is not a job-file setting: pass {flag} on the command line"
+               if flag else instead(str(key))
+               or (f"did you mean '{close}' ({flag_name(close)})?" if close
+                   else f"valid keys: {', '.join(FIELDS)}"))
         raise SpecError(f"{source}: {key}", "unknown key", fix)
 
 

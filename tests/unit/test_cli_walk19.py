@@ -195,3 +195,22 @@ def test_another_jobs_run_id_is_refused_before_any_dir_is_made(tmp_path: Path) -
            "--checkpoint-dir", "newck", "t.py", cwd=tmp_path)
     assert r.returncode == 2 and "run-w" in r.stderr, r.stderr
     assert not (tmp_path / "newlogs").exists() and not (tmp_path / "newck").exists()
+
+
+@pytest.mark.parametrize("key", ["dry_run", "dry-run", "config", "verbose"])
+def test_a_command_line_only_flag_in_a_job_file_says_so(tmp_path: Path, key: str) -> None:
+    """Walk-through 33 #7: `dry_run: true` in a job file was told "did you mean 'run_id'?"."""
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    (tmp_path / "job.yaml").write_text(f"{key}: true\nentrypoint: t.py\n")
+    r = tg("run", "--config", "job.yaml", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2
+    flag, shown = "--" + key.replace("_", "-"), key.replace("-", "_")  # as the file is read
+    assert f"{shown}: unknown key. Fix: `{shown}` is not a job-file setting: pass {flag} on " \
+        "the command line" in r.stderr, r.stderr
+
+
+def test_the_command_line_only_flags_are_the_run_flags_with_no_job_file_key() -> None:
+    from trainguard.cli.run import NOT_SPEC
+    from trainguard.spec_build import COMMAND_LINE_ONLY
+
+    assert {k.replace("_", "-") for k in NOT_SPEC} - {"func", "command"} == set(COMMAND_LINE_ONLY)

@@ -194,10 +194,14 @@ def add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _RUN_FLAGS.update(o for o in p._option_string_actions if o.startswith("--"))
 
 
+# the parsed names that are not the job's settings (spec_build.COMMAND_LINE_ONLY tells a job
+# file that has one)
+NOT_SPEC = ("func", "config", "command", "verbose", "dry_run")
+
+
 def flags_to_spec_values(ns: argparse.Namespace) -> dict[str, Any]:
     """Turn parsed flags into JobSpec fields; errors name the flag and the fix."""
-    v = {k: val for k, val in vars(ns).items()
-         if k not in ("func", "config", "command", "verbose", "dry_run")}
+    v = {k: val for k, val in vars(ns).items() if k not in NOT_SPEC}
     out: dict[str, Any] = {}
     script_args = v.pop("training_script_args", None)
     if "training_script" in v:  # the script's arguments belong to the script on the command line
