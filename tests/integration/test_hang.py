@@ -309,3 +309,19 @@ def test_a_rank_finishing_after_its_peer_exited_is_not_confirmed_hung(
                 "1", "--restart-on-hang", "--max-restarts", "1", str(script)], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "HangConfirmed" not in reasons_of(events(job_dir))
+
+
+def test_hung_ranks_with_a_save_on_the_way_out_are_stopped_within_seconds(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Walk-through 33 #4: with --save-on-exit (the llm preset) SIGTERM waits for the next
+    step end, which hung ranks never reach: every restart upon suspension waited the whole
+    grace period, then SIGKILL. A confirmed hang's ranks get at most HUNG_GRACE_S."""
+    r = run_tg(ddp(job_dir, "--restart-on-hang", "--save-on-exit", "--grace-period", "30",
+                   "--hang-floor", "4", steps=20), cwd=tmp_path, fault="hang@rank=1,step=10",
+               timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stopped = [e for e in events(job_dir) if e["reason"] == "WorkersStopped"]
+    assert len(stopped) == 1 and "stopped 2 hung worker(s): rank(s) 0, 1 (grace 3s" in \
+        stopped[0]["message"], stopped
+    [inc] = read_json("recovery", job_dir)["running_records"][0]["recover_records"]
+    assert inc["durations_s"]["stop"] < 10, inc["durations_s"]  # was the whole 30 s

@@ -78,16 +78,20 @@ def test_a_hang_left_running_then_stopped_is_an_incident_and_counts_for_the_mtbf
     job = tmp_path / "h"
     env = {**os.environ, "TRAINGUARD_FAULT": "hang@rank=0,step=8"}
     launcher = subprocess.Popen(
-        [*TG, "run", "--nproc-per-node", "2", "--hang-floor", "3",
-         "--job-dir", str(job), str(EXAMPLE), "--steps", "200", "--step-time", "0.05",
-         "--ckpt-every", "2"],
+        [*TG, "run", "--nproc-per-node", "2", "--hang-floor", "3", "--save-on-exit",
+         "--grace-period", "30", "--job-dir", str(job), str(EXAMPLE), "--steps", "200",
+         "--step-time", "0.05", "--ckpt-every", "2"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait(lambda: (job / "trainguard.db").is_file()
               and "HangConfirmed" in reasons(job), timeout=90)
         open_rec = read_json("recovery", job)
+        t0 = time.monotonic()
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=60) == 143
+        # the hung ranks' save on the way out never runs: 3 s, not the 30 s grace period
+        # (walk-through 33 #4)
+        assert time.monotonic() - t0 < 20
     finally:
         if launcher.poll() is None:
             launcher.kill()

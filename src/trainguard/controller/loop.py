@@ -25,6 +25,7 @@ from trainguard.controller.resume_agree import ResumeAgreement
 from trainguard.controller.signals import SignalReceiver
 from trainguard.controller.start import start_command
 from trainguard.controller.step_retry import StepRetries
+from trainguard.controller.stopping import HUNG_GRACE_S, stop, stop_rest
 from trainguard.diagnosis.attempt import diagnose_attempt, diagnosis_message
 from trainguard.errors import LaunchError, NodesUnavailable
 from trainguard.exitcodes import ExitCode, describe_exit
@@ -39,8 +40,8 @@ from trainguard.policy.decision import (
     Rung,
 )
 from trainguard.policy.ladder import decide
-from trainguard.protocol import AgentAPI, NodeReport, StopWorkers
-from trainguard.records import FaultScenario, Level, Reason, StartType, iso, rank_list, utcnow
+from trainguard.protocol import AgentAPI, NodeReport
+from trainguard.records import FaultScenario, Level, Reason, StartType, iso, utcnow
 from trainguard.states import JobState, WorkerState
 
 if TYPE_CHECKING:
@@ -205,36 +206,14 @@ class Controller:
             if hang is not None and self.spec.restart_on_hang:
                 return _Outcome(report, hang=hang)
 
-    def _stop_rest(self, attempt: int, reason: str, dead: list[int] | None = None) -> NodeReport:
-        report = self._stop(reason, dead)
-        what = "other" if dead else "hung"
-        ranks = [w.rank for w in report.workers if w.state == WorkerState.STOPPED]
-        killed = [w.rank for w in report.workers if w.state == WorkerState.STOPPED
-                  and w.returncode == -signal.SIGKILL]
-        late = f"; rank(s) {rank_list(killed)} did not exit within it and got SIGKILL" \
-            if killed else ""
-        done = (f"stopped {len(ranks)} {what} worker(s): rank(s) {rank_list(ranks)} "
-                f"(grace {self.spec.grace_period_s:g}s{late})" if ranks else "no other workers to "
-                "stop (the job has 1 rank)" if len(report.workers) == 1 else
-                f"no {what} workers left to stop (every rank had exited)")
-        self.rec.event(Level.INFO, Reason.WORKERS_STOPPED, done, attempt=attempt)
-        return report
-
     def _in_place(self, attempt: int, decision: Decision, case: InProcessCase | None,
                   reason: str, dead: list[int] | None = None) -> Decision:
         """Carry out an in-process restart; any other decision stops the ranks first."""
         if decision.action == Action.RESTART_RANKS:
             decision = self._inproc.carry_out(attempt, decision)
         if case is not None and decision.action != Action.RESTART_RANKS:
-            self._stop_rest(attempt, reason, dead)
+            stop_rest(self.agent, self.rec, attempt, reason, dead)
         return decision
-
-    def _stop(self, reason: str, dead: list[int] | None = None) -> NodeReport:
-        """Stop what is left of the attempt (workers, their children) and read all logs."""
-        cmd = StopWorkers(grace_s=self.spec.grace_period_s, reason=reason, dead_ranks=dead or [])
-        report = self.agent.stop_workers(cmd, meanwhile=self.rec.sync)  # ranks may train on
-        self.rec.sync(report, force=True)
-        return report
 
     # -- after an attempt: ask the ladder, carry out its decision -------------------------
 
@@ -281,7 +260,8 @@ class Controller:
                                "ended_at": iso(w.ended_at), "node": w.node or report.node})
         case = self._inproc.case(report, tuple(w.rank for w in failed))
         if case is None:  # else the survivors run on until the ladder decided
-            report = self._stop_rest(attempt, "a worker failed", [w.rank for w in failed])
+            report = stop_rest(self.agent, self.rec, attempt, "a worker failed",
+                               [w.rank for w in failed])
         stopped = utcnow()
         if self.nodes is not None:  # a peer's failure may be the sign of a node's loss
             lost = self.nodes.fleet.settle()
@@ -349,7 +329,7 @@ class Controller:
         culprit = hang.culprit.rank
         case = self._inproc.case(report, () if culprit is None else (culprit,))
         if case is None:
-            report = self._stop_rest(attempt, "a hang was confirmed")
+            report = stop_rest(self.agent, self.rec, attempt, "a hang was confirmed")
             if all(w.state == WorkerState.SUCCEEDED for w in report.workers):
                 self.rec.event(Level.INFO, Reason.HANG_CLEARED, "every rank exited 0 while "
                                "the hang was confirmed: the job was ending, not hung",
@@ -378,7 +358,8 @@ class Controller:
     # -- endings: every one goes through Recorder.end_job ---------------------------------
 
     def _succeeded(self, attempt: int) -> int:
-        report = self._stop("every worker exited 0")  # reaps leftovers, reads the last lines
+        # reaps leftovers, reads the last lines
+        report = stop(self.agent, self.rec, "every worker exited 0")
         self.rec.book.attempt_succeeded(attempt, report.progress)
         return self.rec.end_job(JobState.SUCCEEDED, ExitCode.SUCCESS,
                                 f"all {len(report.workers)} worker(s) exited 0 after "
@@ -386,14 +367,16 @@ class Controller:
 
     def _stopped(self, attempt: int, signum: int) -> int:
         name = signal.Signals(signum).name
-        grace = self.spec.grace_period_s
+        hung = self._hangs.confirmed is not None  # a hang left running: no step end will come
+        grace = min(self.spec.grace_period_s, HUNG_GRACE_S) if hung else self.spec.grace_period_s
         self.rec.event(Level.INFO, Reason.STOP_REQUESTED,
-                       f"stop requested (the launcher got {name}): the ranks have the grace "
-                       f"period, {grace:g}s, to exit, then SIGKILL", attempt=attempt,
+                       f"stop requested (the launcher got {name}): the ranks have "
+                       + (f"{grace:g}s (hung)" if hung else f"the grace period, {grace:g}s,")
+                       + " to exit, then SIGKILL", attempt=attempt,
                        data={"signal": name, "grace_s": grace})
         drained = drain(self.agent, self.rec, attempt, grace, f"the launcher got {name}",
                         cut_short=lambda: self._signals.cut_short)
-        report = self._stop(f"launcher got {name}")
+        report = stop(self.agent, self.rec, f"launcher got {name}", grace=grace)
         self.rec.book.attempt_stopped(attempt, stopped_by(name), report.progress)
         killed = sorted(w.rank for w in report.workers if w.returncode == -signal.SIGKILL)
         return self.rec.stopped_by(attempt, signum, killed, self._signals.cut_short, drained)

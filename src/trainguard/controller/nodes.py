@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from trainguard.controller.faults import Fault
 from trainguard.controller.fleet import AGENT_ENDED, Fleet
 from trainguard.controller.recorder import Recorder
+from trainguard.controller.stopping import stop
 from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import (
     Action,
@@ -28,7 +29,7 @@ from trainguard.policy.decision import (
 )
 from trainguard.policy.nodes import lost_isolation
 from trainguard.policy.precheck import PrecheckConfig, PrecheckReport
-from trainguard.protocol import NodeReport, Op, StopWorkers
+from trainguard.protocol import NodeReport, Op
 from trainguard.records import FaultScenario, Level, Reason, RecoverResult, utcnow
 from trainguard.states import JobState, NodeState
 
@@ -58,16 +59,6 @@ class NodeRecovery:
         if node in self.fleet.nodes:
             self.fleet.nodes[node].times_implicated += 1
             self.fleet.publish()
-
-    def _stop(self, reason: str, dead: list[int] | None = None) -> NodeReport:
-        """Stop the workers left on the placed nodes (they restart in the next attempt);
-        `dead`: the ranks of lost nodes, whose part a survivor's save on the way out does not
-        wait for."""
-        cmd = StopWorkers(grace_s=self.rec.spec.grace_period_s, reason=reason,
-                          dead_ranks=dead or [])
-        report = self.fleet.stop_workers(cmd, meanwhile=self.rec.sync)  # ranks may train on
-        self.rec.sync(report, force=True)
-        return report
 
     # -- before an attempt ----------------------------------------------------------------
 
@@ -177,7 +168,9 @@ class NodeRecovery:
         k = self.rec.spec.nproc_per_node  # slot s (the placement's index) runs ranks s*k..
         dead = [s * k + i for s, n in enumerate(self.fleet.placement) if n in lost
                 for i in range(k)]
-        report = self._stop(f"node {', '.join(lost)} was lost", dead)
+        # the workers left on the placed nodes (they restart in the next attempt); `dead`: the
+        # ranks of lost nodes, whose part a survivor's save on the way out does not wait for
+        report = stop(self.fleet, self.rec, f"node {', '.join(lost)} was lost", dead)
         return report, (first, detected, utcnow())
 
     def isolate(self, iso: Isolation, attempt: int) -> None:

@@ -1,0 +1,47 @@
+"""Stopping an attempt's workers: what is left of it after a failure or a confirmed hang (a
+`WorkersStopped` event says who and how), or all of it at its end. The node agents send
+SIGTERM, wait the grace period, then SIGKILL; the recorder keeps syncing meanwhile (ranks
+may train on, and a save on the way out may commit)."""
+
+from __future__ import annotations
+
+import signal
+
+from trainguard.controller.recorder import Recorder
+from trainguard.protocol import AgentAPI, NodeReport, StopWorkers
+from trainguard.records import Level, Reason, rank_list
+from trainguard.states import WorkerState
+
+# the grace a confirmed hang's ranks get to exit after SIGTERM (the spec's when shorter):
+# hung, they reach no step end where a save on the way out could run (walk-through 33 #4: the
+# llm preset's 15 s were waited in full at every restart upon suspension)
+HUNG_GRACE_S = 3.0
+
+
+def stop(agent: AgentAPI, rec: Recorder, reason: str, dead: list[int] | None = None,
+         grace: float | None = None) -> NodeReport:
+    """Stop what is left of the attempt (workers, their children) and read all logs."""
+    cmd = StopWorkers(grace_s=rec.spec.grace_period_s if grace is None else grace,
+                      reason=reason, dead_ranks=dead or [])
+    report = agent.stop_workers(cmd, meanwhile=rec.sync)
+    rec.sync(report, force=True)
+    return report
+
+
+def stop_rest(agent: AgentAPI, rec: Recorder, attempt: int, reason: str,
+              dead: list[int] | None = None) -> NodeReport:
+    """The workers left after `dead` ranks failed, or (none dead) after a confirmed hang."""
+    grace = rec.spec.grace_period_s if dead else min(rec.spec.grace_period_s, HUNG_GRACE_S)
+    report = stop(agent, rec, reason, dead, grace)
+    what = "other" if dead else "hung"
+    ranks = [w.rank for w in report.workers if w.state == WorkerState.STOPPED]
+    killed = [w.rank for w in report.workers if w.state == WorkerState.STOPPED
+              and w.returncode == -signal.SIGKILL]
+    late = f"; rank(s) {rank_list(killed)} did not exit within it and got SIGKILL" \
+        if killed else ""
+    done = (f"stopped {len(ranks)} {what} worker(s): rank(s) {rank_list(ranks)} "
+            f"(grace {grace:g}s{late})" if ranks else "no other workers to "
+            "stop (the job has 1 rank)" if len(report.workers) == 1 else
+            f"no {what} workers left to stop (every rank had exited)")
+    rec.event(Level.INFO, Reason.WORKERS_STOPPED, done, attempt=attempt)
+    return report
