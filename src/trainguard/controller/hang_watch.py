@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
+from trainguard.controller import hang_words
 from trainguard.controller.faults import Fault, task_of
 from trainguard.controller.hang_evidence import (
     culprit_data,
@@ -121,6 +122,7 @@ class HangWatch:
         self._looks: dict[int, list[tuple[float, datetime, RankStack]]] = {}
         self._looked = 0.0  # when the last look ended (time.monotonic)
         self._working_told = False  # this suspicion's "still working" event was given
+        self._held_why: str | None = None  # what life held it off (its event was given)
         self._held_since: float | None = None  # this suspicion's wait for MIN_LOOKS looks
         # each stuck rank's CPU samples in this suspicion: (sampled at, CPU seconds so far)
         self._cpu: dict[int, list[tuple[datetime, float]]] = {}
@@ -238,6 +240,7 @@ class HangWatch:
                                attempt=self._attempt, data=verdict_data(v))
                 self._new_suspicion()
             self._keep_looking(v, report, now)
+            self._tell_held(v)
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and \
                 self._deferred(v, report, now):
             self._state = HangState.SUSPECTED
@@ -300,28 +303,22 @@ class HangWatch:
         if self._working_told:
             return
         self._working_told = True
-        moves = sorted(r for r, how in working.items() if how == "moves")
-        loads = sorted(r for r, how in working.items() if how == "loads")
-        computes = sorted(r for r, how in working.items() if how == "computes")
-        why = " and ".join(w for w in (
-            f"the Python stack of rank(s) {rank_list(moves)} moves" if moves else "",
-            f"rank(s) {rank_list(computes)} compute in a numeric library (torch) with their "
-            f"CPU busy" if computes else "",
-            f"rank(s) {rank_list(loads)} wait in the data loader and get batches from its "
-            f"workers" if loads else "") if w)
         ranks = sorted(working)
         self.rec.event(
-            Level.WARNING, Reason.HANG_SUSPECTED,
-            f"not confirmed: {why}, so the job works at something that reports no step "
-            f"({v.describe()}); it is given the phase allowance "
-            f"({self.detector.policy.phase_s:g}s without progress) while it works, and "
-            f"confirmed once it has sat at one place for {MOTION_WINDOW_S:g}s (or its data "
-            f"loader has handed over nothing for {LOADER_FED_S:g}s). An evaluation or other "
-            f"long work without step lines: mark it with `with trainguard.phase(\"eval\"):` "
-            f"(docs/hang-detection.md)",
+            Level.WARNING, Reason.HANG_SUSPECTED, hang_words.working(
+                v, working, self.detector.policy.phase_s, MOTION_WINDOW_S, LOADER_FED_S),
             rank=ranks[0] if len(ranks) == 1 else None, attempt=self._attempt,
             data={**verdict_data(v), "working_ranks": ranks,
                   "working": {str(r): how for r, how in working.items()}})
+
+    def _tell_held(self, v: HangVerdict) -> None:
+        """The second HangSuspected when the job's life holds the confirmation off (once)."""
+        if v.waiting_for is None or self._held_why is not None or self._working_told:
+            return
+        self._held_why = v.waiting_for
+        self.rec.event(Level.WARNING, Reason.HANG_SUSPECTED, hang_words.held(
+            v, v.waiting_for, self.detector.policy.life_cap), attempt=self._attempt,
+            data={**verdict_data(v), "waiting_for": v.waiting_for})
 
     def _confirm(self, v: HangVerdict, report: NodeReport, now: datetime
                  ) -> HangConfirmation | None:
@@ -362,6 +359,8 @@ class HangWatch:
                        f"{culprit.reason.rstrip('.')}. Stacks of every rank: {out} (taken in "
                        f"{took:.1f}s after the hang was confirmed at "
                        f"{now.astimezone().strftime('%H:%M:%S')})"
+                       + (hang_words.held_then(self._held_why, self.detector.policy.life_cap)
+                          if self._held_why else "")
                        + ("" if self.rec.spec.restart_on_hang else ". Left running: "
                           "--restart-on-hang is off (with it, or the multi-node and llm "
                           "presets, the hung ranks are restarted); `trainguard stop` ends it"),
