@@ -44,3 +44,8 @@ DEFAULT_STEP_PATTERN = (
     # a JSON line (`{"step": 5, "loss": 1.0}`), not a resume's (`{"event": "resumed", ...}`)
     r'|^\s*\{(?![^\n]*resum)[^\n]*?"(?:global_)?step"\s*:\s*(\d+)'
 )
+# the pattern's groups that read a progress bar (tqdm's, rich's): a bare bar does not say
+# whether it trains or evaluates, so once a rank's steps were read from a labelled line
+# (the other groups) its bars are not read as steps (node/logs.py; walk-through 33 #6: an
+# evaluation's `135/300` bar made a 40-step job's last step 300, 280 steps "lost")
+DEFAULT_BAR_GROUPS = frozenset({2, 3})

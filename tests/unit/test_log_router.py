@@ -66,3 +66,30 @@ def test_a_ranks_own_step_format_is_noticed_and_a_pattern_named(tmp_path: Path) 
     again.wait()
     read.join(timeout=10)
     assert read.unread_steps() == {}
+
+
+BAR = " 45%|#####     | 135/300 [00:01<00:02, 150.00it/s]"
+
+
+def test_a_ranks_bars_are_not_its_steps_once_a_labelled_line_gave_them(tmp_path: Path) -> None:
+    """Walk-through 33 #6: an evaluation's tqdm bar (`135/300`) in a job that prints `step N`
+    lines made its last step 300: 280 steps "lost" and "done again" for a 40-step job. A rank
+    whose only steps are a bar (HF Trainer, Lightning) keeps them."""
+    seen: list[tuple[int, int]] = []
+    router = LogRouter(io.StringIO(), DEFAULT_STEP_PATTERN,
+                       lambda rank, step, at: seen.append((rank, step)))
+    script = ("import sys, time\n"
+              "for line in sys.argv[1:]:\n"
+              "    print(line, flush=True); time.sleep(0.05)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, *lines], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+             for lines in (["step 20 loss 0.5", BAR, "step 21 loss 0.5"], [BAR])]
+    for rank, proc in enumerate(procs):
+        assert proc.stdout is not None and proc.stderr is not None
+        router.add(rank, tmp_path / f"rank-{rank}.log", proc.stdout, proc.stderr, (False, False))
+    router.start()
+    for proc in procs:
+        proc.wait()
+    router.join(timeout=10)
+    router.close(timeout=5)
+    assert sorted(seen) == [(0, 20), (0, 21), (1, 135)]

@@ -68,3 +68,18 @@ def test_a_progress_bars_first_draw_is_no_step() -> None:
     assert r.step_of(" 45%|████▌     | 18/40 [00:03<00:04,  5.1it/s]") == "18"
     assert r.step_of(" 25%|██▌       | 10/40 [00:02<00:06,  5.0it/s]") == "10"
     assert r.step_of("Epoch 0 ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 6/6 0:00:01 • 0:00:00") == "6"
+
+
+def test_the_bar_groups_are_the_progress_bars() -> None:
+    pattern = re.compile(DEFAULT_STEP_PATTERN)
+    from trainguard.presets import DEFAULT_BAR_GROUPS
+
+    def group(line: str) -> int:
+        m = pattern.search(line)
+        assert m is not None, line
+        return next(i for i, g in enumerate(m.groups(), 1) if g is not None)
+    assert group(" 45%|#####     | 135/300 [00:01<00:02, 150.00it/s]") in DEFAULT_BAR_GROUPS
+    assert group("Epoch 0 ━━━━━━━━━━━━ 6/6 0:00:01 • 0:00:00 9.1it/s") in DEFAULT_BAR_GROUPS
+    for labelled in ("step 42 loss 0.1", '{"step": 5, "loss": 1.0}',
+                     "[titan] - INFO - step:  2  loss: 10.8"):
+        assert group(labelled) not in DEFAULT_BAR_GROUPS, labelled

@@ -24,6 +24,7 @@ from typing import IO
 
 from trainguard.console import Writable
 from trainguard.hang.step_lines import CountingLines, pattern_at
+from trainguard.presets import DEFAULT_BAR_GROUPS, DEFAULT_STEP_PATTERN
 from trainguard.worker.contract import stamp_lines
 
 CHUNK = 64 * 1024
@@ -110,6 +111,8 @@ class LogRouter:
         self._console = console
         self._console_lock = threading.Lock()
         self._step = re.compile(step_pattern)
+        self._bars = DEFAULT_BAR_GROUPS if step_pattern == DEFAULT_STEP_PATTERN else frozenset()
+        self._labelled: set[int] = set()  # ranks whose steps a labelled line (not a bar) read
         self._on_progress = on_progress
         self._sel = selectors.DefaultSelector()
         self._tails: dict[int, deque[str]] = {}
@@ -256,7 +259,10 @@ class LogRouter:
             with self._console_lock, contextlib.suppress(OSError, ValueError):
                 self._console.write("".join(prefix + t + "\n" for t in texts))
                 self._console.flush()
-        steps = [int(n) for t in texts if (n := self.step_of(t)) is not None]
+        read = [r for t in texts if (r := self._step_read(t)) is not None]
+        if any(not bar for _, bar in read):
+            self._labelled.add(stream.rank)
+        steps = [int(n) for n, bar in read if not (bar and stream.rank in self._labelled)]
         if not steps:
             self._watch_unread(stream.rank, texts)
         else:
@@ -281,9 +287,16 @@ class LogRouter:
     def step_of(self, text: str) -> str | None:
         """The step a line reports (the pattern's first group that matched), colour codes
         (ANSI escapes, as torchtitan prints) taken off first; None when it reports none."""
+        read = self._step_read(text)
+        return None if read is None else read[0]
+
+    def _step_read(self, text: str) -> tuple[str, bool] | None:
+        """(the step, whether a progress bar's group read it) of a line, or None."""
         m = self._step.search(_ANSI.sub("", text) if "\x1b" in text else text)
-        n = None if m is None else next((g for g in m.groups() if g is not None), None)
-        return n if n is not None and n.isdigit() else None
+        if m is None:
+            return None
+        i, n = next(((i, g) for i, g in enumerate(m.groups(), 1) if g is not None), (0, None))
+        return (n, i in self._bars) if n is not None and n.isdigit() else None
 
     def _close(self) -> None:
         with self._eof:
