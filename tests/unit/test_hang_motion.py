@@ -121,15 +121,31 @@ def test_ranks_waiting_for_a_rank_in_a_marked_phase_get_its_allowance() -> None:
         v = evaluating(t)
         assert v.state == HangState.OK, (t, v)
     assert "rank 0's phase 'eval' allowance 30s" in evaluating(31).basis  # suspected at 2/3
-    assert evaluating(41).state == HangState.CONFIRMED  # past the phase's own timeout
-    # the phase over, rank 1's own wait counts against T again
-    det2 = HangDetector()
-    det2.start_attempt(at(0))
+
+    def after(t: float) -> Any:  # the phase ended at 35; rank 0 stepped then, rank 1 not yet
+        return det.observe([RankLiveness(rank=0, last_step=21, last_progress_at=at(35)),
+                            RankLiveness(rank=1, last_step=20, last_progress_at=at(10))], at(t))
+    # review of walk-through 33 #1: rank 1 counted from its own last step (10 s) again, so it
+    # was suspected and confirmed a second after the phase ended; it counts from the end
+    for t in (35, 36, 37, 40):
+        assert after(t).state == HangState.OK, t
+    assert after(41).state == HangState.SUSPECTED  # it never moves: 2/3 of T after the end
+    assert after(44).state == HangState.CONFIRMED  # and T after it
+
+
+def test_a_rank_outside_a_phase_that_outlives_the_phases_allowance_is_confirmed() -> None:
+    det = HangDetector()
+    det.start_attempt(at(0))
     for step in range(1, 21):
-        det2.observe([RankLiveness(rank=1, last_step=step, last_progress_at=at(step * 0.5),
-                                   intervals=[0.5] if step > 1 else [])], at(step * 0.5))
-    assert det2.observe([RankLiveness(rank=1, last_step=20, last_progress_at=at(10))],
-                        at(16)).state == HangState.SUSPECTED
+        det.observe([RankLiveness(rank=r, last_step=step, last_progress_at=at(step * 0.5),
+                                  intervals=[0.5] if step > 1 else []) for r in (0, 1)],
+                    at(step * 0.5))
+    for t, want in ((31, HangState.SUSPECTED), (41, HangState.CONFIRMED)):  # its own timeout
+        assert det.observe([RankLiveness(rank=0, last_step=20, last_progress_at=at(10),
+                                         phase="eval", phase_since=at(10.2),
+                                         phase_timeout_s=30.0),
+                            RankLiveness(rank=1, last_step=20, last_progress_at=at(10))],
+                           at(t)).state == want
 
 
 def test_a_moving_stack_of_an_earlier_suspicion_counts_no_more() -> None:

@@ -126,6 +126,7 @@ class HangDetector:
     # autotunes, fills caches): this attempt's, and the earlier attempts' (walk-through 33 #5)
     _warm_now: list[float] = field(default_factory=list)
     _warm_before: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    _phase_ended_at: datetime | None = None  # a rank's marked phase last ended (this attempt)
 
     def start_attempt(self, at: datetime) -> None:
         """Clocks restart; the learned cadence is kept (it is the job's, not the attempt's),
@@ -134,7 +135,7 @@ class HangDetector:
         self._started_at, self._ranks = at, {}
         self._state, self._suspected_at = HangState.OK, None
         self._warm_before.extend(self._warm_now)
-        self._warm_now = []
+        self._warm_now, self._phase_ended_at = [], None
 
     def learned_p99(self) -> float | None:
         if len(self.intervals) < self.policy.min_intervals:
@@ -166,7 +167,7 @@ class HangDetector:
         """`liveness`: the ranks still running; `ending`: why the job is ending (a rank
         exited 0), when it is: the ranks left get the ending allowance."""
         for rl in liveness:
-            self._update(rl)
+            self._update(rl, now)
         threshold, basis = self.threshold()
         stuck: list[tuple[int, float, float]] = []  # rank, idle seconds, its allowance
         phased = [rl for rl in liveness if rl.phase is not None]
@@ -232,7 +233,7 @@ class HangDetector:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _update(self, rl: RankLiveness) -> None:
+    def _update(self, rl: RankLiveness, now: datetime) -> None:
         r = self._ranks.setdefault(rl.rank, _Rank())
         for x in rl.intervals:
             if x >= 0:
@@ -245,6 +246,8 @@ class HangDetector:
         if rl.last_progress_at is not None:
             r.last_progress_at = rl.last_progress_at
         r.last_output_at = rl.last_output_at
+        if r.phase is not None and rl.phase is None:  # the ranks waiting for it go on now
+            self._phase_ended_at = now
         r.phase = rl.phase
         if rl.sampled_at is not None and rl.sampled_at == r.sampled_at:
             return  # the same activity sample as at the last poll
@@ -272,6 +275,8 @@ class HangDetector:
             # steps, say) is judged by the job's progress
             known = [r.last_progress_at for r in self._ranks.values() if r.last_progress_at]
             last = max(known) if known else None
+        if rl.phase is None and last is not None and self._phase_ended_at is not None:
+            last = max(last, self._phase_ended_at)  # it waited for the phase: counts from its end
         if rl.phase is not None or phased:
             p = rl if rl.phase is not None else max(
                 phased, key=lambda q: self._phase_allowance(q, threshold))
