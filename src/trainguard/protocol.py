@@ -62,6 +62,9 @@ class StopWorkers(_Msg):
     reason: str
     dead_ranks: list[int] = Field(default_factory=list,
                                   description="ranks that failed: survivors need not wait for them")
+    saving_grace_s: float | None = Field(default=None, description="while a rank saves on the "
+                                         "way out, the grace period lasts up to this long "
+                                         "(a confirmed hang's short grace_s: the job's own)")
 
 
 class WorkerFact(_Msg):

@@ -82,3 +82,19 @@ def test_a_stopped_worker_is_stopped_by_sigterm_without_waiting_for_the_grace_pe
     stop_groups([p], grace_s=30)
     assert time.monotonic() - started < 10
     assert p.returncode == 7  # its own SIGTERM handler ran: a graceful exit, not SIGKILL
+
+
+def test_the_grace_period_goes_on_while_a_rank_saves_on_its_way_out() -> None:
+    """Review of walk-through 33 #9: a confirmed hang's ranks get 3 s, but a rank that reaches
+    its save on the way out (a rank frozen mid-step, continued by the stop) gets the job's
+    grace period while it saves; a rank that does not is SIGKILLed at the short deadline."""
+    from trainguard.node.procs import spawn, stop_groups
+
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(7)))\n"
+            "print('ready', flush=True)\ntime.sleep(60)\n")  # a 2 s save after SIGTERM
+    for saving, want in ((True, 7), (False, -signal.SIGKILL)):
+        p = spawn([sys.executable, "-c", code], env={}, cwd=None)
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        stop_groups([p], grace_s=0.5, longer=(30.0, lambda s=saving: s))  # type: ignore[misc]
+        assert p.returncode == want, (saving, p.returncode)

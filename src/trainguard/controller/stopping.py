@@ -12,17 +12,23 @@ from trainguard.protocol import AgentAPI, NodeReport, StopWorkers
 from trainguard.records import Level, Reason, rank_list
 from trainguard.states import WorkerState
 
-# the grace a confirmed hang's ranks get to exit after SIGTERM (the spec's when shorter):
-# hung, they reach no step end where a save on the way out could run (walk-through 33 #4: the
-# llm preset's 15 s were waited in full at every restart upon suspension)
+# the grace a confirmed hang's ranks get to exit after SIGTERM (the spec's when shorter): most
+# reach no step end where a save on the way out could run (walk-through 33 #4: the llm
+# preset's 15 s were waited in full at every restart upon suspension); one that does (a rank
+# frozen mid-step, continued by the stop) gets the job's grace period while it saves
 HUNG_GRACE_S = 3.0
 
 
 def stop(agent: AgentAPI, rec: Recorder, reason: str, dead: list[int] | None = None,
          grace: float | None = None) -> NodeReport:
-    """Stop what is left of the attempt (workers, their children) and read all logs."""
-    cmd = StopWorkers(grace_s=rec.spec.grace_period_s if grace is None else grace,
-                      reason=reason, dead_ranks=dead or [])
+    """Stop what is left of the attempt (workers, their children) and read all logs. A
+    `grace` shorter than the job's grace period lasts up to the job's while a rank saves on
+    its way out (a hung rank continued by the stop can finish its step and save it; review
+    of walk-through 33 #9)."""
+    full = rec.spec.grace_period_s
+    cmd = StopWorkers(grace_s=full if grace is None else grace, reason=reason,
+                      dead_ranks=dead or [],
+                      saving_grace_s=full if grace is not None and grace < full else None)
     report = agent.stop_workers(cmd, meanwhile=rec.sync)
     rec.sync(report, force=True)
     return report

@@ -95,8 +95,7 @@ class NodeAgent:
         self._guardian = procs.Guardian(marker)
         self._standby = StandbyPool(self._guardian)
         self.memory = MemoryRegion(marker, node, self._guardian)  # memory snapshots' region
-        self._usage = UsageMeter(node, self._standby.pids, self._standby.warm,
-                                 self.memory.held)
+        self._usage = UsageMeter(node, self._standby.pids, self._standby.warm, self.memory.held)
         self._prepared_at: datetime | None = None  # a spare told to keep standbys ready
         self._reentry = ReEntry()  # after an in-process restart: whose steps count
         self._channel = ChannelServer(  # only this job's processes may send
@@ -245,10 +244,11 @@ class NodeAgent:
         running = [w for w in self._workers if not w.state.ended]
         procs.stop_groups([w.proc for w in self._workers], cmd.grace_s, self._marker,
                           cut_short=lambda: self._hurried or cut_short(),
-                          meanwhile=lambda: meanwhile(self._report()) if meanwhile else None)
-        now = utcnow()
+                          meanwhile=lambda: meanwhile(self._report()) if meanwhile else None,
+                          longer=(cmd.saving_grace_s, self._liveness.saving_on_exit)
+                          if cmd.saving_grace_s else None)
         for w in running:  # RUNNING -> STOPPED
-            w.state, w.ended_at, w.returncode = WorkerState.STOPPED, now, w.proc.returncode
+            w.state, w.ended_at, w.returncode = WorkerState.STOPPED, utcnow(), w.proc.returncode
         for w in self._workers:
             self._guardian.forget(w.proc.pid)
         if self._router is not None:

@@ -16,6 +16,7 @@ import psutil
 
 from trainguard.node.accelerators import AcceleratorSampler
 from trainguard.protocol import RankLiveness
+from trainguard.worker.contract import EXIT_SAVE_PHASE
 
 SAMPLE_EVERY_S = 1.0  # psutil over a process tree costs about a millisecond
 MAX_PENDING = 10_000  # intervals kept between two reports
@@ -82,6 +83,11 @@ class LivenessBook:
                 r.last_progress_at = at
                 if step is not None:
                     r.last_step = step
+
+    def saving_on_exit(self) -> bool:
+        """Whether a rank saves a checkpoint on its way out now (its phase says so)."""
+        with self._lock:
+            return any(p[0] == EXIT_SAVE_PHASE for r in self._ranks.values() for p in r.phases)
 
     def second_last_step_at(self, rank: int) -> datetime | None:
         """When `rank` reached the step before its latest (None: fewer than two new steps

@@ -209,11 +209,14 @@ def stop_groups(
     procs: Iterable[subprocess.Popen[bytes]], grace_s: float, marker: str = "",
     poll_s: float = 0.05, cut_short: Callable[[], bool] = lambda: False,
     meanwhile: Callable[[], None] = lambda: None, meanwhile_every_s: float = 1.0,
+    longer: tuple[float, Callable[[], bool]] | None = None,
 ) -> None:
     """SIGTERM every group, wait up to one shared grace period (or until `cut_short()`: a
     second Ctrl-C), SIGKILL the rest, reap; then kill any process still carrying the job's
     marker (children that left their group). `meanwhile()` runs every `meanwhile_every_s`
-    of the grace period (ranks that ignore SIGTERM train on: their progress is reported)."""
+    of the grace period (ranks that ignore SIGTERM train on: their progress is reported).
+    `longer` = (seconds, still): the grace period goes on up to that long from the SIGTERM
+    while `still()` (a rank saves on the way out)."""
     procs = list(procs)
     known = {p.pid: p for p in procs}
     pgids = list(known)  # each worker leads its own session and group
@@ -236,7 +239,11 @@ def stop_groups(
         else:
             time.sleep(min(poll_s, left_s))
 
-    _reap_until_gone(known, pgids, time.monotonic() + grace_s, wait_a_little, cut_short)
+    began = time.monotonic()
+    done = _reap_until_gone(known, pgids, began + grace_s, wait_a_little, cut_short)
+    if not done and longer is not None and longer[1]() and not cut_short():
+        _reap_until_gone(known, pgids, began + longer[0], wait_a_little,
+                         lambda: cut_short() or not longer[1]())
     for pgid in pgids:
         if group_alive(pgid):
             log.info("process group %s outlived the grace period; sending SIGKILL", pgid)
