@@ -329,3 +329,42 @@ def test_each_attempt_s_first_steps_get_the_warm_up_of_the_earlier_attempts() ->
     det.observe([RankLiveness(rank=0, last_step=30, last_progress_at=at(1049.5))], at(1056))
     assert det.observe([RankLiveness(rank=0, last_step=30, last_progress_at=at(1049.5))],
                        at(1058)).state == HangState.CONFIRMED
+
+
+def _steady_pair(det: HangDetector) -> None:
+    det.start_attempt(at(0))
+    for step in range(1, 21):
+        det.observe([RankLiveness(rank=r, last_step=step, last_progress_at=at(step * 0.5),
+                                  intervals=[0.5] if step > 1 else []) for r in (0, 1)],
+                    at(step * 0.5))
+
+
+def test_a_rank_that_did_not_join_a_save_is_not_lent_the_save_s_allowance() -> None:
+    """Review of walk-through 33 #13: rank 1 hangs before the save of step 20; rank 0 sits in
+    the Checkpointer's `checkpoint` phase waiting for rank 1's part. Rank 1 hid behind that
+    phase's 1,800 s; it is confirmed at T."""
+    det = HangDetector()
+    _steady_pair(det)
+
+    def poll(t: float) -> Any:
+        return det.observe([RankLiveness(rank=0, last_step=20, last_progress_at=at(10),
+                                         phase="checkpoint", phase_since=at(10.1)),
+                            RankLiveness(rank=1, last_step=20, last_progress_at=at(10))], at(t))
+    assert poll(16).state == HangState.SUSPECTED
+    assert poll(19).state == HangState.CONFIRMED
+
+
+def test_a_rank_that_did_its_part_of_a_save_waits_for_the_slow_one() -> None:
+    """Walk-through 33 #1's save: rank 0's write of the replicated state takes 12 s; rank 1
+    wrote its part (its own checkpoint phase ended) and waits in the next step's collective."""
+    det = HangDetector()
+    _steady_pair(det)
+    det.observe([RankLiveness(rank=0, last_step=20, last_progress_at=at(10), phase="checkpoint",
+                              phase_since=at(10.1)),
+                 RankLiveness(rank=1, last_step=20, last_progress_at=at(10), phase="checkpoint",
+                              phase_since=at(10.1))], at(10.2))
+    for t in (11, 15, 19, 22):
+        assert det.observe([RankLiveness(rank=0, last_step=20, last_progress_at=at(10),
+                                         phase="checkpoint", phase_since=at(10.1)),
+                            RankLiveness(rank=1, last_step=20, last_progress_at=at(10.5))],
+                           at(t)).state == HangState.OK, t

@@ -50,6 +50,7 @@ from trainguard.checkpoint.state import (
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
 from trainguard.worker.contract import (
+    CHECKPOINT_PHASE,
     ENV_CHECKPOINT_DIR,
     SOURCE_MEMORY,
     SOURCE_PEER,
@@ -126,7 +127,7 @@ class Checkpointer:
         if self._exit is not None:
             self._exit.step_done(step, state)
         if self._memory is not None and step % self._memory.every == 0:
-            with phase("checkpoint"):
+            with phase(CHECKPOINT_PHASE):
                 self._memory.maybe_snapshot(step, state, capture_rng())
         if self.every_steps and step % self.every_steps == 0:
             return self._save(step, state)
@@ -142,7 +143,7 @@ class Checkpointer:
         return self._save(step, state)
 
     def _save(self, step: int, state: Mapping[str, Any]) -> bool:
-        with phase("checkpoint"):  # the loop's blocking part: a hang allowance of its own
+        with phase(CHECKPOINT_PHASE):  # the loop's blocking part: a hang allowance of its own
             return self._save_blocking(step, state)
 
     def _save_blocking(self, step: int, state: Mapping[str, Any]) -> bool:
@@ -274,7 +275,7 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until the save in flight is durable (or failed: counted as such)."""
         if self._pending is not None and not self._pending.done():
-            with phase("checkpoint"):
+            with phase(CHECKPOINT_PHASE):
                 _wait_quietly(self._pending)
         self._raise_if_failing()
 
@@ -314,7 +315,7 @@ class Checkpointer:
     def load_latest(self, state: Mapping[str, Any]) -> int | None:
         """Load the newest valid checkpoint into `state`'s objects; its step, or None."""
         report_imports()  # the script's imports are done: standby workers learn them
-        with phase("checkpoint"):
+        with phase(CHECKPOINT_PHASE):
             return self._load_latest(state)
 
     def _load_latest(self, state: Mapping[str, Any]) -> int | None:

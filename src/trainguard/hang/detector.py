@@ -45,9 +45,14 @@ from enum import Enum
 
 from trainguard.protocol import RankLiveness
 from trainguard.records import rank_list
+from trainguard.worker.contract import CHECKPOINT_PHASE, EXIT_SAVE_PHASE, EXITING_PHASE
 
 ACCEL_SAMPLES = 10  # the last utilisation samples of a rank's accelerator
 ACCEL_VARYING = 10  # percentage points between min and max that mean "working"
+# the phases the library marks itself: a save's or load's blocking part (every rank enters it:
+# its allowance is lent only to a rank that did its part), the attempt ending (never lent)
+ENDING = frozenset({EXIT_SAVE_PHASE, EXITING_PHASE})
+LIBRARY_PHASES = ENDING | {CHECKPOINT_PHASE}
 
 
 class HangState(str, Enum):
@@ -109,6 +114,7 @@ class _Rank:
     phase: str | None = None  # the phase it marked, at the last poll
     accel: deque[int] = field(default_factory=lambda: deque(maxlen=ACCEL_SAMPLES))
     gaps: int = 0  # progress intervals it reported in this attempt
+    left_phase_at: datetime | None = None  # when its last phase ended
 
 
 @dataclass
@@ -170,7 +176,7 @@ class HangDetector:
             self._update(rl, now)
         threshold, basis = self.threshold()
         stuck: list[tuple[int, float, float]] = []  # rank, idle seconds, its allowance
-        phased = [rl for rl in liveness if rl.phase is not None]
+        phased = [rl for rl in liveness if rl.phase is not None and rl.phase not in ENDING]
         for rl in liveness:
             idle, allowed, why = self._idle(rl, now, threshold, phased)
             if ending is not None and allowed < max(self.policy.phase_s, threshold):
@@ -246,8 +252,10 @@ class HangDetector:
         if rl.last_progress_at is not None:
             r.last_progress_at = rl.last_progress_at
         r.last_output_at = rl.last_output_at
-        if r.phase is not None and rl.phase is None:  # the ranks waiting for it go on now
-            self._phase_ended_at = now
+        if r.phase is not None and rl.phase is None:
+            r.left_phase_at = now
+            if r.phase not in LIBRARY_PHASES:  # the ranks that waited for it go on now
+                self._phase_ended_at = now
         r.phase = rl.phase
         if rl.sampled_at is not None and rl.sampled_at == r.sampled_at:
             return  # the same activity sample as at the last poll
@@ -277,9 +285,11 @@ class HangDetector:
             last = max(known) if known else None
         if rl.phase is None and last is not None and self._phase_ended_at is not None:
             last = max(last, self._phase_ended_at)  # it waited for the phase: counts from its end
-        if rl.phase is not None or phased:
+        lent = [q for q in phased
+                if q.phase != CHECKPOINT_PHASE or self._saved_with(rl, q, threshold)]
+        if rl.phase is not None or lent:
             p = rl if rl.phase is not None else max(
-                phased, key=lambda q: self._phase_allowance(q, threshold))
+                lent, key=lambda q: self._phase_allowance(q, threshold))
             marks = [t for t in (p.phase_since, last) if t is not None]
             start = max(marks) if marks else (self._started_at or now)
             allowed = self._phase_allowance(p, threshold)
@@ -291,6 +301,15 @@ class HangDetector:
             allowed = max(self.policy.startup_s, threshold)
             return (now - start).total_seconds(), allowed, f"start-up allowance {allowed:g}s"
         return (now - last).total_seconds(), threshold, None
+
+    def _saved_with(self, rl: RankLiveness, saving: RankLiveness, threshold: float) -> bool:
+        """Whether `rl` did its part of the save `saving` is in (it left a phase since T before
+        that save began) and goes on: it waits for the save. A rank that did not is the one the
+        save waits for (review of walk-through 33 #13: a rank hung outside any phase hid for
+        30 minutes behind its peer's checkpoint phase)."""
+        left = self._ranks[rl.rank].left_phase_at
+        return left is not None and saving.phase_since is not None and \
+            (saving.phase_since - left).total_seconds() <= threshold
 
     def _phase_allowance(self, rl: RankLiveness, threshold: float) -> float:
         return rl.phase_timeout_s or max(self.policy.phase_s, threshold)

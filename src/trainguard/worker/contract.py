@@ -149,6 +149,8 @@ SOURCE_PEER = "peer"  # a buddy node's copy of the rank's memory snapshot (a pod
 # phases that mean the attempt is ending: a rank's on-exit save (checkpoint/exit_save.py), and
 # its interpreter's exit once the script returned or raised (worker/progress.py)
 EXIT_SAVE_PHASE, EXITING_PHASE = "checkpoint on the way out", "interpreter exit"
+# the Checkpointer's blocking part of a save or load, on every rank (its own hang allowance)
+CHECKPOINT_PHASE = "checkpoint"
 
 AGENT_ONLY = frozenset({MessageKind.LOG_WRITE_FAILED})  # a datagram of these kinds is dropped
 
