@@ -368,3 +368,24 @@ def test_a_rank_that_did_its_part_of_a_save_waits_for_the_slow_one() -> None:
                                          phase="checkpoint", phase_since=at(10.1)),
                             RankLiveness(rank=1, last_step=20, last_progress_at=at(10.5))],
                            at(t)).state == HangState.OK, t
+
+
+def test_the_warm_up_allowance_is_the_last_attempt_s_not_every_earlier_one_s() -> None:
+    """Review of walk-through 33 #10: one 300 s stall among attempt 0's first steps made T
+    900 s for the first steps of every later attempt, after attempts that warmed up in 1 s."""
+    det = HangDetector()
+
+    def attempt(start: float, first_gaps: list[float]) -> None:
+        det.start_attempt(at(start))
+        t = start
+        for step, gap in enumerate([*first_gaps, *[0.5] * 400], 1):
+            t += gap
+            det.observe([RankLiveness(rank=0, last_step=step, last_progress_at=at(t),
+                                      intervals=[gap] if step > 1 else [])], at(t))
+
+    attempt(0, [1, 1, 300, 1])
+    det.start_attempt(at(10_000))
+    assert det.threshold()[0] == 900  # attempt 1's first steps: attempt 0's warm-up
+    attempt(20_000, [1, 1, 1, 1])
+    det.start_attempt(at(30_000))
+    assert det.threshold()[0] == 8  # the last attempt warmed up in a second: the floor

@@ -128,10 +128,11 @@ class HangDetector:
     _state: HangState = HangState.OK
     _suspected_at: datetime | None = None
     _past_motion_cap: bool = False  # the last confirmation came after a moving stack's cap
-    # the first min_intervals gaps of each attempt (a new process warms up again: compiles,
-    # autotunes, fills caches): this attempt's, and the earlier attempts' (walk-through 33 #5)
+    # the first min_intervals gaps of an attempt (a new process warms up again: compiles,
+    # autotunes, fills caches): this attempt's, and the last earlier attempt's that made
+    # some (walk-through 33 #5; only the last: one stall must not stretch every later one)
     _warm_now: list[float] = field(default_factory=list)
-    _warm_before: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    _warm_before: list[float] = field(default_factory=list)
     _phase_ended_at: datetime | None = None  # a rank's marked phase last ended (this attempt)
 
     def start_attempt(self, at: datetime) -> None:
@@ -140,7 +141,7 @@ class HangDetector:
         steps get as long (warm-up)."""
         self._started_at, self._ranks = at, {}
         self._state, self._suspected_at = HangState.OK, None
-        self._warm_before.extend(self._warm_now)
+        self._warm_before = self._warm_now or self._warm_before
         self._warm_now, self._phase_ended_at = [], None
 
     def learned_p99(self) -> float | None:
@@ -160,7 +161,7 @@ class HangDetector:
         warm = pol.k * max(self._warm_before) if self._warm_before else 0.0
         if warm > t and self._warming():
             return warm, (f"warm-up allowance {warm:g}s: {pol.k:g} x the slowest of the first "
-                          f"{pol.min_intervals} steps of earlier attempts, until this one has "
+                          f"{pol.min_intervals} steps of the last attempt, until this one has "
                           "made as many")
         return t, f"max({pol.k:g} x p99 {q:.3f}s, floor {pol.floor_s:g}s)"
 
