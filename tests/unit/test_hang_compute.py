@@ -92,3 +92,15 @@ def test_on_a_node_with_an_accelerator_its_load_decides_not_the_cpu(tmp_path: Pa
     its CPU busy, even when the GPU hangs: there the accelerator's varying load is the sign."""
     w, _, moved = watch(tmp_path, GEMM)
     assert observe(w, cpu_per_s=1.0, accel=100) is not None and moved == []
+
+
+def test_the_cpu_samples_kept_are_the_looks_window_s(tmp_path: Path) -> None:
+    """Review of walk-through 33 #7: the samples grew for as long as a suspicion lasted."""
+    from trainguard.controller.hang_watch import MOTION_WINDOW_S
+
+    w, _, _ = watch(tmp_path, WAIT)
+    w._note_cpu(SimpleNamespace(liveness=[]))
+    for t in range(600):
+        w._note_cpu(SimpleNamespace(liveness=[RankLiveness(rank=0, cpu_s=float(t),
+                                                           sampled_at=at(t))]))
+    assert len(w._cpu[0]) == MOTION_WINDOW_S + 1

@@ -61,3 +61,33 @@ def test_a_printing_job_is_told_held_and_its_confirmation_says_why_it_waited(
     assert said[-1].startswith("HangConfirmed:") and said[-1].endswith(
         "It was held while rank 0 still prints output, up to 10 x the threshold without "
         "progress: output, I/O or an accelerator's load is not progress"), said[-1]
+
+
+def test_a_confirmation_after_the_output_stopped_does_not_say_the_hold_ran_out(
+        tmp_path: Path) -> None:
+    """Review of walk-through 33 #11: 'held ... up to 10 x the threshold' was said also when
+    the ranks simply stopped printing and the hang was confirmed at T."""
+    said: list[str] = []
+    spec = SimpleNamespace(hang_detection=True, hang_timeout_s=None, hang_floor_s=8.0,
+                           hang_startup_s=1800.0, restart_on_hang=True)
+    rec: Any = SimpleNamespace(
+        spec=spec, paths=SimpleNamespace(log_dir=str(tmp_path)),
+        event=lambda level, reason, message, **kw: said.append(f"{reason.value}: {message}"),
+        book=SimpleNamespace(hang_left_running=lambda *a: None))
+    agent: Any = SimpleNamespace(dump_stacks=lambda cmd: [dump(r) for r in (cmd.ranks or [0])])
+    w = HangWatch(rec, agent)
+    w.start_attempt(0, at(0))
+    for step in range(1, 21):
+        w.observe(SimpleNamespace(at=at(step * 0.5), progress=NO_STEPS, workers=[], liveness=[
+            RankLiveness(rank=0, last_step=step, last_progress_at=at(step * 0.5),
+                         intervals=[0.5] if step > 1 else [], last_output_at=at(step * 0.5))]))
+    confirmed, t = None, 10.0
+    while confirmed is None and t < 200:  # prints until 25 s, then nothing
+        t += 1.0
+        confirmed = w.observe(SimpleNamespace(at=at(t), progress=NO_STEPS, workers=[],
+                                              liveness=[RankLiveness(
+                                                  rank=0, last_step=20, last_progress_at=at(10),
+                                                  last_output_at=at(min(t, 25)))]))
+    assert confirmed is not None and t < 40
+    assert any(s.startswith("HangSuspected: not confirmed: rank 0 still prints") for s in said)
+    assert said[-1].startswith("HangConfirmed:") and "It was held" not in said[-1], said[-1]

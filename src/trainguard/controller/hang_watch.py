@@ -149,9 +149,11 @@ class HangWatch:
             if rl.accel_util is not None:
                 self._accel.add(rl.rank)
             if rl.cpu_s is not None and rl.sampled_at is not None:
-                kept = self._cpu.setdefault(rl.rank, [])
+                kept = [(at, cpu) for at, cpu in self._cpu.get(rl.rank, [])  # the looks' window
+                        if (rl.sampled_at - at).total_seconds() <= MOTION_WINDOW_S]
                 if not kept or kept[-1][0] != rl.sampled_at:
                     kept.append((rl.sampled_at, rl.cpu_s))
+                self._cpu[rl.rank] = kept
 
     def _busy(self, rank: int, since: datetime) -> bool:
         """Whether the rank's process tree used BUSY_CPU of a CPU from `since` on."""
@@ -218,8 +220,8 @@ class HangWatch:
         ending = job_ending(report) or self._ending
         v = self.detector.observe(report.liveness, now, ending=ending)
         before, self._state = self._state, v.state
-        if v.state != HangState.OK:
-            self._note_cpu(report)
+        if v.state != HangState.OK and self.confirmed is None:  # none once confirmed (left
+            self._note_cpu(report)  # running, its samples would pile up)
         if v.state == HangState.OK and before != HangState.OK:
             self.rec.event(Level.INFO, Reason.HANG_CLEARED,
                            f"not a hang: the attempt is ending ({ending})" if ending else
@@ -360,7 +362,8 @@ class HangWatch:
                        f"{took:.1f}s after the hang was confirmed at "
                        f"{now.astimezone().strftime('%H:%M:%S')})"
                        + (hang_words.held_then(self._held_why, self.detector.policy.life_cap)
-                          if self._held_why else "")
+                          if self._held_why and v.idle_s > v.threshold_s *
+                          self.detector.policy.life_cap else "")
                        + ("" if self.rec.spec.restart_on_hang else ". Left running: "
                           "--restart-on-hang is off (with it, or the multi-node and llm "
                           "presets, the hung ranks are restarted); `trainguard stop` ends it"),
