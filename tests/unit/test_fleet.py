@@ -455,3 +455,16 @@ def test_the_worker_messages_each_node_refused_add_up_and_a_new_agent_s_count_ad
     assert f.poll().messages_refused == 5  # no new reports: still counted
     hub.reports["a"] = [report("a", 0, [0, 1], last=6).model_copy(update={"messages_refused": 1})]
     assert f.poll().messages_refused == 3 + 1 + 2  # a's new agent refused one more
+
+
+def test_a_node_s_new_agent_adds_its_refusals_to_the_old_one_s_whatever_its_count() -> None:
+    """Review of walk-through 33 #5: a new agent whose first count was not below the old
+    one's overwrote it (5 then 7 read 7, not 12); the reports' epoch says which agent."""
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd())
+    old = report("a", 0, [0, 1], last=5).model_copy(update={"messages_refused": 5, "epoch": 1})
+    hub.reports["a"] = [old]
+    assert f.poll().messages_refused == 5
+    new = report("a", 0, [0, 1], last=6).model_copy(update={"messages_refused": 7, "epoch": 2})
+    hub.reports["a"] = [new]
+    assert f.poll().messages_refused == 12

@@ -35,9 +35,10 @@ class Merger:
         self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
         self._stale: dict[str, NodeReport] = {}  # the last merged facts, deltas taken
         self.usage: dict[str, NodeUsage] = {}  # each node's latest, spares' too (status)
-        # node -> datagrams its worker channel refused: [counted by its agents before the
-        # current one, the current one's latest count]. Kept for a node lost or gone.
-        self._refused: dict[str, list[int]] = {}
+        # node -> datagrams its worker channel refused: (counted by its agents before the
+        # current one, the current one's latest count, its agent process's epoch when a report
+        # said it). Kept for a node lost or gone.
+        self._refused: dict[str, tuple[int, int, int | None]] = {}
         # node -> (epoch, seq) of the newest numbered report folded, merged (node/outbox.py)
         self._folded_seq: dict[str, tuple[int | None, int]] = {}
         self._merged_seq: dict[str, tuple[int | None, int]] = {}
@@ -66,10 +67,12 @@ class Merger:
 
     def note_usage(self, name: str, reports: list[NodeReport]) -> None:
         """The node's latest usage and count of refused worker messages (spares' too)."""
-        for r in reports:  # an agent's count only grows: one that fell is a new agent's
-            before, latest = self._refused.setdefault(name, [0, 0])
-            self._refused[name] = [before + latest if r.messages_refused < latest else before,
-                                   r.messages_refused]
+        for r in reports:  # a new agent (another epoch, or a count that fell) counts anew
+            before, latest, epoch = self._refused.get(name, (0, 0, None))
+            new = (r.epoch is not None and epoch is not None and r.epoch != epoch) or \
+                r.messages_refused < latest
+            self._refused[name] = (before + latest if new else before, r.messages_refused,
+                                   r.epoch if r.epoch is not None else epoch)
         for r in reversed(reports):
             if r.usage:
                 self.usage[name] = r.usage[-1]
@@ -151,7 +154,7 @@ class Merger:
                           workers=sorted(workers, key=lambda w: w.rank), progress=progress,
                           at=now, messages=messages, liveness=liveness,
                           lost_nodes=sorted(lost), persisting=persisting,
-                          messages_refused=sum(map(sum, self._refused.values())),
+                          messages_refused=sum(b + n for b, n, _ in self._refused.values()),
                           usage=[u for n, u in sorted(self.usage.items())
                                  if n in usable and n not in lost])
 
