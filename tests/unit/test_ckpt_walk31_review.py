@@ -182,7 +182,8 @@ def test_the_job_that_launched_last_leaves_the_steps_another_job_saved_since(
         tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """The mark is this job's own, but another job committed a step after this job's launch
     (the mark's `at`): that step is left alone; the other job's steps from before the launch
-    are pruned, as a job continuing from another's checkpoints prunes them."""
+    are pruned, but for its newest (review of walk-through 33 #4: job a, still running, lost
+    its only checkpoint, step 10, to b's prune), and none counts toward b's `keep`."""
     ck = tmp_path / "ck"
     ck.mkdir()
     _as(monkeypatch, "job-a")
@@ -193,6 +194,7 @@ def test_the_job_that_launched_last_leaves_the_steps_another_job_saved_since(
     b = ckpt(ck, async_save=False, keep=3)
     for step in (100, 110, 120):
         b.save(step, state())
+    assert _steps(ck) == [step_dir(s) for s in (10, 100, 110, 120)]  # a's only step stays
     _as(monkeypatch, "job-a")
     a.save(30, state())
     _as(monkeypatch, "job-b")
@@ -200,7 +202,7 @@ def test_the_job_that_launched_last_leaves_the_steps_another_job_saved_since(
     assert _steps(ck) == [step_dir(s) for s in (30, 110, 120, 130)]
 
 
-def test_a_job_continuing_from_another_s_checkpoints_prunes_them_as_its_own(
+def test_a_job_continuing_from_another_s_checkpoints_prunes_all_but_their_newest(
         tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     ck = tmp_path / "ck"
     ck.mkdir()
@@ -214,3 +216,26 @@ def test_a_job_continuing_from_another_s_checkpoints_prunes_them_as_its_own(
     c.save(110, state())
     c.save(120, state())
     assert _steps(ck) == [step_dir(s) for s in (100, 110, 120)]
+
+
+def test_the_job_ahead_leaves_the_other_job_s_save_in_flight(
+        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of walk-through 33 #3: b (launched last: its mark) has a save in flight, its
+    files there and no manifest yet (an object store writes in place; a local dir stages in
+    `.tmp-step-*`); a's prune deleted it as an incomplete leftover."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    _launched(ck, "job-a")
+    a = ckpt(ck, async_save=False, keep=3)
+    for step in (80, 90, 100):
+        a.save(step, state())
+    _launched(ck, "job-b")
+    _as(monkeypatch, "job-b")
+    ckpt(ck, async_save=False, keep=3).save(10, state())
+    (ck / step_dir(20)).mkdir()
+    (ck / step_dir(20) / "rank-00000.pt").write_bytes(b"half")
+    (ck / ".tmp-step-000000030-b").mkdir()
+    _as(monkeypatch, "job-a")
+    a.save(110, state())
+    assert _steps(ck) == [step_dir(s) for s in (10, 20, 90, 100, 110)]
+    assert (ck / ".tmp-step-000000030-b").is_dir()

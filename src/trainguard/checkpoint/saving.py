@@ -34,7 +34,7 @@ from trainguard.checkpoint.manifest import (
     rank_file,
     step_dir,
 )
-from trainguard.checkpoint.sharing import Sharers, other_writer
+from trainguard.checkpoint.sharing import DROP, LEAVE, OWN, Sharers, other_writer
 from trainguard.checkpoint.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -221,35 +221,39 @@ def prune(st: Storage, keep: int, committed: int | None = None,
 
     `committed` (just written, checksums known good) is always kept; `bad` steps (checksums
     failed on load, sizes fine) never count as valid, so they cannot push good ones out.
-    Steps another job (not `run_id`) committed are neither counted nor deleted where
-    checkpoint/sharing.py says that job writes this dir too (review of walk-through 31 #3);
-    the newest such (step, run id) is returned, for the job to say it.
+    Steps another job (not `run_id`) committed are never counted; checkpoint/sharing.py
+    says which are left alone (its newest, and all while it writes this dir too) and which
+    deleted; the newest of a job that writes the dir too (step, run id) is returned, for the
+    job to say it.
     """
     steps = st.steps()
     verdicts: list[Verdict] = []
-    older: list[int] = []  # beyond the kept ones: deleted unless another job's
+    doomed: list[int] = []  # beyond the kept ones, and other jobs' steps to drop
     sharers = Sharers(st, run_id, committed)
     for i, s in enumerate(steps):
         if s in bad:
             verdicts.append(Verdict(s, Status.CORRUPT, "checksum failed on load"))
         else:
             verdict, manifest = quick_verdict(st, s)
-            if sharers.leaves(s, manifest):
+            how = sharers.sort(s, manifest)
+            if how != OWN:
+                doomed += [s] if how == DROP else []
                 continue
             verdicts.append(verdict)
         kept = sum(v.status == Status.VALID for v in verdicts)
         if kept >= max(keep, 1) and (committed is None or s <= committed):
-            older = [x for x in steps[i + 1:] if x != committed and not (
-                run_id and committed is not None and sharers.leaves(x, sharers.manifest(x)))]
+            doomed += [x for x in steps[i + 1:] if x != committed and (
+                not run_id or sharers.sort(x, sharers.manifest(x)) != LEAVE)]
             break
-    for step in prune_plan(verdicts, keep, newest_valid_in_use=committed) + older:
+    for step in prune_plan(verdicts, keep, newest_valid_in_use=committed) + doomed:
         log.debug("pruning checkpoint step %s", step)
         st.remove(step_dir(step))
     newest = max((v.step for v in verdicts if v.status == Status.VALID), default=None)
     for name in st.children():
         if name.startswith(f".{LATEST}.") and name.endswith(".tmp"):
             st.remove(name)  # a `latest` write killed before its rename (rank 0 writes alone)
-        elif name.startswith((".tmp-step-", ".old-step-")) and newest is not None:
+        elif name.startswith((".tmp-step-", ".old-step-")) and newest is not None \
+                and not sharers.other_launched():  # (else it may be the other job's save)
             # older steps' leftovers, and another attempt's save of the step just committed
             # (this save's own staging dir is step-N now; walk-through 31 #11)
             step_text = name.split("-")[2]
