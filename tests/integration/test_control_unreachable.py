@@ -55,5 +55,5 @@ def test_a_rank_at_its_open_file_limit_is_told_as_control_unreachable(tmp_path: 
     told = [e for e in read_json("events", job) if e["reason"] == "ControlUnreachable"]
     assert len(told) == 1, json.dumps(read_json("events", job), indent=1)[-3000:]
     assert told[0]["level"] == "Warning" and told[0]["message"] == (
-        "rank 0's agent cannot reach it ([Errno 24] Too many open files): step re-execution "
-        "and in-process restart are off in this process")
+        "rank 0's agent cannot reach its process ([Errno 24] Too many open files): off in "
+        "that process: step re-execution, in-process restart")

@@ -77,7 +77,7 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
                                "generation": 0},
     MessageKind.TRAIN_METRICS: {"step": 12, "loss": 2.3125, "learning_rate": 3e-4},
     MessageKind.LOG_WRITE_FAILED: {"error": "No space left on device"},
-    MessageKind.CONTROL_UNREACHABLE: {"off": "step re-execution and in-process restart are",
+    MessageKind.CONTROL_UNREACHABLE: {"off": "step re-execution, in-process restart",
                                       "error": "[Errno 24] Too many open files"},
 }
 WORKER_KINDS = [k for k in MessageKind if k not in AGENT_ONLY]

@@ -187,8 +187,8 @@ class WorkerMessages:
         """A rank could not hand its agent the way to its inbox: no verdict reaches it, and
         what needs one is off in that process (said on its console only, before)."""
         self._emit(Level.WARNING, Reason.CONTROL_UNREACHABLE,
-                   f"rank {m.rank}'s agent cannot reach it ({d.get('error')}): {d.get('off')} "
-                   "off in this process", rank=m.rank, attempt=attempt)
+                   f"rank {m.rank}'s agent cannot reach its process ({d.get('error')}): off "
+                   f"in that process: {d.get('off')}", rank=m.rank, attempt=attempt)
 
     def _on_no_checkpoint(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         if self.max_committed_step is None:

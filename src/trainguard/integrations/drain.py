@@ -52,7 +52,8 @@ class Drain:
         try:
             self._inbox = Inbox(control_socket(name, int(rank), ControlKind.DRAIN))
         except OSError as e:
-            unreachable("drain", "the drain on a stop (a stop ends it without a save) is", e)
+            unreachable("drain", "the drain on a stop", "drain requests do not reach it: a "
+                        "stop ends this rank without a save", e)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             try:
                 self._group = dist.new_group(backend="gloo")

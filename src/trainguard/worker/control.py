@@ -164,16 +164,17 @@ def inbox() -> Inbox | None:
         _inbox = Inbox(name)
     except OSError as e:
         _failed = True
-        unreachable("control", "step re-execution and in-process restart are", e)
+        unreachable("control", "step re-execution, in-process restart", "no verdict reaches it "
+                    "(step re-execution and in-process restart are off in it)", e)
     return _inbox
 
 
-def unreachable(who: str, off: str, e: OSError) -> None:
-    """An inbox that could not be handed over: said on the rank's console, and to the agent
-    (a ControlUnreachable event) through the channel, which may still work (an fd limit
-    reached after the channel's socket was made; walk-through 32's leftover)."""
-    say(who, f"WARNING: cannot hand the agent a way to reach this process ({e}): no verdict "
-        f"reaches it ({off} off in it)")
+def unreachable(who: str, off: str, effect: str, e: OSError) -> None:
+    """An inbox that could not be handed over: said on the rank's console (`effect`), and to
+    the agent (a ControlUnreachable event naming what is `off`, a list of features) through
+    the channel, which may still work (an fd limit reached after the channel's socket was
+    made; walk-through 32's leftover)."""
+    say(who, f"WARNING: cannot hand the agent a way to reach this process ({e}): {effect}")
     channel.send(MessageKind.CONTROL_UNREACHABLE, off=off, error=str(e))
 
 
