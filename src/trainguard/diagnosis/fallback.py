@@ -71,11 +71,13 @@ _SIZES = re.compile(r"sizes? (?:do(?:es)? not|don't) match|size mismatch|must ma
                     re.IGNORECASE)
 _OPTIM_STEP = re.compile(r'[/\\]optim[/\\]\w+\.py", line \d+, in (?:step|_\w+)$')
 # a KeyError's missing key, and a source line that reads that key from the run's settings
-# (`config["experiment"]["sample_step"]`, `int(net_options['max_epochs'])`): the
+# (`config["experiment"]["sample_step"]`, `int(net_options['max_epochs'])`, or what a call on
+# the settings returns, `conf.compile(conf.load(args['exp']))['Experiment']`): the
 # configuration lacks a key the code needs (an outdated or incomplete config file)
 _KEY_ERROR = re.compile(r"""^(?:[\w.]+\.)?KeyError: ['"]([\w.-]+)['"]\s*$""")
 _SETTINGS = (r"""\b(?:\w+_)?(?:args|cfg|config|conf|opts?|options|hparams|hyp|params|"""
-             r"""settings)\w*(?:\.\w+)*(?:\[[^\]]*\])*\[\s*['"]{key}['"]\s*\]""")
+             r"""settings)\w*(?:\.\w+|\((?:[^()\n]|\([^()\n]*\))*\))*(?:\[[^\]]*\])*"""
+             r"""\[\s*['"]{key}['"]\s*\]""")
 # ... or from a checkpoint (`checkpoint['model_state_dict']`, `state_dict["optimizer"]`): what
 # was loaded lacks what the code reads from it (round 33: all 7 such logs of the sets are
 # checkpoint_load_error)
