@@ -58,9 +58,12 @@ def test_a_silent_evaluation_is_not_restarted_as_a_hang(tmp_path: Path) -> None:
     events = run_job(tmp_path, SCRIPT)
     reasons = [e["reason"] for e in events]
     assert "HangConfirmed" not in reasons and "WorkersRestarted" not in reasons, reasons
+    # its looks find it moving, or (a loaded machine's few looks all in torch's forward, its
+    # CPU busy) computing: either is work
     working = [e for e in events if e["reason"] == "HangSuspected"
-               and e["message"].startswith("not confirmed: the Python stack of rank(s) 0 moves")]
-    assert len(working) == 1 and 'trainguard.phase("eval")' in working[0]["message"]
+               and e["message"].startswith(("not confirmed: the Python stack of rank(s) 0 moves",
+                                            "not confirmed: rank(s) 0 compute in a numeric"))]
+    assert len(working) == 1 and 'trainguard.phase("eval")' in working[0]["message"], events
     assert reasons[-1] == "JobSucceeded"
 
 
