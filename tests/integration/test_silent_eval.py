@@ -90,7 +90,9 @@ for step in range(1, 31):
 """
 
 
+# make test-long only (23 s, alone): tests/unit/test_hang_compute.py holds the rule in make test
 @pytest.mark.serial
+@pytest.mark.long
 def test_a_silent_evaluation_bound_by_its_kernels_is_not_restarted_as_a_hang(
         tmp_path: Path) -> None:
     """Walk-through 33 #2: found in torch's Linear.forward at every look (one place), it was
