@@ -150,17 +150,23 @@ def _launched(ck: Path, job: str) -> None:
     write_owner(ck, job, ck.parent / job)
 
 
+def _job_a_at_100(ck: Path) -> ckmod.Checkpointer:
+    """Job a launched into `ck` (its mark) and committed steps 80, 90 and 100 (keep 3)."""
+    ck.mkdir()
+    _launched(ck, "job-a")
+    a = ckpt(ck, async_save=False, keep=3)
+    for step in (80, 90, 100):
+        a.save(step, state())
+    return a
+
+
 def test_a_job_ahead_of_another_in_one_dir_prunes_none_of_its_steps_and_says_it(
         tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     """#3's rest: the job ahead learned nothing and its pruning deleted the other job's
     newest steps as its own. Job b launched into job a's dir after it (the mark is b's)."""
     ck = tmp_path / "ck"
-    ck.mkdir()
-    _launched(ck, "job-a")
-    a = ckpt(ck, async_save=False, keep=3)
-    for step in (80, 90, 100):
-        a.save(step, state())
+    a = _job_a_at_100(ck)
     _as(monkeypatch, "job-b")
     _launched(ck, "job-b")
     b = ckpt(ck, async_save=False, keep=3)
@@ -205,11 +211,7 @@ def test_the_job_that_launched_last_leaves_the_steps_another_job_saved_since(
 def test_a_job_continuing_from_another_s_checkpoints_prunes_all_but_their_newest(
         tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     ck = tmp_path / "ck"
-    ck.mkdir()
-    _launched(ck, "job-a")
-    a = ckpt(ck, async_save=False, keep=3)
-    for step in (80, 90, 100):
-        a.save(step, state())
+    _job_a_at_100(ck)
     _launched(ck, "job-c")  # job a ended; job c continues from its checkpoints
     _as(monkeypatch, "job-c")
     c = ckpt(ck, async_save=False, keep=3)
@@ -224,11 +226,7 @@ def test_the_job_ahead_leaves_the_other_job_s_save_in_flight(
     files there and no manifest yet (an object store writes in place; a local dir stages in
     `.tmp-step-*`); a's prune deleted it as an incomplete leftover."""
     ck = tmp_path / "ck"
-    ck.mkdir()
-    _launched(ck, "job-a")
-    a = ckpt(ck, async_save=False, keep=3)
-    for step in (80, 90, 100):
-        a.save(step, state())
+    a = _job_a_at_100(ck)
     _launched(ck, "job-b")
     _as(monkeypatch, "job-b")
     ckpt(ck, async_save=False, keep=3).save(10, state())

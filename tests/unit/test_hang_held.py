@@ -28,8 +28,9 @@ def dump(rank: int) -> StackDump:
         frames=[FrameMsg(name=n, filename=f, line=line) for n, f, line in SLEEP])])
 
 
-def test_a_printing_job_is_told_held_and_its_confirmation_says_why_it_waited(
-        tmp_path: Path) -> None:
+def watch(tmp_path: Path) -> tuple[HangWatch, list[str]]:
+    """A real HangWatch and detector over a recorder that keeps each event as `Reason: text`
+    and an agent whose ranks sleep."""
     said: list[str] = []
     spec = SimpleNamespace(hang_detection=True, hang_timeout_s=None, hang_floor_s=8.0,
                            hang_startup_s=1800.0, restart_on_hang=True)
@@ -40,6 +41,12 @@ def test_a_printing_job_is_told_held_and_its_confirmation_says_why_it_waited(
     agent: Any = SimpleNamespace(dump_stacks=lambda cmd: [dump(r) for r in (cmd.ranks or [0])])
     w = HangWatch(rec, agent)
     w.start_attempt(0, at(0))
+    return w, said
+
+
+def test_a_printing_job_is_told_held_and_its_confirmation_says_why_it_waited(
+        tmp_path: Path) -> None:
+    w, said = watch(tmp_path)
 
     def poll(t: float, step: int, intervals: list[float]) -> Any:
         live = [RankLiveness(rank=0, last_step=step, last_progress_at=at(min(t, 10)),
@@ -67,16 +74,7 @@ def test_a_confirmation_after_the_output_stopped_does_not_say_the_hold_ran_out(
         tmp_path: Path) -> None:
     """Review of walk-through 33 #11: 'held ... up to 10 x the threshold' was said also when
     the ranks simply stopped printing and the hang was confirmed at T."""
-    said: list[str] = []
-    spec = SimpleNamespace(hang_detection=True, hang_timeout_s=None, hang_floor_s=8.0,
-                           hang_startup_s=1800.0, restart_on_hang=True)
-    rec: Any = SimpleNamespace(
-        spec=spec, paths=SimpleNamespace(log_dir=str(tmp_path)),
-        event=lambda level, reason, message, **kw: said.append(f"{reason.value}: {message}"),
-        book=SimpleNamespace(hang_left_running=lambda *a: None))
-    agent: Any = SimpleNamespace(dump_stacks=lambda cmd: [dump(r) for r in (cmd.ranks or [0])])
-    w = HangWatch(rec, agent)
-    w.start_attempt(0, at(0))
+    w, said = watch(tmp_path)
     for step in range(1, 21):
         w.observe(SimpleNamespace(at=at(step * 0.5), progress=NO_STEPS, workers=[], liveness=[
             RankLiveness(rank=0, last_step=step, last_progress_at=at(step * 0.5),

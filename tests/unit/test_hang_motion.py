@@ -102,15 +102,19 @@ def test_a_rank_in_a_marked_phase_keeps_its_phases_own_timeout() -> None:
     assert in_eval(42).state == HangState.CONFIRMED
 
 
-def test_ranks_waiting_for_a_rank_in_a_marked_phase_get_its_allowance() -> None:
-    """Walk-through 33 #1: rank 0 evaluates inside `trainguard.phase("eval")`, rank 1 waits
-    for it in a barrier: rank 1 was judged against T (8 s) and the healthy job restarted."""
-    det = HangDetector()
+def _steady_pair(det: HangDetector) -> None:
     det.start_attempt(at(0))
     for step in range(1, 21):
         det.observe([RankLiveness(rank=r, last_step=step, last_progress_at=at(step * 0.5),
                                   intervals=[0.5] if step > 1 else []) for r in (0, 1)],
                     at(step * 0.5))
+
+
+def test_ranks_waiting_for_a_rank_in_a_marked_phase_get_its_allowance() -> None:
+    """Walk-through 33 #1: rank 0 evaluates inside `trainguard.phase("eval")`, rank 1 waits
+    for it in a barrier: rank 1 was judged against T (8 s) and the healthy job restarted."""
+    det = HangDetector()
+    _steady_pair(det)
 
     def evaluating(t: float) -> Any:
         return det.observe([RankLiveness(rank=0, last_step=20, last_progress_at=at(10),
@@ -135,11 +139,7 @@ def test_ranks_waiting_for_a_rank_in_a_marked_phase_get_its_allowance() -> None:
 
 def test_a_rank_outside_a_phase_that_outlives_the_phases_allowance_is_confirmed() -> None:
     det = HangDetector()
-    det.start_attempt(at(0))
-    for step in range(1, 21):
-        det.observe([RankLiveness(rank=r, last_step=step, last_progress_at=at(step * 0.5),
-                                  intervals=[0.5] if step > 1 else []) for r in (0, 1)],
-                    at(step * 0.5))
+    _steady_pair(det)
     for t, want in ((31, HangState.SUSPECTED), (41, HangState.CONFIRMED)):  # its own timeout
         assert det.observe([RankLiveness(rank=0, last_step=20, last_progress_at=at(10),
                                          phase="eval", phase_since=at(10.2),
@@ -329,14 +329,6 @@ def test_each_attempt_s_first_steps_get_the_warm_up_of_the_earlier_attempts() ->
     det.observe([RankLiveness(rank=0, last_step=30, last_progress_at=at(1049.5))], at(1056))
     assert det.observe([RankLiveness(rank=0, last_step=30, last_progress_at=at(1049.5))],
                        at(1058)).state == HangState.CONFIRMED
-
-
-def _steady_pair(det: HangDetector) -> None:
-    det.start_attempt(at(0))
-    for step in range(1, 21):
-        det.observe([RankLiveness(rank=r, last_step=step, last_progress_at=at(step * 0.5),
-                                  intervals=[0.5] if step > 1 else []) for r in (0, 1)],
-                    at(step * 0.5))
 
 
 def test_a_rank_that_did_not_join_a_save_is_not_lent_the_save_s_allowance() -> None:

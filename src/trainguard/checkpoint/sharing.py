@@ -85,12 +85,10 @@ class Sharers:
         return bool(self._run_id) and mark is not None and mark.get("run_id") != self._run_id
 
     def _writes_now(self, manifest: Manifest) -> bool:
+        if self.other_launched():
+            return True
         mark = self._owner_mark()
-        if mark is None:
-            return False
-        if mark.get("run_id") != self._run_id:
-            return True  # another job launched into this dir after this one did
-        at = mark.get("at")
+        at = None if mark is None else mark.get("at")
         return isinstance(at, (int, float)) and manifest.created_at >= at
 
     def _owner_mark(self) -> dict[str, Any] | None:
