@@ -7,6 +7,7 @@ is then also stopped (`trainguard stop`: the ranks drain) and run again to the e
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ STEPS = ["--steps", "14", "--save-every", "4"]
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[float]], str]:
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[tuple[list[list[float]], str],
+                                                                 Path]:
+    """The uninterrupted run's losses and weights, and its output dir."""
     tmp = tmp_path_factory.mktemp("hf-clean")
     for run in range(2):  # the reference run, once more if torch aborted a rank at exit
         job = tmp / f"job{run}"
@@ -38,7 +41,13 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[f
         if r.returncode == 0 or not aborted_at_exit(job):
             break
     assert r.returncode == 0, r.stderr[-3000:]
-    return trainer_result(r.stdout)
+    return trainer_result(r.stdout), tmp / f"out{run}"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(reference: tuple[tuple[list[list[float]], str], Path]) \
+        -> tuple[list[list[float]], str]:
+    return reference[0]
 
 
 def aborted_at_exit(job: Path) -> bool:
@@ -135,6 +144,26 @@ def test_a_rank_killed_in_a_save_with_save_total_limit_resumes_from_the_committe
     ls = subprocess.run([*TG, "ckpt", "ls", str(job), "--json"], capture_output=True,
                         text=True, check=True, timeout=60)
     assert [(r["step"], r["status"]) for r in json.loads(ls.stdout)] == [(14, "valid")]
+
+
+@pytest.mark.parametrize("how", [([], ["--trainguard"]), (["--auto-resume", "hf"], [])],
+                         ids=["one-line", "auto-resume"])
+def test_a_finished_job_run_again_trains_no_step_past_its_end(
+        tmp_path: Path, reference: tuple[tuple[list[list[float]], str], Path],
+        how: tuple[list[str], list[str]]) -> None:
+    """What a restart after torch's abort at exit (aborted_at_exit) does to a finished job,
+    and a user's second run of the command: Trainer resumed from the last checkpoint trained
+    step 15 of a 14-step run (a loss the uninterrupted run never logged) and saved
+    checkpoint-15. It loads the checkpoint and trains nothing."""
+    out = tmp_path / "out"
+    shutil.copytree(reference[1], out)
+    r = run_tg(["run", "--nproc-per-node", "2", *how[0], "--job-dir", str(tmp_path / "job"),
+                str(EXAMPLE), "--out", str(out), *STEPS, *how[1]], cwd=tmp_path, timeout=300)
+    assert r.returncode == 0 or aborted_at_exit(tmp_path / "job"), r.stderr[-3000:]
+    assert f"{out}/checkpoint-14 is at the run's last step (14): training is over" in r.stdout
+    assert trainer_result(r.stdout) == reference[0]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted(
+        p.name for p in reference[1].glob("checkpoint-*"))
 
 
 def assert_killed_and_resumed_from_4(tmp_path: Path) -> None:

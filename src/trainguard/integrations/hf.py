@@ -21,6 +21,8 @@ also puts the logged loss and learning rate in the job's metrics, and drains on 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import time
@@ -29,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback, TrainerState
+from transformers.trainer_utils import TrainOutput
 
 from trainguard.integrations.common import (
     COMMIT_MARKER,
@@ -239,8 +242,67 @@ def ensure_callback(trainer: Trainer) -> None:
 def train(trainer: Trainer, **kwargs: Any) -> Any:
     """`trainer.train(...)` resuming from the newest committed checkpoint (or from scratch)."""
     ensure_callback(trainer)
-    return trainer.train(resume_from_checkpoint=last_checkpoint(trainer.args.output_dir),
-                         **kwargs)
+    ckpt = last_checkpoint(trainer.args.output_dir)
+    if ckpt is not None and (end := _run_over(trainer, ckpt)) is not None:
+        return _without_training(trainer, ckpt, end)
+    return trainer.train(resume_from_checkpoint=ckpt, **kwargs)
+
+
+def _run_over(trainer: Trainer, ckpt: str) -> int | None:
+    """The run's last step where `ckpt` is at it (or past it), else None. Trainer resumed from
+    such a checkpoint trains one step past the end all the same (transformers 5.23: its loop
+    checks the end after a step), so a finished job started again (a rank aborted by torch at
+    interpreter exit after training ended, pytorch/pytorch#179291, restarts it; a user runs the
+    command again) logged a step the uninterrupted run never had and saved checkpoint-(N+1).
+    The end is `max_steps`, or, for a run by epochs, the checkpoint's own when its epoch count
+    is the one asked for now. Not under DeepSpeed or FSDP, whose weights load inside Trainer's
+    loop: those keep Trainer's own resume."""
+    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+        return None
+    try:
+        state = json.loads((Path(ckpt) / STATE_FILE).read_text(encoding="utf-8"))
+        step = int(state["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # Trainer's own load says what is wrong with it
+    args = trainer.args
+    if args.max_steps > 0:
+        end = int(args.max_steps)
+    elif state.get("num_train_epochs") == math.ceil(args.num_train_epochs) and \
+            int(state.get("max_steps") or 0) > 0:
+        end = int(state["max_steps"])
+    else:
+        return None
+    return end if step >= end else None
+
+
+def _without_training(trainer: Trainer, ckpt: str, end: int) -> TrainOutput:
+    """What `trainer.train(resume_from_checkpoint=ckpt)` leaves behind for a run that is over,
+    without its step past the end: the checkpoint's weights (or the best model's, with
+    `load_best_model_at_end`) and state, and a TrainOutput whose training loss is the logged
+    losses' mean over the steps they cover. No callback runs: nothing was trained."""
+    print(f"[trainguard] auto-resume: {ckpt} is at the run's last step ({end}): training is "
+          "over; loading it without training (Trainer would train one step past the end)",
+          flush=True)
+    trainer._load_from_checkpoint(ckpt)
+    trainer.state = TrainerState.load_from_json(str(Path(ckpt) / STATE_FILE))
+    if trainer.args.load_best_model_at_end and trainer.state.best_model_checkpoint:
+        trainer._load_best_model()
+    progress(int(trainer.state.global_step))
+    loss = logged_mean_loss(trainer.state.log_history)
+    metrics = {"train_loss": loss, "total_flos": float(trainer.state.total_flos or 0),
+               "epoch": float(trainer.state.epoch or 0)}
+    return TrainOutput(int(trainer.state.global_step), loss, metrics)
+
+
+def logged_mean_loss(history: list[dict[str, Any]]) -> float:
+    """The mean loss per step from Trainer's log history: each logged `loss` is the mean over
+    the steps since the one logged before it."""
+    total, last = 0.0, 0
+    for entry in history:
+        if "loss" in entry and int(entry.get("step", 0)) > last:
+            total += float(entry["loss"]) * (int(entry["step"]) - last)
+            last = int(entry["step"])
+    return total / last if last else 0.0
 
 
 def patch() -> None:
@@ -263,6 +325,9 @@ def patch() -> None:
             print(f"[trainguard] auto-resume: {resume_from_checkpoint} {instead[1]}; resuming "
                   f"from {instead[0]}, the newest intact committed checkpoint", flush=True)
             resume_from_checkpoint = instead[0]
+        if isinstance(resume_from_checkpoint, (str, Path)) and \
+                (end := _run_over(self, str(resume_from_checkpoint))) is not None:
+            return _without_training(self, str(resume_from_checkpoint), end)
         return original(self, resume_from_checkpoint, *args, **kwargs)
 
     train_resuming.__trainguard__ = True  # type: ignore[attr-defined]
