@@ -134,6 +134,7 @@ class HangDetector:
     _warm_now: list[float] = field(default_factory=list)
     _warm_before: list[float] = field(default_factory=list)
     _phase_ended_at: datetime | None = None  # a rank's marked phase last ended (this attempt)
+    _most_gaps: int = 0  # the most progress intervals one rank reported in this attempt
 
     def start_attempt(self, at: datetime) -> None:
         """Clocks restart; the learned cadence is kept (it is the job's, not the attempt's),
@@ -142,7 +143,7 @@ class HangDetector:
         self._started_at, self._ranks = at, {}
         self._state, self._suspected_at = HangState.OK, None
         self._warm_before = self._warm_now or self._warm_before
-        self._warm_now, self._phase_ended_at = [], None
+        self._warm_now, self._phase_ended_at, self._most_gaps = [], None, 0
 
     def learned_p99(self) -> float | None:
         if len(self.intervals) < self.policy.min_intervals:
@@ -166,8 +167,9 @@ class HangDetector:
         return t, f"max({pol.k:g} x p99 {q:.3f}s, floor {pol.floor_s:g}s)"
 
     def _warming(self) -> bool:
-        """Whether no rank has made min_intervals steps in this attempt yet."""
-        return max((r.gaps for r in self._ranks.values()), default=0) < self.policy.min_intervals
+        """Whether no rank has made min_intervals steps in this attempt yet (kept as a running
+        maximum: asked for each interval a poll brings, a max over the ranks cost O(N^2))."""
+        return self._most_gaps < self.policy.min_intervals
 
     def observe(self, liveness: list[RankLiveness], now: datetime,
                 ending: str | None = None) -> HangVerdict:
@@ -178,8 +180,10 @@ class HangDetector:
         threshold, basis = self.threshold()
         stuck: list[tuple[int, float, float]] = []  # rank, idle seconds, its allowance
         phased = [rl for rl in liveness if rl.phase is not None and rl.phase not in ENDING]
+        known = [r.last_progress_at for r in self._ranks.values() if r.last_progress_at]
+        job_last = max(known) if known else None  # once a poll, not once a rank
         for rl in liveness:
-            idle, allowed, why = self._idle(rl, now, threshold, phased)
+            idle, allowed, why = self._idle(rl, now, threshold, phased, job_last)
             if ending is not None and allowed < max(self.policy.phase_s, threshold):
                 allowed = max(self.policy.phase_s, threshold)
                 why = f"job ending ({ending}): allowance {allowed:g}s"
@@ -248,6 +252,7 @@ class HangDetector:
                 if self._warming():
                     self._warm_now.append(x)
                 r.gaps += 1
+                self._most_gaps = max(self._most_gaps, r.gaps)
         while len(self.intervals) > self.policy.window:
             self.intervals.popleft()
         if rl.last_progress_at is not None:
@@ -273,17 +278,18 @@ class HangDetector:
             r.accel.append(rl.accel_util)
 
     def _idle(self, rl: RankLiveness, now: datetime, threshold: float,
-              phased: list[RankLiveness]) -> tuple[float, float, str | None]:
+              phased: list[RankLiveness], job_last: datetime | None
+              ) -> tuple[float, float, str | None]:
         """(seconds without progress, the allowance that applies, why it differs from T).
         `phased`: the ranks in a phase they marked. A rank outside one while another rank is
         in one gets that phase's allowance too (walk-through 33 #1): it waits for the marked
         work (rank 0 evaluates or saves, the others wait in a barrier or the next step's
-        collective); the longest allowance when several are open."""
+        collective); the longest allowance when several are open. `job_last`: the job's last
+        progress, any rank's."""
         last = self._ranks[rl.rank].last_progress_at
         if last is None:  # a rank that reports no progress of its own (only rank 0 logs
             # steps, say) is judged by the job's progress
-            known = [r.last_progress_at for r in self._ranks.values() if r.last_progress_at]
-            last = max(known) if known else None
+            last = job_last
         if rl.phase is None and last is not None and self._phase_ended_at is not None:
             last = max(last, self._phase_ended_at)  # it waited for the phase: counts from its end
         lent = [q for q in phased
