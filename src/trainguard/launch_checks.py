@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import socket
 import time
@@ -21,6 +22,7 @@ from trainguard.controller.dir_owner import (
     default_owner,
     locked,
     lost_agents,
+    owner_version,
     read_owner,
     running,
     write_owner,
@@ -201,11 +203,10 @@ def claim_checkpoint_dir(paths: JobPaths, run_id: str, store_until: float | None
         owner = read_owner(paths.checkpoint_dir)
         if owner is None or owner.get("job_dir") == str(paths.job_dir):
             return
-    if is_url(paths.checkpoint_dir):  # no lock there: checked again just before and after
+    if is_url(paths.checkpoint_dir):  # no lock there
         until = store_until if store_until is not None else time.monotonic() + STORE_WAIT_S
-        check_checkpoint_dir(paths, until)
-        bounded(lambda: write_owner(paths.checkpoint_dir, run_id, paths.job_dir), _left(until))
-        check_checkpoint_dir(paths, until)
+        _claim_url(paths, run_id, until)
+        check_checkpoint_dir(paths, until)  # again: a store that cannot write on a condition
         return
     with locked(paths.checkpoint_dir):  # two launches at once take turns (review #2)
         check_checkpoint_dir(paths)  # again: another launch may have claimed it since
@@ -216,6 +217,26 @@ def claim_checkpoint_dir(paths: JobPaths, run_id: str, store_until: float | None
                             f"'{paths.checkpoint_dir_key}'", f"cannot write "
                             f"{Path(paths.checkpoint_dir) / OWNER_NAME} ({e.strerror})",
                             "choose a writable directory") from None
+
+
+CLAIM_TRIES = 3  # checks and conditional writes of one launch's mark on an object store
+
+
+def _claim_url(paths: JobPaths, run_id: str, until: float) -> None:
+    """Check an object store's mark and write this job's, on S3 on the condition that the mark
+    is still the version read before the check (owner_version): a launch that wrote it in
+    between (two launches within one round trip both started there: review of walk-through
+    31 #3) makes the write fail, and the check runs again on what that launch wrote (a
+    running job's mark: refused). Elsewhere (no conditional write), checked just before and
+    after the write, as before."""
+    url = paths.checkpoint_dir
+    for _ in range(CLAIM_TRIES):
+        version = bounded(lambda: owner_version(url), _left(until))
+        check_checkpoint_dir(paths, until)
+        written = bounded(functools.partial(write_owner, url, run_id, paths.job_dir, version),
+                          _left(until))
+        if written is not False:  # written, or the store did not answer: the ranks say it
+            return
 
 
 def check_checkpoint_url(paths: JobPaths) -> None:

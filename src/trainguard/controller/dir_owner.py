@@ -29,8 +29,8 @@ from trainguard.paths import LOCK_NAME, is_url
 
 T = TypeVar("T")
 
-__all__ = ["OWNER_NAME", "bounded", "default_owner", "fs_of", "locked", "lost_agents",
-           "read_owner", "running", "write_owner"]
+__all__ = ["ABSENT", "OWNER_NAME", "bounded", "default_owner", "fs_of", "locked",
+           "lost_agents", "owner_version", "read_owner", "running", "write_owner"]
 
 
 def read_owner(location: str | Path) -> dict[str, str] | None:
@@ -50,15 +50,50 @@ def read_owner(location: str | Path) -> dict[str, str] | None:
     return {k: str(v) for k, v in data.items()}
 
 
-def write_owner(location: str | Path, run_id: str, job_dir: Path) -> None:
+ABSENT = ""  # the version of a mark that is not there (owner_version)
+
+
+def owner_version(url: str) -> str | None:
+    """The version (ETag) of an S3 URL's mark, ABSENT where there is none; None where the
+    store cannot write on a condition (not S3). Read before the mark itself: a write on this
+    version fails when anything changed since (write_owner)."""
+    fs = fs_of(url)
+    if "s3" not in _protocols(fs):
+        return None
+    path = f"{url.rstrip('/')}/{OWNER_NAME}"
+    fs.invalidate_cache(path)
+    try:
+        return str(fs.info(path)["ETag"])
+    except FileNotFoundError:
+        return ABSENT
+
+
+def write_owner(location: str | Path, run_id: str, job_dir: Path,
+                if_version: str | None = None) -> bool:
     """Mark `location` as the job's (a local dir: written aside, then renamed into place).
-    Raises OSError (local) or what the URL's filesystem raises."""
+    `if_version` (an S3 URL, owner_version's): only while the mark is still that version (a
+    conditional PUT: If-None-Match for ABSENT, If-Match for an ETag); False, nothing
+    written, where another launch wrote it since. Raises OSError (local) or what the URL's
+    filesystem raises."""
     data = json.dumps({"run_id": run_id, "job_dir": str(job_dir),
                        "host": socket.gethostname(), "pid": os.getpid(),
                        "at": time.time()}).encode()
     if is_url(location):
-        fs_of(str(location)).pipe_file(f"{str(location).rstrip('/')}/{OWNER_NAME}", data)
-        return
+        path = f"{str(location).rstrip('/')}/{OWNER_NAME}"
+        fs = fs_of(str(location))
+        if if_version is None:
+            fs.pipe_file(path, data)
+            return True
+        try:
+            if if_version == ABSENT:
+                fs.pipe_file(path, data, mode="create")
+            else:
+                fs.pipe_file(path, data, IfMatch=if_version)
+        except OSError as e:
+            if isinstance(e, FileExistsError) or _precondition_failed(e):
+                return False
+            raise
+        return True
     tmp = Path(location) / f"{OWNER_NAME}.{os.getpid()}.tmp"
     try:
         tmp.write_bytes(data)
@@ -67,6 +102,18 @@ def write_owner(location: str | Path, run_id: str, job_dir: Path) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    return True
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
+def _precondition_failed(e: OSError) -> bool:
+    """s3fs's error for a conditional PUT the store refused (HTTP 412)."""
+    cause = getattr(e.__cause__, "response", None) or {}
+    return bool(cause.get("Error", {}).get("Code") == "PreconditionFailed")
 
 
 @contextlib.contextmanager
