@@ -10,6 +10,8 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from trainguard.controller.dir_owner import OWNER_NAME, read_owner, write_owner
 from trainguard.launch_checks import claim_checkpoint_dir, claim_log_dir
 from trainguard.paths import JobPaths
@@ -41,3 +43,29 @@ def test_an_object_store_mark_reads_back_and_a_broken_one_is_none(tmp_path: Path
     assert read_owner(tmp_path) is None  # names no job dir
     (tmp_path / OWNER_NAME).write_text("{not json")
     assert read_owner(tmp_path) is None
+
+
+def test_a_store_that_refuses_conditional_writes_gets_the_plain_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An S3-compatible store without conditional PUTs answers the headers with an error (not
+    a failed precondition): the mark is written plainly, not left unwritten."""
+    import trainguard.controller.dir_owner as do
+
+    class Refusing:
+        protocol = ("s3", "s3a")
+
+        def __init__(self) -> None:
+            self.files: dict[str, bytes] = {}
+
+        def pipe_file(self, path: str, data: bytes, **kw: object) -> None:
+            if kw:
+                raise OSError(5, "NotImplemented: A header you provided implies "
+                              "functionality that is not implemented")
+            self.files[path] = data
+
+    fs = Refusing()
+    monkeypatch.setattr(do, "fs_of", lambda url: fs)
+    for version in (do.ABSENT, '"etag"'):
+        assert do.write_owner("s3://b/run", "run-a", tmp_path, version)
+        assert json.loads(fs.files[f"s3://b/run/{do.OWNER_NAME}"])["run_id"] == "run-a"
+        fs.files.clear()

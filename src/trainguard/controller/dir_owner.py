@@ -92,7 +92,9 @@ def write_owner(location: str | Path, run_id: str, job_dir: Path,
         except OSError as e:
             if isinstance(e, FileExistsError) or _precondition_failed(e):
                 return False
-            raise
+            # an S3-compatible store that refuses the conditional headers (501, 400): the
+            # plain write, with the checks around it as on any other store
+            fs.pipe_file(path, data)
         return True
     tmp = Path(location) / f"{OWNER_NAME}.{os.getpid()}.tmp"
     try:
