@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 
+from trainguard.hang.lenders import Lenders
 from trainguard.protocol import RankLiveness
 from trainguard.records import rank_list
 from trainguard.worker.contract import CHECKPOINT_PHASE, EXIT_SAVE_PHASE, EXITING_PHASE
@@ -180,10 +181,11 @@ class HangDetector:
         threshold, basis = self.threshold()
         stuck: list[tuple[int, float, float]] = []  # rank, idle seconds, its allowance
         phased = [rl for rl in liveness if rl.phase is not None and rl.phase not in ENDING]
+        lenders = Lenders(phased, lambda q: self._phase_allowance(q, threshold))
         known = [r.last_progress_at for r in self._ranks.values() if r.last_progress_at]
         job_last = max(known) if known else None  # once a poll, not once a rank
         for rl in liveness:
-            idle, allowed, why = self._idle(rl, now, threshold, phased, job_last)
+            idle, allowed, why = self._idle(rl, now, threshold, lenders, job_last)
             if ending is not None and allowed < max(self.policy.phase_s, threshold):
                 allowed = max(self.policy.phase_s, threshold)
                 why = f"job ending ({ending}): allowance {allowed:g}s"
@@ -278,25 +280,21 @@ class HangDetector:
             r.accel.append(rl.accel_util)
 
     def _idle(self, rl: RankLiveness, now: datetime, threshold: float,
-              phased: list[RankLiveness], job_last: datetime | None
+              lenders: Lenders, job_last: datetime | None
               ) -> tuple[float, float, str | None]:
         """(seconds without progress, the allowance that applies, why it differs from T).
-        `phased`: the ranks in a phase they marked. A rank outside one while another rank is
-        in one gets that phase's allowance too (walk-through 33 #1): it waits for the marked
-        work (rank 0 evaluates or saves, the others wait in a barrier or the next step's
-        collective); the longest allowance when several are open. `job_last`: the job's last
-        progress, any rank's."""
+        A rank outside any phase while another rank is in one gets that phase's allowance too
+        (`lenders`: hang/lenders.py says whose). `job_last`: the job's last progress, any
+        rank's."""
         last = self._ranks[rl.rank].last_progress_at
         if last is None:  # a rank that reports no progress of its own (only rank 0 logs
             # steps, say) is judged by the job's progress
             last = job_last
         if rl.phase is None and last is not None and self._phase_ended_at is not None:
             last = max(last, self._phase_ended_at)  # it waited for the phase: counts from its end
-        lent = [q for q in phased
-                if q.phase != CHECKPOINT_PHASE or self._saved_with(rl, q, threshold)]
-        if rl.phase is not None or lent:
-            p = rl if rl.phase is not None else max(
-                lent, key=lambda q: self._phase_allowance(q, threshold))
+        p = rl if rl.phase is not None else lenders.lender(
+            self._ranks[rl.rank].left_phase_at, threshold)
+        if p is not None:
             marks = [t for t in (p.phase_since, last) if t is not None]
             start = max(marks) if marks else (self._started_at or now)
             allowed = self._phase_allowance(p, threshold)
@@ -308,15 +306,6 @@ class HangDetector:
             allowed = max(self.policy.startup_s, threshold)
             return (now - start).total_seconds(), allowed, f"start-up allowance {allowed:g}s"
         return (now - last).total_seconds(), threshold, None
-
-    def _saved_with(self, rl: RankLiveness, saving: RankLiveness, threshold: float) -> bool:
-        """Whether `rl` did its part of the save `saving` is in (it left a phase since T before
-        that save began) and goes on: it waits for the save. A rank that did not is the one the
-        save waits for (review of walk-through 33 #13: a rank hung outside any phase hid for
-        30 minutes behind its peer's checkpoint phase)."""
-        left = self._ranks[rl.rank].left_phase_at
-        return left is not None and saving.phase_since is not None and \
-            (saving.phase_since - left).total_seconds() <= threshold
 
     def _phase_allowance(self, rl: RankLiveness, threshold: float) -> float:
         return rl.phase_timeout_s or max(self.policy.phase_s, threshold)
