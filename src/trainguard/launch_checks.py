@@ -8,28 +8,22 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import functools
 import os
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from trainguard.controller.dir_owner import (
-    OWNER_NAME,
-    bounded,
-    default_owner,
-    locked,
-    lost_agents,
-    owner_version,
-    read_owner,
-    running,
-    write_owner,
-)
+from trainguard.controller.dir_owner import OWNER_NAME, read_owner, write_owner
 from trainguard.controller.store import JobStore, db_path, other_job
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.errors import SpecError, StoreError
+from trainguard.launch_ckpt_dir import (
+    check_checkpoint_dir,
+    check_checkpoint_url,
+    claim_checkpoint_dir,
+    store_deadline,
+)
 from trainguard.paths import LOCK_NAME, JobPaths, attempt_logs, is_url
 from trainguard.spec import JobSpec, flag_name
 
@@ -52,7 +46,7 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     check_unlocked(paths.job_dir)
     spec = continued_run(spec, paths.job_dir)
     check_log_dir(paths)
-    store_until = time.monotonic() + STORE_WAIT_S  # an object store's reads and write, in all
+    store_until = store_deadline()  # an object store's reads and write, in all
     check_checkpoint_dir(paths, store_until)
     if not spec.multi_node:  # a multi-node job meets at its first node's address
         check_master_addr(spec.master_addr)
@@ -145,125 +139,6 @@ def _stored_log_dir(job_dir: Path) -> Path | None:
             return log_dir_of(store.meta(), job_dir).resolve()
     except (StoreError, OSError):
         return None
-
-
-STORE_WAIT_S = 10.0  # the most a launch waits for an object store's owner mark, in all
-
-
-def check_checkpoint_dir(paths: JobPaths, store_until: float | None = None) -> None:
-    """A checkpoint dir a running job of another job dir writes is refused (walk-through 31 #3:
-    the second job's saves found their steps committed and wrote nothing, it ended `succeeded`,
-    and a restart of it would have resumed the other's weights). An ended job's dir is taken
-    over (continuing from its checkpoints); the same job continued keeps its own. An object
-    store is asked until `store_until` (monotonic; default STORE_WAIT_S from now)."""
-    mark = bounded(lambda: read_owner(paths.checkpoint_dir), _left(store_until))
-    # both: a job dir's default dir keeps the mark of a job that took it over once, and then
-    # ended, while its own job runs again (review of walk-through 31 #11)
-    for owner in (mark, default_owner(paths.checkpoint_dir, paths.job_dir)):
-        if owner and owner.get("job_dir") != str(paths.job_dir):
-            _refuse_if_it_runs(paths, owner)
-
-
-def _left(until: float | None) -> float:
-    return STORE_WAIT_S if until is None else until - time.monotonic()
-
-
-def _refuse_if_it_runs(paths: JobPaths, owner: dict[str, str]) -> None:
-    """Refuse the checkpoint dir of `owner`'s job while that job runs, or its launcher is gone
-    but its node agents' workers train on (review of walk-through 31 #13)."""
-    if running(owner):
-        agents: list[str] = []
-    else:
-        agents = lost_agents(owner)
-        if not agents:
-            return
-    job = f"job {owner.get('run_id')!r} (job dir {owner.get('job_dir')})"
-    fix = "give each job its own --checkpoint-dir, or wait for that job to end (or stop it) to " \
-        "continue from its checkpoints"
-    if agents:
-        job = (f"lost {job}: its launcher is gone, but the node agents of {', '.join(agents)} "
-               "still run and their workers train on")
-        fix = (f"`trainguard stop {owner.get('job_dir')}` ends them (or run that job's command "
-               "again to take it over), or give each job its own --checkpoint-dir")
-    raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'",
-                    f"{paths.checkpoint_dir} is the checkpoint dir of the "
-                    f"{'' if agents else 'running '}{job}: both jobs would save the same steps, "
-                    "this job's saves would find them committed and write nothing, and a "
-                    "restart of it would resume the other job's weights", fix)
-
-
-def claim_checkpoint_dir(paths: JobPaths, run_id: str, store_until: float | None = None) -> None:
-    """Write whose checkpoints a --checkpoint-dir holds (the owner mark; on an object store,
-    until `store_until` at most, the check's time included, and not at all once it passed:
-    the store did not answer, the ranks say it; review of walk-through 31 #7). The default
-    JOB_DIR/checkpoints is not written, its job dir says whose it is, unless it holds the mark
-    of another job that took it over once (that job ended: check_checkpoint_dir): it is the
-    job's own again (review of walk-through 31 #11)."""
-    if paths.checkpoint_dir_key != "checkpoint_dir":
-        owner = read_owner(paths.checkpoint_dir)
-        if owner is None or owner.get("job_dir") == str(paths.job_dir):
-            return
-    if is_url(paths.checkpoint_dir):  # no lock there
-        until = store_until if store_until is not None else time.monotonic() + STORE_WAIT_S
-        _claim_url(paths, run_id, until)
-        check_checkpoint_dir(paths, until)  # again: a store that cannot write on a condition
-        return
-    with locked(paths.checkpoint_dir):  # two launches at once take turns (review #2)
-        check_checkpoint_dir(paths)  # again: another launch may have claimed it since
-        try:
-            write_owner(paths.checkpoint_dir, run_id, paths.job_dir)
-        except OSError as e:
-            raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / "
-                            f"'{paths.checkpoint_dir_key}'", f"cannot write "
-                            f"{Path(paths.checkpoint_dir) / OWNER_NAME} ({e.strerror})",
-                            "choose a writable directory") from None
-
-
-CLAIM_TRIES = 3  # checks and conditional writes of one launch's mark on an object store
-
-
-def _claim_url(paths: JobPaths, run_id: str, until: float) -> None:
-    """Check an object store's mark and write this job's, on S3 on the condition that the mark
-    is still the version read before the check (owner_version): a launch that wrote it in
-    between (two launches within one round trip both started there: review of walk-through
-    31 #3) makes the write fail, and the check runs again on what that launch wrote (a
-    running job's mark: refused). Elsewhere (no conditional write), checked just before and
-    after the write, as before."""
-    url = paths.checkpoint_dir
-    for _ in range(CLAIM_TRIES):
-        version = bounded(lambda: owner_version(url), _left(until))
-        check_checkpoint_dir(paths, until)
-        written = bounded(functools.partial(write_owner, url, run_id, paths.job_dir, version),
-                          _left(until))
-        if written is not False:  # written, or the store did not answer: the ranks say it
-            return
-
-
-def check_checkpoint_url(paths: JobPaths) -> None:
-    """A checkpoint URL's scheme must be one fsspec knows, with its package installed (the
-    ranks would fail at their first save)."""
-    if not is_url(paths.checkpoint_dir):
-        return
-    import fsspec  # only for a URL
-    from fsspec.registry import known_implementations
-
-    scheme = paths.checkpoint_dir.split("://", 1)[0]
-    where = f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'"
-    try:
-        fsspec.get_filesystem_class(scheme)
-    except ImportError as e:
-        pkg = str(known_implementations.get(scheme, {}).get("class", "")).split(".")[0]
-        if pkg in ("", "fsspec"):  # fsspec's own, needing another package (sftp: paramiko)
-            problem, pkg = f"cannot be used ({e})", "the package named"
-        else:
-            problem = f"needs the package {pkg}, which is not installed"
-        raise SpecError(where, f"{paths.checkpoint_dir}: the {scheme}:// filesystem {problem}",
-                        f"pip install {pkg}, or use a local directory") from None
-    except ValueError:
-        known = [k for k in ("s3", "gs", "abfs", "hdfs", "memory") if k in known_implementations]
-        raise SpecError(where, f"{paths.checkpoint_dir}: unknown URL scheme {scheme!r} (not "
-                        "an fsspec filesystem)", f"use a scheme fsspec knows (e.g. "
-                        f"{', '.join(known)}) or a local directory") from None
 
 
 def continued_run(spec: JobSpec, job_dir: Path) -> JobSpec:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import trainguard.launch_checks as lc
+import trainguard.launch_ckpt_dir as lc
 from tests.checkpoint.conftest import S3Location
 from trainguard.controller.dir_owner import (
     ABSENT,
@@ -31,7 +31,13 @@ pytestmark = [pytest.mark.s3]
 
 @pytest.fixture
 def s3_env(s3_location: S3Location, monkeypatch: pytest.MonkeyPatch) -> S3Location:
-    """What a user sets for an S3-compatible server: the launch's own fsspec reads it."""
+    """What a user sets for an S3-compatible server: the launch's own fsspec reads it (a
+    fresh filesystem: s3fs keeps instances by their arguments, not the environment, and a
+    test before may have made one for another endpoint)."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cache", {})
     opts: dict[str, Any] = s3_location.storage_options
     monkeypatch.setenv("AWS_ENDPOINT_URL", opts["client_kwargs"]["endpoint_url"])
     for k, v in (("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "x"),

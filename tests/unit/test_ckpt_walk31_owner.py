@@ -21,7 +21,7 @@ import pytest
 from tests.unit.helpers import TG, tg
 from trainguard.controller.dir_owner import OWNER_NAME
 from trainguard.errors import SpecError
-from trainguard.launch_checks import check_checkpoint_dir, claim_checkpoint_dir
+from trainguard.launch_ckpt_dir import check_checkpoint_dir, claim_checkpoint_dir
 from trainguard.paths import LOCK_NAME, JobPaths
 
 

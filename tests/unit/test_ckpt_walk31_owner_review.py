@@ -24,7 +24,7 @@ from trainguard.controller.dir_owner import OWNER_NAME
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import NodeRow
 from trainguard.errors import SpecError
-from trainguard.launch_checks import check_checkpoint_dir, claim_checkpoint_dir
+from trainguard.launch_ckpt_dir import check_checkpoint_dir, claim_checkpoint_dir
 from trainguard.paths import LOCK_NAME, JobPaths
 from trainguard.states import NodeState
 
@@ -150,7 +150,7 @@ def test_an_object_store_that_does_not_answer_costs_the_launch_one_wait_in_all(
     import socket
     import threading
 
-    import trainguard.launch_checks as lc
+    import trainguard.launch_ckpt_dir as lc
     from trainguard.launch_checks import prepare
     from trainguard.spec import JobSpec
 
@@ -172,7 +172,7 @@ def test_an_object_store_that_does_not_answer_costs_the_launch_one_wait_in_all(
     for k, v in (("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "x"),
                  ("AWS_DEFAULT_REGION", "us-east-1")):
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(lc, "STORE_WAIT_S", 2.0, raising=False)
+    monkeypatch.setattr(lc, "STORE_WAIT_S", 2.0)
     monkeypatch.chdir(tmp_path)
     spec = JobSpec(entrypoint="t.py", nproc_per_node=1, job_dir="j",
                    checkpoint_dir=f"s3://silent-{os.getpid()}/run")

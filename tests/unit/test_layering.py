@@ -15,8 +15,8 @@ R2 Pure modules (policy/, hang/, diagnosis/ except its file readers, and the sha
 R3 controller/ never imports node/.
 R4 node/ never imports controller/.
 R5 A side (controller/, node/) is imported only by itself, by the composition root
-   (launch.py, launch_checks.py) and by cli/, and cli/ only by cli/ and __main__: so only
-   the root and cli/ import both sides, and nothing imports cli/.
+   (launch.py, launch_checks.py, launch_ckpt_dir.py) and by cli/, and cli/ only by cli/ and
+   __main__: so only the root and cli/ import both sides, and nothing imports cli/.
 R6 No import cycles among the imports that run (module- or function-level); imports under
    `if TYPE_CHECKING:` never run and are left out (checkpointer <-> exit_save is one).
 
@@ -78,6 +78,7 @@ CLASSES_BY_PREFIX: dict[str, frozenset[str]] = {
     f"{PKG}.backends": frozenset({BACKENDS}),
     f"{PKG}.launch": frozenset({ROOT}),
     f"{PKG}.launch_checks": frozenset({ROOT}),  # launch's checks; `run --dry-run` makes them
+    f"{PKG}.launch_ckpt_dir": frozenset({ROOT}),  # launch_checks' claim on a checkpoint dir
     f"{PKG}.cli": frozenset({CLI}),
     f"{PKG}.ui": frozenset({CLI}),  # `trainguard ui`'s server: a reader, like the commands
     f"{PKG}.__main__": frozenset({CLI}),  # `python -m trainguard`: the command line

@@ -55,8 +55,9 @@ ABSENT = ""  # the version of a mark that is not there (owner_version)
 
 def owner_version(url: str) -> str | None:
     """The version (ETag) of an S3 URL's mark, ABSENT where there is none; None where the
-    store cannot write on a condition (not S3). Read before the mark itself: a write on this
-    version fails when anything changed since (write_owner)."""
+    store cannot write on a condition (not S3: nothing asked). Read before the mark itself: a
+    write on this version fails when anything changed since (write_owner). Raises what the
+    store's HEAD raises (a 403, say)."""
     fs = fs_of(url)
     if "s3" not in _protocols(fs):
         return None
@@ -90,10 +91,13 @@ def write_owner(location: str | Path, run_id: str, job_dir: Path,
             else:
                 fs.pipe_file(path, data, IfMatch=if_version)
         except OSError as e:
-            if isinstance(e, FileExistsError) or _precondition_failed(e):
+            why = _s3_error(e)
+            if isinstance(e, FileExistsError) or why in LOST:
                 return False
-            # an S3-compatible store that refuses the conditional headers (501, 400): the
-            # plain write, with the checks around it as on any other store
+            if why not in REFUSED:
+                raise
+            # an S3-compatible store that refuses the conditional headers: the plain write,
+            # with the checks around it as on any other store
             fs.pipe_file(path, data)
         return True
     tmp = Path(location) / f"{OWNER_NAME}.{os.getpid()}.tmp"
@@ -112,10 +116,20 @@ def _protocols(fs: Any) -> tuple[str, ...]:
     return (p,) if isinstance(p, str) else tuple(p)
 
 
-def _precondition_failed(e: OSError) -> bool:
-    """s3fs's error for a conditional PUT the store refused (HTTP 412)."""
-    cause = getattr(e.__cause__, "response", None) or {}
-    return bool(cause.get("Error", {}).get("Code") == "PreconditionFailed")
+# a conditional PUT's answers (S3's error code, else its HTTP status): another write came first
+# (412; 409 where two conditional writes raced: review 34 #1), or the store does not do
+# conditional writes (501, or a 400 naming the header)
+LOST = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "409", "412"})
+REFUSED = frozenset({"NotImplemented", "InvalidArgument", "InvalidRequest", "501"})
+
+
+def _s3_error(e: OSError) -> str:
+    """The S3 error code behind s3fs's OSError (its cause's response), else the HTTP status,
+    else ''."""
+    response = getattr(e.__cause__, "response", None) or {}
+    code = response.get("Error", {}).get("Code")
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return str(code or status or "")
 
 
 @contextlib.contextmanager
