@@ -12,9 +12,11 @@ tokens: no hub download), for trainguard's HF integration.
 --scenario single-node sets one too.)
 
 At the end rank 0 prints `losses [[step, loss], ...]` (the trainer's log history: the whole
-run's, across restarts) and `weights sha256 HEX`. For the tests, EXAMPLE_KILL_AT=STEP makes
-rank 1 SIGKILL itself after that step on the first attempt (EXAMPLE_LEFTOVER=1: after leaving
-a half-written checkpoint directory behind, as a kill during a save would);
+run's, across restarts), `weights sha256 HEX` and the keys of train()'s metrics; every rank
+prints whether its Trainer state says it is the world's process zero. For the tests,
+EXAMPLE_KILL_AT=STEP makes rank 1 SIGKILL itself after that step on the first attempt
+(EXAMPLE_LEFTOVER=1: after leaving a half-written checkpoint directory behind, as a kill
+during a save would);
 EXAMPLE_KILL_IN_SAVE=STEP makes rank 1 SIGKILL itself inside checkpoint-STEP's save (before
 its RNG state is written) on the first attempt; EXAMPLE_STOP_AT=STEP
 makes rank 0 run `trainguard stop` on its own job when it first reaches that step (once per
@@ -151,10 +153,13 @@ def main() -> None:
         from trainguard.integrations.hf import TrainguardCallback, train
 
         trainer.add_callback(TrainguardCallback())
-        train(trainer)
+        result = train(trainer)
     else:
-        trainer.train()
+        result = trainer.train()
+    # what a script's reporting after train() goes by (its callbacks gate on the state's flag)
+    print(f"state is world process zero: {trainer.state.is_world_process_zero}", flush=True)
     if trainer.is_world_process_zero():
+        print("train metrics " + json.dumps(sorted(result.metrics)), flush=True)
         losses = [[h["step"], h["loss"]] for h in trainer.state.log_history if "loss" in h]
         print("losses " + json.dumps(losses), flush=True)
         digest = hashlib.sha256()

@@ -7,6 +7,7 @@ is then also stopped (`trainguard stop`: the ranks drain) and run again to the e
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -161,6 +162,14 @@ def test_a_finished_job_run_again_trains_no_step_past_its_end(
     assert trainer_result(r.stdout) == reference[0]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted(
         p.name for p in reference[1].glob("checkpoint-*"))
+    # review 34 #5, #6: the state loaded is rank 0's file, but each rank's own rank holds;
+    # train()'s metrics have Trainer's keys
+    for rank, zero in ((0, True), (1, False)):
+        assert f"[rank {rank}] state is world process zero: {zero}" in r.stdout, r.stdout[-2000:]
+    keys = re.findall(r"^\[rank 0\] train metrics (\[.*\])$", r.stdout, re.M)
+    assert set(json.loads(keys[-1])) >= {"train_runtime", "train_samples_per_second",
+                                         "train_steps_per_second", "total_flos", "train_loss",
+                                         "epoch"}
 
 
 def at_exit_restarts(job: Path) -> int:

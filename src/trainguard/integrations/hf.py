@@ -22,7 +22,6 @@ also puts the logged loss and learning rate in the job's metrics, and drains on 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
@@ -32,7 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainerState
-from transformers.trainer_utils import TrainOutput
+from transformers.trainer_utils import TrainOutput, speed_metrics
 
 from trainguard.integrations.common import (
     COMMIT_MARKER,
@@ -251,46 +250,47 @@ def train(trainer: Trainer, **kwargs: Any) -> Any:
 def _run_over(trainer: Trainer, ckpt: str) -> int | None:
     """The run's last step where `ckpt` is at it (or past it), else None. Trainer resumed from
     such a checkpoint trains one step past the end all the same (transformers 5.23: its loop
-    checks the end after a step), so a finished job started again (a rank aborted by torch at
-    interpreter exit after training ended, pytorch/pytorch#179291, restarts it; a user runs the
-    command again) logged a step the uninterrupted run never had and saved checkpoint-(N+1).
-    The end is `max_steps`, or, for a run by epochs, the checkpoint's own when its epoch count
-    is the one asked for now. Not under DeepSpeed or FSDP, whose weights load inside Trainer's
-    loop: those keep Trainer's own resume."""
-    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+    checks `max_steps` after a step), so a finished job started again (a rank aborted by torch
+    at interpreter exit after training ended, pytorch/pytorch#179291, restarts it; a user runs
+    the command again) logged a step the uninterrupted run never had and saved
+    checkpoint-(N+1). Only a run by `max_steps`: one by whole epochs trains nothing past its
+    end (the epoch loop is empty), and for one by a fraction of an epoch the checkpoint cannot
+    say whether the end asked for now is its own (review 34 #4). Not under DeepSpeed or FSDP,
+    whose weights load inside Trainer's loop: those keep Trainer's own resume."""
+    if trainer.args.max_steps <= 0 or trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
         return None
     try:
-        state = json.loads((Path(ckpt) / STATE_FILE).read_text(encoding="utf-8"))
-        step = int(state["global_step"])
+        step = int(json.loads((Path(ckpt) / STATE_FILE).read_text(encoding="utf-8"))
+                   ["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # Trainer's own load says what is wrong with it
-    args = trainer.args
-    if args.max_steps > 0:
-        end = int(args.max_steps)
-    elif state.get("num_train_epochs") == math.ceil(args.num_train_epochs) and \
-            int(state.get("max_steps") or 0) > 0:
-        end = int(state["max_steps"])
-    else:
-        return None
+    end = int(trainer.args.max_steps)
     return end if step >= end else None
 
 
 def _without_training(trainer: Trainer, ckpt: str, end: int) -> TrainOutput:
     """What `trainer.train(resume_from_checkpoint=ckpt)` leaves behind for a run that is over,
     without its step past the end: the checkpoint's weights (or the best model's, with
-    `load_best_model_at_end`) and state, and a TrainOutput whose training loss is the logged
-    losses' mean over the steps they cover. No callback runs: nothing was trained."""
+    `load_best_model_at_end`) and state, this process's own rank in the state (the file is
+    rank 0's: review 34 #5), the callbacks' saved state, and Trainer's metrics for no work
+    done, whose `train_loss` is the logged losses' mean over the steps they cover (Trainer's
+    would be 0 for a call that trained nothing). No callback runs: nothing was trained."""
     print(f"[trainguard] auto-resume: {ckpt} is at the run's last step ({end}): training is "
           "over; loading it without training (Trainer would train one step past the end)",
           flush=True)
+    start = time.time()
     trainer._load_from_checkpoint(ckpt)
     trainer.state = TrainerState.load_from_json(str(Path(ckpt) / STATE_FILE))
+    trainer.state.is_world_process_zero = trainer.is_world_process_zero()
+    trainer.state.is_local_process_zero = trainer.is_local_process_zero()
+    trainer._load_callback_state()
     if trainer.args.load_best_model_at_end and trainer.state.best_model_checkpoint:
         trainer._load_best_model()
     progress(int(trainer.state.global_step))
     loss = logged_mean_loss(trainer.state.log_history)
-    metrics = {"train_loss": loss, "total_flos": float(trainer.state.total_flos or 0),
-               "epoch": float(trainer.state.epoch or 0)}
+    metrics = speed_metrics("train", start, num_samples=0, num_steps=0)  # type: ignore[no-untyped-call]
+    metrics.update(total_flos=float(trainer.state.total_flos or 0), train_loss=loss,
+                   epoch=float(trainer.state.epoch or 0))
     return TrainOutput(int(trainer.state.global_step), loss, metrics)
 
 
