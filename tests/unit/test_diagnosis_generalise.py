@@ -398,3 +398,19 @@ def test_tensorflows_pci_bus_id_is_no_hardware_fault() -> None:
     assert Category.GPU_HARDWARE in fam.scores(
         "pcieport 0000:00:02.0: PCIe Bus Error: severity=Uncorrected (Fatal), "
         "type=Transaction Layer, id=0010(Receiver ID)")
+
+
+# --- round 44 -------------------------------------------------------------------------------------
+
+
+def test_each_rank_announced_once_decides_nothing(tmp_path: Path) -> None:
+    # Lightning's rank announcements decide only as a pair on one rank (diagnosis/ranks.py):
+    # every rank once is a start that went well, and the exception after it decides
+    d = diagnosis_or_none(tmp_path, "initializing ddp: GLOBAL_RANK: 0, MEMBER: 1/2\n"
+                          "initializing ddp: GLOBAL_RANK: 1, MEMBER: 2/2\n"
+                          "RuntimeError: Expected all tensors to be on the same device\n")
+    assert d is not None and d.category == Category.USER_CODE_ERROR
+    assert d.evidence is not None and "GLOBAL_RANK" not in d.evidence.text
+    d = diagnosis_or_none(tmp_path, "initializing ddp: GLOBAL_RANK: 0, MEMBER: 1/2\n"
+                          "initializing ddp: GLOBAL_RANK: 1, MEMBER: 2/2\n")
+    assert d is None or d.category != Category.CONFIG_ERROR

@@ -37,6 +37,9 @@ _EXIT_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
     # a shell's job notice: "slurm_script: line 9:  4727 Killed"
     ("line ", re.compile(r"\bline \d+:\s+\d+ (?P<word>Killed|Segmentation fault|Bus error"
                          r"|Aborted|Terminated)\b"), ""),
+    # zsh's job notice: "zsh: abort      python train.py", "zsh: segmentation fault  python ..."
+    ("zsh: ", re.compile(r"(?:^|\s)zsh: (?P<word>abort|killed|segmentation fault|bus error"
+                         r"|terminated)\s+\S"), ""),
     ("non-zero exit", re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"),
      ""),
     # Windows: a process's exit code is an NTSTATUS ("Process finished with exit code
@@ -52,7 +55,8 @@ _NTSTATUS = {0xC0000005: -11, 0xC000001D: -4, 0xC00000FD: -11, 0xC0000409: -6, 0
 _SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGILL": 4, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8,
             "SIGKILL": 9, "SIGSEGV": 11, "SIGTERM": 15}
 _WORDS = {"Killed": -9, "Segmentation fault": -11, "Bus error": -7, "Aborted": -6,
-          "Terminated": -15}
+          "Terminated": -15, "abort": -6, "killed": -9, "segmentation fault": -11,
+          "bus error": -7, "terminated": -15}
 
 def exit_code(text: str) -> tuple[int | None, int | None]:
     """(rank or None, returncode) from a launcher's or shell's exit notice, if the line is one."""

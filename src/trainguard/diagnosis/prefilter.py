@@ -31,6 +31,7 @@ EXTRA = (
     r"|During handling of the above exception|died with <Signals"
     r"|The above exception was the direct|WTERMSIG \d+|exited on signal \d+"
     r"|line \d+:\s+\d+ (?:Killed|Segmentation fault|Bus error|Aborted|Terminated)"
+    r"|zsh: (?:abort|killed|segmentation fault|bus error|terminated)\s"
     r"|exit code (?:-?\d{10}|0x[0-9A-Fa-f]{8})\b"
 )
 MAX_MEM = 256 << 20

@@ -30,6 +30,7 @@ from trainguard.diagnosis.early_exit import early_exit
 from trainguard.diagnosis.explained import explained_abort
 from trainguard.diagnosis.fallback import refine
 from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.ranks import rank_taken_twice, split_announcements
 from trainguard.diagnosis.restart import story_restart
 from trainguard.diagnosis.rules import RuleSet
 from trainguard.diagnosis.taxonomy import (
@@ -129,10 +130,12 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
     seen = [f for f in findings if detected_at is None or f.at is None or f.at_inherited
             or f.at <= detected_at]
     seen = _not_survived(seen, exits)
+    seen, twice = split_announcements(seen)  # a rank's announcement decides only as a pair
     d, others = _rules_verdict(seen, exits, rules)
     d = explained_abort(d, seen, rules)  # an abort whose uncaught exception says why
     if fallback:
         d = refine(d, seen)
+    d = rank_taken_twice(d, twice)
     d = early_exit(d, exits)  # peers failing after a rank ended its script first
     return None if d is None else story_restart(d, seen, others)
 
