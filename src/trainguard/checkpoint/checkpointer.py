@@ -59,7 +59,7 @@ from trainguard.worker.contract import (
 )
 from trainguard.worker.imports import report_once as report_imports
 from trainguard.worker.progress import phase
-from trainguard.worker.resilient import on_restart
+from trainguard.worker.resilient import on_restart, restart_if_asked
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,8 @@ class Checkpointer:
             token=save_token(), keep=self.keep, commit_timeout_s=commit_timeout_s,
             replicated=stage(replicated, self._pool, "r") if self.rank == 0 else None,
             per_rank=stage(per_rank, self._pool, "p"), library_version=__version__,
-            allow_missing=allow_missing, dead=self._dead, extra_files=extra,
+            allow_missing=allow_missing, dead=self._dead, interrupt=restart_if_asked,
+            extra_files=extra,
             rewrite=step in self._bad_steps, bad_steps=frozenset(self._bad_steps),
             run_id=job_run_id())
 

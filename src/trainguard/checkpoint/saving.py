@@ -54,6 +54,8 @@ class SaveJob:
     library_version: str
     allow_missing: bool = False  # save on the way out: commit without ranks that died
     dead: Callable[[], set[int]] | None = None  # ranks known dead: no need to wait for them
+    # raises to leave the wait for the other ranks' parts (an in-process restart under way)
+    interrupt: Callable[[], None] | None = None
     extra_files: tuple[dict[str, Any], ...] = ()  # already written (sharded/, by DCP)
     rewrite: bool = False  # the step exists but was found corrupt on load: write it anew
     bad_steps: frozenset[int] = frozenset()  # found corrupt on load: never count as valid
@@ -104,7 +106,7 @@ def run_save(job: SaveJob) -> SaveResult:
         if job.rank != 0:
             return SaveResult(job.step, written, time.monotonic() - t0, committed=False)
         parts = wait_for_parts(st, staging, job.world_size, job.commit_timeout_s,
-                               job.allow_missing, job.dead, job.token)
+                               job.allow_missing, job.dead, job.token, job.interrupt)
         missing = tuple(r for r in range(job.world_size) if r not in parts)
         manifest = Manifest(step=job.step, world_size=job.world_size,
                             files=parts_to_files(parts), library_version=job.library_version,
@@ -153,10 +155,11 @@ def _write(st: Storage, rel: str, tree: dict[str, Any]) -> dict[str, Any]:
 
 def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float,
                    allow_missing: bool = False, dead: Callable[[], set[int]] | None = None,
-                   token: str | None = None) -> dict[int, list[dict[str, Any]]]:
+                   token: str | None = None, interrupt: Callable[[], None] | None = None,
+                   ) -> dict[int, list[dict[str, Any]]]:
     """Every rank's part list (of this save: `token`), polled from storage; after timeout_s,
     or as soon as a missing rank is known dead, a CheckpointError, or (allow_missing) the
-    parts that are there."""
+    parts that are there. `interrupt` runs at each poll and may raise (to leave the wait)."""
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     wanted = {part_file(r): r for r in range(world_size)}
@@ -171,6 +174,8 @@ def wait_for_parts(st: Storage, staging: str, world_size: int, timeout_s: float,
         missing = [r for r in range(world_size) if r not in parts]
         if not missing:
             return parts
+        if interrupt is not None:
+            interrupt()
         gone = dead() & set(missing) if dead is not None else set()
         if allow_missing and (time.monotonic() > deadline or set(missing) <= gone):
             return parts

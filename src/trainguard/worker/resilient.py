@@ -31,6 +31,7 @@ import contextlib
 import gc
 import os
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -63,6 +64,7 @@ def on_restart(method: Callable[[], None]) -> None:
 def run_resilient(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call `fn(*args, **kwargs)`; after a peer's death or hang, re-enter it in this process
     on the launcher's word. See the module docstring."""
+    global _running
     box = control.inbox() if os.environ.get(ENV_IN_PROCESS) == "1" else None
     if box is None:
         return fn(*args, **kwargs)
@@ -72,6 +74,7 @@ def run_resilient(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     while True:
         channel.send(MessageKind.RESILIENT, generation=generation, restart_s=restart_s)
         try:
+            _running = (box, generation)
             return fn(*args, **kwargs)
         except control.RestartRequested as r:
             verdict = r.verdict
@@ -79,6 +82,8 @@ def run_resilient(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             if not is_transient(e):
                 raise  # the script's own error: this process ends; the ladder decides
             verdict = _await_restart(box, generation, e, timeout_s)
+        finally:
+            _running = None
         t0 = time.monotonic()
         _tear_down()
         generation = int(verdict["generation"])
@@ -89,6 +94,24 @@ def run_resilient(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         _say(f"restarting in place on process group generation {generation} "
              f"({verdict['master_addr']}:{verdict['master_port']}), torn down in "
              f"{restart_s:.3f}s")
+
+
+_running: tuple[control.Inbox, int] | None = None  # run_resilient's inbox and generation
+
+
+def restart_if_asked() -> None:
+    """Raise RestartRequested when the launcher's RESTART onto a newer process group is here
+    already: for a wait outside any collective, which no dead peer breaks (a synchronous
+    save's commit waiting for the part of a rank that died: walk-through 34 #8, the survivor
+    waited 300 s while the replacement waited for it). Only inside run_resilient, on the main
+    thread (a save's thread must not take the verdict run_resilient waits for)."""
+    running = _running
+    if running is None or threading.current_thread() is not threading.main_thread():
+        return
+    box, generation = running
+    v = box.take(lambda v: v["kind"] == ControlKind.RESTART and v["generation"] > generation)
+    if v is not None:
+        raise control.RestartRequested(v)
 
 
 def _await_restart(box: control.Inbox, generation: int, error: Exception,
