@@ -177,6 +177,16 @@ def test_a_group_broken_under_every_live_rank_reenters_without_a_new_process(
     assert after == {rank: (pid, 1) for rank, pid in before.items()}  # nobody new
     rr = the_one_record(job_dir)
     assert (rr["recover"], rr["recover_result"]) == ("in_process_restart", "success")
+    # walk-through 34 #6: fault, detected and decided were all the moment after the decision
+    # (detect/stop/decide 0.000 s, the total 28% short): the fault is the first rank's
+    # failure (its `run_resilient` line comes just after), detected when the last one waited
+    failed = sorted(datetime.fromisoformat(line.split()[0]) for rank in (0, 1)
+                    for line in (job_dir / "logs" / "attempt-0" / f"rank-{rank}.log")
+                    .read_text().splitlines() if "the process group failed under" in line)
+    fault_at = datetime.fromisoformat(str(rr["fault_at"]))
+    assert len(failed) == 2 and 0 <= (failed[0] - fault_at).total_seconds() < 1, (failed, rr)
+    durations = rr["durations_s"]
+    assert isinstance(durations, dict) and durations["detect"] > 0, rr
 
 
 def test_an_in_process_restart_that_fails_again_downgrades_to_a_process_restart(
@@ -202,3 +212,22 @@ def test_without_in_process_restart_every_rank_restarts_as_a_process(
     got = reasons(job_dir)
     assert "InProcessRestarting" not in got and "WorkersRestarted" in got
     assert {n for _, n in final_ranks(job_dir).values()} == {2}  # every process was new
+
+
+def test_ranks_killed_together_restart_once_as_processes(
+        tmp_path: Path, job_dir: Path, clean_digest: str) -> None:
+    """Walk-through 34 #1: every rank SIGKILLed at once (an OOM killer, a `kill -9` of the
+    job): the rung decided 2 ms after the first exit, around a survivor dying 25 ms later,
+    spent the only restart on an in-process restart that restarted nothing, and the job failed
+    ('restart budget spent'). It waits SETTLE_S for the survivors first: no rank survived, one
+    process restart."""
+    args = job(job_dir)
+    args[args.index("--max-restarts") + 1] = "1"
+    r = run_tg(args, cwd=tmp_path, fault="signal:KILL@step=6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert digest(r.stdout) == clean_digest
+    got = reasons(job_dir)
+    assert "InProcessRestarting" not in got and got.count("WorkersRestarted") == 1, got
+    scheduled = next(e["message"] for e in read_json("events", job_dir)
+                     if e["reason"] == "RestartScheduled")
+    assert "no rank survived to restart in place" in scheduled, scheduled

@@ -15,6 +15,7 @@ REFUSE_AFTER_S: it raises, and its exit is the incident.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from trainguard.controller.recorder import Recorder
@@ -23,9 +24,15 @@ from trainguard.errors import LaunchError
 from trainguard.policy.decision import Action, Decision, InProcessCase, Rung, Tried
 from trainguard.protocol import AgentAPI, NodeReport, RestartRanks, Tell
 from trainguard.records import Level, Reason, RecoverResult, StartType, plural, rank_list
+from trainguard.states import WorkerState
 from trainguard.worker.contract import ControlKind, MessageKind
 
 REFUSE_AFTER_S = 5.0  # a survivor waits this long for a death before it is told NO_RESTART
+# after a death, how long the rung waits to see whether its survivors die too: ranks killed
+# together (an OOM killer, a `kill -9` of the job, a shared library's crash) exit within
+# milliseconds of each other, and an in-process restart around a survivor already dying spent
+# a restart that restarted nothing and a second one after it (walk-through 34 #1: 25 ms apart)
+SETTLE_S = 0.1
 
 
 class InProcessRestarts:
@@ -59,6 +66,21 @@ class InProcessRestarts:
         survivors = tuple(w.rank for w in report.workers
                           if not w.state.ended and w.rank not in ranks)
         return InProcessCase(ranks, survivors)
+
+    def settled(self, report: NodeReport, seen: Callable[[NodeReport], None]) -> NodeReport:
+        """`report` (a rank died), or, where the rung would restart in place around survivors,
+        the report after they had SETTLE_S to die too (each poll's report to `seen`): the
+        ladder then sees every rank that died with it, and no survivor where none is."""
+        failed = tuple(w.rank for w in report.workers if w.state == WorkerState.FAILED)
+        case = self.case(report, failed)
+        if case is None or not case.survivors:
+            return report
+        deadline = time.monotonic() + SETTLE_S
+        while (left := deadline - time.monotonic()) > 0 and \
+                not all(w.state.ended for w in report.workers):
+            report = self.agent.poll(wait_s=left)
+            seen(report)
+        return report
 
     def observe(self, report: NodeReport, attempt: int) -> None:
         for m in report.messages:

@@ -197,14 +197,22 @@ class Controller:
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)  # a rank's exit wins over its peers' failed steps
-            self._resume.observe(report)
-            self._steps.observe(report, report.attempt or 0)
-            self._inproc.observe(report, report.attempt or 0)
+            self._observe(report)
             if self._inproc.broken is not None:
                 return _Outcome(report, broken=self._inproc.broken)
             hang = self._hangs.observe(report)
             if hang is not None and self.spec.restart_on_hang:
                 return _Outcome(report, hang=hang)
+
+    def _observe(self, report: NodeReport) -> None:
+        """What the ranks said, to the resume agreement, step re-execution and rung 1a."""
+        self._resume.observe(report)
+        self._steps.observe(report, report.attempt or 0)
+        self._inproc.observe(report, report.attempt or 0)
+
+    def _seen(self, report: NodeReport) -> None:  # a poll outside the watch
+        self.rec.sync(report)
+        self._observe(report)
 
     def _in_place(self, attempt: int, decision: Decision, case: InProcessCase | None,
                   reason: str, dead: list[int] | None = None) -> Decision:
@@ -251,6 +259,7 @@ class Controller:
 
     def _after_failure(self, attempt: int, report: NodeReport) -> _Next:
         detected = utcnow()
+        report = self._inproc.settled(report, self._seen)  # ranks killed together
         failed = [w for w in report.workers if w.state == WorkerState.FAILED]
         for w in failed:
             self.rec.event(Level.WARNING, Reason.WORKER_FAILED,
