@@ -256,6 +256,10 @@ def test_without_restart_on_hang_a_confirmed_hang_is_reported_and_the_job_left_r
     assert left == set(), "processes left behind"
     assert reasons_of(events(job_dir))[-1] == "JobStopped"
     assert read_json("status", job_dir)["state"] == "stopped"
+    # walk-through 34 #9: both say the grace the hung ranks got (JobStopped said the job's 15 s)
+    said = {e["reason"]: e["message"] for e in events(job_dir)}
+    assert "the ranks have 3s (hung) to exit" in said["StopRequested"], said
+    assert "workers got SIGTERM and 3s to exit" in said["JobStopped"], said
 
 
 def jitter(steps: int, base_s: float, extra: float = 9.0, seed: int = 7) -> str:

@@ -388,4 +388,5 @@ class Controller:
         report = stop(self.agent, self.rec, f"launcher got {name}", grace=grace)
         self.rec.book.attempt_stopped(attempt, stopped_by(name), report.progress)
         killed = sorted(w.rank for w in report.workers if w.returncode == -signal.SIGKILL)
-        return self.rec.stopped_by(attempt, signum, killed, self._signals.cut_short, drained)
+        return self.rec.stopped_by(attempt, signum, grace, killed, self._signals.cut_short,
+                                   drained)

@@ -255,17 +255,20 @@ class Recorder:
         return self.end_job(JobState.FAILED, d.exit_code or ExitCode.FAILED,
                             f"job failed: {failure}", attempt=attempt, rank=rank, limit=limit)
 
-    def stopped_by(self, attempt: int, signum: int, killed: list[int] | None = None,
-                   cut_short: bool = False, drained: bool = False) -> int:
-        """`killed`: the ranks that outlived the grace period and got SIGKILL; `cut_short`:
-        a second signal ended the grace period early; `drained`: every rank saved a
-        checkpoint at its next step end and exited by itself (controller/drain.py)."""
+    def stopped_by(self, attempt: int, signum: int, grace_s: float,
+                   killed: list[int] | None = None, cut_short: bool = False,
+                   drained: bool = False) -> int:
+        """`grace_s`: the grace the ranks got (a confirmed hang's is shorter than the job's:
+        walk-through 34 #9, StopRequested said 3 s and JobStopped 15 s); `killed`: the ranks
+        that outlived it and got SIGKILL; `cut_short`: a second signal ended it early;
+        `drained`: every rank saved a checkpoint at its next step end and exited by itself
+        (controller/drain.py)."""
         late = (f"; rank{'s' if len(killed) > 1 else ''} {rank_list(killed)} did not and "
                 "got SIGKILL" if killed else "")
         if cut_short:
             late += " (a second signal cut the grace period short)"
         how = ("every rank drained: saved a checkpoint at its next step end and exited" if
-               drained else f"workers got SIGTERM and {self.spec.grace_period_s:g}s to exit")
+               drained else f"workers got SIGTERM and {grace_s:g}s to exit")
         return self.end_job(JobState.STOPPED, 128 + signum,  # (walk-through 25: drained too)
                             f"stopped by {signal.Signals(signum).name}: {how}{late}",
                             attempt=attempt)
