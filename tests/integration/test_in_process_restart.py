@@ -231,3 +231,18 @@ def test_ranks_killed_together_restart_once_as_processes(
     scheduled = next(e["message"] for e in read_json("events", job_dir)
                      if e["reason"] == "RestartScheduled")
     assert "no rank survived to restart in place" in scheduled, scheduled
+
+
+def test_a_peer_that_ends_its_script_early_fails_the_job_at_once(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Walk-through 34 #11: rank 1 exits 0 at step 6 (its script ended); rank 0's group broke
+    and it waited the whole --in-process-timeout (60 s) for a verdict that never came, hang
+    detection off in the wait. It is told NO_RESTART at once: its error ends it, and the
+    diagnosis names the early exit."""
+    r = run_tg(job(job_dir), cwd=tmp_path, fault="exit:0@rank=1,step=6")
+    assert r.returncode == 1, r.stderr[-3000:]
+    ev = read_json("events", job_dir)
+    at = {e["reason"]: datetime.fromisoformat(e["time"]) for e in reversed(ev)}
+    assert (at["WorkerFailed"] - at["JobRunning"]).total_seconds() < 45, ev  # was 60 s + steps
+    diagnosed = next(e["message"] for e in ev if e["reason"] == "FailureDiagnosed")
+    assert "rank(s) 1 ended the script (exit 0) before rank(s) 0" in diagnosed, diagnosed

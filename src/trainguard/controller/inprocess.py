@@ -168,11 +168,20 @@ class InProcessRestarts:
 
     def _refuse(self, report: NodeReport) -> None:
         """Ranks waiting for a restart that will not come: some wait, the others run on,
-        nothing died, none is planned."""
+        nothing died, none is planned; or a rank ended its script (exit 0) and nothing died:
+        the job is ending (walk-through 34 #11: the survivor waited --in-process-timeout,
+        60 s, for a verdict, hang detection off in the wait), told at once."""
         if not self._waiting or self._pending is not None:
             return
-        if any(w.state.ended for w in report.workers):
+        if any(w.state == WorkerState.FAILED for w in report.workers):
             return  # a death: the controller decides about it now
+        done = [w.rank for w in report.workers if w.state == WorkerState.SUCCEEDED]
+        if done:
+            self.refuse(f"rank(s) {rank_list(done)} ended the script (exit 0): the job is "
+                        "ending, nothing to restart in place")
+            return
+        if any(w.state.ended for w in report.workers):
+            return
         now = time.monotonic()
         due = [r for r, (_, since, _) in self._waiting.items() if now - since >= REFUSE_AFTER_S]
         self.refuse(f"no rank's process ended within {REFUSE_AFTER_S:g}s of the failure and "
