@@ -333,8 +333,10 @@ def _required_time(s: str) -> datetime:
     return t
 
 
+_STEP_REEXECUTION = "step_reexecution"  # policy.decision.Rung's first (records imports no policy)
+
 # how the CLI words each rung's recoveries, finest rung first (the ladder's order)
-RUNG_NOUNS = {"step_reexecution": "step re-execution", "in_process_restart": "in-process restart",
+RUNG_NOUNS = {_STEP_REEXECUTION: "step re-execution", "in_process_restart": "in-process restart",
               "process_restart": "process restart", "pod_reschedule": "pod reschedule",
               "job_reschedule_with_taint": "job reschedule"}
 
@@ -375,11 +377,15 @@ def recoveries_by_rung(records: list[RunningRecord]) -> dict[str, int]:
     never: counted while it waited, a stop or the queue timeout took it back, and the count
     went down (walk-through 26)). One that acted stays counted whatever came of it: a
     restart whose workers started and failed again read 2 recoveries, then 0 (walk-through
-    28)."""
+    28); so does a step re-execution whose ranks re-formed their group and failed again
+    (`workers_started_at`: when the ranks were told to go on; a record from before that was
+    set reads `failed` only after it acted; walk-through 34 #5)."""
     counts: dict[str, int] = {}
     for r in records:
         for rr in r.recover_records:
-            if rr.recover != NO_RECOVERY and (rr.recover_result == RecoverResult.SUCCESS
-                                              or rr.workers_started_at is not None):
+            if rr.recover != NO_RECOVERY and (
+                    rr.recover_result == RecoverResult.SUCCESS or rr.workers_started_at
+                    is not None or (rr.recover == _STEP_REEXECUTION
+                                    and rr.recover_result == RecoverResult.FAILED)):
                 counts[rr.recover] = counts.get(rr.recover, 0) + 1
     return counts

@@ -227,6 +227,8 @@ class IncidentBook:
             recover_end_at=None if acting else now, fault_at=fault.fault_at,
             decided_at=now, backoff_s=0.0, last_step_before=step - 1, resumed_step=step - 1,
             steps_lost=0, category=fault.category)
+        if acting:  # the ranks got REFORM_GO and go on: it acted, and counts as a recovery
+            inc.workers_started_at = now  # whatever comes of it (walk-through 34 #5)
         rec.recover_records.append(inc)
         self._step_open = inc if acting else None
         self._step_handed = None if acting else inc  # the next rung's record goes on with it

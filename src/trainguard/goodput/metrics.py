@@ -199,7 +199,10 @@ def _goodput(g: Goodput) -> Iterator[Metric]:
 
 
 def _recoveries(records: list[RunningRecord]) -> Iterator[Metric]:
-    incidents = [rr for r in records for rr in r.recover_records]
+    # one per fault, as `recovery`, `report`, `status` and the UI count them: a rung that
+    # handed its fault to the next is no incident of its own (every recover record was
+    # counted: a downgraded incident twice, its detect and decide twice; walk-through 34 #4)
+    incidents = incidents_of(records)
     # the one count of recoveries status, recovery and report show, which never goes down (it
     # counted only success and recovering: a restart whose workers failed again dropped out,
     # and the counter went 1 -> 0; walk-through 30)
