@@ -15,9 +15,12 @@ from tests.unit.helpers import TG
 
 
 @contextmanager
-def running_ui(*jobs: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """`trainguard ui JOB... --port 0` (no token, loopback): the process and its port."""
-    proc = subprocess.Popen([*TG, "ui", *map(str, jobs), "--port", "0"], stdout=subprocess.PIPE,
+def running_ui(*jobs: Path, root: Path | None = None
+               ) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`trainguard ui JOB... [--root ROOT] --port 0` (no token, loopback): the process and
+    its port."""
+    where = [*map(str, jobs), *(["--root", str(root)] if root is not None else [])]
+    proc = subprocess.Popen([*TG, "ui", *where, "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

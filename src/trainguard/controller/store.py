@@ -26,8 +26,11 @@ from trainguard.controller.store_rows import (
     NodeRow,
     WorkerRow,
     check_nodes,
+    decoding,
     event_from_row,
     hang_left_running,
+    meta_from_rows,
+    move_aside_fix,
     node_from_row,
     running_to_json,
     shown_state,
@@ -162,7 +165,8 @@ class JobStore(LedgerTables):
     def meta(self) -> dict[str, Any]:
         with self._errors("read meta from"):
             rows = self._conn.execute("SELECT key, value FROM meta").fetchall()
-        return {k: json.loads(v) for k, v in rows}
+        with decoding(self.path, "meta"):
+            return meta_from_rows(rows)
 
     # -- events -----------------------------------------------------------------
 
@@ -198,7 +202,8 @@ class JobStore(LedgerTables):
                 f"FROM events WHERE id > ?{only} ORDER BY id",
                 (after_id, *reasons),
             ).fetchall()
-        return [(row[0], event_from_row(row[1:])) for row in rows]
+        with decoding(self.path, "events"):
+            return [(row[0], event_from_row(row[1:])) for row in rows]
 
     def hang_left_running(self, meta: dict[str, Any]) -> dict[str, Any] | None:
         """A confirmed hang left running in the current attempt (`meta`: this store's, as
@@ -231,7 +236,8 @@ class JobStore(LedgerTables):
             rows = self._conn.execute(
                 "SELECT data FROM running_records ORDER BY attempt"
             ).fetchall()
-        return [RunningRecord.from_dict(json.loads(r[0])) for r in rows]
+        with decoding(self.path, "running records"):
+            return [RunningRecord.from_dict(json.loads(r[0])) for r in rows]
 
     # -- workers ----------------------------------------------------------------
 
@@ -264,7 +270,8 @@ class JobStore(LedgerTables):
         with self._errors("read workers from"):
             rows = self._conn.execute(
                 f"SELECT {', '.join(cols)} FROM workers {tail}", params).fetchall()
-        return [worker_from_row(r) for r in rows]
+        with decoding(self.path, "workers"):
+            return [worker_from_row(r) for r in rows]
 
     # -- nodes ------------------------------------------------------------------
 
@@ -295,7 +302,8 @@ class JobStore(LedgerTables):
                 f"SELECT {', '.join(NODE_COLUMNS)} FROM nodes "
                 "ORDER BY slot IS NULL, slot, name"
             ).fetchall()
-        return [node_from_row(r) for r in rows]
+        with decoding(self.path, "nodes"):
+            return [node_from_row(r) for r in rows]
 
     # -- lifetime ---------------------------------------------------------------
 
@@ -374,18 +382,13 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
 
 
 def damaged_fix(e: sqlite3.Error, path: Path) -> str:
-    """The fix for a store file that is no database or a damaged one (walk-through 21: every
-    command said only `file is not a database`); '' for any other error."""
+    """The fix for a store file that is no database or a damaged one; '' for any other
+    error."""
     words = str(e).lower()
     if not isinstance(e, sqlite3.DatabaseError) or not (
             "not a database" in words or "malformed" in words):
         return ""
-    return (f". Fix: the store is damaged; move it and its -wal and -shm files aside (`for f "
-            f"in {path}*; do mv $f $f.damaged; done`) and launch again with the same --job-dir "
-            "(a new store: the checkpoints are still found and resumed, the old events and "
-            "attempts are lost; a warning names the moved files), or use another --job-dir; "
-            "the logs and checkpoints are intact (`trainguard diagnose LOG_DIR`, `trainguard "
-            "ckpt ls CHECKPOINT_DIR`)")
+    return move_aside_fix(path)
 
 
 __all__ = ["JobStore", "MetaValue", "NodeRow", "StoreError", "WorkerRow"]

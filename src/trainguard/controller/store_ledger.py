@@ -7,14 +7,17 @@ from __future__ import annotations
 import sqlite3
 from contextlib import AbstractContextManager
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+from trainguard.controller.store_rows import decoding
 from trainguard.records import Reason
 
 
 class LedgerTables:
     _conn: sqlite3.Connection
     _version: int
+    path: Path
 
     def _errors(self, action: str) -> AbstractContextManager[None]:
         raise NotImplementedError  # JobStore's: sqlite errors as StoreError
@@ -32,6 +35,9 @@ class LedgerTables:
             row = self._conn.execute(sql, params).fetchone()
         return None if row is None else tuple(row)
 
+    def _decoded(self, what: str) -> AbstractContextManager[None]:
+        return decoding(self.path, what)  # a value that does not decode: StoreError
+
     def add_progress(self, samples: list[tuple[int, int, float]]) -> None:
         """Append (attempt, step, epoch seconds) samples: a step an attempt reached, and when."""
         if samples:
@@ -46,23 +52,26 @@ class LedgerTables:
         with self._errors("read progress from"):
             rows = self._conn.execute(
                 "SELECT attempt, step, at FROM progress ORDER BY at, rowid").fetchall()
-        return [(int(a), int(s), float(t)) for a, s, t in rows]
+        with self._decoded("progress"):
+            return [(int(a), int(s), float(t)) for a, s, t in rows]
 
     def last_progress_time(self) -> float | None:
         """When the newest progress sample was taken (epoch seconds); None without one."""
         row = self._one(4, "progress", "SELECT MAX(at) FROM progress")
-        return None if row is None or row[0] is None else float(row[0])
+        with self._decoded("progress"):
+            return None if row is None or row[0] is None else float(row[0])
 
     def last_sample(self, attempt: int) -> tuple[int, int, float] | None:
         """The newest progress sample (attempt, step, time) of `attempt`; None without one."""
         row = self._one(4, "progress", "SELECT attempt, step, at FROM progress WHERE attempt = ? "
                         "ORDER BY at DESC, rowid DESC LIMIT 1", (attempt,))
-        return None if row is None else (int(row[0]), int(row[1]), float(row[2]))
+        with self._decoded("progress"):
+            return None if row is None else (int(row[0]), int(row[1]), float(row[2]))
 
     def event_values(self, reason: str, keys: tuple[str, ...]
-                     ) -> list[tuple[str, int | None, tuple[Any, ...]]]:
-        """(time, attempt, the values of `keys` in its data) of each event of `reason`, oldest
-        first; a key the event's data lacks reads None."""
+                     ) -> list[tuple[float, int | None, tuple[Any, ...]]]:
+        """(epoch seconds, attempt, the values of `keys` in its data) of each event of
+        `reason`, oldest first; a key the event's data lacks reads None."""
         if self._version < 2:
             return []
         picks = "".join(", json_extract(data, ?)" for _ in keys)
@@ -70,7 +79,8 @@ class LedgerTables:
             rows = self._conn.execute(
                 f"SELECT time, attempt{picks} FROM events WHERE reason = ? ORDER BY id",
                 (*(f'$."{k}"' for k in keys), reason)).fetchall()
-        return [(r[0], r[1], tuple(r[2:])) for r in rows]
+        with self._decoded("events"):
+            return [(datetime.fromisoformat(r[0]).timestamp(), r[1], tuple(r[2:])) for r in rows]
 
     def last_checkpoint(self) -> tuple[int, str] | None:
         """(step, ISO time) of the newest checkpoint committed (`CheckpointSaved`), or None."""
@@ -82,4 +92,5 @@ class LedgerTables:
     def last_event_time(self) -> float | None:
         """When the newest event was recorded (epoch seconds); None without events."""
         row = self._one(0, "events", "SELECT time FROM events ORDER BY id DESC LIMIT 1")
-        return None if row is None else datetime.fromisoformat(row[0]).timestamp()
+        with self._decoded("events"):
+            return None if row is None else datetime.fromisoformat(row[0]).timestamp()

@@ -12,18 +12,61 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from trainguard.errors import StoreError
 from trainguard.paths import DB_NAME, is_url
 from trainguard.records import Event, Involved, Level, Reason, RunningRecord, from_iso, iso
 from trainguard.states import JobState, NodeState, WorkerState
 
 NODE_BACKENDS = ("local", "slurm")
 _NODE_STATE_VALUES = tuple(s.value for s in NodeState)
+META_TIMES = ("created_at", "ended_at", "last_progress_at")  # ISO 8601 when a string
+# what a value that does not decode raises: a time that is no time, JSON that is no JSON
+# (json.JSONDecodeError is a ValueError), a state no version wrote, a key a record lacks,
+# a record that is no object
+UNDECODABLE = (ValueError, TypeError, KeyError, AttributeError)
+
+
+@contextmanager
+def decoding(path: Path, what: str) -> Iterator[None]:
+    """Where the store's readers turn its rows into values: one that does not decode (an
+    edited or damaged store) is a StoreError naming the table and the fix, as a damaged file
+    is; the CLI prints it as one line, the dashboard as the job's row's `error` and a 503
+    (walk-through 34 #3: one bad time made the whole job list a 500, `status` a traceback)."""
+    try:
+        yield
+    except UNDECODABLE as e:
+        raise StoreError(f"cannot read {what} from the job store {path}: one of its values "
+                         f"cannot be decoded ({type(e).__name__}: {e})"
+                         f"{move_aside_fix(path)}") from e
+
+
+def move_aside_fix(path: Path) -> str:
+    """The fix for a damaged store: a file that is no database, or a value in it that does
+    not decode (walk-through 21: every command said only `file is not a database`)."""
+    return (f". Fix: the store is damaged; move it and its -wal and -shm files aside (`for f "
+            f"in {path}*; do mv $f $f.damaged; done`) and launch again with the same --job-dir "
+            "(a new store: the checkpoints are still found and resumed, the old events and "
+            "attempts are lost; a warning names the moved files), or use another --job-dir; "
+            "the logs and checkpoints are intact (`trainguard diagnose LOG_DIR`, `trainguard "
+            "ckpt ls CHECKPOINT_DIR`)")
+
+
+def meta_from_rows(rows: list[tuple[str, str]]) -> dict[str, Any]:
+    """The meta table's (key, JSON) rows as a dict; a time of META_TIMES that is a string
+    must be ISO 8601 (ValueError: the goodput and the list read them)."""
+    meta = {k: json.loads(v) for k, v in rows}
+    for key in META_TIMES:
+        if isinstance(meta.get(key), str):
+            datetime.fromisoformat(meta[key])
+    return meta
 
 
 @dataclass(frozen=True)
@@ -262,7 +305,7 @@ def _stat(pid: int) -> list[bytes] | None:
 
 
 def event_from_row(row: tuple[Any, ...]) -> Event:
-    """An events row (time .. data) as an Event."""
+    """An events row (time .. data) as an Event (ValueError, TypeError: see `decoding`)."""
     time, level, reason, message, job, node, rank, attempt, data = row
     return Event(
         time=datetime.fromisoformat(time),

@@ -46,7 +46,7 @@ def saves(store: JobStore) -> list[Save]:
     rows = store.event_values(Reason.CHECKPOINT_SAVED.value,
                               ("step", "blocked_s", "resumed_before_s", "on_exit", "source",
                                "sent_at"))
-    return [Save(_iso_ts(t), a, step if isinstance(step, int) else None,
+    return [Save(t, a, step if isinstance(step, int) else None,
                  float(b) if isinstance(b, int | float) else None,
                  float(r) if isinstance(r, int | float) else 0.0,  # (not said before 2026-12-04)
                  bool(on_exit), source == SOURCE_MEMORY,
@@ -59,11 +59,11 @@ def job_goodput(store: JobStore, now: datetime | None = None,
                 records: list[RunningRecord] | None = None) -> Goodput:
     """The goodput of the job in `store`, as of `now` while it runs (`commits`, `meta`,
     `records`: what the caller has read from the store already)."""
-    hangs = [(a, _iso_ts(t)) for t, a, _ in store.event_values(Reason.HANG_CONFIRMED.value, ())
+    hangs = [(a, t) for t, a, _ in store.event_values(Reason.HANG_CONFIRMED.value, ())
              if a is not None]
-    queues = [(a, _iso_ts(t)) for t, a, _ in store.event_values(Reason.QUEUING.value, ())
+    queues = [(a, t) for t, a, _ in store.event_values(Reason.QUEUING.value, ())
               if a is not None]
-    relaunches = [_iso_ts(t) for t, _, _ in store.event_values(Reason.JOB_RELAUNCHED.value, ())]
+    relaunches = [t for t, _, _ in store.event_values(Reason.JOB_RELAUNCHED.value, ())]
     last_event = store.last_event_time()
     return account(ledger_input(store.meta() if meta is None else meta,
                                 store.running_records() if records is None else records,
@@ -123,10 +123,6 @@ def _commits_beyond(samples: list[tuple[int, int, float]], commits: list[Save]
 def _began(start: float, relaunches: list[float]) -> float | None:
     """The latest relaunch that began before the attempt started."""
     return max((t for t in relaunches if t <= start), default=None)
-
-
-def _iso_ts(t: str) -> float:
-    return datetime.fromisoformat(t).timestamp()
 
 
 def _end(meta: dict[str, object], records: list[RunningRecord],

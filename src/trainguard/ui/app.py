@@ -155,10 +155,11 @@ def job_goodput(request: Request) -> Response:
 
 def job_events_stream(request: Request) -> Response:
     feed = JobFeed(_job_dir(request))  # a job that cannot be read fails here, not mid-stream
-    try:  # so does a bad Last-Event-ID or ?after=: a 400 before the stream's 200
+    try:  # so do a bad Last-Event-ID or ?after= (a 400) and a first read that fails (a 503)
         after = start_after(request, feed.log.last_id())
+        first = feed.poll(after)
     except BaseException:
         feed.close()
         raise
-    return FeedResponse(request, feed, after, media_type="text/event-stream",
+    return FeedResponse(request, feed, after, first, media_type="text/event-stream",
                         headers={**_NO_CACHE, "x-accel-buffering": "no"})

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from trainguard.controller.store import BUSY_TIMEOUT_S, db_path
-from trainguard.controller.store_rows import event_from_row
+from trainguard.controller.store_rows import decoding, event_from_row
 from trainguard.errors import StoreError
 from trainguard.records import Event
 
@@ -28,7 +28,7 @@ class EventLog:
     """The events table of one job store, read in bounded pages."""
 
     def __init__(self, job_dir: Path) -> None:
-        path = db_path(job_dir)
+        self.path = path = db_path(job_dir)
         query = "mode=ro" if os.access(path.parent, os.W_OK) else "mode=ro&immutable=1"
         try:
             self._conn = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True,
@@ -48,14 +48,14 @@ class EventLog:
         """Up to `limit` events with an id above `after_id`, oldest first."""
         rows = self._query(f"{self._select} WHERE id > ? ORDER BY id LIMIT ?",
                            (after_id, _bounded(limit)))
-        return [_decode(r) for r in rows]
+        return self._decoded(rows)
 
     def newest(self, limit: int, reasons: Iterable[str] = ()) -> list[tuple[int, Event]]:
         """The newest `limit` events (of `reasons` only, when given), oldest first."""
         where, args = _reason_filter(reasons)
         rows = self._query(f"{self._select} {where} ORDER BY id DESC LIMIT ?",
                            (*args, _bounded(limit)))
-        return [_decode(r) for r in reversed(rows)]
+        return self._decoded(rows[::-1])
 
     def count(self, reasons: Iterable[str] = ()) -> int:
         where, args = _reason_filter(reasons)
@@ -67,6 +67,11 @@ class EventLog:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.Error as e:
             raise StoreError(f"cannot read events: {e}") from e
+
+    def _decoded(self, rows: list[tuple[Any, ...]]) -> list[tuple[int, Event]]:
+        """The rows as events; one that does not decode is a StoreError (store_rows)."""
+        with decoding(self.path, "events"):
+            return [(int(r[0]), event_from_row(r[1:])) for r in rows]
 
     def close(self) -> None:
         self._conn.close()
@@ -88,7 +93,3 @@ def _reason_filter(reasons: Iterable[str]) -> tuple[str, tuple[str, ...]]:
     if not names:
         return "", ()
     return f"WHERE reason IN ({', '.join('?' * len(names))})", names
-
-
-def _decode(row: tuple[Any, ...]) -> tuple[int, Event]:
-    return int(row[0]), event_from_row(row[1:])

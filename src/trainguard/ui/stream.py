@@ -14,6 +14,7 @@ HTTP/1.1, so everything rides on one):
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,10 +28,12 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from trainguard.controller.store import JobStore
+from trainguard.errors import StoreError
 from trainguard.records import Event
 from trainguard.ui.eventlog import PAGE, EventLog
 from trainguard.ui.jobs import live_parts
 
+log = logging.getLogger(__name__)
 POLL_S = 0.5
 PING_S = 15.0
 RETRY_MS = 2000
@@ -72,7 +75,9 @@ def start_after(request: Request, newest: int) -> int:
 
 
 @dataclass
-class _Poll:
+class Poll:
+    """One read of a job for its stream (JobFeed.poll)."""
+
     events: list[tuple[int, Event]]
     parts: dict[str, Any]
     ended: bool  # read before the events: nothing after these will come
@@ -89,10 +94,10 @@ class JobFeed:
             self.store.close()
             raise
 
-    def poll(self, after: int) -> _Poll:
+    def poll(self, after: int) -> Poll:
         meta = self.store.meta()
         parts = live_parts(self.store, meta, self.store.running_records())
-        return _Poll(self.log.after(after, PAGE), parts, bool(parts["ended"]))
+        return Poll(self.log.after(after, PAGE), parts, bool(parts["ended"]))
 
     def close(self) -> None:
         try:
@@ -107,8 +112,9 @@ class FeedResponse(StreamingResponse):
     closing in the generator's `finally` then never ran (walk-through 32 #6: every dropped
     stream kept its two store connections), so the close is here, shielded."""
 
-    def __init__(self, request: Request, feed: JobFeed, after: int, **kw: Any) -> None:
-        super().__init__(job_stream(request, feed, after), **kw)
+    def __init__(self, request: Request, feed: JobFeed, after: int, first: Poll,
+                 **kw: Any) -> None:
+        super().__init__(job_stream(request, feed, after, first), **kw)
         self.feed = feed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -119,15 +125,24 @@ class FeedResponse(StreamingResponse):
                 await anyio.to_thread.run_sync(self.feed.close)
 
 
-async def job_stream(request: Request, feed: JobFeed, after: int) -> AsyncIterator[str]:
-    """The frames of one job page's stream from after event `after`, until the client goes
-    or the job has ended (FeedResponse closes `feed`)."""
+async def job_stream(request: Request, feed: JobFeed, after: int,
+                     first: Poll) -> AsyncIterator[str]:
+    """The frames of one job page's stream from after event `after`, `first` its first read
+    (done before the response began: a store that cannot be read is a 503, not a 200 cut
+    off), until the client goes or the job has ended (FeedResponse closes `feed`). A store
+    that cannot be read later ends the stream: the client's reconnect gets the 503."""
     last = after
     yield f"retry: {RETRY_MS}\n\n"
     shown: str | None = None
     quiet_since = time.monotonic()
+    got: Poll | None = first
     while True:
-        got = await anyio.to_thread.run_sync(feed.poll, last)
+        if got is None:
+            try:
+                got = await anyio.to_thread.run_sync(feed.poll, last)
+            except StoreError as e:
+                log.warning("stream of %s ended: %s", feed.store.job_dir, e)
+                return
         out = [frame("event", event_doc(i, ev), i) for i, ev in got.events]
         if got.events:
             last = got.events[-1][0]
@@ -148,3 +163,4 @@ async def job_stream(request: Request, feed: JobFeed, after: int) -> AsyncIterat
             if await request.is_disconnected():
                 return
             await anyio.sleep(POLL_S)
+        got = None
