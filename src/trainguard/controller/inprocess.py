@@ -17,13 +17,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime, timezone
 
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.step_retry import StepRetries
 from trainguard.errors import LaunchError
 from trainguard.policy.decision import Action, Decision, InProcessCase, Rung, Tried
 from trainguard.protocol import AgentAPI, NodeReport, RestartRanks, Tell
-from trainguard.records import Level, Reason, RecoverResult, StartType, plural, rank_list
+from trainguard.records import (
+    Level,
+    Reason,
+    RecoverResult,
+    StartType,
+    plural,
+    rank_list,
+    utcnow,
+)
 from trainguard.states import WorkerState
 from trainguard.worker.contract import ControlKind, MessageKind
 
@@ -47,6 +56,9 @@ class InProcessRestarts:
         self._replaced: set[int] = set()  # the ranks the pending restart starts again
         self._refused: set[int] = set()  # told NO_RESTART: they raise and exit
         self.broken: str | None = None  # every rank waits, none died: the first error
+        # with it, (fault, detected): the first rank's failure, the last one's report seen
+        self.broken_at: tuple[datetime, datetime] | None = None
+        self._failed_at: dict[int, datetime] = {}  # rank -> when its group failed (waiting)
 
     def new_attempt(self) -> None:
         self._resilient.clear()
@@ -90,6 +102,10 @@ class InProcessRestarts:
                 self._resilient[m.rank] = int(m.data["generation"])
                 self._waiting.pop(m.rank, None)
             elif m.kind == MessageKind.RESTART_WAITING and m.rank not in self._refused:
+                if m.rank not in self._waiting:  # (a report sent again: the first one's)
+                    failed = m.data.get("failed_at")
+                    self._failed_at[m.rank] = m.at if not isinstance(failed, (int, float)) \
+                        else datetime.fromtimestamp(failed, timezone.utc)
                 self._waiting.setdefault(m.rank, (int(m.data["generation"]), time.monotonic(),
                                                   str(m.data["error"])))
         self._done(report, attempt)
@@ -97,6 +113,8 @@ class InProcessRestarts:
         if (self._waiting and self._pending is None and running <= set(self._waiting)
                 and len(running) == len(report.workers)):
             first = min(self._waiting, key=lambda r: self._waiting[r][1])
+            if self.broken is None:  # (walk-through 34 #6: recorded as after the decision)
+                self.broken_at = (min(self._failed_at[r] for r in self._waiting), utcnow())
             self.broken = f"rank {first}: {self._waiting[first][2]}"
         else:
             self._refuse(report)

@@ -313,7 +313,9 @@ class Controller:
 
     def _after_broken(self, attempt: int, report: NodeReport, error: str) -> _Next | None:
         """Every rank's group broke under it (a transient collective error), every process
-        lives: all re-enter in place, or (None) are told to raise: their exit is a CRASH."""
+        lives: all re-enter in place, or (None) are told to raise: their exit is a CRASH.
+        The record's fault: the first rank's failure; detected: the last rank's report."""
+        fault_at, detected = self._inproc.broken_at or (utcnow(), utcnow())
         incident = Incident(IncidentKind.GROUP_FAILED, why=error, in_process=self._inproc.case(
             report, ()), made_progress=self._made_progress(report))
         decision = decide(incident, self._hist, self._policy)  # committed when carried out
@@ -323,10 +325,10 @@ class Controller:
         if decision.action != Action.RESTART_RANKS:
             self._inproc.refuse(f"not restarted in place: {decision.reason}")
             return None
-        now = utcnow()
-        self.rec.book.record(attempt, decision, Fault(
+        self.rec.book.record(attempt, decision, Fault(  # decided: now, nothing stopped
             FaultScenario.ERROR_IN_LOG, f"the process group failed on every rank: {error}",
-            "group failed", "job", now, now, now, report.progress, "nccl_communication_error"))
+            "group failed", "job", fault_at, detected, detected, report.progress,
+            "nccl_communication_error"))
         return _Next(decision)
 
     def _after_hang(self, attempt: int, report: NodeReport,

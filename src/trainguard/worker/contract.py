@@ -234,6 +234,7 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
     MessageKind.RESTART_WAITING: {
         "generation": _int(0, MAX_INT32, required=True),  # the group that failed under it
         "error": _text(MAX_TEXT, required=True),
+        "failed_at": Field(float, low=0.0, high=MAX_TIME),  # when it raised (Unix time)
     },
 }
 

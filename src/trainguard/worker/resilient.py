@@ -79,9 +79,10 @@ def run_resilient(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         except control.RestartRequested as r:
             verdict = r.verdict
         except Exception as e:
+            failed_at = time.time()  # the fault's time in the record, not the verdict's
             if not is_transient(e):
                 raise  # the script's own error: this process ends; the ladder decides
-            verdict = _await_restart(box, generation, e, timeout_s)
+            verdict = _await_restart(box, generation, e, timeout_s, failed_at)
         finally:
             _running = None
         t0 = time.monotonic()
@@ -115,9 +116,9 @@ def restart_if_asked() -> None:
 
 
 def _await_restart(box: control.Inbox, generation: int, error: Exception,
-                   timeout_s: float) -> dict[str, Any]:
-    """The launcher's RESTART after `error` broke the group; raises `error` on NO_RESTART
-    or when none comes within `timeout_s`."""
+                   timeout_s: float, failed_at: float) -> dict[str, Any]:
+    """The launcher's RESTART after `error` broke the group (at `failed_at`, Unix time);
+    raises `error` on NO_RESTART or when none comes within `timeout_s`."""
     text, first = control.error_text(error)
     _say(f"the process group failed under this rank ({first}); waiting for the launcher")
 
@@ -128,7 +129,8 @@ def _await_restart(box: control.Inbox, generation: int, error: Exception,
 
     with phase("in_process_restart", timeout_s=timeout_s + 10):  # a wait, not a hang
         v = box.wait(accept, timeout_s, lambda: channel.send(
-            MessageKind.RESTART_WAITING, generation=generation, error=text))
+            MessageKind.RESTART_WAITING, generation=generation, error=text,
+            failed_at=failed_at))
     if v is not None and v["kind"] == ControlKind.RESTART:
         return v
     _say(f"no in-process restart: {v['reason'] if v else f'no verdict within {timeout_s:g}s'}")
