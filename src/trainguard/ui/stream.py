@@ -5,7 +5,8 @@ HTTP/1.1, so everything rides on one):
   so a reconnecting EventSource's `Last-Event-ID` says exactly what it missed: the rows
   after it are sent again);
 - `event: job` (no id) with the job's live parts (state, attempts and their recover records,
-  ranks, nodes) whenever they change, first on connect;
+  ranks, nodes): first on connect, then whenever they change, before the events of the same
+  read (they were read first);
 - `event: end` once the job has ended and every event is out (the page closes the stream;
   an EventSource would otherwise reconnect for ever);
 - `: ping` comments every PING_S of silence, so proxies keep the connection.
@@ -65,11 +66,12 @@ def whole_number(name: str, raw: str, low: int = 0, high: int = MAX_INT) -> int:
 
 def start_after(request: Request, newest: int) -> int:
     """Where a stream starts: after `Last-Event-ID` (a reconnect), or `?after=N`, else
-    the newest BACKLOG events. An id out of range is HTTP 400; one that is no number at
-    all is left alone (a stream always starts somewhere)."""
+    the newest BACKLOG events (an empty value is not given, as on `/events`). A value that is
+    no whole number in range is HTTP 400 naming it, as `/events` answers (walk-through 34
+    #7: `?after=abc` and `Last-Event-ID: x` started a stream at the backlog)."""
     for name, raw in (("Last-Event-ID", request.headers.get("last-event-id")),
                       ("after", request.query_params.get("after"))):
-        if raw is not None and raw.strip().isascii() and raw.strip().isdigit():
+        if raw is not None and raw != "":
             return whole_number(name, raw)
     return max(newest - BACKLOG, 0)
 
@@ -143,13 +145,12 @@ async def job_stream(request: Request, feed: JobFeed, after: int,
             except StoreError as e:
                 log.warning("stream of %s ended: %s", feed.store.job_dir, e)
                 return
-        out = [frame("event", event_doc(i, ev), i) for i, ev in got.events]
+        parts = json.dumps(got.parts, sort_keys=True)
+        out = [] if parts == shown else [frame("job", got.parts)]  # first: read first
+        shown = parts
+        out += [frame("event", event_doc(i, ev), i) for i, ev in got.events]
         if got.events:
             last = got.events[-1][0]
-        parts = json.dumps(got.parts, sort_keys=True)
-        if parts != shown:
-            shown = parts
-            out.append(frame("job", got.parts))
         if got.ended and not got.events:
             yield "".join(out) + frame("end", {"last_id": last})
             return
