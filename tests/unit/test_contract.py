@@ -77,6 +77,8 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
     MessageKind.MEMORY_STEPS: {"steps": [41, 42], "storage_step": 40, "attempt": 1,
                                "generation": 0},
     MessageKind.TRAIN_METRICS: {"step": 12, "loss": 2.3125, "learning_rate": 3e-4},
+    MessageKind.SNAPSHOT_BLOCKING: {"blocked_s": 0.42, "snapshots": 7, "step": 70,
+                                    "ended_at": 1796540000.5},
     MessageKind.LOG_WRITE_FAILED: {"error": "No space left on device"},
     MessageKind.CONTROL_UNREACHABLE: {"off": "step re-execution, in-process restart",
                                       "error": "[Errno 24] Too many open files"},

@@ -91,10 +91,10 @@ def store(tmp_path: Path) -> Iterator[JobStore]:
         yield s
 
 
-def test_the_schema_is_version_5(store: JobStore) -> None:
-    assert SCHEMA_VERSION == 5
-    assert user_version(store.path) == 5
-    assert store.nodes() == [] and store.progress() == []
+def test_the_schema_is_version_6(store: JobStore) -> None:
+    assert SCHEMA_VERSION == 6
+    assert user_version(store.path) == 6
+    assert store.nodes() == [] and store.progress() == [] and store.snapshot_blocking() == []
 
 
 def test_node_rows_round_trip_exactly_times_and_zones_included(store: JobStore) -> None:

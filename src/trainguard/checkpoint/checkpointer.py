@@ -127,8 +127,7 @@ class Checkpointer:
         if self._exit is not None:
             self._exit.step_done(step, state)
         if self._memory is not None and step % self._memory.every == 0:
-            with phase(CHECKPOINT_PHASE):
-                self._memory.maybe_snapshot(step, state, capture_rng())
+            self._memory.maybe_snapshot(step, state)  # timed: the loop's wait (rank 0's)
         if self.every_steps and step % self.every_steps == 0:
             return self._save(step, state)
         return False

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainguard.checkpoint.sampler import data_state, is_data_position
+from trainguard.checkpoint.snapshot_timing import flush_reports
 from trainguard.checkpoint.state import capture_rng
 from trainguard.worker import channel, control
 from trainguard.worker.contract import (
@@ -78,6 +79,7 @@ def _exit_now(code: int) -> None:
     step is durable: no interpreter shutdown, which waits for every non-daemon thread and
     tears torch down (seconds under load; forever with a thread that never ends), so the
     stop takes what the save takes, not the grace period."""
+    flush_reports()  # the memory snapshots' blocking not reported yet: no atexit here
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

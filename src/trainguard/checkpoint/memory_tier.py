@@ -22,9 +22,11 @@ import torch
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.memory import RankSlots
 from trainguard.checkpoint.memory_format import memory_resume_step
-from trainguard.checkpoint.state import split
+from trainguard.checkpoint.snapshot_timing import SnapshotTimer
+from trainguard.checkpoint.state import capture_rng, split
 from trainguard.worker import channel, control
 from trainguard.worker.contract import (
+    CHECKPOINT_PHASE,
     ENV_ATTEMPT,
     ENV_MEMORY_DIR,
     ENV_MEMORY_EVERY,
@@ -33,6 +35,7 @@ from trainguard.worker.contract import (
     ControlKind,
     MessageKind,
 )
+from trainguard.worker.progress import phase
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +67,17 @@ class MemoryTier:
                                pinned=os.environ.get(ENV_MEMORY_PEER) == "1")
         self._off_reason: str | None = None
         self._failures = 0  # snapshots skipped in a row (OSError after the first)
+        self._timer = SnapshotTimer(rank)  # rank 0: the loop's blocking, to the agent
 
-    def maybe_snapshot(self, step: int, state: Mapping[str, Any],
-                       rng: dict[str, Any]) -> bool:
-        """Called by maybe_save every `every` steps."""
+    def maybe_snapshot(self, step: int, state: Mapping[str, Any]) -> bool:
+        """Called by maybe_save every `every` steps; timed from here to the commit: all of
+        it holds the training loop."""
         if self._off_reason is not None:
             return False
+        with self._timer.timed(step), phase(CHECKPOINT_PHASE):  # its own hang allowance
+            return self._snapshot(step, state, capture_rng())
+
+    def _snapshot(self, step: int, state: Mapping[str, Any], rng: dict[str, Any]) -> bool:
         replicated, per_rank, sharded = split(state)
         if sharded:
             self._off_reason = (f"{sorted(sharded)} hold sharded (DTensor) state, which "
@@ -118,6 +126,7 @@ class MemoryTier:
         return None
 
     def close(self) -> None:
+        self._timer.close()  # the blocking not reported yet goes now
         self.slots.close()
 
 

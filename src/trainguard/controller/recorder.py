@@ -334,6 +334,8 @@ class Recorder:
         if due:
             self.store.add_progress(self._ledger)
             self._ledger = []
+            self.store.add_snapshot_blocking(self.messages.snapshot_blocking)
+            self.messages.snapshot_blocking = []
         if p.last_step is not None and due:
             self._progress_written = now
             self.store.set_meta(last_step=p.last_step, last_progress_at=p.last_step_at.isoformat()

@@ -68,6 +68,28 @@ class LedgerTables:
         with self._decoded("progress"):
             return None if row is None else (int(row[0]), int(row[1]), float(row[2]))
 
+    def add_snapshot_blocking(self, rows: list[tuple[int, int | None, float, float, int]]
+                              ) -> None:
+        """Append (attempt, rank, epoch seconds, blocked seconds, snapshots) rows: what a rank's
+        memory snapshots held its loop for since its last report, and when the last returned."""
+        if rows:
+            with self._tx("write snapshot blocking to"):
+                self._conn.executemany(
+                    "INSERT INTO snapshot_blocking (attempt, rank, at, blocked_s, snapshots) "
+                    "VALUES (?, ?, ?, ?, ?)", rows)
+
+    def snapshot_blocking(self, rank: int = 0) -> list[tuple[int, float, float, int]]:
+        """`rank`'s reports (attempt, epoch seconds, blocked seconds, snapshots), by time; []
+        before schema 6."""
+        if self._version < 6:
+            return []
+        with self._errors("read snapshot blocking from"):
+            rows = self._conn.execute(
+                "SELECT attempt, at, blocked_s, snapshots FROM snapshot_blocking WHERE rank = ? "
+                "ORDER BY at, rowid", (rank,)).fetchall()
+        with self._decoded("snapshot blocking"):
+            return [(int(a), float(t), float(b), int(n)) for a, t, b, n in rows]
+
     def event_values(self, reason: str, keys: tuple[str, ...]
                      ) -> list[tuple[float, int | None, tuple[Any, ...]]]:
         """(epoch seconds, attempt, the values of `keys` in its data) of each event of

@@ -3,7 +3,7 @@ up to it. Data only; controller/store.py applies it."""
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _NODES_TABLE = """CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY, host TEXT NOT NULL, state TEXT NOT NULL, agent_pid INTEGER,
@@ -15,17 +15,25 @@ _PROGRESS_TABLE = """CREATE TABLE IF NOT EXISTS progress (
     attempt INTEGER NOT NULL, step INTEGER NOT NULL, at REAL NOT NULL
     )"""
 
+# memory snapshots' blocking as rank 0 reported it, a row per report (trainguard.goodput)
+_SNAPSHOT_BLOCKING_TABLE = """CREATE TABLE IF NOT EXISTS snapshot_blocking (
+    attempt INTEGER NOT NULL, rank INTEGER, at REAL NOT NULL, blocked_s REAL NOT NULL,
+    snapshots INTEGER NOT NULL
+    )"""
+
 # Version 1 -> 2: events carry structured data; worker rows say whether the OOM killer ran.
 # Version 2 -> 3: the nodes of a multi-node job.
 # Version 3 -> 4: the step ledger (when each attempt reached which step; trainguard.goodput).
 # Version 4 -> 5: worker rows say when the rank reached the step before its latest (an error
 #   its log showed well before that, it trained past: diagnosis.verdict).
+# Version 5 -> 6: the memory snapshots' blocking (walk-through 34 #3).
 MIGRATIONS = {
     1: ("ALTER TABLE events ADD COLUMN data TEXT",
         "ALTER TABLE workers ADD COLUMN oom_killed INTEGER"),
     2: (_NODES_TABLE,),
     3: (_PROGRESS_TABLE,),
     4: ("ALTER TABLE workers ADD COLUMN second_last_step_at TEXT",),
+    5: (_SNAPSHOT_BLOCKING_TABLE,),
 }
 
 # the version that added a worker column (a store older than that reads it as NULL)
@@ -48,4 +56,5 @@ SCHEMA = (
     )""",
     _NODES_TABLE,
     _PROGRESS_TABLE,
+    _SNAPSHOT_BLOCKING_TABLE,
 )

@@ -50,6 +50,8 @@ class WorkerMessages:
         # rank -> its latest {step, loss, learning_rate, at} (trainguard.log_metrics)
         self.train_metrics: dict[int, dict[str, Any]] = {}
         self.train_metrics_changed = False  # since the recorder last wrote them
+        # memory snapshots' blocking not written yet: (attempt, rank, ended at, s, snapshots)
+        self.snapshot_blocking: list[tuple[int, int | None, float, float, int]] = []
         self._not_exact_said: set[int] = set()  # attempts whose resume was said not exact
         self._handlers: dict[str, Handler] = {
             MessageKind.CHECKPOINT_SAVED: self._on_checkpoint_saved,
@@ -62,6 +64,7 @@ class WorkerMessages:
             MessageKind.NO_CHECKPOINT: self._on_no_checkpoint,
             MessageKind.RESUMED: self._on_resumed,
             MessageKind.TRAIN_METRICS: self._on_train_metrics,
+            MessageKind.SNAPSHOT_BLOCKING: self._on_snapshot_blocking,
         }
 
     def new_attempt(self) -> None:
@@ -248,6 +251,15 @@ class WorkerMessages:
                                        for k in TRAIN_METRIC_NAMES},
             "at": m.at.isoformat()}
         self.train_metrics_changed = True
+
+    def _on_snapshot_blocking(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
+        """What the rank's memory snapshots held its loop for since its last report: a row
+        for the store (the recorder writes it with the progress; goodput books it as
+        checkpoint_blocking), no event (one every few seconds)."""
+        ended = d.get("ended_at")
+        self.snapshot_blocking.append((
+            attempt, m.rank, float(ended) if isinstance(ended, int | float) else m.at.timestamp(),
+            float(d["blocked_s"]), int(d["snapshots"])))
 
 
 def _known(v: object) -> bool:

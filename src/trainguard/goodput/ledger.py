@@ -11,7 +11,7 @@ overlap the higher one wins (`_LAYERS`, lowest first):
 - startup     a launch -> its first step (imports, rendezvous, checkpoint load, first step)
 - recovery    a restart's workers starting -> their first step; detection -> first step
 - productive  steps that survive: completed and never done again
-- checkpoint_blocking  the training loop waiting on a save
+- checkpoint_blocking  the training loop waiting on a save or a memory snapshot
 - wasted_progress      steps a later attempt did again (it resumed from an earlier
               checkpoint), and the part of a step a crash cut short
 - detection   the fault -> the controller noticed it
@@ -67,6 +67,8 @@ class LedgerInput:
     incidents: list[Incident] = field(default_factory=list)
     samples: list[tuple[int, int, float]] = field(default_factory=list)  # attempt, step, at
     saves: list[tuple[float, float]] = field(default_factory=list)  # (loop went on, blocked s)
+    # memory snapshots, a report each: (its last snapshot returned, their blocking summed)
+    snapshots: list[tuple[float, float]] = field(default_factory=list)
     hangs: list[tuple[int, float]] = field(default_factory=list)  # confirmed: attempt, at
     queues: list[tuple[int, float]] = field(default_factory=list)  # waits for nodes: attempt, at
 
@@ -133,7 +135,8 @@ def account(inp: LedgerInput) -> Goodput:
                          [Resume(i.attempt, i.detected, i.resumed_step, i.ends_attempt)
                           for i in inp.incidents if i.resumed_step is not None])
     spans += counts.wasted_spans
-    spans += [(at - blocked, at, "checkpoint_blocking", None) for at, blocked in inp.saves
+    # a report of snapshots: one span of their sum, ending when the last returned
+    spans += [(at - blocked, at, BLOCKING, None) for at, blocked in (*inp.saves, *inp.snapshots)
               if blocked > 0]
     spans += _cut_by_queues(_incident_spans(inp, order, by_attempt), _queue_spans(inp, order))
     segments = _paint(inp.start, inp.end, spans)

@@ -27,7 +27,7 @@ from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import last_progress, shown_state
 from trainguard.goodput.interval import IntervalAdvice, advise
 from trainguard.goodput.ledger import CAUSES, Goodput
-from trainguard.goodput.read import Save, job_goodput, saves
+from trainguard.goodput.read import Save, job_goodput, saves, snapshot_reports
 from trainguard.policy.decision import Rung
 from trainguard.protocol import REFUSALS
 from trainguard.records import (
@@ -246,10 +246,12 @@ def _steps(g: Goodput) -> Iterator[Metric]:
 
 
 def _checkpoints(store: JobStore, commits: list[Save]) -> Iterator[Metric]:
-    blocking = [c.blocked_s for c in commits if c.blocked_s is not None]
+    blocking = [(1, c.blocked_s) for c in commits if c.blocked_s is not None]
+    # a report of memory snapshots: as many observations as snapshots, each their mean
+    blocking += [(r.snapshots, r.blocked_s / r.snapshots) for r in snapshot_reports(store)]
     hist = HistogramMetricFamily("trainguard_checkpoint_blocking_seconds",
-                                 "training loop blocked per checkpoint save")
-    hist.add_metric([], *_buckets([(1, b) for b in blocking], BLOCKING_BUCKETS))
+                                 "training loop blocked per checkpoint save or memory snapshot")
+    hist.add_metric([], *_buckets(blocking, BLOCKING_BUCKETS))
     yield hist
     steps = [c.step for c in commits if c.step is not None]
     if steps:  # absent before the first commit, never NaN

@@ -54,6 +54,21 @@ def saves(store: JobStore) -> list[Save]:
             for t, a, (step, b, r, on_exit, source, sent) in rows]
 
 
+@dataclass(frozen=True)
+class SnapshotReport:
+    """Rank 0's memory snapshots since its report before (SNAPSHOT_BLOCKING), as stored."""
+
+    attempt: int
+    at: float  # epoch seconds: when the last of them returned
+    blocked_s: float  # the training loop's wait for them, summed
+    snapshots: int
+
+
+def snapshot_reports(store: JobStore) -> list[SnapshotReport]:
+    """Rank 0's (the job's figure, as its saves' are); [] for a store before schema 6."""
+    return [SnapshotReport(*row) for row in store.snapshot_blocking(rank=0)]
+
+
 def job_goodput(store: JobStore, now: datetime | None = None,
                 commits: list[Save] | None = None, meta: dict[str, object] | None = None,
                 records: list[RunningRecord] | None = None) -> Goodput:
@@ -69,15 +84,18 @@ def job_goodput(store: JobStore, now: datetime | None = None,
                                 store.running_records() if records is None else records,
                                 store.progress(),
                                 saves(store) if commits is None else commits, hangs,
-                                last_event, now or utcnow(), queues, relaunches))
+                                last_event, now or utcnow(), queues, relaunches,
+                                snapshot_reports(store)))
 
 
 def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                  samples: list[tuple[int, int, float]], commits: list[Save],
                  hangs: list[tuple[int, float]], last_event: float | None,
                  now: datetime, queues: list[tuple[int, float]] | None = None,
-                 relaunches: list[float] | None = None) -> LedgerInput:
-    """`relaunches`: when each relaunch of the job dir began (its JobRelaunched event)."""
+                 relaunches: list[float] | None = None,
+                 snapshots: list[SnapshotReport] | None = None) -> LedgerInput:
+    """`relaunches`: when each relaunch of the job dir began (its JobRelaunched event);
+    `snapshots`: the memory snapshots' blocking, booked as checkpoint_blocking."""
     attempts = [Attempt(r.attempt, r.start_at.timestamp(), _ts(r.end_at),
                         r.start_type in _LAUNCHES, _ts(r.first_output_at),
                         _began(r.start_at.timestamp(), relaunches or [])
@@ -99,6 +117,7 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                        attempts=attempts, incidents=incidents, samples=samples,
                        saves=[(c.at - c.resumed_before_s, c.blocked_s) for c in commits
                               if c.blocked_s],
+                       snapshots=[(r.at, r.blocked_s) for r in snapshots or ()],
                        hangs=hangs, queues=queues or [])
 
 

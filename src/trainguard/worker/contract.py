@@ -126,6 +126,7 @@ class MessageKind(str, Enum):
     RESILIENT = "resilient"  # run_resilient: this rank (re-)entered the training function
     RESTART_WAITING = "restart_waiting"  # run_resilient: the function raised; waits a verdict
     MEMORY_STEPS = "memory_steps"  # load_latest: the memory snapshots this rank can load
+    SNAPSHOT_BLOCKING = "snapshot_blocking"  # rank 0, every few s: the loop's wait on snapshots
     IMPORTS = "imports"  # load_latest, once: the installed packages this process imported
     TRAIN_METRICS = "train_metrics"  # trainguard.log_metrics: the loss, the learning rate
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
@@ -228,6 +229,13 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "storage_step": _int(0, MAX_INT64, nullable=True),  # newest valid in storage
         "attempt": _int(0, MAX_INT32, required=True),
         "generation": _int(0, MAX_INT32, required=True),
+    },
+    # the memory snapshots since the rank's last report (checkpoint/snapshot_timing.py)
+    MessageKind.SNAPSHOT_BLOCKING: {
+        "blocked_s": Field(float, required=True, low=0.0, high=MAX_SECONDS),  # summed
+        "snapshots": _int(1, MAX_INT64, required=True),  # how many
+        "step": _int(-MAX_INT64 - 1, MAX_INT64, nullable=True),  # the last one's
+        "ended_at": Field(float, nullable=True, low=0.0, high=MAX_TIME),  # it returned (Unix)
     },
     MessageKind.IMPORTS: {"modules": _text(MAX_TEXT, required=True)},  # comma-separated
     MessageKind.TRAIN_METRICS: {"step": _STEP, **{k: _METRIC for k in TRAIN_METRIC_NAMES}},
