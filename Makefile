@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/rescheduling.py
 	$(BIN)/python benchmarks/recovery_rungs.py
 	$(BIN)/python benchmarks/ui_latency.py
+	$(BIN)/python benchmarks/hang_detector_scale.py
 
 clean:
 	rm -rf $(VENV) trainguard-runs .mypy_cache .ruff_cache .pytest_cache
