@@ -187,3 +187,16 @@ def test_a_job_with_snapshots_shows_them_in_goodput_and_the_blocking_histogram(
     assert math.isclose(hist[("trainguard_checkpoint_blocking_seconds_sum", None)], 1.5)
     assert hist[("trainguard_checkpoint_blocking_seconds_bucket", "0.05")] == 10  # 0.05 each
     assert hist[("trainguard_checkpoint_blocking_seconds_bucket", "0.1")] == 20  # 0.1 each
+
+
+def test_a_report_of_no_snapshots_observes_nothing(tmp_path: Path) -> None:
+    """Review 35 #3: a row of 0 snapshots (a damaged store) made `trainguard metrics` a
+    ZeroDivisionError traceback."""
+    job = tmp_path / "job"
+    with JobStore.create(job, "r") as s:
+        s.set_meta(state="succeeded", created_at=T0.isoformat())
+        s.add_snapshot_blocking([(0, 0, E0 + 10, 1.0, 0), (0, 0, E0 + 20, 0.5, 10)])
+    hist = {x.name: x.value
+            for f in text_string_to_metric_families(exposition(job).decode()) for x in f.samples
+            if x.name == "trainguard_checkpoint_blocking_seconds_count"}
+    assert hist == {"trainguard_checkpoint_blocking_seconds_count": 10}

@@ -210,9 +210,12 @@ class Controller:
         self._steps.observe(report, report.attempt or 0)
         self._inproc.observe(report, report.attempt or 0)
 
-    def _seen(self, report: NodeReport) -> None:  # a poll outside the watch
+    def _seen(self, report: NodeReport) -> None:
+        """A poll after a death (InProcessRestarts.settled): not to step re-execution, as in
+        the watch (review 35 #1: the survivors' failed steps made a StepRetryDowngraded)."""
         self.rec.sync(report)
-        self._observe(report)
+        self._resume.observe(report)
+        self._inproc.observe(report, report.attempt or 0)
 
     def _in_place(self, attempt: int, decision: Decision, case: InProcessCase | None,
                   reason: str, dead: list[int] | None = None) -> Decision:
@@ -271,7 +274,8 @@ class Controller:
         if case is None:  # else the survivors run on until the ladder decided
             report = stop_rest(self.agent, self.rec, attempt, "a worker failed",
                                [w.rank for w in failed])
-        stopped = utcnow()
+        # restarted in place, nothing was stopped: the settle is the decision's time
+        stopped = utcnow() if case is None else detected  # (review 35 #6)
         if self.nodes is not None:  # a peer's failure may be the sign of a node's loss
             lost = self.nodes.fleet.settle()
             if lost:

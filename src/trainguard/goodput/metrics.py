@@ -248,7 +248,8 @@ def _steps(g: Goodput) -> Iterator[Metric]:
 def _checkpoints(store: JobStore, commits: list[Save]) -> Iterator[Metric]:
     blocking = [(1, c.blocked_s) for c in commits if c.blocked_s is not None]
     # a report of memory snapshots: as many observations as snapshots, each their mean
-    blocking += [(r.snapshots, r.blocked_s / r.snapshots) for r in snapshot_reports(store)]
+    blocking += [(r.snapshots, r.blocked_s / r.snapshots) for r in snapshot_reports(store)
+                 if r.snapshots > 0]  # a row of none (a damaged store) observes nothing
     hist = HistogramMetricFamily("trainguard_checkpoint_blocking_seconds",
                                  "training loop blocked per checkpoint save or memory snapshot")
     hist.add_metric([], *_buckets(blocking, BLOCKING_BUCKETS))
