@@ -151,7 +151,13 @@ def test_a_silent_evaluation_fed_by_a_data_loader_is_not_a_hang(tmp_path: Path) 
     working = [e for e in events if e["reason"] == "HangSuspected"
                and e["message"].startswith("not confirmed:")]
     assert len(working) == 1, working
-    assert "rank(s) 0 wait in the data loader and get batches" in working[0]["message"]
+    # the loader's batches, or, on a loaded machine whose looks land at two places of the
+    # loader's code, a stack that moves (a fresh-clone make test saw it once right after the
+    # parallel part): either is work, and neither a confirmation nor a restart came
+    assert working[0]["message"].startswith((
+        "not confirmed: rank(s) 0 wait in the data loader and get batches",
+        "not confirmed: the Python stack of rank(s) 0 moves")) or \
+        "rank(s) 0 wait in the data loader and get batches" in working[0]["message"], working
     assert reasons[-1] == "JobSucceeded"
 
 
