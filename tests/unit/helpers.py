@@ -86,3 +86,14 @@ def fake_hang_watch(states: list[Any], said: list[str], agent: Any, log_dir: str
             waiting_for=None),
         **{"hold": lambda: None, "reads_rose": lambda rank: None, **detector})
     return w
+
+
+def metric_samples(job: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(name, sorted labels) -> value of every sample `trainguard metrics` exposes for `job`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from trainguard.goodput.metrics import exposition
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(exposition(job).decode())
+            for s in f.samples}

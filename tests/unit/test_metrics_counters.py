@@ -9,10 +9,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from tests.unit.helpers import metric_samples as samples
 from trainguard.controller.store import JobStore
-from trainguard.goodput.metrics import exposition
 from trainguard.records import (
     FaultScenario,
     RecoverRecord,
@@ -26,12 +24,6 @@ T0 = datetime(2026, 12, 5, tzinfo=timezone.utc)
 
 def at(s: float) -> datetime:
     return T0 + timedelta(seconds=s)
-
-
-def samples(job: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(exposition(job).decode())
-            for s in f.samples}
 
 
 def restart(result: RecoverResult, started: bool) -> RecoverRecord:

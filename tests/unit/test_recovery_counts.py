@@ -10,12 +10,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from tests.unit.helpers import metric_samples as metrics
 from trainguard.controller.faults import Fault
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore
-from trainguard.goodput.metrics import exposition
 from trainguard.policy.decision import Action, Decision, History, Rung, Tried
 from trainguard.protocol import Progress
 from trainguard.records import (
@@ -34,12 +32,6 @@ T0 = datetime(2026, 12, 6, tzinfo=timezone.utc)
 
 def at(s: float) -> datetime:
     return T0 + timedelta(seconds=s)
-
-
-def metrics(job: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(exposition(job).decode())
-            for s in f.samples}
 
 
 def record(rung: str, result: RecoverResult, fault: float, detected: float,
