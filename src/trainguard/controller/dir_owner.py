@@ -38,7 +38,7 @@ def read_owner(location: str | Path) -> dict[str, str] | None:
     the ranks say why)."""
     try:
         if is_url(location):
-            raw = fs_of(str(location)).cat_file(f"{str(location).rstrip('/')}/{OWNER_NAME}")
+            raw = fs_of(str(location)).cat_file(_mark_url(location))
         else:
             raw = (Path(location) / OWNER_NAME).read_bytes()
         data = json.loads(raw)
@@ -61,7 +61,7 @@ def owner_version(url: str) -> str | None:
     fs = fs_of(url)
     if "s3" not in _protocols(fs):
         return None
-    path = f"{url.rstrip('/')}/{OWNER_NAME}"
+    path = _mark_url(url)
     fs.invalidate_cache(path)
     try:
         return str(fs.info(path)["ETag"])
@@ -80,7 +80,7 @@ def write_owner(location: str | Path, run_id: str, job_dir: Path,
                        "host": socket.gethostname(), "pid": os.getpid(),
                        "at": time.time()}).encode()
     if is_url(location):
-        path = f"{str(location).rstrip('/')}/{OWNER_NAME}"
+        path = _mark_url(location)
         fs = fs_of(str(location))
         if if_version is None:
             fs.pipe_file(path, data)
@@ -109,6 +109,11 @@ def write_owner(location: str | Path, run_id: str, job_dir: Path,
             tmp.unlink()
         raise
     return True
+
+
+def _mark_url(location: str | Path) -> str:
+    """The owner mark's URL in an object-store location."""
+    return f"{str(location).rstrip('/')}/{OWNER_NAME}"
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
