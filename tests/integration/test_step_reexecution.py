@@ -83,6 +83,26 @@ def test_a_step_that_fails_again_downgrades_to_a_process_restart(
     assert second["start_type"] == "auto_restart"
 
 
+def test_a_later_failure_is_diagnosed_by_its_own_line_not_the_re_executed_steps(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Walk-through 34 #10: step 4 re-executed, step 8 failed the same way with the budget
+    spent: the verdict named step 4's line, the failure the job had recovered from (its
+    steps are faster than the one-second margin for errors trained past). The rank's own
+    "step 4 re-executed" line retires what its log holds before it."""
+    r = run_tg(job(job_dir, "--operator-reexecution", "--max-step-retries", "1",
+                   "--max-restarts", "1"), cwd=tmp_path,
+               fault="collective@rank=1,step=4;collective@rank=1,step=8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = reasons(job_dir)
+    assert got.count("StepReexecuted") == 1 and "WorkersRestarted" in got, got
+    diagnosed = [e["data"] for e in read_json("events", job_dir)
+                 if e["reason"] == "FailureDiagnosed"]
+    assert len(diagnosed) == 1, diagnosed
+    (d,) = diagnosed
+    assert d["category"] == "nccl_communication_error", d
+    assert "step 8 failed" in d["evidence"]["text"], d["evidence"]
+
+
 # make test-long: the baseline (a fault without the flag costs a process restart, resumed
 # exactly) is tests/integration/test_restart.py's and the chaos run's in make test
 @pytest.mark.long

@@ -14,8 +14,9 @@ from datetime import datetime, timedelta, timezone
 from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.rules import load_rules
 from trainguard.diagnosis.sources import scan_lines
+from trainguard.diagnosis.survived import SURVIVED_BEFORE_STEP
 from trainguard.diagnosis.taxonomy import Category, RestartHelps
-from trainguard.diagnosis.verdict import SURVIVED_BEFORE_STEP, diagnose
+from trainguard.diagnosis.verdict import diagnose
 from trainguard.node.liveness import LivenessBook
 
 T0 = datetime(2026, 12, 4, 12, 0, 0, tzinfo=timezone.utc)
@@ -126,3 +127,78 @@ def test_a_progress_bar_redrawn_at_exit_does_not_hide_the_exception_it_died_of()
     # and a rank that exited by itself died of its last exception, whatever the steps say
     d = verdict(T0 + timedelta(seconds=7.5), code=1, log=log)
     assert d.category == Category.CUDA_KERNEL_ERROR, d
+
+
+# -- a rank that recovered in place and said so (its own line in its own log) ------------------
+
+GLOO = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+        "by peer [127.0.0.1]:12690")
+
+
+def step_failed(seconds: float, step: int, generation: int) -> str:
+    return stamped(seconds, "err", f"[trainguard.step] rank 0: step {step} failed on process "
+                                   f"group generation {generation} ({GLOO})")
+
+
+def recovered_log(mark: str) -> list[str]:
+    """Step 4's collective error at 1.0 s, the rank's recovery line at 1.1 s, then step 8's
+    error of the same kind at 1.5 s: all inside SURVIVED_BEFORE_STEP of each other (the toy's
+    0.1 s steps: walk-through 34 #10)."""
+    return [stamped(0.5, "out", "step 3 loss 0.300"),
+            step_failed(1.0, 4, 0),
+            stamped(1.1, "err", mark),
+            stamped(1.2, "out", "step 5 loss 0.290"),
+            stamped(1.3, "out", "step 7 loss 0.280"),
+            step_failed(1.5, 8, 1)]
+
+
+REEXECUTED = ("[trainguard.step] rank 0: step 4 re-executed on process group generation 1 "
+              "(0.093s after it failed)")
+RESTARTING = ("[trainguard.resilient] rank 0: restarting in place on process group generation "
+              "1 (127.0.0.1:29400), torn down in 0.010s")
+STARTED = ("[trainguard.resilient] rank 0: started in place of a failed process on process "
+           "group generation 1")
+
+
+def evidence_line(mark: str, second_last: datetime | None) -> int:
+    d = verdict(second_last, code=1, log=recovered_log(mark))
+    assert d.category == Category.NCCL_COMMUNICATION_ERROR, d
+    assert d.evidence is not None
+    return d.evidence.line
+
+
+def test_a_failure_after_a_re_executed_step_is_named_by_its_own_line() -> None:
+    """The re-executed step is proof by itself: step 8's line decides, not step 4's."""
+    assert evidence_line(REEXECUTED, None) == 6
+    assert evidence_line(REEXECUTED, T0 + timedelta(seconds=1.3)) == 6
+    assert evidence_line("step 4 loss 0.310", T0 + timedelta(seconds=1.3)) == 2  # no mark
+
+
+def test_a_restart_in_place_counts_once_the_rank_stepped_after_it() -> None:
+    """A survivor's or a replacement's line counts when its second-last step came after it;
+    a restart that failed before any step still shows the failure it was for."""
+    for mark in (RESTARTING, STARTED):
+        assert evidence_line(mark, T0 + timedelta(seconds=1.3)) == 6, mark
+        assert evidence_line(mark, None) == 2, mark
+        assert evidence_line(mark, T0 + timedelta(seconds=1.05)) == 2, mark  # a step before
+
+
+def test_a_recovery_line_retires_only_its_own_ranks_earlier_lines() -> None:
+    """Rank 1's recovery says nothing of rank 0's error in a shared console log."""
+    log = [stamped(1.0, "err", f"[rank0]: {GLOO}"),
+           stamped(1.1, "err", "[rank1]: " + REEXECUTED.replace("rank 0", "rank 1"))]
+    findings = scan_lines(log, "console.log")
+    (mark,) = [f for f in findings if f.recovered is not None]
+    assert (mark.rank, mark.recovered) == (1, "re-executed")
+    d = diagnose(findings, [RankExit(0, True, 1, T0 + timedelta(seconds=2))], load_rules())
+    assert d is not None and d.evidence is not None and d.evidence.line == 1
+
+
+def test_the_scan_reads_each_recovery_line_as_a_mark_not_a_failure() -> None:
+    findings = scan_lines([stamped(1.1, "err", m) for m in (REEXECUTED, RESTARTING, STARTED)],
+                          "rank-0.log", rank=0)
+    assert [(f.rank, f.recovered, f.rule, f.exc_type) for f in findings] == [
+        (0, "re-executed", None, None), (0, "restarting", None, None),
+        (0, "started", None, None)]
+    # marks alone are no failure: a rank that exited 0 has nothing to diagnose
+    assert diagnose(findings, [RankExit(0, False, 0)], load_rules()) is None

@@ -40,6 +40,9 @@ class Finding(BaseModel):
     # one of the file's last lines that no rule or exception picked: read only by the
     # fallback (diagnosis/fallback.py) when the rules are silent or weak
     context: bool = False
+    # trainguard's line where the rank recovered in place (lines.RECOVERY_LINE): no failure
+    # but a mark, "re-executed", "restarting" or "started"; diagnosis/survived.py reads it
+    recovered: str | None = None
 
     def evidence(self) -> Evidence:
         """The line as the evidence of a diagnosis (its time only when the line had its own)."""

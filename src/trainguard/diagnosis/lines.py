@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from trainguard.worker.contract import STAMP_PATTERN
+from trainguard.worker.contract import RECOVERY_PATTERN, STAMP_PATTERN
 
 # trainguard's own stamp (worker.contract): `<ISO time read> <out|err> `, group 1 the time
 _STAMP = re.compile("^" + STAMP_PATTERN)
@@ -66,6 +66,8 @@ IPYTHON_HEADER = re.compile(
 # '...InvalidArgumentError'>, Invalid JPEG data, size 82243`): the exception the run stops
 # with, at INFO level, so the rules for exception lines read it too.
 COORDINATOR_REPORT = re.compile(r"\bError reported to Coordinator: ")
+# trainguard's line where a rank recovered in place: group 1 the rank, group 2 the kind
+RECOVERY_LINE = re.compile("^" + RECOVERY_PATTERN)
 # Source lines inside a traceback: never findings themselves.
 CODE_LINE = re.compile(r"^\s+(?:raise\b|assert\b|File \"|\^+\s*$|~+)")
 

@@ -22,8 +22,9 @@ from typing import Any
 import re2
 
 from trainguard.diagnosis.rules import Rule, RuleSet
+from trainguard.worker.contract import RECOVERY_PATTERN
 
-# what else makes a line worth a look: tracebacks, exception lines, exit notices
+# what else makes a line worth a look: tracebacks, exception lines, exit notices, recoveries
 EXTRA = (
     r"Traceback \(most recent call last\)|\w(?:Error|Exception|Exit|Interrupt)\b"
     r"|exitcode\s*:\s*-?\d+|exitcode: -?\d+|terminated with (?:signal|exit code)"
@@ -33,6 +34,8 @@ EXTRA = (
     r"|line \d+:\s+\d+ (?:Killed|Segmentation fault|Bus error|Aborted|Terminated)"
     r"|zsh: (?:abort|killed|segmentation fault|bus error|terminated)\s"
     r"|exit code (?:-?\d{10}|0x[0-9A-Fa-f]{8})\b"
+    # trainguard's line where a rank recovered in place (its groups made non-capturing)
+    "|" + re.sub(r"\((?!\?)", "(?:", RECOVERY_PATTERN)
 )
 MAX_MEM = 256 << 20
 # a regex's escapes, character classes and single characters; the anchors among them

@@ -23,6 +23,7 @@ from trainguard.diagnosis.lines import (
     EXCEPTION_LINE,
     IPYTHON_HEADER,
     QUOTED_EXCEPTION,
+    RECOVERY_LINE,
     file_rank,
     is_library_path,
     line_time,
@@ -187,6 +188,13 @@ class FileScan:
             self._streams.setdefault(rank, _Stream()).chained_next = True
             return None
         at, inherited = self._time(pre.at, text)
+        if (mark := RECOVERY_LINE.match(text)) is not None:  # no failure: a rank recovered
+            f = Finding(file=self.name, line=line_no, offset=offset, text=text[:MAX_TEXT],
+                        rank=int(mark.group(1)), node=pre.node, at=at, at_inherited=inherited,
+                        recovered="re-executed" if mark.group(2).startswith("step")
+                        else mark.group(2).split()[0])  # "restarting", "started"
+            self._add(f)
+            return f
         exc = EXCEPTION_LINE.match(text) or EXCEPTION_IN_LINE.search(text[:200])
         rule = self.trigger.match(text, is_exception=exc is not None or (
             "Traceback (" in text and IPYTHON_HEADER.match(text) is not None)

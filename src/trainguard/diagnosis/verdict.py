@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from trainguard.diagnosis.candidates import (
     TIER,
@@ -33,6 +33,7 @@ from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.ranks import rank_taken_twice, split_announcements
 from trainguard.diagnosis.restart import story_restart
 from trainguard.diagnosis.rules import RuleSet
+from trainguard.diagnosis.survived import not_survived
 from trainguard.diagnosis.taxonomy import (
     Category,
     Culprit,
@@ -44,11 +45,6 @@ from trainguard.diagnosis.taxonomy import (
 )
 
 _SIGABRT = 6
-# a line its rank logged this long before two new steps went by: the rank caught it (a CUDA
-# OOM that skipped a batch) and trained on (a margin: a log line's stamp and a step's are
-# taken by different threads, and torch's error file stamps whole seconds; two steps: a
-# progress bar redrawn at exit, after the fatal traceback, is one)
-SURVIVED_BEFORE_STEP = timedelta(seconds=1)
 _MAX_SYMPTOMS = 10
 # what NCCL's generic system or internal error gives way to when its WARN names it
 _NCCL_WARN_CAUSES = (Category.SHARED_MEMORY, Category.GPU_OOM)
@@ -129,7 +125,7 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
     """
     seen = [f for f in findings if detected_at is None or f.at is None or f.at_inherited
             or f.at <= detected_at]
-    seen = _not_survived(seen, exits)
+    seen = not_survived(seen, exits)  # caught and trained past, recovered in place
     seen, twice = split_announcements(seen)  # a rank's announcement decides only as a pair
     d, others = _rules_verdict(seen, exits, rules)
     d = explained_abort(d, seen, rules)  # an abort whose uncaught exception says why
@@ -138,19 +134,6 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
     d = rank_taken_twice(d, twice)
     d = early_exit(d, exits)  # peers failing after a rank ended its script first
     return None if d is None else story_restart(d, seen, others)
-
-
-def _not_survived(seen: list[Finding], exits: Sequence[RankExit]) -> list[Finding]:
-    """Leave out what a rank logged before two new steps (RankExit.second_last_step_at,
-    known for a job's own ranks): an error it caught and trained past is not what it died
-    of. The exception a rank that exited by itself (a code > 0) died of stays."""
-    stepped = {e.rank: e.second_last_step_at for e in exits if e.second_last_step_at}
-    exited = {e.rank for e in exits if e.returncode is not None and e.returncode > 0}
-    if not stepped:
-        return seen
-    return [f for f in seen if f.rank not in stepped or f.at is None or f.at_inherited
-            or (f.final and f.rank in exited)
-            or f.at + SURVIVED_BEFORE_STEP >= stepped[f.rank]]
 
 
 def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],

@@ -10,7 +10,8 @@ torch or launcher code, and does no I/O.
 - The channel: every kind of message a worker sends its agent (MessageKind), each with its
   typed, bounded fields (FIELDS; the Field type and its checks: worker/fields.py, stdlib only
   too). The agent checks each datagram with `parse_message` and drops what fails.
-- The rank log line: `<ISO time read> <out|err> <text>` (stamp_lines, STAMP_PATTERN).
+- The rank log line: `<ISO time read> <out|err> <text>` (stamp_lines, STAMP_PATTERN), and
+  the line a rank prints where it recovered in place (RECOVERY_PATTERN).
 
 Adding a message kind: a MessageKind member, its fields in FIELDS, a sender, and an entry in
 the receiver's dispatch table (node/agent.py: liveness; controller/worker_messages.py).
@@ -344,6 +345,16 @@ STREAMS = ("out", "err")
 # `<ISO time read> <out|err> `, group 1 the time (as datetime.isoformat writes it)
 STAMP_PATTERN = (r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?) "
                  rf"(?:{'|'.join(STREAMS)}) ")
+
+
+# the line a rank prints where it recovered in place (worker/step.py, worker/resilient.py:
+# `[trainguard.WHO] rank R: ...`, control.say): what it logged before is a failure it got past
+# (diagnosis/survived.py). Group 1 the rank, group 2 the kind: "step N re-executed" (the step
+# ran again on every rank: proof itself), "restarting in place" (a survivor) or "started in
+# place of a failed process" (a replacement): those two once the rank stepped after them.
+RECOVERY_PATTERN = (r"\[trainguard\.(?:step|resilient)\] rank (\d{1,7}): "
+                    r"(step \d+ re-executed|restarting in place"
+                    r"|started in place of a failed process) on process group generation \d+")
 
 
 def stamp_lines(stamp: str, stream: str, texts: list[str]) -> list[str]:

@@ -71,6 +71,9 @@ def run_resilient(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     generation = control.pg_generation()
     timeout_s = control.env_float(ENV_IN_PROCESS_TIMEOUT, 60.0)
     restart_s: float | None = None
+    if generation > 0:  # a replacement: the line marks where its rank recovered (its log's
+        # earlier lines are its dead process's: diagnosis/survived.py, RECOVERY_PATTERN)
+        _say(f"started in place of a failed process on process group generation {generation}")
     while True:
         channel.send(MessageKind.RESILIENT, generation=generation, restart_s=restart_s)
         try:
