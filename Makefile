@@ -36,11 +36,12 @@ integration: $(STAMP)
 SERIAL_FILES := tests/browser/test_ui.py \
 	tests/integration/test_silent_eval.py tests/integration/test_hang.py
 
-# two pytest-xdist workers, a test file at a time on one (tests/conftest.py), then the tests
-# that must run alone (marked serial)
+# two pytest-xdist workers, a test file at a time on one (tests/conftest.py), the longest
+# files first (tests/file_order.py: xdist's own reorder would queue them last), then the
+# tests that must run alone (marked serial)
 test: lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadfile \
-		-m "not long and not serial" tests
+		--no-loadscope-reorder -m "not long and not serial" tests
 	$(BIN)/pytest -q -p no:cacheprovider --durations=10 -m "serial and not long" $(SERIAL_FILES)
 
 # the tests marked long: scenarios make test covers another way (the local-backend twins of
