@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -93,8 +94,21 @@ def job_dir(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def clean_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The final weights (SHA-256) of the example DDP job, 2 ranks, 14 steps, a checkpoint
-    every 4, without any fault: what every exact recovery of that job must end with."""
-    tmp = tmp_path_factory.mktemp("clean")
+    every 4, without any fault: what every exact recovery of that job must end with. Run once
+    per `pytest -n` run: the first xdist worker to ask runs the job, the other reads its
+    digest (four files on both workers ran it twice, 10-40 s each on the 2-core machine)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _clean_digest(tmp_path_factory.mktemp("clean"))
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, above each worker's own
+    with open(shared / "clean-digest.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = shared / "clean-digest.txt"
+        if not done.exists():
+            done.write_text(_clean_digest(tmp_path_factory.mktemp("clean")))
+        return done.read_text()
+
+
+def _clean_digest(tmp: Path) -> str:
     r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(tmp / "job"), str(EXAMPLE),
                 "--steps", "14", "--ckpt-every", "4", "--digest"], cwd=tmp)
     assert r.returncode == 0, r.stderr[-3000:]
