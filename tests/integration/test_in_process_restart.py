@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -191,6 +192,47 @@ def test_a_group_broken_under_every_live_rank_reenters_without_a_new_process(
     assert len(failed) == 2 and 0 <= (failed[0] - fault_at).total_seconds() < 1, (failed, rr)
     durations = rr["durations_s"]
     assert isinstance(durations, dict) and durations["detect"] > 0, rr
+
+
+def test_a_group_broken_under_4_ranks_replaces_only_a_rank_blocked_in_its_collective(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Review 35 #7: with 4 ranks the broken connections fail the collective at once only
+    where a rank waits on rank 1; rank 3 waits on a live peer that itself waits, makes no step
+    and never reports. The three waiting ranks were refused after 5 s ("the other ranks run
+    on") and every process restarted. Rank 3, blocked, is killed and started again; the
+    others re-enter in place. Exact: the weights are those of a run resumed from the same
+    checkpoint (with 4 ranks a fresh DDP sums the gradients in another order than the
+    uninterrupted run's, so its weights differ; a process restart's are these too)."""
+    def job4(where: Path, *flags: str) -> list[str]:
+        args = job(where, *flags)
+        args[args.index("--nproc-per-node") + 1] = "4"
+        args[args.index("--steps") + 1] = "8"
+        return args
+    r = run_tg(job4(job_dir), cwd=tmp_path, fault="collective@rank=1,step=6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = reasons(job_dir)
+    assert "InProcessRestarted" in got and "WorkersRestarted" not in got, got
+    assert "WorkerFailed" not in got, got
+    restarting = next(e["message"] for e in read_json("events", job_dir)
+                      if e["reason"] == "InProcessRestarting")
+    named = re.search(r"only rank (\d+) starts again", restarting)
+    assert named and f"rank(s) {named[1]} made no step since the group failed" in restarting
+    before, after = first_pids(job_dir), final_ranks(job_dir)
+    new = int(named[1])
+    assert after[new][0] != before[new] and after[new][1] == 2, (before, after)
+    assert {rank: after[rank] for rank in before if rank != new} == {
+        rank: (pid, 1) for rank, pid in before.items() if rank != new}
+    rr = the_one_record(job_dir)
+    assert (rr["recover"], rr["recover_result"], rr["resumed_step"]) == (
+        "in_process_restart", "success", 4)
+    ckpt = tmp_path / "from-step-4"  # the job's checkpoint of step 4, from before the fault
+    shutil.copytree(job_dir / "checkpoints", ckpt, ignore=shutil.ignore_patterns("*08"))
+    (ckpt / "latest").write_text("step-000000004")
+    ref = run_tg([*job4(tmp_path / "ref", "--no-standby-workers"), "--ckpt-dir", str(ckpt)],
+                 cwd=tmp_path)
+    assert ref.returncode == 0 and "resumed from the checkpoint of step 4" in ref.stderr, \
+        ref.stderr[-3000:]
+    assert digest(r.stdout) == digest(ref.stdout)
 
 
 def test_an_in_process_restart_that_fails_again_downgrades_to_a_process_restart(

@@ -6,10 +6,12 @@ every rank said so, the ladder may decide RESTART_RANKS: a fresh rendezvous and 
 generation go to the agent (AgentAPI.restart_ranks), which kills the named ranks, tells the
 others to re-enter in place and starts only the named ones again. The restart is done when
 every rank entered the new generation (InProcessRestarted). When every rank reports its
-group broke under it (RESTART_WAITING) and every process lives, `broken` says so: the
-controller asks the ladder (GROUP_FAILED) and every rank re-enters, none is replaced. A
-rank that waits while others run on, with nothing dead, is told NO_RESTART after
-REFUSE_AFTER_S: it raises, and its exit is the incident.
+group broke under it (RESTART_WAITING), or the ranks that do not made no step since
+(`blocked`: stuck in the broken collective), and every process lives, `broken` says so: the
+controller asks the ladder (GROUP_FAILED), the waiting ranks re-enter and only the blocked
+ones are replaced. A rank that waits while another ran on, with nothing dead, is told
+NO_RESTART after REFUSE_AFTER_S: it raises, and its exit is the incident
+(policy.inprocess.judge_waiting decides which).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from trainguard.controller.recorder import Recorder
 from trainguard.controller.step_retry import StepRetries
 from trainguard.errors import LaunchError
 from trainguard.policy.decision import Action, Decision, InProcessCase, Rung, Tried
+from trainguard.policy.inprocess import judge_waiting
 from trainguard.protocol import AgentAPI, NodeReport, RestartRanks, Tell
 from trainguard.records import (
     Level,
@@ -36,7 +39,6 @@ from trainguard.records import (
 from trainguard.states import WorkerState
 from trainguard.worker.contract import ControlKind, MessageKind
 
-REFUSE_AFTER_S = 5.0  # a survivor waits this long for a death before it is told NO_RESTART
 # after a death, how long the rung waits to see whether its survivors die too: ranks killed
 # together (an OOM killer, a `kill -9` of the job, a shared library's crash) exit within
 # milliseconds of each other, and an in-process restart around a survivor already dying spent
@@ -56,6 +58,7 @@ class InProcessRestarts:
         self._replaced: set[int] = set()  # the ranks the pending restart starts again
         self._refused: set[int] = set()  # told NO_RESTART: they raise and exit
         self.broken: str | None = None  # every rank waits, none died: the first error
+        self.blocked: tuple[int, ...] = ()  # with it: the ranks blocked in the broken collective
         # with it, (fault, detected): the first rank's failure, the last one's report seen
         self.broken_at: tuple[datetime, datetime] | None = None
         self._failed_at: dict[int, datetime] = {}  # rank -> when its group failed (waiting)
@@ -64,7 +67,7 @@ class InProcessRestarts:
         self._resilient.clear()
         self._waiting.clear()
         self._refused.clear()
-        self._pending, self.broken = None, None
+        self._pending, self.broken, self.blocked = None, None, ()
 
     def case(self, report: NodeReport, ranks: tuple[int, ...]) -> InProcessCase | None:
         """The in-process case for replacing `ranks`, or None when the rung does not apply
@@ -101,6 +104,7 @@ class InProcessRestarts:
             if m.kind == MessageKind.RESILIENT:
                 self._resilient[m.rank] = int(m.data["generation"])
                 self._waiting.pop(m.rank, None)
+                self._refused.discard(m.rank)  # (re-)entered: not on its way out
             elif m.kind == MessageKind.RESTART_WAITING and m.rank not in self._refused:
                 if m.rank not in self._waiting:  # (a report sent again: the first one's)
                     failed = m.data.get("failed_at")
@@ -109,15 +113,24 @@ class InProcessRestarts:
                 self._waiting.setdefault(m.rank, (int(m.data["generation"]), time.monotonic(),
                                                   str(m.data["error"])))
         self._done(report, attempt)
-        running = {w.rank for w in report.workers if not w.state.ended}
-        if (self._waiting and self._pending is None and running <= set(self._waiting)
-                and len(running) == len(report.workers)):
-            first = min(self._waiting, key=lambda r: self._waiting[r][1])
-            if self.broken is None:  # (walk-through 34 #6: recorded as after the decision)
-                self.broken_at = (min(self._failed_at[r] for r in self._waiting), utcnow())
-            self.broken = f"rank {first}: {self._waiting[first][2]}"
-        else:
-            self._refuse(report)
+        if self._pending is not None:
+            return
+        states = {w.rank: w.state for w in report.workers}
+        verdict = judge_waiting(
+            states, {r: since for r, (_, since, _) in self._waiting.items()},
+            {lv.rank: lv.last_step for lv in report.liveness},
+            [r for r in self._refused if r in states and not states[r].ended], time.monotonic())
+        if verdict.refuse:
+            self.refuse(verdict.reason, list(verdict.refuse))
+        if not verdict.broken:
+            return
+        first = min(self._waiting, key=lambda r: self._waiting[r][1])
+        if self.broken is None:  # (walk-through 34 #6: recorded as after the decision)
+            self.broken_at = (min(self._failed_at[r] for r in self._waiting), utcnow())
+        self.broken = f"rank {first}: {self._waiting[first][2]}" + (
+            f"; rank(s) {rank_list(verdict.blocked)} made no step since: blocked in the broken "
+            "collective" if verdict.blocked else "")
+        self.blocked = verdict.blocked
 
     def carry_out(self, attempt: int, decision: Decision) -> Decision:
         """Restart decision.ranks in place; the decision as carried out (a process restart,
@@ -137,13 +150,15 @@ class InProcessRestarts:
                            tried=(*decision.tried, Tried(Rung.IN_PROCESS_RESTART,
                                                          RecoverResult.DOWNGRADE, why)))
         self._steps.restarted(generation)
+        blocked = f"; rank(s) {rank_list(self.blocked)} made no step since the group failed " \
+            "(blocked in the broken collective): killed" if self.blocked else ""
         self._waiting.clear()
-        self.broken = None
+        self.broken, self.blocked = None, ()
         self._pending = (generation, time.monotonic())
         self._replaced = set(decision.ranks)
         self.rec.event(Level.WARNING, Reason.IN_PROCESS_RESTARTING,
-                       f"{decision.reason} ({plural(told, 'rank')} told so; the new process "
-                       f"group: generation {generation} at {addr}:{port})", attempt=attempt,
+                       f"{decision.reason}{blocked} ({plural(told, 'rank')} told so; the new "
+                       f"process group: generation {generation} at {addr}:{port})", attempt=attempt,
                        rank=decision.ranks[0] if len(decision.ranks) == 1 else None)
         return decision
 
@@ -182,25 +197,4 @@ class InProcessRestarts:
         for r in due:
             self._waiting.pop(r, None)
             self._refused.add(r)
-        self.broken = None
-
-    def _refuse(self, report: NodeReport) -> None:
-        """Ranks waiting for a restart that will not come: some wait, the others run on,
-        nothing died, none is planned; or a rank ended its script (exit 0) and nothing died:
-        the job is ending (walk-through 34 #11: the survivor waited --in-process-timeout,
-        60 s, for a verdict, hang detection off in the wait), told at once."""
-        if not self._waiting or self._pending is not None:
-            return
-        if any(w.state == WorkerState.FAILED for w in report.workers):
-            return  # a death: the controller decides about it now
-        done = [w.rank for w in report.workers if w.state == WorkerState.SUCCEEDED]
-        if done:
-            self.refuse(f"rank(s) {rank_list(done)} ended the script (exit 0): the job is "
-                        "ending, nothing to restart in place")
-            return
-        if any(w.state.ended for w in report.workers):
-            return
-        now = time.monotonic()
-        due = [r for r, (_, since, _) in self._waiting.items() if now - since >= REFUSE_AFTER_S]
-        self.refuse(f"no rank's process ended within {REFUSE_AFTER_S:g}s of the failure and "
-                    "the other ranks run on: nothing to restart in place", due)
+        self.broken, self.blocked = None, ()

@@ -321,7 +321,7 @@ class Controller:
         The record's fault: the first rank's failure; detected: the last rank's report."""
         fault_at, detected = self._inproc.broken_at or (utcnow(), utcnow())
         incident = Incident(IncidentKind.GROUP_FAILED, why=error, in_process=self._inproc.case(
-            report, ()), made_progress=self._made_progress(report))
+            report, self._inproc.blocked), made_progress=self._made_progress(report))
         decision = decide(incident, self._hist, self._policy)  # committed when carried out
         if decision.action == Action.RESTART_RANKS:
             self._note_progress(report)

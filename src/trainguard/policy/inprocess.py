@@ -6,8 +6,9 @@ and the others re-enter their function in their own processes (no interpreter st
 imports). It spends what the process restart would (the restart budget after a crash, the
 suspension budget after a hang) and waits no backoff: the survivors wait for it.
 
-Also after GROUP_FAILED (every rank's group broke, every process lives): no rank is
-replaced, every rank re-enters. Downgrades to the process restart (rung 1b), recorded with
+Also after GROUP_FAILED (every rank's group broke, every process lives): every rank that
+waits re-enters, and only a rank blocked in the broken collective (it made no step since,
+judge_waiting) is replaced. Downgrades to the process restart (rung 1b), recorded with
 why, when: no single rank can be named to replace (a hang with no culprit), no rank
 survived, or the last in-process restart made no progress (a restart in place that fails
 again is not tried twice in a row).
@@ -15,7 +16,8 @@ again is not tried twice in a row).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 
 from trainguard.policy.decision import (
     Action,
@@ -26,6 +28,65 @@ from trainguard.policy.decision import (
     Tried,
 )
 from trainguard.records import RecoverResult, rank_list
+from trainguard.states import WorkerState
+
+REFUSE_AFTER_S = 5.0  # a waiting rank, while another ran on, is told NO_RESTART after this
+# a rank that neither waits nor made a step since the waiting ranks' group failed, after this
+# long, is blocked in the broken collective: gloo wakes it only when a peer's socket closes
+# (review 35 #7: with 4 ranks, rank 3 waited on a live peer that was itself waiting)
+BLOCKED_AFTER_S = 1.0
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    """What the ranks waiting for a restart in place add up to (judge_waiting): nothing yet
+    (the default); `broken`: every rank's group broke, and `blocked` names those stuck in the
+    broken collective, to start again; or `refuse`: these waiting ranks are told
+    NO_RESTART, with `reason`."""
+
+    broken: bool = False
+    blocked: tuple[int, ...] = ()
+    refuse: tuple[int, ...] = ()
+    reason: str = ""
+
+
+def judge_waiting(states: Mapping[int, WorkerState], waiting: Mapping[int, float],
+                  steps: Mapping[int, int | None], leaving: Collection[int],
+                  now: float) -> GroupVerdict:
+    """`states`: every rank's; `waiting`: the waiting ranks, each with when (monotonic) its
+    report came; `steps`: each running rank's last step seen; `leaving`: ranks told
+    NO_RESTART that still run. A rank that does not wait and has no step beyond the furthest
+    a waiting rank made is blocked in the broken collective, not running on."""
+    if not waiting or WorkerState.FAILED in states.values():
+        return GroupVerdict()  # a death: the controller decides about it now
+    done = [r for r, s in states.items() if s == WorkerState.SUCCEEDED]
+    if done:  # (walk-through 34 #11: the survivor waited --in-process-timeout, 60 s)
+        return GroupVerdict(refuse=tuple(sorted(waiting)), reason=(
+            f"rank(s) {rank_list(done)} ended the script (exit 0): the job is ending, "
+            "nothing to restart in place"))
+    if any(s.ended for s in states.values()):
+        return GroupVerdict()
+    others = sorted(r for r in states if r not in waiting and r not in leaving)
+    failed = max((s for r in waiting if (s := steps.get(r)) is not None), default=None)
+    ran_on = {r: s for r in others if (s := steps.get(r)) is not None
+              and (failed is None or s > failed)}
+    if not ran_on and not leaving:
+        if not others:
+            return GroupVerdict(broken=True)
+        if now - min(waiting.values()) >= BLOCKED_AFTER_S:
+            return GroupVerdict(broken=True, blocked=tuple(others))
+        return GroupVerdict()
+    seen = []
+    if ran_on:
+        seen.append(f"rank(s) {rank_list(sorted(ran_on))} ran on (to step "
+                    f"{max(ran_on.values())}; the waiting ranks' last step: "
+                    f"{'none' if failed is None else failed})")
+    if leaving:
+        seen.append(f"rank(s) {rank_list(sorted(leaving))}, told no restart, are ending")
+    due = tuple(sorted(r for r, since in waiting.items() if now - since >= REFUSE_AFTER_S))
+    return GroupVerdict(refuse=due, reason=(
+        f"no rank's process ended within {REFUSE_AFTER_S:g}s of the failure and "
+        f"{'; '.join(seen)}: nothing to restart in place")) if due else GroupVerdict()
 
 
 def in_place(d: Decision, incident: Incident) -> Decision:

@@ -13,7 +13,8 @@ the Decision out (controller/loop.py, controller/nodes.py).
 | STEP_FAILED     | 0: re-form the group, re-run step | downgrade: the ranks raise, then |
 |                 |   (--operator-reexecution)        |   their exit is a CRASH (rung 1) |
 | GROUP_FAILED    | 1a: every rank re-enters in place | the ranks raise: their exit is a |
-|                 |   (run_resilient, restart budget) |   CRASH (rung 1b)                |
+|                 |   (run_resilient, restart budget; |   CRASH (rung 1b)                |
+|                 |   a blocked rank is replaced)     |                                  |
 
 docs/architecture.md has the full table (triggers, budgets, downgrade targets, records).
 """
