@@ -6,10 +6,18 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from trainguard.cli.diagnose_job import read_job_dir
+from trainguard.cli.diagnose_job import job_reader, read_job_dir
 from trainguard.controller.faults import LOST_END_REASON
 from trainguard.controller.store import JobStore, WorkerRow
-from trainguard.records import RunningRecord, StartType
+from trainguard.diagnosis.sources import diagnose_paths
+from trainguard.records import (
+    FaultScenario,
+    RecoverRecord,
+    RecoverResult,
+    RunningRecord,
+    StartType,
+)
+from trainguard.states import WorkerState
 
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
 
@@ -32,3 +40,59 @@ def test_an_attempt_lost_with_its_launcher_then_one_that_succeeded_is_no_failure
     assert got is not None and got.failed is False and got.files == [], got
     assert got.note == ("no attempt of the job failed (attempt 0 was lost with its launcher, "
                         "killed or crashed, and its ranks with it; attempt 1 succeeded)")
+
+
+NCCL = "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"
+
+
+def _in_process(result: RecoverResult, *, detected: float, decided: float,
+                end: float | None) -> RecoverRecord:
+    return RecoverRecord(0, T0 + timedelta(seconds=detected), FaultScenario.ERROR_IN_LOG,
+                         "nccl_communication_error", "worker-1", recover="in_process_restart",
+                         recover_result=result, detected_at=T0 + timedelta(seconds=detected),
+                         decided_at=T0 + timedelta(seconds=decided),
+                         recover_end_at=None if end is None else T0 + timedelta(seconds=end))
+
+
+def _job_with(tmp_path: Path, records: list[RecoverRecord], lines: dict[int, list[str]]) -> Path:
+    """A store whose attempt 0 failed (every rank exited 1) with `records`, and rank logs."""
+    job = tmp_path / "job"
+    with JobStore.create(job, "run-1") as s:
+        s.put_running(RunningRecord(0, T0, StartType.FIRST_START, T0 + timedelta(seconds=30),
+                                    "failed", recover_records=records))
+        s.put_workers(0, [WorkerRow(0, r, r, "node0", 100 + r, WorkerState.FAILED, 1,
+                                    ended_at=T0 + timedelta(seconds=21)) for r in (0, 1)])
+    logs = job / "logs" / "attempt-0"
+    logs.mkdir(parents=True)
+    for rank, texts in lines.items():
+        (logs / f"rank-{rank}.log").write_text("".join(
+            f"{(T0 + timedelta(seconds=s)).isoformat()} err {t}\n" for s, t in texts))
+    return job
+
+
+def test_an_in_process_restart_that_did_not_recover_bounds_the_window_where_it_began(
+        tmp_path: Path) -> None:
+    """Review 36 #7: a downgraded record (the rung did not act: no rank survived) ends at the
+    failure's detection, and the window from there left that failure no line ('rank 0 exited
+    with code 1 and left no known error') where the live verdict named the NCCL error. Now a
+    downgrade leaves every line in; a restart that made no progress (closed at the next
+    failure's detection) keeps the lines after it began, not after its close; one that
+    recovered keeps the lines after its first step."""
+    lines = {1: [(5.0, "[trainguard.faults] injecting log at step 4"), (5.0, NCCL)],
+             0: [(19.0, "FileNotFoundError: [Errno 2] No such file: '/data/shard-9.bin'")]}
+    cases = [
+        ([_in_process(RecoverResult.DOWNGRADE, detected=20, decided=20.1, end=20)],
+         "nccl_communication_error"),
+        ([_in_process(RecoverResult.SUCCESS, detected=6, decided=6.1, end=8),
+          _in_process(RecoverResult.FAILED, detected=10, decided=10.1, end=20)], None),
+        ([_in_process(RecoverResult.SUCCESS, detected=6, decided=6.1, end=8)], None),
+    ]
+    for i, (records, want) in enumerate(cases):
+        job = _job_with(tmp_path / str(i), records, lines)
+        report = diagnose_paths([job], read_job=job_reader(None))
+        d = report.diagnosis
+        assert d is not None, report.problems
+        if want is not None:  # the downgrade: the attempt's own failure, from all its lines
+            assert d.category.value == want, d
+        else:  # after the first restart's step: rank 0's error, not rank 1's earlier one
+            assert d.evidence is not None and d.evidence.file.endswith("rank-0.log"), d

@@ -32,7 +32,15 @@ from trainguard.diagnosis.sources import JobInputs, JobReader, log_files
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import HANG_FILE, STACKS_DIR, attempt_log_dir, stacks_dir
-from trainguard.records import Event, FaultScenario, Reason, RunningRecord, from_iso
+from trainguard.records import (
+    Event,
+    FaultScenario,
+    Reason,
+    RecoverRecord,
+    RecoverResult,
+    RunningRecord,
+    from_iso,
+)
 from trainguard.states import JobState, WorkerState
 
 
@@ -60,8 +68,9 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
                         "kept failing without progress, so restarting did not help: fix the "
                         "cause before launching it again")
     losses = _node_losses(records)
-    in_place = {rec.attempt: rrs for rec in records
-                if (rrs := [rr for rr in rec.recover_records if rr.recover == IN_PLACE])}
+    in_place = {rec.attempt: rrs for rec in records  # (the ones the rung carried out)
+                if (rrs := [rr for rr in rec.recover_records if rr.recover == IN_PLACE
+                            and rr.recover_result not in _NOT_CARRIED_OUT])}
     ended = {rec.attempt: rec.end_reason for rec in records}
     # every rank exited 0: a hang confirmed as the ranks were ending is no failure
     ok = {a for a in attempts if all(r.state == WorkerState.SUCCEEDED
@@ -91,12 +100,11 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
     restarts = in_place.get(attempt, [])
     window: tuple[datetime | None, datetime | None] = (None, None)
     if restarts:  # lines before its last in-process restart are an earlier failure's
-        window = (restarts[-1].recover_end_at or restarts[-1].detected_at, None)
+        window = (_answered_until(restarts[-1]), None)
     if restarts and not any(e.failed for e in exits) and attempt not in losses:
         # it went on after its last in-process restart: that restart's failure is diagnosed
         last = restarts[-1]
-        start = (restarts[-2].recover_end_at or restarts[-2].detected_at
-                 ) if len(restarts) > 1 else None
+        start = _answered_until(restarts[-2]) if len(restarts) > 1 else None
         window = (start, last.detected_at)
         died = _died(deaths, attempt, start, last.decided_at or last.recover_end_at)
         exits = [*died, *(e for e in exits if e.rank not in {d.rank for d in died})]
@@ -110,6 +118,19 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
 
 
 IN_PLACE = "in_process_restart"  # a recover record's `recover` for rung 1a
+# an in-process record whose rung did not act (downgraded to a process restart, no budget
+# left): its failure is the attempt's own, diagnosed from all of its lines
+_NOT_CARRIED_OUT = (RecoverResult.DOWNGRADE, RecoverResult.QUOTA_EXCEEDED)
+
+
+def _answered_until(rr: RecoverRecord) -> datetime | None:
+    """Until when a log line can be the failure an in-process restart answered: the first
+    step after it when it recovered; else when it began (a restart that made no progress
+    is closed at the next failure's detection, whose own lines came after it began: review
+    36 #7, a window from the close left that failure no line)."""
+    if rr.recover_result == RecoverResult.SUCCESS:
+        return rr.recover_end_at or rr.detected_at
+    return rr.workers_started_at or rr.decided_at or rr.detected_at
 _SIGNALS = {s.name for s in signal.Signals}
 _EXIT_WORDS = re.compile(r"killed by (SIG[A-Z0-9]+)|exited with code (-?\d+)")
 
