@@ -202,3 +202,32 @@ def test_the_scan_reads_each_recovery_line_as_a_mark_not_a_failure() -> None:
         (0, "started", None, None)]
     # marks alone are no failure: a rank that exited 0 has nothing to diagnose
     assert diagnose(findings, [RankExit(0, False, 0)], load_rules()) is None
+
+
+def test_in_a_log_without_rank_prefixes_any_ranks_recovery_retires_the_lines_before_it() -> None:
+    """A line no rank prefix names could be any rank's: a recovery line after it retires it;
+    a failure after the recovery line still decides."""
+    log = [stamped(1.0, "err", GLOO),
+           stamped(1.1, "err", REEXECUTED),
+           stamped(1.5, "err", "RuntimeError: CUDA error: an illegal memory access was "
+                               "encountered")]
+    findings = scan_lines(log, "console.log")
+    assert [f.rank for f in findings] == [None, 0, None]
+    exits = [RankExit(0, True, 1, T0 + timedelta(seconds=2))]
+    d = diagnose(findings, exits, load_rules())
+    assert d is not None and d.category == Category.CUDA_KERNEL_ERROR, d
+    d = diagnose(findings[:2], exits, load_rules())  # only what came before the recovery
+    assert d is not None and d.evidence is None, d  # the exit alone: the line was retired
+
+
+def test_a_replacement_of_a_replacement_retires_the_first_processs_failure() -> None:
+    """Review 36 #1: rank 0 failed, was replaced, trained, was replaced again, and the second
+    replacement failed within two steps (no second-last step of its own): the first process's
+    error decided. A later recovery line of the rank shows the restart before it got on."""
+    log = [stamped(1.0, "err", ILLEGAL), stamped(1.1, "err", STARTED),
+           stamped(2.0, "err", STARTED.replace("generation 1", "generation 2")),
+           stamped(2.2, "err", "FileNotFoundError: [Errno 2] No such file or directory: "
+                               "'/ckpt/step-8/model.pt'")]
+    d = verdict(None, code=1, log=log)
+    assert d.evidence is not None and d.evidence.line == 4, d
+    assert evidence_line(STARTED, None) == 2  # one restart line, no step after: it stays

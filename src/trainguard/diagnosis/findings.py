@@ -12,6 +12,11 @@ from pydantic import BaseModel, ConfigDict
 
 from trainguard.diagnosis.taxonomy import Evidence
 
+# Finding.recovered: the kind of a rank's recovery line (worker.contract.RECOVERY_PATTERN)
+REEXECUTED = "re-executed"  # a step ran again on every rank: proof by itself
+RESTARTING = "restarting"  # a survivor of an in-process restart re-enters its function
+STARTED = "started"  # a replacement of an in-process restart starts
+
 
 class Finding(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -40,8 +45,8 @@ class Finding(BaseModel):
     # one of the file's last lines that no rule or exception picked: read only by the
     # fallback (diagnosis/fallback.py) when the rules are silent or weak
     context: bool = False
-    # trainguard's line where the rank recovered in place (lines.RECOVERY_LINE): no failure
-    # but a mark, "re-executed", "restarting" or "started"; diagnosis/survived.py reads it
+    # trainguard's line where the rank recovered in place (lines.recovery): no failure
+    # but a mark: REEXECUTED, RESTARTING or STARTED; diagnosis/survived.py reads it
     recovered: str | None = None
 
     def evidence(self) -> Evidence:

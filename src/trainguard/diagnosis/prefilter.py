@@ -34,8 +34,8 @@ EXTRA = (
     r"|line \d+:\s+\d+ (?:Killed|Segmentation fault|Bus error|Aborted|Terminated)"
     r"|zsh: (?:abort|killed|segmentation fault|bus error|terminated)\s"
     r"|exit code (?:-?\d{10}|0x[0-9A-Fa-f]{8})\b"
-    # trainguard's line where a rank recovered in place (its groups made non-capturing)
-    "|" + re.sub(r"\((?!\?)", "(?:", RECOVERY_PATTERN)
+    # trainguard's line where a rank recovered in place (the trigger reads no group)
+    "|" + RECOVERY_PATTERN
 )
 MAX_MEM = 256 << 20
 # a regex's escapes, character classes and single characters; the anchors among them

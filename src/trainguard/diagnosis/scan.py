@@ -23,10 +23,10 @@ from trainguard.diagnosis.lines import (
     EXCEPTION_LINE,
     IPYTHON_HEADER,
     QUOTED_EXCEPTION,
-    RECOVERY_LINE,
     file_rank,
     is_library_path,
     line_time,
+    recovery,
     split_prefix,
 )
 from trainguard.diagnosis.prefilter import Trigger, compile_trigger
@@ -188,11 +188,10 @@ class FileScan:
             self._streams.setdefault(rank, _Stream()).chained_next = True
             return None
         at, inherited = self._time(pre.at, text)
-        if (mark := RECOVERY_LINE.match(text)) is not None:  # no failure: a rank recovered
+        if (mark := recovery(text)) is not None:  # no failure: a rank recovered in place
             f = Finding(file=self.name, line=line_no, offset=offset, text=text[:MAX_TEXT],
-                        rank=int(mark.group(1)), node=pre.node, at=at, at_inherited=inherited,
-                        recovered="re-executed" if mark.group(2).startswith("step")
-                        else mark.group(2).split()[0])  # "restarting", "started"
+                        rank=mark[0], node=pre.node, at=at, at_inherited=inherited,
+                        recovered=mark[1])
             self._add(f)
             return f
         exc = EXCEPTION_LINE.match(text) or EXCEPTION_IN_LINE.search(text[:200])

@@ -11,8 +11,10 @@ Two ways a rank shows it got past a failure:
   its log holds before that line is the failure the job already recovered from: the same
   kind of failure later in the attempt is named by its own line, time and rank
   (walk-through 34 #10: a step re-executed at step 4, a second collective failure at step 8
-  was diagnosed with step 4's line). The line comes from the same log, so no clock is
-  compared; it needs no margin, which the toy's 0.1 s steps made the first way miss.
+  was diagnosed with step 4's line). The line retires what comes before it in the same
+  file (by offset): no margin, which the toy's 0.1 s steps made the first way miss. Whether
+  a restart line counts compares its stamp with the rank's step time, both taken by the
+  node's agent (one clock).
 """
 
 from __future__ import annotations
@@ -21,15 +23,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from trainguard.diagnosis.candidates import RankExit
-from trainguard.diagnosis.findings import Finding
+from trainguard.diagnosis.findings import REEXECUTED, Finding
 
 # a line its rank logged this long before two new steps went by: the rank caught it (a CUDA
 # OOM that skipped a batch) and trained on (a margin: a log line's stamp and a step's are
 # taken by different threads, and torch's error file stamps whole seconds; two steps: a
 # progress bar redrawn at exit, after the fatal traceback, is one)
 SURVIVED_BEFORE_STEP = timedelta(seconds=1)
-# a recovery line that is proof by itself: the step ran again on every rank
-_PROVEN = "re-executed"
 
 
 def not_survived(seen: list[Finding], exits: Sequence[RankExit]) -> list[Finding]:
@@ -60,14 +60,16 @@ def not_survived(seen: list[Finding], exits: Sequence[RankExit]) -> list[Finding
 def _recovered_at(seen: list[Finding], stepped: dict[int, datetime]) -> dict[
         tuple[str, int | None], int]:
     """(file, rank) -> the offset of the rank's last recovery line that counts there: a step
-    re-executed, or a restart in place the rank stepped after (its second-last step came
-    later than the line; both times are the agent's clock)."""
+    re-executed; a restart in place the rank stepped after (its second-last step came later
+    than the line; both times are the agent's clock), or that a later recovery line of the
+    rank follows (the ladder restarts in place again only after progress: a replacement of a
+    replacement that failed within two steps, review 36 #1)."""
+    marks = sorted((m for m in seen if m.recovered is not None), key=lambda m: m.offset)
     past: dict[tuple[str, int | None], int] = {}
-    for m in seen:
-        if m.recovered is None:
-            continue
+    for i, m in enumerate(marks):
         after = stepped.get(m.rank) if m.rank is not None else None
-        if m.recovered == _PROVEN or (
+        if m.recovered == REEXECUTED or any(
+                (n.file, n.rank) == (m.file, m.rank) for n in marks[i + 1:]) or (
                 after is not None and m.at is not None and not m.at_inherited
                 and after > m.at):
             key = (m.file, m.rank)

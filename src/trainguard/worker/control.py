@@ -26,6 +26,7 @@ from trainguard.worker.contract import (
     ENV_PG_GENERATION,
     ENV_RANK,
     ENV_SOCKET,
+    ControlKind,
     MessageKind,
     control_socket,
     parse_control,
@@ -185,6 +186,12 @@ def env_float(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def newer_restart(v: dict[str, Any], generation: int) -> bool:
+    """Whether `v` is the launcher's RESTART onto a process group newer than `generation`
+    (an older one's RESTART was for a failure this process already restarted after)."""
+    return bool(v["kind"] == ControlKind.RESTART and v["generation"] > generation)
 
 
 def pg_generation() -> int:

@@ -113,15 +113,9 @@ def restart_if_asked() -> None:
     if running is None or threading.current_thread() is not threading.main_thread():
         return
     box, generation = running
-    v = box.take(lambda v: _newer_restart(v, generation))
+    v = box.take(lambda v: control.newer_restart(v, generation))
     if v is not None:
         raise control.RestartRequested(v)
-
-
-def _newer_restart(v: dict[str, Any], generation: int) -> bool:
-    """Whether `v` is the launcher's RESTART onto a process group newer than `generation`
-    (an older one's RESTART was for a failure this process already restarted after)."""
-    return bool(v["kind"] == ControlKind.RESTART and v["generation"] > generation)
 
 
 def _await_restart(box: control.Inbox, generation: int, error: Exception,
@@ -132,7 +126,7 @@ def _await_restart(box: control.Inbox, generation: int, error: Exception,
     _say(f"the process group failed under this rank ({first}); waiting for the launcher")
 
     def accept(v: dict[str, Any]) -> bool:
-        return _newer_restart(v, generation) or bool(
+        return control.newer_restart(v, generation) or bool(
             v["kind"] == ControlKind.NO_RESTART and v["generation"] >= generation)
 
     with phase("in_process_restart", timeout_s=timeout_s + 10):  # a wait, not a hang

@@ -158,8 +158,8 @@ class StepGuard:
         step, generation = reform.get("step"), reform["generation"]
 
         def accept(v: dict[str, Any]) -> bool:
-            if v["kind"] == ControlKind.RESTART:
-                return bool(v["generation"] > self.generation)
+            if control.newer_restart(v, self.generation):
+                return True
             return v.get("step") == step and (
                 v["kind"] == ControlKind.GIVE_UP
                 or (v["kind"] == ControlKind.REFORM_GO and v["generation"] == generation))
@@ -200,8 +200,8 @@ class StepGuard:
         assert self._inbox is not None
 
         def accept(v: dict[str, Any]) -> bool:
-            if v["kind"] == ControlKind.RESTART:
-                return bool(v["generation"] > self.generation)
+            if control.newer_restart(v, self.generation):
+                return True
             return v.get("step") == step and (v["kind"] == ControlKind.GIVE_UP
                                               or (v["kind"] == ControlKind.REFORM
                                                   and v["generation"] > self.generation))
