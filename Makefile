@@ -5,6 +5,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the tests start thousands of Python processes (each `python -m trainguard`, each rank, each
+# xdist worker): with PYTHONDONTWRITEBYTECODE set, as on the CI machine, every one compiled
+# trainguard's modules again and every worker rewrote every test module's asserts; their
+# bytecode goes to __pycache__/ (ignored by git) instead
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 
 .PHONY: demo test test-long lint typecheck unit integration bench torture chaos clean
 
@@ -26,10 +31,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+	$(PYTEST) -q tests/unit
 
 integration: $(STAMP)
-	$(BIN)/pytest -q tests/integration
+	$(PYTEST) -q tests/integration
 
 # the files that hold tests marked serial (collected alone: collecting all of tests/ takes
 # about 20 s; tests/unit/test_makefile.py checks that the list names every such file)
@@ -40,14 +45,14 @@ SERIAL_FILES := tests/browser/test_ui.py \
 # files first (tests/file_order.py: xdist's own reorder would queue them last), then the
 # tests that must run alone (marked serial)
 test: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadfile \
+	$(PYTEST) -q -p no:cacheprovider --durations=30 -n 2 --dist loadfile \
 		--no-loadscope-reorder -m "not long and not serial" tests
-	$(BIN)/pytest -q -p no:cacheprovider --durations=10 -m "serial and not long" $(SERIAL_FILES)
+	$(PYTEST) -q -p no:cacheprovider --durations=10 -m "serial and not long" $(SERIAL_FILES)
 
 # the tests marked long: scenarios make test covers another way (the local-backend twins of
 # the Slurm tests, real-process twins of unit-tested decisions)
 test-long: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider -m long tests
+	$(PYTEST) -q -p no:cacheprovider -m long tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/recovery_time.py

@@ -28,8 +28,8 @@ def test_the_parallel_run_keeps_the_longest_first_order_of_a_table_of_real_files
     from tests.file_order import FILE_SECONDS
 
     text = (REPO / "Makefile").read_text()
-    parallel = re.search(r"^\t\$\(BIN\)/pytest [^\n]*-n 2 --dist loadfile \\\n\t\t([^\n]*)",
-                         text, re.M)
+    parallel = re.search(r"^\t\$\(PYTEST\) [^\n]*-n 2 --dist loadfile \\\n\t\t([^\n]*)", text,
+                         re.M)
     assert parallel is not None, "no parallel pytest call in the Makefile"
     assert "--no-loadscope-reorder" in parallel.group(1)
     assert [f for f in FILE_SECONDS if not (REPO / f).is_file()] == []
