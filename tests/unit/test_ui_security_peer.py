@@ -80,12 +80,14 @@ def test_a_lookup_in_a_table_any_user_can_grow_stays_fast(tmp_path: Path) -> Non
     assert max(took) < 0.05, took  # about 6 ms here; 200 ms before
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The real `trainguard ui` (as its users start it: uvicorn's proxy headers are its
-    settings, not a test's) over one job; its URL."""
-    make_job(tmp_path / "job").close()
-    with running_ui(tmp_path / "job") as (_, port):
+    settings, not a test's) over one job; its URL. One for the module: the tests only read
+    through it (a dashboard started for each test took 1.5-3 s of its setup)."""
+    job = tmp_path_factory.mktemp("peer") / "job"
+    make_job(job).close()
+    with running_ui(job) as (_, port):
         yield f"http://127.0.0.1:{port}"
 
 
