@@ -78,21 +78,30 @@ def test_an_in_process_restart_that_did_not_recover_bounds_the_window_where_it_b
     downgrade leaves every line in; a restart that made no progress (closed at the next
     failure's detection) keeps the lines after it began, not after its close; one that
     recovered keeps the lines after its first step."""
-    lines = {1: [(5.0, "[trainguard.faults] injecting log at step 4"), (5.0, NCCL)],
-             0: [(19.0, "FileNotFoundError: [Errno 2] No such file: '/data/shard-9.bin'")]}
-    cases = [
+    # rank 1: the NCCL error the first restart answered (5 s); a line read between that
+    # restart's decision and its first step (7 s); the error the second restart answered,
+    # after the first one's step and before the second began (9 s). Rank 0: a later error.
+    lines = {1: [(5.0, "[trainguard.faults] injecting log at step 4"), (5.0, NCCL),
+                 (7.0, "RuntimeError: CUDA error: an illegal memory access was encountered"),
+                 (9.0, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")],
+             0: [(19.0, "ValueError: invalid literal for int() with base 10: 'abc'")]}
+    cases = [  # (records, the deciding line's category)
+        # downgraded: the attempt's own failure, from all its lines (none left out: before
+        # the fix none was left in, and the verdict was 'exited with code 1 and left no
+        # known error'); of rank 1's, the OOM explains the NCCL error
         ([_in_process(RecoverResult.DOWNGRADE, detected=20, decided=20.1, end=20)],
-         "nccl_communication_error"),
+         "gpu_oom"),
+        # recovered at 8 s, then one that did not recover began at 10.1 s: after it began
         ([_in_process(RecoverResult.SUCCESS, detected=6, decided=6.1, end=8),
-          _in_process(RecoverResult.FAILED, detected=10, decided=10.1, end=20)], None),
-        ([_in_process(RecoverResult.SUCCESS, detected=6, decided=6.1, end=8)], None),
+          _in_process(RecoverResult.FAILED, detected=10, decided=10.1, end=20)],
+         "user_code_error"),
+        # recovered at 8 s (its first step), not at its decision (6.1 s): the 9 s line decides
+        ([_in_process(RecoverResult.SUCCESS, detected=6, decided=6.1, end=8)], "gpu_oom"),
     ]
     for i, (records, want) in enumerate(cases):
         job = _job_with(tmp_path / str(i), records, lines)
         report = diagnose_paths([job], read_job=job_reader(None))
         d = report.diagnosis
         assert d is not None, report.problems
-        if want is not None:  # the downgrade: the attempt's own failure, from all its lines
-            assert d.category.value == want, d
-        else:  # after the first restart's step: rank 0's error, not rank 1's earlier one
-            assert d.evidence is not None and d.evidence.file.endswith("rank-0.log"), d
+        assert d.category.value == want and d.evidence is not None, (i, d)
+        assert d.evidence.file.endswith("rank-0.log" if i == 1 else "rank-1.log"), (i, d)

@@ -13,8 +13,10 @@ Two ways a rank shows it got past a failure:
   (walk-through 34 #10: a step re-executed at step 4, a second collective failure at step 8
   was diagnosed with step 4's line). The line retires what comes before it in the same
   file (by offset): no margin, which the toy's 0.1 s steps made the first way miss. Whether
-  a restart line counts compares its stamp with the rank's step time, both taken by the
-  node's agent (one clock).
+  a restart line counts compares its stamp (when the node's agent read it) with the rank's
+  step time (when the agent read the step line, or when the rank sent trainguard.progress):
+  one host clock, the stamp later by the reader's delay (a step right after a line read late
+  may not count; the next one does).
 """
 
 from __future__ import annotations
