@@ -35,7 +35,7 @@ from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
 from trainguard.checkpoint.loading import load_newest, newest_valid_step
 from trainguard.checkpoint.manifest import Verdict, step_dir
 from trainguard.checkpoint.memory_tier import MemoryTier, memory_every_from_env
-from trainguard.checkpoint.save_report import SaveReporter, newest_kept
+from trainguard.checkpoint.save_report import SaveReporter, last_save_lost, newest_kept
 from trainguard.checkpoint.saving import SaveJob, SaveResult, run_save
 from trainguard.checkpoint.sharded import KEYS as SHARDED_KEYS
 from trainguard.checkpoint.sharded import load_sharded, save_sharded
@@ -106,6 +106,8 @@ class Checkpointer:
         self._events = SaveReporter(self.storage.location, self.rank, max_consecutive_failures)
         self._pending_step: tuple[int, float] | None = None  # the save in flight, its start
         self._bad_steps: set[int] = set()  # found corrupt on load: re-saved when reached
+        # skipped (if_busy="skip") at the newest step boundary: close() saves it (F10)
+        self._skipped: tuple[int, Mapping[str, Any], dict[str, Any]] | None = None
         self.last_saved_step: int | None = None  # committed (rank 0), or found committed
         self.last_written_step: int | None = None  # this rank's part is durable (any rank)
         self.last_blocked_s: float | None = None
@@ -124,6 +126,7 @@ class Checkpointer:
         CheckpointError at the first step after the failed saves reached the limit (not at
         the next save: the steps until then could not be kept; walk-through 24)."""
         self._raise_if_failing()
+        self._skipped = None  # a newer step boundary: the skipped state is gone
         if self._exit is not None:
             self._exit.step_done(step, state)
         if self._memory is not None and step % self._memory.every == 0:
@@ -137,26 +140,29 @@ class Checkpointer:
 
         Returns False when skipped because a save is still in flight (if_busy="skip").
         """
+        self._skipped = None
         if self._exit is not None:
             self._exit.step_done(step, state)  # a step boundary too
         return self._save(step, state)
 
-    def _save(self, step: int, state: Mapping[str, Any]) -> bool:
+    def _save(self, step: int, state: Mapping[str, Any],
+              rng: dict[str, Any] | None = None) -> bool:
         with phase(CHECKPOINT_PHASE):  # the loop's blocking part: a hang allowance of its own
-            return self._save_blocking(step, state)
+            return self._save_blocking(step, state, rng or capture_rng())
 
-    def _save_blocking(self, step: int, state: Mapping[str, Any]) -> bool:
+    def _save_blocking(self, step: int, state: Mapping[str, Any], rng: dict[str, Any]) -> bool:
         t0 = time.monotonic()
         if self._pending is not None and not self._pending.done():
             if self.if_busy == "skip":
                 busy = self._pending_step
                 self._events.skipped(step, *(busy if busy else (None, None)))
+                self._skipped = (step, state, rng)
                 return False
             _wait_quietly(self._pending)
         self._events.saving()
         self._raise_if_failing()
         try:
-            job = self._job(step, state, capture_rng(), None, self.commit_timeout_s)
+            job = self._job(step, state, rng, None, self.commit_timeout_s)
         except CheckpointError:
             raise  # the state itself cannot be saved: the script's bug, not the storage's
         except Exception as e:  # the sharded (DCP) write failed: counted like any failed save
@@ -215,7 +221,7 @@ class Checkpointer:
         restart: a rank that died never writes its part) and wait for it to end (at most
         one storage poll); nothing is saved on the way out either. run_resilient calls it;
         the Checkpointer is not used after."""
-        self._abandoned = True
+        self._abandoned, self._skipped = True, None
         if self._exit is not None:  # its last step is the old group's: never saved at exit
             self._exit.close()
             self._exit = None
@@ -280,29 +286,26 @@ class Checkpointer:
         self._raise_if_failing()
 
     def close(self) -> None:
-        """Wait until the last save is durable; raise CheckpointError when it failed (no
-        save follows to retry it: the rank must not end as if its state were kept;
-        walk-through 27: a job whose final save hit a full disk read `succeeded`)."""
+        """Wait until the last save is durable (one skipped at the last step is written
+        now); raise CheckpointError when it failed (no
+        save follows: the rank must not end as if its state were kept; walk-through 27)."""
         try:
             self._closing = True
-            self.wait()
-            self._events.saving()  # a run of skipped saves ends here too
+            self.wait_quietly()  # its failure is said below, as the last save's (F9)
+            final, self._skipped = self._skipped, None
+            if final is not None and self._failures < self.max_consecutive_failures:
+                self._save(*final)  # skipped at the last step: the loop is over (F10)
+                self.wait_quietly()
+            self._events.saving(final=True)  # a run of skipped saves ends here too
             with self._lock:
                 n, err, step, told = (self._failures, self._last_error, self._failed_step,
                                       self._told_final)
             if n:
                 if not told and err is not None and step is not None:  # it said "retries"
                     self._events.failed(step, err, n, _LAST_SAVE)  # (walk-through 31 #5)
-                # rank 0 commits, so knows the newest; another rank knows only the step it
-                # resumed from or found committed: it reads the storage (review of
-                # walk-through 31 #4)
                 kept = newest_kept(self.storage, self.last_saved_step if self.rank == 0
-                                   else None)
-                raise CheckpointError(
-                    f"the last checkpoint save (step {step}) failed and no save follows: "
-                    f"{err}; the steps after the newest committed checkpoint ({kept}) are "
-                    f"not kept. Fix: free or fix the storage at {self.storage.location} (space,"
-                    " permissions, connectivity), then run the job again: it resumes there")
+                                   else None)  # the others read it (walk-through 31 #4)
+                raise CheckpointError(last_save_lost(step, err, n, kept, self.storage.location))
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)

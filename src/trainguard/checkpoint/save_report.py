@@ -24,6 +24,8 @@ class SaveReporter:
         self._run: list[int] = []  # the steps of the saves skipped in a row (if_busy="skip")
         self._run_told = 0  # how many of them the last Warning counted
         self._run_behind: int | None = None  # the save in flight they were skipped behind
+        # runs of skips whose summary the minute's limit held back: told later, never dropped
+        self._untold: list[tuple[list[int], int | None]] = []
         self._told_at: dict[str, float] = {}  # what: when last told (rate limit)
 
     def committed(self, result: SaveResult, step: int, blocked: tuple[float, float | None],
@@ -44,19 +46,21 @@ class SaveReporter:
         channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step, error=str(e)[:500],
                      consecutive=n, limit=self.limit, location=self.location, on_exit=on_exit)
 
-    def saving(self) -> None:
-        """A save started, or close() waited for the last one: the run of skipped saves (if
-        any) ended. When some of its skips went untold (within the minute), one Warning says
-        how many and which steps (review of walk-through 31 #14: a run shorter than a minute
-        said only its first skip)."""
+    def saving(self, final: bool = False) -> None:
+        """A save started, or close() waited for the last one (`final`): the run of skipped
+        saves (if any) ended. When some of its skips went untold (within the minute), one
+        Warning says how many and which steps (review of walk-through 31 #14: a run shorter
+        than a minute said only its first skip); one held back by the minute's limit is told
+        with the next, and close() tells whatever is left (walk-through 35 F10: a run of skips
+        ending within a minute of the last summary, the final step's included, was dropped)."""
         run, told, busy = self._run, self._run_told, self._run_behind
         self._run, self._run_told, self._run_behind = [], 0, None
         if len(run) > told:
-            saves = (f"{len(run)} saves in a row were skipped, steps {run[0]} to {run[-1]}"
-                     if len(run) > 1 else f"the save of step {run[0]} was skipped")
-            self._tell("skip-run", run[-1], f"{saves}, while the save of step {busy} was being "
-                       f"written (if_busy='skip'): a crash then resumed from a step before "
-                       f"{busy}. Fix: {self._slow_fix()}")
+            self._untold.append((run, busy))
+        if self._untold and self._tell("skip-run", self._untold[-1][0][-1],
+                                       _skips_text(self._untold, self._slow_fix()),
+                                       force=final):
+            self._untold = []
 
     def skipped(self, step: int, in_flight: int | None, since: float | None) -> None:
         """A save skipped because the previous one is still being written (if_busy="skip";
@@ -110,13 +114,14 @@ class SaveReporter:
                    "weights. Fix: give each job its own --checkpoint-dir (two jobs write "
                    "this one)")
 
-    def _tell(self, what: str, step: int, reason: str, event: bool = True) -> bool:
+    def _tell(self, what: str, step: int, reason: str, event: bool = True,
+              force: bool = False) -> bool:
         """A Warning (`event`: a CheckpointSaveSkipped too, a save that wrote nothing; else
         the rank's log only, of a save committed), unless one of this kind was told within
-        REPEAT_S (False then)."""
+        REPEAT_S (False then) and not `force`."""
         now = time.monotonic()
         last = self._told_at.get(what)
-        if last is not None and now - last < REPEAT_S:
+        if last is not None and now - last < REPEAT_S and not force:
             return False
         self._told_at[what] = now
         log.warning("checkpoint of step %s %s: %s", step,
@@ -125,6 +130,25 @@ class SaveReporter:
             channel.send(MessageKind.CHECKPOINT_SAVE_SKIPPED, step=step, reason=reason[:900],
                          location=self.location)
         return True
+
+
+def _skips_text(runs: list[tuple[list[int], int | None]], fix: str) -> str:
+    """The summary of runs of skipped saves: one run as before, several (held back by the
+    minute's limit) with their steps and the saves they were skipped behind."""
+    if len(runs) == 1:
+        run, busy = runs[0]
+        saves = (f"{len(run)} saves in a row were skipped, steps {run[0]} to {run[-1]}"
+                 if len(run) > 1 else f"the save of step {run[0]} was skipped")
+        return (f"{saves}, while the save of step {busy} was being written (if_busy='skip'): "
+                f"a crash then resumed from a step before {busy}. Fix: {fix}")
+    spans = [f"{r[0]} to {r[-1]}" if len(r) > 1 else str(r[0]) for r, _ in runs]
+    behind = [str(b) for _, b in runs]
+    if len(runs) > 6:  # the event's reason is cut at 900 characters
+        spans, behind = [*spans[:2], "...", *spans[-3:]], [*behind[:2], "...", *behind[-3:]]
+    return (f"{sum(len(r) for r, _ in runs)} saves were skipped, steps {', '.join(spans)}, "
+            f"each while the save before it was being written (of steps {', '.join(behind)}; "
+            "if_busy='skip'): a crash then resumed from a step before that save. "
+            f"Fix: {fix}")
 
 
 def newest_kept(st: Storage, last_saved: int | None) -> str:
@@ -138,3 +162,20 @@ def newest_kept(st: Storage, last_saved: int | None) -> str:
     except Exception as e:  # the storage the save failed on: say so, claim nothing
         return f"unknown: the storage could not be read ({type(e).__name__})"
     return "none" if newest is None else str(newest)
+
+
+def last_save_lost(step: int | None, err: BaseException | None, n: int, kept: str,
+                   location: str) -> str:
+    """close()'s error when the last save failed, whatever the count (walk-through 35 F9:
+    at the limit, "3 saves in a row failed" named neither the step lost nor the newest
+    committed checkpoint, nor that a rerun starts over when there is none)."""
+    count = f" ({n} in a row)" if n > 1 else ""
+    if kept == "none":
+        lost, then = ("no checkpoint was committed", "then run the job again: it starts over "
+                      "(nothing to resume from)")
+    else:
+        lost, then = (f"the steps after the newest committed checkpoint ({kept}) are not kept",
+                      "then run the job again: it resumes there")
+    return (f"the last checkpoint save (step {step}) failed{count} and no save follows: "
+            f"{err}; {lost}. Fix: free or fix the storage at {location} (space, permissions, "
+            f"connectivity), {then}")
