@@ -259,7 +259,12 @@ def test_ckpt_verify_of_a_corrupt_newest_step_names_why_and_the_newest_valid_ste
     data.write_bytes(bytes(raw))
     r = tg("ckpt", "verify", str(tmp_path / "c"))
     assert r.returncode == 1, r.stderr
-    assert f"step 30 is corrupt ({data.name}: checksum differs from the manifest); the " \
-           "newest valid step is 20: a resume loads it" in r.stderr, r.stderr
+    assert f"trainguard ckpt verify: error: step 30 is corrupt ({data.name}: checksum " \
+           "differs from the manifest); the newest valid step is 20: a resume loads it" \
+        in r.stderr, r.stderr
+    # walk-through 35 F4: with --json it exited 1 and said nothing; stdout stays the JSON
+    r = tg("ckpt", "verify", str(tmp_path / "c"), "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)[0]["status"] == "corrupt"
+    assert "error: step 30 is corrupt" in r.stderr, r.stderr
     r = tg("ckpt", "verify", str(tmp_path / "c"), "--step", "30")
     assert r.returncode == 1 and "step 30 is corrupt" in r.stderr and "newest" not in r.stderr

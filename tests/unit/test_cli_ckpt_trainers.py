@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.unit.helpers import tg
+from trainguard.cli import main
 from trainguard.integrations.common import mark_committed, mark_file_committed
 
 
@@ -33,8 +36,9 @@ def test_hf_checkpoints_are_listed_and_a_damaged_newest_fails_verify(tmp_path: P
     (newest / "model.safetensors").write_bytes(b"w" * 10)
     r = tg("ckpt", "verify", str(out))
     assert r.returncode == 1
-    assert "step 4 is damaged (model.safetensors is 10 bytes, 1000 when it was committed); " \
-        "the newest valid step is 2: a resume takes it" in r.stderr, r.stderr
+    assert "trainguard ckpt verify: error: step 4 is damaged (model.safetensors is 10 bytes, " \
+        "1000 when it was committed); the newest valid step is 2: a resume loads it" \
+        in r.stderr, r.stderr
     assert "checkpoints committed by a trainer integration" in r.stdout
 
 
@@ -53,3 +57,53 @@ def test_lightning_files_are_listed(tmp_path: Path) -> None:
 def test_a_dir_with_nothing_committed_still_says_no_checkpoints(tmp_path: Path) -> None:
     r = tg("ckpt", "ls", str(tmp_path))
     assert r.returncode == 0 and f"no checkpoints at {tmp_path}" in r.stdout
+
+
+CHECKPOINT_ROW_KEYS = {"step", "status", "reason", "latest", "world_size", "files", "bytes",
+                       "created_at"}  # cli.md: every JSON row has every key
+
+
+def test_integration_rows_have_every_key_and_verify_json_says_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Walk-through 35 F4: an HF row had no `latest` nor `created_at`, and `verify --json`
+    of a damaged newest step exited 1 with nothing on stderr."""
+    out = tmp_path / "out"
+    hf_dir(out, 2)
+    (hf_dir(out, 4) / "model.safetensors").write_bytes(b"w" * 10)
+    assert main(["ckpt", "verify", str(out), "--json"]) == 1
+    std = capsys.readouterr()
+    rows = json.loads(std.out)
+    assert set(rows[0]) == CHECKPOINT_ROW_KEYS | {"path", "format"}
+    assert (rows[0]["latest"], rows[0]["world_size"], rows[0]["files"]) == (False, None, 2)
+    assert rows[0]["created_at"].endswith("+00:00") and rows[0]["format"] == "dir"
+    assert "trainguard ckpt verify: error: step 4 is damaged" in std.err, std.err
+
+
+def test_verify_step_of_an_integration_dir_checks_that_step(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Walk-through 35 F11: `--step 2` looked where trainguard.checkpoint writes and said
+    "steps there: none" of the steps the listing had just shown."""
+    out = tmp_path / "out"
+    hf_dir(out, 2)
+    (hf_dir(out, 4) / "model.safetensors").write_bytes(b"w" * 10)
+    assert main(["ckpt", "verify", str(out), "--step", "2"]) == 0
+    std = capsys.readouterr()
+    assert "step 2 is valid: checkpoint-2" in std.out and "checkpoint-4" not in std.out
+    assert main(["ckpt", "verify", str(out), "--step", "3"]) == 1
+    assert f"step 3 is not at {out} (steps there: 4, 2)" in capsys.readouterr().err
+
+
+def test_a_damaged_copy_beside_a_valid_one_of_the_newest_step_is_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Walk-through 35 F12: Lightning re-saved step 20 as `-v1` beside the damaged file;
+    verify said "step 20 is damaged; the newest valid step is 20" and exited 1."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    for name in ("epoch=1-step=20.ckpt", "epoch=1-step=20-v1.ckpt"):
+        (d / name).write_bytes(b"x" * 100)
+        mark_file_committed(d / name, 20, tell=False)
+    (d / "epoch=1-step=20.ckpt").write_bytes(b"x" * 50)
+    assert main(["ckpt", "verify", str(d)]) == 0
+    std = capsys.readouterr()
+    assert "step 20 is valid: epoch=1-step=20-v1.ckpt" in std.out
+    assert "warning: epoch=1-step=20.ckpt, a copy of step 20, is damaged (" in std.err

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +23,7 @@ from rich.table import Table
 
 from trainguard.checkpoint.manifest import LATEST, Status, parse_step_dir, step_dir
 from trainguard.cli.ckpt_trainers import show_trainer_rows, trainer_dirs, trainer_rows
+from trainguard.cli.ckpt_verdict import judge
 from trainguard.cli.fmt import complain, dash, plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import checkpoint_dir_of, holds_job_dirs
@@ -171,9 +173,50 @@ def _run(ns: argparse.Namespace) -> int:
                  "path or URL, and credentials / AWS_ENDPOINT_URL for object stores")
         return ExitCode.UNREADABLE
     # outside: a closed stdout (`| head`) is main's to handle
-    if rows and not (ns.verb == "verify" and ns.step is not None):
-        return show_trainer_rows(rows, str(given), ns.json, ns.verb == "verify")
+    if rows:
+        return _show_trainer(ns, rows, str(given))
     return _show(ns, listing)
+
+
+def _show_trainer(ns: argparse.Namespace, rows: list[dict[str, Any]], location: str) -> int:
+    """A trainer integration's checkpoints; `verify --step N` selects step N's copies among
+    them, as the listing without it shows them (walk-through 35 F11: it looked only where
+    trainguard.checkpoint writes, and said "steps there: none")."""
+    if ns.verb == "verify" and ns.step is not None:
+        asked = [r for r in rows if r["step"] == ns.step]
+        if not asked:
+            dirs = sorted({str(Path(r["path"]).parent) for r in rows})
+            return _no_such_step(ns.step, ", ".join(dirs), [r["step"] for r in rows])
+        rows = asked
+    show_trainer_rows(rows, location, ns.json)
+    if ns.verb != "verify":
+        return ExitCode.SUCCESS
+    return _verdict(ns, rows, lambda r: f"step {r['step']} is valid: {Path(r['path']).name}, "
+                    "every file at the size its commit marker recorded")
+
+
+def _no_such_step(step: int, where: str, steps: list[int]) -> int:
+    there = ", ".join(str(s) for s in sorted(set(steps), reverse=True)) or "none"
+    complain("ckpt verify", f"step {step} is not at {where} (steps there: {there}). Fix: pass "
+             "one of those to --step, or leave --step out to verify every step")
+    return ExitCode.NOT_VALID
+
+
+def _verdict(ns: argparse.Namespace, rows: list[dict[str, Any]],
+             valid_line: Callable[[dict[str, Any]], str]) -> int:
+    """`verify`'s verdict on the newest step (rows newest first, not empty): an error when
+    it is not valid, with `--json` too (stdout stays the JSON: walk-through 35 F4, exit 1
+    said nothing), in both forms; otherwise a warning per bad copy of it and, without
+    `--json`, `valid_line` of the copy a resume loads."""
+    verdict = judge(rows, one_step=ns.step is not None)
+    for warning in verdict.warnings:
+        complain("ckpt verify", warning, "warning")
+    if verdict.loads is None:
+        complain("ckpt verify", verdict.error)
+        return ExitCode.NOT_VALID
+    if not ns.json:
+        print(valid_line(verdict.loads))
+    return ExitCode.SUCCESS
 
 
 def _read(ns: argparse.Namespace, direct: bool) -> Listing:
@@ -240,11 +283,7 @@ def _endpoint(st: Storage, options: dict[str, Any]) -> str:
 def _show(ns: argparse.Namespace, listing: Listing) -> int:
     steps, docs = listing.steps, listing.docs
     if ns.verb == "verify" and ns.step is not None and ns.step not in steps:
-        there = ", ".join(map(str, steps)) if steps else "none"
-        complain("ckpt verify", f"step {ns.step} is not at {ns.location} (steps there: "
-                 f"{there}). Fix: pass one of those to --step, or leave --step out to verify "
-                 "every step")
-        return ExitCode.NOT_VALID
+        return _no_such_step(ns.step, ns.location, steps)
     if ns.json:
         print(json.dumps(docs, indent=2))
     else:
@@ -264,25 +303,10 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
             if ns.json:
                 complain("ckpt verify", f"no checkpoint at {ns.location}")
             return ExitCode.NOT_VALID
-        if docs[0]["status"] != Status.VALID.value:
-            if not ns.json:
-                _say_not_valid(docs)
-            return ExitCode.NOT_VALID
-        if not ns.json:
-            print(f"step {docs[0]['step']} is valid: {plural(docs[0]['files'] or 0, 'data file')}"
-                  ", every checksum matches the manifest")
+        return _verdict(ns, docs, lambda d: f"step {d['step']} is valid: "
+                        f"{plural(d['files'] or 0, 'data file')}, every checksum matches the "
+                        "manifest")
     return ExitCode.SUCCESS
-
-
-def _say_not_valid(docs: list[dict[str, Any]]) -> None:
-    """The verdict under the table when the newest (or the asked) step is not valid."""
-    sys.stdout.flush()
-    bad = docs[0]
-    good = next((d["step"] for d in docs[1:] if d["status"] == Status.VALID.value), None)
-    then = ("" if len(docs) == 1 else f"; the newest valid step is {good}: a resume loads it"
-            if good is not None else "; no step here is valid: a resume starts over")
-    print(f"step {bad['step']} is {bad['status']} ({bad['reason'] or 'no reason given'}){then}",
-          file=sys.stderr)
 
 
 DATA_FILES_NOTE = ("DATA FILES and SIZE: the files the manifest lists with their checksums\n"

@@ -8,6 +8,7 @@ otherwise, as a resume reads them (integrations/common.py)."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -54,50 +55,65 @@ def trainer_rows(dirs: list[Path]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for d in dirs:
         for step, ckpt in numbered_dirs(d, HF_DIR):
-            if (ckpt / COMMIT_MARKER).exists():
+            marker = ckpt / COMMIT_MARKER
+            if marker.exists():
                 why = damage(ckpt) if is_committed(ckpt) else "its commit marker is unreadable"
-                rows.append(_row(step, ckpt, why, sum(file_sizes(ckpt).values())))
+                sizes = file_sizes(ckpt)
+                rows.append(_row(step, ckpt, why, sizes, marker))
         for f in checkpoint_files(d, ".ckpt"):
-            if file_marker(f).exists():
+            marker = file_marker(f)
+            if marker.exists():
                 commit = file_commit(f)
-                rows.append(_row(-1, f, "its commit marker is unreadable", f.stat().st_size)
+                size = {f.name: f.stat().st_size}
+                rows.append(_row(-1, f, "its commit marker is unreadable", size, marker)
                             if commit is None else
-                            _row(commit[0], f, file_damage(f, commit[1]), f.stat().st_size))
+                            _row(commit[0], f, file_damage(f, commit[1]), size, marker))
     return sorted(rows, key=lambda r: (r["step"], r["path"]), reverse=True)
 
 
-def _row(step: int, path: Path, why: str | None, size: int) -> dict[str, Any]:
+def _row(step: int, path: Path, why: str | None, sizes: dict[str, int],
+         marker: Path) -> dict[str, Any]:
+    """Every key a trainguard.checkpoint row has (cli.md: a consumer reads them all; null
+    where the format does not know: the world size; `latest`: these have no pointer) and
+    where the checkpoint is (`path`; `format`: a directory or a file). Walk-through 35 F4."""
     return {"step": step, "status": "valid" if why is None else "damaged", "reason": why,
-            "path": str(path), "bytes": size, "format": "dir" if path.is_dir() else "file"}
+            "latest": False, "world_size": None, "files": len(sizes),
+            "bytes": sum(sizes.values()), "created_at": _committed_at(marker),
+            "path": str(path), "format": "dir" if path.is_dir() else "file"}
 
 
-def show_trainer_rows(rows: list[dict[str, Any]], location: str, as_json: bool,
-                      verify: bool) -> int:
-    """The rows as `ckpt ls|verify` prints them; the exit code (verify: the newest valid)."""
-    from trainguard.cli.fmt import complain, print_table, size_text
-    from trainguard.exitcodes import ExitCode
+def _committed_at(marker: Path) -> str | None:
+    """When the marker says the checkpoint was committed (its own mtime for one that does
+    not say), as the manifest's `created_at` reads: ISO 8601, UTC, seconds."""
+    try:
+        at = json.loads(marker.read_text()).get("committed_at")
+    except (OSError, ValueError, AttributeError):
+        at = None
+    try:
+        when = float(at) if isinstance(at, (int, float)) else marker.stat().st_mtime
+    except OSError:
+        return None
+    return datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="seconds")
+
+
+def show_trainer_rows(rows: list[dict[str, Any]], location: str, as_json: bool) -> None:
+    """The rows as `ckpt ls|verify` prints them (the verdict is ckpt_verdict's)."""
+    from trainguard.cli.fmt import print_table, size_text
 
     if as_json:
         print(json.dumps(rows, indent=2))
-    else:
-        from rich.table import Table
+        return
+    from rich.table import Table
 
-        t = Table(title=f"{location}: checkpoints committed by a trainer integration",
-                  title_justify="left", box=None)
-        for col in ("STEP", "STATUS", "SIZE", "PATH", "REASON"):
-            t.add_column(col)
-        colour = {"valid": "green", "damaged": "red"}
-        for r in rows:
-            t.add_row(str(r["step"]), f"[{colour[r['status']]}]{r['status']}",
-                      size_text(r["bytes"]), r["path"], r["reason"] or "")
-        print_table(t)
-        print("HF Trainer / Lightning checkpoints (not trainguard.checkpoint's format): each\n"
-              "file checked against the size its commit marker recorded (no checksums); a "
-              "resume\ntakes the newest valid one")
-    if verify and rows[0]["status"] != "valid":
-        good = next((r["step"] for r in rows if r["status"] == "valid"), None)
-        complain("ckpt verify", f"step {rows[0]['step']} is damaged ({rows[0]['reason']})"
-                 + (f"; the newest valid step is {good}: a resume takes it" if good is not None
-                    else "; none is valid: a resume starts over"), "note")
-        return int(ExitCode.NOT_VALID)
-    return int(ExitCode.SUCCESS)
+    t = Table(title=f"{location}: checkpoints committed by a trainer integration",
+              title_justify="left", box=None)
+    for col in ("STEP", "STATUS", "SIZE", "PATH", "REASON"):
+        t.add_column(col)
+    colour = {"valid": "green", "damaged": "red"}
+    for r in rows:
+        t.add_row(str(r["step"]), f"[{colour[r['status']]}]{r['status']}",
+                  size_text(r["bytes"]), r["path"], r["reason"] or "")
+    print_table(t)
+    print("HF Trainer / Lightning checkpoints (not trainguard.checkpoint's format): each\n"
+          "file checked against the size its commit marker recorded (no checksums); a "
+          "resume\ntakes the newest valid one")
