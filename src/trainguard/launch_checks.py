@@ -41,12 +41,12 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     `--backend slurm` and the metrics endpoint; then the job, log and checkpoint dirs can be
     made (and are, unless `create` is False). Errors name the flag and the fix."""
     paths = JobPaths.for_spec(spec, Path.cwd())
-    check_checkpoint_url(paths)
+    store_until = store_deadline()  # an object store's reads and write, in all
+    check_checkpoint_url(paths, store_until)
     check_dirs_owner(paths)
     check_unlocked(paths.job_dir)
     spec = continued_run(spec, paths.job_dir)
     check_log_dir(paths)
-    store_until = store_deadline()  # an object store's reads and write, in all
     check_checkpoint_dir(paths, store_until)
     if not spec.multi_node:  # a multi-node job meets at its first node's address
         check_master_addr(spec.master_addr)

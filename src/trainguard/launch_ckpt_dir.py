@@ -10,6 +10,7 @@ import functools
 import time
 from pathlib import Path
 
+from trainguard.checkpoint.store_errors import missing_bucket_problem
 from trainguard.controller.dir_owner import (
     ABSENT,
     OWNER_NAME,
@@ -17,6 +18,7 @@ from trainguard.controller.dir_owner import (
     default_owner,
     locked,
     lost_agents,
+    missing_bucket_of,
     owner_version,
     read_owner,
     running,
@@ -132,11 +134,22 @@ def _claim_url(paths: JobPaths, run_id: str, until: float) -> None:
                     "--checkpoint-dir")
 
 
-def check_checkpoint_url(paths: JobPaths) -> None:
-    """A checkpoint URL's scheme must be one fsspec knows, with its package installed (the
-    ranks would fail at their first save)."""
+def check_checkpoint_url(paths: JobPaths, store_until: float | None = None) -> None:
+    """A checkpoint URL's scheme must be one fsspec knows, with its package installed, and
+    its bucket must not be one the store answers does not exist (the ranks would fail at
+    their first save; walk-through 35 F2: three save intervals trained, nothing saved). The
+    store is asked until `store_until` (default STORE_WAIT_S from now): no answer passes."""
     if not is_url(paths.checkpoint_dir):
         return
+    _check_scheme(paths)
+    url = paths.checkpoint_dir
+    found = bounded(lambda: (missing_bucket_of(url),), _left(store_until))
+    if found is not None and found[0] is not None:
+        raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'",
+                        *missing_bucket_problem(url, found[0]))
+
+
+def _check_scheme(paths: JobPaths) -> None:
     import fsspec  # only for a URL
     from fsspec.registry import known_implementations
 

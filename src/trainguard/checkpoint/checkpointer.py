@@ -23,16 +23,15 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Any, Literal
-
-import torch
 
 from trainguard import __version__
 from trainguard.checkpoint.attempt import job_run_id, rank_and_world, save_token
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
-from trainguard.checkpoint.loading import load_newest, newest_valid_step
+from trainguard.checkpoint.loading import agree, load_newest, newest_valid_step
 from trainguard.checkpoint.manifest import Verdict, step_dir
 from trainguard.checkpoint.memory_tier import MemoryTier, memory_every_from_env
 from trainguard.checkpoint.save_report import SaveReporter, last_save_lost, newest_kept
@@ -330,6 +329,8 @@ class Checkpointer:
                 f"cannot list the checkpoints at {self.storage.location}: "
                 f"{type(e).__name__}: {e}. Fix: check that the storage is reachable and the "
                 "credentials are right; a restart retries it") from e
+        if not steps:  # a bucket that does not exist is not "nothing saved yet" (F2)
+            self.storage.check_bucket()
         if self._memory is not None:
             step, tree, origin = self._memory.resume_step(newest_valid_step(self.storage, steps))
             if step is not None:
@@ -341,7 +342,8 @@ class Checkpointer:
                 channel.send(MessageKind.RESUMED, step=step, location=self.storage.location,
                              source=SOURCE_PEER if origin else SOURCE_MEMORY)
                 return step
-        loaded = load_newest(self.storage, self.rank, self._agree, self._report, steps)
+        loaded = load_newest(self.storage, self.rank,
+                             partial(agree, self.rank, self.world_size), self._report, steps)
         if loaded is None:
             if self.rank == 0:
                 channel.send(MessageKind.NO_CHECKPOINT, location=self.storage.location)
@@ -363,17 +365,6 @@ class Checkpointer:
                      source=SOURCE_STORAGE, own_part=own, borrowed_from=loaded.borrowed_from)
         self.last_saved_step = loaded.step
         return loaded.step
-
-    def _agree(self, ok: bool) -> list[int]:
-        """The ranks that could not load the step (all-reduce of one flag per rank)."""
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
-            return [] if ok else [self.rank]
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        flags = torch.zeros(self.world_size, dtype=torch.int32, device=device)
-        flags[self.rank] = 0 if ok else 1
-        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-        return [r for r, bad in enumerate(flags.tolist()) if bad]
 
     def _report(self, verdict: Verdict, tell: bool) -> None:
         if not verdict.misplaced:  # a misplaced one is kept for the person to move back

@@ -64,6 +64,18 @@ class Loaded:
     borrowed_from: int | None = None  # this rank had no part: data positions from that rank
 
 
+def agree(rank: int, world_size: int, ok: bool) -> list[int]:
+    """The ranks that could not load the step (all-reduce of one flag per rank)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or world_size == 1:
+        return [] if ok else [rank]
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flags = torch.zeros(world_size, dtype=torch.int32, device=device)
+    flags[rank] = 0 if ok else 1
+    dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+    return [r for r, bad in enumerate(flags.tolist()) if bad]
+
+
 def load_newest(st: Storage, rank: int, agree: Agree, report: Report,
                 steps: list[int] | None = None) -> Loaded | None:
     """The newest step every rank could load (`steps`: the store's, newest first, when the

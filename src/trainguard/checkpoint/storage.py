@@ -19,7 +19,9 @@ from typing import IO, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.manifest import parse_step_dir, step_dir
+from trainguard.checkpoint.store_errors import missing_bucket, missing_bucket_problem
 
 CHUNK = 8 << 20
 SLICE = 4 << 20
@@ -174,6 +176,21 @@ class Storage:
         except FileNotFoundError:
             return []
         return [posixpath.basename(str(e).rstrip("/")) for e in entries]
+
+    def check_bucket(self) -> None:
+        """Raise CheckpointError when the store answers that the location's bucket does not
+        exist (NoSuchBucket; walk-through 35 F2: the listing read it as no checkpoint yet, and
+        the job trained until its first saves failed); any other answer passes."""
+        if self.local:
+            return
+        try:
+            self.fs.ls(self.root, detail=False, refresh=True)
+        except Exception as e:
+            bucket = missing_bucket(e, self.location)
+            if bucket is not None:
+                problem, fix = missing_bucket_problem(self.location, bucket)
+                raise CheckpointError(f"{problem}: nothing can be saved there. Fix: {fix}, "
+                                      "then run the job again") from e
 
     def steps(self) -> list[int]:
         """Steps that have a `step-N` directory, newest first."""

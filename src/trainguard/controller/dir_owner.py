@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from trainguard.backends.local import live_agents
 from trainguard.checkpoint.manifest import OWNER_NAME
+from trainguard.checkpoint.store_errors import missing_bucket, s3_error
 from trainguard.controller.store import JobStore, db_path
 from trainguard.errors import StoreError
 from trainguard.paths import LOCK_NAME, is_url
@@ -30,7 +31,8 @@ from trainguard.paths import LOCK_NAME, is_url
 T = TypeVar("T")
 
 __all__ = ["ABSENT", "OWNER_NAME", "bounded", "default_owner", "fs_of", "locked",
-           "lost_agents", "owner_version", "read_owner", "running", "write_owner"]
+           "lost_agents", "missing_bucket_of", "owner_version", "read_owner", "running",
+           "write_owner"]
 
 
 def read_owner(location: str | Path) -> dict[str, str] | None:
@@ -48,6 +50,19 @@ def read_owner(location: str | Path) -> dict[str, str] | None:
             or not data["job_dir"]:
         return None
     return {k: str(v) for k, v in data.items()}
+
+
+def missing_bucket_of(url: str) -> str | None:
+    """The bucket of `url` when the store answers that it does not exist (NoSuchBucket,
+    asked with a HEAD of the mark); None when it exists or the store answered otherwise (a
+    403, an error: the ranks say it)."""
+    fs, path = fs_of(url), _mark_url(url)
+    try:
+        fs.invalidate_cache(path)
+        fs.info(path)
+    except Exception as e:
+        return missing_bucket(e, url)
+    return None
 
 
 ABSENT = ""  # the version of a mark that is not there (owner_version)
@@ -91,7 +106,7 @@ def write_owner(location: str | Path, run_id: str, job_dir: Path,
             else:
                 fs.pipe_file(path, data, IfMatch=if_version)
         except OSError as e:
-            why = _s3_error(e)
+            why = s3_error(e)
             if isinstance(e, FileExistsError) or why in LOST:
                 return False
             if why not in REFUSED:
@@ -126,15 +141,6 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 # conditional writes (501, or a 400 naming the header)
 LOST = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "409", "412"})
 REFUSED = frozenset({"NotImplemented", "InvalidArgument", "InvalidRequest", "501"})
-
-
-def _s3_error(e: OSError) -> str:
-    """The S3 error code behind s3fs's OSError (its cause's response), else the HTTP status,
-    else ''."""
-    response = getattr(e.__cause__, "response", None) or {}
-    code = response.get("Error", {}).get("Code")
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return str(code or status or "")
 
 
 @contextlib.contextmanager

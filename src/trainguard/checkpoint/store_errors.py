@@ -1,0 +1,33 @@
+"""What an object store's error says. s3fs raises OSErrors whose cause is botocore's
+ClientError, with S3's error code in its response: a bucket that does not exist is a definite
+answer (NoSuchBucket), unlike a store that does not answer. Pure: read by the launch's claim
+on a --checkpoint-dir (controller/dir_owner.py) and by the ranks' load_latest."""
+
+from __future__ import annotations
+
+
+def s3_error(e: BaseException) -> str:
+    """The S3 error code behind s3fs's OSError (its cause's response), else the HTTP status,
+    else ''."""
+    response = getattr(e.__cause__, "response", None) or {}
+    code = response.get("Error", {}).get("Code")
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return str(code or status or "")
+
+
+def missing_bucket(e: BaseException, location: str) -> str | None:
+    """The bucket the store answered does not exist (NoSuchBucket), else None: the bucket
+    the error names, or the first part of `location` (`s3://bucket/prefix`)."""
+    if s3_error(e) != "NoSuchBucket":
+        return None
+    response = getattr(e.__cause__, "response", None) or {}
+    named = response.get("Error", {}).get("BucketName")
+    return str(named or location.split("://", 1)[-1].split("/", 1)[0])
+
+
+def missing_bucket_problem(location: str, bucket: str) -> tuple[str, str]:
+    """(the problem, the fix) of a location whose bucket does not exist (walk-through 35 F2:
+    a job trained three save intervals before its first save found it)."""
+    return (f"the bucket {bucket!r} of {location} does not exist (the store answered "
+            "NoSuchBucket: The specified bucket does not exist)",
+            "make the bucket first, or check its name and the endpoint (AWS_ENDPOINT_URL)")
