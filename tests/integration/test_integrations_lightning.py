@@ -22,6 +22,7 @@ from tests.integration.conftest import (
     run_tg,
     trainer_result,
 )
+from trainguard.integrations.common import file_committed_step
 
 EXAMPLE = ROOT / "examples" / "lightning_trainer.py"
 # 160 samples, 2 ranks, batches of 8: 10 steps an epoch; killed at 6 (mid-epoch 0), resumed
@@ -201,5 +202,13 @@ def test_a_damaged_committed_ckpt_is_told_and_the_one_before_it_taken(
     assert [c[:2] for c in corrupt] == [("Warning", 0)] * 2
     for c, name in zip(corrupt, ["epoch=1-step=8.ckpt", "last.ckpt"], strict=True):
         assert c[2].startswith(f"checkpoint of step 8 skipped (damaged): {name} is 5000 bytes, ")
-        assert c[2].endswith(" when it was committed; the one before it is tried")
+        assert c[2].endswith(f" when it was committed; the one before it is tried; set aside "
+                             f"as {name}.damaged, so that the step's next save takes its name")
     assert [e["data"]["step"] for e in events if e["reason"] == "Resumed"] == [4]
+    # walk-through 35 F12: the step's re-save takes the names again (it went to `-v1`
+    # beside the damaged file, which stayed marked: `ckpt verify` failed from then on)
+    assert not (out / "epoch=1-step=8-v1.ckpt").exists()
+    assert file_committed_step(out / "epoch=1-step=8.ckpt") == 8
+    assert (out / "epoch=1-step=8.ckpt.damaged").stat().st_size == 5000
+    r = run_tg(["ckpt", "verify", str(out)], cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and "is valid" in r.stdout, r.stdout + r.stderr

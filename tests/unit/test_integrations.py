@@ -227,8 +227,17 @@ def test_a_damaged_committed_file_is_told_from_rank_0_and_the_one_before_it_take
     size = (tmp_path / "epoch=0-step=4.ckpt").stat().st_size
     assert [(m["kind"], m["step"], m["status"], m["reason"], m["location"]) for m in got] == [
         ("checkpoint_corrupt", s, "damaged", f"epoch=0-step={s}.ckpt is 4 bytes, {size} when "
-         "it was committed; the one before it is tried", str(tmp_path / f"epoch=0-step={s}.ckpt"))
-        for s in (12, 8)]
+         f"it was committed; the one before it is tried; set aside as epoch=0-step={s}.ckpt"
+         ".damaged, so that the step's next save takes its name",
+         str(tmp_path / f"epoch=0-step={s}.ckpt")) for s in (12, 8)]
+    # walk-through 35 F12: left marked, the damaged file kept its name, Lightning's re-save
+    # of the step went to `-v1` beside it, and `ckpt verify` failed from then on
+    for s in (12, 8):
+        gone = tmp_path / f"epoch=0-step={s}.ckpt"
+        assert not gone.exists() and not file_marker(gone).exists()
+        assert (tmp_path / f"epoch=0-step={s}.ckpt.damaged").read_bytes() == b"PK\x03\x04"
+    assert file_marker(old).exists()  # older than the one taken: not looked at
+    assert set(checkpoint_files(tmp_path, ".ckpt")) == {tmp_path / "epoch=0-step=4.ckpt", old}
 
 
 def test_lightning_resumes_from_the_newest_committed_ckpt_or_none(tmp_path: Path) -> None:

@@ -219,7 +219,8 @@ def newest_file(files: Iterable[Path],
                 complete: Callable[[Path], int | None]) -> tuple[int, Path] | None:
     """(step, file) of the newest committed checkpoint file whose size is the one committed
     (the highest committed step; the latest modified among equal steps); a damaged one newer
-    than it is told as CheckpointCorrupt, as `newest` tells a directory. When none carries a
+    than it is told as CheckpointCorrupt, as `newest` tells a directory, and set aside
+    (_tell_damaged). When none carries a
     marker (saved before trainguard ran the job), the newest that `complete` gives a step
     for; else None."""
     def mtime(f: Path) -> float:
@@ -232,14 +233,14 @@ def newest_file(files: Iterable[Path],
     committed = sorted(((c[0], mtime(f), f, c[1]) for f in ordered
                         if (c := file_commit(f)) is not None),
                        key=lambda x: (x[0], x[1]), reverse=True)
+    damaged: list[tuple[int, Path, str]] = []
     for step, _, f, size in committed:
         why = file_damage(f, size)
         if why is None:
+            _tell_damaged(damaged, set_aside=True)
             return step, f
-        if os.environ.get("RANK", "0") == "0":  # every rank skips it; one tells
-            channel.send(MessageKind.CHECKPOINT_CORRUPT, step=step, status="damaged",
-                         reason=f"{why}; the one before it is tried",
-                         location=str(f.absolute()))
+        damaged.append((step, f, why))
+    _tell_damaged(damaged, set_aside=False)
     if any(file_marker(f).exists() for f in ordered):
         return None  # markers exist but none holds: trust nothing unmarked
     unmarked = [(s, mtime(f), f) for f in ordered if (s := complete(f)) is not None]
@@ -247,3 +248,37 @@ def newest_file(files: Iterable[Path],
         return None
     step, _, found = max(unmarked, key=lambda x: (x[0], x[1]))
     return step, found
+
+
+DAMAGED = ".damaged"  # a damaged committed file set aside: `<name>.ckpt.damaged`
+
+
+def _tell_damaged(damaged: list[tuple[int, Path, str]], set_aside: bool) -> None:
+    """Rank 0 tells each damaged committed file skipped (every rank skips it); with
+    `set_aside` (an intact one is taken, and keeps its marker) it also renames each to
+    `<name>.damaged` and removes its marker, so that the step's next save takes its name
+    again (walk-through 35 F12: Lightning found the name taken, wrote `-v1` beside it, and
+    the damaged file stayed marked, failing `ckpt verify` and met by every later resume)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    for step, f, why in damaged:
+        aside = f"; {_set_aside(f)}" if set_aside else ""
+        channel.send(MessageKind.CHECKPOINT_CORRUPT, step=step, status="damaged",
+                     reason=f"{why}; the one before it is tried{aside}",
+                     location=str(f.absolute()))
+
+
+def _set_aside(ckpt_file: Path) -> str:
+    """Rename a damaged committed file `<name>.damaged`, then remove its marker (renamed
+    first: a kill in between leaves a marker of a missing file, set aside next time); what
+    was done, for the event."""
+    aside = ckpt_file.with_name(ckpt_file.name + DAMAGED)
+    try:
+        os.replace(ckpt_file, aside)
+    except FileNotFoundError:
+        unmark_file(ckpt_file)
+        return "its marker removed"
+    except OSError as e:
+        return f"it could not be set aside ({type(e).__name__}: {e}): it stays marked"
+    unmark_file(ckpt_file)
+    return f"set aside as {aside.name}, so that the step's next save takes its name"
