@@ -103,3 +103,24 @@ def test_close_at_the_failure_limit_names_the_step_lost_and_that_nothing_was_kep
     assert "; no checkpoint was committed. Fix: free or fix the storage at " in str(e.value)
     assert str(e.value).endswith("then run the job again: it starts over (nothing to resume "
                                  "from)")
+
+
+def test_a_failed_save_s_log_line_says_what_follows(
+        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """F8: the diagnosis names the first failed save's line it has not seen the rank get past;
+    "step 30 failed (2 in a row)" read as if the rank gave up after two."""
+    failing_at({10, 20, 30}, monkeypatch)
+    c = ckpt(tmp_path / "ck", every_steps=10, async_save=False, max_consecutive_failures=3)
+    for step in (10, 20):
+        c.maybe_save(step, state())
+    with pytest.raises(ckmod.CheckpointError):
+        c.maybe_save(30, state())
+    err = "[Errno 30] Read-only file system"
+    assert [r.getMessage() for r in caplog.records if "failed (" in r.getMessage()] == [
+        f"checkpoint save of step 10 failed (1 in a row; the next save retries; 3 in a row "
+        f"stop the rank): {err}",
+        f"checkpoint save of step 20 failed (2 in a row; the next save retries; 3 in a row "
+        f"stop the rank): {err}",
+        f"checkpoint save of step 30 failed (3 in a row; the rank stops with a "
+        f"CheckpointError): {err}"]

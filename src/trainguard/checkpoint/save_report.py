@@ -42,7 +42,13 @@ class SaveReporter:
                      on_exit=on_exit, missing_ranks=list(result.missing_ranks))
 
     def failed(self, step: int, e: BaseException, n: int, on_exit: str | None) -> None:
-        log.warning("checkpoint save of step %s failed (%s in a row): %s", step, n, e)
+        """The rank's log line says what follows, as the event does (walk-through 35 F8: the
+        diagnosis names the first such line it has not seen the rank get past, and "step 30
+        failed (2 in a row)" read as if the rank gave up after two failed saves)."""
+        then = (on_exit if on_exit
+                else "the rank stops with a CheckpointError" if n >= self.limit
+                else f"the next save retries; {self.limit} in a row stop the rank")
+        log.warning("checkpoint save of step %s failed (%s in a row; %s): %s", step, n, then, e)
         channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step, error=str(e)[:500],
                      consecutive=n, limit=self.limit, location=self.location, on_exit=on_exit)
 
