@@ -124,3 +124,15 @@ def test_a_failed_save_s_log_line_says_what_follows(
         f"stop the rank): {err}",
         f"checkpoint save of step 30 failed (3 in a row; the rank stops with a "
         f"CheckpointError): {err}"]
+
+
+def test_a_value_that_is_not_plain_data_is_refused_with_the_user_s_key(
+        tmp_path: Path, sent: list[Any]) -> None:
+    """F7: the refusal named `r/bad`, the replicated part's internal path."""
+    class Opaque:
+        pass
+
+    c = ckpt(tmp_path / "ck", async_save=False)
+    with pytest.raises(ckmod.CheckpointError, match=r"^cannot checkpoint 'bad/0': an Opaque "
+                       "is not plain data"):
+        c.save(1, {"model": torch.nn.Linear(2, 2), "bad": [Opaque()]})
