@@ -268,3 +268,28 @@ def test_ckpt_verify_of_a_corrupt_newest_step_names_why_and_the_newest_valid_ste
     assert "error: step 30 is corrupt" in r.stderr, r.stderr
     r = tg("ckpt", "verify", str(tmp_path / "c"), "--step", "30")
     assert r.returncode == 1 and "step 30 is corrupt" in r.stderr and "newest" not in r.stderr
+
+
+def test_ckpt_verify_goes_on_when_a_running_jobs_pruning_removes_a_step_it_checks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walk-through 35 F13: `verify` of a live S3 dir listed the steps, then read a file of
+    the oldest as the job's commit pruned it: "cannot read ... check the path or URL", exit
+    2, after most saves. Here the pruning happens inside the hash of step 10's file."""
+    from trainguard.checkpoint.storage import Storage
+
+    save_steps(tmp_path / "c")
+    sha256 = Storage.sha256
+
+    def pruned_while_read(st: Storage, rel: str) -> str:
+        if rel.startswith("step-000000010/"):
+            shutil.rmtree(tmp_path / "c" / "step-000000010")
+            raise FileNotFoundError(2, "The specified key does not exist.")
+        return sha256(st, rel)
+
+    monkeypatch.setattr(Storage, "sha256", pruned_while_read)
+    assert main(["ckpt", "verify", str(tmp_path / "c"), "--json"]) == 0
+    std = capsys.readouterr()
+    assert [(d["step"], d["status"]) for d in json.loads(std.out)] == [(30, "valid"),
+                                                                       (20, "valid")]
+    assert "note: step(s) 10 went while being checked" in std.err, std.err

@@ -152,6 +152,7 @@ class Listing:
     docs: list[dict[str, Any]]  # the steps described (verify --step: that one, if there)
     latest: str | None  # what `latest` reads
     unfinished: list[str] = field(default_factory=list)  # staging dirs of cut-off saves
+    vanished: list[int] = field(default_factory=list)  # steps gone while checked (pruned)
 
 
 def _run(ns: argparse.Namespace) -> int:
@@ -231,12 +232,34 @@ def _read(ns: argparse.Namespace, direct: bool) -> Listing:
     wanted = steps
     if ns.verb == "verify" and ns.step is not None:
         wanted = [ns.step] if ns.step in steps else []
-    docs = [describe(st, s, full=ns.verb == "verify") for s in wanted]
+    described = {s: checked(st, s, full=ns.verb == "verify") for s in wanted}
+    docs = [d for d in described.values() if d is not None]
     latest = st.read_bytes(LATEST).decode(errors="replace").strip() if st.exists(LATEST) else None
     for d in docs:
         d["latest"] = latest == step_dir(d["step"])
     unfinished = sorted(n for n in st.children() if n.startswith(".tmp-step-"))
-    return Listing(ns.location, steps, docs, latest, unfinished)
+    return Listing(ns.location, steps, docs, latest, unfinished,
+                   [s for s, d in described.items() if d is None])
+
+
+def checked(st: Storage, step: int, full: bool) -> dict[str, Any] | None:
+    """`describe`, or None when the step went while it was checked: a running job's commit
+    pruned it (walk-through 35 F13: `verify` of a live S3 dir read a file of the oldest step
+    as it was deleted and failed with "cannot read ... check the path or URL", exit 2, after
+    most saves). A step still there whose file went is described again (at most 3 times)."""
+    for tries in range(3):
+        try:
+            doc = describe(st, step, full)
+        except FileNotFoundError:
+            if step not in st.steps():
+                return None
+            if tries == 2:
+                raise
+            continue
+        if doc["status"] != Status.VALID.value and step not in st.steps():
+            return None
+        return doc
+    return None  # not reached: the last try returns or raises
 
 
 def check_root(st: Storage, location: str, direct: bool, options: dict[str, Any]) -> None:
@@ -295,6 +318,10 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
         complain("ckpt", f"{len(listing.unfinished)} save(s) did not finish ({names}): a rank "
                  "stopped or was killed while writing; they hold no step, and the job's next "
                  "committed save removes them", "note")
+    if listing.vanished:
+        complain("ckpt", f"step(s) {', '.join(map(str, listing.vanished))} went while being "
+                 "checked (a running job's save removes its oldest checkpoints): not listed",
+                 "note")
     warning = latest_warning(listing.latest, steps)
     if warning is not None:
         complain("ckpt", warning, "warning")  # under the table
