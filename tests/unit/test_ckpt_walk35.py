@@ -136,3 +136,23 @@ def test_a_value_that_is_not_plain_data_is_refused_with_the_user_s_key(
     with pytest.raises(ckmod.CheckpointError, match=r"^cannot checkpoint 'bad/0': an Opaque "
                        "is not plain data"):
         c.save(1, {"model": torch.nn.Linear(2, 2), "bad": [Opaque()]})
+
+
+def test_a_step_found_corrupt_and_written_anew_counts_toward_keep(
+        tmp_path: Path, sent: list[Any]) -> None:
+    """F1: the prune right after the rewrite of a step found corrupt on load still counted it
+    corrupt, so one more old step stayed than `keep` (for good: no later save pruned it)."""
+    ck = tmp_path / "ck"
+    c = ckpt(ck, async_save=False, keep=2)
+    for step in (1, 2, 3):
+        c.save(step, state())
+    for step in (2, 3):  # a byte flipped: the checksum fails on load
+        f = ck / f"step-{step:09d}" / "replicated.pt"
+        data = bytearray(f.read_bytes())
+        data[-1] ^= 0xFF
+        f.write_bytes(bytes(data))
+    again = ckpt(ck, async_save=False, keep=2)
+    assert again.load_latest(state()) is None
+    for step in (1, 2, 3):
+        again.save(step, state())
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-000000002", "step-000000003"]
