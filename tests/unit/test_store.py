@@ -354,3 +354,23 @@ def test_a_damaged_store_is_told_with_the_fix_for_reading_and_for_launching(
         msg = str(err.value)
         assert "file is not a database. Fix: the store is damaged; move it and its" in msg, msg
         assert "-wal and -shm files aside" in msg and "trainguard diagnose LOG_DIR" in msg
+
+
+def test_an_empty_store_left_by_a_launch_that_died_says_so_not_try_again(
+        tmp_path: Path) -> None:
+    """Walk-through 35 F5: a 0-byte trainguard.db two days old was "still being created; try
+    again" for ever. Fresh, it still is: a launcher makes the file, then its schema."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "trainguard.db").write_bytes(b"")
+    with pytest.raises(StoreError, match="is empty: the job is still being created; try again"):
+        JobStore.open(job)
+    os.utime(job / "trainguard.db", (time.time() - 2 * 86400,) * 2)
+    with pytest.raises(StoreError) as e:
+        JobStore.open(job)
+    assert "is empty and has not changed since " in str(e.value)
+    assert f"a launch that died before writing it (killed, or the disk full). Fix: run the " \
+        f"`trainguard run` command again with --job-dir {job}" in str(e.value)
+    JobStore.create(job, "tg-again").close()  # as the fix says: the store is made anew
+    with JobStore.open(job) as store:
+        assert store.meta()["run_id"] == "tg-again"

@@ -27,6 +27,7 @@ from trainguard.controller.store_rows import (
     WorkerRow,
     check_nodes,
     decoding,
+    empty_store,
     event_from_row,
     hang_left_running,
     meta_from_rows,
@@ -110,7 +111,7 @@ class JobStore(LedgerTables):
         store = cls(conn, path, readonly=True)
         try:
             if store._check_version() == 0:
-                raise StoreError(f"{path} is empty: the job is still being created; try again")
+                raise StoreError(empty_store(path))
         except BaseException:
             conn.close()
             raise

@@ -59,6 +59,26 @@ def move_aside_fix(path: Path) -> str:
             "ckpt ls CHECKPOINT_DIR`)")
 
 
+STILL_CREATING_S = 10.0  # a launcher writes the schema within ms of making the file
+
+
+def empty_store(path: Path) -> str:
+    """What an empty store file (no schema) means: a launch making it now, or, unchanged for
+    STILL_CREATING_S, one that died before it wrote it (walk-through 35 F5: "still being
+    created; try again" of a file two days old)."""
+    try:
+        changed = path.stat().st_mtime
+    except OSError:
+        changed = time.time()
+    if time.time() - changed < STILL_CREATING_S:
+        return f"{path} is empty: the job is still being created; try again"
+    since = datetime.fromtimestamp(changed, timezone.utc).isoformat(timespec="seconds")
+    return (f"{path} is empty and has not changed since {since}: a launch that died before "
+            "writing it (killed, or the disk full). Fix: run the `trainguard run` command "
+            f"again with --job-dir {path.parent} (it makes the store anew), or remove "
+            f"{path.parent}")
+
+
 def meta_from_rows(rows: list[tuple[str, str]]) -> dict[str, Any]:
     """The meta table's (key, JSON) rows as a dict; a time of META_TIMES that is a string
     must be ISO 8601 (ValueError: the goodput and the list read them)."""
