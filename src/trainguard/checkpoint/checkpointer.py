@@ -292,10 +292,10 @@ class Checkpointer:
             self._closing = True
             self.wait_quietly()  # its failure is said below, as the last save's (F9)
             final, self._skipped = self._skipped, None
+            self._events.saving(final=True)  # a run of skipped saves ends: all told (F10)
             if final is not None and self._failures < self.max_consecutive_failures:
                 self._save(*final)  # skipped at the last step: the loop is over (F10)
                 self.wait_quietly()
-            self._events.saving(final=True)  # a run of skipped saves ends here too
             with self._lock:
                 n, err, step, told = (self._failures, self._last_error, self._failed_step,
                                       self._told_final)
