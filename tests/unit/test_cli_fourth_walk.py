@@ -119,7 +119,12 @@ def test_events_of_an_attempt_the_job_does_not_have_names_the_ones_it_has(
     (("prune", "ROOT", "--older-than", "nan"),
      "nan is not a number. Fix: give a number of days, 0 or more"),
     (("prune", "ROOT", "--older-than", "week"),
-     "week is not a number. Fix: give a number of days, 0 or more")])
+     "week is not a number. Fix: give a number of days, 0 or more"),
+    # walk-through 35 F3: it signalled the launcher, then exited 1 "still running after -1s"
+    (("stop", "JOB", "--timeout", "-1"),
+     "-1 is negative. Fix: give a number of seconds, 0 or more"),
+    (("stop", "JOB", "--timeout", "nan"),
+     "nan is not a number. Fix: give a number of seconds, 0 or more")])
 def test_a_negative_count_or_age_is_refused_not_taken_for_nothing_or_everything(
         tmp_path: Path, argv: tuple[str, ...], said: str) -> None:
     """In plain words: a negative value is called negative (not "not a number")."""

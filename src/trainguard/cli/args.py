@@ -73,6 +73,21 @@ def days(text: str) -> float:
     return value
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds, 0 or more (`stop --timeout`); `inf` waits as
+    long as it takes. Walk-through 35 F3: `--timeout -1` signalled the launcher, then said
+    "still running after -1s" and exited 1, the code of a stop that failed."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value):
+        raise _refused(text, "is not a number", "a number of seconds")
+    if value < 0:
+        raise _refused(text, "is negative", "a number of seconds")
+    return value
+
+
 def _refused(text: str, problem: str, what: str) -> argparse.ArgumentTypeError:
     """`-1 is negative. Fix: give a number of days, 0 or more` (the flag is put in front)."""
     shown = text.strip() if text.strip() and " " not in text.strip() else repr(text)

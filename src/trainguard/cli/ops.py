@@ -21,6 +21,7 @@ import psutil
 from rich.table import Table
 
 from trainguard.backends.local import live_agents, signal_agent
+from trainguard.cli.args import seconds
 from trainguard.cli.fmt import clock_or_dash, complain, dash, print_json, print_table, size_text
 from trainguard.cli.job_rows import job_row, when
 from trainguard.cli.prune import add_prune_command
@@ -44,7 +45,7 @@ def add_ops_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                        "on every node (SIGTERM, the grace period, then SIGKILL), records "
                        "JobStopped and exits. Waits for it to end.")
     add_job_dir(p, newest_by_default=False)
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=seconds, default=120.0,
                    help="seconds to wait for the launcher to end (120)")
     p.add_argument("--now", action="store_true", help="a stop already under way: end the "
                    "ranks' grace period at once (a second SIGTERM: what still runs, on every "
