@@ -30,6 +30,8 @@ EXAMPLE_ACCUMULATE=N sets accumulate_grad_batches=N; EXAMPLE_SAVE_LAST=1 passes 
 to the ModelCheckpoint (a last.ckpt written at every save too);
 EXAMPLE_STOP_AT=STEP makes rank 0 run `trainguard stop` on its own job when it first reaches
 that step (once per output dir) and then slows every step to 1 s, so the drain lands mid-run.
+Like the other examples it honours TRAINGUARD_FAULT (trainguard.testing.faults, fired after
+each optimizer step: `signal:KILL@step=13,rank=1`, `exit:3@rank=1,step=5`, `hang@step=8`, ...).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
+
+from trainguard.testing.faults import inject
 
 FEATURES = 16
 
@@ -106,6 +110,20 @@ class Regressor(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.losses = checkpoint["example_losses"]
+
+
+class Faults(pl.Callback):
+    """TRAINGUARD_FAULT (trainguard.testing.faults), after each optimizer step: a no-op
+    without it (walk-through 35 F6: this example ignored it, and a job "survived" a kill it
+    never had). A step is reported once, however many batches it accumulates."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step != self.last:
+            self.last = trainer.global_step
+            inject(trainer.global_step)
 
 
 class KillAt(pl.Callback):
@@ -167,7 +185,7 @@ def main() -> None:
     loader = loader_cls(data, batch_size=8, shuffle=True, num_workers=0)
     callbacks: list[pl.Callback] = [ModelCheckpoint(
         dirpath=out, every_n_train_steps=a.save_every, save_top_k=-1,
-        save_last=os.environ.get("EXAMPLE_SAVE_LAST") == "1")]
+        save_last=os.environ.get("EXAMPLE_SAVE_LAST") == "1"), Faults()]
     kill = os.environ.get("EXAMPLE_KILL_AT")
     if kill:
         callbacks.append(KillAt(int(kill), out, os.environ.get("EXAMPLE_LEFTOVER") == "1"))

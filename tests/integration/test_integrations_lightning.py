@@ -97,14 +97,17 @@ def test_a_stateful_dataloader_resumes_in_a_later_epoch_exactly(
     in the second epoch: resumed from step 12 (mid-epoch 1) or 10 (the first epoch's last
     batch) it ends as the uninterrupted run. Lightning alone went on in epoch 0's order
     (torchdata draws the sampler's order when the state is loaded, before Lightning sets the
-    epoch), and from step 10 it skipped the next epoch."""
+    epoch), and from step 10 it skipped the next epoch. The kill is TRAINGUARD_FAULT's, as a
+    user would inject it (walk-through 35 F6: the example ignored it, and the job
+    "survived" a kill it never had)."""
     pytest.importorskip("torchdata.stateful_dataloader")
     out = tmp_path / "out"
     args = [*STEPS[:2], "--save-every", str(save_every), *STEPS[4:]]
     r = run_tg(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--auto-resume",
                 "lightning", "--job-dir", str(tmp_path / "job"), str(EXAMPLE), "--out",
                 str(out), *args], cwd=tmp_path, timeout=300,
-               env={"EXAMPLE_KILL_AT": str(kill_at), "EXAMPLE_STATEFUL_LOADER": "1"})
+               fault=f"signal:KILL@step={kill_at},rank=1",
+               env={"EXAMPLE_STATEFUL_LOADER": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert reasons(tmp_path / "job").count("WorkersRestarted") == 1
     ckpt = out / f"epoch={(resumed_at - 1) // 10}-step={resumed_at}.ckpt"
