@@ -125,3 +125,24 @@ def test_a_missing_bucket_names_the_endpoint_botocore_used(
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert (f"LOCATION: the bucket 'nobucket-w31' of s3://nobucket-w31/x does not exist on "
             f"{endpoint}. Fix: ") in r.stderr, r.stderr
+
+
+def test_ckpt_verify_of_s3_goes_on_when_pruning_removes_a_step_it_checks(
+        s3_job: Path, s3_location: S3Location, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walk-through 35 F13 on the store it was seen on: a job's commit pruned step 5 while
+    `verify` hashed it, and verify failed, `cannot read ...: FileNotFoundError`, exit 2."""
+    from trainguard.checkpoint.storage import Storage
+
+    sha256 = Storage.sha256
+
+    def pruned_while_read(st: Storage, rel: str) -> str:
+        if rel.startswith("step-000000005/"):
+            st.remove("step-000000005")  # as prune does
+        return sha256(st, rel)
+
+    monkeypatch.setattr(Storage, "sha256", pruned_while_read)
+    assert main(["ckpt", "verify", str(s3_job), "--json", *_options(s3_location)]) == 0
+    std = capsys.readouterr()
+    assert [(r["step"], r["status"]) for r in json.loads(std.out)] == [(10, "valid")]
+    assert "note: step(s) 5 went while being checked" in std.err, std.err
