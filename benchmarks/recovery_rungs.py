@@ -17,6 +17,13 @@ gets one of two faults after step S (75, some 20 s in: the standbys are warm):
   in-process restart (only rank 1 starts again, rank 0 re-enters in place) from a standby
   and cold, and the process restart from standbys and cold.
 
+With `--nproc 4` (the `group` fault only): a broken group of 4 ranks, where gloo leaves a rank
+blocked in its collective (it waits on a live peer that waits itself: review 35 #7); the
+in-process restart replaces only that rank, the others re-enter in place; against the
+process restart, from standbys and cold. With more than 2 ranks a fresh DDP sums in another
+order than an uninterrupted run, so the check is that every run ends with the same weights
+(each resumes from the same checkpoint) instead of an uninterrupted run's.
+
 Every run uses `--restart-backoff 0` (no deliberate wait). Measured from the rank logs' stamps
 (the time trainguard read each line): the fault (rank 1's "injecting" line) -> the first
 step line a rank prints after its recovery (the first good step), and -> step S done again
@@ -25,6 +32,7 @@ bit-identical to an uninterrupted run, and that each rung kept or replaced the p
 should.
 
     .venv/bin/python benchmarks/recovery_rungs.py [--repeats 3] [--faults group,kill]
+    .venv/bin/python benchmarks/recovery_rungs.py --nproc 4 --faults group [--fault-rank 1]
 """
 
 from __future__ import annotations
@@ -55,11 +63,10 @@ from _common import (
     wait_exit,
 )
 
-NPROC = 2
 FAULT_STEP = 75
 STEP_TIME = "0.3"
-FAULTS = {"group": f"collective@rank=1,step={FAULT_STEP}",
-          "kill": f"signal:KILL@rank=1,step={FAULT_STEP}"}
+FAULTS = {"group": "collective@rank={rank},step=" + str(FAULT_STEP),
+          "kill": "signal:KILL@rank={rank},step=" + str(FAULT_STEP)}
 COLD = ["--no-standby-workers"]
 # rung -> (launcher flags, script flags)
 FLAGS = {"step re-execution": (["--operator-reexecution"], []),
@@ -71,6 +78,8 @@ RUNGS = {"group": ("step re-execution", "in-process restart", "process restart",
                    "process restart, cold"),
          "kill": ("in-process restart", "in-process restart, cold", "process restart",
                   "process restart, cold")}
+# more than 2 ranks: the broken group (a blocked rank), without step re-execution
+RUNGS_MANY = {"group": ("in-process restart", "process restart", "process restart, cold")}
 BASELINE = "process restart, cold"  # a new interpreter for every rank: the restart of old
 INJECTED = re.compile(r"\[trainguard\.faults\] injecting ")
 # a rank's own recovery: its group re-formed (rung 0), it re-enters its function (rung 1a)
@@ -90,10 +99,10 @@ class Run:
 
 
 def run_job(job_dir: Path, steps: int, rung: str | None, fault: str | None,
-            timeout_s: float) -> str:
+            timeout_s: float, nproc: int = 2) -> str:
     """One `trainguard run` to the end; returns its console output."""
     launcher, script = FLAGS[rung] if rung else ([], [])
-    argv = [trainguard_exe(), "run", "--nproc-per-node", str(NPROC), "--max-restarts", "3",
+    argv = [trainguard_exe(), "run", "--nproc-per-node", str(nproc), "--max-restarts", "3",
             "--restart-backoff", "0", "--job-dir", str(job_dir), *launcher, str(EXAMPLE),
             "--steps", str(steps), "--ckpt-every", "10", "--step-time", STEP_TIME, "--digest",
             *script]
@@ -137,13 +146,14 @@ def steps_after_recovery(log: Path, whole: bool) -> tuple[list[tuple[float, int]
     return steps, fault_at
 
 
-def measure(job_dir: Path, steps: int, rung: str, fault: str, timeout_s: float) -> Run:
-    console = run_job(job_dir, steps, rung, fault, timeout_s)
+def measure(job_dir: Path, steps: int, rung: str, fault: str, timeout_s: float,
+            nproc: int) -> Run:
+    console = run_job(job_dir, steps, rung, fault, timeout_s, nproc)
     logs = job_dir / "logs"
     attempts = sorted(int(p.name.split("-")[1]) for p in logs.glob("attempt-*"))
     fault_at, after = None, []
     for a in attempts:
-        for r in range(NPROC):
+        for r in range(nproc):
             found, at = steps_after_recovery(logs / f"attempt-{a}" / f"rank-{r}.log", a > 0)
             after += found
             fault_at = at if fault_at is None else fault_at
@@ -182,7 +192,7 @@ def fmt(s: Spread) -> list[str]:
     return [f"{s.median:.3f}", f"{s.lo:.3f}", f"{s.hi:.3f}"]
 
 
-def report(fault: str, runs: dict[str, list[Run]]) -> str:
+def report(fault: str, spelled: str, runs: dict[str, list[Run]]) -> str:
     base = runs[BASELINE]
     rows = []
     for rung, rs in runs.items():
@@ -195,7 +205,7 @@ def report(fault: str, runs: dict[str, list[Run]]) -> str:
     for rung, rs in runs.items():
         rows.append([f"{rung}: fault -> step {FAULT_STEP} done again", *fmt(Spread.of(
             [r.back_at_s for r in rs]))])
-    return (f"fault `{fault}` (TRAINGUARD_FAULT='{FAULTS[fault]}')\n\n"
+    return (f"fault `{fault}` (TRAINGUARD_FAULT='{spelled}')\n\n"
             + markdown_table(["metric (s)", "median", "min", "max"], rows))
 
 
@@ -206,6 +216,15 @@ EXPECTED = {("group", "step re-execution"): (1, 0), ("group", "in-process restar
             ("kill", "process restart"): (2, 2), ("kill", "process restart, cold"): (2, 2)}
 
 
+def expected(fault: str, rung: str, nproc: int) -> tuple[int, int]:
+    """(attempts, ranks with a new process) for `rung` with `nproc` ranks: with more than 2,
+    the in-process restart replaces the rank blocked in the broken group's collective."""
+    attempts, new = EXPECTED[(fault, rung)]
+    if nproc == 2:
+        return attempts, new
+    return (1, 1) if rung.startswith("in-process") else (attempts, nproc)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Step re-execution, in-process restart and process restart on the example "
@@ -214,31 +233,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=80, help="steps per job (default 80)")
     parser.add_argument("--faults", default="group,kill", help="group, kill or both")
     parser.add_argument("--timeout", type=float, default=180.0, help="per job (s)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2; more than 2: "
+                        "the group fault only, a rank blocked in the broken collective)")
+    parser.add_argument("--fault-rank", type=int, default=1, help="the rank the fault hits")
     args = parser.parse_args(argv)
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    rungs = RUNGS if args.nproc == 2 else RUNGS_MANY
     if args.repeats < 1 or args.steps <= FAULT_STEP or not faults or \
-            any(f not in FAULTS for f in faults):
-        parser.error(f"--repeats >= 1, --steps > {FAULT_STEP}, --faults from {list(FAULTS)}")
+            any(f not in rungs for f in faults) or args.nproc < 2 or \
+            not 0 <= args.fault_rank < args.nproc:
+        parser.error(f"--repeats >= 1, --steps > {FAULT_STEP}, --faults from {list(rungs)}, "
+                     "--nproc >= 2, 0 <= --fault-rank < --nproc")
     print(machine_line())
-    print(f"{args.repeats} interleaved rounds per fault\n", flush=True)
+    print(f"{args.nproc} ranks; {args.repeats} interleaved rounds per fault\n", flush=True)
     with tempfile.TemporaryDirectory(prefix="tg-bench-rungs-") as tmp:
         base = Path(tmp)
+        # 2 ranks: the uninterrupted run's weights; more: the first faulted run's (a fresh
+        # DDP after any restart sums 4 ranks' gradients in another order)
         clean = digest_of(run_job(base / "clean", args.steps, None, None, args.timeout),
-                          "the uninterrupted run")
+                          "the uninterrupted run") if args.nproc == 2 else None
         for fault in faults:
-            runs: dict[str, list[Run]] = {rung: [] for rung in RUNGS[fault]}
+            spelled = FAULTS[fault].format(rank=args.fault_rank)
+            runs: dict[str, list[Run]] = {rung: [] for rung in rungs[fault]}
             for i in range(args.repeats):
                 t0 = time.monotonic()
-                for rung in RUNGS[fault]:
+                for rung in rungs[fault]:
                     name = f"{fault}-{rung.replace(' ', '_').replace(',', '')}-{i}"
-                    run = measure(base / name, args.steps, rung, FAULTS[fault], args.timeout)
+                    run = measure(base / name, args.steps, rung, spelled, args.timeout,
+                                  args.nproc)
+                    clean = clean or run.digest
                     if run.digest != clean:
-                        raise BenchError(f"{name}: final weights differ from the uninterrupted "
+                        raise BenchError(f"{name}: final weights differ from the "
+                                         f"{'uninterrupted' if args.nproc == 2 else 'first'} "
                                          "run")
-                    if (run.attempts, run.new_processes) != EXPECTED[(fault, rung)]:
+                    want = expected(fault, rung, args.nproc)
+                    if (run.attempts, run.new_processes) != want:
                         raise BenchError(f"{name}: {run.attempts} attempt(s), "
                                          f"{run.new_processes} new process(es); expected "
-                                         f"{EXPECTED[(fault, rung)]}")
+                                         f"{want}")
                     warm = 0 if rung.endswith("cold") else run.new_processes
                     if run.from_standby != warm:
                         raise BenchError(f"{name}: {run.from_standby} of {run.new_processes} "
@@ -247,7 +279,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{fault} round {i + 1}/{args.repeats}: " + ", ".join(
                     f"{rung} {rs[-1].first_good_s:.3f} s" for rung, rs in runs.items())
                     + f" ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
-            print(report(fault, runs) + "\n", flush=True)
+            print(report(fault, spelled, runs) + "\n", flush=True)
+    if args.nproc > 2:
+        print("every run's final weights: the same in every run (each resumed from the same "
+              "checkpoint); the in-process restart: one attempt, one new process (the rank "
+              "blocked in the broken collective); process restart: two attempts, every "
+              "process new")
+        return 0
     print("every run's final weights: bit-identical to the uninterrupted run; attempts and new "
           "processes as each rung promises (re-execution and in-process on a broken group: one "
           "attempt, no new process; in-process after a kill: one attempt, one new process; "

@@ -33,6 +33,27 @@ def job(job_dir: Path, *flags: str, resilient: bool = True) -> list[str]:
             *(["--resilient"] if resilient else [])]
 
 
+def job4(where: Path, *flags: str) -> list[str]:
+    """`job` with 4 ranks and 8 steps."""
+    args = job(where, *flags)
+    args[args.index("--nproc-per-node") + 1] = "4"
+    args[args.index("--steps") + 1] = "8"
+    return args
+
+
+def resumed_from_step_4(tmp_path: Path, job_dir: Path) -> str:
+    """The digest of a 4-rank run resumed from `job_dir`'s checkpoint of step 4 (with 4 ranks
+    a fresh DDP sums the gradients in another order than an uninterrupted run)."""
+    ckpt = tmp_path / "from-step-4"  # the job's checkpoint of step 4, from before the fault
+    shutil.copytree(job_dir / "checkpoints", ckpt, ignore=shutil.ignore_patterns("*08"))
+    (ckpt / "latest").write_text("step-000000004")
+    ref = run_tg([*job4(tmp_path / "ref", "--no-standby-workers"), "--ckpt-dir", str(ckpt)],
+                 cwd=tmp_path)
+    assert ref.returncode == 0 and "resumed from the checkpoint of step 4" in ref.stderr, \
+        ref.stderr[-3000:]
+    return digest(ref.stdout)
+
+
 def digest(stdout: str) -> str:
     found = re.findall(r"weights sha256 ([0-9a-f]{64})", stdout)
     assert len(found) == 1, stdout[-2000:]
@@ -203,11 +224,6 @@ def test_a_group_broken_under_4_ranks_replaces_only_a_rank_blocked_in_its_collec
     others re-enter in place. Exact: the weights are those of a run resumed from the same
     checkpoint (with 4 ranks a fresh DDP sums the gradients in another order than the
     uninterrupted run's, so its weights differ; a process restart's are these too)."""
-    def job4(where: Path, *flags: str) -> list[str]:
-        args = job(where, *flags)
-        args[args.index("--nproc-per-node") + 1] = "4"
-        args[args.index("--steps") + 1] = "8"
-        return args
     r = run_tg(job4(job_dir), cwd=tmp_path, fault="collective@rank=1,step=6")
     assert r.returncode == 0, r.stderr[-3000:]
     got = reasons(job_dir)
@@ -225,14 +241,35 @@ def test_a_group_broken_under_4_ranks_replaces_only_a_rank_blocked_in_its_collec
     rr = the_one_record(job_dir)
     assert (rr["recover"], rr["recover_result"], rr["resumed_step"]) == (
         "in_process_restart", "success", 4)
-    ckpt = tmp_path / "from-step-4"  # the job's checkpoint of step 4, from before the fault
-    shutil.copytree(job_dir / "checkpoints", ckpt, ignore=shutil.ignore_patterns("*08"))
-    (ckpt / "latest").write_text("step-000000004")
-    ref = run_tg([*job4(tmp_path / "ref", "--no-standby-workers"), "--ckpt-dir", str(ckpt)],
-                 cwd=tmp_path)
-    assert ref.returncode == 0 and "resumed from the checkpoint of step 4" in ref.stderr, \
-        ref.stderr[-3000:]
-    assert digest(r.stdout) == digest(ref.stdout)
+    # review 37 #6: the record named every rank and the job, with the blocked rank killed
+    assert str(rr["reason"]).startswith(
+        f"the process group failed on rank(s) {', '.join(str(x) for x in range(4) if x != new)}"
+        f"; rank(s) {new} blocked in the broken collective, killed: "), rr["reason"]
+    assert rr["related_task"] == f"worker-{new}"
+    assert digest(r.stdout) == resumed_from_step_4(tmp_path, job_dir)
+
+
+def test_a_step_that_fails_under_4_ranks_with_one_blocked_goes_on_to_the_in_process_restart(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Review 37 #2: with --operator-reexecution the step rung re-formed the group while rank
+    3 was blocked in the broken collective; the rendezvous timed out (--step-retry-timeout),
+    the failed init left torch's group counter at 1, and the in-process restart's fresh rank
+    3 (group "0") and the survivors (group "1") waited in init_process_group for good. The
+    step rung now gives the step up when a rank has not reported it 1 s after the first
+    report, and the in-process restart replaces the blocked rank at once."""
+    r = run_tg(job4(job_dir, "--operator-reexecution", "--step-retry-timeout", "10"),
+               cwd=tmp_path, fault="collective@rank=1,step=6", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = read_json("events", job_dir)
+    got = [e["reason"] for e in events]
+    assert "InProcessRestarted" in got and "WorkersRestarted" not in got, got
+    assert "StepRetrying" not in got, got  # no rendezvous a blocked rank never joins
+    down = next(e["message"] for e in events if e["reason"] == "StepRetryDowngraded")
+    named = re.search(r"rank\(s\) (\d+) did not report step 6's failure within 1s", down)
+    assert named, down
+    restarting = next(e["message"] for e in events if e["reason"] == "InProcessRestarting")
+    assert f"only rank {named[1]} starts again" in restarting, restarting
+    assert digest(r.stdout) == resumed_from_step_4(tmp_path, job_dir)
 
 
 def test_an_in_process_restart_that_fails_again_downgrades_to_a_process_restart(

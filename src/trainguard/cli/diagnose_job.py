@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import re
 import signal
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-from trainguard.controller.faults import LOST_END_REASON, STOPPED_BY
+from trainguard.controller.faults import GROUP_FAILED_REASON, LOST_END_REASON, STOPPED_BY
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.diagnosis.candidates import RankExit
@@ -107,6 +108,11 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         start = _answered_until(restarts[-2]) if len(restarts) > 1 else None
         window = (start, last.detected_at)
         died = _died(deaths, attempt, start, last.decided_at or last.recover_end_at)
+        if not died and last.reason.startswith(GROUP_FAILED_REASON):
+            # a broken group: every process lived, so each rank's row is its final one, with
+            # its second-last step at the job's end, and the lines of the failure looked
+            # survived (review 37 #8: "no failure found"); as a dead rank's, they stay
+            exits = [replace(e, second_last_step_at=None) for e in exits]
         exits = [*died, *(e for e in exits if e.rank not in {d.rank for d in died})]
     if attempt in losses:
         node, reason = losses[attempt]

@@ -15,6 +15,8 @@ _CHIP_CATEGORIES = {"gpu_hardware", "npu_hardware_or_driver"}
 LOST_END_REASON = "lost: its launcher died; ended at its last sign of life"
 # the end of an attempt the user stopped (`trainguard stop`, Ctrl-C): `stopped_by(SIGTERM)`
 STOPPED_BY = "launcher received"
+# the reason of a broken group's record (every process lived; `diagnose JOB_DIR` reads it)
+GROUP_FAILED_REASON = "the process group failed on "
 
 
 def stopped_by(signal_name: str) -> str:

@@ -21,13 +21,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 
+from trainguard.controller.faults import GROUP_FAILED_REASON, Fault, task_of
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.step_retry import StepRetries
 from trainguard.errors import LaunchError
 from trainguard.policy.decision import Action, Decision, InProcessCase, Rung, Tried
 from trainguard.policy.inprocess import judge_waiting
-from trainguard.protocol import AgentAPI, NodeReport, RestartRanks, Tell
+from trainguard.protocol import AgentAPI, NodeReport, Progress, RestartRanks, Tell
 from trainguard.records import (
+    FaultScenario,
     Level,
     Reason,
     RecoverResult,
@@ -59,13 +61,18 @@ class InProcessRestarts:
         self._refused: set[int] = set()  # told NO_RESTART: they raise and exit
         self.broken: str | None = None  # every rank waits, none died: the first error
         self.blocked: tuple[int, ...] = ()  # with it: the ranks blocked in the broken collective
+        self._broken_on: tuple[int, ...] = ()  # with it: the ranks whose group failed (waiting)
         # with it, (fault, detected): the first rank's failure, the last one's report seen
         self.broken_at: tuple[datetime, datetime] | None = None
         self._failed_at: dict[int, datetime] = {}  # rank -> when its group failed (waiting)
+        # each rank's last step when the first waiting report of this episode came: a rank is
+        # judged by its own progress since (review 37 #1: step lines on rank 0 only)
+        self._steps_before: dict[int, int | None] | None = None
 
     def new_attempt(self) -> None:
         self._resilient.clear()
         self._waiting.clear()
+        self._steps_before = None
         self._refused.clear()
         self._pending, self.broken, self.blocked = None, None, ()
 
@@ -116,10 +123,15 @@ class InProcessRestarts:
         if self._pending is not None:
             return
         states = {w.rank: w.state for w in report.workers}
+        steps = {lv.rank: lv.last_step for lv in report.liveness}
+        if not self._waiting:
+            self._steps_before = None
+        elif self._steps_before is None:
+            self._steps_before = steps
         verdict = judge_waiting(
-            states, {r: since for r, (_, since, _) in self._waiting.items()},
-            {lv.rank: lv.last_step for lv in report.liveness},
-            [r for r in self._refused if r in states and not states[r].ended], time.monotonic())
+            states, {r: since for r, (_, since, _) in self._waiting.items()}, steps,
+            [r for r in self._refused if r in states and not states[r].ended], time.monotonic(),
+            self._steps_before or {})
         if verdict.refuse:
             self.refuse(verdict.reason, list(verdict.refuse))
         if not verdict.broken:
@@ -127,10 +139,22 @@ class InProcessRestarts:
         first = min(self._waiting, key=lambda r: self._waiting[r][1])
         if self.broken is None:  # (walk-through 34 #6: recorded as after the decision)
             self.broken_at = (min(self._failed_at[r] for r in self._waiting), utcnow())
-        self.broken = f"rank {first}: {self._waiting[first][2]}" + (
-            f"; rank(s) {rank_list(verdict.blocked)} made no step since: blocked in the broken "
-            "collective" if verdict.blocked else "")
-        self.blocked = verdict.blocked
+        self.broken = f"rank {first}: {self._waiting[first][2]}"
+        self.blocked, self._broken_on = verdict.blocked, tuple(sorted(self._waiting))
+
+    def broken_fault(self, progress: Progress, stopped: datetime) -> Fault:
+        """The record's fault for the broken group (before carry_out): the ranks it failed on,
+        and the blocked ones killed (review 37 #6: it said "failed on every rank", `job`);
+        `stopped`: when the controller went to kill them (as a hang's record books it)."""
+        fault_at, detected = self.broken_at or (utcnow(), utcnow())
+        where = "every rank" if not self.blocked else (
+            f"rank(s) {rank_list(self._broken_on)}; rank(s) {rank_list(self.blocked)} "
+            "blocked in the broken collective, killed")
+        return Fault(FaultScenario.ERROR_IN_LOG,
+                     f"{GROUP_FAILED_REASON}{where}: {self.broken}", "group failed",
+                     task_of(self.blocked[0]) if len(self.blocked) == 1 else "job",
+                     fault_at, detected, max(stopped, detected), progress,
+                     "nccl_communication_error")
 
     def carry_out(self, attempt: int, decision: Decision) -> Decision:
         """Restart decision.ranks in place; the decision as carried out (a process restart,
@@ -153,6 +177,7 @@ class InProcessRestarts:
         blocked = f"; rank(s) {rank_list(self.blocked)} made no step since the group failed " \
             "(blocked in the broken collective): killed" if self.blocked else ""
         self._waiting.clear()
+        self._steps_before = None
         self.broken, self.blocked = None, ()
         self._pending = (generation, time.monotonic())
         self._replaced = set(decision.ranks)

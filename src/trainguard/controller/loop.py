@@ -41,7 +41,7 @@ from trainguard.policy.decision import (
 )
 from trainguard.policy.ladder import decide
 from trainguard.protocol import AgentAPI, NodeReport
-from trainguard.records import FaultScenario, Level, Reason, StartType, iso, utcnow
+from trainguard.records import Level, Reason, StartType, iso, utcnow
 from trainguard.states import JobState, WorkerState
 
 if TYPE_CHECKING:
@@ -319,20 +319,17 @@ class Controller:
         """Every rank's group broke under it (a transient collective error), every process
         lives: all re-enter in place, or (None) are told to raise: their exit is a CRASH.
         The record's fault: the first rank's failure; detected: the last rank's report."""
-        fault_at, detected = self._inproc.broken_at or (utcnow(), utcnow())
         incident = Incident(IncidentKind.GROUP_FAILED, why=error, in_process=self._inproc.case(
             report, self._inproc.blocked), made_progress=self._made_progress(report))
         decision = decide(incident, self._hist, self._policy)  # committed when carried out
+        fault = self._inproc.broken_fault(report.progress, utcnow())  # (a hang's `stopped`)
         if decision.action == Action.RESTART_RANKS:
             self._note_progress(report)
             decision = self._inproc.carry_out(attempt, self._commit(decision))
         if decision.action != Action.RESTART_RANKS:
             self._inproc.refuse(f"not restarted in place: {decision.reason}")
             return None
-        self.rec.book.record(attempt, decision, Fault(  # decided: now, nothing stopped
-            FaultScenario.ERROR_IN_LOG, f"the process group failed on every rank: {error}",
-            "group failed", "job", fault_at, detected, detected, report.progress,
-            "nccl_communication_error"))
+        self.rec.book.record(attempt, decision, fault)  # decided: when carried out
         return _Next(decision)
 
     def _after_hang(self, attempt: int, report: NodeReport,

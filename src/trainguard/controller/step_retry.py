@@ -1,20 +1,23 @@
 """Rung 0 for the controller: carries out the ladder's decisions on failed steps.
 
 A rank's StepGuard reports a failed step (STEP_FAILED, with its process group's generation)
-and waits. The first report of a (step, generation) becomes a STEP_FAILED incident for
-policy.ladder.decide; the verdict goes to every rank out of band (AgentAPI.tell):
-REFORM with a fresh rendezvous port and the next generation, confirmed by REFORM_GO once
-every running rank got it (taken back by GIVE_UP when one did not: no rank waits in a
-rendezvous a peer never joins), or GIVE_UP (the ranks raise, and their exit is the next
-rung's incident). The first STEP_REEXECUTED of that generation
-ends the incident. Events: StepRetrying, StepReexecuted, StepRetryDowngraded; one recover
-record of type `step_reexecution` per decision.
+and waits. The reports of a (step, generation) become a STEP_FAILED incident for
+policy.ladder.decide once every running rank reported, or REPORTS_WITHIN_S after the first
+(the ranks still silent then are blocked in the broken collective: the step is given up and
+the in-process restart replaces them; review 37 #2); the verdict goes to every rank out of
+band (AgentAPI.tell): REFORM with a fresh rendezvous port and the next generation, confirmed
+by REFORM_GO once every running rank got it (taken back by GIVE_UP when one did not: no rank
+waits in a rendezvous a peer never joins), or GIVE_UP (the ranks raise, and their exit is the
+next rung's incident). The first STEP_REEXECUTED of that generation ends the incident.
+Events: StepRetrying, StepReexecuted, StepRetryDowngraded; one recover record of type
+`step_reexecution` per decision.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from trainguard.controller.faults import Fault
 from trainguard.controller.recorder import Recorder
@@ -27,9 +30,19 @@ from trainguard.policy.decision import (
     Rung,
     Tried,
 )
+from trainguard.policy.step import REPORTS_WITHIN_S
 from trainguard.protocol import AgentAPI, NodeReport, Tell, WorkerMessage
 from trainguard.records import FaultScenario, Level, Reason, RecoverResult, utcnow
 from trainguard.worker.contract import ControlKind, MessageKind
+
+
+@dataclass
+class _Reports:
+    """The reports of one failed (step, generation) so far."""
+
+    first: WorkerMessage
+    since: float  # monotonic, when the first came
+    ranks: set[int] = field(default_factory=set)
 
 
 class StepRetries:
@@ -39,12 +52,14 @@ class StepRetries:
         self.rec, self.agent, self._decide = rec, agent, decide
         self._commit = commit  # the ladder's memory, set again when a decision is undone
         self._answered: set[tuple[int, int]] = set()  # (step, generation) of failures
+        self._reports: dict[tuple[int, int], _Reports] = {}  # failures not decided yet
         self._reexecuting: tuple[int, int] | None = None  # (step, new generation)
         self._generation = 0  # the newest process group generation handed out
         self._floor = 0  # reports on older generations came before an in-process restart
 
     def new_attempt(self) -> None:
         self._answered.clear()
+        self._reports.clear()
         self._reexecuting = None
         self._generation = self._floor = 0
 
@@ -58,29 +73,44 @@ class StepRetries:
         group are of the functions they left."""
         self._generation = self._floor = generation
         self._answered.clear()
+        self._reports.clear()
         self._reexecuting = None
 
     def observe(self, report: NodeReport, attempt: int) -> None:
         for m in report.messages:
             if m.kind == MessageKind.STEP_FAILED:
-                self._failed(m, attempt, report)
+                self._reported(m)
             elif m.kind == MessageKind.STEP_REEXECUTED:
                 self._reexecuted(m, attempt)
+        running = {w.rank for w in report.workers if not w.state.ended}
+        for key, got in list(self._reports.items()):
+            silent = tuple(sorted(running - got.ranks))
+            if silent and time.monotonic() - got.since < REPORTS_WITHIN_S:
+                continue  # a rank's collective may still fail: every rank reports the step
+            del self._reports[key]
+            self._answered.add(key)
+            self._failed(got.first, attempt, report, silent)
 
-    def _failed(self, m: WorkerMessage, attempt: int, report: NodeReport) -> None:
-        step, generation = int(m.data["step"]), int(m.data["generation"])
-        if generation < self._floor:
+    def _reported(self, m: WorkerMessage) -> None:
+        key = int(m.data["step"]), int(m.data["generation"])
+        if key[1] < self._floor:
             return  # from before an in-process restart: that function was left
-        if (step, generation) in self._answered:
+        if key in self._answered:
             return  # another rank of the same failure, or a report sent again: answered
-        self._answered.add((step, generation))
+        got = self._reports.setdefault(key, _Reports(m, time.monotonic()))
+        if m.rank is not None:
+            got.ranks.add(m.rank)
+
+    def _failed(self, m: WorkerMessage, attempt: int, report: NodeReport,
+                silent: tuple[int, ...]) -> None:
+        step, generation = int(m.data["step"]), int(m.data["generation"])
         error = str(m.data.get("error") or "")
         first = (error.strip().splitlines() or ["?"])[0]
         first = first if len(first) <= 160 else first[:157] + "..."
         running = [w.rank for w in report.workers if not w.state.ended]
         ended = tuple(sorted(w.rank for w in report.workers if w.state.ended))
         decision = self._decide(Incident(IncidentKind.STEP_FAILED, step=step, why=error,
-                                         ended_ranks=ended,
+                                         ended_ranks=ended, silent_ranks=silent,
                                          stale_group=generation < self._generation))
         fault = Fault(FaultScenario.ERROR_IN_LOG, f"step {step} failed: {first}",
                       f"step {step} failed", f"worker-{m.rank}" if m.rank is not None else "job",

@@ -31,8 +31,8 @@ from trainguard.records import RecoverResult, rank_list
 from trainguard.states import WorkerState
 
 REFUSE_AFTER_S = 5.0  # a waiting rank, while another ran on, is told NO_RESTART after this
-# a rank that neither waits nor made a step since the waiting ranks' group failed, after this
-# long, is blocked in the broken collective: gloo wakes it only when a peer's socket closes
+# a rank that neither waits nor made a step of its own since the first waiting report, after
+# this long, is blocked in the broken collective: gloo wakes it only when a peer's socket closes
 # (review 35 #7: with 4 ranks, rank 3 waited on a live peer that was itself waiting)
 BLOCKED_AFTER_S = 1.0
 
@@ -52,11 +52,13 @@ class GroupVerdict:
 
 def judge_waiting(states: Mapping[int, WorkerState], waiting: Mapping[int, float],
                   steps: Mapping[int, int | None], leaving: Collection[int],
-                  now: float) -> GroupVerdict:
+                  now: float, before: Mapping[int, int | None]) -> GroupVerdict:
     """`states`: every rank's; `waiting`: the waiting ranks, each with when (monotonic) its
-    report came; `steps`: each running rank's last step seen; `leaving`: ranks told
-    NO_RESTART that still run. A rank that does not wait and has no step beyond the furthest
-    a waiting rank made is blocked in the broken collective, not running on."""
+    report came; `steps`: each rank's last step seen; `before`: each rank's last step seen
+    when the first waiting report came; `leaving`: ranks told NO_RESTART that still run. A
+    rank that does not wait and made no step of its own since the first report is blocked in
+    the broken collective, not running on. Each rank is judged against itself: ranks' step
+    sources differ (step lines on rank 0 only; review 37 #1)."""
     if not waiting or WorkerState.FAILED in states.values():
         return GroupVerdict()  # a death: the controller decides about it now
     done = [r for r, s in states.items() if s == WorkerState.SUCCEEDED]
@@ -67,9 +69,8 @@ def judge_waiting(states: Mapping[int, WorkerState], waiting: Mapping[int, float
     if any(s.ended for s in states.values()):
         return GroupVerdict()
     others = sorted(r for r in states if r not in waiting and r not in leaving)
-    failed = max((s for r in waiting if (s := steps.get(r)) is not None), default=None)
-    ran_on = {r: s for r in others if (s := steps.get(r)) is not None
-              and (failed is None or s > failed)}
+    ran_on = {r: (before.get(r), s) for r in others if (s := steps.get(r)) is not None
+              and ((b := before.get(r)) is None or s > b)}
     if not ran_on and not leaving:
         if not others:
             return GroupVerdict(broken=True)
@@ -78,9 +79,9 @@ def judge_waiting(states: Mapping[int, WorkerState], waiting: Mapping[int, float
         return GroupVerdict()
     seen = []
     if ran_on:
-        seen.append(f"rank(s) {rank_list(sorted(ran_on))} ran on (to step "
-                    f"{max(ran_on.values())}; the waiting ranks' last step: "
-                    f"{'none' if failed is None else failed})")
+        seen.append(f"rank(s) {rank_list(sorted(ran_on))} ran on since the group failed ("
+                    + ", ".join(f"rank {r}: step {'none' if b is None else b} -> {s}"
+                                for r, (b, s) in sorted(ran_on.items())) + ")")
     if leaving:
         seen.append(f"rank(s) {rank_list(sorted(leaving))}, told no restart, are ending")
     due = tuple(sorted(r for r, since in waiting.items() if now - since >= REFUSE_AFTER_S))

@@ -47,7 +47,7 @@ def decide(incident: Incident, hist: History, pol: HAPolicy) -> Decision:
             incident.made_progress, hist, pol.restart), incident)
     if incident.kind == IncidentKind.STEP_FAILED:
         return step.after_step_failure(incident.step or 0, hist, pol, incident.ended_ranks,
-                                       incident.stale_group)
+                                       incident.stale_group, incident.silent_ranks)
     if incident.kind == IncidentKind.PRECHECK_FAILED:
         return nodes.after_precheck(incident.failing, incident.checked, incident.placement,
                                     hist)

@@ -14,10 +14,18 @@ from dataclasses import replace
 from trainguard.policy.decision import Action, Decision, HAPolicy, History, Rung, Tried
 from trainguard.records import RecoverResult, rank_list
 
+# a running rank that has not reported the failed step this long after the first report is
+# blocked in the broken collective (gloo wakes a rank only when a connection it waits on
+# closes: with 4 ranks one may wait on a live peer that waits for the verdict); a re-formed
+# group's rendezvous would wait --step-retry-timeout for it and fail (review 37 #2)
+REPORTS_WITHIN_S = 1.0
+
 
 def after_step_failure(step: int, hist: History, pol: HAPolicy,
-                       ended_ranks: tuple[int, ...] = (), stale_group: bool = False) -> Decision:
-    """Re-execute `step`, or downgrade to the next rung (with why)."""
+                       ended_ranks: tuple[int, ...] = (), stale_group: bool = False,
+                       silent_ranks: tuple[int, ...] = ()) -> Decision:
+    """Re-execute `step`, or downgrade to the next rung (with why). `silent_ranks`: running
+    ranks that did not report the failure within REPORTS_WITHIN_S."""
     if not pol.operator_reexecution:
         return _downgrade("operator re-execution is off (--operator-reexecution)", hist,
                           RecoverResult.DOWNGRADE)
@@ -28,6 +36,11 @@ def after_step_failure(step: int, hist: History, pol: HAPolicy,
     if ended_ranks:
         return _downgrade(f"the process of rank(s) {rank_list(ended_ranks)} ended: a "
                           "re-formed group cannot include it", hist, RecoverResult.DOWNGRADE)
+    if silent_ranks:
+        return _downgrade(f"rank(s) {rank_list(silent_ranks)} did not report step {step}'s "
+                          f"failure within {REPORTS_WITHIN_S:g}s (blocked in the broken "
+                          "collective): a re-formed group cannot include it", hist,
+                          RecoverResult.DOWNGRADE)
     tries = hist.retried_step_count if hist.retried_step == step else 0
     if tries >= pol.step_retries:
         return _downgrade(f"step {step} was re-executed {tries} time(s) and failed again "

@@ -155,7 +155,22 @@ def _tear_down() -> None:
         with contextlib.suppress(Exception):
             if dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()
+        _forget_group_names()
     gc.collect()
+
+
+def _forget_group_names() -> None:
+    """Name the next default group as a fresh process does ("0"). An init_process_group that
+    failed (a re-formed group's rendezvous that timed out) took a name from torch's counter
+    and never became the default group, so no destroy_process_group resets the counter (only
+    a destroy of the default group does); a fresh replacement then joins "0" while this
+    process joins "1", and gloo's rendezvous keys differ: every rank waits in
+    init_process_group (review 37 #2). torch has no public reset: `_world.group_count` is
+    what destroy_process_group sets; without it (another torch) nothing is done."""
+    with contextlib.suppress(Exception):  # (KeyError, AttributeError: another torch)
+        world = sys.modules["torch.distributed.distributed_c10d"]._world
+        if not sys.modules["torch.distributed"].is_initialized() and world.group_count:
+            world.group_count = 0
 
 
 def _say(line: str) -> None:
