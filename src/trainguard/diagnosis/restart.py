@@ -82,8 +82,8 @@ _WELL_KNOWN = 1024
 # a CUDA error (not a warning) that a kernel read through a misaligned address: the layout of
 # its inputs (an offset view, an odd fp16 shape) decides it, and a rerun has the same inputs
 # SIGILL in native code: a binary built for instructions this CPU lacks (AVX on a Celeron):
-# the same binary on the same node fails the same way
-_ILLEGAL = re.compile(r"illegal instruction|\bSIGILL\b", re.IGNORECASE)
+# the same binary on the same node fails the same way (a launcher may name only its number, 4)
+_ILLEGAL = re.compile(r"illegal instruction|\bSIGILL\b|\b(?:with|on) signal 4\b", re.IGNORECASE)
 # a native crash whose stack (faulthandler's: `File "...", line N in f`, no comma) holds
 # importlib's loader frames: it crashed while a module or extension loaded (two builds that
 # clash in one process), and every start imports the same way
