@@ -198,7 +198,7 @@ def test_the_scan_reads_each_recovery_line_as_a_mark_not_a_failure() -> None:
     findings = scan_lines([stamped(1.1, "err", m) for m in (REEXECUTED, RESTARTING, STARTED)],
                           "rank-0.log", rank=0)
     assert [(f.rank, f.recovered, f.rule, f.exc_type) for f in findings] == [
-        (0, "re-executed", None, None), (0, "restarting", None, None),
+        (0, "re-executed", None, None), (0, "re-entered", None, None),
         (0, "started", None, None)]
     # marks alone are no failure: a rank that exited 0 has nothing to diagnose
     assert diagnose(findings, [RankExit(0, False, 0)], load_rules()) is None

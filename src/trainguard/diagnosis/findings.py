@@ -14,7 +14,7 @@ from trainguard.diagnosis.taxonomy import Evidence
 
 # Finding.recovered: the kind of a rank's recovery line (worker.contract.RECOVERY_PATTERN)
 REEXECUTED = "re-executed"  # a step ran again on every rank: proof by itself
-RESTARTING = "restarting"  # a survivor of an in-process restart re-enters its function
+REENTERED = "re-entered"  # a survivor of an in-process restart re-enters its function
 STARTED = "started"  # a replacement of an in-process restart starts
 
 
@@ -46,7 +46,7 @@ class Finding(BaseModel):
     # fallback (diagnosis/fallback.py) when the rules are silent or weak
     context: bool = False
     # trainguard's line where the rank recovered in place (lines.recovery): no failure
-    # but a mark: REEXECUTED, RESTARTING or STARTED; diagnosis/survived.py reads it
+    # but a mark: REEXECUTED, REENTERED or STARTED; diagnosis/survived.py reads it
     recovered: str | None = None
 
     def evidence(self) -> Evidence:

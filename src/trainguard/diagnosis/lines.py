@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from trainguard.diagnosis.findings import REEXECUTED, RESTARTING, STARTED
+from trainguard.diagnosis.findings import REENTERED, REEXECUTED, STARTED
 from trainguard.worker.contract import RECOVERY_PATTERN, STAMP_PATTERN
 
 # trainguard's own stamp (worker.contract): `<ISO time read> <out|err> `, group 1 the time
@@ -70,7 +70,7 @@ COORDINATOR_REPORT = re.compile(r"\bError reported to Coordinator: ")
 # trainguard's line where a rank recovered in place: group 1 the rank, group 2 the kind
 _RECOVERY_LINE = re.compile("^" + RECOVERY_PATTERN)
 # its kind's first word -> Finding.recovered
-_RECOVERY_KINDS = {"step": REEXECUTED, "restarting": RESTARTING, "started": STARTED}
+_RECOVERY_KINDS = {"step": REEXECUTED, "restarting": REENTERED, "started": STARTED}
 # Source lines inside a traceback: never findings themselves.
 CODE_LINE = re.compile(r"^\s+(?:raise\b|assert\b|File \"|\^+\s*$|~+)")
 
@@ -186,6 +186,6 @@ def is_fault_injection(path: str) -> bool:
 
 def recovery(text: str) -> tuple[int, str] | None:
     """trainguard's line where a rank recovered in place (worker.contract.RECOVERY_PATTERN):
-    the rank it names and its kind (findings.REEXECUTED, RESTARTING, STARTED); else None."""
+    the rank it names and its kind (findings.REEXECUTED, REENTERED, STARTED); else None."""
     m = _RECOVERY_LINE.match(text)
     return None if m is None else (int(m.group(1)), _RECOVERY_KINDS[m.group(2).split()[0]])
