@@ -156,3 +156,20 @@ def test_a_step_found_corrupt_and_written_anew_counts_toward_keep(
     for step in (1, 2, 3):
         again.save(step, state())
     assert sorted(p.name for p in ck.glob("step-*")) == ["step-000000002", "step-000000003"]
+
+
+def test_close_waits_for_the_last_save_inside_the_checkpoint_phase(
+        tmp_path: Path, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 38 #2: close() waited for the save in flight outside the checkpoint phase: a
+    long last save was confirmed hung at the close() line and, with --restart-on-hang, the
+    rank was restarted mid-save until the job failed, its last step never saved."""
+    monkeypatch.setattr("trainguard.worker.progress._launcher", True)  # marks are sent
+    c = ckpt(tmp_path / "ck", every_steps=5)
+    gates = gated(monkeypatch, 5)
+    assert c.maybe_save(5, state())
+    threading.Timer(0.3, gates[5].set).start()
+    before = len(of(sent, MessageKind.PHASE))
+    c.close()
+    phases = [(p["name"], p["state"]) for p in of(sent, MessageKind.PHASE)[before:]]
+    assert ("checkpoint", "begin") in phases and ("checkpoint", "end") in phases, phases
+    assert (tmp_path / "ck" / "latest").read_text().strip() == "step-000000005"

@@ -279,10 +279,16 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the save in flight is durable (or failed: counted as such)."""
+        self._wait_in_phase()
+        self._raise_if_failing()
+
+    def _wait_in_phase(self) -> None:
+        """Wait for the save in flight inside the checkpoint phase, the hang detector's
+        allowance for a save (close() waited outside it: a long last save was confirmed hung
+        and restarted, review 38 #2); its failure is not raised here."""
         if self._pending is not None and not self._pending.done():
             with phase(CHECKPOINT_PHASE):
                 _wait_quietly(self._pending)
-        self._raise_if_failing()
 
     def close(self) -> None:
         """Wait until the last save is durable (one skipped at the last step is written
@@ -290,12 +296,12 @@ class Checkpointer:
         save follows: the rank must not end as if its state were kept; walk-through 27)."""
         try:
             self._closing = True
-            self.wait_quietly()  # its failure is said below, as the last save's (F9)
+            self._wait_in_phase()  # its failure is said below, as the last save's (F9)
             final, self._skipped = self._skipped, None
             self._events.saving(final=True)  # a run of skipped saves ends: all told (F10)
             if final is not None and self._failures < self.max_consecutive_failures:
                 self._save(*final)  # skipped at the last step: the loop is over (F10)
-                self.wait_quietly()
+                self._wait_in_phase()
             with self._lock:
                 n, err, step, told = (self._failures, self._last_error, self._failed_step,
                                       self._told_final)
