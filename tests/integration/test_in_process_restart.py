@@ -265,7 +265,7 @@ def test_a_step_that_fails_under_4_ranks_with_one_blocked_goes_on_to_the_in_proc
     assert "InProcessRestarted" in got and "WorkersRestarted" not in got, got
     assert "StepRetrying" not in got, got  # no rendezvous a blocked rank never joins
     down = next(e["message"] for e in events if e["reason"] == "StepRetryDowngraded")
-    named = re.search(r"rank\(s\) (\d+) did not report step 6's failure within 1s", down)
+    named = re.search(r"rank\(s\) (\d+) did not report step 6's failure within half of", down)
     assert named, down
     restarting = next(e["message"] for e in events if e["reason"] == "InProcessRestarting")
     assert f"only rank {named[1]} starts again" in restarting, restarting

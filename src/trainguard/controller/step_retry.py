@@ -2,7 +2,7 @@
 
 A rank's StepGuard reports a failed step (STEP_FAILED, with its process group's generation)
 and waits. The reports of a (step, generation) become a STEP_FAILED incident for
-policy.ladder.decide once every running rank reported, or REPORTS_WITHIN_S after the first
+policy.ladder.decide once every running rank reported, or reports_within_s after the first
 (the ranks still silent then are blocked in the broken collective: the step is given up and
 the in-process restart replaces them; review 37 #2); the verdict goes to every rank out of
 band (AgentAPI.tell): REFORM with a fresh rendezvous port and the next generation, confirmed
@@ -30,7 +30,7 @@ from trainguard.policy.decision import (
     Rung,
     Tried,
 )
-from trainguard.policy.step import REPORTS_WITHIN_S
+from trainguard.policy.step import reports_within_s
 from trainguard.protocol import AgentAPI, NodeReport, Tell, WorkerMessage
 from trainguard.records import FaultScenario, Level, Reason, RecoverResult, utcnow
 from trainguard.worker.contract import ControlKind, MessageKind
@@ -56,6 +56,7 @@ class StepRetries:
         self._reexecuting: tuple[int, int] | None = None  # (step, new generation)
         self._generation = 0  # the newest process group generation handed out
         self._floor = 0  # reports on older generations came before an in-process restart
+        self._within_s = reports_within_s(rec.spec.step_retry_timeout_s)  # silent: blocked
 
     def new_attempt(self) -> None:
         self._answered.clear()
@@ -85,7 +86,7 @@ class StepRetries:
         running = {w.rank for w in report.workers if not w.state.ended}
         for key, got in list(self._reports.items()):
             silent = tuple(sorted(running - got.ranks))
-            if silent and time.monotonic() - got.since < REPORTS_WITHIN_S:
+            if silent and time.monotonic() - got.since < self._within_s:
                 continue  # a rank's collective may still fail: every rank reports the step
             del self._reports[key]
             self._answered.add(key)

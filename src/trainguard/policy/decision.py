@@ -136,7 +136,7 @@ class Incident:
     why: str = ""  # NODE_LOST: how it was lost; STEP_FAILED: the error
     step: int | None = None  # STEP_FAILED: the step that failed
     ended_ranks: tuple[int, ...] = ()  # STEP_FAILED: ranks whose process already ended
-    # STEP_FAILED: running ranks that did not report the failure within REPORTS_WITHIN_S
+    # STEP_FAILED: running ranks that did not report the failure within reports_within_s
     silent_ranks: tuple[int, ...] = ()
     stale_group: bool = False  # STEP_FAILED: reported on a group older than the newest formed
     failing: tuple[tuple[str, str], ...] = ()  # PRECHECK_FAILED: (node, what failed)

@@ -14,18 +14,24 @@ from dataclasses import replace
 from trainguard.policy.decision import Action, Decision, HAPolicy, History, Rung, Tried
 from trainguard.records import RecoverResult, rank_list
 
-# a running rank that has not reported the failed step this long after the first report is
-# blocked in the broken collective (gloo wakes a rank only when a connection it waits on
-# closes: with 4 ranks one may wait on a live peer that waits for the verdict); a re-formed
-# group's rendezvous would wait --step-retry-timeout for it and fail (review 37 #2)
-REPORTS_WITHIN_S = 1.0
+
+def reports_within_s(step_retry_timeout_s: float) -> float:
+    """How long after the first report of a failed step a running rank that has not reported
+    it is taken for blocked in the broken collective (gloo wakes a rank only when a
+    connection it waits on closes: with 4 ranks one may wait on a live peer that waits for
+    the verdict; a re-formed group's rendezvous would wait for it and fail, review 37 #2).
+    Half of --step-retry-timeout, the time the reporting ranks wait for the verdict: a rank
+    that is only slow (a long step, a data loader's stall) reaches the broken collective and
+    reports within it (review 38 #1: a 1 s window gave up a step whose peer came 3 s late,
+    and the job failed where it had re-executed the step)."""
+    return step_retry_timeout_s / 2
 
 
 def after_step_failure(step: int, hist: History, pol: HAPolicy,
                        ended_ranks: tuple[int, ...] = (), stale_group: bool = False,
                        silent_ranks: tuple[int, ...] = ()) -> Decision:
     """Re-execute `step`, or downgrade to the next rung (with why). `silent_ranks`: running
-    ranks that did not report the failure within REPORTS_WITHIN_S."""
+    ranks that did not report the failure within reports_within_s."""
     if not pol.operator_reexecution:
         return _downgrade("operator re-execution is off (--operator-reexecution)", hist,
                           RecoverResult.DOWNGRADE)
@@ -38,7 +44,7 @@ def after_step_failure(step: int, hist: History, pol: HAPolicy,
                           "re-formed group cannot include it", hist, RecoverResult.DOWNGRADE)
     if silent_ranks:
         return _downgrade(f"rank(s) {rank_list(silent_ranks)} did not report step {step}'s "
-                          f"failure within {REPORTS_WITHIN_S:g}s (blocked in the broken "
+                          "failure within half of --step-retry-timeout (blocked in the broken "
                           "collective): a re-formed group cannot include it", hist,
                           RecoverResult.DOWNGRADE)
     tries = hist.retried_step_count if hist.retried_step == step else 0
