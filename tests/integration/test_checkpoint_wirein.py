@@ -90,8 +90,11 @@ def test_save_on_exit_keeps_the_steps_since_the_last_periodic_checkpoint(tmp_pat
 
 def test_a_stopped_job_saves_its_last_step_and_a_relaunch_resumes_there(tmp_path: Path) -> None:
     job = tmp_path / "job"
-    args = ddp(job, "--save-on-exit", "--run-id", "stopme", steps=150)
-    args += ["--step-time", "0.02"]
+    args = ddp(job, "--save-on-exit", "--run-id", "stopme", steps=60)
+    # (steps of 0.1 s: each rank saves at its own next step boundary after the stop, and with
+    # 20 ms steps under load a rank passed it before its signal and waited in the next
+    # step's collective: its part was missing, a known limit in docs/checkpoints.md)
+    args += ["--step-time", "0.1"]
     proc = subprocess.Popen([*TG, *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
