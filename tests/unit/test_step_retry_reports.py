@@ -80,6 +80,14 @@ def kinds(agent: Agent) -> list[str]:
     return [str(c["kind"]) for c in agent.told]
 
 
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """StepRetries' monotonic clock, moved by the test (clock[0] += s)."""
+    now = [1000.0]
+    monkeypatch.setattr("trainguard.controller.step_retry.time.monotonic", lambda: now[0])
+    return now
+
+
 def test_the_step_is_decided_once_every_running_rank_reported_it() -> None:
     steps, agent, seen = retries()
     steps.observe(report(1, 0), 0)
@@ -90,9 +98,7 @@ def test_the_step_is_decided_once_every_running_rank_reported_it() -> None:
 
 
 def test_a_rank_silent_half_the_step_retry_timeout_gives_the_step_up(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr("trainguard.controller.step_retry.time.monotonic", lambda: clock[0])
+        clock: list[float]) -> None:
     steps, agent, seen = retries()
     steps.observe(report(1, 0, 2), 0)
     clock[0] += 3.0  # a rank only slow (review 38 #1: 3 s late into the step) is waited for
@@ -112,9 +118,7 @@ def test_a_rank_silent_half_the_step_retry_timeout_gives_the_step_up(
 
 
 def test_a_slow_rank_s_report_after_3_s_gets_the_step_re_executed(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr("trainguard.controller.step_retry.time.monotonic", lambda: clock[0])
+        clock: list[float]) -> None:
     steps, agent, seen = retries()
     steps.observe(report(1, 2, 3), 0)
     clock[0] += 3.0

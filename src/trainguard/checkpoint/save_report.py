@@ -11,7 +11,7 @@ from trainguard.checkpoint.loading import newest_valid_step
 from trainguard.checkpoint.saving import SaveResult
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
-from trainguard.worker.contract import MessageKind
+from trainguard.worker.contract import MessageKind, after_failed_save
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,7 @@ class SaveReporter:
         """The rank's log line says what follows, as the event does (walk-through 35 F8: the
         diagnosis names the first such line it has not seen the rank get past, and "step 30
         failed (2 in a row)" read as if the rank gave up after two failed saves)."""
-        then = (on_exit if on_exit
-                else "the rank stops with a CheckpointError" if n >= self.limit
-                else f"the next save retries; {self.limit} in a row stop the rank")
+        then = on_exit or after_failed_save(n, self.limit)
         log.warning("checkpoint save of step %s failed (%s in a row; %s): %s", step, n, then, e)
         channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step, error=str(e)[:500],
                      consecutive=n, limit=self.limit, location=self.location, on_exit=on_exit)

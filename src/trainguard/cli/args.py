@@ -59,14 +59,7 @@ MAX_DAYS = 100_000  # about 270 years: every job is younger, and the date arithm
 
 def days(text: str) -> float:
     """An argparse type: a number, 0 or more (`--older-than DAYS`); not nan, not inf."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value):
-        raise _refused(text, "is not a number", "a number of days")
-    if value < 0:
-        raise _refused(text, "is negative", "a number of days")
+    value = _non_negative(text, "a number of days")
     if value > MAX_DAYS:  # past what a date can go back to (inf too)
         raise argparse.ArgumentTypeError(f"{text.strip()} days is more than {MAX_DAYS:,} days. "
                                          f"Fix: give a number of days from 0 to {MAX_DAYS:,}")
@@ -77,14 +70,19 @@ def seconds(text: str) -> float:
     """An argparse type: a number of seconds, 0 or more (`stop --timeout`); `inf` waits as
     long as it takes. Walk-through 35 F3: `--timeout -1` signalled the launcher, then said
     "still running after -1s" and exited 1, the code of a stop that failed."""
+    return _non_negative(text, "a number of seconds")
+
+
+def _non_negative(text: str, what: str) -> float:
+    """`text` as a number, 0 or more (inf too); else the refusal that says `what` to give."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if math.isnan(value):
-        raise _refused(text, "is not a number", "a number of seconds")
+        raise _refused(text, "is not a number", what)
     if value < 0:
-        raise _refused(text, "is negative", "a number of seconds")
+        raise _refused(text, "is negative", what)
     return value
 
 

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from trainguard.cli.ckpt_verdict import VALID
 from trainguard.controller.store import JobStore, db_path
 from trainguard.errors import StoreError
 from trainguard.integrations.common import (
@@ -76,7 +77,7 @@ def _row(step: int, path: Path, why: str | None, sizes: dict[str, int],
     """Every key a trainguard.checkpoint row has (cli.md: a consumer reads them all; null
     where the format does not know: the world size; `latest`: these have no pointer) and
     where the checkpoint is (`path`; `format`: a directory or a file). Walk-through 35 F4."""
-    return {"step": step, "status": "valid" if why is None else "damaged", "reason": why,
+    return {"step": step, "status": VALID if why is None else "damaged", "reason": why,
             "latest": False, "world_size": None, "files": len(sizes),
             "bytes": sum(sizes.values()), "created_at": _committed_at(marker),
             "path": str(path), "format": "dir" if path.is_dir() else "file"}

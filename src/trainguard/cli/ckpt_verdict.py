@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-VALID = "valid"
+from trainguard.checkpoint.manifest import Status
+
+VALID = Status.VALID.value  # (a row is JSON: its status a string)
 
 
 @dataclass(frozen=True)
-class Verdict:
+class VerifyVerdict:
     valid: bool
     loads: dict[str, Any] | None = None  # valid: the copy a resume loads
     error: str = ""  # not valid: why, and what a resume loads instead
@@ -28,14 +30,14 @@ def _name(row: dict[str, Any]) -> str:
     return PurePath(path).name if isinstance(path, str) else f"step {row['step']}"
 
 
-def judge(rows: list[dict[str, Any]], one_step: bool) -> Verdict:
+def judge(rows: list[dict[str, Any]], one_step: bool) -> VerifyVerdict:
     """The verdict on rows[0]'s step (`rows` newest first, not empty); `one_step`: the rows
     are the one step asked for (`--step N`), so no older step is named."""
     newest = rows[0]["step"]
     copies = [r for r in rows if r["step"] == newest]
     good = next((r for r in copies if r["status"] == VALID), None)
     if good is not None:
-        return Verdict(True, good, warnings=[
+        return VerifyVerdict(True, good, warnings=[
             f"{_name(r)}, a copy of step {newest}, is {r['status']} "
             f"({r['reason'] or 'no reason given'}); a resume loads {_name(good)}, a valid "
             "copy of the same step" for r in copies if r["status"] != VALID])
@@ -44,5 +46,5 @@ def judge(rows: list[dict[str, Any]], one_step: bool) -> Verdict:
                  None)
     then = ("" if one_step else f"; the newest valid step is {older}: a resume loads it"
             if older is not None else "; no step here is valid: a resume starts over")
-    return Verdict(False, None, f"step {newest} is {bad['status']} "
+    return VerifyVerdict(False, None, f"step {newest} is {bad['status']} "
                           f"({bad['reason'] or 'no reason given'}){then}")

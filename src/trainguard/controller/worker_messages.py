@@ -21,6 +21,7 @@ from trainguard.worker.contract import (
     SOURCE_STORAGE,
     TRAIN_METRIC_NAMES,
     MessageKind,
+    after_failed_save,
 )
 
 log = logging.getLogger(__name__)
@@ -171,8 +172,7 @@ class WorkerMessages:
         then = ("a save on the way out: no save follows" if d.get("on_exit")
                 else "the next save retries" if not isinstance(n, int)
                 or not isinstance(limit, int)
-                else "the rank stops with a CheckpointError at its next step" if n >= limit
-                else f"the next save retries; {limit} in a row stop the rank")
+                else after_failed_save(n, limit, " at its next step"))
         self._emit(Level.WARNING, Reason.CHECKPOINT_SAVE_FAILED,
                    f"rank {m.rank}: checkpoint of step {d.get('step')} failed ({n} in a row: "
                    f"{then}): {d.get('error')}", rank=m.rank, attempt=attempt)

@@ -357,6 +357,14 @@ RECOVERY_PATTERN = (r"\[trainguard\.(?:step|resilient)\] rank (\d{1,7}): "
                     r"|started in place of a failed process) on process group generation \d+")
 
 
+def after_failed_save(n: int, limit: int, stops: str = "") -> str:
+    """What follows the n-th failed checkpoint save in a row of `limit`: the rank's log line
+    (checkpoint/save_report.py) and the controller's CheckpointSaveFailed event say the same
+    (walk-through 35 F8); `stops` ends the sentence of the save that stops the rank."""
+    return (f"the rank stops with a CheckpointError{stops}" if n >= limit
+            else f"the next save retries; {limit} in a row stop the rank")
+
+
 def stamp_lines(stamp: str, stream: str, texts: list[str]) -> list[str]:
     """Rank log lines: `stamp` is the ISO time the agent read them, `stream` out or err."""
     return [f"{stamp} {stream} {t}" for t in texts]
