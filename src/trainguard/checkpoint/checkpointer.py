@@ -23,7 +23,6 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from functools import partial
 from typing import Any, Literal
 
 from trainguard import __version__
@@ -31,29 +30,18 @@ from trainguard.checkpoint.attempt import job_run_id, rank_and_world, save_token
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
-from trainguard.checkpoint.loading import agree, load_newest, newest_valid_step
-from trainguard.checkpoint.manifest import Verdict, step_dir
+from trainguard.checkpoint.manifest import Verdict
 from trainguard.checkpoint.memory_tier import MemoryTier, memory_every_from_env
+from trainguard.checkpoint.resume import RNG_KEY, resume
 from trainguard.checkpoint.save_report import SaveReporter, last_save_lost, newest_kept
 from trainguard.checkpoint.saving import SaveJob, SaveResult, run_save
-from trainguard.checkpoint.sharded import KEYS as SHARDED_KEYS
-from trainguard.checkpoint.sharded import load_sharded, save_sharded
-from trainguard.checkpoint.state import (
-    BufferPool,
-    apply,
-    capture_rng,
-    restore_rng,
-    split,
-    stage,
-)
+from trainguard.checkpoint.sharded import save_sharded
+from trainguard.checkpoint.state import BufferPool, capture_rng, split, stage
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
 from trainguard.worker.contract import (
     CHECKPOINT_PHASE,
     ENV_CHECKPOINT_DIR,
-    SOURCE_MEMORY,
-    SOURCE_PEER,
-    SOURCE_STORAGE,
     MessageKind,
 )
 from trainguard.worker.imports import report_once as report_imports
@@ -62,7 +50,6 @@ from trainguard.worker.resilient import on_restart, restart_if_asked
 
 log = logging.getLogger(__name__)
 
-RNG_KEY = "__rng__"
 _LAST_SAVE = "the last save (close()): no save follows; the rank ends with a CheckpointError"
 
 
@@ -266,7 +253,8 @@ class Checkpointer:
             n = self._failures
             if on_exit is None and self._closing:  # close() waits for it: the last save
                 on_exit = _LAST_SAVE
-            self._told_final = on_exit is not None
+            # said: no save follows, or the rank stops (at the limit)
+            self._told_final = on_exit is not None or n >= self.max_consecutive_failures
         self._events.failed(step, e, n, on_exit)
 
     def _raise_if_failing(self) -> None:
@@ -295,11 +283,18 @@ class Checkpointer:
         now); raise CheckpointError when it failed (no
         save follows: the rank must not end as if its state were kept; walk-through 27)."""
         try:
-            self._closing = True
-            self._wait_in_phase()  # its failure is said below, as the last save's (F9)
             final, self._skipped = self._skipped, None
-            self._events.saving(final=True)  # a run of skipped saves ends: all told (F10)
-            if final is not None and self._failures < self.max_consecutive_failures:
+            # the save in flight is the last only when no skipped step follows it (review 38
+            # #2: its failure said "no save follows", then close() saved the skipped step)
+            self._closing = final is None
+            self._wait_in_phase()  # its failure is said below, as the last save's (F9)
+            if final is not None and self._failures >= self.max_consecutive_failures:
+                final = None  # the rank stops: its event said so
+            # a run of skipped saves ends: all told (F10), but the step written now (review
+            # 38 #3: "the save of step 25 was skipped", then CheckpointSaved 25)
+            self._events.saving(final=True, written=final[0] if final else None)
+            if final is not None:
+                self._closing = True
                 self._save(*final)  # skipped at the last step: the loop is over (F10)
                 self._wait_in_phase()
             with self._lock:
@@ -328,49 +323,11 @@ class Checkpointer:
 
     def _load_latest(self, state: Mapping[str, Any]) -> int | None:
         self.wait()
-        try:  # a store that cannot be reached is said as such, not as a library's traceback
-            steps = self.storage.steps()  # listed once (a request on object storage)
-        except Exception as e:
-            raise CheckpointError(
-                f"cannot list the checkpoints at {self.storage.location}: "
-                f"{type(e).__name__}: {e}. Fix: check that the storage is reachable and the "
-                "credentials are right; a restart retries it") from e
-        if not steps:  # a bucket that does not exist is not "nothing saved yet" (F2)
-            self.storage.check_bucket()
-        if self._memory is not None:
-            step, tree, origin = self._memory.resume_step(newest_valid_step(self.storage, steps))
-            if step is not None:
-                apply(state, tree["replicated"], "replicated")
-                rng = tree["rank"].pop(RNG_KEY, None)
-                apply(state, tree["rank"], "rank")
-                if rng is not None:
-                    restore_rng(rng)
-                channel.send(MessageKind.RESUMED, step=step, location=self.storage.location,
-                             source=SOURCE_PEER if origin else SOURCE_MEMORY)
-                return step
-        loaded = load_newest(self.storage, self.rank,
-                             partial(agree, self.rank, self.world_size), self._report, steps)
-        if loaded is None:
-            if self.rank == 0:
-                channel.send(MessageKind.NO_CHECKPOINT, location=self.storage.location)
-            return None
-        apply(state, loaded.replicated, "replicated")
-        load_sharded(self.storage, step_dir(loaded.step), state,
-                     list(loaded.replicated.get(SHARDED_KEYS, [])))
-        if loaded.per_rank is not None:
-            rng = loaded.per_rank.pop(RNG_KEY, None)
-            apply(state, loaded.per_rank, "rank")
-            if rng is not None and loaded.borrowed_from is None:
-                restore_rng(rng)
-        own = loaded.borrowed_from is None and loaded.per_rank is not None
-        if not own:
-            log.warning("checkpoint step %s has no part of rank %s (see its Resumed event):"
-                        " data position from rank %s, fresh RNG",
-                        loaded.step, self.rank, loaded.borrowed_from)
-        channel.send(MessageKind.RESUMED, step=loaded.step, location=self.storage.location,
-                     source=SOURCE_STORAGE, own_part=own, borrowed_from=loaded.borrowed_from)
-        self.last_saved_step = loaded.step
-        return loaded.step
+        step, from_storage = resume(self.storage, state, self.rank, self.world_size,
+                                    self._memory, self._report)
+        if from_storage:
+            self.last_saved_step = step
+        return step
 
     def _report(self, verdict: Verdict, tell: bool) -> None:
         if not verdict.misplaced:  # a misplaced one is kept for the person to move back

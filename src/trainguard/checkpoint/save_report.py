@@ -50,15 +50,19 @@ class SaveReporter:
         channel.send(MessageKind.CHECKPOINT_SAVE_FAILED, step=step, error=str(e)[:500],
                      consecutive=n, limit=self.limit, location=self.location, on_exit=on_exit)
 
-    def saving(self, final: bool = False) -> None:
+    def saving(self, final: bool = False, written: int | None = None) -> None:
         """A save started, or close() waited for the last one (`final`): the run of skipped
         saves (if any) ended. When some of its skips went untold (within the minute), one
         Warning says how many and which steps (review of walk-through 31 #14: a run shorter
         than a minute said only its first skip); one held back by the minute's limit is told
         with the next, and close() tells whatever is left (walk-through 35 F10: a run of skips
-        ending within a minute of the last summary, the final step's included, was dropped)."""
+        ending within a minute of the last summary, the final step's included, was dropped). The
+        step close() is about to write (`written`) is not told as skipped (review 38 #3)."""
         run, told, busy = self._run, self._run_told, self._run_behind
         self._run, self._run_told, self._run_behind = [], 0, None
+        if written is not None and run and run[-1] == written:  # close() writes it now
+            run = run[:-1]
+            told = min(told, len(run))
         if len(run) > told:
             self._untold.append((run, busy))
         if self._untold and self._tell("skip-run", self._untold[-1][0][-1],
