@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -293,3 +295,54 @@ def test_ckpt_verify_goes_on_when_a_running_jobs_pruning_removes_a_step_it_check
     assert [(d["step"], d["status"]) for d in json.loads(std.out)] == [(30, "valid"),
                                                                        (20, "valid")]
     assert "note: step(s) 10 went while being checked" in std.err, std.err
+    save_steps(tmp_path / "c")  # --step 10: it went, not "no checkpoint at" the location
+    assert main(["ckpt", "verify", str(tmp_path / "c"), "--step", "10", "--json"]) == 1
+    std = capsys.readouterr()
+    assert "note: step(s) 10 went while being checked" in std.err, std.err
+    assert "error: step 10 is not at " in std.err and "(steps there: 30, 20)" in std.err, \
+        std.err
+
+
+def _removed_file_by_file(step: Path, gap_s: float) -> threading.Thread:
+    """As shutil.rmtree on a local or NFS dir: one file at a time, the directory last."""
+    def remove() -> None:
+        for f in sorted(step.iterdir()):
+            f.unlink()
+            time.sleep(gap_s)
+        step.rmdir()
+
+    first = sorted(step.iterdir())[0]
+    first.unlink()  # the removal has begun when verify reads the step
+    t = threading.Thread(target=remove, daemon=True)
+    t.start()
+    return t
+
+
+def test_ckpt_verify_waits_out_a_step_removed_file_by_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 38 #9: three tries within a few ms read a step that a local prune was removing
+    file by file as damaged (exit 1) or unreadable (exit 2)."""
+    save_steps(tmp_path / "c")
+    step10 = tmp_path / "c" / "step-000000010"
+    for _ in range(30):  # files enough for the removal to last about a second
+        (step10 / f"zz-extra-{_:02d}.bin").write_bytes(b"x")
+    remover = _removed_file_by_file(step10, 0.03)
+    assert main(["ckpt", "verify", str(tmp_path / "c"), "--json"]) == 0
+    remover.join(10)
+    std = capsys.readouterr()
+    assert [(d["step"], d["status"]) for d in json.loads(std.out)] == [(30, "valid"),
+                                                                       (20, "valid")]
+    assert "note: step(s) 10 went while being checked" in std.err, std.err
+
+
+def test_ckpt_verify_says_a_step_that_lost_a_file_is_damaged_after_one_pause(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_steps(tmp_path / "c")
+    data = next(p for p in (tmp_path / "c" / "step-000000010").iterdir()
+                if p.name != "manifest.json")
+    data.unlink()
+    t0 = time.monotonic()
+    assert main(["ckpt", "verify", str(tmp_path / "c"), "--step", "10", "--json"]) == 1
+    assert time.monotonic() - t0 < 5
+    (doc,) = json.loads(capsys.readouterr().out)
+    assert doc["status"] != "valid", doc

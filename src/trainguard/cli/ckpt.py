@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -246,20 +247,31 @@ def checked(st: Storage, step: int, full: bool) -> dict[str, Any] | None:
     """`describe`, or None when the step went while it was checked: a running job's commit
     pruned it (walk-through 35 F13: `verify` of a live S3 dir read a file of the oldest step
     as it was deleted and failed with "cannot read ... check the path or URL", exit 2, after
-    most saves). A step still there whose file went is described again (at most 3 times)."""
-    for tries in range(3):
+    most saves). A step still listed that is not valid, or whose file went as it was read, is
+    looked at again after a pause while its files keep changing (a local or NFS removal goes
+    file by file, the directory last: three tries within a few ms read a half-removed step as
+    damaged or unreadable, review 38 #9); one whose files stay as they were is what it says."""
+    for pause in _RELOOK_PAUSES_S:
         try:
-            doc = describe(st, step, full)
+            doc: dict[str, Any] | None = describe(st, step, full)
         except FileNotFoundError:
-            if step not in st.steps():
-                return None
-            if tries == 2:
-                raise
-            continue
-        if doc["status"] != Status.VALID.value and step not in st.steps():
+            doc = None  # a file went as it was read
+        if step not in st.steps():
             return None
-        return doc
-    return None  # not reached: the last try returns or raises
+        if doc is not None and doc["status"] == Status.VALID.value:
+            return doc
+        before = st.tree_sizes(step_dir(step))
+        time.sleep(pause)
+        if step not in st.steps():
+            return None
+        if doc is not None and st.tree_sizes(step_dir(step)) == before:
+            return doc  # the same files a pause later: not being removed or written
+    if step not in st.steps():
+        return None
+    return describe(st, step, full)  # still changing: as it is now (a FileNotFoundError: exit 2)
+
+
+_RELOOK_PAUSES_S = (0.2, 0.5, 1.0, 2.0, 4.0)  # about 8 s for a step's removal to end
 
 
 def check_root(st: Storage, location: str, direct: bool, options: dict[str, Any]) -> None:
@@ -305,8 +317,11 @@ def _endpoint(st: Storage, options: dict[str, Any]) -> str:
 
 def _show(ns: argparse.Namespace, listing: Listing) -> int:
     steps, docs = listing.steps, listing.docs
-    if ns.verb == "verify" and ns.step is not None and ns.step not in steps:
-        return _no_such_step(ns.step, ns.location, steps)
+    if ns.verb == "verify" and ns.step is not None and (
+            ns.step not in steps or ns.step in listing.vanished):  # it went: the note says so
+        _note_vanished(listing.vanished)
+        return _no_such_step(ns.step, ns.location,
+                             [s for s in steps if s not in listing.vanished])
     if ns.json:
         print(json.dumps(docs, indent=2))
     else:
@@ -318,10 +333,7 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
         complain("ckpt", f"{len(listing.unfinished)} save(s) did not finish ({names}): a rank "
                  "stopped or was killed while writing; they hold no step, and the job's next "
                  "committed save removes them", "note")
-    if listing.vanished:
-        complain("ckpt", f"step(s) {', '.join(map(str, listing.vanished))} went while being "
-                 "checked (a running job's save removes its oldest checkpoints): not listed",
-                 "note")
+    _note_vanished(listing.vanished)
     warning = latest_warning(listing.latest, steps)
     if warning is not None:
         complain("ckpt", warning, "warning")  # under the table
@@ -334,6 +346,13 @@ def _show(ns: argparse.Namespace, listing: Listing) -> int:
                         f"{plural(d['files'] or 0, 'data file')}, every checksum matches the "
                         "manifest")
     return ExitCode.SUCCESS
+
+
+def _note_vanished(vanished: list[int]) -> None:
+    if vanished:
+        complain("ckpt", f"step(s) {', '.join(map(str, vanished))} went while being "
+                 "checked (a running job's save removes its oldest checkpoints): not listed",
+                 "note")
 
 
 DATA_FILES_NOTE = ("DATA FILES and SIZE: the files the manifest lists with their checksums\n"
