@@ -45,6 +45,24 @@ def test_an_fsdp2_job_killed_mid_run_resumes_to_exactly_the_uninterrupted_parame
     assert "sharded/.metadata" in manifest
 
 
+@pytest.mark.integration
+def test_sharded_state_with_if_busy_skip_skips_on_every_rank_alike(tmp_path: Path) -> None:
+    """Review 38 #5: each rank decided "skip" by its own save in flight; rank 0's (until the
+    commit) outlasts the others' (their part written), so rank 1 entered DCP's collective save
+    while rank 0 skipped it and ran on into the next step's all-gather: gloo aborted."""
+    script = Path(__file__).parent / "scripts" / "fsdp_skip.py"
+    r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", "j", str(script), "--out",
+                str(tmp_path / "out.pt")], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    started = sorted(line.split("started saves ")[1] for line in r.stdout.splitlines()
+                     if "started saves" in line)
+    assert len(started) == 2 and started[0] == started[1], r.stdout[-2000:]
+    events = read_json("events", tmp_path / "j")
+    assert any(e["reason"] == "CheckpointSaveSkipped" for e in events)  # the case it tests
+    latest = (tmp_path / "j" / "checkpoints" / "latest").read_text().strip()
+    assert latest == "step-000000012", latest  # the last step: skipped, written by close()
+
+
 class _Boom:
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return (os.system, ("touch PWNED",))

@@ -1,5 +1,6 @@
-"""Who this rank is and which attempt it saves for: its rank and world size, and the save
-token every rank of one attempt shares (a checkpoint's staging dir is named by it)."""
+"""Who this rank is and which attempt it saves for: its rank and world size, the save token
+every rank of one attempt shares (a checkpoint's staging dir is named by it), and what the
+ranks decide together (a collective save: every rank enters it, or none)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,18 @@ def _agreed_token() -> str:
         raise CheckpointError("several ranks but no shared save token. Fix: launch with "
                               "trainguard run or torchrun, or init the process group first")
     return uuid.uuid4().hex[:12]
+
+
+def any_rank(flag: bool) -> bool:
+    """True where `flag` is True on any rank: one all-reduce, every rank must call it (this
+    rank's flag without a process group)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def job_run_id() -> str:

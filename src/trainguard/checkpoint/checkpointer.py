@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from trainguard import __version__
-from trainguard.checkpoint.attempt import job_run_id, rank_and_world, save_token
+from trainguard.checkpoint.attempt import any_rank, job_run_id, rank_and_world, save_token
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
@@ -94,6 +94,7 @@ class Checkpointer:
         self._bad_steps: set[int] = set()  # found corrupt on load: re-saved when reached
         # skipped (if_busy="skip") at the newest step boundary: close() saves it (F10)
         self._skipped: tuple[int, Mapping[str, Any], dict[str, Any]] | None = None
+        self._sharded = False  # the state has sharded (DCP) parts: known from the first save
         self.last_saved_step: int | None = None  # committed (rank 0), or found committed
         self.last_written_step: int | None = None  # this rank's part is durable (any rank)
         self.last_blocked_s: float | None = None
@@ -138,13 +139,16 @@ class Checkpointer:
 
     def _save_blocking(self, step: int, state: Mapping[str, Any], rng: dict[str, Any]) -> bool:
         t0 = time.monotonic()
-        if self._pending is not None and not self._pending.done():
+        busy = self._pending is not None and not self._pending.done()
+        if self.if_busy == "skip" and self._sharded:  # DCP's save is a collective: the
+            busy = any_rank(busy)  # ranks skip alike, or one runs on (review 38 #5)
+        if busy:
             if self.if_busy == "skip":
-                busy = self._pending_step
-                self._events.skipped(step, *(busy if busy else (None, None)))
+                behind = self._pending_step
+                self._events.skipped(step, *(behind if behind else (None, None)))
                 self._skipped = (step, state, rng)
                 return False
-            _wait_quietly(self._pending)
+            _wait_quietly(self._pending)  # type: ignore[arg-type]
         self._events.saving()
         self._raise_if_failing()
         try:
@@ -176,6 +180,7 @@ class Checkpointer:
              data: dict[str, Any] | None, commit_timeout_s: float,
              allow_missing: bool = False) -> SaveJob:
         replicated, per_rank, sharded = split(state)
+        self._sharded = bool(sharded)  # alike on every rank: the state's structure
         extra: tuple[dict[str, Any], ...] = ()
         if sharded:  # collective and synchronous: DCP writes every rank's shards now
             staging = self.storage.staging_dir(step, save_token())
@@ -288,8 +293,11 @@ class Checkpointer:
             # #2: its failure said "no save follows", then close() saved the skipped step)
             self._closing = final is None
             self._wait_in_phase()  # its failure is said below, as the last save's (F9)
-            if final is not None and self._failures >= self.max_consecutive_failures:
-                final = None  # the rank stops: its event said so
+            stops = self._failures >= self.max_consecutive_failures  # its event said so
+            if final is not None and self._sharded:  # a collective: all ranks write or none
+                stops = any_rank(stops)
+            if stops:
+                final = None
             # a run of skipped saves ends: all told (F10), but the step written now (review
             # 38 #3: "the save of step 25 was skipped", then CheckpointSaved 25)
             self._events.saving(final=True, written=final[0] if final else None)

@@ -1,0 +1,52 @@
+"""FSDP2 with if_busy="skip" where only rank 0's saves are slow (its store is; the sleep
+stands for it): rank 0 skips saves that rank 1, its part written, would enter. DCP's save is
+a collective: every rank must decide alike (review 38 #5). Run under `trainguard run`."""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from fsdp_model import sharded_model
+from torch.distributed.device_mesh import init_device_mesh
+
+import trainguard.checkpoint.checkpointer as ckmod
+from trainguard.checkpoint import Checkpointer
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=12)
+p.add_argument("--out", required=True)
+args = p.parse_args()
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+if dist.get_rank() == 0:
+    real = ckmod.run_save
+
+    def slow(job):  # type: ignore[no-untyped-def]
+        time.sleep(0.6)
+        return real(job)
+
+    ckmod.run_save = slow
+model, opt = sharded_model(mesh)
+state = {"model": model, "optimizer": opt}
+ckpt = Checkpointer(every_steps=2, if_busy="skip")
+start = ckpt.load_latest(state) or 0
+saved = []
+for step in range(start + 1, args.steps + 1):
+    g = torch.Generator().manual_seed(step * 100 + dist.get_rank())
+    x = torch.randn(8, 16, generator=g)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if ckpt.maybe_save(step, state):
+        saved.append(step)
+    time.sleep(0.1)
+ckpt.close()
+print(f"rank {dist.get_rank()} started saves {saved}", flush=True)
+full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+if dist.get_rank() == 0:
+    torch.save(full, args.out)
+dist.barrier()
+dist.destroy_process_group()
