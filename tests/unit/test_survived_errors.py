@@ -231,3 +231,18 @@ def test_a_replacement_of_a_replacement_retires_the_first_processs_failure() -> 
     d = verdict(None, code=1, log=log)
     assert d.evidence is not None and d.evidence.line == 4, d
     assert evidence_line(STARTED, None) == 2  # one restart line, no step after: it stays
+
+
+def test_trainguards_own_console_copy_names_the_rank_and_its_recovery() -> None:
+    """Review 36 #2: `trainguard run ... > job.out` (what a Slurm job keeps) prefixes every
+    rank line with `[rank R] `; the recovery line was not read there, and `diagnose job.out`
+    named step 4's line where step 8's failure ended the rank."""
+    console = [f"[rank 1] {GLOO}",
+               "[rank 1] " + REEXECUTED.replace("rank 0", "rank 1"),
+               "[rank 0] step 6 loss 0.2",
+               f"[rank 1] [rank1]: {GLOO.replace('step 4', 'step 8')}"]
+    findings = scan_lines(console, "job.out")
+    assert [(f.rank, f.recovered) for f in findings] == [
+        (1, None), (1, "re-executed"), (1, None)], findings
+    d = diagnose(findings, [RankExit(1, True, 1, T0 + timedelta(seconds=2))], load_rules())
+    assert d is not None and d.evidence is not None and d.evidence.line == 4, d

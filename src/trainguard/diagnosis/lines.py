@@ -23,10 +23,13 @@ _TRAIL = re.compile(r"(?<=\S)(?:\*\*|`{1,3}|[\u201c\u201d])[ \t]{0,8}$")
 _RAY = re.compile(r"^\((?:[\w.]+ )?pid=\d+(?:, ip=([\d.]+))?\)\s")
 _HOST = re.compile(
     r"^([A-Za-z0-9][\w.-]*): (?=\[(?:rank|default)\d+\]|\s{0,4}\d{1,5}: |\[\d+,\d+\]<)")
-# (ranks have at most 7 digits: int() of a 5000-digit run would raise, not parse)
+# (ranks have at most 7 digits: int() of a 5000-digit run would raise, not parse);
+# `[rank 3] ` is trainguard's own console copy of a rank's lines (node/logs.py; review 36 #2:
+# `trainguard run ... > job.out`, what a Slurm job keeps, was read without its ranks)
 _RANK = re.compile(
     r"^(?:\[rank(?P<a>\d{1,7})\]:\s?|\[default(?P<b>\d{1,7})\]:\s?"
-    r"|\[\d+,(?P<c>\d{1,7})\]<std\w+>:\s?|\s{0,4}(?P<d>\d{1,5}): )")
+    r"|\[\d+,(?P<c>\d{1,7})\]<std\w+>:\s?|\s{0,4}(?P<d>\d{1,5}): "
+    r"|\[rank (?P<e>\d{1,7})\] )")
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
 _GLOG = re.compile(r"^\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})")
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)\b")
@@ -85,7 +88,8 @@ class Prefixed:
 
 def split_prefix(line: str) -> Prefixed:
     """Strip trainguard's stamp, a host prefix and a rank prefix (`[rank3]:`, `[default3]:`,
-    srun -l's `3: `, mpirun's `[1,3]<stderr>:`); keep what they say."""
+    srun -l's `3: `, mpirun's `[1,3]<stderr>:`, trainguard's console `[rank 3] `); keep what
+    they say."""
     at = None
     m = _STAMP.match(line)
     if m:
@@ -108,7 +112,7 @@ def split_prefix(line: str) -> Prefixed:
     if r:
         rank = int(next(g for g in r.groups() if g is not None))
         line = line[r.end():]
-        r2 = _RANK.match(line)  # "[rank0]:[rank0]: ..." happens with nested launchers
+        r2 = _RANK.match(line)  # "[rank0]:[rank0]: ...", "[rank 0] [rank0]: ...": nested
         if r2 and r2.group("d") is None:
             line = line[r2.end():]
     return Prefixed(line, rank, node, at)
