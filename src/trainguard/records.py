@@ -70,6 +70,7 @@ class Reason(str, Enum):
     STEP_RETRY_DOWNGRADED = "StepRetryDowngraded"  # no re-execution: the next rung takes over
     IN_PROCESS_RESTARTING = "InProcessRestarting"  # one rank starts again, the rest re-enter
     IN_PROCESS_RESTARTED = "InProcessRestarted"  # every rank entered its function again
+    FAULTS_NOT_FIRED = "FaultsNotFired"  # a job succeeded with TRAINGUARD_FAULT's faults unfired
 
 
 class FaultScenario(str, Enum):

@@ -74,6 +74,7 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
     MessageKind.RESTART_WAITING: {"generation": 1, "error": "Connection reset by peer",
                                   "failed_at": 1_765_000_000.5},
     MessageKind.IMPORTS: {"modules": "numpy,transformers"},
+    MessageKind.FAULTS: {"call": "inject", "fired": 0},
     MessageKind.MEMORY_STEPS: {"steps": [41, 42], "storage_step": 40, "attempt": 1,
                                "generation": 0},
     MessageKind.TRAIN_METRICS: {"step": 12, "loss": 2.3125, "learning_rate": 3e-4},

@@ -239,6 +239,9 @@ class Recorder:
             self.writes.set_meta(**end)
         if limit is not None:
             self.event(Level.ERROR, limit[0], limit[1], attempt=attempt)
+        note = self.messages.faults_note() if state == JobState.SUCCEEDED else None
+        if note is not None:  # the job did not survive what its user meant to try
+            self.event(Level.WARNING, Reason.FAULTS_NOT_FIRED, note, attempt=attempt)
         level, reason = _ENDINGS[state]
         self.event(level, reason, message, rank=rank, attempt=attempt)
         self.book.flush()

@@ -8,6 +8,7 @@ signals, which the node agent takes).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,9 @@ from typing import Any
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
 from trainguard.records import Level, Reason, rank_list, secs, size_text, utcnow
+from trainguard.testing.faults import never_fired
 from trainguard.worker.contract import (
+    ENV_FAULT,
     SOURCE_MEMORY,
     SOURCE_PEER,
     SOURCE_STORAGE,
@@ -66,7 +69,35 @@ class WorkerMessages:
             MessageKind.RESUMED: self._on_resumed,
             MessageKind.TRAIN_METRICS: self._on_train_metrics,
             MessageKind.SNAPSHOT_BLOCKING: self._on_snapshot_blocking,
+            MessageKind.FAULTS: self._on_faults,
         }
+        self.fault_calls: set[str] = set()  # trainguard.testing.faults: what the ranks called
+        self.faults_fired: set[int] = set()  # and which faults of TRAINGUARD_FAULT fired
+
+    def _on_faults(self, m: WorkerMessage, data: dict[str, Any], attempt: int) -> None:
+        self.fault_calls.add(str(data["call"]))
+        if data.get("fired") is not None:
+            self.faults_fired.add(int(data["fired"]))
+
+    def faults_note(self) -> str | None:
+        """What a job that succeeded says of TRAINGUARD_FAULT (the launcher's environment, the
+        ranks'): the faults that never fired, and why; None when all fired or it is unset.
+        A script that never calls inject() ignores the variable: the job succeeded as if it
+        survived a fault it never had (walk-through 35 F6)."""
+        spec = os.environ.get(ENV_FAULT)
+        if not spec:
+            return None
+        try:
+            lines, total = never_fired(spec, self.fault_calls, self.faults_fired)
+        except ValueError:  # refused at launch: not reached
+            return None
+        if not lines:
+            return None
+        return (f"{ENV_FAULT} was set, but {len(lines)} of its {total} fault(s) never fired: "
+                + "; ".join(lines) + ". Fix: call trainguard.testing.faults.inject(step) "
+                "after each step (inject_step inside it for `collective`, inject_loader in a "
+                "data-loader worker for `loaderhang`; docs/fault-injection.md), and name a "
+                "step, rank and attempt the job reaches")
 
     def new_attempt(self) -> None:
         self.committed_this_attempt = None

@@ -48,11 +48,13 @@ import sys
 import time
 from dataclasses import dataclass
 
+from trainguard.worker import channel  # stdlib only; a message is dropped without a launcher
 from trainguard.worker.contract import (
     ENV_FAULT,
     ENV_PROCESS_START_COUNT,
     ENV_RANK,
     ENV_RESTART_COUNT,
+    MessageKind,
 )
 
 KINDS = (
@@ -72,6 +74,8 @@ _LOADER_KINDS = ("loaderhang",)  # fired by inject_loader, in a data-loader work
 _IN_STEP_KINDS = ("collective",)  # fired by inject_step, inside the step
 _OPTIONAL_ARG = ("collective",)
 _runs: dict[tuple[str, int], int] = {}  # (spec, fault index) -> runs of its step so far
+_called: set[str] = set()  # where this process called from (reported once each)
+_CALLS = {"step": "inject", "loader": "inject_loader", "in_step": "inject_step"}
 _ESCAPABLE = ";@\\"
 _UNESCAPE = re.compile(r"\\([;@\\])")
 
@@ -151,6 +155,9 @@ def _inject(step: int, where: str) -> None:
     if not spec:
         return
     faults = _parse_cached(spec)
+    if where not in _called:  # once per process: the launcher learns the script calls it
+        _called.add(where)
+        _report(_CALLS[where])
     if not any(_where(f.kind) == where for f in faults):
         return
     rank = _env_int(ENV_RANK)
@@ -166,7 +173,31 @@ def _inject(step: int, where: str) -> None:
                 1 if fault.attempt is not None else None)
             if limit is not None and runs > limit:
                 continue
+            _report(_CALLS[where], i)  # before it fires: a kill leaves no time after
             _fire(fault, step, rank, attempt)
+
+
+def never_fired(spec: str, calls: set[str], fired: set[int]) -> tuple[list[str], int]:
+    """The faults of `spec` that no rank fired, each with why (`calls`: the functions the
+    ranks called, `fired`: the indexes of the faults that fired): a script that never
+    calls the function its kind fires through, or a step, rank or attempt that never came;
+    and how many faults `spec` holds."""
+    lines = []
+    faults = _parse_cached(spec)
+    for i, fault in enumerate(faults):
+        if i in fired:
+            continue
+        call = _CALLS[_where(fault.kind)]
+        when = f"step {fault.step}" + (f", rank {fault.rank}" if fault.rank is not None else "") \
+            + (f", attempt {fault.attempt}" if fault.attempt is not None else "")
+        lines.append(f"{fault.kind}@{when}: " + (
+            f"no rank called trainguard.testing.faults.{call}()" if call not in calls
+            else f"the ranks called {call}(), but never at {when}"))
+    return lines, len(faults)
+
+
+def _report(call: str, fired: int | None = None) -> None:
+    channel.send(MessageKind.FAULTS, call=call, fired=fired)
 
 
 @functools.lru_cache(maxsize=8)

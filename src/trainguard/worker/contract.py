@@ -132,6 +132,8 @@ class MessageKind(str, Enum):
     TRAIN_METRICS = "train_metrics"  # trainguard.log_metrics: the loss, the learning rate
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
     CONTROL_UNREACHABLE = "control_unreachable"  # the agent cannot reach this rank: what is off
+    FAULTS = "faults"  # trainguard.testing.faults: a call that read TRAINGUARD_FAULT, or a fault
+    # fired (the controller says which faults of the variable never fired: walk-through 35 F6)
 
     def __str__(self) -> str:  # the value, as StrEnum (f-strings, %s)
         return str.__str__(self)
@@ -240,6 +242,10 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
     },
     MessageKind.IMPORTS: {"modules": _text(MAX_TEXT, required=True)},  # comma-separated
     MessageKind.TRAIN_METRICS: {"step": _STEP, **{k: _METRIC for k in TRAIN_METRIC_NAMES}},
+    MessageKind.FAULTS: {
+        "call": _text(MAX_NAME, required=True),  # which function: inject, inject_step, ...
+        "fired": _int(0, MAX_INT32, nullable=True),  # the fault's index in the variable
+    },
     MessageKind.RESTART_WAITING: {
         "generation": _int(0, MAX_INT32, required=True),  # the group that failed under it
         "error": _text(MAX_TEXT, required=True),
