@@ -156,7 +156,8 @@ def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
         tmp_path: Path) -> None:
     job = tmp_path / "job"
     args = job_args(job, "--spare-nodes", "1", steps=80)
-    first = Background(args, tmp_path)
+    fault = "log:hello@step=2"  # fired before the takeover: the new controller never hears it
+    first = Background(args, tmp_path, fault=fault)
     before = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 10)
     first.proc.kill()  # the controller only: the agents and workers live on
     first.finish(timeout=30)
@@ -166,9 +167,10 @@ def test_a_restarted_controller_takes_the_job_over_without_stopping_workers(
     assert f"{job} is lost, but the node agents of node-0, node-1, node-2 still run" in \
         pruned.stderr, pruned.stderr
     assert (job / "trainguard.db").is_file()
-    r = run_tg(args, cwd=tmp_path)
+    r = run_tg(args, cwd=tmp_path, fault=fault)
     assert r.returncode == 0, r.stderr
     assert "ControllerRestarted" in reasons(job) and "took over attempt 0" in r.stderr
+    assert "FaultsNotFired" not in reasons(job)  # (review 39 #2: it said it never fired)
     # the adopted agents echo the ranks to the first console; the new one echoes their logs
     assert "[rank 0] done: 80 steps" in r.stdout, r.stdout[-3000:]
     after = read_json("status", job)

@@ -246,3 +246,15 @@ def test_trainguards_own_console_copy_names_the_rank_and_its_recovery() -> None:
         (1, None), (1, "re-executed"), (1, None)], findings
     d = diagnose(findings, [RankExit(1, True, 1, T0 + timedelta(seconds=2))], load_rules())
     assert d is not None and d.evidence is not None and d.evidence.line == 4, d
+
+
+def test_the_console_prefix_behind_srun_or_a_host_prefix_names_the_rank() -> None:
+    """Review 39 #5: `srun -l`'s `0: ` before `[rank 3] ` was read as rank 0, a pdsh/clush
+    host prefix before it was not read at all."""
+    from trainguard.diagnosis.lines import split_prefix
+
+    for line, node in (("0: [rank 3] RuntimeError: x", "0"),
+                       ("node7: [rank 3] RuntimeError: x", "node7"),
+                       ("1: [rank3]: RuntimeError: x", "1")):
+        p = split_prefix(line)
+        assert (p.rank, p.node, p.text) == (3, node, "RuntimeError: x"), (line, p)

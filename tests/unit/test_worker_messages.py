@@ -230,3 +230,20 @@ def test_a_failed_save_at_breakpoint_is_an_event_that_says_the_step_is_not_in_st
     assert message == ("the save at breakpoint of step 30 from memory failed: [Errno 28] No "
                        "space left on device; that step is kept only in the node's memory, "
                        "not in storage (/ck)")
+
+
+def test_faults_not_fired_are_named_unless_the_controller_took_the_job_over(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Walk-through 35 F6, review 39 #2: each rank says once per process which inject
+    function it calls; a controller that took over a running job never heard it."""
+    monkeypatch.setenv("TRAINGUARD_FAULT", "log:x@step=2;crash@rank=5,step=3")
+    h, _ = handler(tmp_path)
+    assert h.faults_note() is not None and "2 of its 2 fault(s) never fired" in str(
+        h.faults_note())
+    h.handle([msg("faults", call="inject"), msg("faults", call="inject", fired=0)], attempt=0)
+    note = h.faults_note()
+    assert note is not None and note.startswith(
+        "TRAINGUARD_FAULT was set, but 1 of its 2 fault(s) never fired: crash@step 3, rank 5, "
+        "attempt 0: the ranks called inject(), but never at step 3, rank 5, attempt 0. Fix:")
+    h.saw_whole_job = False  # Recorder.adopt
+    assert h.faults_note() is None

@@ -216,6 +216,7 @@ class Recorder:
             if r.attempt == attempt:
                 self.book.current = r
         self._sampled = self.store.last_sample(attempt)  # the dead controller's last
+        self.messages.saw_whole_job = False
         self.event(Level.INFO, Reason.CONTROLLER_RESTARTED,
                    f"a new controller (pid {os.getpid()}) took over attempt {attempt}: the "
                    "node agents reconnected and the workers kept running; the ranks' output "

@@ -73,6 +73,7 @@ class WorkerMessages:
         }
         self.fault_calls: set[str] = set()  # trainguard.testing.faults: what the ranks called
         self.faults_fired: set[int] = set()  # and which faults of TRAINGUARD_FAULT fired
+        self.saw_whole_job = True  # False in a controller that took a running job over
 
     def _on_faults(self, m: WorkerMessage, data: dict[str, Any], attempt: int) -> None:
         self.fault_calls.add(str(data["call"]))
@@ -85,8 +86,8 @@ class WorkerMessages:
         A script that never calls inject() ignores the variable: the job succeeded as if it
         survived a fault it never had (walk-through 35 F6)."""
         spec = os.environ.get(ENV_FAULT)
-        if not spec:
-            return None
+        if not spec or not self.saw_whole_job:  # a takeover did not hear what the ranks said
+            return None  # before it (each says it once per process: review 39 #2)
         try:
             lines, total = never_fired(spec, self.fault_calls, self.faults_fired)
         except ValueError:  # refused at launch: not reached

@@ -22,7 +22,8 @@ _TRAIL = re.compile(r"(?<=\S)(?:\*\*|`{1,3}|[\u201c\u201d])[ \t]{0,8}$")
 # Ray's actor prefix: "(RayTrainWorker pid=9672, ip=10.0.0.3) ..."
 _RAY = re.compile(r"^\((?:[\w.]+ )?pid=\d+(?:, ip=([\d.]+))?\)\s")
 _HOST = re.compile(
-    r"^([A-Za-z0-9][\w.-]*): (?=\[(?:rank|default)\d+\]|\s{0,4}\d{1,5}: |\[\d+,\d+\]<)")
+    r"^([A-Za-z0-9][\w.-]*): (?=\[(?:rank|default)\d+\]|\[rank \d{1,7}\] |\s{0,4}\d{1,5}: "
+    r"|\[\d+,\d+\]<)")
 # (ranks have at most 7 digits: int() of a 5000-digit run would raise, not parse);
 # `[rank 3] ` is trainguard's own console copy of a rank's lines (node/logs.py; review 36 #2:
 # `trainguard run ... > job.out`, what a Slurm job keeps, was read without its ranks)
