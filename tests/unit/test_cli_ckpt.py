@@ -346,3 +346,22 @@ def test_ckpt_verify_says_a_step_that_lost_a_file_is_damaged_after_one_pause(
     assert time.monotonic() - t0 < 5
     (doc,) = json.loads(capsys.readouterr().out)
     assert doc["status"] != "valid", doc
+
+
+def test_ckpt_ls_looks_at_all_damaged_steps_again_after_one_pause(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 39 #4: each damaged step paused on its own (0.2 s and three listings each)."""
+    import trainguard.cli.ckpt as ckpt_cli
+
+    save_steps(tmp_path / "c", tuple(range(10, 110, 10)))  # keep=10
+    for step in (10, 20, 30, 40, 50):
+        data = next(p for p in (tmp_path / "c" / f"step-{step:09d}").iterdir()
+                    if p.name != "manifest.json")
+        data.unlink()
+    pauses: list[float] = []
+    monkeypatch.setattr(ckpt_cli.time, "sleep", pauses.append)
+    assert main(["ckpt", "ls", str(tmp_path / "c"), "--json"]) == 0
+    docs = json.loads(capsys.readouterr().out)
+    assert sum(d["status"] != "valid" for d in docs) == 5 and len(docs) == 10
+    assert pauses == [0.2], pauses

@@ -233,7 +233,7 @@ def _read(ns: argparse.Namespace, direct: bool) -> Listing:
     wanted = steps
     if ns.verb == "verify" and ns.step is not None:
         wanted = [ns.step] if ns.step in steps else []
-    described = {s: checked(st, s, full=ns.verb == "verify") for s in wanted}
+    described = checked(st, wanted, full=ns.verb == "verify")
     docs = [d for d in described.values() if d is not None]
     latest = st.read_bytes(LATEST).decode(errors="replace").strip() if st.exists(LATEST) else None
     for d in docs:
@@ -243,35 +243,53 @@ def _read(ns: argparse.Namespace, direct: bool) -> Listing:
                    [s for s, d in described.items() if d is None])
 
 
-def checked(st: Storage, step: int, full: bool) -> dict[str, Any] | None:
-    """`describe`, or None when the step went while it was checked: a running job's commit
-    pruned it (walk-through 35 F13: `verify` of a live S3 dir read a file of the oldest step
-    as it was deleted and failed with "cannot read ... check the path or URL", exit 2, after
-    most saves). A step still listed that is not valid, or whose file went as it was read, is
-    looked at again after a pause while its files keep changing (a local or NFS removal goes
-    file by file, the directory last: three tries within a few ms read a half-removed step as
-    damaged or unreadable, review 38 #9); one whose files stay as they were is what it says."""
+def checked(st: Storage, steps: list[int], full: bool) -> dict[int, dict[str, Any] | None]:
+    """`describe` of each step, or None for one that went while it was checked: a running
+    job's commit pruned it (walk-through 35 F13: `verify` of a live S3 dir read a file of the
+    oldest step as it was deleted and failed with "cannot read ... check the path or URL",
+    exit 2). The steps still listed that are not valid, or whose file went as they were read,
+    are looked at again together after a pause while their files keep changing (a local or
+    NFS removal goes file by file, the directory last: three tries within a few ms read a
+    half-removed step as damaged or unreadable, review 38 #9); one whose files stay as they
+    were is what it said. One pause and one listing a round for all of them (review 39 #4)."""
+    docs = {s: _described(st, s, full) for s in steps}
+    listed = set(st.steps())
+    doubt = [s for s in steps if s in listed and not _valid(docs[s])]
+    for s in steps:
+        if s not in listed:
+            docs[s] = None
     for pause in _RELOOK_PAUSES_S:
-        try:
-            doc: dict[str, Any] | None = describe(st, step, full)
-        except FileNotFoundError:
-            doc = None  # a file went as it was read
-        if step not in st.steps():
-            return None
-        if doc is not None and doc["status"] == Status.VALID.value:
-            return doc
-        before = st.tree_sizes(step_dir(step))
+        if not doubt:
+            return docs
+        before = {s: st.tree_sizes(step_dir(s)) for s in doubt}
         time.sleep(pause)
-        if step not in st.steps():
-            return None
-        if doc is not None and st.tree_sizes(step_dir(step)) == before:
-            return doc  # the same files a pause later: not being removed or written
-    if step not in st.steps():
-        return None
-    return describe(st, step, full)  # still changing: as it is now (a FileNotFoundError: exit 2)
+        listed, still = set(st.steps()), []
+        for s in doubt:
+            if s not in listed:
+                docs[s] = None
+            elif docs[s] is None or st.tree_sizes(step_dir(s)) != before[s]:
+                docs[s] = _described(st, s, full)  # it changed: as it is now
+                if not _valid(docs[s]):
+                    still.append(s)
+            # else: the same files a pause later: not being removed or written
+        doubt = still
+    for s in doubt:  # still changing after them all: as it is now (a FileNotFoundError: exit 2)
+        docs[s] = describe(st, s, full) if s in st.steps() else None
+    return docs
 
 
-_RELOOK_PAUSES_S = (0.2, 0.5, 1.0, 2.0, 4.0)  # about 8 s for a step's removal to end
+def _described(st: Storage, step: int, full: bool) -> dict[str, Any] | None:
+    try:
+        return describe(st, step, full)
+    except FileNotFoundError:
+        return None  # a file went as it was read
+
+
+def _valid(doc: dict[str, Any] | None) -> bool:
+    return doc is not None and doc["status"] == Status.VALID.value
+
+
+_RELOOK_PAUSES_S = (0.2, 0.5, 1.0, 2.0, 4.0)  # about 8 s for the removals to end
 
 
 def check_root(st: Storage, location: str, direct: bool, options: dict[str, Any]) -> None:
