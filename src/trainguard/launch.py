@@ -145,7 +145,13 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     # bound where agents connect from: loopback for virtual nodes, else the given address
     # (every interface when none is given: the nodes' addresses are not known in advance)
     bind = spec.controller_host or ("127.0.0.1" if spec.backend == "local" else "0.0.0.0")
-    hub = Hub(token, bind, int(meta["controller_port"]) if resumable else 0)
+    port = int(meta["controller_port"]) if resumable else 0
+    try:
+        hub = Hub(token, bind, port)
+    except OSError as e:  # (walk-through 36 #1: a traceback; the CLI checks the address first)
+        raise LaunchError(f"the controller cannot listen on {bind}:{port}: {e}. Fix: give "
+                          "--controller-host an address of this machine, or free the port "
+                          "(a relaunch listens where the last launch did)") from e
     (cdir / "controller.json").write_text(json.dumps({"host": host, "port": hub.port}))
     (cdir / "controller.json").chmod(0o600)  # agents follow only a file nobody else may change
     cfg = AgentConfig.model_validate({

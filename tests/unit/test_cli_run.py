@@ -421,3 +421,28 @@ def test_script_arguments_that_start_like_a_flag_reach_the_script_untouched() ->
                "1")
     assert got.entrypoint == "train.py"
     assert got.args == ["--step", "5", "--check", "1", "--log=wandb", "--max", "3", "--a", "1"]
+
+
+@pytest.mark.parametrize(("host", "problem"), [
+    ("10.9.9.9", "'10.9.9.9' (10.9.9.9) is not an address of this machine: the controller "
+                 "cannot listen there"),
+    ("nosuchhost.invalid", "'nosuchhost.invalid' does not resolve"),
+])
+def test_a_controller_host_this_machine_cannot_listen_on_is_refused_before_anything_is_made(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        host: str, problem: str) -> None:
+    """Walk-through 36 #1: a raw OSError / socket.gaierror traceback after the job dir was
+    made (its state '-', no event); --dry-run took it."""
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    for extra in (["--dry-run"], []):
+        code = main(["run", "--nnodes", "2", "--controller-host", host, "--job-dir", "j",
+                     *extra, str(script)])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert f"trainguard run: error: --controller-host / 'controller_host': {problem}" in err
+        assert "Fix: give an address of this machine" in err and "Traceback" not in err
+    assert not (tmp_path / "j").exists()
+    assert main(["run", "--nnodes", "2", "--controller-host", "localhost", "--dry-run",
+                 str(script)]) == 0

@@ -20,6 +20,7 @@ from trainguard.cli.dry_run import dry_run_doc
 from trainguard.cli.fmt import complain
 from trainguard.cli.job_file import load_job_file
 from trainguard.cli.run_checks import (
+    check_controller_host,
     check_fault_env,
     check_node_rank,
     note_flags_after_script,
@@ -364,6 +365,7 @@ def _run_command(ns: argparse.Namespace) -> int:
     # a script that is not there fails here, dry run or not
     argv = worker_argv(spec, entrypoint_source(ns))
     check_node_rank(spec, "node_rank" in origin)  # given, by a flag or the job file
+    check_controller_host(spec)
     check_fault_env()
     if "training_script_args" in vars(ns):  # (a job file's `args:` are not after anything)
         note_flags_after_script(ns.training_script_args, _RUN_FLAGS)

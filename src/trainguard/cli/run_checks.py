@@ -83,3 +83,31 @@ def check_node_rank(spec: JobSpec, given: bool) -> None:
         raise SpecError("--node-rank / 'node_rank'", "0 in a multi-node job: trainguard is not "
                         "started once per node as torchrun is", "drop it: run trainguard once, "
                         f"on one node; its controller starts an agent on every node{local}")
+
+
+def check_controller_host(spec: JobSpec) -> None:
+    """`--controller-host` must be an address of this machine: the controller listens there
+    for the node agents (walk-through 36 #1: a typo or another host's name was a raw
+    OSError or socket.gaierror traceback, after the job dir was made; --dry-run took it)."""
+    host = spec.controller_host
+    if not spec.multi_node or not host:
+        return
+    import socket
+
+    fix = ("give an address of this machine (`hostname -I` lists them) or its name, or leave "
+           "it out: the controller then listens on every interface (on loopback for the "
+           "local backend's virtual nodes)")
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise SpecError("--controller-host / 'controller_host'",
+                        f"{host!r} does not resolve ({e})", fix) from None
+    family, _, _, _, addr = infos[0]
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(addr)
+    except OSError as e:
+        raise SpecError("--controller-host / 'controller_host'",
+                        f"{host!r} ({addr[0]}) is not an address of this machine: the "
+                        f"controller cannot listen there ({e.strerror or e})", fix) from None
+
