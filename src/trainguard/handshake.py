@@ -88,8 +88,9 @@ def connect(host: str, port: int, token: str, node: str, hello: dict[str, Any],
         if challenge.get("type") != "challenge" or not is_nonce(nonce):
             raise WireError(f"{host}:{port} is not a trainguard controller")
         if challenge.get("version") != WIRE_VERSION:
-            raise WireError(f"{host}:{port} speaks wire version {challenge.get('version', 1)}, "
-                            f"this agent {WIRE_VERSION}: run one trainguard on every node")
+            raise WireError(f"{host}:{port} speaks wire version "
+                            f"{spoken(challenge.get('version', 1))}, this agent {WIRE_VERSION}: "
+                            "run one trainguard on every node")
         conn.send({"addr": sock.getsockname()[0], **hello, "type": "hello", "node": node,
                    "mac": mac(token, "hello", nonce, node), "nonce": own_nonce,
                    "version": WIRE_VERSION})
@@ -131,8 +132,8 @@ def accept(conn: Conn, token: str, timeout: float | None = None) -> dict[str, An
     if hello.get("type") != "hello" or not isinstance(node, str) or not node:
         raise WireError(f"{conn.peer} sent no node name")
     if hello.get("version") != WIRE_VERSION:
-        why = (f"agent speaks wire version {hello.get('version', 1)}, the controller "
-               f"{WIRE_VERSION}: run one trainguard on every node")
+        why = (f"agent speaks wire version {spoken(hello.get('version', 1))}, the "
+               f"controller {WIRE_VERSION}: run one trainguard on every node")
         deny(conn, why)
         raise WireError(f"{conn.peer} (node {node!r}): {why}")
     if not check_mac(token, "hello", nonce, node, hello.get("mac")):
@@ -164,3 +165,10 @@ def supersede(conn: Conn, token: str, hello: dict[str, Any], why: str) -> None:
     with contextlib.suppress(WireError):
         conn.send({"type": "denied", "why": why, "superseded": True,
                    "mac": mac(token, "superseded", str(hello["nonce"]), str(hello["node"]))})
+
+
+def spoken(version: object) -> str:
+    """A peer's wire version as it came: a version of the wrong type (the string "3") says
+    so, not "version 3, the controller 3" (walk-through 36 #5)."""
+    return str(version) if type(version) is int else f"{version!r} (not an integer)"
+

@@ -196,6 +196,16 @@ def test_a_peer_of_another_wire_version_is_told_which(hub: tuple[Hub, str]) -> N
         assert answer["type"] == "denied" and "wire version 1" in answer["why"]
     finally:
         s.close()
+    s = socket.create_connection(("127.0.0.1", h.port))  # (walk-through 36 #5: "version 3,
+    try:  # the controller 3" for the string "3")
+        read_raw_frame(s)
+        s.sendall(raw_frame({"type": "hello", "node": "n0", "mac": "0", "nonce": "1",
+                             "version": str(WIRE_VERSION)}))
+        why = read_raw_frame(s)["why"]
+        assert why.startswith(f"agent speaks wire version '{WIRE_VERSION}' (not an integer), "
+                              f"the controller {WIRE_VERSION}"), why
+    finally:
+        s.close()
 
 
 # -- D5: any fd number --------------------------------------------------------------------
