@@ -163,3 +163,37 @@ def test_a_message_that_finds_no_room_for_a_second_is_dropped(
         assert channel.RETRY_S <= time.monotonic() - t0 < channel.RETRY_S + 5.0
     finally:
         agent.close()
+
+
+def test_a_child_forked_while_another_thread_sends_can_send(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 39 #9: a DataLoader worker forked while the checkpoint thread was inside send()
+    got the lock held and blocked forever at its first message (inject_loader's report)."""
+    import multiprocessing
+    import threading
+    import time
+
+    monkeypatch.setenv(channel.ENV_SOCKET, f"@tg-test-nobody-{uuid.uuid4().hex}")
+    held, release = threading.Event(), threading.Event()
+
+    def sender() -> None:
+        with channel._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=sender, daemon=True)
+    t.start()
+    held.wait(5)
+    try:
+        child = multiprocessing.get_context("fork").Process(
+            target=channel.send, args=(channel.MessageKind.PROGRESS,), kwargs={"step": 1})
+        start = time.monotonic()
+        child.start()
+        child.join(5)
+        alive = child.is_alive()
+        if alive:
+            child.kill()
+        assert not alive and child.exitcode == 0 and time.monotonic() - start < 5
+    finally:
+        release.set()
+        t.join(5)

@@ -98,3 +98,16 @@ def _send(data: bytes, lossy: bool, fds: list[int] | None = None) -> bool:
 def _env_int(name: str) -> int | None:
     v = os.environ.get(name, "")
     return int(v) if v.lstrip("-").isdigit() else None
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread was sending (a DataLoader worker, forked at every
+    epoch) got the lock held, and no thread of its own to release it: its first message (an
+    inject_loader's report) blocked forever (review 39 #9). A fresh lock, and a socket of its
+    own (the parent's is shared with the child)."""
+    global _lock, _sock, _addr
+    _lock, _sock, _addr = threading.Lock(), None, None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
