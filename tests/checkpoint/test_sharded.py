@@ -63,6 +63,24 @@ def test_sharded_state_with_if_busy_skip_skips_on_every_rank_alike(tmp_path: Pat
     assert latest == "step-000000012", latest  # the last step: skipped, written by close()
 
 
+@pytest.mark.integration
+def test_a_rank_stopped_at_a_save_step_saves_it_with_the_others_voting_on_skips(
+        tmp_path: Path) -> None:
+    """Review 39 #6: rank 1, stopped (SIGTERM) at save step 4, entered DCP's save on its way
+    out while rank 0 waited in the skip vote: neither moved, and the job hung (the hang
+    detector allows a library phase 30 min). Now it votes that it stops; rank 0 saves step
+    4 with it, and the restart resumes there."""
+    script = Path(__file__).parent / "scripts" / "fsdp_skip.py"
+    r = run_tg(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--restart-backoff",
+                "0.1", "--job-dir", "j", str(script), "--out", str(tmp_path / "out.pt"),
+                "--save-on-exit"], cwd=tmp_path, fault="signal:TERM@rank=1,step=4",
+               timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = read_json("events", tmp_path / "j")
+    resumed = [e["data"]["step"] for e in events if e["reason"] == "Resumed"]
+    assert resumed == [4], [(e["reason"], e["message"][:120]) for e in events]
+
+
 class _Boom:
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return (os.system, ("touch PWNED",))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -54,16 +56,16 @@ def _agreed_token() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def any_rank(flag: bool) -> bool:
-    """True where `flag` is True on any rank: one all-reduce, every rank must call it (this
-    rank's flag without a process group)."""
+def reduce_ints(values: Sequence[int], op: Literal["max", "sum"]) -> list[int]:
+    """`values` all-reduced element by element across the ranks: one collective, which every
+    rank must call at the same point with as many values; as given without a process group."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
+        return list(values)
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    t = torch.tensor(list(values), dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return [int(v) for v in t.tolist()]
 
 
 def job_run_id() -> str:

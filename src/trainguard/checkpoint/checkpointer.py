@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from trainguard import __version__
-from trainguard.checkpoint.attempt import any_rank, job_run_id, rank_and_world, save_token
+from trainguard.checkpoint.attempt import job_run_id, rank_and_world, reduce_ints, save_token
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
@@ -114,13 +114,12 @@ class Checkpointer:
         the next save: the steps until then could not be kept; walk-through 24)."""
         self._raise_if_failing()
         self._skipped = None  # a newer step boundary: the skipped state is gone
+        saves = bool(self.every_steps and step % self.every_steps == 0)
         if self._exit is not None:
-            self._exit.step_done(step, state)
+            self._exit.step_done(step, state, saves)
         if self._memory is not None and step % self._memory.every == 0:
             self._memory.maybe_snapshot(step, state)  # timed: the loop's wait (rank 0's)
-        if self.every_steps and step % self.every_steps == 0:
-            return self._save(step, state)
-        return False
+        return self._save(step, state) if saves else False
 
     def save(self, step: int, state: Mapping[str, Any]) -> bool:
         """Snapshot `state` at `step` and write it (in the background when async_save).
@@ -129,7 +128,7 @@ class Checkpointer:
         """
         self._skipped = None
         if self._exit is not None:
-            self._exit.step_done(step, state)  # a step boundary too
+            self._exit.step_done(step, state, True)  # a step boundary too
         return self._save(step, state)
 
     def _save(self, step: int, state: Mapping[str, Any],
@@ -139,16 +138,18 @@ class Checkpointer:
 
     def _save_blocking(self, step: int, state: Mapping[str, Any], rng: dict[str, Any]) -> bool:
         t0 = time.monotonic()
-        busy = self._pending is not None and not self._pending.done()
-        if self.if_busy == "skip" and self._sharded:  # DCP's save is a collective: the
-            busy = any_rank(busy)  # ranks skip alike, or one runs on (review 38 #5)
-        if busy:
-            if self.if_busy == "skip":
-                behind = self._pending_step
-                self._events.skipped(step, *(behind if behind else (None, None)))
-                self._skipped = (step, state, rng)
-                return False
-            _wait_quietly(self._pending)  # type: ignore[arg-type]
+        pending = self._pending
+        busy = pending is not None and not pending.done()
+        if self._votes:  # DCP's save is a collective: the ranks skip alike (review 38 #5)
+            busy, stopping = self._vote(busy, False)
+            busy = busy and not stopping  # one saves this step on its way out: all do (#6)
+        if busy and self.if_busy == "skip":
+            behind = self._pending_step
+            self._events.skipped(step, *(behind if behind else (None, None)))
+            self._skipped = (step, state, rng)
+            return False
+        if pending is not None and not pending.done():
+            _wait_quietly(pending)
         self._events.saving()
         self._raise_if_failing()
         try:
@@ -175,6 +176,24 @@ class Checkpointer:
             self._pending = fut
             self._raise_if_failing()
         return True
+
+    @property
+    def _votes(self) -> bool:
+        """Whether the ranks decide together on each save (sharded state, if_busy="skip")."""
+        return self.if_busy == "skip" and self._sharded
+
+    def _vote(self, busy: bool, stopping: bool) -> tuple[bool, bool]:
+        """(any rank's save in flight, or any rank at its limit; any rank saving on its
+        way out): one all-reduce, at every save step of every rank, and at close()."""
+        b, s = reduce_ints([int(busy), int(stopping)], "max")
+        return bool(b), bool(s)
+
+    def vote_before_exit(self) -> None:
+        """A rank saving on its way out at a save step votes too, saying so: the others save
+        that step with it, not skip it (review 39 #6: it entered DCP's save while they
+        waited in the vote, and neither moved)."""
+        if self._votes:
+            self._vote(False, True)
 
     def _job(self, step: int, state: Mapping[str, Any], rng: dict[str, Any],
              data: dict[str, Any] | None, commit_timeout_s: float,
@@ -294,8 +313,8 @@ class Checkpointer:
             self._closing = final is None
             self._wait_in_phase()  # its failure is said below, as the last save's (F9)
             stops = self._failures >= self.max_consecutive_failures  # its event said so
-            if final is not None and self._sharded:  # a collective: all ranks write or none
-                stops = any_rank(stops)
+            if final is not None and self._votes:  # a collective: all ranks write or none
+                stops = self._vote(stops, False)[0]
             if stops:
                 final = None
             # a run of skipped saves ends: all told (F10), but the step written now (review

@@ -123,13 +123,16 @@ class ExitSaver:
             control.STOPPING.set()  # a rank waiting for a step's verdict goes on to exit
         self.stop_signal = signum  # acted on at the next step boundary, or at exit
 
-    def step_done(self, step: int, state: Mapping[str, Any]) -> None:
-        """Called at each step boundary: remember it; on a stop signal, save and exit."""
+    def step_done(self, step: int, state: Mapping[str, Any], saves: bool = False) -> None:
+        """Called at each step boundary (`saves`: one where the Checkpointer saves): remember
+        it; on a stop signal, save and exit."""
         self._hook_optimizers(state)
         self._last = _Snapshot(step, state, capture_rng(),
                                {k: data_state(v) for k, v in state.items()
                                 if is_data_position(v)}, self._optimizer_steps)
         if self.stop_signal is not None:
+            if saves:  # where the other ranks vote on the save, this one votes too
+                self._ckpt.vote_before_exit()
             self._save("the launcher stopped this rank")
             _exit_now(128 + self.stop_signal)
 

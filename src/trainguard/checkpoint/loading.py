@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from trainguard.checkpoint.attempt import reduce_ints
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.manifest import (
     MANIFEST,
@@ -66,14 +67,9 @@ class Loaded:
 
 def agree(rank: int, world_size: int, ok: bool) -> list[int]:
     """The ranks that could not load the step (all-reduce of one flag per rank)."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or world_size == 1:
-        return [] if ok else [rank]
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    flags = torch.zeros(world_size, dtype=torch.int32, device=device)
+    flags = [0] * world_size
     flags[rank] = 0 if ok else 1
-    dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-    return [r for r, bad in enumerate(flags.tolist()) if bad]
+    return [r for r, bad in enumerate(reduce_ints(flags, "sum")) if bad]
 
 
 def load_newest(st: Storage, rank: int, agree: Agree, report: Report,

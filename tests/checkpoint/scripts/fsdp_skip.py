@@ -1,6 +1,8 @@
 """FSDP2 with if_busy="skip" where only rank 0's saves are slow (its store is; the sleep
 stands for it): rank 0 skips saves that rank 1, its part written, would enter. DCP's save is
-a collective: every rank must decide alike (review 38 #5). Run under `trainguard run`."""
+a collective: every rank must decide alike (review 38 #5). With --save-on-exit, a rank
+stopped at a save step (TRAINGUARD_FAULT=signal:TERM@...) saves it on its way out while the
+others vote on it (review 39 #6). Run under `trainguard run`."""
 
 import argparse
 import time
@@ -12,10 +14,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import trainguard.checkpoint.checkpointer as ckmod
 from trainguard.checkpoint import Checkpointer
+from trainguard.testing.faults import inject
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=12)
 p.add_argument("--out", required=True)
+p.add_argument("--save-on-exit", action="store_true")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -30,7 +34,7 @@ if dist.get_rank() == 0:
     ckmod.run_save = slow
 model, opt = sharded_model(mesh)
 state = {"model": model, "optimizer": opt}
-ckpt = Checkpointer(every_steps=2, if_busy="skip")
+ckpt = Checkpointer(every_steps=2, if_busy="skip", save_on_exit=args.save_on_exit)
 start = ckpt.load_latest(state) or 0
 saved = []
 for step in range(start + 1, args.steps + 1):
@@ -40,6 +44,7 @@ for step in range(start + 1, args.steps + 1):
     opt.zero_grad()
     loss.backward()
     opt.step()
+    inject(step)
     if ckpt.maybe_save(step, state):
         saved.append(step)
     time.sleep(0.1)
