@@ -55,3 +55,12 @@ def test_a_fault_on_a_rank_the_job_does_not_have_is_named_and_one_that_fired_is_
 
 def test_faults_that_all_fired_say_nothing(tmp_path: Path) -> None:
     assert run(tmp_path, "inject(step)", "log:hello@step=2") == []
+
+
+def test_a_job_launched_again_says_nothing_of_faults_its_earlier_launch_heard(
+        tmp_path: Path) -> None:
+    """Review 39 #2: the relaunch's controller never heard the fault fire in the first
+    launch (attempt 0), and said it never fired."""
+    assert run(tmp_path, "inject(step)", "log:hello@step=2") == []
+    assert run(tmp_path, "inject(step)", "log:hello@step=2") == []  # JobRelaunched
+    assert "JobRelaunched" in reasons(tmp_path / "job")

@@ -128,6 +128,7 @@ class Recorder:
                 int(requeues) > 0 else ""
             before, settings = self._last_settings(), self._settings()
             done = previous.get("state") == JobState.SUCCEEDED.value  # a repeated command?
+            self.messages.saw_whole_job = False  # faults fired in launches before (review 39)
             self.event(Level.WARNING if done else Level.INFO, Reason.JOB_RELAUNCHED,
                        f"job {self.spec.run_id} launched again{requeued} after its previous "
                        f"launch ended {ended} at attempt {previous['attempt']}: {what}"

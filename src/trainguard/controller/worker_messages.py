@@ -73,7 +73,7 @@ class WorkerMessages:
         }
         self.fault_calls: set[str] = set()  # trainguard.testing.faults: what the ranks called
         self.faults_fired: set[int] = set()  # and which faults of TRAINGUARD_FAULT fired
-        self.saw_whole_job = True  # False in a controller that took a running job over
+        self.saw_whole_job = True  # False after a takeover or in a relaunch (review 39 #2)
 
     def _on_faults(self, m: WorkerMessage, data: dict[str, Any], attempt: int) -> None:
         self.fault_calls.add(str(data["call"]))
