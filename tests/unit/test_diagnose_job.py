@@ -115,3 +115,23 @@ def test_a_job_that_ended_without_progress_is_not_told_to_restart_without_a_word
     err = capsys.readouterr().err
     assert "trainguard diagnose: warning: the job ended with exit 86: its attempts kept failing " \
            "without progress, so restarting did not help" in err, err
+
+
+def test_a_console_copy_is_read_without_trainguards_own_conclusions(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 39 #7: `diagnose job.out` took a FailureDiagnosed line's words ("not by the
+    kernel's OOM killer") for the evidence of an OOM; the WorkerFailed line, the one fact of
+    the exit the console holds, is read."""
+    console = tmp_path / "job.out"
+    console.write_text(
+        "[trainguard] 15:49:34 Info JobCreated: job tg-1 created: 2 worker(s)\n"
+        "[rank 1] step 3\n[rank 0] step 6\n"
+        "[trainguard] 15:49:34 Warning WorkerFailed: rank 1 (pid 15371) was killed by SIGKILL\n"
+        "[trainguard] 15:49:34 Warning FailureDiagnosed: killed_by_signal_unknown "
+        "(infrastructure, restart helps: yes): rank 1 was killed by SIGKILL, not by the "
+        "kernel's OOM killer (it recorded no OOM kill). Restart\n"
+        "[trainguard] 15:49:35 Info RestartScheduled: restart 1/3 after "
+        "killed_by_signal_unknown; restarting in 1.0s\n")
+    assert main(["diagnose", str(console), "--json"]) in (0, 1)
+    evidence = json.loads(capsys.readouterr().out)["diagnosis"]["evidence"]
+    assert evidence["line"] == 4 and "WorkerFailed" in evidence["text"], evidence

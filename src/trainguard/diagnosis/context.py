@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 
 from trainguard.diagnosis.findings import Finding
-from trainguard.diagnosis.lines import CODE_LINE, split_prefix
+from trainguard.diagnosis.lines import CODE_LINE, OWN_EVENT, split_prefix
 
 CONTEXT_BYTES = 16 << 10  # the end of a file kept for its context lines
 CONTEXT_LINES = 24  # lines kept per file
@@ -76,7 +76,7 @@ def context_findings(tail: bytes, name: str, *, end: int, last_line: int, whole:
             cut = not text.startswith('File "') or _WITH_FRAME.search(text) is not None
         elif not loader and _LOADER_FRAME.match(text):
             loader = True
-        elif not text or CODE_LINE.match(pre.text) \
+        elif not text or CODE_LINE.match(pre.text) or OWN_EVENT.match(text) \
                 or (pre.text.startswith("    ") and not _NONFINITE_READING.match(text)) \
                 or (text.startswith(_SKIP) and not _FLATTENED.match(text)
                     and not (no == last_line and text.startswith(_SKIP[0]))) \

@@ -22,6 +22,7 @@ from trainguard.diagnosis.lines import (
     EXCEPTION_IN_LINE,
     EXCEPTION_LINE,
     IPYTHON_HEADER,
+    OWN_EVENT,
     QUOTED_EXCEPTION,
     file_rank,
     is_library_path,
@@ -181,7 +182,7 @@ class FileScan:
               stream_rank: int | None = None) -> Finding | None:
         pre = split_prefix(self._decode(raw))
         text = pre.text
-        if not text.strip() or CODE_LINE.match(text):
+        if not text.strip() or CODE_LINE.match(text) or OWN_EVENT.match(text):
             return None
         rank = self._rank_of(pre.rank)
         if text.startswith(_CHAIN_MARKERS):  # the next exception of this stream is chained
