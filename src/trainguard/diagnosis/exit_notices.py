@@ -40,11 +40,17 @@ _EXIT_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
     # zsh's job notice: "zsh: abort      python train.py", "zsh: segmentation fault  python ..."
     ("zsh: ", re.compile(r"(?:^|\s)zsh: (?P<word>abort|killed|segmentation fault|bus error"
                          r"|terminated)\s+\S"), ""),
+    # ... and its notice of a job it ran ("[1]    47124 abort      python train.py")
+    ("] ", re.compile(r"^\[\d{1,4}\] +[+-]? *\d{1,9} (?P<word>abort|killed|segmentation fault"
+                      r"|bus error|terminated) +\S"), ""),
     ("non-zero exit", re.compile(rf"returned non-zero exit status (?P<code>-{_N}|1[3-5]\d)\b"),
      ""),
     # Windows: a process's exit code is an NTSTATUS ("Process finished with exit code
     # -1073741795 (0xC000001D)"); the crash ones are read as the POSIX signal they stand for
     ("exit code", re.compile(r"exit code (?P<code>-?\d{10}|0x[0-9A-Fa-f]{8})\b"), "ntstatus"),
+    # ... as Go's os/exec words it ("llama runner process has terminated: exit status
+    # 0xc0000409": a fail fast, an abort)
+    ("exit status", re.compile(r"exit status (?P<code>0x[0-9A-Fa-f]{8})\b"), "ntstatus"),
     # ... and as subprocess's CalledProcessError words it there, unsigned ("returned non-zero
     # exit status 3221225477": 0xC0000005, an access violation)
     ("non-zero exit", re.compile(r"returned non-zero exit status (?P<code>\d{10})\b"),

@@ -33,7 +33,8 @@ EXTRA = (
     r"|The above exception was the direct|WTERMSIG \d+|exited on signal \d+"
     r"|line \d+:\s+\d+ (?:Killed|Segmentation fault|Bus error|Aborted|Terminated)"
     r"|zsh: (?:abort|killed|segmentation fault|bus error|terminated)\s"
-    r"|exit code (?:-?\d{10}|0x[0-9A-Fa-f]{8})\b"
+    r"|\[\d{1,4}\] +[+-]? *\d{1,9} (?:abort|killed|segmentation fault|bus error|terminated) "
+    r"|exit (?:code (?:-?\d{10}|0x[0-9A-Fa-f]{8})|status 0x[0-9A-Fa-f]{8})\b"
     # trainguard's line where a rank recovered in place (the trigger reads no group)
     "|" + RECOVERY_PATTERN
 )
