@@ -32,11 +32,11 @@ from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_en
 from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
 from trainguard.checkpoint.manifest import Verdict
 from trainguard.checkpoint.memory_tier import MemoryTier, memory_every_from_env
-from trainguard.checkpoint.resume import RNG_KEY, resume
+from trainguard.checkpoint.resume import resume
 from trainguard.checkpoint.save_report import SaveReporter, last_save_lost, newest_kept
 from trainguard.checkpoint.saving import SaveJob, SaveResult, run_save
 from trainguard.checkpoint.sharded import save_sharded
-from trainguard.checkpoint.state import BufferPool, capture_rng, split, stage
+from trainguard.checkpoint.state import RNG_KEY, BufferPool, capture_rng, split, stage
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
 from trainguard.worker.contract import (

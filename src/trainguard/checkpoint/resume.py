@@ -15,7 +15,7 @@ from trainguard.checkpoint.manifest import Verdict, step_dir
 from trainguard.checkpoint.memory_tier import MemoryTier
 from trainguard.checkpoint.sharded import KEYS as SHARDED_KEYS
 from trainguard.checkpoint.sharded import load_sharded
-from trainguard.checkpoint.state import apply, restore_rng
+from trainguard.checkpoint.state import RNG_KEY, apply, restore_rng
 from trainguard.checkpoint.storage import Storage
 from trainguard.worker import channel
 from trainguard.worker.contract import (
@@ -26,8 +26,6 @@ from trainguard.worker.contract import (
 )
 
 log = logging.getLogger("trainguard.checkpoint.checkpointer")  # the Checkpointer's lines
-
-RNG_KEY = "__rng__"  # the per-rank part's RNG state
 
 
 def resume(storage: Storage, state: Mapping[str, Any], rank: int, world_size: int,

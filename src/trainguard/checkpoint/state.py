@@ -128,6 +128,9 @@ def _is_other_part(obj: Any, where: str) -> bool:
     return is_data_position(obj) != (where == "rank")
 
 
+RNG_KEY = "__rng__"  # the key of the RNG state in a rank's per-rank part (saved and loaded)
+
+
 def capture_rng() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
     rng: dict[str, Any] = {"python": [version, list(internal), gauss],
