@@ -299,26 +299,26 @@ def test_every_link_down_at_once_is_a_full_disruption_no_node_is_lost_until_the_
     node LOST and drained: Kubernetes' node controller stops evicting in a full
     disruption. After the wait they count as lost, but none is drained."""
     f, hub, _ = fleet()
-    f.disruption_wait_s = 0.3
+    f.disruption.wait_s = 0.3
     hub.connected_nodes.clear()
     hub.disconnected.update({"a": 5.0, "b": 5.0, "c": 5.0})
-    assert f.lost_now() == {} and f.disrupted_since is not None
+    assert f.lost_now() == {} and f.disruption.since is not None
     time.sleep(0.35)
     lost = f.lost_now()
     assert set(lost) == {"a", "b"} and "every node's link went down at once" in lost["a"]
-    assert not lost_isolation("a", lost["a"], f.disrupted_since is not None).drain
+    assert not lost_isolation("a", lost["a"], f.disruption.suspect("a")).drain
     hub.connected_nodes.update({"a", "b", "c"})  # the links come back
     hub.disconnected.clear()
-    assert f.lost_now() == {} and f.disrupted_since is None
+    assert f.lost_now() == {} and f.disruption.since is None
 
 
 def test_one_link_down_while_another_is_up_is_that_nodes_loss() -> None:
     f, hub, _ = fleet()
-    f.disruption_wait_s = 100.0
+    f.disruption.wait_s = 100.0
     hub.connected_nodes.discard("a")
     hub.disconnected["a"] = 5.0
-    assert set(f.lost_now()) == {"a"} and f.disrupted_since is None
-    assert lost_isolation("a", "x", f.disrupted_since is not None).drain
+    assert set(f.lost_now()) == {"a"} and f.disruption.since is None
+    assert lost_isolation("a", "x", f.disruption.suspect("a")).drain
 
 
 def test_most_links_of_a_big_fleet_down_is_a_full_disruption_too() -> None:
@@ -326,14 +326,20 @@ def test_most_links_of_a_big_fleet_down_is_a_full_disruption_too() -> None:
     names = tuple(f"n{i}" for i in range(6))
     f, hub, _ = fleet(names)
     f.place(["n2", "n3"])
-    f.disruption_wait_s = 100.0
+    f.disruption.wait_s = 100.0
     for n in names[:4]:
         hub.connected_nodes.discard(n)
         hub.disconnected[n] = 5.0
-    assert f.lost_now() == {} and f.disrupted_since is not None
+    assert f.lost_now() == {} and f.disruption.since is not None
     hub.connected_nodes.update(names[:2])
     hub.disconnected.update({"n0": 0.0, "n1": 0.0})
-    assert set(f.lost_now()) == {"n2", "n3"} and f.disrupted_since is None  # 2 of 6: theirs
+    # 2 of 6 down: no longer a disruption, but n2, n3 were cut in it: their reconnect grace
+    # counts from its end (walk-through 36 #10)
+    assert f.lost_now() == {} and f.disruption.since is None
+    f.disruption.ended_at = time.monotonic() - 3.5  # the grace (3 s) since the end
+    lost = f.lost_now()
+    assert set(lost) == {"n2", "n3"} and "every node's link went down at once" in lost["n2"]
+    assert not lost_isolation("n2", lost["n2"], f.disruption.suspect("n2")).drain
 
 
 def test_most_of_a_big_fleet_silent_at_once_is_this_controller_behind() -> None:
@@ -372,13 +378,13 @@ def test_in_a_full_disruption_a_cut_link_s_silence_does_not_count_before_the_wai
     names = tuple(f"n{i}" for i in range(6))
     f, hub, _ = fleet(names)
     f.place(list(names))
-    f.disruption_wait_s = 100.0
+    f.disruption.wait_s = 100.0
     for n in names:
         hub.connected_nodes.discard(n)
         hub.disconnected[n] = 9.0
     hub.silent.update({n: 9.5 for n in names})
     hub.silent.update({"n0": 30.0, "n1": 30.0})  # heard last before the others
-    assert f.lost_now() == {} and f.disrupted_since is not None
+    assert f.lost_now() == {} and f.disruption.since is not None
 
 
 def test_the_messages_of_a_merged_report_are_acknowledged_when_the_loop_asks_again() -> None:
@@ -468,3 +474,26 @@ def test_a_node_s_new_agent_adds_its_refusals_to_the_old_one_s_whatever_its_coun
     new = report("a", 0, [0, 1], last=6).model_copy(update={"messages_refused": 7, "epoch": 2})
     hub.reports["a"] = [new]
     assert f.poll().messages_refused == 12
+
+
+def test_links_still_reconnecting_when_a_full_disruption_ends_get_their_grace_from_its_end(
+        ) -> None:
+    """Walk-through 36 #10: every link cut for 25 s; the spare's agent reconnected first, and
+    at that instant every other link, down 25 s, was past the 3 s grace: both placed nodes
+    were lost, their agents and ranks killed, and the job queued, then failed."""
+    f, hub, _ = fleet()
+    hub.connected_nodes.clear()
+    hub.disconnected.update({"a": 25.0, "b": 25.0, "c": 25.0})
+    hub.silent.update({"a": 25.0, "b": 25.0, "c": 25.0})
+    assert f.lost_now() == {} and f.disruption.since is not None
+    hub.connected_nodes.add("c")  # the spare is back first
+    hub.disconnected["c"], hub.silent["c"] = 0.0, 0.0
+    assert f.lost_now() == {} and f.disruption.since is None  # a and b: still reconnecting
+    hub.connected_nodes.add("a")  # a is back; b stays down past the grace from the end
+    hub.disconnected["a"], hub.silent["a"] = 0.0, 0.0
+    f.disruption.ended_at = time.monotonic() - 3.5
+    lost = f.lost_now()
+    assert set(lost) == {"b"} and "every node's link went down at once" in lost["b"], lost
+    assert not lost_isolation("b", lost["b"], f.disruption.suspect("b")).drain
+    assert f.disruption.suspect("b") and not f.disruption.suspect("a")
+

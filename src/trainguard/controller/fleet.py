@@ -6,7 +6,8 @@ which placed nodes are lost: the agent's process (or Slurm step) ended, its conn
 been down longer than the reconnect grace, or it has been silent past the node timeout.
 Every link down at once (of four or more nodes: most) is a "full disruption" (Kubernetes'
 word): this controller's side (its network, a stall) is suspect, so links count as lost only
-after DISRUPTION_WAIT_S and such nodes are not drained. Node states: states.NodeState.
+after DISRUPTION_WAIT_S, such nodes are not drained, and the links still down when it ends
+get their grace from its end (controller/disruption.py). Node states: states.NodeState.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard.backends.base import AgentHandle, Backend
+from trainguard.controller.disruption import Disruption
 from trainguard.controller.hub import Hub, Reply
 from trainguard.controller.links import LinkState
 from trainguard.controller.merger import Merger
@@ -76,8 +78,7 @@ class Fleet:
         self.lost: dict[str, str] = {}  # lost placed nodes with why, as of the last report
         self.peer: PeerCopies | None = None  # memory snapshots copied to a buddy node
         self._started: list[str] = []  # the placement the last attempt started on
-        self.disruption_wait_s = DISRUPTION_WAIT_S
-        self.disrupted_since: float | None = None  # every link down since (monotonic)
+        self.disruption = Disruption(DISRUPTION_WAIT_S)  # every link down at once
         self._polled_at = 0.0
 
     # -- nodes ----------------------------------------------------------------------------
@@ -155,10 +156,11 @@ class Fleet:
         # reader behind on thousands of links), not the cluster gone
         heard = sum(1 for n in self.nodes if links.get(n, never).silent_s <= self.node_timeout_s)
         heard_lately = heard > 0 and (len(self.nodes) < 4 or 2 * heard > len(self.nodes))
-        waiting = self._full_disruption(links)
+        waiting = self.disruption.update(
+            [n for n, node in self.nodes.items() if not node.state.out], links)
         out: dict[str, str] = {}
         for name in self.placement:
-            node, link = self.nodes[name], links.get(name, never)
+            node, link = self.nodes[name], self.disruption.counted(name, links.get(name, never))
             if node.state.out:
                 continue
             if name in self._broken:
@@ -168,7 +170,7 @@ class Fleet:
             elif link.disconnected_s > self.grace_s and not waiting:
                 out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s"
                              + (" (every node's link went down at once)"
-                                if self.disrupted_since is not None else ""))
+                                if self.disruption.suspect(name) else ""))
             elif link.silent_s > self.node_timeout_s and heard_lately and not (
                     waiting and not link.connected):  # a cut link's silence is the cut
                 out[name] = f"its agent has been silent for over {self.node_timeout_s:g}s"
@@ -200,30 +202,10 @@ class Fleet:
             link = links.get(name)
             if self.agent_ended(name):
                 out[name] = AGENT_ENDED
-            elif (link is not None and link.disconnected_s > self.grace_s
-                  and self.disrupted_since is None):
+            elif (link is not None and self.disruption.since is None
+                  and self.disruption.counted(name, link).disconnected_s > self.grace_s):
                 out[name] = f"its agent has been disconnected for over {self.grace_s:g}s"
         return out
-
-    def _full_disruption(self, links: dict[str, LinkState]) -> bool:
-        """True while every node's link is down (of four or more nodes: most links) and not
-        for disruption_wait_s yet: the controller's side is suspect, so no link counts as
-        lost meanwhile. "Most" because thousands of links are not all seen to drop at one
-        instant."""
-        live = [n for n, node in self.nodes.items() if not node.state.out]
-        down = sum(1 for n in live if n not in links or not links[n].connected)
-        disrupted = bool(live) and (down == len(live) or (len(live) >= 4 and 2 * down > len(live)))
-        if not disrupted:
-            if self.disrupted_since is not None:
-                log.warning("full disruption over: links are back")
-            self.disrupted_since = None
-            return False
-        if self.disrupted_since is None:
-            self.disrupted_since = time.monotonic()
-            log.warning("every node's link is down at once (a full disruption): this "
-                        "controller's side is suspect; no node counts as lost for %gs, and "
-                        "none is drained", self.disruption_wait_s)
-        return time.monotonic() - self.disrupted_since < self.disruption_wait_s
 
     def settle(self) -> dict[str, str]:
         """Lost placed nodes, after waiting out the reconnect grace of any disconnected one

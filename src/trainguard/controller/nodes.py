@@ -156,7 +156,7 @@ class NodeRecovery:
         detected = utcnow()
         first = detected - timedelta(seconds=self.fleet.heard_ago(list(lost)))
         for name, why in lost.items():
-            iso = lost_isolation(name, why, self.fleet.disrupted_since is not None)
+            iso = lost_isolation(name, why, self.fleet.disruption.suspect(name))
             what = (self.fleet.backend.isolate(name, f"trainguard: {iso.why}") if iso.drain
                     else "not drained: every node's link went down at once")
             self.rec.event(Level.WARNING, Reason.NODE_LOST,

@@ -1,0 +1,64 @@
+"""A full disruption: every node's link down at once (of four or more nodes: most), so this
+controller's side (its network, a stall) is suspect (Kubernetes' node controller stops
+evicting then). No link counts as lost for `wait_s`, and a node lost that way is not drained.
+
+When it ends (enough links are back), the links still down were cut with the others and are
+reconnecting at their own pace (each agent's back-off: 0.2 s doubling to 2 s, jittered): each
+gets its reconnect grace counted from the disruption's end, not from the cut (walk-through 36
+#10: a 25 s outage lost every node but the first back, and their training ranks with them),
+and one lost after it is not drained either. The Fleet asks; the clock is injectable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping
+
+from trainguard.controller.links import LinkState
+
+log = logging.getLogger("trainguard.controller.fleet")
+
+
+class Disruption:
+    def __init__(self, wait_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.wait_s = wait_s
+        self._clock = clock
+        self.since: float | None = None  # every link down since (monotonic)
+        self.ended_at: float | None = None  # the last one ended then
+        self._cut: set[str] = set()  # links down when it ended, not back since
+
+    def update(self, live: Collection[str], links: Mapping[str, LinkState]) -> bool:
+        """Whether links count as not lost now (a disruption not waited out yet)."""
+        down = {n for n in live if n not in links or not links[n].connected}
+        self._cut &= down  # back since: no longer the disruption's
+        disrupted = bool(live) and (len(down) == len(live)
+                                    or (len(live) >= 4 and 2 * len(down) > len(live)))
+        now = self._clock()
+        if not disrupted:
+            if self.since is not None:
+                log.warning("full disruption over: links are back; the %d still down get "
+                            "their reconnect grace from now", len(down))
+                self.ended_at, self._cut = now, down
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = now
+            log.warning("every node's link is down at once (a full disruption): this "
+                        "controller's side is suspect; no node counts as lost for %gs, and "
+                        "none is drained", self.wait_s)
+        return now - self.since < self.wait_s
+
+    def counted(self, name: str, link: LinkState) -> LinkState:
+        """`name`'s link as its loss is judged: one cut in the disruption and not back since
+        is down, and silent, only since the disruption ended."""
+        if name in self._cut and self.ended_at is not None:
+            since_end = self._clock() - self.ended_at
+            return LinkState(link.connected, min(link.silent_s, since_end),
+                             min(link.disconnected_s, since_end))
+        return link
+
+    def suspect(self, name: str) -> bool:
+        """Whether `name`'s loss may be this controller's side: during a disruption, or its
+        link cut in one and not back since (such a node is not drained)."""
+        return self.since is not None or name in self._cut
