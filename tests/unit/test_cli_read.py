@@ -167,6 +167,7 @@ def test_recovery_json_has_the_records_and_a_summary(
         "launches": 1,
         "incidents": 1,
         "steps_lost": 20,
+        "steps_lost_unknown": 0,
         "steps_done_again": 20,
         "wall_s": 300.0,
         "productive_s": 253.8,
@@ -471,4 +472,8 @@ def test_report_shows_an_unknown_steps_lost_as_a_dash(
     assert run("report", str(job_dir)) == 0
     out = capsys.readouterr().out
     assert "steps lost -" in out and "None" not in out, out
+    # walk-through 36 #2: the summary said "steps lost in incidents 0"
+    assert run("recovery", str(job_dir)) == 0
+    out = capsys.readouterr().out
+    assert "steps lost in incidents 0 (unknown in 1: no step reported), " in out, out
 

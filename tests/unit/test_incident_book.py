@@ -128,3 +128,26 @@ def test_a_step_given_up_by_rung_0_is_one_fault_with_the_rung_that_takes_it_over
     book.record(0, inproc, later)
     assert book.current is not None and book.current.recover_records[-1].fault_at == \
         later.fault_at
+
+
+def test_a_script_that_reports_no_steps_recovers_at_its_first_output_line(
+        tmp_path: Path) -> None:
+    """Walk-through 36 #2: a pod reschedule of a job that reports no steps read `resume -
+    total -` and `recovered in -`, though the attempt's first output line was recorded and
+    the goodput ledger ends the recovery there."""
+    book = IncidentBook(JobStore.create(tmp_path / "job", "r"))
+    book.attempt_started(0, StartType.FIRST_START, 29500)
+    t = utcnow()
+    pod = Decision(Action.RESCHEDULE, "node-1 was lost", History(pod_used=1),
+                   rung=Rung.POD_RESCHEDULE, start_type=StartType.POD_RESCHEDULE)
+    book.record(0, pod, Fault(FaultScenario.NODE_FAULT, "node-1 was lost", "node node-1: lost",
+                              "node/node-1", t, t, t, Progress()))
+    book.attempt_started(1, StartType.POD_RESCHEDULE, 29501)
+    started = utcnow()
+    book.workers_started(started, [False, False])
+    book.output_seen(started + timedelta(seconds=3.5))
+    book.attempt_succeeded(1, Progress())
+    (inc,) = book._store.running_records()[0].recover_records
+    assert inc.recover_result == RecoverResult.SUCCESS
+    assert inc.first_progress_at == started + timedelta(seconds=3.5)
+    assert inc.durations()["resume"] == 3.5 and inc.durations()["total"] is not None

@@ -345,6 +345,12 @@ class IncidentBook:
             return
         owner, inc, _ = self._pending
         inc.recover_result, inc.recover_end_at = result, at
+        first = self.current.first_output_at if self.current is not None else None
+        if result == RecoverResult.SUCCESS and inc.first_progress_at is None and first and \
+                inc.workers_started_at is not None and first >= inc.workers_started_at:
+            # a script that reports no steps: its recovery runs to the attempt's first output
+            # line, as the goodput ledger's (walk-through 36 #2: resume and total read `-`)
+            inc.first_progress_at = first
         self._pending = None
         self._save(owner)
 
