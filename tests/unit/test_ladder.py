@@ -4,6 +4,7 @@ incidents and histories, with the downgrade and quotaExceeded paths; then the no
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 
 import pytest
 
@@ -20,6 +21,7 @@ from trainguard.policy.decision import (
 )
 from trainguard.policy.ladder import decide
 from trainguard.policy.nodes import implicate, is_repeat_offender, recent_implications
+from trainguard.policy.precheck import CHECK_ACCELERATORS, CHECK_AGENT, CheckResult, PrecheckReport
 from trainguard.records import Reason, RecoverResult, StartType
 from trainguard.spec import RestartPolicy
 
@@ -56,8 +58,14 @@ def hang(progress: bool = False) -> Incident:
     return Incident(IncidentKind.HANG, made_progress=progress)
 
 
-def precheck(*failing: str, checked: int = 3) -> Incident:
-    return Incident(IncidentKind.PRECHECK_FAILED, failing=tuple((n, "disk full") for n in failing),
+def precheck(*failing: str, checked: int = 3, check: str = "") -> Incident:
+    """`failing` nodes failed `check` (default: a check of their own, disk:/n)."""
+    def report(n: str) -> PrecheckReport:
+        return PrecheckReport(node=n, host="h", at=datetime.now(timezone.utc), checks=[
+            CheckResult(name="nofile", ok=True, detail="ok"),
+            CheckResult(name=check or f"disk:/{n}", ok=False, detail="0 free", fix="free it")])
+
+    return Incident(IncidentKind.PRECHECK_FAILED, failing=tuple(map(report, failing)),
                     checked=checked, placement=PLACED, spares=("c",))
 
 
@@ -304,6 +312,19 @@ def test_a_precheck_failure_drains_only_when_it_is_the_nodes_own() -> None:
     assert own.missing == 1  # c is a spare: only a's slot needs a replacement
     everywhere = decide(precheck("a", "b", "c", checked=3), History(), POL)
     assert all(not i.drain for i in everywhere.isolate) and everywhere.missing == 2
+
+
+def test_the_same_check_failing_on_every_node_fails_the_job_at_once_naming_the_setting() -> None:
+    # walk-through 36 #6: it queued the whole --queue-timeout, then named neither
+    d = decide(precheck("a", "b", "c", check=CHECK_ACCELERATORS), History(), POL)
+    assert (d.action, d.exit_code, d.isolate, d.missing) == (Action.GIVE_UP, ExitCode.USAGE,
+                                                              (), 0)
+    assert "accelerators: 0 free" in d.reason and "--expect-accelerators" in d.reason
+    assert "(a, b, c)" in d.reason
+    # one node passed, or only an unanswered pre-check is common: the nodes' own fault
+    assert decide(precheck("a", "b", check="shm"), History(), POL).action == Action.REPLACE
+    assert decide(precheck("a", "b", "c", check=CHECK_AGENT), History(),
+                  POL).action == Action.REPLACE
 
 
 def test_a_crash_incident_without_a_diagnosis_is_a_programming_error() -> None:

@@ -243,8 +243,10 @@ class Controller:
         if incident is None:
             return
         decision = self.nodes.carry_out_replace(attempt, self._decide(incident))
-        if decision.action == Action.GIVE_UP:
-            raise NodesUnavailable(decision.reason)
+        if decision.action == Action.GIVE_UP:  # USAGE: a check failed on every node, the
+            # job's own setting (exit 2 when nothing ran); else the nodes are the cluster's
+            raise (LaunchError if decision.exit_code == ExitCode.USAGE
+                   else NodesUnavailable)(decision.reason)
 
     def _after_loss(self, attempt: int, lost: dict[str, str]) -> _Next:
         """Placed nodes were lost: each one's ranks are placed again (pod-level, else job)."""

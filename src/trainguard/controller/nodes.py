@@ -28,7 +28,7 @@ from trainguard.policy.decision import (
     Rung,
 )
 from trainguard.policy.nodes import lost_isolation
-from trainguard.policy.precheck import PrecheckConfig, PrecheckReport
+from trainguard.policy.precheck import CHECK_AGENT, PrecheckConfig, PrecheckReport
 from trainguard.protocol import NodeReport, Op
 from trainguard.records import FaultScenario, Level, Reason, RecoverResult, utcnow
 from trainguard.states import JobState, NodeState
@@ -69,7 +69,7 @@ class NodeRecovery:
         # the spares too: a broken one is found before it is needed, and their import
         # checks are cached for the restart that needs them
         reports = self.precheck([*self.fleet.placement, *self.fleet.spares()], attempt)
-        failing = tuple((n, r.summary()) for n, r in reports.items() if not r.ok)
+        failing = tuple(r for r in reports.values() if not r.ok)
         if not failing:
             return None
         placement, spares = self.snapshot()
@@ -133,7 +133,7 @@ class NodeRecovery:
                 report = PrecheckReport.model_validate({
                     "node": name, "host": link.host if link is not None and link.host else "",
                     "at": utcnow(), "checks": [{
-                        "name": "agent", "ok": False, "detail": f"no pre-check answer: "
+                        "name": CHECK_AGENT, "ok": False, "detail": f"no pre-check answer: "
                         f"{why}", "fix": f"read {self.rec.paths.job_dir}/cluster/"
                         f"{name}.agent.log"}]})
             out[name] = report
@@ -176,8 +176,8 @@ class NodeRecovery:
     def isolate(self, iso: Isolation, attempt: int) -> None:
         """Keep the node out of the job; `drain`: also out of the cluster (Slurm: DRAIN)."""
         what = (self.fleet.backend.isolate(iso.node, f"trainguard: {iso.why}"[:200]) if iso.drain
-                else "kept out of the job's placement (not drained: the same check failed "
-                     "on every node)")
+                else "kept out of the job's placement (not drained: every node checked "
+                     "failed the pre-check)")
         self.fleet.mark(iso.node, NodeState.ISOLATED, iso.why)
         self.rec.event(Level.WARNING, Reason.NODE_ISOLATED,
                        f"node {iso.node} isolated: {iso.why}; {what}", node=iso.node,

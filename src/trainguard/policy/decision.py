@@ -12,6 +12,7 @@ from typing import Any
 
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.exitcodes import ExitCode
+from trainguard.policy.precheck import PrecheckReport
 from trainguard.records import Reason, RecoverResult, StartType
 from trainguard.spec import JobSpec, RestartPolicy
 
@@ -139,7 +140,7 @@ class Incident:
     # STEP_FAILED: running ranks that did not report the failure within reports_within_s
     silent_ranks: tuple[int, ...] = ()
     stale_group: bool = False  # STEP_FAILED: reported on a group older than the newest formed
-    failing: tuple[tuple[str, str], ...] = ()  # PRECHECK_FAILED: (node, what failed)
+    failing: tuple[PrecheckReport, ...] = ()  # PRECHECK_FAILED: the failed nodes' reports
     checked: int = 0  # PRECHECK_FAILED: how many nodes were checked
     placement: tuple[str, ...] = ()  # slot -> node, now
     spares: tuple[str, ...] = ()  # ready spare nodes, now

@@ -10,6 +10,8 @@ the Decision out (controller/loop.py, controller/nodes.py).
 | HANG            | 1a/1b: restart upon suspension    | give up (HangRestartLimitReached)|
 | NODE_LOST       | 2: pod-level (a spare takes over) | 3: job-level, else give up       |
 | PRECHECK_FAILED | isolate, spares take the slots    | give up when none come (queuing) |
+|                 |   (one check failing everywhere:  |                                  |
+|                 |   give up at once, exit 2)        |                                  |
 | STEP_FAILED     | 0: re-form the group, re-run step | downgrade: the ranks raise, then |
 |                 |   (--operator-reexecution)        |   their exit is a CRASH (rung 1) |
 | GROUP_FAILED    | 1a: every rank re-enters in place | the ranks raise: their exit is a |

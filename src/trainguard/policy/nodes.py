@@ -8,7 +8,8 @@ answer is isolated job-level rescheduling: the node is isolated and every rank i
 again on healthy + spare nodes. Each rung has its own budget; a rung that cannot act (no
 spare) is tried with `downgrade`, one out of budget with `quotaExceeded`, and the next rung
 answers. A pre-check failure isolates the failing nodes (drained only when the check did not
-fail everywhere: a full shared file system is no node's fault) and gives their slots to spares.
+fail everywhere: a full shared file system is no node's fault) and gives their slots to spares;
+the same check failing on every node fails the job at once (no node can pass it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from trainguard.policy.decision import (
     Rung,
     Tried,
 )
+from trainguard.policy.precheck import PrecheckReport, everywhere_fix, failed_everywhere
 from trainguard.records import RecoverResult, StartType
 
 
@@ -73,12 +75,25 @@ def lost_isolation(node: str, why: str, full_disruption: bool = False) -> Isolat
     return Isolation(node, f"lost ({why})", drain=not full_disruption)
 
 
-def after_precheck(failing: tuple[tuple[str, str], ...], checked: int,
+def after_precheck(failing: tuple[PrecheckReport, ...], checked: int,
                    placement: tuple[str, ...], hist: History) -> Decision:
-    """Isolate the nodes that failed the pre-check; the placed ones are replaced by spares."""
+    """Isolate the nodes that failed the pre-check; the placed ones are replaced by spares.
+    A check that failed on every node is the job's (a setting, or the environment every
+    node shares): no node can take their place, so the job fails at once (walk-through 36
+    #6: it queued for the whole queue timeout)."""
+    common = failed_everywhere(failing, checked)
+    if common:
+        what = "; ".join(f"{c.name}: {' '.join(c.detail.split())}" for c in common)
+        fix = "; ".join(everywhere_fix(c) for c in common)
+        return Decision(Action.GIVE_UP, (
+            f"every node checked ({', '.join(r.node for r in failing)}) failed the same "
+            f"pre-check, {what}: a setting of the job or of every node's environment, not a "
+            f"node's fault, so no spare can pass it either. Fix: {fix}"), hist,
+            result=RecoverResult.FAILED, exit_code=ExitCode.USAGE)
     own = len(failing) < checked  # a check failing everywhere is not one node's fault
-    isolations = tuple(Isolation(n, f"pre-check failed: {what}", drain=own) for n, what in failing)
-    out = [n for n, _ in failing if n in placement]
+    isolations = tuple(Isolation(r.node, f"pre-check failed: {r.summary()}", drain=own)
+                       for r in failing)
+    out = [r.node for r in failing if r.node in placement]
     return Decision(Action.REPLACE, f"{', '.join(out) or 'no placed node'} failed the pre-check",
                     hist, isolate=isolations, node=out[0] if out else None,
                     missing=len(out))

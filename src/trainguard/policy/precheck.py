@@ -15,6 +15,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from trainguard.spec import flag_name
+
 MIB = 1024 * 1024
 
 CHECK_PYTHON = "python"
@@ -22,6 +24,7 @@ CHECK_SHM = "shm"
 CHECK_ACCELERATORS = "accelerators"
 CHECK_PORTS = "ports"
 CHECK_NOFILE = "nofile"
+CHECK_AGENT = "agent"  # the controller's: a node that gave no pre-check answer fails it
 
 
 def disk_check_name(path: str) -> str:
@@ -293,3 +296,27 @@ def check_crashed(name: str, exc: BaseException) -> CheckResult:
     """A check that raised: failed, naming the exception (a pre-check never raises)."""
     return CheckResult(name=name, ok=False, detail=f"check raised {type(exc).__name__}: {exc}",
                        fix="see the detail; this node's environment is not as expected")
+
+
+def failed_everywhere(failing: tuple[PrecheckReport, ...], checked: int) -> list[CheckResult]:
+    """The checks that failed on every node checked (the first failing node's verdicts):
+    a job setting or every node's environment, which no other node can pass either. Empty
+    when some node passed, or only an unanswered pre-check is common (the nodes said nothing
+    of themselves)."""
+    if not failing or len(failing) < checked:
+        return []
+    common = set.intersection(*({c.name for c in r.failed} for r in failing)) - {CHECK_AGENT}
+    return [c for c in failing[0].failed if c.name in common]
+
+
+def everywhere_fix(check: CheckResult) -> str:
+    """What to change when `check` fails on every node: the job setting it judges by, or
+    the one environment every node shares."""
+    if check.name == CHECK_ACCELERATORS:
+        return (f"lower {flag_name('expect_accelerators')} to the devices the nodes have (0: "
+                "not checked), or run the job on nodes that have them")
+    if check.name.startswith(disk_check_name("")):
+        return (f"{check.fix or 'see the detail'} (the job dir and checkpoint dir: --job-dir, "
+                f"--checkpoint-dir; the space asked for: {flag_name('min_free_disk_mb')})")
+    return (f"{check.fix or 'see the detail'}, on every node (or skip the pre-check: "
+            f"{flag_name('precheck')})")
