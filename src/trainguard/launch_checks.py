@@ -38,8 +38,9 @@ def prepare(spec: JobSpec, create: bool) -> tuple[JobSpec, JobPaths]:
     job's logs (check_log_dir; `run` then writes whose it is), that no other running job
     writes the checkpoint dir (check_checkpoint_dir; `run` then claims it), the rendezvous
     address (a single-node job's, or a local multi-node job's), Slurm's commands for
-    `--backend slurm` and the metrics endpoint; then the job, log and checkpoint dirs can be
-    made (and are, unless `create` is False). Errors name the flag and the fix."""
+    `--backend slurm` (and a partition as large as the job) and the metrics endpoint; then
+    the job, log and checkpoint dirs can be made (and are, unless `create` is False).
+    Errors name the flag and the fix."""
     paths = JobPaths.for_spec(spec, Path.cwd())
     store_until = store_deadline()  # an object store's reads and write, in all
     check_checkpoint_url(paths, store_until)
@@ -202,12 +203,42 @@ def _lock_or_refuse(f: IO[str], job_dir: Path) -> None:
 
 def check_backend(spec: JobSpec) -> None:
     """`--backend slurm` needs Slurm's client commands here (the backend refused it only at
-    launch, after the job dir was made and recorded failed, and `--dry-run` passed it)."""
+    launch, after the job dir was made and recorded failed, and `--dry-run` passed it), and
+    outside an allocation, a partition with the nodes the job asks for."""
     from trainguard.backends import slurm_cli
 
-    if spec.backend == "slurm" and not slurm_cli.available():
+    if spec.backend != "slurm":
+        return
+    if not slurm_cli.available():
         raise SpecError("--backend slurm", "srun/scontrol are not on PATH", "run on a Slurm "
                         "login or compute node, or use --backend local")
+    if slurm_cli.parse_allocation(os.environ) is not None:
+        return  # its own nodes: the backend compares their count
+    try:
+        default, sizes = slurm_cli.partitions(timeout_s=PARTITIONS_TIMEOUT_S)
+    except slurm_cli.SlurmError:
+        return  # salloc then says what is wrong with the cluster, with its fix
+    error = partition_too_small(spec, slurm_cli.salloc_partition(os.environ, default, sizes))
+    if error is not None:
+        raise error
+
+
+PARTITIONS_TIMEOUT_S = 10.0
+
+
+def partition_too_small(spec: JobSpec, partition: tuple[str, int] | None) -> SpecError | None:
+    """The error for a job that asks the partition `salloc` uses for more nodes than it has
+    (no wait or resume gives them; salloc queued the whole --queue-timeout and said to wait
+    longer: walk-through 36 #7); None when it fits or the partition is unknown."""
+    asked = spec.nnodes + spec.spare_nodes
+    if partition is None or asked <= partition[1]:
+        return None
+    name, size = partition
+    return SpecError("--nnodes / --spare-nodes", f"the job asks Slurm for {asked} nodes "
+                     f"(--nnodes {spec.nnodes} + --spare-nodes {spec.spare_nodes}) and the "
+                     f"partition {name} has {size}: no wait gives more",
+                     f"ask for at most {size} nodes in all (lower --spare-nodes or --nnodes), "
+                     "or name a larger partition (SALLOC_PARTITION=NAME)")
 
 
 def check_master_addr(addr: str) -> None:

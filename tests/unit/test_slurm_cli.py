@@ -11,7 +11,9 @@ import pytest
 
 from trainguard.backends import slurm_cli
 from trainguard.backends.slurm_cli import Allocation, SlurmError
-from trainguard.errors import TrainguardError
+from trainguard.errors import SpecError, TrainguardError
+from trainguard.launch_checks import check_backend
+from trainguard.spec import JobSpec
 
 BATCH_ENV = {
     "SLURM_JOB_ID": "41", "SLURM_JOBID": "41", "SLURM_JOB_NODELIST": "n[1-2]",
@@ -142,3 +144,47 @@ def test_resume_of_a_node_in_service_is_a_no_op(tmp_path: Path) -> None:
                    'echo "slurm_update error: Invalid node name specified" >&2; exit 1')
     with pytest.raises(SlurmError, match="Invalid node name specified"):
         slurm_cli.resume("nx", env)
+
+
+def test_parse_partitions_finds_the_default_and_sums_a_split_partition() -> None:
+    text = "debug* 3\ngpu 8\ngpu 2\nCLUSTER: c1\n\n"
+    assert slurm_cli.parse_partitions(text) == ("debug", {"debug": 3, "gpu": 10})
+    assert slurm_cli.parse_partitions("") == (None, {})
+
+
+@pytest.mark.parametrize(("env", "found"), [
+    ({}, ("debug", 3)),
+    ({"SALLOC_PARTITION": "gpu"}, ("gpu", 10)),
+    ({"SALLOC_PARTITION": "debug, gpu"}, ("gpu", 10)),  # the first that can run it
+    ({"SALLOC_PARTITION": "nope"}, None),  # salloc says what is wrong with it
+])
+def test_salloc_partition_is_the_named_one_or_the_default(
+        env: dict[str, str], found: tuple[str, int] | None) -> None:
+    assert slurm_cli.salloc_partition(env, "debug", {"debug": 3, "gpu": 10}) == found
+    assert slurm_cli.salloc_partition({}, None, {"gpu": 10}) is None
+
+
+def test_a_job_larger_than_its_partition_is_refused_before_anything_is_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # walk-through 36 #7: salloc queued --queue-timeout for 4 nodes of a 3-node partition,
+    # then said to free nodes or wait longer
+    for cmd in ("srun", "scontrol"):
+        fake_bin(tmp_path, cmd, "exit 0")
+    monkeypatch.setenv("PATH", fake_bin(tmp_path, "sinfo", 'echo "debug* 3"')["PATH"])
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    monkeypatch.delenv("SALLOC_PARTITION", raising=False)
+    spec = JobSpec(entrypoint="train.py", backend="slurm", nnodes=2, spare_nodes=2)
+    with pytest.raises(SpecError) as e:
+        check_backend(spec)
+    assert str(e.value) == (
+        "--nnodes / --spare-nodes: the job asks Slurm for 4 nodes (--nnodes 2 + --spare-nodes "
+        "2) and the partition debug has 3: no wait gives more. Fix: ask for at most 3 nodes in "
+        "all (lower --spare-nodes or --nnodes), or name a larger partition "
+        "(SALLOC_PARTITION=NAME)")
+    check_backend(spec.model_copy(update={"spare_nodes": 1}))  # 3 of 3: salloc may wait
+    monkeypatch.setenv("SLURM_JOB_ID", "41")  # inside an allocation: its own nodes count
+    check_backend(spec)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    fake_bin(tmp_path, "sinfo", "exit 1")  # no answer: salloc says what is wrong
+    check_backend(spec)

@@ -107,6 +107,32 @@ def parse_sinfo(text: str) -> dict[str, str]:
     return states
 
 
+def parse_partitions(text: str) -> tuple[str | None, dict[str, int]]:
+    """(the default partition, partition -> its node count) from `sinfo -h -o "%P %D"`
+    (one line per partition: sinfo groups by the fields shown; the default's name ends in
+    "*"; a partition on several lines is summed)."""
+    default: str | None = None
+    sizes: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            continue
+        name = parts[0].rstrip("*")
+        if parts[0].endswith("*"):
+            default = name
+        sizes[name] = sizes.get(name, 0) + int(parts[1])
+    return default, sizes
+
+
+def salloc_partition(env: Mapping[str, str], default: str | None,
+                     sizes: Mapping[str, int]) -> tuple[str, int] | None:
+    """The partition a plain `salloc` asks (SALLOC_PARTITION, else the default) and its node
+    count; of a list (`a,b`: the first that can run it), the largest. None when unknown."""
+    asked = [p.strip() for p in env.get("SALLOC_PARTITION", "").split(",") if p.strip()]
+    known = [(p, sizes[p]) for p in (asked or ([default] if default else [])) if p in sizes]
+    return max(known, key=lambda ps: ps[1]) if known else None
+
+
 def parse_granted(text: str) -> str | None:
     """The job id in salloc's "Granted job allocation N" (the last one), else None."""
     found = _GRANTED.findall(text)
@@ -191,6 +217,13 @@ def node_states(env: Mapping[str, str] | None = None, *,
     """Every node's state, lower case: idle, mixed, allocated, drained, draining, down*..."""
     r = _run(["sinfo", "-h", "-N", "-o", "%N %T"], env, timeout_s, _FIX_UP)
     return parse_sinfo(r.stdout)
+
+
+def partitions(env: Mapping[str, str] | None = None, *,
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[str | None, dict[str, int]]:
+    """The default partition and every partition's node count (parse_partitions)."""
+    r = _run(["sinfo", "-h", "-o", "%P %D"], env, timeout_s, _FIX_UP)
+    return parse_partitions(r.stdout)
 
 
 def drain(node: str, reason: str, env: Mapping[str, str] | None = None, *,
