@@ -13,6 +13,7 @@ import pytest
 
 from tests.multinode.slurm_cluster import SlurmCluster
 from trainguard.backends import slurm_cli
+from trainguard.backends.slurm import SlurmBackend
 from trainguard.backends.slurm_cli import SlurmError
 
 NODES = ["n1", "n2", "n3"]
@@ -149,6 +150,24 @@ def test_drain_then_resume(cluster: SlurmCluster) -> None:
     assert slurm_cli.node_states(env)["n3"] in ("idle", "idle*")
     assert cluster.wait_state("n3", {"idle"}, timeout_s=10) == "idle"
     slurm_cli.resume("n3", env)  # already in service: nothing to do, no error
+
+
+def test_isolating_keeps_an_admins_down_and_reason_and_drains_a_node_in_service(
+        cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # walk-through 36 #3: a node an admin set DOWN was drained with trainguard's reason
+    for k, v in {**cluster.env(), "SLURM_JOB_ID": "999", "SLURM_JOB_NODELIST": "n[2-3]"}.items():
+        monkeypatch.setenv(k, v)  # the backend inside an allocation (no salloc of its own)
+    backend = SlurmBackend(2, "tg-test", tmp_path)
+    try:
+        cluster.scontrol("update", "NodeName=n3", "State=DOWN", "Reason=admin-test")
+        assert backend.isolate("n3", "trainguard: lost") == (
+            "not drained: Slurm has it down (reason: admin-test); left as it is")
+        assert slurm_cli.state_reason("n3") == ("down", "admin-test")
+        assert backend.isolate("n2", "trainguard: lost") == (
+            "drained in Slurm (scontrol update NodeName=n2 State=DRAIN)")
+        assert slurm_cli.state_reason("n2") == ("drained", "trainguard: lost")
+    finally:
+        backend.close()
 
 
 def test_errors_name_the_command_stderr_and_fix(cluster: SlurmCluster) -> None:

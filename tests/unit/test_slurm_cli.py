@@ -188,3 +188,28 @@ def test_a_job_larger_than_its_partition_is_refused_before_anything_is_made(
     monkeypatch.delenv("SLURM_JOB_ID")
     fake_bin(tmp_path, "sinfo", "exit 1")  # no answer: salloc says what is wrong
     check_backend(spec)
+
+
+def test_parse_state_reason_reads_the_first_partitions_line() -> None:
+    assert slurm_cli.parse_state_reason("DOWN|admin: bad fan | see ticket\ndown|x\n") == (
+        "down", "admin: bad fan | see ticket")
+    assert slurm_cli.parse_state_reason("idle|none\n") == ("idle", "")
+    assert slurm_cli.parse_state_reason("") is None
+
+
+@pytest.mark.parametrize(("state", "reason", "held"), [
+    ("down", "w36test", "not drained: Slurm has it down (reason: w36test); left as it is"),
+    ("down*", "Not responding", "not drained: Slurm has it down* (reason: Not responding); "
+                                "left as it is"),
+    ("drained", "", "not drained: Slurm has it drained (reason: none given); left as it is"),
+    ("draining", "maintenance", "not drained: Slurm has it draining (reason: maintenance); "
+                                "left as it is"),
+    ("fail", "psu", "not drained: Slurm has it fail (reason: psu); left as it is"),
+    ("allocated", "", None),
+    ("mixed*", "", None),  # not responding for a moment: trainguard drains it
+    ("idle", "", None),
+])
+def test_a_node_slurm_has_down_or_drained_is_left_with_its_reason(
+        state: str, reason: str, held: str | None) -> None:
+    # walk-through 36 #3: an admin's DOWN and its reason were replaced by trainguard's DRAIN
+    assert slurm_cli.held_down(state, reason) == held

@@ -5,8 +5,9 @@ uses its nodes; elsewhere it makes one with `salloc --no-shell --no-kill` (a los
 shrinks the allocation instead of ending it) and cancels it at the end. A node is lost when
 its agent's srun ends, when its agent is disconnected or silent (the fleet's watch, faster
 than Slurm's SlurmdTimeout), or when Slurm itself reports it down or failing. Isolation
-drains the node (`scontrol update NodeName=.. State=DRAIN Reason=..`) where this user may,
-and always keeps it out of the job's placement.
+drains the node (`scontrol update NodeName=.. State=DRAIN Reason=..`) where this user may
+and Slurm has it in service (a node down or drained keeps its state and reason), and always
+keeps it out of the job's placement.
 """
 
 from __future__ import annotations
@@ -145,6 +146,17 @@ class SlurmBackend:
                 self._states = states
 
     def isolate(self, node: str, reason: str) -> str:
+        """Drain the node, unless Slurm already has it down or drained: an admin's (or
+        Slurm's own) state and reason are kept, and said (walk-through 36 #3: an admin's
+        DOWN and its reason were replaced by trainguard's DRAIN)."""
+        try:
+            found = slurm_cli.state_reason(node, timeout_s=STATES_TIMEOUT_S)
+        except SlurmError as e:  # the drain below says whether Slurm answers at all
+            log.warning("cannot read Slurm's state of %s before draining it: %s", node, e)
+            found = None
+        held = slurm_cli.held_down(*found) if found is not None else None
+        if held is not None:
+            return held
         try:
             slurm_cli.drain(node, reason)
         except SlurmError as e:

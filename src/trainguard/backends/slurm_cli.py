@@ -107,6 +107,30 @@ def parse_sinfo(text: str) -> dict[str, str]:
     return states
 
 
+def parse_state_reason(text: str) -> tuple[str, str] | None:
+    """(state, reason) of one node from `sinfo -h -N -n NODE -o "%T|%E"` (a node in several
+    partitions is listed once for each: the first line); Slurm's "none" is no reason ("")."""
+    for line in text.splitlines():
+        state, sep, reason = line.partition("|")
+        if sep and state.strip():
+            reason = reason.strip()
+            return state.strip().lower(), "" if reason == "none" else reason
+    return None
+
+
+_TAKEN_DOWN = ("down", "drain", "fail")  # down*, drained, draining, fail, failing...
+
+
+def held_down(state: str, reason: str) -> str | None:
+    """What isolating a node Slurm already has down or drained (by an admin, or itself for
+    a node not responding) comes to: it is left as it is, its reason kept; None when the
+    node is in service (it is to be drained)."""
+    if not any(t in state for t in _TAKEN_DOWN):
+        return None
+    return (f"not drained: Slurm has it {state} (reason: {reason or 'none given'}); left as "
+            "it is")
+
+
 def parse_partitions(text: str) -> tuple[str | None, dict[str, int]]:
     """(the default partition, partition -> its node count) from `sinfo -h -o "%P %D"`
     (one line per partition: sinfo groups by the fields shown; the default's name ends in
@@ -224,6 +248,14 @@ def partitions(env: Mapping[str, str] | None = None, *,
     """The default partition and every partition's node count (parse_partitions)."""
     r = _run(["sinfo", "-h", "-o", "%P %D"], env, timeout_s, _FIX_UP)
     return parse_partitions(r.stdout)
+
+
+def state_reason(node: str, env: Mapping[str, str] | None = None, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[str, str] | None:
+    """One node's state and the reason an admin or Slurm gave for it (parse_state_reason);
+    None for a node sinfo does not list."""
+    r = _run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"], env, timeout_s, _FIX_UP)
+    return parse_state_reason(r.stdout)
 
 
 def drain(node: str, reason: str, env: Mapping[str, str] | None = None, *,
