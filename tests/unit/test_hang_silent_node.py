@@ -35,3 +35,32 @@ def test_a_rank_whose_node_agent_is_silent_is_not_said_to_be_suspended(tmp_path:
                     "node is lost after 10s of silence"), said
     silent["node-1"] = 0.5  # heard: the rank itself stopped making progress
     assert watch.suspected(v, report).startswith(SUSPENDED)  # type: ignore[arg-type]
+
+
+def test_a_hang_is_not_confirmed_while_every_stuck_rank_s_node_agent_is_silent(
+        tmp_path: Path) -> None:
+    """Walk-through 36 #12: every agent's link cut (a controller-side outage, a full
+    disruption whose rule waits 120 s): the hang was confirmed after 80 s, the multi-node
+    preset restarted, and the restart failed the job, while the ranks trained on. The
+    nodes' loss decides (the node timeout, the disruption's wait), never a hang."""
+    from trainguard.hang.detector import HangState, HangVerdict
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r", "nnodes": 2})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    rec = Recorder(spec, paths, JobStore.create(paths.job_dir, "r"), ["train.py"])
+    silent = {"node-0": 80.0, "node-1": 80.0}
+
+    class NoStacks:
+        def dump_stacks(self, cmd: object) -> list[object]:
+            return []
+
+    watch = HangWatch(rec, NoStacks(), lambda: silent)  # type: ignore[arg-type]
+    report = NodeReport(node="cluster", attempt=0, at=utcnow(), progress=Progress(), workers=[
+        WorkerFact(rank=r, node=f"node-{r}", local_rank=0, pid=100 + r,
+                   state=WorkerState.RUNNING) for r in (0, 1)])
+    confirmed = HangVerdict(HangState.CONFIRMED, (0, 1), utcnow(), 80.0, 8.0, None, "test")
+    watch.detector.observe = lambda *a, **k: confirmed  # type: ignore[method-assign]
+    assert watch.observe(report) is None and watch.confirmed is None
+    silent.update({"node-0": 0.3, "node-1": 0.3})  # heard again, and still no progress
+    assert watch.observe(report) is not None

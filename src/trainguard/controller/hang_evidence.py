@@ -1,21 +1,24 @@
 """What a hang's evidence says: the attempt ending rather than hung (a rank exited, saving on
 its way out, shutting its interpreter down), a stopped rank as the culprit, and the data a
-`HangSuspected`/`HangConfirmed` event and `hang.json` carry. Pure but for `write_json`.
+`HangSuspected`/`HangConfirmed` event and `hang.json` carry, and a confirmed hang's record
+(HangConfirmation, hang_fault). Pure but for `write_json`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from trainguard.controller.faults import Fault, task_of
 from trainguard.hang.classify import STOPPED, finalizing
 from trainguard.hang.detector import HangVerdict
 from trainguard.hang.stacks import Frame, HangCulprit, RankStack, ThreadStack, main_thread
-from trainguard.protocol import NodeReport, StackDump
-from trainguard.records import rank_list
+from trainguard.protocol import NodeReport, Progress, StackDump
+from trainguard.records import FaultScenario, rank_list
 from trainguard.states import WorkerState
 from trainguard.worker.contract import EXIT_SAVE_PHASE, EXITING_PHASE
 
@@ -105,3 +108,20 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
         path.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
     except OSError as e:
         log.warning("cannot write %s: %s", path, e)
+
+
+@dataclass(frozen=True)
+class HangConfirmation:
+    verdict: HangVerdict
+    culprit: HangCulprit
+    confirmed_at: datetime
+    stacks_dir: Path
+
+
+def hang_fault(hang: HangConfirmation, stopped: datetime, progress: Progress) -> Fault:
+    """What the incident's records say of a confirmed hang (`stopped`: when its ranks were
+    stopped; the confirmation itself for a hang left running)."""
+    reason = hang.culprit.reason
+    return Fault(FaultScenario.JOB_HANGED, reason, f"hang: {reason}",
+                 task_of(hang.culprit.rank), hang.verdict.last_progress_at or hang.confirmed_at,
+                 hang.confirmed_at, stopped, progress, "nccl_timeout_or_hang")

@@ -27,15 +27,16 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 from trainguard.controller import hang_words
-from trainguard.controller.faults import Fault, task_of
 from trainguard.controller.hang_evidence import (
+    HangConfirmation,
     culprit_data,
     ending_in,
+    hang_fault,
     job_ending,
     rank_stack,
     ranks_leaving,
@@ -57,8 +58,8 @@ from trainguard.hang.stacks import (
     name_culprit,
 )
 from trainguard.paths import HANG_FILE, stacks_dir
-from trainguard.protocol import AgentAPI, DumpStacks, NodeReport, Progress
-from trainguard.records import FaultScenario, Level, Reason, rank_list, utcnow
+from trainguard.protocol import AgentAPI, DumpStacks, NodeReport
+from trainguard.records import Level, Reason, rank_list, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +86,6 @@ LOADER_FED_S = 5.0
 # (at least BUSY_SPAN_S of them), on a node without an accelerator (there its load varies)
 BUSY_CPU = 0.5
 BUSY_SPAN_S = 1.0
-
-
-@dataclass(frozen=True)
-class HangConfirmation:
-    verdict: HangVerdict
-    culprit: HangCulprit
-    confirmed_at: datetime
-    stacks_dir: Path
 
 
 def policy_of(rec: Recorder) -> HangPolicy:
@@ -243,8 +236,8 @@ class HangWatch:
                 self._new_suspicion()
             self._keep_looking(v, report, now)
             self._tell_held(v)
-        elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and \
-                self._deferred(v, report, now):
+        elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and (
+                self._unheard(v, report)[1] or self._deferred(v, report, now)):
             self._state = HangState.SUSPECTED
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED:
             self.confirmed = self._confirm(v, report, now)
@@ -260,16 +253,24 @@ class HangWatch:
         """The suspicion, said as what is known: when every stuck rank's node agent has been
         silent, its progress is what nobody heard (a frozen agent's rank trained on, and was
         said to be suspended; walk-through 26); the node's loss decides that case."""
-        silent = self._silent() if self._silent is not None else {}
-        node_of = {w.rank: w.node for w in report.workers}
-        quiet = sorted({n for r in v.stuck_ranks if (n := node_of.get(r)) is not None})
-        if not quiet or any(silent.get(n, 0.0) < SILENT_AGENT_S for n in quiet):
+        silent, quiet = self._unheard(v, report)
+        if not quiet:
             return f"{SUSPENDED}: {v.describe()}"
         return (f"no progress heard from rank(s) {rank_list(v.stuck_ranks)} for "
                 f"{v.idle_s:.1f}s: the agent of {', '.join(quiet)} has been silent for "
                 f"{max(silent[n] for n in quiet):.1f}s, so nobody could report it (the ranks may "
                 f"be training); a node is lost after {self.rec.spec.node_timeout_s:g}s of "
                 "silence")
+
+    def _unheard(self, v: HangVerdict, report: NodeReport) -> tuple[dict[str, float], list[str]]:
+        """Each node's silence, and the stuck ranks' nodes when every one's agent is silent:
+        their progress is what nobody heard, and their loss (the node timeout, a full
+        disruption's wait) decides, never a hang (walk-through 36 #12: confirmed 80 s into a
+        controller-side outage, and the restart failed the job)."""
+        silent = self._silent() if self._silent is not None else {}
+        node_of = {w.rank: w.node for w in report.workers}
+        quiet = sorted({n for r in v.stuck_ranks if (n := node_of.get(r)) is not None})
+        return silent, quiet if all(silent.get(n, 0.0) >= SILENT_AGENT_S for n in quiet) else []
 
     def _deferred(self, v: HangVerdict, report: NodeReport, now: datetime) -> bool:
         """Whether a hang about to be confirmed waits: a stuck rank outside a marked phase
@@ -385,12 +386,3 @@ def _lookable(v: HangVerdict, report: NodeReport) -> list[int]:
     timeout decides)."""
     in_phase = {rl.rank for rl in report.liveness if rl.phase is not None}
     return [r for r in v.stuck_ranks if r not in in_phase]
-
-
-def hang_fault(hang: HangConfirmation, stopped: datetime, progress: Progress) -> Fault:
-    """What the incident's records say of a confirmed hang (`stopped`: when its ranks were
-    stopped; the confirmation itself for a hang left running)."""
-    reason = hang.culprit.reason
-    return Fault(FaultScenario.JOB_HANGED, reason, f"hang: {reason}",
-                 task_of(hang.culprit.rank), hang.verdict.last_progress_at or hang.confirmed_at,
-                 hang.confirmed_at, stopped, progress, "nccl_timeout_or_hang")

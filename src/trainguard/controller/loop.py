@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from trainguard.controller.drain import drain, finish_saves
 from trainguard.controller.faults import Fault, fault_scenario, fault_time, stopped_by, task_of
-from trainguard.controller.hang_watch import HangConfirmation, HangWatch, hang_fault
+from trainguard.controller.hang_evidence import HangConfirmation, hang_fault
+from trainguard.controller.hang_watch import HangWatch
 from trainguard.controller.high_water import HighWater
 from trainguard.controller.inprocess import InProcessRestarts
 from trainguard.controller.recorder import Recorder
