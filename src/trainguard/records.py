@@ -65,6 +65,7 @@ class Reason(str, Enum):
     PRECHECK_COMPLETED = "PrecheckCompleted"
     PRECHECK_FAILED = "PrecheckFailed"
     CONTROLLER_RESTARTED = "ControllerRestarted"
+    CONTROLLER_STALLED = "ControllerStalled"  # it did not run: nothing was heard meanwhile
     STEP_RETRYING = "StepRetrying"  # rung 0: the ranks re-form their group, re-run the step
     STEP_REEXECUTED = "StepReexecuted"  # the re-executed step succeeded on every rank
     STEP_RETRY_DOWNGRADED = "StepRetryDowngraded"  # no re-execution: the next rung takes over

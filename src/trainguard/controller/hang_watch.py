@@ -47,6 +47,7 @@ from trainguard.controller.hang_evidence import (
 )
 from trainguard.controller.progress_signal import ProgressSignal
 from trainguard.controller.recorder import Recorder
+from trainguard.controller.stall import SILENT_AGENT_S, ControllerStall
 from trainguard.hang.classify import DATALOADER, describe
 from trainguard.hang.detector import HangDetector, HangPolicy, HangState, HangVerdict
 from trainguard.hang.stacks import (
@@ -64,7 +65,6 @@ from trainguard.records import Level, Reason, rank_list, utcnow
 log = logging.getLogger(__name__)
 
 SUSPENDED = "The system detects that your training job may be suspended"
-SILENT_AGENT_S = 3.0  # an agent reports every 0.25-2 s: silent longer, its ranks are unheard
 LOOK_TIMEOUT_S = 5.0  # a quick look at the stacks (Python frames only)
 LOOK_EVERY_S = 0.5  # between the end of a look and the next, while a hang is suspected
 LOOK_WORKING_S = 2.0  # ... once the ranks were found working (detector motion_fresh_s: 10 s)
@@ -98,6 +98,7 @@ class HangWatch:
                  silent: Callable[[], dict[str, float]] | None = None) -> None:
         """`silent`: each node's seconds since its agent was last heard (multi-node)."""
         self.rec, self.agent, self._silent = rec, agent, silent
+        self.stall = ControllerStall(rec, silent)  # the controller's own silence
         self.enabled = rec.spec.hang_detection
         self.detector = HangDetector(policy_of(rec))
         self.signal = ProgressSignal(rec)
@@ -204,7 +205,7 @@ class HangWatch:
     def observe(self, report: NodeReport) -> HangConfirmation | None:
         """The confirmation, the first time a hang is confirmed in this attempt."""
         self.signal.observe(report, self._attempt)  # is there anything to watch by?
-        if not self.enabled:
+        if not self.enabled or self.stall.holds(self._attempt):  # (walk-through 36 #8)
             return None
         now = report.at  # the node's clock, as the liveness times it reports
         leaving = ranks_leaving(report)

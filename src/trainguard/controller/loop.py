@@ -101,6 +101,7 @@ class Controller:
                                  f"the launcher failed: {type(e).__name__}: {e}")
                 raise
             finally:
+                self._hangs.stall.close()
                 self.agent.close()
 
     def _run(self) -> int:
