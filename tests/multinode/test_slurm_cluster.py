@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -211,6 +213,40 @@ def test_losing_a_node_kills_its_step_and_marks_it_down(cluster: SlurmCluster) -
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def test_a_node_failure_ends_an_agents_srun_while_the_agent_runs_on(
+        cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # walk-through 36 #11: slurmd died, its steps lived; the NodeLost said "its agent process
+    # ended" of an agent that ran on (the fleet now tells such an agent to end)
+    env = cluster.env()
+    job_id = slurm_cli.allocate(2, exclude=["n3"], name="tg-failure", env=env, timeout_s=20,
+                                no_kill=True)
+    for k, v in {**env, "SLURM_JOB_ID": job_id,
+                 "SLURM_JOB_NODELIST": slurm_cli.job_nodelist(job_id, env)}.items():
+        monkeypatch.setenv(k, v)
+    backend = SlurmBackend(2, "tg-test", tmp_path)
+    pid_file = tmp_path / "agent.pid"
+    agent = backend.start_agent("n2", ["bash", "-c", f"echo $$ > {pid_file}; exec sleep 120"])
+    try:
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid = int(pid_file.read_text())
+        cluster.kill_node("n2", steps=False)
+        while not agent.ended() and time.monotonic() < deadline + 25:
+            time.sleep(0.2)
+        assert agent.ended() and psutil.pid_exists(pid)  # srun ended here; the agent runs
+        assert agent.why_ended() == "its agent's Slurm step ended (srun: Node failure on n2)"
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        backend.close()
+        slurm_cli.cancel(job_id, env)
+        cluster.restart_node("n2")
+        if cluster.node_state("n2").startswith("down"):
+            cluster.resume("n2")
 
 
 def test_env_points_clients_at_this_cluster(cluster: SlurmCluster) -> None:

@@ -17,6 +17,7 @@ from trainguard.controller.links import LinkState
 from trainguard.policy.nodes import lost_isolation
 from trainguard.protocol import (
     NodeReport,
+    Op,
     Progress,
     RankLiveness,
     StartWorkers,
@@ -80,7 +81,10 @@ class FakeHub:
              lost_after_s: float, silent_after_s: float | None = None) -> dict[str, Reply]:
         self.calls.append(calls)
         out = {}
-        for name, (_op, body) in calls.items():
+        for name, (op, body) in calls.items():
+            if op != Op.START:
+                out[name] = Reply(True, {})
+                continue
             cmd = StartWorkers.model_validate(body)
             out[name] = Reply(True, report(name, cmd.attempt, [w.rank for w in cmd.workers])
                               .model_dump(mode="json"))
@@ -92,6 +96,7 @@ class FakeHandle:
     node: str
     dead: bool = False
     killed: bool = False
+    why: str = "its agent process ended"
 
     @property
     def pid(self) -> int | None:
@@ -99,6 +104,9 @@ class FakeHandle:
 
     def ended(self) -> bool:
         return self.dead
+
+    def why_ended(self) -> str:
+        return self.why
 
     def kill(self) -> None:
         self.killed = True
@@ -257,6 +265,30 @@ def test_a_node_whose_agent_ended_is_not_sent_a_start_and_is_lost_at_once() -> N
     assert sorted(hub.calls[-1]) == ["a"]  # only the live node is asked
     assert [w.rank for w in merged.workers if w.state == WorkerState.RUNNING] == [0, 1]
     assert f.lost_now() == {"b": "its agent process ended"}
+
+
+def test_a_node_whose_slurm_step_ended_while_its_agent_runs_is_lost_and_told_to_end() -> None:
+    """Walk-through 36 #11: slurmd died, Slurm declared the node failed and its srun ended
+    here while the agent ran on, connected: the NodeLost said "its agent process ended",
+    and no one ended that agent (nor, at the job's end, its workers)."""
+    f, hub, _ = fleet()
+    handle = f.nodes["b"].handle
+    assert isinstance(handle, FakeHandle)
+    handle.dead, handle.why = True, "its agent's Slurm step ended (srun: Node failure on b)"
+    assert f.lost_now() == {"b": "its agent's Slurm step ended (srun: Node failure on b)"}
+    f.mark("b", NodeState.LOST, f.lost_now()["b"])
+    assert hub.calls[-1] == {"b": (Op.EXIT, {"grace_s": 5.0})}  # its link was up
+    hub.calls.clear()
+    hub.connected_nodes.discard("c")
+    f.mark("c", NodeState.LOST, "gone")  # a lost node whose link is down: killed, not told
+    handle_c = f.nodes["c"].handle
+    assert hub.calls == [] and isinstance(handle_c, FakeHandle) and handle_c.killed
+    hub.connected_nodes.add("b")  # it reconnected (an old agent): the job's end ends it
+    for node in f.nodes.values():
+        assert isinstance(node.handle, FakeHandle)
+        node.handle.dead = True  # (end_agents waits for live handles to end)
+    f.end_agents(grace_s=0)
+    assert hub.calls[-1] == {n: (Op.EXIT, {"grace_s": 0}) for n in ("a", "b")}
 
 
 def test_a_spares_reports_are_taken_and_dropped_so_they_never_pile_up() -> None:

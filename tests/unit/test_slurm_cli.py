@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from trainguard.backends import slurm_cli
+from trainguard.backends.slurm import SrunAgent
 from trainguard.backends.slurm_cli import Allocation, SlurmError
 from trainguard.errors import SpecError, TrainguardError
 from trainguard.launch_checks import check_backend
@@ -213,3 +215,34 @@ def test_a_node_slurm_has_down_or_drained_is_left_with_its_reason(
         state: str, reason: str, held: str | None) -> None:
     # walk-through 36 #3: an admin's DOWN and its reason were replaced by trainguard's DRAIN
     assert slurm_cli.held_down(state, reason) == held
+
+
+@pytest.mark.parametrize(("said", "why"), [
+    ("[trainguard-agent] INFO connected\nsrun: error: Node failure on n2\n",
+     "its agent's Slurm step ended (srun: Node failure on n2)"),
+    ("slurmstepd-n1: error: *** STEP 4.0 ON n1 CANCELLED AT 2026-12-06T16:30:42 ***\n"
+     "srun: Job step aborted: Waiting up to 4 seconds for job step to finish.\n"
+     "srun: error: n1: task 0: Killed\n",
+     "its agent's Slurm step ended (*** STEP 4.0 ON n1 CANCELLED AT 2026-12-06T16:30:42 ***)"),
+    ("Traceback ...\nsrun: error: n3: task 0: Exited with exit code 1\n",
+     "its agent's Slurm step ended (srun: n3: task 0: Exited with exit code 1)"),
+    ("", "its agent's Slurm step ended"),
+])
+def test_an_agents_step_end_is_said_in_sruns_words(said: str, why: str) -> None:
+    # walk-through 36 #11: a node failure ends srun here while the agent runs on there
+    assert slurm_cli.srun_ended_why(said) == why
+
+
+def test_an_srun_agent_reads_only_what_its_own_srun_wrote(tmp_path: Path) -> None:
+    log = tmp_path / "n2.agent.log"
+    log.write_text("srun: error: Node failure on n2\n")  # an earlier launch's agent
+    with open(log, "ab") as err:
+        since = err.tell()
+        proc = subprocess.Popen(["sh", "-c", "echo 'srun: error: n2: task 0: Exited with "
+                                 "exit code 3' >&2"], stderr=err)
+    agent = SrunAgent("n2", proc, log, since)
+    proc.wait(10)
+    assert agent.ended()
+    assert agent.why_ended() == "its agent's Slurm step ended (srun: n2: task 0: Exited " \
+                                "with exit code 3)"
+    assert SrunAgent("n2", None).why_ended() == "its agent's Slurm step ended"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+AGENT_ENDED = "its agent process ended"  # why a node is lost when its agent's process ended
+
 
 class AgentHandle(Protocol):
     node: str
@@ -15,6 +17,10 @@ class AgentHandle(Protocol):
 
     def ended(self) -> bool:
         """True once the agent's process (or the step running it) has ended."""
+
+    def why_ended(self) -> str:
+        """Once ended(): what ended, for the node's NodeLost event (AGENT_ENDED, or a Slurm
+        step's end with srun's words: the agent itself may run on)."""
 
     def kill(self) -> None: ...
 

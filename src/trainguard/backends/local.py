@@ -23,6 +23,8 @@ from typing import Protocol, TypeVar
 
 import psutil
 
+from trainguard.backends.base import AGENT_ENDED
+
 AGENT_MODULE = "trainguard.node.main"
 
 
@@ -132,6 +134,9 @@ class LocalAgent:
         if self._proc is not None:
             return self._proc.poll() is not None
         return self._pid is None or not is_agent_of(self._pid, self.node)
+
+    def why_ended(self) -> str:
+        return AGENT_ENDED
 
     def kill(self) -> None:
         if self._proc is None:  # adopted: its PID may be anyone's now

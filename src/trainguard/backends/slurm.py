@@ -30,11 +30,18 @@ STATES_TIMEOUT_S = 10.0  # one sinfo call at most this long
 _BAD = ("down", "fail", "not_responding")  # a bare "*" (e.g. mixed*) is a passing blip
 
 
-class SrunAgent:
-    """An agent started here as `srun ... python -m trainguard.node.main` (pid = srun's)."""
+SRUN_SAID_BYTES = 16384  # how much of srun's last output why_ended reads
 
-    def __init__(self, node: str, proc: subprocess.Popen[bytes] | None) -> None:
+
+class SrunAgent:
+    """An agent started here as `srun ... python -m trainguard.node.main` (pid = srun's);
+    `log`: the file srun writes to, from byte `since` on for this start."""
+
+    def __init__(self, node: str, proc: subprocess.Popen[bytes] | None,
+                 log: Path | None = None, since: int = 0) -> None:
         self.node, self._proc = node, proc
+        self._log, self._since = log, since
+        self._why: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -43,6 +50,23 @@ class SrunAgent:
     def ended(self) -> bool:
         # an adopted agent (a restarted controller) has no srun here: the hub watches it
         return self._proc is not None and self._proc.poll() is not None
+
+    def why_ended(self) -> str:
+        """The step's end in srun's words: on a node failure srun ends here while the agent
+        may run on (walk-through 36 #11: "its agent process ended" for one that ran)."""
+        if self._why is None and self.ended():  # srun's last words are written
+            self._why = slurm_cli.srun_ended_why(self._said())
+        return self._why or slurm_cli.srun_ended_why("")
+
+    def _said(self) -> str:
+        if self._log is None:
+            return ""
+        try:
+            with open(self._log, "rb") as f:
+                f.seek(max(self._since, f.seek(0, os.SEEK_END) - SRUN_SAID_BYTES))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
 
     def kill(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
@@ -119,10 +143,12 @@ class SlurmBackend:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         cmd = slurm_cli.srun_argv(self.job_id, node, [*argv, "--node", node],
                                   step_name=f"trainguard-agent-{node}")
-        with open(self._log_dir / f"{node}.agent.log", "ab") as err:
+        log_file = self._log_dir / f"{node}.agent.log"
+        with open(log_file, "ab") as err:
+            since = err.tell()  # the file holds earlier launches' agents too
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=err,
                                     start_new_session=True, close_fds=True)
-        return SrunAgent(node, proc)
+        return SrunAgent(node, proc, log_file, since)
 
     def adopt_agent(self, node: str, pid: int | None) -> SrunAgent:
         return SrunAgent(node, None)

@@ -131,6 +131,20 @@ def held_down(state: str, reason: str) -> str | None:
             "it is")
 
 
+def srun_ended_why(stderr: str) -> str:
+    """Why a node's agent step ended, from what its srun wrote (the agent's stderr comes
+    through it too): Slurm's node failure (the node went down: the agent may run on there,
+    its srun ended here), a cancelled step, else srun's last error (the task's exit)."""
+    lines = [ln.strip() for ln in stderr.splitlines()]
+    said = ([ln for ln in lines if ln.startswith("srun: error: Node failure")]
+            or [ln.split(": error: ", 1)[-1] for ln in lines
+                if ln.startswith("slurmstepd") and "***" in ln]
+            or [ln for ln in lines if ln.startswith("srun: error: ")])
+    if not said:
+        return "its agent's Slurm step ended"
+    return f"its agent's Slurm step ended ({said[-1].replace('srun: error: ', 'srun: ')})"
+
+
 def parse_partitions(text: str) -> tuple[str | None, dict[str, int]]:
     """(the default partition, partition -> its node count) from `sinfo -h -o "%P %D"`
     (one line per partition: sinfo groups by the fields shown; the default's name ends in

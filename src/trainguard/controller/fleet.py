@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.backends.base import AgentHandle, Backend
+from trainguard.backends.base import AGENT_ENDED, AgentHandle, Backend
 from trainguard.controller.disruption import Disruption
 from trainguard.controller.hub import Hub, Reply
 from trainguard.controller.links import LinkState
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0
 MIN_POLL_S = 0.05  # poll(wait_s) merges the nodes' reports at most this often, and at
 MERGE_S_PER_NODE = 0.00025  # most every 0.5 s at 2,000 nodes (a merge is O(ranks))
-AGENT_ENDED = "its agent process ended"  # why a node is lost when its agent ended
 DISRUPTION_WAIT_S = 120.0  # every link down at once: how long before any counts as lost
 
 
@@ -116,14 +115,23 @@ class Fleet:
         node = self.nodes[name]
         node.state, node.reason = state, reason
         self._broken.pop(name, None)
-        if state == NodeState.ISOLATED and self.hub.connected(name):  # its agent ends
-            self._call({name: (Op.EXIT, {"grace_s": 5.0})}, 30)
         if state.out:
+            self._end_agent(node)
             self.merger.forget(name)
             self.hub.forget(name)
-            if state == NodeState.LOST and node.handle is not None:
-                node.handle.kill()  # what is left of it must not rejoin the old world
         self.publish()
+
+    def _end_agent(self, node: Node) -> None:
+        """What is left of a node out of the job must not rejoin the old world: a lost one's
+        agent is killed, and an agent whose link is still up is told to end (an isolated
+        one's; a lost one's whose srun ended on Slurm's node failure: walk-through 36 #11)."""
+        lost = node.state == NodeState.LOST
+        if lost and node.handle is not None:
+            node.handle.kill()  # nothing to kill once its process (or srun) ended
+        if self.hub.connected(node.name):  # not _call: a handle's end is not its agent's
+            self.hub.call({node.name: (Op.EXIT, {"grace_s": 5.0})}, 30,
+                          0.0 if lost else self.grace_s,  # a killed agent's hangup: at once
+                          self.node_timeout_s)
 
     def _call(self, calls: dict[str, tuple[Op, dict[str, Any]]],
               timeout: float) -> dict[str, Reply]:
@@ -132,7 +140,7 @@ class Fleet:
         one is given before it counts as lost. A node whose agent process has ended
         answers at once, with why (not "unreachable" after the grace: a node lost during
         a restart's backoff was found 3 s late; walk-through 26, F13)."""
-        out = {n: Reply(False, {}, AGENT_ENDED) for n in calls if self.agent_ended(n)}
+        out = {n: Reply(False, {}, self.why_ended(n)) for n in calls if self.agent_ended(n)}
         rest = {n: c for n, c in calls.items() if n not in out}
         if rest:
             out.update(self.hub.call(rest, timeout, self.grace_s, self.node_timeout_s))
@@ -142,6 +150,11 @@ class Fleet:
         """Whether `name`'s agent process (or the Slurm step running it) has ended."""
         node = self.nodes.get(name)
         return node is not None and node.handle is not None and node.handle.ended()
+
+    def why_ended(self, name: str) -> str:
+        """Why `name` is lost once its agent_ended, in its backend's words."""
+        h = self.nodes[name].handle
+        return h.why_ended() if h is not None else AGENT_ENDED
 
     def publish(self) -> None:
         self._publish(self)
@@ -166,7 +179,7 @@ class Fleet:
             if name in self._broken:
                 out[name] = self._broken[name]
             elif self.agent_ended(name):
-                out[name] = AGENT_ENDED
+                out[name] = self.why_ended(name)
             elif link.disconnected_s > self.grace_s and not waiting:
                 out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s"
                              + (" (every node's link went down at once)"
@@ -201,7 +214,7 @@ class Fleet:
                 continue
             link = links.get(name)
             if self.agent_ended(name):
-                out[name] = AGENT_ENDED
+                out[name] = self.why_ended(name)
             elif (link is not None and self.disruption.since is None
                   and self.disruption.counted(name, link).disconnected_s > self.grace_s):
                 out[name] = f"its agent has been disconnected for over {self.grace_s:g}s"
@@ -253,7 +266,7 @@ class Fleet:
         if failed and len(failed) == len(replies):  # the same on every node: not a node's
             raise LaunchError("; ".join(f"{n}: {e}" for n, e in failed.items()))
         for name, error in failed.items():  # one node's own trouble: it is lost (an ended
-            if error != AGENT_ENDED:  # agent is, by lost_now itself, with that reason)
+            if not self.agent_ended(name):  # agent is, by lost_now itself, with its reason)
                 self._broken[name] = f"it could not start its workers ({error})"
         self._take(replies)
         self._prepare_spares(cmd)
@@ -341,9 +354,11 @@ class Fleet:
         self.merger.new_attempt(attempt)
 
     def end_agents(self, grace_s: float = 15.0) -> None:
-        """Tell every connected agent to stop its workers and end; kill what does not."""
+        """Tell every connected agent to stop its workers and end (one whose handle ended
+        too: a Slurm step's end leaves its agent running); kill what does not."""
         live = [n for n in self.nodes if self.hub.connected(n)]
-        self._call({n: (Op.EXIT, {"grace_s": grace_s}) for n in live}, grace_s + 30)
+        self.hub.call({n: (Op.EXIT, {"grace_s": grace_s}) for n in live}, grace_s + 30,
+                      self.grace_s, self.node_timeout_s)
         deadline = time.monotonic() + 10
         for node in self.nodes.values():
             h = node.handle

@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from trainguard.controller.faults import Fault
-from trainguard.controller.fleet import AGENT_ENDED, Fleet
+from trainguard.controller.fleet import Fleet
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.stopping import stop
 from trainguard.exitcodes import ExitCode
@@ -129,7 +129,7 @@ class NodeRecovery:
                 report = PrecheckReport.model_validate(r.body)
             else:  # no answer (silent, gone, or the check itself broke): not a usable node
                 link = self.fleet.hub.links.get(name)  # (an ended agent: not "unreachable")
-                why = AGENT_ENDED if self.fleet.agent_ended(name) else r.error
+                why = self.fleet.why_ended(name) if self.fleet.agent_ended(name) else r.error
                 report = PrecheckReport.model_validate({
                     "node": name, "host": link.host if link is not None and link.host else "",
                     "at": utcnow(), "checks": [{
