@@ -27,6 +27,7 @@ from trainguard.cli.job_rows import job_row, when
 from trainguard.cli.prune import add_prune_command
 from trainguard.cli.read import add_job_dir
 from trainguard.cli.status import stop_under_way
+from trainguard.cli.unwatched import record_unwatched
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import shown_state
 from trainguard.errors import StoreError
@@ -80,10 +81,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
     state = shown_state(meta)
     if state in JOB_ENDED:
         ended = _end_agents(Path(args.job_dir)) if state == JobState.LOST.value else []
+        found = record_unwatched(Path(args.job_dir)) if state == JobState.LOST.value else None
         if ended:  # a multi-node job's agents outlive a killed launcher, training on
             print(f"job {meta.get('run_id')}: its launcher is gone but its node agents still "
-                  f"ran its workers: ended {', '.join(ended)} (their workers end with them)")
+                  f"ran its workers: ended {', '.join(ended)} (their workers end with them)"
+                  + (f"; {found}" if found else ""))
             return ExitCode.SUCCESS
+        if found:
+            print(f"job {meta.get('run_id')}: {found}")
         why = "its launcher is gone" if state == JobState.LOST.value else "nothing to stop"
         complain("stop", f"the job has already ended ({state}): {why}", "note")
         return ExitCode.SUCCESS
