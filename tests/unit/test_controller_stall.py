@@ -34,9 +34,19 @@ def test_a_stalled_controller_says_so_and_suspects_no_hang_until_the_nodes_are_h
     store = JobStore.create(paths.job_dir, "r")
     rec = Recorder(spec, paths, store, ["train.py"])
     silent = {"node-0": 0.2, "node-1": 0.2}
-    now = [100.0]
+    now, read = [100.0], [0]
+
+    def clock() -> float:
+        read[0] += 1
+        return now[0]
+
+    def wait_for_reads(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while read[0] < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     watch = HangWatch(rec, None, lambda: silent)  # type: ignore[arg-type]
-    watch.stall = ControllerStall(rec, lambda: silent, clock=lambda: now[0])
+    watch.stall = ControllerStall(rec, lambda: silent, clock=clock)
     suspected = HangVerdict(HangState.SUSPECTED, (0, 1), utcnow(), 16.3, 8.0, None, "test")
     watch.detector.observe = lambda *a, **k: suspected  # type: ignore[method-assign]
     report = NodeReport(node="cluster", attempt=0, at=utcnow(), progress=Progress(), workers=[
@@ -44,10 +54,11 @@ def test_a_stalled_controller_says_so_and_suspects_no_hang_until_the_nodes_are_h
                    state=WorkerState.RUNNING) for r in (0, 1)])
     try:
         assert not watch.stall.holds(0)  # the ticker starts
-        time.sleep(TICK_S / 2)
+        wait_for_reads(1)  # its first beat
         now[0] += 16.3  # the launcher SIGSTOPped: its ticker's next beat is 16 s late
         silent.update({"node-0": 16.3, "node-1": 16.3})
-        time.sleep(TICK_S * 2)
+        wait_for_reads(2)
+        time.sleep(TICK_S / 5)  # (the late beat noted)
         assert watch.observe(report) is None
         reasons = [e.reason for _, e in store.events()]
         assert "ControllerStalled" in reasons and "HangSuspected" not in reasons
