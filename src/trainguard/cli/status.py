@@ -275,8 +275,8 @@ def _budgets(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _restart_hint(doc: dict[str, Any]) -> str:
     """For a failed job whose restarts were off or spent: the flag that changes that (the
     JobFailed event names it; the advice under `status` did not)."""
-    if doc["state"] != JobState.FAILED.value:
-        return ""
+    if doc["state"] != JobState.FAILED.value or doc["attempt"] is None:
+        return ""  # (None: no attempt started, as after a pre-check that failed everywhere)
     spent = [name for name in ("pod_reschedules", "job_reschedules")
              if isinstance(doc["budgets"][name]["max"], int)
              and doc["budgets"][name]["used"] >= doc["budgets"][name]["max"]]
