@@ -475,5 +475,5 @@ def test_report_shows_an_unknown_steps_lost_as_a_dash(
     # walk-through 36 #2: the summary said "steps lost in incidents 0"
     assert run("recovery", str(job_dir)) == 0
     out = capsys.readouterr().out
-    assert "steps lost in incidents 0 (unknown in 1: no step reported), " in out, out
+    assert "steps lost in incidents 0 (unknown in 1), " in out, out
 

@@ -427,6 +427,7 @@ def test_script_arguments_that_start_like_a_flag_reach_the_script_untouched() ->
     ("10.9.9.9", "'10.9.9.9' (10.9.9.9) is not an address of this machine: the controller "
                  "cannot listen there"),
     ("nosuchhost.invalid", "'nosuchhost.invalid' does not resolve"),
+    ("::1", "'::1' has no IPv4 address: the controller listens on IPv4 only"),  # (review 40 #3)
 ])
 def test_a_controller_host_this_machine_cannot_listen_on_is_refused_before_anything_is_made(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,

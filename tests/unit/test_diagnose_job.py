@@ -135,3 +135,23 @@ def test_a_console_copy_is_read_without_trainguards_own_conclusions(
     assert main(["diagnose", str(console), "--json"]) in (0, 1)
     evidence = json.loads(capsys.readouterr().out)["diagnosis"]["evidence"]
     assert evidence["line"] == 4 and "WorkerFailed" in evidence["text"], evidence
+
+
+def test_a_console_copy_of_a_hang_is_read_from_its_hang_confirmed_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 40 #2, #10: skipping every event line said "no failure found" for a hung job
+    (its HangConfirmed line is the console's only record of it); trainguard's own logging
+    (`[trainguard] WARNING trainguard.controller.fleet: ...`) is no fact of the ranks."""
+    console = tmp_path / "job.out"
+    console.write_text(
+        "[rank 0] step 40\n[rank 1] step 40\n"
+        "[trainguard] WARNING trainguard.controller.fleet: every node's link is down at once "
+        "(a full disruption): this controller's side is suspect\n"
+        "[trainguard] 16:25:19 Warning HangConfirmed: hang confirmed: no progress for 80.0s "
+        "on rank(s) 0, 1 (threshold 8.0s: max(3 x p99 0.287s, floor 8s)). Culprit: rank 1: "
+        "rank 1 is in the data loader while the others wait in a collective (stacks: "
+        "logs/attempt-0/stacks, taken 1.2s after the hang was confirmed at 16:25:19)\n"
+        "[trainguard] 16:25:19 Info RestartScheduled: restart upon suspension 1/3\n")
+    assert main(["diagnose", str(console), "--json"]) in (0, 1)
+    evidence = json.loads(capsys.readouterr().out)["diagnosis"]["evidence"]
+    assert evidence["line"] == 4 and "HangConfirmed" in evidence["text"], evidence

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -529,3 +530,33 @@ def test_links_still_reconnecting_when_a_full_disruption_ends_get_their_grace_fr
     assert not lost_isolation("b", lost["b"], f.disruption.suspect("b")).drain
     assert f.disruption.suspect("b") and not f.disruption.suspect("a")
 
+
+
+def test_a_node_lost_by_its_agent_s_end_right_after_a_disruption_is_drained(
+        tmp_path: Path) -> None:
+    """Review 40 #4: within the grace after a full disruption ended, a node whose agent
+    ended (or Slurm failed) was not drained and its NodeLost blamed the disruption."""
+    from trainguard.controller.nodes import NodeRecovery
+    from trainguard.controller.recorder import Recorder
+    from trainguard.controller.store import JobStore
+    from trainguard.paths import JobPaths
+    from trainguard.spec_build import build_spec
+
+    f, hub, backend = fleet()
+    drained: list[str] = []
+    backend.isolate = lambda node, reason: drained.append(node) or "drained"  # type: ignore[method-assign]
+    hub.connected_nodes.clear()
+    hub.disconnected.update({"a": 25.0, "b": 25.0, "c": 25.0})
+    f.lost_now()  # a full disruption
+    hub.connected_nodes.update({"a", "c"})
+    hub.disconnected.update({"a": 0.0, "c": 0.0})
+    assert f.lost_now() == {} and f.disruption.suspect("b")  # b: still reconnecting
+    f.nodes["b"].handle.dead = True  # type: ignore[union-attr]  # then its agent ends
+    lost = f.lost_now()
+    assert lost == {"b": "its agent process ended"}, lost
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r", "nnodes": 2})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    rec = Recorder(spec, paths, JobStore.create(paths.job_dir, "r"), ["train.py"])
+    NodeRecovery(rec, f).lost(0, lost)
+    assert drained == ["b"]

@@ -311,7 +311,8 @@ def summarize(records: list[RunningRecord], g: Goodput) -> dict[str, Any]:
                         if r.start_type in (StartType.FIRST_START, StartType.RELAUNCH)),
         "incidents": len(incidents),
         "steps_lost": sum(rr.steps_lost or 0 for rr in incidents),  # where known:
-        "steps_lost_unknown": sum(rr.steps_lost is None for rr in incidents),  # no step seen
+        "steps_lost_unknown": sum(rr.steps_lost is None for rr in incidents),  # no step to
+        # count from (none reported, or no recovery: a job that failed for good)
         # every step a later attempt did again: incidents' and relaunches' (report's count)
         "steps_done_again": g.steps_wasted,
         "wall_s": round(g.wall_s, 3),
@@ -349,7 +350,7 @@ def _summary_line(s: dict[str, Any]) -> str:
         f"summary: {plural(s['attempts'], 'attempt')}, "
         f"{recoveries_text(s['restarts_by_rung'])}, "
         f"{plural(s['incidents'], 'incident')}, steps lost in incidents {s['steps_lost']}"
-        + (f" (unknown in {s['steps_lost_unknown']}: no step reported)"
+        + (f" (unknown in {s['steps_lost_unknown']})"
            if s["steps_lost_unknown"] else "") + ", "
         f"steps done again {s['steps_done_again']}, goodput {goodput} "
         f"(productive {s['productive_s']:.3f}s of {s['wall_s']:.3f}s)\n"

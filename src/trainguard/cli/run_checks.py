@@ -97,11 +97,17 @@ def check_controller_host(spec: JobSpec) -> None:
     fix = ("give an address of this machine (`hostname -I` lists them) or its name, or leave "
            "it out: the controller then listens on every interface (on loopback for the "
            "local backend's virtual nodes)")
-    try:
-        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    try:  # the controller listens on IPv4 (controller/hub.py)
+        infos = socket.getaddrinfo(host, 0, socket.AF_INET, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
-        raise SpecError("--controller-host / 'controller_host'",
-                        f"{host!r} does not resolve ({e})", fix) from None
+        try:
+            socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError):
+            raise SpecError("--controller-host / 'controller_host'",
+                            f"{host!r} does not resolve ({e})", fix) from None
+        raise SpecError("--controller-host / 'controller_host'",  # (review 40 #3)
+                        f"{host!r} has no IPv4 address: the controller listens on IPv4 only",
+                        fix) from None
     family, _, _, _, addr = infos[0]
     try:
         with socket.socket(family, socket.SOCK_STREAM) as s:

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0
 MIN_POLL_S = 0.05  # poll(wait_s) merges the nodes' reports at most this often, and at
 MERGE_S_PER_NODE = 0.00025  # most every 0.5 s at 2,000 nodes (a merge is O(ranks))
+# how a node lost by its link (its agent unheard) is said: only such a loss may be a full
+# disruption's (not drained); an agent's end or Slurm's verdict is the node's own
+LINK_LOST = "its agent has been "
 DISRUPTION_WAIT_S = 120.0  # every link down at once: how long before any counts as lost
 
 
@@ -181,12 +184,12 @@ class Fleet:
             elif self.agent_ended(name):
                 out[name] = self.why_ended(name)
             elif link.disconnected_s > self.grace_s and not waiting:
-                out[name] = (f"its agent has been disconnected for over {self.grace_s:g}s"
+                out[name] = (f"{LINK_LOST}disconnected for over {self.grace_s:g}s"
                              + (" (every node's link went down at once)"
                                 if self.disruption.suspect(name) else ""))
             elif link.silent_s > self.node_timeout_s and heard_lately and not (
                     waiting and not link.connected):  # a cut link's silence is the cut
-                out[name] = f"its agent has been silent for over {self.node_timeout_s:g}s"
+                out[name] = f"{LINK_LOST}silent for over {self.node_timeout_s:g}s"
             elif name in bad:
                 out[name] = f"Slurm reports it {bad[name]}"
         return out
@@ -217,7 +220,7 @@ class Fleet:
                 out[name] = self.why_ended(name)
             elif (link is not None and self.disruption.since is None
                   and self.disruption.counted(name, link).disconnected_s > self.grace_s):
-                out[name] = f"its agent has been disconnected for over {self.grace_s:g}s"
+                out[name] = f"{LINK_LOST}disconnected for over {self.grace_s:g}s"
         return out
 
     def settle(self) -> dict[str, str]:
