@@ -62,5 +62,7 @@ def test_a_hang_is_not_confirmed_while_every_stuck_rank_s_node_agent_is_silent(
     confirmed = HangVerdict(HangState.CONFIRMED, (0, 1), utcnow(), 80.0, 8.0, None, "test")
     watch.detector.observe = lambda *a, **k: confirmed  # type: ignore[method-assign]
     assert watch.observe(report) is None and watch.confirmed is None
+    silent["node-0"] = 0.2  # one heard again, its report's progress not merged yet: still
+    assert watch.observe(report) is None  # one node unheard, no confirmation (review 40 #6)
     silent.update({"node-0": 0.3, "node-1": 0.3})  # heard again, and still no progress
     assert watch.observe(report) is not None

@@ -238,7 +238,7 @@ class HangWatch:
             self._keep_looking(v, report, now)
             self._tell_held(v)
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED and (
-                self._unheard(v, report)[1] or self._deferred(v, report, now)):
+                self._unheard(v, report)[2] or self._deferred(v, report, now)):
             self._state = HangState.SUSPECTED
         elif v.state == HangState.CONFIRMED and before != HangState.CONFIRMED:
             self.confirmed = self._confirm(v, report, now)
@@ -254,7 +254,7 @@ class HangWatch:
         """The suspicion, said as what is known: when every stuck rank's node agent has been
         silent, its progress is what nobody heard (a frozen agent's rank trained on, and was
         said to be suspended; walk-through 26); the node's loss decides that case."""
-        silent, quiet = self._unheard(v, report)
+        silent, quiet, _ = self._unheard(v, report)
         if not quiet:
             return f"{SUSPENDED}: {v.describe()}"
         return (f"no progress heard from rank(s) {rank_list(v.stuck_ranks)} for "
@@ -263,15 +263,18 @@ class HangWatch:
                 f"be training); a node is lost after {self.rec.spec.node_timeout_s:g}s of "
                 "silence")
 
-    def _unheard(self, v: HangVerdict, report: NodeReport) -> tuple[dict[str, float], list[str]]:
-        """Each node's silence, and the stuck ranks' nodes when every one's agent is silent:
-        their progress is what nobody heard, and their loss (the node timeout, a full
-        disruption's wait) decides, never a hang (walk-through 36 #12: confirmed 80 s into a
-        controller-side outage, and the restart failed the job)."""
+    def _unheard(self, v: HangVerdict, report: NodeReport
+                 ) -> tuple[dict[str, float], list[str], bool]:
+        """Each node's silence; the stuck ranks' nodes when every one's agent is silent (their
+        progress is what nobody heard); whether any is: no hang is confirmed then, their loss
+        (the node timeout, a full disruption's wait) decides (walk-through 36 #12: confirmed
+        80 s into a controller-side outage; review 40 #6: one node heard again before its
+        report's progress was merged)."""
         silent = self._silent() if self._silent is not None else {}
         node_of = {w.rank: w.node for w in report.workers}
         quiet = sorted({n for r in v.stuck_ranks if (n := node_of.get(r)) is not None})
-        return silent, quiet if all(silent.get(n, 0.0) >= SILENT_AGENT_S for n in quiet) else []
+        unheard = [n for n in quiet if silent.get(n, 0.0) >= SILENT_AGENT_S]
+        return silent, quiet if len(unheard) == len(quiet) else [], bool(unheard)
 
     def _deferred(self, v: HangVerdict, report: NodeReport, now: datetime) -> bool:
         """Whether a hang about to be confirmed waits: a stuck rank outside a marked phase
