@@ -201,8 +201,8 @@ def test_parse_state_reason_reads_the_first_partitions_line() -> None:
 
 @pytest.mark.parametrize(("state", "reason", "held"), [
     ("down", "w36test", "not drained: Slurm has it down (reason: w36test); left as it is"),
-    ("down*", "Not responding", "not drained: Slurm has it down* (reason: Not responding); "
-                                "left as it is"),
+    ("down*", "Not responding", None),  # Slurm's own: it returns to service by itself (#9)
+    ("down", "Node unexpectedly rebooted", None),
     ("drained", "", "not drained: Slurm has it drained (reason: none given); left as it is"),
     ("draining", "maintenance", "not drained: Slurm has it draining (reason: maintenance); "
                                 "left as it is"),

@@ -119,13 +119,18 @@ def parse_state_reason(text: str) -> tuple[str, str] | None:
 
 
 _TAKEN_DOWN = ("down", "drain", "fail")  # down*, drained, draining, fail, failing...
+# reasons Slurm gives a node it set DOWN itself; with ReturnToService (1, its default) such a
+# node comes back to service on its own (its slurmd registers again): trainguard drains it
+_SLURMS_OWN = ("not responding", "node unexpectedly rebooted", "kill task failed",
+               "batch job complete failure", "epilog error", "prolog error")
 
 
 def held_down(state: str, reason: str) -> str | None:
-    """What isolating a node Slurm already has down or drained (by an admin, or itself for
-    a node not responding) comes to: it is left as it is, its reason kept; None when the
-    node is in service (it is to be drained)."""
-    if not any(t in state for t in _TAKEN_DOWN):
+    """What isolating a node an admin already has down or drained comes to: it is left as
+    it is, its reason kept (walk-through 36 #3); None when the node is in service or down by
+    Slurm's own doing (it is to be drained: review 40 #9)."""
+    if not any(t in state for t in _TAKEN_DOWN) or \
+            reason.lower().startswith(_SLURMS_OWN):
         return None
     return (f"not drained: Slurm has it {state} (reason: {reason or 'none given'}); left as "
             "it is")
