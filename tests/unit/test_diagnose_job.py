@@ -117,6 +117,12 @@ def test_a_job_that_ended_without_progress_is_not_told_to_restart_without_a_word
            "without progress, so restarting did not help" in err, err
 
 
+def console_evidence(console: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """`trainguard diagnose CONSOLE --json`'s evidence (a console copy of a job's output)."""
+    assert main(["diagnose", str(console), "--json"]) in (0, 1)
+    return json.loads(capsys.readouterr().out)["diagnosis"]["evidence"]  # type: ignore[no-any-return]
+
+
 def test_a_console_copy_is_read_without_trainguards_own_conclusions(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Review 39 #7: `diagnose job.out` took a FailureDiagnosed line's words ("not by the
@@ -132,8 +138,7 @@ def test_a_console_copy_is_read_without_trainguards_own_conclusions(
         "kernel's OOM killer (it recorded no OOM kill). Restart\n"
         "[trainguard] 15:49:35 Info RestartScheduled: restart 1/3 after "
         "killed_by_signal_unknown; restarting in 1.0s\n")
-    assert main(["diagnose", str(console), "--json"]) in (0, 1)
-    evidence = json.loads(capsys.readouterr().out)["diagnosis"]["evidence"]
+    evidence = console_evidence(console, capsys)
     assert evidence["line"] == 4 and "WorkerFailed" in evidence["text"], evidence
 
 
@@ -152,6 +157,5 @@ def test_a_console_copy_of_a_hang_is_read_from_its_hang_confirmed_line(
         "rank 1 is in the data loader while the others wait in a collective (stacks: "
         "logs/attempt-0/stacks, taken 1.2s after the hang was confirmed at 16:25:19)\n"
         "[trainguard] 16:25:19 Info RestartScheduled: restart upon suspension 1/3\n")
-    assert main(["diagnose", str(console), "--json"]) in (0, 1)
-    evidence = json.loads(capsys.readouterr().out)["diagnosis"]["evidence"]
+    evidence = console_evidence(console, capsys)
     assert evidence["line"] == 4 and "HangConfirmed" in evidence["text"], evidence

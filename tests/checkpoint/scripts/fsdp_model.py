@@ -16,3 +16,15 @@ def sharded_model(mesh: DeviceMesh) -> tuple[nn.Module, torch.optim.Optimizer]:
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int, rank: int) -> float:
+    """One seeded step (the batch depends on the step and the rank only): its loss."""
+    g = torch.Generator().manual_seed(step * 100 + rank)
+    x = torch.randn(8, 16, generator=g)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss.item())
+

@@ -9,7 +9,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from fsdp_model import sharded_model
+from fsdp_model import sharded_model, train_step
 from torch.distributed.device_mesh import init_device_mesh
 
 import trainguard.checkpoint.checkpointer as ckmod
@@ -38,12 +38,7 @@ ckpt = Checkpointer(every_steps=2, if_busy="skip", save_on_exit=args.save_on_exi
 start = ckpt.load_latest(state) or 0
 saved = []
 for step in range(start + 1, args.steps + 1):
-    g = torch.Generator().manual_seed(step * 100 + dist.get_rank())
-    x = torch.randn(8, 16, generator=g)
-    loss = model(x).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+    train_step(model, opt, step, dist.get_rank())
     inject(step)
     if ckpt.maybe_save(step, state):
         saved.append(step)

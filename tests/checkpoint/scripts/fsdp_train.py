@@ -7,7 +7,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from fsdp_model import sharded_model
+from fsdp_model import sharded_model, train_step
 from torch.distributed.device_mesh import init_device_mesh
 
 from trainguard.checkpoint import Checkpointer
@@ -27,13 +27,8 @@ start = ckpt.load_latest(state) or 0
 if start:
     print(f"resumed from step {start}", flush=True)
 for step in range(start + 1, args.steps + 1):
-    g = torch.Generator().manual_seed(step * 100 + dist.get_rank())
-    x = torch.randn(8, 16, generator=g)
-    loss = model(x).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    print(f"step {step} loss {loss.item():.5f}", flush=True)
+    loss = train_step(model, opt, step, dist.get_rank())
+    print(f"step {step} loss {loss:.5f}", flush=True)
     ckpt.maybe_save(step, state)
     inject(step)
 ckpt.close()
