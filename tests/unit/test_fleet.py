@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 import trainguard.controller.fleet as fleet_module
+from trainguard.controller.disruption import Disruption
 from trainguard.controller.fleet import Fleet
-from trainguard.controller.hub import Reply
 from trainguard.controller.links import LinkState
+from trainguard.controller.replies import Reply, allowances
 from trainguard.policy.nodes import lost_isolation
 from trainguard.protocol import (
     NodeReport,
@@ -79,10 +80,15 @@ class FakeHub:
         self.frames.append(frames)
 
     def call(self, calls: dict[str, tuple[str, dict[str, Any]]], timeout: float,
-             lost_after_s: float, silent_after_s: float | None = None) -> dict[str, Reply]:
+             lost_after_s: float | dict[str, float],
+             silent_after_s: float | None = None) -> dict[str, Reply]:
         self.calls.append(calls)
+        allow = allowances(lost_after_s, calls)
         out = {}
         for name, (op, body) in calls.items():
+            if self.disconnected_for(name) > allow[name]:  # as Hub._gone judges it
+                out[name] = Reply(False, {}, f"node {name} is unreachable")
+                continue
             if op != Op.START:
                 out[name] = Reply(True, {})
                 continue
@@ -354,25 +360,61 @@ def test_one_link_down_while_another_is_up_is_that_nodes_loss() -> None:
     assert lost_isolation("a", "x", f.disruption.suspect("a")).drain
 
 
-def test_most_links_of_a_big_fleet_down_is_a_full_disruption_too() -> None:
-    """Thousands of links are not all seen to drop at one instant."""
+@dataclass
+class Clock:
+    t: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def six_nodes_four_cut(down_s: float) -> tuple[Fleet, FakeHub, Clock]:
+    """A fleet of six placed on n2, n3, in a full disruption of n0..n3 cut `down_s` ago."""
     names = tuple(f"n{i}" for i in range(6))
     f, hub, _ = fleet(names)
     f.place(["n2", "n3"])
-    f.disruption.wait_s = 100.0
+    clock = Clock()
+    f.disruption = Disruption(100.0, clock=clock)
     for n in names[:4]:
         hub.connected_nodes.discard(n)
-        hub.disconnected[n] = 5.0
+        hub.disconnected[n] = down_s
     assert f.lost_now() == {} and f.disruption.since is not None
-    hub.connected_nodes.update(names[:2])
+    return f, hub, clock
+
+
+def test_most_links_of_a_big_fleet_down_is_a_full_disruption_too() -> None:
+    """Thousands of links are not all seen to drop at one instant."""
+    f, hub, clock = six_nodes_four_cut(5.0)
+    hub.connected_nodes.update({"n0", "n1"})
     hub.disconnected.update({"n0": 0.0, "n1": 0.0})
     # 2 of 6 down: no longer a disruption, but n2, n3 were cut in it: their reconnect grace
     # counts from its end (walk-through 36 #10)
     assert f.lost_now() == {} and f.disruption.since is None
-    f.disruption.ended_at = time.monotonic() - 3.5  # the grace (3 s) since the end
+    clock.t += 3.5  # the grace (3 s) since the end
     lost = f.lost_now()
     assert set(lost) == {"n2", "n3"} and "every node's link went down at once" in lost["n2"]
     assert not lost_isolation("n2", lost["n2"], f.disruption.suspect("n2")).drain
+
+
+def test_a_command_right_after_a_full_disruption_gives_a_cut_link_its_grace_from_the_end(
+) -> None:
+    """Review 40 #5: a restart's start_workers 1 s after a 25 s outage ended took a node still
+    reconnecting for unreachable (the hub counted its downtime from the cut) and lost it.
+    Past the grace from the end it is unreachable; during the disruption, not before its
+    wait."""
+    f, hub, clock = six_nodes_four_cut(25.0)
+    assert f._call({"n2": (Op.PORT, {})}, 30)["n2"].ok  # within the wait
+    hub.connected_nodes.update({"n0", "n1"})
+    hub.disconnected.update({"n0": 0.0, "n1": 0.0})
+    assert f.lost_now() == {}  # the disruption ends now
+    clock.t += 1.0
+    hub.disconnected.update({"n2": 26.0, "n3": 26.0})
+    f.start_workers(start_cmd())
+    assert f.lost_now() == {}, "a node still reconnecting was taken for lost"
+    clock.t += 3.0
+    hub.disconnected.update({"n2": 29.0, "n3": 29.0})
+    replies = f._call({"n2": (Op.PORT, {})}, 30)
+    assert replies["n2"].error == "node n2 is unreachable"
 
 
 def test_most_of_a_big_fleet_silent_at_once_is_this_controller_behind() -> None:

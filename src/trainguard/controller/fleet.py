@@ -21,10 +21,11 @@ from typing import Any
 
 from trainguard.backends.base import AGENT_ENDED, AgentHandle, Backend
 from trainguard.controller.disruption import Disruption
-from trainguard.controller.hub import Hub, Reply
-from trainguard.controller.links import LinkState
+from trainguard.controller.hub import Hub
+from trainguard.controller.link_loss import LINK_LOST, NEVER, heard_lately, link_lost
 from trainguard.controller.merger import Merger
 from trainguard.controller.peer_copies import PeerCopies
+from trainguard.controller.replies import Reply
 from trainguard.errors import LaunchError
 from trainguard.protocol import (
     ACK_FRAME,
@@ -44,9 +45,6 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0
 MIN_POLL_S = 0.05  # poll(wait_s) merges the nodes' reports at most this often, and at
 MERGE_S_PER_NODE = 0.00025  # most every 0.5 s at 2,000 nodes (a merge is O(ranks))
-# how a node lost by its link (its agent unheard) is said: only such a loss may be a full
-# disruption's (not drained); an agent's end or Slurm's verdict is the node's own
-LINK_LOST = "its agent has been "
 DISRUPTION_WAIT_S = 120.0  # every link down at once: how long before any counts as lost
 
 
@@ -145,8 +143,11 @@ class Fleet:
         a restart's backoff was found 3 s late; walk-through 26, F13)."""
         out = {n: Reply(False, {}, self.why_ended(n)) for n in calls if self.agent_ended(n)}
         rest = {n: c for n, c in calls.items() if n not in out}
-        if rest:
-            out.update(self.hub.call(rest, timeout, self.grace_s, self.node_timeout_s))
+        if rest:  # a link cut in a full disruption: its grace as lost_now counts it
+            links = self.hub.links_now()
+            allow = {n: self.disruption.allowance_s(n, links.get(n, NEVER).disconnected_s,
+                                                    self.grace_s) for n in rest}
+            out.update(self.hub.call(rest, timeout, allow, self.node_timeout_s))
         return out
 
     def agent_ended(self, name: str) -> bool:
@@ -166,32 +167,22 @@ class Fleet:
         """Placed nodes that are gone now, with why."""
         bad = self.backend.bad_nodes()
         links = self.hub.links_now()
-        never = LinkState(False, float("inf"), float("inf"))
-        # silence means a node's loss only while others are heard: every node silent at
-        # once (of four or more: most) is this controller stalled (SIGSTOP, a paused VM, a
-        # reader behind on thousands of links), not the cluster gone
-        heard = sum(1 for n in self.nodes if links.get(n, never).silent_s <= self.node_timeout_s)
-        heard_lately = heard > 0 and (len(self.nodes) < 4 or 2 * heard > len(self.nodes))
+        others_heard = heard_lately(links, self.nodes, self.node_timeout_s)
         waiting = self.disruption.update(
             [n for n, node in self.nodes.items() if not node.state.out], links)
         out: dict[str, str] = {}
         for name in self.placement:
-            node, link = self.nodes[name], self.disruption.counted(name, links.get(name, never))
-            if node.state.out:
+            if self.nodes[name].state.out:
                 continue
-            if name in self._broken:
-                out[name] = self._broken[name]
-            elif self.agent_ended(name):
-                out[name] = self.why_ended(name)
-            elif link.disconnected_s > self.grace_s and not waiting:
-                out[name] = (f"{LINK_LOST}disconnected for over {self.grace_s:g}s"
-                             + (" (every node's link went down at once)"
-                                if self.disruption.suspect(name) else ""))
-            elif link.silent_s > self.node_timeout_s and heard_lately and not (
-                    waiting and not link.connected):  # a cut link's silence is the cut
-                out[name] = f"{LINK_LOST}silent for over {self.node_timeout_s:g}s"
-            elif name in bad:
-                out[name] = f"Slurm reports it {bad[name]}"
+            link = self.disruption.counted(name, links.get(name, NEVER))
+            why = (self._broken.get(name)
+                   or (self.why_ended(name) if self.agent_ended(name) else None)
+                   or link_lost(link, self.grace_s, self.node_timeout_s, waiting=waiting,
+                                others_heard=others_heard,
+                                suspect=self.disruption.suspect(name))
+                   or (f"Slurm reports it {bad[name]}" if name in bad else None))
+            if why:
+                out[name] = why
         return out
 
     def silent_s(self) -> dict[str, float]:

@@ -21,11 +21,12 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from trainguard.controller.admission import Admission
 from trainguard.controller.links import Heard, LinkReader, LinkState, NodeLink
+from trainguard.controller.replies import Reply, allowances, no_reply, reply_of
 from trainguard.handshake import accept, supersede, welcome
 from trainguard.protocol import NodeReport, Op
 from trainguard.wire import Conn, FrameRejected, WireError, keepalive, raise_fd_limit
@@ -33,13 +34,6 @@ from trainguard.wire import Conn, FrameRejected, WireError, keepalive, raise_fd_
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 5.0  # close(): for all of the hub's threads together to end
-
-
-@dataclass(frozen=True)
-class Reply:
-    ok: bool
-    body: dict[str, Any]
-    error: str = ""
 
 
 class Hub:
@@ -282,10 +276,13 @@ class Hub:
     # -- commands -------------------------------------------------------------------------
 
     def call(self, calls: dict[str, tuple[Op, dict[str, Any]]], timeout: float,
-             lost_after_s: float, silent_after_s: float | None = None) -> dict[str, Reply]:
+             lost_after_s: float | Mapping[str, float],
+             silent_after_s: float | None = None) -> dict[str, Reply]:
         """Send each node its command at once; wait for every answer. A node disconnected
-        for longer than `lost_after_s`, silent (no heartbeat: a frozen agent) for longer
-        than `silent_after_s`, or silent past `timeout`, answers with an error."""
+        for longer than `lost_after_s` (one for all, or each node's), silent (no heartbeat:
+        a frozen agent) for longer than `silent_after_s`, or silent past `timeout`, answers
+        with an error (controller/replies.py)."""
+        allow = allowances(lost_after_s, calls)
         ids: dict[str, str] = {}
         sends: list[tuple[Conn, dict[str, Any]]] = []
         with self._cond:
@@ -310,19 +307,13 @@ class Hub:
                         if name in out:
                             continue
                         got = self._replies.pop(cid, None)
-                        if got is not None:
-                            rbody = got.get("body")
-                            out[name] = Reply(bool(got.get("ok")),
-                                              rbody if isinstance(rbody, dict) else {},
-                                              str(got.get("error") or ""))
-                        elif self._gone(name, lost_after_s):
-                            out[name] = Reply(False, {}, f"node {name} is unreachable")
-                        elif heard and self.silent_for(name) > (silent_after_s or 0):
-                            out[name] = Reply(False, {}, f"node {name} has been silent "
-                                                         f"for over {silent_after_s:g}s")
-                        elif time.monotonic() > deadline:
-                            out[name] = Reply(False, {}, f"node {name} did not answer "
-                                                         f"within {timeout:.0f}s")
+                        answer = reply_of(got) if got is not None else no_reply(
+                            name, gone=self._gone(name, allow[name]),
+                            silent=heard and self.silent_for(name) > (silent_after_s or 0),
+                            silent_after_s=silent_after_s,
+                            late=time.monotonic() > deadline, timeout=timeout)
+                        if answer is not None:
+                            out[name] = answer
                     if len(out) < len(ids):
                         self._cond.wait(0.2)
             finally:

@@ -14,7 +14,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from trainguard.controller.faults import Fault
-from trainguard.controller.fleet import LINK_LOST, Fleet
+from trainguard.controller.fleet import Fleet
+from trainguard.controller.link_loss import LINK_LOST
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.stopping import stop
 from trainguard.exitcodes import ExitCode

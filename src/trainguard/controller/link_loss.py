@@ -1,0 +1,41 @@
+"""When a node counts as lost by its link (its agent unheard), judged over one snapshot of
+the links (Hub.links_now) and the full disruption's state: pure.
+
+A link down past the reconnect grace is lost, and so is one silent past the node timeout,
+but silence counts only while others are heard: every node silent at once (of four or more:
+most) is this controller stalled (SIGSTOP, a paused VM, a reader behind on thousands of
+links), not the cluster gone. During a full disruption a cut link's silence is the cut, and
+no link counts as lost before the disruption's wait (controller/disruption.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from trainguard.controller.links import LinkState
+
+# how a node lost by its link is said: only such a loss may be a full disruption's (not
+# drained); an agent's end or Slurm's verdict is the node's own
+LINK_LOST = "its agent has been "
+NEVER = LinkState(False, float("inf"), float("inf"))  # a node whose agent never connected
+
+
+def heard_lately(links: Mapping[str, LinkState], names: Collection[str],
+                 node_timeout_s: float) -> bool:
+    """Whether enough of `names` were heard within the node timeout for one node's silence
+    to be its own."""
+    heard = sum(1 for n in names if links.get(n, NEVER).silent_s <= node_timeout_s)
+    return heard > 0 and (len(names) < 4 or 2 * heard > len(names))
+
+
+def link_lost(link: LinkState, grace_s: float, node_timeout_s: float, *, waiting: bool,
+              others_heard: bool, suspect: bool) -> str | None:
+    """Why a node with `link` (as the disruption counts it) is lost, or None. `waiting`: a
+    full disruption not waited out yet; `suspect`: its loss may be this controller's side."""
+    if link.disconnected_s > grace_s and not waiting:
+        return (f"{LINK_LOST}disconnected for over {grace_s:g}s"
+                + (" (every node's link went down at once)" if suspect else ""))
+    if link.silent_s > node_timeout_s and others_heard and not (
+            waiting and not link.connected):  # a cut link's silence is the cut
+        return f"{LINK_LOST}silent for over {node_timeout_s:g}s"
+    return None
