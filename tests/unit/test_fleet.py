@@ -15,6 +15,7 @@ import trainguard.controller.fleet as fleet_module
 from trainguard.controller.disruption import Disruption
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.links import LinkState
+from trainguard.controller.nodes import placement_text
 from trainguard.controller.replies import Reply, allowances
 from trainguard.policy.nodes import lost_isolation
 from trainguard.protocol import (
@@ -602,3 +603,10 @@ def test_a_node_lost_by_its_agent_s_end_right_after_a_disruption_is_drained(
     rec = Recorder(spec, paths, JobStore.create(paths.job_dir, "r"), ["train.py"])
     NodeRecovery(rec, f).lost(0, lost)
     assert drained == ["b"]
+
+
+def test_two_nodes_lost_at_once_the_first_move_s_placement_marks_the_second() -> None:
+    """Walk-through 36 #10: a and b lost in one round; the first decision moves a's ranks to
+    the spare and its event's placement still holds b: said as lost, its move is next."""
+    assert placement_text(["c", "b"], {"a", "b"}) == "0:c, 1:b (lost too: placed again next)"
+    assert placement_text(["c", "b"], set()) == "0:c, 1:b"

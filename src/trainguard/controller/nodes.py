@@ -243,13 +243,15 @@ class NodeRecovery:
             self.rec.event(Level.WARNING,
                            Reason.POD_RESCHEDULED if pod else Reason.JOB_RESCHEDULED,
                            f"{d.reason} ({d.rung.value if d.rung else '-'} {used}/{budget}); "
-                           "placement: "
-                           f"{', '.join(f'{i}:{n}' for i, n in enumerate(placement))}",
+                           f"placement: {placement_text(placement, self._lost_now())}",
                            node=node, attempt=attempt, data={
                                "rung": d.rung.value if d.rung else None, "used": used,
                                "budget": budget, "placement": list(placement),
                                "moved_slots": list(d.moved_slots)})
         return d
+
+    def _lost_now(self) -> set[str]:
+        return {n for n, node in self.fleet.nodes.items() if node.state == NodeState.LOST}
 
     def _wait_for_nodes(self, d: Decision, attempt: int) -> list[str] | None:
         """Enough ready nodes for the decision: its healthy ones first, then spares."""
@@ -288,3 +290,11 @@ def _unspent(d: Decision) -> History:
     h = d.history
     return (replace(h, pod_used=max(0, h.pod_used - 1)) if d.rung == Rung.POD_RESCHEDULE
             else replace(h, job_used=max(0, h.job_used - 1)))
+
+
+def placement_text(placement: list[str], lost: set[str]) -> str:
+    """A reschedule's placement as its event says it: a slot still on a node lost in the same
+    round is marked, its move is the next decision (walk-through 36 #10: two nodes lost at
+    once, the first one's PodRescheduled placed rank 1 on the second as if it were fine)."""
+    return ", ".join(f"{i}:{n}" + (" (lost too: placed again next)" if n in lost else "")
+                     for i, n in enumerate(placement))
