@@ -30,7 +30,7 @@ def worker_argv(spec: JobSpec, source: str = "training_script") -> list[str]:
 def check_fault_env() -> None:
     """A TRAINGUARD_FAULT the ranks could not parse is refused before any rank starts (each
     rank would die of a FaultSpecError, read as a bug in the script)."""
-    from trainguard.testing.faults import FaultSpecError, parse
+    from trainguard.testing.fault_spec import FaultSpecError, parse
     from trainguard.worker.contract import ENV_FAULT
 
     value = os.environ.get(ENV_FAULT, "")

@@ -16,7 +16,7 @@ from typing import Any
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
 from trainguard.records import Level, Reason, rank_list, secs, size_text, utcnow
-from trainguard.testing.faults import never_fired
+from trainguard.testing.fault_spec import never_fired
 from trainguard.worker.contract import (
     ENV_FAULT,
     SOURCE_MEMORY,
