@@ -144,11 +144,20 @@ def read_retried(what: str, read: Callable[[], T]) -> T:
 
 def newest_valid_step(st: Storage, steps: list[int] | None = None) -> int | None:
     """The newest step whose manifest and file sizes are right (checksums: on load)."""
+    found = newest_valid(st, steps)
+    return None if found is None else found[0]
+
+
+def newest_valid(st: Storage, steps: list[int] | None = None,
+                 accept: Callable[[Manifest], bool] = lambda _m: True,
+                 ) -> tuple[int, Manifest] | None:
+    """The newest step (of `steps`, newest first; default all) whose manifest and file sizes
+    are right and whose manifest `accept`s, with its manifest."""
     for step in st.steps() if steps is None else steps:
         what = f"{step_dir(step)}/{MANIFEST}"
-        verdict = read_retried(what, partial(quick_verdict, st, step))[0]
-        if verdict.status == Status.VALID:
-            return step
+        verdict, manifest = read_retried(what, partial(quick_verdict, st, step))
+        if verdict.status == Status.VALID and manifest is not None and accept(manifest):
+            return step, manifest
     return None
 
 

@@ -39,15 +39,10 @@ def newest_own(location: str, run_id: str) -> tuple[int, float] | None:
     steps = st.steps()  # newest first
     if not steps:
         return None
-    from trainguard.checkpoint.manifest import Status
-    from trainguard.checkpoint.saving import quick_verdict  # torch: only when there are some
+    from trainguard.checkpoint.loading import newest_valid  # torch: only when there are some
 
-    for step in steps:
-        verdict, manifest = quick_verdict(st, step)
-        if verdict.status == Status.VALID and manifest is not None \
-                and other_writer(manifest, run_id) is None:
-            return step, manifest.created_at
-    return None
+    found = newest_valid(st, steps, accept=lambda m: other_writer(m, run_id) is None)
+    return None if found is None else (found[0], found[1].created_at)
 
 
 def record_unwatched(job_dir: Path) -> str | None:
