@@ -182,11 +182,13 @@ class Checkpointer:
         """Whether the ranks decide together on each save (sharded state, if_busy="skip")."""
         return self.if_busy == "skip" and self._sharded
 
-    def _vote(self, busy: bool, stopping: bool) -> tuple[bool, bool]:
-        """(any rank's save in flight, or any rank at its limit; any rank saving on its
-        way out): one all-reduce, at every save step of every rank, and at close()."""
-        b, s = reduce_ints([int(busy), int(stopping)], "max")
-        return bool(b), bool(s)
+    def _vote(self, held: bool, stopping: bool) -> tuple[bool, bool]:
+        """(any rank holds this save back; any rank saves on its way out): one all-reduce,
+        of one shape wherever it is called (at every save step of every rank, and at
+        close(): a close() vote meeting a loop vote must not hang). `held`: in the loop,
+        this rank's save in flight; in close(), this rank at its failure limit."""
+        h, s = reduce_ints([int(held), int(stopping)], "max")
+        return bool(h), bool(s)
 
     def vote_before_exit(self) -> None:
         """A rank saving on its way out at a save step votes too, saying so: the others save
