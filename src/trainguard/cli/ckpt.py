@@ -253,6 +253,8 @@ def checked(st: Storage, steps: list[int], full: bool) -> dict[int, dict[str, An
     half-removed step as damaged or unreadable, review 38 #9); one whose files stay as they
     were is what it said. One pause and one listing a round for all of them (review 39 #4)."""
     docs = {s: _described(st, s, full) for s in steps}
+    if all(_valid(d) for d in docs.values()):  # each was whole as it was read: no listing
+        return docs
     listed = set(st.steps())
     doubt = [s for s in steps if s in listed and not _valid(docs[s])]
     for s in steps:
