@@ -16,7 +16,7 @@ from trainguard.controller.disruption import Disruption
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.links import LinkState
 from trainguard.controller.nodes import placement_text
-from trainguard.controller.replies import Reply, allowances
+from trainguard.controller.replies import Judge, Reply
 from trainguard.policy.nodes import lost_isolation
 from trainguard.protocol import (
     NodeReport,
@@ -81,22 +81,37 @@ class FakeHub:
         self.frames.append(frames)
 
     def call(self, calls: dict[str, tuple[str, dict[str, Any]]], timeout: float,
-             lost_after_s: float | dict[str, float],
-             silent_after_s: float | None = None) -> dict[str, Reply]:
+             lost_after_s: float, silent_after_s: float | None = None,
+             judge: Judge | None = None) -> dict[str, Reply]:
+        """As Hub.call: a connected node answers; one given up on (by `judge`, asked each
+        round, or else down past `lost_after_s`) answers why; the rest time out. Two rounds,
+        `between_rounds` run after the first."""
         self.calls.append(calls)
-        allow = allowances(lost_after_s, calls)
-        out = {}
-        for name, (op, body) in calls.items():
-            if self.disconnected_for(name) > allow[name]:  # as Hub._gone judges it
-                out[name] = Reply(False, {}, f"node {name} is unreachable")
-                continue
-            if op != Op.START:
-                out[name] = Reply(True, {})
-                continue
-            cmd = StartWorkers.model_validate(body)
-            out[name] = Reply(True, report(name, cmd.attempt, [w.rank for w in cmd.workers])
-                              .model_dump(mode="json"))
-        return out
+        out: dict[str, Reply] = {}
+        for round_ in range(2):
+            awaited = [n for n in calls if n not in out]
+            given = judge(awaited) if judge is not None else {
+                n: f"node {n} is unreachable" for n in awaited
+                if self.disconnected_for(n) > lost_after_s}
+            for name in awaited:
+                if name in given:
+                    out[name] = Reply(False, {}, given[name])
+                elif self.connected(name):
+                    out[name] = self.answer(name, *calls[name])
+            if round_ == 0:
+                self.between_rounds()
+        return {n: out.get(n, Reply(False, {}, f"node {n} did not answer within "
+                                               f"{timeout:.0f}s")) for n in calls}
+
+    def between_rounds(self) -> None:
+        return None
+
+    def answer(self, name: str, op: str, body: dict[str, Any]) -> Reply:
+        if op != Op.START:
+            return Reply(True, {})
+        cmd = StartWorkers.model_validate(body)
+        return Reply(True, report(name, cmd.attempt, [w.rank for w in cmd.workers])
+                     .model_dump(mode="json"))
 
 
 @dataclass
@@ -378,16 +393,21 @@ def six_nodes_four_cut(down_s: float) -> tuple[Fleet, FakeHub, Clock]:
     f.disruption = Disruption(100.0, clock=clock)
     for n in names[:4]:
         hub.connected_nodes.discard(n)
-        hub.disconnected[n] = down_s
+        hub.disconnected[n] = hub.silent[n] = down_s  # unheard since the cut
     assert f.lost_now() == {} and f.disruption.since is not None
     return f, hub, clock
+
+
+def back(hub: FakeHub, *names: str) -> None:
+    hub.connected_nodes.update(names)
+    hub.disconnected.update(dict.fromkeys(names, 0.0))
+    hub.silent.update(dict.fromkeys(names, 0.1))
 
 
 def test_most_links_of_a_big_fleet_down_is_a_full_disruption_too() -> None:
     """Thousands of links are not all seen to drop at one instant."""
     f, hub, clock = six_nodes_four_cut(5.0)
-    hub.connected_nodes.update({"n0", "n1"})
-    hub.disconnected.update({"n0": 0.0, "n1": 0.0})
+    back(hub, "n0", "n1")
     # 2 of 6 down: no longer a disruption, but n2, n3 were cut in it: their reconnect grace
     # counts from its end (walk-through 36 #10)
     assert f.lost_now() == {} and f.disruption.since is None
@@ -399,23 +419,55 @@ def test_most_links_of_a_big_fleet_down_is_a_full_disruption_too() -> None:
 
 def test_a_command_right_after_a_full_disruption_gives_a_cut_link_its_grace_from_the_end(
 ) -> None:
-    """Review 40 #5: a restart's start_workers 1 s after a 25 s outage ended took a node still
-    reconnecting for unreachable (the hub counted its downtime from the cut) and lost it.
-    Past the grace from the end it is unreachable; during the disruption, not before its
-    wait."""
+    """Review 40 #5 / 41 #1: a restart's start_workers 1 s after a 25 s outage ended took a
+    node still reconnecting for unreachable, or for silent past the node timeout (both
+    counted from the cut), and lost it (drained, or the job failed when every placed node
+    was reconnecting). A command that places ranks judges a node as lost_now does: not
+    before the disruption's wait during it, the grace from its end after."""
     f, hub, clock = six_nodes_four_cut(25.0)
-    assert f._call({"n2": (Op.PORT, {})}, 30)["n2"].ok  # within the wait
-    hub.connected_nodes.update({"n0", "n1"})
-    hub.disconnected.update({"n0": 0.0, "n1": 0.0})
+    waited = f._call({"n2": (Op.PORT, {})}, 30, placing=True)["n2"]
+    assert waited.error == "node n2 did not answer within 30s"  # not given up on: waited
+    back(hub, "n0", "n1")
     assert f.lost_now() == {}  # the disruption ends now
     clock.t += 1.0
     hub.disconnected.update({"n2": 26.0, "n3": 26.0})
-    f.start_workers(start_cmd())
+    hub.silent.update({"n2": 26.0, "n3": 26.0})
+    hub.between_rounds = lambda: back(hub, "n2", "n3")  # type: ignore[method-assign]
+    f.start_workers(start_cmd())  # they come back during the call, and answer
     assert f.lost_now() == {}, "a node still reconnecting was taken for lost"
-    clock.t += 3.0
-    hub.disconnected.update({"n2": 29.0, "n3": 29.0})
-    replies = f._call({"n2": (Op.PORT, {})}, 30)
-    assert replies["n2"].error == "node n2 is unreachable"
+
+
+def test_a_link_cut_in_a_full_disruption_is_given_up_on_past_the_grace_from_its_end(
+) -> None:
+    f, hub, clock = six_nodes_four_cut(25.0)
+    back(hub, "n0", "n1")
+    assert f.lost_now() == {}  # the disruption ends now
+    clock.t += 3.5
+    hub.disconnected.update({"n2": 28.5, "n3": 28.5})
+    why = f._call({"n2": (Op.PORT, {})}, 30, placing=True)["n2"].error
+    assert why == "its agent has been disconnected for over 3s (every node's link went down " \
+                  "at once)"
+    assert not lost_isolation("n2", why, f.disruption.suspect("n2")).drain
+
+
+def test_a_stop_in_a_full_disruption_gives_up_on_a_cut_node_at_once() -> None:
+    """Review 41 #2: with the disruption's allowance a stop (a user's, Slurm's time limit)
+    waited its whole timeout (grace + 60 s) for nodes it cannot reach; their agents stop
+    their workers themselves after the orphan timeout."""
+    f = six_nodes_four_cut(25.0)[0]
+    why = f._call({"n2": (Op.STOP, {})}, 75)["n2"].error
+    assert why.startswith("its agent has been disconnected for over 3s"), why
+
+
+def test_an_agent_ending_during_a_call_answers_with_its_end() -> None:
+    """Review 41 #2: `agent_ended` was asked once, before the call: an agent whose process
+    ended during it was waited on to the timeout."""
+    f, hub, _ = fleet()
+    hub.connected_nodes.discard("a")  # its link still up as far as the hub knows: not given
+    handle = f.nodes["a"].handle
+    assert isinstance(handle, FakeHandle)
+    hub.between_rounds = lambda: setattr(handle, "dead", True)  # type: ignore[method-assign]
+    assert f._call({"a": (Op.STOP, {})}, 75)["a"].error == "its agent process ended"
 
 
 def test_most_of_a_big_fleet_silent_at_once_is_this_controller_behind() -> None:

@@ -125,9 +125,12 @@ def test_a_numbered_reply_that_came_after_its_call_gave_up_is_not_lost() -> None
         hub.close()
 
 
-def test_a_reply_that_came_in_a_call_after_its_node_was_given_up_on_is_kept() -> None:
+def test_a_reply_that_comes_as_its_node_is_given_up_on_is_not_lost() -> None:
     """(review) A node given up on (unreachable) within a call, that came back and answered
-    before the call ended: its reply sat in the call's replies and was dropped with them."""
+    before the call ended: its reply sat in the call's replies and was dropped with them.
+    Now a reply that comes while its node is judged is its answer (review 41 #1: the hub
+    asks the judge first, then takes every reply that came); one that comes later is kept
+    as late (Hub._frame, the call's `finally`)."""
     from trainguard.controller.hub import Hub
     from trainguard.controller.links import NodeLink
     from trainguard.protocol import Op
@@ -147,7 +150,8 @@ def test_a_reply_that_came_in_a_call_after_its_node_was_given_up_on_is_kept() ->
 
         hub._gone = gone_then_answer  # type: ignore[method-assign]
         out = hub.call({"n0": (Op.STOP, {})}, 5, 0.0)
-        assert not out["n0"].ok and "unreachable" in out["n0"].error
+        assert out["n0"].ok and out["n0"].body == reply and not link.late
+        hub._frame(link, {"type": "reply", "id": "its-call-ended", "ok": True, "body": reply})
         assert [m.kind for m in link.late] == [MessageKind.CHECKPOINT_SAVED]
     finally:
         hub.close()

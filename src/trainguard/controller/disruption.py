@@ -58,19 +58,6 @@ class Disruption:
                              min(link.disconnected_s, since_end))
         return link
 
-    def allowance_s(self, name: str, down_s: float, grace_s: float) -> float:
-        """How long `name`'s link, down `down_s` now, may be down in all (as the hub counts:
-        from the cut) before a command to it answers "unreachable": as `lost_now` judges it,
-        not before the disruption's wait and then the grace from its end (review 40 #5: a
-        restart's start_workers right after a 25 s outage called a reconnecting node lost).
-        """
-        now = self._clock()
-        if self.since is not None:  # lost_now: not lost before the wait, then past the grace
-            return max(grace_s, down_s + self.wait_s - (now - self.since))
-        if name in self._cut and self.ended_at is not None:
-            return max(grace_s, down_s - (now - self.ended_at) + grace_s)
-        return grace_s
-
     def suspect(self, name: str) -> bool:
         """Whether `name`'s loss may be this controller's side: during a disruption, or its
         link cut in one and not back since (such a node is not drained)."""

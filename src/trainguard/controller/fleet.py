@@ -17,12 +17,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from trainguard.backends.base import AGENT_ENDED, AgentHandle, Backend
 from trainguard.controller.disruption import Disruption
 from trainguard.controller.hub import Hub
-from trainguard.controller.link_loss import LINK_LOST, NEVER, heard_lately, link_lost
+from trainguard.controller.link_loss import LINK_LOST, given_up
 from trainguard.controller.merger import Merger
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.controller.replies import Reply
@@ -134,21 +135,34 @@ class Fleet:
                           0.0 if lost else self.grace_s,  # a killed agent's hangup: at once
                           self.node_timeout_s)
 
-    def _call(self, calls: dict[str, tuple[Op, dict[str, Any]]],
-              timeout: float) -> dict[str, Reply]:
-        """The hub's call, with this fleet's reconnect grace and node timeout: a frozen
-        agent holds a command (a hang watch's stack dump, a stop) no longer than a silent
-        one is given before it counts as lost. A node whose agent process has ended
-        answers at once, with why (not "unreachable" after the grace: a node lost during
-        a restart's backoff was found 3 s late; walk-through 26, F13)."""
+    def _call(self, calls: dict[str, tuple[Op, dict[str, Any]]], timeout: float,
+              placing: bool = False) -> dict[str, Reply]:
+        """The hub's call, each node given up on as `lost_now` judges it, asked each round:
+        its agent ended (answered at once, with why, not "unreachable" after the grace:
+        walk-through 26 F13; also one ending during the call: review 41 #2), its link down
+        past the reconnect grace or silent past the node timeout while others are heard.
+        `placing` (the rendezvous, a start): a link cut in a full disruption as the
+        disruption counts it, none before its wait (review 40 #5, review 41 #1); else (a
+        stop, a tell, a stack dump: a cut node cannot be reached, and its agent stops its
+        workers itself after the orphan timeout) the link as it is, at once (review 41 #2).
+        """
         out = {n: Reply(False, {}, self.why_ended(n)) for n in calls if self.agent_ended(n)}
         rest = {n: c for n, c in calls.items() if n not in out}
-        if rest:  # a link cut in a full disruption: its grace as lost_now counts it
-            links = self.hub.links_now()
-            allow = {n: self.disruption.allowance_s(n, links.get(n, NEVER).disconnected_s,
-                                                    self.grace_s) for n in rest}
-            out.update(self.hub.call(rest, timeout, allow, self.node_timeout_s))
+        if rest:
+            out.update(self.hub.call(rest, timeout, self.grace_s,
+                                     judge=partial(self._given_up, placing)))
         return out
+
+    def _given_up(self, placing: bool, names: list[str]) -> dict[str, str]:
+        return given_up(names, self.hub.links_now(), self.grace_s, self.node_timeout_s,
+                        ended=self._ended, heard_from=self.nodes, live=self._live(),
+                        disruption=self.disruption if placing else None)
+
+    def _ended(self, name: str) -> str | None:
+        return self.why_ended(name) if self.agent_ended(name) else None
+
+    def _live(self) -> list[str]:
+        return [n for n, node in self.nodes.items() if not node.state.out]
 
     def agent_ended(self, name: str) -> bool:
         """Whether `name`'s agent process (or the Slurm step running it) has ended."""
@@ -164,22 +178,15 @@ class Fleet:
         self._publish(self)
 
     def lost_now(self) -> dict[str, str]:
-        """Placed nodes that are gone now, with why."""
+        """Placed nodes that are gone now, with why (controller/link_loss.py)."""
         bad = self.backend.bad_nodes()
-        links = self.hub.links_now()
-        others_heard = heard_lately(links, self.nodes, self.node_timeout_s)
-        waiting = self.disruption.update(
-            [n for n, node in self.nodes.items() if not node.state.out], links)
+        placed = [n for n in self.placement if not self.nodes[n].state.out]
+        judged = given_up(placed, self.hub.links_now(), self.grace_s, self.node_timeout_s,
+                          ended=self._ended, heard_from=self.nodes, live=self._live(),
+                          disruption=self.disruption)
         out: dict[str, str] = {}
-        for name in self.placement:
-            if self.nodes[name].state.out:
-                continue
-            link = self.disruption.counted(name, links.get(name, NEVER))
-            why = (self._broken.get(name)
-                   or (self.why_ended(name) if self.agent_ended(name) else None)
-                   or link_lost(link, self.grace_s, self.node_timeout_s, waiting=waiting,
-                                others_heard=others_heard,
-                                suspect=self.disruption.suspect(name))
+        for name in placed:
+            why = (self._broken.get(name) or judged.get(name)
                    or (f"Slurm reports it {bad[name]}" if name in bad else None))
             if why:
                 out[name] = why
@@ -235,7 +242,7 @@ class Fleet:
         host = link.addr if link is not None and link.addr else addr
         if preferred_port:
             return host, preferred_port
-        reply = self._call({first: (Op.PORT, {})}, 30)[first]
+        reply = self._call({first: (Op.PORT, {})}, 30, placing=True)[first]
         if not reply.ok:
             raise LaunchError(f"node {first} cannot offer a rendezvous port: {reply.error}")
         return host, int(reply.body["port"])
@@ -255,13 +262,15 @@ class Fleet:
                        for a in cmd.workers if a.rank // self.k == slot]
             node_cmd = cmd.model_copy(update={"workers": workers, "group_rank": slot})
             calls[name] = (Op.START, node_cmd.model_dump(mode="json"))
-        replies = self._call(calls, START_TIMEOUT_S)
+        replies = self._call(calls, START_TIMEOUT_S, placing=True)
         failed = {n: r.error for n, r in replies.items() if not r.ok}
-        if failed and len(failed) == len(replies):  # the same on every node: not a node's
-            raise LaunchError("; ".join(f"{n}: {e}" for n, e in failed.items()))
+        by_link = {n for n, e in failed.items() if e.startswith(LINK_LOST)}  # not an answer
+        if failed and len(failed) == len(replies) and not by_link:  # the same answer on
+            raise LaunchError("; ".join(f"{n}: {e}" for n, e in failed.items()))  # every node
         for name, error in failed.items():  # one node's own trouble: it is lost (an ended
             if not self.agent_ended(name):  # agent is, by lost_now itself, with its reason)
-                self._broken[name] = f"it could not start its workers ({error})"
+                self._broken[name] = (error if name in by_link  # a link: maybe not drained
+                                      else f"it could not start its workers ({error})")
         self._take(replies)
         self._prepare_spares(cmd)
         return self._merged()

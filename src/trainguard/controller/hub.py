@@ -21,12 +21,12 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from trainguard.controller.admission import Admission
 from trainguard.controller.links import Heard, LinkReader, LinkState, NodeLink
-from trainguard.controller.replies import Reply, allowances, no_reply, reply_of
+from trainguard.controller.replies import Judge, Reply, reply_of
 from trainguard.handshake import accept, supersede, welcome
 from trainguard.protocol import NodeReport, Op
 from trainguard.wire import Conn, FrameRejected, WireError, keepalive, raise_fd_limit
@@ -276,13 +276,14 @@ class Hub:
     # -- commands -------------------------------------------------------------------------
 
     def call(self, calls: dict[str, tuple[Op, dict[str, Any]]], timeout: float,
-             lost_after_s: float | Mapping[str, float],
-             silent_after_s: float | None = None) -> dict[str, Reply]:
-        """Send each node its command at once; wait for every answer. A node disconnected
-        for longer than `lost_after_s` (one for all, or each node's), silent (no heartbeat:
-        a frozen agent) for longer than `silent_after_s`, or silent past `timeout`, answers
-        with an error (controller/replies.py)."""
-        allow = allowances(lost_after_s, calls)
+             lost_after_s: float, silent_after_s: float | None = None,
+             judge: Judge | None = None) -> dict[str, Reply]:
+        """Send each node its command at once; wait for every answer. A node given up on
+        answers with why: by `judge`, asked each round (controller/replies.py), or else by
+        this hub (disconnected for longer than `lost_after_s`, or silent, no heartbeat: a
+        frozen agent, for longer than `silent_after_s` while another node was heard); one
+        silent past `timeout` answers so."""
+        judged = judge or partial(self._judged, lost_after_s, silent_after_s)
         ids: dict[str, str] = {}
         sends: list[tuple[Conn, dict[str, Any]]] = []
         with self._cond:
@@ -302,18 +303,16 @@ class Hub:
             deadline = time.monotonic() + timeout
             try:
                 while len(out) < len(ids):
-                    heard = self._heard_within(silent_after_s)  # once a round: O(nodes)
+                    awaited = [n for c, n in ids.items() if n not in out and c not in self._replies]
+                    given_up = judged(awaited) if awaited else {}  # once a round: O(nodes)
                     for cid, name in ids.items():
-                        if name in out:
-                            continue
-                        got = self._replies.pop(cid, None)
-                        answer = reply_of(got) if got is not None else no_reply(
-                            name, gone=self._gone(name, allow[name]),
-                            silent=heard and self.silent_for(name) > (silent_after_s or 0),
-                            silent_after_s=silent_after_s,
-                            late=time.monotonic() > deadline, timeout=timeout)
-                        if answer is not None:
-                            out[name] = answer
+                        got = None if name in out else self._replies.pop(cid, None)
+                        if got is not None:
+                            out[name] = reply_of(got)
+                        elif name not in out and (name in given_up
+                                                  or time.monotonic() > deadline):
+                            out[name] = Reply(False, {}, given_up.get(name) or (
+                                f"node {name} did not answer within {timeout:.0f}s"))
                     if len(out) < len(ids):
                         self._cond.wait(0.2)
             finally:
@@ -324,6 +323,17 @@ class Hub:
                     if left is not None and link is not None:
                         link.keep_late(left.get("body"))
             return out
+
+    def _judged(self, lost_after_s: float, silent_after_s: float | None,
+                names: list[str]) -> dict[str, str]:
+        """This hub's own judgement of `names` (Hub.call's default Judge)."""
+        heard, out = self._heard_within(silent_after_s), {}
+        for name in names:
+            if self._gone(name, lost_after_s):
+                out[name] = f"node {name} is unreachable"
+            elif heard and self.silent_for(name) > (silent_after_s or 0):
+                out[name] = f"node {name} has been silent for over {silent_after_s:g}s"
+        return out
 
     def _gone(self, name: str, lost_after_s: float) -> bool:
         link = self.links.get(name)  # a silent one is caught by the caller's timeout

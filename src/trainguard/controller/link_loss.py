@@ -5,13 +5,16 @@ A link down past the reconnect grace is lost, and so is one silent past the node
 but silence counts only while others are heard: every node silent at once (of four or more:
 most) is this controller stalled (SIGSTOP, a paused VM, a reader behind on thousands of
 links), not the cluster gone. During a full disruption a cut link's silence is the cut, and
-no link counts as lost before the disruption's wait (controller/disruption.py).
+no link counts as lost before the disruption's wait (controller/disruption.py). One judge
+for both questions: which placed nodes are lost (Fleet.lost_now), and which nodes a command
+gives up on (Fleet._call, asked each round of Hub.call).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
+from trainguard.controller.disruption import Disruption
 from trainguard.controller.links import LinkState
 
 # how a node lost by its link is said: only such a loss may be a full disruption's (not
@@ -39,3 +42,26 @@ def link_lost(link: LinkState, grace_s: float, node_timeout_s: float, *, waiting
             waiting and not link.connected):  # a cut link's silence is the cut
         return f"{LINK_LOST}silent for over {node_timeout_s:g}s"
     return None
+
+
+def given_up(names: Collection[str], links: Mapping[str, LinkState], grace_s: float,
+             node_timeout_s: float, *, ended: Callable[[str], str | None],
+             heard_from: Collection[str], disruption: Disruption | None = None,
+             live: Collection[str] = ()) -> dict[str, str]:
+    """Of `names`, those lost now, with why: its agent ended (`ended` says why) or its link
+    is lost (link_lost; silence counts while most of `heard_from` are heard). With
+    `disruption` (placed nodes, a command that places ranks) a link cut in a full disruption
+    is judged as the disruption counts it, and none before its wait (`live`: the nodes in
+    play); without (a stop, a tell: a cut node cannot be reached) the link as it is."""
+    others_heard = heard_lately(links, heard_from, node_timeout_s)
+    waiting = disruption is not None and disruption.update(live, links)
+    out: dict[str, str] = {}
+    for name in names:
+        link = links.get(name, NEVER)
+        why = ended(name) or link_lost(
+            link if disruption is None else disruption.counted(name, link), grace_s,
+            node_timeout_s, waiting=waiting, others_heard=others_heard,
+            suspect=disruption is not None and disruption.suspect(name))
+        if why:
+            out[name] = why
+    return out
