@@ -33,10 +33,11 @@ import psutil
 
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.hub import Hub
+from trainguard.handshake import connect
 from trainguard.policy.nodes import lost_isolation
 from trainguard.protocol import NodeReport, Progress, RankLiveness, WorkerFact, report_interval
 from trainguard.states import NodeState, WorkerState
-from trainguard.wire import Conn, WireError, connect, new_token
+from trainguard.wire import Conn, WireError, new_token
 
 NODE_TIMEOUT_S, GRACE_S = 10.0, 3.0
 MARK_STEP = 10**9
@@ -252,7 +253,7 @@ def main() -> int:
     fleet.start_agents([])
     fleet.place(names)
     fleet.adopt_attempt(0)
-    fleet.disruption_wait_s = a.disruption_wait
+    fleet.disruption.wait_s = a.disruption_wait
     rows: list[tuple[str, str]] = [("load average (1 min) before", load())]
     t0 = time.monotonic()
     own = 2 * a.trials + 1  # a node cut and a node silenced per trial, and a probe
@@ -324,7 +325,7 @@ def main() -> int:
     for pr in procs:
         pr.wait()
     held, lost = watch_until(fleet, lambda now: bool(now), a.disruption_wait + 10)
-    drained = sum(lost_isolation(n, w, fleet.disrupted_since is not None).drain
+    drained = sum(lost_isolation(n, w, fleet.disruption.suspect(n)).drain
                   for n, w in lost.items())
     rows.append(("full disruption (every link cut)",
                  f"no node lost for {held:.1f} s (wait {a.disruption_wait:g} s), then "
