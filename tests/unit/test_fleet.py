@@ -17,6 +17,7 @@ from trainguard.controller.fleet import Fleet
 from trainguard.controller.links import LinkState
 from trainguard.controller.nodes import placement_text
 from trainguard.controller.replies import Judge, Reply
+from trainguard.errors import LaunchError
 from trainguard.policy.nodes import lost_isolation
 from trainguard.protocol import (
     NodeReport,
@@ -47,6 +48,7 @@ class FakeHub:
     frames: list[dict[str, dict[str, Any]]] = field(default_factory=list)
     disconnected: dict[str, float] = field(default_factory=dict)
     silent: dict[str, float] = field(default_factory=dict)
+    timeouts: list[float] = field(default_factory=list)
 
     def refusals(self) -> dict[str, int]:
         return {"handshake": 0, "over_budget": 0, "forged_frame": 0}
@@ -87,6 +89,7 @@ class FakeHub:
         round, or else down past `lost_after_s`) answers why; the rest time out. Two rounds,
         `between_rounds` run after the first."""
         self.calls.append(calls)
+        self.timeouts.append(timeout)
         out: dict[str, Reply] = {}
         for round_ in range(2):
             awaited = [n for n in calls if n not in out]
@@ -450,6 +453,16 @@ def test_a_link_cut_in_a_full_disruption_is_given_up_on_past_the_grace_from_its_
     assert not lost_isolation("n2", why, f.disruption.suspect("n2")).drain
 
 
+def test_a_restart_s_rendezvous_in_a_full_disruption_waits_out_what_is_left_of_it() -> None:
+    """Review 41 #8: 90 s into the 120 s wait a restart's rendezvous gave up after its 30 s
+    and the job ended; it now waits what is left of the wait too."""
+    f, hub, clock = six_nodes_four_cut(25.0)
+    clock.t += 90.0
+    with pytest.raises(LaunchError, match="did not answer within 40s"):  # 30 s + 10 s left
+        f.rendezvous("10.0.0.2", None)
+    assert hub.timeouts[-1] == 40.0 and f.disruption.wait_left() == 10.0  # of its 100 s
+
+
 def test_a_stop_in_a_full_disruption_gives_up_on_a_cut_node_at_once() -> None:
     """Review 41 #2: with the disruption's allowance a stop (a user's, Slurm's time limit)
     waited its whole timeout (grace + 60 s) for nodes it cannot reach; their agents stop
@@ -610,6 +623,8 @@ def test_links_still_reconnecting_when_a_full_disruption_ends_get_their_grace_fr
     at that instant every other link, down 25 s, was past the 3 s grace: both placed nodes
     were lost, their agents and ranks killed, and the job queued, then failed."""
     f, hub, _ = fleet()
+    clock = Clock()
+    f.disruption = Disruption(fleet_module.DISRUPTION_WAIT_S, clock=clock)
     hub.connected_nodes.clear()
     hub.disconnected.update({"a": 25.0, "b": 25.0, "c": 25.0})
     hub.silent.update({"a": 25.0, "b": 25.0, "c": 25.0})
@@ -619,7 +634,7 @@ def test_links_still_reconnecting_when_a_full_disruption_ends_get_their_grace_fr
     assert f.lost_now() == {} and f.disruption.since is None  # a and b: still reconnecting
     hub.connected_nodes.add("a")  # a is back; b stays down past the grace from the end
     hub.disconnected["a"], hub.silent["a"] = 0.0, 0.0
-    f.disruption.ended_at = time.monotonic() - 3.5
+    clock.t += 3.5
     lost = f.lost_now()
     assert set(lost) == {"b"} and "every node's link went down at once" in lost["b"], lost
     assert not lost_isolation("b", lost["b"], f.disruption.suspect("b")).drain
@@ -660,5 +675,5 @@ def test_a_node_lost_by_its_agent_s_end_right_after_a_disruption_is_drained(
 def test_two_nodes_lost_at_once_the_first_move_s_placement_marks_the_second() -> None:
     """Walk-through 36 #10: a and b lost in one round; the first decision moves a's ranks to
     the spare and its event's placement still holds b: said as lost, its move is next."""
-    assert placement_text(["c", "b"], {"a", "b"}) == "0:c, 1:b (lost too: placed again next)"
+    assert placement_text(["c", "b"], {"a", "b"}) == "0:c, 1:b (lost too)"
     assert placement_text(["c", "b"], set()) == "0:c, 1:b"

@@ -58,6 +58,12 @@ class Disruption:
                              min(link.disconnected_s, since_end))
         return link
 
+    def wait_left(self) -> float:
+        """Seconds until a disruption under way is waited out (0: none is): a command that
+        places ranks waits that long more for a cut node (review 41 #8: a restart's
+        rendezvous gave up after its 30 s and ended the job 90 s into the wait)."""
+        return 0.0 if self.since is None else max(0.0, self.wait_s - (self._clock() - self.since))
+
     def suspect(self, name: str) -> bool:
         """Whether `name`'s loss may be this controller's side: during a disruption, or its
         link cut in one and not back since (such a node is not drained)."""

@@ -242,7 +242,7 @@ class Fleet:
         host = link.addr if link is not None and link.addr else addr
         if preferred_port:
             return host, preferred_port
-        reply = self._call({first: (Op.PORT, {})}, 30, placing=True)[first]
+        reply = self._call({first: (Op.PORT, {})}, 30 + self.disruption.wait_left(), True)[first]
         if not reply.ok:
             raise LaunchError(f"node {first} cannot offer a rendezvous port: {reply.error}")
         return host, int(reply.body["port"])
@@ -262,7 +262,7 @@ class Fleet:
                        for a in cmd.workers if a.rank // self.k == slot]
             node_cmd = cmd.model_copy(update={"workers": workers, "group_rank": slot})
             calls[name] = (Op.START, node_cmd.model_dump(mode="json"))
-        replies = self._call(calls, START_TIMEOUT_S, placing=True)
+        replies = self._call(calls, START_TIMEOUT_S + self.disruption.wait_left(), True)
         failed = {n: r.error for n, r in replies.items() if not r.ok}
         by_link = {n for n, e in failed.items() if e.startswith(LINK_LOST)}  # not an answer
         if failed and len(failed) == len(replies) and not by_link:  # the same answer on

@@ -243,14 +243,15 @@ class NodeRecovery:
             self.rec.event(Level.WARNING,
                            Reason.POD_RESCHEDULED if pod else Reason.JOB_RESCHEDULED,
                            f"{d.reason} ({d.rung.value if d.rung else '-'} {used}/{budget}); "
-                           f"placement: {placement_text(placement, self._lost_now())}",
+                           f"placement: {placement_text(placement, self._lost_nodes())}",
                            node=node, attempt=attempt, data={
                                "rung": d.rung.value if d.rung else None, "used": used,
                                "budget": budget, "placement": list(placement),
                                "moved_slots": list(d.moved_slots)})
         return d
 
-    def _lost_now(self) -> set[str]:
+    def _lost_nodes(self) -> set[str]:
+        """Every node marked lost (a lost node is never placed again)."""
         return {n for n, node in self.fleet.nodes.items() if node.state == NodeState.LOST}
 
     def _wait_for_nodes(self, d: Decision, attempt: int) -> list[str] | None:
@@ -294,7 +295,8 @@ def _unspent(d: Decision) -> History:
 
 def placement_text(placement: list[str], lost: set[str]) -> str:
     """A reschedule's placement as its event says it: a slot still on a node lost in the same
-    round is marked, its move is the next decision (walk-through 36 #10: two nodes lost at
-    once, the first one's PodRescheduled placed rank 1 on the second as if it were fine)."""
-    return ", ".join(f"{i}:{n}" + (" (lost too: placed again next)" if n in lost else "")
+    round is marked (walk-through 36 #10: two nodes lost at once, the first one's
+    PodRescheduled placed rank 1 on the second as if it were fine); the next decision moves
+    it, or gives up (review 41 #4: not promised here)."""
+    return ", ".join(f"{i}:{n}" + (" (lost too)" if n in lost else "")
                      for i, n in enumerate(placement))
