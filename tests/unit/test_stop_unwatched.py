@@ -52,3 +52,19 @@ def test_stop_of_a_lost_job_records_the_checkpoints_committed_while_no_controlle
     assert "recorded" not in capsys.readouterr().out
     with JobStore.open(job) as store:
         assert len(store.events(reasons=("CheckpointSaved",))) == 1
+
+
+def test_another_job_s_newer_checkpoint_in_the_same_dir_is_not_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk skips a step another job committed (review 41 #5: newest_valid's filter)."""
+    from trainguard.cli.unwatched import newest_own
+
+    for run_id, step in (("tg-or", 120), ("tg-other", 140)):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", run_id)
+        ckpt = Checkpointer(tmp_path / "ck", async_save=False, keep=10)
+        ckpt.save(step, {"w": torch.zeros(2)})
+        ckpt.close()
+    found = newest_own(str(tmp_path / "ck"), "tg-or")
+    assert found is not None and found[0] == 120
+    theirs = newest_own(str(tmp_path / "ck"), "tg-other")
+    assert theirs is not None and theirs[0] == 140
