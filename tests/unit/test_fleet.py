@@ -677,3 +677,22 @@ def test_two_nodes_lost_at_once_the_first_move_s_placement_marks_the_second() ->
     the spare and its event's placement still holds b: said as lost, its move is next."""
     assert placement_text(["c", "b"], {"a", "b"}) == "0:c, 1:b (lost too)"
     assert placement_text(["c", "b"], set()) == "0:c, 1:b"
+
+
+def test_a_spare_is_judged_as_a_placed_node_is() -> None:
+    """Review 41 #3: the spares' loss was a third copy of the link rules (no silence, no
+    disruption wait of its own): a spare whose agent froze stayed a spare; one cut in a
+    full disruption waits for it like the placed nodes."""
+    f, hub, _ = fleet()
+    gone: list[tuple[str, str]] = []
+    f.on_spare_lost = lambda name, why: gone.append((name, why))
+    hub.silent["c"] = 10.5  # the spare's agent froze; a and b are heard
+    f.poll()
+    assert gone == [("c", "its agent has been silent for over 10s")]
+    f, hub, _ = fleet()
+    f.on_spare_lost = lambda name, why: gone.append((name, why))
+    hub.connected_nodes.clear()  # every link cut: a full disruption
+    hub.disconnected.update(dict.fromkeys("abc", 30.0))
+    hub.silent.update(dict.fromkeys("abc", 30.0))
+    f.poll()
+    assert len(gone) == 1 and f.nodes["c"].state == NodeState.SPARE

@@ -206,20 +206,14 @@ class Fleet:
         return max((a for a in ago if a != float("inf")), default=0.0)
 
     def _spares_gone(self) -> dict[str, str]:
-        """Spare nodes whose agent ended, or whose link has been down past the grace (not
-        in a full disruption): no longer spares, so status and a reschedule see it."""
-        links = self.hub.links_now()
-        out: dict[str, str] = {}
-        for name, node in self.nodes.items():
-            if name in self.placement or node.state != NodeState.SPARE:
-                continue
-            link = links.get(name)
-            if self.agent_ended(name):
-                out[name] = self.why_ended(name)
-            elif (link is not None and self.disruption.since is None
-                  and self.disruption.counted(name, link).disconnected_s > self.grace_s):
-                out[name] = f"{LINK_LOST}disconnected for over {self.grace_s:g}s"
-        return out
+        """Spare nodes lost as a placed node would be (its agent ended, its link down past
+        the grace or silent past the node timeout; a full disruption waited for): no longer
+        spares, so status and a reschedule see it (one judge: link_loss.given_up)."""
+        spares = [n for n, node in self.nodes.items()
+                  if n not in self.placement and node.state == NodeState.SPARE]
+        return given_up(spares, self.hub.links_now(), self.grace_s, self.node_timeout_s,
+                        ended=self._ended, heard_from=self.nodes, live=self._live(),
+                        disruption=self.disruption) if spares else {}
 
     def settle(self) -> dict[str, str]:
         """Lost placed nodes, after waiting out the reconnect grace of any disconnected one
