@@ -463,6 +463,13 @@ def test_a_restart_s_rendezvous_in_a_full_disruption_waits_out_what_is_left_of_i
     assert hub.timeouts[-1] == 40.0 and f.disruption.wait_left() == 10.0  # of its 100 s
 
 
+def test_a_stop_requested_ends_a_placing_command_s_wait_for_a_disruption() -> None:
+    f = six_nodes_four_cut(25.0)[0]
+    f.stop_requested = lambda: True
+    why = f._call({"n2": (Op.PORT, {})}, 30, placing=True)["n2"].error
+    assert why == "its agent has been disconnected for over 3s", why
+
+
 def test_a_stop_in_a_full_disruption_gives_up_on_a_cut_node_at_once() -> None:
     """Review 41 #2: with the disruption's allowance a stop (a user's, Slurm's time limit)
     waited its whole timeout (grace + 60 s) for nodes it cannot reach; their agents stop

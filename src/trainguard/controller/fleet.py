@@ -75,6 +75,8 @@ class Fleet:
         self.acks_held: Callable[[], bool] = lambda: False
         # a spare node found gone (its agent ended or cut off): the controller records it
         self.on_spare_lost: Callable[[str, str], None] = lambda name, why: None
+        # the controller's: a stop requested ends a placing command's wait for a disruption
+        self.stop_requested: Callable[[], bool] = lambda: False
         self._broken: dict[str, str] = {}  # placed nodes that failed a command: why
         self.lost: dict[str, str] = {}  # lost placed nodes with why, as of the last report
         self.peer: PeerCopies | None = None  # memory snapshots copied to a buddy node
@@ -156,7 +158,8 @@ class Fleet:
     def _given_up(self, placing: bool, names: list[str]) -> dict[str, str]:
         return given_up(names, self.hub.links_now(), self.grace_s, self.node_timeout_s,
                         ended=self._ended, heard_from=self.nodes, live=self._live(),
-                        disruption=self.disruption if placing else None)
+                        disruption=self.disruption if placing and not self.stop_requested()
+                        else None)
 
     def _ended(self, name: str) -> str | None:
         return self.why_ended(name) if self.agent_ended(name) else None

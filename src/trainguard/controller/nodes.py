@@ -46,6 +46,7 @@ class NodeRecovery:
         # SIGTERM, then SIGKILL after KillWait)
         self.stop_requested: Callable[[], bool] = lambda: False
         fleet.on_spare_lost = self._spare_lost
+        fleet.stop_requested = lambda: self.stop_requested()
 
     def _spare_lost(self, name: str, why: str) -> None:
         self.rec.event(Level.WARNING, Reason.NODE_LOST, f"spare node {name} was lost: {why}; "
