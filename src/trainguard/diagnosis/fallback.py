@@ -46,7 +46,8 @@ GENERIC = 0.6  # a generic exception at least this sure is relabelled, not repla
 # was not successful`; or the Chinese words for an error or a failure, `...错误`, `报错`,
 # `失败`, in an issue's prose around a quoted message; or TensorFlow's op error as a graph
 # prints it, `Node: '...'` then the message then `[[{{node ...}}]]`, its exception line cut;
-# or a pool's worker `terminated abruptly`; or a pod `Evicted`)
+# or a pool's worker `terminated abruptly`; or a pod `Evicted`; or TensorFlow's op_kernel.cc
+# line, which it logs (at W) only for an op that failed, `Invalid argument: ...`)
 _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort(?:ed)?|panic|"
                        r"critical|(?:could(?:n['\u2019]?t| not)|unable to) \w+|out of memory|"
                        r"data loss|(?:not |un)successful)\b"
@@ -57,7 +58,8 @@ _ERRORISH = re.compile(r"\b(?:error|fatal|fail(?:ed|ure)?|exception|killed|abort
                        r"|\bobject (?:has no attribute|is not (?:callable|subscriptable|iterable))"
                        r"|\b[EF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w./-]+:\d+\]"
                        r"|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [EF] [\w./-]+:\d+\]"
-                       r"|^Node: '|\[\[\{\{node |terminated abruptly|(?-i:\bEvicted\b)",
+                       r"|^Node: '|\[\[\{\{node |terminated abruptly|(?-i:\bEvicted\b)"
+                       r"|\bop_kernel\.cc:\d+\] ",
                        re.IGNORECASE)
 # two shapes an operation compared: the target's and the input's (two tensors' sizes at one
 # dimension, `must match the size of tensor b ... at non-singleton dimension 1`, are the

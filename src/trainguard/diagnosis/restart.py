@@ -17,6 +17,7 @@ printed can overrule it (docs/diagnosis.md, "Restart verdict", holds this table)
 | npu_hardware_or_driver | the device reports a task that raised on it (not a timeout) | no |
 | npu_hardware_or_driver | not isolated (an operator or driver error) | its rule's |
 | port_conflict | the port is a well-known one (< 1024: a system service's) | no |
+| port_conflict | a server's own listening port (Go's `listen tcp ...: bind:`) | no |
 | network_or_rendezvous | no name resolution, ssh refused here or on :22, 127.0.1.1, no NIC | no |
 | network_or_rendezvous | an address in 0.0.0.0/8 (a number read as a host: 0.0.0.5) | no |
 | network_or_rendezvous | more workers reached the store than the world has (stale) | no |
@@ -206,6 +207,9 @@ def story_restart(d: Diagnosis, findings: Sequence[Finding],
             verdict = RestartHelps.YES
     elif cat == Category.PORT_CONFLICT and _well_known_port(d):
         verdict, why = RestartHelps.NO, "a well-known port, a system service's, was configured"
+    elif cat == Category.PORT_CONFLICT and d.subcategory == "server_port":
+        verdict, why = RestartHelps.NO, ("the server's own port, held by another instance of "
+                                         "it: a rerun meets it again")
     elif cat == Category.PORT_CONFLICT or (d.isolate_node and cat in _HARDWARE):
         verdict = RestartHelps.YES  # a fresh port; the job placed on healthy nodes
     elif cat == Category.GPU_HARDWARE:
