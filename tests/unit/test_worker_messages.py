@@ -247,3 +247,31 @@ def test_faults_not_fired_are_named_unless_the_controller_took_the_job_over(
         "attempt 0: the ranks called inject(), but never at step 3, rank 5, attempt 0. Fix:")
     h.saw_whole_job = False  # Recorder.adopt
     assert h.faults_note() is None
+
+
+def test_each_in_process_restart_of_one_attempt_has_its_resumed(tmp_path: Path) -> None:
+    """Walk-through 37 #2: a second in-process restart in one attempt said no Resumed (one
+    per attempt and source), so its recovery record had no `resumed_from`."""
+    from trainguard.controller.faults import Fault
+    from trainguard.policy.decision import Action, Decision, History, Rung
+    from trainguard.protocol import Progress
+    from trainguard.records import FaultScenario, StartType, incidents_of, utcnow
+
+    h, seen = handler(tmp_path)
+    book = h._book
+    book.attempt_started(0, StartType.FIRST_START, 29500)
+    inproc = Decision(Action.RESTART_RANKS, "rank 1 starts again", History(),
+                      rung=Rung.IN_PROCESS_RESTART)
+    for step in (10, 20):
+        p = Progress(first_step=1, first_step_at=utcnow(), last_step=step + 5,
+                     last_step_at=utcnow())
+        t = utcnow()
+        book.record(0, inproc, Fault(FaultScenario.JOB_FAILED, "x", "x", "worker-1", t, t, t, p))
+        h.handle([msg("resumed", step=step, source="memory")], attempt=0)
+        h.handle([msg("resumed", step=step, source="memory")], attempt=0)  # the other rank
+    assert [m for _, r, m in seen if r == Reason.RESUMED] == [
+        "resumed from the node's memory snapshot of step 10",
+        "resumed from the node's memory snapshot of step 20"]
+    records = incidents_of([book.current] if book.current else [])
+    assert [(r.resumed_step, r.resumed_from) for r in records] == [(10, "memory"),
+                                                                   (20, "memory")]

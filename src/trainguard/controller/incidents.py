@@ -90,6 +90,13 @@ class IncidentBook:
             inc.workers_from = workers_from(standby)
             self._save(owner)
 
+    def recovering(self) -> int | None:
+        """Which incident a resume now belongs to (the one recovering, or the last one that
+        recovered; None before any): one Resumed event is said per incident, not per
+        attempt (walk-through 37 #2: a second in-process restart said none)."""
+        held = self._pending if self._pending is not None else self._recovered
+        return None if held is None else id(held.inc)
+
     def resumed(self, step: int, source: str) -> None:
         """The library loaded the checkpoint of `step` from `source` (memory, peer, storage,
         "+"-joined when the ranks loaded from several):

@@ -48,7 +48,8 @@ class WorkerMessages:
         self._message_at: datetime | None = None  # when it was sent, if long ago
         self._current = True  # the message handled now is of the attempt being recorded
         self._book = book
-        self._resumed_sources: dict[int, set[str]] = {}  # attempt -> where ranks loaded from
+        # (attempt, incident recovering) -> where its ranks loaded from
+        self._resumed_sources: dict[tuple[int, int | None], set[str]] = {}
         self.max_committed_step: int | None = None  # over the whole job
         self.committed_this_attempt: int | None = None
         # rank -> its latest {step, loss, learning_rate, at} (trainguard.log_metrics)
@@ -258,7 +259,7 @@ class WorkerMessages:
                        "resumes from the last whole checkpoint)",
                        rank=m.rank, attempt=attempt,
                        data={"step": step, "own_part": False, "borrowed_from": donor})
-        sources = self._resumed_sources.setdefault(attempt, set())
+        sources = self._resumed_sources.setdefault((attempt, self._book.recovering()), set())
         if source in sources:
             return
         first = not sources
