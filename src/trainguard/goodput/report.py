@@ -4,7 +4,7 @@ over what `gather` reads from the store."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from trainguard.controller.store import JobStore, NodeRow
@@ -19,6 +19,7 @@ from trainguard.records import (
     Event,
     FaultScenario,
     Reason,
+    RecoverRecord,
     RunningRecord,
     incidents_of,
     plural,
@@ -51,14 +52,13 @@ def gather(store: JobStore, now: datetime | None = None) -> ReportInput:
 def report_doc(r: ReportInput) -> dict[str, Any]:
     """The `report --json` document."""
     g = r.goodput
-    diagnoses = {ev.involved.attempt: ev.data or {} for ev in r.events
-                 if ev.reason == Reason.FAILURE_DIAGNOSED.value}
-    hangs = {ev.involved.attempt: ev.data or {} for ev in r.events
-             if ev.reason == Reason.HANG_CONFIRMED.value}
+    diagnoses = [ev for ev in r.events if ev.reason == Reason.FAILURE_DIAGNOSED.value]
+    hangs = [ev for ev in r.events if ev.reason == Reason.HANG_CONFIRMED.value]
     incidents = []
     for rr in incidents_of(r.records):  # one per fault (a rung's downgrade is the next's)
-        d = diagnoses.get(rr.attempt) or {}
-        h = hangs.get(rr.attempt) or {}
+        hung = rr.fault_scenario == FaultScenario.JOB_HANGED
+        d = {} if hung else event_of(diagnoses, rr)
+        h = event_of(hangs, rr) if hung else {}
         evidence = d.get("evidence") if isinstance(d.get("evidence"), dict) else None
         incidents.append({
             "attempt": rr.attempt, "fault_scenario": rr.fault_scenario.value,
@@ -81,6 +81,18 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
 
 
 _STORAGE = "disk_full_or_storage_io"
+_SLACK = timedelta(seconds=1)  # the ranks' exit times are the agents' clocks
+
+
+def event_of(events: list[Event], rr: RecoverRecord) -> dict[str, Any]:
+    """The data of the event that is `rr`'s own (of its attempt, written between its fault
+    and its decision; the last such), or {}: with in-process rungs one attempt holds many
+    incidents, and each had been given the attempt's last diagnosis or hang (walk-through
+    37 #1: a step re-execution and a SIGKILL 'explained' by a later hang)."""
+    start = (rr.fault_at or rr.recover_start_at) - _SLACK
+    end = (rr.decided_at or rr.recover_start_at) + _SLACK
+    mine = [ev for ev in events if ev.involved.attempt == rr.attempt and start <= ev.time <= end]
+    return (mine[-1].data or {}) if mine else {}
 
 
 def _hang_advice(r: ReportInput) -> list[str]:

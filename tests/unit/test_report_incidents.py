@@ -1,0 +1,45 @@
+"""`trainguard report`'s incidents each carry their own diagnosis or hang, not their attempt's
+last one (walk-through 37 #1: with the in-process rungs one attempt holds many incidents)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from trainguard.goodput.report import event_of
+from trainguard.records import (
+    Event,
+    FaultScenario,
+    Involved,
+    Level,
+    Reason,
+    RecoverRecord,
+)
+
+T0 = datetime(2026, 12, 6, 19, 12, tzinfo=timezone.utc)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def incident(scenario: FaultScenario, fault_s: float, decided_s: float) -> RecoverRecord:
+    return RecoverRecord(attempt=0, recover_start_at=at(decided_s), fault_scenario=scenario,
+                         reason="x", related_task="worker-1", fault_at=at(fault_s),
+                         detected_at=at(fault_s + 0.1), decided_at=at(decided_s))
+
+
+def event(reason: Reason, s: float, what: str) -> Event:
+    return Event(at(s), Level.WARNING, reason.value, what, Involved("r", attempt=0),
+                 {"what": what})
+
+
+def test_each_incident_of_one_attempt_gets_the_event_of_its_own_fault() -> None:
+    kill = incident(FaultScenario.JOB_FAILED, 10.0, 10.2)  # a SIGKILL, restarted in place
+    hang = incident(FaultScenario.JOB_HANGED, 20.0, 30.0)  # then a hang, confirmed at 29.9
+    step = incident(FaultScenario.ERROR_IN_LOG, 5.0, 5.1)  # a step re-executed: no event
+    diagnoses = [event(Reason.FAILURE_DIAGNOSED, 10.15, "killed")]
+    hangs = [event(Reason.HANG_CONFIRMED, 29.9, "sleeping")]
+    assert event_of(diagnoses, kill) == {"what": "killed"}
+    assert event_of(hangs, hang) == {"what": "sleeping"}
+    assert event_of(hangs, kill) == {} and event_of(diagnoses, step) == {}
+    assert event_of(diagnoses, incident(FaultScenario.JOB_FAILED, 40.0, 40.3)) == {}
