@@ -159,3 +159,21 @@ def test_a_console_copy_of_a_hang_is_read_from_its_hang_confirmed_line(
         "[trainguard] 16:25:19 Info RestartScheduled: restart upon suspension 1/3\n")
     evidence = console_evidence(console, capsys)
     assert evidence["line"] == 4 and "HangConfirmed" in evidence["text"], evidence
+
+
+def test_a_console_copy_s_job_failed_line_is_no_symptom_of_the_rank_it_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Walk-through 37 #4: the launcher's JobFailed line, which repeats its verdict, was
+    listed as a symptom printed by the rank it names."""
+    console = tmp_path / "job.out"
+    console.write_text(
+        "[rank 1] Traceback (most recent call last):\n"
+        '[rank 1]   File "train.py", line 9, in <module>\n'
+        "[rank 1] RuntimeError: injected crash at step 12\n"
+        "[trainguard] 19:11:03 Warning WorkerFailed: rank 1 (pid 4242) exited with code 1\n"
+        "[trainguard] 19:11:03 Error JobFailed: job failed: rank 1: RuntimeError: injected "
+        "crash at step 12; not restarted: user_code_error in the user_code domain\n")
+    assert main(["diagnose", str(console), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["diagnosis"]
+    texts = [doc["evidence"]["text"], *(s["text"] for s in doc.get("symptoms", []))]
+    assert doc["evidence"]["line"] == 3 and not any("JobFailed" in t for t in texts), doc
