@@ -275,3 +275,27 @@ def test_each_in_process_restart_of_one_attempt_has_its_resumed(tmp_path: Path) 
     records = incidents_of([book.current] if book.current else [])
     assert [(r.resumed_step, r.resumed_from) for r in records] == [(10, "memory"),
                                                                    (20, "memory")]
+
+
+def test_a_relaunch_that_finds_no_checkpoint_says_the_storage_lost_the_job_s(
+        tmp_path: Path) -> None:
+    """Walk-through 37 #5: the job's earlier launches committed step 30, the dir was wiped;
+    the relaunch trained from scratch with no CheckpointMissing (the committed step was
+    the launcher's memory only)."""
+    from trainguard.controller.recorder import Recorder
+    from trainguard.paths import JobPaths
+    from trainguard.spec_build import build_spec
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    store = JobStore.create(paths.job_dir, "r")
+    first = Recorder(spec, paths, store, ["train.py"])
+    first.begin()
+    first.messages.handle([msg("checkpoint_saved", step=30, location="/ck")], attempt=0)
+    store.set_meta(state="failed", attempt=0)
+    again = Recorder(spec, paths, store, ["train.py"])  # the same command, in the morning
+    attempt, _ = again.begin()
+    again.messages.handle([msg("no_checkpoint", location="/ck")], attempt=attempt)
+    said = [e.message for _, e in store.events() if e.reason == Reason.CHECKPOINT_MISSING.value]
+    assert len(said) == 1 and "this job committed step 30 there" in said[0], said

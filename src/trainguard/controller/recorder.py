@@ -161,12 +161,12 @@ class Recorder:
         return settings if isinstance(settings, dict) else None
 
     def _note_previous(self, previous: dict[str, Any]) -> None:
-        """The high-water marks of the launches before (HighWater starts from them)."""
+        """The launches before's high-water marks (HighWater's, and CheckpointMissing's)."""
         last = previous.get("last_step")
         self.previous_max_step = last if isinstance(last, int) else None
         with contextlib.suppress(StoreError):
             ckpt = self.store.last_checkpoint()
-            self.previous_committed = ckpt[0] if ckpt is not None else None
+            self.previous_committed = self.messages.max_committed_step = ckpt and ckpt[0]
 
     def _settings(self) -> dict[str, Any]:
         """The effective settings, as `run --dry-run` prints them: the dirs the job uses,
