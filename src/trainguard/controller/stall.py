@@ -46,8 +46,7 @@ class ControllerStall:
     def __init__(self, rec: Recorder, silent: Callable[[], dict[str, float]] | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.rec, self._silent, self._clock = rec, silent, clock
-        spec = rec.spec  # the agents' report interval (the fleet's size is set at the start)
-        self._report_s = report_interval(spec.nnodes + spec.spare_nodes, spec.monitor_interval)
+        self._report_s: float | None = None  # the agents' report interval, once asked
         self._lock = threading.Lock()
         self._gaps: list[tuple[float, float]] = []  # the ticker's: (last tick, the late one)
         self._back: float | None = None  # when the last stall ended, until caught up
@@ -82,6 +81,10 @@ class ControllerStall:
                 "starved of CPU): nothing was heard from the nodes meanwhile, so the silence "
                 "is the controller's, not theirs; hang detection waits until each node is "
                 "heard again"), attempt=attempt, data={"stalled_s": round(now - last, 3)})
+        if self._report_s is None:  # the fleet's size is set at the start
+            spec = self.rec.spec
+            self._report_s = report_interval(spec.nnodes + spec.spare_nodes,
+                                             spec.monitor_interval)
         if self._back is not None and caught_up(self._clock() - self._back, self._silent(),
                                                 self._report_s):
             self._back = None
