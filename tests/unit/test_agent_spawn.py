@@ -51,3 +51,34 @@ def test_a_spawned_worker_the_router_cannot_take_is_killed(
         assert proc.wait(timeout=10) < 0  # stopped by a signal, not left sleeping
     finally:
         agent.close()
+
+
+def test_a_newer_attempt_s_start_stops_the_workers_its_stop_did_not_reach(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 42 #1: a restart's stop gave up on a node cut off from the controller; its
+    agent came back with the last attempt's workers running and refused the start ("workers
+    of the last attempt still run"): the node was drained. A start of a newer attempt now
+    stops them first; one of the same attempt is still refused."""
+    monkeypatch.setattr(agent_mod.procs, "become_subreaper", lambda: False)  # not pytest
+    monkeypatch.setattr(agent_mod, "STALE_GRACE_S", 0.5)
+    agent = NodeAgent("n0", io.StringIO(), ConsoleOptions({}), DEFAULT_STEP_PATTERN,
+                      f"stale-{time.monotonic_ns()}")
+
+    def start(attempt: int) -> StartWorkers:
+        return StartWorkers(
+            run_id="r", attempt=attempt, argv=[sys.executable, "-c", "import time; "
+                                               "time.sleep(60)"],
+            env={}, world_size=1, group_rank=0, group_world_size=1, master_addr="127.0.0.1",
+            master_port=1, max_restarts=1, log_dir=str(tmp_path / "logs"),
+            job_dir=str(tmp_path), checkpoint_dir=str(tmp_path / "ck"),
+            workers=[WorkerAssignment(rank=0, local_rank=0, start_count=attempt + 1,
+                                      schedule_count=1)])
+
+    try:
+        first = agent.start_workers(start(0)).workers[0].pid
+        with pytest.raises(agent_mod.LaunchError, match="attempt 0 while its workers"):
+            agent.start_workers(start(0))
+        second = agent.start_workers(start(1)).workers[0].pid
+        assert second != first and not agent_mod.procs.group_alive(first)
+    finally:
+        agent.close()

@@ -58,6 +58,7 @@ from trainguard.worker.fields import ContractError
 log = logging.getLogger(__name__)
 
 PRELOAD_JOIN_S = 30.0  # close(): the rules take about a second to load; never hang on them
+STALE_GRACE_S = 5.0  # an earlier attempt's workers a start finds running: their grace period
 
 
 class NodeAgent:
@@ -78,13 +79,6 @@ class NodeAgent:
         self._dead_file: Path | None = None
         self._job_dir: Path | None = None
         self._liveness = LivenessBook()
-        # the worker messages that are liveness signals, by kind (all go on to the controller)
-        self._signals: dict[str, Callable[[int, WorkerMessage], None]] = {
-            MessageKind.PROGRESS: self._progress_signal,
-            MessageKind.PHASE: self._phase_signal,
-            MessageKind.CHECKPOINT_SAVED: self._saved_signal,
-            MessageKind.IMPORTS: lambda r, m: self._standby.learn(m.data["modules"].split(",")),
-        }
         self._strays_reaped = 0.0
         self._hurried = self._draining = False  # hurry(): grace over; drain told: 143 = stop
         procs.become_subreaper()
@@ -105,8 +99,17 @@ class NodeAgent:
     # -- commands -------------------------------------------------------------------------
 
     def start_workers(self, cmd: StartWorkers) -> NodeReport:
+        """Start this node's workers of `cmd.attempt`; workers of an earlier attempt still
+        running are stopped first (the controller's stop of the restart gave this node up,
+        cut off: review 42 #1: the start was refused and the node drained)."""
         if any(not w.state.ended for w in self._workers):
-            raise LaunchError("start_workers while workers of the last attempt still run")
+            if self._attempt is not None and cmd.attempt <= self._attempt:
+                raise LaunchError(f"start_workers of attempt {cmd.attempt} while its workers "
+                                  "still run")
+            log.warning("attempt %d starts while workers of attempt %d still run (their stop "
+                        "did not reach this node): stopping them first", cmd.attempt,
+                        self._attempt)
+            self.stop_workers(StopWorkers(grace_s=STALE_GRACE_S, reason="a newer attempt"))
         self._attempt, self._start = cmd.attempt, cmd
         self._hurried = self._draining = False  # a Ctrl-C ends only the stop it came in
         self._job_dir = Path(cmd.job_dir)
@@ -376,22 +379,16 @@ class NodeAgent:
                 for w in self._workers]
 
     def _liveness_message(self, m: WorkerMessage) -> None:
-        """trainguard.progress / trainguard.phase / a checkpoint save: liveness signals
-        (the fields as worker.contract checked them)."""
-        handler = self._signals.get(m.kind)
-        if handler is not None and m.rank is not None:
-            handler(m.rank, m)
-
-    def _progress_signal(self, rank: int, m: WorkerMessage) -> None:
-        self._on_progress(rank, int(m.data["step"]), m.at, line=False)
-
-    def _saved_signal(self, rank: int, m: WorkerMessage) -> None:
-        self._liveness.progress(rank, None, m.at)
-
-    def _phase_signal(self, rank: int, m: WorkerMessage) -> None:
-        timeout = m.data.get("timeout_s")
-        self._liveness.phase(rank, str(m.data["name"]), str(m.data["state"]), m.at,
-                             None if timeout is None else float(timeout))
+        """trainguard.progress / trainguard.phase / a checkpoint save: liveness signals (the
+        fields as worker.contract checked them); every message goes on to the controller."""
+        if m.rank is None:
+            return
+        if m.kind == MessageKind.PROGRESS:
+            self._on_progress(m.rank, int(m.data["step"]), m.at, line=False)
+        elif m.kind == MessageKind.IMPORTS:
+            self._standby.learn(m.data["modules"].split(","))
+        else:  # a phase, a checkpoint saved
+            self._liveness.message(m.rank, m)
 
     def _log_errors(self) -> list[WorkerMessage]:
         errors = self._router.take_errors() if self._router is not None else []

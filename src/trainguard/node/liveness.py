@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 import psutil
 
 from trainguard.node.accelerators import AcceleratorSampler
-from trainguard.protocol import RankLiveness
-from trainguard.worker.contract import EXIT_SAVE_PHASE
+from trainguard.protocol import RankLiveness, WorkerMessage
+from trainguard.worker.contract import EXIT_SAVE_PHASE, MessageKind
 
 SAMPLE_EVERY_S = 1.0  # psutil over a process tree costs about a millisecond
 MAX_PENDING = 10_000  # intervals kept between two reports
@@ -96,6 +96,16 @@ class LivenessBook:
         with self._lock:
             r = self._ranks.get(rank)
             return None if r is None else r.second_last_step_at
+
+    def message(self, rank: int, m: WorkerMessage) -> None:
+        """A worker message that is a liveness signal: a phase begun or ended, a checkpoint
+        saved (the step: none new); any other kind is none."""
+        if m.kind == MessageKind.PHASE:
+            timeout = m.data.get("timeout_s")
+            self.phase(rank, str(m.data["name"]), str(m.data["state"]), m.at,
+                       None if timeout is None else float(timeout))
+        elif m.kind == MessageKind.CHECKPOINT_SAVED:
+            self.progress(rank, None, m.at)
 
     def phase(self, rank: int, name: str, state: str, at: datetime,
               timeout_s: float | None) -> None:
