@@ -455,12 +455,17 @@ def test_a_link_cut_in_a_full_disruption_is_given_up_on_past_the_grace_from_its_
 
 def test_a_restart_s_rendezvous_in_a_full_disruption_waits_out_what_is_left_of_it() -> None:
     """Review 41 #8: 90 s into the 120 s wait a restart's rendezvous gave up after its 30 s
-    and the job ended; it now waits what is left of the wait too."""
+    and the job ended; it now waits what is left of the wait too. Review 42 #2: slot 0's
+    node given up on by its link is a node loss (the ladder's), not the job's end: a
+    rendezvous with no answer in time still is (a LaunchError)."""
     f, hub, clock = six_nodes_four_cut(25.0)
     clock.t += 90.0
     with pytest.raises(LaunchError, match="did not answer within 40s"):  # 30 s + 10 s left
         f.rendezvous("10.0.0.2", None)
     assert hub.timeouts[-1] == 40.0 and f.disruption.wait_left() == 10.0  # of its 100 s
+    clock.t += 11.0  # the wait is over: n2 is lost by its link
+    assert f.rendezvous("10.0.0.2", None) == ("10.0.0.2", fleet_module.FALLBACK_PORT)
+    assert set(f.lost_now()) == {"n2", "n3"}
 
 
 def test_a_stop_requested_ends_a_placing_command_s_wait_for_a_disruption() -> None:

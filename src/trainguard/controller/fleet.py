@@ -44,6 +44,7 @@ from trainguard.states import NodeState
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0
+FALLBACK_PORT = 29500  # torchrun's: an attempt whose rank 0's node was lost at its rendezvous
 MIN_POLL_S = 0.05  # poll(wait_s) merges the nodes' reports at most this often, and at
 MERGE_S_PER_NODE = 0.00025  # most every 0.5 s at 2,000 nodes (a merge is O(ranks))
 DISRUPTION_WAIT_S = 120.0  # every link down at once: how long before any counts as lost
@@ -93,9 +94,8 @@ class Fleet:
     def ready(self, name: str) -> bool:
         """In the job, its agent's process alive, connected and heard from lately."""
         n = self.nodes[name]
-        return (n.state.usable and n.handle is not None
-                and not n.handle.ended() and self.hub.connected(name)
-                and self.hub.silent_for(name) <= self.node_timeout_s)
+        return (n.state.usable and n.handle is not None and not n.handle.ended()
+                and self.hub.connected(name) and self.hub.silent_for(name) <= self.node_timeout_s)
 
     def _in_job(self) -> list[str]:
         """Placed nodes not given up: commands go to them even while they reconnect (the
@@ -240,6 +240,9 @@ class Fleet:
         if preferred_port:
             return host, preferred_port
         reply = self._call({first: (Op.PORT, {})}, 30 + self.disruption.wait_left(), True)[first]
+        if not reply.ok and (reply.error.startswith(LINK_LOST) or self.agent_ended(first)):
+            self._broken.setdefault(first, reply.error)  # a node loss, the ladder's (review
+            return host, FALLBACK_PORT  # 42 #2: it ended the job): the start finds it lost
         if not reply.ok:
             raise LaunchError(f"node {first} cannot offer a rendezvous port: {reply.error}")
         return host, int(reply.body["port"])
