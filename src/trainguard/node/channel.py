@@ -65,9 +65,7 @@ def same_user(pid: int, uid: int) -> bool:
 
 class JobProcesses:
     """The agent's policy: this user's processes whose session is one of `groups` (each
-    worker and standby leads its own session, so their children count too), and the
-    agent's own children: a worker just spawned may send before the agent registered its
-    session (a rank's first message, a ControlUnreachable at once, on a starved node)."""
+    worker and standby leads its own session, so their children count too)."""
 
     def __init__(self, groups: Container[int]) -> None:
         self._groups = groups
@@ -78,16 +76,9 @@ class JobProcesses:
         if pid in self._groups:
             return True
         try:
-            return os.getsid(pid) in self._groups or parent_of(pid) == os.getpid()
-        except (OSError, ValueError, IndexError):  # gone already
+            return os.getsid(pid) in self._groups
+        except OSError:  # gone already
             return False
-
-
-def parent_of(pid: int) -> int:
-    """`pid`'s parent (/proc/PID/stat's fourth field; the name before it may hold spaces and
-    parentheses, so it is read after the last ')')."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
 
 
 class ChannelServer:
