@@ -49,6 +49,7 @@ class FakeHub:
     disconnected: dict[str, float] = field(default_factory=dict)
     silent: dict[str, float] = field(default_factory=dict)
     timeouts: list[float] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # a node's agent answers this
 
     def refusals(self) -> dict[str, int]:
         return {"handshake": 0, "over_budget": 0, "forged_frame": 0}
@@ -110,6 +111,8 @@ class FakeHub:
         return None
 
     def answer(self, name: str, op: str, body: dict[str, Any]) -> Reply:
+        if name in self.errors:
+            return Reply(False, {}, self.errors[name])
         if op != Op.START:
             return Reply(True, {})
         cmd = StartWorkers.model_validate(body)
@@ -708,3 +711,27 @@ def test_a_spare_is_judged_as_a_placed_node_is() -> None:
     hub.silent.update(dict.fromkeys("abc", 30.0))
     f.poll()
     assert len(gone) == 1 and f.nodes["c"].state == NodeState.SPARE
+
+
+def test_the_same_answer_from_every_node_not_cut_is_the_job_s_not_theirs() -> None:
+    """Review 42 #3: one node cut, the others answering the start with the same error (a bad
+    argv: the job's): the answering nodes were marked broken and drained, and the ladder
+    moved their ranks to spares that failed the same way; it is the start's failure."""
+    f, hub, _ = fleet(("a", "b", "c", "d"))
+    f.place(["a", "b", "c"])
+    hub.connected_nodes.discard("c")
+    hub.disconnected["c"] = 10.0
+    hub.errors.update(dict.fromkeys("ab", "FileNotFoundError: [Errno 2] No such file: 'x'"))
+    with pytest.raises(LaunchError, match=r"a: FileNotFoundError.*b: FileNotFoundError"):
+        f.start_workers(start_cmd())
+
+
+def test_a_placing_command_gives_up_at_once_on_a_node_slurm_reports_down() -> None:
+    """Review 42 #4: a command's judge had no Slurm verdict: in a full disruption a start
+    waited out the disruption for a node lost_now already called lost."""
+    f, _, _ = six_nodes_four_cut(25.0)
+    backend = f.backend
+    assert isinstance(backend, FakeBackend)
+    backend.bad["n2"] = "down*"
+    why = f._call({"n2": (Op.PORT, {})}, 30, placing=True)["n2"].error
+    assert why == "Slurm reports it down*" and f.lost_now()["n2"] == why

@@ -128,9 +128,10 @@ def test_a_numbered_reply_that_came_after_its_call_gave_up_is_not_lost() -> None
 def test_a_reply_that_comes_as_its_node_is_given_up_on_is_not_lost() -> None:
     """(review) A node given up on (unreachable) within a call, that came back and answered
     before the call ended: its reply sat in the call's replies and was dropped with them.
-    Now a reply that comes while its node is judged is its answer (review 41 #1: the hub
-    asks the judge first, then takes every reply that came); one that comes later is kept
-    as late (Hub._frame, the call's `finally`)."""
+    A reply that comes while its node is judged is its answer (review 41 #1: the hub asks
+    the judge, then takes every reply that came); one that comes after its node was given
+    up on, while the call waits for another, is kept as late (the call's `finally`; review
+    42 #7)."""
     from trainguard.controller.hub import Hub
     from trainguard.controller.links import NodeLink
     from trainguard.protocol import Op
@@ -139,19 +140,31 @@ def test_a_reply_that_comes_as_its_node_is_given_up_on_is_not_lost() -> None:
     box = Outbox(epoch=7)
     hub = Hub(new_token(), "127.0.0.1")
     try:
-        link = hub.links["n0"] = NodeLink("n0", disconnected_at=0.0)  # gone long ago
+        n0 = hub.links["n0"] = NodeLink("n0", disconnected_at=0.0)  # gone long ago
+        n1 = hub.links["n1"] = NodeLink("n1", disconnected_at=0.0)
         reply = box.number(report(MessageKind.CHECKPOINT_SAVED)).model_dump(mode="json")
-        real_gone = hub._gone
 
-        def gone_then_answer(name: str, lost_after_s: float) -> bool:
-            cid = next(iter(hub._pending))  # it answers as it is given up on
-            hub._frame(link, {"type": "reply", "id": cid, "ok": True, "body": reply})
-            return real_gone(name, lost_after_s)
+        def cid_of(name: str) -> str:
+            return next(c for c, (n, _) in hub._pending.items() if n == name)
 
-        hub._gone = gone_then_answer  # type: ignore[method-assign]
-        out = hub.call({"n0": (Op.STOP, {})}, 5, 0.0)
-        assert out["n0"].ok and out["n0"].body == reply and not link.late
-        hub._frame(link, {"type": "reply", "id": "its-call-ended", "ok": True, "body": reply})
-        assert [m.kind for m in link.late] == [MessageKind.CHECKPOINT_SAVED]
+        def answers_as_judged(names: list[str]) -> dict[str, str]:
+            hub._frame(n0, {"type": "reply", "id": cid_of("n0"), "ok": True, "body": reply})
+            return dict.fromkeys(names, "given up")
+
+        out = hub.call({"n0": (Op.STOP, {})}, 5, 0.0, judge=answers_as_judged)
+        assert out["n0"].ok and out["n0"].body == reply and not n0.late
+        rounds: list[list[str]] = []
+
+        def n0_now_n1_later(names: list[str]) -> dict[str, str]:
+            rounds.append(names)
+            if len(rounds) == 1:
+                return {"n0": "given up"}
+            hub._frame(n0, {"type": "reply", "id": cid_of("n0"), "ok": True, "body": reply})
+            return {"n1": "given up"}
+
+        out = hub.call({"n0": (Op.STOP, {}), "n1": (Op.STOP, {})}, 5, 0.0,
+                       judge=n0_now_n1_later)
+        assert out["n0"].error == "given up" and rounds == [["n0", "n1"], ["n1"]]
+        assert [m.kind for m in n0.late] == [MessageKind.CHECKPOINT_SAVED] and not n1.late
     finally:
         hub.close()

@@ -155,14 +155,19 @@ class Fleet:
                                      judge=partial(self._given_up, placing)))
         return out
 
-    def _given_up(self, placing: bool, names: list[str]) -> dict[str, str]:
+    def _given_up(self, placing: bool, names: list[str], placed: bool = False
+                  ) -> dict[str, str]:
+        """One judge for a poll's losses (`placed`) and a command's give-ups: its agent
+        ended or it failed a command, its link, Slurm's verdict (link_loss.given_up)."""
         return given_up(names, self.hub.links_now(), self.grace_s, self.node_timeout_s,
                         ended=self._ended, heard_from=self.nodes, live=self._live(),
-                        disruption=self.disruption if placing and not self.stop_requested()
-                        else None)
+                        disruption=self.disruption if placed or (
+                            placing and not self.stop_requested()) else None,
+                        reported=self.backend.bad_nodes())
 
     def _ended(self, name: str) -> str | None:
-        return self.why_ended(name) if self.agent_ended(name) else None
+        return self._broken.get(name) or (self.why_ended(name) if self.agent_ended(name)
+                                          else None)
 
     def _live(self) -> list[str]:
         return [n for n, node in self.nodes.items() if not node.state.out]
@@ -182,18 +187,8 @@ class Fleet:
 
     def lost_now(self) -> dict[str, str]:
         """Placed nodes that are gone now, with why (controller/link_loss.py)."""
-        bad = self.backend.bad_nodes()
-        placed = [n for n in self.placement if not self.nodes[n].state.out]
-        judged = given_up(placed, self.hub.links_now(), self.grace_s, self.node_timeout_s,
-                          ended=self._ended, heard_from=self.nodes, live=self._live(),
-                          disruption=self.disruption)
-        out: dict[str, str] = {}
-        for name in placed:
-            why = (self._broken.get(name) or judged.get(name)
-                   or (f"Slurm reports it {bad[name]}" if name in bad else None))
-            if why:
-                out[name] = why
-        return out
+        return self._given_up(True, [n for n in self.placement if not self.nodes[n].state.out],
+                              placed=True)
 
     def silent_s(self) -> dict[str, float]:
         """Each placed node's seconds since its agent's last frame: a rank whose node is
@@ -265,8 +260,9 @@ class Fleet:
         replies = self._call(calls, START_TIMEOUT_S + self.disruption.wait_left(), True)
         failed = {n: r.error for n, r in replies.items() if not r.ok}
         by_link = {n for n, e in failed.items() if e.startswith(LINK_LOST)}  # not an answer
-        if failed and len(failed) == len(replies) and not by_link:  # the same answer on
-            raise LaunchError("; ".join(f"{n}: {e}" for n, e in failed.items()))  # every node
+        answered = {n: e for n, e in failed.items() if n not in by_link}
+        if answered and len(answered) == len(replies) - len(by_link):  # the same answer
+            raise LaunchError("; ".join(f"{n}: {e}" for n, e in answered.items()))  # on all
         for name, error in failed.items():  # one node's own trouble: it is lost (an ended
             if not self.agent_ended(name):  # agent is, by lost_now itself, with its reason)
                 self._broken[name] = (error if name in by_link  # a link: maybe not drained

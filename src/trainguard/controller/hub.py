@@ -21,12 +21,11 @@ import secrets
 import socket
 import threading
 import time
-from functools import partial
 from typing import Any
 
 from trainguard.controller.admission import Admission
 from trainguard.controller.links import Heard, LinkReader, LinkState, NodeLink
-from trainguard.controller.replies import Judge, Reply, reply_of
+from trainguard.controller.replies import Judge, Reply, plain_judge, reply_of
 from trainguard.handshake import accept, supersede, welcome
 from trainguard.protocol import NodeReport, Op
 from trainguard.wire import Conn, FrameRejected, WireError, keepalive, raise_fd_limit
@@ -34,6 +33,7 @@ from trainguard.wire import Conn, FrameRejected, WireError, keepalive, raise_fd_
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 5.0  # close(): for all of the hub's threads together to end
+JUDGE_S = 0.2  # a call asks its judge at most this often (each reply wakes it; review 42 #5)
 
 
 class Hub:
@@ -279,11 +279,11 @@ class Hub:
              lost_after_s: float, silent_after_s: float | None = None,
              judge: Judge | None = None) -> dict[str, Reply]:
         """Send each node its command at once; wait for every answer. A node given up on
-        answers with why: by `judge`, asked each round (controller/replies.py), or else by
-        this hub (disconnected for longer than `lost_after_s`, or silent, no heartbeat: a
-        frozen agent, for longer than `silent_after_s` while another node was heard); one
-        silent past `timeout` answers so."""
-        judged = judge or partial(self._judged, lost_after_s, silent_after_s)
+        answers with why: by `judge` (controller/replies.py), asked at most every JUDGE_S
+        and at the deadline, or else by replies.plain_judge (disconnected for longer than
+        `lost_after_s`, or silent, no heartbeat: a frozen agent, for longer than
+        `silent_after_s` while another node was heard); one silent past `timeout` so."""
+        judged = judge or plain_judge(self.links_now, lost_after_s, silent_after_s)
         ids: dict[str, str] = {}
         sends: list[tuple[Conn, dict[str, Any]]] = []
         with self._cond:
@@ -300,17 +300,18 @@ class Hub:
                 conn.send(frame)
         with self._cond:
             out: dict[str, Reply] = {}
-            deadline = time.monotonic() + timeout
+            deadline, judge_at = time.monotonic() + timeout, 0.0
             try:
                 while len(out) < len(ids):
                     awaited = [n for c, n in ids.items() if n not in out and c not in self._replies]
-                    given_up = judged(awaited) if awaited else {}  # once a round: O(nodes)
+                    now, given_up = time.monotonic(), {}
+                    if awaited and (now >= judge_at or now > deadline):  # O(nodes): not at
+                        given_up, judge_at = judged(awaited), now + JUDGE_S  # every reply
                     for cid, name in ids.items():
                         got = None if name in out else self._replies.pop(cid, None)
                         if got is not None:
                             out[name] = reply_of(got)
-                        elif name not in out and (name in given_up
-                                                  or time.monotonic() > deadline):
+                        elif name not in out and (name in given_up or now > deadline):
                             out[name] = Reply(False, {}, given_up.get(name) or (
                                 f"node {name} did not answer within {timeout:.0f}s"))
                     if len(out) < len(ids):
@@ -323,28 +324,6 @@ class Hub:
                     if left is not None and link is not None:
                         link.keep_late(left.get("body"))
             return out
-
-    def _judged(self, lost_after_s: float, silent_after_s: float | None,
-                names: list[str]) -> dict[str, str]:
-        """This hub's own judgement of `names` (Hub.call's default Judge)."""
-        heard, out = self._heard_within(silent_after_s), {}
-        for name in names:
-            if self._gone(name, lost_after_s):
-                out[name] = f"node {name} is unreachable"
-            elif heard and self.silent_for(name) > (silent_after_s or 0):
-                out[name] = f"node {name} has been silent for over {silent_after_s:g}s"
-        return out
-
-    def _gone(self, name: str, lost_after_s: float) -> bool:
-        link = self.links.get(name)  # a silent one is caught by the caller's timeout
-        return link is None or link.down_for(time.monotonic()) > lost_after_s
-
-    def _heard_within(self, after_s: float | None) -> bool:
-        """Some node was heard within `after_s` (None: no silence counts): only then is one
-        node's silence its own, not this controller stalled. Called under the lock."""
-        now = time.monotonic()
-        return after_s is not None and any(
-            now - link.heard.at() <= after_s for link in self.links.values())
 
     def forget(self, name: str) -> None:
         """Drop a node (isolated or lost): its connection closes, its agent may reconnect

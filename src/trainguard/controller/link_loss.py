@@ -47,9 +47,11 @@ def link_lost(link: LinkState, grace_s: float, node_timeout_s: float, *, waiting
 def given_up(names: Collection[str], links: Mapping[str, LinkState], grace_s: float,
              node_timeout_s: float, *, ended: Callable[[str], str | None],
              heard_from: Collection[str], disruption: Disruption | None = None,
-             live: Collection[str] = ()) -> dict[str, str]:
-    """Of `names`, those lost now, with why: its agent ended (`ended` says why) or its link
-    is lost (link_lost; silence counts while most of `heard_from` are heard). With
+             live: Collection[str] = (), reported: Mapping[str, str] | None = None,
+             ) -> dict[str, str]:
+    """Of `names`, those lost now, with why, in this order: its agent ended or it is known
+    gone (`ended` says why), its link is lost (link_lost; silence counts while most of
+    `heard_from` are heard), the cluster reports it down (`reported`: Slurm's verdict). With
     `disruption` (placed nodes, a command that places ranks) a link cut in a full disruption
     is judged as the disruption counts it, and none before its wait (`live`: the nodes in
     play); without (a stop, a tell: a cut node cannot be reached) the link as it is."""
@@ -61,7 +63,8 @@ def given_up(names: Collection[str], links: Mapping[str, LinkState], grace_s: fl
         why = ended(name) or link_lost(
             link if disruption is None else disruption.counted(name, link), grace_s,
             node_timeout_s, waiting=waiting, others_heard=others_heard,
-            suspect=disruption is not None and disruption.suspect(name))
+            suspect=disruption is not None and disruption.suspect(name)) or (
+            f"Slurm reports it {reported[name]}" if reported and name in reported else None)
         if why:
             out[name] = why
     return out
