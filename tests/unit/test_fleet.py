@@ -14,6 +14,7 @@ import pytest
 import trainguard.controller.fleet as fleet_module
 from trainguard.controller.disruption import Disruption
 from trainguard.controller.fleet import Fleet
+from trainguard.controller.link_loss import excused
 from trainguard.controller.links import LinkState
 from trainguard.controller.nodes import placement_text
 from trainguard.controller.replies import Judge, Reply
@@ -735,3 +736,20 @@ def test_a_placing_command_gives_up_at_once_on_a_node_slurm_reports_down() -> No
     backend.bad["n2"] = "down*"
     why = f._call({"n2": (Op.PORT, {})}, 30, placing=True)["n2"].error
     assert why == "Slurm reports it down*" and f.lost_now()["n2"] == why
+
+
+def test_a_start_s_give_up_in_a_disruption_stays_excused_when_the_node_comes_back() -> None:
+    """Review 42 #9: the start gave n2 up by its link 3.5 s after a disruption ended (not
+    drained: the disruption is suspect); n2 came back before the loss was handled, was no
+    longer the disruption's, and was drained."""
+    f, hub, clock = six_nodes_four_cut(25.0)
+    back(hub, "n0", "n1")
+    assert f.lost_now() == {}  # the disruption ends now
+    clock.t += 3.5
+    hub.disconnected.update({"n2": 28.5, "n3": 28.5})
+    f.start_workers(start_cmd())
+    back(hub, "n2", "n3")  # back right after
+    why = f.lost_now()["n2"]
+    assert not f.disruption.suspect("n2") and excused(why, f.disruption.suspect("n2"))
+    assert not lost_isolation("n2", why, excused(why, False)).drain
+    assert not excused("its agent process ended", True)

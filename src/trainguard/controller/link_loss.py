@@ -20,7 +20,17 @@ from trainguard.controller.links import LinkState
 # how a node lost by its link is said: only such a loss may be a full disruption's (not
 # drained); an agent's end or Slurm's verdict is the node's own
 LINK_LOST = "its agent has been "
+# said of a link loss judged while a full disruption made it suspect: the verdict that it is
+# not drained travels with the reason (a link back before the loss is handled is no longer
+# the disruption's, and was drained: review 42 #9)
+SUSPECT_NOTE = " (every node's link went down at once)"
 NEVER = LinkState(False, float("inf"), float("inf"))  # a node whose agent never connected
+
+
+def excused(why: str, suspect_now: bool) -> bool:
+    """Whether a loss for `why` is not drained: a link loss while a full disruption made it
+    suspect, then (SUSPECT_NOTE) or now (review 40 #4: a loss of the node's own is drained)."""
+    return why.startswith(LINK_LOST) and (SUSPECT_NOTE in why or suspect_now)
 
 
 def heard_lately(links: Mapping[str, LinkState], names: Collection[str],
@@ -37,7 +47,7 @@ def link_lost(link: LinkState, grace_s: float, node_timeout_s: float, *, waiting
     full disruption not waited out yet; `suspect`: its loss may be this controller's side."""
     if link.disconnected_s > grace_s and not waiting:
         return (f"{LINK_LOST}disconnected for over {grace_s:g}s"
-                + (" (every node's link went down at once)" if suspect else ""))
+                + (SUSPECT_NOTE if suspect else ""))
     if link.silent_s > node_timeout_s and others_heard and not (
             waiting and not link.connected):  # a cut link's silence is the cut
         return f"{LINK_LOST}silent for over {node_timeout_s:g}s"

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from trainguard.controller.faults import Fault
 from trainguard.controller.fleet import Fleet
-from trainguard.controller.link_loss import LINK_LOST
+from trainguard.controller.link_loss import excused
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.stopping import stop
 from trainguard.exitcodes import ExitCode
@@ -158,8 +158,7 @@ class NodeRecovery:
         detected = utcnow()
         first = detected - timedelta(seconds=self.fleet.heard_ago(list(lost)))
         for name, why in lost.items():
-            iso = lost_isolation(name, why, why.startswith(LINK_LOST)  # (review 40 #4)
-                                 and self.fleet.disruption.suspect(name))
+            iso = lost_isolation(name, why, excused(why, self.fleet.disruption.suspect(name)))
             what = (self.fleet.backend.isolate(name, f"trainguard: {iso.why}") if iso.drain
                     else "not drained: every node's link went down at once")
             self.rec.event(Level.WARNING, Reason.NODE_LOST,
