@@ -513,7 +513,9 @@ LAUNCHER = ("trainguard.controller.loop", "trainguard.node.agent", "trainguard.n
                  id="checkpoint library: no launcher"),
     pytest.param("trainguard.cli, trainguard.launch, trainguard.cli.ckpt", ("torch", "numpy"),
                  id="launcher and its commands: no torch"),
-    pytest.param("trainguard.cli.run_checks, trainguard.controller.worker_messages",
+    pytest.param("trainguard.cli, trainguard.launch, trainguard.cli.run, "
+                 "trainguard.cli.run_checks, trainguard.controller.loop, "
+                 "trainguard.controller.worker_messages, trainguard.node.main",
                  ("trainguard.testing.faults",),  # the spec's reading: testing/fault_spec.py
                  id="launcher: not the rank-side fault injector"),
 ])
