@@ -124,3 +124,43 @@ def test_an_attempt_s_last_sample_is_its_newest_not_another_attempt_s(tmp_path: 
     assert store.last_sample(0) == (0, 50, t0 + 5.0)
     assert store.last_sample(1) == (1, 45, t0 + 9.0)  # same instant: the later row
     assert store.last_sample(2) is None
+
+
+def test_steps_a_full_disk_held_back_are_written_at_the_job_s_end(tmp_path: Path) -> None:
+    """Walk-through 37 #7: after the job-dir disk filled up the step ledger was never written
+    again (the job's end wrote its events from the room kept, not the samples): `report`
+    counted 140 of 250 steps done once and none done again, and the meta's last step was
+    step 45's. The samples and the last step wait, and go with the job's end."""
+    from trainguard.errors import StoreError
+    from trainguard.states import JobState
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    store = JobStore.create(paths.job_dir, "r")
+    rec = Recorder(spec, paths, store, ["train.py"])
+    rec.sync(report("node-0", 0, (1, 0.0), (40, 4.0)), force=True)
+    full = True
+    real_add, real_meta = store.add_progress, store.set_meta
+
+    def add_progress(samples: list[tuple[int, int, float]]) -> None:
+        if full:
+            raise StoreError("database or disk is full")
+        real_add(samples)
+
+    def set_meta(**values: object) -> None:
+        if full and "last_step" in values:
+            raise StoreError("database or disk is full")
+        real_meta(**values)
+
+    store.add_progress = add_progress  # type: ignore[method-assign]
+    store.set_meta = set_meta  # type: ignore[method-assign]
+    rec.sync(report("node-0", 0, (1, 0.0), (150, 15.0)), force=True)
+    rec.sync(report("node-0", 0, (141, 16.0), (250, 26.0)), force=True)  # restarted in place
+    assert [s for _, s, _ in store.progress()] == [1, 40]
+    full = False  # the end: the room kept for it
+    rec.end_job(JobState.SUCCEEDED, 0, "done", attempt=0)
+    assert [s for _, s, _ in store.progress()] == [1, 40, 150, 141, 250]
+    assert store.meta()["last_step"] == 250
+    g = ledger(store, 27.0)
+    assert (g.steps_productive, g.steps_wasted) == (250, 10)

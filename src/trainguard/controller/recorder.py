@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 from trainguard.console import Writable
 from trainguard.controller.incidents import IncidentBook
+from trainguard.controller.progress_ledger import ProgressLedger
 from trainguard.controller.settings_diff import changes_text, settings_changes
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.controller.store_rows import (
@@ -35,7 +35,7 @@ from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, signal_name
 from trainguard.paths import JobPaths, attempt_log_dir
 from trainguard.policy.decision import Decision, HAPolicy
-from trainguard.protocol import NodeReport, Progress
+from trainguard.protocol import NodeReport
 from trainguard.records import (
     Event,
     Involved,
@@ -48,8 +48,6 @@ from trainguard.records import (
 )
 from trainguard.spec import JobSpec
 from trainguard.states import JobState
-
-PROGRESS_WRITE_EVERY_S = 1.0
 
 
 class Recorder:
@@ -69,9 +67,7 @@ class Recorder:
         self._refused_written: dict[str, int] = {}  # meta connections_refused, as written
         self._messages_refused_written = 0  # meta worker_messages_refused, as written
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
-        self._progress_written = 0.0
-        self._ledger: list[tuple[int, int, float]] = []  # progress samples not yet written
-        self._sampled: tuple[int, int, float] | None = None  # the last sample: attempt, step, at
+        self.ledger = ProgressLedger(store)  # the step ledger
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
               attempt: int | None = None, data: dict[str, Any] | None = None,
@@ -216,7 +212,7 @@ class Recorder:
         for r in self.store.running_records():
             if r.attempt == attempt:
                 self.book.current = r
-        self._sampled = self.store.last_sample(attempt)  # the dead controller's last
+        self.ledger.take_over(attempt)
         self.messages.saw_whole_job = False
         self.event(Level.INFO, Reason.CONTROLLER_RESTARTED,
                    f"a new controller (pid {os.getpid()}) took over attempt {attempt}: the "
@@ -239,6 +235,8 @@ class Recorder:
         self.writes.last_word()  # a disk that filled up: the room kept for this
         if self.writes.failing:  # then the end first, before the events that waited
             self.writes.set_meta(**end)
+            with self.writes.best_effort():  # and the steps (walk-through 37 #7)
+                self.ledger.write()
         if limit is not None:
             self.event(Level.ERROR, limit[0], limit[1], attempt=attempt)
         note = self.messages.faults_note() if state == JobState.SUCCEEDED else None
@@ -332,42 +330,21 @@ class Recorder:
         if outputs:
             self.book.output_seen(min(outputs))
         p = report.progress
-        self._sample(report.attempt or 0, p)
-        now = time.monotonic()
-        due = force or now - self._progress_written >= PROGRESS_WRITE_EVERY_S
+        self.ledger.sample(report.attempt or 0, p)
+        due = self.ledger.due(force)
         self.book.progress_seen(p, persist=due)
-        if due:
-            self.store.add_progress(self._ledger)
-            self._ledger = []
-            self.store.add_snapshot_blocking(self.messages.snapshot_blocking)
-            self.messages.snapshot_blocking = []
-        if p.last_step is not None and due:
-            self._progress_written = now
-            self.store.set_meta(last_step=p.last_step, last_progress_at=p.last_step_at.isoformat()
-                                if p.last_step_at else None)
-        if due and self.messages.train_metrics_changed:  # meta `training`: rank -> values
-            self.store.set_meta(training={str(r): v for r, v in
-                                               sorted(self.messages.train_metrics.items())})
-            self.messages.train_metrics_changed = False
-
-    def _sample(self, attempt: int, p: Progress) -> None:
-        """The step ledger: the first step of each attempt (or in-process restart) and every
-        new last step, with the time the workers reached it. Within an attempt a first step
-        is a new start (an in-process restart) only when it came after the last step
-        sampled: an earlier one is the same start as another node saw it (the merged
-        report takes the earliest node's once that node has reported), or as the dead
-        controller sampled it (a takeover); sampled again, the ledger read it as steps done
-        again (walk-through 26)."""
-        if p.first_step is None or p.first_step_at is None:
+        if not due:
             return
-        seen = self._sampled
-        first_at = p.first_step_at.timestamp()
-        if seen is None or seen[0] != attempt or first_at > seen[2]:
-            self._ledger.append((attempt, p.first_step, first_at))
-            seen = self._sampled = (attempt, p.first_step, first_at)
-        if p.last_step is not None and p.last_step_at is not None and p.last_step != seen[1]:
-            self._ledger.append((attempt, p.last_step, p.last_step_at.timestamp()))
-            self._sampled = (attempt, p.last_step, p.last_step_at.timestamp())
+        if p.last_step is not None:  # meta values a full disk held back go with the next
+            self.writes.set_meta(last_step=p.last_step, last_progress_at=p.last_step_at
+                                 .isoformat() if p.last_step_at else None)
+        if self.messages.train_metrics_changed:  # meta `training`: rank -> values
+            self.writes.set_meta(training={str(r): v for r, v in
+                                           sorted(self.messages.train_metrics.items())})
+            self.messages.train_metrics_changed = False
+        self.ledger.write()
+        self.store.add_snapshot_blocking(self.messages.snapshot_blocking)
+        self.messages.snapshot_blocking = []
 
 
 _ENDINGS = {JobState.SUCCEEDED: (Level.INFO, Reason.JOB_SUCCEEDED),
