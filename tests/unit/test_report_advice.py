@@ -143,3 +143,28 @@ def test_failures_of_a_full_disk_get_no_advice_to_save_more_often() -> None:
     rec.recover_records[0].category = "gpu_oom"  # another cause: the interval advice stands
     (line,) = [a for a in advice_lines(r, often) if a.startswith("checkpoints:")]
     assert line.startswith("checkpoints: every 1.0s now (too rarely)"), line
+
+
+def test_a_gap_across_an_in_process_restart_is_no_interval_either() -> None:
+    """Walk-through 37 #8: an in-process restart stays in its attempt, and the 10.7 s gap
+    across it was counted: 'every 12.3s now (too rarely)' for saves 1 s apart."""
+    from datetime import datetime, timezone
+
+    from trainguard.goodput.metrics import interval_advice
+    from trainguard.goodput.read import Save
+    from trainguard.records import RecoverRecord, RunningRecord, StartType
+
+    t0 = datetime(2026, 12, 6, 19, 12, tzinfo=timezone.utc)
+    at = t0.timestamp()
+    rec = RunningRecord(0, t0, StartType.FIRST_START)
+    for fault_s in (5.0, 20.0):  # a SIGKILL, then a hang: both restarted in place
+        rec.recover_records.append(RecoverRecord(
+            attempt=0, recover_start_at=datetime.fromtimestamp(at + fault_s, timezone.utc),
+            fault_scenario=FaultScenario.JOB_FAILED, reason="x", related_task="worker-1",
+            recover="in_process_restart",
+            fault_at=datetime.fromtimestamp(at + fault_s, timezone.utc)))
+    # the walk-through's saves: gaps 12.3 and 19.1 across the restarts, 0.7 between two
+    saves = [Save(at + s, 0, None, 0.01, 0.0, False, False) for s in (0.0, 12.3, 31.4, 32.1)]
+    g = SimpleNamespace(wall_s=40.0, seconds=lambda cause: 0.0)
+    advice = interval_advice(g, [rec], saves)  # type: ignore[arg-type]
+    assert advice.current_s is not None and abs(advice.current_s - 0.7) < 1e-6, advice

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Hashable
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -43,11 +44,12 @@ def expected_loss(tau: float, w: float, m: float) -> float:
     return w / tau + tau / (2 * m)
 
 
-def advise(running_s: float, failures: int, save_times: list[tuple[int | None, float]],
+def advise(running_s: float, failures: int, save_times: list[tuple[Hashable, float]],
            blocking: list[float]) -> IntervalAdvice:
-    """`running_s`: time the job ran (wall minus queued); `save_times`: (attempt, epoch
+    """`running_s`: time the job ran (wall minus queued); `save_times`: (stretch, epoch
     seconds) of the loop's saves: the interval is the median gap between two saves of one
-    attempt (a gap across a failure and its restart is no interval the loop chose);
+    stretch of training (a gap across a failure and its recovery is no interval the loop
+    chose);
     `blocking`: each save's blocking seconds."""
     mtbf = running_s / failures if failures and running_s > 0 else None
     w = statistics.median(blocking) if blocking else None

@@ -290,11 +290,19 @@ def interval_advice(g: Goodput, records: list[RunningRecord],
     """The checkpoint interval advice of a job (trainguard.goodput.interval): the loop's own
     saves only (not those on the way out, nor the agent's from memory), timed by the rank
     that saved (a poll's saves are recorded at once; one rank's clock makes no skew)."""
-    failures = len(incidents_of(records))
+    incidents = incidents_of(records)
     loop = [c for c in commits if c.blocked_s is not None and not c.on_exit
             and not c.by_agent]
-    return advise(g.wall_s - g.seconds("queued"), failures,
-                  [(c.attempt, c.sent_at or c.at) for c in loop],
+    faults = [(i.attempt, (i.fault_at or i.recover_start_at).timestamp()) for i in incidents]
+
+    def stretch(attempt: int | None, t: float) -> tuple[int | None, int]:
+        """The saves of one stretch of training: one attempt, between two of its incidents
+        (an in-process restart or a step re-executed stays in the attempt: walk-through 37
+        #8 counted the gap across one, 'every 12.3s now' for saves 1 s apart)."""
+        return attempt, sum(1 for a, at in faults if a == attempt and at <= t)
+
+    return advise(g.wall_s - g.seconds("queued"), len(incidents),
+                  [(stretch(c.attempt, c.sent_at or c.at), c.sent_at or c.at) for c in loop],
                   [c.blocked_s for c in loop if c.blocked_s is not None])
 
 
