@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from trainguard.goodput.report import event_of
+from trainguard.goodput.report import own_events
 from trainguard.records import (
     Event,
     FaultScenario,
@@ -34,12 +34,29 @@ def event(reason: Reason, s: float, what: str) -> Event:
 
 
 def test_each_incident_of_one_attempt_gets_the_event_of_its_own_fault() -> None:
+    step = incident(FaultScenario.ERROR_IN_LOG, 5.0, 5.1)  # a step re-executed: no event
     kill = incident(FaultScenario.JOB_FAILED, 10.0, 10.2)  # a SIGKILL, restarted in place
     hang = incident(FaultScenario.JOB_HANGED, 20.0, 30.0)  # then a hang, confirmed at 29.9
-    step = incident(FaultScenario.ERROR_IN_LOG, 5.0, 5.1)  # a step re-executed: no event
+    later = incident(FaultScenario.JOB_FAILED, 40.0, 40.3)  # one with no event
+    every = [step, kill, hang, later]
+    hung = [r.fault_scenario == FaultScenario.JOB_HANGED for r in every]
     diagnoses = [event(Reason.FAILURE_DIAGNOSED, 10.15, "killed")]
     hangs = [event(Reason.HANG_CONFIRMED, 29.9, "sleeping")]
-    assert event_of(diagnoses, kill) == {"what": "killed"}
-    assert event_of(hangs, hang) == {"what": "sleeping"}
-    assert event_of(hangs, kill) == {} and event_of(diagnoses, step) == {}
-    assert event_of(diagnoses, incident(FaultScenario.JOB_FAILED, 40.0, 40.3)) == {}
+    assert own_events(every, diagnoses, [not h for h in hung]) == [{}, {"what": "killed"}, {},
+                                                                   {}]
+    assert own_events(every, hangs, hung) == [{}, {}, {"what": "sleeping"}, {}]
+
+
+def test_two_crashes_within_a_second_each_get_their_own_diagnosis() -> None:
+    """Review 43 #2: the last event within a second of the decision won: the first of two
+    crashes 0.5 s apart got the second's diagnosis. A hang's event written after its stacks
+    were taken, past the decision, is still its own (review 43 #7)."""
+    first = incident(FaultScenario.JOB_FAILED, 10.0, 10.1)
+    second = incident(FaultScenario.JOB_FAILED, 10.5, 10.6)
+    hang = incident(FaultScenario.JOB_HANGED, 20.0, 28.0)
+    diagnoses = [event(Reason.FAILURE_DIAGNOSED, 10.05, "one"),
+                 event(Reason.FAILURE_DIAGNOSED, 10.55, "two")]
+    assert own_events([first, second], diagnoses, [True, True]) == [{"what": "one"},
+                                                                    {"what": "two"}]
+    late = [event(Reason.HANG_CONFIRMED, 30.5, "late")]
+    assert own_events([hang], late, [True]) == [{"what": "late"}]

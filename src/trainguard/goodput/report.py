@@ -55,10 +55,11 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
     diagnoses = [ev for ev in r.events if ev.reason == Reason.FAILURE_DIAGNOSED.value]
     hangs = [ev for ev in r.events if ev.reason == Reason.HANG_CONFIRMED.value]
     incidents = []
-    for rr in incidents_of(r.records):  # one per fault (a rung's downgrade is the next's)
-        hung = rr.fault_scenario == FaultScenario.JOB_HANGED
-        d = {} if hung else event_of(diagnoses, rr)
-        h = event_of(hangs, rr) if hung else {}
+    every = incidents_of(r.records)  # one per fault (a rung's downgrade is the next's)
+    hung = [rr.fault_scenario == FaultScenario.JOB_HANGED for rr in every]
+    own_d = own_events(every, diagnoses, [not h for h in hung])
+    own_h = own_events(every, hangs, hung)
+    for rr, d, h in zip(every, own_d, own_h, strict=True):
         evidence = d.get("evidence") if isinstance(d.get("evidence"), dict) else None
         incidents.append({
             "attempt": rr.attempt, "fault_scenario": rr.fault_scenario.value,
@@ -84,15 +85,28 @@ _STORAGE = "disk_full_or_storage_io"
 _SLACK = timedelta(seconds=1)  # the ranks' exit times are the agents' clocks
 
 
-def event_of(events: list[Event], rr: RecoverRecord) -> dict[str, Any]:
-    """The data of the event that is `rr`'s own (of its attempt, written between its fault
-    and its decision; the last such), or {}: with in-process rungs one attempt holds many
-    incidents, and each had been given the attempt's last diagnosis or hang (walk-through
-    37 #1: a step re-execution and a SIGKILL 'explained' by a later hang)."""
-    start = (rr.fault_at or rr.recover_start_at) - _SLACK
-    end = (rr.decided_at or rr.recover_start_at) + _SLACK
-    mine = [ev for ev in events if ev.involved.attempt == rr.attempt and start <= ev.time <= end]
-    return (mine[-1].data or {}) if mine else {}
+def own_events(incidents: list[RecoverRecord], events: list[Event],
+               wanted: list[bool]) -> list[dict[str, Any]]:
+    """Each incident's own event's data ({} for one not `wanted`, or with none): of its
+    attempt, the first not taken by an earlier incident, written from its fault on (less a
+    second: the agents' clocks) and before the next incident's fault. With in-process rungs
+    one attempt holds many incidents, and each had been given the attempt's last diagnosis or
+    hang (walk-through 37 #1); a hang's HangConfirmed is written after its stacks are taken,
+    past its decision (review 43 #7); two incidents may come within a second (review 43 #2)."""
+    out: list[dict[str, Any]] = []
+    taken: set[int] = set()
+    for i, rr in enumerate(incidents):
+        after = next((o for o in incidents[i + 1:] if o.attempt == rr.attempt), None)
+        start = (rr.fault_at or rr.recover_start_at) - _SLACK
+        until = None if after is None else after.fault_at or after.recover_start_at
+        mine = [k for k, ev in enumerate(events) if k not in taken and wanted[i]
+                and ev.involved.attempt == rr.attempt and start <= ev.time
+                and (until is None or ev.time < until)]
+        k = min(mine, key=lambda k: events[k].time, default=None)
+        if k is not None:
+            taken.add(k)
+        out.append({} if k is None else events[k].data or {})
+    return out
 
 
 def _hang_advice(r: ReportInput) -> list[str]:
