@@ -113,12 +113,12 @@ class FakeHub:
 
     def answer(self, name: str, op: str, body: dict[str, Any]) -> Reply:
         if name in self.errors:
-            return Reply(False, {}, self.errors[name])
+            return Reply(False, {}, self.errors[name], answered=True)
         if op != Op.START:
-            return Reply(True, {})
+            return Reply(True, {}, answered=True)
         cmd = StartWorkers.model_validate(body)
         return Reply(True, report(name, cmd.attempt, [w.rank for w in cmd.workers])
-                     .model_dump(mode="json"))
+                     .model_dump(mode="json"), answered=True)
 
 
 @dataclass
@@ -464,12 +464,18 @@ def test_a_restart_s_rendezvous_in_a_full_disruption_waits_out_what_is_left_of_i
     rendezvous with no answer in time still is (a LaunchError)."""
     f, hub, clock = six_nodes_four_cut(25.0)
     clock.t += 90.0
-    with pytest.raises(LaunchError, match="did not answer within 40s"):  # 30 s + 10 s left
-        f.rendezvous("10.0.0.2", None)
+    f.rendezvous("10.0.0.2", None)
     assert hub.timeouts[-1] == 40.0 and f.disruption.wait_left() == 10.0  # of its 100 s
+    f._broken.clear()  # (the fake's rounds end in its timeout: a silent agent's node loss)
     clock.t += 11.0  # the wait is over: n2 is lost by its link
     assert f.rendezvous("10.0.0.2", None) == ("10.0.0.2", fleet_module.FALLBACK_PORT)
-    assert set(f.lost_now()) == {"n2", "n3"}
+    lost = f.lost_now()
+    assert set(lost) == {"n2", "n3"} and excused(lost["n2"], False)
+    f._broken.clear()  # (a new placement would have moved its ranks)
+    hub.errors["n2"] = "no free port"  # its agent's own answer: the start fails
+    back(hub, "n2")
+    with pytest.raises(LaunchError, match="cannot offer a rendezvous port: no free port"):
+        f.rendezvous("10.0.0.2", None)
 
 
 def test_a_stop_requested_ends_a_placing_command_s_wait_for_a_disruption() -> None:
@@ -753,3 +759,18 @@ def test_a_start_s_give_up_in_a_disruption_stays_excused_when_the_node_comes_bac
     assert not f.disruption.suspect("n2") and excused(why, f.disruption.suspect("n2"))
     assert not lost_isolation("n2", why, excused(why, False)).drain
     assert not excused("its agent process ended", True)
+
+
+def test_a_start_with_one_node_cut_and_one_lost_otherwise_is_two_node_losses() -> None:
+    """Review 43 #1: a node given up on without an answer (its agent ended, Slurm's verdict,
+    already broken) was counted as if its agent had answered: with one node cut and one
+    whose agent ended, the start raised LaunchError and the job failed, where both are
+    node losses for the ladder."""
+    f, hub, _ = fleet(("a", "b", "c"))
+    hub.connected_nodes.discard("a")
+    hub.disconnected["a"] = 10.0
+    handle = f.nodes["b"].handle
+    assert isinstance(handle, FakeHandle)
+    handle.dead = True
+    f.start_workers(start_cmd())
+    assert set(f.lost_now()) == {"a", "b"}

@@ -235,9 +235,9 @@ class Fleet:
         if preferred_port:
             return host, preferred_port
         reply = self._call({first: (Op.PORT, {})}, 30 + self.disruption.wait_left(), True)[first]
-        if not reply.ok and (reply.error.startswith(LINK_LOST) or self.agent_ended(first)):
-            self._broken.setdefault(first, reply.error)  # a node loss, the ladder's (review
-            return host, FALLBACK_PORT  # 42 #2: it ended the job): the start finds it lost
+        if not reply.ok and not reply.answered:  # given up on (its link, its agent's end,
+            self._broken.setdefault(first, reply.error)  # Slurm), or silent: a node loss,
+            return host, FALLBACK_PORT  # the ladder's (review 42 #2: it ended the job)
         if not reply.ok:
             raise LaunchError(f"node {first} cannot offer a rendezvous port: {reply.error}")
         return host, int(reply.body["port"])
@@ -259,13 +259,12 @@ class Fleet:
             calls[name] = (Op.START, node_cmd.model_dump(mode="json"))
         replies = self._call(calls, START_TIMEOUT_S + self.disruption.wait_left(), True)
         failed = {n: r.error for n, r in replies.items() if not r.ok}
-        by_link = {n for n, e in failed.items() if e.startswith(LINK_LOST)}  # not an answer
-        answered = {n: e for n, e in failed.items() if n not in by_link}
-        if answered and len(answered) == len(replies) - len(by_link):  # the same answer
-            raise LaunchError("; ".join(f"{n}: {e}" for n, e in answered.items()))  # on all
+        refused = {n: e for n, e in failed.items() if replies[n].answered}  # by its agent
+        if refused and len(refused) == sum(r.answered for r in replies.values()):  # by all
+            raise LaunchError("; ".join(f"{n}: {e}" for n, e in refused.items()))  # the job's
         for name, error in failed.items():  # one node's own trouble: it is lost (an ended
             if not self.agent_ended(name):  # agent is, by lost_now itself, with its reason)
-                self._broken[name] = (error if name in by_link  # a link: maybe not drained
+                self._broken[name] = (error if error.startswith(LINK_LOST)  # maybe excused
                                       else f"it could not start its workers ({error})")
         self._take(replies)
         self._prepare_spares(cmd)

@@ -24,13 +24,14 @@ class Reply:
     ok: bool
     body: dict[str, Any]
     error: str = ""
+    answered: bool = False  # the agent's own answer (else: given up on, or no answer in time)
 
 
 def reply_of(frame: dict[str, Any]) -> Reply:
     """An agent's reply frame as a Reply (a body that is not a mapping is none)."""
     body = frame.get("body")
     return Reply(bool(frame.get("ok")), body if isinstance(body, dict) else {},
-                 str(frame.get("error") or ""))
+                 str(frame.get("error") or ""), answered=True)
 
 
 def plain_judge(links_now: Callable[[], Mapping[str, LinkState]], lost_after_s: float,
