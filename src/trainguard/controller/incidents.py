@@ -32,6 +32,7 @@ class _Open(NamedTuple):
     owner: RunningRecord
     inc: RecoverRecord
     after: datetime | None  # the first step time the fault's report had (agents' clocks)
+    number: int = 0  # which incident of this controller's (IncidentBook.recovering)
 
 
 class IncidentBook:
@@ -42,6 +43,7 @@ class IncidentBook:
         self._unsaved: dict[int, RunningRecord] = {}  # attempt -> record not written yet
         self.current: RunningRecord | None = None
         self._pending: _Open | None = None  # the incident recovering now
+        self._opened = 0  # incidents opened so far
         self._recovered: _Open | None = None  # the last one that recovered
         self._max_step: int | None = None
         self._step_open: RecoverRecord | None = None  # rung 0's record while it recovers
@@ -76,7 +78,7 @@ class IncidentBook:
         """The restarted workers are up; `standby`: per started worker, whether it came
         from a pre-warmed standby."""
         if self._pending is not None:
-            owner, inc, _ = self._pending
+            owner, inc, *_ = self._pending
             inc.workers_started_at = at
             inc.workers_from = workers_from(standby)
             self._save(owner)
@@ -86,7 +88,7 @@ class IncidentBook:
         whether those it started came from standbys (the open or just-closed record)."""
         held = self._pending if self._pending is not None else self._recovered
         if held is not None:
-            owner, inc, _ = held
+            owner, inc, *_ = held
             inc.workers_from = workers_from(standby)
             self._save(owner)
 
@@ -95,19 +97,19 @@ class IncidentBook:
         recovered; None before any): one Resumed event is said per incident, not per
         attempt (walk-through 37 #2: a second in-process restart said none)."""
         held = self._pending if self._pending is not None else self._recovered
-        return None if held is None else id(held.inc)
+        return None if held is None else held.number
 
     def resumed(self, step: int, source: str) -> None:
         """The library loaded the checkpoint of `step` from `source` (memory, peer, storage,
         "+"-joined when the ranks loaded from several):
         the authoritative resume point."""
         if self._pending is None and self._recovered is not None:
-            owner, inc, _ = self._recovered  # a later rank's report, after the first step
+            owner, inc, *_ = self._recovered  # a later rank's report, after the first step
             if inc.resumed_step == step:
                 inc.resumed_from = source
                 self._save(owner)
         if self._pending is not None:
-            owner, inc, _ = self._pending
+            owner, inc, *_ = self._pending
             inc.resumed_step, inc.resumed_from = step, source
             if inc.last_step_before is not None:
                 inc.steps_lost = max(0, inc.last_step_before - step)
@@ -139,7 +141,7 @@ class IncidentBook:
         # with the first step the fault's report had, on the agents' clocks, not ours
         if self._pending is not None and p.first_step is not None and p.first_step_at and (
                 self._pending.after is None or p.first_step_at > self._pending.after):
-            owner, inc, _ = self._pending
+            owner, inc, *_ = self._pending
             inc.first_progress_at = inc.recover_end_at = p.first_step_at
             if inc.resumed_step is None:  # no Resumed report: first step after restart - 1
                 inc.resumed_step = p.first_step - 1
@@ -287,7 +289,8 @@ class IncidentBook:
             rec.end_at, rec.end_reason = stopped, end_reason
             rec.end_related_task = inc.related_task
             rec.end_recover = inc.recover
-        self._pending = _Open(rec, inc, progress.first_step_at) if restart else None
+        self._opened += 1
+        self._pending = _Open(rec, inc, progress.first_step_at, self._opened) if restart else None
         self._save(rec)
 
     def recovery_failed(self, fault: Fault, result: RecoverResult = RecoverResult.FAILED
@@ -297,7 +300,7 @@ class IncidentBook:
         the job was stopped while the rung waited)."""
         if self._pending is None:
             return
-        owner, inc, _ = self._pending
+        owner, inc, *_ = self._pending
         inc.reason, owner.end_reason = fault.reason, fault.end_reason
         self._close_pending(result, utcnow())
 
@@ -350,7 +353,7 @@ class IncidentBook:
     def _close_pending(self, result: RecoverResult, at: datetime) -> None:
         if self._pending is None:
             return
-        owner, inc, _ = self._pending
+        owner, inc, *_ = self._pending
         inc.recover_result, inc.recover_end_at = result, at
         first = self.current.first_output_at if self.current is not None else None
         if result == RecoverResult.SUCCESS and inc.first_progress_at is None and first and \
