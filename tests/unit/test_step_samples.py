@@ -164,3 +164,14 @@ def test_steps_a_full_disk_held_back_are_written_at_the_job_s_end(tmp_path: Path
     assert store.meta()["last_step"] == 250
     g = ledger(store, 27.0)
     assert (g.steps_productive, g.steps_wasted) == (250, 10)
+
+
+def test_thinning_the_waiting_samples_keeps_where_each_stretch_began_and_ended() -> None:
+    """Review 43 #10: every other sample went, an attempt's first among them."""
+    from trainguard.controller.progress_ledger import thinned
+
+    samples = [(0, s, float(s)) for s in range(1, 8)] + [(0, 4, 8.0), (0, 5, 9.0),
+                                                         (1, 3, 10.0), (1, 4, 11.0)]
+    kept = thinned(samples)
+    assert {(0, 7, 7.0), (0, 4, 8.0), (0, 5, 9.0), (1, 3, 10.0), (1, 4, 11.0)} <= set(kept)
+    assert len(kept) < len(samples) and kept == sorted(kept, key=lambda x: x[2])

@@ -63,4 +63,16 @@ class ProgressLedger:
     def _add(self, s: Sample) -> None:
         self._waiting.append(s)
         if len(self._waiting) > MAX_WAITING:
-            self._waiting = [*self._waiting[:-1:2], self._waiting[-1]]
+            self._waiting = thinned(self._waiting)
+
+
+def thinned(samples: list[Sample]) -> list[Sample]:
+    """Every other sample, but each start (a new attempt's first step, or a step lower than
+    the one before: an in-process restart) and the sample before it, and the last: where a
+    stretch began and ended is what counts steps done again (review 43 #10)."""
+    keep = {0, len(samples) - 1}
+    for i in range(1, len(samples)):
+        (a, step, _), (pa, pstep, _) = samples[i], samples[i - 1]
+        if a != pa or step < pstep:
+            keep.update((i - 1, i))
+    return [x for i, x in enumerate(samples) if i % 2 == 0 or i in keep]
