@@ -85,7 +85,7 @@ class FakeHub:
         self.frames.append(frames)
 
     def call(self, calls: dict[str, tuple[str, dict[str, Any]]], timeout: float,
-             lost_after_s: float, silent_after_s: float | None = None,
+             lost_after_s: float = 0.0, silent_after_s: float | None = None,
              judge: Judge | None = None) -> dict[str, Reply]:
         """As Hub.call: a connected node answers; one given up on (by `judge`, asked each
         round, or else down past `lost_after_s`) answers why; the rest time out. Two rounds,

@@ -151,8 +151,7 @@ class Fleet:
         out = {n: Reply(False, {}, self.why_ended(n)) for n in calls if self.agent_ended(n)}
         rest = {n: c for n, c in calls.items() if n not in out}
         if rest:
-            out.update(self.hub.call(rest, timeout, self.grace_s,
-                                     judge=partial(self._given_up, placing)))
+            out.update(self.hub.call(rest, timeout, judge=partial(self._given_up, placing)))
         return out
 
     def _given_up(self, placing: bool, names: list[str], placed: bool = False

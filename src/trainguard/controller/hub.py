@@ -276,7 +276,7 @@ class Hub:
     # -- commands -------------------------------------------------------------------------
 
     def call(self, calls: dict[str, tuple[Op, dict[str, Any]]], timeout: float,
-             lost_after_s: float, silent_after_s: float | None = None,
+             lost_after_s: float = 0.0, silent_after_s: float | None = None,
              judge: Judge | None = None) -> dict[str, Reply]:
         """Send each node its command at once; wait for every answer. A node given up on
         answers with why: by `judge` (controller/replies.py), asked at most every JUDGE_S
