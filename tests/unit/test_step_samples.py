@@ -26,6 +26,15 @@ def report(node: str, rank: int, first: tuple[int, float], last: tuple[int, floa
                           last_step=last[0], last_step_at=T + timedelta(seconds=last[1])))
 
 
+def recorder(tmp_path: Path) -> tuple[Recorder, JobStore]:
+    """A job's recorder over a real job store in `tmp_path`."""
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    store = JobStore.create(paths.job_dir, "r")
+    return Recorder(spec, paths, store, ["train.py"]), store
+
+
 def ledger(store: JobStore, end_s: float) -> Goodput:
     t0 = T.timestamp()
     return account(LedgerInput(start=t0, end=t0 + end_s, attempts=[Attempt(0, t0, None, True)],
@@ -38,11 +47,7 @@ def test_the_same_start_seen_by_two_nodes_is_one_sample_not_a_step_done_again(
     came first, node-0's first step (3 ms earlier) moved the merged first step back, and the
     recorder sampled the start twice (steps 111, 112, 111, 112): the ledger saw the steps
     go back, twice."""
-    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
-    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
-    paths.make()
-    store = JobStore.create(paths.job_dir, "r")
-    rec = Recorder(spec, paths, store, ["train.py"])
+    rec, store = recorder(tmp_path)
     merger = Merger()
     merger.new_attempt(0)
     placement = ["node-0", "node-1"]
@@ -57,11 +62,7 @@ def test_the_same_start_seen_by_two_nodes_is_one_sample_not_a_step_done_again(
 
 
 def test_an_in_process_restart_is_a_new_start_of_the_attempt(tmp_path: Path) -> None:
-    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
-    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
-    paths.make()
-    store = JobStore.create(paths.job_dir, "r")
-    rec = Recorder(spec, paths, store, ["train.py"])
+    rec, store = recorder(tmp_path)
     rec.sync(report("node-0", 0, (1, 0.0), (20, 2.0)), force=True)
     rec.sync(report("node-0", 0, (16, 3.0), (25, 4.0)), force=True)  # back to step 15
     assert [s for _, s, _ in store.progress()] == [1, 20, 16, 25]
@@ -134,11 +135,7 @@ def test_steps_a_full_disk_held_back_are_written_at_the_job_s_end(tmp_path: Path
     from trainguard.errors import StoreError
     from trainguard.states import JobState
 
-    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
-    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
-    paths.make()
-    store = JobStore.create(paths.job_dir, "r")
-    rec = Recorder(spec, paths, store, ["train.py"])
+    rec, store = recorder(tmp_path)
     rec.sync(report("node-0", 0, (1, 0.0), (40, 4.0)), force=True)
     full = True
     real_add, real_meta = store.add_progress, store.set_meta
