@@ -47,6 +47,8 @@ class StartWorkers(_Msg):
     master_addr: str
     master_port: int
     max_restarts: int
+    grace_s: float = Field(description="the job's grace period: an earlier attempt's workers "
+                           "a start finds running get it to exit (a save on the way out)")
     log_dir: str
     job_dir: str
     checkpoint_dir: str

@@ -256,7 +256,7 @@ def test_the_save_at_breakpoint_runs_below_the_agents_priority(
         assert region.env({ENV_MEMORY_EVERY: "1"})
         cmd = StartWorkers(run_id="r", attempt=0, argv=["x"], env={}, workers=[], world_size=1,
                            group_rank=0, group_world_size=1, master_addr="127.0.0.1",
-                           master_port=1, max_restarts=0, log_dir=str(tmp_path),
+                           master_port=1, max_restarts=0, grace_s=1, log_dir=str(tmp_path),
                            job_dir=str(tmp_path), checkpoint_dir=str(tmp_path / "ckpt"),
                            standby=False)
         assert region.persist(dict(os.environ), cmd, None, tmp_path / "persist.log")

@@ -42,7 +42,7 @@ def start(d: Path) -> StartWorkers:
         run_id="wire", attempt=0, argv=[sys.executable, "-c", WORKER, str(d / "go")], env={},
         workers=[WorkerAssignment(rank=0, local_rank=0, start_count=1, schedule_count=1)],
         world_size=1, group_rank=0, group_world_size=1, master_addr="127.0.0.1", standby=False,
-        master_port=29999, max_restarts=0, log_dir=str(d / "logs"), job_dir=str(d),
+        master_port=29999, max_restarts=0, grace_s=1, log_dir=str(d / "logs"), job_dir=str(d),
         checkpoint_dir=str(d / "ck"))
 
 

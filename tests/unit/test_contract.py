@@ -230,7 +230,7 @@ def test_a_worker_gets_torchruns_variables_and_the_agents_own() -> None:
                        workers=[WorkerAssignment(rank=1, local_rank=1, start_count=3,
                                                  schedule_count=1)],
                        group_rank=0, group_world_size=1, master_addr="127.0.0.1",
-                       master_port=29500, max_restarts=3, log_dir="/l", job_dir="/j",
+                       master_port=29500, max_restarts=3, grace_s=1, log_dir="/l", job_dir="/j",
                        checkpoint_dir="/c")
     env = worker_env(cmd, cmd.workers[0], "/e.json", "mark")
     assert set(contract.TORCHRUN_ENV) <= set(env)

@@ -353,6 +353,29 @@ def test_a_signal_during_the_restart_backoff_stops_the_job_and_terminates_the_in
     assert run.store.meta()["state"] == "stopped"
 
 
+def test_a_stop_during_a_restart_s_rendezvous_starts_no_worker(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 43 #3: a stop requested while a restart's rendezvous waited for a cut node
+    started the reachable nodes' ranks, then stopped them; now nothing starts."""
+    meet = ScriptedAgent.rendezvous
+
+    def rendezvous(self: ScriptedAgent, addr: str, port: int | None) -> tuple[str, int]:
+        if self.started:  # the restart's: Ctrl-C lands while the fleet waits for a node
+            signal.raise_signal(signal.SIGTERM)
+        return meet(self, addr, port)
+
+    monkeypatch.setattr(ScriptedAgent, "rendezvous", rendezvous)
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    assert run.code == 128 + signal.SIGTERM
+    assert len(run.agent.started) == 1, run.reasons  # the first attempt's only
+    assert run.reasons[-3:] == ["RestartScheduled", "StopRequested", "JobStopped"]
+    assert run.events[-1].message == ("stopped by SIGTERM while waiting for the rendezvous: "
+                                      "no worker ran")
+    (rec,) = run.store.running_records()  # no record of an attempt that never ran
+    (inc,) = rec.recover_records
+    assert inc.recover_result == RecoverResult.TERMINATED
+
+
 def test_an_error_inside_the_loop_leaves_the_job_failed_not_running(
         job: Any, tmp_path: Path) -> None:
     attempts = [[report(0, W(RUNNING), W(RUNNING), first=1, last=3)]]

@@ -192,7 +192,7 @@ def fleet(names: tuple[str, ...] = ("a", "b", "c")) -> tuple[Fleet, FakeHub, Fak
 def start_cmd(attempt: int = 0) -> StartWorkers:
     return StartWorkers(
         run_id="r", attempt=attempt, argv=["x"], env={}, world_size=4, group_rank=0,
-        group_world_size=2, master_addr="10.0.0.0", master_port=1, max_restarts=0,
+        group_world_size=2, master_addr="10.0.0.0", master_port=1, max_restarts=0, grace_s=1,
         log_dir="/l", job_dir="/j", checkpoint_dir="/c",
         workers=[WorkerAssignment(rank=r, local_rank=r % 2, start_count=1, schedule_count=1)
                  for r in range(4)])

@@ -304,8 +304,9 @@ class IncidentBook:
         inc.reason, owner.end_reason = fault.reason, fault.end_reason
         self._close_pending(result, utcnow())
 
-    def backoff_interrupted(self) -> None:
-        """Stopped while waiting to restart: nothing runs; the open incident is terminated."""
+    def stopped_idle(self) -> None:
+        """Stopped while no worker ran (waiting to restart, for nodes, for a rendezvous): the
+        open incident is terminated."""
         self._close_pending(RecoverResult.TERMINATED, utcnow())
 
     def attempt_not_started(self, attempt: int, reason: str) -> None:

@@ -24,7 +24,7 @@ from trainguard.controller.inprocess import InProcessRestarts
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.resume_agree import ResumeAgreement
 from trainguard.controller.signals import SignalReceiver
-from trainguard.controller.start import start_command
+from trainguard.controller.start import start_command, started
 from trainguard.controller.step_retry import StepRetries
 from trainguard.controller.stopping import HUNG_GRACE_S, stop, stop_rest
 from trainguard.diagnosis.attempt import diagnose_attempt, diagnosis_message
@@ -118,7 +118,12 @@ class Controller:
                     self._hangs.start_attempt(attempt, utcnow())
                     outcome = self._watch()
                 else:
-                    outcome = self._run_attempt(attempt, start_type)
+                    ran = self._run_attempt(attempt, start_type)
+                    if ran is None:
+                        return self.rec.stopped_idle(attempt, self._signals.received or
+                                                     signal.SIGTERM, "waiting for the "
+                                                     "rendezvous")
+                    outcome = ran
             except LaunchError as e:
                 return self.rec.not_started(attempt, e, self._started_any)
             if outcome.signal is not None:
@@ -149,16 +154,17 @@ class Controller:
             if nxt.node_level:
                 self.rec.set_meta(state=JobState.RESTARTING.value)
             if decision.delay_s > 0 and not self._signals.sleep(decision.delay_s):
-                self.rec.book.backoff_interrupted()
                 return self.rec.stopped_idle(attempt, self._signals.received or signal.SIGTERM,
                                              "waiting to restart (the backoff)")
             attempt, start_type = attempt + 1, decision.start_type or StartType.AUTO_RESTART
 
-    def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome:
+    def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome | None:
         if self.nodes is not None:
             self._precheck(attempt)
         addr, port = self.agent.rendezvous(
             self.spec.master_addr, self.spec.master_port if attempt == 0 else None)
+        if self._signals.received is not None:  # a stop came while the nodes were waited for:
+            return None  # start nothing (review 43 #3: the reachable nodes' ranks started)
         self.rec.book.attempt_started(attempt, start_type, port)
         self.rec.messages.new_attempt()
         self._steps.new_attempt()
@@ -172,18 +178,8 @@ class Controller:
         self.rec.book.workers_started(report.at, [w.standby for w in report.workers])
         self._hangs.start_attempt(attempt, report.at)
         self.rec.sync(report)
-        pids = ", ".join(f"rank {w.rank}: pid {w.pid}{' (standby)' if w.standby else ''}"
-                         for w in report.workers)
-        if start_type in (StartType.FIRST_START, StartType.RELAUNCH):
-            self.rec.event(Level.INFO, Reason.JOB_RUNNING,
-                           f"started {len(report.workers)} worker(s) ({pids}), port {port}",
-                           attempt=attempt)
-        else:  # a node lost meanwhile starts none of its ranks: not "the job" (F13)
-            n, world = len(report.workers), self.spec.nnodes * self.spec.nproc_per_node
-            self.rec.event(Level.INFO, Reason.WORKERS_RESTARTED, f"the job has been restarted "
-                           f"({start_type.value}, attempt {attempt}):"
-                           f"{f' only {n} of {world} rank(s) started:' if n < world else ''} "
-                           f"{pids}, port {port}", attempt=attempt)
+        self.rec.event(Level.INFO, *started(report, start_type, attempt, port,
+                                            self.spec.world_size), attempt=attempt)
         self.rec.set_meta(state=JobState.RUNNING.value, attempt=attempt)
         return self._watch()
 

@@ -279,7 +279,8 @@ class Recorder:
     def stopped_idle(self, attempt: int, signum: int, waiting: str) -> int:
         """Stopped while no worker ran (`waiting`: for healthy nodes, a restart's backoff):
         the stop is recorded, and the end says so, not that workers got the grace period
-        (walk-through 26)."""
+        (walk-through 26); the open incident ends terminated."""
+        self.book.stopped_idle()
         name = signal.Signals(signum).name
         self.event(Level.INFO, Reason.STOP_REQUESTED, f"stop requested (the launcher got "
                    f"{name}) while {waiting}: no worker runs", attempt=attempt,

@@ -1,11 +1,13 @@
-"""What the node agents get to start an attempt's workers: StartWorkers from the job spec."""
+"""What the node agents get to start an attempt's workers (StartWorkers from the job spec),
+and the event that says what started."""
 
 from __future__ import annotations
 
 import os
 
 from trainguard.controller.recorder import Recorder
-from trainguard.protocol import StartWorkers, WorkerAssignment
+from trainguard.protocol import NodeReport, StartWorkers, WorkerAssignment
+from trainguard.records import Reason, StartType
 from trainguard.worker.contract import (
     ENV_AUTO_RESUME,
     ENV_GRACE,
@@ -48,10 +50,23 @@ def start_command(rec: Recorder, attempt: int, port: int, addr: str, *, all_rank
                  for r in ranks],
         world_size=spec.world_size, group_rank=spec.node_rank,
         group_world_size=spec.nnodes, master_addr=addr,
-        master_port=port, max_restarts=spec.max_restarts,
+        master_port=port, max_restarts=spec.max_restarts, grace_s=spec.grace_period_s,
         log_dir=str(paths.log_dir), job_dir=str(paths.job_dir),
         checkpoint_dir=str(paths.checkpoint_dir), cwd=os.getcwd(),
         standby=spec.standby_workers, prewarm_imports=list(spec.prewarm_imports))
+
+
+def started(report: NodeReport, start_type: StartType, attempt: int, port: int,
+            world: int) -> tuple[Reason, str]:
+    """JobRunning (a first start, a relaunch) or WorkersRestarted, and its message."""
+    pids = ", ".join(f"rank {w.rank}: pid {w.pid}{' (standby)' if w.standby else ''}"
+                     for w in report.workers)
+    if start_type in (StartType.FIRST_START, StartType.RELAUNCH):
+        return Reason.JOB_RUNNING, f"started {len(report.workers)} worker(s) ({pids}), port {port}"
+    n = len(report.workers)  # a node lost meanwhile starts none of its ranks: not "the job" (F13)
+    return Reason.WORKERS_RESTARTED, (
+        f"the job has been restarted ({start_type.value}, attempt {attempt}):"
+        f"{f' only {n} of {world} rank(s) started:' if n < world else ''} {pids}, port {port}")
 
 
 def auto_resume_env(framework: str | None) -> dict[str, str]:

@@ -58,7 +58,6 @@ from trainguard.worker.fields import ContractError
 log = logging.getLogger(__name__)
 
 PRELOAD_JOIN_S = 30.0  # close(): the rules take about a second to load; never hang on them
-STALE_GRACE_S = 5.0  # an earlier attempt's workers a start finds running: their grace period
 
 
 class NodeAgent:
@@ -109,7 +108,7 @@ class NodeAgent:
             log.warning("attempt %d starts while workers of attempt %d still run (their stop "
                         "did not reach this node): stopping them first", cmd.attempt,
                         self._attempt)
-            self.stop_workers(StopWorkers(grace_s=STALE_GRACE_S, reason="a newer attempt"))
+            self.stop_workers(StopWorkers(grace_s=cmd.grace_s, reason="a newer attempt"))
         self._attempt, self._start = cmd.attempt, cmd
         self._hurried = self._draining = False  # a Ctrl-C ends only the stop it came in
         self._job_dir = Path(cmd.job_dir)
