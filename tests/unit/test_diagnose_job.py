@@ -177,3 +177,20 @@ def test_a_console_copy_s_job_failed_line_is_no_symptom_of_the_rank_it_names(
     doc = json.loads(capsys.readouterr().out)["diagnosis"]
     texts = [doc["evidence"]["text"], *(s["text"] for s in doc.get("symptoms", []))]
     assert doc["evidence"]["line"] == 3 and not any("JobFailed" in t for t in texts), doc
+
+
+def test_a_console_copy_s_launcher_warning_is_the_rank_it_names_not_the_one_before(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 43 #6: a launcher Warning line (CheckpointSaveFailed) was thought read as the
+    output of the rank that printed before it; it is the fact of the rank its text names,
+    and of no rank when it names none."""
+    for named, rank in (("rank 1: ", 1), ("", None)):
+        console = tmp_path / f"job{rank}.out"
+        console.write_text(
+            "[rank 1] step 10 loss 1.0\n[rank 0] step 11 loss 1.0\n"
+            f"[trainguard] 19:16:40 Warning CheckpointSaveFailed: {named}checkpoint of step 30 "
+            "failed: OSError: [Errno 28] No space left on device\n")
+        assert main(["diagnose", str(console), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)["diagnosis"]
+        assert doc["category"] == "disk_full_or_storage_io", doc
+        assert (doc["evidence"]["line"], doc["evidence"].get("rank")) == (3, rank), doc
