@@ -27,7 +27,7 @@ from trainguard.controller.signals import SignalReceiver
 from trainguard.controller.start import start_command, started
 from trainguard.controller.step_retry import StepRetries
 from trainguard.controller.stopping import HUNG_GRACE_S, stop, stop_rest
-from trainguard.diagnosis.attempt import diagnose_attempt, diagnosis_message
+from trainguard.diagnosis.attempt import diagnose_attempt
 from trainguard.errors import LaunchError, NodesUnavailable
 from trainguard.exitcodes import ExitCode, describe_exit
 from trainguard.policy.decision import (
@@ -283,8 +283,7 @@ class Controller:
         diag = diagnose_attempt(report.workers, detected, node=report.node)
         if diag is None:  # pragma: no cover - _watch returns only with a failed worker
             raise RuntimeError("no failed worker to diagnose")
-        self.rec.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
-                       rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
+        self.rec.diagnosed(diag, attempt)
         first = fault_time(failed, diag.evidence, detected)
         placement, spares = self.nodes.snapshot() if self.nodes is not None else ((), ())
         node = next((w.node for w in report.workers

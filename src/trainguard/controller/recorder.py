@@ -31,6 +31,8 @@ from trainguard.controller.store_rows import (
 )
 from trainguard.controller.store_writes import StoreWrites
 from trainguard.controller.worker_messages import WorkerMessages
+from trainguard.diagnosis.attempt import diagnosis_message
+from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, signal_name
 from trainguard.paths import JobPaths, attempt_log_dir
@@ -48,6 +50,9 @@ from trainguard.records import (
 )
 from trainguard.spec import JobSpec
 from trainguard.states import JobState
+
+# the object store's bucket is missing (diagnosis/rules.yaml, object-store-bucket-missing)
+BUCKET_MISSING = "storage_bucket_missing"
 
 
 class Recorder:
@@ -275,6 +280,19 @@ class Recorder:
         return self.end_job(JobState.STOPPED, 128 + signum,  # (walk-through 25: drained too)
                             f"stopped by {signal.Signals(signum).name}: {how}{late}",
                             attempt=attempt)
+
+    def diagnosed(self, diag: Diagnosis, attempt: int) -> None:
+        """FailureDiagnosed; when it is a bucket gone that this job committed checkpoints to,
+        CheckpointMissing says they are lost (walk-through 37 #6: the verdict's words alone
+        pointed at a mistyped name, and status said a relaunch resumes)."""
+        self.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
+                   rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
+        step = self.messages.max_committed_step
+        if diag.subcategory == BUCKET_MISSING and step is not None:
+            self.event(Level.ERROR, Reason.CHECKPOINT_MISSING, f"the bucket of "
+                       f"{self.paths.checkpoint_dir}, where this job committed step {step}, is "
+                       "gone: its checkpoints are lost; make the bucket again, then relaunch "
+                       "(training starts from scratch)", attempt=attempt)
 
     def stopped_idle(self, attempt: int, signum: int, waiting: str) -> int:
         """Stopped while no worker ran (`waiting`: for healthy nodes, a restart's backoff):
