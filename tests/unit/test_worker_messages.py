@@ -251,8 +251,10 @@ def test_faults_not_fired_are_named_unless_the_controller_took_the_job_over(
 
 def test_each_in_process_restart_of_one_attempt_has_its_resumed(tmp_path: Path) -> None:
     """Walk-through 37 #2: a second in-process restart in one attempt said no Resumed (one
-    per attempt and source), so its recovery record had no `resumed_from`."""
+    per attempt and source), so its recovery record had no `resumed_from`. What is kept to
+    say it once per incident stays bounded however many incidents the job has."""
     from trainguard.controller.faults import Fault
+    from trainguard.controller.worker_messages import RESUMES_KEPT
     from trainguard.policy.decision import Action, Decision, History, Rung
     from trainguard.protocol import Progress
     from trainguard.records import FaultScenario, StartType, incidents_of, utcnow
@@ -262,7 +264,8 @@ def test_each_in_process_restart_of_one_attempt_has_its_resumed(tmp_path: Path) 
     book.attempt_started(0, StartType.FIRST_START, 29500)
     inproc = Decision(Action.RESTART_RANKS, "rank 1 starts again", History(),
                       rung=Rung.IN_PROCESS_RESTART)
-    for step in (10, 20):
+    steps = range(10, 70, 10)
+    for step in steps:
         p = Progress(first_step=1, first_step_at=utcnow(), last_step=step + 5,
                      last_step_at=utcnow())
         t = utcnow()
@@ -270,11 +273,11 @@ def test_each_in_process_restart_of_one_attempt_has_its_resumed(tmp_path: Path) 
         h.handle([msg("resumed", step=step, source="memory")], attempt=0)
         h.handle([msg("resumed", step=step, source="memory")], attempt=0)  # the other rank
     assert [m for _, r, m in seen if r == Reason.RESUMED] == [
-        "resumed from the node's memory snapshot of step 10",
-        "resumed from the node's memory snapshot of step 20"]
+        f"resumed from the node's memory snapshot of step {s}" for s in steps]
     records = incidents_of([book.current] if book.current else [])
-    assert [(r.resumed_step, r.resumed_from) for r in records] == [(10, "memory"),
-                                                                   (20, "memory")]
+    assert [(r.resumed_step, r.resumed_from) for r in records] == [(s, "memory")
+                                                                   for s in steps]
+    assert len(h._resumed_sources) == RESUMES_KEPT < len(steps)
 
 
 def test_a_relaunch_that_finds_no_checkpoint_says_the_storage_lost_the_job_s(

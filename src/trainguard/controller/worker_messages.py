@@ -37,6 +37,7 @@ MAX_METRIC_RANKS = 64  # ranks whose train metrics are kept (the first ones that
 MAX_SEEN_IDS = 10_000  # ids of the messages recorded by this controller, newest kept
 LATE_S = 5.0  # a message sent longer ago than this keeps its own time in its event
 
+RESUMES_KEPT = 4  # the incidents whose resume sources are kept (not one per incident)
 
 class WorkerMessages:
     def __init__(self, emit: EmitEvent, book: IncidentBook,
@@ -48,7 +49,8 @@ class WorkerMessages:
         self._message_at: datetime | None = None  # when it was sent, if long ago
         self._current = True  # the message handled now is of the attempt being recorded
         self._book = book
-        # (attempt, incident recovering) -> where its ranks loaded from
+        # (attempt, incident recovering) -> where its ranks loaded from (the last few: a
+        # late rank's message of the incident before still finds its own)
         self._resumed_sources: dict[tuple[int, int | None], set[str]] = {}
         self.max_committed_step: int | None = None  # over the whole job
         self.committed_this_attempt: int | None = None
@@ -259,7 +261,10 @@ class WorkerMessages:
                        "resumes from the last whole checkpoint)",
                        rank=m.rank, attempt=attempt,
                        data={"step": step, "own_part": False, "borrowed_from": donor})
-        sources = self._resumed_sources.setdefault((attempt, self._book.recovering()), set())
+        key = (attempt, self._book.recovering())
+        if key not in self._resumed_sources and len(self._resumed_sources) >= RESUMES_KEPT:
+            del self._resumed_sources[next(iter(self._resumed_sources))]  # the oldest
+        sources = self._resumed_sources.setdefault(key, set())
         if source in sources:
             return
         first = not sources
