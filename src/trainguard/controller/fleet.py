@@ -23,7 +23,7 @@ from typing import Any
 from trainguard.backends.base import AGENT_ENDED, AgentHandle, Backend
 from trainguard.controller.disruption import Disruption
 from trainguard.controller.hub import Hub
-from trainguard.controller.link_loss import LINK_LOST, given_up
+from trainguard.controller.link_loss import LINK_LOST, Patience, given_up
 from trainguard.controller.merger import Merger
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.controller.replies import Reply
@@ -139,29 +139,29 @@ class Fleet:
 
     def _call(self, calls: dict[str, tuple[Op, dict[str, Any]]], timeout: float,
               placing: bool = False) -> dict[str, Reply]:
-        """The hub's call, each node given up on as `lost_now` judges it, asked each round:
-        its agent ended (answered at once, with why, not "unreachable" after the grace:
-        walk-through 26 F13; also one ending during the call: review 41 #2), its link down
-        past the reconnect grace or silent past the node timeout while others are heard.
-        `placing` (the rendezvous, a start): a link cut in a full disruption as the
-        disruption counts it, none before its wait (review 40 #5, review 41 #1); else (a
-        stop, a tell, a stack dump: a cut node cannot be reached, and its agent stops its
-        workers itself after the orphan timeout) the link as it is, at once (review 41 #2).
-        """
+        """The hub's call, each node given up on as the judge (`_given_up`) says, asked at
+        most every Hub.JUDGE_S: its agent ended (answered at once, with why, not
+        "unreachable" after the grace: walk-through 26 F13; also one ending during the call:
+        review 41 #2), its link down past the reconnect grace or silent past the node timeout
+        while others are heard. `placing` (the rendezvous, a start): a link cut in a full
+        disruption as the disruption counts it, none before its wait (review 40 #5, review
+        41 #1); else (a stop, a tell, a stack dump) the link as it is: a cut node's workers
+        are stopped by the next attempt's start when its agent is back (review 42 #1)."""
         out = {n: Reply(False, {}, self.why_ended(n)) for n in calls if self.agent_ended(n)}
-        rest = {n: c for n, c in calls.items() if n not in out}
+        rest = {n: c for n, c in calls.items() if n not in out}  # (saves the sends)
         if rest:
-            out.update(self.hub.call(rest, timeout, judge=partial(self._given_up, placing)))
+            patience = Patience.PLACING if placing else Patience.NONE
+            out.update(self.hub.call(rest, timeout, judge=partial(self._given_up, patience)))
         return out
 
-    def _given_up(self, placing: bool, names: list[str], placed: bool = False
-                  ) -> dict[str, str]:
-        """One judge for a poll's losses (`placed`) and a command's give-ups: its agent
+    def _given_up(self, patience: Patience, names: list[str]) -> dict[str, str]:
+        """One judge for a poll's losses, a spare's and a command's give-ups: its agent
         ended or it failed a command, its link, Slurm's verdict (link_loss.given_up)."""
+        waits = patience == Patience.WAIT or (patience == Patience.PLACING
+                                              and not self.stop_requested())
         return given_up(names, self.hub.links_now(), self.grace_s, self.node_timeout_s,
                         ended=self._ended, heard_from=self.nodes, live=self._live(),
-                        disruption=self.disruption if placed or (
-                            placing and not self.stop_requested()) else None,
+                        disruption=self.disruption if waits else None,
                         reported=self.backend.bad_nodes())
 
     def _ended(self, name: str) -> str | None:
@@ -186,8 +186,8 @@ class Fleet:
 
     def lost_now(self) -> dict[str, str]:
         """Placed nodes that are gone now, with why (controller/link_loss.py)."""
-        return self._given_up(True, [n for n in self.placement if not self.nodes[n].state.out],
-                              placed=True)
+        return self._given_up(Patience.WAIT,
+                              [n for n in self.placement if not self.nodes[n].state.out])
 
     def silent_s(self) -> dict[str, float]:
         """Each placed node's seconds since its agent's last frame: a rank whose node is
@@ -208,9 +208,7 @@ class Fleet:
         spares, so status and a reschedule see it (one judge: link_loss.given_up)."""
         spares = [n for n, node in self.nodes.items()
                   if n not in self.placement and node.state == NodeState.SPARE]
-        return given_up(spares, self.hub.links_now(), self.grace_s, self.node_timeout_s,
-                        ended=self._ended, heard_from=self.nodes, live=self._live(),
-                        disruption=self.disruption) if spares else {}
+        return self._given_up(Patience.WAIT, spares) if spares else {}
 
     def settle(self) -> dict[str, str]:
         """Lost placed nodes, after waiting out the reconnect grace of any disconnected one

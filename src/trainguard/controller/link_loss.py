@@ -7,12 +7,13 @@ most) is this controller stalled (SIGSTOP, a paused VM, a reader behind on thous
 links), not the cluster gone. During a full disruption a cut link's silence is the cut, and
 no link counts as lost before the disruption's wait (controller/disruption.py). One judge
 for both questions: which placed nodes are lost (Fleet.lost_now), and which nodes a command
-gives up on (Fleet._call, asked each round of Hub.call).
+gives up on (Fleet._call, asked at most every Hub.JUDGE_S of Hub.call).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from enum import Enum
 
 from trainguard.controller.disruption import Disruption
 from trainguard.controller.links import LinkState
@@ -25,6 +26,16 @@ LINK_LOST = "its agent has been "
 # the disruption's, and was drained: review 42 #9)
 SUSPECT_NOTE = " (every node's link went down at once)"
 NEVER = LinkState(False, float("inf"), float("inf"))  # a node whose agent never connected
+
+
+class Patience(Enum):
+    """How long a judge waits for a link cut in a full disruption: as the disruption counts
+    it (WAIT: a poll's losses, a spare; PLACING: a rendezvous or a start, until a stop is
+    requested), or not at all (NONE: a stop, a tell, a stack dump: review 41 #2)."""
+
+    WAIT = "wait"
+    PLACING = "placing"
+    NONE = "none"
 
 
 def excused(why: str, suspect_now: bool) -> bool:
