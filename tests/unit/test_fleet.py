@@ -718,6 +718,11 @@ def test_a_spare_is_judged_as_a_placed_node_is() -> None:
     hub.silent.update(dict.fromkeys("abc", 30.0))
     f.poll()
     assert len(gone) == 1 and f.nodes["c"].state == NodeState.SPARE
+    f, _, backend = fleet()  # and Slurm's verdict counts for a spare too
+    f.on_spare_lost = lambda name, why: gone.append((name, why))
+    backend.bad["c"] = "down*"
+    f.poll()
+    assert gone[-1] == ("c", "Slurm reports it down*") and f.nodes["c"].state == NodeState.LOST
 
 
 def test_the_same_answer_from_every_node_not_cut_is_the_job_s_not_theirs() -> None:
