@@ -132,12 +132,14 @@ class Run:
 def job(tmp_path: Path) -> Iterator[Any]:
     stores: list[JobStore] = []
 
-    def run(attempts: Sequence[Sequence[NodeReport]], **values: Any) -> Run:
+    def run(attempts: Sequence[Sequence[NodeReport]], ckpt: str | None = None,
+            **values: Any) -> Run:
         spec: JobSpec = build_spec(None, {
             "entrypoint": "train.py", "run_id": "loop-test", "nproc_per_node": 2,
             "monitor_interval": 0.001, "restart_backoff_s": 0, "restart_backoff_max_s": 0,
             "grace_period_s": 0, "master_port": FIRST_PORT, **values})
-        paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ckpt")
+        paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs",
+                         ckpt or str(tmp_path / "job" / "ckpt"))
         paths.make()
         store = JobStore.create(paths.job_dir, spec.run_id)
         stores.append(store)
@@ -727,28 +729,35 @@ NO_BUCKET = ("botocore.errorfactory.NoSuchBucket: An error occurred (NoSuchBucke
              "calling the ListObjectsV2 operation: The specified bucket does not exist")
 
 
-@pytest.mark.parametrize("committed", [True, False])
+@pytest.mark.parametrize(("committed_at", "ckpt", "said"), [
+    ("s3://ckb/run4/step-00000010", "s3://ckb/run4", True),
+    (None, "s3://ckb/run4", False),  # a first start's missing bucket: a typo, as it looks
+    ("s3://ckb/run4/step-00000010", "s3://ckbb/run4", False),  # relaunched to a mistyped one
+    ("/data/ckpt/step-00000010", "/data/ckpt", False),  # the script's own bucket is missing
+])
 def test_a_bucket_gone_after_this_job_committed_to_it_says_its_checkpoints_are_lost(
-        job: Any, committed: bool) -> None:
+        job: Any, committed_at: str | None, ckpt: str, said: bool) -> None:
     """Walk-through 37 #6: the restarted ranks found the bucket gone; the verdict's words
-    pointed at a mistyped name. A bucket this job committed a checkpoint to is said to be
-    gone with its checkpoints; a first start's missing bucket is the typo it looks like."""
+    pointed at a mistyped name. The bucket this job committed its newest checkpoint to is
+    said to be gone with its checkpoints, once a job (review 44 #1, #2: not for another
+    bucket, and not again at each attempt of an unconditional restart)."""
     from trainguard.protocol import WorkerMessage
 
     saved = report(0, W(RUNNING), W(RUNNING), first=1, last=10).model_copy(update={
         "messages": [WorkerMessage(kind="checkpoint_saved", rank=0, at=at(1),
-                                   data={"step": 10, "location": "s3://ckb/run4"})]
-        if committed else []})
-    attempts = [[report(0, W(RUNNING), W(RUNNING)), saved,
-                 report(0, W(RUNNING), W(FAILED, 1, (NO_BUCKET,)), first=1, last=12,
-                        seconds=2)]]
-    run = job(attempts, max_restarts=3)
-    assert run.code == 1
+                                   data={"step": 10, "location": committed_at})]
+        if committed_at else []})
+    failed = [report(a, W(RUNNING), W(FAILED, 1, (NO_BUCKET,)), first=1, last=12 + a,
+                     seconds=2 + a) for a in range(2)]
+    attempts = [[report(0, W(RUNNING), W(RUNNING)), saved, failed[0]], [failed[1]]]
+    run = job(attempts, ckpt=ckpt, max_restarts=1, unconditional_restart=True)
+    assert run.code == 1 and run.reasons.count("FailureDiagnosed") == 2, run.reasons
     missing = [e for e in run.events if e.reason == "CheckpointMissing"]
-    if not committed:
+    if not said:
         assert missing == [], missing
         return
     (event,) = missing
-    assert event.level == "Error" and "committed step 10, is gone: its checkpoints are " \
-        "lost; make the bucket again" in event.message, event
+    assert event.level == "Error" and event.message.startswith(
+        "the bucket of s3://ckb/run4, where this job committed step 10, is gone: its "
+        "checkpoints are lost; make the bucket again"), event
     assert run.reasons.index("FailureDiagnosed") < run.reasons.index("CheckpointMissing")

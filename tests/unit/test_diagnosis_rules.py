@@ -128,8 +128,7 @@ def test_the_re2_rule_set_picks_the_same_rule_as_python_re_on_every_corpus_line(
             # (an exception line's answer is an ordinary line's unless it is an
             # exception-only rule: RuleSet.match is asked again only then, half the time)
             want = rules.match(text, is_exception=exc) if (
-                not exc and first is not None and first.exception) else None if (
-                not exc and first is None) else first
+                not exc and first is not None and first.exception) else first
             got = trigger.match(text, is_exception=exc)
             assert got is want, (case, text[:200], want and want.id, got and got.id)
     assert len(texts) > 5_000

@@ -32,10 +32,10 @@ from trainguard.controller.store_rows import (
 from trainguard.controller.store_writes import StoreWrites
 from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.diagnosis.attempt import diagnosis_message
-from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.diagnosis.taxonomy import BUCKET_MISSING, Diagnosis
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, signal_name
-from trainguard.paths import JobPaths, attempt_log_dir
+from trainguard.paths import JobPaths, attempt_log_dir, same_bucket
 from trainguard.policy.decision import Decision, HAPolicy
 from trainguard.protocol import NodeReport
 from trainguard.records import (
@@ -51,9 +51,6 @@ from trainguard.records import (
 from trainguard.spec import JobSpec
 from trainguard.states import JobState
 
-# the object store's bucket is missing (diagnosis/rules.yaml, object-store-bucket-missing)
-BUCKET_MISSING = "storage_bucket_missing"
-
 
 class Recorder:
     def __init__(self, spec: JobSpec, paths: JobPaths, store: JobStore, argv: list[str],
@@ -65,6 +62,7 @@ class Recorder:
         self.messages = WorkerMessages(self.event, self.book, self.writes.recorded)
         self.launches = 1
         self.slot_moves: dict[int, int] = {}  # slot -> node moves in the launches before
+        self._bucket_gone = False  # its CheckpointMissing said (Recorder.diagnosed)
         self.previous_max_step: int | None = None  # the furthest step a launch before reached
         self.previous_committed: int | None = None  # and the newest checkpoint committed
         self._workers_sig: object = None
@@ -168,6 +166,7 @@ class Recorder:
         with contextlib.suppress(StoreError):
             ckpt = self.store.last_checkpoint()
             self.previous_committed = self.messages.max_committed_step = ckpt and ckpt[0]
+            self.messages.committed_at = self.store.last_checkpoint_location()
 
     def _settings(self) -> dict[str, Any]:
         """The effective settings, as `run --dry-run` prints them: the dirs the job uses,
@@ -287,12 +286,14 @@ class Recorder:
         pointed at a mistyped name, and status said a relaunch resumes)."""
         self.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
                    rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
-        step = self.messages.max_committed_step
-        if diag.subcategory == BUCKET_MISSING and step is not None:
-            self.event(Level.ERROR, Reason.CHECKPOINT_MISSING, f"the bucket of "
-                       f"{self.paths.checkpoint_dir}, where this job committed step {step}, is "
-                       "gone: its checkpoints are lost; make the bucket again, then relaunch "
-                       "(training starts from scratch)", attempt=attempt)
+        step, ckpt = self.messages.max_committed_step, self.paths.checkpoint_dir
+        if diag.subcategory == BUCKET_MISSING and step is not None and not self._bucket_gone \
+                and same_bucket(self.messages.committed_at, ckpt):  # (once a job)
+            self._bucket_gone = True
+            self.event(Level.ERROR, Reason.CHECKPOINT_MISSING, f"the bucket of {ckpt}, where "
+                       f"this job committed step {step}, is gone: its checkpoints are lost; "
+                       "make the bucket again, then relaunch (training starts from scratch)",
+                       attempt=attempt)
 
     def stopped_idle(self, attempt: int, signum: int, waiting: str) -> int:
         """Stopped while no worker ran (`waiting`: for healthy nodes, a restart's backoff):

@@ -111,6 +111,13 @@ class LedgerTables:
                         (Reason.CHECKPOINT_SAVED.value,))
         return (row[0], row[1]) if row is not None and isinstance(row[0], int) else None
 
+    def last_checkpoint_location(self) -> str | None:
+        """Where the newest checkpoint committed (`CheckpointSaved`) was written, or None."""
+        row = self._one(1, "events", "SELECT json_extract(data, '$.location') FROM events "
+                        "WHERE reason = ? ORDER BY id DESC LIMIT 1",
+                        (Reason.CHECKPOINT_SAVED.value,))
+        return row[0] if row is not None and isinstance(row[0], str) else None
+
     def last_event_time(self) -> float | None:
         """When the newest event was recorded (epoch seconds); None without events."""
         row = self._one(0, "events", "SELECT time FROM events ORDER BY id DESC LIMIT 1")

@@ -39,6 +39,7 @@ LATE_S = 5.0  # a message sent longer ago than this keeps its own time in its ev
 
 RESUMES_KEPT = 4  # the incidents whose resume sources are kept (not one per incident)
 
+
 class WorkerMessages:
     def __init__(self, emit: EmitEvent, book: IncidentBook,
                  recorded: Recorded | None = None) -> None:
@@ -53,6 +54,7 @@ class WorkerMessages:
         # late rank's message of the incident before still finds its own)
         self._resumed_sources: dict[tuple[int, int | None], set[str]] = {}
         self.max_committed_step: int | None = None  # over the whole job
+        self.committed_at: str | None = None  # where that step was committed
         self.committed_this_attempt: int | None = None
         # rank -> its latest {step, loss, learning_rate, at} (trainguard.log_metrics)
         self.train_metrics: dict[int, dict[str, Any]] = {}
@@ -154,6 +156,8 @@ class WorkerMessages:
         step = int(d.get("step", -1))
         if self._current:  # not a late message of an earlier attempt
             self.committed_this_attempt = max(step, self.committed_this_attempt or step)
+        if step >= (self.max_committed_step or step):
+            self.committed_at = d.get("location")
         self.max_committed_step = max(step, self.max_committed_step or step)
         how = (f"on the way out ({d['on_exit']})" if d.get("on_exit")
                else "by the node agent from the ranks' memory snapshots, after a worker died"

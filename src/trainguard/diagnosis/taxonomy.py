@@ -34,6 +34,8 @@ class Category(str, Enum):
 # The subcategory of a program Python could not start (no module for -m, no script): nothing
 # of the job ran, so the launcher exits as for bad flags (ExitCode.USAGE). rules.yaml uses it.
 NOT_STARTED = "not_started"
+# the object store has no bucket of that name (rules.yaml, object-store-bucket-missing)
+BUCKET_MISSING = "storage_bucket_missing"
 
 
 class FaultDomain(str, Enum):
