@@ -371,8 +371,8 @@ def test_a_stop_during_a_restart_s_rendezvous_starts_no_worker(
     assert run.code == 128 + signal.SIGTERM
     assert len(run.agent.started) == 1, run.reasons  # the first attempt's only
     assert run.reasons[-3:] == ["RestartScheduled", "StopRequested", "JobStopped"]
-    assert run.events[-1].message == ("stopped by SIGTERM while waiting for the rendezvous: "
-                                      "no worker ran")
+    assert run.events[-1].message == "stopped by SIGTERM while waiting for nodes: no worker ran"
+    assert {e.involved.attempt for e in run.events[-2:]} == {0}  # the last attempt that ran
     (rec,) = run.store.running_records()  # no record of an attempt that never ran
     (inc,) = rec.recover_records
     assert inc.recover_result == RecoverResult.TERMINATED

@@ -13,7 +13,7 @@ import pytest
 
 import trainguard.controller.fleet as fleet_module
 from trainguard.controller.disruption import Disruption
-from trainguard.controller.fleet import Fleet
+from trainguard.controller.fleet import START_TIMEOUT_S, Fleet
 from trainguard.controller.link_loss import excused
 from trainguard.controller.links import LinkState
 from trainguard.controller.nodes import placement_text
@@ -779,3 +779,59 @@ def test_a_start_with_one_node_cut_and_one_lost_otherwise_is_two_node_losses() -
     handle.dead = True
     f.start_workers(start_cmd())
     assert set(f.lost_now()) == {"a", "b"}
+
+
+def test_a_start_waits_for_the_stale_workers_grace_period_too() -> None:
+    """Review 44 #4: an agent stops an earlier attempt's workers it still runs with the
+    job's grace period before it answers a START; the start waited 120 s whatever the grace,
+    and a node whose stale rank saved on its way out for longer was lost and drained."""
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd().model_copy(update={"grace_s": 600.0}))
+    assert hub.timeouts[-1] >= 600.0 + START_TIMEOUT_S, hub.timeouts
+
+
+def test_a_stop_during_the_pre_check_s_wait_for_a_spare_stops_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 44 #3: a stop requested while b failed its pre-check and the job waited for a
+    spare ended the wait at once, and the job as JobFailed ("no spare took their place
+    within 600s", exit 1), the stop unrecorded; it stops, and no worker starts."""
+    import signal
+
+    from trainguard.controller.loop import Controller
+    from trainguard.controller.nodes import NodeRecovery
+    from trainguard.controller.recorder import Recorder
+    from trainguard.controller.store import JobStore
+    from trainguard.paths import JobPaths
+    from trainguard.policy.decision import Incident, IncidentKind
+    from trainguard.policy.precheck import PrecheckReport
+    from trainguard.records import Event, utcnow
+    from trainguard.spec_build import build_spec
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "t", "nproc_per_node": 2,
+                             "nnodes": 2, "queue_timeout_s": 600, "master_port": 29511})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", str(tmp_path / "ck"))
+    paths.make()
+    seen: list[Event] = []
+    store = JobStore.create(paths.job_dir, "t")
+    rec = Recorder(spec, paths, store, ["x"], on_event=seen.append)
+    f, hub, _ = fleet(("a", "b"))
+    recovery = NodeRecovery(rec, f)
+    monkeypatch.setattr(f, "close", lambda grace_s=0.0: None)  # (fake agents never end)
+
+    def precheck_incident(attempt: int) -> Incident:
+        signal.raise_signal(signal.SIGTERM)  # the stop lands during the pre-check
+        bad = PrecheckReport.model_validate({"node": "b", "host": "", "at": utcnow(), "checks": [
+            {"name": "disk", "ok": False, "detail": "full", "fix": "free it"}]})
+        placement, spares = recovery.snapshot()
+        return Incident(IncidentKind.PRECHECK_FAILED, failing=(bad,), checked=2,
+                        placement=placement, spares=spares)
+
+    monkeypatch.setattr(recovery, "precheck_incident", precheck_incident)
+    code = Controller(rec, f, nodes=recovery).run()  # type: ignore[arg-type]
+    try:
+        assert code == 128 + signal.SIGTERM, [e.message for e in seen][-3:]
+        assert [e.reason for e in seen][-2:] == ["StopRequested", "JobStopped"]
+        assert seen[-1].message == "stopped by SIGTERM while waiting for nodes: no worker ran"
+        assert not any(c for c in hub.calls if any(op == "start" for op, _ in c.values()))
+    finally:
+        store.close()

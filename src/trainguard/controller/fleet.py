@@ -254,7 +254,9 @@ class Fleet:
                        for a in cmd.workers if a.rank // self.k == slot]
             node_cmd = cmd.model_copy(update={"workers": workers, "group_rank": slot})
             calls[name] = (Op.START, node_cmd.model_dump(mode="json"))
-        replies = self._call(calls, START_TIMEOUT_S + self.disruption.wait_left(), True)
+        # (an agent stops an earlier attempt's workers it still runs first, with cmd.grace_s)
+        replies = self._call(calls, START_TIMEOUT_S + cmd.grace_s + self.disruption.wait_left(),
+                             True)
         failed = {n: r.error for n, r in replies.items() if not r.ok}
         refused = {n: e for n, e in failed.items() if replies[n].answered}  # by its agent
         if refused and len(refused) == sum(r.answered for r in replies.values()):  # by all

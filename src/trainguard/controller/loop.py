@@ -119,10 +119,10 @@ class Controller:
                     outcome = self._watch()
                 else:
                     ran = self._run_attempt(attempt, start_type)
-                    if ran is None:
-                        return self.rec.stopped_idle(attempt, self._signals.received or
-                                                     signal.SIGTERM, "waiting for the "
-                                                     "rendezvous")
+                    if ran is None:  # (its events name the last attempt that ran)
+                        return self.rec.stopped_idle(max(attempt - 1, 0), signal.SIGTERM if
+                                                     self._signals.received is None else
+                                                     self._signals.received, "waiting for nodes")
                     outcome = ran
             except LaunchError as e:
                 return self.rec.not_started(attempt, e, self._started_any)
@@ -161,8 +161,9 @@ class Controller:
     def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome | None:
         if self.nodes is not None:
             self._precheck(attempt)
-        addr, port = self.agent.rendezvous(
-            self.spec.master_addr, self.spec.master_port if attempt == 0 else None)
+        if self._signals.received is None:  # (a stop ends the pre-check's wait for spares)
+            addr, port = self.agent.rendezvous(
+                self.spec.master_addr, self.spec.master_port if attempt == 0 else None)
         if self._signals.received is not None:  # a stop came while the nodes were waited for:
             return None  # start nothing (review 43 #3: the reachable nodes' ranks started)
         self.rec.book.attempt_started(attempt, start_type, port)
@@ -241,8 +242,10 @@ class Controller:
         if incident is None:
             return
         decision = self.nodes.carry_out_replace(attempt, self._decide(incident))
-        if decision.action == Action.GIVE_UP:  # USAGE: a check failed on every node, the
-            # job's own setting (exit 2 when nothing ran); else the nodes are the cluster's
+        # (a stop that ended the wait for spares: the job stops, it does not fail: review
+        # 44 #3) USAGE: a check failed on every node, the job's own setting (exit 2 when
+        # nothing ran); else the nodes are the cluster's
+        if decision.action == Action.GIVE_UP and self._signals.received is None:
             raise (LaunchError if decision.exit_code == ExitCode.USAGE
                    else NodesUnavailable)(decision.reason)
 

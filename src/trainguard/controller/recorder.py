@@ -296,7 +296,8 @@ class Recorder:
                        attempt=attempt)
 
     def stopped_idle(self, attempt: int, signum: int, waiting: str) -> int:
-        """Stopped while no worker ran (`waiting`: for healthy nodes, a restart's backoff):
+        """Stopped while no worker ran (`waiting`: a restart's backoff, for nodes: spares, a
+        pre-check, a rendezvous):
         the stop is recorded, and the end says so, not that workers got the grace period
         (walk-through 26); the open incident ends terminated."""
         self.book.stopped_idle()
