@@ -215,6 +215,8 @@ def test_a_group_broken_under_every_live_rank_reenters_without_a_new_process(
     assert isinstance(durations, dict) and durations["detect"] > 0, rr
 
 
+@pytest.mark.long  # make test: the step-rung test below blocks rank 3 of 4 in the broken
+# collective the same way, and its in-process restart replaces only that rank
 def test_a_group_broken_under_4_ranks_replaces_only_a_rank_blocked_in_its_collective(
         tmp_path: Path, job_dir: Path) -> None:
     """Review 35 #7: with 4 ranks the broken connections fail the collective at once only
