@@ -78,7 +78,7 @@ def test_a_relaunch_with_other_settings_says_what_changed(tmp_path: Path) -> Non
 
 
 def test_settings_changes_leaves_out_what_differs_per_launch() -> None:
-    from trainguard.controller.settings_diff import changes_text, settings_changes
+    from trainguard.controller.launch_settings import changes_text, settings_changes
 
     before = {"nproc_per_node": 2, "master_addr": "n1", "master_port": 1, "run_id": "a"}
     after = {"nproc_per_node": 2, "master_addr": "n7", "master_port": 2, "run_id": "a",

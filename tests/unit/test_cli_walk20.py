@@ -32,7 +32,7 @@ def test_both_spellings_of_one_key_are_a_key_given_twice(tmp_path: Path) -> None
 def test_a_changed_script_is_named_as_the_script_not_as_a_flag_that_does_not_exist() -> None:
     """SettingsChanged said `--entrypoint-path /p/a.py -> /p/b.py` (walk-through 20, nit 8):
     no such flag; the script is what changed."""
-    from trainguard.controller.settings_diff import changes_text
+    from trainguard.controller.launch_settings import changes_text
 
     assert changes_text({"entrypoint_path": ("/p/a.py", "/p/b.py")}) == (
         "the script /p/a.py -> /p/b.py")

@@ -20,8 +20,13 @@ from typing import Any
 
 from trainguard.console import Writable
 from trainguard.controller.incidents import IncidentBook
+from trainguard.controller.launch_settings import (
+    changes_text,
+    effective_settings,
+    launch_summary,
+    settings_changes,
+)
 from trainguard.controller.progress_ledger import ProgressLedger
-from trainguard.controller.settings_diff import changes_text, settings_changes
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.controller.store_rows import (
     last_sign_of_life,
@@ -44,7 +49,6 @@ from trainguard.records import (
     Level,
     Reason,
     StartType,
-    plural,
     rank_list,
     utcnow,
 )
@@ -112,20 +116,11 @@ class Recorder:
             log_dir=str(self.paths.log_dir), checkpoint_dir=str(self.paths.checkpoint_dir),
             launcher_host=socket.gethostname())
         self.writes.reserve.keep()  # room for the job's end on a disk that fills up
-        nodes = f" on {self.spec.nnodes} nodes" if self.spec.nnodes > 1 else ""
-        what = (f"{self.spec.nnodes * self.spec.nproc_per_node} worker(s){nodes}, "
-                f"max {plural(self.spec.max_restarts, 'restart')}, "
-                f"job dir {self.paths.job_dir}")
-        if self.spec.operator_reexecution:
-            what += "; operator re-execution on (scripts that run their steps in a StepGuard)"
-        if self.spec.auto_resume:
-            framework = {"hf": "transformers' Trainer", "lightning": "Lightning's Trainer"}
-            what += (f"; auto-resume {self.spec.auto_resume} on (takes effect when the script "
-                     f"imports {framework[self.spec.auto_resume]})")
+        what = launch_summary(self.spec, self.paths)
         if isinstance(previous.get("attempt"), int):  # the same job launched again (a requeue)
             requeued = f" (Slurm requeue {requeues})" if requeues.isdigit() and \
                 int(requeues) > 0 else ""
-            before, settings = self._last_settings(), self._settings()
+            before, settings = self._last_settings(), effective_settings(self.spec, self.paths)
             done = previous.get("state") == JobState.SUCCEEDED.value  # a repeated command?
             self.messages.saw_whole_job = False  # faults fired in launches before (review 39)
             self.event(Level.WARNING if done else Level.INFO, Reason.JOB_RELAUNCHED,
@@ -145,7 +140,7 @@ class Recorder:
                                              for k, (a, b) in changes.items()}})
             return previous["attempt"] + 1, StartType.RELAUNCH
         self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}",
-                   data={"settings": self._settings()})
+                   data={"settings": effective_settings(self.spec, self.paths)})
         return 0, StartType.FIRST_START
 
     def _last_settings(self) -> dict[str, Any] | None:
@@ -167,16 +162,6 @@ class Recorder:
             ckpt = self.store.last_checkpoint()
             self.previous_committed = self.messages.max_committed_step = ckpt and ckpt[0]
             self.messages.committed_at = self.store.last_checkpoint_location()
-
-    def _settings(self) -> dict[str, Any]:
-        """The effective settings, as `run --dry-run` prints them: the dirs the job uses,
-        absolute (the spec holds them as given, or null for the defaults)."""
-        doc = self.spec.model_dump(mode="json")
-        doc.update(job_dir=str(self.paths.job_dir), log_dir=str(self.paths.log_dir),
-                   checkpoint_dir=str(self.paths.checkpoint_dir))
-        if not (self.spec.module or self.spec.no_python):  # as given, and the file it named
-            doc["entrypoint_path"] = str(Path(self.spec.entrypoint).resolve())
-        return doc
 
     def _close_lost_launch(self, previous: dict[str, Any]) -> str | None:
         """How the previous launch ended: its recorded state, or `lost` when it was left

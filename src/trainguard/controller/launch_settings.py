@@ -1,12 +1,15 @@
-"""What a relaunch changed from the previous launch's recorded settings (the SettingsChanged
-event). Pure."""
+"""A launch's settings: the effective ones its JobCreated/JobRelaunched event records, the
+line that says what it runs, and what a relaunch changed from the previous launch's (the
+SettingsChanged event). Pure."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from trainguard.spec import flag_name
+from trainguard.paths import JobPaths
+from trainguard.records import plural
+from trainguard.spec import JobSpec, flag_name
 
 # settings that differ between launches of one job without anyone changing them: a Slurm
 # requeue lands on other nodes and ports; the job dir may have been moved (its log and
@@ -64,3 +67,28 @@ def _on(value: Any) -> str:
 
 def _shown(value: Any) -> str:
     return "none" if value is None else str(value)
+
+
+def effective_settings(spec: JobSpec, paths: JobPaths) -> dict[str, Any]:
+    """The effective settings, as `run --dry-run` prints them: the dirs the job uses,
+    absolute (the spec holds them as given, or null for the defaults)."""
+    doc = spec.model_dump(mode="json")
+    doc.update(job_dir=str(paths.job_dir), log_dir=str(paths.log_dir),
+               checkpoint_dir=str(paths.checkpoint_dir))
+    if not (spec.module or spec.no_python):  # as given, and the file it named
+        doc["entrypoint_path"] = str(Path(spec.entrypoint).resolve())
+    return doc
+
+
+def launch_summary(spec: JobSpec, paths: JobPaths) -> str:
+    """What a launch runs, for its JobCreated/JobRelaunched event."""
+    nodes = f" on {spec.nnodes} nodes" if spec.nnodes > 1 else ""
+    what = (f"{spec.nnodes * spec.nproc_per_node} worker(s){nodes}, "
+            f"max {plural(spec.max_restarts, 'restart')}, job dir {paths.job_dir}")
+    if spec.operator_reexecution:
+        what += "; operator re-execution on (scripts that run their steps in a StepGuard)"
+    if spec.auto_resume:
+        framework = {"hf": "transformers' Trainer", "lightning": "Lightning's Trainer"}
+        what += (f"; auto-resume {spec.auto_resume} on (takes effect when the script "
+                 f"imports {framework[spec.auto_resume]})")
+    return what
