@@ -18,8 +18,10 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol, TextIO
+
+from trainguard.records import Event
 
 LIMIT_BYTES = 1 << 20  # queued for a console that does not read: then lines are dropped
 CLOSE_WAIT_S = 10.0  # at exit, how long the last lines wait for a console that does not read
@@ -141,3 +143,18 @@ def _same_file(a: TextIO, b: TextIO) -> bool:
         return os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def console_printer(stream: Writable = sys.stderr) -> Callable[[Event], None]:
+    """Supervisor-style, greppable launcher lines: `[trainguard] HH:MM:SS Level Reason: msg`.
+
+    A console that went away (a closed pipe) never stops the job: lines are then dropped.
+    """
+
+    def show(ev: Event) -> None:
+        t = ev.time.astimezone().strftime("%H:%M:%S")
+        with contextlib.suppress(OSError, ValueError):  # one write: the line and its end
+            stream.write(f"[trainguard] {t} {ev.level.value} {ev.reason}: {ev.message}\n")
+            stream.flush()  # (print's two writes let a rank's line in between, unbuffered)
+
+    return show

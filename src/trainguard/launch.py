@@ -25,14 +25,14 @@ from pathlib import Path
 
 from trainguard.backends.base import Backend
 from trainguard.backends.local import LocalBackend, live_agents
-from trainguard.console import Writable, consoles
+from trainguard.console import Writable, console_printer, consoles
 from trainguard.controller.echo import RankEcho
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.hub import Hub
 from trainguard.controller.loop import Controller
 from trainguard.controller.nodes import NodeRecovery
 from trainguard.controller.peer_copies import PeerCopies
-from trainguard.controller.recorder import Recorder, console_printer
+from trainguard.controller.recorder import Recorder
 from trainguard.controller.signals import Hurrier
 from trainguard.controller.store import JobStore, NodeRow
 from trainguard.controller.store_rows import slot_moves

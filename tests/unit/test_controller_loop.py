@@ -572,7 +572,7 @@ def test_a_launcher_line_is_one_write_so_no_rank_line_lands_inside_it() -> None:
     """With PYTHONUNBUFFERED (common in containers) each write is a system call: print's
     separate write of the newline let a rank's line (another stream, the same pipe) land
     between a launcher line and its end."""
-    from trainguard.controller.recorder import console_printer
+    from trainguard.console import console_printer
     from trainguard.records import Event, Involved, Level, utcnow
 
     class Writes:

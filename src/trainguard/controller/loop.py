@@ -29,7 +29,7 @@ from trainguard.controller.step_retry import StepRetries
 from trainguard.controller.stopping import HUNG_GRACE_S, stop, stop_rest
 from trainguard.diagnosis.attempt import diagnose_attempt
 from trainguard.errors import LaunchError, NodesUnavailable
-from trainguard.exitcodes import ExitCode, describe_exit
+from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import (
     Action,
     Decision,
@@ -42,7 +42,7 @@ from trainguard.policy.decision import (
 )
 from trainguard.policy.ladder import decide
 from trainguard.protocol import AgentAPI, NodeReport
-from trainguard.records import Level, Reason, StartType, iso, utcnow
+from trainguard.records import Level, Reason, StartType, utcnow
 from trainguard.states import JobState, WorkerState
 
 if TYPE_CHECKING:
@@ -267,12 +267,7 @@ class Controller:
         detected = utcnow()
         report = self._inproc.settled(report, self._seen)  # ranks killed together
         failed = [w for w in report.workers if w.state == WorkerState.FAILED]
-        for w in failed:
-            self.rec.event(Level.WARNING, Reason.WORKER_FAILED,
-                           f"rank {w.rank} (pid {w.pid}) {describe_exit(w.returncode)}",
-                           rank=w.rank, attempt=attempt, data={  # `diagnose JOB_DIR` reads
-                               "exit_code": w.returncode, "oom_killed": w.oom_killed,
-                               "ended_at": iso(w.ended_at), "node": w.node or report.node})
+        self.rec.workers_failed(failed, attempt, report.node)
         case = self._inproc.case(report, tuple(w.rank for w in failed))
         if case is None:  # else the survivors run on until the ladder decided
             report = stop_rest(self.agent, self.rec, attempt, "a worker failed",
@@ -383,11 +378,7 @@ class Controller:
         name = signal.Signals(signum).name
         hung = self._hangs.confirmed is not None  # a hang left running: no step end will come
         grace = min(self.spec.grace_period_s, HUNG_GRACE_S) if hung else self.spec.grace_period_s
-        self.rec.event(Level.INFO, Reason.STOP_REQUESTED,
-                       f"stop requested (the launcher got {name}): the ranks have "
-                       + (f"{grace:g}s (hung)" if hung else f"the grace period, {grace:g}s,")
-                       + " to exit, then SIGKILL", attempt=attempt,
-                       data={"signal": name, "grace_s": grace})
+        self.rec.stop_requested(attempt, name, grace, hung)
         drained = drain(self.agent, self.rec, attempt, grace, f"the launcher got {name}",
                         cut_short=lambda: self._signals.cut_short)
         report = stop(self.agent, self.rec, f"launcher got {name}", grace=grace)

@@ -12,13 +12,11 @@ import contextlib
 import os
 import signal
 import socket
-import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trainguard.console import Writable
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.launch_settings import (
     changes_text,
@@ -39,16 +37,17 @@ from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.diagnosis.attempt import diagnosis_message
 from trainguard.diagnosis.taxonomy import BUCKET_MISSING, Diagnosis
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
-from trainguard.exitcodes import ExitCode, signal_name
+from trainguard.exitcodes import ExitCode, describe_exit, signal_name
 from trainguard.paths import JobPaths, attempt_log_dir, same_bucket
 from trainguard.policy.decision import Decision, HAPolicy
-from trainguard.protocol import NodeReport
+from trainguard.protocol import NodeReport, WorkerFact
 from trainguard.records import (
     Event,
     Involved,
     Level,
     Reason,
     StartType,
+    iso,
     rank_list,
     utcnow,
 )
@@ -280,6 +279,23 @@ class Recorder:
                        "make the bucket again, then relaunch (training starts from scratch)",
                        attempt=attempt)
 
+    def workers_failed(self, failed: list[WorkerFact], attempt: int, node: str) -> None:
+        """A WorkerFailed event per failed rank (`diagnose JOB_DIR` reads their data)."""
+        for w in failed:
+            self.event(Level.WARNING, Reason.WORKER_FAILED,
+                       f"rank {w.rank} (pid {w.pid}) {describe_exit(w.returncode)}",
+                       rank=w.rank, attempt=attempt, data={
+                           "exit_code": w.returncode, "oom_killed": w.oom_killed,
+                           "ended_at": iso(w.ended_at), "node": w.node or node})
+
+    def stop_requested(self, attempt: int, name: str, grace: float, hung: bool) -> None:
+        """The launcher got signal `name` while workers run: they get `grace` to exit."""
+        self.event(Level.INFO, Reason.STOP_REQUESTED,
+                   f"stop requested (the launcher got {name}): the ranks have "
+                   + (f"{grace:g}s (hung)" if hung else f"the grace period, {grace:g}s,")
+                   + " to exit, then SIGKILL", attempt=attempt,
+                   data={"signal": name, "grace_s": grace})
+
     def stopped_idle(self, attempt: int, signum: int, waiting: str) -> int:
         """Stopped while no worker ran (`waiting`: a restart's backoff, for nodes: spares, a
         pre-check, a rendezvous):
@@ -365,18 +381,3 @@ def workers_rows(report: NodeReport) -> list[WorkerRow]:
                       started_at=w.started_at, ended_at=w.ended_at, start_count=w.start_count,
                       oom_killed=w.oom_killed, second_last_step_at=w.second_last_step_at)
             for w in report.workers]
-
-
-def console_printer(stream: Writable = sys.stderr) -> Callable[[Event], None]:
-    """Supervisor-style, greppable launcher lines: `[trainguard] HH:MM:SS Level Reason: msg`.
-
-    A console that went away (a closed pipe) never stops the job: lines are then dropped.
-    """
-
-    def show(ev: Event) -> None:
-        t = ev.time.astimezone().strftime("%H:%M:%S")
-        with contextlib.suppress(OSError, ValueError):  # one write: the line and its end
-            stream.write(f"[trainguard] {t} {ev.level.value} {ev.reason}: {ev.message}\n")
-            stream.flush()  # (print's two writes let a rank's line in between, unbuffered)
-
-    return show
