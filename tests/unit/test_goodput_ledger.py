@@ -272,3 +272,33 @@ def test_an_async_saves_wait_is_placed_where_the_loop_waited_not_at_its_commit(
     g = account(inp)
     assert math.isclose(g.seconds("checkpoint_blocking"), 6.387 + 8.581, abs_tol=1e-6)
     assert math.isclose(parts_sum(g), g.wall_s)
+
+
+def test_a_live_job_s_start_up_before_its_first_step_is_not_productive() -> None:
+    """Walk-through 38 #4: a job that printed, then loaded its data for 8 s, read 92%
+    goodput (its first output started 'productive') until step 1 came. Only a job known to
+    report no steps (it ended without one, or NoProgressSignal said so) counts from its
+    first output; a finished job run again, whose new attempt reports no step, trains
+    nothing in it either."""
+    a0 = Attempt(0, 0.0, None, launch=True, first_output=1.0)
+    live = account(LedgerInput(start=0.0, end=9.0, attempts=[a0], reports_no_steps=False))
+    assert live.productive_s == 0.0 and math.isclose(live.seconds("startup"), 9.0)
+    known = account(LedgerInput(start=0.0, end=9.0, attempts=[a0]))  # told: no steps
+    assert math.isclose(known.productive_s, 8.0)
+    rerun = account(LedgerInput(
+        start=0.0, end=30.0,
+        attempts=[Attempt(0, 0.0, 11.0, launch=True, first_output=0.5),
+                  Attempt(1, 20.0, 30.0, launch=True, first_output=24.0)],
+        samples=steps(0, 1, 10, 1.0)))
+    assert math.isclose(rerun.productive_s, 9.0)  # attempt 0's steps only
+    assert math.isclose(rerun.seconds("startup"), 1.0 + 10.0)  # and the rerun's whole 10 s
+    from datetime import datetime, timezone
+
+    from trainguard.goodput.read import ledger_input
+
+    now = datetime.fromtimestamp(100.0, timezone.utc)
+    for meta, told, known in (({"state": "running"}, False, False),
+                              ({"state": "running"}, True, True),
+                              ({"state": "succeeded"}, False, True)):
+        inp = ledger_input(meta, [], [], [], [], None, now, told_no_steps=told)
+        assert inp.reports_no_steps is known, (meta, told)

@@ -71,6 +71,11 @@ class LedgerInput:
     snapshots: list[tuple[float, float]] = field(default_factory=list)
     hangs: list[tuple[int, float]] = field(default_factory=list)  # confirmed: attempt, at
     queues: list[tuple[int, float]] = field(default_factory=list)  # waits for nodes: attempt, at
+    # a job without step reports: whether it is known to report none (it ended so, or its
+    # ranks were found printing without them: NoProgressSignal); only then does an attempt's
+    # first output start its training (walk-through 38 #4: a live job loading its data read
+    # 92% goodput before its first step)
+    reports_no_steps: bool = True
 
 
 @dataclass(frozen=True)
@@ -144,8 +149,14 @@ def account(inp: LedgerInput) -> Goodput:
                    counts.step_seconds, measured_steps=bool(inp.samples))
 
 
-def _first_sign(a: Attempt, samples: list[tuple[int, float]]) -> float | None:
-    return samples[0][1] if samples else a.first_output
+def _first_sign(a: Attempt, samples: list[tuple[int, float]], inp: LedgerInput
+                ) -> float | None:
+    """When the attempt's training began: its first step; a job that reports no steps, its
+    first output; else (none yet, or none in an attempt of a job that reports them: a
+    finished job run again) not at all: start-up or recovery to its end."""
+    if samples:
+        return samples[0][1]
+    return a.first_output if inp.reports_no_steps and not inp.samples else None
 
 
 def _last_sign(a: Attempt, samples: list[tuple[int, float]], inp: LedgerInput) -> float:
@@ -168,7 +179,7 @@ def _attempt_spans(inp: LedgerInput, order: list[Attempt],
         samples = by_attempt.get(a.attempt, [])
         end = _last_sign(a, samples, inp) if a.end is not None or i + 1 < len(order) \
             else inp.end
-        first = _first_sign(a, samples)
+        first = _first_sign(a, samples, inp)
         opening = "startup" if a.launch else "recovery"
         spans.append((a.start, end if first is None else min(first, end), opening, a.attempt))
         if first is not None:
@@ -213,7 +224,7 @@ def _incident_spans(inp: LedgerInput, order: list[Attempt],
         end = inc.recovered
         if end is None and inc.ends_attempt and inc.attempt in nexts:
             nxt = nexts[inc.attempt]
-            end = _first_sign(nxt, by_attempt.get(nxt.attempt, []))
+            end = _first_sign(nxt, by_attempt.get(nxt.attempt, []), inp)
             if end is None and nxt.end is not None:
                 end = nxt.end
         spans.append((inc.detected, inp.end if end is None else end, "recovery", inc.attempt))

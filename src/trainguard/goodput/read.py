@@ -79,13 +79,14 @@ def job_goodput(store: JobStore, now: datetime | None = None,
     queues = [(a, t) for t, a, _ in store.event_values(Reason.QUEUING.value, ())
               if a is not None]
     relaunches = [t for t, _, _ in store.event_values(Reason.JOB_RELAUNCHED.value, ())]
+    told = bool(store.event_values(Reason.NO_PROGRESS_SIGNAL.value, ()))
     last_event = store.last_event_time()
     return account(ledger_input(store.meta() if meta is None else meta,
                                 store.running_records() if records is None else records,
                                 store.progress(),
                                 saves(store) if commits is None else commits, hangs,
                                 last_event, now or utcnow(), queues, relaunches,
-                                snapshot_reports(store)))
+                                snapshot_reports(store), told))
 
 
 def ledger_input(meta: dict[str, object], records: list[RunningRecord],
@@ -93,9 +94,11 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                  hangs: list[tuple[int, float]], last_event: float | None,
                  now: datetime, queues: list[tuple[int, float]] | None = None,
                  relaunches: list[float] | None = None,
-                 snapshots: list[SnapshotReport] | None = None) -> LedgerInput:
+                 snapshots: list[SnapshotReport] | None = None,
+                 told_no_steps: bool = False) -> LedgerInput:
     """`relaunches`: when each relaunch of the job dir began (its JobRelaunched event);
-    `snapshots`: the memory snapshots' blocking, booked as checkpoint_blocking."""
+    `snapshots`: the memory snapshots' blocking, booked as checkpoint_blocking;
+    `told_no_steps`: its ranks were found printing without step reports (NoProgressSignal)."""
     attempts = [Attempt(r.attempt, r.start_at.timestamp(), _ts(r.end_at),
                         r.start_type in _LAUNCHES, _ts(r.first_output_at),
                         _began(r.start_at.timestamp(), relaunches or [])
@@ -118,7 +121,8 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                        saves=[(c.at - c.resumed_before_s, c.blocked_s) for c in commits
                               if c.blocked_s],
                        snapshots=[(r.at, r.blocked_s) for r in snapshots or ()],
-                       hangs=hangs, queues=queues or [])
+                       hangs=hangs, queues=queues or [],
+                       reports_no_steps=told_no_steps or shown_state(meta) in JOB_ENDED)
 
 
 def _commits_beyond(samples: list[tuple[int, int, float]], commits: list[Save]
