@@ -89,9 +89,12 @@ def screenshot(page: Page, name: str) -> Path:
 class Job:
     """A real `trainguard run` in the background (2 ranks of examples/train_ddp.py)."""
 
-    def __init__(self, job_dir: Path, fault: str, flags: list[str], script: list[str]) -> None:
+    def __init__(self, job_dir: Path, fault: str | None, flags: list[str],
+                 script: list[str]) -> None:
         self.dir = job_dir
-        env = {**os.environ, "TRAINGUARD_FAULT": fault}
+        env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_FAULT"}
+        if fault is not None:
+            env["TRAINGUARD_FAULT"] = fault
         self.log = open(job_dir.parent / f"{job_dir.name}.out", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [*TG, "run", "--nproc-per-node", "2", "--job-dir", str(job_dir), *FAST, *flags,

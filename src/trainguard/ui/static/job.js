@@ -9,7 +9,8 @@ const DETAIL_REASONS = new Set(["CheckpointSaved", "FailureDiagnosed", "HangConf
 const job = { doc: null, records: [], ended: false };
 const logs = new TG.Logs(encodeURIComponent(JOB_ID));
 const $ = (id) => document.getElementById(id);
-let detailTimer = null, eventCount = 0;
+let detailTimer = null, eventCount = 0, lastId = null, watching = null;
+const RELAUNCH_POLL_MS = 5000;  // an ended job's page looks this often for a relaunch
 
 function showError(e) {
   $("error").textContent = e ? String(e.message || e) : "";
@@ -61,8 +62,9 @@ function scheduleDetail() {  // new checkpoints, diagnoses, hangs, goodput: one 
   detailTimer = setTimeout(() => { detailTimer = null; loadDetail().catch(showError); }, 300);
 }
 
-function connect() {
-  const es = new EventSource(`/api/jobs/${encodeURIComponent(JOB_ID)}/stream`);
+function connect() {  // (again after a relaunch: from the last event shown, none twice)
+  const after = lastId === null ? "" : `?after=${encodeURIComponent(lastId)}`;
+  const es = new EventSource(`/api/jobs/${encodeURIComponent(JOB_ID)}/stream${after}`);
   const live = $("live");
   es.addEventListener("open", () => {  // an ended job's stream only replays, then ends
     live.textContent = job.ended ? "ended" : "live";
@@ -77,6 +79,7 @@ function connect() {
     eventCount += 1;
     $("event-count").textContent = `(${job.doc ? Math.max(job.doc.events_total, ev.id) : eventCount})`;
     document.body.dataset.lastEventId = m.lastEventId;
+    lastId = m.lastEventId;
     if (DETAIL_REASONS.has(ev.reason)) scheduleDetail();
   });
   es.addEventListener("job", (m) => { if (job.doc) applyLive(JSON.parse(m.data)); });
@@ -85,7 +88,24 @@ function connect() {
     live.textContent = "ended";
     live.className = "live ended";
     scheduleDetail();
+    watchRelaunch();
   });
+}
+
+// an ended job is launched again by the same command (a requeue, `status`'s "continue it"):
+// its open page looks now and then, and follows it again once it runs (walk-through 38 #5:
+// a page left open said "stopped" through a whole relaunch)
+function watchRelaunch() {
+  if (watching) return;
+  watching = setInterval(() => {
+    const attempts = job.records.length;  // a relaunch that ran and ended between two looks
+    loadDetail().then(() => {
+      if ((job.ended && job.records.length === attempts) || !watching) return;
+      clearInterval(watching);
+      watching = null;
+      connect();
+    }).catch(showError);
+  }, RELAUNCH_POLL_MS);
 }
 
 // a running attempt's bar grows with the clock; the open log follows the file
