@@ -25,7 +25,7 @@ def test_the_interval_advice_says_why_there_is_none_without_telling_a_user_who_s
     # a job with one save through the Checkpointer: not "save through trainguard.checkpoint"
     (one,) = advice_lines(report_input(1), NO_INTERVAL)
     assert one == ("checkpoints: 1 save recorded; interval advice needs two saves in one "
-                   "attempt's training loop")
+                   "attempt's training loop with no failure between them")
     (none,) = advice_lines(report_input(0), NO_INTERVAL)
     assert none.startswith("checkpoints: no checkpoint saved yet"), none
 
@@ -168,3 +168,28 @@ def test_a_gap_across_an_in_process_restart_is_no_interval_either() -> None:
     g = SimpleNamespace(wall_s=40.0, seconds=lambda cause: 0.0)
     advice = interval_advice(g, [rec], saves)  # type: ignore[arg-type]
     assert advice.current_s is not None and abs(advice.current_s - 0.7) < 1e-6, advice
+
+
+def test_the_save_of_a_hung_job_s_last_step_is_in_the_stretch_before_the_hang() -> None:
+    """Walk-through 38 #3: a hang's fault is its last progress, and the save of that step
+    was committed just after it: it counted as after the fault, each stretch held one save,
+    and the advice said '2 saves recorded; ... needs two'. A hang's stretch ends when it
+    was confirmed."""
+    from datetime import datetime, timezone
+
+    from trainguard.goodput.metrics import interval_advice
+    from trainguard.goodput.read import Save
+    from trainguard.records import RecoverRecord, RunningRecord, StartType
+
+    t0 = datetime(2026, 12, 6, 22, 38, tzinfo=timezone.utc)
+    at = t0.timestamp()
+    rec = RunningRecord(0, t0, StartType.FIRST_START)
+    rec.recover_records.append(RecoverRecord(
+        attempt=0, recover_start_at=datetime.fromtimestamp(at + 40.0, timezone.utc),
+        fault_scenario=FaultScenario.JOB_HANGED, reason="hang", related_task="worker-1",
+        recover="no_recovery", fault_at=datetime.fromtimestamp(at + 13.634, timezone.utc),
+        detected_at=datetime.fromtimestamp(at + 38.0, timezone.utc)))
+    saves = [Save(at + s, 0, None, 0.01, 0.0, False, False) for s in (11.115, 13.669)]
+    g = SimpleNamespace(wall_s=60.0, seconds=lambda cause: 0.0)
+    advice = interval_advice(g, [rec], saves)  # type: ignore[arg-type]
+    assert advice.current_s is not None and abs(advice.current_s - 2.554) < 1e-6, advice

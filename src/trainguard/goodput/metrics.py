@@ -31,6 +31,7 @@ from trainguard.goodput.read import Save, job_goodput, saves, snapshot_reports
 from trainguard.policy.decision import Rung
 from trainguard.protocol import REFUSALS
 from trainguard.records import (
+    FaultScenario,
     Reason,
     RunningRecord,
     from_iso,
@@ -293,7 +294,11 @@ def interval_advice(g: Goodput, records: list[RunningRecord],
     incidents = incidents_of(records)
     loop = [c for c in commits if c.blocked_s is not None and not c.on_exit
             and not c.by_agent]
-    faults = [(i.attempt, (i.fault_at or i.recover_start_at).timestamp()) for i in incidents]
+    # a hang's fault is its last progress, before that step's save was committed: its stretch
+    # ends at the confirmation (walk-through 38 #3: the save of the last step fell after it)
+    faults = [(i.attempt, ((i.detected_at if i.fault_scenario == FaultScenario.JOB_HANGED
+                            else None) or i.fault_at or i.recover_start_at).timestamp())
+              for i in incidents]
 
     def stretch(attempt: int | None, t: float) -> tuple[int | None, int]:
         """The saves of one stretch of training: one attempt, between two of its incidents

@@ -170,7 +170,7 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
             "Checkpointer): interval advice needs two saves in one attempt's training loop"
             if not saved else
             f"{plural(saved, 'save')} recorded; interval advice needs two saves in one "
-            "attempt's training loop"))
+            "attempt's training loop with no failure between them"))
     suspected = [ev.data or {} for ev in r.events if ev.reason == Reason.HANG_SUSPECTED.value]
     ideal = g.ideal_step_s()
     if suspected and ideal:
