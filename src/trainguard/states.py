@@ -167,3 +167,12 @@ TRANSITIONS: Mapping[type[Enum], Mapping[Any, frozenset[Any]]] = {
     NodeState: NODE_TRANSITIONS,
     WorkerState: WORKER_TRANSITIONS,
 }
+
+
+def shown_rank_state(state: str, job_state: str | None, agent_runs: bool) -> str:
+    """A rank's state as `status` and the dashboard show it: one not ended when its
+    launcher died reads `lost` (the guardian killed it with the launcher: nothing recorded
+    its end), unless its node's agent still runs (it keeps its workers for a takeover)."""
+    if job_state == JobState.LOST.value and not WorkerState(state).ended and not agent_runs:
+        return "lost"
+    return state

@@ -171,6 +171,10 @@ def test_a_job_whose_launcher_died_reads_lost(tmp_path: Path) -> None:
         store.set_meta(launcher_pid=2**22 + 12345)  # no such process
     with api_client(Catalog([d])) as c:
         assert c.get("/api/jobs").json()[0]["state"] == "lost"
+        # walk-through 38 #6: its ranks, running when the launcher died, read lost as in
+        # `status` (the dashboard said running)
+        view = c.get(f"/api/jobs/{job_id(d.resolve())}").json()
+        assert [w["state"] for w in view["workers"]] == ["lost", "lost"], view["workers"]
 
 
 def test_a_hang_left_running_reads_hung_in_the_list_the_view_and_the_metrics(

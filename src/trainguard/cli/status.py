@@ -51,7 +51,7 @@ from trainguard.records import (
     recoveries_by_rung,
     recoveries_text,
 )
-from trainguard.states import JOB_ENDED, JobState, NodeState, WorkerState
+from trainguard.states import JOB_ENDED, JobState, NodeState, WorkerState, shown_rank_state
 
 # less free than this on the job dir's disk: a running job's store writes fail (a page, its
 # journal, the WAL) and status may read behind (walk-through 24)
@@ -344,9 +344,7 @@ def _rank_dict(w: WorkerRow, job_state: str | None, hung: set[int],
     agent still runs (it keeps its workers for a takeover); `hung`: a running rank of a
     confirmed hang left running."""
     d = {k: _plain(getattr(w, k)) for k in _RANK_KEYS}
-    if job_state == JobState.LOST.value and not WorkerState(w.state).ended \
-            and w.node not in agents_alive:
-        d["state"] = "lost"
+    d["state"] = shown_rank_state(d["state"], job_state, w.node in agents_alive)
     d["hung"] = w.rank in hung and d["state"] == WorkerState.RUNNING.value
     return d
 

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trainguard.backends.local import live_agents
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import (
     NodeRow,
@@ -18,7 +19,7 @@ from trainguard.controller.store_rows import (
 )
 from trainguard.errors import StoreError
 from trainguard.records import Event, Reason, RunningRecord, incidents_of, recoveries_by_rung
-from trainguard.states import JOB_ENDED
+from trainguard.states import JOB_ENDED, shown_rank_state
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.goodput_view import GoodputCache
 from trainguard.ui.jobfiles import Refused, check_store
@@ -105,9 +106,17 @@ def live_parts(store: JobStore, meta: dict[str, Any],
         "hang": store.hang_left_running(meta),
         "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
         "records": [r.to_dict() for r in records],
-        "workers": [row_dict(w) for w in store.workers()],
+        "workers": _workers(store, state),
         "nodes": [row_dict(n) for n in store.nodes()],
     }
+
+
+def _workers(store: JobStore, job_state: str | None) -> list[dict[str, Any]]:
+    """The ranks as `status` shows them: a lost job's read `lost` (walk-through 38 #6: the
+    dashboard said `running` of processes gone with their launcher)."""
+    alive = {r.name for r in live_agents(store.nodes())} if job_state == "lost" else set()
+    return [{**row, "state": shown_rank_state(row["state"], job_state, row["node"] in alive)}
+            for row in (row_dict(w) for w in store.workers())]
 
 
 def row_dict(row: WorkerRow | NodeRow) -> dict[str, Any]:
