@@ -3,6 +3,7 @@ temporary dir: which attempt is diagnosed, and when none failed."""
 
 from __future__ import annotations
 
+import socket
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -40,6 +41,25 @@ def test_an_attempt_lost_with_its_launcher_then_one_that_succeeded_is_no_failure
     assert got is not None and got.failed is False and got.files == [], got
     assert got.note == ("no attempt of the job failed (attempt 0 was lost with its launcher, "
                         "killed or crashed, and its ranks with it; attempt 1 succeeded)")
+
+
+def test_a_job_lost_with_its_launcher_and_not_relaunched_is_no_failure(tmp_path: Path) -> None:
+    """Walk-through 38 #7: `stop --force` of a rank that ignored SIGTERM and said so; before
+    a relaunch closes the lost attempt its end is unknown, and its log's 'got SIGTERM' was
+    diagnosed as a kill from outside (exit 0). A job `status` reads lost is no failure."""
+    job = tmp_path / "job"
+    with JobStore.create(job, "run-1") as s:
+        s.set_meta(state="running", attempt=0, launcher_pid=2**22 + 12345,  # none such
+                   launcher_host=socket.gethostname(), log_dir=str(job / "logs"))
+        s.put_running(RunningRecord(0, T0, StartType.FIRST_START))
+        s.put_workers(0, [WorkerRow(0, 0, 0, "node-0", 100, "running")])
+    logs = job / "logs" / "attempt-0"
+    logs.mkdir(parents=True)
+    (logs / "rank-0.log").write_text("step 1\ngot SIGTERM, ignoring\nstep 2\n")
+    got = read_job_dir(job, [])
+    assert got is not None and got.failed is False and got.files == [], got
+    assert got.note == ("no attempt of the job failed (attempt 0 was lost with its launcher, "
+                        "killed or crashed, and its ranks with it)")
 
 
 NCCL = "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from trainguard.controller.faults import GROUP_FAILED_REASON, LOST_END_REASON, STOPPED_BY
 from trainguard.controller.store import JobStore, db_path
-from trainguard.controller.store_rows import log_dir_of
+from trainguard.controller.store_rows import log_dir_of, shown_state
 from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.hung import hang_diagnosis
 from trainguard.diagnosis.lines import file_rank
@@ -73,6 +73,9 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
                 if (rrs := [rr for rr in rec.recover_records if rr.recover == IN_PLACE
                             and rr.recover_result not in _NOT_CARRIED_OUT])}
     ended = {rec.attempt: rec.end_reason for rec in records}
+    if shown_state(meta) == JobState.LOST.value:  # no relaunch closed it yet (walk-through 38
+        ended.update({rec.attempt: LOST_END_REASON for rec in records  # #7: its logs were
+                      if rec.end_reason is None})  # read, a stop's SIGTERM a kill from outside)
     # every rank exited 0: a hang confirmed as the ranks were ending is no failure
     ok = {a for a in attempts if all(r.state == WorkerState.SUCCEEDED
                                      for r in rows if r.attempt == a)}
