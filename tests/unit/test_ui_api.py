@@ -165,6 +165,23 @@ def test_the_job_list_shows_state_attempts_and_last_progress(client: TestClient,
     assert "goodput" in row and row["error"] is None
 
 
+def test_a_job_without_step_reports_shows_its_last_checkpoint_as_progress(
+        tmp_path: Path) -> None:
+    """Walk-through 38 #2: `status`, `ls` and `metrics` show a job that reports no steps at
+    its last committed checkpoint; the dashboard said '-'."""
+    d = tmp_path / "quiet"
+    with JobStore.create(d, RUN) as store:
+        store.set_meta(state="succeeded", created_at=at(0).isoformat(),
+                       ended_at=at(30).isoformat())
+        store.add_event(event("CheckpointSaved", 25, rank=0, data={"step": 25}))
+    with api_client(Catalog([d])) as c:
+        (row,) = c.get("/api/jobs").json()
+        view = c.get(f"/api/jobs/{job_id(d.resolve())}").json()
+    for doc in (row, view):
+        assert (doc["last_step"], doc["progress_source"]) == (25, "checkpoint"), doc
+        assert doc["last_progress_at"] is not None
+
+
 def test_a_job_whose_launcher_died_reads_lost(tmp_path: Path) -> None:
     d = tmp_path / "lost"
     with make_job(d, running=True) as store:

@@ -13,6 +13,7 @@ from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import (
     NodeRow,
     WorkerRow,
+    last_progress,
     log_dir_of,
     shown_state,
     to_row,
@@ -47,7 +48,7 @@ def summary(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
             meta = store.meta()
             ratio = goodput_for(goodput, job_dir, store, meta, log.last_id()).get("goodput")
             return {**_summary(jid, job_dir, meta, store.running_records(), ratio),
-                    "hang": store.hang_left_running(meta)}
+                    **_progress(store, meta), "hang": store.hang_left_running(meta)}
     except (StoreError, Refused) as e:
         return {"id": jid, "job_dir": str(job_dir), "error": str(e), "state": None}
 
@@ -68,7 +69,6 @@ def _summary(jid: str, job_dir: Path, meta: dict[str, Any], records: list[Runnin
         "ended": is_ended(state), "attempts": len(records),
         "restarts": sum(recoveries_by_rung(records).values()),  # as `status` counts them
         "incidents": len(incidents_of(records)),  # one per fault, as `recovery`
-        "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
         "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at"),
         "goodput": ratio, "error": None,
     }
@@ -103,12 +103,19 @@ def live_parts(store: JobStore, meta: dict[str, Any],
     state = shown_state(meta)
     return {
         "state": state, "ended": is_ended(state), "attempts": len(records),
-        "hang": store.hang_left_running(meta),
-        "last_step": meta.get("last_step"), "last_progress_at": meta.get("last_progress_at"),
+        "hang": store.hang_left_running(meta), **_progress(store, meta),
         "records": [r.to_dict() for r in records],
         "workers": _workers(store, state),
         "nodes": [row_dict(n) for n in store.nodes()],
     }
+
+
+def _progress(store: JobStore, meta: dict[str, Any]) -> dict[str, Any]:
+    """The last progress as `status` and `ls` show it: the last step reported, or the last
+    committed checkpoint's when it is further (`progress_source`: "step" or "checkpoint";
+    walk-through 38 #2: a job that reports no steps read '-' here only)."""
+    p = last_progress(meta, store.last_checkpoint())
+    return {"last_step": p["step"], "last_progress_at": p["time"], "progress_source": p["source"]}
 
 
 def _workers(store: JobStore, job_state: str | None) -> list[dict[str, Any]]:

@@ -70,6 +70,12 @@ TG.ago = function (iso) {
   return s < 0 ? TG.time(iso) : TG.secs(s) + " ago";
 };
 
+// the last step, labelled when it is the last committed checkpoint's (as `status` and `ls`)
+TG.stepText = function (job) {
+  if (job.last_step === null || job.last_step === undefined) return "-";
+  return job.progress_source === "checkpoint" ? `${job.last_step} (checkpoint)` : String(job.last_step);
+};
+
 // `hang`: a confirmed hang left running in the current attempt (as `status` says HUNG)
 TG.stateBadge = function (state, hang = null) {
   const badge = TG.el("span", { class: `state state-${state || "unknown"}`, text: state || "unknown" });

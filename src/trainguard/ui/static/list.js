@@ -18,7 +18,7 @@ function jobRow(j) {
     TG.el("td", { class: "num", text: j.attempts }),
     TG.el("td", { class: "num", text: j.incidents }),
     TG.el("td", { class: "num goodput", text: TG.pct(j.goodput) }),
-    TG.el("td", { class: "num", text: j.last_step ?? "-" }),
+    TG.el("td", { class: "num", text: TG.stepText(j) }),
     TG.el("td", { title: j.last_progress_at || "", text: TG.ago(j.last_progress_at) }),
     TG.el("td", { text: TG.time(j.created_at) }),
     TG.el("td", { class: "path", text: j.job_dir }));

@@ -9,7 +9,7 @@ TG.renderSummary = function (box, job) {
   box.replaceChildren(
     fact("run", job.run_id || job.id), fact("attempts", job.attempts, "attempts"),
     fact("incidents", job.incidents), fact("goodput", TG.pct(job.goodput), "goodput"),
-    fact("last step", job.last_step ?? "-"), fact("last progress", TG.ago(job.last_progress_at)),
+    fact("last step", TG.stepText(job)), fact("last progress", TG.ago(job.last_progress_at)),
     fact("started", TG.time(job.created_at)), fact("ended", job.ended_at ? TG.time(job.ended_at) : "-"),
     fact("exit code", m.exit_code ?? "-"), fact("job dir", job.job_dir, "path"),
     fact("command", (m.command || []).join(" "), "path"));
