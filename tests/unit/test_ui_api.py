@@ -182,6 +182,22 @@ def test_a_job_without_step_reports_shows_its_last_checkpoint_as_progress(
         assert doc["last_progress_at"] is not None
 
 
+def test_a_stop_under_way_reads_stopping_in_the_list_and_the_view(tmp_path: Path) -> None:
+    """Walk-through 38 #1: `status` says `running · STOPPING` through a stop's grace period;
+    the dashboard said running until the job had stopped."""
+    d = tmp_path / "stopping"
+    with make_job(d, running=True) as store:
+        store.add_event(event("StopRequested", 50, data={"signal": "SIGTERM", "grace_s": 20.0}))
+    with api_client(Catalog([d])) as c:
+        (row,) = c.get("/api/jobs").json()
+        view = c.get(f"/api/jobs/{job_id(d.resolve())}").json()
+    for doc in (row, view):
+        stopping = doc["stopping"]
+        assert doc["state"] == "running" and stopping is not None, doc
+        assert (stopping["signal"], stopping["grace_s"]) == ("SIGTERM", 20.0), stopping
+        assert datetime.fromisoformat(stopping["requested_at"]) == at(50), stopping
+
+
 def test_a_job_whose_launcher_died_reads_lost(tmp_path: Path) -> None:
     d = tmp_path / "lost"
     with make_job(d, running=True) as store:

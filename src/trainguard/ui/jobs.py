@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.backends.local import live_agents
+from trainguard.cli.status import stop_under_way
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import (
     NodeRow,
@@ -48,7 +49,8 @@ def summary(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
             meta = store.meta()
             ratio = goodput_for(goodput, job_dir, store, meta, log.last_id()).get("goodput")
             return {**_summary(jid, job_dir, meta, store.running_records(), ratio),
-                    **_progress(store, meta), "hang": store.hang_left_running(meta)}
+                    **_progress(store, meta), "hang": store.hang_left_running(meta),
+                    "stopping": stop_under_way(store, meta)}
     except (StoreError, Refused) as e:
         return {"id": jid, "job_dir": str(job_dir), "error": str(e), "state": None}
 
@@ -104,6 +106,7 @@ def live_parts(store: JobStore, meta: dict[str, Any],
     return {
         "state": state, "ended": is_ended(state), "attempts": len(records),
         "hang": store.hang_left_running(meta), **_progress(store, meta),
+        "stopping": stop_under_way(store, meta),  # as `status`'s STOPPING
         "records": [r.to_dict() for r in records],
         "workers": _workers(store, state),
         "nodes": [row_dict(n) for n in store.nodes()],

@@ -76,14 +76,25 @@ TG.stepText = function (job) {
   return job.progress_source === "checkpoint" ? `${job.last_step} (checkpoint)` : String(job.last_step);
 };
 
-// `hang`: a confirmed hang left running in the current attempt (as `status` says HUNG)
-TG.stateBadge = function (state, hang = null) {
+// `hang`: a confirmed hang left running in the current attempt (as `status` says HUNG);
+// `stopping`: a stop under way, its grace period running (as `status` says STOPPING)
+TG.stateBadge = function (state, hang = null, stopping = null) {
   const badge = TG.el("span", { class: `state state-${state || "unknown"}`, text: state || "unknown" });
-  if (!hang) return badge;
-  return TG.el("span", {}, badge, " ", TG.el("span", {
-    class: "state state-hung", text: "HUNG",
-    title: `confirmed at ${hang.confirmed_at}, left running; culprit: ${hang.culprit}`,
-  }));
+  const extra = [];
+  if (hang) {
+    extra.push(" ", TG.el("span", {
+      class: "state state-hung", text: "HUNG",
+      title: `confirmed at ${hang.confirmed_at}, left running; culprit: ${hang.culprit}`,
+    }));
+  }
+  if (stopping) {
+    extra.push(" ", TG.el("span", {
+      class: "state state-stopping", text: "STOPPING",
+      title: `requested at ${stopping.requested_at} (${stopping.signal}); the ranks have ` +
+        `${stopping.grace_s}s to exit, then SIGKILL`,
+    }));
+  }
+  return extra.length ? TG.el("span", {}, badge, ...extra) : badge;
 };
 
 TG.bytes = function (n) {

@@ -27,7 +27,7 @@ function applyLive(parts, first = false) {
   Object.assign(job.doc, parts);
   job.records = parts.records;
   job.ended = parts.ended;
-  $("state").replaceChildren(TG.stateBadge(parts.state, parts.hang));
+  $("state").replaceChildren(TG.stateBadge(parts.state, parts.hang, parts.stopping));
   document.body.dataset.state = parts.state || "";
   document.body.dataset.attempts = String(parts.attempts);
   TG.renderSummary($("summary"), job.doc);

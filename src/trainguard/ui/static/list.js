@@ -14,7 +14,7 @@ function jobRow(j) {
   return TG.el("tr", { class: "job-row", "data-job": j.id, "data-state": j.state,
                        "data-hung": j.hang ? "1" : "0" },
     TG.el("td", {}, link),
-    TG.el("td", {}, TG.stateBadge(j.state, j.hang)),
+    TG.el("td", {}, TG.stateBadge(j.state, j.hang, j.stopping)),
     TG.el("td", { class: "num", text: j.attempts }),
     TG.el("td", { class: "num", text: j.incidents }),
     TG.el("td", { class: "num goodput", text: TG.pct(j.goodput) }),
