@@ -299,6 +299,9 @@ def test_a_live_job_s_start_up_before_its_first_step_is_not_productive() -> None
     now = datetime.fromtimestamp(100.0, timezone.utc)
     for meta, told, known in (({"state": "running"}, False, False),
                               ({"state": "running"}, True, True),
-                              ({"state": "succeeded"}, False, True)):
+                              ({"state": "succeeded"}, False, True),
+                              # review 45 #1: one that ended otherwise before a step: start-up
+                              ({"state": "failed"}, False, False),
+                              ({"state": "stopped"}, False, False)):
         inp = ledger_input(meta, [], [], [], [], None, now, told_no_steps=told)
         assert inp.reports_no_steps is known, (meta, told)

@@ -71,10 +71,11 @@ class LedgerInput:
     snapshots: list[tuple[float, float]] = field(default_factory=list)
     hangs: list[tuple[int, float]] = field(default_factory=list)  # confirmed: attempt, at
     queues: list[tuple[int, float]] = field(default_factory=list)  # waits for nodes: attempt, at
-    # a job without step reports: whether it is known to report none (it ended so, or its
-    # ranks were found printing without them: NoProgressSignal); only then does an attempt's
-    # first output start its training (walk-through 38 #4: a live job loading its data read
-    # 92% goodput before its first step)
+    # a job without step reports: whether it is known to report none (it succeeded so, or
+    # its ranks were found printing without them: NoProgressSignal); only then does an
+    # attempt's first output start its training (walk-through 38 #4: a live job loading its
+    # data read 92% goodput before its first step; review 45 #1: one that failed, was
+    # stopped or lost before it, 99%)
     reports_no_steps: bool = True
 
 

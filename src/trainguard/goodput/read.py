@@ -122,7 +122,8 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                               if c.blocked_s],
                        snapshots=[(r.at, r.blocked_s) for r in snapshots or ()],
                        hangs=hangs, queues=queues or [],
-                       reports_no_steps=told_no_steps or shown_state(meta) in JOB_ENDED)
+                       reports_no_steps=told_no_steps
+                       or shown_state(meta) == JobState.SUCCEEDED.value)
 
 
 def _commits_beyond(samples: list[tuple[int, int, float]], commits: list[Save]
