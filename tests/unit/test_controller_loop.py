@@ -729,25 +729,39 @@ NO_BUCKET = ("botocore.errorfactory.NoSuchBucket: An error occurred (NoSuchBucke
              "calling the ListObjectsV2 operation: The specified bucket does not exist")
 
 
-@pytest.mark.parametrize(("committed_at", "ckpt", "said"), [
-    ("s3://ckb/run4/step-00000010", "s3://ckb/run4", True),
-    (None, "s3://ckb/run4", False),  # a first start's missing bucket: a typo, as it looks
-    ("s3://ckb/run4/step-00000010", "s3://ckbb/run4", False),  # relaunched to a mistyped one
-    ("/data/ckpt/step-00000010", "/data/ckpt", False),  # the script's own bucket is missing
+def ckpt_error(location: str) -> str:
+    """The ranks' CheckpointError line for `location`'s missing bucket."""
+    from trainguard.checkpoint.store_errors import missing_bucket_problem
+
+    problem, fix = missing_bucket_problem(location, location.split("/")[2])
+    return (f"trainguard.checkpoint.errors.CheckpointError: {problem}: nothing can be saved "
+            f"there. Fix: {fix}, then run the job again")
+
+
+@pytest.mark.parametrize(("committed_at", "ckpt", "named", "said"), [
+    ("s3://ckb/run4/step-00000010", "s3://ckb/run4", "s3://ckb/run4", True),
+    (None, "s3://ckb/run4", "s3://ckb/run4", False),  # a first start's: a typo, as it looks
+    # relaunched to a mistyped bucket
+    ("s3://ckb/run4/step-00000010", "s3://ckbb/run4", "s3://ckbb/run4", False),
+    ("/data/ckpt/step-00000010", "/data/ckpt", None, False),  # the script's bucket is missing
+    # review 45 #6: S3 checkpoints, and the dataset's bucket is the missing one
+    ("s3://ckb/run4/step-00000010", "s3://ckb/run4", None, False),
 ])
 def test_a_bucket_gone_after_this_job_committed_to_it_says_its_checkpoints_are_lost(
-        job: Any, committed_at: str | None, ckpt: str, said: bool) -> None:
+        job: Any, committed_at: str | None, ckpt: str, named: str | None, said: bool) -> None:
     """Walk-through 37 #6: the restarted ranks found the bucket gone; the verdict's words
     pointed at a mistyped name. The bucket this job committed its newest checkpoint to is
-    said to be gone with its checkpoints, once a job (review 44 #1, #2: not for another
-    bucket, and not again at each attempt of an unconditional restart)."""
+    said to be gone with its checkpoints when the ranks' CheckpointError names it missing,
+    once a launch (review 44 #1, #2: not for another bucket, and not again at each attempt
+    of an unconditional restart)."""
     from trainguard.protocol import WorkerMessage
 
     saved = report(0, W(RUNNING), W(RUNNING), first=1, last=10).model_copy(update={
         "messages": [WorkerMessage(kind="checkpoint_saved", rank=0, at=at(1),
                                    data={"step": 10, "location": committed_at})]
         if committed_at else []})
-    failed = [report(a, W(RUNNING), W(FAILED, 1, (NO_BUCKET,)), first=1, last=12 + a,
+    tail = (NO_BUCKET, *([ckpt_error(named)] if named else []))
+    failed = [report(a, W(RUNNING), W(FAILED, 1, tail), first=1, last=12 + a,
                      seconds=2 + a) for a in range(2)]
     attempts = [[report(0, W(RUNNING), W(RUNNING)), saved, failed[0]], [failed[1]]]
     run = job(attempts, ckpt=ckpt, max_restarts=1, unconditional_restart=True)

@@ -31,3 +31,11 @@ def missing_bucket_problem(location: str, bucket: str) -> tuple[str, str]:
     return (f"the bucket {bucket!r} of {location} does not exist (the store answered "
             "NoSuchBucket: The specified bucket does not exist)",
             "make the bucket first, or check its name and the endpoint (AWS_ENDPOINT_URL)")
+
+
+def says_bucket_missing(line: str, location: str) -> bool:
+    """Whether an error line is missing_bucket_problem's for `location`'s bucket (a rank's
+    CheckpointError: the launcher tells the checkpoint bucket gone from another one)."""
+    bucket = location.split("://", 1)[-1].split("/", 1)[0]
+    return "://" in location and f"the bucket {bucket!r} of " in line and \
+        "does not exist" in line

@@ -281,7 +281,7 @@ class Controller:
         diag = diagnose_attempt(report.workers, detected, node=report.node)
         if diag is None:  # pragma: no cover - _watch returns only with a failed worker
             raise RuntimeError("no failed worker to diagnose")
-        self.rec.diagnosed(diag, attempt)
+        self.rec.diagnosed(diag, attempt, [f.text for w in failed for f in w.findings])
         first = fault_time(failed, diag.evidence, detected)
         placement, spares = self.nodes.snapshot() if self.nodes is not None else ((), ())
         node = next((w.node for w in report.workers

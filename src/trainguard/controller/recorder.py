@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.store_errors import says_bucket_missing
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.launch_settings import (
     changes_text,
@@ -65,7 +66,7 @@ class Recorder:
         self.messages = WorkerMessages(self.event, self.book, self.writes.recorded)
         self.launches = 1
         self.slot_moves: dict[int, int] = {}  # slot -> node moves in the launches before
-        self._bucket_gone = False  # its CheckpointMissing said (Recorder.diagnosed)
+        self._bucket_gone = False  # its CheckpointMissing said (this launch: diagnosed)
         self.previous_max_step: int | None = None  # the furthest step a launch before reached
         self.previous_committed: int | None = None  # and the newest checkpoint committed
         self._workers_sig: object = None
@@ -264,15 +265,18 @@ class Recorder:
                             f"stopped by {signal.Signals(signum).name}: {how}{late}",
                             attempt=attempt)
 
-    def diagnosed(self, diag: Diagnosis, attempt: int) -> None:
+    def diagnosed(self, diag: Diagnosis, attempt: int, lines: list[str]) -> None:
         """FailureDiagnosed; when it is a bucket gone that this job committed checkpoints to,
         CheckpointMissing says they are lost (walk-through 37 #6: the verdict's words alone
-        pointed at a mistyped name, and status said a relaunch resumes)."""
+        pointed at a mistyped name, and status said a relaunch resumes). `lines`: the failed
+        attempt's error lines: the checkpoint bucket must be the one named missing there (the
+        Checkpointer's CheckpointError names it; review 45 #6: a dataset's bucket)."""
         self.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
                    rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
         step, ckpt = self.messages.max_committed_step, self.paths.checkpoint_dir
         if diag.subcategory == BUCKET_MISSING and step is not None and not self._bucket_gone \
-                and same_bucket(self.messages.committed_at, ckpt):  # (once a job)
+                and same_bucket(self.messages.committed_at, ckpt) \
+                and any(says_bucket_missing(line, ckpt) for line in lines):  # (once a launch)
             self._bucket_gone = True
             self.event(Level.ERROR, Reason.CHECKPOINT_MISSING, f"the bucket of {ckpt}, where "
                        f"this job committed step {step}, is gone: its checkpoints are lost; "
