@@ -62,6 +62,38 @@ def test_a_job_lost_with_its_launcher_and_not_relaunched_is_no_failure(tmp_path:
                         "killed or crashed, and its ranks with it)")
 
 
+def test_a_lost_job_whose_agents_still_run_is_read_from_its_logs(tmp_path: Path) -> None:
+    """Review 45 #3: a multi-node job whose launcher died while its node agents run on (they
+    keep their ranks for a takeover): `status` says its ranks train on; diagnose is no
+    'lost with its ranks', it reads their logs."""
+    import subprocess
+    import sys
+
+    from trainguard.controller.store import NodeRow
+    from trainguard.states import NodeState
+
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              "trainguard.node.main", "--node", "node-0"],
+                             start_new_session=True)  # an agent as `live_agents` finds one
+    try:
+        job = tmp_path / "job"
+        with JobStore.create(job, "run-1") as s:
+            s.set_meta(state="running", attempt=0, launcher_pid=2**22 + 12345,  # none such
+                       launcher_host=socket.gethostname(), log_dir=str(job / "logs"))
+            s.put_running(RunningRecord(0, T0, StartType.FIRST_START))
+            s.put_workers(0, [WorkerRow(0, 0, 0, "node-0", 100, "running")])
+            s.put_nodes([NodeRow("node-0", "h", NodeState.HEALTHY, agent.pid, 0, None, T0,
+                                 "local")])
+        logs = job / "logs" / "attempt-0"
+        logs.mkdir(parents=True)
+        (logs / "rank-0.log").write_text("step 1\n")
+        got = read_job_dir(job, [])
+        assert got is not None and got.note is None and len(got.files) == 1, got
+    finally:
+        agent.kill()
+        agent.wait()
+
+
 NCCL = "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"
 
 

@@ -22,6 +22,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from trainguard.backends.local import live_agents
 from trainguard.controller.faults import GROUP_FAILED_REASON, LOST_END_REASON, STOPPED_BY
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import log_dir_of, shown_state
@@ -62,6 +63,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         rows = store.all_workers()
         records = store.running_records()
         deaths = [e for _, e in store.events(reasons=(Reason.WORKER_FAILED.value,))]
+        agents_run = bool(live_agents(store.nodes()))  # a lost job's ranks may train on
     attempts = sorted({r.attempt for r in rows})
     log_dir = log_dir_of(meta, job_dir)
     if meta.get("exit_code") == ExitCode.NO_PROGRESS:  # whatever the verdict says of restarts
@@ -73,9 +75,11 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
                 if (rrs := [rr for rr in rec.recover_records if rr.recover == IN_PLACE
                             and rr.recover_result not in _NOT_CARRIED_OUT])}
     ended = {rec.attempt: rec.end_reason for rec in records}
-    if shown_state(meta) == JobState.LOST.value:  # no relaunch closed it yet (walk-through 38
-        ended.update({rec.attempt: LOST_END_REASON for rec in records  # #7: its logs were
-                      if rec.end_reason is None})  # read, a stop's SIGTERM a kill from outside)
+    # lost, no relaunch closed it yet, no agent keeps its ranks (walk-through 38 #7: its logs
+    # were read, a stop's SIGTERM a kill from outside; review 45 #3: agents still running)
+    if shown_state(meta) == JobState.LOST.value and not agents_run:
+        ended.update({rec.attempt: LOST_END_REASON for rec in records
+                      if rec.end_reason is None})
     # every rank exited 0: a hang confirmed as the ranks were ending is no failure
     ok = {a for a in attempts if all(r.state == WorkerState.SUCCEEDED
                                      for r in rows if r.attempt == a)}
