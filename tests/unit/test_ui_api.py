@@ -196,6 +196,12 @@ def test_a_stop_under_way_reads_stopping_in_the_list_and_the_view(tmp_path: Path
         assert doc["state"] == "running" and stopping is not None, doc
         assert (stopping["signal"], stopping["grace_s"]) == ("SIGTERM", 20.0), stopping
         assert datetime.fromisoformat(stopping["requested_at"]) == at(50), stopping
+    with JobStore.create(d, RUN) as store:  # review 45 #4: then lost in its stop (--force)
+        store.set_meta(launcher_pid=2**22 + 12345)  # no such process
+    with api_client(Catalog([d])) as c:
+        (row,) = c.get("/api/jobs").json()
+        view = c.get(f"/api/jobs/{job_id(d.resolve())}").json()
+    assert (row["state"], row["stopping"], view["stopping"]) == ("lost", None, None)
 
 
 def test_a_job_whose_launcher_died_reads_lost(tmp_path: Path) -> None:

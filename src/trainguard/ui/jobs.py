@@ -21,7 +21,7 @@ from trainguard.controller.store_rows import (
 )
 from trainguard.errors import StoreError
 from trainguard.records import Event, Reason, RunningRecord, incidents_of, recoveries_by_rung
-from trainguard.states import JOB_ENDED, shown_rank_state
+from trainguard.states import JOB_ENDED, JobState, shown_rank_state
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.goodput_view import GoodputCache
 from trainguard.ui.jobfiles import Refused, check_store
@@ -50,7 +50,7 @@ def summary(jid: str, job_dir: Path, goodput: GoodputCache) -> dict[str, Any]:
             ratio = goodput_for(goodput, job_dir, store, meta, log.last_id()).get("goodput")
             return {**_summary(jid, job_dir, meta, store.running_records(), ratio),
                     **_progress(store, meta), "hang": store.hang_left_running(meta),
-                    "stopping": stop_under_way(store, meta)}
+                    "stopping": _stopping(store, meta)}
     except (StoreError, Refused) as e:
         return {"id": jid, "job_dir": str(job_dir), "error": str(e), "state": None}
 
@@ -106,7 +106,7 @@ def live_parts(store: JobStore, meta: dict[str, Any],
     return {
         "state": state, "ended": is_ended(state), "attempts": len(records),
         "hang": store.hang_left_running(meta), **_progress(store, meta),
-        "stopping": stop_under_way(store, meta),  # as `status`'s STOPPING
+        "stopping": _stopping(store, meta),
         "records": [r.to_dict() for r in records],
         "workers": _workers(store, state),
         "nodes": [row_dict(n) for n in store.nodes()],
@@ -121,10 +121,17 @@ def _progress(store: JobStore, meta: dict[str, Any]) -> dict[str, Any]:
     return {"last_step": p["step"], "last_progress_at": p["time"], "progress_source": p["source"]}
 
 
+def _stopping(store: JobStore, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """A stop under way, as `status`'s STOPPING: never of a job that reads ended (review 45
+    #4: one lost in its stop, `stop --force`, read 'lost STOPPING')."""
+    return None if is_ended(shown_state(meta)) else stop_under_way(store, meta)
+
+
 def _workers(store: JobStore, job_state: str | None) -> list[dict[str, Any]]:
     """The ranks as `status` shows them: a lost job's read `lost` (walk-through 38 #6: the
     dashboard said `running` of processes gone with their launcher)."""
-    alive = {r.name for r in live_agents(store.nodes())} if job_state == "lost" else set()
+    alive = {r.name for r in live_agents(store.nodes())} \
+        if job_state == JobState.LOST.value else set()
     return [{**row, "state": shown_rank_state(row["state"], job_state, row["node"] in alive)}
             for row in (row_dict(w) for w in store.workers())]
 
