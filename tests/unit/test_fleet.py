@@ -835,3 +835,26 @@ def test_a_stop_during_the_pre_check_s_wait_for_a_spare_stops_the_job(
         assert not any(c for c in hub.calls if any(op == "start" for op, _ in c.values()))
     finally:
         store.close()
+    # review 45 #5: a stop come before the pre-check skips it (it waited up to 300 s for it,
+    # then isolated the failing node and queued, before the stop was acted on)
+    store = JobStore.create(tmp_path / "job2", "t2")
+    rec = Recorder(spec, JobPaths(tmp_path / "job2", tmp_path / "job2" / "logs",
+                                  str(tmp_path / "ck2")), store, ["x"])
+    f, hub, _ = fleet(("a", "b"))
+    monkeypatch.setattr(f, "close", lambda grace_s=0.0: None)
+    recovery = NodeRecovery(rec, f)
+    checked: list[int] = []
+    monkeypatch.setattr(recovery, "precheck_incident", checked.append)
+    begin = rec.begin
+
+    def begin_then_stop() -> Any:
+        out = begin()
+        signal.raise_signal(signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(rec, "begin", begin_then_stop)
+    try:
+        code = Controller(rec, f, nodes=recovery).run()  # type: ignore[arg-type]
+        assert code == 128 + signal.SIGTERM and checked == [], checked
+    finally:
+        store.close()

@@ -119,8 +119,10 @@ class Controller:
                     outcome = self._watch()
                 else:
                     ran = self._run_attempt(attempt, start_type)
-                    if ran is None:  # (its events name the last attempt that ran)
-                        return self.rec.stopped_idle(max(attempt - 1, 0), signal.SIGTERM if
+                    if ran is None:  # its events name the last attempt that ran (in
+                        # this launch: a first start's or a relaunch's own, else the one before)
+                        first = start_type in (StartType.FIRST_START, StartType.RELAUNCH)
+                        return self.rec.stopped_idle(attempt - (not first), signal.SIGTERM if
                                                      self._signals.received is None else
                                                      self._signals.received, "waiting for nodes")
                     outcome = ran
@@ -159,7 +161,7 @@ class Controller:
             attempt, start_type = attempt + 1, decision.start_type or StartType.AUTO_RESTART
 
     def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome | None:
-        if self.nodes is not None:
+        if self.nodes is not None and self._signals.received is None:  # (review 45 #5)
             self._precheck(attempt)
         if self._signals.received is None:  # (a stop ends the pre-check's wait for spares)
             addr, port = self.agent.rendezvous(
