@@ -93,18 +93,22 @@ function connect() {  // (again after a relaunch: from the last event shown, non
 }
 
 // an ended job is launched again by the same command (a requeue, `status`'s "continue it"):
-// its open page looks now and then, and follows it again once it runs (walk-through 38 #5:
-// a page left open said "stopped" through a whole relaunch)
+// its open page asks now and then for an event after the last one it showed (one indexed
+// read; none while the tab is hidden), and follows the job again once one comes
+// (walk-through 38 #5: a page left open said "stopped" through a whole relaunch; review 45
+// #2: reloading every panel each time closed what the reader had opened)
 function watchRelaunch() {
   if (watching) return;
   watching = setInterval(() => {
-    const attempts = job.records.length;  // a relaunch that ran and ended between two looks
-    loadDetail().then(() => {
-      if ((job.ended && job.records.length === attempts) || !watching) return;
-      clearInterval(watching);
-      watching = null;
-      connect();
-    }).catch(showError);
+    if (document.hidden) return;
+    const after = lastId === null ? 0 : lastId;
+    TG.getJSON(`/api/jobs/${encodeURIComponent(JOB_ID)}/events?after=${encodeURIComponent(after)}&limit=1`)
+      .then((page) => {
+        if (!page.events.length || !watching) return;
+        clearInterval(watching);
+        watching = null;
+        loadDetail().then(connect).catch(showError);
+      }).catch(showError);
   }, RELAUNCH_POLL_MS);
 }
 
