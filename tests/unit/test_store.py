@@ -374,3 +374,23 @@ def test_an_empty_store_left_by_a_launch_that_died_says_so_not_try_again(
     JobStore.create(job, "tg-again").close()  # as the fix says: the store is made anew
     with JobStore.open(job) as store:
         assert store.meta()["run_id"] == "tg-again"
+
+
+def test_the_newest_event_of_a_reason_is_read_through_an_index(tmp_path: Path) -> None:
+    """Review 45 #7: the dashboard reads a job's last checkpoint and stop under way for each
+    row every few seconds; without an index each read scanned every event. A store made by
+    an older trainguard gets it from the next writer that opens it."""
+    with JobStore.create(tmp_path / "job", "r") as s:
+        s.add_event(Event(datetime.now(timezone.utc), Level.INFO, "CheckpointSaved", "m",
+                          Involved("r")))
+    db = tmp_path / "job" / "trainguard.db"
+    with sqlite3.connect(db) as conn:
+        plan = " ".join(str(r) for r in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT time FROM events WHERE reason = ? ORDER BY id DESC "
+            "LIMIT 1", ("CheckpointSaved",)))
+        assert "events_by_reason" in plan, plan
+        conn.execute("DROP INDEX events_by_reason")  # as an older trainguard made it
+    JobStore.create(tmp_path / "job", "r").close()
+    with sqlite3.connect(db) as conn:
+        names = [r[1] for r in conn.execute("PRAGMA index_list(events)")]
+    assert "events_by_reason" in names, names

@@ -40,7 +40,7 @@ from trainguard.controller.store_rows import (
 )
 from trainguard.controller.store_rows import db_path as db_path
 from trainguard.controller.store_rows import holds_job_dirs as holds_job_dirs
-from trainguard.controller.store_schema import MIGRATIONS, SCHEMA, WORKER_COLUMN_SINCE
+from trainguard.controller.store_schema import INDEXES, MIGRATIONS, SCHEMA, WORKER_COLUMN_SINCE
 from trainguard.controller.store_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from trainguard.errors import StoreError
 from trainguard.paths import DB_NAME
@@ -130,6 +130,8 @@ class JobStore(LedgerTables):
                 for v in range(version, SCHEMA_VERSION):
                     for statement in MIGRATIONS[v]:
                         self._conn.execute(statement)
+            for statement in INDEXES:
+                self._conn.execute(statement)
             self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._version = SCHEMA_VERSION
             existing = self.meta().get("run_id")
