@@ -183,6 +183,8 @@ def test_a_blocked_data_loader_worker_is_named_through_its_rank(
     assert rec["last_step_before"] == 14 and rec["steps_lost"] == 4
 
 
+@pytest.mark.long  # make test: tests/unit/test_hang_stacks.py's every-rank-in-one-file-lock
+# verdict, and the other real hangs here (a sleep, a spin, a data loader worker)
 def test_every_rank_blocked_on_one_file_lock_has_no_single_culprit(
         tmp_path: Path, job_dir: Path) -> None:
     held = tmp_path / "held.lock"
