@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from trainguard.cli.diagnose_job import job_reader, read_job_dir
 from trainguard.controller.faults import LOST_END_REASON
@@ -43,19 +44,27 @@ def test_an_attempt_lost_with_its_launcher_then_one_that_succeeded_is_no_failure
                         "killed or crashed, and its ranks with it; attempt 1 succeeded)")
 
 
-def test_a_job_lost_with_its_launcher_and_not_relaunched_is_no_failure(tmp_path: Path) -> None:
-    """Walk-through 38 #7: `stop --force` of a rank that ignored SIGTERM and said so; before
-    a relaunch closes the lost attempt its end is unknown, and its log's 'got SIGTERM' was
-    diagnosed as a kill from outside (exit 0). A job `status` reads lost is no failure."""
-    job = tmp_path / "job"
+def lost_job(job: Path, log: str, nodes: list[Any] | None = None) -> Path:
+    """A job recorded as running attempt 0 (one rank on node-0, its log `log`) whose
+    launcher is gone: `status` reads it lost."""
     with JobStore.create(job, "run-1") as s:
         s.set_meta(state="running", attempt=0, launcher_pid=2**22 + 12345,  # none such
                    launcher_host=socket.gethostname(), log_dir=str(job / "logs"))
         s.put_running(RunningRecord(0, T0, StartType.FIRST_START))
         s.put_workers(0, [WorkerRow(0, 0, 0, "node-0", 100, "running")])
+        if nodes:
+            s.put_nodes(nodes)
     logs = job / "logs" / "attempt-0"
     logs.mkdir(parents=True)
-    (logs / "rank-0.log").write_text("step 1\ngot SIGTERM, ignoring\nstep 2\n")
+    (logs / "rank-0.log").write_text(log)
+    return job
+
+
+def test_a_job_lost_with_its_launcher_and_not_relaunched_is_no_failure(tmp_path: Path) -> None:
+    """Walk-through 38 #7: `stop --force` of a rank that ignored SIGTERM and said so; before
+    a relaunch closes the lost attempt its end is unknown, and its log's 'got SIGTERM' was
+    diagnosed as a kill from outside (exit 0). A job `status` reads lost is no failure."""
+    job = lost_job(tmp_path / "job", "step 1\ngot SIGTERM, ignoring\nstep 2\n")
     got = read_job_dir(job, [])
     assert got is not None and got.failed is False and got.files == [], got
     assert got.note == ("no attempt of the job failed (attempt 0 was lost with its launcher, "
@@ -76,17 +85,8 @@ def test_a_lost_job_whose_agents_still_run_is_read_from_its_logs(tmp_path: Path)
                               "trainguard.node.main", "--node", "node-0"],
                              start_new_session=True)  # an agent as `live_agents` finds one
     try:
-        job = tmp_path / "job"
-        with JobStore.create(job, "run-1") as s:
-            s.set_meta(state="running", attempt=0, launcher_pid=2**22 + 12345,  # none such
-                       launcher_host=socket.gethostname(), log_dir=str(job / "logs"))
-            s.put_running(RunningRecord(0, T0, StartType.FIRST_START))
-            s.put_workers(0, [WorkerRow(0, 0, 0, "node-0", 100, "running")])
-            s.put_nodes([NodeRow("node-0", "h", NodeState.HEALTHY, agent.pid, 0, None, T0,
-                                 "local")])
-        logs = job / "logs" / "attempt-0"
-        logs.mkdir(parents=True)
-        (logs / "rank-0.log").write_text("step 1\n")
+        job = lost_job(tmp_path / "job", "step 1\n", [NodeRow(
+            "node-0", "h", NodeState.HEALTHY, agent.pid, 0, None, T0, "local")])
         got = read_job_dir(job, [])
         assert got is not None and got.note is None and len(got.files) == 1, got
     finally:
