@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from trainguard.checkpoint.manifest import OWNER_NAME
+from trainguard.checkpoint.store_errors import bucket_of
 from trainguard.errors import SpecError
 from trainguard.spec import JobSpec, flag_name
 
@@ -167,10 +168,10 @@ def is_url(location: str | Path) -> bool:
 def same_bucket(location: str | None, other: str | Path) -> bool:
     """Whether two fsspec URLs name the same bucket (`s3://ckb/run4/step-30` and
     `s3://ckb/run4`: scheme and bucket); never a local path."""
-    if location is None or not is_url(location) or not is_url(other):
+    if location is None or bucket_of(location) is None:
         return False
     a, b = urlsplit(location), urlsplit(str(other))
-    return (a.scheme, a.netloc) == (b.scheme, b.netloc)
+    return bucket_of(str(other)) == a.netloc and a.scheme == b.scheme
 
 
 def attempt_logs(log_dir: Path) -> list[str]:

@@ -5,6 +5,13 @@ on a --checkpoint-dir (controller/dir_owner.py) and by the ranks' load_latest.""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
+
+def bucket_of(location: str) -> str | None:
+    """The bucket of an fsspec URL (`s3://ckb/run4/step-30`: 'ckb'), None for a local path."""
+    return urlsplit(location).netloc if "://" in location else None
+
 
 def s3_error(e: BaseException) -> str:
     """The S3 error code behind s3fs's OSError (its cause's response), else the HTTP status,
@@ -22,7 +29,7 @@ def missing_bucket(e: BaseException, location: str) -> str | None:
         return None
     response = getattr(e.__cause__, "response", None) or {}
     named = response.get("Error", {}).get("BucketName")
-    return str(named or location.split("://", 1)[-1].split("/", 1)[0])
+    return str(named or bucket_of(location) or location)
 
 
 def missing_bucket_problem(location: str, bucket: str) -> tuple[str, str]:
@@ -36,6 +43,6 @@ def missing_bucket_problem(location: str, bucket: str) -> tuple[str, str]:
 def says_bucket_missing(line: str, location: str) -> bool:
     """Whether an error line is missing_bucket_problem's for `location`'s bucket (a rank's
     CheckpointError: the launcher tells the checkpoint bucket gone from another one)."""
-    bucket = location.split("://", 1)[-1].split("/", 1)[0]
-    return "://" in location and f"the bucket {bucket!r} of " in line and \
+    bucket = bucket_of(location)
+    return bucket is not None and f"the bucket {bucket!r} of " in line and \
         "does not exist" in line
