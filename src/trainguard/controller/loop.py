@@ -122,9 +122,9 @@ class Controller:
                     if ran is None:  # its events name the last attempt that ran (in
                         # this launch: a first start's or a relaunch's own, else the one before)
                         first = start_type in (StartType.FIRST_START, StartType.RELAUNCH)
-                        return self.rec.stopped_idle(attempt - (not first), signal.SIGTERM if
-                                                     self._signals.received is None else
-                                                     self._signals.received, "waiting for nodes")
+                        return self.rec.stopped_idle(attempt - (not first),
+                                                     self._signals.received or signal.SIGTERM,
+                                                     "waiting for nodes")
                     outcome = ran
             except LaunchError as e:
                 return self.rec.not_started(attempt, e, self._started_any)
@@ -161,13 +161,19 @@ class Controller:
             attempt, start_type = attempt + 1, decision.start_type or StartType.AUTO_RESTART
 
     def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome | None:
-        if self.nodes is not None and self._signals.received is None:  # (review 45 #5)
+        # a stop before, during or after the waits for nodes starts nothing (review 45 #5; a
+        # stop ends the pre-check's wait for spares; review 43 #3: the rendezvous's reachable
+        # nodes' ranks started)
+        if self._signals.stopping():
+            return None
+        if self.nodes is not None:
             self._precheck(attempt)
-        if self._signals.received is None:  # (a stop ends the pre-check's wait for spares)
-            addr, port = self.agent.rendezvous(
-                self.spec.master_addr, self.spec.master_port if attempt == 0 else None)
-        if self._signals.received is not None:  # a stop came while the nodes were waited for:
-            return None  # start nothing (review 43 #3: the reachable nodes' ranks started)
+            if self._signals.stopping():
+                return None
+        addr, port = self.agent.rendezvous(
+            self.spec.master_addr, self.spec.master_port if attempt == 0 else None)
+        if self._signals.stopping():
+            return None
         self.rec.book.attempt_started(attempt, start_type, port)
         self.rec.messages.new_attempt()
         self._steps.new_attempt()
