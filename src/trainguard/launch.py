@@ -33,9 +33,9 @@ from trainguard.controller.loop import Controller
 from trainguard.controller.nodes import NodeRecovery
 from trainguard.controller.peer_copies import PeerCopies
 from trainguard.controller.recorder import Recorder
+from trainguard.controller.shown import slot_moves
 from trainguard.controller.signals import Hurrier
 from trainguard.controller.store import JobStore, NodeRow
-from trainguard.controller.store_rows import slot_moves
 from trainguard.errors import LaunchError, StoreError, TrainguardError
 from trainguard.exitcodes import ExitCode
 from trainguard.launch_checks import job_lock, metrics_port_refused, prepare

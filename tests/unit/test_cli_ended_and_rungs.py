@@ -91,7 +91,7 @@ def test_a_launcher_that_exited_but_is_not_reaped_yet_counts_as_dead() -> None:
     import subprocess
     import time
 
-    from trainguard.controller.store_rows import launcher_dead
+    from trainguard.controller.shown import launcher_dead
 
     child = subprocess.Popen(["true"])
     try:

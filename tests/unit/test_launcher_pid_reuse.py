@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainguard.controller.store_rows import launcher_dead, process_started, shown_state
+from trainguard.controller.shown import launcher_dead, process_started, shown_state
 
 
 def meta_of(pid: int, started: int | None) -> dict[str, object]:
@@ -44,8 +44,8 @@ def test_a_job_is_created_when_its_launcher_started(tmp_path: Path) -> None:
     from datetime import datetime
 
     from tests.unit.helpers import tg
+    from trainguard.controller.shown import launched_at
     from trainguard.controller.store import JobStore
-    from trainguard.controller.store_rows import launched_at
 
     assert launched_at().timestamp() <= time.time()
     (tmp_path / "t.py").write_text("print('step 1', flush=True)\n")

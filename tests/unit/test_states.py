@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from trainguard.controller.store_rows import shown_state
+from trainguard.controller.shown import shown_state
 from trainguard.exitcodes import ExitCode
 from trainguard.states import (
     JOB_TRANSITIONS,

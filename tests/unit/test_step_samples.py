@@ -74,7 +74,7 @@ def test_steps_trained_while_no_controller_watched_count_from_the_kept_commits()
     """Walk-through 26: the launcher SIGKILLed at step 43, the ranks trained on to 150 and
     committed checkpoints the agents handed to the next controller; the job succeeded and
     read `last progress: step 43`, goodput 13.5%, 43 steps done."""
-    from trainguard.controller.store_rows import last_progress
+    from trainguard.controller.shown import last_progress
     from trainguard.goodput.read import Save, ledger_input
     from trainguard.records import RunningRecord, StartType, iso
 

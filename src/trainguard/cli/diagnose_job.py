@@ -24,8 +24,9 @@ from pathlib import Path
 
 from trainguard.backends.local import live_agents
 from trainguard.controller.faults import GROUP_FAILED_REASON, LOST_END_REASON, STOPPED_BY
+from trainguard.controller.shown import shown_state
 from trainguard.controller.store import JobStore, db_path
-from trainguard.controller.store_rows import log_dir_of, shown_state
+from trainguard.controller.store_rows import log_dir_of
 from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.hung import hang_diagnosis
 from trainguard.diagnosis.lines import file_rank

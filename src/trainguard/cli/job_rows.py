@@ -8,8 +8,8 @@ from typing import Any
 
 from trainguard.backends.local import live_agents
 from trainguard.cli.fmt import clock_or_dash, meta_time
+from trainguard.controller.shown import last_progress, shown_state
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import last_progress, shown_state
 from trainguard.errors import StoreError
 from trainguard.node.usage import allocated_bytes
 from trainguard.records import utcnow

@@ -26,10 +26,9 @@ from trainguard.cli.fmt import clock_or_dash, complain, dash, print_json, print_
 from trainguard.cli.job_rows import job_row, when
 from trainguard.cli.prune import add_prune_command
 from trainguard.cli.read import add_job_dir
-from trainguard.cli.status import stop_under_way
 from trainguard.cli.unwatched import record_unwatched
+from trainguard.controller.shown import LAUNCH_REASONS, shown_state, stop_under_way
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import shown_state
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.paths import DEFAULT_RUNS_DIR
@@ -74,7 +73,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     try:
         with JobStore.open(Path(args.job_dir)) as store:
             meta = store.meta()
-            under_way = stop_under_way(store, meta)
+            under_way = stop_under_way(shown_state(meta), store.last_event(LAUNCH_REASONS))
     except StoreError as e:
         complain("stop", str(e))
         return ExitCode.NO_JOB

@@ -33,8 +33,8 @@ from trainguard.cli.fmt import (
     print_table,
 )
 from trainguard.cli.status import print_status
+from trainguard.controller.shown import shown_state
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import shown_state
 from trainguard.errors import StoreError
 from trainguard.exitcodes import ExitCode
 from trainguard.goodput import Goodput, job_goodput

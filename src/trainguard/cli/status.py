@@ -28,22 +28,23 @@ from trainguard.cli.fmt import (
     size_text,
 )
 from trainguard.cli.status_nodes import print_nodes, refused, usage
-from trainguard.controller.store import JobStore, NodeRow, WorkerRow
-from trainguard.controller.store_rows import (
+from trainguard.controller.shown import (
     HANG_REASONS,
+    LAUNCH_REASONS,
     hang_left_running,
     last_progress,
     launcher_dead,
-    node_order,
     shown_state,
+    stop_under_way,
 )
+from trainguard.controller.store import JobStore, NodeRow, WorkerRow
+from trainguard.controller.store_rows import node_order
 from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import Rung
 from trainguard.protocol import AgentConfig
 from trainguard.records import (
     NO_RECOVERY,
     Event,
-    Reason,
     RecoverResult,
     RunningRecord,
     iso,
@@ -57,9 +58,6 @@ from trainguard.states import JOB_ENDED, JobState, NodeState, WorkerState, shown
 # journal, the WAL) and status may read behind (walk-through 24)
 STORE_FULL_BYTES = 1 << 20
 _ORPHAN_S = AgentConfig.model_fields["orphan_timeout_s"].default
-# a stop under way: the last of these is a StopRequested of this launch
-_LAUNCH_REASONS = (Reason.JOB_CREATED.value, Reason.JOB_RELAUNCHED.value,
-                   Reason.STOP_REQUESTED.value)
 _STATE_STYLES: dict[str, str] = {  # of workers, then of nodes
     WorkerState.STARTING: "cyan", WorkerState.RUNNING: "green",
     WorkerState.SUCCEEDED: "green", WorkerState.FAILED: "bold red",
@@ -81,13 +79,11 @@ _BUDGETS = (("restarts", "restarts_used", "max_restarts"),
 
 def print_status(store: JobStore, args: argparse.Namespace) -> int:
     meta = store.meta()
-    read = [ev for _, ev in store.events(reasons=HANG_REASONS + _LAUNCH_REASONS)]
-    hang_events = [ev for ev in read if ev.reason in HANG_REASONS]  # (one read for both)
-    launch_events = [ev for ev in read if ev.reason in _LAUNCH_REASONS]
+    hang_events = [ev for _, ev in store.events(reasons=HANG_REASONS)]
     nodes = store.nodes()
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), nodes,
                      store.running_records(), hang_events, store.last_checkpoint(),
-                     launch_events, _free_bytes(store),
+                     store.last_event(LAUNCH_REASONS), _free_bytes(store),
                      [r.name for r in live_agents(nodes)]
                      if shown_state(meta) == JobState.LOST.value else [])
     if args.json:
@@ -178,7 +174,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                nodes: list[NodeRow] | None = None, records: list[RunningRecord] | None = None,
                hang_events: list[Event] | None = None,
                checkpoint: tuple[int, str] | None = None,
-               launch_events: list[Event] | None = None,
+               last_launch: Event | None = None,
                free_bytes: int | None = None,
                agents_alive: list[str] | None = None) -> dict[str, Any]:
     """The `status --json` document; `nodes` is empty for a single-node job;
@@ -206,7 +202,7 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "budgets": _budgets(meta),
         "budgets_off": _budgets_off(meta),
         "hang": hang,
-        "stopping": _stopping(state, launch_events or []),
+        "stopping": stop_under_way(state, last_launch),
         "launcher": {"pid": meta.get("launcher_pid"), "host": meta.get("launcher_host"),
                      "alive": None if meta.get("launcher_pid") is None
                      else not launcher_dead(meta)},
@@ -304,23 +300,6 @@ def _budgets_off(meta: dict[str, Any]) -> list[str]:
     off); [] for a store written before they were recorded."""
     off = meta.get("budgets_off")
     return [str(n) for n in off] if isinstance(off, list) else []
-
-
-def stop_under_way(store: JobStore, meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The stop requested in this launch while the job is still active (`trainguard stop`
-    does not signal it again); None when there is none. `meta`: the store's, as read."""
-    return _stopping(meta.get("state"),
-                     [ev for _, ev in store.events(reasons=_LAUNCH_REASONS)])
-
-
-def _stopping(state: str | None, events: list[Event]) -> dict[str, Any] | None:
-    """A stop requested in this launch while the job is still active (the grace period)."""
-    if state not in {s.value for s in JobState if s.active} or not events or \
-            events[-1].reason != Reason.STOP_REQUESTED.value:
-        return None
-    data = events[-1].data or {}
-    return {"requested_at": iso(events[-1].time), "signal": data.get("signal"),
-            "grace_s": data.get("grace_s")}
 
 
 def _metric(value: Any) -> str:

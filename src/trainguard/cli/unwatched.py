@@ -20,8 +20,9 @@ from typing import Any
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.sharing import other_writer
 from trainguard.cli.fmt import complain
+from trainguard.controller.shown import last_progress
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import checkpoint_dir_of, last_progress
+from trainguard.controller.store_rows import checkpoint_dir_of
 from trainguard.errors import TrainguardError
 from trainguard.launch_checks import job_lock
 from trainguard.records import Event, Involved, Level, Reason

@@ -26,13 +26,8 @@ from trainguard.controller.launch_settings import (
     settings_changes,
 )
 from trainguard.controller.progress_ledger import ProgressLedger
+from trainguard.controller.shown import last_sign_of_life, launched_at, process_started, slot_moves
 from trainguard.controller.store import JobStore, WorkerRow
-from trainguard.controller.store_rows import (
-    last_sign_of_life,
-    launched_at,
-    process_started,
-    slot_moves,
-)
 from trainguard.controller.store_writes import StoreWrites
 from trainguard.controller.worker_messages import WorkerMessages
 from trainguard.diagnosis.attempt import diagnosis_message

@@ -18,9 +18,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeAlias
 
+from trainguard.controller.shown import HANG_REASONS, hang_left_running, shown_state
 from trainguard.controller.store_ledger import LedgerTables
 from trainguard.controller.store_rows import (
-    HANG_REASONS,
     NODE_COLUMNS,
     WORKER_COLUMNS,
     NodeRow,
@@ -29,12 +29,10 @@ from trainguard.controller.store_rows import (
     decoding,
     empty_store,
     event_from_row,
-    hang_left_running,
     meta_from_rows,
     move_aside_fix,
     node_from_row,
     running_to_json,
-    shown_state,
     to_row,
     worker_from_row,
 )

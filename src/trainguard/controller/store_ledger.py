@@ -1,6 +1,7 @@
 """The job store's reads and writes for the goodput ledger (trainguard.goodput): progress
 samples, and chosen fields of one kind of event without decoding whole events (a long job
-has tens of thousands of CheckpointSaved events). A mixin of JobStore."""
+has tens of thousands of CheckpointSaved events), or the newest event of a few kinds (one
+indexed read: events_by_reason). A mixin of JobStore."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trainguard.controller.store_rows import decoding
-from trainguard.records import Reason
+from trainguard.controller.store_rows import decoding, event_from_row
+from trainguard.records import Event, Reason
 
 
 class LedgerTables:
@@ -117,6 +118,15 @@ class LedgerTables:
                         "WHERE reason = ? ORDER BY id DESC LIMIT 1",
                         (Reason.CHECKPOINT_SAVED.value,))
         return row[0] if row is not None and isinstance(row[0], str) else None
+
+    def last_event(self, reasons: tuple[str, ...]) -> Event | None:
+        """The newest event of one of `reasons` (one row of the index by reason), or None."""
+        row = self._one(0, "events", "SELECT time, level, reason, message, job, node, rank, "
+                        f"attempt, {'data' if self._version >= 2 else 'NULL'} FROM events "
+                        f"WHERE reason IN ({', '.join('?' * len(reasons))}) "
+                        "ORDER BY id DESC LIMIT 1", reasons)
+        with self._decoded("events"):
+            return None if row is None else event_from_row(row)
 
     def last_event_time(self) -> float | None:
         """When the newest event was recorded (epoch seconds); None without events."""

@@ -61,6 +61,6 @@ SCHEMA = (
 
 # made by every writer that opens a store, whatever its version (an index changes no reader):
 # the newest event of a reason (the last checkpoint, a stop under way) is read for each row of
-# the dashboard every few seconds; without it each read scanned every event (review 45 #7:
-# 0.4 s a row at 300,000 events)
+# the dashboard every few seconds; without it each read scanned every event (review 45 #7: a
+# long job has hundreds of thousands)
 INDEXES = ("CREATE INDEX IF NOT EXISTS events_by_reason ON events (reason, id)",)

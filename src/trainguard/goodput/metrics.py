@@ -23,8 +23,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from trainguard.controller.shown import last_progress, shown_state
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import last_progress, shown_state
 from trainguard.goodput.interval import IntervalAdvice, advise
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.read import Save, job_goodput, saves, snapshot_reports

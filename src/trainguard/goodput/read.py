@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from trainguard.controller.shown import last_sign_of_life, shown_state
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import last_sign_of_life, shown_state
 from trainguard.goodput.ledger import Attempt, Goodput, Incident, LedgerInput, account
 from trainguard.policy.decision import Rung
 from trainguard.records import (

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from trainguard.controller.shown import shown_state
 from trainguard.controller.store import JobStore, NodeRow
-from trainguard.controller.store_rows import shown_state
 from trainguard.exitcodes import ExitCode
 from trainguard.goodput.interval import IntervalAdvice
 from trainguard.goodput.ledger import CAUSES, Goodput

@@ -9,16 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.backends.local import live_agents
-from trainguard.cli.status import stop_under_way
+from trainguard.controller.shown import LAUNCH_REASONS, last_progress, shown_state, stop_under_way
 from trainguard.controller.store import JobStore
-from trainguard.controller.store_rows import (
-    NodeRow,
-    WorkerRow,
-    last_progress,
-    log_dir_of,
-    shown_state,
-    to_row,
-)
+from trainguard.controller.store_rows import NodeRow, WorkerRow, log_dir_of, to_row
 from trainguard.errors import StoreError
 from trainguard.records import Event, Reason, RunningRecord, incidents_of, recoveries_by_rung
 from trainguard.states import JOB_ENDED, JobState, shown_rank_state
@@ -122,9 +115,9 @@ def _progress(store: JobStore, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stopping(store: JobStore, meta: dict[str, Any]) -> dict[str, Any] | None:
-    """A stop under way, as `status`'s STOPPING: never of a job that reads ended (review 45
-    #4: one lost in its stop, `stop --force`, read 'lost STOPPING')."""
-    return None if is_ended(shown_state(meta)) else stop_under_way(store, meta)
+    """A stop under way, as `status`'s STOPPING (one indexed read of the newest launch
+    event: the dashboard asks per row every few seconds)."""
+    return stop_under_way(shown_state(meta), store.last_event(LAUNCH_REASONS))
 
 
 def _workers(store: JobStore, job_state: str | None) -> list[dict[str, Any]]:
