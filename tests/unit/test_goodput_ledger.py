@@ -305,3 +305,27 @@ def test_a_live_job_s_start_up_before_its_first_step_is_not_productive() -> None
                               ({"state": "stopped"}, False, False)):
         inp = ledger_input(meta, [], [], [], [], None, now, told_no_steps=told)
         assert inp.reports_no_steps is known, (meta, told)
+
+
+def test_a_job_whose_checkpoints_are_its_only_progress_counts_from_its_first_output() -> None:
+    """Review 46 #1: a `--quiet` job that commits checkpoints never gets NoProgressSignal
+    (a checkpoint is progress to the hang watch), so it read 0% goodput running, stopped,
+    failed or lost: committed checkpoints with no step report at all mean it reports none."""
+    from datetime import datetime, timezone
+
+    from trainguard.goodput.read import Save, ledger_input
+
+    now = datetime.fromtimestamp(100.0, timezone.utc)
+    save = Save(at=50.0, attempt=0, step=100, blocked_s=None, resumed_before_s=0.0,
+                on_exit=False, by_agent=False)
+    for state in ("running", "stopped", "failed", "lost"):
+        inp = ledger_input({"state": state}, [], [], [save], [], None, now)
+        assert inp.reports_no_steps, state
+    # a job that reports steps and checkpoints stays a step-reporting one
+    stepping = ledger_input({"state": "running"}, [], [(0, 10, 40.0)], [save], [], None, now)
+    assert not stepping.reports_no_steps
+    a0 = Attempt(0, 0.0, None, launch=True, first_output=1.0)
+    g = account(LedgerInput(start=0.0, end=9.0, attempts=[a0], reports_no_steps=True))
+    assert math.isclose(g.productive_s, 8.0) and g.to_dict()["output_counts"]
+    assert not account(LedgerInput(start=0.0, end=9.0, attempts=[a0],
+                                   reports_no_steps=False)).to_dict()["output_counts"]

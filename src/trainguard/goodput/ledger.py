@@ -71,8 +71,9 @@ class LedgerInput:
     snapshots: list[tuple[float, float]] = field(default_factory=list)
     hangs: list[tuple[int, float]] = field(default_factory=list)  # confirmed: attempt, at
     queues: list[tuple[int, float]] = field(default_factory=list)  # waits for nodes: attempt, at
-    # a job without step reports: whether it is known to report none (it succeeded so, or
-    # its ranks were found printing without them: NoProgressSignal); only then does an
+    # a job without step reports: whether it is known to report none (it succeeded so, it
+    # committed checkpoints with no step report, or its ranks were found printing without
+    # them: NoProgressSignal; review 46 #1: a checkpoint-only job read 0%); only then does an
     # attempt's first output start its training (walk-through 38 #4: a live job loading its
     # data read 92% goodput before its first step; review 45 #1: one that failed, was
     # stopped or lost before it, 99%)
@@ -94,7 +95,10 @@ class Goodput:
     steps_productive: int
     steps_wasted: int
     step_seconds: list[tuple[int, int, float]]  # (attempt, step, seconds per step)
-    measured_steps: bool  # False: no step reports; productive = output seen between faults
+    measured_steps: bool  # False: no step reports
+    # no step reports from a job known to report none: productive = output seen between
+    # faults (False with measured_steps False: none reported yet, all start-up so far)
+    output_counts: bool = False
 
     def seconds(self, cause: str, since: float | None = None) -> float:
         return sum(max(0.0, s.end - max(s.start, since or s.start))
@@ -123,7 +127,8 @@ class Goodput:
         return {"wall_s": round(self.wall_s, 3), "productive_s": round(self.productive_s, 3),
                 "goodput": self.ratio(), "badput_s": self.badput_s(),
                 "steps": {"productive": self.steps_productive, "wasted": self.steps_wasted},
-                "measured_steps": self.measured_steps, "ideal_step_s": self.ideal_step_s(),
+                "measured_steps": self.measured_steps, "output_counts": self.output_counts,
+                "ideal_step_s": self.ideal_step_s(),
                 "segments": [{"attempt": s.attempt, "cause": s.cause, "start": s.start,
                               "end": s.end} for s in self.segments],
                 "step_seconds": [list(x) for x in self.step_seconds[-max_steps:]]}
@@ -147,7 +152,8 @@ def account(inp: LedgerInput) -> Goodput:
     spans += _cut_by_queues(_incident_spans(inp, order, by_attempt), _queue_spans(inp, order))
     segments = _paint(inp.start, inp.end, spans)
     return Goodput(max(0.0, inp.end - inp.start), segments, counts.productive, counts.wasted,
-                   counts.step_seconds, measured_steps=bool(inp.samples))
+                   counts.step_seconds, measured_steps=bool(inp.samples),
+                   output_counts=inp.reports_no_steps and not inp.samples)
 
 
 def _first_sign(a: Attempt, samples: list[tuple[int, float]], inp: LedgerInput

@@ -112,6 +112,10 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                      rr.recover not in _IN_ATTEMPT or rr.recover_result not in _RESTARTED),
                  resumed_step=rr.resumed_step)
         for rec in records for rr in rec.recover_records]
+    # a job that committed checkpoints with no step report at all reports none (review 46
+    # #1: NoProgressSignal never comes to a job whose checkpoints are its progress)
+    no_steps = told_no_steps or shown_state(meta) == JobState.SUCCEEDED.value or (
+        bool(commits) and not samples)
     samples = samples + _commits_beyond(samples, commits)
     created = _meta_ts(meta.get("created_at"))
     start = created if created is not None else (
@@ -122,8 +126,7 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                               if c.blocked_s],
                        snapshots=[(r.at, r.blocked_s) for r in snapshots or ()],
                        hangs=hangs, queues=queues or [],
-                       reports_no_steps=told_no_steps
-                       or shown_state(meta) == JobState.SUCCEEDED.value)
+                       reports_no_steps=no_steps)
 
 
 def _commits_beyond(samples: list[tuple[int, int, float]], commits: list[Save]

@@ -205,7 +205,9 @@ def render(doc: dict[str, Any]) -> str:
              f"goodput {ratio}: productive {g['productive_s']:.1f}s; steps done once "
              f"{g['steps']['productive']}, done again {g['steps']['wasted']}"
              + ("" if g["measured_steps"] else " (no step reports: time between a restart's "
-                "first output and the next fault counts as productive)"),
+                "first output and the next fault counts as productive)" if g["output_counts"]
+                else " (no step reported yet: start-up until the first, or until the job is "
+                "known to report none)"),
              "", "where the rest went:"]
     wall = max(g["wall_s"], 1e-9)
     for cause in sorted(CAUSES, key=lambda c: -g["badput_s"][c]):
