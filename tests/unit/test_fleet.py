@@ -38,6 +38,7 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 @dataclass
 class FakeLink:
     addr: str
+    host: str = ""
 
 
 @dataclass
@@ -812,14 +813,19 @@ def test_a_stop_during_the_pre_check_s_wait_for_a_spare_stops_the_job(
     paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", str(tmp_path / "ck"))
     paths.make()
     seen: list[Event] = []
+
+    def on_event(e: Event) -> None:
+        seen.append(e)
+        if e.reason == "Queuing":  # the stop lands while the job waits for a spare
+            signal.raise_signal(signal.SIGTERM)
+
     store = JobStore.create(paths.job_dir, "t")
-    rec = Recorder(spec, paths, store, ["x"], on_event=seen.append)
+    rec = Recorder(spec, paths, store, ["x"], on_event=on_event)
     f, hub, _ = fleet(("a", "b"))
     recovery = NodeRecovery(rec, f)
     monkeypatch.setattr(f, "close", lambda grace_s=0.0: None)  # (fake agents never end)
 
     def precheck_incident(attempt: int) -> Incident:
-        signal.raise_signal(signal.SIGTERM)  # the stop lands during the pre-check
         bad = PrecheckReport.model_validate({"node": "b", "host": "", "at": utcnow(), "checks": [
             {"name": "disk", "ok": False, "detail": "full", "fix": "free it"}]})
         placement, spares = recovery.snapshot()
@@ -856,5 +862,57 @@ def test_a_stop_during_the_pre_check_s_wait_for_a_spare_stops_the_job(
     try:
         code = Controller(rec, f, nodes=recovery).run()  # type: ignore[arg-type]
         assert code == 128 + signal.SIGTERM and checked == [], checked
+    finally:
+        store.close()
+
+
+def test_a_stop_while_the_nodes_check_themselves_ends_the_pre_check_and_isolates_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 46 #4: Ctrl-C while the pre-check ran (up to 300 s) waited for every node's
+    answer, then judged the unanswered ones failed, isolated them (a drain on Slurm) and
+    queued for spares before the stop was acted on. A stop ends the pre-check: no node is
+    judged by it, and the job stops."""
+    import signal
+
+    from trainguard.controller.loop import Controller
+    from trainguard.controller.nodes import NodeRecovery
+    from trainguard.controller.recorder import Recorder
+    from trainguard.controller.store import JobStore
+    from trainguard.paths import JobPaths
+    from trainguard.records import Event
+    from trainguard.spec_build import build_spec
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "t", "nproc_per_node": 2,
+                             "nnodes": 2, "master_port": 29512})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", str(tmp_path / "ck"))
+    paths.make()
+    seen: list[Event] = []
+    store = JobStore.create(paths.job_dir, "t")
+    rec = Recorder(spec, paths, store, ["x"], on_event=seen.append)
+    f, hub, _ = fleet(("a", "b"))
+    monkeypatch.setattr(f, "close", lambda grace_s=0.0: None)
+    real_call = hub.call
+
+    def call(calls: dict[str, tuple[str, dict[str, Any]]], timeout: float,
+             lost_after_s: float = 0.0, silent_after_s: float | None = None,
+             judge: Judge | None = None) -> dict[str, Reply]:
+        if not any(op == Op.PRECHECK for op, _ in calls.values()):
+            return real_call(calls, timeout, lost_after_s, silent_after_s, judge)
+        hub.calls.append(calls)
+        assert judge is None or judge(list(calls)) == {}  # every node checks itself
+        signal.raise_signal(signal.SIGTERM)  # the stop lands meanwhile
+        given = {} if judge is None else judge(list(calls))
+        return {n: Reply(False, {}, given.get(n) or f"node {n} did not answer within "
+                         f"{timeout:.0f}s") for n in calls}
+
+    monkeypatch.setattr(hub, "call", call)
+    try:
+        code = Controller(rec, f, nodes=NodeRecovery(rec, f)).run()  # type: ignore[arg-type]
+        reasons = [e.reason for e in seen]
+        assert code == 128 + signal.SIGTERM, reasons
+        assert any(op == Op.PRECHECK for c in hub.calls for op, _ in c.values())
+        assert not {"PrecheckFailed", "NodeIsolated", "Queuing"} & set(reasons), reasons
+        assert reasons[-2:] == ["StopRequested", "JobStopped"], reasons
+        assert [f.nodes[n].state for n in ("a", "b")] == [NodeState.HEALTHY] * 2
     finally:
         store.close()

@@ -119,8 +119,8 @@ class Controller:
                     outcome = self._watch()
                 else:
                     ran = self._run_attempt(attempt, start_type)
-                    if ran is None:  # its events name the last attempt that ran (in
-                        # this launch: a first start's or a relaunch's own, else the one before)
+                    if ran is None:  # its events name this launch's attempt at a first
+                        # start or a relaunch, else (a restart) the one that ran before
                         first = start_type in (StartType.FIRST_START, StartType.RELAUNCH)
                         return self.rec.stopped_idle(attempt - (not first),
                                                      self._signals.received or signal.SIGTERM,
@@ -247,7 +247,7 @@ class Controller:
         """Pre-check the nodes; failing ones are isolated and spares take their slots."""
         assert self.nodes is not None
         incident = self.nodes.precheck_incident(attempt)
-        if incident is None:
+        if incident is None or self._signals.stopping():  # (a stop ends it: review 46 #4)
             return
         decision = self.nodes.carry_out_replace(attempt, self._decide(incident))
         # (a stop that ended the wait for spares: the job stops, it does not fail: review

@@ -17,6 +17,7 @@ from trainguard.controller.faults import Fault
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.link_loss import excused
 from trainguard.controller.recorder import Recorder
+from trainguard.controller.replies import plain_judge
 from trainguard.controller.stopping import stop
 from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import (
@@ -123,8 +124,13 @@ class NodeRecovery:
         self.rec.event(Level.INFO, Reason.PRECHECK_STARTED,
                        f"pre-check of {', '.join(live)}: free disk, /dev/shm, accelerators, "
                        "python and torch, ports, open files", attempt=attempt)
-        replies = self.fleet.hub.call({n: (Op.PRECHECK, cfg.model_dump(mode="json"))
-                                       for n in live}, PRECHECK_TIMEOUT_S, s.reconnect_grace_s)
+        plain = plain_judge(self.fleet.hub.links_now, s.reconnect_grace_s, None)
+        replies = self.fleet.hub.call(
+            {n: (Op.PRECHECK, cfg.model_dump(mode="json")) for n in live}, PRECHECK_TIMEOUT_S,
+            judge=lambda names: {n: "a stop was requested" for n in names}
+            if self.stop_requested() else plain(names))
+        if self.stop_requested():  # a stop ends the pre-check (up to 300 s): no node is
+            return {}  # judged by it, none isolated nor queued for (review 46 #4)
         out: dict[str, PrecheckReport] = {}
         for name, r in replies.items():
             if r.ok:
