@@ -44,14 +44,15 @@ def test_an_attempt_lost_with_its_launcher_then_one_that_succeeded_is_no_failure
                         "killed or crashed, and its ranks with it; attempt 1 succeeded)")
 
 
-def lost_job(job: Path, log: str, nodes: list[Any] | None = None) -> Path:
-    """A job recorded as running attempt 0 (one rank on node-0, its log `log`) whose
-    launcher is gone: `status` reads it lost."""
+def lost_job(job: Path, log: str, nodes: list[Any] | None = None,
+             workers: list[WorkerRow] | None = None) -> Path:
+    """A job recorded as running attempt 0 (one rank on node-0, its log `log`; or
+    `workers`) whose launcher is gone: `status` reads it lost."""
     with JobStore.create(job, "run-1") as s:
         s.set_meta(state="running", attempt=0, launcher_pid=2**22 + 12345,  # none such
                    launcher_host=socket.gethostname(), log_dir=str(job / "logs"))
         s.put_running(RunningRecord(0, T0, StartType.FIRST_START))
-        s.put_workers(0, [WorkerRow(0, 0, 0, "node-0", 100, "running")])
+        s.put_workers(0, workers or [WorkerRow(0, 0, 0, "node-0", 100, "running")])
         if nodes:
             s.put_nodes(nodes)
     logs = job / "logs" / "attempt-0"
@@ -89,6 +90,43 @@ def test_a_lost_job_whose_agents_still_run_is_read_from_its_logs(tmp_path: Path)
             "node-0", "h", NodeState.HEALTHY, agent.pid, 0, None, T0, "local")])
         got = read_job_dir(job, [])
         assert got is not None and got.note is None and len(got.files) == 1, got
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def test_a_lost_job_s_ranks_whose_agent_ended_with_the_launcher_are_lost_not_failed(
+        tmp_path: Path) -> None:
+    """Review 46 #2: node-0's agent runs on, node-1's ended with the launcher: `status`
+    reads rank 1 lost; diagnose read its log (a stop's 'got SIGTERM, ignoring') as a kill
+    from outside. Its log and exit are left out, and the note says it was lost."""
+    import subprocess
+    import sys
+
+    from trainguard.controller.store import NodeRow
+    from trainguard.states import NodeState
+
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              "trainguard.node.main", "--node", "node-0"],
+                             start_new_session=True)  # an agent as `live_agents` finds one
+    try:
+        job = lost_job(tmp_path / "job", "step 1\nstep 2\n", [
+            NodeRow("node-0", "h", NodeState.HEALTHY, agent.pid, 0, None, T0, "local"),
+            NodeRow("node-1", "h", NodeState.HEALTHY, 2**22 + 999, 1, None, T0, "local")],
+            [WorkerRow(0, 0, 0, "node-0", 100, "running"),
+             WorkerRow(0, 1, 0, "node-1", 101, "running")])
+        (job / "logs" / "attempt-0" / "rank-1.log").write_text(
+            "step 1\ngot SIGTERM, ignoring\nstep 2\n")
+        got = read_job_dir(job, [])
+        assert got is not None and got.failed is False, got
+        assert [name for _, name in got.files] == ["logs/attempt-0/rank-0.log"], got.files
+        assert [e.rank for e in got.exits] == [0], got.exits
+        assert got.note == ("attempt 0: rank(s) 1 were lost with the launcher (their node's "
+                            "agent ended with it); the others run on under their node "
+                            "agents, for a controller to take the job over")
+        report = diagnose_paths([job], read_job=job_reader(None))
+        assert report.attempt_failed is False and report.note == got.note, report
+        assert report.diagnosis is None or "SIGTERM" not in str(report.diagnosis), report
     finally:
         agent.kill()
         agent.wait()

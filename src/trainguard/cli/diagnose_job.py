@@ -34,7 +34,7 @@ from trainguard.diagnosis.lost import lost_node
 from trainguard.diagnosis.sources import JobInputs, JobReader, log_files
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.exitcodes import ExitCode
-from trainguard.paths import HANG_FILE, STACKS_DIR, attempt_log_dir, stacks_dir
+from trainguard.paths import HANG_FILE, STACKS_DIR, attempt_log_dir, rank_log_path, stacks_dir
 from trainguard.records import (
     Event,
     FaultScenario,
@@ -43,8 +43,9 @@ from trainguard.records import (
     RecoverResult,
     RunningRecord,
     from_iso,
+    rank_list,
 )
-from trainguard.states import JobState, WorkerState
+from trainguard.states import JobState, WorkerState, shown_rank_state
 
 
 def job_reader(attempt: int | None) -> JobReader:
@@ -64,7 +65,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         rows = store.all_workers()
         records = store.running_records()
         deaths = [e for _, e in store.events(reasons=(Reason.WORKER_FAILED.value,))]
-        agents_run = bool(live_agents(store.nodes()))  # a lost job's ranks may train on
+        alive = {r.name for r in live_agents(store.nodes())}  # a lost job's ranks may train on
     attempts = sorted({r.attempt for r in rows})
     log_dir = log_dir_of(meta, job_dir)
     if meta.get("exit_code") == ExitCode.NO_PROGRESS:  # whatever the verdict says of restarts
@@ -78,7 +79,8 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
     ended = {rec.attempt: rec.end_reason for rec in records}
     # lost, no relaunch closed it yet, no agent keeps its ranks (walk-through 38 #7: its logs
     # were read, a stop's SIGTERM a kill from outside; review 45 #3: agents still running)
-    if shown_state(meta) == JobState.LOST.value and not agents_run:
+    lost_job = shown_state(meta) == JobState.LOST.value
+    if lost_job and not alive:
         ended.update({rec.attempt: LOST_END_REASON for rec in records
                       if rec.end_reason is None})
     # every rank exited 0: a hang confirmed as the ranks were ending is no failure
@@ -106,6 +108,19 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
              for r in rows if r.attempt == attempt]
     how = _ended_well(ended.get(attempt))
     note = None if attempt in failed or how is None else f"attempt {attempt} {how}"
+    # some agents run on: the ranks of a node whose agent ended with the launcher are lost,
+    # as status reads them (shown_rank_state), not failed (review 46 #2: a stop's SIGTERM in
+    # their logs was diagnosed as a kill from outside)
+    gone = sorted(r.rank for r in rows if r.attempt == attempt and lost_job and alive
+                  and shown_rank_state(r.state, JobState.LOST.value, r.node in alive) == "lost")
+    if gone:
+        logs = {rank_log_path(log_dir, attempt, k).resolve() for k in gone}
+        files = [f for f in files if f[0].resolve() not in logs]
+        exits = [e for e in exits if e.rank not in gone]
+        if attempt not in failed:
+            note = (f"attempt {attempt}: rank(s) {rank_list(gone)} were lost with the launcher "
+                    "(their node's agent ended with it); the others run on under their node "
+                    "agents, for a controller to take the job over")
     restarts = in_place.get(attempt, [])
     window: tuple[datetime | None, datetime | None] = (None, None)
     if restarts:  # lines before its last in-process restart are an earlier failure's
