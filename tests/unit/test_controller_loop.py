@@ -730,12 +730,24 @@ NO_BUCKET = ("botocore.errorfactory.NoSuchBucket: An error occurred (NoSuchBucke
 
 
 def ckpt_error(location: str) -> str:
-    """The ranks' CheckpointError line for `location`'s missing bucket."""
-    from trainguard.checkpoint.store_errors import missing_bucket_problem
+    """The ranks' CheckpointError line for `location`'s missing bucket, as the Checkpointer's
+    Storage.check_bucket raises it over a store that answers NoSuchBucket (a fake of s3fs's
+    error: an OSError caused by botocore's ClientError)."""
+    from trainguard.checkpoint.errors import CheckpointError
+    from trainguard.checkpoint.storage import Storage
 
-    problem, fix = missing_bucket_problem(location, location.split("/")[2])
-    return (f"trainguard.checkpoint.errors.CheckpointError: {problem}: nothing can be saved "
-            f"there. Fix: {fix}, then run the job again")
+    class ClientError(Exception):
+        response = {"Error": {"Code": "NoSuchBucket"}}
+
+    class GoneBucket:
+        def ls(self, *args: Any, **kwargs: Any) -> list[str]:
+            raise OSError("The specified bucket does not exist") from ClientError()
+
+    storage = Storage(location)
+    storage.fs = GoneBucket()  # type: ignore[assignment]
+    with pytest.raises(CheckpointError) as e:
+        storage.check_bucket()
+    return f"{type(e.value).__module__}.{type(e.value).__name__}: {e.value}"
 
 
 @pytest.mark.parametrize(("committed_at", "ckpt", "named", "said"), [
@@ -775,3 +787,40 @@ def test_a_bucket_gone_after_this_job_committed_to_it_says_its_checkpoints_are_l
         "the bucket of s3://ckb/run4, where this job committed step 10, is gone: its "
         "checkpoints are lost; make the bucket again"), event
     assert run.reasons.index("FailureDiagnosed") < run.reasons.index("CheckpointMissing")
+
+
+def test_a_bucket_gone_after_a_relaunch_to_it_says_the_relaunch_s_checkpoints_are_lost(
+        tmp_path: Path) -> None:
+    """Review 46 #3: a relaunch with --checkpoint-dir on another bucket committed step 5
+    there, then that bucket went: the newest commit was the highest step's (100, in the
+    first bucket), so the loss went unsaid; on the same bucket it named step 100."""
+    from trainguard.protocol import WorkerMessage
+
+    def saved(attempt: int, step: int, location: str) -> NodeReport:
+        return report(attempt, W(RUNNING), W(RUNNING), first=1, last=step).model_copy(
+            update={"messages": [WorkerMessage(kind="checkpoint_saved", rank=0, at=at(1),
+                                               data={"step": step, "location": location})]})
+
+    def launch(attempts: Sequence[Sequence[NodeReport]], ckpt: str) -> list[Event]:
+        spec = build_spec(None, {
+            "entrypoint": "train.py", "run_id": "loop-test", "nproc_per_node": 2,
+            "monitor_interval": 0.001, "restart_backoff_s": 0, "restart_backoff_max_s": 0,
+            "grace_period_s": 0, "master_port": FIRST_PORT, "max_restarts": 0})
+        paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", ckpt)
+        paths.make()
+        seen: list[Event] = []
+        with JobStore.create(paths.job_dir, spec.run_id) as store:
+            Controller(Recorder(spec, paths, store, ["python", "train.py"],
+                                on_event=seen.append), ScriptedAgent(attempts)).run()
+        return seen
+
+    launch([[report(0, W(RUNNING), W(RUNNING)), saved(0, 100, "s3://a/run/step-100"),
+             report(0, W(SUCCEEDED, 0), W(SUCCEEDED, 0), first=1, last=100, seconds=3)]],
+           "s3://a/run")
+    tail = (NO_BUCKET, ckpt_error("s3://b/run"))
+    seen = launch([[report(1, W(RUNNING), W(RUNNING)), saved(1, 5, "s3://b/run/step-5"),
+                    report(1, W(RUNNING), W(FAILED, 1, tail), first=1, last=7, seconds=4)]],
+                  "s3://b/run")
+    missing = [e.message for e in seen if e.reason == "CheckpointMissing"]
+    assert len(missing) == 1 and missing[0].startswith(
+        "the bucket of s3://b/run, where this job committed step 5, is gone"), missing

@@ -302,4 +302,4 @@ def test_a_relaunch_that_finds_no_checkpoint_says_the_storage_lost_the_job_s(
     again.messages.handle([msg("no_checkpoint", location="/ck")], attempt=attempt)
     said = [e.message for _, e in store.events() if e.reason == Reason.CHECKPOINT_MISSING.value]
     assert len(said) == 1 and "this job committed step 30 there" in said[0], said
-    assert again.messages.committed_at == "/ck"  # where (review 44 #1: a bucket gone)
+    assert again.messages.newest_commit == (30, "/ck")  # where (review 44 #1: a bucket gone)

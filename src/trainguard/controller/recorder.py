@@ -156,7 +156,7 @@ class Recorder:
         with contextlib.suppress(StoreError):
             ckpt = self.store.last_checkpoint()
             self.previous_committed = self.messages.max_committed_step = ckpt and ckpt[0]
-            self.messages.committed_at = self.store.last_checkpoint_location()
+            self.messages.newest_commit = ckpt and (ckpt[0], self.store.last_checkpoint_location())
 
     def _close_lost_launch(self, previous: dict[str, Any]) -> str | None:
         """How the previous launch ended: its recorded state, or `lost` when it was left
@@ -268,13 +268,13 @@ class Recorder:
         Checkpointer's CheckpointError names it; review 45 #6: a dataset's bucket)."""
         self.event(Level.WARNING, Reason.FAILURE_DIAGNOSED, diagnosis_message(diag),
                    rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
-        step, ckpt = self.messages.max_committed_step, self.paths.checkpoint_dir
-        if diag.subcategory == BUCKET_MISSING and step is not None and not self._bucket_gone \
-                and same_bucket(self.messages.committed_at, ckpt) \
+        newest, ckpt = self.messages.newest_commit, self.paths.checkpoint_dir
+        if diag.subcategory == BUCKET_MISSING and newest is not None and not self._bucket_gone \
+                and same_bucket(newest[1], ckpt) \
                 and any(says_bucket_missing(line, ckpt) for line in lines):  # (once a launch)
             self._bucket_gone = True
             self.event(Level.ERROR, Reason.CHECKPOINT_MISSING, f"the bucket of {ckpt}, where "
-                       f"this job committed step {step}, is gone: its checkpoints are lost; "
+                       f"this job committed step {newest[0]}, is gone: its checkpoints are lost; "
                        "make the bucket again, then relaunch (training starts from scratch)",
                        attempt=attempt)
 

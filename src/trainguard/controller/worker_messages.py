@@ -54,7 +54,9 @@ class WorkerMessages:
         # late rank's message of the incident before still finds its own)
         self._resumed_sources: dict[tuple[int, int | None], set[str]] = {}
         self.max_committed_step: int | None = None  # over the whole job
-        self.committed_at: str | None = None  # where that step was committed
+        # (step, location) of the newest commit: this launch's last, else the store's newest
+        # (review 46 #3: not the highest step's, which a relaunch to another bucket keeps)
+        self.newest_commit: tuple[int, str | None] | None = None
         self.committed_this_attempt: int | None = None
         # rank -> its latest {step, loss, learning_rate, at} (trainguard.log_metrics)
         self.train_metrics: dict[int, dict[str, Any]] = {}
@@ -156,8 +158,8 @@ class WorkerMessages:
         step = int(d.get("step", -1))
         if self._current:  # not a late message of an earlier attempt
             self.committed_this_attempt = max(step, self.committed_this_attempt or step)
-        if step >= (self.max_committed_step or step):
-            self.committed_at = d.get("location")
+        if self._current or self.newest_commit is None:
+            self.newest_commit = (step, d.get("location"))
         self.max_committed_step = max(step, self.max_committed_step or step)
         how = (f"on the way out ({d['on_exit']})" if d.get("on_exit")
                else "by the node agent from the ranks' memory snapshots, after a worker died"
