@@ -383,12 +383,17 @@ def test_the_newest_event_of_a_reason_is_read_through_an_index(tmp_path: Path) -
     with JobStore.create(tmp_path / "job", "r") as s:
         s.add_event(Event(datetime.now(timezone.utc), Level.INFO, "CheckpointSaved", "m",
                           Involved("r")))
+        ran: list[str] = []  # the store's own queries, as SQLite ran them
+        s._conn.set_trace_callback(ran.append)
+        s.last_checkpoint(), s.last_checkpoint_location(), s.events(reasons=("JobCreated",))
+        s._conn.set_trace_callback(None)
+        selects = [q for q in ran if q.lstrip().upper().startswith("SELECT")]
+        assert len(selects) == 3, ran
+        for query in selects:
+            plan = " ".join(str(r) for r in s._conn.execute(f"EXPLAIN QUERY PLAN {query}"))
+            assert "INDEX events_by_reason" in plan, (query, plan)
     db = tmp_path / "job" / "trainguard.db"
     with sqlite3.connect(db) as conn:
-        plan = " ".join(str(r) for r in conn.execute(
-            "EXPLAIN QUERY PLAN SELECT time FROM events WHERE reason = ? ORDER BY id DESC "
-            "LIMIT 1", ("CheckpointSaved",)))
-        assert "events_by_reason" in plan, plan
         conn.execute("DROP INDEX events_by_reason")  # as an older trainguard made it
     JobStore.create(tmp_path / "job", "r").close()
     with sqlite3.connect(db) as conn:
