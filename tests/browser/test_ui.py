@@ -130,6 +130,7 @@ def test_a_running_jobs_timeline_and_events_grow_without_a_reload(
     expect(bars).to_have_count(1, timeout=15_000)
     expect(bars.first).to_have_attribute("data-running", "yes")
     expect(page.locator("#live")).to_have_text("live", timeout=15_000)
+    expect(page.locator('#events tr[data-reason="JobRunning"]')).to_have_count(1)
     assert "WorkerFailed" not in events_in(job)  # rank 1 still waits on the gate
     page.evaluate("window.__sameDocument = true")
     screenshot(page, "job-running")
