@@ -86,12 +86,13 @@ def test_one_line_integration_killed_then_stopped_resumes_each_time_exactly(
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("kill_at, save_every, resumed_at", [
-    (13, 4, 12),
+@pytest.mark.parametrize("sig, kill_at, save_every, resumed_at", [
+    ("TERM", 13, 4, 12),
     # make test-long: the epoch's last batch (make test runs the state loaded mid-epoch)
-    pytest.param(11, 5, 10, marks=pytest.mark.long)], ids=["mid-epoch-1", "epoch-0-end"])
+    pytest.param("KILL", 11, 5, 10, marks=pytest.mark.long)],
+    ids=["mid-epoch-1-sigterm", "epoch-0-end"])
 def test_a_stateful_dataloader_resumes_in_a_later_epoch_exactly(
-        tmp_path: Path, uninterrupted: tuple[list[list[float]], str], kill_at: int,
+        tmp_path: Path, uninterrupted: tuple[list[list[float]], str], sig: str, kill_at: int,
         save_every: int, resumed_at: int) -> None:
     """torchdata's StatefulDataLoader (Lightning's DistributedSampler in it), rank 1 killed
     in the second epoch: resumed from step 12 (mid-epoch 1) or 10 (the first epoch's last
@@ -99,14 +100,15 @@ def test_a_stateful_dataloader_resumes_in_a_later_epoch_exactly(
     (torchdata draws the sampler's order when the state is loaded, before Lightning sets the
     epoch), and from step 10 it skipped the next epoch. The kill is TRAINGUARD_FAULT's, as a
     user would inject it (walk-through 35 F6: the example ignored it, and the job
-    "survived" a kill it never had)."""
+    "survived" a kill it never had). A SIGTERM is restarted too: Lightning turns it into a
+    SystemExit without a code, and rank 1 exited 0 (walk-through 39 #1)."""
     pytest.importorskip("torchdata.stateful_dataloader")
     out = tmp_path / "out"
     args = [*STEPS[:2], "--save-every", str(save_every), *STEPS[4:]]
     r = run_tg(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--auto-resume",
                 "lightning", "--job-dir", str(tmp_path / "job"), str(EXAMPLE), "--out",
                 str(out), *args], cwd=tmp_path, timeout=300,
-               fault=f"signal:KILL@step={kill_at},rank=1",
+               fault=f"signal:{sig}@step={kill_at},rank=1",
                env={"EXAMPLE_STATEFUL_LOADER": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert reasons(tmp_path / "job").count("WorkersRestarted") == 1

@@ -40,6 +40,7 @@ from pytorch_lightning.plugins.environments import (  # type: ignore[attr-define
 )
 from pytorch_lightning.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
 from pytorch_lightning.trainer.trainer import Trainer
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from trainguard.integrations.common import (
     checkpoint_files,
@@ -48,7 +49,7 @@ from trainguard.integrations.common import (
     resumed,
     unmark_file,
 )
-from trainguard.integrations.drain import Drain
+from trainguard.integrations.drain import EXIT_CODE, Drain
 from trainguard.worker import channel
 from trainguard.worker.progress import log_metrics, progress
 
@@ -332,8 +333,22 @@ def fit(trainer: Trainer, model: Any, train_dataloaders: Any = None,
     """`trainer.fit(model, ...)` resuming from the newest committed checkpoint (or from
     scratch); the other arguments are passed on (not ckpt_path: that is trainguard's pick)."""
     prepare(trainer)
-    return trainer.fit(model, train_dataloaders, val_dataloaders, datamodule,
-                       ckpt_path=resume_path(trainer), **kwargs)
+    return _exits_143_on_sigterm(lambda: trainer.fit(
+        model, train_dataloaders, val_dataloaders, datamodule, ckpt_path=resume_path(trainer),
+        **kwargs))
+
+
+def _exits_143_on_sigterm(run: Callable[[], Any]) -> Any:
+    """Lightning turns a SIGTERM into SIGTERMException, a SystemExit without a code: the
+    rank exited 0, and a job stopped from outside at step 8 of 24 read succeeded (or, rank 1
+    first, a script that ran too few steps; walk-through 39 #1). The rank exits as one
+    stopped by SIGTERM, 143, as a drained one does: trainguard restarts it."""
+    try:
+        return run()
+    except SIGTERMException as e:
+        log("lightning: stopped by SIGTERM (Lightning's SIGTERMException): exit "
+            f"{EXIT_CODE}, not 0")
+        raise SystemExit(EXIT_CODE) from e
 
 
 def patch() -> None:
@@ -351,8 +366,9 @@ def patch() -> None:
             ckpt_path = resume_path(self)
             what = ckpt_path or "no committed checkpoint yet: starting fresh"
             print(f"[trainguard] auto-resume: {what}", flush=True)
-        return original(self, model, train_dataloaders, val_dataloaders, datamodule,
-                        ckpt_path, *args, **kwargs)
+        return _exits_143_on_sigterm(lambda: original(
+            self, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, *args,
+            **kwargs))
 
     fit_resuming.__trainguard__ = True  # type: ignore[attr-defined]
     fit_resuming.__wrapped__ = original  # type: ignore[attr-defined]
