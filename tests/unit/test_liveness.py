@@ -215,3 +215,24 @@ def test_a_gap_with_a_phase_still_open_is_not_the_cadence() -> None:
     book.progress(0, 2, at(60))  # progress reported from inside a long evaluation
     (rank,) = book.report({0}, {})
     assert rank.intervals == []
+
+
+def test_a_gap_of_many_fast_steps_teaches_the_cadence() -> None:
+    """Walk-through 39 #2: progress is sent at most every 0.2 s, so a job of 14 fast steps
+    reported one gap; three gaps were needed before the cadence counted, and a hang at the
+    next step had the 1800 s start-up allowance. A gap counts as the steps it covers."""
+    det = HangDetector(HangPolicy(floor_s=8.0))
+    det.start_attempt(at(0))
+    assert det.observe([live(0, 1.0, step=1)], at(1.0)).state == HangState.OK
+    assert det.observe([live(0, 1.2, step=14, intervals=[0.2])], at(1.2)).state == HangState.OK
+    threshold, basis = det.threshold()
+    assert threshold == 8.0 and "p99" in basis, basis
+    assert det.observe([live(0, 1.2, step=14)], at(7.0)).state == HangState.SUSPECTED
+    assert det.observe([live(0, 1.2, step=14)], at(9.5)).state == HangState.CONFIRMED
+    # one gap of one step is not a cadence yet: the start-up allowance holds
+    slow = HangDetector(HangPolicy(floor_s=8.0))
+    slow.start_attempt(at(0))
+    slow.observe([live(0, 1.0, step=1)], at(1.0))
+    slow.observe([live(0, 3.0, step=2, intervals=[2.0])], at(3.0))
+    assert "start-up allowance" in slow.threshold()[1]
+    assert slow.observe([live(0, 3.0, step=2)], at(60.0)).state == HangState.OK

@@ -74,7 +74,10 @@ class HangPolicy:
     life_cap: float = 10.0
     window: int = 2000
     motion_fresh_s: float = 10.0  # a moving stack holds a confirmation off this long after
-    min_intervals: int = 3  # fewer learned intervals: the floor alone (or the fixed timeout)
+    # fewer learned steps: the start-up allowance (or the fixed timeout); a gap counts as the
+    # steps it covers (progress is sent at most every 0.2 s: a job of fast steps reports one
+    # gap for many; walk-through 39 #2: 14 steps, one gap, 30 minutes of silence allowed)
+    min_intervals: int = 3
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ class _Rank:
     working_at: datetime | None = None  # the controller saw it work (hang_watch.py)
     phase: str | None = None  # the phase it marked, at the last poll
     accel: deque[int] = field(default_factory=lambda: deque(maxlen=ACCEL_SAMPLES))
-    gaps: int = 0  # progress intervals it reported in this attempt
+    gaps: int = 0  # steps its progress intervals covered in this attempt
+    last_step: int | None = None  # its step at the last poll
     left_phase_at: datetime | None = None  # when its last phase ended
 
 
@@ -135,7 +139,8 @@ class HangDetector:
     _warm_now: list[float] = field(default_factory=list)
     _warm_before: list[float] = field(default_factory=list)
     _phase_ended_at: datetime | None = None  # a rank's marked phase last ended (this attempt)
-    _most_gaps: int = 0  # the most progress intervals one rank reported in this attempt
+    _most_gaps: int = 0  # the most steps one rank's intervals covered in this attempt
+    _learned_steps: int = 0  # the steps the learned intervals covered (each gap at least 1)
 
     def start_attempt(self, at: datetime) -> None:
         """Clocks restart; the learned cadence is kept (it is the job's, not the attempt's),
@@ -147,7 +152,7 @@ class HangDetector:
         self._warm_now, self._phase_ended_at, self._most_gaps = [], None, 0
 
     def learned_p99(self) -> float | None:
-        if len(self.intervals) < self.policy.min_intervals:
+        if not self.intervals or self._learned_steps < self.policy.min_intervals:
             return None
         return p99(self.intervals)
 
@@ -248,13 +253,18 @@ class HangDetector:
 
     def _update(self, rl: RankLiveness, now: datetime) -> None:
         r = self._ranks.setdefault(rl.rank, _Rank())
-        for x in rl.intervals:
-            if x >= 0:
-                self.intervals.append(x)
-                if self._warming():
-                    self._warm_now.append(x)
-                r.gaps += 1
-                self._most_gaps = max(self._most_gaps, r.gaps)
+        gaps = [x for x in rl.intervals if x >= 0]
+        if gaps:  # the steps they cover (a gap of progress sent every 0.2 s spans many)
+            covered = rl.last_step - r.last_step if rl.last_step is not None and \
+                r.last_step is not None else 0
+            if self._warming():
+                self._warm_now += gaps
+            r.gaps += max(len(gaps), covered)
+            self._learned_steps += max(len(gaps), covered)
+            self._most_gaps = max(self._most_gaps, r.gaps)
+            self.intervals.extend(gaps)
+        if rl.last_step is not None:
+            r.last_step = rl.last_step
         while len(self.intervals) > self.policy.window:
             self.intervals.popleft()
         if rl.last_progress_at is not None:
