@@ -72,6 +72,9 @@ def test_a_relaunch_with_other_settings_says_what_changed(tmp_path: Path) -> Non
     assert "Warning SettingsChanged" in line
     assert "--nproc-per-node 2 -> 1" in line and "--scenario single-node -> none" in line
     assert "--max-restarts 3 -> 0" in line
+    # walk-through 39 #4: another world size reads the saved data position anew
+    assert "with --nproc-per-node changed, the data position a checkpoint saved" in line
+    assert "the resume is not exact" in line
     events = json.loads(tg("events", "j", "--json", cwd=tmp_path).stdout)
     changed = next(e for e in events if e["reason"] == "SettingsChanged")["data"]["changed"]
     assert changed["nproc_per_node"] == {"before": 2, "after": 1}
@@ -98,6 +101,13 @@ def test_settings_changes_leaves_out_what_differs_per_launch() -> None:
     assert changes_text({"standby_workers": (False, True), "nproc_per_node": (2, 1),
                          "scenario": ("llm", None)}) == (
         "standby workers off -> on, --nproc-per-node 2 -> 1, --scenario llm -> none")
+    from trainguard.controller.launch_settings import resume_caveat
+
+    assert resume_caveat({"max_restarts": (3, 0)}) == ""
+    assert resume_caveat({"nnodes": (2, 1), "args": (["--bs", "8"], ["--bs", "16"])}) == (
+        "; with --nnodes and the script's arguments changed, the data position a checkpoint "
+        "saved (the batches consumed, a sampler's place) is read for the new settings: the "
+        "resume is not exact")
 
 
 def test_a_mistyped_fault_variable_is_refused_before_any_rank_starts(tmp_path: Path) -> None:

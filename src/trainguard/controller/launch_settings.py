@@ -40,6 +40,24 @@ def settings_changes(before: dict[str, Any] | None,
     return out
 
 
+# settings a checkpoint's data position depends on: a sampler's place, the batches consumed
+_DATA_POSITION = ("nproc_per_node", "nnodes", "args")
+
+
+def resume_caveat(changes: dict[str, tuple[Any, Any]]) -> str:
+    """What a checkpoint's resume into the changed settings cannot keep: with another world
+    size or other script arguments (a batch size) the data position it saved is read anew,
+    and the resume is not exact (walk-through 39 #4: nothing said so). '' otherwise."""
+    which = [k for k in _DATA_POSITION if k in changes]
+    if not which:
+        return ""
+    what = " and ".join("the script's arguments" if k == "args" else flag_name(k)
+                        for k in which)
+    return (f"; with {what} changed, the data position a checkpoint saved (the batches "
+            "consumed, a sampler's place) is read for the new settings: the resume is not "
+            "exact")
+
+
 def changes_text(changes: dict[str, tuple[Any, Any]]) -> str:
     """`--nproc-per-node 2 -> 1, standby workers on -> off`: a flag's name for a value, the
     setting's words for a switch (its flag may be the `--no-` one)."""

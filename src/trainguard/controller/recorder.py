@@ -23,6 +23,7 @@ from trainguard.controller.launch_settings import (
     changes_text,
     effective_settings,
     launch_summary,
+    resume_caveat,
     settings_changes,
 )
 from trainguard.controller.progress_ledger import ProgressLedger
@@ -130,7 +131,7 @@ class Recorder:
                 self.event(Level.WARNING, Reason.SETTINGS_CHANGED,
                            f"this launch's settings differ from the previous launch's: {shown} "
                            "(the same command continues the job as it was; a checkpoint "
-                           "resumes into the new settings)",
+                           f"resumes into the new settings{resume_caveat(changes)})",
                            data={"changed": {k: {"before": a, "after": b}
                                              for k, (a, b) in changes.items()}})
             return previous["attempt"] + 1, StartType.RELAUNCH
