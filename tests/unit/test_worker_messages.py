@@ -56,6 +56,41 @@ def test_a_resume_said_not_exact_is_a_warning_once_an_attempt(tmp_path: Path) ->
     assert seen[1][2] == f"rank 0's resume from step 12 is not exact: {why}"
 
 
+def test_a_resume_from_a_checkpoint_committed_before_the_job_was_created_is_a_warning(
+        tmp_path: Path) -> None:
+    """Walk-through 39 #5: a new job given an earlier run's output dir resumed from its
+    last checkpoint and trained nothing, said as Info. The integrations send when the
+    checkpoint was committed; one from before the job was created is another run's."""
+    h, seen = handler(tmp_path)
+    h.created_at = NOW.timestamp()
+    h.handle([msg("resumed", step=30, location="/out/checkpoint-30",
+                  committed_at=NOW.timestamp() - 3600)], attempt=0)
+    assert [(lv, r) for lv, r, _ in seen] == [(Level.WARNING, Reason.RESUMED)]
+    assert seen[0][2] == (
+        "resumed from the checkpoint of step 30 at /out/checkpoint-30, committed "
+        "2025-12-31T23:00:00.000+00:00, before this job was created: another run's checkpoint "
+        "in the trainer's output dir (a resume takes the newest committed one there); give "
+        "the job a new output dir to start fresh")
+    h.handle([msg("resumed", step=40, location="/out/checkpoint-40",
+                  committed_at=NOW.timestamp() + 60)], attempt=1)  # this job's own
+    assert seen[1][:2] == (Level.INFO, Reason.RESUMED)
+
+
+def test_the_integrations_say_when_the_checkpoint_they_resume_from_was_committed(
+        tmp_path: Path) -> None:
+    from trainguard.integrations.common import commit_time, mark_committed, mark_file_committed
+
+    d = tmp_path / "checkpoint-5"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"x")
+    mark_committed(d, 5)  # (no launcher: nothing is told)
+    f = tmp_path / "epoch=0-step=5.ckpt"
+    f.write_bytes(b"y")
+    mark_file_committed(f, 5, tell=False)
+    assert all(isinstance(commit_time(p), float) for p in (d, f))
+    assert commit_time(tmp_path / "nothing-here") is None
+
+
 def test_no_checkpoint_after_one_was_committed_is_a_warning(tmp_path: Path) -> None:
     h, seen = handler(tmp_path)
     h.handle([msg("no_checkpoint", location="s3://b/run")], attempt=0)

@@ -93,6 +93,8 @@ class Recorder:
                             int(requeues) + 1 if requeues.isdigit() else 1)
         self._note_previous(previous)
         self.slot_moves = slot_moves(previous)
+        created = previous.get("created_at") or launched_at().isoformat()
+        self.messages.created_at = datetime.fromisoformat(str(created)).timestamp()
         self.store.set_meta(
             launches=self.launches, run_id=self.spec.run_id, state=JobState.PENDING.value,
             command=self.argv, job_dir=str(self.paths.job_dir),
@@ -106,7 +108,7 @@ class Recorder:
             budgets_off=[name for name, on in (
                 ("hang_restarts_in_a_row", self.spec.restart_on_hang),
                 ("step_retries", self.spec.operator_reexecution)) if not on],
-            created_at=previous.get("created_at") or launched_at().isoformat(),
+            created_at=created,
             exit_code=None, ended_at=None, launcher_pid=os.getpid(),
             launcher_started=process_started(os.getpid()),
             log_dir=str(self.paths.log_dir), checkpoint_dir=str(self.paths.checkpoint_dir),

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from trainguard.controller.incidents import IncidentBook
 from trainguard.protocol import WorkerMessage
-from trainguard.records import Level, Reason, rank_list, secs, size_text, utcnow
+from trainguard.records import Level, Reason, iso, rank_list, secs, size_text, utcnow
 from trainguard.testing.fault_spec import never_fired
 from trainguard.worker.contract import (
     ENV_FAULT,
@@ -58,6 +58,7 @@ class WorkerMessages:
         # (review 46 #3: not the highest step's, which a relaunch to another bucket keeps)
         self.newest_commit: tuple[int, str | None] | None = None
         self.committed_this_attempt: int | None = None
+        self.created_at: float | None = None  # the job's creation, epoch seconds (Recorder)
         # rank -> its latest {step, loss, learning_rate, at} (trainguard.log_metrics)
         self.train_metrics: dict[int, dict[str, Any]] = {}
         self.train_metrics_changed = False  # since the recorder last wrote them
@@ -280,6 +281,16 @@ class WorkerMessages:
                 SOURCE_PEER: f"a peer node's copy of its memory snapshot of step {step}"}.get(
                     source, f"the checkpoint of step {step} at {d.get('location')}")
         who = "" if first else f"rank {m.rank} "
+        at = d.get("committed_at")
+        if isinstance(at, (int, float)) and self.created_at is not None \
+                and at < self.created_at:  # (walk-through 39 #5: it trained nothing, said Info)
+            self._emit(Level.WARNING, Reason.RESUMED, f"{who}resumed from {what}, committed "
+                       f"{iso(datetime.fromtimestamp(at, timezone.utc))}, before this job was "
+                       "created: another run's checkpoint in the trainer's output dir (a resume "
+                       "takes the newest committed one there); give the job a new output dir "
+                       "to start fresh", rank=m.rank, attempt=attempt,
+                       data={"step": step, "source": source, "committed_at": at})
+            return
         self._emit(Level.INFO, Reason.RESUMED, f"{who}resumed from {what}", rank=m.rank,
                    attempt=attempt, data={"step": step, "source": source})
 

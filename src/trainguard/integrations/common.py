@@ -59,9 +59,23 @@ def resumed(ckpt_dir: Path | None, step: int, not_exact: str | None = None) -> N
     fields: dict[str, object] = {"step": step, "source": SOURCE_STORAGE}
     if ckpt_dir is not None:  # absolute, as CheckpointSaved's (`events` runs elsewhere)
         fields["location"] = str(ckpt_dir.absolute())
+        at = commit_time(ckpt_dir)
+        if at is not None:  # (the launcher tells another run's checkpoint: walk-through 39)
+            fields["committed_at"] = at
     if not_exact is not None:
         fields["not_exact"] = not_exact
     channel.send(MessageKind.RESUMED, **fields)
+
+
+def commit_time(path: Path) -> float | None:
+    """When a committed checkpoint (a dir, or a single file with its sidecar marker) was
+    committed, epoch seconds, as its marker records; None when unknown."""
+    marker = path / COMMIT_MARKER if path.is_dir() else file_marker(path)
+    try:
+        at = json.loads(marker.read_text())["committed_at"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(at) if isinstance(at, (int, float)) else None
 
 
 def is_committed(ckpt_dir: Path) -> bool:

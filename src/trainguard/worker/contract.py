@@ -209,7 +209,9 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
     MessageKind.RESUMED: {"step": _STEP, "location": _text(MAX_PATH),
                           "source": Field(str, max_len=MAX_NAME), "own_part": Field(bool),
                           "borrowed_from": _int(0, MAX_INT32, nullable=True),
-                          "not_exact": _text(MAX_TEXT)},  # why this resume is not exact
+                          "not_exact": _text(MAX_TEXT),  # why this resume is not exact
+                          # when the checkpoint was committed (a trainer integration's marker)
+                          "committed_at": Field(float, low=0.0, high=MAX_TIME)},
     MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
     MessageKind.CONTROL_UNREACHABLE: {"off": _text(MAX_TEXT, required=True),
                                       "error": _text(MAX_TEXT, required=True)},
