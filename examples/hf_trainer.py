@@ -22,7 +22,9 @@ its RNG state is written) on the first attempt; EXAMPLE_STOP_AT=STEP
 makes rank 0 run `trainguard stop` on its own job when it first reaches that step (once per
 output dir) and then slows every step to 1 s, so the drain lands mid-run. Like the other
 examples it honours TRAINGUARD_FAULT (trainguard.testing.faults, fired after each optimizer
-step: `exit:3@rank=1,step=5`, `hang@step=8`, ...).
+step: `signal:KILL@rank=1,step=12` and `hang@step=8` with --restart-on-hang are restarted;
+`exit:3@rank=1,step=5` is an exit the script chose, restarted only with
+--unconditional-restart).
 """
 
 from __future__ import annotations

@@ -186,6 +186,9 @@ def test_a_plain_exit_code_without_any_log_is_other_and_not_restarted(code: int)
     assert d.category == "other"
     assert d.restart_helps == RestartHelps.NO
     assert str(code) in d.summary
+    # walk-through 39 #8: the examples' `exit` fault failed the job with a bare "read the log"
+    assert "TRAINGUARD_FAULT's `exit` fault" in d.advice and "--unconditional-restart" in \
+        d.advice
 
 
 def test_a_known_cause_in_the_log_beats_the_signal_that_killed_the_rank() -> None:

@@ -221,10 +221,16 @@ def from_exit(rank: int | None, code: int | None, oom: bool | None, at: datetime
                       summary=f"{who} was stopped by {name} from outside the job")
 
 
+# (walk-through 39 #8: the examples' `exit:3` fault failed the job with a bare "read the log")
+PLAIN_EXIT_ADVICE = ("The script chose to exit non-zero; read the end of its log (when "
+                     "testing, TRAINGUARD_FAULT's `exit` fault ends a rank so: an exit the "
+                     "script chose is restarted only with --unconditional-restart).")
+
+
 def plain_exit(e: RankExit) -> Candidate:
     """A rank that exited non-zero and whose log says nothing: the script chose to stop."""
     return Candidate(SIGNAL_TIER, Category.OTHER, FaultDomain.USER_CODE, RestartHelps.NO,
-                      "The script chose to exit non-zero; read the end of its log.", 0.3,
+                      PLAIN_EXIT_ADVICE, 0.3,
                       e.rank, at=e.ended_at, subcategory=f"exit_code_{e.returncode}",
                       summary=f"rank {e.rank} {ended_how(e.returncode)} and left no known "
                       "error in its log")

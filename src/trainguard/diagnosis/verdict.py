@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from trainguard.diagnosis.candidates import (
+    PLAIN_EXIT_ADVICE,
     TIER,
     Candidate,
     RankExit,
@@ -190,7 +191,7 @@ def _rules_verdict(seen: list[Finding], exits: Sequence[RankExit],
         return Diagnosis(
             Category.OTHER, FaultDomain.USER_CODE, RestartHelps.NO,
             f"rank {first.rank} {ended_how(first.returncode)} and left no known error "
-            "in its log", "The script chose to exit non-zero; read the end of its log.",
+            "in its log", PLAIN_EXIT_ADVICE,
             Culprit(first.rank, first.node), confidence=0.2), []
     root = _pick(cands)
     others = [c for c in cands if c is not root]
