@@ -75,6 +75,8 @@ def test_integration_rows_have_every_key_and_verify_json_says_why(
     rows = json.loads(std.out)
     assert set(rows[0]) == CHECKPOINT_ROW_KEYS | {"path", "format"}
     assert (rows[0]["latest"], rows[0]["world_size"], rows[0]["files"]) == (False, None, 2)
+    # walk-through 39 #9: the newest valid one, the one a resume takes, is the latest
+    assert [(r["step"], r["latest"]) for r in rows] == [(4, False), (2, True)]
     assert rows[0]["created_at"].endswith("+00:00") and rows[0]["format"] == "dir"
     assert "trainguard ckpt verify: error: step 4 is damaged" in std.err, std.err
 
@@ -107,3 +109,19 @@ def test_a_damaged_copy_beside_a_valid_one_of_the_newest_step_is_a_warning(
     std = capsys.readouterr()
     assert "step 20 is valid: epoch=1-step=20-v1.ckpt" in std.out
     assert "warning: epoch=1-step=20.ckpt, a copy of step 20, is damaged (" in std.err
+
+
+def test_a_lightning_default_root_dir_lists_the_checkpoints_a_resume_finds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Walk-through 39 #10: with no ModelCheckpoint dirpath Lightning saves under
+    default_root_dir/lightning_logs/version_N/checkpoints, where a resume looks; `ckpt ls`
+    of the default_root_dir said no checkpoints."""
+    root = tmp_path / "out"
+    for version, step in ((0, 12), (1, 24)):
+        d = root / "lightning_logs" / f"version_{version}" / "checkpoints"
+        d.mkdir(parents=True)
+        (d / f"epoch=0-step={step}.ckpt").write_bytes(b"x" * 10)
+        mark_file_committed(d / f"epoch=0-step={step}.ckpt", step, tell=False)
+    assert main(["ckpt", "ls", str(root), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["step"], r["latest"]) for r in rows] == [(24, True), (12, False)]

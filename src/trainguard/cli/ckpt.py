@@ -40,7 +40,8 @@ def add_ckpt_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p = sub.add_parser("ckpt", help="list or verify checkpoints at a location")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb, text in (("ls", "list checkpoints with their status (sizes checked)"),
-                       ("verify", "check every file's checksum; exit 1 if the newest is bad")):
+                       ("verify", "check every file's checksum (a trainer integration's "
+                        "checkpoints: every file's size only); exit 1 if the newest is bad")):
         v = verbs.add_parser(verb, help=text, description=text)
         v.add_argument("location", help="job dir (its checkpoints), checkpoint directory or "
                        "fsspec URL")

@@ -18,6 +18,7 @@ from trainguard.errors import StoreError
 from trainguard.integrations.common import (
     COMMIT_MARKER,
     checkpoint_files,
+    checkpoints_under,
     damage,
     file_commit,
     file_damage,
@@ -46,8 +47,9 @@ def trainer_dirs(location: str, job_dir: Path | None) -> list[Path]:
                 parent = Path(where).parent
                 if parent not in found:
                     found.append(parent)
-    if not found and "://" not in location:
-        found.append(Path(location))
+    if not found and "://" not in location:  # and where Lightning saves under it, as a
+        # resume looks (walk-through 39 #10: a default_root_dir showed none)
+        found += [Path(location), *checkpoints_under(Path(location))]
     return [d for d in found if d.is_dir()]
 
 
@@ -69,13 +71,19 @@ def trainer_rows(dirs: list[Path]) -> list[dict[str, Any]]:
                 rows.append(_row(-1, f, "its commit marker is unreadable", size, marker)
                             if commit is None else
                             _row(commit[0], f, file_damage(f, commit[1]), size, marker))
-    return sorted(rows, key=lambda r: (r["step"], r["path"]), reverse=True)
+    rows.sort(key=lambda r: (r["step"], r["path"]), reverse=True)
+    for r in rows:  # the one a resume takes (walk-through 39 #9: every row said false)
+        if r["status"] == VALID:
+            r["latest"] = True
+            break
+    return rows
 
 
 def _row(step: int, path: Path, why: str | None, sizes: dict[str, int],
          marker: Path) -> dict[str, Any]:
     """Every key a trainguard.checkpoint row has (cli.md: a consumer reads them all; null
-    where the format does not know: the world size; `latest`: these have no pointer) and
+    where the format does not know: the world size; `latest`: set on the newest valid one,
+    the one a resume takes, by trainer_rows) and
     where the checkpoint is (`path`; `format`: a directory or a file). Walk-through 35 F4."""
     return {"step": step, "status": VALID if why is None else "damaged", "reason": why,
             "latest": False, "world_size": None, "files": len(sizes),

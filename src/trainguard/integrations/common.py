@@ -78,6 +78,17 @@ def commit_time(path: Path) -> float | None:
     return float(at) if isinstance(at, (int, float)) else None
 
 
+SEARCH_DEPTH = 3  # Lightning's default_root_dir/lightning_logs/version_N/checkpoints
+
+
+def checkpoints_under(root: Path) -> list[Path]:
+    """Every `checkpoints` directory up to SEARCH_DEPTH levels under `root`: where
+    Lightning's ModelCheckpoint saves when no dirpath is set (it depends on the logger's
+    version, new on each attempt)."""
+    return [p for depth in range(SEARCH_DEPTH + 1)
+            for p in root.glob("/".join(["*"] * depth + ["checkpoints"])) if p.is_dir()]
+
+
 def is_committed(ckpt_dir: Path) -> bool:
     try:
         return int(json.loads((ckpt_dir / COMMIT_MARKER).read_text())["step"]) >= 0

@@ -44,6 +44,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from trainguard.integrations.common import (
     checkpoint_files,
+    checkpoints_under,
     mark_file_committed,
     newest_file,
     resumed,
@@ -55,7 +56,6 @@ from trainguard.worker.progress import log_metrics, progress
 
 SUFFIX = ".ckpt"
 STEP_IN_NAME = re.compile(r"step=(\d+)")  # ModelCheckpoint's default name: epoch=E-step=S
-SEARCH_DEPTH = 3  # default_root_dir/lightning_logs/version_N/checkpoints
 
 
 def log(message: str) -> None:
@@ -94,8 +94,8 @@ def _resume_from(found: tuple[int, Path] | None) -> str | None:
 
 def checkpoint_dirs(trainer: Trainer) -> list[Path]:
     """Where the trainer's ModelCheckpoint callbacks save: their `dirpath`, or (not set: it
-    depends on the logger's version, new on each attempt) every `checkpoints` directory up
-    to SEARCH_DEPTH levels under the trainer's default_root_dir."""
+    depends on the logger's version, new on each attempt) every `checkpoints` directory a
+    few levels under the trainer's default_root_dir (common.checkpoints_under)."""
     dirs: list[Path] = []
     unset = False
     for cb in trainer.callbacks:  # type: ignore[attr-defined]
@@ -105,10 +105,7 @@ def checkpoint_dirs(trainer: Trainer) -> list[Path]:
             else:
                 unset = True
     if unset or not dirs:
-        root = Path(trainer.default_root_dir)
-        for depth in range(SEARCH_DEPTH + 1):
-            dirs.extend(p for p in root.glob("/".join(["*"] * depth + ["checkpoints"]))
-                        if p.is_dir())
+        dirs.extend(checkpoints_under(Path(trainer.default_root_dir)))
     return dirs
 
 
