@@ -824,3 +824,28 @@ def test_a_bucket_gone_after_a_relaunch_to_it_says_the_relaunch_s_checkpoints_ar
     missing = [e.message for e in seen if e.reason == "CheckpointMissing"]
     assert len(missing) == 1 and missing[0].startswith(
         "the bucket of s3://b/run, where this job committed step 5, is gone"), missing
+
+
+def test_a_stop_of_a_hang_left_running_asks_no_rank_to_drain(
+        job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walk-through 39 #11: a stop of a job whose hang was confirmed and left running asked
+    the hung ranks to save at their next step end (DrainRequested), which no hung rank
+    reaches; it stops them with the hung grace at once."""
+    class StoppedWhileHung(HangAgent):
+        told = 0
+
+        def tell(self, cmd: Any) -> int:
+            StoppedWhileHung.told += 1
+            return 2  # both ranks listen for a drain (a trainer integration)
+
+        def poll(self, wait_s: float = 0.0) -> NodeReport:
+            if self.polls == 40:
+                signal.raise_signal(signal.SIGTERM)
+            return super().poll(wait_s)
+
+    monkeypatch.setattr("tests.unit.test_controller_loop.ScriptedAgent", StoppedWhileHung)
+    run = job([[report(0, W(WorkerState.RUNNING), W(WorkerState.RUNNING)), stale(0)]],
+              max_restarts=0)
+    assert run.code == 128 + signal.SIGTERM, run.reasons
+    assert run.reasons.index("HangConfirmed") < run.reasons.index("StopRequested")
+    assert "DrainRequested" not in run.reasons and StoppedWhileHung.told == 0

@@ -387,8 +387,9 @@ class Controller:
         hung = self._hangs.confirmed is not None  # a hang left running: no step end will come
         grace = min(self.spec.grace_period_s, HUNG_GRACE_S) if hung else self.spec.grace_period_s
         self.rec.stop_requested(attempt, name, grace, hung)
-        drained = drain(self.agent, self.rec, attempt, grace, f"the launcher got {name}",
-                        cut_short=lambda: self._signals.cut_short)
+        drained = not hung and drain(  # (a hung rank reaches no step end: walk-through 39)
+            self.agent, self.rec, attempt, grace, f"the launcher got {name}",
+            cut_short=lambda: self._signals.cut_short)
         report = stop(self.agent, self.rec, f"launcher got {name}", grace=grace)
         self.rec.book.attempt_stopped(attempt, stopped_by(name), report.progress)
         killed = sorted(w.rank for w in report.workers if w.returncode == -signal.SIGKILL)
