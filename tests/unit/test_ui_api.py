@@ -494,3 +494,18 @@ def test_restarts_are_the_recoveries_status_counts_not_the_relaunches(
         assert c.get(f"/api/jobs/{row['id']}").json()["restarts"] == 1
     cli_main(["status", "--json", str(d)])
     assert json.loads(capsys.readouterr().out)["restarts"] == 1
+
+
+def test_a_dir_of_job_dirs_given_as_a_job_is_told_to_use_root(tmp_path: Path) -> None:
+    """Walk-through 39 #13: `trainguard ui DIR` on a dir of job dirs said only "check the
+    path"; `status` in the same case names `trainguard ls`."""
+    from trainguard.controller.store import JobStore
+    from trainguard.ui.server import missing_notes
+
+    JobStore.create(tmp_path / "runs" / "a", "a").close()
+    (tmp_path / "typo").mkdir()
+    runs, typo = missing_notes([tmp_path / "runs", tmp_path / "typo"])
+    assert runs.endswith(f"it holds job dirs: `trainguard ui --root {tmp_path / 'runs'}` "
+                         "shows them all"), runs
+    assert typo.endswith("check the path if you meant a job that ran"), typo
+    assert missing_notes([tmp_path / "runs" / "a"]) == []

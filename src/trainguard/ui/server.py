@@ -6,10 +6,12 @@ from __future__ import annotations
 import secrets
 import socket
 import sys
+from pathlib import Path
 from typing import TextIO
 
 import uvicorn
 
+from trainguard.controller.store_rows import holds_job_dirs
 from trainguard.paths import DB_NAME
 from trainguard.ui.app import create_app
 from trainguard.ui.auth import is_loopback
@@ -56,12 +58,22 @@ def serve(catalog: Catalog, host: str, port: int, token: str | None,
     count = len(catalog.jobs())
     print(f"trainguard ui: {count} job(s) at {url_of(sock, host, token)}", file=out,
           flush=True)
-    for d in catalog.dirs:
-        if not (d / DB_NAME).is_file():  # a typo would go unnoticed in a row of the page
-            print(f"trainguard ui: note: no trainguard job at {d} yet (no {DB_NAME}): listed, "
-                  "and shown once a job runs there; check the path if you meant a job that "
-                  "ran", file=sys.stderr, flush=True)
+    for note in missing_notes(catalog.dirs):
+        print(note, file=sys.stderr, flush=True)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
+
+
+def missing_notes(dirs: list[Path]) -> list[str]:
+    """A note for each job dir given that holds no job yet: a typo would go unnoticed in a
+    row of the page; a dir of job dirs is shown with --root (walk-through 39)."""
+    out = []
+    for d in dirs:
+        if not (d / DB_NAME).is_file():
+            fix = (f"it holds job dirs: `trainguard ui --root {d}` shows them all"
+                   if holds_job_dirs(d) else "check the path if you meant a job that ran")
+            out.append(f"trainguard ui: note: no trainguard job at {d} yet (no {DB_NAME}): "
+                       f"listed, and shown once a job runs there; {fix}")
+    return out
