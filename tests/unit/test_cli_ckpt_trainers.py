@@ -56,7 +56,15 @@ def test_lightning_files_are_listed(tmp_path: Path) -> None:
 
 def test_a_dir_with_nothing_committed_still_says_no_checkpoints(tmp_path: Path) -> None:
     r = tg("ckpt", "ls", str(tmp_path))
-    assert r.returncode == 0 and f"no checkpoints at {tmp_path}" in r.stdout
+    assert r.returncode == 0 and f"no checkpoints at {tmp_path}\n" == r.stdout
+    # walk-through 39 #6: a trainer's checkpoints written without the integration are named
+    (tmp_path / "checkpoint-5").mkdir()
+    (tmp_path / "epoch=0-step=4.ckpt").write_bytes(b"x")
+    r = tg("ckpt", "ls", str(tmp_path))
+    assert r.returncode == 0 and f"no checkpoints at {tmp_path} committed by trainguard (2 " \
+        "trainer checkpoint(s) there with no commit marker: not written through a trainguard " \
+        "integration, so no resume takes them; run the script with --auto-resume " \
+        "hf|lightning, or see docs/integrations.md)" in r.stdout, r.stdout
 
 
 CHECKPOINT_ROW_KEYS = {"step", "status", "reason", "latest", "world_size", "files", "bytes",

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from rich.table import Table
 
 from trainguard.checkpoint.manifest import LATEST, Status, parse_step_dir, step_dir
-from trainguard.cli.ckpt_trainers import show_trainer_rows, trainer_dirs, trainer_rows
+from trainguard.cli.ckpt_trainers import show_trainer_rows, trainer_dirs, trainer_rows, unmarked
 from trainguard.cli.ckpt_verdict import judge
 from trainguard.cli.fmt import complain, dash, plural, print_table, size_text
 from trainguard.controller.store import JobStore, db_path
@@ -382,7 +382,7 @@ DATA_FILES_NOTE = ("DATA FILES and SIZE: the files the manifest lists with their
 
 def _table(location: str, docs: list[dict[str, Any]]) -> None:
     if not docs:
-        print(f"no checkpoints at {location}")
+        print(f"no checkpoints at {location}{unmarked(location)}")
         return
     t = Table(title=location, title_justify="left", box=None)
     for col in ("STEP", "STATUS", "LATEST", "WORLD", "DATA FILES", "SIZE", "CREATED", "REASON"):

@@ -53,6 +53,21 @@ def trainer_dirs(location: str, job_dir: Path | None) -> list[Path]:
     return [d for d in found if d.is_dir()]
 
 
+def unmarked(location: str) -> str:
+    """What a location with no committed checkpoint holds all the same: checkpoints a
+    trainer wrote with no commit marker (a script run without the integration; walk-through
+    39 #6: `ckpt ls` said "no checkpoints" of six checkpoint-N dirs), which no resume takes;
+    '' when none."""
+    if "://" in location:
+        return ""
+    d = Path(location)
+    found = len(numbered_dirs(d, HF_DIR)) + len(checkpoint_files(d, ".ckpt"))
+    return "" if not found else (
+        f" committed by trainguard ({found} trainer checkpoint(s) there with no commit marker: "
+        "not written through a trainguard integration, so no resume takes them; run the "
+        "script with --auto-resume hf|lightning, or see docs/integrations.md)")
+
+
 def trainer_rows(dirs: list[Path]) -> list[dict[str, Any]]:
     """The committed checkpoints under `dirs`, newest step first."""
     rows: list[dict[str, Any]] = []
