@@ -111,8 +111,9 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
     # some agents run on: the ranks of a node whose agent ended with the launcher are lost,
     # as status reads them (shown_rank_state), not failed (review 46 #2: a stop's SIGTERM in
     # their logs was diagnosed as a kill from outside)
+    lost = JobState.LOST.value
     gone = sorted(r.rank for r in rows if r.attempt == attempt and lost_job and alive
-                  and shown_rank_state(r.state, JobState.LOST.value, r.node in alive) == "lost")
+                  and shown_rank_state(r.state, lost, r.node in alive) == lost)
     if gone:
         logs = {rank_log_path(log_dir, attempt, k).resolve() for k in gone}
         files = [f for f in files if f[0].resolve() not in logs]
