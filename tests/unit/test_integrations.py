@@ -480,3 +480,39 @@ def test_auto_resume_of_the_other_framework_says_so_once(
             "(pytorch_lightning.trainer.trainer)") in err and \
         "Fix: run with --auto-resume lightning" in err, err
     assert finder not in sys.meta_path  # said once: it left the import path
+
+
+def test_lightning_validation_and_its_sanity_check_are_phases(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 47 #1: validation reports no step; after a short first epoch of fast steps
+    (an 8 s threshold) a longer validation was confirmed hung, and with --restart-on-hang a
+    healthy job failed. Each validation and sanity check is a phase (its own allowance)."""
+    from types import SimpleNamespace
+
+    from trainguard.integrations import lightning
+
+    marks: list[tuple[str, str]] = []
+
+    class Phase:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __enter__(self) -> None:
+            marks.append(("begin", self.name))
+
+        def __exit__(self, *exc: object) -> None:
+            marks.append(("end", self.name))
+
+    monkeypatch.setattr(lightning, "phase", Phase)
+    cb = lightning.TrainguardCallback()
+    trainer: Any = SimpleNamespace(sanity_checking=True)
+    cb.on_sanity_check_start(trainer, None)
+    cb.on_validation_start(trainer, None)  # Lightning calls it inside the sanity check too
+    cb.on_validation_end(trainer, None)
+    cb.on_sanity_check_end(trainer, None)
+    trainer.sanity_checking = False
+    cb.on_validation_start(trainer, None)
+    cb.on_exception(trainer, None, RuntimeError("boom"))  # a validation that raised
+    cb.on_validation_end(trainer, None)  # (not called then; harmless if it is)
+    assert marks == [("begin", "sanity check"), ("end", "sanity check"),
+                     ("begin", "validation"), ("end", "validation")]

@@ -96,6 +96,7 @@ SIDES = (CONTROLLER, NODE)
 LIBRARY_EXTRAS = {f"{PKG}.checkpoint": frozenset({"torch", "fsspec"}),
                   f"{PKG}.integrations.hf": frozenset({"torch", "transformers"}),
                   f"{PKG}.integrations.lightning": frozenset({"torch", "pytorch_lightning"}),
+                  f"{PKG}.integrations.lightning_loaders": frozenset({"pytorch_lightning"}),
                   f"{PKG}.integrations.drain": frozenset({"torch"}),  # the ranks' vote
                   f"{PKG}.worker.step": frozenset({"torch"})}  # the step guard drives DDP
 

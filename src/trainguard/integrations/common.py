@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -50,6 +51,11 @@ def mark_committed(ckpt_dir: Path, step: int, write_s: float | None = None,
     channel.send(MessageKind.CHECKPOINT_SAVED, step=step, location=str(ckpt_dir.absolute()),
                  bytes=sum(files.values()), write_s=write_s, blocked_s=blocked_s,
                  on_exit=on_exit)
+
+
+def log(message: str) -> None:
+    """A line of the integration's own on the rank's stderr."""
+    print(f"[trainguard] {message}", file=sys.stderr, flush=True)
 
 
 def resumed(ckpt_dir: Path | None, step: int, not_exact: str | None = None) -> None:

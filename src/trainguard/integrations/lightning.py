@@ -27,7 +27,6 @@ DistributedSampler's order when its state is loaded, and Lightning sets the epoc
 from __future__ import annotations
 
 import re
-import sys
 import time
 import zipfile
 from collections.abc import Callable, Iterable
@@ -45,21 +44,19 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from trainguard.integrations.common import (
     checkpoint_files,
     checkpoints_under,
+    log,
     mark_file_committed,
     newest_file,
     resumed,
     unmark_file,
 )
 from trainguard.integrations.drain import EXIT_CODE, Drain
+from trainguard.integrations.lightning_loaders import sampler_epoch_first
 from trainguard.worker import channel
-from trainguard.worker.progress import log_metrics, progress
+from trainguard.worker.progress import log_metrics, phase, progress
 
 SUFFIX = ".ckpt"
 STEP_IN_NAME = re.compile(r"step=(\d+)")  # ModelCheckpoint's default name: epoch=E-step=S
-
-
-def log(message: str) -> None:
-    print(f"[trainguard] {message}", file=sys.stderr, flush=True)
 
 
 def complete(ckpt_file: Path) -> int | None:
@@ -121,6 +118,36 @@ class TrainguardCallback(Callback):
     def __init__(self) -> None:
         self.drain = Drain()
         self._last_step: int | None = None
+        self._evaluating: phase | None = None  # a validation or sanity check under way
+
+    # validation reports no step: a phase of its own, or a short first epoch followed by a
+    # long validation read as a hang (review 47 #1: the fast steps taught an 8 s threshold)
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self._begin("sanity check")
+
+    def on_sanity_check_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self._end()
+
+    def on_validation_start(self, trainer: Trainer, pl_module: Any) -> None:
+        if not trainer.sanity_checking:
+            self._begin("validation")
+
+    def on_validation_end(self, trainer: Trainer, pl_module: Any) -> None:
+        if not trainer.sanity_checking:
+            self._end()
+
+    def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
+        self._end(exception)
+
+    def _begin(self, name: str) -> None:
+        self._end()
+        self._evaluating = phase(name)
+        self._evaluating.__enter__()
+
+    def _end(self, exception: BaseException | None = None) -> None:
+        if self._evaluating is not None:
+            self._evaluating.__exit__(type(exception) if exception else None, exception, None)
+            self._evaluating = None
 
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         self.drain.start()
@@ -239,90 +266,6 @@ def prepare(trainer: Trainer) -> None:
         env.auto_requeue = False
         log("lightning: switched off Lightning's Slurm auto-requeue (save on SIGUSR1, "
             "then `scontrol requeue`): trainguard restarts this job")
-
-
-def _set_epoch(loader: Any, epoch: int) -> None:
-    """`set_epoch` on the loader's sampler and its batch sampler's (as Lightning does)."""
-    samplers = {id(s): s for s in (getattr(loader, "sampler", None),
-                                   getattr(getattr(loader, "batch_sampler", None), "sampler", None))
-                if s is not None}
-    for s in samplers.values():
-        if callable(getattr(s, "set_epoch", None)):
-            s.set_epoch(epoch)
-
-
-def _torchdata_batch_sampler(loader: Any) -> Any:
-    """The loader's torchdata BatchSampler (a StatefulDataLoader's with `batch_size`), or None;
-    torchdata is not imported here: a loader of its kind has imported it."""
-    module = sys.modules.get("torchdata.stateful_dataloader.sampler")
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    return batch_sampler if module is not None and isinstance(
-        batch_sampler, module.BatchSampler) else None
-
-
-def sampler_epoch_first(trainer: Trainer) -> None:
-    """Make the fit loop set the samplers' epoch before it loads the train loaders' saved
-    state. Lightning loads the state, creates the iterator (a StatefulDataLoader's
-    BatchSampler calls `iter(sampler)` then: a DistributedSampler draws its order there) and
-    sets the epoch only after, so a resume in any epoch but the first went on in the first
-    epoch's order. A StatefulDataLoader's state saved at an epoch's last batch is not loaded:
-    it would skip the whole next epoch; that epoch starts afresh in its own order.
-    Idempotent."""
-    loop = trainer.fit_loop
-    original: Callable[[], None] | None = getattr(loop, "_load_combined_loader_states", None)
-    if original is None or getattr(original, "__trainguard__", False):
-        return  # a Lightning without loader states (before PR #19475), or done
-
-    def load_states() -> None:
-        states, combined = loop._combined_loader_states_to_load, loop._combined_loader
-        if loop.restarting and combined is not None:
-            _say_if_not_exact(loop, combined.flattened)
-        if loop.restarting and states and combined is not None:
-            epoch = int(loop.epoch_progress.current.completed)  # the saved state's epoch
-            stateful = [dl for dl in combined.flattened if _keeps_state(dl)]
-            # saved at the epoch's last batch: Lightning goes on with the next epoch
-            last = bool(loop.epoch_loop.batch_progress.is_last_batch)
-            fresh = []
-            for i, (dl, state) in enumerate(zip(stateful, states, strict=False)):
-                finished = last or (isinstance(state, dict)
-                                    and state.get("_iterator_finished") is True)
-                if finished and _torchdata_batch_sampler(dl) is not None:
-                    states[i] = {}  # StatefulDataLoader: nothing to load
-                    fresh.append(dl)
-                else:
-                    _set_epoch(dl, epoch)
-            original()
-            for dl in fresh:  # draw the next epoch's order now, not the one from __init__
-                _set_epoch(dl, epoch + 1)
-                _torchdata_batch_sampler(dl).load_state_dict({"samples_yielded": 0})
-        else:
-            original()
-
-    load_states.__trainguard__ = True  # type: ignore[attr-defined]
-    loop._load_combined_loader_states = load_states  # type: ignore[method-assign]
-
-
-def _keeps_state(loader: Any) -> bool:
-    """A loader Lightning saves and gives back a position of (PR #19475's interface)."""
-    return callable(getattr(loader, "state_dict", None)) and callable(
-        getattr(loader, "load_state_dict", None))
-
-
-def _say_if_not_exact(loop: Any, loaders: list[Any]) -> None:
-    """A resume inside an epoch with a loader that keeps no state (a plain DataLoader)
-    draws that epoch from its start again: said once, with the fix (Lightning's own warning
-    does not say what to use instead)."""
-    done = int(loop.epoch_loop.batch_progress.current.processed)  # (completed: one behind)
-    if done == 0 or bool(loop.epoch_loop.batch_progress.is_last_batch):
-        return
-    plain = [dl for dl in loaders if not _keeps_state(dl)]
-    if plain:
-        why = (f"resumed after batch {done} of epoch "
-               f"{int(loop.epoch_progress.current.completed)} with a {type(plain[0]).__name__} "
-               "that keeps no position: the rest of this epoch is drawn from its start again")
-        fix = "a torchdata StatefulDataLoader resumes where it stopped (docs/integrations.md)"
-        log(f"lightning: {why}, not exact; {fix}")
-        resumed(None, int(loop.trainer.global_step), not_exact=f"{why}; {fix}")  # an event
 
 
 def fit(trainer: Trainer, model: Any, train_dataloaders: Any = None,
