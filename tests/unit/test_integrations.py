@@ -516,3 +516,30 @@ def test_lightning_validation_and_its_sanity_check_are_phases(
     cb.on_validation_end(trainer, None)  # (not called then; harmless if it is)
     assert marks == [("begin", "sanity check"), ("end", "sanity check"),
                      ("begin", "validation"), ("end", "validation")]
+
+
+def test_an_hf_evaluation_is_a_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 47 #1's HF twin: Trainer.evaluate between steps reports no step either."""
+    from transformers import Trainer
+
+    from trainguard.integrations import hf
+
+    marks: list[str] = []
+
+    class Phase:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __enter__(self) -> None:
+            marks.append(f"begin {self.name}")
+
+        def __exit__(self, *exc: object) -> None:
+            marks.append(f"end {self.name}")
+
+    monkeypatch.setattr(hf, "phase", Phase)
+    monkeypatch.setattr(Trainer, "evaluate",
+                        lambda self, *a, **k: marks.append("evaluate") or {"eval_loss": 1.0})
+    hf.patch_evaluate()
+    hf.patch_evaluate()  # idempotent: one phase, not two
+    assert Trainer.evaluate(object()) == {"eval_loss": 1.0}  # type: ignore[arg-type]
+    assert marks == ["begin evaluation", "evaluate", "end evaluation"]

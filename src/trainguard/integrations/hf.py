@@ -44,7 +44,7 @@ from trainguard.integrations.common import (
 )
 from trainguard.integrations.drain import Drain
 from trainguard.worker.contract import ENV_ATTEMPT
-from trainguard.worker.progress import log_metrics, progress
+from trainguard.worker.progress import log_metrics, phase, progress
 
 STATE_FILE = "trainer_state.json"  # Trainer writes it last
 INCOMPLETE = "checkpoint-is-incomplete.txt"  # Trainer's save-on-SIGTERM sentinel
@@ -101,6 +101,22 @@ def patch_saves() -> None:
 
     unmarking.__trainguard__ = True  # type: ignore[attr-defined]
     Trainer._save_checkpoint = unmarking  # type: ignore[method-assign]
+
+
+def patch_evaluate() -> None:
+    """Make each `Trainer.evaluate` a phase (its own hang allowance): an evaluation between
+    steps reports no step, and after a few fast steps (an 8 s threshold) a longer one read
+    as a hang (review 47 #1, Lightning's validation). Idempotent."""
+    evaluate = Trainer.evaluate
+    if getattr(evaluate, "__trainguard__", False):
+        return
+
+    def evaluating(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        with phase("evaluation"):
+            return evaluate(self, *args, **kwargs)
+
+    evaluating.__trainguard__ = True  # type: ignore[attr-defined]
+    Trainer.evaluate = evaluating  # type: ignore[method-assign]
 
 
 def complete(ckpt_dir: Path) -> bool:
@@ -168,6 +184,7 @@ class TrainguardCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         patch_saves()
+        patch_evaluate()
         _SAVES.training = True
         self.drain.start()
 
