@@ -62,9 +62,10 @@ def test_a_dir_with_nothing_committed_still_says_no_checkpoints(tmp_path: Path) 
     (tmp_path / "epoch=0-step=4.ckpt").write_bytes(b"x")
     r = tg("ckpt", "ls", str(tmp_path))
     assert r.returncode == 0 and f"no checkpoints at {tmp_path} committed by trainguard (2 " \
-        "trainer checkpoint(s) there with no commit marker: not written through a trainguard " \
-        "integration, so no resume takes them; run the script with --auto-resume " \
-        "hf|lightning, or see docs/integrations.md)" in r.stdout, r.stdout
+        "trainer checkpoint(s) there with no commit marker: written without a trainguard " \
+        "integration, so nothing vouches for them; a resume under --auto-resume hf|lightning " \
+        "takes the newest complete one while none there is marked: docs/integrations.md)" \
+        in r.stdout, r.stdout
 
 
 CHECKPOINT_ROW_KEYS = {"step", "status", "reason", "latest", "world_size", "files", "bytes",
@@ -133,3 +134,23 @@ def test_a_lightning_default_root_dir_lists_the_checkpoints_a_resume_finds(
     assert main(["ckpt", "ls", str(root), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["step"], r["latest"]) for r in rows] == [(24, True), (12, False)]
+
+
+def test_the_latest_of_two_valid_copies_of_a_step_is_the_one_a_resume_takes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 47 #7: a resume takes the latest written among equal steps; `latest` went by
+    name."""
+    import os
+
+    from trainguard.integrations.lightning import newest_committed
+
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    for i, name in enumerate(("epoch=1-step=20.ckpt", "epoch=1-step=20-v1.ckpt")):
+        (d / name).write_bytes(b"x" * 100)
+        mark_file_committed(d / name, 20, tell=False)
+        os.utime(d / name, (1_000_000 + i, 1_000_000 + i))
+    assert main(["ckpt", "ls", str(d), "--json"]) == 0
+    (latest,) = [r["path"] for r in json.loads(capsys.readouterr().out) if r["latest"]]
+    found = newest_committed([d])
+    assert found is not None and latest == str(found[1])

@@ -56,16 +56,17 @@ def trainer_dirs(location: str, job_dir: Path | None) -> list[Path]:
 def unmarked(location: str) -> str:
     """What a location with no committed checkpoint holds all the same: checkpoints a
     trainer wrote with no commit marker (a script run without the integration; walk-through
-    39 #6: `ckpt ls` said "no checkpoints" of six checkpoint-N dirs), which no resume takes;
-    '' when none."""
+    39 #6: `ckpt ls` said "no checkpoints" of six checkpoint-N dirs), there or where
+    Lightning saves under it; '' when none."""
     if "://" in location:
         return ""
-    d = Path(location)
-    found = len(numbered_dirs(d, HF_DIR)) + len(checkpoint_files(d, ".ckpt"))
+    dirs = [Path(location), *checkpoints_under(Path(location))]
+    found = sum(len(numbered_dirs(d, HF_DIR)) + len(checkpoint_files(d, ".ckpt")) for d in dirs)
     return "" if not found else (
         f" committed by trainguard ({found} trainer checkpoint(s) there with no commit marker: "
-        "not written through a trainguard integration, so no resume takes them; run the "
-        "script with --auto-resume hf|lightning, or see docs/integrations.md)")
+        "written without a trainguard integration, so nothing vouches for them; a resume "
+        "under --auto-resume hf|lightning takes the newest complete one while none there is "
+        "marked: docs/integrations.md)")
 
 
 def trainer_rows(dirs: list[Path]) -> list[dict[str, Any]]:
@@ -87,11 +88,18 @@ def trainer_rows(dirs: list[Path]) -> list[dict[str, Any]]:
                             if commit is None else
                             _row(commit[0], f, file_damage(f, commit[1]), size, marker))
     rows.sort(key=lambda r: (r["step"], r["path"]), reverse=True)
-    for r in rows:  # the one a resume takes (walk-through 39 #9: every row said false)
-        if r["status"] == VALID:
-            r["latest"] = True
-            break
+    valid = [r for r in rows if r["status"] == VALID]
+    if valid:  # the one a resume takes: the highest step, the latest written among equals
+        # (walk-through 39 #9: every row said false; review 47 #7: a tie went by name)
+        max(valid, key=lambda r: (r["step"], _mtime(Path(r["path"]))))["latest"] = True
     return rows
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _row(step: int, path: Path, why: str | None, sizes: dict[str, int],
