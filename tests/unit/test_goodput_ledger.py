@@ -321,6 +321,10 @@ def test_a_job_whose_checkpoints_are_its_only_progress_counts_from_its_first_out
     for state in ("running", "stopped", "failed", "lost"):
         inp = ledger_input({"state": state}, [], [], [save], [], None, now)
         assert inp.reports_no_steps, state
+    # review 47 #5: a step-0 save before the first step report trained nothing
+    step0 = Save(at=50.0, attempt=0, step=0, blocked_s=None, resumed_before_s=0.0,
+                 on_exit=False, by_agent=False)
+    assert not ledger_input({"state": "failed"}, [], [], [step0], [], None, now).reports_no_steps
     # a job that reports steps and checkpoints stays a step-reporting one
     stepping = ledger_input({"state": "running"}, [], [(0, 10, 40.0)], [save], [], None, now)
     assert not stepping.reports_no_steps

@@ -6,6 +6,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore
 from trainguard.controller.worker_messages import WorkerMessages
@@ -74,6 +76,32 @@ def test_a_resume_from_a_checkpoint_committed_before_the_job_was_created_is_a_wa
     h.handle([msg("resumed", step=40, location="/out/checkpoint-40",
                   committed_at=NOW.timestamp() + 60)], attempt=1)  # this job's own
     assert seen[1][:2] == (Level.INFO, Reason.RESUMED)
+    # another host's clock a few seconds ahead: the job's own (review 47 #4)
+    h.handle([msg("resumed", step=0, location="/out/checkpoint-0",
+                  committed_at=NOW.timestamp() - 5)], attempt=2)
+    assert seen[2][:2] == (Level.INFO, Reason.RESUMED)
+
+
+def test_a_slurm_requeue_s_own_checkpoints_are_no_other_run_s(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 47 #4: a requeue whose job dir is new (Slurm's restart count says it is the
+    same job) resumed its own checkpoint under the 'another run's' Warning."""
+    from trainguard.controller.recorder import Recorder
+    from trainguard.paths import JobPaths
+    from trainguard.spec_build import build_spec
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", tmp_path / "job" / "ck")
+    paths.make()
+    with JobStore.create(paths.job_dir, "r") as store:
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+        rec = Recorder(spec, paths, store, ["train.py"])
+        rec.begin()
+        assert rec.messages.created_at is None
+        monkeypatch.delenv("SLURM_RESTART_COUNT")
+        fresh = Recorder(spec, paths, store, ["train.py"])
+        fresh.begin()
+        assert fresh.messages.created_at is not None
 
 
 def test_the_integrations_say_when_the_checkpoint_they_resume_from_was_committed(
@@ -89,6 +117,9 @@ def test_the_integrations_say_when_the_checkpoint_they_resume_from_was_committed
     mark_file_committed(f, 5, tell=False)
     assert all(isinstance(commit_time(p), float) for p in (d, f))
     assert commit_time(tmp_path / "nothing-here") is None
+    unmarked = tmp_path / "checkpoint-9"  # taken where none is marked: when it was written
+    unmarked.mkdir()
+    assert commit_time(unmarked) == unmarked.stat().st_mtime
 
 
 def test_no_checkpoint_after_one_was_committed_is_a_warning(tmp_path: Path) -> None:

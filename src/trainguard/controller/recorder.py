@@ -94,7 +94,8 @@ class Recorder:
         self._note_previous(previous)
         self.slot_moves = slot_moves(previous)
         created = previous.get("created_at") or launched_at().isoformat()
-        self.messages.created_at = datetime.fromisoformat(str(created)).timestamp()
+        self.messages.created_at = None if requeues.isdigit() and int(requeues) > 0 else \
+            datetime.fromisoformat(str(created)).timestamp()
         self.store.set_meta(
             launches=self.launches, run_id=self.spec.run_id, state=JobState.PENDING.value,
             command=self.argv, job_dir=str(self.paths.job_dir),

@@ -40,6 +40,10 @@ LATE_S = 5.0  # a message sent longer ago than this keeps its own time in its ev
 RESUMES_KEPT = 4  # the incidents whose resume sources are kept (not one per incident)
 
 
+# a checkpoint committed on another host before the job was created by less is the job's own
+CLOCK_SKEW_S = 10.0
+
+
 class WorkerMessages:
     def __init__(self, emit: EmitEvent, book: IncidentBook,
                  recorded: Recorded | None = None) -> None:
@@ -58,7 +62,9 @@ class WorkerMessages:
         # (review 46 #3: not the highest step's, which a relaunch to another bucket keeps)
         self.newest_commit: tuple[int, str | None] | None = None
         self.committed_this_attempt: int | None = None
-        self.created_at: float | None = None  # the job's creation, epoch seconds (Recorder)
+        # the job's creation, epoch seconds (Recorder; None in a Slurm requeue, whose job dir
+        # may be new while its checkpoints are the job's own: review 47 #4)
+        self.created_at: float | None = None
         # rank -> its latest {step, loss, learning_rate, at} (trainguard.log_metrics)
         self.train_metrics: dict[int, dict[str, Any]] = {}
         self.train_metrics_changed = False  # since the recorder last wrote them
@@ -283,7 +289,7 @@ class WorkerMessages:
         who = "" if first else f"rank {m.rank} "
         at = d.get("committed_at")
         if isinstance(at, (int, float)) and self.created_at is not None \
-                and at < self.created_at:  # (walk-through 39 #5: it trained nothing, said Info)
+                and at < self.created_at - CLOCK_SKEW_S:  # (walk-through 39 #5: said Info)
             self._emit(Level.WARNING, Reason.RESUMED, f"{who}resumed from {what}, committed "
                        f"{iso(datetime.fromtimestamp(at, timezone.utc))}, before this job was "
                        "created: another run's checkpoint in the trainer's output dir (a resume "

@@ -112,10 +112,11 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                      rr.recover not in _IN_ATTEMPT or rr.recover_result not in _RESTARTED),
                  resumed_step=rr.resumed_step)
         for rec in records for rr in rec.recover_records]
-    # a job that committed checkpoints with no step report at all reports none (review 46
-    # #1: NoProgressSignal never comes to a job whose checkpoints are its progress)
+    # a job that committed a checkpoint past step 0 with no step report at all reports none
+    # (review 46 #1: NoProgressSignal never comes to a job whose checkpoints are its progress;
+    # review 47 #5: a step-0 save before a step-reporting job's first step trained nothing)
     no_steps = told_no_steps or shown_state(meta) == JobState.SUCCEEDED.value or (
-        bool(commits) and not samples)
+        any(c.step for c in commits) and not samples)
     samples = samples + _commits_beyond(samples, commits)
     created = _meta_ts(meta.get("created_at"))
     start = created if created is not None else (

@@ -74,13 +74,17 @@ def resumed(ckpt_dir: Path | None, step: int, not_exact: str | None = None) -> N
 
 
 def commit_time(path: Path) -> float | None:
-    """When a committed checkpoint (a dir, or a single file with its sidecar marker) was
-    committed, epoch seconds, as its marker records; None when unknown."""
+    """When a checkpoint (a dir, or a single file with its sidecar marker) was committed,
+    epoch seconds, as its marker records; one with no marker (the newest complete one taken
+    where none is marked), when it was last written; None when unknown."""
     marker = path / COMMIT_MARKER if path.is_dir() else file_marker(path)
     try:
         at = json.loads(marker.read_text())["committed_at"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return None
     return float(at) if isinstance(at, (int, float)) else None
 
 
