@@ -41,8 +41,9 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[f
     return losses, digest
 
 
-@pytest.mark.long  # make test: the stateful-loader test below kills a rank of the same
-# unmodified script under --auto-resume lightning and checks the losses and weights too
+@pytest.mark.long  # make test: the stateful-loader test below stops a rank of the same
+# unmodified script under --auto-resume lightning (SIGTERM) and checks the losses and weights
+# too, and the one-line integration's test SIGKILLs a rank
 def test_a_rank_killed_mid_epoch_resumes_to_the_uninterrupted_losses_and_weights(
         tmp_path: Path, uninterrupted: tuple[list[list[float]], str]) -> None:
     """The unmodified script under `--auto-resume lightning`."""

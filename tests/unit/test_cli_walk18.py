@@ -73,8 +73,8 @@ def test_a_relaunch_with_other_settings_says_what_changed(tmp_path: Path) -> Non
     assert "--nproc-per-node 2 -> 1" in line and "--scenario single-node -> none" in line
     assert "--max-restarts 3 -> 0" in line
     # walk-through 39 #4: another world size reads the saved data position anew
-    assert "with --nproc-per-node changed, the data position a checkpoint saved" in line
-    assert "the resume is not exact" in line
+    assert "with the world size changed (2 -> 1 ranks), the data position a checkpoint " \
+        "saved" in line and "the resume is not exact" in line
     events = json.loads(tg("events", "j", "--json", cwd=tmp_path).stdout)
     changed = next(e for e in events if e["reason"] == "SettingsChanged")["data"]["changed"]
     assert changed["nproc_per_node"] == {"before": 2, "after": 1}
@@ -103,11 +103,16 @@ def test_settings_changes_leaves_out_what_differs_per_launch() -> None:
         "standby workers off -> on, --nproc-per-node 2 -> 1, --scenario llm -> none")
     from trainguard.controller.launch_settings import resume_caveat
 
-    assert resume_caveat({"max_restarts": (3, 0)}) == ""
-    assert resume_caveat({"nnodes": (2, 1), "args": (["--bs", "8"], ["--bs", "16"])}) == (
-        "; with --nnodes and the script's arguments changed, the data position a checkpoint "
-        "saved (the batches consumed, a sampler's place) is read for the new settings: the "
-        "resume is not exact")
+    assert resume_caveat({"max_restarts": (3, 0)}, {}, {}) == ""
+    # review 47 #8: 2 nodes x 4 -> 4 x 2 is the same world
+    same = ({"nnodes": 2, "nproc_per_node": 4}, {"nnodes": 4, "nproc_per_node": 2})
+    assert resume_caveat({"nnodes": (2, 4), "nproc_per_node": (4, 2)}, *same) == ""
+    assert resume_caveat({"nnodes": (2, 1), "args": (["--bs", "8"], ["--bs", "16"])},
+                         {"nnodes": 2}, {"nnodes": 1, "args": ["--bs", "16"]}) == (
+        "; with the world size changed (2 -> 1 ranks), the data position a checkpoint saved "
+        "(the batches consumed, a sampler's place) is read for the new one: the resume is not "
+        "exact; with the script's arguments changed, the resume is not exact if one of them "
+        "moves the data (a batch size, a seed)")
 
 
 def test_a_mistyped_fault_variable_is_refused_before_any_rank_starts(tmp_path: Path) -> None:

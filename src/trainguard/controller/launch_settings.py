@@ -40,22 +40,25 @@ def settings_changes(before: dict[str, Any] | None,
     return out
 
 
-# settings a checkpoint's data position depends on: a sampler's place, the batches consumed
-_DATA_POSITION = ("nproc_per_node", "nnodes", "args")
-
-
-def resume_caveat(changes: dict[str, tuple[Any, Any]]) -> str:
+def resume_caveat(changes: dict[str, tuple[Any, Any]], before: dict[str, Any],
+                  after: dict[str, Any]) -> str:
     """What a checkpoint's resume into the changed settings cannot keep: with another world
-    size or other script arguments (a batch size) the data position it saved is read anew,
-    and the resume is not exact (walk-through 39 #4: nothing said so). '' otherwise."""
-    which = [k for k in _DATA_POSITION if k in changes]
-    if not which:
-        return ""
-    what = " and ".join("the script's arguments" if k == "args" else flag_name(k)
-                        for k in which)
-    return (f"; with {what} changed, the data position a checkpoint saved (the batches "
-            "consumed, a sampler's place) is read for the new settings: the resume is not "
-            "exact")
+    size the data position it saved (the batches consumed, a sampler's place) is read for
+    the new one, and the resume is not exact; other script arguments may move it too (a
+    batch size). Walk-through 39 #4: nothing said so; review 47 #8: 2x4 -> 4x2 is the same
+    world. '' otherwise."""
+    def world(s: dict[str, Any]) -> Any:
+        return (s.get("nnodes") or 1) * (s.get("nproc_per_node") or 1)
+
+    out = ""
+    if world(before) != world(after):
+        out += (f"; with the world size changed ({world(before)} -> {world(after)} ranks), the "
+                "data position a checkpoint saved (the batches consumed, a sampler's place) is "
+                "read for the new one: the resume is not exact")
+    if "args" in changes:
+        out += ("; with the script's arguments changed, the resume is not exact if one of "
+                "them moves the data (a batch size, a seed)")
+    return out
 
 
 def changes_text(changes: dict[str, tuple[Any, Any]]) -> str:

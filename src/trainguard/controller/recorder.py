@@ -129,12 +129,12 @@ class Recorder:
                           "checkpoint (a new --job-dir starts a new job)" if done else ""),
                        data={"settings": settings})
             changes = settings_changes(before, settings)
-            if changes:
-                shown = changes_text(changes)
+            if changes and before is not None:
+                shown, caveat = changes_text(changes), resume_caveat(changes, before, settings)
                 self.event(Level.WARNING, Reason.SETTINGS_CHANGED,
                            f"this launch's settings differ from the previous launch's: {shown} "
                            "(the same command continues the job as it was; a checkpoint "
-                           f"resumes into the new settings{resume_caveat(changes)})",
+                           f"resumes into the new settings{caveat})",
                            data={"changed": {k: {"before": a, "after": b}
                                              for k, (a, b) in changes.items()}})
             return previous["attempt"] + 1, StartType.RELAUNCH
