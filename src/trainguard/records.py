@@ -72,6 +72,7 @@ class Reason(str, Enum):
     IN_PROCESS_RESTARTING = "InProcessRestarting"  # one rank starts again, the rest re-enter
     IN_PROCESS_RESTARTED = "InProcessRestarted"  # every rank entered its function again
     FAULTS_NOT_FIRED = "FaultsNotFired"  # a job succeeded with TRAINGUARD_FAULT's faults unfired
+    AUTO_RESUME_UNUSED = "AutoResumeUnused"  # --auto-resume of the other framework's Trainer
 
 
 class FaultScenario(str, Enum):

@@ -68,6 +68,8 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
                           "own_part": False, "borrowed_from": 0,
                           "not_exact": "a DataLoader that keeps no position",
                           "committed_at": 1796600000.5},
+    MessageKind.AUTO_RESUME_UNUSED: {"why": "--auto-resume hf is on, but this script loads "
+                                             "Lightning's Trainer"},
     MessageKind.STEP_FAILED: {"step": 5, "generation": 0,
                               "error": "RuntimeError: Connection closed by peer"},
     MessageKind.STEP_REEXECUTED: {"step": 5, "generation": 1, "retry_s": 0.13},

@@ -122,6 +122,16 @@ def test_the_integrations_say_when_the_checkpoint_they_resume_from_was_committed
     assert commit_time(unmarked) == unmarked.stat().st_mtime
 
 
+def test_an_auto_resume_of_the_other_framework_is_a_warning_once(tmp_path: Path) -> None:
+    """Walk-through 39 #12: `--auto-resume hf` on a Lightning script said so on the rank's
+    stderr only; the job read succeeded and nothing resumed."""
+    h, seen = handler(tmp_path)
+    why = "--auto-resume hf is on, but this script loads Lightning's Trainer (...)"
+    h.handle([msg("auto_resume_unused", why=why), msg("auto_resume_unused", why=why)],
+             attempt=0)
+    assert seen == [(Level.WARNING, Reason.AUTO_RESUME_UNUSED, f"rank 0: {why}")]
+
+
 def test_no_checkpoint_after_one_was_committed_is_a_warning(tmp_path: Path) -> None:
     h, seen = handler(tmp_path)
     h.handle([msg("no_checkpoint", location="s3://b/run")], attempt=0)

@@ -84,10 +84,20 @@ class WorkerMessages:
             MessageKind.TRAIN_METRICS: self._on_train_metrics,
             MessageKind.SNAPSHOT_BLOCKING: self._on_snapshot_blocking,
             MessageKind.FAULTS: self._on_faults,
+            MessageKind.AUTO_RESUME_UNUSED: self._on_auto_resume_unused,
         }
+        self._auto_resume_said = False
         self.fault_calls: set[str] = set()  # trainguard.testing.faults: what the ranks called
         self.faults_fired: set[int] = set()  # and which faults of TRAINGUARD_FAULT fired
         self.saw_whole_job = True  # False after a takeover or in a relaunch (review 39 #2)
+
+    def _on_auto_resume_unused(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
+        """Once a launch: the rank's stderr alone was not where anyone looks (walk-through 39
+        #12: the job read succeeded, nothing resumed)."""
+        if not self._auto_resume_said:
+            self._auto_resume_said = True
+            self._emit(Level.WARNING, Reason.AUTO_RESUME_UNUSED, f"rank {m.rank}: {d['why']}",
+                       rank=m.rank, attempt=attempt)
 
     def _on_faults(self, m: WorkerMessage, data: dict[str, Any], attempt: int) -> None:
         self.fault_calls.add(str(data["call"]))

@@ -20,6 +20,8 @@ from types import ModuleType
 from typing import Any
 
 from trainguard.integrations.common import ENV_AUTO_RESUME
+from trainguard.worker import channel
+from trainguard.worker.contract import MessageKind
 
 # framework -> (the module whose loading triggers the patch, the patching function)
 TARGETS = {"hf": ("transformers.trainer", "trainguard.integrations.hf"),
@@ -46,10 +48,11 @@ class _WrongFramework(importlib.abc.MetaPathFinder):
         if fullname in OTHERS.get(self.framework, ()):
             sys.meta_path.remove(self)
             other = "lightning" if self.framework == "hf" else "hf"
-            print(f"[trainguard] --auto-resume {self.framework} is on, but this script loads "
-                  f"{FLAGS[other]} ({fullname}), which it does not patch: nothing resumes it "
-                  f"from a checkpoint. Fix: run with --auto-resume {other}",
-                  file=sys.stderr, flush=True)
+            why = (f"--auto-resume {self.framework} is on, but this script loads "
+                   f"{FLAGS[other]} ({fullname}), which it does not patch: nothing resumes it "
+                   f"from a checkpoint. Fix: run with --auto-resume {other}")
+            print(f"[trainguard] {why}", file=sys.stderr, flush=True)
+            channel.send(MessageKind.AUTO_RESUME_UNUSED, why=why)  # an event (walk-through 39)
         return None
 
 

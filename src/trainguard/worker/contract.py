@@ -132,6 +132,8 @@ class MessageKind(str, Enum):
     TRAIN_METRICS = "train_metrics"  # trainguard.log_metrics: the loss, the learning rate
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
     CONTROL_UNREACHABLE = "control_unreachable"  # the agent cannot reach this rank: what is off
+    AUTO_RESUME_UNUSED = "auto_resume_unused"  # the site hook: the script loads the other
+    # framework's Trainer, which --auto-resume does not patch (walk-through 39 #12)
     FAULTS = "faults"  # trainguard.testing.faults: a call that read TRAINGUARD_FAULT, or a fault
     # fired (the controller says which faults of the variable never fired: walk-through 35 F6)
 
@@ -213,6 +215,7 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
                           # when the checkpoint was committed (a trainer integration's marker)
                           "committed_at": Field(float, low=0.0, high=MAX_TIME)},
     MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
+    MessageKind.AUTO_RESUME_UNUSED: {"why": _text(MAX_TEXT, required=True)},
     MessageKind.CONTROL_UNREACHABLE: {"off": _text(MAX_TEXT, required=True),
                                       "error": _text(MAX_TEXT, required=True)},
     MessageKind.STEP_FAILED: {
