@@ -33,7 +33,7 @@ RECORDED_KINDS = frozenset({
     MessageKind.CHECKPOINT_SAVE_SKIPPED,
     MessageKind.CHECKPOINT_SAVE_FAILED, MessageKind.CHECKPOINT_CORRUPT,
     MessageKind.NO_CHECKPOINT, MessageKind.RESUMED, MessageKind.LOG_WRITE_FAILED,
-    MessageKind.CONTROL_UNREACHABLE,
+    MessageKind.CONTROL_UNREACHABLE, MessageKind.AUTO_RESUME_UNUSED,
     MessageKind.FAULTS})  # sent once per process: a lost one is a false FaultsNotFired
 # messages; beyond it the oldest are dropped (a controller that never acknowledges). A
 # message is at most a datagram (worker.contract.MAX_DATAGRAM_BYTES), so a report that sends
