@@ -19,12 +19,14 @@ from trainguard.integrations.common import (
     COMMIT_MARKER,
     checkpoint_files,
     checkpoints_under,
+    commit_time,
     damage,
     file_commit,
     file_damage,
     file_marker,
     file_sizes,
     is_committed,
+    mtime,
     numbered_dirs,
 )
 
@@ -74,58 +76,42 @@ def trainer_rows(dirs: list[Path]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for d in dirs:
         for step, ckpt in numbered_dirs(d, HF_DIR):
-            marker = ckpt / COMMIT_MARKER
-            if marker.exists():
+            if (ckpt / COMMIT_MARKER).exists():
                 why = damage(ckpt) if is_committed(ckpt) else "its commit marker is unreadable"
                 sizes = file_sizes(ckpt)
-                rows.append(_row(step, ckpt, why, sizes, marker))
+                rows.append(_row(step, ckpt, why, sizes))
         for f in checkpoint_files(d, ".ckpt"):
-            marker = file_marker(f)
-            if marker.exists():
+            if file_marker(f).exists():
                 commit = file_commit(f)
                 size = {f.name: f.stat().st_size}
-                rows.append(_row(-1, f, "its commit marker is unreadable", size, marker)
+                rows.append(_row(-1, f, "its commit marker is unreadable", size)
                             if commit is None else
-                            _row(commit[0], f, file_damage(f, commit[1]), size, marker))
+                            _row(commit[0], f, file_damage(f, commit[1]), size))
     rows.sort(key=lambda r: (r["step"], r["path"]), reverse=True)
     valid = [r for r in rows if r["status"] == VALID]
     if valid:  # the one a resume takes: the highest step, the latest written among equals
         # (walk-through 39 #9: every row said false; review 47 #7: a tie went by name)
-        max(valid, key=lambda r: (r["step"], _mtime(Path(r["path"]))))["latest"] = True
+        max(valid, key=lambda r: (r["step"], mtime(Path(r["path"]))))["latest"] = True
     return rows
 
 
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _row(step: int, path: Path, why: str | None, sizes: dict[str, int],
-         marker: Path) -> dict[str, Any]:
+def _row(step: int, path: Path, why: str | None, sizes: dict[str, int]) -> dict[str, Any]:
     """Every key a trainguard.checkpoint row has (cli.md: a consumer reads them all; null
     where the format does not know: the world size; `latest`: set on the newest valid one,
     the one a resume takes, by trainer_rows) and
     where the checkpoint is (`path`; `format`: a directory or a file). Walk-through 35 F4."""
     return {"step": step, "status": VALID if why is None else "damaged", "reason": why,
             "latest": False, "world_size": None, "files": len(sizes),
-            "bytes": sum(sizes.values()), "created_at": _committed_at(marker),
+            "bytes": sum(sizes.values()), "created_at": _committed_at(path),
             "path": str(path), "format": "dir" if path.is_dir() else "file"}
 
 
-def _committed_at(marker: Path) -> str | None:
-    """When the marker says the checkpoint was committed (its own mtime for one that does
-    not say), as the manifest's `created_at` reads: ISO 8601, UTC, seconds."""
-    try:
-        at = json.loads(marker.read_text()).get("committed_at")
-    except (OSError, ValueError, AttributeError):
-        at = None
-    try:
-        when = float(at) if isinstance(at, (int, float)) else marker.stat().st_mtime
-    except OSError:
-        return None
-    return datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="seconds")
+def _committed_at(path: Path) -> str | None:
+    """When the checkpoint was committed (commit_time: what a resume's warning reads), as the
+    manifest's `created_at` reads: ISO 8601, UTC, seconds."""
+    when = commit_time(path)
+    return None if when is None else (
+        datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="seconds"))
 
 
 def show_trainer_rows(rows: list[dict[str, Any]], location: str, as_json: bool) -> None:

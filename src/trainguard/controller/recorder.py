@@ -93,9 +93,10 @@ class Recorder:
                             int(requeues) + 1 if requeues.isdigit() else 1)
         self._note_previous(previous)
         self.slot_moves = slot_moves(previous)
-        created = previous.get("created_at") or launched_at().isoformat()
+        created = datetime.fromisoformat(str(previous["created_at"])) \
+            if previous.get("created_at") else launched_at()
         self.messages.created_at = None if requeues.isdigit() and int(requeues) > 0 else \
-            datetime.fromisoformat(str(created)).timestamp()
+            created.timestamp()
         self.store.set_meta(
             launches=self.launches, run_id=self.spec.run_id, state=JobState.PENDING.value,
             command=self.argv, job_dir=str(self.paths.job_dir),
@@ -109,7 +110,7 @@ class Recorder:
             budgets_off=[name for name, on in (
                 ("hang_restarts_in_a_row", self.spec.restart_on_hang),
                 ("step_retries", self.spec.operator_reexecution)) if not on],
-            created_at=created,
+            created_at=created.isoformat(),
             exit_code=None, ended_at=None, launcher_pid=os.getpid(),
             launcher_started=process_started(os.getpid()),
             log_dir=str(self.paths.log_dir), checkpoint_dir=str(self.paths.checkpoint_dir),

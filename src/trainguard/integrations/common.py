@@ -88,6 +88,14 @@ def commit_time(path: Path) -> float | None:
     return float(at) if isinstance(at, (int, float)) else None
 
 
+def mtime(path: Path) -> float:
+    """When `path` was last written, epoch seconds; 0 for one gone (it sorts oldest)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 SEARCH_DEPTH = 3  # Lightning's default_root_dir/lightning_logs/version_N/checkpoints
 
 
@@ -258,12 +266,6 @@ def newest_file(files: Iterable[Path],
     (_tell_damaged). When none carries a
     marker (saved before trainguard ran the job), the newest that `complete` gives a step
     for; else None."""
-    def mtime(f: Path) -> float:
-        try:
-            return f.stat().st_mtime
-        except OSError:
-            return 0.0
-
     ordered = list(files)
     committed = sorted(((c[0], mtime(f), f, c[1]) for f in ordered
                         if (c := file_commit(f)) is not None),
