@@ -52,6 +52,8 @@ def test_a_rank_killed_from_outside_is_restarted_and_resumes_from_its_checkpoint
     for reason in ("JobCreated", "JobRunning", "WorkerFailed", "FailureDiagnosed",
                    "RestartScheduled", "WorkersRestarted", "JobSucceeded"):
         assert reason in got
+    restarted = [e for e in read_json("events", job_dir) if e["reason"] == "WorkersRestarted"]
+    assert "no checkpoint of this job is known" not in restarted[0]["message"]
     rec = read_json("recovery", job_dir)
     first, second = rec["running_records"]
     inc = first["recover_records"][0]
@@ -88,6 +90,12 @@ def test_a_spent_restart_budget_fails_the_job_with_restart_limit_reached(
     got = reasons(job_dir)
     assert got.count("WorkersRestarted") == 2
     assert got[-2:] == ["RestartLimitReached", "JobFailed"]
+    # nothing was committed: each restart says the script starts again from its beginning
+    # (walk-through 39 #6: a plain HF script restarted from step 0 and nobody said so)
+    restarted = [e["message"] for e in read_json("events", job_dir)
+                 if e["reason"] == "WorkersRestarted"]
+    assert all("starts again from its beginning" in m and "--auto-resume hf|lightning" in m
+               for m in restarted), restarted
     assert read_json("status", job_dir)["restarts_used"] == 2
 
 

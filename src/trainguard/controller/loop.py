@@ -24,7 +24,7 @@ from trainguard.controller.inprocess import InProcessRestarts
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.resume_agree import ResumeAgreement
 from trainguard.controller.signals import SignalReceiver
-from trainguard.controller.start import start_command, started
+from trainguard.controller.start import resume_note, start_command, started
 from trainguard.controller.step_retry import StepRetries
 from trainguard.controller.stopping import HUNG_GRACE_S, stop, stop_rest
 from trainguard.diagnosis.attempt import diagnose_attempt
@@ -187,8 +187,8 @@ class Controller:
         self.rec.book.workers_started(report.at, [w.standby for w in report.workers])
         self._hangs.start_attempt(attempt, report.at)
         self.rec.sync(report)
-        self.rec.event(Level.INFO, *started(report, start_type, attempt, port,
-                                            self.spec.world_size), attempt=attempt)
+        self.rec.event(Level.INFO, *started(report, start_type, attempt, port, self.spec.world_size,
+                                            resume_note(self.rec)), attempt=attempt)
         self.rec.set_meta(state=JobState.RUNNING.value, attempt=attempt)
         return self._watch()
 

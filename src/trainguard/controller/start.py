@@ -57,8 +57,9 @@ def start_command(rec: Recorder, attempt: int, port: int, addr: str, *, all_rank
 
 
 def started(report: NodeReport, start_type: StartType, attempt: int, port: int,
-            world: int) -> tuple[Reason, str]:
-    """JobRunning (a first start, a relaunch) or WorkersRestarted, and its message."""
+            world: int, resume_note: str = "") -> tuple[Reason, str]:
+    """JobRunning (a first start, a relaunch) or WorkersRestarted, and its message
+    (`resume_note`: what a restart resumes from, `from_scratch`'s)."""
     pids = ", ".join(f"rank {w.rank}: pid {w.pid}{' (standby)' if w.standby else ''}"
                      for w in report.workers)
     if start_type in (StartType.FIRST_START, StartType.RELAUNCH):
@@ -66,7 +67,30 @@ def started(report: NodeReport, start_type: StartType, attempt: int, port: int,
     n = len(report.workers)  # a node lost meanwhile starts none of its ranks: not "the job" (F13)
     return Reason.WORKERS_RESTARTED, (
         f"the job has been restarted ({start_type.value}, attempt {attempt}):"
-        f"{f' only {n} of {world} rank(s) started:' if n < world else ''} {pids}, port {port}")
+        f"{f' only {n} of {world} rank(s) started:' if n < world else ''} {pids}, port {port}"
+        f"{resume_note}")
+
+
+def resume_note(rec: Recorder) -> str:
+    """`from_scratch` of the job so far."""
+    return from_scratch(rec.messages.knows_a_checkpoint(), rec.spec.auto_resume,
+                        rec.spec.memory_every > 0)
+
+
+def from_scratch(knows_a_checkpoint: bool, auto_resume: str | None,
+                 memory_snapshots: bool) -> str:
+    """A restart's note when trainguard knows of nothing it resumes from: no checkpoint
+    committed through trainguard.checkpoint or an integration, none resumed from, no
+    snapshot in a peer's memory (walk-through 39 #6: a plain HF script restarted from step 0
+    and nobody said so); '' otherwise. Only "unless": a script may resume from its own."""
+    if knows_a_checkpoint or memory_snapshots:
+        return ""
+    hint = "" if auto_resume else (
+        " (an HF Trainer or Lightning script resumes exactly under --auto-resume hf|lightning: "
+        "docs/integrations.md)")
+    return ("; no checkpoint of this job is known (none committed through trainguard.checkpoint "
+            "or a trainer integration, none resumed from): the script starts again from its "
+            f"beginning unless it resumes from checkpoints of its own{hint}")
 
 
 def auto_resume_env(framework: str | None) -> dict[str, str]:

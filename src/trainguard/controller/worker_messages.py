@@ -91,6 +91,11 @@ class WorkerMessages:
         self.faults_fired: set[int] = set()  # and which faults of TRAINGUARD_FAULT fired
         self.saw_whole_job = True  # False after a takeover or in a relaunch (review 39 #2)
 
+    def knows_a_checkpoint(self) -> bool:
+        """Whether the job committed a checkpoint (this launch or one before) or resumed
+        from one: what a restart may resume from."""
+        return self.newest_commit is not None or bool(self._resumed_sources)
+
     def _on_auto_resume_unused(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         """Once a launch: the rank's stderr alone was not where anyone looks (walk-through 39
         #12: the job read succeeded, nothing resumed)."""
