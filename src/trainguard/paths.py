@@ -14,10 +14,8 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from trainguard.checkpoint.manifest import OWNER_NAME
-from trainguard.checkpoint.store_errors import bucket_of
 from trainguard.errors import SpecError
 from trainguard.spec import JobSpec, flag_name
 
@@ -163,15 +161,6 @@ def prune_plan(job_dir: Path, log_dir: Path, checkpoint_dir: str) -> tuple[list[
 def is_url(location: str | Path) -> bool:
     """`s3://bucket/x`, `file:///x`: an fsspec URL, not a local path."""
     return "://" in str(location)
-
-
-def same_bucket(location: str | None, other: str | Path) -> bool:
-    """Whether two fsspec URLs name the same bucket (`s3://ckb/run4/step-30` and
-    `s3://ckb/run4`: scheme and bucket); never a local path."""
-    if location is None or bucket_of(location) is None:
-        return False
-    a, b = urlsplit(location), urlsplit(str(other))
-    return bucket_of(str(other)) == a.netloc and a.scheme == b.scheme
 
 
 def attempt_logs(log_dir: Path) -> list[str]:

@@ -1,5 +1,6 @@
 """The one reading of a location's bucket (checkpoint/store_errors.bucket_of) behind the
-missing-bucket error, the launcher's reading of a rank's error line and paths.same_bucket."""
+missing-bucket error, the launcher's reading of a rank's error line and same_bucket, and
+the launcher's decision that the job's committed checkpoints went with their bucket."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import pytest
 
 from trainguard.checkpoint.store_errors import (
     bucket_of,
+    committed_bucket_lost,
     missing_bucket,
     missing_bucket_problem,
+    same_bucket,
     says_bucket_missing,
 )
-from trainguard.paths import same_bucket
 
 
 @pytest.mark.parametrize("location, bucket", [
@@ -56,3 +58,18 @@ def test_says_bucket_missing_reads_only_its_own_bucket() -> None:
     assert says_bucket_missing(line, "s3://ckb/run4")
     assert not says_bucket_missing(line, "s3://data/run4")
     assert not says_bucket_missing(line, "/ckb/run4")
+
+
+def test_committed_bucket_lost_needs_the_commit_in_the_checkpoint_dir_s_bucket_and_its_error(
+        ) -> None:
+    problem, _ = missing_bucket_problem("s3://ckb/run4", "ckb")
+    lines = ["step 30 ok", f"CheckpointError: {problem}"]
+    assert committed_bucket_lost("s3://ckb/run4/step-30", "s3://ckb/run4", lines)
+    assert not committed_bucket_lost("s3://ckb/run4/step-30", "s3://ckb/run4", lines[:1])
+    assert not committed_bucket_lost(None, "s3://ckb/run4", lines)
+    # the job's newest commit went to another bucket (a relaunch moved it): not this one's
+    assert not committed_bucket_lost("s3://old/run4/step-30", "s3://ckb/run4", lines)
+    # a dataset's bucket gone names another bucket (review 45 #6)
+    data, _ = missing_bucket_problem("s3://data/x", "data")
+    assert not committed_bucket_lost("s3://ckb/run4/step-30", "s3://ckb/run4",
+                                     [f"CheckpointError: {data}"])

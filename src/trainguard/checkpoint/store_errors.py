@@ -5,6 +5,7 @@ on a --checkpoint-dir (controller/dir_owner.py) and by the ranks' load_latest.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import urlsplit
 
 
@@ -46,3 +47,22 @@ def says_bucket_missing(line: str, location: str) -> bool:
     bucket = bucket_of(location)
     return bucket is not None and f"the bucket {bucket!r} of " in line and \
         "does not exist" in line
+
+
+def same_bucket(location: str | None, other: str | Path) -> bool:
+    """Whether two fsspec URLs name the same bucket (`s3://ckb/run4/step-30` and
+    `s3://ckb/run4`: scheme and bucket); never a local path."""
+    if location is None or bucket_of(location) is None:
+        return False
+    a, b = urlsplit(location), urlsplit(str(other))
+    return bucket_of(str(other)) == a.netloc and a.scheme == b.scheme
+
+
+def committed_bucket_lost(newest_location: str | None, checkpoint_dir: str | Path,
+                          error_lines: list[str]) -> bool:
+    """Whether a failed attempt's error lines say the bucket this job committed its newest
+    checkpoint to (`newest_location`) is gone: that checkpoint's bucket is the checkpoint
+    dir's, and some line is missing_bucket_problem's for it (review 45 #6: a dataset's
+    bucket gone is not the checkpoints')."""
+    return same_bucket(newest_location, checkpoint_dir) and \
+        any(says_bucket_missing(line, str(checkpoint_dir)) for line in error_lines)

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trainguard.checkpoint.store_errors import says_bucket_missing
+from trainguard.checkpoint.store_errors import committed_bucket_lost
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.launch_settings import (
     changes_text,
@@ -35,7 +35,7 @@ from trainguard.diagnosis.attempt import diagnosis_message
 from trainguard.diagnosis.taxonomy import BUCKET_MISSING, Diagnosis
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, describe_exit, signal_name
-from trainguard.paths import JobPaths, attempt_log_dir, same_bucket
+from trainguard.paths import JobPaths, attempt_log_dir
 from trainguard.policy.decision import Decision, HAPolicy
 from trainguard.protocol import NodeReport, WorkerFact
 from trainguard.records import (
@@ -275,8 +275,7 @@ class Recorder:
                    rank=diag.culprit_rank, attempt=attempt, data=diag.to_dict())
         newest, ckpt = self.messages.newest_commit, self.paths.checkpoint_dir
         if diag.subcategory == BUCKET_MISSING and newest is not None and not self._bucket_gone \
-                and same_bucket(newest[1], ckpt) \
-                and any(says_bucket_missing(line, ckpt) for line in lines):  # (once a launch)
+                and committed_bucket_lost(newest[1], ckpt, lines):  # (once a launch)
             self._bucket_gone = True
             self.event(Level.ERROR, Reason.CHECKPOINT_MISSING, f"the bucket of {ckpt}, where "
                        f"this job committed step {newest[0]}, is gone: its checkpoints are lost; "
