@@ -62,6 +62,13 @@ def test_diagnose_of_a_stopped_rank_says_where_it_waits_and_to_send_sigcont() ->
     assert "`kill -CONT 4321`" in hang_diagnosis(data, {}).advice  # its pid, said
     text = "\n".join(_verdict_lines(d))
     assert "waiting at /w/train.py:271 in main" in text and "raised at" not in text, text
+    # walk-through 39 #13: a gloo job's hang read NCCL's category with nothing said
+    from trainguard.diagnosis.attempt import diagnosis_message
+
+    assert diagnosis_message(d).startswith(
+        "nccl_timeout_or_hang [no progress: the category covers a hang with any collective "
+        "library or none] (infrastructure, ")
+    assert "nccl_timeout_or_hang (hang) [no progress: " in text
 
 
 def test_a_stopped_worker_is_stopped_by_sigterm_without_waiting_for_the_grace_period() -> None:

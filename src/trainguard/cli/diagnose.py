@@ -15,7 +15,7 @@ from trainguard.cli.fmt import complain
 from trainguard.controller.store import holds_job_dirs
 from trainguard.diagnosis.rules import RuleSet, load_rules, parse_rules
 from trainguard.diagnosis.sources import Report, diagnose_paths
-from trainguard.diagnosis.taxonomy import Diagnosis
+from trainguard.diagnosis.taxonomy import HANG, Diagnosis
 from trainguard.errors import RulesError
 from trainguard.exitcodes import ExitCode
 
@@ -108,7 +108,7 @@ def _verdict_lines(d: Diagnosis) -> list[str]:
         who.append(f"node {d.culprit.node}")
     if d.culprit.frame:
         where = " (from inside a library it called)" if d.culprit.in_library else ""
-        verb = "waiting at" if d.subcategory == "hang" else "raised at"  # a hang raised nothing
+        verb = "waiting at" if d.subcategory == HANG else "raised at"  # a hang raised nothing
         who.append(f"{verb} {d.culprit.frame}{where}")
     if who:
         out.append(f"  culprit: {', '.join(who)}")

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from trainguard.diagnosis.taxonomy import (
+    HANG,
     Category,
     Culprit,
     Diagnosis,
@@ -57,7 +58,7 @@ def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
         Category.NCCL_TIMEOUT_OR_HANG, domain, RestartHelps.YES, summary,
         advice,
         Culprit(rank, None, frame), evidence, symptoms, False,
-        float(c.get("confidence") or 0.6), "hang", None, from_log=False)
+        float(c.get("confidence") or 0.6), HANG, None, from_log=False)
 
 
 def _line_of(dump: tuple[str, str], frame: str | None, rank: int) -> Evidence:

@@ -36,6 +36,8 @@ class Category(str, Enum):
 NOT_STARTED = "not_started"
 # the object store has no bucket of that name (rules.yaml, object-store-bucket-missing)
 BUCKET_MISSING = "storage_bucket_missing"
+# a hang trainguard's detector confirmed (no progress; diagnosis/hung.py), not a log's timeout
+HANG = "hang"
 
 
 class FaultDomain(str, Enum):
@@ -154,7 +156,11 @@ class Diagnosis:
     @property
     def library_note(self) -> str:
         """Said beside the category id (`diagnose`, the FailureDiagnosed event) when the id
-        names NCCL and the deciding line is gloo's or HCCL's; "" otherwise."""
+        names NCCL and the deciding line is gloo's or HCCL's, or when it is a hang trainguard
+        confirmed; "" otherwise."""
+        if self.subcategory == HANG:  # no log line: a gloo job's, or one in no collective
+            # at all, read NCCL (walk-through 39 #13)
+            return " [no progress: the category covers a hang with any collective library or none]"
         lib = self.library
         return f" [{lib}'s: the category covers NCCL, gloo and HCCL]" if lib else ""
 
