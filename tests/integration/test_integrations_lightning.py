@@ -211,6 +211,10 @@ def test_a_damaged_committed_ckpt_is_told_and_the_one_before_it_taken(
         assert c[2].endswith(f" when it was committed; the one before it is tried; set aside "
                              f"as {name}.damaged, so that the step's next save takes its name")
     assert [e["data"]["step"] for e in events if e["reason"] == "Resumed"] == [4]
+    # walk-through 39 #13: whichever rank's Resumed came first, it says what explains it
+    assert next(e["message"] for e in events if e["reason"] == "Resumed").endswith(
+        " (the newer checkpoint of step 8 is damaged and was skipped: CheckpointCorrupt says "
+        "why)")
     # walk-through 35 F12: the step's re-save takes the names again (it went to `-v1`
     # beside the damaged file, which stayed marked: `ckpt verify` failed from then on)
     assert not (out / "epoch=1-step=8-v1.ckpt").exists()

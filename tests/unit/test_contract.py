@@ -67,7 +67,7 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
     MessageKind.RESUMED: {"step": 8, "location": "/ckpt", "source": "storage",
                           "own_part": False, "borrowed_from": 0,
                           "not_exact": "a DataLoader that keeps no position",
-                          "committed_at": 1796600000.5},
+                          "committed_at": 1796600000.5, "skipped_step": 12},
     MessageKind.AUTO_RESUME_UNUSED: {"why": "--auto-resume hf is on, but this script loads "
                                              "Lightning's Trainer"},
     MessageKind.STEP_FAILED: {"step": 5, "generation": 0,

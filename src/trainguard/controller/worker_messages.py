@@ -302,6 +302,9 @@ class WorkerMessages:
                 SOURCE_PEER: f"a peer node's copy of its memory snapshot of step {step}"}.get(
                     source, f"the checkpoint of step {step} at {d.get('location')}")
         who = "" if first else f"rank {m.rank} "
+        if isinstance(d.get("skipped_step"), int) and d["skipped_step"] > step:
+            what += (f" (the newer checkpoint of step {d['skipped_step']} is damaged and was "
+                     "skipped: CheckpointCorrupt says why)")
         at = d.get("committed_at")
         if isinstance(at, (int, float)) and self.created_at is not None \
                 and at < self.created_at - CLOCK_SKEW_S:  # (walk-through 39 #5: said Info)

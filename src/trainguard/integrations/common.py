@@ -58,11 +58,21 @@ def log(message: str) -> None:
     print(f"[trainguard] {message}", file=sys.stderr, flush=True)
 
 
+# the steps of the committed checkpoints this rank's last search skipped as damaged (newest,
+# newest_file): only rank 0 tells each (CheckpointCorrupt), and another rank's Resumed may
+# reach the launcher first (walk-through 39 #13: the Resumed read before what explains it)
+_skipped: list[int] = []
+
+
 def resumed(ckpt_dir: Path | None, step: int, not_exact: str | None = None) -> None:
-    """Tell the launcher this rank resumes from `ckpt_dir` (the job's Resumed event); with
-    `not_exact`, that this resume is not exact, and why (a Warning event: the rank log alone
-    is not where anyone looks in the morning)."""
+    """Tell the launcher this rank resumes from `ckpt_dir` (the job's Resumed event), and the
+    newest damaged step skipped on the way; with `not_exact`, that this resume is not exact,
+    and why (a Warning event: the rank log alone is not where anyone looks in the morning)."""
     fields: dict[str, object] = {"step": step, "source": SOURCE_STORAGE}
+    newer = [s for s in _skipped if s > step]
+    if newer:
+        fields["skipped_step"] = max(newer)
+    _skipped.clear()
     if ckpt_dir is not None:  # absolute, as CheckpointSaved's (`events` runs elsewhere)
         fields["location"] = str(ckpt_dir.absolute())
         at = commit_time(ckpt_dir)
@@ -168,11 +178,13 @@ def newest(candidates: Iterable[tuple[int, Path]],
     """The newest committed candidate whose files are intact; when none carries a marker
     (saved before trainguard ran the job), the newest that `complete` accepts; else None."""
     ordered = list(candidates)
+    _skipped.clear()
     for step, d in ordered:
         if is_committed(d):
             why = damage(d)
             if why is None:
                 return d
+            _skipped.append(step)
             if os.environ.get("RANK", "0") == "0":  # every rank skips it; one tells
                 channel.send(MessageKind.CHECKPOINT_CORRUPT, step=step, status="damaged",
                              reason=f"{why}; the one before it is tried", location=str(d))
@@ -296,6 +308,7 @@ def _tell_damaged(damaged: list[tuple[int, Path, str]], set_aside: bool) -> None
     `<name>.damaged` and removes its marker, so that the step's next save takes its name
     again (walk-through 35 F12: Lightning found the name taken, wrote `-v1` beside it, and
     the damaged file stayed marked, failing `ckpt verify` and met by every later resume)."""
+    _skipped[:] = [step for step, _, _ in damaged]
     if os.environ.get("RANK", "0") != "0":
         return
     for step, f, why in damaged:

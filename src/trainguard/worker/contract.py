@@ -213,7 +213,9 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
                           "borrowed_from": _int(0, MAX_INT32, nullable=True),
                           "not_exact": _text(MAX_TEXT),  # why this resume is not exact
                           # when the checkpoint was committed (a trainer integration's marker)
-                          "committed_at": Field(float, low=0.0, high=MAX_TIME)},
+                          "committed_at": Field(float, low=0.0, high=MAX_TIME),
+                          # the newest committed step skipped as damaged (CheckpointCorrupt)
+                          "skipped_step": _int(-MAX_INT64 - 1, MAX_INT64)},
     MessageKind.LOG_WRITE_FAILED: {"error": _text(MAX_TEXT, required=True)},
     MessageKind.AUTO_RESUME_UNUSED: {"why": _text(MAX_TEXT, required=True)},
     MessageKind.CONTROL_UNREACHABLE: {"off": _text(MAX_TEXT, required=True),
