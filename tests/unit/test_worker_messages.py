@@ -98,6 +98,12 @@ def test_a_slurm_requeue_s_own_checkpoints_are_no_other_run_s(
         rec = Recorder(spec, paths, store, ["train.py"])
         rec.begin()
         assert rec.messages.created_at is None
+        # requeued into its own job dir again: the store knows when the job was created
+        # (review 48 #6: the check was dropped there too)
+        again = Recorder(spec, paths, store, ["train.py"])
+        again.begin()
+        assert again.messages.created_at == datetime.fromisoformat(
+            str(store.meta()["created_at"])).timestamp()
         monkeypatch.delenv("SLURM_RESTART_COUNT")
         fresh = Recorder(spec, paths, store, ["train.py"])
         fresh.begin()

@@ -93,10 +93,12 @@ class Recorder:
                             int(requeues) + 1 if requeues.isdigit() else 1)
         self._note_previous(previous)
         self.slot_moves = slot_moves(previous)
-        created = datetime.fromisoformat(str(previous["created_at"])) \
-            if previous.get("created_at") else launched_at()
-        self.messages.created_at = None if requeues.isdigit() and int(requeues) > 0 else \
-            created.timestamp()
+        known = previous.get("created_at")
+        created = datetime.fromisoformat(str(known)) if known else launched_at()
+        # a Slurm requeue into a new job dir: its checkpoints are its own though older than
+        # this store (review 47 #4); one into its own job dir keeps the check (review 48 #6)
+        requeued_anew = requeues.isdigit() and int(requeues) > 0 and not known
+        self.messages.created_at = None if requeued_anew else created.timestamp()
         self.store.set_meta(
             launches=self.launches, run_id=self.spec.run_id, state=JobState.PENDING.value,
             command=self.argv, job_dir=str(self.paths.job_dir),
