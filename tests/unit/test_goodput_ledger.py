@@ -325,6 +325,13 @@ def test_a_job_whose_checkpoints_are_its_only_progress_counts_from_its_first_out
     step0 = Save(at=50.0, attempt=0, step=0, blocked_s=None, resumed_before_s=0.0,
                  on_exit=False, by_agent=False)
     assert not ledger_input({"state": "failed"}, [], [], [step0], [], None, now).reports_no_steps
+    # review 48 #5: nor did a save of the step its attempt resumed from (an exit save while
+    # it still loaded): only a commit past that step is training
+    def no_steps(resumed: dict[int, int]) -> bool:
+        return ledger_input({"state": "failed"}, [], [], [save], [], None, now,
+                            resumed=resumed).reports_no_steps
+
+    assert not no_steps({0: 100}) and no_steps({0: 40}) and no_steps({1: 100})
     # a job that reports steps and checkpoints stays a step-reporting one
     stepping = ledger_input({"state": "running"}, [], [(0, 10, 40.0)], [save], [], None, now)
     assert not stepping.reports_no_steps
@@ -333,3 +340,31 @@ def test_a_job_whose_checkpoints_are_its_only_progress_counts_from_its_first_out
     assert math.isclose(g.productive_s, 8.0) and g.to_dict()["output_counts"]
     assert not account(LedgerInput(start=0.0, end=9.0, attempts=[a0],
                                    reports_no_steps=False)).to_dict()["output_counts"]
+
+
+def test_the_goodput_of_a_job_reads_the_step_each_attempt_resumed_from(tmp_path: Path) -> None:
+    """Review 48 #5 through the store: a job that resumed another run's step 500 and saved
+    step 500 again on its way out, reporting no step, read 99.5% productive."""
+    from datetime import datetime, timezone
+
+    from trainguard.controller.store import JobStore
+    from trainguard.goodput.read import job_goodput
+    from trainguard.records import Event, Involved, Level, Reason, RunningRecord, StartType
+
+    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    at = datetime.fromtimestamp(t0.timestamp() + 995, timezone.utc)
+    with JobStore.create(tmp_path / "job", "r") as s:
+        s.set_meta(state="failed", created_at=t0.isoformat(),
+                   ended_at=datetime.fromtimestamp(t0.timestamp() + 1000, timezone.utc)
+                   .isoformat())
+        rec = RunningRecord(0, t0, StartType.FIRST_START)
+        rec.first_output_at = datetime.fromtimestamp(t0.timestamp() + 5, timezone.utc)
+        rec.end_at = datetime.fromtimestamp(t0.timestamp() + 1000, timezone.utc)
+        s.put_running(rec)
+        who = Involved(job="r", rank=0, attempt=0)
+        s.add_event(Event(t0, Level.INFO, Reason.RESUMED.value, "resumed", who, {"step": 500}))
+        s.add_event(Event(at, Level.INFO, Reason.CHECKPOINT_SAVED.value, "saved", who,
+                          {"step": 500, "on_exit": True}))
+    with JobStore.open(tmp_path / "job") as r:
+        g = job_goodput(r)
+    assert g.productive_s == 0 and not g.to_dict()["output_counts"]

@@ -80,13 +80,17 @@ def job_goodput(store: JobStore, now: datetime | None = None,
               if a is not None]
     relaunches = [t for t, _, _ in store.event_values(Reason.JOB_RELAUNCHED.value, ())]
     told = bool(store.event_values(Reason.NO_PROGRESS_SIGNAL.value, ()))
+    resumed: dict[int, int] = {}
+    for _, a, (step,) in store.event_values(Reason.RESUMED.value, ("step",)):
+        if a is not None and isinstance(step, int):
+            resumed[a] = max(step, resumed.get(a, step))
     last_event = store.last_event_time()
     return account(ledger_input(store.meta() if meta is None else meta,
                                 store.running_records() if records is None else records,
                                 store.progress(),
                                 saves(store) if commits is None else commits, hangs,
                                 last_event, now or utcnow(), queues, relaunches,
-                                snapshot_reports(store), told))
+                                snapshot_reports(store), told, resumed))
 
 
 def ledger_input(meta: dict[str, object], records: list[RunningRecord],
@@ -95,10 +99,12 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                  now: datetime, queues: list[tuple[int, float]] | None = None,
                  relaunches: list[float] | None = None,
                  snapshots: list[SnapshotReport] | None = None,
-                 told_no_steps: bool = False) -> LedgerInput:
+                 told_no_steps: bool = False,
+                 resumed: dict[int, int] | None = None) -> LedgerInput:
     """`relaunches`: when each relaunch of the job dir began (its JobRelaunched event);
     `snapshots`: the memory snapshots' blocking, booked as checkpoint_blocking;
-    `told_no_steps`: its ranks were found printing without step reports (NoProgressSignal)."""
+    `told_no_steps`: its ranks were found printing without step reports (NoProgressSignal);
+    `resumed`: attempt -> the step it resumed from (its Resumed events)."""
     attempts = [Attempt(r.attempt, r.start_at.timestamp(), _ts(r.end_at),
                         r.start_type in _LAUNCHES, _ts(r.first_output_at),
                         _began(r.start_at.timestamp(), relaunches or [])
@@ -114,9 +120,12 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
         for rec in records for rr in rec.recover_records]
     # a job that committed a checkpoint past step 0 with no step report at all reports none
     # (review 46 #1: NoProgressSignal never comes to a job whose checkpoints are its progress;
-    # review 47 #5: a step-0 save before a step-reporting job's first step trained nothing)
+    # review 47 #5: a step-0 save before a step-reporting job's first step trained nothing;
+    # review 48 #5: nor did a save of the step its attempt resumed from)
+    since = resumed or {}
     no_steps = told_no_steps or shown_state(meta) == JobState.SUCCEEDED.value or (
-        any(c.step for c in commits) and not samples)
+        any(c.step and c.step > since.get(c.attempt if c.attempt is not None else -1, 0)
+            for c in commits) and not samples)
     samples = samples + _commits_beyond(samples, commits)
     created = _meta_ts(meta.get("created_at"))
     start = created if created is not None else (
