@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -458,28 +459,42 @@ def test_a_mid_epoch_lightning_resume_with_a_plain_dataloader_says_it_is_not_exa
             "torchdata StatefulDataLoader resumes where it stopped") in err, err
 
 
-def test_auto_resume_of_the_other_framework_says_so_once(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_auto_resume_of_the_other_framework_says_so_once_when_its_trainer_runs(
+        tmp_path: Path) -> None:
     """Walk-through 25: `--auto-resume hf` on a Lightning script (and the reverse) resumed
-    nothing and said nothing; the job trained again from step 0."""
+    nothing and said nothing; the job trained again from step 0. Review 48 #2: said when the
+    other framework's Trainer runs, not when its module is imported (an HF script importing
+    Lightning's seed_everything was told nothing resumes it). A real interpreter under the
+    site hook, as `trainguard run --auto-resume hf` starts a rank."""
+    import subprocess
     import sys
 
-    from trainguard.integrations.autoresume import _WrongFramework
+    from trainguard.integrations.autoresume import site_dir
+    from trainguard.worker.contract import ENV_AUTO_RESUME
 
-    finder = _WrongFramework("hf")
-    sys.meta_path.insert(0, finder)
-    try:
-        assert finder.find_spec("torch.nn", None) is None  # another module: nothing said
-        assert capsys.readouterr().err == ""
-        assert finder.find_spec("pytorch_lightning.trainer.trainer", None) is None
-    finally:
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
-    err = capsys.readouterr().err
-    assert ("--auto-resume hf is on, but this script loads Lightning's Trainer "
-            "(pytorch_lightning.trainer.trainer)") in err and \
-        "Fix: run with --auto-resume lightning" in err, err
-    assert finder not in sys.meta_path  # said once: it left the import path
+    script = tmp_path / "both.py"
+    script.write_text(
+        "import sys\n"
+        "from pytorch_lightning import seed_everything\n"
+        "seed_everything(0)\n"
+        "print('imported', file=sys.stderr, flush=True)\n"
+        "import pytorch_lightning as pl\n"
+        "for _ in range(2):\n"
+        "    try:\n"
+        "        pl.Trainer.fit(None)  # the script runs Lightning's Trainer (none: it raises)\n"
+        "    except Exception:\n"
+        "        pass\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [site_dir(), *filter(None, [os.environ.get("PYTHONPATH")])]), ENV_AUTO_RESUME: "hf"}
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [line for line in r.stderr.splitlines() if "--auto-resume hf is on" in line]
+    assert r.stderr.index("imported") < r.stderr.index("--auto-resume hf is on"), r.stderr
+    assert said == ["[trainguard] --auto-resume hf is on, but this script trains with "
+                    "Lightning's Trainer (pytorch_lightning.trainer.trainer.Trainer.fit), which "
+                    "it does not patch: nothing resumes it from a checkpoint. Fix: run with "
+                    "--auto-resume lightning"], r.stderr[-2000:]
 
 
 def test_lightning_validation_and_its_sanity_check_are_phases(

@@ -9,13 +9,14 @@ sys.meta_path waits for the framework's module and patches it right after it loa
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -29,49 +30,67 @@ TARGETS = {"hf": ("transformers.trainer", "trainguard.integrations.hf"),
                          "trainguard.integrations.lightning")}
 
 
-# framework -> the modules that show the script trains with the other one (a wrong flag)
-OTHERS = {"hf": ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer"),
-          "lightning": ("transformers.trainer",)}
+# framework -> the modules whose Trainer, when the script runs it, shows that the script
+# trains with the other framework (a wrong flag), and that Trainer's entry point
+OTHERS = {"hf": (("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer"),
+                 "fit"),
+          "lightning": (("transformers.trainer",), "train")}
 FLAGS = {"hf": "transformers' Trainer", "lightning": "Lightning's Trainer"}
+_WARNS = "__trainguard_warns__"
 
 
-class _WrongFramework(importlib.abc.MetaPathFinder):
-    """Says once, on the rank's stderr, that the script loads the other framework's Trainer:
-    `--auto-resume hf` on a Lightning script resumed nothing and said nothing
-    (walk-through 25). Finds no module itself."""
+def warn_when_run(module: ModuleType, framework: str) -> None:
+    """Wrap the other framework's Trainer entry point (OTHERS) in `module` to say, the first
+    time the script calls it, that --auto-resume `framework` does not patch it: on the
+    rank's stderr and as an AutoResumeUnused event (walk-through 25, 39 #12). Said when
+    run, not when imported (review 48 #2: an HF script importing Lightning's
+    seed_everything loads its Trainer module, and was told nothing resumes it while its
+    transformers Trainer did)."""
+    entry = OTHERS[framework][1]
+    cls = getattr(module, "Trainer", None)
+    original = getattr(cls, entry, None)
+    if cls is None or original is None or getattr(original, _WARNS, False):
+        return
+    other = "lightning" if framework == "hf" else "hf"
+    said: list[bool] = []
 
-    def __init__(self, framework: str) -> None:
-        self.framework = framework
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname in OTHERS.get(self.framework, ()):
-            sys.meta_path.remove(self)
-            other = "lightning" if self.framework == "hf" else "hf"
-            why = (f"--auto-resume {self.framework} is on, but this script loads "
-                   f"{FLAGS[other]} ({fullname}), which it does not patch: nothing resumes it "
-                   f"from a checkpoint. Fix: run with --auto-resume {other}")
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not said:
+            said.append(True)
+            why = (f"--auto-resume {framework} is on, but this script trains with "
+                   f"{FLAGS[other]} ({module.__name__}.Trainer.{entry}), which it does not "
+                   f"patch: nothing resumes it from a checkpoint. Fix: run with --auto-resume "
+                   f"{other}")
             print(f"[trainguard] {why}", file=sys.stderr, flush=True)
             channel.send(MessageKind.AUTO_RESUME_UNUSED, why=why)  # an event (walk-through 39)
-        return None
+        return original(*args, **kwargs)
+
+    setattr(wrapper, _WARNS, True)
+    setattr(cls, entry, wrapper)
 
 
-class _PatchAfterLoad(importlib.abc.MetaPathFinder):
-    def __init__(self, module: str, patcher: str) -> None:
-        self.module, self.patcher = module, patcher
+class _AfterLoad(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` right after one of `modules` loads (once each); finds no module
+    itself: the other finders do."""
+
+    def __init__(self, modules: Sequence[str], then: Callable[[ModuleType], None]) -> None:
+        self.modules, self.then = set(modules), then
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.module:
+        if fullname not in self.modules:
             return None
+        self.modules.discard(fullname)
         sys.meta_path.remove(self)  # find the real spec with the other finders
         try:
             spec: importlib.machinery.ModuleSpec | None = importlib.util.find_spec(fullname)
         finally:
-            sys.meta_path.insert(0, self)
+            if self.modules:
+                sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return spec
-        loader, patcher = spec.loader, self.patcher
+        loader, then = spec.loader, self.then
 
         class _Loader(importlib.abc.Loader):
             def create_module(self, spec: Any) -> ModuleType | None:
@@ -80,23 +99,31 @@ class _PatchAfterLoad(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module: ModuleType) -> None:
                 loader.exec_module(module)
-                importlib.import_module(patcher).patch()
+                then(module)
 
         spec.loader = _Loader()
         return spec
 
 
 def install() -> None:
-    """Patch the framework named by TRAINGUARD_AUTO_RESUME (now if already imported)."""
+    """Patch the framework named by TRAINGUARD_AUTO_RESUME (now if already imported), and
+    watch for the other framework's Trainer being run."""
     framework = os.environ.get(ENV_AUTO_RESUME, "")
     if framework not in TARGETS:
         return
     module, patcher = TARGETS[framework]
-    sys.meta_path.insert(0, _WrongFramework(framework))
+    others = OTHERS[framework][0]
+    for name in others:
+        if name in sys.modules:
+            warn_when_run(sys.modules[name], framework)
+    unloaded = [n for n in others if n not in sys.modules]
+    if unloaded:
+        sys.meta_path.insert(0, _AfterLoad(unloaded, lambda m: warn_when_run(m, framework)))
     if module in sys.modules:
         importlib.import_module(patcher).patch()
         return
-    sys.meta_path.insert(0, _PatchAfterLoad(module, patcher))
+    sys.meta_path.insert(0, _AfterLoad([module],
+                                       lambda _: importlib.import_module(patcher).patch()))
 
 
 def site_dir() -> str:
