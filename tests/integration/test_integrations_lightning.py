@@ -222,3 +222,76 @@ def test_a_damaged_committed_ckpt_is_told_and_the_one_before_it_taken(
     assert (out / "epoch=1-step=8.ckpt.damaged").stat().st_size == 5000
     r = run_tg(["ckpt", "verify", str(out)], cwd=tmp_path, timeout=60)
     assert r.returncode == 0 and "is valid" in r.stdout, r.stdout + r.stderr
+
+
+VALIDATION_HANG = """\
+import time
+import torch
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader, TensorDataset
+from trainguard.integrations.lightning import fit
+
+
+class M(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, i):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.lin(x), y)
+
+    def validation_step(self, batch, i):
+        print(f"validation batch {i}", flush=True)
+        time.sleep(600 if i == 2 else 4)  # two slow batches, then one that never returns
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(32, 2), torch.randn(32, 1))
+trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False,
+                     enable_progress_bar=False, enable_model_summary=False,
+                     enable_checkpointing=False, num_sanity_val_steps=0)
+fit(trainer, M(), DataLoader(data, batch_size=4), DataLoader(data, batch_size=4))
+"""
+
+
+def test_a_validation_batch_that_never_returns_is_a_hang_within_the_batch_allowance(
+        tmp_path: Path) -> None:
+    """Review 48 #1: the validation phase (review 47 #1) had the 30-minute phase allowance,
+    so a batch that never returned (a DDP evaluation whose ranks disagree on a collective,
+    a stuck loader) went unconfirmed that long, whatever --hang-timeout said. Each batch
+    renews the phase with TRAINGUARD_EVAL_BATCH_S (here 6 s, above the fixed 3 s threshold):
+    two 4 s batches pass (longer than the threshold, and together than the allowance), the
+    third is confirmed hung in the validation phase; the hang is left running (no
+    --restart-on-hang) and `trainguard stop` ends it."""
+    import os
+    import time
+
+    script = tmp_path / "val_hang.py"
+    script.write_text(VALIDATION_HANG)
+    job = tmp_path / "job"
+    proc = subprocess.Popen(
+        [*TG, "run", "--nproc-per-node", "1", "--job-dir", str(job), "--hang-timeout", "3",
+         str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TRAINGUARD_EVAL_BATCH_S": "6"})
+    try:
+        deadline = time.monotonic() + 150
+        events: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)
+            if (job / "trainguard.db").exists():
+                events = read_json("events", job)
+                if any(e["reason"] == "HangConfirmed" for e in events):
+                    break
+        confirmed = [e["message"] for e in events if e["reason"] == "HangConfirmed"]
+        assert len(confirmed) == 1 and "phase 'validation' allowance 6s" in confirmed[0], \
+            [e["message"] for e in events][-5:]
+        suspected = [e["message"] for e in events if e["reason"] == "HangSuspected"]
+        assert all("phase 'validation'" in m for m in suspected), suspected
+    finally:
+        subprocess.run([*TG, "stop", str(job)], cwd=tmp_path, capture_output=True, timeout=60)
+        out, _ = proc.communicate(timeout=60)
+    assert "validation batch 2" in out and "validation batch 3" not in out, out[-3000:]

@@ -497,64 +497,95 @@ def test_auto_resume_of_the_other_framework_says_so_once_when_its_trainer_runs(
                     "--auto-resume lightning"], r.stderr[-2000:]
 
 
-def test_lightning_validation_and_its_sanity_check_are_phases(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+class _Phase:
+    """trainguard.phase's stand-in: records each mark (name, allowance) instead of sending."""
+
+    marks: list[tuple[str, str, float | None]] = []
+
+    def __init__(self, name: str, timeout_s: float | None = None) -> None:
+        self.name, self.timeout_s = name, timeout_s
+
+    def __enter__(self) -> None:
+        _Phase.marks.append(("begin", self.name, self.timeout_s))
+
+    def __exit__(self, *exc: object) -> None:
+        _Phase.marks.append(("end", self.name, self.timeout_s))
+
+
+@pytest.fixture
+def phases(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, float | None]]:
+    """The marks the integrations make, each batch renewing at once (RENEW_S 0), with a
+    7 s per-batch allowance from the environment."""
+    from trainguard.integrations import marked
+    from trainguard.worker.contract import ENV_EVAL_BATCH_S
+
+    monkeypatch.setattr(marked, "phase", _Phase)
+    monkeypatch.setattr(marked, "RENEW_S", 0.0)
+    monkeypatch.setenv(ENV_EVAL_BATCH_S, "7")
+    _Phase.marks = []
+    return _Phase.marks
+
+
+def test_lightning_marks_validation_sanity_check_test_and_predict_renewed_each_batch(
+        phases: list[tuple[str, str, float | None]]) -> None:
     """Review 47 #1: validation reports no step; after a short first epoch of fast steps
     (an 8 s threshold) a longer validation was confirmed hung, and with --restart-on-hang a
-    healthy job failed. Each validation and sanity check is a phase (its own allowance)."""
+    healthy job failed. Each validation and sanity check is a phase. Review 48 #1: an
+    unbounded phase waited 30 minutes for a batch that never returned: each batch renews it
+    with the per-batch allowance; #3: test and predict are marked too."""
     from types import SimpleNamespace
 
     from trainguard.integrations import lightning
 
-    marks: list[tuple[str, str]] = []
-
-    class Phase:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def __enter__(self) -> None:
-            marks.append(("begin", self.name))
-
-        def __exit__(self, *exc: object) -> None:
-            marks.append(("end", self.name))
-
-    monkeypatch.setattr(lightning, "phase", Phase)
     cb = lightning.TrainguardCallback()
     trainer: Any = SimpleNamespace(sanity_checking=True)
     cb.on_sanity_check_start(trainer, None)
     cb.on_validation_start(trainer, None)  # Lightning calls it inside the sanity check too
+    cb.on_validation_batch_end(trainer, None, None, None, 0)
     cb.on_validation_end(trainer, None)
     cb.on_sanity_check_end(trainer, None)
     trainer.sanity_checking = False
     cb.on_validation_start(trainer, None)
+    cb.on_validation_batch_end(trainer, None, None, None, 0)
     cb.on_exception(trainer, None, RuntimeError("boom"))  # a validation that raised
     cb.on_validation_end(trainer, None)  # (not called then; harmless if it is)
-    assert marks == [("begin", "sanity check"), ("end", "sanity check"),
-                     ("begin", "validation"), ("end", "validation")]
+    cb.on_test_start(trainer, None)
+    cb.on_test_batch_end(trainer, None, None, None, 0)
+    cb.on_test_end(trainer, None)
+    cb.on_predict_start(trainer, None)
+    cb.on_predict_end(trainer, None)
+    assert phases == [(edge, name, 7.0) for name, edges in (
+        ("sanity check", ["begin", "end", "begin", "end"]),
+        ("validation", ["begin", "end", "begin", "end"]),
+        ("test", ["begin", "end", "begin", "end"]),
+        ("prediction", ["begin", "end"])) for edge in edges]
 
 
-def test_an_hf_evaluation_is_a_phase(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Review 47 #1's HF twin: Trainer.evaluate between steps reports no step either."""
+def test_an_hf_evaluation_and_prediction_are_phases_renewed_each_batch(
+        monkeypatch: pytest.MonkeyPatch, phases: list[tuple[str, str, float | None]]) -> None:
+    """Review 47 #1's HF twin: Trainer.evaluate between steps reports no step either; review
+    48 #1 #3: each prediction step renews it, and Trainer.predict is marked too."""
     from transformers import Trainer
 
     from trainguard.integrations import hf
 
-    marks: list[str] = []
+    cb = hf.TrainguardCallback()
 
-    class Phase:
-        def __init__(self, name: str) -> None:
-            self.name = name
+    def work(self: Any, *a: Any, **k: Any) -> dict[str, float]:
+        phases.append(("work", "", None))
+        cb.on_prediction_step(None, None, None)  # Trainer's callback after each batch
+        return {"eval_loss": 1.0}
 
-        def __enter__(self) -> None:
-            marks.append(f"begin {self.name}")
-
-        def __exit__(self, *exc: object) -> None:
-            marks.append(f"end {self.name}")
-
-    monkeypatch.setattr(hf, "phase", Phase)
-    monkeypatch.setattr(Trainer, "evaluate",
-                        lambda self, *a, **k: marks.append("evaluate") or {"eval_loss": 1.0})
+    monkeypatch.setattr(Trainer, "evaluate", work)
+    monkeypatch.setattr(Trainer, "predict", work)
     hf.patch_evaluate()
     hf.patch_evaluate()  # idempotent: one phase, not two
     assert Trainer.evaluate(object()) == {"eval_loss": 1.0}  # type: ignore[arg-type]
-    assert marks == ["begin evaluation", "evaluate", "end evaluation"]
+    with pytest.raises(ZeroDivisionError):  # a prediction that raises ends its phase
+        monkeypatch.setattr(Trainer, "predict", lambda self: 1 / 0)
+        hf.patch_evaluate()
+        Trainer.predict(object())  # type: ignore[arg-type]
+    assert phases == [("begin", "evaluation", 7.0), ("work", "", None),
+                      ("end", "evaluation", 7.0), ("begin", "evaluation", 7.0),
+                      ("end", "evaluation", 7.0),
+                      ("begin", "prediction", 7.0), ("end", "prediction", 7.0)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from trainguard.hang.detector import HangDetector, HangPolicy, HangState, p99
 from trainguard.protocol import RankLiveness
 
@@ -142,6 +144,31 @@ def test_a_marked_phase_has_its_own_allowance() -> None:
     v = det.observe(ev, at(t + 61))
     assert v.state in (HangState.SUSPECTED, HangState.CONFIRMED)
     assert "phase 'eval'" in v.basis
+
+
+def test_a_phase_s_own_allowance_is_never_below_the_threshold() -> None:
+    """Review 48 #1: an evaluation batch's allowance (300 s by default) under steps slow
+    enough for a longer threshold (a fixed 600 s here) is the threshold: a phase is work slow
+    on purpose, never held to less than a step."""
+    det = HangDetector(HangPolicy(fixed_s=600.0))
+    t = run_steady(det, 1, 0.1, 5.0)
+    ev = [live(0, t, phase="validation", phase_since=t, phase_timeout=300.0)]
+    assert det.observe(ev, at(t + 350)).state == HangState.OK
+    v = det.observe(ev, at(t + 601))
+    assert v.state in (HangState.SUSPECTED, HangState.CONFIRMED)
+    assert "phase 'validation' allowance 600s" in v.basis
+
+
+def test_the_integrations_per_batch_allowance_comes_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainguard.integrations.marked import EVAL_BATCH_S, batch_allowance
+    from trainguard.worker.contract import ENV_EVAL_BATCH_S
+
+    for value, want in (("6", 6.0), ("0.5", 0.5), ("", EVAL_BATCH_S), ("abc", EVAL_BATCH_S),
+                        ("0", EVAL_BATCH_S), ("-3", EVAL_BATCH_S), ("inf", EVAL_BATCH_S),
+                        ("nan", EVAL_BATCH_S)):
+        monkeypatch.setenv(ENV_EVAL_BATCH_S, value)
+        assert batch_allowance() == want, value
 
 
 def test_progress_clears_a_suspicion_and_a_new_attempt_keeps_the_cadence() -> None:

@@ -318,7 +318,9 @@ class HangDetector:
         return (now - last).total_seconds(), threshold, None
 
     def _phase_allowance(self, rl: RankLiveness, threshold: float) -> float:
-        return rl.phase_timeout_s or max(self.policy.phase_s, threshold)
+        # never below the threshold: a phase is work slow on purpose (review 48 #1: an
+        # evaluation's per-batch allowance under slow steps)
+        return max(rl.phase_timeout_s or self.policy.phase_s, threshold)
 
     def _life(self, liveness: list[RankLiveness], now: datetime, threshold: float
               ) -> tuple[str | None, float]:

@@ -112,7 +112,7 @@ def install() -> None:
     if framework not in TARGETS:
         return
     module, patcher = TARGETS[framework]
-    others = OTHERS[framework][0]
+    others = OTHERS[framework][0] if framework in OTHERS else ()
     for name in others:
         if name in sys.modules:
             warn_when_run(sys.modules[name], framework)

@@ -43,8 +43,9 @@ from trainguard.integrations.common import (
     resumed,
 )
 from trainguard.integrations.drain import Drain
+from trainguard.integrations.marked import RenewedPhase
 from trainguard.worker.contract import ENV_ATTEMPT
-from trainguard.worker.progress import log_metrics, phase, progress
+from trainguard.worker.progress import log_metrics, progress
 
 STATE_FILE = "trainer_state.json"  # Trainer writes it last
 INCOMPLETE = "checkpoint-is-incomplete.txt"  # Trainer's save-on-SIGTERM sentinel
@@ -103,20 +104,38 @@ def patch_saves() -> None:
     Trainer._save_checkpoint = unmarking  # type: ignore[method-assign]
 
 
+_MARKED = RenewedPhase()  # the evaluation or prediction under way (one at a time)
+
+
 def patch_evaluate() -> None:
-    """Make each `Trainer.evaluate` a phase (its own hang allowance): an evaluation between
-    steps reports no step, and after a few fast steps (an 8 s threshold) a longer one read
-    as a hang (review 47 #1, Lightning's validation). Idempotent."""
-    evaluate = Trainer.evaluate
-    if getattr(evaluate, "__trainguard__", False):
-        return
+    """Make each `Trainer.evaluate` and `Trainer.predict` a phase renewed at each batch (the
+    callback's on_prediction_step; integrations/marked.py): they report no step, and after a
+    few fast steps (an 8 s threshold) a longer one read as a hang (review 47 #1; review 48
+    #3: predict too). Idempotent."""
+    for name, mark in (("evaluate", "evaluation"), ("predict", "prediction")):
+        method = getattr(Trainer, name)
+        if getattr(method, "__trainguard__", False):
+            continue
+        setattr(Trainer, name, _marking(method, mark))
 
-    def evaluating(self: Trainer, *args: Any, **kwargs: Any) -> Any:
-        with phase("evaluation"):
-            return evaluate(self, *args, **kwargs)
 
-    evaluating.__trainguard__ = True  # type: ignore[attr-defined]
-    Trainer.evaluate = evaluating  # type: ignore[method-assign]
+def _marking(method: Any, mark: str) -> Any:
+    def marking(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        outer = _MARKED.name  # (an evaluate inside another's: the outer one goes on after)
+        _MARKED.begin(mark)
+        error: BaseException | None = None
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            _MARKED.end(error)
+            if outer is not None:
+                _MARKED.begin(outer)
+
+    marking.__trainguard__ = True  # type: ignore[attr-defined]
+    return marking
 
 
 def complete(ckpt_dir: Path) -> bool:
@@ -195,6 +214,9 @@ class TrainguardCallback(TrainerCallback):
             self.drain.drained_at = int(state.global_step)
             control.should_save = True
             control.should_training_stop = True
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _MARKED.batch()  # an evaluation's or prediction's batch is done
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Trainer evaluates between the step's end and the save: the save blocks from here

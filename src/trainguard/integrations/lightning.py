@@ -52,8 +52,9 @@ from trainguard.integrations.common import (
 )
 from trainguard.integrations.drain import EXIT_CODE, Drain
 from trainguard.integrations.lightning_loaders import sampler_epoch_first
+from trainguard.integrations.marked import RenewedPhase
 from trainguard.worker import channel
-from trainguard.worker.progress import log_metrics, phase, progress
+from trainguard.worker.progress import log_metrics, progress
 
 SUFFIX = ".ckpt"
 STEP_IN_NAME = re.compile(r"step=(\d+)")  # ModelCheckpoint's default name: epoch=E-step=S
@@ -118,36 +119,49 @@ class TrainguardCallback(Callback):
     def __init__(self) -> None:
         self.drain = Drain()
         self._last_step: int | None = None
-        self._evaluating: phase | None = None  # a validation or sanity check under way
+        self._marked = RenewedPhase()  # a validation, sanity check, test or prediction
 
-    # validation reports no step: a phase of its own, or a short first epoch followed by a
-    # long validation read as a hang (review 47 #1: the fast steps taught an 8 s threshold)
+    # they report no step: a phase of its own each, renewed at each batch (marked.py), or a
+    # short first epoch followed by a long validation read as a hang (review 47 #1: the fast
+    # steps taught an 8 s threshold), and a batch that never returns waited 30 minutes
+    # (review 48 #1); test and predict too (review 48 #3)
     def on_sanity_check_start(self, trainer: Trainer, pl_module: Any) -> None:
-        self._begin("sanity check")
+        self._marked.begin("sanity check")
 
     def on_sanity_check_end(self, trainer: Trainer, pl_module: Any) -> None:
-        self._end()
+        self._marked.end()
 
     def on_validation_start(self, trainer: Trainer, pl_module: Any) -> None:
         if not trainer.sanity_checking:
-            self._begin("validation")
+            self._marked.begin("validation")
 
     def on_validation_end(self, trainer: Trainer, pl_module: Any) -> None:
         if not trainer.sanity_checking:
-            self._end()
+            self._marked.end()
+
+    def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        self._marked.batch()
+
+    def on_test_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self._marked.begin("test")
+
+    def on_test_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        self._marked.batch()
+
+    def on_test_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self._marked.end()
+
+    def on_predict_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self._marked.begin("prediction")
+
+    def on_predict_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        self._marked.batch()
+
+    def on_predict_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self._marked.end()
 
     def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
-        self._end(exception)
-
-    def _begin(self, name: str) -> None:
-        self._end()
-        self._evaluating = phase(name)
-        self._evaluating.__enter__()
-
-    def _end(self, exception: BaseException | None = None) -> None:
-        if self._evaluating is not None:
-            self._evaluating.__exit__(type(exception) if exception else None, exception, None)
-            self._evaluating = None
+        self._marked.end(exception)
 
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         self.drain.start()

@@ -71,12 +71,13 @@ ENV_MEMORY_DIR = "TRAINGUARD_MEMORY_DIR"  # the node agent's shared-memory regio
 ENV_SHM_ROOT = "TRAINGUARD_SHM_ROOT"  # the agent makes its region there (default /dev/shm)
 ENV_MEMORY_PEER = "TRAINGUARD_MEMORY_PEER"  # "1": peer copies; keep the step pinned for them
 ENV_AUTO_RESUME = "TRAINGUARD_AUTO_RESUME"  # hf | lightning: the site hook's framework
+ENV_EVAL_BATCH_S = "TRAINGUARD_EVAL_BATCH_S"  # set by a user: an evaluation batch's allowance
 TRAINGUARD_ENV = (ENV_SOCKET, ENV_MARKER, ENV_ATTEMPT, ENV_PROCESS_START_COUNT,
                   ENV_SCHEDULE_COUNT, ENV_JOB_DIR, ENV_CHECKPOINT_DIR, ENV_DEAD_RANKS,
                   ENV_GRACE, ENV_SAVE_ON_EXIT, ENV_FAULT, ENV_STEP_RETRY,
                   ENV_STEP_RETRY_TIMEOUT, ENV_IN_PROCESS, ENV_IN_PROCESS_TIMEOUT,
                   ENV_PG_GENERATION, ENV_MEMORY_EVERY, ENV_MEMORY_DIR, ENV_SHM_ROOT,
-                  ENV_MEMORY_PEER, ENV_AUTO_RESUME)
+                  ENV_MEMORY_PEER, ENV_AUTO_RESUME, ENV_EVAL_BATCH_S)
 
 # -- the environment: torchrun's variables (set by the agent, read by the library) --------
 ENV_RANK = "RANK"
