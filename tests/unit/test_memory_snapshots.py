@@ -211,3 +211,43 @@ def test_a_save_spread_over_nodes_commits_once_every_node_wrote_its_ranks(
     assert Checkpointer(store, save_on_exit=False, memory_every=0).load_latest(
         {"model": fresh}) == 6
     assert torch.equal(fresh.weight, model.weight)
+
+
+def test_a_resume_from_memory_past_storage_is_written_by_close_unless_a_save_covers_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walk-through 40 #1: under the llm preset the storage filled up, the last save failed
+    and close() raised; the restart resumed the run's last step from the node's memory, ran
+    no step, and close() had nothing to write: the job succeeded with that step in no
+    storage (the region is freed with the job). A step resumed from memory that storage
+    does not hold is owed: close() writes the last step boundary since, unless a save at or
+    past that step started."""
+    from trainguard.worker.contract import ENV_MEMORY_DIR, ENV_RUN_ID
+
+    region, store = tmp_path / "region", tmp_path / "ckpt"
+    region.mkdir()
+    monkeypatch.setenv(ENV_MEMORY_DIR, str(region))
+    monkeypatch.setenv(ENV_RUN_ID, "run")
+    model = torch.nn.Linear(8, 4)
+
+    def attempt(steps: range, every: int = 100) -> tuple[int | None, list[int]]:
+        ckpt = Checkpointer(store, save_on_exit=False, memory_every=1, every_steps=every,
+                            async_save=False)
+        start = ckpt.load_latest({"model": model})
+        for step in steps:
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            ckpt.maybe_save(step, {"model": model})
+        ckpt.close()
+        return start, [c.step for c in ckpt.list()]
+
+    assert attempt(range(1, 4)) == (None, [])  # snapshots 1..3 in memory, none saved
+    assert attempt(range(4, 4)) == (3, [3])  # resumed at the last step: close() writes it
+    assert attempt(range(4, 4)) == (3, [3])  # storage holds it now: nothing owed
+    assert attempt(range(4, 6)) == (3, [3])  # a restart from storage owes nothing either
+    weight = model.weight.detach().clone()  # memory (step 5) is past storage (3) again
+    assert attempt(range(6, 8)) == (5, [7, 3])  # steps on, no save due: the last one written
+    fresh = torch.nn.Linear(8, 4)
+    assert Checkpointer(store, save_on_exit=False, memory_every=0).load_latest(
+        {"model": fresh}) == 7
+    assert torch.equal(fresh.weight, weight + 2.0)
+    assert attempt(range(8, 11), every=2)[1] == [10, 8, 7]  # a save at or past 8: none extra

@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Any, Literal
 
 from trainguard import __version__
@@ -30,19 +31,16 @@ from trainguard.checkpoint.attempt import job_run_id, rank_and_world, reduce_int
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
-from trainguard.checkpoint.manifest import Verdict
 from trainguard.checkpoint.memory_tier import MemoryTier, memory_every_from_env
-from trainguard.checkpoint.resume import resume
+from trainguard.checkpoint.resume import resume, tell_skipped
 from trainguard.checkpoint.save_report import SaveReporter, last_save_lost, newest_kept
 from trainguard.checkpoint.saving import SaveJob, SaveResult, run_save
 from trainguard.checkpoint.sharded import save_sharded
 from trainguard.checkpoint.state import RNG_KEY, BufferPool, capture_rng, split, stage
 from trainguard.checkpoint.storage import Storage
-from trainguard.worker import channel
 from trainguard.worker.contract import (
     CHECKPOINT_PHASE,
     ENV_CHECKPOINT_DIR,
-    MessageKind,
 )
 from trainguard.worker.imports import report_once as report_imports
 from trainguard.worker.progress import phase
@@ -95,6 +93,12 @@ class Checkpointer:
         # skipped (if_busy="skip") at the newest step boundary: close() saves it (F10)
         self._skipped: tuple[int, Mapping[str, Any], dict[str, Any]] | None = None
         self._sharded = False  # the state has sharded (DCP) parts: known from the first save
+        # resumed from memory past storage's newest: that step, and the last step boundary
+        # since; close() writes it unless a save at or past the step started (walk-through
+        # 40 #1: resumed at the run's last step after the storage filled up, the loop ran no
+        # step, and the job succeeded with its state only in the node's memory, freed at its end)
+        self._owed: int | None = None
+        self._boundary: tuple[int, Mapping[str, Any]] | None = None
         self.last_saved_step: int | None = None  # committed (rank 0), or found committed
         self.last_written_step: int | None = None  # this rank's part is durable (any rank)
         self.last_blocked_s: float | None = None
@@ -114,6 +118,7 @@ class Checkpointer:
         the next save: the steps until then could not be kept; walk-through 24)."""
         self._raise_if_failing()
         self._skipped = None  # a newer step boundary: the skipped state is gone
+        self._boundary = (step, state) if self._owed is not None else None
         saves = bool(self.every_steps and step % self.every_steps == 0)
         if self._exit is not None:
             self._exit.step_done(step, state, saves)
@@ -127,6 +132,7 @@ class Checkpointer:
         Returns False when skipped because a save is still in flight (if_busy="skip").
         """
         self._skipped = None
+        self._boundary = (step, state) if self._owed is not None else None
         if self._exit is not None:
             self._exit.step_done(step, state, True)  # a step boundary too
         return self._save(step, state)
@@ -309,7 +315,7 @@ class Checkpointer:
         now); raise CheckpointError when it failed (no
         save follows: the rank must not end as if its state were kept; walk-through 27)."""
         try:
-            final, self._skipped = self._skipped, None
+            final, self._skipped = self._skipped or self._owed_save(), None
             # the save in flight is the last only when no skipped step follows it (review 38
             # #2: its failure said "no save follows", then close() saved the skipped step)
             self._closing = final is None
@@ -342,6 +348,14 @@ class Checkpointer:
             if self._memory is not None:
                 self._memory.close()
 
+    def _owed_save(self) -> tuple[int, Mapping[str, Any], dict[str, Any]] | None:
+        """The last step boundary, when its state is in no storage (self._owed)."""
+        started = self._pending_step[0] if self._pending_step is not None else None
+        if self._owed is None or self._boundary is None or (
+                started is not None and started >= self._owed):
+            return None
+        return (*self._boundary, capture_rng())
+
     # -- loading --------------------------------------------------------------------------
 
     def load_latest(self, state: Mapping[str, Any]) -> int | None:
@@ -352,21 +366,13 @@ class Checkpointer:
 
     def _load_latest(self, state: Mapping[str, Any]) -> int | None:
         self.wait()
-        step, from_storage = resume(self.storage, state, self.rank, self.world_size,
-                                    self._memory, self._report)
-        if from_storage:
+        step, stored = resume(self.storage, state, self.rank, self.world_size, self._memory,
+                              partial(tell_skipped, self._bad_steps, self.storage.location))
+        if stored:
             self.last_saved_step = step
+        elif step is not None:  # from memory, newer than storage: no storage holds it
+            self._owed, self._boundary = step, (step, state)
         return step
-
-    def _report(self, verdict: Verdict, tell: bool) -> None:
-        if not verdict.misplaced:  # a misplaced one is kept for the person to move back
-            self._bad_steps.add(verdict.step)
-        log.warning("skipping checkpoint step %s (%s): %s", verdict.step,
-                    verdict.status.value, verdict.reason)
-        if tell:  # the lowest rank that failed, with its own reason (walk-through 22)
-            channel.send(MessageKind.CHECKPOINT_CORRUPT, step=verdict.step,
-                         status=verdict.status.value, reason=verdict.reason,
-                         location=self.storage.location)
 
     # -- listing --------------------------------------------------------------------------
 

@@ -31,7 +31,8 @@ log = logging.getLogger("trainguard.checkpoint.checkpointer")  # the Checkpointe
 def resume(storage: Storage, state: Mapping[str, Any], rank: int, world_size: int,
            memory: MemoryTier | None, report: Callable[[Verdict, bool], None],
            ) -> tuple[int | None, bool]:
-    """Load into `state`; (the step loaded or None, whether it came from storage)."""
+    """Load into `state`; (the step loaded or None, whether storage holds it: loaded from
+    there, or from memory at the step of storage's newest valid checkpoint)."""
     try:  # a store that cannot be reached is said as such, not as a library's traceback
         steps = storage.steps()  # listed once (a request on object storage)
     except Exception as e:
@@ -42,7 +43,8 @@ def resume(storage: Storage, state: Mapping[str, Any], rank: int, world_size: in
     if not steps:  # a bucket that does not exist is not "nothing saved yet" (F2)
         storage.check_bucket()
     if memory is not None:
-        step, tree, origin = memory.resume_step(newest_valid_step(storage, steps))
+        stored = newest_valid_step(storage, steps)
+        step, tree, origin = memory.resume_step(stored)
         if step is not None:
             apply(state, tree["replicated"], "replicated")
             rng = tree["rank"].pop(RNG_KEY, None)
@@ -51,7 +53,7 @@ def resume(storage: Storage, state: Mapping[str, Any], rank: int, world_size: in
                 restore_rng(rng)
             channel.send(MessageKind.RESUMED, step=step, location=storage.location,
                          source=SOURCE_PEER if origin else SOURCE_MEMORY)
-            return step, False
+            return step, step == stored
     loaded = load_newest(storage, rank, partial(agree, rank, world_size), report, steps)
     if loaded is None:
         if rank == 0:
@@ -73,3 +75,16 @@ def resume(storage: Storage, state: Mapping[str, Any], rank: int, world_size: in
     channel.send(MessageKind.RESUMED, step=loaded.step, location=storage.location,
                  source=SOURCE_STORAGE, own_part=own, borrowed_from=loaded.borrowed_from)
     return loaded.step, True
+
+
+def tell_skipped(bad_steps: set[int], location: str, verdict: Verdict, tell: bool) -> None:
+    """A checkpoint a resume passed over: logged; remembered in `bad_steps` (re-saved when
+    reached) unless misplaced (kept for the person to move back); told to the launcher by the
+    lowest rank that failed, with its own reason (walk-through 22)."""
+    if not verdict.misplaced:
+        bad_steps.add(verdict.step)
+    log.warning("skipping checkpoint step %s (%s): %s", verdict.step,
+                verdict.status.value, verdict.reason)
+    if tell:
+        channel.send(MessageKind.CHECKPOINT_CORRUPT, step=verdict.step,
+                     status=verdict.status.value, reason=verdict.reason, location=location)
