@@ -143,6 +143,15 @@ def test_failures_of_a_full_disk_get_no_advice_to_save_more_often() -> None:
     rec.recover_records[0].category = "gpu_oom"  # another cause: the interval advice stands
     (line,) = [a for a in advice_lines(r, often) if a.startswith("checkpoints:")]
     assert line.startswith("checkpoints: every 1.0s now (too rarely)"), line
+    # walk-through 40 #4: failures that lost no step (memory, a save on the way out) are no
+    # reason to save ten times as often
+    rec.recover_records[0].steps_lost = 0
+    (line,) = [a for a in advice_lines(r, often) if a.startswith("checkpoints:")]
+    assert line.startswith("checkpoints: every 1.0s now; no failure lost a step") and \
+        "too rarely" not in line, line
+    rec.recover_records[0].steps_lost = 3
+    (line,) = [a for a in advice_lines(r, often) if a.startswith("checkpoints:")]
+    assert line.startswith("checkpoints: every 1.0s now (too rarely)"), line
 
 
 def test_a_gap_across_an_in_process_restart_is_no_interval_either() -> None:
