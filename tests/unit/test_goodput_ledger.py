@@ -368,3 +368,46 @@ def test_the_goodput_of_a_job_reads_the_step_each_attempt_resumed_from(tmp_path:
     with JobStore.open(tmp_path / "job") as r:
         g = job_goodput(r)
     assert g.productive_s == 0 and not g.to_dict()["output_counts"]
+
+
+def test_a_restart_whose_attempt_failed_again_before_a_step_is_recovery_not_other() -> None:
+    """Walk-through 40 #5: a deterministic error restarted three times, each attempt failing
+    before its first step: the backoffs and the failed attempts read `other` (57.7% of the
+    run). A restart that acted is recovery until it was found failed (the next fault)."""
+    from datetime import datetime, timedelta, timezone
+
+    from trainguard.goodput.read import ledger_input
+    from trainguard.records import (
+        FaultScenario,
+        RecoverRecord,
+        RecoverResult,
+        RunningRecord,
+        StartType,
+    )
+
+    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+    def at(s: float) -> datetime:
+        return t0 + timedelta(seconds=s)
+
+    first = RunningRecord(0, at(0), StartType.FIRST_START)
+    first.end_at = at(10)
+    second = RunningRecord(1, at(15), StartType.AUTO_RESTART)  # after a 5 s backoff
+    second.end_at = at(20)
+
+    def incident(attempt: int, detected: float, result: RecoverResult, recover: str,
+                 started: float | None, ended: float | None) -> RecoverRecord:
+        return RecoverRecord(attempt=attempt, recover_start_at=at(detected),
+                             fault_scenario=FaultScenario.ERROR_IN_LOG, reason="ValueError",
+                             related_task="worker-0", recover=recover, recover_result=result,
+                             fault_at=at(detected), detected_at=at(detected),
+                             workers_started_at=None if started is None else at(started),
+                             recover_end_at=None if ended is None else at(ended))
+
+    first.recover_records.append(incident(0, 10, RecoverResult.FAILED, "process_restart", 15, 20))
+    second.recover_records.append(incident(1, 20, RecoverResult.FAILED, "none", None, 20))
+    meta = {"created_at": at(0).isoformat(), "state": "failed", "ended_at": at(21).isoformat()}
+    g = account(ledger_input(meta, [first, second], [(0, 1, at(5).timestamp())], [], [], None,
+                             at(21)))
+    assert math.isclose(g.seconds("recovery"), 10.0), g.to_dict()  # 10 s -> 20 s
+    assert g.seconds("other") <= 1.0 + 1e-9, g.to_dict()  # the failed end's last second

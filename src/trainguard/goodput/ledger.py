@@ -9,7 +9,8 @@ overlap the higher one wins (`_LAYERS`, lowest first):
 - queued      between two launches of the same job (requeued, not running), and a
               reschedule's wait for healthy nodes (a Queuing event -> the next attempt)
 - startup     a launch -> its first step (imports, rendezvous, checkpoint load, first step)
-- recovery    a restart's workers starting -> their first step; detection -> first step
+- recovery    a restart's workers starting -> their first step; detection -> first step (or
+              -> the restart's own failure, when it failed again before a step)
 - productive  steps that survive: completed and never done again
 - checkpoint_blocking  the training loop waiting on a save or a memory snapshot
 - wasted_progress      steps a later attempt did again (it resumed from an earlier

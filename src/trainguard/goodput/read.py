@@ -13,6 +13,7 @@ from trainguard.records import (
     NO_RECOVERY,
     FaultScenario,
     Reason,
+    RecoverRecord,
     RecoverResult,
     RunningRecord,
     StartType,
@@ -111,8 +112,11 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                         if r.start_type == StartType.RELAUNCH else None) for r in records]
     incidents = [
         Incident(attempt=rr.attempt, detected=(rr.detected_at or rr.recover_start_at).timestamp(),
-                 fault=_ts(rr.fault_at), recovered=_ts(rr.first_progress_at),
-                 restarted=rr.recover_result in _RESTARTED and rr.recover != NO_RECOVERY,
+                 fault=_ts(rr.fault_at),
+                 recovered=_ts(rr.first_progress_at) or (
+                     _ts(rr.recover_end_at) if rr.recover_result == RecoverResult.FAILED
+                     else None),
+                 restarted=_acted(rr),
                  hang=rr.fault_scenario == FaultScenario.JOB_HANGED,
                  ends_attempt=rec.end_at is not None and (
                      rr.recover not in _IN_ATTEMPT or rr.recover_result not in _RESTARTED),
@@ -137,6 +141,15 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                        snapshots=[(r.at, r.blocked_s) for r in snapshots or ()],
                        hangs=hangs, queues=queues or [],
                        reports_no_steps=no_steps)
+
+
+def _acted(rr: RecoverRecord) -> bool:
+    """Whether the ladder acted on the incident, so that its time until the recovery ended
+    is recovery whatever came of it: a recovery under way or done, or one whose workers
+    started and failed again before any progress (walk-through 40 #5: the restart backoffs
+    and the attempts that never reached a step read `other`, 57.7% of a failed job)."""
+    return rr.recover != NO_RECOVERY and (rr.recover_result in _RESTARTED or (
+        rr.recover_result == RecoverResult.FAILED and rr.workers_started_at is not None))
 
 
 def _commits_beyond(samples: list[tuple[int, int, float]], commits: list[Save]
