@@ -49,6 +49,7 @@ class Reason(str, Enum):
     LOG_WRITE_FAILED = "LogWriteFailed"
     CONTROL_UNREACHABLE = "ControlUnreachable"  # a rank its agent's verdicts cannot reach
     STORE_WRITE_FAILED = "StoreWriteFailed"
+    JOB_DIR_LOW_ON_SPACE = "JobDirLowOnSpace"  # no room for the store's last writes (reserve)
     NO_PROGRESS_SIGNAL = "NoProgressSignal"  # ranks print, none reports a step
     HANG_SUSPECTED = "HangSuspected"
     HANG_CONFIRMED = "HangConfirmed"

@@ -314,7 +314,7 @@ def test_a_reader_that_cannot_write_the_dir_sees_a_live_writers_latest_meta(
     try:
         writer.set_meta(x=1)
         writer.set_meta(y=2)
-        monkeypatch.setattr("trainguard.controller.store.os.access", lambda p, mode: False)
+        monkeypatch.setattr("trainguard.controller.store_file.os.access", lambda p, mode: False)
         reader = JobStore.open(tmp_path / "job")
         try:
             assert reader.meta().get("y") == 2

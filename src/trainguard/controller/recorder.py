@@ -27,6 +27,7 @@ from trainguard.controller.launch_settings import (
     settings_changes,
 )
 from trainguard.controller.progress_ledger import ProgressLedger
+from trainguard.controller.reserve import no_room
 from trainguard.controller.shown import last_sign_of_life, launched_at, process_started, slot_moves
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.controller.store_writes import StoreWrites
@@ -117,7 +118,7 @@ class Recorder:
             launcher_started=process_started(os.getpid()),
             log_dir=str(self.paths.log_dir), checkpoint_dir=str(self.paths.checkpoint_dir),
             launcher_host=socket.gethostname())
-        self.writes.reserve.keep()  # room for the job's end on a disk that fills up
+        room = self.writes.reserve.keep()  # room for the job's end on a disk that fills up
         what = launch_summary(self.spec, self.paths)
         if isinstance(previous.get("attempt"), int):  # the same job launched again (a requeue)
             requeued = f" (Slurm requeue {requeues})" if requeues.isdigit() and \
@@ -140,10 +141,14 @@ class Recorder:
                            f"resumes into the new settings{caveat})",
                            data={"changed": {k: {"before": a, "after": b}
                                              for k, (a, b) in changes.items()}})
-            return previous["attempt"] + 1, StartType.RELAUNCH
-        self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}",
-                   data={"settings": effective_settings(self.spec, self.paths)})
-        return 0, StartType.FIRST_START
+            started = previous["attempt"] + 1, StartType.RELAUNCH
+        else:
+            self.event(Level.INFO, Reason.JOB_CREATED, f"job {self.spec.run_id} created: {what}",
+                       data={"settings": effective_settings(self.spec, self.paths)})
+            started = 0, StartType.FIRST_START
+        if not room:  # said now, not at the end it may not record (walk-through 40 #6)
+            self.event(Level.WARNING, Reason.JOB_DIR_LOW_ON_SPACE, no_room(self.paths.job_dir))
+        return started
 
     def _last_settings(self) -> dict[str, Any] | None:
         """The settings the previous launch recorded (None: none recorded)."""

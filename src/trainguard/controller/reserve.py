@@ -42,3 +42,12 @@ class Reserve:
         """Give the room back to the disk (for the writes that follow)."""
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+def no_room(job_dir: Path, nbytes: int = RESERVE_BYTES) -> str:
+    """What a launch says when the room could not be kept (walk-through 40 #6: a job on a
+    disk with 196 KiB free started without a word and, its end unrecorded, read `lost`)."""
+    return (f"the disk of {job_dir} has less than {nbytes >> 20} MiB free: the room kept for "
+            "the job's last writes could not be allocated, so should the disk fill up, the "
+            "job's end may not be recorded (`status` would read it lost). Fix: free space "
+            "there, or launch with another --job-dir")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -19,6 +18,12 @@ from types import TracebackType
 from typing import Any, TypeAlias
 
 from trainguard.controller.shown import HANG_REASONS, hang_left_running, shown_state
+from trainguard.controller.store_file import (
+    BUSY_TIMEOUT_S,
+    connect_readonly,
+    remove_store_files,
+    store_fix,
+)
 from trainguard.controller.store_ledger import LedgerTables
 from trainguard.controller.store_rows import (
     NODE_COLUMNS,
@@ -30,7 +35,6 @@ from trainguard.controller.store_rows import (
     empty_store,
     event_from_row,
     meta_from_rows,
-    move_aside_fix,
     node_from_row,
     running_to_json,
     to_row,
@@ -43,8 +47,6 @@ from trainguard.controller.store_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from trainguard.errors import StoreError
 from trainguard.paths import DB_NAME
 from trainguard.records import Event, RunningRecord
-
-BUSY_TIMEOUT_S = 5.0
 
 MetaValue: TypeAlias = (str | int | float | bool | list[str] | dict[str, int]
                         | dict[str, dict[str, int]] | None)
@@ -78,18 +80,22 @@ class JobStore(LedgerTables):
     def create(cls, job_dir: Path, run_id: str) -> JobStore:
         """Open JOB_DIR's store for writing, making it if absent; refuse another run's store."""
         path = db_path(job_dir)
+        made = not path.exists()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
                 path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
             )
         except (OSError, sqlite3.Error) as e:
-            raise StoreError(f"cannot create the job store {path}: {e}") from e
+            fix = store_fix(e, path) if isinstance(e, sqlite3.Error) else ""
+            raise StoreError(f"cannot create the job store {path}: {e}{fix}") from e
         store = cls(conn, path, readonly=False)
         try:
             store._init_writer(run_id)
         except BaseException:
             conn.close()
+            if made:  # a store half made (a full disk) is no job: later reads met it
+                remove_store_files(path)
             raise
         return store
 
@@ -105,7 +111,7 @@ class JobStore(LedgerTables):
                 job_dir) else "pass the job dir printed by `trainguard run` (`trainguard ls DIR` "
                 "lists the jobs in DIR, ./trainguard-runs by default)")
             raise StoreError(f"{what}; {fix}")
-        conn = _connect_readonly(path)
+        conn = connect_readonly(path)
         store = cls(conn, path, readonly=True)
         try:
             if store._check_version() == 0:
@@ -339,7 +345,7 @@ class JobStore(LedgerTables):
                 yield
             except sqlite3.Error as e:
                 raise StoreError(f"cannot {action} the job store {self.path}: {e}"
-                                 f"{damaged_fix(e, self.path)}") from e
+                                 f"{store_fix(e, self.path)}") from e
 
     @contextmanager
     def _tx(self, action: str) -> Iterator[None]:
@@ -355,41 +361,6 @@ class JobStore(LedgerTables):
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
-
-
-def _connect_readonly(path: Path) -> sqlite3.Connection:
-    """A read-only connection. Immutable (no locks, no WAL read) only where nobody writes:
-    this user cannot write the dir and no write-ahead log is left (a live writer keeps
-    one; an immutable reader would miss what it holds)."""
-    wal = path.with_name(path.name + "-wal")
-    idle = not wal.exists() or wal.stat().st_size == 0
-    query = ("mode=ro" if os.access(path.parent, os.W_OK) or not idle
-             else "mode=ro&immutable=1")
-    try:
-        conn = sqlite3.connect(
-            f"{path.resolve().as_uri()}?{query}",
-            uri=True,
-            timeout=BUSY_TIMEOUT_S,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-    except sqlite3.Error as e:
-        why = ("; it is being written (a -wal file exists) and this user cannot write "
-               f"{path.parent}. Fix: read it as the job's owner, or once the job ended"
-               if not idle and not os.access(path.parent, os.W_OK) else damaged_fix(e, path))
-        raise StoreError(f"cannot read the job store {path}: {e}{why}") from e
-    return conn
-
-
-def damaged_fix(e: sqlite3.Error, path: Path) -> str:
-    """The fix for a store file that is no database or a damaged one; '' for any other
-    error."""
-    words = str(e).lower()
-    if not isinstance(e, sqlite3.DatabaseError) or not (
-            "not a database" in words or "malformed" in words):
-        return ""
-    return move_aside_fix(path)
 
 
 __all__ = ["JobStore", "MetaValue", "NodeRow", "StoreError", "WorkerRow"]

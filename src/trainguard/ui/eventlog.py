@@ -15,7 +15,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trainguard.controller.store import BUSY_TIMEOUT_S, db_path
+from trainguard.controller.store import db_path
+from trainguard.controller.store_file import BUSY_TIMEOUT_S
 from trainguard.controller.store_rows import decoding, event_from_row
 from trainguard.errors import StoreError
 from trainguard.records import Event
