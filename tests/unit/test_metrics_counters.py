@@ -86,3 +86,22 @@ def test_worker_messages_the_agents_refused_are_a_counter(tmp_path: Path) -> Non
         assert samples(job)[("trainguard_worker_messages_refused_total", ())] == 0
         s.set_meta(worker_messages_refused=7)
         assert samples(job)[("trainguard_worker_messages_refused_total", ())] == 7
+
+
+def test_diagnoses_count_the_confirmed_hangs_as_recovery_and_diagnose_name_them(
+        tmp_path: Path) -> None:
+    """Walk-through 40 #8: trainguard_diagnoses_total counted the FailureDiagnosed events
+    only, so a dashboard built on it never showed the hangs `recovery` and `diagnose` name."""
+    from trainguard.records import Event, Involved, Level, Reason
+
+    job = tmp_path / "job"
+    who = Involved(job="r", rank=1, attempt=0)
+    with JobStore.create(job, "r") as s:
+        s.set_meta(state="running")
+        s.add_event(Event(at(5), Level.WARNING, Reason.FAILURE_DIAGNOSED.value, "killed", who,
+                          {"category": "killed_by_signal_unknown"}))
+        s.add_event(Event(at(9), Level.WARNING, Reason.HANG_CONFIRMED.value, "hung", who, {}))
+    m = samples(job)
+    assert m[("trainguard_diagnoses_total", (("category", "killed_by_signal_unknown"),))] == 1
+    assert m[("trainguard_diagnoses_total", (("category", "nccl_timeout_or_hang"),))] == 1
+    assert m[("trainguard_hangs_total", ())] == 1

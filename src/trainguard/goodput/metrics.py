@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from trainguard.controller.shown import last_progress, shown_state
 from trainguard.controller.store import JobStore
+from trainguard.diagnosis.taxonomy import Category
 from trainguard.goodput.interval import IntervalAdvice, advise
 from trainguard.goodput.ledger import CAUSES, Goodput
 from trainguard.goodput.read import Save, job_goodput, saves, snapshot_reports
@@ -262,14 +263,17 @@ def _checkpoints(store: JobStore, commits: list[Save]) -> Iterator[Metric]:
     yield CounterMetricFamily("trainguard_checkpoint_failures", "checkpoint saves that failed",
                               value=len(store.event_values(
                                   Reason.CHECKPOINT_SAVE_FAILED.value, ())))
-    yield CounterMetricFamily("trainguard_hangs", "hangs confirmed", value=len(
-        store.event_values(Reason.HANG_CONFIRMED.value, ())))
+    hangs = len(store.event_values(Reason.HANG_CONFIRMED.value, ()))
+    yield CounterMetricFamily("trainguard_hangs", "hangs confirmed", value=hangs)
     diag = CounterMetricFamily("trainguard_diagnoses", "failures diagnosed, by category",
                                labels=["category"])
-    for category, n in sorted(Counter(
-            str(v[0] or "other") for _, _, v in store.event_values(
-                Reason.FAILURE_DIAGNOSED.value, ("category",))).items()):
-        diag.add_metric([category], n)
+    counts = Counter(str(v[0] or "other") for _, _, v in store.event_values(
+        Reason.FAILURE_DIAGNOSED.value, ("category",)))
+    # a confirmed hang's diagnosis, as recovery and diagnose give it (walk-through 40 #8)
+    counts[Category.NCCL_TIMEOUT_OR_HANG.value] += hangs
+    for category, n in sorted(counts.items()):
+        if n:
+            diag.add_metric([category], n)
     yield diag
 
 
