@@ -37,6 +37,7 @@ from trainguard.states import WorkerState
 from trainguard.ui import logtail
 from trainguard.ui.app import create_app
 from trainguard.ui.catalog import Catalog, find_job_dirs, job_id
+from trainguard.ui.jobs import checkpoint_item
 from trainguard.ui.server import bind
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -255,8 +256,13 @@ def test_the_job_view_has_attempts_recoveries_diagnoses_hangs_and_checkpoints(
     assert doc["hangs"][0]["culprit"]["rank"] == 1
     ck = doc["checkpoints"]
     assert ck["count"] == 2
-    assert [(c["step"], c["blocked_s"], c["mib"]) for c in ck["items"]] == [
-        (12, 0.011, 1.3), (10, 0.25, 3.0)]  # newest first; from the message, then the data
+    assert [(c["step"], c["blocked_s"], c["mib"], c["size"]) for c in ck["items"]] == [
+        (12, 0.011, 1.3, None), (10, 0.25, 3.0, "3.0 MiB")]  # newest first; from the message,
+    # then the data; a small one in the CLI's words (walk-through 40 #9: 44.9 KiB read 0.0 MiB)
+    small = checkpoint_item(1, Event(datetime(2026, 12, 7, tzinfo=timezone.utc), Level.INFO,
+                                     "CheckpointSaved", "saved", Involved(job="r"),
+                                     {"step": 3, "bytes": 45978}))
+    assert (small["mib"], small["size"]) == (0.0438, "44.9 KiB")
     assert [w["rank"] for w in doc["workers"]] == [0, 1]
     assert doc["last_event_id"] == 7 and doc["events_total"] == 7
 

@@ -13,7 +13,14 @@ from trainguard.controller.shown import LAUNCH_REASONS, last_progress, shown_sta
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import NodeRow, WorkerRow, log_dir_of, to_row
 from trainguard.errors import StoreError
-from trainguard.records import Event, Reason, RunningRecord, incidents_of, recoveries_by_rung
+from trainguard.records import (
+    Event,
+    Reason,
+    RunningRecord,
+    incidents_of,
+    recoveries_by_rung,
+    size_text,
+)
 from trainguard.states import JOB_ENDED, JobState, shown_rank_state
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.goodput_view import GoodputCache
@@ -153,7 +160,9 @@ def checkpoint_item(eid: int, ev: Event) -> dict[str, Any]:
             "location": d.get("location", m.group(2) if m else None),
             "blocked_s": d.get("blocked_s", _num(_BLOCKED, how)),
             "write_s": d.get("write_s", _num(_WRITTEN, how)),
-            "mib": round(size / 2**20, 1) if isinstance(size, int | float) else _num(_MIB, how),
+            "mib": round(size / 2**20, 4) if isinstance(size, int | float) else _num(_MIB, how),
+            # as the CLI says it (walk-through 40 #9: 44.9 KiB read 0.0 MiB)
+            "size": size_text(size) if isinstance(size, int | float) else None,
             "source": d.get("source"), "message": ev.message}
 
 

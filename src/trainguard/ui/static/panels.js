@@ -104,5 +104,5 @@ TG.renderCheckpoints = function (box, countBox, ck) {
     TG.el("thead", {}, TG.el("tr", {}, ...["step", "time", "attempt", "blocked", "written in", "size"].map((c) => TG.el("th", { text: c })))),
     TG.el("tbody", {}, ...ck.items.map((c) => TG.el("tr", { class: "checkpoint", "data-step": c.step, title: c.message },
       ...[c.step, TG.clock(c.time), c.attempt, TG.secs(c.blocked_s), TG.secs(c.write_s),
-          c.mib === null ? "-" : `${c.mib} MiB`].map((v) => TG.el("td", { text: v })))))));
+          c.size ?? (c.mib === null ? "-" : `${c.mib} MiB`)].map((v) => TG.el("td", { text: v })))))));
 };
