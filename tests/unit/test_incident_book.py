@@ -151,3 +151,25 @@ def test_a_script_that_reports_no_steps_recovers_at_its_first_output_line(
     assert inc.recover_result == RecoverResult.SUCCESS
     assert inc.first_progress_at == started + timedelta(seconds=3.5)
     assert inc.durations()["resume"] == 3.5 and inc.durations()["total"] is not None
+
+
+def test_a_crash_before_the_first_step_lost_none_once_the_job_is_seen_to_report_steps(
+        tmp_path: Path) -> None:
+    """Walk-through 40 #9: a rank that crashed before its first step read `steps lost -`
+    (unknown): once the restart reports steps, the job is one that reports them, and the
+    failed attempt, which reported none, did none."""
+    book = IncidentBook(JobStore.create(tmp_path / "job", "r"))
+    book.attempt_started(0, StartType.FIRST_START, 29500)
+    t = utcnow()
+    restart = Decision(Action.RESTART, "rank 1 crashed", History(), rung=Rung.PROCESS_RESTART,
+                       start_type=StartType.AUTO_RESTART)
+    book.record(0, restart, Fault(FaultScenario.JOB_FAILED, "rank 1 crashed", "crash",
+                                  "worker-1", t, t, t, Progress()))
+    book.attempt_started(1, StartType.AUTO_RESTART, 29501)
+    book.workers_started(utcnow(), [False, False])
+    later = utcnow() + timedelta(seconds=2)
+    book.progress_seen(Progress(first_step=1, first_step_at=later, last_step=1,
+                                last_step_at=later))
+    (inc,) = book._store.running_records()[0].recover_records
+    assert inc.recover_result == RecoverResult.SUCCESS
+    assert (inc.last_step_before, inc.resumed_step, inc.steps_lost) == (None, 0, 0)

@@ -145,8 +145,10 @@ class IncidentBook:
             inc.first_progress_at = inc.recover_end_at = p.first_step_at
             if inc.resumed_step is None:  # no Resumed report: first step after restart - 1
                 inc.resumed_step = p.first_step - 1
-            if inc.last_step_before is not None:
-                inc.steps_lost = max(0, inc.last_step_before - inc.resumed_step)
+            # a failed attempt of a job that reports steps (it does: here is one) that
+            # reported none did none: it lost none (walk-through 40 #9: `-`, unknown)
+            inc.steps_lost = 0 if inc.last_step_before is None else max(
+                0, inc.last_step_before - inc.resumed_step)
             inc.recover_result = RecoverResult.SUCCESS
             self._recovered, self._pending = self._pending, None
             self._save(owner)
