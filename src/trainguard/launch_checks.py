@@ -87,10 +87,20 @@ def _check_dir_owner(flag: str, d: Path) -> None:
                         f"{os.geteuid()}): its owner could point the job's agents at a "
                         "controller of theirs or replace its checkpoints",
                         f"use a {flag.lstrip('-').replace('-', ' ')} of your own")
+    if _read_only(d):  # said first: no chmod fixes a read-only mount (walk-through 40 #9)
+        raise SpecError(flag, f"{d} is on a read-only file system: the job cannot write there",
+                        f"use another {flag} on a writable disk, or remount it read-write")
     if st.st_mode & 0o002:
         raise SpecError(flag, f"{d} may be written by every user (mode "
                         f"{st.st_mode & 0o7777:o}): anyone could replace what the job reads "
                         "back", f"chmod o-w {d}, or use another {flag}")
+
+
+def _read_only(d: Path) -> bool:
+    try:
+        return bool(os.statvfs(d).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_log_dir(paths: JobPaths) -> None:
