@@ -26,7 +26,6 @@ from trainguard.controller.launch_settings import (
     resume_caveat,
     settings_changes,
 )
-from trainguard.controller.lost_launch import logged_end
 from trainguard.controller.progress_ledger import ProgressLedger
 from trainguard.controller.reserve import no_room
 from trainguard.controller.shown import last_sign_of_life, launched_at, process_started, slot_moves
@@ -37,7 +36,7 @@ from trainguard.diagnosis.attempt import diagnosis_message
 from trainguard.diagnosis.taxonomy import BUCKET_MISSING, Diagnosis
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, describe_exit, signal_name
-from trainguard.paths import JobPaths
+from trainguard.paths import JobPaths, attempt_log_dir
 from trainguard.policy.decision import Decision, HAPolicy
 from trainguard.protocol import NodeReport, WorkerFact
 from trainguard.records import (
@@ -185,17 +184,14 @@ class Recorder:
         last = last_sign_of_life(previous, store.running_records(), store.last_progress_time(),
                                  store.last_event_time())
         attempt = previous.get("attempt")
-        step = previous.get("last_step") if isinstance(previous.get("last_step"), int) else None
         if isinstance(attempt, int):  # its ranks' last output (the logs outlive the launcher)
-            written, logged = logged_end(Path(self.paths.log_dir), attempt,
-                                         self.spec.step_pattern)
-            last = max(last or 0.0, written) if written is not None else last
-            if logged is not None and (step is None or logged[0] > step):
-                step = logged[0]  # a step its logs show past the store's: a sample of it
-                with contextlib.suppress(StoreError):
-                    store.add_progress([(attempt, logged[0], logged[1])])
+            logs = attempt_log_dir(Path(self.paths.log_dir), attempt)
+            with contextlib.suppress(OSError):
+                last = max([last or 0.0, *(p.stat().st_mtime for p in logs.glob("rank-*.log"))])
         if last is not None:
-            self.book.launch_lost(datetime.fromtimestamp(last, timezone.utc), step)
+            step = previous.get("last_step")
+            self.book.launch_lost(datetime.fromtimestamp(last, timezone.utc),
+                                  step if isinstance(step, int) else None)
         return JobState.LOST.value
 
     def adopt(self) -> int:
