@@ -28,8 +28,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(channel.ENV_SOCKET, raising=False)
     monkeypatch.setenv("RANK", "2")
     for name, new_process in (("_launcher", None), ("_last_step", 0), ("_unsent", False),
-                              ("_next_send_at", -math.inf), ("_marks_failing", False),
-                              ("_reports_steps", False)):
+                              ("_next_send_at", -math.inf), ("_marks_failing", False)):
         monkeypatch.setattr(prog, name, new_process)
 
 
@@ -134,23 +133,6 @@ def test_progress_is_sent_again_once_the_interval_has_passed(
     clock.now += PROGRESS_INTERVAL_S
     progress(5)
     assert steps_sent(agent) == [1, 3, 5]
-
-
-def test_a_memory_snapshot_s_step_is_progress_unless_the_script_reports_its_own(
-        agent: ChannelServer, clock: Clock) -> None:
-    """Walk-through 40 #2: a job that reports no steps but snapshots every 10 steps (the llm
-    preset) hung and waited out the 30-minute start-up allowance: a snapshot's step is
-    progress, as a committed checkpoint is; not once the script reports steps of its own
-    (they may count something else: tokens, samples)."""
-    prog.implied_progress(10)
-    clock.now += PROGRESS_INTERVAL_S
-    prog.implied_progress(20)
-    assert steps_sent(agent) == [10, 20]
-    clock.now += PROGRESS_INTERVAL_S
-    progress(5000)  # the script's own unit
-    clock.now += PROGRESS_INTERVAL_S
-    prog.implied_progress(30)
-    assert steps_sent(agent) == [5000]
 
 
 def test_a_step_going_backwards_is_sent_at_once(agent: ChannelServer, clock: Clock) -> None:

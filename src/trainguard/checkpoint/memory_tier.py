@@ -35,7 +35,7 @@ from trainguard.worker.contract import (
     ControlKind,
     MessageKind,
 )
-from trainguard.worker.progress import implied_progress, phase
+from trainguard.worker.progress import phase
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +75,7 @@ class MemoryTier:
         if self._off_reason is not None:
             return False
         with self._timer.timed(step), phase(CHECKPOINT_PHASE):  # its own hang allowance
-            done = self._snapshot(step, state, capture_rng())
-        if done:  # the step is reached: progress, as a committed checkpoint is
-            implied_progress(step)
-        return done
+            return self._snapshot(step, state, capture_rng())
 
     def _snapshot(self, step: int, state: Mapping[str, Any], rng: dict[str, Any]) -> bool:
         replicated, per_rank, sharded = split(state)

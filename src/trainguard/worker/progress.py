@@ -86,7 +86,6 @@ _monotonic = time.monotonic
 _seq = itertools.count(1)
 _local = threading.local()
 _marks_failing = False  # the last phase mark was dropped despite the retries
-_reports_steps = False  # the script called progress() itself
 
 
 def _detect() -> bool:
@@ -97,21 +96,6 @@ def _detect() -> bool:
 
 def progress(step: int) -> None:
     """Report that the script reached `step` (e.g. the number of optimizer steps done)."""
-    global _reports_steps
-    _reports_steps = True
-    _progress(step)
-
-
-def implied_progress(step: int) -> None:
-    """A step the library saw the script reach (a memory snapshot of it): reported as
-    progress unless the script reports its own, whose steps may count something else
-    (walk-through 40 #2: a job that reports none but snapshots every 10 steps hung, and
-    waited out the 30-minute start-up allowance)."""
-    if not _reports_steps:
-        _progress(step)
-
-
-def _progress(step: int) -> None:
     global _last_step
     if _launcher is not True and (_launcher is False or not _detect()):
         return
