@@ -220,7 +220,9 @@ def test_a_resume_from_memory_past_storage_is_written_by_close_unless_a_save_cov
     no step, and close() had nothing to write: the job succeeded with that step in no
     storage (the region is freed with the job). A step resumed from memory that storage
     does not hold is owed: close() writes the last step boundary since, unless a save at or
-    past that step started."""
+    past that step started; only while no optimizer step ran past that boundary (review 49
+    #2: a step that raised after its optimizer step had its weights written as the step
+    before), and never after an in-process restart abandoned the Checkpointer (#3)."""
     from trainguard.worker.contract import ENV_MEMORY_DIR, ENV_RUN_ID
 
     region, store = tmp_path / "region", tmp_path / "ckpt"
@@ -228,16 +230,31 @@ def test_a_resume_from_memory_past_storage_is_written_by_close_unless_a_save_cov
     monkeypatch.setenv(ENV_MEMORY_DIR, str(region))
     monkeypatch.setenv(ENV_RUN_ID, "run")
     model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 8)
 
-    def attempt(steps: range, every: int = 100) -> tuple[int | None, list[int]]:
+    def train_step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    def attempt(steps: range, every: int = 100, *, raise_at: int | None = None,
+                abandon: bool = False) -> tuple[int | None, list[int]]:
         ckpt = Checkpointer(store, save_on_exit=False, memory_every=1, every_steps=every,
                             async_save=False)
-        start = ckpt.load_latest({"model": model})
-        for step in steps:
-            with torch.no_grad():
-                model.weight.add_(1.0)
-            ckpt.maybe_save(step, {"model": model})
-        ckpt.close()
+        start = ckpt.load_latest({"model": model, "optimizer": opt})
+        try:
+            for step in steps:
+                train_step()
+                if step == raise_at:
+                    raise ValueError(f"loss is NaN at step {step}")  # after its optimizer step
+                ckpt.maybe_save(step, {"model": model, "optimizer": opt})
+            if abandon:
+                ckpt.abandon()
+        except ValueError:
+            pass
+        finally:
+            ckpt.close()
         return start, [c.step for c in ckpt.list()]
 
     assert attempt(range(1, 4)) == (None, [])  # snapshots 1..3 in memory, none saved
@@ -249,5 +266,10 @@ def test_a_resume_from_memory_past_storage_is_written_by_close_unless_a_save_cov
     fresh = torch.nn.Linear(8, 4)
     assert Checkpointer(store, save_on_exit=False, memory_every=0).load_latest(
         {"model": fresh}) == 7
-    assert torch.equal(fresh.weight, weight + 2.0)
+    assert not torch.equal(fresh.weight, weight)
+    assert torch.equal(fresh.weight, model.weight)  # step 7's weights, as the run ended
     assert attempt(range(8, 11), every=2)[1] == [10, 8, 7]  # a save at or past 8: none extra
+    assert attempt(range(11, 13)) == (10, [10, 8, 7])  # memory 12 past storage 10 again
+    # step 13 raises after its optimizer step: the state is not step 12's any more
+    assert attempt(range(13, 15), raise_at=13) == (12, [10, 8, 7])
+    assert attempt(range(13, 14), abandon=True) == (12, [10, 8, 7])  # the old group's step

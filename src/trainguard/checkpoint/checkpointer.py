@@ -16,6 +16,7 @@ skipped with `if_busy="skip"`). A failed save is reported and retried at the nex
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -28,6 +29,7 @@ from typing import Any, Literal
 
 from trainguard import __version__
 from trainguard.checkpoint.attempt import job_run_id, rank_and_world, reduce_ints, save_token
+from trainguard.checkpoint.boundary import OwedStep
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.exit_save import ExitSaver, dead_ranks, enabled_by_env
 from trainguard.checkpoint.listing import CheckpointInfo, list_checkpoints
@@ -49,6 +51,7 @@ from trainguard.worker.resilient import on_restart, restart_if_asked
 log = logging.getLogger(__name__)
 
 _LAST_SAVE = "the last save (close()): no save follows; the rank ends with a CheckpointError"
+_OWED = "close(): the step resumed from memory was in no storage"
 
 
 class Checkpointer:
@@ -93,12 +96,7 @@ class Checkpointer:
         # skipped (if_busy="skip") at the newest step boundary: close() saves it (F10)
         self._skipped: tuple[int, Mapping[str, Any], dict[str, Any]] | None = None
         self._sharded = False  # the state has sharded (DCP) parts: known from the first save
-        # resumed from memory past storage's newest: that step, and the last step boundary
-        # since; close() writes it unless a save at or past the step started (walk-through
-        # 40 #1: resumed at the run's last step after the storage filled up, the loop ran no
-        # step, and the job succeeded with its state only in the node's memory, freed at its end)
-        self._owed: int | None = None
-        self._boundary: tuple[int, Mapping[str, Any]] | None = None
+        self._owed: OwedStep | None = None  # resumed from memory past storage's newest
         self.last_saved_step: int | None = None  # committed (rank 0), or found committed
         self.last_written_step: int | None = None  # this rank's part is durable (any rank)
         self.last_blocked_s: float | None = None
@@ -118,7 +116,8 @@ class Checkpointer:
         the next save: the steps until then could not be kept; walk-through 24)."""
         self._raise_if_failing()
         self._skipped = None  # a newer step boundary: the skipped state is gone
-        self._boundary = (step, state) if self._owed is not None else None
+        if self._owed is not None:
+            self._owed.boundary.mark(step, state)
         saves = bool(self.every_steps and step % self.every_steps == 0)
         if self._exit is not None:
             self._exit.step_done(step, state, saves)
@@ -132,7 +131,8 @@ class Checkpointer:
         Returns False when skipped because a save is still in flight (if_busy="skip").
         """
         self._skipped = None
-        self._boundary = (step, state) if self._owed is not None else None
+        if self._owed is not None:
+            self._owed.boundary.mark(step, state)
         if self._exit is not None:
             self._exit.step_done(step, state, True)  # a step boundary too
         return self._save(step, state)
@@ -169,6 +169,8 @@ class Checkpointer:
         resumed = time.monotonic()
         self.last_blocked_s = resumed - t0
         self._pending_step = (step, resumed)
+        if self._owed is not None and step >= self._owed.step:  # a save covers it
+            self._owed = None
         if self.async_save:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-ckpt")
@@ -240,6 +242,7 @@ class Checkpointer:
         one storage poll); nothing is saved on the way out either. run_resilient calls it;
         the Checkpointer is not used after."""
         self._abandoned, self._skipped = True, None
+        self._owed = None  # the old group's step (review 49 #3)
         if self._exit is not None:  # its last step is the old group's: never saved at exit
             self._exit.close()
             self._exit = None
@@ -315,10 +318,11 @@ class Checkpointer:
         now); raise CheckpointError when it failed (no
         save follows: the rank must not end as if its state were kept; walk-through 27)."""
         try:
-            final, self._skipped = self._skipped or self._owed_save(), None
+            final, self._skipped = self._skipped, None
+            owed = self._owed.snapshot() if final is None and self._owed else None
             # the save in flight is the last only when no skipped step follows it (review 38
             # #2: its failure said "no save follows", then close() saved the skipped step)
-            self._closing = final is None
+            self._closing = final is None and owed is None
             self._wait_in_phase()  # its failure is said below, as the last save's (F9)
             stops = self._failures >= self.max_consecutive_failures  # its event said so
             if final is not None and self._votes:  # a collective: all ranks write or none
@@ -332,6 +336,11 @@ class Checkpointer:
                 self._closing = True
                 self._save(*final)  # skipped at the last step: the loop is over (F10)
                 self._wait_in_phase()
+            elif owed is not None and not stops:
+                self._closing = True
+                with contextlib.suppress(Exception):  # counted by _run: said below
+                    self.save_snapshot(owed.step, owed.state, owed.rng, owed.data,
+                                       commit_timeout_s=self.commit_timeout_s, reason=_OWED)
             with self._lock:
                 n, err, step, told = (self._failures, self._last_error, self._failed_step,
                                       self._told_final)
@@ -348,14 +357,6 @@ class Checkpointer:
             if self._memory is not None:
                 self._memory.close()
 
-    def _owed_save(self) -> tuple[int, Mapping[str, Any], dict[str, Any]] | None:
-        """The last step boundary, when its state is in no storage (self._owed)."""
-        started = self._pending_step[0] if self._pending_step is not None else None
-        if self._owed is None or self._boundary is None or (
-                started is not None and started >= self._owed):
-            return None
-        return (*self._boundary, capture_rng())
-
     # -- loading --------------------------------------------------------------------------
 
     def load_latest(self, state: Mapping[str, Any]) -> int | None:
@@ -371,7 +372,7 @@ class Checkpointer:
         if stored:
             self.last_saved_step = step
         elif step is not None:  # from memory, newer than storage: no storage holds it
-            self._owed, self._boundary = step, (step, state)
+            self._owed = OwedStep(step, state)
         return step
 
     # -- listing --------------------------------------------------------------------------

@@ -24,15 +24,11 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from trainguard.checkpoint.sampler import data_state, is_data_position
+from trainguard.checkpoint.boundary import StepBoundary
 from trainguard.checkpoint.snapshot_timing import flush_reports
-from trainguard.checkpoint.state import capture_rng
 from trainguard.worker import channel, control
 from trainguard.worker.contract import (
     ENV_DEAD_RANKS,
@@ -65,15 +61,6 @@ def enabled_by_env() -> bool:
     return os.environ.get(ENV_SAVE_ON_EXIT, "") in ("1", "true", "yes")
 
 
-@dataclass(frozen=True)
-class _Snapshot:
-    step: int
-    state: Mapping[str, Any]
-    rng: dict[str, Any]
-    data: dict[str, Any]
-    optimizer_steps: int
-
-
 def _exit_now(code: int) -> None:
     """End the rank at once, as the stop signal's default action would, now that its last
     step is durable: no interpreter shutdown, which waits for every non-daemon thread and
@@ -90,9 +77,7 @@ class ExitSaver:
     def __init__(self, ckpt: Checkpointer) -> None:
         self._ckpt = ckpt
         self.stop_signal: int | None = None
-        self._last: _Snapshot | None = None
-        self._optimizer_steps = 0
-        self._hooked: set[int] = set()
+        self._boundary = StepBoundary()
         self._done = False
         grace = float(os.environ.get(ENV_GRACE, "30") or 30)
         self.commit_timeout_s = max(1.0, grace / 2)  # leave the rest of the grace to write
@@ -115,7 +100,7 @@ class ExitSaver:
                           else signal.SIG_DFL)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._last is None:  # no step done yet (start-up, loading): nothing to save
+        if self._boundary.last is None:  # no step done yet (start-up, loading): nothing to save
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
@@ -126,24 +111,12 @@ class ExitSaver:
     def step_done(self, step: int, state: Mapping[str, Any], saves: bool = False) -> None:
         """Called at each step boundary (`saves`: one where the Checkpointer saves): remember
         it; on a stop signal, save and exit."""
-        self._hook_optimizers(state)
-        self._last = _Snapshot(step, state, capture_rng(),
-                               {k: data_state(v) for k, v in state.items()
-                                if is_data_position(v)}, self._optimizer_steps)
+        self._boundary.mark(step, state)
         if self.stop_signal is not None:
             if saves:  # where the other ranks vote on the save, this one votes too
                 self._ckpt.vote_before_exit()
             self._save("the launcher stopped this rank")
             _exit_now(128 + self.stop_signal)
-
-    def _hook_optimizers(self, state: Mapping[str, Any]) -> None:
-        for obj in state.values():
-            if isinstance(obj, torch.optim.Optimizer) and id(obj) not in self._hooked:
-                obj.register_step_post_hook(self._count_step)
-                self._hooked.add(id(obj))
-
-    def _count_step(self, *args: Any) -> None:
-        self._optimizer_steps += 1
 
     def _saved(self, step: int) -> bool:
         """Whether this rank's part of `step` is durable already: committed, or (on ranks
@@ -156,13 +129,12 @@ class ExitSaver:
                    for s in (ckpt.last_saved_step, ckpt.last_written_step))
 
     def _at_exit(self) -> None:
-        snap = self._last
+        snap = self._boundary.last
         if self._done or snap is None or self._saved(snap.step):
             return
-        if not self._hooked:
-            self._skip(snap.step, "no optimizer in the state proves the step was complete")
-        elif snap.optimizer_steps != self._optimizer_steps:
-            self._skip(snap.step, f"an optimizer step ran after step {snap.step}")
+        why = self._boundary.why_not()
+        if why is not None:
+            self._skip(snap.step, why)
         else:
             self._save("the rank is exiting with its last step unsaved")
 
@@ -173,7 +145,7 @@ class ExitSaver:
 
     def _save(self, reason: str) -> None:
         self._done = True
-        snap = self._last
+        snap = self._boundary.last
         if snap is None:
             return
         if self._saved(snap.step):
