@@ -166,10 +166,31 @@ def test_a_crash_before_the_first_step_lost_none_once_the_job_is_seen_to_report_
     book.record(0, restart, Fault(FaultScenario.JOB_FAILED, "rank 1 crashed", "crash",
                                   "worker-1", t, t, t, Progress()))
     book.attempt_started(1, StartType.AUTO_RESTART, 29501)
-    book.workers_started(utcnow(), [False, False])
+    book.workers_started(utcnow(), [False, False])  # no checkpoint: no Resumed report
     later = utcnow() + timedelta(seconds=2)
     book.progress_seen(Progress(first_step=1, first_step_at=later, last_step=1,
                                 last_step_at=later))
     (inc,) = book._store.running_records()[0].recover_records
     assert inc.recover_result == RecoverResult.SUCCESS
     assert (inc.last_step_before, inc.resumed_step, inc.steps_lost) == (None, 0, 0)
+
+
+def test_a_job_that_reports_every_tenth_step_lost_an_unknown_number(tmp_path: Path) -> None:
+    """Review 49 #6: a job whose progress comes every 10 steps (a checkpoint's, a coarse
+    trainguard.progress) may have done 9 steps without a report: its first report after
+    the resume (step 10) is not the step after it (0), so steps lost stays unknown."""
+    book = IncidentBook(JobStore.create(tmp_path / "job", "r"))
+    book.attempt_started(0, StartType.FIRST_START, 29500)
+    t = utcnow()
+    restart = Decision(Action.RESTART, "rank 0 crashed", History(), rung=Rung.PROCESS_RESTART,
+                       start_type=StartType.AUTO_RESTART)
+    book.record(0, restart, Fault(FaultScenario.JOB_FAILED, "rank 0 crashed", "crash",
+                                  "worker-0", t, t, t, Progress()))
+    book.attempt_started(1, StartType.AUTO_RESTART, 29501)
+    book.workers_started(utcnow(), [False])
+    book.resumed(0, "storage")
+    later = utcnow() + timedelta(seconds=2)
+    book.progress_seen(Progress(first_step=10, first_step_at=later, last_step=10,
+                                last_step_at=later))
+    (inc,) = book._store.running_records()[0].recover_records
+    assert (inc.recover_result, inc.steps_lost) == (RecoverResult.SUCCESS, None)

@@ -143,12 +143,15 @@ class IncidentBook:
                 self._pending.after is None or p.first_step_at > self._pending.after):
             owner, inc, *_ = self._pending
             inc.first_progress_at = inc.recover_end_at = p.first_step_at
+            every = p.first_step == (inc.resumed_step or 0) + 1  # (no resume: from step 0)
             if inc.resumed_step is None:  # no Resumed report: first step after restart - 1
                 inc.resumed_step = p.first_step - 1
-            # a failed attempt of a job that reports steps (it does: here is one) that
-            # reported none did none: it lost none (walk-through 40 #9: `-`, unknown)
-            inc.steps_lost = 0 if inc.last_step_before is None else max(
-                0, inc.last_step_before - inc.resumed_step)
+            if inc.last_step_before is not None:
+                inc.steps_lost = max(0, inc.last_step_before - inc.resumed_step)
+            elif every:  # a job that reports every step (its first after the resume) whose
+                # failed attempt reported none did none (walk-through 40 #9: `-`); one that
+                # reports every Nth step may have done N - 1 (review 49 #6): unknown
+                inc.steps_lost = 0
             inc.recover_result = RecoverResult.SUCCESS
             self._recovered, self._pending = self._pending, None
             self._save(owner)
