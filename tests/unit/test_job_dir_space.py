@@ -58,3 +58,28 @@ def test_a_launch_without_room_for_the_store_s_last_writes_says_so_at_once(
     assert events[1].level.value == "Warning"
     assert events[1].message.startswith(f"the disk of {job} has less than 8 MiB free")
     assert events[1].message.endswith("Fix: free space there, or launch with another --job-dir")
+
+
+def test_a_launch_refused_by_a_store_made_meanwhile_leaves_that_store_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 49 #7: two launches into one new job dir: the other made its store between this
+    one's look for it and its connect; this one, refused (another run's store), removed the
+    store it had not made, and the other's job read 'no trainguard job'. Only a store half
+    made on a full disk is removed."""
+    import sqlite3
+
+    from trainguard.controller import store as store_module
+
+    job = tmp_path / "job"
+    real_connect = sqlite3.connect
+
+    def connect_after_the_other(*args: object, **kwargs: object) -> sqlite3.Connection:
+        monkeypatch.setattr(store_module.sqlite3, "connect", real_connect)
+        JobStore.create(job, "run-a").close()  # the other launch, in between
+        return real_connect(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module.sqlite3, "connect", connect_after_the_other)
+    with pytest.raises(StoreError, match="run-a"):
+        JobStore.create(job, "run-b")
+    with JobStore.open(job) as other:
+        assert other.meta()["run_id"] == "run-a"

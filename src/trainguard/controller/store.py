@@ -21,6 +21,7 @@ from trainguard.controller.shown import HANG_REASONS, hang_left_running, shown_s
 from trainguard.controller.store_file import (
     BUSY_TIMEOUT_S,
     connect_readonly,
+    full_disk,
     remove_store_files,
     store_fix,
 )
@@ -92,9 +93,10 @@ class JobStore(LedgerTables):
         store = cls(conn, path, readonly=False)
         try:
             store._init_writer(run_id)
-        except BaseException:
+        except BaseException as e:
             conn.close()
-            if made:  # a store half made (a full disk) is no job: later reads met it
+            if made and full_disk(e):  # a store half made on a full disk is no job (later
+                # reads met it); never another launch's, made meanwhile (review 49 #7)
                 remove_store_files(path)
             raise
         return store

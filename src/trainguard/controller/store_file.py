@@ -51,10 +51,16 @@ def store_fix(e: sqlite3.Error, path: Path) -> str:
     """The fix for a store file that is no database or a damaged one, or on a full disk
     (walk-through 40 #6: "database or disk is full" said no fix); '' for any other error."""
     words = str(e).lower()
-    if "disk is full" in words or "disk i/o error" in words:
+    if full_disk(e):
         return (f". Fix: free space on the disk of {path.parent} (`df -h {path.parent}`) or "
                 "check it, or launch with another --job-dir")
     if not isinstance(e, sqlite3.DatabaseError) or not (
             "not a database" in words or "malformed" in words):
         return ""
     return move_aside_fix(path)
+
+
+def full_disk(e: BaseException) -> bool:
+    """Whether SQLite's error (or one raised from it) says the disk is full."""
+    words = f"{e} {e.__cause__ or ''}".lower()
+    return "disk is full" in words or "disk i/o error" in words
