@@ -199,9 +199,10 @@ def _metric(value: float) -> float | None:
 class phase:  # lower case: used like a function, `with trainguard.phase("eval"):`
     """A stretch of work that is slow on purpose, with its own hang allowance.
 
-    `timeout_s`: how long the phase may take before the agent calls the rank hung; None
-    leaves it to the agent's default for phases; one over MAX_SECONDS (about 31 years) counts
-    as MAX_SECONDS. Phases nest; one object may be re-entered once it has been left.
+    `timeout_s`: how long the phase may take before the agent calls the rank hung (never
+    less than the job's hang threshold); None leaves it to the agent's default for phases;
+    one over MAX_SECONDS (about 31 years) counts as MAX_SECONDS. Phases nest; one object may
+    be re-entered once it has been left.
     """
 
     __slots__ = ("_seq", "name", "timeout_s")
