@@ -46,7 +46,9 @@ def rewrite(readme: str, body: str, when: str) -> str:
     head, rest = readme.split(START, 1)
     _, tail = rest.split(END, 1)
     block = (f"{START}\nFrom one run of `make demo` on {when} (rewritten by "
-             f"`scripts/readme_samples.py`; long lines cut with `...`):\n\n```\n{body}\n```\n")
+             f"`scripts/readme_samples.py`; long lines cut with `...`; the ranks' own lines, "
+             f"the run command and the `events` table left out: the launcher's lines show the "
+             f"same events):\n\n```\n{body}\n```\n")
     return head + block + END + tail
 
 
