@@ -149,7 +149,15 @@ def test_a_rank_that_ends_its_script_early_is_the_cause_not_the_network(
                fault="exit:0@rank=1,step=8,attempt=*")
     assert r.returncode == 1, r.stderr[-3000:]
     got = reasons(job_dir)
-    assert "WorkersRestarted" not in got and got[-1] == "JobFailed"
+    assert got[-1] == "JobFailed"
+    # torch's gloo thread may abort the peer at its end instead of the `Connection closed by
+    # peer` it prints ("terminate called without an active exception", pytorch#179291; once
+    # in a make-test run): that attempt is a native crash, restarted as one (README's known
+    # limits); every other restart here would be the early end's
+    told = [e["message"] for e in read_json("events", job_dir) if e["reason"] == "FailureDiagnosed"]
+    assert all(m.startswith("segfault_or_abort") and "terminate called without an active "
+               "exception" in m for m in told[:-1]), told
+    assert got.count("WorkersRestarted") == len(told) - 1
     diag = read_json("diagnose", job_dir)["diagnosis"]
     assert (diag["category"], diag["subcategory"], diag["restart_helps"]) == (
         "user_code_error", "rank_exited_early", "no")
