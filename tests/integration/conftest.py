@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +59,6 @@ def read_json(cmd: str, job_dir: Path) -> Any:
 
 def reasons(job_dir: Path) -> list[str]:
     return [e["reason"] for e in read_json("events", job_dir)]
-
-
-def mount_tmpfs(target: Path, options: str) -> Iterator[Path]:
-    """A real tmpfs mounted at `target` (made here) for the test's duration; the test is
-    skipped where mounting is not allowed (it needs root)."""
-    target.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
-                       capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def trainer_result(stdout: str) -> tuple[list[list[float]], str]:

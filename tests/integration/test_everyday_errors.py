@@ -7,7 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.conftest import TG, mount_tmpfs, read_json, reasons
+from tests.integration.conftest import TG, read_json, reasons
+from tests.tmpfs import mount_tmpfs
 
 SLOW = "import time\nfor i in range(1, 400):\n    print(f'step {i}', flush=True)\n" \
        "    time.sleep(0.1)\n"

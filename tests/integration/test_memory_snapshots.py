@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import EXAMPLE, TG, mount_tmpfs, read_json, run_tg
+from tests.integration.conftest import EXAMPLE, TG, read_json, run_tg
+from tests.tmpfs import mount_tmpfs
 from tests.torture.memory_kills import torture
 
 tmpfs = contextlib.contextmanager(mount_tmpfs)  # a real tmpfs of a given size, or a skip

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import mount_tmpfs
+from tests.tmpfs import mount_tmpfs
 from trainguard.node.precheck import count_accelerators, run_precheck
 from trainguard.policy.precheck import MIB, CheckResult, PrecheckConfig, PrecheckReport
 

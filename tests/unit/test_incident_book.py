@@ -10,7 +10,7 @@ from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore
 from trainguard.policy.decision import Action, Decision, History, Rung
 from trainguard.protocol import NodeReport, Progress
-from trainguard.records import FaultScenario, RecoverResult, StartType, utcnow
+from trainguard.records import FaultScenario, RecoverRecord, RecoverResult, StartType, utcnow
 
 
 def test_a_reschedule_overtaken_by_a_second_loss_is_failed_not_a_success(
@@ -153,32 +153,10 @@ def test_a_script_that_reports_no_steps_recovers_at_its_first_output_line(
     assert inc.durations()["resume"] == 3.5 and inc.durations()["total"] is not None
 
 
-def test_a_crash_before_the_first_step_lost_none_once_the_job_is_seen_to_report_steps(
-        tmp_path: Path) -> None:
-    """Walk-through 40 #9: a rank that crashed before its first step read `steps lost -`
-    (unknown): once the restart reports steps, the job is one that reports them, and the
-    failed attempt, which reported none, did none."""
-    book = IncidentBook(JobStore.create(tmp_path / "job", "r"))
-    book.attempt_started(0, StartType.FIRST_START, 29500)
-    t = utcnow()
-    restart = Decision(Action.RESTART, "rank 1 crashed", History(), rung=Rung.PROCESS_RESTART,
-                       start_type=StartType.AUTO_RESTART)
-    book.record(0, restart, Fault(FaultScenario.JOB_FAILED, "rank 1 crashed", "crash",
-                                  "worker-1", t, t, t, Progress()))
-    book.attempt_started(1, StartType.AUTO_RESTART, 29501)
-    book.workers_started(utcnow(), [False, False])  # no checkpoint: no Resumed report
-    later = utcnow() + timedelta(seconds=2)
-    book.progress_seen(Progress(first_step=1, first_step_at=later, last_step=1,
-                                last_step_at=later))
-    (inc,) = book._store.running_records()[0].recover_records
-    assert inc.recover_result == RecoverResult.SUCCESS
-    assert (inc.last_step_before, inc.resumed_step, inc.steps_lost) == (None, 0, 0)
-
-
-def test_a_job_that_reports_every_tenth_step_lost_an_unknown_number(tmp_path: Path) -> None:
-    """Review 49 #6: a job whose progress comes every 10 steps (a checkpoint's, a coarse
-    trainguard.progress) may have done 9 steps without a report: its first report after
-    the resume (step 10) is not the step after it (0), so steps lost stays unknown."""
+def _restarted_after_a_crash_before_any_step(tmp_path: Path, first_step: int,
+                                             resumed: int | None) -> RecoverRecord:
+    """The incident of attempt 0, whose rank crashed before reporting any step, once the
+    restarted attempt (which resumed from `resumed`, or said nothing) reports `first_step`."""
     book = IncidentBook(JobStore.create(tmp_path / "job", "r"))
     book.attempt_started(0, StartType.FIRST_START, 29500)
     t = utcnow()
@@ -187,10 +165,29 @@ def test_a_job_that_reports_every_tenth_step_lost_an_unknown_number(tmp_path: Pa
     book.record(0, restart, Fault(FaultScenario.JOB_FAILED, "rank 0 crashed", "crash",
                                   "worker-0", t, t, t, Progress()))
     book.attempt_started(1, StartType.AUTO_RESTART, 29501)
-    book.workers_started(utcnow(), [False])
-    book.resumed(0, "storage")
+    book.workers_started(utcnow(), [False, False])
+    if resumed is not None:
+        book.resumed(resumed, "storage")
     later = utcnow() + timedelta(seconds=2)
-    book.progress_seen(Progress(first_step=10, first_step_at=later, last_step=10,
-                                last_step_at=later))
+    book.progress_seen(Progress(first_step=first_step, first_step_at=later,
+                                last_step=first_step, last_step_at=later))
     (inc,) = book._store.running_records()[0].recover_records
-    assert (inc.recover_result, inc.steps_lost) == (RecoverResult.SUCCESS, None)
+    assert inc.recover_result == RecoverResult.SUCCESS
+    return inc
+
+
+def test_a_crash_before_the_first_step_lost_none_once_the_job_is_seen_to_report_steps(
+        tmp_path: Path) -> None:
+    """Walk-through 40 #9: a rank that crashed before its first step read `steps lost -`
+    (unknown): once the restart reports steps, the job is one that reports them, and the
+    failed attempt, which reported none, did none."""
+    inc = _restarted_after_a_crash_before_any_step(tmp_path, 1, None)  # no checkpoint
+    assert (inc.last_step_before, inc.resumed_step, inc.steps_lost) == (None, 0, 0)
+
+
+def test_a_job_that_reports_every_tenth_step_lost_an_unknown_number(tmp_path: Path) -> None:
+    """Review 49 #6: a job whose progress comes every 10 steps (a checkpoint's, a coarse
+    trainguard.progress) may have done 9 steps without a report: its first report after
+    the resume (step 10) is not the step after it (0), so steps lost stays unknown."""
+    inc = _restarted_after_a_crash_before_any_step(tmp_path, 10, 0)
+    assert inc.steps_lost is None

@@ -132,17 +132,10 @@ def test_a_job_dir_another_user_makes_while_the_launch_checks_is_refused(
 def test_a_job_dir_on_a_read_only_mount_says_so_not_chmod(tmp_path: Path) -> None:
     """Walk-through 40 #9: a read-only tmpfs (mode 1777) as --job-dir was told to `chmod
     o-w`, which cannot work there; the mount's real problem was not named."""
-    import subprocess
+    from tests.tmpfs import mount_tmpfs
 
     job = tmp_path / "ro"
-    job.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,mode=1777", "tmpfs", str(job)],
-                       capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    for _ in mount_tmpfs(job, "ro,mode=1777"):
         err = dry_run(tmp_path, job)
-    finally:
-        subprocess.run(["umount", "-l", str(job)], check=False)
     assert f"{job} is on a read-only file system" in err and "chmod" not in err, err
     assert "Fix: use another --job-dir on a writable disk, or remount it read-write" in err

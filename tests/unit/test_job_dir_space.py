@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.tmpfs import mount_tmpfs
 from trainguard.controller.store import JobStore
 from trainguard.errors import StoreError
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs (the launcher keeps 8 MiB of room beside the store); skipped where
-    mounting needs a root this test does not have."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
-                       capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+    """A 1 MiB tmpfs (the launcher keeps 8 MiB of room beside the store)."""
+    yield from mount_tmpfs(tmp_path / "disk", "size=1m")
 
 
 def test_a_store_that_cannot_be_made_on_a_full_disk_names_the_fix_and_leaves_nothing(

@@ -80,9 +80,11 @@ def resume_note(rec: Recorder) -> str:
 def from_scratch(knows_a_checkpoint: bool, auto_resume: str | None,
                  memory_snapshots: bool) -> str:
     """A restart's note when trainguard knows of nothing it resumes from: no checkpoint
-    committed through trainguard.checkpoint or an integration, none resumed from, no
-    snapshot in a peer's memory (walk-through 39 #6: a plain HF script restarted from step 0
-    and nobody said so); '' otherwise. Only "unless": a script may resume from its own."""
+    committed through trainguard.checkpoint or an integration, none resumed from, and
+    memory snapshots off (`memory_snapshots`: --memory-every on, the restart may resume from
+    one; review 49 #8: a script that takes none then gets no note) (walk-through 39 #6: a
+    plain HF script restarted from step 0 and nobody said so); '' otherwise. Only "unless":
+    a script may resume from its own."""
     if knows_a_checkpoint or memory_snapshots:
         return ""
     hint = "" if auto_resume else (

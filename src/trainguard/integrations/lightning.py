@@ -142,23 +142,18 @@ class TrainguardCallback(Callback):
     def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._marked.batch()
 
+    on_test_batch_end = on_predict_batch_end = on_validation_batch_end
+
     def on_test_start(self, trainer: Trainer, pl_module: Any) -> None:
         self._marked.begin("test")
-
-    def on_test_batch_end(self, *args: Any, **kwargs: Any) -> None:
-        self._marked.batch()
-
-    def on_test_end(self, trainer: Trainer, pl_module: Any) -> None:
-        self._marked.end()
 
     def on_predict_start(self, trainer: Trainer, pl_module: Any) -> None:
         self._marked.begin("prediction")
 
-    def on_predict_batch_end(self, *args: Any, **kwargs: Any) -> None:
-        self._marked.batch()
-
-    def on_predict_end(self, trainer: Trainer, pl_module: Any) -> None:
+    def on_test_end(self, trainer: Trainer, pl_module: Any) -> None:
         self._marked.end()
+
+    on_predict_end = on_test_end
 
     def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
         self._marked.end(exception)
