@@ -5,8 +5,10 @@ still recovering and the ledger booked the 10 minutes to the relaunch as recover
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore
@@ -16,6 +18,7 @@ from trainguard.records import (
     RecoverResult,
     RunningRecord,
     StartType,
+    iso,
     recoveries_by_rung,
 )
 
@@ -40,3 +43,98 @@ def test_a_relaunch_ends_the_incident_the_lost_launch_was_recovering_from(
     (rr,) = after.recover_records
     assert (rr.recover_result, rr.recover_end_at) == (RecoverResult.TERMINATED, at(20))
     assert after.end_at == at(20) and recoveries_by_rung([after]) == {}  # it never restarted
+
+
+def relaunch(tmp_path: Path, lines: list[tuple[float, str]], stored: list[tuple[int, float]],
+             **meta: Any) -> tuple[RunningRecord, list[tuple[int, int, float]], str | None]:
+    """A launch lost in attempt 0 (its store's samples `stored`, rank 0's log `lines`),
+    relaunched through a real Recorder.begin: (the attempt's record, the store's samples,
+    the JobRelaunched event's text)."""
+    from trainguard.controller.recorder import Recorder
+    from trainguard.paths import JobPaths
+    from trainguard.spec_build import build_spec
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    job = tmp_path / "job"
+    paths = JobPaths(job, job / "logs", str(job / "ck"))
+    paths.make()
+    rank0 = paths.log_dir / "attempt-0" / "rank-0.log"
+    rank0.parent.mkdir(parents=True)
+    rank0.write_text("".join(f"{at(s).isoformat()} out {text}\n" for s, text in lines))
+    os.utime(rank0, (at(lines[-1][0]).timestamp(),) * 2)  # written with its last line
+    with JobStore.create(job, "r") as store:
+        store.set_meta(state="running", attempt=0, last_step=stored[-1][0],
+                       created_at=at(0).isoformat(), launches=1, **meta)
+        store.put_running(RunningRecord(0, at(0), StartType.FIRST_START))
+        store.add_progress([(0, step, at(t).timestamp()) for step, t in stored])
+        Recorder(spec, paths, store, ["train.py"]).begin()
+        (lost,) = store.running_records()
+        said = [e.message for _, e in store.events() if e.reason == "JobRelaunched"]
+        return lost, store.progress(), said[0] if said else None
+
+
+def test_a_relaunch_reads_the_lost_launch_s_last_step_from_its_rank_logs(
+        tmp_path: Path) -> None:
+    """Walk-through 40 #3: a launcher killed with SIGKILL at step 230 left the store at step
+    227 (progress reaches it in batches); the relaunch ended the attempt at the time of the
+    logs' last line, `step 230`, but with step 227, and counted 7 steps done again, not 10.
+    The logs' last labelled step is the attempt's last step, and a progress sample; the
+    relaunch's event says when the lost launch was last alive, and at which step."""
+    lost, samples, said = relaunch(tmp_path, [
+        (27.0, "step 227 loss 0.61"), (28.0, "step 230 loss 0.62"),
+        (28.5, "  3%|▏   | 300/9000 [00:01<00:30]"),  # a bar (an evaluation's?): not read
+        (29.0, "saving: resumed from step 500")], [(227, 27.0)])  # no step: not the pattern's
+    assert lost.end_reason is not None and lost.last_step == 230, lost
+    assert samples[-1] == (0, 230, at(28).timestamp()), samples
+    assert said is not None and "ended lost (its launcher died: last sign of life " \
+        f"{iso(at(29))}, at step 230) at attempt 0" in said, said
+
+
+def test_a_lost_launch_s_last_step_is_its_last_line_s_not_the_highest(tmp_path: Path) -> None:
+    """Review 49 #4: an in-process restart stays in the same log: the steps before it are
+    higher and older. The attempt ended at step 210 (after a restart from 200), not 230, and
+    the sample the store had (208) is not added twice."""
+    restarted = [(30.0 + i, f"step {200 + i} loss 0.5") for i in range(1, 11)]
+    _, samples, _ = relaunch(tmp_path, [(28.0, "step 230 loss 0.62"), *restarted],
+                             [(230, 28.0), (201, 31.0), (208, 38.0)])
+    assert samples == [(0, 230, at(28).timestamp()), (0, 201, at(31).timestamp()),
+                       (0, 208, at(38).timestamp()), (0, 210, at(40).timestamp())], samples
+
+
+def test_a_lost_launch_whose_ranks_reported_their_own_steps_keeps_the_store_s(
+        tmp_path: Path) -> None:
+    """Review 49 #5: a rank that calls trainguard.progress numbers its steps itself; its log's
+    `step N` lines may count micro-batches (the agent ignores them then): the store's step
+    300 stays, not the log's 1200."""
+    lost, samples, said = relaunch(tmp_path, [(28.0 + i, f"step {1160 + 10 * i} loss 0.5")
+                                              for i in range(5)], [(300, 27.0)],
+                                   self_reported_attempt=0)
+    assert lost.last_step in (None, 300) and samples == [(0, 300, at(27).timestamp())]
+    assert said is not None and ", at step 300) at attempt 0" in said, said
+
+
+def test_the_recorder_keeps_which_attempt_reported_its_own_steps(tmp_path: Path) -> None:
+    """What the relaunch reads above: the recorder writes the attempt in which a rank sent
+    trainguard.progress (the node agent forwards the message in its report)."""
+    from trainguard.controller.lost_launch import SELF_REPORTED
+    from trainguard.controller.recorder import Recorder
+    from trainguard.paths import JobPaths
+    from trainguard.protocol import NodeReport, Progress, WorkerMessage
+    from trainguard.spec_build import build_spec
+    from trainguard.worker.contract import MessageKind
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r"})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", str(tmp_path / "job" / "ck"))
+    paths.make()
+
+    def sync(attempt: int, *kinds: MessageKind) -> object:
+        rec.sync(NodeReport(node="node-0", attempt=attempt, workers=[], progress=Progress(),
+                            at=at(1), messages=[WorkerMessage(kind=k, rank=0, at=at(1),
+                                                              data={"step": 3}) for k in kinds]))
+        return store.meta().get(SELF_REPORTED)
+
+    with JobStore.create(paths.job_dir, "r") as store:
+        rec = Recorder(spec, paths, store, ["train.py"])
+        assert sync(0) is None and sync(0, MessageKind.TRAIN_METRICS) is None
+        assert sync(0, MessageKind.PROGRESS) == 0
+        assert sync(1) == 0 and sync(1, MessageKind.PROGRESS) == 1

@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,10 @@ from trainguard.controller.launch_settings import (
     resume_caveat,
     settings_changes,
 )
+from trainguard.controller.lost_launch import SELF_REPORTED, close_lost_launch
 from trainguard.controller.progress_ledger import ProgressLedger
 from trainguard.controller.reserve import no_room
-from trainguard.controller.shown import last_sign_of_life, launched_at, process_started, slot_moves
+from trainguard.controller.shown import launched_at, process_started, slot_moves
 from trainguard.controller.store import JobStore, WorkerRow
 from trainguard.controller.store_writes import StoreWrites
 from trainguard.controller.worker_messages import WorkerMessages
@@ -36,7 +37,7 @@ from trainguard.diagnosis.attempt import diagnosis_message
 from trainguard.diagnosis.taxonomy import BUCKET_MISSING, Diagnosis
 from trainguard.errors import LaunchError, NodesUnavailable, StoreError
 from trainguard.exitcodes import ExitCode, describe_exit, signal_name
-from trainguard.paths import JobPaths, attempt_log_dir
+from trainguard.paths import JobPaths
 from trainguard.policy.decision import Decision, HAPolicy
 from trainguard.protocol import NodeReport, WorkerFact
 from trainguard.records import (
@@ -51,6 +52,7 @@ from trainguard.records import (
 )
 from trainguard.spec import JobSpec
 from trainguard.states import JobState
+from trainguard.worker.contract import MessageKind
 
 
 class Recorder:
@@ -67,6 +69,7 @@ class Recorder:
         self.previous_max_step: int | None = None  # the furthest step a launch before reached
         self.previous_committed: int | None = None  # and the newest checkpoint committed
         self._workers_sig: object = None
+        self._self_reported: int | None = None  # the attempt written as SELF_REPORTED
         self._usage_written: dict[str, dict[str, int]] = {}  # meta node_usage, as written
         self._refused_written: dict[str, int] = {}  # meta connections_refused, as written
         self._messages_refused_written = 0  # meta worker_messages_refused, as written
@@ -87,7 +90,8 @@ class Recorder:
     def begin(self) -> tuple[int, StartType]:
         """Record the job's start; a relaunch of the same job continues its attempts."""
         previous = self.store.meta()
-        ended = self._close_lost_launch(previous)
+        ended = close_lost_launch(previous, self.store, self.book, Path(self.paths.log_dir),
+                                  self.spec.step_pattern)
         # a job requeued by Slurm (sbatch --requeue) counts Slurm's restarts as launches
         requeues = os.environ.get("SLURM_RESTART_COUNT", "")
         self.launches = max(int(previous.get("launches") or 0) + 1,
@@ -169,30 +173,6 @@ class Recorder:
             ckpt = self.store.last_checkpoint()
             self.previous_committed = self.messages.max_committed_step = ckpt and ckpt[0]
             self.messages.newest_commit = ckpt and (ckpt[0], self.store.last_checkpoint_location())
-
-    def _close_lost_launch(self, previous: dict[str, Any]) -> str | None:
-        """How the previous launch ended: its recorded state, or `lost` when it was left
-        active (this launcher holds the job's lock: the one before died without recording
-        its end); a lost launch's open attempt ends at its last sign of life."""
-        try:
-            state = JobState(previous.get("state"))
-        except ValueError:
-            return previous.get("state")
-        if state.ended:
-            return state.value
-        store = self.store
-        last = last_sign_of_life(previous, store.running_records(), store.last_progress_time(),
-                                 store.last_event_time())
-        attempt = previous.get("attempt")
-        if isinstance(attempt, int):  # its ranks' last output (the logs outlive the launcher)
-            logs = attempt_log_dir(Path(self.paths.log_dir), attempt)
-            with contextlib.suppress(OSError):
-                last = max([last or 0.0, *(p.stat().st_mtime for p in logs.glob("rank-*.log"))])
-        if last is not None:
-            step = previous.get("last_step")
-            self.book.launch_lost(datetime.fromtimestamp(last, timezone.utc),
-                                  step if isinstance(step, int) else None)
-        return JobState.LOST.value
 
     def adopt(self) -> int:
         """A restarted controller takes over the attempt that runs (its workers kept
@@ -336,6 +316,10 @@ class Recorder:
                 self.store.put_workers(report.attempt or 0, workers_rows(report))
                 self._workers_sig = sig
         self.messages.handle(report.messages, report.attempt or 0)
+        if report.attempt != self._self_reported and any(
+                m.kind == MessageKind.PROGRESS for m in report.messages):
+            self.writes.set_meta(**{SELF_REPORTED: report.attempt})  # (lost_launch.py)
+            self._self_reported = report.attempt
         self.book.flush()  # running records a full disk held back
         with self.writes.best_effort():
             self._sync_progress(report, force)

@@ -24,11 +24,10 @@ from typing import IO
 
 from trainguard.console import Writable
 from trainguard.hang.step_lines import CountingLines, pattern_at
-from trainguard.presets import DEFAULT_BAR_GROUPS, DEFAULT_STEP_PATTERN
+from trainguard.presets import DEFAULT_BAR_GROUPS, DEFAULT_STEP_PATTERN, step_read
 from trainguard.worker.contract import stamp_lines
 
 CHUNK = 64 * 1024
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 WATCH_LINES = 10_000  # a rank's first lines the step pattern missed are watched
 MAX_LINE = 64 * 1024  # longer lines are split into pieces of this size
 TAIL_LINES = 200
@@ -292,11 +291,7 @@ class LogRouter:
 
     def _step_read(self, text: str) -> tuple[str, bool] | None:
         """(the step, whether a progress bar's group read it) of a line, or None."""
-        m = self._step.search(_ANSI.sub("", text) if "\x1b" in text else text)
-        if m is None:
-            return None
-        i, n = next(((i, g) for i, g in enumerate(m.groups(), 1) if g is not None), (0, None))
-        return (n, i in self._bars) if n is not None and n.isdigit() else None
+        return step_read(self._step, self._bars, text)
 
     def _close(self) -> None:
         with self._eof:

@@ -1,0 +1,125 @@
+"""How a lost launch ended (its launcher died with SIGKILL, or its machine rebooted: nothing
+recorded its end), as the relaunch reads it: its last sign of life, and its last step, from
+the store and from its rank logs (they outlive the launcher). Progress reaches the store in
+batches, so the steps of a dead launcher's last second or so were in the logs only
+(walk-through 40 #3: a record ending at a `step 230` line said last step 227, and 7 steps
+done again where 10 were).
+
+A rank's last step is the step of its last labelled line, in file order (an in-process
+restart stays in the same log: the steps before it are higher and older; review 49 #4), and
+only of an attempt whose ranks did not report their own progress (`trainguard.progress`:
+their log lines may number something else, micro-batches or an evaluation's batches, as the
+node agent reads them then; review 49 #5). A progress bar's count is never read (it may be an
+evaluation's: node/logs.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trainguard.controller.incidents import IncidentBook
+from trainguard.controller.shown import last_sign_of_life
+from trainguard.controller.store import JobStore
+from trainguard.errors import StoreError
+from trainguard.paths import attempt_log_dir
+from trainguard.presets import DEFAULT_BAR_GROUPS, DEFAULT_STEP_PATTERN, step_read
+from trainguard.records import iso
+from trainguard.states import JobState
+from trainguard.worker.contract import STAMP_PATTERN
+
+TAIL_BYTES = 64 << 10  # of each rank log: the last lines are what is read
+_STAMP = re.compile("^" + STAMP_PATTERN)
+# meta: the newest attempt in which a rank reported its own progress (trainguard.progress)
+SELF_REPORTED = "self_reported_attempt"
+
+
+@dataclass(frozen=True)
+class LoggedEnd:
+    written: float | None  # when a rank log of the attempt was last written, epoch seconds
+    steps: dict[int, tuple[int, float]]  # rank -> (its last labelled step, that line's time)
+
+    def last(self) -> tuple[int, float] | None:
+        """The highest of the ranks' last steps, with its line's time; None without one."""
+        return max(self.steps.values(), default=None)
+
+
+def read_logged_end(log_dir: Path, attempt: int, step_pattern: str, *,
+                    steps: bool = True) -> LoggedEnd:
+    """What the tails of `attempt`'s rank logs say of its end (`steps` False: only when they
+    were last written)."""
+    step_rx = re.compile(step_pattern)
+    bars = DEFAULT_BAR_GROUPS if step_pattern == DEFAULT_STEP_PATTERN else frozenset()
+    written: float | None = None
+    last: dict[int, tuple[int, float]] = {}
+    for log in attempt_log_dir(log_dir, attempt).glob("rank-*.log"):
+        try:
+            st = log.stat()
+            written = max(written or 0.0, st.st_mtime)
+            rank = int(log.stem.removeprefix("rank-"))
+            if not steps:
+                continue
+            with open(log, "rb") as f:
+                f.seek(max(0, st.st_size - TAIL_BYTES))
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except (OSError, ValueError):
+            continue
+        for line in reversed(lines[1:] if st.st_size > TAIL_BYTES else lines):  # (a first
+            m = _STAMP.match(line)  # one may be cut in two)
+            read = step_read(step_rx, bars, line[m.end():]) if m else None
+            if m is None or read is None or read[1]:
+                continue
+            try:
+                last[rank] = (int(read[0]), datetime.fromisoformat(m.group(1)).timestamp())
+            except ValueError:
+                continue
+            break
+    return LoggedEnd(written, last)
+
+
+def lost_end(stored_step: int | None, stored_sample: tuple[int, int, float] | None,
+             logged: LoggedEnd) -> tuple[int | None, tuple[int, float] | None]:
+    """(the lost attempt's last step, a progress sample its logs add or None): the logs'
+    last step when its line is newer than the store's last sample of the attempt
+    (`stored_sample`) and is another step; else the store's (`stored_step`)."""
+    step = logged.last()
+    if step is None or (stored_sample is not None and (step[1] <= stored_sample[2]
+                                                       or step[0] == stored_sample[1])):
+        return stored_step, None
+    return step[0], step
+
+
+def close_lost_launch(previous: dict[str, Any], store: JobStore, book: IncidentBook,
+                      log_dir: Path, step_pattern: str) -> str | None:
+    """How the previous launch ended (meta `previous`): its recorded state, or `lost` when
+    it was left active (this launcher holds the job's lock: the one before died without
+    recording its end), with its last sign of life and step; a lost launch's open attempt
+    ends there (its incident terminated), and a step its logs show past the store's is a
+    progress sample."""
+    try:
+        state = JobState(previous.get("state"))
+    except ValueError:
+        return previous.get("state")
+    if state.ended:
+        return state.value
+    last = last_sign_of_life(previous, store.running_records(), store.last_progress_time(),
+                             store.last_event_time())
+    attempt, step = previous.get("attempt"), previous.get("last_step")
+    step = step if isinstance(step, int) else None
+    if isinstance(attempt, int):  # its ranks' last output (the logs outlive the launcher)
+        logged = read_logged_end(log_dir, attempt, step_pattern,
+                                 steps=previous.get(SELF_REPORTED) != attempt)
+        last = max(last or 0.0, logged.written) if logged.written is not None else last
+        with contextlib.suppress(StoreError):
+            step, sample = lost_end(step, store.last_sample(attempt), logged)
+            if sample is not None:
+                store.add_progress([(attempt, *sample)])
+    if last is None:
+        return JobState.LOST.value
+    book.launch_lost(at := datetime.fromtimestamp(last, timezone.utc), step)
+    return (f"{JobState.LOST.value} (its launcher died: last sign of life {iso(at)}"
+            + ("" if step is None else f", at step {step}") + ")")
