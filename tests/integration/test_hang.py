@@ -303,6 +303,28 @@ def test_a_healthy_jittery_quiet_job_with_slow_checkpoints_raises_no_false_alarm
     assert " out step " not in log  # --quiet: progress came from trainguard.progress
 
 
+def test_a_job_that_reports_no_steps_is_judged_by_its_memory_snapshots(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Walk-through 40 #2: a job that prints no steps and calls no trainguard.progress but
+    takes a memory snapshot every 5 steps hung after step 30: with no progress at all it
+    waited out the 30-minute start-up allowance. The snapshots are its ranks' progress and
+    cadence: confirmed at the floor, named, restarted, resumed from the snapshot of step 30."""
+    r = run_tg(ddp(job_dir, "--restart-on-hang", "--hang-floor", "2", "--memory-every", "5",
+                   steps=45, ckpt_every=100_000, script=("--quiet",)),
+               cwd=tmp_path, fault="hang@rank=1,step=30", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = check_confirmed(job_dir, 1, {"0": "collective", "1": "sleep"})
+    assert data["threshold_s"] == 2.0 and "floor 2s" in data["basis"], data["basis"]
+    got = reasons_of(events(job_dir))
+    assert got[got.index("HangConfirmed") + 1:][:3] == [
+        "WorkersStopped", "RestartScheduled", "WorkersRestarted"], got
+    assert got[-1] == "JobSucceeded", got
+    res = [e["message"] for e in events(job_dir) if e["reason"] == "Resumed"]
+    assert res and "memory snapshot of step 30" in res[0], res
+    log = (job_dir / "logs" / "attempt-0" / "rank-0.log").read_text()
+    assert " out step " not in log  # --quiet, and no trainguard.progress (no --progress)
+
+
 def test_a_rank_finishing_after_its_peer_exited_is_not_confirmed_hung(
         tmp_path: Path, job_dir: Path) -> None:
     """Rank 1 ends at once; rank 0 works on silently for 6 s after its last step (a final

@@ -81,6 +81,7 @@ SAMPLES: dict[MessageKind, dict[str, Any]] = {
     MessageKind.MEMORY_STEPS: {"steps": [41, 42], "storage_step": 40, "attempt": 1,
                                "generation": 0},
     MessageKind.TRAIN_METRICS: {"step": 12, "loss": 2.3125, "learning_rate": 3e-4},
+    MessageKind.SNAPSHOT_TAKEN: {"step": 70},
     MessageKind.SNAPSHOT_BLOCKING: {"blocked_s": 0.42, "snapshots": 7, "step": 70,
                                     "ended_at": 1796540000.5},
     MessageKind.LOG_WRITE_FAILED: {"error": "No space left on device"},

@@ -263,3 +263,42 @@ def test_a_gap_of_many_fast_steps_teaches_the_cadence() -> None:
     slow.observe([live(0, 3.0, step=2, intervals=[2.0])], at(3.0))
     assert "start-up allowance" in slow.threshold()[1]
     assert slow.observe([live(0, 3.0, step=2)], at(60.0)).state == HangState.OK
+
+
+def test_memory_snapshots_are_the_progress_of_a_rank_that_reports_no_steps() -> None:
+    """Walk-through 40 #2: a job that printed no steps took a memory snapshot every 10 steps
+    (the llm preset), then hung: with no progress at all it waited out the 30-minute
+    start-up allowance. The snapshots give the rank's progress and cadence (the detector
+    learns it and confirms at its floor), and stay apart from reported steps: once the rank
+    reports a step (a line, trainguard.progress) its snapshots are no progress, and a gap
+    from a snapshot's step to a reported one is no cadence (review 49 #1: snapshots made
+    reported progress turned step lines off, a healthy job was suspected every 10 steps)."""
+    from trainguard.node.liveness import LivenessBook
+
+    book = LivenessBook()
+    book.reset({0: 100, 1: 101})
+    for i, step in enumerate(range(10, 60, 10)):  # snapshots of steps 10..50, 0.5 s apart
+        book.implied(0, step, at(i * 0.5))
+    (rank,) = book.report({0}, {})
+    assert (rank.last_step, rank.last_progress_at) == (50, at(2.0))
+    assert rank.intervals == [0.5] * 4
+    det = HangDetector(HangPolicy(floor_s=8.0))
+    det.start_attempt(at(0))
+    assert det.observe([rank], at(2.0)).state == HangState.OK
+    assert det.threshold()[0] == 8.0  # learned: the floor, not the start-up allowance
+    assert det.observe([live(0, 2.0, step=50)], at(9.0)).state == HangState.SUSPECTED
+    assert det.observe([live(0, 2.0, step=50)], at(10.5)).state == HangState.CONFIRMED
+
+    book.progress(1, 3, at(0.0))  # rank 1 prints its steps (micro-batches, say) ...
+    book.implied(1, 60, at(0.2))  # ... and snapshots: the snapshot is not its progress
+    book.progress(1, 4, at(0.3))
+    (rank1,) = book.report({1}, {})
+    assert (rank1.last_step, rank1.last_progress_at, rank1.intervals) == (4, at(0.3), [0.3])
+    book.implied(0, 60, at(2.5))
+    book.progress(0, 700, at(3.0))  # rank 0's first reported step: no gap from a snapshot
+    book.progress(0, 701, at(3.2))
+    (rank,) = book.report({0}, {})
+    # 50 to 60, then 700 to 701: none from the snapshot of 60 to the reported 700
+    assert rank.last_step == 701 and rank.intervals == [0.5, pytest.approx(0.2)]
+    book.implied(0, 70, at(3.5))
+    assert book.report({0}, {})[0].last_progress_at == at(3.2)

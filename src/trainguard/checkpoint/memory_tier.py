@@ -75,7 +75,10 @@ class MemoryTier:
         if self._off_reason is not None:
             return False
         with self._timer.timed(step), phase(CHECKPOINT_PHASE):  # its own hang allowance
-            return self._snapshot(step, state, capture_rng())
+            done = self._snapshot(step, state, capture_rng())
+        if done:  # the step is reached: liveness for a rank that reports no steps itself
+            channel.send(MessageKind.SNAPSHOT_TAKEN, step=step)  # (walk-through 40 #2)
+        return done
 
     def _snapshot(self, step: int, state: Mapping[str, Any], rng: dict[str, Any]) -> bool:
         replicated, per_rank, sharded = split(state)

@@ -384,6 +384,8 @@ class NodeAgent:
             return
         if m.kind == MessageKind.PROGRESS:
             self._on_progress(m.rank, int(m.data["step"]), m.at, line=False)
+        elif m.kind == MessageKind.SNAPSHOT_TAKEN:
+            self._liveness.implied(m.rank, int(m.data["step"]), m.at)
         elif m.kind == MessageKind.IMPORTS:
             self._standby.learn(m.data["modules"].split(","))
         else:  # a phase, a checkpoint saved

@@ -37,6 +37,8 @@ class _RankBook:
     local_rank: int = 0
     accel_util: int | None = None
     sampled_at: datetime | None = None
+    # its steps are its own (step lines, trainguard.progress): its snapshots' are not read
+    reports_steps: bool = False
 
 
 class LivenessBook:
@@ -63,10 +65,25 @@ class LivenessBook:
 
     def progress(self, rank: int, step: int | None, at: datetime) -> None:
         """A step line, trainguard.progress(step), or a checkpoint save of `rank`."""
+        self._progress(rank, step, at, implied=False)
+
+    def implied(self, rank: int, step: int, at: datetime) -> None:
+        """A memory snapshot of `step` on `rank` (the Checkpointer's): progress of a rank
+        that reports no steps of its own, whose cadence it gives; none once it reports one
+        (step lines or trainguard.progress may count something else: review 49 #1), and
+        never a step of the job's progress (status, goodput). A job that printed no steps
+        hung after its snapshots and waited out the 30-minute start-up allowance
+        (walk-through 40 #2)."""
+        self._progress(rank, step, at, implied=True)
+
+    def _progress(self, rank: int, step: int | None, at: datetime, implied: bool) -> None:
         with self._lock:
             r = self._ranks.get(rank)
-            if r is None:
+            if r is None or (implied and r.reports_steps):
                 return
+            if step is not None and not implied and not r.reports_steps:
+                r.reports_steps = True  # its own steps from now: a snapshot's are no gap
+                r.last_step = None  # to start from (their units may differ)
             if (r.last_progress_at is not None and at > r.last_progress_at
                     and step is not None and r.last_step is not None
                     and step > r.last_step and not r.phases

@@ -27,7 +27,8 @@ __all__ = ["ENV_SOCKET", "available", "send"]
 RETRY_S = 1.0  # how long a full queue is tried again for a message the next one does not
 RETRY_EVERY_S = 0.005  # supersede
 # superseded by the next one: dropped when the queue is full, never sent up again (node/outbox.py)
-LOSSY_KINDS = frozenset({MessageKind.PROGRESS, MessageKind.TRAIN_METRICS})
+LOSSY_KINDS = frozenset({MessageKind.PROGRESS, MessageKind.TRAIN_METRICS,
+                         MessageKind.SNAPSHOT_TAKEN})
 # not a message of the contract: a rank handing its agent the way to its control inbox (an
 # fd passed with SCM_RIGHTS), taken by the agent's channel itself (node/channel.py)
 HAND_OVER = "control_hand_over"

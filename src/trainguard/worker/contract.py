@@ -129,6 +129,7 @@ class MessageKind(str, Enum):
     RESTART_WAITING = "restart_waiting"  # run_resilient: the function raised; waits a verdict
     MEMORY_STEPS = "memory_steps"  # load_latest: the memory snapshots this rank can load
     SNAPSHOT_BLOCKING = "snapshot_blocking"  # rank 0, every few s: the loop's wait on snapshots
+    SNAPSHOT_TAKEN = "snapshot_taken"  # every rank: a memory snapshot of a step (liveness only)
     IMPORTS = "imports"  # load_latest, once: the installed packages this process imported
     TRAIN_METRICS = "train_metrics"  # trainguard.log_metrics: the loss, the learning rate
     LOG_WRITE_FAILED = "log_write_failed"  # the agent: a rank log could not be written
@@ -248,6 +249,9 @@ FIELDS: dict[MessageKind, dict[str, Field]] = {
         "step": _int(-MAX_INT64 - 1, MAX_INT64, nullable=True),  # the last one's
         "ended_at": Field(float, nullable=True, low=0.0, high=MAX_TIME),  # it returned (Unix)
     },
+    # a step the rank reached as its memory snapshot says: progress for a rank that reports
+    # no steps of its own, kept apart from reported ones (node/liveness.py)
+    MessageKind.SNAPSHOT_TAKEN: {"step": _STEP},
     MessageKind.IMPORTS: {"modules": _text(MAX_TEXT, required=True)},  # comma-separated
     MessageKind.TRAIN_METRICS: {"step": _STEP, **{k: _METRIC for k in TRAIN_METRIC_NAMES}},
     MessageKind.FAULTS: {
