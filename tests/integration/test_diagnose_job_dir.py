@@ -71,8 +71,14 @@ def test_a_job_of_one_rank_that_hangs_names_that_rank(tmp_path: Path, job_dir: P
     confirmed = next(e for e in read_json("events", job_dir)
                      if e["reason"] == "HangConfirmed")
     assert "Culprit: rank 0" in confirmed["message"], confirmed["message"]
-    d = read_json("diagnose", job_dir)["diagnosis"]
+    doc = read_json("diagnose", job_dir)
+    d = doc["diagnosis"]
     assert d["culprit"]["rank"] == 0 and "the only rank" in d["summary"], d
     assert "no single culprit" not in d["summary"]
+    # the files it read include the verdict and the stack dump its evidence is in (walk-
+    # through 40 #9: `files` listed the rank logs only, and the text said "read 1 file(s)")
+    stacks = "logs/attempt-0/stacks/"
+    assert {stacks + "hang.json", stacks + "rank-0.txt"} <= set(doc["files"]), doc["files"]
+    assert d["evidence"]["file"] == stacks + "rank-0.txt", d["evidence"]
 
 

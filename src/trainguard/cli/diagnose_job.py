@@ -15,6 +15,7 @@ every rank's stack dump) is the diagnosis.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -142,8 +143,9 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         node, reason = losses[attempt]
         ranks = sorted(r.rank for r in rows if r.attempt == attempt and r.node == node)
         return JobInputs(attempt, files, exits, None, lost=(node, reason, ranks))
-    hung = None if any(e.failed for e in exits) else _hang_report(job_dir, log_dir, attempt)
-    return JobInputs(attempt, files, exits, hung, window=window, failed=note is None,
+    hung, hang_files = (None, []) if any(e.failed for e in exits) else \
+        _hang_report(job_dir, log_dir, attempt)
+    return JobInputs(attempt, files, exits, hung, hang_files, window=window, failed=note is None,
                      note=note)
 
 
@@ -220,19 +222,23 @@ def _node_losses(records: list[RunningRecord]) -> dict[int, tuple[str, str]]:
     return out
 
 
-def _hang_report(job_dir: Path, log_dir: Path, attempt: int) -> Diagnosis | None:
-    """The launcher's hang verdict of `attempt`, with its stack dumps, if it hung."""
+def _hang_report(job_dir: Path, log_dir: Path, attempt: int
+                 ) -> tuple[Diagnosis | None, list[str]]:
+    """The launcher's hang verdict of `attempt`, with its stack dumps, if it hung; and the
+    files it read (the verdict and the dumps, as shown)."""
     path = stacks_dir(log_dir, attempt) / HANG_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
+        return None, []
     if not isinstance(data, dict) or data.get("cleared_at"):
-        return None  # the job made progress again after that hang
+        return None, []  # the job made progress again after that hang
     texts = {}
     for f in sorted(path.parent.glob("rank-*.txt")):
         rank = file_rank(f.name)
         if rank is not None:
             name = _named(f, job_dir)
-            texts[rank] = (name, f.read_text(encoding="utf-8", errors="replace"))
-    return hang_diagnosis(data, texts)
+            with contextlib.suppress(OSError):
+                texts[rank] = (name, f.read_text(encoding="utf-8", errors="replace"))
+    read = [_named(path, job_dir), *(name for name, _ in texts.values())]
+    return hang_diagnosis(data, texts), read

@@ -271,6 +271,7 @@ class JobInputs:
     files: list[tuple[Path, str]]  # its logs: (path, the name shown)
     exits: list[RankExit]  # its ranks' exits
     hung: Diagnosis | None  # the launcher's hang verdict, when no rank failed but it hung
+    hang_files: list[str] = field(default_factory=list)  # the stack dumps that verdict read
     lost: tuple[str, str, list[int]] | None = None  # a node loss ended it: node, why, ranks
     # the failure's time span: lines stamped at or before its start belong to an earlier
     # failure of the attempt (an in-process restart), after its end are its consequences
@@ -295,12 +296,14 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
     files: list[tuple[Path, str]] = []
     exits: list[RankExit] = []
     hung: Diagnosis | None = None
+    hang_files: list[str] = []
     lost = None
     window: tuple[datetime | None, datetime | None] = (None, None)
     for p in paths:
         job = read_job(p, report.problems) if read_job is not None else None
         if job is not None:
             report.attempt, hung, lost = job.attempt, job.hung, job.lost
+            hang_files = job.hang_files if job.hung is not None else []
             report.job_dir = str(p)
             report.attempt_failed, report.note, window = job.failed, job.note, job.window
             files += job.files
@@ -338,6 +341,7 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
         start = window[0]
         findings = [f for f in findings if f.at is None or f.at_inherited or f.at > start]
     report.diagnosis = hung or diagnose(findings, exits, rules, window[1])
+    report.files += hang_files  # what the verdict read too (walk-through 40 #9)
     if lost is not None:
         report.diagnosis = node_loss_diagnosis(*lost, report.diagnosis)
     return report
