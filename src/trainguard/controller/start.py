@@ -74,17 +74,17 @@ def started(report: NodeReport, start_type: StartType, attempt: int, port: int,
 def resume_note(rec: Recorder) -> str:
     """`from_scratch` of the job so far."""
     return from_scratch(rec.messages.knows_a_checkpoint(), rec.spec.auto_resume,
-                        rec.spec.memory_every > 0)
+                        rec.messages.snapshot_taken)
 
 
 def from_scratch(knows_a_checkpoint: bool, auto_resume: str | None,
                  memory_snapshots: bool) -> str:
     """A restart's note when trainguard knows of nothing it resumes from: no checkpoint
-    committed through trainguard.checkpoint or an integration, none resumed from, and
-    memory snapshots off (`memory_snapshots`: --memory-every on, the restart may resume from
-    one; review 49 #8: a script that takes none then gets no note) (walk-through 39 #6: a
-    plain HF script restarted from step 0 and nobody said so); '' otherwise. Only "unless":
-    a script may resume from its own."""
+    committed through trainguard.checkpoint or an integration, none resumed from, and no
+    memory snapshot taken (`memory_snapshots`: a rank said it took one, the restart may
+    resume from it; not the --memory-every setting: a plain script under the llm preset takes
+    none, review 49 #8) (walk-through 39 #6: a plain HF script restarted from step 0 and
+    nobody said so); '' otherwise. Only "unless": a script may resume from its own."""
     if knows_a_checkpoint or memory_snapshots:
         return ""
     hint = "" if auto_resume else (

@@ -83,6 +83,7 @@ class WorkerMessages:
             MessageKind.RESUMED: self._on_resumed,
             MessageKind.TRAIN_METRICS: self._on_train_metrics,
             MessageKind.SNAPSHOT_BLOCKING: self._on_snapshot_blocking,
+            MessageKind.SNAPSHOT_TAKEN: self._on_snapshot_taken,
             MessageKind.FAULTS: self._on_faults,
             MessageKind.AUTO_RESUME_UNUSED: self._on_auto_resume_unused,
         }
@@ -90,6 +91,7 @@ class WorkerMessages:
         self.fault_calls: set[str] = set()  # trainguard.testing.faults: what the ranks called
         self.faults_fired: set[int] = set()  # and which faults of TRAINGUARD_FAULT fired
         self.saw_whole_job = True  # False after a takeover or in a relaunch (review 39 #2)
+        self.snapshot_taken = False  # a rank took a memory snapshot: a restart may resume there
 
     def knows_a_checkpoint(self) -> bool:
         """Whether the job committed a checkpoint (this launch or one before) or resumed
@@ -330,6 +332,9 @@ class WorkerMessages:
                                        for k in TRAIN_METRIC_NAMES},
             "at": m.at.isoformat()}
         self.train_metrics_changed = True
+
+    def _on_snapshot_taken(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
+        self.snapshot_taken = True
 
     def _on_snapshot_blocking(self, m: WorkerMessage, d: dict[str, Any], attempt: int) -> None:
         """What the rank's memory snapshots held its loop for since its last report: a row
