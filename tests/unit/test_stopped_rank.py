@@ -44,6 +44,30 @@ def test_the_stopped_rank_is_the_culprit_whatever_its_stack_shows() -> None:
     assert stopped_culprit(named, [StackDump(rank=0, pid=10)]) is named  # none stopped
 
 
+def test_a_stopped_rank_s_wake_up_command_is_dropped_once_a_rung_replaced_it() -> None:
+    """Walk-through 40 #9: recovery and report still advised `kill -CONT 23723` after the
+    restart had killed and replaced that pid; a hang left running keeps the command."""
+    from datetime import datetime, timezone
+
+    from trainguard.controller.hang_evidence import HangConfirmation, hang_fault
+    from trainguard.goodput.report import _culprit
+    from trainguard.hang.detector import HangState, HangVerdict
+    from trainguard.protocol import Progress
+
+    c = stopped_culprit(HangCulprit(0, "blocked", {0: "blocked"}, None, 0.6),
+                        [StackDump(rank=0, pid=10, stopped=True), StackDump(rank=1, pid=11,
+                                                                            stopped=True)])
+    now = datetime(2026, 12, 7, tzinfo=timezone.utc)
+    hang = HangConfirmation(HangVerdict(HangState.CONFIRMED), c, now, Path("/nonexistent"))
+    restarted = hang_fault(hang, now, Progress()).reason
+    left = hang_fault(hang, now, Progress(), replaced=False).reason
+    assert left == c.reason and "(`kill -CONT 10 11`)" in left, left
+    assert restarted.endswith("until SIGCONT (pid 10 11 at the confirmation)"), restarted
+    confirmed = {"culprit": {"reason": c.reason}}
+    assert _culprit(confirmed, "process_restart") == restarted
+    assert _culprit(confirmed, "none") == c.reason and _culprit({}, "none") is None
+
+
 def test_diagnose_of_a_stopped_rank_says_where_it_waits_and_to_send_sigcont() -> None:
     """Walk-through 11: `culprit: rank 1, raised at train_ddp.py:271` (nothing raised) and the
     generic hang advice for a SIGSTOPped rank."""

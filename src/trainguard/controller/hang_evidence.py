@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -38,9 +39,20 @@ def stopped_culprit(culprit: HangCulprit, dumps: list[StackDump]) -> HangCulprit
     rank = stopped[0] if len(stopped) == 1 else None
     return replace(culprit, rank=rank, frame=culprit.frame if culprit.rank == rank else None,
                    reason=f"{who} stopped (state T: SIGSTOP, Ctrl-Z or a debugger): nothing "
-                          f"runs until SIGCONT (`kill -CONT {pids}`)",
+                          f"runs until SIGCONT ({WAKE.format(pids=pids)})",
                    by_rank={**culprit.by_rank, **{r: STOPPED for r in stopped}},
                    confidence=max(culprit.confidence, 0.9))
+
+
+WAKE = "`kill -CONT {pids}`"  # what wakes a stopped rank, in its culprit's text
+_WAKE = re.compile(r"`kill -CONT ([\d ]+)`")
+
+
+def woken_text(reason: str) -> str:
+    """A stopped rank's culprit text once a rung replaced its processes: their pids as they
+    were, no longer the command to wake them (walk-through 40 #9: recovery and report still
+    advised `kill -CONT 23723` after that pid was killed and replaced)."""
+    return _WAKE.sub(lambda m: f"pid {m.group(1)} at the confirmation", reason)
 
 
 def job_ending(report: NodeReport) -> str | None:
@@ -118,10 +130,12 @@ class HangConfirmation:
     stacks_dir: Path
 
 
-def hang_fault(hang: HangConfirmation, stopped: datetime, progress: Progress) -> Fault:
+def hang_fault(hang: HangConfirmation, stopped: datetime, progress: Progress,
+               replaced: bool = True) -> Fault:
     """What the incident's records say of a confirmed hang (`stopped`: when its ranks were
-    stopped; the confirmation itself for a hang left running)."""
-    reason = hang.culprit.reason
+    stopped; the confirmation itself for a hang left running, whose ranks are not
+    `replaced`)."""
+    reason = woken_text(hang.culprit.reason) if replaced else hang.culprit.reason
     return Fault(FaultScenario.JOB_HANGED, reason, f"hang: {reason}",
                  task_of(hang.culprit.rank), hang.verdict.last_progress_at or hang.confirmed_at,
                  hang.confirmed_at, stopped, progress, "nccl_timeout_or_hang")

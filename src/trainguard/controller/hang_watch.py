@@ -244,7 +244,7 @@ class HangWatch:
             self.confirmed = self._confirm(v, report, now)
             if self.confirmed is not None and not self.rec.spec.restart_on_hang:
                 fault = hang_fault(self.confirmed, self.confirmed.confirmed_at,
-                                   report.progress)
+                                   report.progress, replaced=False)
                 self.rec.book.hang_left_running(self._attempt, replace(
                     fault, reason=f"left running (--restart-on-hang is off): {fault.reason}"))
             return self.confirmed

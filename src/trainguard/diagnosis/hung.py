@@ -50,8 +50,9 @@ def hang_diagnosis(data: dict[str, Any], stack_texts: dict[int, tuple[str, str]]
     if rank is not None and by_rank.get(rank) == STOPPED:  # stopped from outside the job
         domain = FaultDomain.INFRASTRUCTURE  # (walk-through 24: it read `framework`)
         pid = re.search(r"kill -CONT ([\d ]+)`", reason)
-        advice = (f"Rank {rank}'s process is stopped (state T): send it SIGCONT (`kill -CONT "
-                  f"{pid.group(1) if pid else 'PID'}`) or find what stopped it (a debugger, "
+        advice = (f"Rank {rank}'s process is stopped (state T): while the job is left hung, "
+                  f"send it SIGCONT (`kill -CONT {pid.group(1) if pid else 'PID'}`) or find "
+                  "what stopped it (a debugger, "
                   "Ctrl-Z, a job-control signal); restart upon suspension (--restart-on-hang) "
                   "replaces it and resumes from the last checkpoint.")
     return Diagnosis(

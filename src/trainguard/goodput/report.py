@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from trainguard.controller.hang_evidence import woken_text
 from trainguard.controller.shown import shown_state
 from trainguard.controller.store import JobStore, NodeRow
 from trainguard.exitcodes import ExitCode
@@ -49,6 +50,15 @@ def gather(store: JobStore, now: datetime | None = None) -> ReportInput:
                        store.nodes(), job_goodput(store, now, commits, meta, records), commits)
 
 
+def _culprit(confirmed: dict[str, Any], recover: str) -> str | None:
+    """A hang's culprit as its HangConfirmed said, its stopped processes' wake-up command
+    dropped once a rung replaced them."""
+    reason = (confirmed.get("culprit") or {}).get("reason") if confirmed else None
+    if not isinstance(reason, str):
+        return None
+    return reason if recover == NO_RECOVERY else woken_text(reason)
+
+
 def report_doc(r: ReportInput) -> dict[str, Any]:
     """The `report --json` document."""
     g = r.goodput
@@ -68,7 +78,7 @@ def report_doc(r: ReportInput) -> dict[str, Any]:
             "category": rr.category or d.get("category"),
             "deciding_line": None if evidence is None else
             f"{evidence.get('file')}:{evidence.get('line')}: {evidence.get('text')}",
-            "hang_culprit": (h.get("culprit") or {}).get("reason") if h else None,
+            "hang_culprit": _culprit(h, rr.recover),
             "durations_s": rr.durations(), "steps_lost": rr.steps_lost,
             "resumed_from": rr.resumed_from})
     advice = interval_advice(g, r.records, r.commits)
