@@ -3,7 +3,6 @@ pattern: data that JobSpec's defaults are made of. Pure."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 # Defaults each scenario of the seed table turns on (docs/scenarios.md says why).
@@ -50,16 +49,3 @@ DEFAULT_STEP_PATTERN = (
 # (the other groups) its bars are not read as steps (node/logs.py; walk-through 33 #6: an
 # evaluation's `135/300` bar made a 40-step job's last step 300, 280 steps "lost")
 DEFAULT_BAR_GROUPS = frozenset({2, 3})
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour codes, as torchtitan prints
-
-
-def step_read(step: re.Pattern[str], bars: frozenset[int], text: str) -> tuple[str, bool] | None:
-    """(the step, whether a progress bar's group read it) a line reports under `step` (the
-    --step-pattern; `bars`: its groups that read a bar), colour codes taken off first; None
-    when it reports none. The node agent reads every line so; a lost launch's logs too."""
-    m = step.search(ANSI.sub("", text) if "\x1b" in text else text)
-    if m is None:
-        return None
-    i, n = next(((i, g) for i, g in enumerate(m.groups(), 1) if g is not None), (0, None))
-    return (n, i in bars) if n is not None and n.isdigit() else None

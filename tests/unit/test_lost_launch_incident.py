@@ -46,10 +46,12 @@ def test_a_relaunch_ends_the_incident_the_lost_launch_was_recovering_from(
 
 
 def relaunch(tmp_path: Path, lines: list[tuple[float, str]], stored: list[tuple[int, float]],
+             *, cut: str = "", rank1: list[tuple[float, str]] | None = None,
              **meta: Any) -> tuple[RunningRecord, list[tuple[int, int, float]], str | None]:
-    """A launch lost in attempt 0 (its store's samples `stored`, rank 0's log `lines`),
-    relaunched through a real Recorder.begin: (the attempt's record, the store's samples,
-    the JobRelaunched event's text)."""
+    """A launch lost in attempt 0 (its store's samples `stored`, rank 0's log `lines` and
+    then `cut`, a last line with no newline; rank 1's `rank1`), relaunched through a real
+    Recorder.begin: (the attempt's record, the store's samples, the JobRelaunched event's
+    text)."""
     from trainguard.controller.recorder import Recorder
     from trainguard.paths import JobPaths
     from trainguard.spec_build import build_spec
@@ -60,8 +62,11 @@ def relaunch(tmp_path: Path, lines: list[tuple[float, str]], stored: list[tuple[
     paths.make()
     rank0 = paths.log_dir / "attempt-0" / "rank-0.log"
     rank0.parent.mkdir(parents=True)
-    rank0.write_text("".join(f"{at(s).isoformat()} out {text}\n" for s, text in lines))
+    rank0.write_text("".join(f"{at(s).isoformat()} out {text}\n" for s, text in lines) + cut)
     os.utime(rank0, (at(lines[-1][0]).timestamp(),) * 2)  # written with its last line
+    if rank1 is not None:
+        (rank0.parent / "rank-1.log").write_text(
+            "".join(f"{at(s).isoformat()} out {text}\n" for s, text in rank1))
     with JobStore.create(job, "r") as store:
         store.set_meta(state="running", attempt=0, last_step=stored[-1][0],
                        created_at=at(0).isoformat(), launches=1, **meta)
@@ -99,6 +104,34 @@ def test_a_lost_launch_s_last_step_is_its_last_line_s_not_the_highest(tmp_path: 
                              [(230, 28.0), (201, 31.0), (208, 38.0)])
     assert samples == [(0, 230, at(28).timestamp()), (0, 201, at(31).timestamp()),
                        (0, 208, at(38).timestamp()), (0, 210, at(40).timestamp())], samples
+
+
+def test_a_lost_launch_s_logs_never_lower_its_step(tmp_path: Path) -> None:
+    """Review 50 #4: an evaluation's `iter N` lines after the last training step, or a last
+    line cut short (`step 23` of `step 230`, no newline), became the attempt's end and a
+    progress sample the ledger read as an in-process restart (26 steps done again). The logs'
+    step counts only when it is higher than the store's last sample (the agent's high-water),
+    and a line with no newline is not read."""
+    evals = [(29.0 + i, f"iter {i} eval loss 0.4") for i in range(1, 6)]
+    lost, samples, said = relaunch(tmp_path, [(28.0, "step 230 loss 0.62"), *evals],
+                                   [(220, 20.0), (227, 27.0)])
+    assert lost.last_step in (None, 227) and samples[-1] == (0, 227, at(27).timestamp())
+    assert said is not None and ", at step 227) at attempt 0" in said, said
+    lost, samples, _ = relaunch(tmp_path / "cut", [(27.5, "step 228 loss 0.6")],
+                                [(227, 27.0)], cut=f"{at(28).isoformat()} out step 23")
+    assert samples[-1] == (0, 228, at(27.5).timestamp()), samples
+
+
+def test_a_lost_launch_s_step_is_the_newest_of_its_ranks_last_lines(tmp_path: Path) -> None:
+    """Review 50 #5: rank 1 labels a line only every ten steps; rank 0 went through an
+    in-process restart the store never saw. Rank 1's older, higher `step 230` is not the
+    attempt's end: the newest line is rank 0's `step 205`, lower than the store's 227, so
+    the store's step stands (a second short, as before, rather than a made-up end)."""
+    restarted = [(24.0 + i, f"step {201 + i} loss 0.5") for i in range(5)]
+    lost, samples, _ = relaunch(tmp_path, [(19.0, "step 228"), (20.0, "step 229"), *restarted],
+                                [(227, 19.5)], rank1=[(10.0, "step 220"), (22.0, "step 230")])
+    assert samples == [(0, 227, at(19.5).timestamp())], samples
+    assert lost.last_step in (None, 227), lost
 
 
 def test_a_lost_launch_whose_ranks_reported_their_own_steps_keeps_the_store_s(

@@ -325,10 +325,10 @@ class IncidentBook:
     def launch_lost(self, at: datetime, last_step: int | None = None) -> None:
         """A relaunch found the previous launch `lost` (its launcher died: nothing recorded
         its end): the attempt it left open ends `lost` at its last sign of life, `at`, with
-        the last step the job recorded (`last_step`, as `status` showed it), and so does an
-        incident it was recovering from (terminated: a launcher killed in a restart's backoff
-        left it `recovering` for good, and the gap to the relaunch read as recovery, not
-        queued; walk-through 30)."""
+        its last step (`last_step`: the store's, or its rank logs' newer one: lost_launch.py),
+        and so does an incident it was recovering from (terminated: a launcher killed in a
+        restart's backoff left it `recovering` for good, and the gap to the relaunch read as
+        recovery, not queued; walk-through 30)."""
         for rec in self._store.running_records():
             if rec.end_at is None:
                 rec.end_at, rec.end_reason = max(at, rec.start_at), LOST_END_REASON

@@ -5,12 +5,16 @@ batches, so the steps of a dead launcher's last second or so were in the logs on
 (walk-through 40 #3: a record ending at a `step 230` line said last step 227, and 7 steps
 done again where 10 were).
 
-A rank's last step is the step of its last labelled line, in file order (an in-process
-restart stays in the same log: the steps before it are higher and older; review 49 #4), and
-only of an attempt whose ranks did not report their own progress (`trainguard.progress`:
-their log lines may number something else, micro-batches or an evaluation's batches, as the
-node agent reads them then; review 49 #5). A progress bar's count is never read (it may be an
-evaluation's: node/logs.py).
+The lost attempt's last step is the newest of its ranks' last labelled lines (a rank's last in
+file order: an in-process restart stays in the same log, its steps before the restart are
+higher and older; the newest across ranks, whose lines may lag: review 49 #4, review 50 #5),
+taken only when it is newer than the store's last sample of the attempt and higher than its
+step, as the agent keeps a high-water (an evaluation's `iter 5` after the last training step,
+or a line cut short, never lowers it: review 50 #4), and only in an attempt whose ranks did not
+report their own progress (`trainguard.progress`: their log lines may number something else,
+micro-batches or an evaluation's batches, as the node agent reads them then; review 49 #5). A
+progress bar's count is never read (it may be an evaluation's: node/logs.py); a last line
+with no newline is one cut short (the agent writes whole lines) and is not read.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.shown import last_sign_of_life
 from trainguard.controller.store import JobStore
 from trainguard.errors import StoreError
+from trainguard.hang.step_lines import bar_groups, step_read
 from trainguard.paths import attempt_log_dir
-from trainguard.presets import DEFAULT_BAR_GROUPS, DEFAULT_STEP_PATTERN, step_read
 from trainguard.records import iso
 from trainguard.states import JobState
 from trainguard.worker.contract import STAMP_PATTERN
@@ -43,9 +47,9 @@ class LoggedEnd:
     written: float | None  # when a rank log of the attempt was last written, epoch seconds
     steps: dict[int, tuple[int, float]]  # rank -> (its last labelled step, that line's time)
 
-    def last(self) -> tuple[int, float] | None:
-        """The highest of the ranks' last steps, with its line's time; None without one."""
-        return max(self.steps.values(), default=None)
+    def newest(self) -> tuple[int, float] | None:
+        """The newest of the ranks' last steps, with its line's time; None without one."""
+        return max(self.steps.values(), key=lambda s: (s[1], s[0]), default=None)
 
 
 def read_logged_end(log_dir: Path, attempt: int, step_pattern: str, *,
@@ -53,7 +57,7 @@ def read_logged_end(log_dir: Path, attempt: int, step_pattern: str, *,
     """What the tails of `attempt`'s rank logs say of its end (`steps` False: only when they
     were last written)."""
     step_rx = re.compile(step_pattern)
-    bars = DEFAULT_BAR_GROUPS if step_pattern == DEFAULT_STEP_PATTERN else frozenset()
+    bars = bar_groups(step_pattern)
     written: float | None = None
     last: dict[int, tuple[int, float]] = {}
     for log in attempt_log_dir(log_dir, attempt).glob("rank-*.log"):
@@ -65,11 +69,14 @@ def read_logged_end(log_dir: Path, attempt: int, step_pattern: str, *,
                 continue
             with open(log, "rb") as f:
                 f.seek(max(0, st.st_size - TAIL_BYTES))
-                lines = f.read().decode("utf-8", "replace").splitlines()
+                text = f.read().decode("utf-8", "replace")
         except (OSError, ValueError):
             continue
-        for line in reversed(lines[1:] if st.st_size > TAIL_BYTES else lines):  # (a first
-            m = _STAMP.match(line)  # one may be cut in two)
+        lines = text.splitlines()
+        lines = lines[1:] if st.st_size > TAIL_BYTES else lines  # (a first one cut in two)
+        lines = lines if text.endswith("\n") else lines[:-1]  # (a last one cut short)
+        for line in reversed(lines):
+            m = _STAMP.match(line)
             read = step_read(step_rx, bars, line[m.end():]) if m else None
             if m is None or read is None or read[1]:
                 continue
@@ -83,12 +90,15 @@ def read_logged_end(log_dir: Path, attempt: int, step_pattern: str, *,
 
 def lost_end(stored_step: int | None, stored_sample: tuple[int, int, float] | None,
              logged: LoggedEnd) -> tuple[int | None, tuple[int, float] | None]:
-    """(the lost attempt's last step, a progress sample its logs add or None): the logs'
-    last step when its line is newer than the store's last sample of the attempt
-    (`stored_sample`) and is another step; else the store's (`stored_step`)."""
-    step = logged.last()
-    if step is None or (stored_sample is not None and (step[1] <= stored_sample[2]
-                                                       or step[0] == stored_sample[1])):
+    """(the lost attempt's last step, a progress sample its logs add or None): the newest of
+    the ranks' last logged steps when its line is newer than the store's last sample of the
+    attempt (`stored_sample`) and its step higher; else the store's (`stored_step`)."""
+    step = logged.newest()
+    if step is None:
+        return stored_step, None
+    if stored_sample is not None and (step[1] <= stored_sample[2] or step[0] <= stored_sample[1]):
+        return stored_step, None
+    if stored_sample is None and stored_step is not None and step[0] <= stored_step:
         return stored_step, None
     return step[0], step
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from trainguard.presets import DEFAULT_BAR_GROUPS, DEFAULT_STEP_PATTERN
+
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _LABEL = re.compile(r"([A-Za-z_]+)\W{0,3}$")  # the word that names a number (`it 15`)
 MAX_LINE = 300  # longer lines are not progress prints
@@ -65,3 +67,22 @@ def pattern_at(text: str, index: int) -> str | None:
     pattern = rf"\b{re.escape(word.group(1))}\W{{0,3}}(\d+)"
     first = re.search(pattern, text)
     return pattern if first is not None and first.start(1) == m.start() else None
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour codes, as torchtitan prints
+
+
+def bar_groups(step_pattern: str) -> frozenset[int]:
+    """The groups of `step_pattern` that read a progress bar (the default pattern's)."""
+    return DEFAULT_BAR_GROUPS if step_pattern == DEFAULT_STEP_PATTERN else frozenset()
+
+
+def step_read(step: re.Pattern[str], bars: frozenset[int], text: str) -> tuple[str, bool] | None:
+    """(the step, whether a progress bar's group read it) a line reports under `step` (the
+    --step-pattern; `bars`: its groups that read a bar), colour codes taken off first; None
+    when it reports none. The node agent reads every line so; a lost launch's logs too."""
+    m = step.search(ANSI.sub("", text) if "\x1b" in text else text)
+    if m is None:
+        return None
+    i, n = next(((i, g) for i, g in enumerate(m.groups(), 1) if g is not None), (0, None))
+    return (n, i in bars) if n is not None and n.isdigit() else None

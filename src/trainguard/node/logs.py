@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from trainguard.console import Writable
-from trainguard.hang.step_lines import CountingLines, pattern_at
-from trainguard.presets import DEFAULT_BAR_GROUPS, DEFAULT_STEP_PATTERN, step_read
+from trainguard.hang.step_lines import CountingLines, bar_groups, pattern_at, step_read
 from trainguard.worker.contract import stamp_lines
 
 CHUNK = 64 * 1024
@@ -110,7 +109,7 @@ class LogRouter:
         self._console = console
         self._console_lock = threading.Lock()
         self._step = re.compile(step_pattern)
-        self._bars = DEFAULT_BAR_GROUPS if step_pattern == DEFAULT_STEP_PATTERN else frozenset()
+        self._bars = bar_groups(step_pattern)
         self._labelled: set[int] = set()  # ranks whose steps a labelled line (not a bar) read
         self._on_progress = on_progress
         self._sel = selectors.DefaultSelector()
