@@ -70,6 +70,8 @@ parser.add_argument("--progress", action="store_true",
                     help="call trainguard.progress(step) every step")
 parser.add_argument("--quiet", action="store_true",
                     help="no step lines: print only the start and end summary")
+parser.add_argument("--rank0-only", action="store_true",
+                    help="step lines on rank 0 only, as most DDP scripts print them")
 parser.add_argument("--loader-workers", type=int, default=0, metavar="N",
                     help="make the batches in a torch DataLoader with N worker processes "
                     "(0: in the training loop)")
@@ -256,7 +258,7 @@ def main() -> None:
             time.sleep(jitter_s(step, args.step_time if args.step_time > 0 else 0.01))
         dt = time.perf_counter() - t0
         step_times.append(dt)
-        if not args.quiet:
+        if not args.quiet and (rank == 0 or not args.rank0_only):
             print(f"step {step} loss {loss_value:.4f} lr {lr:.2e} dt {dt * 1000:.1f}ms",
                   flush=True)
         log_digest("step", step, model)

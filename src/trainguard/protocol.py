@@ -145,6 +145,11 @@ class RankLiveness(_Msg):
     accel_util: int | None = Field(None, description="utilisation (%) of the accelerator of "
                                    "its local rank, when one can be read (NVML, npu-smi)")
     sampled_at: datetime | None = Field(None, description="when cpu/io/accel were sampled")
+    # progress implied by its memory snapshots, apart from the above (node/liveness.py)
+    implied_step: int | None = Field(None, description="the step of its last memory snapshot")
+    implied_at: datetime | None = Field(None, description="when that snapshot was taken")
+    implied_intervals: list[float] = Field(default_factory=list, description="seconds between "
+                                           "its snapshots since the last report")
 
 
 class FrameMsg(_Msg):

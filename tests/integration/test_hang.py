@@ -325,6 +325,27 @@ def test_a_job_that_reports_no_steps_is_judged_by_its_memory_snapshots(
     assert " out step " not in log  # --quiet, and no trainguard.progress (no --progress)
 
 
+@pytest.mark.parametrize("prints", ["nothing", "rank 0 only"])
+def test_a_healthy_job_is_not_judged_hung_by_its_memory_snapshots(
+        tmp_path: Path, job_dir: Path, prints: str) -> None:
+    """Review 50 #1 #2: snapshots every 10 steps of 0.3 s, further apart than the 2 s floor.
+    A job that prints nothing learns its cadence from one snapshot to the next (it learned
+    1 ms, from the snapshot's own phase end, and was confirmed hung between two healthy
+    snapshots); where rank 0 prints its steps, the silent rank 1 is judged by the job's
+    progress, not by its snapshots (it was suspected at every snapshot interval)."""
+    flags = ("--quiet",) if prints == "nothing" else ("--rank0-only",)
+    r = run_tg(["run", "--nproc-per-node", "2", "--job-dir", str(job_dir), *FAST,
+                "--restart-on-hang", "--hang-floor", "2", "--memory-every", "10", str(EXAMPLE),
+                "--steps", "40", "--ckpt-every", "100000", "--step-time", "0.3", *flags],
+               cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = reasons_of(events(job_dir))
+    assert not [x for x in got if x.startswith("Hang")], got
+    assert "WorkersRestarted" not in got and got[-1] == "JobSucceeded", got
+    assert ((job_dir / "logs" / "attempt-0" / "rank-1.log").read_text().count(" out step ")
+            == 0)
+
+
 def test_a_rank_finishing_after_its_peer_exited_is_not_confirmed_hung(
         tmp_path: Path, job_dir: Path) -> None:
     """Rank 1 ends at once; rank 0 works on silently for 6 s after its last step (a final

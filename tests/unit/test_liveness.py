@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -265,40 +266,68 @@ def test_a_gap_of_many_fast_steps_teaches_the_cadence() -> None:
     assert slow.observe([live(0, 3.0, step=2)], at(60.0)).state == HangState.OK
 
 
-def test_memory_snapshots_are_the_progress_of_a_rank_that_reports_no_steps() -> None:
+def snapshots(book: Any, rank: int, steps: range, every_s: float, t0: float = 0.0) -> float:
+    """What the memory tier sends for each snapshot: its `checkpoint` phase, then the
+    snapshot_taken of its step (node/agent.py: LivenessBook.implied). Returns the last time."""
+    t = t0
+    for i, step in enumerate(steps):
+        t = t0 + i * every_s
+        book.phase(rank, "checkpoint", "begin", at(t - 0.01), None)
+        book.phase(rank, "checkpoint", "end", at(t), None)
+        book.implied(rank, step, at(t + 0.001))
+    return t
+
+
+def test_memory_snapshots_are_the_progress_of_a_job_that_reports_no_steps() -> None:
     """Walk-through 40 #2: a job that printed no steps took a memory snapshot every 10 steps
     (the llm preset), then hung: with no progress at all it waited out the 30-minute
-    start-up allowance. The snapshots give the rank's progress and cadence (the detector
-    learns it and confirms at its floor), and stay apart from reported steps: once the rank
-    reports a step (a line, trainguard.progress) its snapshots are no progress, and a gap
-    from a snapshot's step to a reported one is no cadence (review 49 #1: snapshots made
-    reported progress turned step lines off, a healthy job was suspected every 10 steps)."""
+    start-up allowance. The snapshots are its progress and teach its cadence, from one
+    snapshot to the next (review 50 #1: measured from the snapshot's own phase end, it was
+    1 ms, and a healthy job with snapshots 10 s apart was confirmed hung at the 8 s floor)."""
+    from trainguard.node.liveness import LivenessBook
+
+    book = LivenessBook()
+    book.reset({0: 100})
+    t = snapshots(book, 0, range(10, 60, 10), every_s=10.0)
+    (rank,) = book.report({0}, {})
+    assert (rank.last_step, rank.last_progress_at, rank.intervals) == (None, None, [])
+    assert (rank.implied_step, rank.implied_at) == (50, at(t + 0.001))
+    assert rank.implied_intervals == [pytest.approx(10.0)] * 4
+    det = HangDetector(HangPolicy(floor_s=8.0))
+    det.start_attempt(at(0))
+    assert det.observe([rank], at(t)).state == HangState.OK
+    threshold, basis = det.threshold()
+    assert threshold == pytest.approx(30.0) and "p99" in basis, basis  # 3 x 10 s
+    quiet = rank.model_copy(update={"implied_intervals": []})
+    assert det.observe([quiet], at(t + 15.0)).state == HangState.OK  # between two snapshots
+    assert det.observe([quiet], at(t + 25.0)).state == HangState.SUSPECTED
+    assert det.observe([quiet], at(t + 31.0)).state == HangState.CONFIRMED
+
+
+def test_a_job_that_reports_steps_is_not_judged_by_its_snapshots() -> None:
+    """Review 49 #1, review 50 #2: rank 0 prints its steps, rank 1 prints none and takes
+    memory snapshots; the silent rank is judged by the job's progress (as before
+    snapshots counted), not by its snapshots, which came once per 10 steps and made it
+    suspected at each; the step lines are still read once a snapshot came first, and no
+    cadence learned from snapshots outlives the first reported step."""
     from trainguard.node.liveness import LivenessBook
 
     book = LivenessBook()
     book.reset({0: 100, 1: 101})
-    for i, step in enumerate(range(10, 60, 10)):  # snapshots of steps 10..50, 0.5 s apart
-        book.implied(0, step, at(i * 0.5))
-    (rank,) = book.report({0}, {})
-    assert (rank.last_step, rank.last_progress_at) == (50, at(2.0))
-    assert rank.intervals == [0.5] * 4
+    t = snapshots(book, 1, range(10, 50, 10), every_s=10.0)  # before rank 0's first line
     det = HangDetector(HangPolicy(floor_s=8.0))
     det.start_attempt(at(0))
-    assert det.observe([rank], at(2.0)).state == HangState.OK
-    assert det.threshold()[0] == 8.0  # learned: the floor, not the start-up allowance
-    assert det.observe([live(0, 2.0, step=50)], at(9.0)).state == HangState.SUSPECTED
-    assert det.observe([live(0, 2.0, step=50)], at(10.5)).state == HangState.CONFIRMED
-
-    book.progress(1, 3, at(0.0))  # rank 1 prints its steps (micro-batches, say) ...
-    book.implied(1, 60, at(0.2))  # ... and snapshots: the snapshot is not its progress
-    book.progress(1, 4, at(0.3))
-    (rank1,) = book.report({1}, {})
-    assert (rank1.last_step, rank1.last_progress_at, rank1.intervals) == (4, at(0.3), [0.3])
-    book.implied(0, 60, at(2.5))
-    book.progress(0, 700, at(3.0))  # rank 0's first reported step: no gap from a snapshot
-    book.progress(0, 701, at(3.2))
-    (rank,) = book.report({0}, {})
-    # 50 to 60, then 700 to 701: none from the snapshot of 60 to the reported 700
-    assert rank.last_step == 701 and rank.intervals == [0.5, pytest.approx(0.2)]
-    book.implied(0, 70, at(3.5))
-    assert book.report({0}, {})[0].last_progress_at == at(3.2)
+    det.observe(book.report({0, 1}, {}), at(t))
+    assert det.threshold()[0] == pytest.approx(30.0)  # the snapshots' cadence, for now
+    for i in range(40):  # rank 0's step lines, 0.5 s apart
+        book.progress(0, 41 + i, at(t + 1 + i * 0.5))
+    book.implied(1, 50, at(t + 6))
+    last = t + 1 + 39 * 0.5
+    assert det.observe(book.report({0, 1}, {}), at(last)).state == HangState.OK
+    threshold, basis = det.threshold()
+    assert threshold == 8.0 and "p99 0.500s" in basis, basis  # the steps', not 30 s
+    # rank 1's last snapshot is 14 s old, rank 0's step fresh: no suspicion of rank 1
+    assert det.observe(book.report({0, 1}, {}), at(last + 2)).state == HangState.OK
+    book.implied(1, 60, at(last + 3))  # later snapshots change nothing either
+    assert det.observe(book.report({0, 1}, {}), at(last + 5)).state == HangState.OK
+    assert det.observe(book.report({0, 1}, {}), at(last + 6)).state == HangState.SUSPECTED

@@ -23,9 +23,11 @@ def report(*kinds: str, attempt: int = 0) -> NodeReport:
 
 def test_it_keeps_what_the_controller_makes_events_of_and_nothing_else() -> None:
     made = set(WorkerMessages(lambda *a, **k: None, IncidentBook(None))._handlers)  # type: ignore[arg-type]
-    # metrics and snapshot blocking say what is true now; a report lost in a takeover costs
-    # a few seconds of blocking unbooked, and a resend must not book it twice
-    assert made - {MessageKind.TRAIN_METRICS, MessageKind.SNAPSHOT_BLOCKING} == RECORDED_KINDS
+    # metrics, snapshot blocking and snapshots taken say what is true now; a report lost in
+    # a takeover costs a few seconds of blocking unbooked (a resend must not book it twice),
+    # and the next snapshot says again that the ranks take them
+    assert made - {MessageKind.TRAIN_METRICS, MessageKind.SNAPSHOT_BLOCKING,
+                   MessageKind.SNAPSHOT_TAKEN} == RECORDED_KINDS
 
 
 def test_a_report_with_nothing_to_keep_is_not_numbered() -> None:

@@ -113,3 +113,18 @@ def test_counting_lines_are_found_and_read_by_the_pattern_suggested() -> None:
                for k in range(6))
     same = CountingLines()
     assert all(same.observe("epoch 1 done") is None for _ in range(5))
+
+
+def test_memory_snapshots_do_not_end_the_watch_and_the_warning_says_what_they_leave_out(
+        ) -> None:
+    """Review 50 #3: a job whose ranks report no step but take memory snapshots is still
+    told (goodput reads the warning: without it the job's time was all start-up); its hang
+    detection goes by the snapshots, so the warning names what has nothing to go by."""
+    w, said = watch(hang_detection=True, restart_on_hang=True)
+    snap = report(201, 200)
+    snap.liveness[0] = snap.liveness[0].model_copy(update={
+        "implied_step": 40, "implied_at": T0 + timedelta(seconds=199)})
+    w.observe(report(10, 5), 0)
+    w.observe(snap, 0)
+    (told,) = said
+    assert "so the no-progress guard and goodput have nothing to go by" in told, told

@@ -163,6 +163,6 @@ def _on_our_clock(lv: RankLiveness, shift: timedelta) -> RankLiveness:
     if not shift:
         return lv
     moved = {k: getattr(lv, k) + shift for k in ("last_progress_at", "phase_since",
-                                                  "last_output_at", "sampled_at")
+                                                  "last_output_at", "sampled_at", "implied_at")
              if getattr(lv, k) is not None}
     return lv.model_copy(update=moved)

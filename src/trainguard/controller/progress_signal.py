@@ -54,6 +54,8 @@ class ProgressSignal:
                  if spec.hang_detection and spec.restart_on_hang else
                  "hang detection and the no-progress guard" if spec.hang_detection else
                  "the no-progress guard")
+        if any(lv.implied_at is not None for lv in report.liveness):  # memory snapshots:
+            needs = "the no-progress guard and goodput"  # hang detection goes by them
         have = "has" if needs == "the no-progress guard" else "have"
         if counting is not None:
             line, pattern = str(counting.unread_step_line).strip(), counting.unread_step_pattern

@@ -120,6 +120,9 @@ class _Rank:
     gaps: int = 0  # steps its progress intervals covered in this attempt
     last_step: int | None = None  # its step at the last poll
     left_phase_at: datetime | None = None  # when its last phase ended
+    reported_at: datetime | None = None  # its own progress (last_progress_at as reported)
+    implied_at: datetime | None = None  # its last memory snapshot
+    implied_step: int | None = None
 
 
 @dataclass
@@ -141,6 +144,10 @@ class HangDetector:
     _phase_ended_at: datetime | None = None  # a rank's marked phase last ended (this attempt)
     _most_gaps: int = 0  # the most steps one rank's intervals covered in this attempt
     _learned_steps: int = 0  # the steps the learned intervals covered (each gap at least 1)
+    # a rank of the job reported a step (a line, trainguard.progress): memory snapshots are
+    # no progress from then on (while none did, they are: walk-through 40 #2)
+    _steps_reported: bool = False
+    _implied_learned: bool = False  # intervals were learned from snapshots
 
     def start_attempt(self, at: datetime) -> None:
         """Clocks restart; the learned cadence is kept (it is the job's, not the attempt's),
@@ -181,6 +188,8 @@ class HangDetector:
                 ending: str | None = None) -> HangVerdict:
         """`liveness`: the ranks still running; `ending`: why the job is ending (a rank
         exited 0), when it is: the ranks left get the ending allowance."""
+        if not self._steps_reported and any(rl.last_step is not None for rl in liveness):
+            self._forget_implied()
         for rl in liveness:
             self._update(rl, now)
         threshold, basis = self.threshold()
@@ -251,24 +260,45 @@ class HangDetector:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _update(self, rl: RankLiveness, now: datetime) -> None:
-        r = self._ranks.setdefault(rl.rank, _Rank())
-        gaps = [x for x in rl.intervals if x >= 0]
+    def _forget_implied(self) -> None:
+        """A rank reported its first step: the snapshots' progress and cadence are dropped
+        (their steps may count otherwise; a silent rank beside one that prints is judged
+        by the job's progress again, review 50 #2)."""
+        self._steps_reported = True
+        if self._implied_learned:
+            self.intervals.clear()
+            self._learned_steps = self._most_gaps = 0
+            self._warm_now, self._implied_learned = [], False
+        for r in self._ranks.values():
+            r.last_progress_at, r.gaps = r.reported_at, 0
+
+    def _learn(self, r: _Rank, intervals: list[float], step: int | None,
+               before: int | None) -> None:
+        gaps = [x for x in intervals if x >= 0]
         if gaps:  # the steps they cover (a gap of progress sent every 0.2 s spans many)
-            covered = rl.last_step - r.last_step if rl.last_step is not None and \
-                r.last_step is not None else 0
+            covered = step - before if step is not None and before is not None else 0
             if self._warming():
                 self._warm_now += gaps
             r.gaps += max(len(gaps), covered)
             self._learned_steps += max(len(gaps), covered)
             self._most_gaps = max(self._most_gaps, r.gaps)
             self.intervals.extend(gaps)
+
+    def _update(self, rl: RankLiveness, now: datetime) -> None:
+        r = self._ranks.setdefault(rl.rank, _Rank())
+        self._learn(r, rl.intervals, rl.last_step, r.last_step)
         if rl.last_step is not None:
             r.last_step = rl.last_step
+        if not self._steps_reported and rl.implied_step is not None:  # its snapshots
+            self._learn(r, rl.implied_intervals, rl.implied_step, r.implied_step)
+            self._implied_learned |= bool(rl.implied_intervals)
+            r.implied_step, r.implied_at = rl.implied_step, rl.implied_at
         while len(self.intervals) > self.policy.window:
             self.intervals.popleft()
         if rl.last_progress_at is not None:
-            r.last_progress_at = rl.last_progress_at
+            r.reported_at = rl.last_progress_at
+        r.last_progress_at = max((t for t in (r.reported_at, None if self._steps_reported
+                                              else r.implied_at) if t is not None), default=None)
         r.last_output_at = rl.last_output_at
         if r.phase is not None and rl.phase is None:
             r.left_phase_at = now

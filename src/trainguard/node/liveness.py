@@ -37,8 +37,10 @@ class _RankBook:
     local_rank: int = 0
     accel_util: int | None = None
     sampled_at: datetime | None = None
-    # its steps are its own (step lines, trainguard.progress): its snapshots' are not read
-    reports_steps: bool = False
+    # its memory snapshots (the Checkpointer's), kept apart from its reported progress
+    implied_step: int | None = None
+    implied_at: datetime | None = None
+    implied_pending: list[float] = field(default_factory=list)
 
 
 class LivenessBook:
@@ -65,25 +67,10 @@ class LivenessBook:
 
     def progress(self, rank: int, step: int | None, at: datetime) -> None:
         """A step line, trainguard.progress(step), or a checkpoint save of `rank`."""
-        self._progress(rank, step, at, implied=False)
-
-    def implied(self, rank: int, step: int, at: datetime) -> None:
-        """A memory snapshot of `step` on `rank` (the Checkpointer's): progress of a rank
-        that reports no steps of its own, whose cadence it gives; none once it reports one
-        (step lines or trainguard.progress may count something else: review 49 #1), and
-        never a step of the job's progress (status, goodput). A job that printed no steps
-        hung after its snapshots and waited out the 30-minute start-up allowance
-        (walk-through 40 #2)."""
-        self._progress(rank, step, at, implied=True)
-
-    def _progress(self, rank: int, step: int | None, at: datetime, implied: bool) -> None:
         with self._lock:
             r = self._ranks.get(rank)
-            if r is None or (implied and r.reports_steps):
+            if r is None:
                 return
-            if step is not None and not implied and not r.reports_steps:
-                r.reports_steps = True  # its own steps from now: a snapshot's are no gap
-                r.last_step = None  # to start from (their units may differ)
             if (r.last_progress_at is not None and at > r.last_progress_at
                     and step is not None and r.last_step is not None
                     and step > r.last_step and not r.phases
@@ -100,6 +87,25 @@ class LivenessBook:
                 r.last_progress_at = at
                 if step is not None:
                     r.last_step = step
+
+    def implied(self, rank: int, step: int, at: datetime) -> None:
+        """A memory snapshot of `step` on `rank` (the Checkpointer's): progress implied, kept
+        apart from the rank's reported progress (step lines, trainguard.progress, saves) and
+        reported beside it; the hang detector goes by it only while no rank of the job reports
+        progress of its own (walk-through 40 #2: a job that printed no steps hung after its
+        snapshots and waited out the 30-minute start-up allowance; review 49 #1, review 50
+        #1 #2: mixed into a rank's own progress, it turned step lines off, taught a cadence of
+        1 ms, and judged a silent rank by its snapshots beside one that prints). Its interval
+        is from the snapshot before (its phase's end is no progress of it); none while a
+        phase is open (an evaluation's time is not the cadence)."""
+        with self._lock:
+            r = self._ranks.get(rank)
+            if r is None or (r.implied_step is not None and step <= r.implied_step):
+                return
+            if r.implied_at is not None and at > r.implied_at and not r.phases \
+                    and len(r.implied_pending) < MAX_PENDING:
+                r.implied_pending.append((at - r.implied_at).total_seconds())
+            r.implied_step, r.implied_at = step, at
 
     def saving_on_exit(self) -> bool:
         """Whether a rank saves a checkpoint on its way out now (its phase says so)."""
@@ -187,8 +193,10 @@ class LivenessBook:
                     last_output_at=last_output.get(rank),
                     unread_step_line=line, unread_step_pattern=pattern,
                     cpu_s=r.cpu_s, io_bytes=r.io_bytes, reads=r.reads,
-                    accel_util=r.accel_util, sampled_at=r.sampled_at))
-                r.pending = []
+                    accel_util=r.accel_util, sampled_at=r.sampled_at,
+                    implied_step=r.implied_step, implied_at=r.implied_at,
+                    implied_intervals=r.implied_pending))
+                r.pending, r.implied_pending = [], []
         return out
 
 
