@@ -13,13 +13,17 @@ from typing import Any
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore
 from trainguard.records import (
+    Event,
     FaultScenario,
+    Involved,
+    Level,
     RecoverRecord,
     RecoverResult,
     RunningRecord,
     StartType,
     iso,
     recoveries_by_rung,
+    utcnow,
 )
 
 T0 = datetime(2026, 12, 5, 19, 52, tzinfo=timezone.utc)
@@ -47,7 +51,8 @@ def test_a_relaunch_ends_the_incident_the_lost_launch_was_recovering_from(
 
 def relaunch(tmp_path: Path, lines: list[tuple[float, str]], stored: list[tuple[int, float]],
              *, cut: str = "", rank1: list[tuple[float, str]] | None = None,
-             **meta: Any) -> tuple[RunningRecord, list[tuple[int, int, float]], str | None]:
+             own_events: int = 0, **meta: Any
+             ) -> tuple[RunningRecord, list[tuple[int, int, float]], str | None]:
     """A launch lost in attempt 0 (its store's samples `stored`, rank 0's log `lines` and
     then `cut`, a last line with no newline; rank 1's `rank1`), relaunched through a real
     Recorder.begin: (the attempt's record, the store's samples, the JobRelaunched event's
@@ -72,6 +77,9 @@ def relaunch(tmp_path: Path, lines: list[tuple[float, str]], stored: list[tuple[
                        created_at=at(0).isoformat(), launches=1, **meta)
         store.put_running(RunningRecord(0, at(0), StartType.FIRST_START))
         store.add_progress([(0, step, at(t).timestamp()) for step, t in stored])
+        for _ in range(own_events):  # this launch's own, before it looks (a failed takeover)
+            store.add_event(Event(utcnow(), Level.WARNING, "ControllerRestarted", "cannot",
+                                  Involved("r", None, None, None)))
         Recorder(spec, paths, store, ["train.py"]).begin()
         (lost,) = store.running_records()
         said = [e.message for _, e in store.events() if e.reason == "JobRelaunched"]
@@ -104,6 +112,17 @@ def test_a_lost_launch_s_last_step_is_its_last_line_s_not_the_highest(tmp_path: 
                              [(230, 28.0), (201, 31.0), (208, 38.0)])
     assert samples == [(0, 230, at(28).timestamp()), (0, 201, at(31).timestamp()),
                        (0, 208, at(38).timestamp()), (0, 210, at(40).timestamp())], samples
+
+
+def test_a_relaunch_s_own_events_are_no_sign_of_the_lost_launch_s_life(tmp_path: Path) -> None:
+    """Walk-through 42 #1: the node of the controller died; the resubmitted launcher waited
+    20 s to take the attempt over, failed, wrote ControllerRestarted and NodeReady, then
+    closed the lost attempt at its own last event: 94 s after the real last sign of life,
+    all of it booked as the lost attempt's `other`, none as `queued`."""
+    lost, _, said = relaunch(tmp_path, [(27.0, "step 227"), (29.0, "step 229")], [(227, 27.0)],
+                             own_events=4)
+    assert lost.end_at == at(29), lost.end_at
+    assert said is not None and f"last sign of life {iso(at(29))}, at step 229" in said, said
 
 
 def test_a_lost_launch_s_logs_never_lower_its_step(tmp_path: Path) -> None:

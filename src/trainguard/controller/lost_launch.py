@@ -104,12 +104,13 @@ def lost_end(stored_step: int | None, stored_sample: tuple[int, int, float] | No
 
 
 def close_lost_launch(previous: dict[str, Any], store: JobStore, book: IncidentBook,
-                      log_dir: Path, step_pattern: str) -> str | None:
+                      log_dir: Path, step_pattern: str, launched: float) -> str | None:
     """How the previous launch ended (meta `previous`): its recorded state, or `lost` when
     it was left active (this launcher holds the job's lock: the one before died without
     recording its end), with its last sign of life and step; a lost launch's open attempt
     ends there (its incident terminated), and a step its logs show past the store's is a
-    progress sample."""
+    progress sample. `launched`: when this launch began (its own events, a failed
+    takeover's, are no sign of the lost launch's life)."""
     try:
         state = JobState(previous.get("state"))
     except ValueError:
@@ -117,7 +118,7 @@ def close_lost_launch(previous: dict[str, Any], store: JobStore, book: IncidentB
     if state.ended:
         return state.value
     last = last_sign_of_life(previous, store.running_records(), store.last_progress_time(),
-                             store.last_event_time())
+                             store.last_event_time(before=launched))
     attempt, step = previous.get("attempt"), previous.get("last_step")
     step = step if isinstance(step, int) else None
     if isinstance(attempt, int):  # its ranks' last output (the logs outlive the launcher)

@@ -91,7 +91,7 @@ class Recorder:
         """Record the job's start; a relaunch of the same job continues its attempts."""
         previous = self.store.meta()
         ended = close_lost_launch(previous, self.store, self.book, Path(self.paths.log_dir),
-                                  self.spec.step_pattern)
+                                  self.spec.step_pattern, launched_at().timestamp())
         # a job requeued by Slurm (sbatch --requeue) counts Slurm's restarts as launches
         requeues = os.environ.get("SLURM_RESTART_COUNT", "")
         self.launches = max(int(previous.get("launches") or 0) + 1,

@@ -14,6 +14,9 @@ from typing import Any
 from trainguard.controller.store_rows import decoding, event_from_row
 from trainguard.records import Event, Reason
 
+# events read back to find the last before a time (a relaunch writes a few before it looks)
+EVENTS_LOOKED_AT = 1000
+
 
 class LedgerTables:
     _conn: sqlite3.Connection
@@ -128,8 +131,13 @@ class LedgerTables:
         with self._decoded("events"):
             return None if row is None else event_from_row(row)
 
-    def last_event_time(self) -> float | None:
-        """When the newest event was recorded (epoch seconds); None without events."""
-        row = self._one(0, "events", "SELECT time FROM events ORDER BY id DESC LIMIT 1")
+    def last_event_time(self, before: float | None = None) -> float | None:
+        """When the newest event was recorded (epoch seconds), of those before `before` if
+        given (a relaunch's own events are no sign of its lost launch's life: walk-through
+        42 #1); None without one (among the newest EVENTS_LOOKED_AT)."""
+        with self._errors("read events from"):
+            rows = self._conn.execute("SELECT time FROM events ORDER BY id DESC LIMIT ?",
+                                      (1 if before is None else EVENTS_LOOKED_AT,)).fetchall()
         with self._decoded("events"):
-            return None if row is None else datetime.fromisoformat(row[0]).timestamp()
+            times = (datetime.fromisoformat(r[0]).timestamp() for r in rows)
+            return next((t for t in times if before is None or t < before), None)
