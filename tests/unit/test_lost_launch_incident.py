@@ -190,3 +190,23 @@ def test_the_recorder_keeps_which_attempt_reported_its_own_steps(tmp_path: Path)
         assert sync(0) is None and sync(0, MessageKind.TRAIN_METRICS) is None
         assert sync(0, MessageKind.PROGRESS) == 0
         assert sync(1) == 0 and sync(1, MessageKind.PROGRESS) == 1
+
+
+def test_a_relaunch_s_resume_tells_what_an_unresumed_incident_lost(tmp_path: Path) -> None:
+    """Walk-through 42 #2: a node lost at step 65, the job stopped while it queued for a
+    node, relaunched: it resumed from step 60, and the incident still read `steps lost -`
+    (`unknown in 1`) beside `done again 5`."""
+    rec = RunningRecord(0, at(0), StartType.FIRST_START)
+    rec.recover_records.append(RecoverRecord(
+        attempt=0, recover_start_at=at(12), fault_scenario=FaultScenario.NODE_FAULT,
+        reason="node n2 lost", related_task="node-n2", recover="pod_reschedule",
+        decided_at=at(12.1), last_step_before=65, recover_result=RecoverResult.TERMINATED))
+    with JobStore.create(tmp_path / "job", "r") as store:
+        store.put_running(rec)
+        book = IncidentBook(store)
+        book.attempt_started(1, StartType.RELAUNCH, 29500)
+        book.resumed(60, "storage")
+        book.resumed(50, "storage")  # a later resume of this launch is its own incident's
+        first, *_ = store.running_records()
+    (inc,) = first.recover_records
+    assert inc.steps_lost == 5 and inc.recover_result == RecoverResult.TERMINATED

@@ -49,6 +49,7 @@ class IncidentBook:
         self._step_open: RecoverRecord | None = None  # rung 0's record while it recovers
         self._step_handed: RecoverRecord | None = None  # rung 0 gave its step's fault up
         self._hang_open: RecoverRecord | None = None  # a confirmed hang left running
+        self._first_resume = True  # this launch's first resume not seen yet
 
     def _save(self, rec: RunningRecord | None) -> None:
         """Write the record (recover records included); one the store cannot take now (a
@@ -114,6 +115,22 @@ class IncidentBook:
             if inc.last_step_before is not None:
                 inc.steps_lost = max(0, inc.last_step_before - step)
             self._save(owner)
+        elif self._first_resume and self._recovered is None:
+            self._ended_unresumed(step)
+        self._first_resume = False
+
+    def _ended_unresumed(self, step: int) -> None:
+        """A relaunch's first resume: the launch before ended in an incident that never
+        resumed (stopped or failed while it recovered); what it lost is known now (walk-
+        through 42 #2: `steps lost -` beside `done again 5`)."""
+        earlier = [r for r in self._store.running_records()
+                   if self.current is None or r.attempt < self.current.attempt]
+        incs = earlier[-1].recover_records if earlier else []
+        inc = incs[-1] if incs else None
+        if inc is not None and inc.steps_lost is None and inc.resumed_step is None \
+                and inc.last_step_before is not None:
+            inc.steps_lost = max(0, inc.last_step_before - step)
+            self._save(earlier[-1])
 
     def output_seen(self, at: datetime) -> None:
         """A rank of the current attempt wrote a line: the first one is the attempt's first
