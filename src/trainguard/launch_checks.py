@@ -226,7 +226,11 @@ def check_backend(spec: JobSpec) -> None:
         return  # its own nodes: the backend compares their count
     try:
         default, sizes = slurm_cli.partitions(timeout_s=PARTITIONS_TIMEOUT_S)
-    except slurm_cli.SlurmError:
+    except slurm_cli.SlurmError as e:  # no cluster at all: said now, by --dry-run too (salloc
+        if slurm_cli.no_cluster(e.stderr):  # tried for 70 s, walk-through 42 #3)
+            raise SpecError("--backend slurm", f"`sinfo` finds no Slurm cluster here: "
+                            f"{e.stderr.splitlines()[-1] if e.stderr else e.problem}",
+                            slurm_cli.NO_CLUSTER_FIX) from None
         return  # salloc then says what is wrong with the cluster, with its fix
     error = partition_too_small(spec, slurm_cli.salloc_partition(os.environ, default, sizes))
     if error is not None:

@@ -25,7 +25,12 @@ NO_CONFIG = ("salloc: error: resolve_ctls_from_dns_srv: res_nsearch error: Unkno
 
 
 # --- 1. salloc's message decides the fix; a launch that fails before start ends the job ---
-@pytest.mark.parametrize("said", [NO_CONFIG,
+BAD_CONF = ("salloc: error: s_p_parse_file: cannot stat file /tmp/nonexist.conf: No such file "
+            "or directory, retrying in 1sec up to 60sec\n"
+            "salloc: fatal: Unable to process configuration file\n")  # (walk-through 42 #3)
+
+
+@pytest.mark.parametrize("said", [NO_CONFIG, BAD_CONF,
                                   "salloc: error: Unable to contact slurm controller "
                                   "(connect failure)\n"])
 def test_a_cluster_that_cannot_be_reached_is_blamed_not_the_nodes(said: str) -> None:

@@ -190,6 +190,15 @@ def test_a_job_larger_than_its_partition_is_refused_before_anything_is_made(
     monkeypatch.delenv("SLURM_JOB_ID")
     fake_bin(tmp_path, "sinfo", "exit 1")  # no answer: salloc says what is wrong
     check_backend(spec)
+    # no cluster at all (a SLURM_CONF that names no file): said at once, by --dry-run too
+    # (walk-through 42 #3: salloc retried for 70 s, then the fix said to free nodes)
+    fake_bin(tmp_path, "sinfo", "echo 'sinfo: error: s_p_parse_file: cannot stat file /x.conf' "
+             ">&2; echo 'sinfo: fatal: Unable to process configuration file' >&2; exit 1")
+    with pytest.raises(SpecError) as e:
+        check_backend(spec)
+    assert str(e.value).startswith("--backend slurm: `sinfo` finds no Slurm cluster here: "
+                                   "sinfo: fatal: Unable to process configuration file. "
+                                   "Fix: this host cannot reach a Slurm cluster"), str(e.value)
 
 
 def test_parse_state_reason_reads_the_first_partitions_line() -> None:

@@ -186,17 +186,26 @@ def parse_granted(text: str) -> str | None:
 # cluster that has no nodes for the job (slurm-wlm 22.05's wording)
 _NO_CLUSTER = ("could not establish a configuration source", "unable to contact slurm controller",
                "zero bytes were transmitted", "connection refused", "unable to load config",
-               "could not open configuration file", "communication connection failure")
+               "could not open configuration file", "communication connection failure",
+               # a SLURM_CONF that names no file (walk-through 42 #3: read as no free node)
+               "unable to process configuration file", "s_p_parse_file: cannot stat file")
+NO_CLUSTER_FIX = ("this host cannot reach a Slurm cluster: check that slurm.conf is found "
+                  "(SLURM_CONF, or /etc/slurm/slurm.conf) and that slurmctld answers "
+                  "(`scontrol ping`); or use --backend local")
+
+
+def no_cluster(said: str) -> bool:
+    """Whether a Slurm command's message says it found no cluster (no configuration, no
+    controller), as opposed to a cluster with no nodes for the job."""
+    return any(m in said.lower() for m in _NO_CLUSTER)
 
 
 def allocate_fix(said: str, nnodes: int, exclude: Sequence[str], wait_s: int) -> str:
     """The fix for a failed `salloc`, from salloc's own message: no configuration or no
     controller is a cluster problem; anything else (no node free in time, nodes down) is
     the nodes'."""
-    if any(m in said.lower() for m in _NO_CLUSTER):
-        return ("this host cannot reach a Slurm cluster: check that slurm.conf is found "
-                "(SLURM_CONF, or /etc/slurm/slurm.conf) and that slurmctld answers "
-                "(`scontrol ping`); or use --backend local")
+    if no_cluster(said):
+        return NO_CLUSTER_FIX
     outside = f"outside {','.join(exclude)} " if exclude else ""
     return (f"free or resume nodes (`sinfo -N -R`): {nnodes} node(s) {outside}must be "
             f"available to this partition within {wait_s} s, or wait longer with "
