@@ -127,6 +127,7 @@ class FakeHandle:
     node: str
     dead: bool = False
     killed: bool = False
+    waited: bool | None = None
     why: str = "its agent process ended"
 
     @property
@@ -139,8 +140,8 @@ class FakeHandle:
     def why_ended(self) -> str:
         return self.why
 
-    def kill(self) -> None:
-        self.killed = True
+    def kill(self, wait: bool = True) -> None:
+        self.killed, self.waited = True, wait
 
 
 @dataclass
@@ -314,6 +315,7 @@ def test_a_node_whose_slurm_step_ended_while_its_agent_runs_is_lost_and_told_to_
     f.mark("c", NodeState.LOST, "gone")  # a lost node whose link is down: killed, not told
     handle_c = f.nodes["c"].handle
     assert hub.calls == [] and isinstance(handle_c, FakeHandle) and handle_c.killed
+    assert handle_c.waited is False  # the recovery does not wait on it (walk-through 42 #4)
     hub.connected_nodes.add("b")  # it reconnected (an old agent): the job's end ends it
     for node in f.nodes.values():
         assert isinstance(node.handle, FakeHandle)

@@ -255,3 +255,24 @@ def test_an_srun_agent_reads_only_what_its_own_srun_wrote(tmp_path: Path) -> Non
     assert agent.why_ended() == "its agent's Slurm step ended (srun: n2: task 0: Exited " \
                                 "with exit code 3)"
     assert SrunAgent("n2", None).why_ended() == "its agent's Slurm step ended"
+
+
+def test_a_lost_node_s_srun_is_ended_without_the_recovery_waiting_on_it() -> None:
+    """Walk-through 42 #4: srun waits out Slurm's KillWait (4 s) for a step on a dead node
+    after its SIGTERM; the recovery's `stop` waited with it. kill(wait=False) returns at
+    once; the srun is still reaped (a thread waits, SIGKILL after 10 s)."""
+    import sys
+
+    slow = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), sys.exit(0)))\n"
+            "print('ready', flush=True)\ntime.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", slow], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    agent = SrunAgent("n2", proc)  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    agent.kill(wait=False)
+    assert time.monotonic() - t0 < 0.5 and not agent.ended()
+    deadline = time.monotonic() + 10
+    while proc.returncode is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # reaped by the thread (poll() here would reap it itself)
+    assert proc.returncode == 0

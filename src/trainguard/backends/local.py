@@ -138,7 +138,7 @@ class LocalAgent:
     def why_ended(self) -> str:
         return AGENT_ENDED
 
-    def kill(self) -> None:
+    def kill(self, wait: bool = True) -> None:  # SIGKILL: it ends at once either way
         if self._proc is None:  # adopted: its PID may be anyone's now
             if self._pid is not None:
                 signal_agent(self._pid, self.node)

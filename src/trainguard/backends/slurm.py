@@ -68,10 +68,21 @@ class SrunAgent:
         except OSError:
             return ""
 
-    def kill(self) -> None:
+    def kill(self, wait: bool = True) -> None:
+        """SIGTERM to srun, which passes it to the agent (whose guardian ends the workers),
+        SIGKILL after 10 s; `wait` False: the wait goes on in a thread (a lost node's srun
+        waits out KillWait, 4 s, for its step: walk-through 42 #4, that was most of every
+        node-loss recovery's `stop`)."""
         if self._proc is None or self._proc.poll() is not None:
             return
-        self._proc.terminate()  # srun passes SIGTERM to the agent; its guardian ends workers
+        self._proc.terminate()
+        if wait:
+            self._reap()
+        else:
+            threading.Thread(target=self._reap, name=f"srun-{self.node}", daemon=True).start()
+
+    def _reap(self) -> None:
+        assert self._proc is not None
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -130,8 +130,8 @@ class Fleet:
         agent is killed, and an agent whose link is still up is told to end (an isolated
         one's; a lost one's whose srun ended on Slurm's node failure: walk-through 36 #11)."""
         lost = node.state == NodeState.LOST
-        if lost and node.handle is not None:
-            node.handle.kill()  # nothing to kill once its process (or srun) ended
+        if lost and node.handle is not None:  # nothing to kill once its process (or srun)
+            node.handle.kill(wait=False)  # ended; the recovery does not wait on it
         if self.hub.connected(node.name):  # not _call: a handle's end is not its agent's
             self.hub.call({node.name: (Op.EXIT, {"grace_s": 5.0})}, 30,
                           0.0 if lost else self.grace_s,  # a killed agent's hangup: at once
