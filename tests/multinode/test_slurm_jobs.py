@@ -233,6 +233,9 @@ def test_in_an_sbatch_job_a_lost_node_is_replaced_by_the_spare(
     assert (rr["recover"], rr["recover_result"], rr["fault_scenario"], rr["related_task"]) == (
         "pod_reschedule", "success", "node_fault", f"node/{victim}")
     assert rr["resumed_step"] >= 20
+    # the dead node's srun is not waited on (walk-through 42 #4: srun's 4 s KillWait was
+    # most of the recovery, as `stop`)
+    assert rr["durations_s"]["stop"] < 2.0, rr["durations_s"]
     # the lost node is drained too (Slurm alone would call it down only SlurmdTimeout later)
     assert cluster.node_state(victim).startswith("drain"), cluster.sinfo_text()
     assert "trainguard" in drain_reason(cluster, victim)
