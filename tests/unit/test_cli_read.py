@@ -401,6 +401,22 @@ def test_a_hang_restarted_in_process_is_not_left_running(
     assert "trainguard_job_hung 0.0" in capsys.readouterr().out
 
 
+def test_events_are_listed_in_time_order(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Walk-through 42 #9: a takeover records what the ranks kept while no controller
+    watched (a checkpoint committed meanwhile) with its own, earlier time; `events` listed it
+    after the ControllerRestarted that came later."""
+    with JobStore.create(job, "run-1") as s:
+        s.add_event(ev("CheckpointSaved", 75, attempt=0))  # recorded last, happened earlier
+    assert run("events", str(job), "--json") == 0
+    got = json.loads(capsys.readouterr().out)
+    times = [e["time"] for e in got]
+    assert times == sorted(times) and "CheckpointSaved" in [e["reason"] for e in got]
+    assert run("events", str(job), "--json", "--tail", "1") == 0
+    assert [e["reason"] for e in json.loads(capsys.readouterr().out)] == ["JobSucceeded"]
+
+
 def test_events_filter_by_level_reason_attempt_and_tail(
     job: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

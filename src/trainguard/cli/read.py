@@ -180,7 +180,11 @@ def _print_events(store: JobStore, args: argparse.Namespace) -> int:
     if _no_such_attempt(store, args):
         return ExitCode.USAGE
     keep = event_filter(args)
-    events = _tail([ev for _, ev in store.events() if keep(ev)], args)
+    # in time order: an event a takeover recorded for a message kept while no controller
+    # watched (a checkpoint committed meanwhile) keeps its own, earlier time (walk-through
+    # 42 #9: listed after the ControllerRestarted that came later); sorted is stable
+    events = _tail(sorted((ev for _, ev in store.events() if keep(ev)), key=lambda e: e.time),
+                   args)
     if args.json:
         print_json([ev.to_dict() for ev in events])
         return ExitCode.SUCCESS
