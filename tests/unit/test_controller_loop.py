@@ -346,7 +346,7 @@ def test_a_signal_during_the_restart_backoff_stops_the_job_and_terminates_the_in
     # (walk-through 26) the stop is recorded, and no worker is said to get the grace period
     assert run.reasons[-3:] == ["RestartScheduled", "StopRequested", "JobStopped"]
     assert run.events[-1].message == ("stopped by SIGINT while waiting to restart (the "
-                                      "backoff): no worker ran")
+                                      "backoff): no worker was running")
     (rec,) = run.store.running_records()
     assert rec.end_reason is not None and "SIGKILL" in rec.end_reason  # not overwritten
     (inc,) = rec.recover_records
@@ -371,7 +371,8 @@ def test_a_stop_during_a_restart_s_rendezvous_starts_no_worker(
     assert run.code == 128 + signal.SIGTERM
     assert len(run.agent.started) == 1, run.reasons  # the first attempt's only
     assert run.reasons[-3:] == ["RestartScheduled", "StopRequested", "JobStopped"]
-    assert run.events[-1].message == "stopped by SIGTERM while waiting for nodes: no worker ran"
+    assert run.events[-1].message == ("stopped by SIGTERM while waiting for nodes: no worker "
+                                      "was running")
     assert {e.involved.attempt for e in run.events[-2:]} == {0}  # the last attempt that ran
     (rec,) = run.store.running_records()  # no record of an attempt that never ran
     (inc,) = rec.recover_records

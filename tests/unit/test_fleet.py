@@ -839,7 +839,8 @@ def test_a_stop_during_the_pre_check_s_wait_for_a_spare_stops_the_job(
     try:
         assert code == 128 + signal.SIGTERM, [e.message for e in seen][-3:]
         assert [e.reason for e in seen][-2:] == ["StopRequested", "JobStopped"]
-        assert seen[-1].message == "stopped by SIGTERM while waiting for nodes: no worker ran"
+        assert seen[-1].message == ("stopped by SIGTERM while waiting for nodes: no worker "
+                                    "was running")
         assert not any(c for c in hub.calls if any(op == "start" for op, _ in c.values()))
     finally:
         store.close()

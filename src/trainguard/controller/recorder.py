@@ -297,7 +297,7 @@ class Recorder:
                    f"{name}) while {waiting}: no worker runs", attempt=attempt,
                    data={"signal": name, "grace_s": 0.0})
         return self.end_job(JobState.STOPPED, 128 + signum, f"stopped by {name} while "
-                            f"{waiting}: no worker ran", attempt=attempt)
+                            f"{waiting}: no worker was running", attempt=attempt)
 
     def not_started(self, attempt: int, e: LaunchError, started_any: bool) -> int:
         """An attempt's workers could not be started: a usage error before any ever ran."""
