@@ -187,7 +187,8 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
             err.write(f"[trainguard] {time.strftime('%H:%M:%S')} attempt "
                       f"{meta.get('attempt')} of this job may still run without a controller: "
                       f"waiting up to {ADOPT_TIMEOUT_S:g}s for its node agents to reconnect, "
-                      "to take it over\n")
+                      f"to take it over (if it cannot, up to {KEPT_WAIT_S:g}s more to record "
+                      "what they kept)\n")
             why_not = _adopt(fleet, store, int(meta.get("attempt") or 0), rec)
         else:
             _give_up_adoption(fleet, rec, why_not)
