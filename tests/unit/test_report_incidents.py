@@ -4,6 +4,7 @@ last one (walk-through 37 #1: with the in-process rungs one attempt holds many i
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from trainguard.goodput.report import own_events
 from trainguard.records import (
@@ -60,3 +61,23 @@ def test_two_crashes_within_a_second_each_get_their_own_diagnosis() -> None:
                                                                     {"what": "two"}]
     late = [event(Reason.HANG_CONFIRMED, 30.5, "late")]
     assert own_events([hang], late, [True]) == [{"what": "late"}]
+
+
+def test_a_recovery_that_failed_or_was_stopped_reads_not_recovered(tmp_path: Path) -> None:
+    """Walk-through 42 #13: a node lost, the job stopped while it queued for a node:
+    `recovered in - (detect 3.192s, stop 3.250s, start -, resume -)`."""
+    from trainguard.controller.store import JobStore
+    from trainguard.goodput.report import gather, render, report_doc
+    from trainguard.records import RecoverResult, RunningRecord, StartType, iso
+
+    rec = RunningRecord(0, at(0), StartType.FIRST_START, at(20), "stopped", "SIGTERM")
+    inc = incident(FaultScenario.NODE_FAULT, 10.0, 13.2)
+    inc.recover, inc.recover_result = "pod_reschedule", RecoverResult.TERMINATED
+    inc.last_step_before, inc.recover_end_at = 65, at(20)
+    rec.recover_records.append(inc)
+    with JobStore.create(tmp_path / "job", "r") as store:
+        store.put_running(rec)
+        store.set_meta(state="stopped", attempt=0, created_at=iso(at(0)), ended_at=iso(at(20)))
+        text = render(report_doc(gather(store, at(20))))
+    assert "not recovered (terminated): detected in 0.100s, stopped in -; steps lost -" in text
+    assert "recovered in" not in text, text

@@ -21,6 +21,7 @@ from trainguard.records import (
     FaultScenario,
     Reason,
     RecoverRecord,
+    RecoverResult,
     RunningRecord,
     incidents_of,
     plural,
@@ -239,14 +240,19 @@ def render(doc: dict[str, Any]) -> str:
         d = i["durations_s"]
         lines.append(f"  attempt {i['attempt']}: {i['fault_scenario']} -> {i['recover']} -> "
                      f"{i['result']} ({i['related_task']}): {i['reason']}")
+        lost = "-" if i["steps_lost"] is None else i["steps_lost"]
         if i["recover"] == NO_RECOVERY:  # nothing acted: no recovery to time
             lines.append(f"    not recovered: detected in {secs(d['detect'], '-')}; no rung "
                          "of the ladder acted")
+        elif i["result"] in (RecoverResult.FAILED.value, RecoverResult.TERMINATED.value):
+            lines.append(f"    not recovered ({i['result']}): detected in "
+                         f"{secs(d['detect'], '-')}, stopped in {secs(d['stop'], '-')}; steps "
+                         f"lost {lost}")
         else:
             lines.append(f"    recovered in {secs(d['total'], '-')} (detect "
                          f"{secs(d['detect'], '-')}, stop {secs(d['stop'], '-')}, start "
                          f"{secs(d['start'], '-')}, resume {secs(d['resume'], '-')}); steps "
-                         f"lost {'-' if i['steps_lost'] is None else i['steps_lost']}"
+                         f"lost {lost}"
                          + (f"; from {i['resumed_from']}" if i["resumed_from"] else ""))
         if i["deciding_line"]:
             lines.append(f"    {i['category']}: {i['deciding_line']}")
