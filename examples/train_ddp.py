@@ -72,6 +72,10 @@ parser.add_argument("--quiet", action="store_true",
                     help="no step lines: print only the start and end summary")
 parser.add_argument("--rank0-only", action="store_true",
                     help="step lines on rank 0 only, as most DDP scripts print them")
+parser.add_argument("--eval-every", type=int, default=0, metavar="N",
+                    help="every N steps, an evaluation marked with trainguard.phase('eval')")
+parser.add_argument("--eval-s", type=float, default=1.0, metavar="S",
+                    help="how long each --eval-every evaluation takes (it sleeps)")
 parser.add_argument("--loader-workers", type=int, default=0, metavar="N",
                     help="make the batches in a torch DataLoader with N worker processes "
                     "(0: in the training loop)")
@@ -276,6 +280,9 @@ def main() -> None:
                 ckpt.save(step, state)  # the final state, whatever --ckpt-every says
             else:
                 ckpt.maybe_save(step, state)  # every --ckpt-every steps; goes on at once
+        if args.eval_every > 0 and step % args.eval_every == 0:
+            with trainguard.phase("eval"):  # its own hang allowance; no step while it runs
+                time.sleep(args.eval_s)
         inject(step)  # TRAINGUARD_FAULT: crash, exit, signal, hang... at this step
 
     ckpt.close()  # wait until the last save is durable

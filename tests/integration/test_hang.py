@@ -325,6 +325,20 @@ def test_a_job_that_reports_no_steps_is_judged_by_its_memory_snapshots(
     assert " out step " not in log  # --quiet, and no trainguard.progress (no --progress)
 
 
+def test_a_silent_job_s_marked_evaluation_is_not_its_snapshot_cadence(
+        tmp_path: Path, job_dir: Path) -> None:
+    """Review 51 #1: a 6 s evaluation (marked) between two snapshots made that interval the
+    job's cadence: a later hang waited 3 x 6.5 s, not the 2 s floor (a 10-minute evaluation:
+    30 minutes). The phase's time is taken off the interval."""
+    r = run_tg(ddp(job_dir, "--restart-on-hang", "--hang-floor", "2", "--memory-every", "5",
+                   steps=19, ckpt_every=100_000,  # one evaluation, after step 10
+                   script=("--quiet", "--eval-every", "10", "--eval-s", "6")),
+               cwd=tmp_path, fault="hang@rank=1,step=15", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = check_confirmed(job_dir, 1, {"0": "collective", "1": "sleep"})
+    assert data["threshold_s"] == 2.0 and "memory snapshots" in data["basis"], data["basis"]
+
+
 @pytest.mark.parametrize("prints", ["nothing", "rank 0 only"])
 def test_a_healthy_job_is_not_judged_hung_by_its_memory_snapshots(
         tmp_path: Path, job_dir: Path, prints: str) -> None:

@@ -170,7 +170,8 @@ class FakeBackend:
 
 
 def report(node: str, attempt: int | None, ranks: list[int], last: int | None = None,
-           messages: int = 0, intervals: tuple[float, ...] = ()) -> NodeReport:
+           messages: int = 0, intervals: tuple[float, ...] = (),
+           implied: tuple[float, ...] = ()) -> NodeReport:
     return NodeReport(
         node=node, attempt=attempt, at=T0,
         workers=[WorkerFact(rank=r, node=node, local_rank=r % 2, pid=100 + r,
@@ -178,7 +179,8 @@ def report(node: str, attempt: int | None, ranks: list[int], last: int | None = 
         progress=Progress(first_step=1 if last else None, first_step_at=T0 if last else None,
                           last_step=last, last_step_at=T0 if last else None),
         messages=[WorkerMessage(kind="progress", rank=ranks[0], at=T0) for _ in range(messages)],
-        liveness=[RankLiveness(rank=r, intervals=list(intervals)) for r in ranks])
+        liveness=[RankLiveness(rank=r, intervals=list(intervals),
+                               implied_intervals=list(implied)) for r in ranks])
 
 
 def fleet(names: tuple[str, ...] = ("a", "b", "c")) -> tuple[Fleet, FakeHub, FakeBackend]:
@@ -235,6 +237,19 @@ def test_reports_merge_into_one_with_every_message_and_interval() -> None:
     again = f.poll()  # facts kept, deltas taken once
     assert len(again.workers) == 4 and again.messages == []
     assert all(lv.intervals == [] for lv in again.liveness)
+
+
+def test_snapshot_intervals_merge_as_deltas_too() -> None:
+    """Review 51 #2: a memory snapshot's interval was kept only from the last report a merge
+    folded, and handed to the detector again with every stale copy (5 times a snapshot in a
+    real 2-node run)."""
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd())
+    hub.reports["a"] = [report("a", 0, [0, 1], implied=(10.0,)),
+                        report("a", 0, [0, 1], implied=(11.0,))]
+    merged = f.poll()
+    assert {lv.rank: lv.implied_intervals for lv in merged.liveness}[0] == [10.0, 11.0]
+    assert all(lv.implied_intervals == [] for lv in f.poll().liveness)
 
 
 def test_a_report_of_another_attempt_is_ignored() -> None:

@@ -134,7 +134,7 @@ def test_a_lost_launch_s_logs_never_lower_its_step(tmp_path: Path) -> None:
     evals = [(29.0 + i, f"iter {i} eval loss 0.4") for i in range(1, 6)]
     lost, samples, said = relaunch(tmp_path, [(28.0, "step 230 loss 0.62"), *evals],
                                    [(220, 20.0), (227, 27.0)])
-    assert lost.last_step in (None, 227) and samples[-1] == (0, 227, at(27).timestamp())
+    assert lost.last_step == 227 and samples[-1] == (0, 227, at(27).timestamp())
     assert said is not None and ", at step 227) at attempt 0" in said, said
     lost, samples, _ = relaunch(tmp_path / "cut", [(27.5, "step 228 loss 0.6")],
                                 [(227, 27.0)], cut=f"{at(28).isoformat()} out step 23")
@@ -150,7 +150,7 @@ def test_a_lost_launch_s_step_is_the_newest_of_its_ranks_last_lines(tmp_path: Pa
     lost, samples, _ = relaunch(tmp_path, [(19.0, "step 228"), (20.0, "step 229"), *restarted],
                                 [(227, 19.5)], rank1=[(10.0, "step 220"), (22.0, "step 230")])
     assert samples == [(0, 227, at(19.5).timestamp())], samples
-    assert lost.last_step in (None, 227), lost
+    assert lost.last_step == 227, lost
 
 
 def test_a_lost_launch_whose_ranks_reported_their_own_steps_keeps_the_store_s(
@@ -161,7 +161,7 @@ def test_a_lost_launch_whose_ranks_reported_their_own_steps_keeps_the_store_s(
     lost, samples, said = relaunch(tmp_path, [(28.0 + i, f"step {1160 + 10 * i} loss 0.5")
                                               for i in range(5)], [(300, 27.0)],
                                    self_reported_attempt=0)
-    assert lost.last_step in (None, 300) and samples == [(0, 300, at(27).timestamp())]
+    assert lost.last_step == 300 and samples == [(0, 300, at(27).timestamp())]
     assert said is not None and ", at step 300) at attempt 0" in said, said
 
 

@@ -28,6 +28,11 @@ from trainguard.states import WorkerState
 # controller's clock (hang detection compares them with the controller's now)
 SKEW_TOLERATED_S = 2.0
 
+# a rank's liveness fields that hold what happened since its node's last report (not what is
+# true now): summed over the reports one merge folds, dropped from a stale copy (review 51 #2:
+# snapshot intervals were handed to the detector five times, or lost)
+DELTAS = ("intervals", "implied_intervals")
+
 
 class Merger:
     def __init__(self) -> None:
@@ -95,10 +100,11 @@ class Merger:
             return
         prev = self._latest.get(name)
         messages = [*(prev.messages if prev else []), *(m for r in reports for m in r.messages)]
-        intervals: dict[int, list[float]] = {}
+        deltas: dict[tuple[int, str], list[float]] = {}  # (rank, field): what each report adds
         for r in ([prev] if prev else []) + reports:
             for lv in r.liveness:
-                intervals.setdefault(lv.rank, []).extend(lv.intervals)
+                for f in DELTAS:
+                    deltas.setdefault((lv.rank, f), []).extend(getattr(lv, f))
         last = reports[-1]
         skew = utcnow() - last.at  # the node's clock behind ours (+ a little transit)
         shift = skew if abs(skew.total_seconds()) > SKEW_TOLERATED_S else timedelta(0)
@@ -106,7 +112,7 @@ class Merger:
             self._latest[name] = last
             return
         liveness = [_on_our_clock(lv, shift).model_copy(
-                        update={"intervals": intervals.get(lv.rank, [])})
+                        update={f: deltas.get((lv.rank, f), []) for f in DELTAS})
                     for lv in last.liveness]
         self._latest[name] = last.model_copy(update={"messages": messages,
                                                      "liveness": liveness})
@@ -129,7 +135,7 @@ class Merger:
                 self._merged_seq[name] = self._folded_seq.pop(name)
             if r is not None:  # only a new report is stripped of its deltas: O(new reports)
                 self._stale[name] = r.model_copy(update={"messages": [], "liveness": [
-                    lv.model_copy(update={"intervals": []}) for lv in r.liveness]})
+                    lv.model_copy(update={f: [] for f in DELTAS}) for lv in r.liveness]})
             elif (r := self._stale.get(name)) is None:
                 continue
             gone = name in lost or name not in usable  # lost now, or marked out before

@@ -193,6 +193,8 @@ class HangDetector:
         for rl in liveness:
             self._update(rl, now)
         threshold, basis = self.threshold()
+        if not self._steps_reported and any(r.implied_at for r in self._ranks.values()):
+            basis += "; progress: the ranks' memory snapshots (no rank reports steps)"
         stuck: list[tuple[int, float, float]] = []  # rank, idle seconds, its allowance
         phased = [rl for rl in liveness if rl.phase is not None and rl.phase not in ENDING]
         lenders = Lenders(phased, lambda q: self._phase_allowance(q, threshold))

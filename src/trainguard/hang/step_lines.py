@@ -7,7 +7,9 @@ further each attempt was given up as making no progress (walk-through 28). The a
 reader shows each line the pattern did not read to a `CountingLines` of its rank; once lines
 of one shape (their numbers aside) have counted up at the same place three times in a row,
 that line is what the controller's NoProgressSignal quotes, with a --step-pattern that reads
-it (`pattern_at`)."""
+it (`pattern_at`). And how a line reads under --step-pattern (`step_read`, colour codes off,
+a progress bar's count told apart: `bar_groups`), one reader for the agent's log router and a
+lost launch's logs (controller/lost_launch.py)."""
 
 from __future__ import annotations
 

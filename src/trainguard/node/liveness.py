@@ -41,6 +41,7 @@ class _RankBook:
     implied_step: int | None = None
     implied_at: datetime | None = None
     implied_pending: list[float] = field(default_factory=list)
+    implied_phase_s: float = 0.0  # marked phases since its last snapshot: not its cadence
 
 
 class LivenessBook:
@@ -96,16 +97,19 @@ class LivenessBook:
         snapshots and waited out the 30-minute start-up allowance; review 49 #1, review 50
         #1 #2: mixed into a rank's own progress, it turned step lines off, taught a cadence of
         1 ms, and judged a silent rank by its snapshots beside one that prints). Its interval
-        is from the snapshot before (its phase's end is no progress of it); none while a
-        phase is open (an evaluation's time is not the cadence)."""
+        is from the snapshot before (its phase's end is no progress of it), less the marked
+        phases between (an evaluation's time is not the cadence: review 51 #1); none while a
+        phase is open."""
         with self._lock:
             r = self._ranks.get(rank)
             if r is None or (r.implied_step is not None and step <= r.implied_step):
                 return
             if r.implied_at is not None and at > r.implied_at and not r.phases \
                     and len(r.implied_pending) < MAX_PENDING:
-                r.implied_pending.append((at - r.implied_at).total_seconds())
-            r.implied_step, r.implied_at = step, at
+                gap = (at - r.implied_at).total_seconds() - r.implied_phase_s
+                if gap > 0:
+                    r.implied_pending.append(gap)
+            r.implied_step, r.implied_at, r.implied_phase_s = step, at, 0.0
 
     def saving_on_exit(self) -> bool:
         """Whether a rank saves a checkpoint on its way out now (its phase says so)."""
@@ -142,6 +146,9 @@ class LivenessBook:
             elif state == "end":
                 for i in range(len(r.phases) - 1, -1, -1):
                     if r.phases[i][0] == name:
+                        if i == 0 and r.implied_at is not None:  # an outermost phase's time
+                            since = max(r.phases[0][1], r.implied_at)  # is no snapshot gap
+                            r.implied_phase_s += max(0.0, (at - since).total_seconds())
                         del r.phases[i:]
                         break
                 # the end of a phase is progress (its work is done), once the rank has made
