@@ -168,9 +168,9 @@ def test_the_master_address_is_checked_for_a_single_node_job_only(tmp_path: Path
     assert "--master-addr / --rdzv-endpoint: cannot listen on '192.0.2.1' on this node" in \
         one.stderr, one.stderr
     fake = tmp_path / "bin"  # Slurm's commands, for the dry run's check that they are here
-    fake.mkdir()
-    for cmd in ("srun", "scontrol"):
-        (fake / cmd).write_text("#!/bin/sh\nexit 0\n")
+    fake.mkdir()  # (and a cluster's partition: a real sinfo finding none refuses the launch)
+    for cmd, body in (("srun", "exit 0"), ("scontrol", "exit 0"), ("sinfo", "echo 'debug* 4'")):
+        (fake / cmd).write_text(f"#!/bin/sh\n{body}\n")
         (fake / cmd).chmod(0o755)
     two = tg("run", "--nnodes", "2", "--backend", "slurm", "--master-addr", "192.0.2.1",
              "--dry-run", "t.py", cwd=tmp_path,
