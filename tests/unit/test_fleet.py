@@ -712,6 +712,33 @@ def test_a_node_lost_by_its_agent_s_end_right_after_a_disruption_is_drained(
     assert drained == ["b"]
 
 
+def test_a_lost_spare_is_drained_as_a_lost_training_node_is(tmp_path: Path) -> None:
+    """Walk-through 42 #10: `NodeLost: spare node n3 was lost: ...; it is no longer a spare`
+    left n3 in the cluster's pool, while a lost training node was drained."""
+    from trainguard.controller.nodes import NodeRecovery
+    from trainguard.controller.recorder import Recorder
+    from trainguard.controller.store import JobStore
+    from trainguard.paths import JobPaths
+    from trainguard.spec_build import build_spec
+
+    f, hub, backend = fleet()
+    drained: list[str] = []
+    backend.isolate = lambda node, reason: drained.append(node) or "drained"  # type: ignore[method-assign]
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "r", "nnodes": 2})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", str(tmp_path / "job" / "ck"))
+    paths.make()
+    with JobStore.create(paths.job_dir, "r") as store:
+        rec = Recorder(spec, paths, store, ["train.py"])
+        NodeRecovery(rec, f)
+        f.start_workers(start_cmd())
+        (spare,) = f.spares()
+        hub.connected_nodes.discard(spare)
+        hub.disconnected[spare] = 25.0
+        f.poll()
+        said = [e.message for _, e in store.events() if e.reason == "NodeLost"]
+    assert drained == [spare] and said and said[0].endswith("no longer a spare; drained"), said
+
+
 def test_two_nodes_lost_at_once_the_first_move_s_placement_marks_the_second() -> None:
     """Walk-through 36 #10: a and b lost in one round; the first decision moves a's ranks to
     the spare and its event's placement still holds b: said as lost, its move is next."""

@@ -50,8 +50,16 @@ class NodeRecovery:
         fleet.stop_requested = lambda: self.stop_requested()
 
     def _spare_lost(self, name: str, why: str) -> None:
+        """A lost spare implicates its node as a placed one's loss does: drained (walk-
+        through 42 #10: only a lost training node was), unless every link went down."""
         self.rec.event(Level.WARNING, Reason.NODE_LOST, f"spare node {name} was lost: {why}; "
-                       "it is no longer a spare", node=name)
+                       f"it is no longer a spare; {self._drain_lost(name, why)}", node=name)
+
+    def _drain_lost(self, name: str, why: str) -> str:
+        """Drain a lost node (lost_isolation says whether); what was done, said."""
+        iso = lost_isolation(name, why, excused(why, self.fleet.disruption.suspect(name)))
+        return (self.fleet.backend.isolate(name, f"trainguard: {iso.why}") if iso.drain
+                else "not drained: every node's link went down at once")
 
     def snapshot(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The placement (slot -> node) and the spare nodes ready now."""
@@ -164,11 +172,9 @@ class NodeRecovery:
         detected = utcnow()
         first = detected - timedelta(seconds=self.fleet.heard_ago(list(lost)))
         for name, why in lost.items():
-            iso = lost_isolation(name, why, excused(why, self.fleet.disruption.suspect(name)))
-            what = (self.fleet.backend.isolate(name, f"trainguard: {iso.why}") if iso.drain
-                    else "not drained: every node's link went down at once")
             self.rec.event(Level.WARNING, Reason.NODE_LOST,
-                           f"node {name} was lost: {why}; {what}", node=name, attempt=attempt)
+                           f"node {name} was lost: {why}; {self._drain_lost(name, why)}",
+                           node=name, attempt=attempt)
             self.fleet.mark(name, NodeState.LOST, why)
         if self.fleet.peer is not None:  # save at breakpoint: the last copied step to storage
             self.fleet.peer.newest(set(lost))  # the lost ranks' newest step, from their tails
