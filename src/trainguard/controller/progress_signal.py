@@ -57,14 +57,13 @@ class ProgressSignal:
         snapshots = any(lv.implied_at is not None for lv in report.liveness)
         if snapshots:  # hang detection goes by them (node/liveness.py)
             needs = "the no-progress guard"
-        have = "has" if needs == "the no-progress guard" else "have"
-        have += " nothing to go by" + (" (hang detection goes by the ranks' memory snapshots)"
-                                       if snapshots else "")
+        lacks = ("has" if needs == "the no-progress guard" else "have") + " nothing to go by" \
+            + (" (hang detection goes by the ranks' memory snapshots)" if snapshots else "")
         if counting is not None:
             line, pattern = str(counting.unread_step_line).strip(), counting.unread_step_pattern
             self.rec.event(Level.WARNING, Reason.NO_PROGRESS_SIGNAL,
                            f"rank {counting.rank}'s lines count up like steps (`{line[:120]}`) "
-                           f"but --step-pattern does not read them, so {needs} {have}. Fix: "
+                           f"but --step-pattern does not read them, so {needs} {lacks}. Fix: "
                            + (f"--step-pattern '{pattern}' (its first group is the step), "
                               if pattern else "pass --step-pattern with a regex whose first "
                               "group is your step number, ")
@@ -75,7 +74,7 @@ class ProgressSignal:
                        f"no progress signal after {self.warn_after_s:.0f}s: the ranks print, "
                        "but no line matched --step-pattern, no rank called "
                        "trainguard.progress(step) and no checkpoint was seen, so "
-                       f"{needs} {have}. Fix: print `step N` at the start of "
+                       f"{needs} {lacks}. Fix: print `step N` at the start of "
                        "a line (after any [..] or logging prefix), pass --step-pattern with a "
                        "regex whose first group is your step number, or call "
                        "trainguard.progress(step) after each step (docs/hang-detection.md)",

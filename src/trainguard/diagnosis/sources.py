@@ -303,7 +303,7 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
         job = read_job(p, report.problems) if read_job is not None else None
         if job is not None:
             report.attempt, hung, lost = job.attempt, job.hung, job.lost
-            hang_files = job.hang_files if job.hung is not None else []
+            hang_files = job.hang_files
             report.job_dir = str(p)
             report.attempt_failed, report.note, window = job.failed, job.note, job.window
             files += job.files

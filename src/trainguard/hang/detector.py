@@ -147,7 +147,6 @@ class HangDetector:
     # a rank of the job reported a step (a line, trainguard.progress): memory snapshots are
     # no progress from then on (while none did, they are: walk-through 40 #2)
     _steps_reported: bool = False
-    _implied_learned: bool = False  # intervals were learned from snapshots
 
     def start_attempt(self, at: datetime) -> None:
         """Clocks restart; the learned cadence is kept (it is the job's, not the attempt's),
@@ -266,11 +265,10 @@ class HangDetector:
         """A rank reported its first step: the snapshots' progress and cadence are dropped
         (their steps may count otherwise; a silent rank beside one that prints is judged
         by the job's progress again, review 50 #2)."""
-        self._steps_reported = True
-        if self._implied_learned:
-            self.intervals.clear()
-            self._learned_steps = self._most_gaps = 0
-            self._warm_now, self._implied_learned = [], False
+        self._steps_reported = True  # every interval learned so far was a snapshot's (a
+        self.intervals.clear()  # reported one comes with a step, which ends this first)
+        self._learned_steps = self._most_gaps = 0
+        self._warm_now = []
         for r in self._ranks.values():
             r.last_progress_at, r.gaps = r.reported_at, 0
 
@@ -293,7 +291,6 @@ class HangDetector:
             r.last_step = rl.last_step
         if not self._steps_reported and rl.implied_step is not None:  # its snapshots
             self._learn(r, rl.implied_intervals, rl.implied_step, r.implied_step)
-            self._implied_learned |= bool(rl.implied_intervals)
             r.implied_step, r.implied_at = rl.implied_step, rl.implied_at
         while len(self.intervals) > self.policy.window:
             self.intervals.popleft()
