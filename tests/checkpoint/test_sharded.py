@@ -38,7 +38,13 @@ def test_an_fsdp2_job_killed_mid_run_resumes_to_exactly_the_uninterrupted_parame
     committed = [e["data"]["step"] for e in events[:killed] if e["reason"] == "CheckpointSaved"]
     assert committed and committed[-1] in (5, 10), committed
     resumed = [e for e in events if e["reason"] == "Resumed"]
-    assert [e["data"]["step"] for e in resumed] == [committed[-1]], resumed
+    assert resumed and resumed[0]["data"]["step"] == committed[-1], resumed
+    # a later restart only for gloo's native abort at a rank's exit ("terminate called without
+    # an active exception": pytorch#179291, README's known limits; a rehearsal saw one at
+    # step 20), the job then resumed on and ended with the same parameters (asserted above)
+    later = [e["data"]["summary"] for e in events if e["reason"] == "FailureDiagnosed"][1:]
+    assert len(resumed) == 1 + len(later), resumed
+    assert all("terminate called without an active exception" in s for s in later), later
     step_dir = tmp_path / "crashed" / "checkpoints" / "step-000000020"
     manifest = (step_dir / "manifest.json").read_text()
     assert "sharded/__0_0.distcp" in manifest and "sharded/__1_0.distcp" in manifest
