@@ -136,7 +136,8 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(tmp_pat
     assert code == 1, out
     # a checkpoint the surviving node committed may be reported with the stop, after NodeLost
     got = [r for r in reasons(job) if r != "CheckpointSaved"]
-    assert got[-4:] == ["NodeLost", "RescheduleDowngraded", "Queuing", "JobFailed"], got
+    assert got[-5:] == ["NodeLost", "FailureDiagnosed", "RescheduleDowngraded", "Queuing",
+                     "JobFailed"], got
     failed = events_of(job, "JobFailed")[0]["message"]
     assert "not enough healthy nodes" in failed and "waited 3s" in failed
     assert "no spare node" in events_of(job, "RescheduleDowngraded")[0]["message"]

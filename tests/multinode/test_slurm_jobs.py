@@ -17,6 +17,7 @@ Slurm, where `sinfo` shows it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -30,6 +31,9 @@ import pytest
 
 from tests.integration.conftest import EXAMPLE, TG, read_json, reasons
 from tests.multinode.slurm_cluster import SlurmCluster
+from trainguard.ui.goodput_view import GoodputCache
+from trainguard.ui.jobs import detail
+from trainguard.ui.logview import marks_for
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
 NODES = ["n1", "n2", "n3"]
@@ -218,6 +222,25 @@ def test_in_an_sbatch_job_a_lost_node_is_replaced_by_the_spare(
     lost = events_of(job, "NodeLost")[0]
     assert lost["involved"]["node"] == victim
     assert "drained in Slurm" in lost["message"], lost["message"]
+    # the loss's verdict is an event, as `diagnose` gives it, so the dashboard lists it and
+    # marks its symptoms in the survivors' logs (walk-through 42 #7: it showed none)
+    (told,) = events_of(job, "FailureDiagnosed")
+    d = told["data"]
+    assert (d["category"], d["subcategory"], d["culprit"]["node"], told["involved"]["rank"]) == (
+        "other", "node_lost", victim, 2), told
+    assert told["message"].startswith(f"other (infrastructure, restart helps: yes, isolate "
+                                      f"node): node {victim} was lost: "), told["message"]
+    cli = json.loads(subprocess.run([*TG, "diagnose", str(job), "--attempt", "0", "--json"],
+                                    capture_output=True, text=True, timeout=60,
+                                    check=True).stdout)["diagnosis"]
+    assert (cli["category"], cli["subcategory"], cli["culprit"]) == (
+        d["category"], d["subcategory"], d["culprit"])
+    assert [ui["message"] for ui in detail("job", job, GoodputCache())["diagnoses"]] == [
+        told["message"]]
+    for sym in d["symptoms"]:  # each a survivor's line, marked in its log view
+        assert sym["rank"] in (0, 1), d["symptoms"]
+        assert {"kind": "symptom", "file": sym["file"], "line": sym["line"],
+                "text": sym["text"]} in marks_for(job, 0, sym["rank"]), sym
     assert resumed_step(job) >= 20
     final = read_json("status", job)
     assert final["state"] == "succeeded"
@@ -308,7 +331,8 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(
     assert code == 1, out[-6000:]
     # a checkpoint the surviving node committed may be reported with the stop, after NodeLost
     got = [r for r in reasons(job) if r != "CheckpointSaved"]
-    assert got[-4:] == ["NodeLost", "RescheduleDowngraded", "Queuing", "JobFailed"], got
+    assert got[-5:] == ["NodeLost", "FailureDiagnosed", "RescheduleDowngraded", "Queuing",
+                     "JobFailed"], got
     failed = events_of(job, "JobFailed")[0]["message"]
     assert "not enough healthy nodes" in failed and "waited 6s" in failed
     assert "no spare node" in events_of(job, "RescheduleDowngraded")[0]["message"]

@@ -1,8 +1,9 @@
 """Node-level recovery for the controller: carries out what the ladder decided about nodes.
 
 The decisions are policy.ladder's (pure); this module acts on the fleet and writes them
-down: pre-check runs, NodeLost / NodeIsolated / PodRescheduled / JobRescheduled /
-RescheduleDowngraded / Queuing / Precheck* events, and one recover record per rung tried.
+down: pre-check runs, NodeLost (with the loss's FailureDiagnosed) / NodeIsolated /
+PodRescheduled / JobRescheduled / RescheduleDowngraded / Queuing / Precheck* events, and one
+recover record per rung tried.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from trainguard.controller.link_loss import excused
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.replies import plain_judge
 from trainguard.controller.stopping import stop
+from trainguard.diagnosis.attempt import diagnose_node_loss
 from trainguard.exitcodes import ExitCode
 from trainguard.policy.decision import (
     Action,
@@ -185,6 +187,11 @@ class NodeRecovery:
         # the workers left on the placed nodes (they restart in the next attempt); `dead`: the
         # ranks of lost nodes, whose part a survivor's save on the way out does not wait for
         report = stop(self.fleet, self.rec, f"node {', '.join(lost)} was lost", dead)
+        for name, why in lost.items():  # the verdict `diagnose` gives, for the UI and metrics
+            ranks = [s * k + i for s, n in enumerate(self.fleet.placement) if n == name
+                     for i in range(k)]  # (walk-through 42 #7: a node loss had none)
+            self.rec.diagnosed(diagnose_node_loss(report.workers, name, why, ranks, detected),
+                               attempt, [])
         return report, (first, detected, utcnow())
 
     def isolate(self, iso: Isolation, attempt: int) -> None:

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import EXCEPTION_LINE
+from trainguard.diagnosis.lost import node_loss_diagnosis
 from trainguard.diagnosis.rules import load_rules
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.diagnosis.verdict import diagnose
@@ -50,6 +51,21 @@ def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = Non
     """
     if not any(f.state == WorkerState.FAILED for f in facts):
         return None
+    return diagnose(*_inputs(facts, node), load_rules(), detected_at)
+
+
+def diagnose_node_loss(facts: list[WorkerFact], lost: str, why: str, ranks: list[int],
+                       detected_at: datetime | None = None) -> Diagnosis:
+    """A node loss's verdict, as `trainguard diagnose JOB_DIR` gives it (diagnosis.lost):
+    the lost node is the cause, what the other ranks' logs say (read up to `detected_at`)
+    its symptoms. `ranks`: the lost node's; `why`: how the launcher lost it."""
+    return node_loss_diagnosis(lost, why, ranks,
+                               diagnose(*_inputs(facts, None), load_rules(), detected_at))
+
+
+def _inputs(facts: list[WorkerFact], node: str | None) -> tuple[list[Finding], list[RankExit]]:
+    """The verdict's inputs: the failed and stopped ranks' findings (with torch's error file
+    when its exception is not in the log), and every ended rank's exit."""
     findings: list[Finding] = []
     exits = []
     for f in facts:
@@ -68,7 +84,7 @@ def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = Non
             findings.append(from_file)
         exits.append(RankExit(f.rank, f.state == WorkerState.FAILED, f.returncode, f.ended_at,
                               f.oom_killed, f.node or node, f.second_last_step_at))
-    return diagnose(findings, exits, load_rules(), detected_at)
+    return findings, exits
 
 
 def diagnosis_message(d: Diagnosis) -> str:
