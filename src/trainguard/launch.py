@@ -25,6 +25,7 @@ from pathlib import Path
 
 from trainguard.backends.base import Backend
 from trainguard.backends.local import LocalBackend, live_agents
+from trainguard.backends.orphans import OWN_JOB_KEY, SLURM_JOB_KEY
 from trainguard.console import Writable, console_printer, consoles
 from trainguard.controller.echo import RankEcho
 from trainguard.controller.fleet import Fleet
@@ -163,7 +164,7 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
     (cdir / "agent.json").write_text(cfg.model_dump_json(indent=1))
     agent_argv = [sys.executable, "-m", "trainguard.node.main", "--config",
                   str(cdir / "agent.json")]
-    backend = make_backend(spec, cdir, meta.get("slurm_own_job") if resumable else None)
+    backend = make_backend(spec, cdir, meta.get(OWN_JOB_KEY) if resumable else None)
     rec = Recorder(spec, paths, store, argv, on_event=console_printer(err))
     fleet = Fleet(hub, backend, spec.nnodes, spec.nproc_per_node, spec.node_timeout_s,
                   spec.reconnect_grace_s, publish=lambda f: _publish(store, f))
@@ -179,7 +180,8 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
             fleet.nodes[name].times_implicated = n
     store.set_meta(controller_port=hub.port, controller_host=host, nnodes=spec.nnodes,
                    spare_nodes=spec.spare_nodes, backend=backend.name,
-                   slurm_own_job=getattr(backend, "owned_job", None))
+                   **{OWN_JOB_KEY: getattr(backend, "owned_job", None),
+                      SLURM_JOB_KEY: getattr(backend, "job_id", None)})
     adopt = False
     if resumable:  # (walk-through 26: 20 s without a word while the agents were awaited)
         why_not = _agents_gone(store)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.integration.conftest import EXAMPLE, TG, read_json, reasons
@@ -458,3 +459,52 @@ def test_a_pod_level_move_resumes_from_the_peer_copy_on_the_spare_s_standby(
     # and a random part (walk-through 32 #9)
     assert [p.name for p in shm.iterdir()
             if not re.search(rf"-{victim}-[0-9a-f]{{16}}$", p.name)] == []
+
+
+def test_with_its_launcher_dead_status_says_the_slurm_agents_train_on_and_stop_ends_them(
+        clean_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Walk-through 42 #8: the launcher of a job in trainguard's own allocation is SIGKILLed;
+    its agents (steps of that allocation) train on for a takeover. `status` called the ranks
+    `lost`, with no `no controller:` line, and `stop` left them (and the allocation, which
+    only the dead launcher would have cancelled) to the agents' 10 min orphan timeout. Now
+    `status` asks Slurm for the agents' steps, and `stop` cancels the allocation."""
+    cluster = clean_cluster
+    job = tmp_path / "job"
+    ctl = Controller(job_args(job, steps=600), tmp_path, tg_env(cluster))
+    try:
+        before = wait_for(job, step_at_least(5), alive=lambda: ctl.proc.poll() is None)
+        os.kill(ctl.proc.pid, signal.SIGKILL)  # the launcher only: agents, workers live
+        ctl.proc.wait(10)
+    finally:
+        ctl.kill()
+    ((alloc, _),) = [j for j in squeue(cluster, "-o", "%i %T")]
+    env = tg_env(cluster)  # status asks Slurm (squeue) as a user's shell would
+
+    def status(*args: str) -> str:
+        return subprocess.run([*TG, "status", str(job), *args], capture_output=True, env=env,
+                              text=True, timeout=60, check=True).stdout
+
+    seen = json.loads(status("--json"))
+    assert seen["state"] == "lost"
+    assert seen["agents_without_controller"] == NODES, seen["agents_without_controller"]
+    assert {r["rank"]: r["state"] for r in seen["ranks"]} == dict.fromkeys(range(4), "running")
+    text = status()
+    assert f"no controller: the launcher is gone, but the node agents of {', '.join(NODES)} " \
+        "still run" in " ".join(text.split()), text
+    pids = [r["pid"] for r in before["ranks"]]  # (this cluster's nodes share this machine)
+    assert all(psutil.pid_exists(p) for p in pids), pids
+    out = subprocess.run([*TG, "stop", str(job)], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stdout.split())
+    assert "its launcher is gone but its node agents still ran its workers: ended " in said
+    assert all(f"{n} (Slurm step {alloc}." in said for n in NODES), said
+    assert f"Slurm allocation {alloc}" in said, said
+    assert gone(cluster, "trainguard-mn", timeout=20), squeue(cluster, "-o", "%i %j %T")
+    deadline = time.monotonic() + 20  # each agent's guardian ends its workers
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(psutil.pid_exists(p) for p in pids), pids
+    after = json.loads(status("--json"))
+    assert after["agents_without_controller"] == []
+    assert {r["state"] for r in after["ranks"]} == {"lost"}

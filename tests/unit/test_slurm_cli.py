@@ -276,3 +276,12 @@ def test_a_lost_node_s_srun_is_ended_without_the_recovery_waiting_on_it() -> Non
     while proc.returncode is None and time.monotonic() < deadline:
         time.sleep(0.05)  # reaped by the thread (poll() here would reap it itself)
     assert proc.returncode == 0
+
+
+def test_parse_steps_maps_each_running_step_s_name_to_its_id() -> None:
+    text = ("7.0 trainguard-agent-n1\n7.1 trainguard-agent-n2\n\n7.2 trainguard-agent-n3\n"
+            "7.extern extern\n7.3 a name with spaces\n")
+    assert slurm_cli.parse_steps(text) == {
+        "trainguard-agent-n1": "7.0", "trainguard-agent-n2": "7.1", "trainguard-agent-n3": "7.2",
+        "extern": "7.extern", "a name with spaces": "7.3"}
+    assert slurm_cli.parse_steps("") == {}

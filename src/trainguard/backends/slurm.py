@@ -90,6 +90,11 @@ class SrunAgent:
             self._proc.wait()
 
 
+def agent_step(node: str) -> str:
+    """The name of `node`'s agent step in the job's allocation (squeue -s, scancel)."""
+    return f"trainguard-agent-{node}"
+
+
 def _still_runs(job_id: str) -> bool:
     try:
         return bool(slurm_cli.job_nodelist(job_id))
@@ -153,7 +158,7 @@ class SlurmBackend:
     def start_agent(self, node: str, argv: list[str]) -> SrunAgent:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         cmd = slurm_cli.srun_argv(self.job_id, node, [*argv, "--node", node],
-                                  step_name=f"trainguard-agent-{node}")
+                                  step_name=agent_step(node))
         log_file = self._log_dir / f"{node}.agent.log"
         with open(log_file, "ab") as err:
             since = err.tell()  # the file holds earlier launches' agents too

@@ -343,6 +343,25 @@ def cancel(job_id: str, env: Mapping[str, str] | None = None, *,
          f"check the job id ({job_id}) with `squeue`, and that this user owns the job")
 
 
+def parse_steps(text: str) -> dict[str, str]:
+    """`squeue -h -s -o "%i %j"` lines ("6.3 trainguard-agent-n2") -> {step name: step id}."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2:
+            out.setdefault(parts[1].strip(), parts[0])
+    return out
+
+
+def job_steps(job_id: str, env: Mapping[str, str] | None = None, *,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, str]:
+    """The running steps of a job: {step name: step id ("JOBID.STEP")}; {} when the job
+    has ended (squeue lists nothing)."""
+    r = _run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], env, timeout_s,
+             f"check the job id ({job_id}) with `squeue -s -j {job_id}`", check=False)
+    return parse_steps(r.stdout) if r.returncode == 0 else {}
+
+
 def job_nodelist(job_id: str, env: Mapping[str, str] | None = None, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
     """The node list of a running job (squeue's %N), e.g. "n[1-3]"."""

@@ -23,7 +23,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-from trainguard.backends.local import live_agents
+from trainguard.backends.orphans import running_agents
 from trainguard.controller.faults import GROUP_FAILED_REASON, LOST_END_REASON, STOPPED_BY
 from trainguard.controller.shown import shown_state
 from trainguard.controller.store import JobStore, db_path
@@ -66,7 +66,8 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         rows = store.all_workers()
         records = store.running_records()
         deaths = [e for _, e in store.events(reasons=(Reason.WORKER_FAILED.value,))]
-        alive = {r.name for r in live_agents(store.nodes())}  # a lost job's ranks may train on
+        # a lost job's ranks may train on
+        alive = {r.name for r in running_agents(meta, store.nodes())}
     attempts = sorted({r.attempt for r in rows})
     log_dir = log_dir_of(meta, job_dir)
     if meta.get("exit_code") == ExitCode.NO_PROGRESS:  # whatever the verdict says of restarts

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainguard.backends.local import live_agents
+from trainguard.backends.orphans import running_agents
 from trainguard.cli.fmt import clock_or_dash, meta_time
 from trainguard.controller.shown import last_progress, shown_state
 from trainguard.controller.store import JobStore
@@ -31,7 +31,7 @@ def read_job(job_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             attempts = len(store.running_records())
             progress = last_progress(meta, store.last_checkpoint())
             state = shown_state(meta)
-            agents = [n.name for n in live_agents(store.nodes())] \
+            agents = [n.name for n in running_agents(meta, store.nodes())] \
                 if state == JobState.LOST.value else []
     except StoreError as e:
         return {"job_dir": str(job_dir), "run_id": None, "state": "unreadable",

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
-from trainguard.backends.local import live_agents, signal_agent
+from trainguard.backends.orphans import end_agents
 from trainguard.cli.args import seconds
 from trainguard.cli.fmt import clock_or_dash, complain, dash, print_json, print_table, size_text
 from trainguard.cli.job_rows import job_row, when
@@ -142,18 +142,16 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _end_agents(job_dir: Path) -> list[str]:
-    """A multi-node job's node agents still running on this machine (the local backend),
-    SIGKILLed with their process groups (each agent's guardian kills its workers): they
-    outlive a killed launcher, waiting for a controller to take the job over, and train on
-    meanwhile. 'node (pid N)' of each ended. Agents on other machines (Slurm) end by
-    themselves once no controller came back (node/main.py)."""
+    """A multi-node job's node agents that still run, ended (each agent's guardian kills its
+    workers): they outlive a killed launcher, waiting for a controller to take the job over,
+    and train on meanwhile. The local backend's by SIGKILL to their process groups, Slurm's
+    by scancel of their steps (backends.orphans); what was ended, each named."""
     try:
         with JobStore.open(job_dir) as store:
-            rows = store.nodes()
+            meta, rows = store.meta(), store.nodes()
     except StoreError:
         return []
-    return [f"{r.name} (pid {r.agent_pid})" for r in live_agents(rows)
-            if r.agent_pid is not None and signal_agent(r.agent_pid, r.name)]
+    return end_agents(meta, rows)
 
 
 def _launcher(pid: int) -> psutil.Process | None:

@@ -16,7 +16,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.backends.local import live_agents
+from trainguard.backends.orphans import running_agents
 from trainguard.cli.fmt import (
     clock,
     clock_or_dash,
@@ -84,7 +84,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), nodes,
                      store.running_records(), hang_events, store.last_checkpoint(),
                      store.last_event(LAUNCH_REASONS), _free_bytes(store),
-                     [r.name for r in live_agents(nodes)]
+                     [r.name for r in running_agents(meta, nodes)]
                      if shown_state(meta) == JobState.LOST.value else [])
     if args.json:
         print_json(doc)

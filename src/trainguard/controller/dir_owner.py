@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainguard.backends.local import live_agents
+from trainguard.backends.orphans import running_agents
 from trainguard.checkpoint.manifest import OWNER_NAME
 from trainguard.checkpoint.store_errors import missing_bucket, s3_error
 from trainguard.controller.store import JobStore, db_path
@@ -207,7 +207,7 @@ def lost_agents(owner: dict[str, str]) -> list[str]:
         return []
     try:
         with JobStore.open(job_dir) as store:
-            return [n.name for n in live_agents(store.nodes())]
+            return [n.name for n in running_agents(store.meta(), store.nodes())]
     except (StoreError, OSError):
         return []
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainguard.backends.local import live_agents
+from trainguard.backends.orphans import running_agents
 from trainguard.controller.shown import LAUNCH_REASONS, last_progress, shown_state, stop_under_way
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import NodeRow, WorkerRow, log_dir_of, to_row
@@ -108,7 +108,7 @@ def live_parts(store: JobStore, meta: dict[str, Any],
         "hang": store.hang_left_running(meta), **_progress(store, meta),
         "stopping": _stopping(store, meta),
         "records": [r.to_dict() for r in records],
-        "workers": _workers(store, state),
+        "workers": _workers(store, meta, state),
         "nodes": [row_dict(n) for n in store.nodes()],
     }
 
@@ -127,10 +127,11 @@ def _stopping(store: JobStore, meta: dict[str, Any]) -> dict[str, Any] | None:
     return stop_under_way(shown_state(meta), store.last_event(LAUNCH_REASONS))
 
 
-def _workers(store: JobStore, job_state: str | None) -> list[dict[str, Any]]:
+def _workers(store: JobStore, meta: dict[str, Any],
+             job_state: str | None) -> list[dict[str, Any]]:
     """The ranks as `status` shows them: a lost job's read `lost` (walk-through 38 #6: the
     dashboard said `running` of processes gone with their launcher)."""
-    alive = {r.name for r in live_agents(store.nodes())} \
+    alive = {r.name for r in running_agents(meta, store.nodes())} \
         if job_state == JobState.LOST.value else set()
     return [{**row, "state": shown_rank_state(row["state"], job_state, row["node"] in alive)}
             for row in (row_dict(w) for w in store.workers())]

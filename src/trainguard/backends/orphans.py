@@ -1,0 +1,93 @@
+"""Node agents that outlived their launcher: which still run, and ending them, per backend.
+
+A multi-node job's agents wait for a controller to take the job over (up to their orphan
+timeout) and their workers train on meanwhile. `status`, `ls`, `diagnose` and the dashboard
+ask which still run (their ranks are not `lost`); `stop` ends them. On the local backend an
+agent is a process of this machine (checked by its pid, never a reused one); on Slurm it is
+a step of the job's allocation, `trainguard-agent-NODE`, which squeue lists while it runs
+and scancel ends (walk-through 42 #8: under Slurm the ranks read `lost` though they
+trained on, and nothing said how to take the job over or end them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from trainguard.backends import slurm_cli
+from trainguard.backends.local import R, live_agents, signal_agent
+from trainguard.backends.slurm import SlurmBackend, agent_step
+from trainguard.backends.slurm_cli import SlurmError
+
+SLURM_JOB_KEY = "slurm_job_id"  # the job store's meta: the allocation the agents run in
+OWN_JOB_KEY = "slurm_own_job"  # ... and the one trainguard made (cancelled at the job's end)
+STEPS_TIMEOUT_S = 5.0  # one squeue call at most this long (status waits on it)
+STEPS_TTL_S = 2.0  # the dashboard asks on every push: squeue at most this often per job
+
+_steps_seen: dict[str, tuple[float, dict[str, str]]] = {}
+
+
+def running_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[R]:
+    """The rows whose node agent still runs: the local backend's by their process, Slurm's
+    by the steps of the job's allocation ([] for them when Slurm cannot be asked)."""
+    rows = list(rows)
+    alive = live_agents(rows)
+    on_slurm = [r for r in rows if r.backend == SlurmBackend.name]
+    job = meta.get(SLURM_JOB_KEY)
+    if on_slurm and isinstance(job, str) and job:
+        steps = _steps(job)
+        alive += [r for r in on_slurm if agent_step(r.name) in steps]
+    return alive
+
+
+def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
+    """End the agents that still run (each one's guardian ends its workers): the local ones
+    by SIGKILL to their process groups, Slurm's by scancel of their steps, or of the whole
+    allocation when trainguard made it (its dead launcher would have cancelled it at the
+    end). What was ended: 'node (pid N)', 'node (Slurm step J.S)', 'Slurm allocation J'."""
+    rows = list(rows)
+    ended = [f"{r.name} (pid {r.agent_pid})" for r in live_agents(rows)
+             if r.agent_pid is not None and signal_agent(r.agent_pid, r.name)]
+    job = meta.get(SLURM_JOB_KEY)
+    if not isinstance(job, str) or not any(r.backend == SlurmBackend.name for r in rows):
+        return ended
+    _steps_seen.pop(job, None)
+    steps = _steps(job)
+    if meta.get(OWN_JOB_KEY) == job and steps:  # the allocation is trainguard's (salloc'd
+        try:  # for this job): its end ends every step, and nothing else would free it
+            slurm_cli.cancel(job, timeout_s=STEPS_TIMEOUT_S)
+            _steps_seen.pop(job, None)
+            return [*ended, *(f"{r.name} (Slurm step {steps[agent_step(r.name)]})"
+                              for r in rows if r.backend == SlurmBackend.name
+                              and agent_step(r.name) in steps), f"Slurm allocation {job}"]
+        except SlurmError:
+            pass  # its steps one by one, then
+    for r in rows:
+        step = steps.get(agent_step(r.name)) if r.backend == SlurmBackend.name else None
+        if step is None:
+            continue
+        try:
+            slurm_cli.cancel(step, timeout_s=STEPS_TIMEOUT_S)
+        except SlurmError:
+            continue  # it ended meanwhile, or this user may not: not said as ended
+        ended.append(f"{r.name} (Slurm step {step})")
+    _steps_seen.pop(job, None)
+    return ended
+
+
+def _steps(job: str) -> dict[str, str]:
+    """The job's running steps, asked at most every STEPS_TTL_S; {} when squeue fails."""
+    now = time.monotonic()
+    seen = _steps_seen.get(job)
+    if seen is not None and now - seen[0] < STEPS_TTL_S:
+        return seen[1]
+    try:
+        steps = slurm_cli.job_steps(job, timeout_s=STEPS_TIMEOUT_S)
+    except SlurmError:
+        steps = {}
+    _steps_seen[job] = (now, steps)
+    return steps
+
+
+__all__ = ["OWN_JOB_KEY", "SLURM_JOB_KEY", "end_agents", "running_agents"]
