@@ -202,3 +202,31 @@ def test_the_save_of_a_hung_job_s_last_step_is_in_the_stretch_before_the_hang() 
     g = SimpleNamespace(wall_s=60.0, seconds=lambda cause: 0.0)
     advice = interval_advice(g, [rec], saves)  # type: ignore[arg-type]
     assert advice.current_s is not None and abs(advice.current_s - 2.554) < 1e-6, advice
+
+
+def test_an_mtbf_from_one_or_two_failures_is_said_to_be_rough() -> None:
+    """Walk-through 42 #13: one failure in a 60 s run gave 'the optimal interval (Young/Daly)
+    is 0.4s' from 'the observed MTBF 60s' with no word that one failure makes that MTBF."""
+    from datetime import datetime, timezone
+
+    from trainguard.goodput.interval import advise
+    from trainguard.records import RecoverRecord, RunningRecord, StartType
+
+    t = datetime(2026, 12, 7, tzinfo=timezone.utc)
+    rec = RunningRecord(0, t, StartType.FIRST_START)
+    rec.recover_records.append(RecoverRecord(
+        attempt=0, recover_start_at=t, fault_scenario=FaultScenario.ERROR_IN_LOG,
+        reason="killed", related_task="worker-0", recover="process_restart", steps_lost=3))
+    r = report_input(4)
+    r.records = [rec]
+    saves = [(0, 0.0), (0, 1.0), (0, 2.0)]
+    for failures, rough in ((1, " (an MTBF from 1 failure only: a rough guide until more are "
+                                "seen)"), (2, " (an MTBF from 2 failures only"), (3, None)):
+        a = advise(60.0, failures, saves, [0.01] * 3)
+        (line,) = [x for x in advice_lines(r, a) if x.startswith("checkpoints:")]
+        assert line.startswith("checkpoints: every 1.0s now"), line
+        if rough is None:
+            assert "rough" not in line, line
+        else:
+            assert rough in line, line
+        assert a.to_dict()["failures"] == failures

@@ -15,6 +15,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from itertools import pairwise
 
+ROUGH_BELOW = 3  # failures: an MTBF from fewer is a rough estimate
+
 
 @dataclass(frozen=True)
 class IntervalAdvice:
@@ -24,6 +26,16 @@ class IntervalAdvice:
     optimal_s: float | None  # Daly's interval
     loss_now: float | None  # expected share of time lost at the current interval
     loss_optimal: float | None  # ... at the optimal one
+    failures: int = 0  # the failures the MTBF is from (a few make it a rough one)
+
+    def rough(self) -> str:
+        """What an MTBF from few failures is worth, said beside the advice ('' from
+        ROUGH_BELOW failures on; walk-through 42 #13: one failure in a 60 s run advised
+        saving every 0.4 s with no word of doubt)."""
+        if not 0 < self.failures < ROUGH_BELOW:
+            return ""
+        return (f" (an MTBF from {self.failures} failure{'s' if self.failures > 1 else ''} "
+                "only: a rough guide until more are seen)")
 
     def to_dict(self) -> dict[str, float | None]:
         return {k: None if v is None else round(v, 4) for k, v in self.__dict__.items()}
@@ -57,7 +69,7 @@ def advise(running_s: float, failures: int, save_times: list[tuple[Hashable, flo
             if b > a and ka == kb]
     current = statistics.median(gaps) if gaps else None
     if mtbf is None or w is None or w <= 0:
-        return IntervalAdvice(mtbf, w, current, None, None, None)
+        return IntervalAdvice(mtbf, w, current, None, None, None, failures)
     opt = daly(w, mtbf)
     now = expected_loss(current, w, mtbf) if current else None
-    return IntervalAdvice(mtbf, w, current, opt, now, expected_loss(opt, w, mtbf))
+    return IntervalAdvice(mtbf, w, current, opt, now, expected_loss(opt, w, mtbf), failures)

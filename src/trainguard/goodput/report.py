@@ -171,7 +171,8 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
             "from a memory snapshot or a save on the way out), so the interval cost nothing "
             "here: it bounds the loss only where those fail (a node lost with its memory, a "
             f"kill with no time to save); Young/Daly's {a.optimal_s:.1f}s for the observed MTBF "
-            f"{a.mtbf_s:.0f}s assumes every failure falls back to the last checkpoint")
+            f"{a.mtbf_s:.0f}s{a.rough()} assumes every failure falls back to the last "
+            "checkpoint")
     elif a.optimal_s is not None and a.current_s is not None and a.loss_now is not None \
             and a.loss_optimal is not None:
         verb = "about right" if 0.67 <= a.current_s / a.optimal_s <= 1.5 else (
@@ -180,7 +181,7 @@ def advice_lines(r: ReportInput, a: IntervalAdvice) -> list[str]:
             f"checkpoints: every {a.current_s:.1f}s now ({verb}); with the observed MTBF "
             f"{a.mtbf_s:.0f}s and {a.blocking_s:.3f}s blocking per save the optimal interval "
             f"(Young/Daly) is {a.optimal_s:.1f}s: expected loss {a.loss_now:.1%} -> "
-            f"{a.loss_optimal:.1%} of the run")
+            f"{a.loss_optimal:.1%} of the run{a.rough()}")
     elif a.mtbf_s is None:
         out.append("checkpoints: no failure yet, so no MTBF to size the interval by")
     elif a.current_s is None:
