@@ -195,3 +195,58 @@ def test_an_in_process_restart_that_did_not_recover_bounds_the_window_where_it_b
         assert d is not None, report.problems
         assert d.category.value == want and d.evidence is not None, (i, d)
         assert d.evidence.file.endswith("rank-0.log" if i == 1 else "rank-1.log"), (i, d)
+
+
+def test_a_lost_launch_s_peer_error_names_the_rank_whose_log_just_stopped(
+        tmp_path: Path) -> None:
+    """Walk-through 42 #1: the controller's node n1 died with rank 0, whose log ended at
+    step 66 without an error; rank 1 on n2 logged gloo's lost connection 0.17 s later. The
+    relaunch closed attempt 0 as lost; `diagnose --attempt 0` named rank 1 on n2 (the node
+    that survived) the culprit. Now the rank whose log just stopped is named."""
+    job = tmp_path / "job"
+
+    def make(rank0_tail: str, gap_s: float) -> Path:
+        import shutil
+
+        shutil.rmtree(job, ignore_errors=True)
+        with JobStore.create(job, "run-1") as s:
+            s.set_meta(log_dir=str(job / "logs"))
+            s.put_running(RunningRecord(0, T0, StartType.FIRST_START,
+                                        T0 + timedelta(seconds=60), LOST_END_REASON))
+            s.put_running(RunningRecord(1, T0 + timedelta(seconds=90), StartType.RELAUNCH,
+                                        T0 + timedelta(seconds=120), "succeeded"))
+            s.put_workers(0, [WorkerRow(0, r, r, f"n{r + 1}", 100 + r, "running")
+                              for r in (0, 1)])
+            s.put_workers(1, [WorkerRow(1, r, r, f"n{r + 1}", 200 + r, "succeeded", 0)
+                              for r in (0, 1)])
+        logs = job / "logs" / "attempt-0"
+        logs.mkdir(parents=True)
+        (logs / "rank-0.log").write_text(
+            "2026-12-03T12:00:20.100 out step 65\n"
+            f"2026-12-03T12:00:24.614 out {rank0_tail}\n")
+        err = datetime(2026, 12, 3, 12, 0, 24, 787000) + timedelta(seconds=gap_s)
+        (logs / "rank-1.log").write_text(
+            "2026-12-03T12:00:24.500 out step 66\n"
+            f"{err.isoformat(timespec='milliseconds')} err [rank1]: RuntimeError: "
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+            "[10.0.0.1]:41231\n")
+        return job
+
+    def verdict(job: Path) -> Any:
+        report = diagnose_paths([job], read_job=job_reader(0))
+        assert report.diagnosis is not None, report
+        return report.diagnosis
+
+    d = verdict(make("step 66", 0.0))
+    assert d.category.value in ("nccl_communication_error", "network_or_rendezvous"), d
+    assert (d.culprit.rank, d.culprit.node) == (0, "n1"), d
+    assert d.summary.startswith("rank(s) 0 (node n1) stopped logging without an error 0.17s "
+                                "before rank 1 lost its connection"), d.summary
+    assert d.evidence is not None and d.evidence.rank == 1  # the line is still rank 1's
+    # a rank whose log shows an error of its own did not just stop
+    d = verdict(make("RuntimeError: CUDA error: an illegal memory access was encountered",
+                     0.0))
+    assert d.culprit.rank != 0 or not d.summary.startswith("rank(s) 0"), d
+    # a log that stopped long before says nothing of which rank ended first
+    d = verdict(make("step 66", 30.0))
+    assert (d.culprit.rank, d.culprit.node) == (1, "n2"), d

@@ -30,7 +30,7 @@ from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.hung import hang_diagnosis
-from trainguard.diagnosis.lines import file_rank
+from trainguard.diagnosis.lines import file_rank, split_prefix
 from trainguard.diagnosis.lost import lost_node
 from trainguard.diagnosis.sources import JobInputs, JobReader, log_files
 from trainguard.diagnosis.taxonomy import Diagnosis
@@ -47,6 +47,8 @@ from trainguard.records import (
     rank_list,
 )
 from trainguard.states import JobState, WorkerState, shown_rank_state
+
+TAIL_BYTES = 64 << 10  # of a rank log, read for its last line's time
 
 
 def job_reader(attempt: int | None) -> JobReader:
@@ -146,8 +148,28 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         return JobInputs(attempt, files, exits, None, lost=(node, reason, ranks))
     hung, hang_files = (None, []) if any(e.failed for e in exits) else \
         _hang_report(job_dir, log_dir, attempt)
+    # lost with its launcher: whose log just stopped (diagnosis.silent_peer)
+    silent: dict[int, tuple[datetime, str | None]] = {}
+    if ended.get(attempt) == LOST_END_REASON:
+        silent = {r.rank: (at, r.node) for r in rows if r.attempt == attempt
+                  and r.ended_at is None and r.rank not in gone
+                  and (at := last_stamp(rank_log_path(log_dir, attempt, r.rank))) is not None}
     return JobInputs(attempt, files, exits, hung, hang_files, window=window, failed=note is None,
-                     note=note)
+                     note=note, silent=silent)
+
+
+def last_stamp(path: Path) -> datetime | None:
+    """The time of a rank log's last stamped whole line (its tail only); None without one."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = text.splitlines()[1 if size > TAIL_BYTES else 0:]  # (a first one cut in two)
+    lines = lines if text.endswith("\n") else lines[:-1]  # (a last one cut short)
+    return next((at for line in reversed(lines) if (at := split_prefix(line).at)), None)
 
 
 IN_PLACE = "in_process_restart"  # a recover record's `recover` for rung 1a

@@ -27,6 +27,7 @@ from trainguard.diagnosis.lost import node_loss_diagnosis
 from trainguard.diagnosis.prefilter import Trigger, compile_trigger
 from trainguard.diagnosis.rules import RuleSet, load_rules
 from trainguard.diagnosis.scan import FileScan, scan_bytes
+from trainguard.diagnosis.silent_peer import silent_peer
 from trainguard.diagnosis.taxonomy import Diagnosis
 from trainguard.diagnosis.verdict import diagnose
 from trainguard.errors import DiagnoseError
@@ -278,6 +279,9 @@ class JobInputs:
     window: tuple[datetime | None, datetime | None] = (None, None)
     failed: bool = True  # False: the attempt (files empty: every attempt) did not fail
     note: str | None = None  # how it ended, when it did not fail
+    # lost with its launcher: rank -> (its log's last line's time, its node), the ranks
+    # whose end nobody recorded (diagnosis.silent_peer)
+    silent: dict[int, tuple[datetime, str | None]] = field(default_factory=dict)
 
 
 # Reads `path` as a job dir (problems go to the list); None: `path` is not one.
@@ -298,11 +302,12 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
     hung: Diagnosis | None = None
     hang_files: list[str] = []
     lost = None
+    silent: dict[int, tuple[datetime, str | None]] = {}
     window: tuple[datetime | None, datetime | None] = (None, None)
     for p in paths:
         job = read_job(p, report.problems) if read_job is not None else None
         if job is not None:
-            report.attempt, hung, lost = job.attempt, job.hung, job.lost
+            report.attempt, hung, lost, silent = job.attempt, job.hung, job.lost, job.silent
             hang_files = job.hang_files
             report.job_dir = str(p)
             report.attempt_failed, report.note, window = job.failed, job.note, job.window
@@ -341,6 +346,10 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
         start = window[0]
         findings = [f for f in findings if f.at is None or f.at_inherited or f.at > start]
     report.diagnosis = hung or diagnose(findings, exits, rules, window[1])
+    # a log that shows an error (not only its last lines, kept as context) did not just stop
+    errored = {f.rank for f in findings if not f.context and f.recovered is None}
+    report.diagnosis = silent_peer(report.diagnosis, {
+        r: v for r, v in silent.items() if r not in errored})
     report.files += hang_files  # what the verdict read too (walk-through 40 #9)
     if lost is not None:
         report.diagnosis = node_loss_diagnosis(*lost, report.diagnosis)
