@@ -160,7 +160,8 @@ def launch_cluster(spec: JobSpec, argv: list[str], marker: str, paths: JobPaths,
         "token_file": str(cdir / "token"), "step_pattern": spec.step_pattern,
         "marker": marker, "redirects": spec.redirects, "ranks_filter": spec.local_ranks_filter,
         "report_interval_s": report_interval(spec.nnodes + spec.spare_nodes,
-                                             spec.monitor_interval)})
+                                             spec.monitor_interval),
+        "grace_s": spec.grace_period_s})
     (cdir / "agent.json").write_text(cfg.model_dump_json(indent=1))
     agent_argv = [sys.executable, "-m", "trainguard.node.main", "--config",
                   str(cdir / "agent.json")]

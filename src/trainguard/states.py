@@ -86,6 +86,11 @@ JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
 JOB_ENDED = frozenset(s.value for s in JobState if s.ended)
 
 
+# said in a why_ended() when the cluster ended the agent's step on purpose (a requeue, a time
+# limit, a preemption, scancel): the node is lost to the job, but not at fault (not drained)
+NOT_THE_NODE = "the cluster ended it, not a fault of the node"
+
+
 class NodeState(str, Enum):
     """Lifecycle of one node of a multi-node job (controller.fleet; the store's `nodes`):
 
@@ -169,10 +174,16 @@ TRANSITIONS: Mapping[type[Enum], Mapping[Any, frozenset[Any]]] = {
 }
 
 
-def shown_rank_state(state: str, job_state: str | None, agent_runs: bool) -> str:
+def shown_rank_state(state: str, job_state: str | None, agent_runs: bool,
+                     exit_seen: bool = True) -> str:
     """A rank's state as `status` and the dashboard show it: one not ended when its
     launcher died reads `lost` (the guardian killed it with the launcher: nothing recorded
-    its end), unless its node's agent still runs (it keeps its workers for a takeover)."""
+    its end), unless its node's agent still runs (it keeps its workers for a takeover); so
+    does one recorded failed with no exit seen (`exit_seen` False: its node's agent went
+    away with it, a lost node or a cluster that ended the agents' steps; walk-through 42
+    #12: such ranks read `failed`, exit code `-`)."""
     if job_state == JobState.LOST.value and not WorkerState(state).ended and not agent_runs:
+        return "lost"
+    if state == WorkerState.FAILED.value and not exit_seen:
         return "lost"
     return state

@@ -147,10 +147,10 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(tmp_pat
     final = read_json("status", job)
     assert final["state"] == "failed" and node(final, "node-1")["state"] == "lost"
     # nothing was rescheduled: no budget spent (walk-through 21 saw job_reschedules 1/3), and
-    # the lost node's rank reads failed, not running
+    # the lost node's rank reads lost (its end unseen: walk-through 42 #12), not running
     assert final["budgets"]["job_reschedules"]["used"] == 0, final["budgets"]
     assert {r["rank"]: r["state"] for r in final["ranks"] if r["node"] == "node-1"} == {
-        2: "failed", 3: "failed"}, final["ranks"]
+        2: "lost", 3: "lost"}, final["ranks"]
 
 
 @pytest.mark.long  # tests/multinode/test_slurm_jobs.py runs the same scenario in make test

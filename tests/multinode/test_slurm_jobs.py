@@ -508,3 +508,43 @@ def test_with_its_launcher_dead_status_says_the_slurm_agents_train_on_and_stop_e
     after = json.loads(status("--json"))
     assert after["agents_without_controller"] == []
     assert {r["state"] for r in after["ranks"]} == {"lost"}
+
+
+def test_a_requeue_gives_the_ranks_their_grace_saves_on_the_way_out_and_drains_no_node(
+        clean_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Walk-through 42 #12: `scontrol requeue` of an sbatch job signals every step of it. The
+    agents died of the SIGTERM at once and their guardians SIGKILLed the workers: no grace
+    period, `--save-on-exit` saved nothing (a requeue lost up to a checkpoint interval), the
+    ranks read `failed` with no exit code, and the spare's cancelled step made it a lost
+    node, drained in Slurm (a healthy node out of service for every job until an admin
+    resumed it). Now the agents stay for their workers (node/term.py), which save the last
+    step on the way out within Slurm's KillWait (2 s on this cluster) and read stopped."""
+    cluster = clean_cluster
+    job = tmp_path / "job"
+    script = tmp_path / "train.sbatch"
+    argv = " ".join([PY, "-m", "trainguard", *job_args(job, "--save-on-exit", steps=600)])
+    script.write_text(f"#!/bin/bash\nexec {argv}\n")
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", "--no-kill", "--requeue", "--open-mode=append", "-N", "3",
+         "-J", "tg-requeue", "-D", str(tmp_path), "-o", str(tmp_path / "batch.out"),
+         str(script)], env=tg_env(cluster), capture_output=True, text=True, timeout=20,
+        check=True).stdout.strip().split(";")[0]
+    wait_for(job, step_at_least(12),
+             alive=lambda: batch_state(cluster, job_id)[0] in ("PENDING", "RUNNING"))
+    subprocess.run(["scontrol", "requeue", job_id], env=cluster.env(), check=True, timeout=20)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "JobStopped" not in reasons(job):
+        time.sleep(0.3)
+    got = reasons(job)
+    assert "JobStopped" in got, got
+    saved = [e for e in events_of(job, "CheckpointSaved") if "on the way out" in e["message"]]
+    assert saved, [e["message"] for e in events_of(job, "CheckpointSaved")]
+    assert saved[-1]["data"]["step"] > 10, saved[-1]  # past the last periodic save
+    for lost in events_of(job, "NodeLost"):  # none expected; never drained for a requeue
+        assert "not drained: the cluster ended its agent's step" in lost["message"], lost
+    assert [n for n in NODES if cluster.node_state(n).startswith("drain")] == [], \
+        cluster.sinfo_text()
+    final = read_json("status", job)
+    assert final["state"] == "stopped"
+    assert {r["state"] for r in final["ranks"]} == {"stopped"}, final["ranks"]
+    subprocess.run(["scancel", job_id], env=cluster.env(), check=False, timeout=20)

@@ -232,7 +232,17 @@ def test_a_node_slurm_has_down_or_drained_is_left_with_its_reason(
     ("slurmstepd-n1: error: *** STEP 4.0 ON n1 CANCELLED AT 2026-12-06T16:30:42 ***\n"
      "srun: Job step aborted: Waiting up to 4 seconds for job step to finish.\n"
      "srun: error: n1: task 0: Killed\n",
-     "its agent's Slurm step ended (*** STEP 4.0 ON n1 CANCELLED AT 2026-12-06T16:30:42 ***)"),
+     "its agent's Slurm step was cancelled (*** STEP 4.0 ON n1 CANCELLED AT 2026-12-06T16:30:42 "
+     "***): the cluster ended it, not a fault of the node"),
+    # walk-through 42 #12: a requeue's cancelled step is Slurm's doing, a node failure is not
+    ("slurmstepd-n3: error: *** STEP 1.2 ON n3 CANCELLED AT 2026-12-07T11:41:24 DUE TO JOB "
+     "REQUEUE ***\n",
+     "its agent's Slurm step was cancelled (*** STEP 1.2 ON n3 CANCELLED AT 2026-12-07T11:41:24 "
+     "DUE TO JOB REQUEUE ***): the cluster ended it, not a fault of the node"),
+    ("slurmstepd-n1: error: *** STEP 14.0 ON n2 CANCELLED AT 2026-12-07T09:03:22 DUE TO NODE "
+     "FAILURE ***\n",
+     "its agent's Slurm step ended (*** STEP 14.0 ON n2 CANCELLED AT 2026-12-07T09:03:22 DUE TO "
+     "NODE FAILURE ***)"),
     ("Traceback ...\nsrun: error: n3: task 0: Exited with exit code 1\n",
      "its agent's Slurm step ended (srun: n3: task 0: Exited with exit code 1)"),
     ("", "its agent's Slurm step ended"),
@@ -285,3 +295,17 @@ def test_parse_steps_maps_each_running_step_s_name_to_its_id() -> None:
         "trainguard-agent-n1": "7.0", "trainguard-agent-n2": "7.1", "trainguard-agent-n3": "7.2",
         "extern": "7.extern", "a name with spaces": "7.3"}
     assert slurm_cli.parse_steps("") == {}
+
+
+def test_a_node_whose_step_the_cluster_cancelled_is_not_drained() -> None:
+    """Walk-through 42 #12: `scontrol requeue` cancelled the spare's agent step (`CANCELLED AT
+    ... DUE TO JOB REQUEUE`) a moment before the launcher's SIGTERM, and the spare was
+    drained in Slurm as a lost node: a healthy node out of service until an admin resumed it."""
+    from trainguard.policy.nodes import lost_isolation
+
+    requeued = slurm_cli.srun_ended_why(
+        "slurmstepd-n3: error: *** STEP 1.2 ON n3 CANCELLED AT 2026-12-07T11:41:24 DUE TO JOB "
+        "REQUEUE ***\n")
+    assert not lost_isolation("n3", requeued).drain
+    failed = slurm_cli.srun_ended_why("srun: error: Node failure on n2\n")
+    assert lost_isolation("n2", failed).drain

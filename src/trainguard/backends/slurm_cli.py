@@ -33,9 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from trainguard.errors import TrainguardError
+from trainguard.states import NOT_THE_NODE
 
 DEFAULT_TIMEOUT_S = 30.0
 _GRANTED = re.compile(r"Granted job allocation (\d+(?:[_+]\d+)?)")
+# slurmstepd's `*** STEP 1.2 ON n3 CANCELLED AT <time> [DUE TO JOB REQUEUE|TIME LIMIT|...] ***`
+_CANCELLED = re.compile(r"\bCANCELLED AT\b")
 _FIX_UP = ("check that slurmctld is up (`scontrol ping`) and that SLURM_CONF points at the "
            "cluster's slurm.conf")
 
@@ -147,7 +150,11 @@ def srun_ended_why(stderr: str) -> str:
             or [ln for ln in lines if ln.startswith("srun: error: ")])
     if not said:
         return "its agent's Slurm step ended"
-    return f"its agent's Slurm step ended ({said[-1].replace('srun: error: ', 'srun: ')})"
+    last = said[-1].replace('srun: error: ', 'srun: ')
+    if _CANCELLED.search(last) and "NODE FAIL" not in last:  # Slurm's own doing (walk-through
+        # 42 #12: a requeue's cancelled step drained a healthy spare)
+        return f"its agent's Slurm step was cancelled ({last}): {NOT_THE_NODE}"
+    return f"its agent's Slurm step ended ({last})"
 
 
 def parse_partitions(text: str) -> tuple[str | None, dict[str, int]]:

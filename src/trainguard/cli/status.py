@@ -323,7 +323,8 @@ def _rank_dict(w: WorkerRow, job_state: str | None, hung: set[int],
     agent still runs (it keeps its workers for a takeover); `hung`: a running rank of a
     confirmed hang left running."""
     d = {k: _plain(getattr(w, k)) for k in _RANK_KEYS}
-    d["state"] = shown_rank_state(d["state"], job_state, w.node in agents_alive)
+    d["state"] = shown_rank_state(d["state"], job_state, w.node in agents_alive,
+                                  w.exit_code is not None or w.signal is not None)
     d["hung"] = w.rank in hung and d["state"] == WorkerState.RUNNING.value
     return d
 

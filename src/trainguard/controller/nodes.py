@@ -35,7 +35,7 @@ from trainguard.policy.nodes import lost_isolation
 from trainguard.policy.precheck import CHECK_AGENT, PrecheckConfig, PrecheckReport
 from trainguard.protocol import NodeReport, Op
 from trainguard.records import FaultScenario, Level, Reason, RecoverResult, utcnow
-from trainguard.states import JobState, NodeState
+from trainguard.states import NOT_THE_NODE, JobState, NodeState
 
 PRECHECK_TIMEOUT_S = 300.0
 
@@ -60,7 +60,9 @@ class NodeRecovery:
     def _drain_lost(self, name: str, why: str) -> str:
         """Drain a lost node (lost_isolation says whether); what was done, said."""
         iso = lost_isolation(name, why, excused(why, self.fleet.disruption.suspect(name)))
-        return (self.fleet.backend.isolate(name, f"trainguard: {iso.why}") if iso.drain
+        if iso.drain:
+            return self.fleet.backend.isolate(name, f"trainguard: {iso.why}")
+        return ("not drained: the cluster ended its agent's step" if NOT_THE_NODE in why
                 else "not drained: every node's link went down at once")
 
     def snapshot(self) -> tuple[tuple[str, ...], tuple[str, ...]]:

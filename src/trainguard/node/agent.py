@@ -261,9 +261,11 @@ class NodeAgent:
         """Rank 0's store address for the next attempt: `addr`, a fresh port unless given."""
         return addr, preferred_port or ports.free_port(addr)
 
+    def cluster_stopping(self) -> None:  # the cluster signalled the step (node/term.py)
+        self._draining = True  # a worker's 143 is a stop now
+
     def hurry(self) -> None:
-        """End the grace period of a stop under way (a second Ctrl-C): SIGKILL what is left.
-        Only sets a flag: safe from a signal handler."""
+        """End a stop's grace period (a second Ctrl-C): SIGKILL what is left. A flag only."""
         self._hurried = True
 
     def tell(self, cmd: Tell) -> int:

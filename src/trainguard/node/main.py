@@ -36,6 +36,7 @@ from trainguard.node.agent import NodeAgent
 from trainguard.node.logs import ConsoleOptions
 from trainguard.node.outbox import Outbox
 from trainguard.node.ports import free_port
+from trainguard.node.term import EXIT_TERMINATED, Termination
 from trainguard.protocol import (
     ACK_FRAME,
     HURRY_FRAME,
@@ -96,6 +97,7 @@ class AgentRunner:
         self._complained = -1e9
         self._superseded = False
         self._outbox = Outbox()  # worker messages sent up and not acknowledged yet
+        self.term = Termination(cfg.grace_s)  # a SIGTERM: the cluster ending this step
 
     def run(self) -> int:
         orphan_since: float | None = None
@@ -104,6 +106,8 @@ class AgentRunner:
             conn = self._connect()
             if conn is None and self._superseded:
                 return ExitCode.SUPERSEDED
+            if conn is None and self._terminated(connected=False):
+                return EXIT_TERMINATED
             if conn is None:
                 orphan_since = orphan_since or time.monotonic()
                 if time.monotonic() - orphan_since > self.cfg.orphan_timeout_s:
@@ -117,7 +121,7 @@ class AgentRunner:
             orphan_since, tries = None, 0
             self._serve(conn)
             conn.close()
-        return ExitCode.SUCCESS
+        return EXIT_TERMINATED if self.term.ended else ExitCode.SUCCESS
 
     def _connect(self) -> Conn | None:
         addr = controller_address(Path(self.cfg.controller_file))
@@ -174,6 +178,8 @@ class AgentRunner:
                     self._outbox.acknowledged(msg["seq"], msg.get("epoch"))
                 if self._broke is not None:
                     raise self._broke
+                if self._terminated(connected=True):
+                    break
                 if time.monotonic() >= next_report and not self._exit:
                     report = self._outbox.number(self.agent.poll())
                     conn.send({"type": "report", "body": report.model_dump(mode="json")})
@@ -186,6 +192,21 @@ class AgentRunner:
         finally:
             stop.set()
             self._conn = None
+
+    def _terminated(self, connected: bool) -> bool:
+        """After a SIGTERM (node/term.py): stop the workers when no controller will; True
+        once this agent is to end."""
+        if self.term.fresh():
+            log.warning("got SIGTERM (the cluster ending this step?): the workers keep their "
+                        "grace period (%gs), for the controller to stop them", self.term.grace_s)
+            self.agent.cluster_stopping()
+        if not self.term.due(connected):
+            return False
+        log.warning("SIGTERM and no controller stopped the workers: stopping them and ending")
+        self.agent.stop_workers(StopWorkers(grace_s=self.term.grace_left(),
+                                            reason="the agent got SIGTERM"))
+        self._exit = self.term.ended = True
+        return True
 
     def _beat(self, conn: Conn, stop: threading.Event) -> None:
         while not stop.wait(self.cfg.heartbeat_s):
@@ -355,6 +376,7 @@ def _serve_node(ns: argparse.Namespace, out: Writable) -> int:
                       cfg.step_pattern, f"{cfg.marker}-{node}")
     try:
         runner = AgentRunner(agent, cfg, node)
+        runner.term.install()
         return runner.run()
     except WireError as e:
         print(f"trainguard agent: error: {e}", file=sys.stderr)

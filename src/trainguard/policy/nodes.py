@@ -29,6 +29,7 @@ from trainguard.policy.decision import (
 )
 from trainguard.policy.precheck import PrecheckReport, everywhere_fix, failed_everywhere
 from trainguard.records import RecoverResult, StartType
+from trainguard.states import NOT_THE_NODE
 
 
 def implicate(hist: History, node: str, now_s: float, pol: HAPolicy) -> tuple[History, int]:
@@ -71,8 +72,10 @@ def why_isolated(diag: Diagnosis, count: int, pol: HAPolicy) -> str | None:
 def lost_isolation(node: str, why: str, full_disruption: bool = False) -> Isolation:
     """A lost agent implicates its node: it is drained (the reconnect grace, spent before a
     node counts as lost, keeps a network blip from doing it), unless every node's link
-    went down at once: then the controller's side is as likely to blame, and no node is."""
-    return Isolation(node, f"lost ({why})", drain=not full_disruption)
+    went down at once (then the controller's side is as likely to blame, and no node is) or
+    the cluster ended the agent's step on purpose (NOT_THE_NODE: a requeue, a time limit)."""
+    return Isolation(node, f"lost ({why})",
+                     drain=not full_disruption and NOT_THE_NODE not in why)
 
 
 def after_precheck(failing: tuple[PrecheckReport, ...], checked: int,

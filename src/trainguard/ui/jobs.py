@@ -133,8 +133,10 @@ def _workers(store: JobStore, meta: dict[str, Any],
     dashboard said `running` of processes gone with their launcher)."""
     alive = {r.name for r in running_agents(meta, store.nodes())} \
         if job_state == JobState.LOST.value else set()
-    return [{**row, "state": shown_rank_state(row["state"], job_state, row["node"] in alive)}
-            for row in (row_dict(w) for w in store.workers())]
+    return [{**row, "state": shown_rank_state(
+        row["state"], job_state, row["node"] in alive,
+        row.get("exit_code") is not None or row.get("signal") is not None)}
+        for row in (row_dict(w) for w in store.workers())]
 
 
 def row_dict(row: WorkerRow | NodeRow) -> dict[str, Any]:
