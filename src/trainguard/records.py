@@ -67,6 +67,8 @@ class Reason(str, Enum):
     PRECHECK_FAILED = "PrecheckFailed"
     CONTROLLER_RESTARTED = "ControllerRestarted"
     CONTROLLER_STALLED = "ControllerStalled"  # it did not run: nothing was heard meanwhile
+    LINKS_DOWN = "LinksDown"  # every node's link down at once: none counts as lost a while
+    LINKS_RESTORED = "LinksRestored"  # ... and back
     STEP_RETRYING = "StepRetrying"  # rung 0: the ranks re-form their group, re-run the step
     STEP_REEXECUTED = "StepReexecuted"  # the re-executed step succeeded on every rank
     STEP_RETRY_DOWNGRADED = "StepRetryDowngraded"  # no re-execution: the next rung takes over

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from trainguard.controller.disruption import Disruption
 from trainguard.controller.fleet import START_TIMEOUT_S, Fleet
 from trainguard.controller.link_loss import excused
 from trainguard.controller.links import LinkState
-from trainguard.controller.nodes import placement_text
+from trainguard.controller.nodes import NodeRecovery, placement_text
 from trainguard.controller.replies import Judge, Reply
 from trainguard.errors import LaunchError
 from trainguard.policy.nodes import lost_isolation
@@ -380,9 +381,17 @@ def test_every_link_down_at_once_is_a_full_disruption_no_node_is_lost_until_the_
     disruption. After the wait they count as lost, but none is drained."""
     f, hub, _ = fleet()
     f.disruption.wait_s = 0.3
+    events: list[tuple[str, str, str]] = []  # the controller's events (walk-through 42 #13:
+    rec = SimpleNamespace(event=lambda level, reason, text, **kw: events.append(  # a log line)
+        (level.value, reason.value, text)))
+    NodeRecovery(rec, f)  # type: ignore[arg-type]  # it wires the fleet's disruption to events
     hub.connected_nodes.clear()
     hub.disconnected.update({"a": 5.0, "b": 5.0, "c": 5.0})
     assert f.lost_now() == {} and f.disruption.since is not None
+    assert f.lost_now() == {}  # said once
+    assert events == [("Warning", "LinksDown", "every node's link is down at once (a full "
+                       "disruption): this controller's side is suspect; no node counts as lost "
+                       "for 0.3s, and none is drained")]
     time.sleep(0.35)
     lost = f.lost_now()
     assert set(lost) == {"a", "b"} and "every node's link went down at once" in lost["a"]
@@ -390,6 +399,8 @@ def test_every_link_down_at_once_is_a_full_disruption_no_node_is_lost_until_the_
     hub.connected_nodes.update({"a", "b", "c"})  # the links come back
     hub.disconnected.clear()
     assert f.lost_now() == {} and f.disruption.since is None
+    assert [e[:2] for e in events] == [("Warning", "LinksDown"), ("Info", "LinksRestored")]
+    assert events[1][2].startswith("the full disruption is over after 0."), events[1]
 
 
 def test_one_link_down_while_another_is_up_is_that_nodes_loss() -> None:

@@ -24,6 +24,9 @@ class Disruption:
     def __init__(self, wait_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.wait_s = wait_s
         self._clock = clock
+        # how a disruption's start (True) and end are said: the controller makes them the
+        # LinksDown / LinksRestored events (walk-through 42 #13: a log line only)
+        self.say: Callable[[bool, str], None] = lambda down, text: log.warning("%s", text)
         self.since: float | None = None  # every link down since (monotonic)
         self.ended_at: float | None = None  # the last one ended then
         self._cut: set[str] = set()  # links down when it ended, not back since
@@ -37,16 +40,17 @@ class Disruption:
         now = self._clock()
         if not disrupted:
             if self.since is not None:
-                log.warning("full disruption over: links are back; the %d still down get "
-                            "their reconnect grace from now", len(down))
+                self.say(False, f"the full disruption is over after "
+                                f"{now - self.since:.1f}s: links are back; the {len(down)} "
+                                "still down get their reconnect grace from now")
                 self.ended_at, self._cut = now, down
             self.since = None
             return False
         if self.since is None:
             self.since = now
-            log.warning("every node's link is down at once (a full disruption): this "
-                        "controller's side is suspect; no node counts as lost for %gs, and "
-                        "none is drained", self.wait_s)
+            self.say(True, f"every node's link is down at once (a full disruption): this "
+                           f"controller's side is suspect; no node counts as lost for "
+                           f"{self.wait_s:g}s, and none is drained")
         return now - self.since < self.wait_s
 
     def counted(self, name: str, link: LinkState) -> LinkState:

@@ -50,6 +50,9 @@ class NodeRecovery:
         self.stop_requested: Callable[[], bool] = lambda: False
         fleet.on_spare_lost = self._spare_lost
         fleet.stop_requested = lambda: self.stop_requested()
+        fleet.disruption.say = lambda down, text: self.rec.event(
+            Level.WARNING if down else Level.INFO,
+            Reason.LINKS_DOWN if down else Reason.LINKS_RESTORED, text)
 
     def _spare_lost(self, name: str, why: str) -> None:
         """A lost spare implicates its node as a placed one's loss does: drained (walk-

@@ -79,11 +79,12 @@ _RECOVERY_KINDS = {"step": REEXECUTED, "restarting": REENTERED, "started": START
 # (FailureDiagnosed: review 39 #7, `diagnose job.out` took its "not by the kernel's OOM
 # killer" for an OOM; JobFailed, which repeats it: walk-through 37 #4, listed as a symptom
 # of the rank it names), its Info events and its own logging (`[trainguard] WARNING
-# trainguard.controller.fleet: ...`, review 40 #10). Its Warning and Error events of facts are
+# trainguard.controller.fleet: ...`, review 40 #10; LinksDown, its own state in a full
+# disruption, once that log line). Its Warning and Error events of facts are
 # read: WorkerFailed, HangConfirmed, NodeLost are the console's only record of those failures
 # (review 40 #2: skipping them all said "no failure found" for a hang or a lost node)
 OWN_EVENT = re.compile(r"^\[trainguard\] (?:\d\d:\d\d:\d\d (?:Info [A-Z][A-Za-z]+|Warning "
-                       r"FailureDiagnosed|Error JobFailed): "
+                       r"(?:FailureDiagnosed|LinksDown)|Error JobFailed): "
                        r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) trainguard\b)")
 # Source lines inside a traceback: never findings themselves.
 CODE_LINE = re.compile(r"^\s+(?:raise\b|assert\b|File \"|\^+\s*$|~+)")
