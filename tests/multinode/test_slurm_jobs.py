@@ -537,6 +537,9 @@ def test_a_requeue_gives_the_ranks_their_grace_saves_on_the_way_out_and_drains_n
         time.sleep(0.3)
     got = reasons(job)
     assert "JobStopped" in got, got
+    stopped = events_of(job, "JobStopped")[0]["message"]  # who stopped it (walk-through 42 #5)
+    assert re.search(r"; Slurm cancelled the job's steps \(\*\*\* STEP \S+ ON n\d CANCELLED AT "
+                     r"\S+ DUE TO JOB REQUEUE \*\*\*\)$", stopped), stopped
     saved = [e for e in events_of(job, "CheckpointSaved") if "on the way out" in e["message"]]
     assert saved, [e["message"] for e in events_of(job, "CheckpointSaved")]
     assert saved[-1]["data"]["step"] > 10, saved[-1]  # past the last periodic save

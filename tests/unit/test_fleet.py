@@ -141,6 +141,9 @@ class FakeHandle:
     def why_ended(self) -> str:
         return self.why
 
+    def cancelled(self) -> str | None:
+        return None
+
     def kill(self, wait: bool = True) -> None:
         self.killed, self.waited = True, wait
 

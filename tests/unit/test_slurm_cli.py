@@ -239,10 +239,12 @@ def test_a_node_slurm_has_down_or_drained_is_left_with_its_reason(
      "REQUEUE ***\n",
      "its agent's Slurm step was cancelled (*** STEP 1.2 ON n3 CANCELLED AT 2026-12-07T11:41:24 "
      "DUE TO JOB REQUEUE ***): the cluster ended it, not a fault of the node"),
-    ("slurmstepd-n1: error: *** STEP 14.0 ON n2 CANCELLED AT 2026-12-07T09:03:22 DUE TO NODE "
+    # a job without --no-kill: Slurm cancels every node's step for one that failed (that one's
+    # srun says `Node failure on NODE`)
+    ("slurmstepd-n1: error: *** STEP 14.0 ON n1 CANCELLED AT 2026-12-07T09:03:22 DUE TO NODE "
      "FAILURE ***\n",
-     "its agent's Slurm step ended (*** STEP 14.0 ON n2 CANCELLED AT 2026-12-07T09:03:22 DUE TO "
-     "NODE FAILURE ***)"),
+     "its agent's Slurm step was cancelled (*** STEP 14.0 ON n1 CANCELLED AT 2026-12-07T09:03:22 "
+     "DUE TO NODE FAILURE ***): the cluster ended it, not a fault of the node"),
     ("Traceback ...\nsrun: error: n3: task 0: Exited with exit code 1\n",
      "its agent's Slurm step ended (srun: n3: task 0: Exited with exit code 1)"),
     ("", "its agent's Slurm step ended"),
@@ -309,3 +311,30 @@ def test_a_node_whose_step_the_cluster_cancelled_is_not_drained() -> None:
     assert not lost_isolation("n3", requeued).drain
     failed = slurm_cli.srun_ended_why("srun: error: Node failure on n2\n")
     assert lost_isolation("n2", failed).drain
+
+
+def test_a_stop_slurm_caused_says_so_and_a_node_failure_without_no_kill_says_the_fix(
+        tmp_path: Path) -> None:
+    """Walk-through 42 #5: Slurm cancelled a job without --no-kill for a failed node, and
+    trainguard's record read as a plain `stopped by SIGTERM`: the on-call looked for a person
+    who stopped it."""
+    log = tmp_path / "n1.agent.log"
+    log.write_text("slurmstepd-n1: error: *** STEP 9.0 ON n1 CANCELLED AT 2026-12-07T09:00:00 "
+                   "DUE TO JOB REQUEUE ***\n")  # an earlier launch's
+    with open(log, "ab") as f:
+        since = f.tell()
+    agent = SrunAgent("n1", None, log, since)
+    assert agent.cancelled() is None
+    with open(log, "a") as f:
+        f.write("[trainguard-agent] INFO connected\nslurmstepd-n1: error: *** STEP 14.0 ON n1 "
+                "CANCELLED AT 2026-12-07T09:03:22 DUE TO NODE FAILURE ***\n")
+    assert agent.cancelled() == (
+        "Slurm cancelled the job's steps (*** STEP 14.0 ON n1 CANCELLED AT 2026-12-07T09:03:22 "
+        "DUE TO NODE FAILURE ***): Slurm ends a job whose node failed unless it was submitted "
+        "with --no-kill; submit it with `sbatch --no-kill` so that trainguard replaces the node "
+        "instead")
+    assert slurm_cli.cancelled_note(
+        "*** STEP 1.2 ON n3 CANCELLED AT 2026-12-07T11:41:24 DUE TO JOB REQUEUE ***") == (
+        "Slurm cancelled the job's steps (*** STEP 1.2 ON n3 CANCELLED AT 2026-12-07T11:41:24 "
+        "DUE TO JOB REQUEUE ***)")
+    assert slurm_cli.cancelled_note("srun: error: Node failure on n2\n") is None

@@ -22,6 +22,10 @@ class AgentHandle(Protocol):
         """Once ended(): what ended, for the node's NodeLost event (AGENT_ENDED, or a Slurm
         step's end with srun's words: the agent itself may run on)."""
 
+    def cancelled(self) -> str | None:
+        """The cluster's words when it cancelled the agent's step (a requeue, a time limit),
+        said with the stop it brings; None when it did not."""
+
     def kill(self, wait: bool = True) -> None:
         """End the agent's process (or its step); `wait` False: without waiting for it to
         end (a lost node's srun waits out Slurm's KillWait for a step on a dead node)."""

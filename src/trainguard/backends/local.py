@@ -138,6 +138,9 @@ class LocalAgent:
     def why_ended(self) -> str:
         return AGENT_ENDED
 
+    def cancelled(self) -> str | None:  # no cluster ends a local agent
+        return None
+
     def kill(self, wait: bool = True) -> None:  # SIGKILL: it ends at once either way
         if self._proc is None:  # adopted: its PID may be anyone's now
             if self._pid is not None:

@@ -58,6 +58,11 @@ class SrunAgent:
             self._why = slurm_cli.srun_ended_why(self._said())
         return self._why or slurm_cli.srun_ended_why("")
 
+    def cancelled(self) -> str | None:
+        """Slurm's words when it cancelled this agent's step (the agent may run on, for its
+        workers' grace: node/term.py), for the stop's record; None when it did not."""
+        return slurm_cli.cancelled_note(self._said())
+
     def _said(self) -> str:
         if self._log is None:
             return ""

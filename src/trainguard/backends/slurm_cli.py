@@ -139,6 +139,24 @@ def held_down(state: str, reason: str) -> str | None:
             "it is")
 
 
+def cancelled_note(stderr: str) -> str | None:
+    """Slurm's own cancellation of a step, from what its srun wrote (slurmstepd's `*** STEP
+    J.S ON NODE CANCELLED AT <time> [DUE TO <why>] ***`), said for a stop it caused: a
+    requeue, a time limit, a preemption, scancel, or a node failure elsewhere in a job
+    submitted without --no-kill (walk-through 42 #5: that read as a plain `stopped by
+    SIGTERM`); None when there is none."""
+    said = [ln.split(": error: ", 1)[-1].strip() for ln in stderr.splitlines()
+            if "***" in ln and _CANCELLED.search(ln)]
+    if not said:
+        return None
+    note = f"Slurm cancelled the job's steps ({said[-1]})"
+    if "NODE FAIL" in said[-1]:
+        note += (": Slurm ends a job whose node failed unless it was submitted with "
+                 "--no-kill; submit it with `sbatch --no-kill` so that trainguard replaces the "
+                 "node instead")
+    return note
+
+
 def srun_ended_why(stderr: str) -> str:
     """Why a node's agent step ended, from what its srun wrote (the agent's stderr comes
     through it too): Slurm's node failure (the node went down: the agent may run on there,
@@ -151,8 +169,9 @@ def srun_ended_why(stderr: str) -> str:
     if not said:
         return "its agent's Slurm step ended"
     last = said[-1].replace('srun: error: ', 'srun: ')
-    if _CANCELLED.search(last) and "NODE FAIL" not in last:  # Slurm's own doing (walk-through
-        # 42 #12: a requeue's cancelled step drained a healthy spare)
+    if _CANCELLED.search(last):  # Slurm's own doing (walk-through 42 #12: a requeue's
+        # cancelled step drained a healthy spare); a node that failed is srun's `Node
+        # failure on NODE` (preferred above): `DUE TO NODE FAILURE` is said on every node
         return f"its agent's Slurm step was cancelled ({last}): {NOT_THE_NODE}"
     return f"its agent's Slurm step ended ({last})"
 

@@ -68,6 +68,12 @@ class NodeRecovery:
         return ("not drained: the cluster ended its agent's step" if NOT_THE_NODE in why
                 else "not drained: every node's link went down at once")
 
+    def cluster_cancelled(self) -> str | None:
+        """Why a stop came, when the cluster cancelled the agents' steps (Slurm's requeue, a
+        time limit, a node failure without --no-kill: walk-through 42 #5)."""
+        return next((said for node in self.fleet.nodes.values() if node.handle is not None
+                     and (said := node.handle.cancelled()) is not None), None)
+
     def snapshot(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The placement (slot -> node) and the spare nodes ready now."""
         return tuple(self.fleet.placement), tuple(self.fleet.spares())

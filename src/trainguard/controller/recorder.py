@@ -236,12 +236,12 @@ class Recorder:
 
     def stopped_by(self, attempt: int, signum: int, grace_s: float,
                    killed: list[int] | None = None, cut_short: bool = False,
-                   drained: bool = False) -> int:
+                   drained: bool = False, cause: str | None = None) -> int:
         """`grace_s`: the grace the ranks got (a confirmed hang's is shorter than the job's:
         walk-through 34 #9, StopRequested said 3 s and JobStopped 15 s); `killed`: the ranks
         that outlived it and got SIGKILL; `cut_short`: a second signal ended it early;
         `drained`: every rank saved a checkpoint at its next step end and exited by itself
-        (controller/drain.py)."""
+        (controller/drain.py); `cause`: who sent the signal, when the cluster says so."""
         late = (f"; rank{'s' if len(killed) > 1 else ''} {rank_list(killed)} did not and "
                 "got SIGKILL" if killed else "")
         if cut_short:
@@ -249,8 +249,8 @@ class Recorder:
         how = ("every rank drained: saved a checkpoint at its next step end and exited" if
                drained else f"workers got SIGTERM and {grace_s:g}s to exit")
         return self.end_job(JobState.STOPPED, 128 + signum,  # (walk-through 25: drained too)
-                            f"stopped by {signal.Signals(signum).name}: {how}{late}",
-                            attempt=attempt)
+                            f"stopped by {signal.Signals(signum).name}: {how}{late}"
+                            + (f"; {cause}" if cause else ""), attempt=attempt)
 
     def diagnosed(self, diag: Diagnosis, attempt: int, lines: list[str]) -> None:
         """FailureDiagnosed; when it is a bucket gone that this job committed checkpoints to,
