@@ -21,6 +21,11 @@ class Level(str, Enum):
     ERROR = "Error"
 
 
+# JobStopped's data: True when the cluster stopped the job (a requeue, a preemption: its time
+# until the next launch is `queued`), False when a person did (`stopped`, left out of goodput)
+BY_CLUSTER = "by_cluster"
+
+
 class Reason(str, Enum):
     """Stable event reasons (CamelCase, as Kubernetes events)."""
 

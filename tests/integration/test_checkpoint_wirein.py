@@ -108,10 +108,17 @@ def test_a_stopped_job_saves_its_last_step_and_a_relaunch_resumes_there(tmp_path
                for e in events(job, "CheckpointSaved"))  # every rank was alive to save
     log = (job / "logs" / "attempt-0" / "rank-0.log").read_text().splitlines()
     last_step = max(int(ln.split(" step ")[1].split()[0]) for ln in log if " out step " in ln)
+    time.sleep(2.0)  # the job stays stopped a while
     r = run_tg(args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     resumed = events(job, "Resumed")
     assert f"step {last_step} " in str(resumed[-1]["message"])  # not one step lost
+    # the stop until the relaunch is `stopped`, left out of the ratio, not `queued`
+    # (walk-through 42 #2: a night's stop read as queued, and goodput near 0)
+    g = read_json("report", job)["goodput"]
+    assert g["stopped_s"] >= 2.0 and g["badput_s"]["queued"] < 1.0, g
+    stopped = events(job, "JobStopped")
+    assert stopped and stopped[0]["data"] == {"by_cluster": False}, stopped
 
 
 def events_or_none(job: Path, reason: str) -> list[dict[str, object]]:

@@ -537,6 +537,8 @@ def test_a_requeue_gives_the_ranks_their_grace_saves_on_the_way_out_and_drains_n
         time.sleep(0.3)
     got = reasons(job)
     assert "JobStopped" in got, got
+    assert events_of(job, "JobStopped")[0]["data"] == {"by_cluster": True}  # queued till
+    # the requeue's launch, not `stopped` (walk-through 42 #2)
     stopped = events_of(job, "JobStopped")[0]["message"]  # who stopped it (walk-through 42 #5)
     assert re.search(r"; Slurm cancelled the job's steps \(\*\*\* STEP \S+ ON n\d CANCELLED AT "
                      r"\S+ DUE TO JOB REQUEUE \*\*\*\)$", stopped), stopped

@@ -61,6 +61,36 @@ def test_the_gap_between_two_launches_is_queued_never_productive() -> None:
     assert math.isclose(parts_sum(g), 1000.0)
 
 
+def test_a_person_s_stop_until_the_relaunch_is_stopped_and_left_out_of_the_ratio() -> None:
+    """Walk-through 42 #2: a job stopped for 31 s (while it queued for a node) and launched
+    again read `queued 37.878s 36.7%` and goodput 41.8%: a job stopped for the night would
+    read ~0%. A person's stop is `stopped` from its request to the relaunch's beginning, and
+    not in the ratio; a queue before it stays `queued`; the cluster's stop (a requeue) is none."""
+    from trainguard.goodput.ledger import STOPPED
+    from trainguard.goodput.read import user_stops
+
+    def job(stops: list[float]) -> LedgerInput:
+        return LedgerInput(
+            start=0.0, end=1000.0,
+            attempts=[Attempt(0, 0.0, 11.0, launch=True),
+                      Attempt(1, 900.0, 1000.0, launch=True, launched=895.0)],
+            samples=steps(0, 1, 10, 1.0) + steps(1, 11, 20, 901.0), queues=[(0, 11.0)],
+            stops=stops)
+
+    g = account(job(user_stops([20.0], [(21.0, False)])))
+    assert math.isclose(g.seconds("queued"), 20.0 - 11.0)  # the wait for a node, then
+    assert math.isclose(g.seconds(STOPPED), 895.0 - 20.0)  # the stop until the relaunch
+    assert math.isclose(parts_sum(g) + g.seconds(STOPPED), 1000.0)
+    assert g.ratio() is not None and math.isclose(g.ratio(), round(g.productive_s / 125.0, 4))
+    assert g.to_dict()["stopped_s"] == 875.0 and STOPPED not in g.badput_s()
+    requeued = account(job(user_stops([20.0], [(21.0, True)])))  # Slurm's requeue
+    assert requeued.seconds(STOPPED) == 0.0 and math.isclose(requeued.seconds("queued"), 884.0)
+    # a stop with no request before it (an old store) starts at its end; a second stop
+    # pairs with its own request only
+    assert user_stops([5.0, 50.0], [(6.0, False), (40.0, False), (52.0, False)]) == [
+        5.0, 40.0, 50.0]
+
+
 def test_a_relaunch_s_own_start_up_is_start_up_as_the_first_launch_s_is() -> None:
     """Walk-through 26: a relaunch's pre-check and agents' start (5 s) were `queued`, while
     the first launch's same 5 s were `startup`."""

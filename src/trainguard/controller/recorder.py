@@ -41,6 +41,7 @@ from trainguard.paths import JobPaths
 from trainguard.policy.decision import Decision, HAPolicy
 from trainguard.protocol import NodeReport, WorkerFact
 from trainguard.records import (
+    BY_CLUSTER,
     Event,
     Involved,
     Level,
@@ -202,7 +203,8 @@ class Recorder:
         self.writes.set_meta(**values)
 
     def end_job(self, state: JobState, code: int, message: str, *, attempt: int | None = None,
-                rank: int | None = None, limit: tuple[Reason, str] | None = None) -> int:
+                rank: int | None = None, limit: tuple[Reason, str] | None = None,
+                data: dict[str, Any] | None = None) -> int:
         """Every job ending goes through here: the budget that ran out (`limit`: its event's
         reason and text), the final event, the job's state and exit code. Returns the code."""
         end: dict[str, Any] = {"state": state.value, "exit_code": int(code),
@@ -219,7 +221,7 @@ class Recorder:
         if note is not None:  # the job did not survive what its user meant to try
             self.event(Level.WARNING, Reason.FAULTS_NOT_FIRED, note, attempt=attempt)
         level, reason = _ENDINGS[state]
-        self.event(level, reason, message, rank=rank, attempt=attempt)
+        self.event(level, reason, message, rank=rank, attempt=attempt, data=data)
         self.book.flush()
         self.writes.set_meta(**end)
         self.writes.ended(state.value, int(code))
@@ -250,7 +252,8 @@ class Recorder:
                drained else f"workers got SIGTERM and {grace_s:g}s to exit")
         return self.end_job(JobState.STOPPED, 128 + signum,  # (walk-through 25: drained too)
                             f"stopped by {signal.Signals(signum).name}: {how}{late}"
-                            + (f"; {cause}" if cause else ""), attempt=attempt)
+                            + (f"; {cause}" if cause else ""), attempt=attempt,
+                            data={BY_CLUSTER: cause is not None})
 
     def diagnosed(self, diag: Diagnosis, attempt: int, lines: list[str]) -> None:
         """FailureDiagnosed; when it is a bucket gone that this job committed checkpoints to,

@@ -8,6 +8,9 @@ overlap the higher one wins (`_LAYERS`, lowest first):
 - other       whatever no layer claims: teardown after the last step, a failed job's end
 - queued      between two launches of the same job (requeued, not running), and a
               reschedule's wait for healthy nodes (a Queuing event -> the next attempt)
+- stopped     (not badput) a person stopped the job: the stop's request -> the next launch
+              (or the end); left out of the goodput ratio (walk-through 42 #2: a night's
+              stop read as `queued`, and goodput near 0)
 - startup     a launch -> its first step (imports, rendezvous, checkpoint load, first step)
 - recovery    a restart's workers starting -> their first step; detection -> first step (or
               -> the restart's own failure, when it failed again before a step)
@@ -31,11 +34,13 @@ from trainguard.goodput.step_counts import Resume, count_steps
 from trainguard.goodput.step_time import ideal_step_s
 
 PRODUCTIVE = "productive"
+STOPPED = "stopped"  # neither productive nor badput: the job was stopped on purpose
 BLOCKING = "checkpoint_blocking"
 CAUSES = ("startup", "checkpoint_blocking", "wasted_progress", "detection", "recovery",
           "hang", "queued", "other")
-_LAYERS = {"other": 0, "queued": 1, "startup": 2, PRODUCTIVE: 3, "checkpoint_blocking": 4,
-           "wasted_progress": 5, "detection": 6, "recovery": 6, "hang": 6}
+_LAYERS = {"other": 0, "queued": 1, STOPPED: 2, "startup": 3, PRODUCTIVE: 4,
+           "checkpoint_blocking": 5, "wasted_progress": 6, "detection": 7, "recovery": 7,
+           "hang": 7}
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class LedgerInput:
     snapshots: list[tuple[float, float]] = field(default_factory=list)
     hangs: list[tuple[int, float]] = field(default_factory=list)  # confirmed: attempt, at
     queues: list[tuple[int, float]] = field(default_factory=list)  # waits for nodes: attempt, at
+    stops: list[float] = field(default_factory=list)  # a person's stop requested at (STOPPED)
     # a job without step reports: whether it is known to report none (it succeeded so, it
     # committed checkpoints with no step report, or its ranks were found printing without
     # them: NoProgressSignal; review 46 #1: a checkpoint-only job read 0%); only then does an
@@ -85,7 +91,7 @@ class LedgerInput:
 class Segment:
     start: float
     end: float
-    cause: str  # PRODUCTIVE or one of CAUSES
+    cause: str  # PRODUCTIVE, STOPPED or one of CAUSES
     attempt: int | None
 
 
@@ -113,12 +119,14 @@ class Goodput:
         return {c: round(self.seconds(c), 3) for c in CAUSES}
 
     def ratio(self, window_s: float | None = None) -> float | None:
-        """Productive / wall time; over the last `window_s` seconds when given."""
+        """Productive / wall time less the time stopped on purpose; over the last
+        `window_s` seconds when given."""
         if not self.segments:
             return None
         end = self.segments[-1].end
         since = None if window_s is None else end - window_s
-        total = sum(max(0.0, s.end - max(s.start, since or s.start)) for s in self.segments)
+        total = sum(max(0.0, s.end - max(s.start, since or s.start)) for s in self.segments
+                    if s.cause != STOPPED)
         return None if total <= 0 else round(self.seconds(PRODUCTIVE, since) / total, 4)
 
     def ideal_step_s(self) -> float | None:
@@ -127,6 +135,7 @@ class Goodput:
     def to_dict(self, max_steps: int = 2000) -> dict[str, Any]:
         return {"wall_s": round(self.wall_s, 3), "productive_s": round(self.productive_s, 3),
                 "goodput": self.ratio(), "badput_s": self.badput_s(),
+                "stopped_s": round(self.seconds(STOPPED), 3),
                 "steps": {"productive": self.steps_productive, "wasted": self.steps_wasted},
                 "measured_steps": self.measured_steps, "output_counts": self.output_counts,
                 "ideal_step_s": self.ideal_step_s(),
@@ -151,6 +160,7 @@ def account(inp: LedgerInput) -> Goodput:
     spans += [(at - blocked, at, BLOCKING, None) for at, blocked in (*inp.saves, *inp.snapshots)
               if blocked > 0]
     spans += _cut_by_queues(_incident_spans(inp, order, by_attempt), _queue_spans(inp, order))
+    spans += _stop_spans(inp, order)
     segments = _paint(inp.start, inp.end, spans)
     return Goodput(max(0.0, inp.end - inp.start), segments, counts.productive, counts.wasted,
                    counts.step_seconds, measured_steps=bool(inp.samples),
@@ -256,6 +266,18 @@ def _queue_spans(inp: LedgerInput, order: list[Attempt]
     for attempt, at in inp.queues:
         nxt = next((a.start for a in order if a.attempt > attempt and a.start >= at), inp.end)
         spans.append((at, nxt, "queued", attempt))
+    return spans
+
+
+def _stop_spans(inp: LedgerInput, order: list[Attempt]
+                ) -> list[tuple[float, float, str, int | None]]:
+    """A person's stop: from its request to the next launch's beginning (its pre-check and
+    agents' start are start-up), or to the end of the wall time."""
+    spans: list[tuple[float, float, str, int | None]] = []
+    for at in inp.stops:
+        nxt = next((a.launched or a.start for a in order if a.launch and a.start > at),
+                   inp.end)
+        spans.append((at, min(nxt, inp.end), STOPPED, None))
     return spans
 
 

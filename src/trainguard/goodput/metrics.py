@@ -27,7 +27,7 @@ from trainguard.controller.shown import last_progress, shown_state
 from trainguard.controller.store import JobStore
 from trainguard.diagnosis.taxonomy import Category
 from trainguard.goodput.interval import IntervalAdvice, advise
-from trainguard.goodput.ledger import CAUSES, Goodput
+from trainguard.goodput.ledger import CAUSES, STOPPED, Goodput
 from trainguard.goodput.read import Save, job_goodput, saves, snapshot_reports
 from trainguard.policy.decision import Rung
 from trainguard.protocol import REFUSALS
@@ -184,9 +184,12 @@ def _goodput(g: Goodput) -> Iterator[Metric]:
     for cause in CAUSES:
         badput.add_metric([cause], g.seconds(cause))
     yield badput
+    yield GaugeMetricFamily("trainguard_stopped_seconds", "wall time the job was stopped on "
+                            "purpose until launched again (not badput, not in the ratio)",
+                            value=g.seconds(STOPPED))
     ratio = GaugeMetricFamily("trainguard_goodput_ratio",
-                              "productive / wall time, whole run and recent windows",
-                              labels=["window"])
+                              "productive / wall time less the time stopped on purpose, whole "
+                              "run and recent windows", labels=["window"])
     for name, seconds in (("all", None), *WINDOWS.items()):
         value = g.ratio(seconds)
         if value is not None:  # a window not known yet is left out, never NaN

@@ -10,6 +10,7 @@ from trainguard.controller.store import JobStore
 from trainguard.goodput.ledger import Attempt, Goodput, Incident, LedgerInput, account
 from trainguard.policy.decision import Rung
 from trainguard.records import (
+    BY_CLUSTER,
     NO_RECOVERY,
     FaultScenario,
     Reason,
@@ -86,12 +87,28 @@ def job_goodput(store: JobStore, now: datetime | None = None,
         if a is not None and isinstance(step, int):
             resumed[a] = max(step, resumed.get(a, step))
     last_event = store.last_event_time()
+    stops = user_stops([t for t, _, _ in store.event_values(Reason.STOP_REQUESTED.value, ())],
+                       [(t, bool(by)) for t, _, (by,) in store.event_values(
+                           Reason.JOB_STOPPED.value, (BY_CLUSTER,))])
     return account(ledger_input(store.meta() if meta is None else meta,
                                 store.running_records() if records is None else records,
                                 store.progress(),
                                 saves(store) if commits is None else commits, hangs,
                                 last_event, now or utcnow(), queues, relaunches,
-                                snapshot_reports(store), told, resumed))
+                                snapshot_reports(store), told, resumed, stops))
+
+
+def user_stops(requested: list[float], stopped: list[tuple[float, bool]]) -> list[float]:
+    """When each stop a person made began: its request (StopRequested), else its end
+    (JobStopped); a stop the cluster made (a requeue: `by_cluster`) is none (its wait for the
+    next launch is `queued`). Both lists oldest first."""
+    out, after = [], float("-inf")
+    for at, by_cluster in stopped:
+        asked = [t for t in requested if after < t <= at]
+        if not by_cluster:
+            out.append(asked[-1] if asked else at)
+        after = at
+    return out
 
 
 def ledger_input(meta: dict[str, object], records: list[RunningRecord],
@@ -101,11 +118,13 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                  relaunches: list[float] | None = None,
                  snapshots: list[SnapshotReport] | None = None,
                  told_no_steps: bool = False,
-                 resumed: dict[int, int] | None = None) -> LedgerInput:
+                 resumed: dict[int, int] | None = None,
+                 stops: list[float] | None = None) -> LedgerInput:
     """`relaunches`: when each relaunch of the job dir began (its JobRelaunched event);
     `snapshots`: the memory snapshots' blocking, booked as checkpoint_blocking;
     `told_no_steps`: its ranks were found printing without step reports (NoProgressSignal);
-    `resumed`: attempt -> the step it resumed from (its Resumed events)."""
+    `resumed`: attempt -> the step it resumed from (its Resumed events); `stops`: when each
+    stop a person made began (user_stops)."""
     attempts = [Attempt(r.attempt, r.start_at.timestamp(), _ts(r.end_at),
                         r.start_type in _LAUNCHES, _ts(r.first_output_at),
                         _began(r.start_at.timestamp(), relaunches or [])
@@ -139,7 +158,7 @@ def ledger_input(meta: dict[str, object], records: list[RunningRecord],
                        saves=[(c.at - c.resumed_before_s, c.blocked_s) for c in commits
                               if c.blocked_s],
                        snapshots=[(r.at, r.blocked_s) for r in snapshots or ()],
-                       hangs=hangs, queues=queues or [],
+                       hangs=hangs, queues=queues or [], stops=stops or [],
                        reports_no_steps=no_steps)
 
 

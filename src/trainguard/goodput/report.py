@@ -12,7 +12,7 @@ from trainguard.controller.shown import shown_state
 from trainguard.controller.store import JobStore, NodeRow
 from trainguard.exitcodes import ExitCode
 from trainguard.goodput.interval import IntervalAdvice
-from trainguard.goodput.ledger import CAUSES, Goodput
+from trainguard.goodput.ledger import CAUSES, STOPPED, Goodput
 from trainguard.goodput.metrics import interval_advice
 from trainguard.goodput.read import Save, job_goodput, saves
 from trainguard.records import (
@@ -235,6 +235,9 @@ def render(doc: dict[str, Any]) -> str:
         s = g["badput_s"][cause]
         if s > 0:
             lines.append(f"  {cause:<20} {s:9.3f}s {s / wall:6.1%}  {'#' * round(40 * s / wall)}")
+    if g.get("stopped_s"):  # (walk-through 42 #2: it read as `queued`, goodput near 0)
+        lines.append(f"  {STOPPED:<20} {g['stopped_s']:9.3f}s {g['stopped_s'] / wall:6.1%}  "
+                     "stopped on purpose until launched again: not counted in the goodput")
     if doc["incidents"]:
         lines += ["", "incidents:"]
     for i in doc["incidents"]:

@@ -5,6 +5,7 @@
 TG.BADPUT_COLOURS = {
   productive: "#54a24b", startup: "#4c78a8", checkpoint_blocking: "#b279a2", wasted_progress: "#f58518",
   detection: "#e45756", recovery: "#eeca3b", hang: "#ff9da6", queued: "#9d755d", other: "#bab0ac",
+  stopped: "#e6e6e6",  // stopped on purpose: not badput, not in the goodput ratio
 };
 
 TG.renderGoodput = function (box, g) {
@@ -14,7 +15,8 @@ TG.renderGoodput = function (box, g) {
   }
   const wall = g.wall_s || 0;
   const parts = [["productive", g.productive_s || 0],
-                 ...Object.entries(g.badput_s || {}).filter(([, s]) => s > 0).sort((a, b) => b[1] - a[1])];
+                 ...Object.entries(g.badput_s || {}).filter(([, s]) => s > 0).sort((a, b) => b[1] - a[1]),
+                 ...(g.stopped_s > 0 ? [["stopped", g.stopped_s]] : [])];
   const width = Math.max(box.clientWidth || 900, 400), h = 22;
   const svg = TG.svg("svg", { width, height: h, viewBox: `0 0 ${width} ${h}`, class: "goodput-bar",
                               role: "img", "aria-label": "goodput and badput" });
