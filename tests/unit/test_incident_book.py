@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+from trainguard.controller.disruption import Disruption
 from trainguard.controller.faults import Fault
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.store import JobStore
@@ -49,6 +50,7 @@ class _NoNodes:
     nnodes = 2
     nodes: dict[str, object] = {}
     on_spare_lost = None
+    disruption = Disruption(30.0)
 
     def ready(self, name: str) -> bool:
         return False

@@ -394,4 +394,4 @@ class Controller:
         self.rec.book.attempt_stopped(attempt, stopped_by(name), report.progress)
         killed = sorted(w.rank for w in report.workers if w.returncode == -signal.SIGKILL)
         return self.rec.stopped_by(attempt, signum, grace, killed, self._signals.cut_short,
-                                   drained, self.nodes.cluster_cancelled() if self.nodes else None)
+                                   drained)

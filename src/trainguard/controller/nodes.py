@@ -49,6 +49,7 @@ class NodeRecovery:
         # SIGTERM, then SIGKILL after KillWait)
         self.stop_requested: Callable[[], bool] = lambda: False
         fleet.on_spare_lost = self._spare_lost
+        rec.stop_cause = self.cluster_cancelled  # a stop Slurm made says so (42 #5)
         fleet.stop_requested = lambda: self.stop_requested()
         fleet.disruption.say = lambda down, text: self.rec.event(
             Level.WARNING if down else Level.INFO,

@@ -76,6 +76,8 @@ class Recorder:
         self._messages_refused_written = 0  # meta worker_messages_refused, as written
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
         self.ledger = ProgressLedger(store)  # the step ledger
+        # the cluster's words when it stopped the job (a requeue: NodeRecovery's; else None)
+        self.stop_cause: Callable[[], str | None] = lambda: None
 
     def event(self, level: Level, reason: Reason, message: str, *, rank: int | None = None,
               attempt: int | None = None, data: dict[str, Any] | None = None,
@@ -238,12 +240,13 @@ class Recorder:
 
     def stopped_by(self, attempt: int, signum: int, grace_s: float,
                    killed: list[int] | None = None, cut_short: bool = False,
-                   drained: bool = False, cause: str | None = None) -> int:
+                   drained: bool = False) -> int:
         """`grace_s`: the grace the ranks got (a confirmed hang's is shorter than the job's:
         walk-through 34 #9, StopRequested said 3 s and JobStopped 15 s); `killed`: the ranks
         that outlived it and got SIGKILL; `cut_short`: a second signal ended it early;
         `drained`: every rank saved a checkpoint at its next step end and exited by itself
-        (controller/drain.py); `cause`: who sent the signal, when the cluster says so."""
+        (controller/drain.py). The cluster's words when it sent the signal end it."""
+        cause = self.stop_cause()
         late = (f"; rank{'s' if len(killed) > 1 else ''} {rank_list(killed)} did not and "
                 "got SIGKILL" if killed else "")
         if cut_short:
@@ -299,8 +302,10 @@ class Recorder:
         self.event(Level.INFO, Reason.STOP_REQUESTED, f"stop requested (the launcher got "
                    f"{name}) while {waiting}: no worker runs", attempt=attempt,
                    data={"signal": name, "grace_s": 0.0})
+        cause = self.stop_cause()
         return self.end_job(JobState.STOPPED, 128 + signum, f"stopped by {name} while "
-                            f"{waiting}: no worker was running", attempt=attempt)
+                            f"{waiting}: no worker was running" + (f"; {cause}" if cause else ""),
+                            attempt=attempt, data={BY_CLUSTER: cause is not None})
 
     def not_started(self, attempt: int, e: LaunchError, started_any: bool) -> int:
         """An attempt's workers could not be started: a usage error before any ever ran."""
