@@ -21,9 +21,7 @@ class Level(str, Enum):
     ERROR = "Error"
 
 
-# JobStopped's data: True when the cluster stopped the job (a requeue, a preemption: its time
-# until the next launch is `queued`), False when a person did (`stopped`, left out of goodput)
-BY_CLUSTER = "by_cluster"
+BY_CLUSTER = "by_cluster"  # JobStopped's data: the cluster's stop (queued after), not a person's
 
 
 class Reason(str, Enum):
@@ -72,8 +70,7 @@ class Reason(str, Enum):
     PRECHECK_FAILED = "PrecheckFailed"
     CONTROLLER_RESTARTED = "ControllerRestarted"
     CONTROLLER_STALLED = "ControllerStalled"  # it did not run: nothing was heard meanwhile
-    LINKS_DOWN = "LinksDown"  # every node's link down at once: none counts as lost a while
-    LINKS_RESTORED = "LinksRestored"  # ... and back
+    LINKS_DOWN, LINKS_RESTORED = "LinksDown", "LinksRestored"  # a full disruption, its end
     STEP_RETRYING = "StepRetrying"  # rung 0: the ranks re-form their group, re-run the step
     STEP_REEXECUTED = "StepReexecuted"  # the re-executed step succeeded on every rank
     STEP_RETRY_DOWNGRADED = "StepRetryDowngraded"  # no re-execution: the next rung takes over

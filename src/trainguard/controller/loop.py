@@ -26,7 +26,7 @@ from trainguard.controller.resume_agree import ResumeAgreement
 from trainguard.controller.signals import SignalReceiver
 from trainguard.controller.start import resume_note, start_command, started
 from trainguard.controller.step_retry import StepRetries
-from trainguard.controller.stopping import HUNG_GRACE_S, stop, stop_rest
+from trainguard.controller.stopping import HUNG_GRACE_S, ended_well, stop, stop_rest
 from trainguard.diagnosis.attempt import diagnose_attempt
 from trainguard.errors import LaunchError, NodesUnavailable
 from trainguard.exitcodes import ExitCode
@@ -138,7 +138,7 @@ class Controller:
             elif outcome.broken is not None:
                 nxt = self._after_broken(attempt, outcome.report, outcome.broken)
             elif not any(w.state == WorkerState.FAILED for w in outcome.report.workers):
-                return self._succeeded(attempt)
+                return ended_well(self.agent, self.rec, attempt, outcome.report)
             else:
                 nxt = self._after_failure(attempt, outcome.report)
             if nxt is None or nxt.decision.action == Action.RESTART_RANKS:
@@ -373,14 +373,6 @@ class Controller:
         self._marks.note(report, self.rec.messages.committed_this_attempt)
 
     # -- endings: every one goes through Recorder.end_job ---------------------------------
-
-    def _succeeded(self, attempt: int) -> int:
-        # reaps leftovers, reads the last lines
-        report = stop(self.agent, self.rec, "every worker exited 0")
-        self.rec.book.attempt_succeeded(attempt, report.progress)
-        return self.rec.end_job(JobState.SUCCEEDED, ExitCode.SUCCESS,
-                                f"all {len(report.workers)} worker(s) exited 0 after "
-                                f"{attempt + 1} attempt(s)", attempt=attempt)
 
     def _stopped(self, attempt: int, signum: int) -> int:
         name = signal.Signals(signum).name

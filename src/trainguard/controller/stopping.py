@@ -6,17 +6,21 @@ may train on, and a save on the way out may commit)."""
 from __future__ import annotations
 
 import signal
+import time
 
+from trainguard.controller.faults import stopped_by
 from trainguard.controller.recorder import Recorder
+from trainguard.exitcodes import ExitCode
 from trainguard.protocol import AgentAPI, NodeReport, StopWorkers
-from trainguard.records import Level, Reason, rank_list
-from trainguard.states import WorkerState
+from trainguard.records import BY_CLUSTER, Level, Reason, rank_list
+from trainguard.states import JobState, WorkerState
 
 # the grace a confirmed hang's ranks get to exit after SIGTERM (the spec's when shorter): most
 # reach no step end where a save on the way out could run (walk-through 33 #4: the llm
 # preset's 15 s were waited in full at every restart upon suspension); one that does (a rank
 # frozen mid-step, continued by the stop) gets the job's grace period while it saves
 HUNG_GRACE_S = 3.0
+LATE_MESSAGES_S = 1.0  # ranks stopped from outside: their last messages are waited for
 
 
 def stop(agent: AgentAPI, rec: Recorder, reason: str, dead: list[int] | None = None,
@@ -51,3 +55,30 @@ def stop_rest(agent: AgentAPI, rec: Recorder, attempt: int, reason: str,
             f"no {what} workers left to stop (every rank had exited)")
     rec.event(Level.INFO, Reason.WORKERS_STOPPED, done, attempt=attempt)
     return report
+
+
+def ended_well(agent: AgentAPI, rec: Recorder, attempt: int, report: NodeReport) -> int:
+    """Every rank ended and none failed: the job succeeded when each exited 0; ranks that
+    ended `stopped` on a SIGTERM this launcher did not send (their node agents got it too:
+    the cluster ending their steps, Slurm's scancel, time limit or preemption of an
+    allocation the launcher is outside of, or a person's) stopped the job, exit 143, never a
+    success (review 52 #1: `JobSucceeded`, exit 0, at step 27 of 3000)."""
+    outside = sorted(w.rank for w in report.workers if w.state == WorkerState.STOPPED)
+    if outside:  # what they sent on the way out (a save's commit) may come a report later
+        deadline = time.monotonic() + LATE_MESSAGES_S
+        while time.monotonic() < deadline:
+            rec.sync(agent.poll(wait_s=0.25))
+    report = stop(agent, rec, "every worker exited 0" if not outside  # reaps leftovers,
+                  else "ranks stopped from outside")  # reads the last lines
+    if not outside:
+        rec.book.attempt_succeeded(attempt, report.progress)
+        return rec.end_job(JobState.SUCCEEDED, ExitCode.SUCCESS,
+                           f"all {len(report.workers)} worker(s) exited 0 after "
+                           f"{attempt + 1} attempt(s)", attempt=attempt)
+    rec.book.attempt_stopped(attempt, stopped_by("SIGTERM"), report.progress)
+    cause = rec.stop_cause()
+    return rec.end_job(JobState.STOPPED, 128 + signal.SIGTERM,
+                       f"stopped from outside: rank(s) {rank_list(outside)} ended on a SIGTERM "
+                       "this launcher did not send (their node agents got it too)"
+                       + (f"; {cause}" if cause else ""), attempt=attempt,
+                       data={BY_CLUSTER: cause is not None})

@@ -194,19 +194,23 @@ class AgentRunner:
             self._conn = None
 
     def _terminated(self, connected: bool) -> bool:
-        """After a SIGTERM (node/term.py): stop the workers when no controller will; True
-        once this agent is to end."""
+        """After a SIGTERM (node/term.py): stop the workers with the job's grace period,
+        once; True when this agent is to end (no controller to serve)."""
         if self.term.fresh():
-            log.warning("got SIGTERM (the cluster ending this step?): the workers keep their "
-                        "grace period (%gs), for the controller to stop them", self.term.grace_s)
+            log.warning("got SIGTERM (the cluster ending this step?): stopping the workers "
+                        "(grace period %gs)", self.term.grace_s)
             self.agent.cluster_stopping()
-        if not self.term.due(connected):
-            return False
-        log.warning("SIGTERM and no controller stopped the workers: stopping them and ending")
-        self.agent.stop_workers(StopWorkers(grace_s=self.term.grace_left(),
-                                            reason="the agent got SIGTERM"))
-        self._exit = self.term.ended = True
-        return True
+            report = self.agent.stop_workers(
+                StopWorkers(grace_s=self.term.grace_s, reason="the agent got SIGTERM"),
+                meanwhile=self._report_stopping if connected else None,
+                cut_short=self._hurried if connected else lambda: False)
+            if connected:  # its messages (a save's commit) go up, kept till acknowledged
+                self._report_stopping(report)
+            else:  # kept for a controller that connects (none will, mostly: it ends)
+                self._outbox.number(report)
+        if self.term.at_signal and not connected:
+            self._exit = self.term.ended = True
+        return self.term.ended
 
     def _beat(self, conn: Conn, stop: threading.Event) -> None:
         while not stop.wait(self.cfg.heartbeat_s):

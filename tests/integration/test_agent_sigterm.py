@@ -1,0 +1,66 @@
+"""A SIGTERM to the node agents of a multi-node job (node/term.py), on the local backend:
+
+- to the agents and their workers, not the launcher (what Slurm's scancel, time limit or
+  preemption does to an allocation the launcher is outside of: trainguard's own, a salloc
+  shell): the job stopped, exit 143, with a save on the way out; never a success (review 52
+  #1: `JobSucceeded`, exit 0, at step 47 of 2000);
+- to one agent only (a person's `kill`): its workers get SIGTERM and the grace period at
+  once, not SIGKILL 15 s later (review 52 #2), and the job recovers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import psutil
+
+from tests.integration.conftest import read_json
+from tests.integration.multinode import Background, events_of, job_args, node, wait_for
+
+
+def sigterm(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def test_agents_and_workers_signalled_without_the_launcher_stop_the_job(
+        tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    args = job_args(job, "--save-on-exit", steps=3000)
+    args[args.index("--ckpt-every") + 1] = "1000"  # the save on the way out is the only one
+    bg = Background(args, tmp_path)
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 12)
+    agents = [node(status, n)["agent_pid"] for n in ("node-0", "node-1")]
+    ranks = [r["pid"] for r in status["ranks"]]
+    sigterm([*agents, *ranks])  # every process of the "steps", as slurmstepd signals them
+    code, out = bg.finish(timeout=90)
+    assert code == 128 + signal.SIGTERM, out[-4000:]
+    (stopped,) = events_of(job, "JobStopped")
+    assert stopped["message"].startswith("stopped from outside: rank(s) 0, 1, 2, 3 ended on a "
+                                         "SIGTERM this launcher did not send"), stopped
+    assert "JobSucceeded" not in [e["reason"] for e in read_json("events", job)]
+    (saved,) = events_of(job, "CheckpointSaved")
+    assert "on the way out" in saved["message"] and saved["data"]["step"] >= 12, saved
+    final = read_json("status", job)
+    assert final["state"] == "stopped" and final["exit_code"] == 143
+    assert {r["state"] for r in final["ranks"]} == {"stopped"}, final["ranks"]
+
+
+def test_one_agent_signalled_alone_stops_its_workers_at_once_and_the_job_recovers(
+        tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    bg = Background(job_args(job, steps=100), tmp_path)
+    status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 12)
+    agent = node(status, "node-1")["agent_pid"]
+    workers = [psutil.Process(r["pid"]) for r in status["ranks"] if r["node"] == "node-1"]
+    sigterm([agent])
+    _, alive = psutil.wait_procs(workers, timeout=4)  # (the grace is 5 s: SIGTERM, not
+    assert not alive, alive  # SIGKILL after the grace + 5 s, as review 52 #2 saw)
+    code, out = bg.finish(timeout=120)
+    assert code == 0, out[-4000:]
+    assert events_of(job, "WorkersRestarted") or events_of(job, "PodRescheduled"), out[-3000:]
+    assert "got SIGTERM" in (job / "cluster" / "node-1.agent.log").read_text()
