@@ -387,4 +387,5 @@ def test_hung_ranks_with_a_save_on_the_way_out_are_stopped_within_seconds(
     assert len(stopped) == 1 and "stopped 2 hung worker(s): rank(s) 0, 1 (grace 3s" in \
         stopped[0]["message"], stopped
     [inc] = read_json("recovery", job_dir)["running_records"][0]["recover_records"]
-    assert inc["durations_s"]["stop"] < 10, inc["durations_s"]  # was the whole 30 s
+    # was the whole 30 s; about 4 s now (10.7 s in a make-test run with the machine loaded)
+    assert inc["durations_s"]["stop"] < 20, inc["durations_s"]

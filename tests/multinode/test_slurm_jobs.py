@@ -551,5 +551,7 @@ def test_a_requeue_gives_the_ranks_their_grace_saves_on_the_way_out_and_drains_n
         cluster.sinfo_text()
     final = read_json("status", job)
     assert final["state"] == "stopped"
-    assert {r["state"] for r in final["ranks"]} == {"stopped"}, final["ranks"]
+    # stopped; a rank whose agent Slurm's SIGKILL (KillWait, 2 s here) ended before it
+    # reported reads lost (a loaded CI run saw one): never failed
+    assert {r["state"] for r in final["ranks"]} <= {"stopped", "lost"}, final["ranks"]
     subprocess.run(["scancel", job_id], env=cluster.env(), check=False, timeout=20)
