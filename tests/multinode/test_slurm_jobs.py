@@ -206,7 +206,7 @@ def test_in_an_sbatch_job_a_lost_node_is_replaced_by_the_spare(
     assert [(n["state"], n["slot"]) for n in status["nodes"]] == [
         ("healthy", 0), ("healthy", 1), ("spare", None)]
     steps = {s[0] for s in squeue(cluster, "-s", "-j", job_id, "-o", "%j")}
-    assert {f"trainguard-agent-{n}" for n in NODES} <= steps, steps
+    assert {f"trainguard-mn-agent-{n}" for n in NODES} <= steps, steps
     victim = placed(status)[1]
     assert victim != env_seen["SLURMD_NODENAME"]  # not the node the controller runs on
     survivor = placed(status)[0]

@@ -4,7 +4,7 @@ A multi-node job's agents wait for a controller to take the job over (up to thei
 timeout) and their workers train on meanwhile. `status`, `ls`, `diagnose` and the dashboard
 ask which still run (their ranks are not `lost`); `stop` ends them. On the local backend an
 agent is a process of this machine (checked by its pid, never a reused one); on Slurm it is
-a step of the job's allocation, `trainguard-agent-NODE`, which squeue lists while it runs
+a step of the job's allocation, `trainguard-RUN_ID-agent-NODE`, which squeue lists while it runs
 and scancel ends (walk-through 42 #8: under Slurm the ranks read `lost` though they
 trained on, and nothing said how to take the job over or end them).
 """
@@ -24,8 +24,9 @@ SLURM_JOB_KEY = "slurm_job_id"  # the job store's meta: the allocation the agent
 OWN_JOB_KEY = "slurm_own_job"  # ... and the one trainguard made (cancelled at the job's end)
 STEPS_TIMEOUT_S = 5.0  # one squeue call at most this long (status waits on it)
 STEPS_TTL_S = 2.0  # the dashboard asks on every push: squeue at most this often per job
+FAILED_TTL_S = 30.0  # ... and after a failure
 
-_steps_seen: dict[str, tuple[float, dict[str, str]]] = {}
+_steps_seen: dict[str, tuple[float, dict[str, str]]] = {}  # job -> (good until, steps)
 
 
 def running_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[R]:
@@ -34,10 +35,10 @@ def running_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[R]:
     rows = list(rows)
     alive = live_agents(rows)
     on_slurm = [r for r in rows if r.backend == SlurmBackend.name]
-    job = meta.get(SLURM_JOB_KEY)
+    job, run = meta.get(SLURM_JOB_KEY), str(meta.get("run_id") or "")
     if on_slurm and isinstance(job, str) and job:
         steps = _steps(job)
-        alive += [r for r in on_slurm if agent_step(r.name) in steps]
+        alive += [r for r in on_slurm if agent_step(run, r.name) in steps]
     return alive
 
 
@@ -49,22 +50,22 @@ def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
     rows = list(rows)
     ended = [f"{r.name} (pid {r.agent_pid})" for r in live_agents(rows)
              if r.agent_pid is not None and signal_agent(r.agent_pid, r.name)]
-    job = meta.get(SLURM_JOB_KEY)
+    job, run = meta.get(SLURM_JOB_KEY), str(meta.get("run_id") or "")
     if not isinstance(job, str) or not any(r.backend == SlurmBackend.name for r in rows):
         return ended
     _steps_seen.pop(job, None)
     steps = _steps(job)
-    if meta.get(OWN_JOB_KEY) == job and steps:  # the allocation is trainguard's (salloc'd
-        try:  # for this job): its end ends every step, and nothing else would free it
-            slurm_cli.cancel(job, timeout_s=STEPS_TIMEOUT_S)
+    if meta.get(OWN_JOB_KEY) == job:  # the allocation is trainguard's (salloc'd for this
+        try:  # job): its end ends every step, and nothing else would free it, steps or not
+            slurm_cli.cancel(job, timeout_s=STEPS_TIMEOUT_S)  # (review 52 #4)
             _steps_seen.pop(job, None)
-            return [*ended, *(f"{r.name} (Slurm step {steps[agent_step(r.name)]})"
+            return [*ended, *(f"{r.name} (Slurm step {steps[agent_step(run, r.name)]})"
                               for r in rows if r.backend == SlurmBackend.name
-                              and agent_step(r.name) in steps), f"Slurm allocation {job}"]
+                              and agent_step(run, r.name) in steps), f"Slurm allocation {job}"]
         except SlurmError:
-            pass  # its steps one by one, then
+            pass  # ended already, or this user may not: its steps one by one, then
     for r in rows:
-        step = steps.get(agent_step(r.name)) if r.backend == SlurmBackend.name else None
+        step = steps.get(agent_step(run, r.name)) if r.backend == SlurmBackend.name else None
         if step is None:
             continue
         try:
@@ -77,16 +78,18 @@ def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
 
 
 def _steps(job: str) -> dict[str, str]:
-    """The job's running steps, asked at most every STEPS_TTL_S; {} when squeue fails."""
-    now = time.monotonic()
+    """The job's running steps, asked at most every STEPS_TTL_S (a failure, {}, is kept
+    FAILED_TTL_S: a hung slurmctld costs each caller the timeout once), timed from the
+    answer (review 52 #6: a slow squeue's entry had expired when stored)."""
     seen = _steps_seen.get(job)
-    if seen is not None and now - seen[0] < STEPS_TTL_S:
+    if seen is not None and time.monotonic() < seen[0]:
         return seen[1]
     try:
         steps = slurm_cli.job_steps(job, timeout_s=STEPS_TIMEOUT_S)
     except SlurmError:
-        steps = {}
-    _steps_seen[job] = (now, steps)
+        _steps_seen[job] = (time.monotonic() + FAILED_TTL_S, {})
+        return {}
+    _steps_seen[job] = (time.monotonic() + STEPS_TTL_S, steps)
     return steps
 
 

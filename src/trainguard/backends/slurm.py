@@ -95,9 +95,10 @@ class SrunAgent:
             self._proc.wait()
 
 
-def agent_step(node: str) -> str:
-    """The name of `node`'s agent step in the job's allocation (squeue -s, scancel)."""
-    return f"trainguard-agent-{node}"
+def agent_step(run_id: str, node: str) -> str:
+    """The name of `node`'s agent step in the job's allocation (squeue -s, scancel): with
+    the run id, as two jobs may share an allocation (review 52 #5)."""
+    return f"trainguard-{run_id}-agent-{node}"
 
 
 def _still_runs(job_id: str) -> bool:
@@ -118,7 +119,7 @@ class SlurmBackend:
         if not slurm_cli.available():
             raise LaunchError("--backend slurm: srun/scontrol are not on PATH. Fix: run on a "
                               "Slurm login or compute node, or use --backend local")
-        self._log_dir = log_dir
+        self._log_dir, self._run_id = log_dir, run_id
         self._own = False
         self._closed = threading.Event()
         self._reader: threading.Thread | None = None  # reads Slurm's node states until close
@@ -163,7 +164,7 @@ class SlurmBackend:
     def start_agent(self, node: str, argv: list[str]) -> SrunAgent:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         cmd = slurm_cli.srun_argv(self.job_id, node, [*argv, "--node", node],
-                                  step_name=agent_step(node))
+                                  step_name=agent_step(self._run_id, node))
         log_file = self._log_dir / f"{node}.agent.log"
         with open(log_file, "ab") as err:
             since = err.tell()  # the file holds earlier launches' agents too
