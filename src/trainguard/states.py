@@ -174,6 +174,12 @@ TRANSITIONS: Mapping[type[Enum], Mapping[Any, frozenset[Any]]] = {
 }
 
 
+def exit_seen(exit_code: int | None, signal: str | None) -> bool:
+    """Whether a rank's end was seen: an exit code or a signal recorded (a rank its node's
+    agent went away with has neither; shown_rank_state)."""
+    return exit_code is not None or signal is not None
+
+
 def shown_rank_state(state: str, job_state: str | None, agent_runs: bool,
                      exit_seen: bool = True) -> str:
     """A rank's state as `status` and the dashboard show it: one not ended when its

@@ -295,3 +295,17 @@ def test_exit_codes_are_named_through_exitcode() -> None:
         for line, what in bare_exit_codes((PKG_DIR / name).read_text(encoding="utf-8"))
     ]
     assert not problems, "use trainguard.exitcodes.ExitCode instead of:\n" + "\n".join(problems)
+
+
+def test_a_rank_whose_end_was_never_seen_reads_lost_and_one_that_exited_keeps_its_state(
+        ) -> None:
+    """Walk-through 42 #12: ranks of a node whose agent went away with them (no exit code,
+    no signal) read `failed` with exit code `-`; review 52 #8: one helper says so."""
+    from trainguard.states import exit_seen, shown_rank_state
+
+    assert not exit_seen(None, None) and exit_seen(1, None) and exit_seen(None, "SIGKILL")
+    assert shown_rank_state("failed", "failed", False, exit_seen(None, None)) == "lost"
+    assert shown_rank_state("failed", "failed", False, exit_seen(1, None)) == "failed"
+    assert shown_rank_state("stopped", "stopped", False, exit_seen(None, None)) == "stopped"
+    assert shown_rank_state("running", "lost", False) == "lost"  # its launcher died
+    assert shown_rank_state("running", "lost", True) == "running"  # its agent runs on

@@ -52,7 +52,14 @@ from trainguard.records import (
     recoveries_by_rung,
     recoveries_text,
 )
-from trainguard.states import JOB_ENDED, JobState, NodeState, WorkerState, shown_rank_state
+from trainguard.states import (
+    JOB_ENDED,
+    JobState,
+    NodeState,
+    WorkerState,
+    exit_seen,
+    shown_rank_state,
+)
 
 # less free than this on the job dir's disk: a running job's store writes fail (a page, its
 # journal, the WAL) and status may read behind (walk-through 24)
@@ -324,7 +331,7 @@ def _rank_dict(w: WorkerRow, job_state: str | None, hung: set[int],
     confirmed hang left running."""
     d = {k: _plain(getattr(w, k)) for k in _RANK_KEYS}
     d["state"] = shown_rank_state(d["state"], job_state, w.node in agents_alive,
-                                  w.exit_code is not None or w.signal is not None)
+                                  exit_seen(w.exit_code, w.signal))
     d["hung"] = w.rank in hung and d["state"] == WorkerState.RUNNING.value
     return d
 

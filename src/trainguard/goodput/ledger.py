@@ -32,9 +32,10 @@ from typing import Any
 
 from trainguard.goodput.step_counts import Resume, count_steps
 from trainguard.goodput.step_time import ideal_step_s
+from trainguard.states import JobState
 
 PRODUCTIVE = "productive"
-STOPPED = "stopped"  # neither productive nor badput: the job was stopped on purpose
+STOPPED = JobState.STOPPED.value  # neither productive nor badput: stopped on purpose
 BLOCKING = "checkpoint_blocking"
 CAUSES = ("startup", "checkpoint_blocking", "wasted_progress", "detection", "recovery",
           "hang", "queued", "other")

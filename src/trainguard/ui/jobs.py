@@ -21,7 +21,7 @@ from trainguard.records import (
     recoveries_by_rung,
     size_text,
 )
-from trainguard.states import JOB_ENDED, JobState, shown_rank_state
+from trainguard.states import JOB_ENDED, JobState, exit_seen, shown_rank_state
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.goodput_view import GoodputCache
 from trainguard.ui.jobfiles import Refused, check_store
@@ -133,10 +133,9 @@ def _workers(store: JobStore, meta: dict[str, Any],
     dashboard said `running` of processes gone with their launcher)."""
     alive = {r.name for r in running_agents(meta, store.nodes())} \
         if job_state == JobState.LOST.value else set()
-    return [{**row, "state": shown_rank_state(
-        row["state"], job_state, row["node"] in alive,
-        row.get("exit_code") is not None or row.get("signal") is not None)}
-        for row in (row_dict(w) for w in store.workers())]
+    return [{**row, "state": shown_rank_state(row["state"], job_state, w.node in alive,
+                                              exit_seen(w.exit_code, w.signal))}
+            for w in store.workers() for row in (row_dict(w),)]
 
 
 def row_dict(row: WorkerRow | NodeRow) -> dict[str, Any]:
