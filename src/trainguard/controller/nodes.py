@@ -40,6 +40,7 @@ from trainguard.states import NOT_THE_NODE, JobState, NodeState
 PRECHECK_TIMEOUT_S = 300.0
 
 Times = tuple[datetime, datetime, datetime]  # the fault's first sign, its detection, the stop
+NOT_DRAINED = "not drained: "  # a lost node's drain, said when there was none, and why
 
 
 class NodeRecovery:
@@ -66,8 +67,8 @@ class NodeRecovery:
         iso = lost_isolation(name, why, excused(why, self.fleet.disruption.suspect(name)))
         if iso.drain:
             return self.fleet.backend.isolate(name, f"trainguard: {iso.why}")
-        return ("not drained: the cluster ended its agent's step" if NOT_THE_NODE in why
-                else "not drained: every node's link went down at once")
+        return NOT_DRAINED + ("the cluster ended its agent's step" if NOT_THE_NODE in why
+                              else "every node's link went down at once")
 
     def cluster_cancelled(self) -> str | None:
         """Why a stop came, when the cluster cancelled the agents' steps (Slurm's requeue, a
@@ -185,10 +186,13 @@ class NodeRecovery:
         node), then the workers left on the other nodes are stopped."""
         detected = utcnow()
         first = detected - timedelta(seconds=self.fleet.heard_ago(list(lost)))
+        kept: dict[str, str] = {}  # not drained: why the node is not at fault
         for name, why in lost.items():
-            self.rec.event(Level.WARNING, Reason.NODE_LOST,
-                           f"node {name} was lost: {why}; {self._drain_lost(name, why)}",
-                           node=name, attempt=attempt)
+            done = self._drain_lost(name, why)
+            if done.startswith(NOT_DRAINED):
+                kept[name] = done.removeprefix(NOT_DRAINED)
+            self.rec.event(Level.WARNING, Reason.NODE_LOST, f"node {name} was lost: {why}; "
+                           f"{done}", node=name, attempt=attempt)
             self.fleet.mark(name, NodeState.LOST, why)
         if self.fleet.peer is not None:  # save at breakpoint: the last copied step to storage
             self.fleet.peer.newest(set(lost))  # the lost ranks' newest step, from their tails
@@ -202,8 +206,8 @@ class NodeRecovery:
         for name, why in lost.items():  # the verdict `diagnose` gives, for the UI and metrics
             ranks = [s * k + i for s, n in enumerate(self.fleet.placement) if n == name
                      for i in range(k)]  # (walk-through 42 #7: a node loss had none)
-            self.rec.diagnosed(diagnose_node_loss(report.workers, name, why, ranks, detected),
-                               attempt, [])
+            self.rec.diagnosed(diagnose_node_loss(report.workers, name, why, ranks, detected,
+                                                  kept.get(name)), attempt, [])
         return report, (first, detected, utcnow())
 
     def isolate(self, iso: Isolation, attempt: int) -> None:

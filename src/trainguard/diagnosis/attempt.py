@@ -55,12 +55,15 @@ def diagnose_attempt(facts: list[WorkerFact], detected_at: datetime | None = Non
 
 
 def diagnose_node_loss(facts: list[WorkerFact], lost: str, why: str, ranks: list[int],
-                       detected_at: datetime | None = None) -> Diagnosis:
+                       detected_at: datetime | None = None,
+                       not_blamed: str | None = None) -> Diagnosis:
     """A node loss's verdict, as `trainguard diagnose JOB_DIR` gives it (diagnosis.lost):
     the lost node is the cause, what the other ranks' logs say (read up to `detected_at`)
-    its symptoms. `ranks`: the lost node's; `why`: how the launcher lost it."""
+    its symptoms. `ranks`: the lost node's; `why`: how the launcher lost it; `not_blamed`:
+    why it is not at fault, when it is not drained."""
     return node_loss_diagnosis(lost, why, ranks,
-                               diagnose(*_inputs(facts, None), load_rules(), detected_at))
+                               diagnose(*_inputs(facts, None), load_rules(), detected_at),
+                               not_blamed)
 
 
 def _inputs(facts: list[WorkerFact], node: str | None) -> tuple[list[Finding], list[RankExit]]:

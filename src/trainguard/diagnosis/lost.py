@@ -30,20 +30,25 @@ def lost_node(related_task: str | None) -> str | None:
 
 
 def node_loss_diagnosis(node: str, reason: str, ranks: list[int],
-                        logs: Diagnosis | None) -> Diagnosis:
+                        logs: Diagnosis | None, not_blamed: str | None = None) -> Diagnosis:
     """`reason`: the controller's words for the loss; `ranks`: the lost node's ranks;
-    `logs`: what the attempt's logs and exits say, which the loss explains."""
+    `logs`: what the attempt's logs and exits say, which the loss explains; `not_blamed`:
+    why the node is not at fault, when it is not (the cluster ended its agent's step, every
+    link went down at once: it was not drained, and is not to be isolated; review 52 #3)."""
     symptoms: tuple[Evidence, ...] = ()
     if logs is not None:
         first = logs.evidence or Evidence("", 0, logs.summary, logs.culprit_rank)
         symptoms = (first, *logs.symptoms)
     on = f" (rank(s) {rank_list(ranks)} ran there)" if ranks else ""
     what = reason if node in reason else f"node {node} was lost: {reason}"
+    advice = (f"The node, not the training script, failed: check its agent's log "
+              f"(JOB_DIR/cluster/{node}.agent.log) and the machine (power, network, kernel "
+              "log, Slurm's reason); the job kept it out of its placement." if not_blamed is None
+              else f"The node is not blamed: {not_blamed}; it was not drained. Check the "
+              "cluster's own record (a requeue, a time limit, an outage of the network the "
+              "controller is on).")
     return Diagnosis(
         Category.OTHER, FaultDomain.INFRASTRUCTURE, RestartHelps.YES, f"{what}{on}",
-        f"The node, not the training script, failed: check its agent's log "
-        f"(JOB_DIR/cluster/{node}.agent.log) and the machine (power, network, kernel log, "
-        "Slurm's reason); the job kept it out of its placement. Errors on the other nodes "
-        "are its consequences.",
-        Culprit(min(ranks) if ranks else None, node), None, symptoms[:10], True, 0.9,
-        "node_lost", None, from_log=False)
+        f"{advice} Errors on the other nodes are its consequences.",
+        Culprit(min(ranks) if ranks else None, node), None, symptoms[:10],
+        not_blamed is None, 0.9, "node_lost", None, from_log=False)
