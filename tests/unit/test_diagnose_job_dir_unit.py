@@ -250,3 +250,31 @@ def test_a_lost_launch_s_peer_error_names_the_rank_whose_log_just_stopped(
     # a log that stopped long before says nothing of which rank ended first
     d = verdict(make("step 66", 30.0))
     assert (d.culprit.rank, d.culprit.node) == (1, "n2"), d
+
+
+def test_ranks_of_two_nodes_that_stopped_alike_name_no_single_culprit() -> None:
+    """Review 52 #7: two ranks on two nodes whose logs both stopped before the symptom, a
+    few milliseconds (or their nodes' clocks) apart, decided which healthy node was blamed."""
+    from trainguard.diagnosis.silent_peer import silent_peer
+    from trainguard.diagnosis.taxonomy import (
+        Category,
+        Culprit,
+        Diagnosis,
+        Evidence,
+        FaultDomain,
+        RestartHelps,
+    )
+
+    at = datetime(2026, 12, 3, 12, 0, 24, 787000, tzinfo=timezone.utc)
+    peer = Diagnosis(Category.NCCL_COMMUNICATION_ERROR, FaultDomain.NETWORK, RestartHelps.YES,
+                     "gloo: connection closed by peer", "retry", Culprit(0, "n1"),
+                     Evidence("logs/attempt-0/rank-0.log", 2, "Connection closed by peer", 0,
+                              at), confidence=0.45)
+    both = silent_peer(peer, {1: (at - timedelta(milliseconds=300), "n2"),
+                              2: (at - timedelta(milliseconds=302), "n3")})
+    assert both is not None and both.culprit == Culprit(), both.culprit
+    assert both.summary.startswith("rank(s) 1, 2 (node n2, n3) stopped logging without an "
+                                   "error within 10s before rank 0 lost its connection"), both
+    one = silent_peer(peer, {1: (at - timedelta(milliseconds=300), "n2"),
+                             3: (at - timedelta(milliseconds=302), "n2")})
+    assert one is not None and one.culprit.node == "n2"  # one node: named

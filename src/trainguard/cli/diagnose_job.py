@@ -152,7 +152,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
     silent: dict[int, tuple[datetime, str | None]] = {}
     if ended.get(attempt) == LOST_END_REASON:
         silent = {r.rank: (at, r.node) for r in rows if r.attempt == attempt
-                  and r.ended_at is None and r.rank not in gone
+                  and r.ended_at is None and r.rank not in gone and r.node not in alive
                   and (at := last_stamp(rank_log_path(log_dir, attempt, r.rank))) is not None}
     return JobInputs(attempt, files, exits, hung, hang_files, window=window, failed=note is None,
                      note=note, silent=silent)

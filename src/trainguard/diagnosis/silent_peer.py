@@ -43,6 +43,15 @@ def silent_peer(d: Diagnosis | None,
     ranks = sorted(r for _, r, _ in silent)
     nodes = sorted({n for _, _, n in silent if n})
     where = f" (node {', '.join(nodes)})" if nodes else ""
+    if len(nodes) > 1:  # milliseconds, or clocks of different nodes, would pick one: none
+        return replace(  # is named (review 52 #7)
+            d, culprit=Culprit(), confidence=min(d.confidence, 0.45),
+            summary=(f"rank(s) {rank_list(ranks)}{where} stopped logging without an error "
+                     f"within {WINDOW.total_seconds():g}s before rank {who} lost its "
+                     f"connection: one of those nodes or processes most likely ended first "
+                     f"({d.summary.rstrip('.')})"),
+            advice=(f"Find out which of {', '.join(nodes)} ended first: the cluster's node "
+                    f"states, each node's kernel log. {d.advice}"))
     return replace(
         d, culprit=Culprit(rank, node), confidence=min(d.confidence, 0.6),
         summary=(f"rank(s) {rank_list(ranks)}{where} stopped logging without an error "
