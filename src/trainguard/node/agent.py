@@ -79,7 +79,7 @@ class NodeAgent:
         self._job_dir: Path | None = None
         self._liveness = LivenessBook()
         self._strays_reaped = 0.0
-        self._hurried = self._draining = False  # hurry(): grace over; drain told: 143 = stop
+        self._hurried = self.draining = False  # hurry(): grace over; drain told: 143 = stop
         procs.become_subreaper()
         # the failure rules (YAML, RE2) load in the background now, not on the recovery path
         self._preloader = threading.Thread(target=default_trigger, name="trainguard-rules",
@@ -110,7 +110,7 @@ class NodeAgent:
                         self._attempt)
             self.stop_workers(StopWorkers(grace_s=cmd.grace_s, reason="a newer attempt"))
         self._attempt, self._start = cmd.attempt, cmd
-        self._hurried = self._draining = False  # a Ctrl-C ends only the stop it came in
+        self._hurried = self.draining = False  # a Ctrl-C ends only the stop it came in
         self._job_dir = Path(cmd.job_dir)
         self._oom_base = oom_kill_count()
         self._dead_file = self._dead_ranks_file(cmd)
@@ -209,7 +209,7 @@ class NodeAgent:
             rc = procs.exit_status(w.proc.pid) if not w.state.ended else None
             if rc is not None:  # RUNNING -> SUCCEEDED | STOPPED (drained) | FAILED (unreaped)
                 w.state = WorkerState.SUCCEEDED if rc == 0 else WorkerState.STOPPED if (
-                    self._draining and rc in (143, -signal.SIGTERM)) else WorkerState.FAILED
+                    self.draining and rc in (143, -signal.SIGTERM)) else WorkerState.FAILED
                 w.ended_at, w.returncode = now, rc
                 if rc == -signal.SIGKILL:
                     w.oom_killed = self._oom_rose()
@@ -251,6 +251,7 @@ class NodeAgent:
                           if cmd.saving_grace_s else None)
         for w in running:  # RUNNING -> STOPPED
             w.state, w.ended_at, w.returncode = WorkerState.STOPPED, utcnow(), w.proc.returncode
+        self._channel.drain(keep=True)  # their last datagrams, while they are admitted
         for w in self._workers:
             self._guardian.forget(w.proc.pid)
         if self._router is not None:
@@ -260,9 +261,6 @@ class NodeAgent:
     def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]:
         """Rank 0's store address for the next attempt: `addr`, a fresh port unless given."""
         return addr, preferred_port or ports.free_port(addr)
-
-    def cluster_stopping(self) -> None:  # the cluster signalled the step (node/term.py)
-        self._draining = True  # a worker's 143 is a stop now
 
     def hurry(self) -> None:
         """End a stop's grace period (a second Ctrl-C): SIGKILL what is left. A flag only."""
@@ -274,7 +272,7 @@ class NodeAgent:
             parse_control(cmd.control)
         except ContractError as e:
             raise LaunchError(f"not a control message: {e}") from e
-        self._draining |= cmd.control.get("kind") == ControlKind.DRAIN.value
+        self.draining |= cmd.control.get("kind") == ControlKind.DRAIN.value
         running = [w.assignment.rank for w in self._workers if not w.state.ended]
         return self._channel.tell([r for r in running if cmd.ranks is None or r in cmd.ranks],
                                   cmd.control)

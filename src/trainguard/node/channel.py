@@ -202,13 +202,16 @@ class ChannelServer:
             self._warned = time.monotonic()
             log.warning("%d worker message(s) refused so far; this one %s", self.dropped, text)
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self, keep: bool = False) -> list[dict[str, Any]]:
         """Every valid message received since the last drain, in arrival order (each as
-        contract.parse_message returns it: `kind` a MessageKind)."""
+        contract.parse_message returns it: `kind` a MessageKind); `keep`: read what is
+        queued now and keep it for the next drain (before a stopped rank's session is
+        forgotten: read later, its last datagrams, a save's commit, were refused)."""
         with self._lock:
             self._read_all()
             out = list(self._got)
-            self._got.clear()
+            if not keep:
+                self._got.clear()
         return out
 
     def close(self) -> None:

@@ -199,7 +199,7 @@ class AgentRunner:
         if self.term.fresh():
             log.warning("got SIGTERM (the cluster ending this step?): stopping the workers "
                         "(grace period %gs)", self.term.grace_s)
-            self.agent.cluster_stopping()
+            self.agent.draining = True  # a worker's 143 is a stop now
             report = self.agent.stop_workers(
                 StopWorkers(grace_s=self.term.grace_s, reason="the agent got SIGTERM"),
                 meanwhile=self._report_stopping if connected else None,
