@@ -6,7 +6,6 @@ may train on, and a save on the way out may commit)."""
 from __future__ import annotations
 
 import signal
-import time
 
 from trainguard.controller.faults import stopped_by
 from trainguard.controller.recorder import Recorder
@@ -20,7 +19,6 @@ from trainguard.states import JobState, WorkerState
 # preset's 15 s were waited in full at every restart upon suspension); one that does (a rank
 # frozen mid-step, continued by the stop) gets the job's grace period while it saves
 HUNG_GRACE_S = 3.0
-LATE_MESSAGES_S = 1.0  # ranks stopped from outside: their last messages are waited for
 
 
 def stop(agent: AgentAPI, rec: Recorder, reason: str, dead: list[int] | None = None,
@@ -64,10 +62,6 @@ def ended_well(agent: AgentAPI, rec: Recorder, attempt: int, report: NodeReport)
     allocation the launcher is outside of, or a person's) stopped the job, exit 143, never a
     success (review 52 #1: `JobSucceeded`, exit 0, at step 27 of 3000)."""
     outside = sorted(w.rank for w in report.workers if w.state == WorkerState.STOPPED)
-    if outside:  # what they sent on the way out (a save's commit) may come a report later
-        deadline = time.monotonic() + LATE_MESSAGES_S
-        while time.monotonic() < deadline:
-            rec.sync(agent.poll(wait_s=0.25))
     report = stop(agent, rec, "every worker exited 0" if not outside  # reaps leftovers,
                   else "ranks stopped from outside")  # reads the last lines
     if not outside:

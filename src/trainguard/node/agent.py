@@ -239,7 +239,7 @@ class NodeAgent:
         """Stop every worker: SIGTERM, `cmd.grace_s`, SIGKILL; the grace period ends early on
         hurry() or once `cut_short()` (a node agent's link brought the controller's hurry);
         each second of it a report goes to `meanwhile` (ranks may train on: walk-through 30)."""
-        self.poll()
+        early = self.poll().messages  # kept: a rank may have said something just before
         if cmd.dead_ranks and self._dead_file is not None:
             with contextlib.suppress(OSError):
                 self._dead_file.write_text(json.dumps(cmd.dead_ranks))
@@ -256,7 +256,8 @@ class NodeAgent:
             self._guardian.forget(w.proc.pid)
         if self._router is not None:
             self._router.close(timeout=2.0)
-        return self._report()
+        report = self._report()
+        return report.model_copy(update={"messages": [*early, *report.messages]})
 
     def rendezvous(self, addr: str, preferred_port: int | None) -> tuple[str, int]:
         """Rank 0's store address for the next attempt: `addr`, a fresh port unless given."""
