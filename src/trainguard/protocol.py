@@ -339,8 +339,8 @@ class AgentConfig(BaseModel):
     heartbeat_s: float = Field(1.0, gt=0, description="beats, also while a command runs")
     orphan_timeout_s: float = Field(600.0, gt=0, description="without a controller this long, "
                                     "the agent stops its workers and ends")
-    grace_s: float = Field(15.0, ge=0, description="the job's grace period: after a SIGTERM of "
-                           "its own (the cluster ending its step) the agent stops its workers "
-                           "itself only when no controller did within it (node/term.py)")
+    grace_s: float = Field(15.0, ge=0, description="the job's grace period: the workers get it "
+                           "when a SIGTERM of the agent's own (the cluster ending its step) "
+                           "makes it stop them itself (node/term.py)")
     node_addr: str | None = Field(None, description="the address other nodes reach this one "
                                   "at (default: the one its controller connection uses)")

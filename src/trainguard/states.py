@@ -181,15 +181,15 @@ def exit_seen(exit_code: int | None, signal: str | None) -> bool:
 
 
 def shown_rank_state(state: str, job_state: str | None, agent_runs: bool,
-                     exit_seen: bool = True) -> str:
+                     end_seen: bool = True) -> str:
     """A rank's state as `status` and the dashboard show it: one not ended when its
     launcher died reads `lost` (the guardian killed it with the launcher: nothing recorded
     its end), unless its node's agent still runs (it keeps its workers for a takeover); so
-    does one recorded failed with no exit seen (`exit_seen` False: its node's agent went
+    does one recorded failed with no exit seen (`end_seen` False, exit_seen: its node's agent went
     away with it, a lost node or a cluster that ended the agents' steps; walk-through 42
     #12: such ranks read `failed`, exit code `-`)."""
     if job_state == JobState.LOST.value and not WorkerState(state).ended and not agent_runs:
         return "lost"
-    if state == WorkerState.FAILED.value and not exit_seen:
+    if state == WorkerState.FAILED.value and not end_seen:
         return "lost"
     return state

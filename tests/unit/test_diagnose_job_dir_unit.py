@@ -3,6 +3,7 @@ temporary dir: which attempt is diagnosed, and when none failed."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -11,7 +12,16 @@ from typing import Any
 from trainguard.cli.diagnose_job import job_reader, read_job_dir
 from trainguard.controller.faults import LOST_END_REASON
 from trainguard.controller.store import JobStore, WorkerRow
+from trainguard.diagnosis.silent_peer import silent_peer
 from trainguard.diagnosis.sources import diagnose_paths
+from trainguard.diagnosis.taxonomy import (
+    Category,
+    Culprit,
+    Diagnosis,
+    Evidence,
+    FaultDomain,
+    RestartHelps,
+)
 from trainguard.records import (
     FaultScenario,
     RecoverRecord,
@@ -206,8 +216,6 @@ def test_a_lost_launch_s_peer_error_names_the_rank_whose_log_just_stopped(
     job = tmp_path / "job"
 
     def make(rank0_tail: str, gap_s: float) -> Path:
-        import shutil
-
         shutil.rmtree(job, ignore_errors=True)
         with JobStore.create(job, "run-1") as s:
             s.set_meta(log_dir=str(job / "logs"))
@@ -255,16 +263,6 @@ def test_a_lost_launch_s_peer_error_names_the_rank_whose_log_just_stopped(
 def test_ranks_of_two_nodes_that_stopped_alike_name_no_single_culprit() -> None:
     """Review 52 #7: two ranks on two nodes whose logs both stopped before the symptom, a
     few milliseconds (or their nodes' clocks) apart, decided which healthy node was blamed."""
-    from trainguard.diagnosis.silent_peer import silent_peer
-    from trainguard.diagnosis.taxonomy import (
-        Category,
-        Culprit,
-        Diagnosis,
-        Evidence,
-        FaultDomain,
-        RestartHelps,
-    )
-
     at = datetime(2026, 12, 3, 12, 0, 24, 787000, tzinfo=timezone.utc)
     peer = Diagnosis(Category.NCCL_COMMUNICATION_ERROR, FaultDomain.NETWORK, RestartHelps.YES,
                      "gloo: connection closed by peer", "retry", Culprit(0, "n1"),

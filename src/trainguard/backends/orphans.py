@@ -53,27 +53,24 @@ def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
     job, run = meta.get(SLURM_JOB_KEY), str(meta.get("run_id") or "")
     if not isinstance(job, str) or not any(r.backend == SlurmBackend.name for r in rows):
         return ended
-    _steps_seen.pop(job, None)
+    _steps_seen.pop(job, None)  # asked afresh, and again by whoever asks after
     steps = _steps(job)
+    _steps_seen.pop(job, None)
+    agents = {r.name: steps[agent_step(run, r.name)] for r in rows
+              if r.backend == SlurmBackend.name and agent_step(run, r.name) in steps}
     if meta.get(OWN_JOB_KEY) == job:  # the allocation is trainguard's (salloc'd for this
         try:  # job): its end ends every step, and nothing else would free it, steps or not
             slurm_cli.cancel(job, timeout_s=STEPS_TIMEOUT_S)  # (review 52 #4)
-            _steps_seen.pop(job, None)
-            return [*ended, *(f"{r.name} (Slurm step {steps[agent_step(run, r.name)]})"
-                              for r in rows if r.backend == SlurmBackend.name
-                              and agent_step(run, r.name) in steps), f"Slurm allocation {job}"]
+            return [*ended, *(f"{n} (Slurm step {s})" for n, s in agents.items()),
+                    f"Slurm allocation {job}"]
         except SlurmError:
             pass  # ended already, or this user may not: its steps one by one, then
-    for r in rows:
-        step = steps.get(agent_step(run, r.name)) if r.backend == SlurmBackend.name else None
-        if step is None:
-            continue
+    for name, step in agents.items():
         try:
             slurm_cli.cancel(step, timeout_s=STEPS_TIMEOUT_S)
         except SlurmError:
             continue  # it ended meanwhile, or this user may not: not said as ended
-        ended.append(f"{r.name} (Slurm step {step})")
-    _steps_seen.pop(job, None)
+        ended.append(f"{name} (Slurm step {step})")
     return ended
 
 

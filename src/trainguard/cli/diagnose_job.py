@@ -25,12 +25,13 @@ from pathlib import Path
 
 from trainguard.backends.orphans import running_agents
 from trainguard.controller.faults import GROUP_FAILED_REASON, LOST_END_REASON, STOPPED_BY
+from trainguard.controller.lost_launch import last_stamp
 from trainguard.controller.shown import shown_state
 from trainguard.controller.store import JobStore, db_path
 from trainguard.controller.store_rows import log_dir_of
 from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.hung import hang_diagnosis
-from trainguard.diagnosis.lines import file_rank, split_prefix
+from trainguard.diagnosis.lines import file_rank
 from trainguard.diagnosis.lost import lost_node
 from trainguard.diagnosis.sources import JobInputs, JobReader, log_files
 from trainguard.diagnosis.taxonomy import Diagnosis
@@ -47,8 +48,6 @@ from trainguard.records import (
     rank_list,
 )
 from trainguard.states import JobState, WorkerState, shown_rank_state
-
-TAIL_BYTES = 64 << 10  # of a rank log, read for its last line's time
 
 
 def job_reader(attempt: int | None) -> JobReader:
@@ -156,20 +155,6 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
                   and (at := last_stamp(rank_log_path(log_dir, attempt, r.rank))) is not None}
     return JobInputs(attempt, files, exits, hung, hang_files, window=window, failed=note is None,
                      note=note, silent=silent)
-
-
-def last_stamp(path: Path) -> datetime | None:
-    """The time of a rank log's last stamped whole line (its tail only); None without one."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - TAIL_BYTES))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    lines = text.splitlines()[1 if size > TAIL_BYTES else 0:]  # (a first one cut in two)
-    lines = lines if text.endswith("\n") else lines[:-1]  # (a last one cut short)
-    return next((at for line in reversed(lines) if (at := split_prefix(line).at)), None)
 
 
 IN_PLACE = "in_process_restart"  # a recover record's `recover` for rung 1a

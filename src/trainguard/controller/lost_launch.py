@@ -62,19 +62,13 @@ def read_logged_end(log_dir: Path, attempt: int, step_pattern: str, *,
     last: dict[int, tuple[int, float]] = {}
     for log in attempt_log_dir(log_dir, attempt).glob("rank-*.log"):
         try:
-            st = log.stat()
-            written = max(written or 0.0, st.st_mtime)
+            written = max(written or 0.0, log.stat().st_mtime)
             rank = int(log.stem.removeprefix("rank-"))
             if not steps:
                 continue
-            with open(log, "rb") as f:
-                f.seek(max(0, st.st_size - TAIL_BYTES))
-                text = f.read().decode("utf-8", "replace")
+            lines = whole_tail_lines(log)
         except (OSError, ValueError):
             continue
-        lines = text.splitlines()
-        lines = lines[1:] if st.st_size > TAIL_BYTES else lines  # (a first one cut in two)
-        lines = lines if text.endswith("\n") else lines[:-1]  # (a last one cut short)
         for line in reversed(lines):
             m = _STAMP.match(line)
             read = step_read(step_rx, bars, line[m.end():]) if m else None
@@ -86,6 +80,33 @@ def read_logged_end(log_dir: Path, attempt: int, step_pattern: str, *,
                 continue
             break
     return LoggedEnd(written, last)
+
+
+def whole_tail_lines(log: Path) -> list[str]:
+    """The whole lines of a rank log's last TAIL_BYTES: a first one cut in two and a last
+    one cut short (no newline yet: the agent writes whole lines) are left out. OSError."""
+    with open(log, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - TAIL_BYTES))
+        text = f.read().decode("utf-8", "replace")
+    lines = text.splitlines()[1 if size > TAIL_BYTES else 0:]
+    return lines if text.endswith("\n") else lines[:-1]
+
+
+def last_stamp(log: Path) -> datetime | None:
+    """When a rank log's last stamped whole line was written; None without one (or no log):
+    a lost launch's rank whose log just stopped (diagnosis.silent_peer)."""
+    try:
+        lines = whole_tail_lines(log)
+    except OSError:
+        return None
+    for line in reversed(lines):
+        m = _STAMP.match(line)
+        if m is not None:
+            with contextlib.suppress(ValueError):
+                at = datetime.fromisoformat(m.group(1))
+                return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+    return None
 
 
 def lost_end(stored_step: int | None, stored_sample: tuple[int, int, float] | None,

@@ -40,7 +40,6 @@ from trainguard.states import NOT_THE_NODE, JobState, NodeState
 PRECHECK_TIMEOUT_S = 300.0
 
 Times = tuple[datetime, datetime, datetime]  # the fault's first sign, its detection, the stop
-NOT_DRAINED = "not drained: "  # a lost node's drain, said when there was none, and why
 
 
 class NodeRecovery:
@@ -60,15 +59,17 @@ class NodeRecovery:
         """A lost spare implicates its node as a placed one's loss does: drained (walk-
         through 42 #10: only a lost training node was), unless every link went down."""
         self.rec.event(Level.WARNING, Reason.NODE_LOST, f"spare node {name} was lost: {why}; "
-                       f"it is no longer a spare; {self._drain_lost(name, why)}", node=name)
+                       f"it is no longer a spare; {self._drain_lost(name, why)[0]}", node=name)
 
-    def _drain_lost(self, name: str, why: str) -> str:
-        """Drain a lost node (lost_isolation says whether); what was done, said."""
+    def _drain_lost(self, name: str, why: str) -> tuple[str, str | None]:
+        """Drain a lost node (lost_isolation says whether): what was done, said, and when it
+        was not drained, why the node is not at fault."""
         iso = lost_isolation(name, why, excused(why, self.fleet.disruption.suspect(name)))
         if iso.drain:
-            return self.fleet.backend.isolate(name, f"trainguard: {iso.why}")
-        return NOT_DRAINED + ("the cluster ended its agent's step" if NOT_THE_NODE in why
-                              else "every node's link went down at once")
+            return self.fleet.backend.isolate(name, f"trainguard: {iso.why}"), None
+        not_blamed = ("the cluster ended its agent's step" if NOT_THE_NODE in why
+                      else "every node's link went down at once")
+        return f"not drained: {not_blamed}", not_blamed
 
     def cluster_cancelled(self) -> str | None:
         """Why a stop came, when the cluster cancelled the agents' steps (Slurm's requeue, a
@@ -186,11 +187,9 @@ class NodeRecovery:
         node), then the workers left on the other nodes are stopped."""
         detected = utcnow()
         first = detected - timedelta(seconds=self.fleet.heard_ago(list(lost)))
-        kept: dict[str, str] = {}  # not drained: why the node is not at fault
+        kept: dict[str, str | None] = {}  # not drained: why the node is not at fault
         for name, why in lost.items():
-            done = self._drain_lost(name, why)
-            if done.startswith(NOT_DRAINED):
-                kept[name] = done.removeprefix(NOT_DRAINED)
+            done, kept[name] = self._drain_lost(name, why)
             self.rec.event(Level.WARNING, Reason.NODE_LOST, f"node {name} was lost: {why}; "
                            f"{done}", node=name, attempt=attempt)
             self.fleet.mark(name, NodeState.LOST, why)

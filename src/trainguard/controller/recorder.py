@@ -245,17 +245,24 @@ class Recorder:
         walk-through 34 #9, StopRequested said 3 s and JobStopped 15 s); `killed`: the ranks
         that outlived it and got SIGKILL; `cut_short`: a second signal ended it early;
         `drained`: every rank saved a checkpoint at its next step end and exited by itself
-        (controller/drain.py). The cluster's words when it sent the signal end it."""
-        cause = self.stop_cause()
+        (controller/drain.py)."""
         late = (f"; rank{'s' if len(killed) > 1 else ''} {rank_list(killed)} did not and "
                 "got SIGKILL" if killed else "")
         if cut_short:
             late += " (a second signal cut the grace period short)"
         how = ("every rank drained: saved a checkpoint at its next step end and exited" if
                drained else f"workers got SIGTERM and {grace_s:g}s to exit")
-        return self.end_job(JobState.STOPPED, 128 + signum,  # (walk-through 25: drained too)
-                            f"stopped by {signal.Signals(signum).name}: {how}{late}"
-                            + (f"; {cause}" if cause else ""), attempt=attempt,
+        return self.end_stopped(signum,  # (walk-through 25: drained too)
+                                f"stopped by {signal.Signals(signum).name}: {how}{late}",
+                                attempt)
+
+    def end_stopped(self, signum: int, message: str, attempt: int) -> int:
+        """The job stopped by `signum`: JobStopped ends with the cluster's words when it sent
+        the signal (stop_cause), and its data says whose stop it was (goodput books the time
+        until a relaunch as `queued` for the cluster's, `stopped` for a person's)."""
+        cause = self.stop_cause()
+        return self.end_job(JobState.STOPPED, 128 + signum,
+                            message + (f"; {cause}" if cause else ""), attempt=attempt,
                             data={BY_CLUSTER: cause is not None})
 
     def diagnosed(self, diag: Diagnosis, attempt: int, lines: list[str]) -> None:
@@ -302,10 +309,8 @@ class Recorder:
         self.event(Level.INFO, Reason.STOP_REQUESTED, f"stop requested (the launcher got "
                    f"{name}) while {waiting}: no worker runs", attempt=attempt,
                    data={"signal": name, "grace_s": 0.0})
-        cause = self.stop_cause()
-        return self.end_job(JobState.STOPPED, 128 + signum, f"stopped by {name} while "
-                            f"{waiting}: no worker was running" + (f"; {cause}" if cause else ""),
-                            attempt=attempt, data={BY_CLUSTER: cause is not None})
+        return self.end_stopped(signum, f"stopped by {name} while {waiting}: no worker was "
+                                "running", attempt)
 
     def not_started(self, attempt: int, e: LaunchError, started_any: bool) -> int:
         """An attempt's workers could not be started: a usage error before any ever ran."""

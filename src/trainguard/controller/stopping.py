@@ -11,7 +11,7 @@ from trainguard.controller.faults import stopped_by
 from trainguard.controller.recorder import Recorder
 from trainguard.exitcodes import ExitCode
 from trainguard.protocol import AgentAPI, NodeReport, StopWorkers
-from trainguard.records import BY_CLUSTER, Level, Reason, rank_list
+from trainguard.records import Level, Reason, rank_list
 from trainguard.states import JobState, WorkerState
 
 # the grace a confirmed hang's ranks get to exit after SIGTERM (the spec's when shorter): most
@@ -70,9 +70,6 @@ def ended_well(agent: AgentAPI, rec: Recorder, attempt: int, report: NodeReport)
                            f"all {len(report.workers)} worker(s) exited 0 after "
                            f"{attempt + 1} attempt(s)", attempt=attempt)
     rec.book.attempt_stopped(attempt, stopped_by("SIGTERM"), report.progress)
-    cause = rec.stop_cause()
-    return rec.end_job(JobState.STOPPED, 128 + signal.SIGTERM,
-                       f"stopped from outside: rank(s) {rank_list(outside)} ended on a SIGTERM "
-                       "this launcher did not send (their node agents got it too)"
-                       + (f"; {cause}" if cause else ""), attempt=attempt,
-                       data={BY_CLUSTER: cause is not None})
+    return rec.end_stopped(signal.SIGTERM, f"stopped from outside: rank(s) "
+                           f"{rank_list(outside)} ended on a SIGTERM this launcher did not "
+                           "send (their node agents got it too)", attempt)

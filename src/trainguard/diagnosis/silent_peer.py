@@ -43,20 +43,18 @@ def silent_peer(d: Diagnosis | None,
     ranks = sorted(r for _, r, _ in silent)
     nodes = sorted({n for _, _, n in silent if n})
     where = f" (node {', '.join(nodes)})" if nodes else ""
-    if len(nodes) > 1:  # milliseconds, or clocks of different nodes, would pick one: none
-        return replace(  # is named (review 52 #7)
-            d, culprit=Culprit(), confidence=min(d.confidence, 0.45),
-            summary=(f"rank(s) {rank_list(ranks)}{where} stopped logging without an error "
-                     f"within {WINDOW.total_seconds():g}s before rank {who} lost its "
-                     f"connection: one of those nodes or processes most likely ended first "
-                     f"({d.summary.rstrip('.')})"),
-            advice=(f"Find out which of {', '.join(nodes)} ended first: the cluster's node "
-                    f"states, each node's kernel log. {d.advice}"))
+    one = len(nodes) <= 1  # else milliseconds, or different nodes' clocks, would pick one:
+    # none is named (review 52 #7)
+    when = f"{(seen - at).total_seconds():.2f}s" if one else \
+        f"within {WINDOW.total_seconds():g}s"
+    which = "its process or node" if one else "one of those nodes or processes"
     return replace(
-        d, culprit=Culprit(rank, node), confidence=min(d.confidence, 0.6),
-        summary=(f"rank(s) {rank_list(ranks)}{where} stopped logging without an error "
-                 f"{(seen - at).total_seconds():.2f}s before rank {who} lost its connection: "
-                 f"its process or node most likely ended first ({d.summary.rstrip('.')})"),
+        d, culprit=Culprit(rank, node) if one else Culprit(),
+        confidence=min(d.confidence, 0.6 if one else 0.45),
+        summary=(f"rank(s) {rank_list(ranks)}{where} stopped logging without an error {when} "
+                 f"before rank {who} lost its connection: {which} most likely ended first "
+                 f"({d.summary.rstrip('.')})"),
         advice=(f"Find out why rank {rank} ended{where}: its node (power, kernel log, the "
-                "cluster's node state) or its process (killed from outside, OOM). "
-                f"{d.advice}"))
+                "cluster's node state) or its process (killed from outside, OOM). " if one
+                else f"Find out which of {', '.join(nodes)} ended first: the cluster's node "
+                "states, each node's kernel log. ") + d.advice)

@@ -206,7 +206,8 @@ class ChannelServer:
         """Every valid message received since the last drain, in arrival order (each as
         contract.parse_message returns it: `kind` a MessageKind); `keep`: read what is
         queued now and keep it for the next drain (before a stopped rank's session is
-        forgotten: read later, its last datagrams, a save's commit, were refused)."""
+        forgotten: read after, its last datagrams would be refused, their sender no longer
+        one of the job's sessions)."""
         with self._lock:
             self._read_all()
             out = list(self._got)
