@@ -34,6 +34,7 @@ from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.ranks import rank_taken_twice, split_announcements
 from trainguard.diagnosis.restart import story_restart
 from trainguard.diagnosis.rules import RuleSet
+from trainguard.diagnosis.stopped_first import stopped_first
 from trainguard.diagnosis.survived import not_survived
 from trainguard.diagnosis.taxonomy import (
     Category,
@@ -134,6 +135,7 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
         d = refine(d, seen)
     d = rank_taken_twice(d, twice)
     d = early_exit(d, exits)  # peers failing after a rank ended its script first
+    d = stopped_first(d, exits)  # ... or after ranks were stopped from outside
     return None if d is None else story_restart(d, seen, others)
 
 
