@@ -234,8 +234,8 @@ def test_in_an_sbatch_job_a_lost_node_is_replaced_by_the_spare(
     cli = json.loads(subprocess.run([*TG, "diagnose", str(job), "--attempt", "0", "--json"],
                                     capture_output=True, text=True, timeout=60,
                                     check=True).stdout)["diagnosis"]
-    assert (cli["category"], cli["subcategory"], cli["culprit"]) == (
-        d["category"], d["subcategory"], d["culprit"])
+    assert (cli["category"], cli["subcategory"], cli["culprit"], cli["summary"]) == (
+        d["category"], d["subcategory"], d["culprit"], d["summary"])
     assert [ui["message"] for ui in detail("job", job, GoodputCache())["diagnoses"]] == [
         told["message"]]
     for sym in d["symptoms"]:  # each a survivor's line, marked in its log view
@@ -349,6 +349,13 @@ def test_without_a_spare_a_lost_node_downgrades_queues_and_fails_clearly(
                           timeout=60).stdout  # (walk-through 23: it advised --max-restarts)
     assert "it ended out of healthy nodes (--max-restarts does not cover that)" in text, text
     assert next(n for n in final["nodes"] if n["name"] == victim)["state"] == "lost"
+    # `diagnose` says how the node was lost, as the live verdict does, not the downgrade's
+    # words (review 52 #3: "node ... was lost: no spare node to replace it with")
+    (told,) = events_of(job, "FailureDiagnosed")
+    cli = json.loads(subprocess.run([*TG, "diagnose", str(job), "--json"], capture_output=True,
+                                    text=True, timeout=60, check=True).stdout)["diagnosis"]
+    assert cli["summary"] == told["data"]["summary"], (cli["summary"], told)
+    assert "no spare" not in cli["summary"], cli["summary"]
     # the allocation is cancelled even on failure (completing until Slurm sees the dead node)
     assert [j[0] for j in squeue(cluster, "-o", "%T")] in ([], ["COMPLETING"])
 

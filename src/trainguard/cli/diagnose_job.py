@@ -67,6 +67,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         rows = store.all_workers()
         records = store.running_records()
         deaths = [e for _, e in store.events(reasons=(Reason.WORKER_FAILED.value,))]
+        lost_events = [e for _, e in store.events(reasons=(Reason.NODE_LOST.value,))]
         # a lost job's ranks may train on
         alive = {r.name for r in running_agents(meta, store.nodes())}
     attempts = sorted({r.attempt for r in rows})
@@ -75,7 +76,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         problems.append(f"the job ended with exit {int(ExitCode.NO_PROGRESS)}: its attempts "
                         "kept failing without progress, so restarting did not help: fix the "
                         "cause before launching it again")
-    losses = _node_losses(records)
+    losses = _node_losses(records, lost_events)
     in_place = {rec.attempt: rrs for rec in records  # (the ones the rung carried out)
                 if (rrs := [rr for rr in rec.recover_records if rr.recover == IN_PLACE
                             and rr.recover_result not in _NOT_CARRIED_OUT])}
@@ -142,9 +143,9 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
             exits = [replace(e, second_last_step_at=None) for e in exits]
         exits = [*died, *(e for e in exits if e.rank not in {d.rank for d in died})]
     if attempt in losses:
-        node, reason = losses[attempt]
+        node, reason, not_blamed = losses[attempt]
         ranks = sorted(r.rank for r in rows if r.attempt == attempt and r.node == node)
-        return JobInputs(attempt, files, exits, None, lost=(node, reason, ranks))
+        return JobInputs(attempt, files, exits, None, lost=(node, reason, ranks, not_blamed))
     hung, hang_files = (None, []) if any(e.failed for e in exits) else \
         _hang_report(job_dir, log_dir, attempt)
     # lost with its launcher: whose log just stopped (diagnosis.silent_peer)
@@ -219,14 +220,22 @@ def _died(deaths: list[Event], attempt: int, after: datetime | None,
     return out
 
 
-def _node_losses(records: list[RunningRecord]) -> dict[int, tuple[str, str]]:
-    """attempt -> (the node lost, the controller's reason), for attempts a node loss ended."""
-    out: dict[int, tuple[str, str]] = {}
+def _node_losses(records: list[RunningRecord], lost: list[Event]
+                 ) -> dict[int, tuple[str, str, str | None]]:
+    """attempt -> (the node lost, how the launcher lost it, why the node is not blamed when
+    it is not), for attempts a node loss ended. How: its NodeLost event's (the recover
+    record's reason is the ladder's, a downgrade's words: "no spare node to replace it
+    with"); a store older than the event's data: that reason."""
+    said = {(e.involved.attempt, e.involved.node): e.data or {} for e in lost}
+    out: dict[int, tuple[str, str, str | None]] = {}
     for rec in records:
         for rr in rec.recover_records:
             node = lost_node(rr.related_task)
             if rr.fault_scenario == FaultScenario.NODE_FAULT and node is not None:
-                out.setdefault(rec.attempt, (node, rr.reason))
+                data = said.get((rec.attempt, node), {})
+                why, kept = data.get("why"), data.get("not_blamed")
+                out.setdefault(rec.attempt, (node, why if isinstance(why, str) else rr.reason,
+                                             kept if isinstance(kept, str) else None))
     return out
 
 

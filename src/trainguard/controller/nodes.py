@@ -191,7 +191,8 @@ class NodeRecovery:
         for name, why in lost.items():
             done, kept[name] = self._drain_lost(name, why)
             self.rec.event(Level.WARNING, Reason.NODE_LOST, f"node {name} was lost: {why}; "
-                           f"{done}", node=name, attempt=attempt)
+                           f"{done}", node=name, attempt=attempt,
+                           data={"why": why, "not_blamed": kept[name]})  # (diagnose JOB_DIR)
             self.fleet.mark(name, NodeState.LOST, why)
         if self.fleet.peer is not None:  # save at breakpoint: the last copied step to storage
             self.fleet.peer.newest(set(lost))  # the lost ranks' newest step, from their tails

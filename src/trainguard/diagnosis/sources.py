@@ -273,7 +273,8 @@ class JobInputs:
     exits: list[RankExit]  # its ranks' exits
     hung: Diagnosis | None  # the launcher's hang verdict, when no rank failed but it hung
     hang_files: list[str] = field(default_factory=list)  # the stack dumps that verdict read
-    lost: tuple[str, str, list[int]] | None = None  # a node loss ended it: node, why, ranks
+    # a node loss ended it: node, how it was lost, its ranks, why it is not blamed (if not)
+    lost: tuple[str, str, list[int], str | None] | None = None
     # the failure's time span: lines stamped at or before its start belong to an earlier
     # failure of the attempt (an in-process restart), after its end are its consequences
     window: tuple[datetime | None, datetime | None] = (None, None)
@@ -352,6 +353,7 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
         r: v for r, v in silent.items() if r not in errored})
     report.files += hang_files  # what the verdict read too (walk-through 40 #9)
     if lost is not None:
-        report.diagnosis = node_loss_diagnosis(*lost, report.diagnosis)
+        node, why, ranks, not_blamed = lost
+        report.diagnosis = node_loss_diagnosis(node, why, ranks, report.diagnosis, not_blamed)
     return report
 
