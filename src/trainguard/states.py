@@ -193,3 +193,19 @@ def shown_rank_state(state: str, job_state: str | None, agent_runs: bool,
     if state == WorkerState.FAILED.value and not end_seen:
         return "lost"
     return state
+
+
+# why a node of a job whose launcher died reads `lost` (shown_node)
+AGENT_GONE = "its agent no longer runs: the launcher is gone, and nothing watched the node since"
+
+
+def shown_node(state: str, reason: str | None, job_state: str | None,
+               agent_runs: bool) -> tuple[str, str | None]:
+    """A node's (state, reason) as `status` and the dashboard show them: a healthy or spare
+    node of a job whose launcher died reads `lost` unless its agent still runs, as its ranks
+    do (walk-through 42: under Slurm, a node that went down after the launcher died read
+    `healthy`: its last recorded state)."""
+    if (job_state == JobState.LOST.value and not agent_runs
+            and state in (NodeState.HEALTHY.value, NodeState.SPARE.value)):
+        return NodeState.LOST.value, AGENT_GONE
+    return state, reason

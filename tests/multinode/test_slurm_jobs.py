@@ -32,6 +32,7 @@ import pytest
 
 from tests.integration.conftest import EXAMPLE, TG, read_json, reasons
 from tests.multinode.slurm_cluster import SlurmCluster
+from trainguard.states import AGENT_GONE
 from trainguard.ui.goodput_view import GoodputCache
 from trainguard.ui.jobs import detail
 from trainguard.ui.logview import marks_for
@@ -495,6 +496,7 @@ def test_with_its_launcher_dead_status_says_the_slurm_agents_train_on_and_stop_e
     assert seen["state"] == "lost"
     assert seen["agents_without_controller"] == NODES, seen["agents_without_controller"]
     assert {r["rank"]: r["state"] for r in seen["ranks"]} == dict.fromkeys(range(4), "running")
+    assert "lost" not in {n["state"] for n in seen["nodes"]}, seen["nodes"]
     text = status()
     assert f"no controller: the launcher is gone, but the node agents of {', '.join(NODES)} " \
         "still run" in " ".join(text.split()), text
@@ -515,6 +517,10 @@ def test_with_its_launcher_dead_status_says_the_slurm_agents_train_on_and_stop_e
     after = json.loads(status("--json"))
     assert after["agents_without_controller"] == []
     assert {r["state"] for r in after["ranks"]} == {"lost"}
+    # ... and so do their nodes, nothing watching them since (walk-through 42: a node down
+    # after the launcher died read `healthy`, its last recorded state)
+    assert {(n["state"], n["reason"]) for n in after["nodes"]} == {("lost", AGENT_GONE)}, \
+        after["nodes"]
 
 
 def test_a_requeue_gives_the_ranks_their_grace_saves_on_the_way_out_and_drains_no_node(

@@ -309,3 +309,15 @@ def test_a_rank_whose_end_was_never_seen_reads_lost_and_one_that_exited_keeps_it
     assert shown_rank_state("stopped", "stopped", False, exit_seen(None, None)) == "stopped"
     assert shown_rank_state("running", "lost", False) == "lost"  # its launcher died
     assert shown_rank_state("running", "lost", True) == "running"  # its agent runs on
+
+
+def test_a_node_of_a_job_whose_launcher_died_reads_lost_unless_its_agent_runs() -> None:
+    from trainguard.states import AGENT_GONE, shown_node
+    for state in ("healthy", "spare"):
+        assert shown_node(state, None, "lost", False) == ("lost", AGENT_GONE)
+        assert shown_node(state, None, "lost", True) == (state, None)  # a takeover's
+        assert shown_node(state, None, "running", False) == (state, None)
+    # lost or isolated already: their own reason stays
+    assert shown_node("isolated", "xid 79", "lost", False) == ("isolated", "xid 79")
+    assert shown_node("lost", "its agent process ended", "lost", False) == (
+        "lost", "its agent process ended")

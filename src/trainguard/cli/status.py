@@ -58,6 +58,7 @@ from trainguard.states import (
     NodeState,
     WorkerState,
     exit_seen,
+    shown_node,
     shown_rank_state,
 )
 
@@ -220,7 +221,8 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "agents_without_controller": sorted(agents_alive or []),
         "job_dir": job_dir,
         "recorded_job_dir": _elsewhere(meta.get("job_dir"), job_dir),
-        "nodes": [_node_dict(n) for n in sorted(nodes or [], key=node_order)],
+        "nodes": [_node_dict(n, state, set(agents_alive or ()))
+                  for n in sorted(nodes or [], key=node_order)],
         "node_usage": [] if state in JOB_ENDED else usage(meta.get("node_usage")),
         **refused(meta),
         "store_free_bytes": free_bytes,
@@ -336,9 +338,11 @@ def _rank_dict(w: WorkerRow, job_state: str | None, hung: set[int],
     return d
 
 
-def _node_dict(n: NodeRow) -> dict[str, Any]:
-    return {k: iso(n.updated_at) if k == "updated_at" else _plain(getattr(n, k))
-            for k in _NODE_KEYS}
+def _node_dict(n: NodeRow, job_state: str | None, alive: set[str]) -> dict[str, Any]:
+    d = {k: iso(n.updated_at) if k == "updated_at" else _plain(getattr(n, k))
+         for k in _NODE_KEYS}
+    d["state"], d["reason"] = shown_node(n.state.value, n.reason, job_state, n.name in alive)
+    return d
 
 
 def _plain(v: Any) -> Any:

@@ -21,7 +21,7 @@ from trainguard.records import (
     recoveries_by_rung,
     size_text,
 )
-from trainguard.states import JOB_ENDED, JobState, exit_seen, shown_rank_state
+from trainguard.states import JOB_ENDED, JobState, exit_seen, shown_node, shown_rank_state
 from trainguard.ui.eventlog import EventLog
 from trainguard.ui.goodput_view import GoodputCache
 from trainguard.ui.jobfiles import Refused, check_store
@@ -108,8 +108,7 @@ def live_parts(store: JobStore, meta: dict[str, Any],
         "hang": store.hang_left_running(meta), **_progress(store, meta),
         "stopping": _stopping(store, meta),
         "records": [r.to_dict() for r in records],
-        "workers": _workers(store, meta, state),
-        "nodes": [row_dict(n) for n in store.nodes()],
+        **_ranks_and_nodes(store, meta, state),
     }
 
 
@@ -127,15 +126,21 @@ def _stopping(store: JobStore, meta: dict[str, Any]) -> dict[str, Any] | None:
     return stop_under_way(shown_state(meta), store.last_event(LAUNCH_REASONS))
 
 
-def _workers(store: JobStore, meta: dict[str, Any],
-             job_state: str | None) -> list[dict[str, Any]]:
-    """The ranks as `status` shows them: a lost job's read `lost` (walk-through 38 #6: the
-    dashboard said `running` of processes gone with their launcher)."""
-    alive = {r.name for r in running_agents(meta, store.nodes())} \
+def _ranks_and_nodes(store: JobStore, meta: dict[str, Any],
+                     job_state: str | None) -> dict[str, list[dict[str, Any]]]:
+    """The ranks and nodes as `status` shows them: a lost job's read `lost` unless their
+    agent still runs (walk-through 38 #6: the dashboard said `running` of processes gone
+    with their launcher; walk-through 42: a node down since read `healthy`)."""
+    nodes = store.nodes()
+    alive = {r.name for r in running_agents(meta, nodes)} \
         if job_state == JobState.LOST.value else set()
-    return [{**row, "state": shown_rank_state(row["state"], job_state, w.node in alive,
-                                              exit_seen(w.exit_code, w.signal))}
-            for w in store.workers() for row in (row_dict(w),)]
+    return {
+        "workers": [{**row, "state": shown_rank_state(row["state"], job_state, w.node in alive,
+                                                      exit_seen(w.exit_code, w.signal))}
+                    for w in store.workers() for row in (row_dict(w),)],
+        "nodes": [{**row, **dict(zip(("state", "reason"), shown_node(
+            row["state"], row["reason"], job_state, n.name in alive), strict=True))}
+                  for n in nodes for row in (row_dict(n),)]}
 
 
 def row_dict(row: WorkerRow | NodeRow) -> dict[str, Any]:
