@@ -341,7 +341,7 @@ def _rank_dict(w: WorkerRow, job_state: str | None, hung: set[int],
 def _node_dict(n: NodeRow, job_state: str | None, alive: set[str]) -> dict[str, Any]:
     d = {k: iso(n.updated_at) if k == "updated_at" else _plain(getattr(n, k))
          for k in _NODE_KEYS}
-    d["state"], d["reason"] = shown_node(n.state.value, n.reason, job_state, n.name in alive)
+    d["state"], d["reason"] = shown_node(str(d["state"]), n.reason, job_state, n.name in alive)
     return d
 
 
