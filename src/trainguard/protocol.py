@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainguard.diagnosis.findings import Finding
-from trainguard.states import WorkerState
+from trainguard.states import StopCause, WorkerState
 
 # why the controller's hub refused a connection (NodeReport.refused; status, metrics)
 REFUSALS = ("handshake", "over_budget", "forged_frame")
@@ -89,6 +89,9 @@ class WorkerFact(_Msg):
         None, description="when the rank reached the step before its latest this attempt (a "
         "step line, trainguard.progress(step)): an error its log showed well before, it "
         "trained past")
+    stopped_by: StopCause | None = Field(
+        None, description="a stopped rank's: who stopped it (this launcher, or its node agent "
+        "on a SIGTERM from outside)")
 
     @property
     def signal_number(self) -> int | None:

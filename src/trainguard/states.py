@@ -157,6 +157,16 @@ class WorkerState(str, Enum):
         return not WORKER_TRANSITIONS[self]
 
 
+class StopCause(str, Enum):
+    """Who stopped a STOPPED rank (node.agent; the store's `workers.stopped_by`): this
+    launcher (its stop, a drain it told), or the node agent on a SIGTERM of its own, from
+    outside the launcher (a person's kill, the cluster ending the node's step, a shutdown:
+    node/term.py). The verdict tells them apart by this, not by times (review 53 #1-#4)."""
+
+    LAUNCHER = "launcher"
+    OUTSIDE = "outside"
+
+
 _WORKER_ENDINGS = frozenset({WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED})
 WORKER_TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = {
     WorkerState.STARTING: _WORKER_ENDINGS | {WorkerState.RUNNING},

@@ -5,7 +5,9 @@
   shell): the job stopped, exit 143, with a save on the way out; never a success (review 52
   #1: `JobSucceeded`, exit 0, at step 47 of 2000);
 - to one agent only (a person's `kill`): its workers get SIGTERM and the grace period at
-  once, not SIGKILL 15 s later (review 52 #2), and the job recovers.
+  once, not SIGKILL 15 s later (review 52 #2), and the job recovers, the stop its cause (not
+  its peers' gloo error), even when the script's SIGTERM handler exits 0 (review 53 #1: read
+  as ranks that ended their script early, restart no: the job failed).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.integration.conftest import read_json
+from tests.integration.conftest import EXAMPLE, read_json
 from tests.integration.multinode import Background, events_of, job_args, node, wait_for
 
 
@@ -55,10 +57,22 @@ def test_agents_and_workers_signalled_without_the_launcher_stop_the_job(
     assert {r["state"] for r in final["ranks"]} == {"stopped"}, final["ranks"]
 
 
+# the example with a SIGTERM handler that exits 0 (a common "clean up, then exit" handler)
+EXITS_0_ON_SIGTERM = f"""import os, runpy, signal, sys
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+sys.argv[0] = {str(EXAMPLE)!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def test_one_agent_signalled_alone_stops_its_workers_at_once_and_the_job_recovers(
         tmp_path: Path) -> None:
     job = tmp_path / "job"
-    bg = Background(job_args(job, steps=40), tmp_path)
+    script = tmp_path / "exits_0_on_sigterm.py"
+    script.write_text(EXITS_0_ON_SIGTERM)
+    args = job_args(job, steps=40)
+    args[args.index(str(EXAMPLE))] = str(script)
+    bg = Background(args, tmp_path)
     status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 12)
     agent = node(status, "node-1")["agent_pid"]
     workers = [psutil.Process(r["pid"]) for r in status["ranks"] if r["node"] == "node-1"]
@@ -74,4 +88,9 @@ def test_one_agent_signalled_alone_stops_its_workers_at_once_and_the_job_recover
                                       "yes): rank(s) 2, 3 (node node-1) were stopped by a "
                                       "SIGTERM from outside the launcher"), diag["message"]
     assert diag["involved"]["node"] == "node-1", diag
+    # the launcher's stop says what it stopped, not what the agent's SIGTERM had
+    (stopped,) = events_of(job, "WorkersStopped")
+    assert "2" not in stopped["message"] and "3" not in stopped["message"], stopped
+    rows = read_json("status", job)["ranks"]  # (attempt 1's; attempt 0's are in the store)
+    assert {r["state"] for r in rows} == {"succeeded"}, rows
     assert "got SIGTERM" in (job / "cluster" / "node-1.agent.log").read_text()

@@ -6,7 +6,7 @@ import signal
 from datetime import datetime, timedelta, timezone
 
 from trainguard.diagnosis.candidates import RankExit
-from trainguard.diagnosis.stopped_first import SUBCATEGORY, stopped_first
+from trainguard.diagnosis.stopped_first import SUBCATEGORY, ended_first, stopped_first
 from trainguard.diagnosis.taxonomy import Category, Diagnosis, FaultDomain, RestartHelps
 
 T0 = datetime(2026, 12, 7, 15, 5, tzinfo=timezone.utc)
@@ -18,37 +18,58 @@ def peers_gone(category: Category = Category.NCCL_COMMUNICATION_ERROR) -> Diagno
                      confidence=0.9)
 
 
-def exits(code: int, stopped_s: float, failed_s: float) -> list[RankExit]:
-    """node-1's ranks 2, 3 stopped (`code`) at `stopped_s`, rank 1 of node-0 failed after."""
-    at = T0 + timedelta(seconds=stopped_s)
-    return [RankExit(3, False, code, at + timedelta(seconds=0.1), node="node-1"),
-            RankExit(2, False, code, at, node="node-1"),
-            RankExit(1, True, 1, T0 + timedelta(seconds=failed_s), node="node-0"),
-            RankExit(0, False, -signal.SIGTERM, T0 + timedelta(seconds=failed_s + 1),
-                     node="node-0")]  # stopped by the launcher after the failure
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
 
 
-def test_ranks_stopped_on_sigterm_before_a_peer_failed_are_the_cause() -> None:
+def exits(code: int, stopped_s: float, failed_s: float, by: str | None = "outside"
+          ) -> list[RankExit]:
+    """node-1's ranks 2, 3 stopped (`code`, `by`) at `stopped_s`, rank 1 of node-0 failed
+    after, rank 0 stopped by the launcher after the failure."""
+    return [RankExit(3, False, code, at(stopped_s + 0.1), node="node-1", stopped=True,
+                     stopped_by=by),
+            RankExit(2, False, code, at(stopped_s), node="node-1", stopped=True, stopped_by=by),
+            RankExit(1, True, 1, at(failed_s), node="node-0"),
+            RankExit(0, False, -signal.SIGTERM, at(failed_s + 1), node="node-0",
+                     stopped=True, stopped_by="launcher")]
+
+
+def test_ranks_stopped_from_outside_before_a_peer_failed_are_the_cause() -> None:
     for category in (Category.NETWORK_OR_RENDEZVOUS, Category.NCCL_COMMUNICATION_ERROR,
                      Category.NCCL_TIMEOUT_OR_HANG):
-        for code in (143, -signal.SIGTERM):  # a handler's exit or the signal's default
-            d = stopped_first(peers_gone(category), exits(code, 1.0, 2.0))
+        # a handler's 143, the signal's default, a handler's exit 0 (review 53 #1: read as
+        # ranks that ended their script early, restart no), SIGKILL after the grace
+        for code in (143, -signal.SIGTERM, 0, -signal.SIGKILL):
+            d = ended_first(peers_gone(category), exits(code, 1.0, 2.0))
             assert d is not None
             assert (d.category, d.subcategory, d.restart_helps, d.culprit.rank,
                     d.culprit.node, d.isolate_node) == (
                 Category.KILLED_BY_SIGNAL_UNKNOWN, SUBCATEGORY, RestartHelps.YES, 2, "node-1",
-                False)
+                False), code
             assert d.summary.startswith("rank(s) 2, 3 (node node-1) were stopped by a SIGTERM "
-                                        "from outside the launcher before rank(s) 1,")
-            assert "Connection closed by peer" in d.summary and "agent's log" in d.advice
+                                        "from outside the launcher before rank(s) 1 failed")
+            assert "what the peers printed: rank 1: RuntimeError" in d.summary
+            assert "agent's log" in d.advice
 
 
 def test_nothing_changes_otherwise() -> None:
     d = peers_gone()
     assert stopped_first(d, exits(143, 3.0, 2.0)) is d  # stopped after the failure
-    assert stopped_first(d, exits(1, 1.0, 2.0)) is d  # not a SIGTERM's exit
-    assert stopped_first(d, exits(-signal.SIGKILL, 1.0, 2.0)) is d
-    assert stopped_first(d, [RankExit(2, False, 143, None), RankExit(1, True, 1, T0)]) is d
+    # the launcher's own stop, stamped before the failure by another node's clock (review 53
+    # #4), and a store older than the record of who stopped a rank
+    assert ended_first(d, exits(-signal.SIGTERM, 1.0, 2.0, by="launcher")) is d
+    assert ended_first(d, exits(143, 1.0, 2.0, by=None)) is d
+    assert stopped_first(d, [RankExit(2, False, 143, None, stopped=True, stopped_by="outside"),
+                             RankExit(1, True, 1, T0)]) is d
     oom = Diagnosis(Category.GPU_OOM, FaultDomain.USER_CODE, RestartHelps.NO, "oom", "x")
-    assert stopped_first(oom, exits(143, 1.0, 2.0)) is oom  # a cause of its own stays
-    assert stopped_first(None, exits(143, 1.0, 2.0)) is None
+    assert ended_first(oom, exits(143, 1.0, 2.0)) is oom  # a cause of its own stays
+    assert ended_first(None, exits(143, 1.0, 2.0)) is None
+
+
+def test_the_earlier_of_an_outside_stop_and_a_rank_s_early_end_is_the_cause() -> None:
+    early = RankExit(4, False, 0, at(0.5), node="node-2")  # exited 0 by itself
+    d = ended_first(peers_gone(), [*exits(143, 1.0, 2.0), early])
+    assert d is not None and (d.subcategory, d.culprit.rank) == ("rank_exited_early", 4)
+    late = RankExit(4, False, 0, at(1.5), node="node-2")
+    d = ended_first(peers_gone(), [*exits(143, 1.0, 2.0), late])
+    assert d is not None and (d.subcategory, d.culprit.rank) == (SUBCATEGORY, 2)

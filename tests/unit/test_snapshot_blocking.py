@@ -141,6 +141,7 @@ def test_a_store_of_schema_5_reads_no_snapshot_blocking_and_gets_the_table_once_
     JobStore.create(tmp_path / "job", "r").close()
     raw = sqlite3.connect(tmp_path / "job" / "trainguard.db")
     raw.execute("DROP TABLE snapshot_blocking")
+    raw.execute("ALTER TABLE workers DROP COLUMN stopped_by")  # (schema 7's)
     raw.execute("PRAGMA user_version=5")
     raw.commit()
     raw.close()

@@ -14,6 +14,7 @@ import pytest
 from trainguard.controller.store import SCHEMA_VERSION, JobStore, NodeRow, WorkerRow
 from trainguard.errors import StoreError
 from trainguard.records import Event, Involved, Level
+from trainguard.states import StopCause
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
 
@@ -91,9 +92,9 @@ def store(tmp_path: Path) -> Iterator[JobStore]:
         yield s
 
 
-def test_the_schema_is_version_6(store: JobStore) -> None:
-    assert SCHEMA_VERSION == 6
-    assert user_version(store.path) == 6
+def test_the_schema_is_version_7(store: JobStore) -> None:
+    assert SCHEMA_VERSION == 7
+    assert user_version(store.path) == 7
     assert store.nodes() == [] and store.progress() == [] and store.snapshot_blocking() == []
 
 
@@ -205,3 +206,26 @@ def test_a_version_4_store_reads_no_step_time_and_keeps_one_once_migrated(
         s.put_workers(1, [stepped])
         assert s.workers(1) == [stepped]
         assert s.workers(0)[0].second_last_step_at is None
+
+
+def test_a_version_6_store_reads_no_stopper_and_keeps_one_once_migrated(
+    tmp_path: Path,
+) -> None:
+    """Schema 7: who stopped a stopped rank (review 53: the verdict told an outside stop from
+    the launcher's by times and exit codes)."""
+    with JobStore.create(tmp_path, "run-1") as s:
+        s.put_workers(0, [WorkerRow(0, 0, 0, "node0", 4100, "stopped", exit_code=143,
+                                    started_at=T0)])
+    raw = sqlite3.connect(tmp_path / "trainguard.db")
+    raw.execute("ALTER TABLE workers DROP COLUMN stopped_by")
+    raw.execute("PRAGMA user_version=6")
+    raw.commit()
+    raw.close()
+    with JobStore.open(tmp_path) as reader:  # a reader migrates nothing: the column is NULL
+        assert [w.stopped_by for w in reader.workers()] == [None]
+    assert user_version(tmp_path / "trainguard.db") == 6
+    outside = WorkerRow(1, 0, 0, "node0", 4200, "stopped", exit_code=0, started_at=T0,
+                        stopped_by=StopCause.OUTSIDE)
+    with JobStore.create(tmp_path, "run-1") as s:
+        s.put_workers(1, [outside])
+        assert s.workers(1) == [outside] and s.workers(0)[0].stopped_by is None

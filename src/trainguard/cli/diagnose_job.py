@@ -108,7 +108,9 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         problems.append(f"{adir}: no logs of attempt {attempt} (known attempts: "
                         f"{', '.join(map(str, attempts)) or 'none'})")
     exits = [RankExit(r.rank, r.state == WorkerState.FAILED, r.exit_code, r.ended_at,
-                      r.oom_killed, r.node, r.second_last_step_at)
+                      r.oom_killed, r.node, r.second_last_step_at,
+                      stopped=r.state == WorkerState.STOPPED,
+                      stopped_by=r.stopped_by.value if r.stopped_by else None)
              for r in rows if r.attempt == attempt]
     how = _ended_well(ended.get(attempt))
     note = None if attempt in failed or how is None else f"attempt {attempt} {how}"

@@ -386,5 +386,6 @@ def workers_rows(report: NodeReport) -> list[WorkerRow]:
                       node=w.node or report.node, pid=w.pid, state=w.state,
                       exit_code=w.returncode, signal=signal_name(w.signal_number),
                       started_at=w.started_at, ended_at=w.ended_at, start_count=w.start_count,
-                      oom_killed=w.oom_killed, second_last_step_at=w.second_last_step_at)
+                      oom_killed=w.oom_killed, second_last_step_at=w.second_last_step_at,
+                      stopped_by=w.stopped_by)
             for w in report.workers]

@@ -12,7 +12,7 @@ from trainguard.controller.recorder import Recorder
 from trainguard.exitcodes import ExitCode
 from trainguard.protocol import AgentAPI, NodeReport, StopWorkers
 from trainguard.records import Level, Reason, rank_list
-from trainguard.states import JobState, WorkerState
+from trainguard.states import JobState, StopCause, WorkerState
 
 # the grace a confirmed hang's ranks get to exit after SIGTERM (the spec's when shorter): most
 # reach no step end where a save on the way out could run (walk-through 33 #4: the llm
@@ -42,9 +42,10 @@ def stop_rest(agent: AgentAPI, rec: Recorder, attempt: int, reason: str,
     grace = rec.spec.grace_period_s if dead else min(rec.spec.grace_period_s, HUNG_GRACE_S)
     report = stop(agent, rec, reason, dead, grace)
     what = "other" if dead else "hung"
-    ranks = [w.rank for w in report.workers if w.state == WorkerState.STOPPED]
-    killed = [w.rank for w in report.workers if w.state == WorkerState.STOPPED
-              and w.returncode == -signal.SIGKILL]
+    mine = [w for w in report.workers if w.state == WorkerState.STOPPED  # (not the ones a
+            and w.stopped_by != StopCause.OUTSIDE]  # node agent's SIGTERM stopped: review 53)
+    ranks = [w.rank for w in mine]
+    killed = [w.rank for w in mine if w.returncode == -signal.SIGKILL]
     late = f"; rank(s) {rank_list(killed)} did not exit within it and got SIGKILL" \
         if killed else ""
     done = (f"stopped {len(ranks)} {what} worker(s): rank(s) {rank_list(ranks)} "
@@ -61,7 +62,8 @@ def ended_well(agent: AgentAPI, rec: Recorder, attempt: int, report: NodeReport)
     the cluster ending their steps, Slurm's scancel, time limit or preemption of an
     allocation the launcher is outside of, or a person's) stopped the job, exit 143, never a
     success (review 52 #1: `JobSucceeded`, exit 0, at step 27 of 3000)."""
-    outside = sorted(w.rank for w in report.workers if w.state == WorkerState.STOPPED)
+    outside = sorted(w.rank for w in report.workers if w.state == WorkerState.STOPPED
+                     and w.stopped_by != StopCause.LAUNCHER)
     report = stop(agent, rec, "every worker exited 0" if not outside  # reaps leftovers,
                   else "ranks stopped from outside")  # reads the last lines
     if not outside:

@@ -21,7 +21,7 @@ from typing import Any
 from trainguard.errors import StoreError
 from trainguard.paths import DB_NAME, is_url
 from trainguard.records import Event, Involved, Level, RunningRecord, from_iso
-from trainguard.states import NodeState, WorkerState
+from trainguard.states import NodeState, StopCause, WorkerState
 
 NODE_BACKENDS = ("local", "slurm")
 _NODE_STATE_VALUES = tuple(s.value for s in NodeState)
@@ -104,6 +104,7 @@ class WorkerRow:
     start_count: int = 1
     oom_killed: bool | None = None  # SIGKILLed while the kernel's OOM-kill count rose
     second_last_step_at: datetime | None = None  # when it reached the step before its latest
+    stopped_by: StopCause | None = None  # a stopped rank's: the launcher, or from outside
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ def worker_from_row(row: tuple[Any, ...]) -> WorkerRow:
     values["second_last_step_at"] = from_iso(values["second_last_step_at"])
     values["oom_killed"] = None if values["oom_killed"] is None else bool(values["oom_killed"])
     values["state"] = WorkerState(values["state"])
+    values["stopped_by"] = None if values["stopped_by"] is None else StopCause(
+        values["stopped_by"])
     return WorkerRow(**values)
 
 

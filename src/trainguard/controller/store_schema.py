@@ -3,7 +3,7 @@ up to it. Data only; controller/store.py applies it."""
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _NODES_TABLE = """CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY, host TEXT NOT NULL, state TEXT NOT NULL, agent_pid INTEGER,
@@ -27,6 +27,8 @@ _SNAPSHOT_BLOCKING_TABLE = """CREATE TABLE IF NOT EXISTS snapshot_blocking (
 # Version 4 -> 5: worker rows say when the rank reached the step before its latest (an error
 #   its log showed well before that, it trained past: diagnosis.verdict).
 # Version 5 -> 6: the memory snapshots' blocking (walk-through 34 #3).
+# Version 6 -> 7: worker rows say who stopped a stopped rank (the launcher, or its node agent
+#   on a SIGTERM from outside: diagnosis.stopped_first; review 53).
 MIGRATIONS = {
     1: ("ALTER TABLE events ADD COLUMN data TEXT",
         "ALTER TABLE workers ADD COLUMN oom_killed INTEGER"),
@@ -34,10 +36,11 @@ MIGRATIONS = {
     3: (_PROGRESS_TABLE,),
     4: ("ALTER TABLE workers ADD COLUMN second_last_step_at TEXT",),
     5: (_SNAPSHOT_BLOCKING_TABLE,),
+    6: ("ALTER TABLE workers ADD COLUMN stopped_by TEXT",),
 }
 
 # the version that added a worker column (a store older than that reads it as NULL)
-WORKER_COLUMN_SINCE = {"oom_killed": 2, "second_last_step_at": 5}
+WORKER_COLUMN_SINCE = {"oom_killed": 2, "second_last_step_at": 5, "stopped_by": 7}
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -51,7 +54,7 @@ SCHEMA = (
     attempt INTEGER NOT NULL, rank INTEGER NOT NULL, local_rank INTEGER NOT NULL,
     node TEXT NOT NULL, pid INTEGER, state TEXT NOT NULL, exit_code INTEGER, signal TEXT,
     started_at TEXT, ended_at TEXT, start_count INTEGER NOT NULL, oom_killed INTEGER,
-    second_last_step_at TEXT,
+    second_last_step_at TEXT, stopped_by TEXT,
     PRIMARY KEY (attempt, rank)
     )""",
     _NODES_TABLE,

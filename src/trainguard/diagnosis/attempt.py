@@ -86,7 +86,9 @@ def _inputs(facts: list[WorkerFact], node: str | None) -> tuple[list[Finding], l
             # live verdict said "no traceback in the log says where"; walk-through 28)
             findings.append(from_file)
         exits.append(RankExit(f.rank, f.state == WorkerState.FAILED, f.returncode, f.ended_at,
-                              f.oom_killed, f.node or node, f.second_last_step_at))
+                              f.oom_killed, f.node or node, f.second_last_step_at,
+                              stopped=f.state == WorkerState.STOPPED,
+                              stopped_by=f.stopped_by.value if f.stopped_by else None))
     return findings, exits
 
 

@@ -82,6 +82,9 @@ class RankExit:
     # when the rank reached the step before its latest: an error it logged well before, it
     # trained past (two new steps after it)
     second_last_step_at: datetime | None = None
+    # a rank that did not fail: True when it was stopped (not exited by itself), and by whom
+    stopped: bool = False
+    stopped_by: str | None = None  # states.StopCause's value: launcher | outside
 
 
 @dataclass(frozen=True)

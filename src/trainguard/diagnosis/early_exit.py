@@ -14,7 +14,7 @@ data: the script ends its ranks unalike, and a restart ends the same way; the ad
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from trainguard.diagnosis.candidates import RankExit
@@ -31,15 +31,28 @@ ADVICE = ("Every rank must run the same number of steps and collectives: split t
           "torch.distributed.destroy_process_group()). A restart ends the same way.")
 
 
+def ended_before_failure(exits: Sequence[RankExit], which: Callable[[RankExit], bool]
+                         ) -> list[RankExit]:
+    """The ranks `which` picks that ended, not failed, before the first failed rank (the
+    launcher stops the others only after it), the earliest first."""
+    failed = [e.ended_at for e in exits if e.failed and e.ended_at is not None]
+    if not failed:
+        return []
+    return sorted((e for e in exits if not e.failed and which(e) and e.ended_at is not None
+                   and e.ended_at < min(failed)), key=lambda e: (e.ended_at, e.rank))
+
+
+def exited_early(e: RankExit) -> bool:
+    """Exited 0 by itself (not stopped: a SIGTERM handler may exit 0 too; review 53 #1)."""
+    return not e.stopped and e.returncode == 0
+
+
 def early_exit(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis | None:
     """`d`, or the early end of a rank that exited 0 before the first failed rank when `d`
     is what its peers print about it."""
     if d is None or d.category not in PEER_SYMPTOMS:
         return d
-    failed = [e.ended_at for e in exits if e.failed and e.ended_at is not None]
-    early = sorted((e for e in exits if not e.failed and e.returncode == 0
-                    and e.ended_at is not None and failed and e.ended_at < min(failed)),
-                   key=lambda e: (e.ended_at, e.rank))
+    early = ended_before_failure(exits, exited_early)
     if not early:
         return d
     first = early[0]

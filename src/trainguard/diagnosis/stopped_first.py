@@ -3,18 +3,25 @@ the cluster ending the node's job step, the node shutting down; node/term.py) wh
 peers trained: the peers fail next in a collective that waits for them (gloo's `Connection
 closed by peer`, NCCL's remote peer gone), which read as the network's fault (the one-agent
 SIGTERM test: `nccl_communication_error` on rank 1 of node-0, node-1's stop unnamed). So when
-the verdict is such a symptom and a rank ended `stopped` on SIGTERM before the first rank that
-failed (the launcher stops the others only after it), the verdict is that stop. Pure."""
+the verdict is such a symptom and ranks their node agent stopped on its SIGTERM (the agent
+records who stopped each rank: states.StopCause; review 53: times and exit codes could not
+tell, a handler may exit 0) ended before the first rank that failed, the verdict is that
+stop. Pure."""
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Sequence
 from dataclasses import replace
 
-from trainguard.diagnosis.candidates import RankExit, signal_of
-from trainguard.diagnosis.early_exit import PEER_SYMPTOMS
+from trainguard.diagnosis.candidates import RankExit
+from trainguard.diagnosis.early_exit import (
+    PEER_SYMPTOMS,
+    early_exit,
+    ended_before_failure,
+    exited_early,
+)
 from trainguard.diagnosis.taxonomy import Category, Culprit, Diagnosis, FaultDomain, RestartHelps
+from trainguard.states import StopCause
 
 SUBCATEGORY = "stopped_from_outside"
 ADVICE = ("Something outside trainguard sent SIGTERM to a node's agent and ranks (a person's "
@@ -24,15 +31,30 @@ ADVICE = ("Something outside trainguard sent SIGTERM to a node's agent and ranks
           "(--spare-nodes).")
 
 
+def stopped_outside(e: RankExit) -> bool:
+    """Stopped by its node agent on a SIGTERM from outside (whatever its exit: 143, 0 from a
+    handler, -9 after the grace), as the agent recorded it (review 53 #1, #3, #4)."""
+    return e.stopped and e.stopped_by == StopCause.OUTSIDE.value
+
+
+def ended_first(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis | None:
+    """`d`, or the cause its peers' symptom points to: ranks stopped from outside, or a
+    rank that ended its script (early_exit), whichever ended first (review 53 #9)."""
+    stopped = ended_before_failure(exits, stopped_outside)
+    early = ended_before_failure(exits, exited_early)
+    s_at = stopped[0].ended_at if stopped else None
+    e_at = early[0].ended_at if early else None
+    if s_at is not None and (e_at is None or s_at <= e_at):
+        return stopped_first(d, exits)
+    return early_exit(d, exits)
+
+
 def stopped_first(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis | None:
-    """`d`, or the outside stop of ranks that ended on SIGTERM, not failed, before the first
-    failed rank when `d` is what their peers print about them."""
+    """`d`, or the outside stop of ranks stopped before the first failed rank when `d` is
+    what their peers print about them."""
     if d is None or d.category not in PEER_SYMPTOMS:
         return d
-    failed = [e.ended_at for e in exits if e.failed and e.ended_at is not None]
-    stopped = sorted((e for e in exits if not e.failed and e.ended_at is not None and failed
-                      and signal_of(e.returncode) == signal.SIGTERM
-                      and e.ended_at < min(failed)), key=lambda e: (e.ended_at, e.rank))
+    stopped = ended_before_failure(exits, stopped_outside)
     if not stopped:
         return d
     first = stopped[0]
@@ -44,7 +66,7 @@ def stopped_first(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis |
         restart_helps=RestartHelps.YES, subcategory=SUBCATEGORY,
         summary=(f"rank(s) {', '.join(str(e.rank) for e in stopped)}{on} were stopped by a "
                  f"SIGTERM from outside the launcher before rank(s) "
-                 f"{', '.join(map(str, left))}, which then failed in a collective that waited "
-                 f"for them ({d.summary.rstrip('.')})"),
+                 f"{', '.join(map(str, left))} failed in a collective that waited for them "
+                 f"(what the peers printed: {d.summary.rstrip('.')})"),
         advice=ADVICE, culprit=Culprit(first.rank, first.node), isolate_node=False,
         confidence=min(d.confidence, 0.8), rule=None)

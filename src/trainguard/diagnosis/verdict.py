@@ -27,14 +27,13 @@ from trainguard.diagnosis.candidates import (
     rank_of,
     signal_of,
 )
-from trainguard.diagnosis.early_exit import early_exit
 from trainguard.diagnosis.explained import explained_abort
 from trainguard.diagnosis.fallback import refine
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.ranks import rank_taken_twice, split_announcements
 from trainguard.diagnosis.restart import story_restart
 from trainguard.diagnosis.rules import RuleSet
-from trainguard.diagnosis.stopped_first import stopped_first
+from trainguard.diagnosis.stopped_first import ended_first
 from trainguard.diagnosis.survived import not_survived
 from trainguard.diagnosis.taxonomy import (
     Category,
@@ -134,8 +133,7 @@ def diagnose(findings: Sequence[Finding], exits: Sequence[RankExit], rules: Rule
     if fallback:
         d = refine(d, seen)
     d = rank_taken_twice(d, twice)
-    d = early_exit(d, exits)  # peers failing after a rank ended its script first
-    d = stopped_first(d, exits)  # ... or after ranks were stopped from outside
+    d = ended_first(d, exits)  # peers failing after a rank ended its script or was stopped
     return None if d is None else story_restart(d, seen, others)
 
 

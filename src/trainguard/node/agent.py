@@ -22,7 +22,7 @@ from trainguard.errors import LaunchError
 from trainguard.node import ports, procs
 from trainguard.node.channel import ChannelServer, JobProcesses
 from trainguard.node.env import worker_env
-from trainguard.node.facts import Worker, oom_kill_count, worker_fact, worker_message
+from trainguard.node.facts import Worker, log_errors, oom_kill_count, worker_fact, worker_message
 from trainguard.node.liveness import LivenessBook
 from trainguard.node.logs import ConsoleOptions, LogRouter
 from trainguard.node.memory import MemoryRegion
@@ -44,7 +44,7 @@ from trainguard.protocol import (
     WorkerMessage,
 )
 from trainguard.records import utcnow
-from trainguard.states import WorkerState
+from trainguard.states import StopCause, WorkerState
 from trainguard.worker.contract import (
     ENV_DEAD_RANKS,
     ENV_PG_GENERATION,
@@ -79,7 +79,8 @@ class NodeAgent:
         self._job_dir: Path | None = None
         self._liveness = LivenessBook()
         self._strays_reaped = 0.0
-        self._hurried = self.draining = False  # hurry(): grace over; drain told: 143 = stop
+        self._hurried = False  # hurry(): the grace period is over
+        self.draining: StopCause | None = None  # who drains: a worker's 143 is a stop now
         procs.become_subreaper()
         # the failure rules (YAML, RE2) load in the background now, not on the recovery path
         self._preloader = threading.Thread(target=default_trigger, name="trainguard-rules",
@@ -110,7 +111,7 @@ class NodeAgent:
                         self._attempt)
             self.stop_workers(StopWorkers(grace_s=cmd.grace_s, reason="a newer attempt"))
         self._attempt, self._start = cmd.attempt, cmd
-        self._hurried = self.draining = False  # a Ctrl-C ends only the stop it came in
+        self._hurried, self.draining = False, None  # a Ctrl-C ends only the stop it came in
         self._job_dir = Path(cmd.job_dir)
         self._oom_base = oom_kill_count()
         self._dead_file = self._dead_ranks_file(cmd)
@@ -211,6 +212,7 @@ class NodeAgent:
                 w.state = WorkerState.SUCCEEDED if rc == 0 else WorkerState.STOPPED if (
                     self.draining and rc in (143, -signal.SIGTERM)) else WorkerState.FAILED
                 w.ended_at, w.returncode = now, rc
+                w.stopped_by = self.draining if w.state == WorkerState.STOPPED else None
                 if rc == -signal.SIGKILL:
                     w.oom_killed = self._oom_rose()
                 if rc != 0 and self._start is not None:  # save at breakpoint
@@ -235,22 +237,25 @@ class NodeAgent:
                                    self._dead_ranks_file(cmd).with_name("persist.log"), spread)
 
     def stop_workers(self, cmd: StopWorkers, meanwhile: Callable[[NodeReport], None] | None = None,
-                     cut_short: Callable[[], bool] = lambda: False) -> NodeReport:
+                     cut_short: Callable[[], bool] = lambda: False,
+                     by: StopCause = StopCause.LAUNCHER) -> NodeReport:
         """Stop every worker: SIGTERM, `cmd.grace_s`, SIGKILL; the grace period ends early on
         hurry() or once `cut_short()` (a node agent's link brought the controller's hurry);
-        each second of it a report goes to `meanwhile` (ranks may train on: walk-through 30)."""
+        each second of it a report goes to `meanwhile` (ranks may train on: walk-through 30).
+        Each rank stopped ends when its process did, stopped `by` whom."""
         early = self.poll().messages  # kept: a rank may have said something just before
         if cmd.dead_ranks and self._dead_file is not None:
             with contextlib.suppress(OSError):
                 self._dead_file.write_text(json.dumps(cmd.dead_ranks))
         running = [w for w in self._workers if not w.state.ended]
-        procs.stop_groups([w.proc for w in self._workers], cmd.grace_s, self._marker,
+        exited = procs.stop_groups([w.proc for w in self._workers], cmd.grace_s, self._marker,
                           cut_short=lambda: self._hurried or cut_short(),
                           meanwhile=lambda: meanwhile(self._report()) if meanwhile else None,
                           longer=(cmd.saving_grace_s, self._liveness.saving_on_exit)
                           if cmd.saving_grace_s else None)
-        for w in running:  # RUNNING -> STOPPED
-            w.state, w.ended_at, w.returncode = WorkerState.STOPPED, utcnow(), w.proc.returncode
+        for w in running:  # RUNNING -> STOPPED, each at its own exit (review 53 #3)
+            w.state, w.returncode, w.stopped_by = WorkerState.STOPPED, w.proc.returncode, by
+            w.ended_at = exited.get(w.proc.pid) or utcnow()
         self._channel.drain(keep=True)  # their last datagrams, while they are admitted
         for w in self._workers:
             self._guardian.forget(w.proc.pid)
@@ -273,7 +278,8 @@ class NodeAgent:
             parse_control(cmd.control)
         except ContractError as e:
             raise LaunchError(f"not a control message: {e}") from e
-        self.draining |= cmd.control.get("kind") == ControlKind.DRAIN.value
+        if cmd.control.get("kind") == ControlKind.DRAIN.value and self.draining is None:
+            self.draining = StopCause.LAUNCHER
         running = [w.assignment.rank for w in self._workers if not w.state.ended]
         return self._channel.tell([r for r in running if cmd.ranks is None or r in cmd.ranks],
                                   cmd.control)
@@ -366,7 +372,7 @@ class NodeAgent:
         running = {w.assignment.rank for w in self._workers if not w.state.ended}
         router = self._router
         return NodeReport(node=self.node, attempt=self._attempt, workers=self._facts(),
-                          progress=progress, at=utcnow(), messages=messages + self._log_errors(),
+                          progress=progress, at=utcnow(), messages=messages + log_errors(router),
                           messages_refused=self._channel.dropped,
                           liveness=self._liveness.report(
                               running, router.last_output() if router else {},
@@ -391,8 +397,3 @@ class NodeAgent:
             self._standby.learn(m.data["modules"].split(","))
         else:  # a phase, a checkpoint saved
             self._liveness.message(m.rank, m)
-
-    def _log_errors(self) -> list[WorkerMessage]:
-        errors = self._router.take_errors() if self._router is not None else []
-        return [WorkerMessage(kind=MessageKind.LOG_WRITE_FAILED, rank=None, at=utcnow(),
-                              data={"error": e}) for e in errors]

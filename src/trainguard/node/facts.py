@@ -19,7 +19,8 @@ from trainguard.diagnosis.sources import scan_file, scan_lines
 from trainguard.node.logs import LogRouter
 from trainguard.protocol import WorkerAssignment, WorkerFact, WorkerMessage
 from trainguard.records import utcnow
-from trainguard.states import WorkerState
+from trainguard.states import StopCause, WorkerState
+from trainguard.worker.contract import MessageKind
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class Worker:
     log: Path | None = None
     findings: list[Finding] | None = None  # the scan of its log, once it ended
     standby: bool = False  # a pre-warmed standby took this rank (else a cold start)
+    stopped_by: StopCause | None = None  # a STOPPED rank's: who stopped it
 
 
 def worker_fact(node: str, w: Worker, router: LogRouter | None, job_dir: Path | None,
@@ -54,6 +56,7 @@ def worker_fact(node: str, w: Worker, router: LogRouter | None, job_dir: Path | 
         findings=_findings(w, router, job_dir) if failed else [],
         error_file=read_error_file(w.error_file) if w.state.ended else None,
         oom_killed=w.oom_killed, second_last_step_at=second_last_step_at,
+        stopped_by=w.stopped_by,
     )
 
 
@@ -117,3 +120,10 @@ def read_error_file(path: Path) -> dict[str, object] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def log_errors(router: LogRouter | None) -> list[WorkerMessage]:
+    """The rank logs' write failures since the last call, as messages to the controller."""
+    errors = router.take_errors() if router is not None else []
+    return [WorkerMessage(kind=MessageKind.LOG_WRITE_FAILED, rank=None, at=utcnow(),
+                          data={"error": e}) for e in errors]

@@ -48,6 +48,7 @@ from trainguard.protocol import (
     StopWorkers,
     Tell,
 )
+from trainguard.states import StopCause
 from trainguard.wire import Conn, FrameRejected, WireError, read_token
 
 log = logging.getLogger("trainguard.node.agent")
@@ -199,11 +200,11 @@ class AgentRunner:
         if self.term.fresh():
             log.warning("got SIGTERM (the cluster ending this step?): stopping the workers "
                         "(grace period %gs)", self.term.grace_s)
-            self.agent.draining = True  # a worker's 143 is a stop now
+            self.agent.draining = StopCause.OUTSIDE  # a worker's 143 is a stop now
             report = self.agent.stop_workers(
                 StopWorkers(grace_s=self.term.grace_s, reason="the agent got SIGTERM"),
                 meanwhile=self._report_stopping if connected else None,
-                cut_short=self._hurried if connected else lambda: False)
+                cut_short=self._hurried if connected else lambda: False, by=StopCause.OUTSIDE)
             if connected:  # its messages (a save's commit) go up, kept till acknowledged
                 self._report_stopping(report)
             else:  # kept for a controller that connects (none will, mostly: it ends)

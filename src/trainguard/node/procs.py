@@ -20,9 +20,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from datetime import datetime
 
 import psutil
 
+from trainguard.records import utcnow
 from trainguard.worker.contract import ENV_MARKER
 
 log = logging.getLogger(__name__)
@@ -210,15 +212,22 @@ def stop_groups(
     poll_s: float = 0.05, cut_short: Callable[[], bool] = lambda: False,
     meanwhile: Callable[[], None] = lambda: None, meanwhile_every_s: float = 1.0,
     longer: tuple[float, Callable[[], bool]] | None = None,
-) -> None:
+) -> dict[int, datetime]:
     """SIGTERM every group, wait up to one shared grace period (or until `cut_short()`: a
     second Ctrl-C), SIGKILL the rest, reap; then kill any process still carrying the job's
     marker (children that left their group). `meanwhile()` runs every `meanwhile_every_s`
     of the grace period (ranks that ignore SIGTERM train on: their progress is reported).
     `longer` = (seconds, still): the grace period goes on up to that long from the SIGTERM
-    while `still()` (a rank saves on the way out)."""
+    while `still()` (a rank saves on the way out). Returns when each leader was seen
+    exited (to within `poll_s`)."""
     procs = list(procs)
     known = {p.pid: p for p in procs}
+    exited: dict[int, datetime] = {}
+
+    def stamp() -> None:
+        for p in procs:
+            if p.returncode is not None and p.pid not in exited:
+                exited[p.pid] = utcnow()
     pgids = list(known)  # each worker leads its own session and group
     for pgid in pgids:
         signal_group(pgid, signal.SIGTERM)
@@ -230,6 +239,7 @@ def stop_groups(
 
     def wait_a_little(left_s: float) -> None:
         nonlocal next_at
+        stamp()
         if time.monotonic() >= next_at:
             next_at = time.monotonic() + meanwhile_every_s
             meanwhile()
@@ -244,6 +254,7 @@ def stop_groups(
     if not done and longer is not None and longer[1]() and not cut_short():
         _reap_until_gone(known, pgids, began + longer[0], wait_a_little,
                          lambda: cut_short() or not longer[1]())
+    stamp()
     for pgid in pgids:
         if group_alive(pgid):
             log.info("process group %s outlived the grace period; sending SIGKILL", pgid)
@@ -260,6 +271,8 @@ def stop_groups(
         log.info("killed processes of this job that had left their process group")
         time.sleep(0.05)
         reap(known)
+    stamp()
+    return exited
 
 
 def _reap_until_gone(
