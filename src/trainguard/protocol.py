@@ -252,6 +252,10 @@ class NodeReport(_Msg):
     messages_refused: int = Field(default=0, description="datagrams the worker channel refused "
                                   "so far (a stranger's, malformed, out of bounds): an agent's "
                                   "own; the fleet's: every node's")
+    terminating: bool = Field(default=False, description="the agent got SIGTERM (node/term.py): "
+                              "its workers are stopped, the node leaves the job")
+    terminating_nodes: list[str] = Field(default_factory=list, description="the fleet's: placed "
+                                         "nodes whose agent got SIGTERM")
     persisting: bool = Field(default=False, description="the agent is saving the ranks' memory "
                              "snapshots to storage (a save at breakpoint) now")
     seq: int | None = Field(default=None, description="a remote agent's number for a report whose "

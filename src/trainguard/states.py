@@ -89,6 +89,8 @@ JOB_ENDED = frozenset(s.value for s in JobState if s.ended)
 # said in a why_ended() when the cluster ended the agent's step on purpose (a requeue, a time
 # limit, a preemption, scancel): the node is lost to the job, but not at fault (not drained)
 NOT_THE_NODE = "the cluster ended it, not a fault of the node"
+# ... nor is one whose agent got SIGTERM: it stopped its workers and leaves (node/term.py)
+AGENT_TERMINATED = "its agent got SIGTERM from outside the launcher"
 
 
 class NodeState(str, Enum):

@@ -4,10 +4,12 @@
   preemption does to an allocation the launcher is outside of: trainguard's own, a salloc
   shell): the job stopped, exit 143, with a save on the way out; never a success (review 52
   #1: `JobSucceeded`, exit 0, at step 47 of 2000);
-- to one agent only (a person's `kill`): its workers get SIGTERM and the grace period at
-  once, not SIGKILL 15 s later (review 52 #2), and the job recovers, the stop its cause (not
-  its peers' gloo error), even when the script's SIGTERM handler exits 0 (review 53 #1: read
-  as ranks that ended their script early, restart no: the job failed).
+- to one agent only (a person's `kill`, the cluster ending one node's step, a shutdown): its
+  workers get SIGTERM and the grace period at once, not SIGKILL 15 s later (review 52 #2);
+  the node leaves the job, not blamed (never drained), its ranks moved to the spare; the
+  stop is the cause, not the peers' gloo error (e27fceb4), and not ranks that "ended their
+  script early" when the script's SIGTERM handler exits 0 (review 53 #1: restart no, the job
+  failed); no restart is placed on the leaving node (review 53 #2).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def test_agents_and_workers_signalled_without_the_launcher_stop_the_job(
     code, out = bg.finish(timeout=90)
     assert code == 128 + signal.SIGTERM, out[-4000:]
     (stopped,) = events_of(job, "JobStopped")
-    assert stopped["message"].startswith("stopped from outside: rank(s) 0, 1, 2, 3 ended on a "
-                                         "SIGTERM this launcher did not send"), stopped
+    assert stopped["message"].startswith("stopped from outside: the node agents of node-0, "
+                                         "node-1 got a SIGTERM this launcher did not send"), stopped
     assert "JobSucceeded" not in [e["reason"] for e in read_json("events", job)]
     # the save on the way out is durable, the newest (a relaunch resumes there) and in the
     # events (its commit, said just before the stop, was lost in 2 of 6 runs until 37bc0e3d)
@@ -65,12 +67,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_one_agent_signalled_alone_stops_its_workers_at_once_and_the_job_recovers(
+def test_one_agent_signalled_alone_stops_its_workers_at_once_and_its_node_leaves_the_job(
         tmp_path: Path) -> None:
     job = tmp_path / "job"
     script = tmp_path / "exits_0_on_sigterm.py"
     script.write_text(EXITS_0_ON_SIGTERM)
-    args = job_args(job, steps=40)
+    args = job_args(job, "--spare-nodes", "1", steps=40)
     args[args.index(str(EXAMPLE))] = str(script)
     bg = Background(args, tmp_path)
     status = wait_for(job, lambda s: (s["last_progress"]["step"] or 0) >= 12)
@@ -81,16 +83,23 @@ def test_one_agent_signalled_alone_stops_its_workers_at_once_and_the_job_recover
     assert not alive, alive  # SIGKILL after the grace + 5 s, as review 52 #2 saw)
     code, out = bg.finish(timeout=120)
     assert code == 0, out[-4000:]
-    assert events_of(job, "WorkersRestarted") or events_of(job, "PodRescheduled"), out[-3000:]
-    # the cause is node-1's stop, not the gloo error its peers printed about it
+    (lost,) = events_of(job, "NodeLost")
+    assert lost["involved"]["node"] == "node-1", lost
+    assert "its agent got SIGTERM from outside the launcher" in lost["message"], lost
+    assert "not drained: its agent was ended from outside (SIGTERM)" in lost["message"], lost
+    (moved,) = events_of(job, "PodRescheduled")
+    assert "node-2" in moved["message"], moved
+    (restarted,) = events_of(job, "WorkersRestarted")  # the move's, not a restart in place
+    assert "(pod_reschedule, attempt 1)" in restarted["message"], restarted
+    # the cause is node-1's leaving, not the gloo error its peers printed about it
     (diag,) = events_of(job, "FailureDiagnosed")
-    assert diag["message"].startswith("killed_by_signal_unknown (infrastructure, restart helps: "
-                                      "yes): rank(s) 2, 3 (node node-1) were stopped by a "
-                                      "SIGTERM from outside the launcher"), diag["message"]
-    assert diag["involved"]["node"] == "node-1", diag
-    # the launcher's stop says what it stopped, not what the agent's SIGTERM had
-    (stopped,) = events_of(job, "WorkersStopped")
-    assert "2" not in stopped["message"] and "3" not in stopped["message"], stopped
-    rows = read_json("status", job)["ranks"]  # (attempt 1's; attempt 0's are in the store)
-    assert {r["state"] for r in rows} == {"succeeded"}, rows
+    assert diag["message"].startswith("other (infrastructure, restart helps: yes): node node-1 "
+                                      "was lost: its agent got SIGTERM"), diag["message"]
+    assert "The node is not blamed" in diag["message"], diag["message"]
+    # a stop of the launcher's lists what it stopped, not what the agent's SIGTERM had
+    for stopped in events_of(job, "WorkersStopped"):
+        assert "2" not in stopped["message"] and "3" not in stopped["message"], stopped
+    final = read_json("status", job)
+    assert {r["state"] for r in final["ranks"]} == {"succeeded"}, final["ranks"]
+    assert {r["node"] for r in final["ranks"]} == {"node-0", "node-2"}, final["ranks"]
     assert "got SIGTERM" in (job / "cluster" / "node-1.agent.log").read_text()

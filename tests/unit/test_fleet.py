@@ -975,3 +975,16 @@ def test_a_stop_while_the_nodes_check_themselves_ends_the_pre_check_and_isolates
         assert [f.nodes[n].state for n in ("a", "b")] == [NodeState.HEALTHY] * 2
     finally:
         store.close()
+
+
+def test_a_node_whose_agent_got_sigterm_leaves_the_job_undrained_and_all_of_them_end_it(
+        ) -> None:
+    """controller/ending_nodes.py (review 53 #2): the node is leaving, not at fault."""
+    from trainguard.controller.ending_nodes import WHY, every_one_ending
+
+    assert not lost_isolation("a", WHY).drain
+    assert lost_isolation("a", "its agent process ended").drain
+    assert every_one_ending(["a", "b"], {"a": WHY, "b": WHY})
+    assert not every_one_ending(["a", "b"], {"a": WHY})  # b trains on: a leaves alone
+    assert not every_one_ending(["a", "b"], {"a": WHY, "b": "its agent process ended"})
+    assert not every_one_ending([], {})

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from trainguard.controller.drain import drain, finish_saves
+from trainguard.controller.ending_nodes import ended_outside, ending_nodes, every_one_ending
 from trainguard.controller.faults import Fault, fault_scenario, fault_time, stopped_by, task_of
 from trainguard.controller.hang_evidence import HangConfirmation, hang_fault
 from trainguard.controller.hang_watch import HangWatch
@@ -66,6 +67,7 @@ class _Next:
     failure: str = ""
     rank: int | None = None
     node_level: bool = False  # nodes were (or would have been) waited for
+    outside: list[str] | None = None  # every placed node's agent got SIGTERM: these nodes
 
 
 class Controller:
@@ -141,6 +143,8 @@ class Controller:
                 return ended_well(self.agent, self.rec, attempt, outcome.report)
             else:
                 nxt = self._after_failure(attempt, outcome.report)
+            if nxt is not None and nxt.outside:
+                return ended_outside(self.agent, self.rec, attempt, nxt.outside)
             if nxt is None or nxt.decision.action == Action.RESTART_RANKS:
                 watch_on = True  # restarted in place, or nothing decided yet: the attempt goes on
                 continue
@@ -201,6 +205,8 @@ class Controller:
                 return _Outcome(report, signalled)
             if report.lost_nodes and self.nodes is not None:
                 return _Outcome(report, lost=self.nodes.fleet.lost)
+            if report.terminating_nodes and self.nodes is not None:  # (review 53 #2)
+                return _Outcome(report, lost=ending_nodes(self.nodes.fleet, self.rec, report))
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)  # a rank's exit wins over its peers' failed steps
@@ -260,6 +266,8 @@ class Controller:
     def _after_loss(self, attempt: int, lost: dict[str, str]) -> _Next:
         """Placed nodes were lost: each one's ranks are placed again (pod-level, else job)."""
         assert self.nodes is not None
+        if every_one_ending(self.nodes.fleet.placement, lost):
+            return _Next(Decision(Action.GIVE_UP, "", self._hist), outside=sorted(lost))
         report, times = self.nodes.lost(attempt, lost)
         decision = Decision(Action.RESTART, "", self._hist, start_type=StartType.AUTO_RESTART)
         for name, why in lost.items():
@@ -283,7 +291,7 @@ class Controller:
         # restarted in place, nothing was stopped: the settle is the decision's time
         stopped = utcnow() if case is None else detected  # (review 35 #6)
         if self.nodes is not None:  # a peer's failure may be the sign of a node's loss
-            lost = self.nodes.fleet.settle()
+            lost = self.nodes.fleet.settle() or ending_nodes(self.nodes.fleet, self.rec, report)
             if lost:
                 return self._after_loss(attempt, lost)
         diag = diagnose_attempt(report.workers, detected, node=report.node)

@@ -35,7 +35,7 @@ from trainguard.policy.nodes import lost_isolation
 from trainguard.policy.precheck import CHECK_AGENT, PrecheckConfig, PrecheckReport
 from trainguard.protocol import NodeReport, Op
 from trainguard.records import FaultScenario, Level, Reason, RecoverResult, utcnow
-from trainguard.states import NOT_THE_NODE, JobState, NodeState
+from trainguard.states import AGENT_TERMINATED, NOT_THE_NODE, JobState, NodeState
 
 PRECHECK_TIMEOUT_S = 300.0
 
@@ -68,7 +68,8 @@ class NodeRecovery:
         if iso.drain:
             return self.fleet.backend.isolate(name, f"trainguard: {iso.why}"), None
         not_blamed = ("the cluster ended its agent's step" if NOT_THE_NODE in why
-                      else "every node's link went down at once")
+                      else "its agent was ended from outside (SIGTERM)"
+                      if AGENT_TERMINATED in why else "every node's link went down at once")
         return f"not drained: {not_blamed}", not_blamed
 
     def cluster_cancelled(self) -> str | None:

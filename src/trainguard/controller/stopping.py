@@ -71,7 +71,10 @@ def ended_well(agent: AgentAPI, rec: Recorder, attempt: int, report: NodeReport)
         return rec.end_job(JobState.SUCCEEDED, ExitCode.SUCCESS,
                            f"all {len(report.workers)} worker(s) exited 0 after "
                            f"{attempt + 1} attempt(s)", attempt=attempt)
+    return stopped_outside(rec, attempt, report, f"rank(s) {rank_list(outside)} ended on a "
+                           "SIGTERM this launcher did not send (their node agents got it too)")
+
+
+def stopped_outside(rec: Recorder, attempt: int, report: NodeReport, what: str) -> int:
     rec.book.attempt_stopped(attempt, stopped_by("SIGTERM"), report.progress)
-    return rec.end_stopped(signal.SIGTERM, f"stopped from outside: rank(s) "
-                           f"{rank_list(outside)} ended on a SIGTERM this launcher did not "
-                           "send (their node agents got it too)", attempt)
+    return rec.end_stopped(signal.SIGTERM, f"stopped from outside: {what}", attempt)

@@ -79,7 +79,7 @@ class NodeAgent:
         self._job_dir: Path | None = None
         self._liveness = LivenessBook()
         self._strays_reaped = 0.0
-        self._hurried = False  # hurry(): the grace period is over
+        self._hurried = self.terminating = False  # hurry(): grace over; SIGTERM'd (term.py)
         self.draining: StopCause | None = None  # who drains: a worker's 143 is a stop now
         procs.become_subreaper()
         # the failure rules (YAML, RE2) load in the background now, not on the recovery path
@@ -373,7 +373,7 @@ class NodeAgent:
         router = self._router
         return NodeReport(node=self.node, attempt=self._attempt, workers=self._facts(),
                           progress=progress, at=utcnow(), messages=messages + log_errors(router),
-                          messages_refused=self._channel.dropped,
+                          messages_refused=self._channel.dropped, terminating=self.terminating,
                           liveness=self._liveness.report(
                               running, router.last_output() if router else {},
                               router.unread_steps() if router else {}),

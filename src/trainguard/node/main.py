@@ -201,6 +201,7 @@ class AgentRunner:
             log.warning("got SIGTERM (the cluster ending this step?): stopping the workers "
                         "(grace period %gs)", self.term.grace_s)
             self.agent.draining = StopCause.OUTSIDE  # a worker's 143 is a stop now
+            self.agent.terminating = True  # reported: the controller takes the node out
             report = self.agent.stop_workers(
                 StopWorkers(grace_s=self.term.grace_s, reason="the agent got SIGTERM"),
                 meanwhile=self._report_stopping if connected else None,

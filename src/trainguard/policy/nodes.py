@@ -29,7 +29,7 @@ from trainguard.policy.decision import (
 )
 from trainguard.policy.precheck import PrecheckReport, everywhere_fix, failed_everywhere
 from trainguard.records import RecoverResult, StartType
-from trainguard.states import NOT_THE_NODE
+from trainguard.states import AGENT_TERMINATED, NOT_THE_NODE
 
 
 def implicate(hist: History, node: str, now_s: float, pol: HAPolicy) -> tuple[History, int]:
@@ -74,8 +74,8 @@ def lost_isolation(node: str, why: str, full_disruption: bool = False) -> Isolat
     node counts as lost, keeps a network blip from doing it), unless every node's link
     went down at once (then the controller's side is as likely to blame, and no node is) or
     the cluster ended the agent's step on purpose (NOT_THE_NODE: a requeue, a time limit)."""
-    return Isolation(node, f"lost ({why})",
-                     drain=not full_disruption and NOT_THE_NODE not in why)
+    return Isolation(node, f"lost ({why})", drain=not full_disruption
+                     and NOT_THE_NODE not in why and AGENT_TERMINATED not in why)
 
 
 def after_precheck(failing: tuple[PrecheckReport, ...], checked: int,
