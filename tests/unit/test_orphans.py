@@ -76,3 +76,33 @@ def test_a_slow_squeue_s_answer_is_kept_for_the_next_callers(
     assert [r.name for r in orphans.running_agents(meta, [Row("n1")])] == ["n1"]
     assert time.monotonic() - t0 < 0.3
     assert calls.read_text().count("squeue") == 1
+
+
+def failing_squeue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\necho '{err}' >&2\nexit 1\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(orphans, "_steps_seen", {})
+
+
+def test_a_squeue_that_does_not_answer_is_not_every_agent_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 53 #6: a failing squeue read as no step: every node and rank `lost`."""
+    failing_squeue(tmp_path, monkeypatch, "slurm_load_jobs error: Socket timed out on "
+                   "send/recv operation")
+    meta = {"slurm_job_id": "6", "run_id": "a"}
+    assert orphans.running_agents(meta, [Row("n1")]) == []
+    why = orphans.unanswered(meta, [Row("n1")])
+    assert why is not None and why.startswith("Slurm could not be asked whether they run")
+    assert "Socket timed out" in why
+    assert orphans.unanswered(meta, [Row("n1", backend="local")]) is None  # no Slurm rows
+
+
+def test_an_ended_job_s_id_is_an_answer_no_agent_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    failing_squeue(tmp_path, monkeypatch, "slurm_load_jobs error: Invalid job id specified")
+    meta = {"slurm_job_id": "6", "run_id": "a"}
+    assert orphans.running_agents(meta, [Row("n1")]) == []
+    assert orphans.unanswered(meta, [Row("n1")]) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sqlite3
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -159,3 +160,17 @@ def test_status_says_how_many_worker_messages_the_agents_refused() -> None:
         "worker_messages_refused"] == 4
     assert status_doc({"worker_messages_refused": "x", "connections_refused": [1]}, [],
                       "/jobs/a") | {} == status_doc({}, [], "/jobs/a")  # a garbled meta: none
+
+
+def test_a_lost_job_s_nodes_and_ranks_keep_their_states_when_slurm_cannot_say() -> None:
+    """Review 53 #6: a failing squeue read as every agent gone: every node and rank `lost`."""
+    lost = {"state": "running", "launcher_pid": 2 ** 22 + 12345,  # (no such pid here)
+            "launcher_host": socket.gethostname()}
+    why = "Slurm could not be asked whether they run (squeue: Socket timed out)"
+    doc = status_doc(lost, workers(), "/jobs/a", NODES, agents_alive=[], agents_unknown=why)
+    assert doc["state"] == "lost" and doc["agents_unknown"] == why
+    assert {n["name"]: n["state"] for n in doc["nodes"]} == {  # type: ignore[index]
+        "n0": "healthy", "n1": "lost", "n2": "spare", "n3": "healthy"}
+    assert {r["state"] for r in doc["ranks"]} == {"running"}  # type: ignore[index]
+    gone = status_doc(lost, workers(), "/jobs/a", NODES, agents_alive=[])  # Slurm said none
+    assert {n["state"] for n in gone["nodes"]} == {"lost"}  # type: ignore[index]

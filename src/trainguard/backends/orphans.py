@@ -26,20 +26,34 @@ STEPS_TIMEOUT_S = 5.0  # one squeue call at most this long (status waits on it)
 STEPS_TTL_S = 2.0  # the dashboard asks on every push: squeue at most this often per job
 FAILED_TTL_S = 30.0  # ... and after a failure
 
-_steps_seen: dict[str, tuple[float, dict[str, str]]] = {}  # job -> (good until, steps)
+# job -> (good until, its steps, or why Slurm could not be asked)
+_steps_seen: dict[str, tuple[float, dict[str, str] | str]] = {}
 
 
 def running_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[R]:
     """The rows whose node agent still runs: the local backend's by their process, Slurm's
-    by the steps of the job's allocation ([] for them when Slurm cannot be asked)."""
+    by the steps of the job's allocation ([] for them when Slurm cannot be asked:
+    unanswered() says why)."""
     rows = list(rows)
     alive = live_agents(rows)
     on_slurm = [r for r in rows if r.backend == SlurmBackend.name]
     job, run = meta.get(SLURM_JOB_KEY), str(meta.get("run_id") or "")
     if on_slurm and isinstance(job, str) and job:
         steps = _steps(job)
-        alive += [r for r in on_slurm if agent_step(run, r.name) in steps]
+        alive += [r for r in on_slurm if not isinstance(steps, str)
+                  and agent_step(run, r.name) in steps]
     return alive
+
+
+def unanswered(meta: Mapping[str, Any], rows: Iterable[R]) -> str | None:
+    """Why Slurm could not say whether the job's agents still run (squeue failed or timed
+    out), or None: it answered, or the job has no agents on Slurm. Asked as running_agents
+    asks (the same cached answer)."""
+    job = meta.get(SLURM_JOB_KEY)
+    if not isinstance(job, str) or not any(r.backend == SlurmBackend.name for r in rows):
+        return None
+    steps = _steps(job)
+    return steps if isinstance(steps, str) else None
 
 
 def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
@@ -54,8 +68,9 @@ def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
     if not isinstance(job, str) or not any(r.backend == SlurmBackend.name for r in rows):
         return ended
     _steps_seen.pop(job, None)  # asked afresh, and again by whoever asks after
-    steps = _steps(job)
+    asked = _steps(job)
     _steps_seen.pop(job, None)
+    steps = {} if isinstance(asked, str) else asked
     agents = {r.name: steps[agent_step(run, r.name)] for r in rows
               if r.backend == SlurmBackend.name and agent_step(run, r.name) in steps}
     if meta.get(OWN_JOB_KEY) == job:  # the allocation is trainguard's (salloc'd for this
@@ -74,20 +89,22 @@ def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
     return ended
 
 
-def _steps(job: str) -> dict[str, str]:
-    """The job's running steps, asked at most every STEPS_TTL_S (a failure, {}, is kept
-    FAILED_TTL_S: a hung slurmctld costs each caller the timeout once), timed from the
-    answer (review 52 #6: a slow squeue's entry had expired when stored)."""
+def _steps(job: str) -> dict[str, str] | str:
+    """The job's running steps, or why Slurm could not be asked, asked at most every
+    STEPS_TTL_S (a failure is kept FAILED_TTL_S: a hung slurmctld costs each caller the
+    timeout once), timed from the answer (review 52 #6: a slow squeue's entry had expired
+    when stored)."""
     seen = _steps_seen.get(job)
     if seen is not None and time.monotonic() < seen[0]:
         return seen[1]
     try:
         steps = slurm_cli.job_steps(job, timeout_s=STEPS_TIMEOUT_S)
-    except SlurmError:
-        _steps_seen[job] = (time.monotonic() + FAILED_TTL_S, {})
-        return {}
+    except SlurmError as e:
+        why = f"Slurm could not be asked whether they run ({' '.join(str(e).split())[:300]})"
+        _steps_seen[job] = (time.monotonic() + FAILED_TTL_S, why)
+        return why
     _steps_seen[job] = (time.monotonic() + STEPS_TTL_S, steps)
     return steps
 
 
-__all__ = ["OWN_JOB_KEY", "SLURM_JOB_KEY", "end_agents", "running_agents"]
+__all__ = ["OWN_JOB_KEY", "SLURM_JOB_KEY", "end_agents", "running_agents", "unanswered"]

@@ -382,10 +382,16 @@ def parse_steps(text: str) -> dict[str, str]:
 def job_steps(job_id: str, env: Mapping[str, str] | None = None, *,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, str]:
     """The running steps of a job: {step name: step id ("JOBID.STEP")}; {} when the job
-    has ended (squeue lists nothing)."""
+    has ended (squeue lists nothing, or no longer knows the id). SlurmError when squeue did
+    not answer (slurmctld down or slow: review 53 #6 read that as every agent gone)."""
     r = _run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], env, timeout_s,
              f"check the job id ({job_id}) with `squeue -s -j {job_id}`", check=False)
-    return parse_steps(r.stdout) if r.returncode == 0 else {}
+    if r.returncode == 0:
+        return parse_steps(r.stdout)
+    if "invalid job id" in (r.stderr or "").lower():
+        return {}
+    raise SlurmError(r.args, f"failed (exit {r.returncode})", "check that slurmctld answers "
+                     "(`scontrol ping`)", r.stderr or r.stdout, r.returncode)
 
 
 def job_nodelist(job_id: str, env: Mapping[str, str] | None = None, *,

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainguard.backends.orphans import running_agents
+from trainguard.backends.orphans import running_agents, unanswered
 from trainguard.controller.shown import LAUNCH_REASONS, last_progress, shown_state, stop_under_way
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import NodeRow, WorkerRow, log_dir_of, to_row
@@ -132,8 +132,9 @@ def _ranks_and_nodes(store: JobStore, meta: dict[str, Any],
     agent still runs (walk-through 38 #6: the dashboard said `running` of processes gone
     with their launcher; walk-through 42: a node down since read `healthy`)."""
     nodes = store.nodes()
-    alive = {r.name for r in running_agents(meta, nodes)} \
-        if job_state == JobState.LOST.value else set()
+    lost = job_state == JobState.LOST.value  # (Slurm unanswered: the recorded states)
+    alive = ({n.name for n in nodes} if unanswered(meta, nodes) else
+             {r.name for r in running_agents(meta, nodes)}) if lost else set()
     return {
         "workers": [{**row, "state": shown_rank_state(row["state"], job_state, w.node in alive,
                                                       exit_seen(w.exit_code, w.signal))}
