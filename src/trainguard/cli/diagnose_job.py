@@ -49,6 +49,9 @@ from trainguard.records import (
 )
 from trainguard.states import JobState, WorkerState, shown_rank_state
 
+# a NodeLost event's words: "node NAME was lost: WHY; what was done" (controller/nodes.py)
+_LOST_WORDS = re.compile(r"node \S+ was lost: (.*); [^;]*$", re.DOTALL)
+
 
 def job_reader(attempt: int | None) -> JobReader:
     """diagnosis.sources.diagnose_paths' reader of job dirs: `attempt`, or (None) the last
@@ -76,7 +79,7 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         problems.append(f"the job ended with exit {int(ExitCode.NO_PROGRESS)}: its attempts "
                         "kept failing without progress, so restarting did not help: fix the "
                         "cause before launching it again")
-    losses = _node_losses(records, lost_events)
+    losses = node_losses(records, lost_events)
     in_place = {rec.attempt: rrs for rec in records  # (the ones the rung carried out)
                 if (rrs := [rr for rr in rec.recover_records if rr.recover == IN_PLACE
                             and rr.recover_result not in _NOT_CARRIED_OUT])}
@@ -144,10 +147,11 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
             # survived (review 37 #8: "no failure found"); as a dead rank's, they stay
             exits = [replace(e, second_last_step_at=None) for e in exits]
         exits = [*died, *(e for e in exits if e.rank not in {d.rank for d in died})]
-    if attempt in losses:
-        node, reason, not_blamed = losses[attempt]
-        ranks = sorted(r.rank for r in rows if r.attempt == attempt and r.node == node)
-        return JobInputs(attempt, files, exits, None, lost=(node, reason, ranks, not_blamed))
+    if attempt in losses:  # each node lost (review 53 #7: the first only)
+        return JobInputs(attempt, files, exits, None, lost=[
+            (node, reason, sorted(r.rank for r in rows if r.attempt == attempt
+                                  and r.node == node), not_blamed)
+            for node, reason, not_blamed in losses[attempt]])
     hung, hang_files = (None, []) if any(e.failed for e in exits) else \
         _hang_report(job_dir, log_dir, attempt)
     # lost with its launcher: whose log just stopped (diagnosis.silent_peer)
@@ -222,22 +226,29 @@ def _died(deaths: list[Event], attempt: int, after: datetime | None,
     return out
 
 
-def _node_losses(records: list[RunningRecord], lost: list[Event]
-                 ) -> dict[int, tuple[str, str, str | None]]:
-    """attempt -> (the node lost, how the launcher lost it, why the node is not blamed when
-    it is not), for attempts a node loss ended. How: its NodeLost event's (the recover
-    record's reason is the ladder's, a downgrade's words: "no spare node to replace it
-    with"); a store older than the event's data: that reason."""
-    said = {(e.involved.attempt, e.involved.node): e.data or {} for e in lost}
-    out: dict[int, tuple[str, str, str | None]] = {}
+def node_losses(records: list[RunningRecord], lost: list[Event]
+                ) -> dict[int, list[tuple[str, str, str | None]]]:
+    """attempt -> each node lost (the node, how the launcher lost it, why the node is not
+    blamed when it is not), for attempts a node loss ended. How: its NodeLost event's data
+    (the recover record's reason is the ladder's, a downgrade's words: "no spare node to
+    replace it with"), else (a store older than the data) the event's words, else that
+    reason."""
+    said = {(e.involved.attempt, e.involved.node): e for e in lost}
+    out: dict[int, list[tuple[str, str, str | None]]] = {}
     for rec in records:
         for rr in rec.recover_records:
             node = lost_node(rr.related_task)
-            if rr.fault_scenario == FaultScenario.NODE_FAULT and node is not None:
-                data = said.get((rec.attempt, node), {})
-                why, kept = data.get("why"), data.get("not_blamed")
-                out.setdefault(rec.attempt, (node, why if isinstance(why, str) else rr.reason,
-                                             kept if isinstance(kept, str) else None))
+            if rr.fault_scenario != FaultScenario.NODE_FAULT or node is None or node in {
+                    n for n, _, _ in out.get(rec.attempt, [])}:
+                continue
+            ev = said.get((rec.attempt, node))
+            data = (ev.data or {}) if ev is not None else {}
+            why, kept = data.get("why"), data.get("not_blamed")
+            if not isinstance(why, str):
+                m = _LOST_WORDS.match(ev.message) if ev is not None else None
+                why = m.group(1) if m else rr.reason
+            out.setdefault(rec.attempt, []).append(
+                (node, why, kept if isinstance(kept, str) else None))
     return out
 
 

@@ -13,7 +13,7 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -273,8 +273,8 @@ class JobInputs:
     exits: list[RankExit]  # its ranks' exits
     hung: Diagnosis | None  # the launcher's hang verdict, when no rank failed but it hung
     hang_files: list[str] = field(default_factory=list)  # the stack dumps that verdict read
-    # a node loss ended it: node, how it was lost, its ranks, why it is not blamed (if not)
-    lost: tuple[str, str, list[int], str | None] | None = None
+    # a node loss ended it: each node lost, how, its ranks, why it is not blamed (if not)
+    lost: list[tuple[str, str, list[int], str | None]] | None = None
     # the failure's time span: lines stamped at or before its start belong to an earlier
     # failure of the attempt (an in-process restart), after its end are its consequences
     window: tuple[datetime | None, datetime | None] = (None, None)
@@ -353,7 +353,9 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
         r: v for r, v in silent.items() if r not in errored})
     report.files += hang_files  # what the verdict read too (walk-through 40 #9)
     if lost is not None:
-        node, why, ranks, not_blamed = lost
-        report.diagnosis = node_loss_diagnosis(node, why, ranks, report.diagnosis, not_blamed)
+        (node, why, ranks, not_blamed), *more = lost
+        d = node_loss_diagnosis(node, why, ranks, report.diagnosis, not_blamed)
+        report.diagnosis = replace(d, summary="; ".join([d.summary, *(  # the others too
+            node_loss_diagnosis(*m[:3], None, m[3]).summary for m in more)]))
     return report
 
