@@ -4,7 +4,7 @@ measure it by leave-one-source-out cross-validation.
     .venv/bin/python scripts/train_diagnosis_model.py [--cv] [--write] [--json]
 
 The cases are every labelled set under tests/data/diagnosis named in SETS: the blind sets
-not yet tuned on (BLIND: heldout60/, to be measured once after round 53) are never read. A case's
+not yet tuned on (BLIND: heldout60/, measured once after round 53) are never read. A case's
 document is the distinct features (diagnosis/learned.py: tokens) of its candidate lines:
 every finding of its logs, context lines included, as `trainguard diagnose` scans them. A
 feature is kept when cases of at least MIN_SOURCES different source repositories have it (no
@@ -45,8 +45,8 @@ CORPUS = ROOT / "tests" / "data" / "diagnosis"
 # forty-third, heldout50 in the forty-fourth, heldout51 in the forty-fifth, heldout52 in the
 # forty-sixth, heldout53 in the forty-seventh, heldout54 in the forty-eighth, heldout55 in the
 # forty-ninth, heldout56 in the fiftieth, heldout57 in the fifty-first, heldout58 in the
-# fifty-second, heldout59 in the fifty-third); never heldout60 (the next blind set, to be
-# measured once after the fifty-third round, not built yet)
+# fifty-second, heldout59 in the fifty-third); never heldout60 (the blind set measured once
+# after the fifty-third round, not tuned on yet)
 SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
         "heldout7", "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13",
         "heldout14", "heldout15", "heldout16", "heldout17", "heldout18", "heldout19",
