@@ -39,7 +39,7 @@ from trainguard.protocol import (
     StopWorkers,
     Tell,
 )
-from trainguard.states import NodeState
+from trainguard.states import AGENT_TERMINATED, NodeState
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,8 @@ class Fleet:
         spares, so status and a reschedule see it (one judge: link_loss.given_up)."""
         spares = [n for n, node in self.nodes.items()
                   if n not in self.placement and node.state == NodeState.SPARE]
-        return self._given_up(Patience.WAIT, spares) if spares else {}
+        ending = {n: f"{AGENT_TERMINATED} (a spare)" for n in spares if n in self.merger.ending}
+        return {**(self._given_up(Patience.WAIT, spares) if spares else {}), **ending}
 
     def settle(self) -> dict[str, str]:
         """Lost placed nodes, after waiting out the reconnect grace of any disconnected one

@@ -203,13 +203,15 @@ class Controller:
             self.rec.sync(report)  # before the next poll acknowledges its messages
             if signalled is not None:
                 return _Outcome(report, signalled)
-            if report.lost_nodes and self.nodes is not None:
-                return _Outcome(report, lost=self.nodes.fleet.lost)
-            if report.terminating_nodes and self.nodes is not None:  # (review 53 #2)
-                return _Outcome(report, lost=ending_nodes(self.nodes.fleet, self.rec, report))
+            if report.lost_nodes and self.nodes is not None:  # (and those leaving with them)
+                return _Outcome(report, lost={**self.nodes.fleet.lost, **ending_nodes(
+                    self.nodes.fleet, self.rec, report)})
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
                 return _Outcome(report)  # a rank's exit wins over its peers' failed steps
+            if report.terminating_nodes and self.nodes is not None:  # (review 53 #2; after
+                return _Outcome(report, lost=ending_nodes(  # the end: review 54 #2)
+                    self.nodes.fleet, self.rec, report))
             self._observe(report)
             if self._inproc.broken is not None:
                 return _Outcome(report, broken=self._inproc.broken)
@@ -291,7 +293,7 @@ class Controller:
         # restarted in place, nothing was stopped: the settle is the decision's time
         stopped = utcnow() if case is None else detected  # (review 35 #6)
         if self.nodes is not None:  # a peer's failure may be the sign of a node's loss
-            lost = self.nodes.fleet.settle() or ending_nodes(self.nodes.fleet, self.rec, report)
+            lost = {**self.nodes.fleet.settle(), **ending_nodes(self.nodes.fleet, self.rec, report)}
             if lost:
                 return self._after_loss(attempt, lost)
         diag = diagnose_attempt(report.workers, detected, node=report.node)

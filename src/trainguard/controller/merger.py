@@ -40,6 +40,7 @@ class Merger:
         self._latest: dict[str, NodeReport] = {}  # reports not merged yet (with their deltas)
         self._stale: dict[str, NodeReport] = {}  # the last merged facts, deltas taken
         self.usage: dict[str, NodeUsage] = {}  # each node's latest, spares' too (status)
+        self.ending: set[str] = set()  # nodes whose agent got SIGTERM (node/term.py)
         # node -> datagrams its worker channel refused: (counted by its agents before the
         # current one, the current one's latest count, its agent process's epoch when a report
         # said it). Kept for a node lost or gone.
@@ -71,7 +72,10 @@ class Merger:
         return due
 
     def note_usage(self, name: str, reports: list[NodeReport]) -> None:
-        """The node's latest usage and count of refused worker messages (spares' too)."""
+        """The node's latest usage and count of refused worker messages (spares' too), and
+        whether its agent got SIGTERM (`ending`: a spare's too; review 54 #1)."""
+        if any(r.terminating for r in reports):
+            self.ending.add(name)
         for r in reports:  # a new agent (another epoch, or a count that fell) counts anew
             before, latest, epoch = self._refused.get(name, (0, 0, None))
             new = (r.epoch is not None and epoch is not None and r.epoch != epoch) or \

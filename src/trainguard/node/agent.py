@@ -99,16 +99,17 @@ class NodeAgent:
     # -- commands -------------------------------------------------------------------------
 
     def start_workers(self, cmd: StartWorkers) -> NodeReport:
-        """Start this node's workers of `cmd.attempt`; workers of an earlier attempt still
-        running are stopped first (the controller's stop of the restart gave this node up,
-        cut off: review 42 #1: the start was refused and the node drained)."""
+        """Start this node's workers of `cmd.attempt` (refused once the agent got SIGTERM: it
+        leaves; review 54 #1); workers of an earlier attempt still running are stopped first
+        (the controller's stop of the restart gave this node up, cut off: review 42 #1)."""
+        if self.terminating:
+            raise LaunchError("this node's agent got SIGTERM: it is leaving the job")
         if any(not w.state.ended for w in self._workers):
             if self._attempt is not None and cmd.attempt <= self._attempt:
                 raise LaunchError(f"start_workers of attempt {cmd.attempt} while its workers "
                                   "still run")
             log.warning("attempt %d starts while workers of attempt %d still run (their stop "
-                        "did not reach this node): stopping them first", cmd.attempt,
-                        self._attempt)
+                        "did not reach this node): stopping them first", cmd.attempt, self._attempt)
             self.stop_workers(StopWorkers(grace_s=cmd.grace_s, reason="a newer attempt"))
         self._attempt, self._start = cmd.attempt, cmd
         self._hurried, self.draining = False, None  # a Ctrl-C ends only the stop it came in
@@ -119,9 +120,8 @@ class NodeAgent:
             self._progress = Progress()
         self._reentry.clear()
         router = LogRouter(self._console, self._step_pattern, self._on_progress)
-        self._workers = []
-        log_dir = Path(cmd.log_dir)
-        for a in cmd.workers:
+        self._workers, log_dir = [], Path(cmd.log_dir)
+        for a in cmd.workers:  # (one by one: a failed spawn stops those before it)
             self._workers.append(self._spawn(cmd, a, router, log_dir))
         self._router = router
         self._reset_liveness()
