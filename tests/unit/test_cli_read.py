@@ -215,7 +215,7 @@ def test_status_json_has_the_exact_keys_and_one_entry_per_rank(
         "recorded_job_dir",
         "store_free_bytes",
         "store_disk_full",
-        "agents_without_controller",
+        "agents_without_controller", "agents_unknown",
         "nodes",
         "node_usage",
         "connections_refused", "worker_messages_refused",
