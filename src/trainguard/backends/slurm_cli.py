@@ -253,8 +253,8 @@ def srun_argv(job_id: str | None, node: str, argv: Sequence[str], *,
 
 # --- commands -----------------------------------------------------------------------------------
 def _run(argv: list[str], env: Mapping[str, str] | None, timeout_s: float, fix: str,
-         *, check: bool | str = True) -> subprocess.CompletedProcess[str]:
-    """`check`: a failure raises SlurmError; a string: unless stderr says it (an answer)."""
+         *, check: bool = True, answer: str = "") -> subprocess.CompletedProcess[str]:
+    """`check`: a failure raises SlurmError, unless its stderr says `answer` (lower case)."""
     try:
         proc = subprocess.Popen(argv, env=None if env is None else dict(env),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -275,8 +275,7 @@ def _run(argv: list[str], env: Mapping[str, str] | None, timeout_s: float, fix: 
             out, err = proc.communicate()
         raise SlurmError(argv, f"did not finish within {timeout_s:.0f} s", _FIX_UP,
                          err or "") from e
-    if check and proc.returncode != 0 and not (
-            isinstance(check, str) and check in (err or "").lower()):
+    if check and proc.returncode != 0 and not (answer and answer in (err or "").lower()):
         raise SlurmError(argv, f"failed (exit {proc.returncode})", fix, err or out,
                          proc.returncode)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
@@ -387,7 +386,7 @@ def job_steps(job_id: str, env: Mapping[str, str] | None = None, *,
     has ended (squeue lists nothing, or no longer knows the id); SlurmError when squeue did
     not answer (slurmctld down or slow: review 53 #6 read that as every agent gone)."""
     r = _run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], env, timeout_s,
-             "check that slurmctld answers (`scontrol ping`)", check="invalid job id")
+             "check that slurmctld answers (`scontrol ping`)", answer="invalid job id")
     return parse_steps(r.stdout) if r.returncode == 0 else {}
 
 

@@ -236,11 +236,12 @@ def node_losses(records: list[RunningRecord], lost: list[Event]
     said = {(e.involved.attempt, e.involved.node): e for e in lost}
     out: dict[int, list[tuple[str, str, str | None]]] = {}
     for rec in records:
+        seen: set[str] = set()  # (a node's second record: a downgrade, then the next rung)
         for rr in rec.recover_records:
             node = lost_node(rr.related_task)
-            if rr.fault_scenario != FaultScenario.NODE_FAULT or node is None or node in {
-                    n for n, _, _ in out.get(rec.attempt, [])}:
+            if rr.fault_scenario != FaultScenario.NODE_FAULT or node is None or node in seen:
                 continue
+            seen.add(node)
             ev = said.get((rec.attempt, node))
             data = (ev.data or {}) if ev is not None else {}
             why, kept = data.get("why"), data.get("not_blamed")

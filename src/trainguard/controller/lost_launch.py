@@ -29,6 +29,7 @@ from typing import Any
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.shown import last_sign_of_life
 from trainguard.controller.store import JobStore
+from trainguard.diagnosis.lines import split_prefix
 from trainguard.errors import StoreError
 from trainguard.hang.step_lines import bar_groups, step_read
 from trainguard.paths import attempt_log_dir
@@ -100,13 +101,7 @@ def last_stamp(log: Path) -> datetime | None:
         lines = whole_tail_lines(log)
     except OSError:
         return None
-    for line in reversed(lines):
-        m = _STAMP.match(line)
-        if m is not None:
-            with contextlib.suppress(ValueError):
-                at = datetime.fromisoformat(m.group(1))
-                return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
-    return None
+    return next((at for line in reversed(lines) if (at := split_prefix(line).at)), None)
 
 
 def lost_end(stored_step: int | None, stored_sample: tuple[int, int, float] | None,

@@ -132,7 +132,6 @@ class Merger:
         liveness: list[RankLiveness] = []
         firsts, lasts = [], []
         persisting = False
-        terminating = []
         for name in placement:
             r = self._latest.pop(name, None)
             messages.extend(self._late.pop(name, []))
@@ -151,8 +150,6 @@ class Merger:
             messages.extend(r.messages)
             liveness.extend(r.liveness)
             persisting = persisting or r.persisting
-            if r.terminating and name not in lost:
-                terminating.append(name)
             p = r.progress
             if p.first_step is not None:
                 firsts.append((p.first_step_at or now, p.first_step))
@@ -167,7 +164,8 @@ class Merger:
                           workers=sorted(workers, key=lambda w: w.rank), progress=progress,
                           at=now, messages=messages, liveness=liveness,
                           lost_nodes=sorted(lost), persisting=persisting,
-                          terminating_nodes=terminating,
+                          terminating_nodes=[n for n in placement if n in self.ending
+                                             and n not in lost and n in usable],
                           messages_refused=sum(b + n for b, n, _ in self._refused.values()),
                           usage=[u for n, u in sorted(self.usage.items())
                                  if n in usable and n not in lost])

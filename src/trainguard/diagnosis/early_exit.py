@@ -50,19 +50,37 @@ def exited_early(e: RankExit) -> bool:
 def early_exit(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis | None:
     """`d`, or the early end of a rank that exited 0 before the first failed rank when `d`
     is what its peers print about it."""
-    if d is None or d.category not in PEER_SYMPTOMS:
-        return d
     early = ended_before_failure(exits, exited_early)
-    if not early:
-        return d
-    first = early[0]
-    who = ", ".join(str(e.rank) for e in early)
-    left = sorted({e.rank for e in exits if e.failed})
-    return replace(
-        d, category=Category.USER_CODE_ERROR, fault_domain=FaultDomain.USER_CODE,
-        restart_helps=RestartHelps.NO, subcategory="rank_exited_early",
-        summary=(f"rank(s) {who} ended the script (exit 0) before rank(s) "
-                 f"{', '.join(map(str, left))}, which then failed in a collective or store "
-                 f"call that waited for it ({d.summary.rstrip('.')})"),
-        advice=ADVICE, culprit=Culprit(first.rank, first.node), isolate_node=False,
-        confidence=min(d.confidence, 0.7), rule=None)
+    return early_verdict(d, early, exits) if early and d is not None and \
+        is_peer_symptom(d) else d
+
+
+def is_peer_symptom(d: Diagnosis) -> bool:
+    """What peers print when one of them is gone."""
+    return d.category in PEER_SYMPTOMS
+
+
+def early_verdict(d: Diagnosis, early: list[RankExit], exits: Sequence[RankExit]
+                  ) -> Diagnosis:
+    """The peers' symptom `d` blamed on the ranks `early` that ended their script first."""
+    return blamed_first(
+        d, early, Category.USER_CODE_ERROR, FaultDomain.USER_CODE, RestartHelps.NO,
+        "rank_exited_early", ADVICE, 0.7,
+        f"rank(s) {', '.join(str(e.rank) for e in early)} ended the script (exit 0) before "
+        f"rank(s) {failed_ranks(exits)}, which then failed in a collective or store call "
+        f"that waited for it ({d.summary.rstrip('.')})")
+
+
+def failed_ranks(exits: Sequence[RankExit]) -> str:
+    return ", ".join(map(str, sorted({e.rank for e in exits if e.failed})))
+
+
+def blamed_first(d: Diagnosis, ranks: list[RankExit], category: Category,
+                 domain: FaultDomain, restart: RestartHelps, subcategory: str, advice: str,
+                 confidence: float, summary: str) -> Diagnosis:
+    """The peers' symptom `d` as the verdict of the ranks that ended first (the earliest
+    the culprit, its node not isolated), at most `confidence` sure."""
+    return replace(d, category=category, fault_domain=domain, restart_helps=restart,
+                   subcategory=subcategory, summary=summary, advice=advice,
+                   culprit=Culprit(ranks[0].rank, ranks[0].node), isolate_node=False,
+                   confidence=min(d.confidence, confidence), rule=None)

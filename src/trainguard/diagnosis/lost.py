@@ -39,8 +39,6 @@ def node_loss_diagnosis(node: str, reason: str, ranks: list[int],
     if logs is not None:
         first = logs.evidence or Evidence("", 0, logs.summary, logs.culprit_rank)
         symptoms = (first, *logs.symptoms)
-    on = f" (rank(s) {rank_list(ranks)} ran there)" if ranks else ""
-    what = reason if node in reason else f"node {node} was lost: {reason}"
     advice = (f"The node, not the training script, failed: check its agent's log "
               f"(JOB_DIR/cluster/{node}.agent.log) and the machine (power, network, kernel "
               "log, Slurm's reason); the job kept it out of its placement." if not_blamed is None
@@ -48,7 +46,14 @@ def node_loss_diagnosis(node: str, reason: str, ranks: list[int],
               "cluster's own record (a requeue, a time limit, an outage of the network the "
               "controller is on).")
     return Diagnosis(
-        Category.OTHER, FaultDomain.INFRASTRUCTURE, RestartHelps.YES, f"{what}{on}",
+        Category.OTHER, FaultDomain.INFRASTRUCTURE, RestartHelps.YES,
+        loss_summary(node, reason, ranks),
         f"{advice} Errors on the other nodes are its consequences.",
         Culprit(min(ranks) if ranks else None, node), None, symptoms[:10],
         not_blamed is None, 0.9, "node_lost", None, from_log=False)
+
+
+def loss_summary(node: str, reason: str, ranks: list[int]) -> str:
+    """How `node` was lost (`reason`: the controller's words) and which ranks ran there."""
+    on = f" (rank(s) {rank_list(ranks)} ran there)" if ranks else ""
+    return f"{reason if node in reason else f'node {node} was lost: {reason}'}{on}"

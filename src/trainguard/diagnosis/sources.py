@@ -23,7 +23,7 @@ from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.context import CONTEXT_LINES
 from trainguard.diagnosis.findings import Finding
 from trainguard.diagnosis.lines import file_rank
-from trainguard.diagnosis.lost import node_loss_diagnosis
+from trainguard.diagnosis.lost import loss_summary, node_loss_diagnosis
 from trainguard.diagnosis.prefilter import Trigger, compile_trigger
 from trainguard.diagnosis.rules import RuleSet, load_rules
 from trainguard.diagnosis.scan import FileScan, scan_bytes
@@ -356,6 +356,6 @@ def diagnose_paths(paths: Sequence[Path], *, rules: RuleSet | None = None,
         (node, why, ranks, not_blamed), *more = lost
         d = node_loss_diagnosis(node, why, ranks, report.diagnosis, not_blamed)
         report.diagnosis = replace(d, summary="; ".join([d.summary, *(  # the others too
-            node_loss_diagnosis(*m[:3], None, m[3]).summary for m in more)]))
+            loss_summary(n, w, r) for n, w, r, _ in more)]))
     return report
 

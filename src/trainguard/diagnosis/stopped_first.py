@@ -11,16 +11,17 @@ stop. Pure."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from trainguard.diagnosis.candidates import RankExit
 from trainguard.diagnosis.early_exit import (
-    PEER_SYMPTOMS,
-    early_exit,
+    blamed_first,
+    early_verdict,
     ended_before_failure,
     exited_early,
+    failed_ranks,
+    is_peer_symptom,
 )
-from trainguard.diagnosis.taxonomy import Category, Culprit, Diagnosis, FaultDomain, RestartHelps
+from trainguard.diagnosis.taxonomy import Category, Diagnosis, FaultDomain, RestartHelps
 from trainguard.states import StopCause
 
 SUBCATEGORY = "stopped_from_outside"
@@ -31,7 +32,7 @@ ADVICE = ("Something outside trainguard sent SIGTERM to a node's agent and ranks
           "(--spare-nodes).")
 
 
-def stopped_outside(e: RankExit) -> bool:
+def by_outside(e: RankExit) -> bool:
     """Stopped by its node agent on a SIGTERM from outside (whatever its exit: 143, 0 from a
     handler, -9 after the grace), as the agent recorded it (review 53 #1, #3, #4)."""
     return e.stopped and e.stopped_by == StopCause.OUTSIDE.value
@@ -40,33 +41,33 @@ def stopped_outside(e: RankExit) -> bool:
 def ended_first(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis | None:
     """`d`, or the cause its peers' symptom points to: ranks stopped from outside, or a
     rank that ended its script (early_exit), whichever ended first (review 53 #9)."""
-    stopped = ended_before_failure(exits, stopped_outside)
+    if d is None or not is_peer_symptom(d):
+        return d
+    stopped = ended_before_failure(exits, by_outside)
     early = ended_before_failure(exits, exited_early)
     s_at = stopped[0].ended_at if stopped else None
     e_at = early[0].ended_at if early else None
     if s_at is not None and (e_at is None or s_at <= e_at):
-        return stopped_first(d, exits)
-    return early_exit(d, exits)
+        return stop_verdict(d, stopped, exits)
+    return early_verdict(d, early, exits) if early else d
 
 
 def stopped_first(d: Diagnosis | None, exits: Sequence[RankExit]) -> Diagnosis | None:
     """`d`, or the outside stop of ranks stopped before the first failed rank when `d` is
     what their peers print about them."""
-    if d is None or d.category not in PEER_SYMPTOMS:
-        return d
-    stopped = ended_before_failure(exits, stopped_outside)
-    if not stopped:
-        return d
-    first = stopped[0]
+    stopped = ended_before_failure(exits, by_outside)
+    return stop_verdict(d, stopped, exits) if stopped and d is not None and \
+        is_peer_symptom(d) else d
+
+
+def stop_verdict(d: Diagnosis, stopped: list[RankExit], exits: Sequence[RankExit]
+                 ) -> Diagnosis:
+    """The peers' symptom `d` blamed on the ranks `stopped` from outside first."""
     nodes = sorted({e.node for e in stopped if e.node})
     on = f" (node {', '.join(nodes)})" if nodes else ""
-    left = sorted({e.rank for e in exits if e.failed})
-    return replace(
-        d, category=Category.KILLED_BY_SIGNAL_UNKNOWN, fault_domain=FaultDomain.INFRASTRUCTURE,
-        restart_helps=RestartHelps.YES, subcategory=SUBCATEGORY,
-        summary=(f"rank(s) {', '.join(str(e.rank) for e in stopped)}{on} were stopped by a "
-                 f"SIGTERM from outside the launcher before rank(s) "
-                 f"{', '.join(map(str, left))} failed in a collective that waited for them "
-                 f"(what the peers printed: {d.summary.rstrip('.')})"),
-        advice=ADVICE, culprit=Culprit(first.rank, first.node), isolate_node=False,
-        confidence=min(d.confidence, 0.8), rule=None)
+    return blamed_first(
+        d, stopped, Category.KILLED_BY_SIGNAL_UNKNOWN, FaultDomain.INFRASTRUCTURE,
+        RestartHelps.YES, SUBCATEGORY, ADVICE, 0.8,
+        f"rank(s) {', '.join(str(e.rank) for e in stopped)}{on} were stopped by a SIGTERM "
+        f"from outside the launcher before rank(s) {failed_ranks(exits)} failed in a "
+        f"collective that waited for them (what the peers printed: {d.summary.rstrip('.')})")

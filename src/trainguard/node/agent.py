@@ -79,8 +79,8 @@ class NodeAgent:
         self._job_dir: Path | None = None
         self._liveness = LivenessBook()
         self._strays_reaped = 0.0
-        self._hurried = self.terminating = False  # hurry(): grace over; SIGTERM'd (term.py)
-        self.draining: StopCause | None = None  # who drains: a worker's 143 is a stop now
+        self._hurried = False  # hurry(): the grace period is over
+        self.draining: StopCause | None = None  # who drains; OUTSIDE: got SIGTERM, leaving
         procs.become_subreaper()
         # the failure rules (YAML, RE2) load in the background now, not on the recovery path
         self._preloader = threading.Thread(target=default_trigger, name="trainguard-rules",
@@ -99,10 +99,9 @@ class NodeAgent:
     # -- commands -------------------------------------------------------------------------
 
     def start_workers(self, cmd: StartWorkers) -> NodeReport:
-        """Start this node's workers of `cmd.attempt` (refused once the agent got SIGTERM: it
-        leaves; review 54 #1); workers of an earlier attempt still running are stopped first
-        (the controller's stop of the restart gave this node up, cut off: review 42 #1)."""
-        if self.terminating:
+        """Start this node's workers of `cmd.attempt` (refused once it got SIGTERM: review 54
+        #1); an earlier attempt's still running are stopped first (its stop missed: 42 #1)."""
+        if self.draining == StopCause.OUTSIDE:
             raise LaunchError("this node's agent got SIGTERM: it is leaving the job")
         if any(not w.state.ended for w in self._workers):
             if self._attempt is not None and cmd.attempt <= self._attempt:
@@ -373,7 +372,8 @@ class NodeAgent:
         router = self._router
         return NodeReport(node=self.node, attempt=self._attempt, workers=self._facts(),
                           progress=progress, at=utcnow(), messages=messages + log_errors(router),
-                          messages_refused=self._channel.dropped, terminating=self.terminating,
+                          messages_refused=self._channel.dropped,
+                          terminating=self.draining == StopCause.OUTSIDE,
                           liveness=self._liveness.report(
                               running, router.last_output() if router else {},
                               router.unread_steps() if router else {}),

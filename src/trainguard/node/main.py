@@ -200,8 +200,7 @@ class AgentRunner:
         if self.term.fresh():
             log.warning("got SIGTERM (the cluster ending this step?): stopping the workers "
                         "(grace period %gs)", self.term.grace_s)
-            self.agent.draining = StopCause.OUTSIDE  # a worker's 143 is a stop now
-            self.agent.terminating = True  # reported: the controller takes the node out
+            self.agent.draining = StopCause.OUTSIDE  # 143 a stop; reported: the node leaves
             report = self.agent.stop_workers(
                 StopWorkers(grace_s=self.term.grace_s, reason="the agent got SIGTERM"),
                 meanwhile=self._report_stopping if connected else None,
