@@ -35,7 +35,7 @@ from trainguard.protocol import (
 from trainguard.records import Event, RecoverResult, StartType
 from trainguard.spec import JobSpec
 from trainguard.spec_build import build_spec
-from trainguard.states import WorkerState
+from trainguard.states import StopCause, WorkerState
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 FIRST_PORT = 29500  # below Linux's ephemeral range, so a fresh port always differs
@@ -850,3 +850,30 @@ def test_a_stop_of_a_hang_left_running_asks_no_rank_to_drain(
     assert run.code == 128 + signal.SIGTERM, run.reasons
     assert run.reasons.index("HangConfirmed") < run.reasons.index("StopRequested")
     assert "DrainRequested" not in run.reasons and StoppedWhileHung.told == 0
+
+
+def outside_stop(terminating: list[str]) -> NodeReport:
+    """Both ranks ended `stopped` by their agents on a SIGTERM from outside, as the agents
+    that got it report them (the fleet's `terminating_nodes`: those agents)."""
+    r = report(0, W(WorkerState.STOPPED, 0), W(WorkerState.STOPPED, -signal.SIGTERM),
+               first=1, last=12, seconds=1)
+    return r.model_copy(update={"terminating_nodes": terminating, "workers": [
+        w.model_copy(update={"stopped_by": StopCause.OUTSIDE}) for w in r.workers]})
+
+
+@pytest.mark.parametrize("terminating", [["node-0", "node-1"], []])
+def test_ranks_stopped_from_outside_end_the_job_stopped_in_the_words_of_the_agents_stop(
+        job: Any, terminating: list[str]) -> None:
+    """The ranks' exits on the agents' SIGTERM seen before the agents' flags (under load)
+    said another text than the flags seen first (controller/ending_nodes.py): one test
+    wanted the one, a loaded run got the other. Both name the agents now; a report without
+    the flags (none here: an agent flags before it stops) keeps the ranks' words."""
+    run = job([[report(0, W(RUNNING), W(RUNNING)), outside_stop(terminating)]])
+    assert run.code == 128 + signal.SIGTERM
+    (stopped,) = [e for e in run.events if e.reason == "JobStopped"]
+    assert stopped.message == ("stopped from outside: the node agents of node-0, node-1 got a "
+                               "SIGTERM this launcher did not send (rank(s) 0, 1 ended on it)"
+                               if terminating else "stopped from outside: rank(s) 0, 1 ended "
+                               "on a SIGTERM this launcher did not send (their node agents got "
+                               "it too)")
+    assert "JobSucceeded" not in run.reasons

@@ -988,3 +988,29 @@ def test_a_node_whose_agent_got_sigterm_leaves_the_job_undrained_and_all_of_them
     assert not every_one_ending(["a", "b"], {"a": WHY})  # b trains on: a leaves alone
     assert not every_one_ending(["a", "b"], {"a": WHY, "b": "its agent process ended"})
     assert not every_one_ending([], {})
+
+
+def test_the_polls_that_wait_for_the_other_nodes_sigterm_are_seen_and_the_last_one_kept(
+        ) -> None:
+    """Review 54 #4: ending_nodes' polls were only recorded (the resume agreement and the
+    in-process bookkeeping never saw them) and the report it ended on was dropped."""
+    from trainguard.controller.ending_nodes import WHY, ending_nodes
+
+    f, hub, _ = fleet()
+    f.start_workers(start_cmd(0))
+    hub.reports = {"a": [report("a", 0, [0, 1]).model_copy(update={"terminating": True})],
+                   "b": [report("b", 0, [2, 3], last=4)]}
+    first = f.poll()
+    assert first.terminating_nodes == ["a"]
+    seen: list[NodeReport] = []
+
+    def see(r: NodeReport) -> None:  # b's agent gets its SIGTERM a moment after a's
+        seen.append(r)
+        if len(seen) == 1:
+            hub.reports["b"] = [report("b", 0, [2, 3], last=5).model_copy(
+                update={"terminating": True})]
+
+    last, ending = ending_nodes(f, first, see)
+    assert ending == {"a": WHY, "b": WHY}
+    assert len(seen) == 2 and last is seen[-1]
+    assert last.terminating_nodes == ["a", "b"] and last.progress.last_step == 5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sqlite3
 from datetime import datetime, timedelta, timezone
@@ -11,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.backends import orphans
+from trainguard.backends.orphans import AgentsSeen
 from trainguard.cli.fmt import clock
 from trainguard.cli.read import add_read_commands
 from trainguard.cli.status import status_doc
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
 from trainguard.records import iso
+from trainguard.ui.jobs import live_parts
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 250000, tzinfo=timezone.utc)
 NODE_KEYS = {"name", "host", "state", "agent_pid", "slot", "reason", "updated_at", "backend",
@@ -167,10 +171,42 @@ def test_a_lost_job_s_nodes_and_ranks_keep_their_states_when_slurm_cannot_say() 
     lost = {"state": "running", "launcher_pid": 2 ** 22 + 12345,  # (no such pid here)
             "launcher_host": socket.gethostname()}
     why = "Slurm could not be asked whether they run (squeue: Socket timed out)"
-    doc = status_doc(lost, workers(), "/jobs/a", NODES, agents_alive=[], agents_unknown=why)
+    doc = status_doc(lost, workers(), "/jobs/a", NODES, agents=AgentsSeen([], why))
     assert doc["state"] == "lost" and doc["agents_unknown"] == why
     assert {n["name"]: n["state"] for n in doc["nodes"]} == {  # type: ignore[index]
         "n0": "healthy", "n1": "lost", "n2": "spare", "n3": "healthy"}
     assert {r["state"] for r in doc["ranks"]} == {"running"}  # type: ignore[index]
-    gone = status_doc(lost, workers(), "/jobs/a", NODES, agents_alive=[])  # Slurm said none
+    gone = status_doc(lost, workers(), "/jobs/a", NODES, agents=AgentsSeen())  # Slurm said none
     assert {n["state"] for n in gone["nodes"]} == {"lost"}  # type: ignore[index]
+
+
+def test_the_dashboard_says_what_status_says_when_slurm_cannot_be_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 54 #7: the dashboard kept the recorded states when squeue failed but never said
+    why; `status --json` did. Both read orphans.agents_seen now (one place decides which
+    nodes keep their states), with a failing squeue on PATH (the I/O layer's fake)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Socket timed out "
+                                    "on send/recv operation' >&2\nexit 1\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(orphans, "_steps_seen", {})
+    job = tmp_path / "lost-job"
+    with JobStore.create(job, "run-1") as s:  # its launcher gone (no such pid here): lost
+        s.put_workers(2, workers())
+        s.put_nodes(NODES)
+        s.set_meta(state="running", slurm_job_id="6", launcher_pid=2 ** 22 + 12345,
+                   launcher_host=socket.gethostname())
+    doc = status_json(job, capsys)
+    with JobStore.open(job) as s:
+        live = live_parts(s, s.meta(), s.running_records())
+    assert live["state"] == doc["state"] == "lost"
+    assert live["agents_unknown"] == doc["agents_unknown"]
+    assert "Socket timed out" in str(live["agents_unknown"])
+    assert live["agents_without_controller"] == doc["agents_without_controller"] == []
+    assert {n["name"]: n["state"] for n in live["nodes"]} == {  # their recorded states
+        n["name"]: n["state"] for n in doc["nodes"]} == {  # type: ignore[attr-defined]
+        "n0": "healthy", "n1": "lost", "n2": "spare", "n3": "healthy"}
+    assert {r["state"] for r in live["workers"]} == {"running"}

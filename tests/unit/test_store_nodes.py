@@ -221,11 +221,14 @@ def test_a_version_6_store_reads_no_stopper_and_keeps_one_once_migrated(
     raw.execute("PRAGMA user_version=6")
     raw.commit()
     raw.close()
-    with JobStore.open(tmp_path) as reader:  # a reader migrates nothing: the column is NULL
-        assert [w.stopped_by for w in reader.workers()] == [None]
+    reader = JobStore.open(tmp_path)  # a reader migrates nothing: the column is NULL
+    assert [w.stopped_by for w in reader.workers()] == [None]
     assert user_version(tmp_path / "trainguard.db") == 6
     outside = WorkerRow(1, 0, 0, "node0", 4200, "stopped", exit_code=0, started_at=T0,
                         stopped_by=StopCause.OUTSIDE)
     with JobStore.create(tmp_path, "run-1") as s:
         s.put_workers(1, [outside])
         assert s.workers(1) == [outside] and s.workers(0)[0].stopped_by is None
+    with reader:  # still open (a dashboard, `trainguard watch`): it reads the migrated column
+        assert reader.workers(1) == [outside]  # (review 54 #8: NULL until reopened)
+        assert reader.events() == [] and reader.nodes() == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.backends import slurm_cli
@@ -43,6 +44,30 @@ def running_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[R]:
         alive += [r for r in on_slurm if not isinstance(steps, str)
                   and agent_step(run, r.name) in steps]
     return alive
+
+
+@dataclass(frozen=True)
+class AgentsSeen:
+    """What is known of a lost job's node agents: the nodes whose agent still runs, and why
+    Slurm could not say (None: it answered, or the job is not on Slurm)."""
+    alive: list[str] = field(default_factory=list)
+    unknown: str | None = None
+
+    def kept(self, names: Iterable[str]) -> set[str]:
+        """The nodes that keep their recorded states (their ranks train on, or may): every
+        one when Slurm could not be asked, else those whose agent still runs (review 53 #6:
+        an unanswered squeue read them all `lost`)."""
+        return set(names) if self.unknown else set(self.alive)
+
+
+def agents_seen(meta: Mapping[str, Any], rows: Iterable[R], lost: bool) -> AgentsSeen:
+    """The agents of a `lost` job (the launcher gone) as `status` and the dashboard show
+    them; nothing to ask of a job whose launcher runs or that ended."""
+    if not lost:
+        return AgentsSeen()
+    rows = list(rows)
+    return AgentsSeen(sorted(r.name for r in running_agents(meta, rows)),
+                      unanswered(meta, rows))
 
 
 def unanswered(meta: Mapping[str, Any], rows: Iterable[R]) -> str | None:

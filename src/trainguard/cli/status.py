@@ -16,7 +16,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.backends.orphans import running_agents, unanswered
+from trainguard.backends.orphans import AgentsSeen, agents_seen
 from trainguard.cli.fmt import (
     clock,
     clock_or_dash,
@@ -93,8 +93,7 @@ def print_status(store: JobStore, args: argparse.Namespace) -> int:
     doc = status_doc(meta, store.workers(), str(store.job_dir.resolve()), nodes,
                      store.running_records(), hang_events, store.last_checkpoint(),
                      store.last_event(LAUNCH_REASONS), _free_bytes(store),
-                     [r.name for r in running_agents(meta, nodes)] if lost else [],
-                     unanswered(meta, nodes) if lost else None)
+                     agents_seen(meta, nodes, lost))
     if args.json:
         print_json(doc)
         return ExitCode.SUCCESS
@@ -189,19 +188,18 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
                checkpoint: tuple[int, str] | None = None,
                last_launch: Event | None = None,
                free_bytes: int | None = None,
-               agents_alive: list[str] | None = None,
-               agents_unknown: str | None = None) -> dict[str, Any]:
+               agents: AgentsSeen | None = None) -> dict[str, Any]:
     """The `status --json` document; `nodes` is empty for a single-node job;
     `checkpoint`: (step, time) of the last committed one, the progress of a job that
     reports no steps; `job_dir`: the one read (resolved), shown even when the store was
     written elsewhere; `free_bytes`: free on the job dir's disk (None: unknown), where a
     running job's store writes fail when it is full (what this reads may be behind);
-    `agents_alive`: the nodes of a lost job whose agents still run (they outlive a killed
-    launcher, waiting for a controller to take the job over: their ranks train on);
-    `agents_unknown`: why Slurm could not say which (their nodes and ranks keep their
-    recorded states then: review 53 #6 read them all `lost`)."""
+    `agents`: a lost job's node agents that still run (they outlive a killed launcher,
+    waiting for a controller to take the job over: their ranks train on), or why Slurm
+    could not say which."""
     state = shown_state(meta)
-    kept = {n.name for n in nodes or []} if agents_unknown else set(agents_alive or ())
+    agents = agents or AgentsSeen()
+    kept = agents.kept(n.name for n in nodes or [])
     by_rung = recoveries_by_rung(records or [])
     progress = last_progress(meta, checkpoint)
     hang = hang_left_running(state, meta.get("attempt"), hang_events or [])
@@ -227,8 +225,8 @@ def status_doc(meta: dict[str, Any], workers: list[WorkerRow], job_dir: str,
         "training": _training(meta.get("training")),
         "ranks": [_rank_dict(w, state, hung, kept)
                   for w in sorted(workers, key=lambda w: w.rank)],
-        "agents_without_controller": sorted(agents_alive or []),
-        "agents_unknown": agents_unknown,
+        "agents_without_controller": agents.alive,
+        "agents_unknown": agents.unknown,
         "job_dir": job_dir,
         "recorded_job_dir": _elsewhere(meta.get("job_dir"), job_dir),
         "nodes": [_node_dict(n, state, kept) for n in sorted(nodes or [], key=node_order)],

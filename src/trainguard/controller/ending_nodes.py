@@ -10,10 +10,11 @@ and a restart was placed on a node whose agent was ending."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from trainguard.controller.fleet import Fleet
 from trainguard.controller.recorder import Recorder
-from trainguard.controller.stopping import stop, stopped_outside
+from trainguard.controller.stopping import agents_signalled, stop, stopped_outside
 from trainguard.protocol import AgentAPI, NodeReport
 from trainguard.states import AGENT_TERMINATED
 
@@ -24,16 +25,19 @@ WHY = (f"{AGENT_TERMINATED} (a person's kill, the cluster ending its step or all
        "shutdown) and stopped its workers")
 
 
-def ending_nodes(fleet: Fleet, rec: Recorder, report: NodeReport) -> dict[str, str]:
+def ending_nodes(fleet: Fleet, report: NodeReport,
+                 seen: Callable[[NodeReport], None]) -> tuple[NodeReport, dict[str, str]]:
     """The placed nodes whose agent got SIGTERM, with why, once the others had SETTLE_S to
-    say so too ({} when none did)."""
+    say so too ({} when none did), and the last report. Each report polled meanwhile goes to
+    `seen` (recorded, and to the resume agreement and in-process bookkeeping as the watch's
+    would: review 54 #4, they were only recorded and the last one dropped)."""
     ending = set(report.terminating_nodes)
     deadline = time.monotonic() + SETTLE_S
     while ending and not set(fleet.placement) <= ending and time.monotonic() < deadline:
         report = fleet.poll(wait_s=0.2)
-        rec.sync(report)
+        seen(report)
         ending |= set(report.terminating_nodes)
-    return dict.fromkeys(sorted(ending), WHY)
+    return report, dict.fromkeys(sorted(ending), WHY)
 
 
 def every_one_ending(placement: list[str], lost: dict[str, str]) -> bool:
@@ -47,5 +51,4 @@ def ended_outside(agent: AgentAPI, rec: Recorder, attempt: int, nodes: list[str]
     node; what is left is stopped and the job ends stopped, exit 143, whatever its ranks did
     in between (a peer failing before its own node's signal came)."""
     report = stop(agent, rec, "every node's agent got SIGTERM")
-    return stopped_outside(rec, attempt, report, f"the node agents of {', '.join(nodes)} got "
-                           "a SIGTERM this launcher did not send")
+    return stopped_outside(rec, attempt, report, agents_signalled(nodes))

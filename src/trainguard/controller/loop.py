@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from trainguard.controller.drain import drain, finish_saves
@@ -22,6 +22,7 @@ from trainguard.controller.hang_evidence import HangConfirmation, hang_fault
 from trainguard.controller.hang_watch import HangWatch
 from trainguard.controller.high_water import HighWater
 from trainguard.controller.inprocess import InProcessRestarts
+from trainguard.controller.outcome import Next, Outcome
 from trainguard.controller.recorder import Recorder
 from trainguard.controller.resume_agree import ResumeAgreement
 from trainguard.controller.signals import SignalReceiver
@@ -48,27 +49,6 @@ from trainguard.states import JobState, WorkerState
 
 if TYPE_CHECKING:
     from trainguard.controller.nodes import NodeRecovery
-
-@dataclass
-class _Outcome:
-    report: NodeReport
-    signal: int | None = None
-    hang: HangConfirmation | None = None
-    lost: dict[str, str] | None = None  # multi-node: placed nodes lost, with why
-    broken: str | None = None  # every rank's group broke, every process lives: the error
-
-
-@dataclass(frozen=True)
-class _Next:
-    """The ladder's decision after an incident, carried out as far as it goes before the
-    next attempt; a GIVE_UP comes with the JobFailed text and the culprit rank."""
-
-    decision: Decision
-    failure: str = ""
-    rank: int | None = None
-    node_level: bool = False  # nodes were (or would have been) waited for
-    outside: list[str] | None = None  # every placed node's agent got SIGTERM: these nodes
-
 
 class Controller:
     """Runs one job to the end and returns the launcher's exit code. After every incident it
@@ -132,7 +112,7 @@ class Controller:
                 return self.rec.not_started(attempt, e, self._started_any)
             if outcome.signal is not None:
                 return self._stopped(attempt, outcome.signal)
-            nxt: _Next | None
+            nxt: Next | None
             if outcome.lost:
                 nxt = self._after_loss(attempt, outcome.lost)
             elif outcome.hang is not None:
@@ -164,7 +144,7 @@ class Controller:
                                              "waiting to restart (the backoff)")
             attempt, start_type = attempt + 1, decision.start_type or StartType.AUTO_RESTART
 
-    def _run_attempt(self, attempt: int, start_type: StartType) -> _Outcome | None:
+    def _run_attempt(self, attempt: int, start_type: StartType) -> Outcome | None:
         # a stop before, during or after the waits for nodes starts nothing (review 45 #5; a
         # stop ends the pre-check's wait for spares; review 43 #3: the rendezvous's reachable
         # nodes' ranks started)
@@ -196,28 +176,32 @@ class Controller:
         self.rec.set_meta(state=JobState.RUNNING.value, attempt=attempt)
         return self._watch()
 
-    def _watch(self) -> _Outcome:
+    def _watch(self) -> Outcome:
         while True:
             signalled = self._signals.received
             report = self.agent.poll(wait_s=0.0 if signalled else self.spec.monitor_interval)
             self.rec.sync(report)  # before the next poll acknowledges its messages
             if signalled is not None:
-                return _Outcome(report, signalled)
+                return Outcome(report, signalled)
             if report.lost_nodes and self.nodes is not None:  # (and those leaving with them)
-                return _Outcome(report, lost={**self.nodes.fleet.lost, **ending_nodes(
-                    self.nodes.fleet, self.rec, report)})
+                return self._leaving(report, self.nodes.fleet.lost)
             states = [w.state for w in report.workers]
             if WorkerState.FAILED in states or all(s.ended for s in states):
-                return _Outcome(report)  # a rank's exit wins over its peers' failed steps
+                return Outcome(report)  # a rank's exit wins over its peers' failed steps
             if report.terminating_nodes and self.nodes is not None:  # (review 53 #2; after
-                return _Outcome(report, lost=ending_nodes(  # the end: review 54 #2)
-                    self.nodes.fleet, self.rec, report))
+                return self._leaving(report, {})  # the end: review 54 #2)
             self._observe(report)
             if self._inproc.broken is not None:
-                return _Outcome(report, broken=self._inproc.broken)
+                return Outcome(report, broken=self._inproc.broken)
             hang = self._hangs.observe(report)
             if hang is not None and self.spec.restart_on_hang:
-                return _Outcome(report, hang=hang)
+                return Outcome(report, hang=hang)
+
+    def _leaving(self, report: NodeReport, lost: dict[str, str]) -> Outcome:
+        """Placed nodes lost, and those whose agent got SIGTERM (controller/ending_nodes)."""
+        assert self.nodes is not None
+        report, ending = ending_nodes(self.nodes.fleet, report, self._seen)
+        return Outcome(report, lost={**lost, **ending})
 
     def _observe(self, report: NodeReport) -> None:
         """What the ranks said, to the resume agreement, step re-execution and rung 1a."""
@@ -265,11 +249,11 @@ class Controller:
             raise (LaunchError if decision.exit_code == ExitCode.USAGE
                    else NodesUnavailable)(decision.reason)
 
-    def _after_loss(self, attempt: int, lost: dict[str, str]) -> _Next:
+    def _after_loss(self, attempt: int, lost: dict[str, str]) -> Next:
         """Placed nodes were lost: each one's ranks are placed again (pod-level, else job)."""
         assert self.nodes is not None
         if every_one_ending(self.nodes.fleet.placement, lost):
-            return _Next(Decision(Action.GIVE_UP, "", self._hist), outside=sorted(lost))
+            return Next(Decision(Action.GIVE_UP, "", self._hist), outside=sorted(lost))
         report, times = self.nodes.lost(attempt, lost)
         decision = Decision(Action.RESTART, "", self._hist, start_type=StartType.AUTO_RESTART)
         for name, why in lost.items():
@@ -279,9 +263,9 @@ class Controller:
                 spares=spares)), report, times)
             if decision.action == Action.GIVE_UP:
                 break
-        return _Next(decision, decision.reason, node_level=True)
+        return Next(decision, decision.reason, node_level=True)
 
-    def _after_failure(self, attempt: int, report: NodeReport) -> _Next:
+    def _after_failure(self, attempt: int, report: NodeReport) -> Next:
         detected = utcnow()
         report = self._inproc.settled(report, self._seen)  # ranks killed together
         failed = [w for w in report.workers if w.state == WorkerState.FAILED]
@@ -293,9 +277,9 @@ class Controller:
         # restarted in place, nothing was stopped: the settle is the decision's time
         stopped = utcnow() if case is None else detected  # (review 35 #6)
         if self.nodes is not None:  # a peer's failure may be the sign of a node's loss
-            lost = {**self.nodes.fleet.settle(), **ending_nodes(self.nodes.fleet, self.rec, report)}
-            if lost:
-                return self._after_loss(attempt, lost)
+            outcome = self._leaving(report, self.nodes.fleet.settle())
+            if outcome.lost:
+                return self._after_loss(attempt, outcome.lost)
         diag = diagnose_attempt(report.workers, detected, node=report.node)
         if diag is None:  # pragma: no cover - _watch returns only with a failed worker
             raise RuntimeError("no failed worker to diagnose")
@@ -319,18 +303,18 @@ class Controller:
             assert self.nodes is not None
             decision = self.nodes.carry_out(attempt, decision, report,
                                             (first, detected, stopped), fault)
-            return _Next(decision, decision.reason, node_level=True)
+            return Next(decision, decision.reason, node_level=True)
         self._note_progress(report)  # the high-water marks move on the process path only
         self.rec.book.record(attempt, decision, fault)
         if decision.action == Action.GIVE_UP:
-            return _Next(decision, f"{diag.summary}; {decision.reason}", diag.culprit_rank)
+            return Next(decision, f"{diag.summary}; {decision.reason}", diag.culprit_rank)
         if decision.action != Action.RESTART_RANKS:
             self.rec.set_meta(state=JobState.RESTARTING.value)
             self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, f"{decision.reason}; "
                            f"restarting in {decision.delay_s:.1f}s", attempt=attempt)
-        return _Next(decision)
+        return Next(decision)
 
-    def _after_broken(self, attempt: int, report: NodeReport, error: str) -> _Next | None:
+    def _after_broken(self, attempt: int, report: NodeReport, error: str) -> Next | None:
         """Every rank's group broke under it (a transient collective error), every process
         lives: all re-enter in place, or (None) are told to raise: their exit is a CRASH.
         The record's fault: the first rank's failure; detected: the last rank's report."""
@@ -345,10 +329,10 @@ class Controller:
             self._inproc.refuse(f"not restarted in place: {decision.reason}")
             return None
         self.rec.book.record(attempt, decision, fault)  # decided: when carried out
-        return _Next(decision)
+        return Next(decision)
 
     def _after_hang(self, attempt: int, report: NodeReport,
-                    hang: HangConfirmation) -> _Next | None:
+                    hang: HangConfirmation) -> Next | None:
         """Restart upon suspension: stop the ranks, restart them in place (None: every rank
         had exited 0 meanwhile, the job was ending: the watch sees it succeed)."""
         made_progress = self._made_progress(report, allow_uptime=False)
@@ -368,12 +352,12 @@ class Controller:
             "a hang was confirmed")
         self.rec.book.record(attempt, decision, hang_fault(hang, stopped, report.progress))
         if decision.action == Action.GIVE_UP:
-            return _Next(decision, f"hung again after {self._policy.max_hang_restarts} restarts "
+            return Next(decision, f"hung again after {self._policy.max_hang_restarts} restarts "
                          "in place", hang.culprit.rank)
         if decision.action != Action.RESTART_RANKS:
             self.rec.set_meta(state=JobState.RESTARTING.value)
             self.rec.event(Level.INFO, Reason.RESTART_SCHEDULED, decision.reason, attempt=attempt)
-        return _Next(decision)
+        return Next(decision)
 
     def _made_progress(self, report: NodeReport, allow_uptime: bool = True) -> bool:
         return self._marks.made_progress(report, self.rec.messages.committed_this_attempt,

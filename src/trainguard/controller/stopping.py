@@ -71,8 +71,17 @@ def ended_well(agent: AgentAPI, rec: Recorder, attempt: int, report: NodeReport)
         return rec.end_job(JobState.SUCCEEDED, ExitCode.SUCCESS,
                            f"all {len(report.workers)} worker(s) exited 0 after "
                            f"{attempt + 1} attempt(s)", attempt=attempt)
-    return stopped_outside(rec, attempt, report, f"rank(s) {rank_list(outside)} ended on a "
-                           "SIGTERM this launcher did not send (their node agents got it too)")
+    ranks = f"rank(s) {rank_list(outside)}"  # (a rank stopped so: its agent got it first,
+    what = (f"{agents_signalled(report.terminating_nodes)} ({ranks} ended on it)"  # and says
+            if report.terminating_nodes else f"{ranks} ended on a SIGTERM this launcher did "
+            "not send (their node agents got it too)")  # so in its reports)
+    return stopped_outside(rec, attempt, report, what)
+
+
+def agents_signalled(nodes: list[str]) -> str:
+    """Who stopped a job from outside: the same words whether the ranks' exits or their
+    agents' flags (controller/ending_nodes.py) were seen first."""
+    return f"the node agents of {', '.join(nodes)} got a SIGTERM this launcher did not send"
 
 
 def stopped_outside(rec: Recorder, attempt: int, report: NodeReport, what: str) -> int:

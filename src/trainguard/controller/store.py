@@ -157,6 +157,12 @@ class JobStore(LedgerTables):
             )
         return version
 
+    def _schema(self) -> int:
+        """The store's schema version now: a reader of an older store asks again, since a
+        newer launcher taking the job over migrates it meanwhile (review 54 #8: a dashboard
+        opened on a schema-6 store read every rank's stopper as NULL until reopened)."""
+        return self._check_version() if self._version < SCHEMA_VERSION else self._version
+
     # -- meta -------------------------------------------------------------------
 
     def set_meta(self, **values: MetaValue) -> None:
@@ -207,7 +213,7 @@ class JobStore(LedgerTables):
         with self._errors("read events from"):
             rows = self._conn.execute(
                 f"SELECT id, time, level, reason, message, job, node, rank, attempt, "
-                f"{'data' if self._version >= 2 else 'NULL'} "
+                f"{'data' if self._schema() >= 2 else 'NULL'} "
                 f"FROM events WHERE id > ?{only} ORDER BY id",
                 (after_id, *reasons),
             ).fetchall()
@@ -274,8 +280,8 @@ class JobStore(LedgerTables):
         return self._worker_rows("ORDER BY attempt, rank", ())
 
     def _worker_rows(self, tail: str, params: tuple[int, ...]) -> list[WorkerRow]:
-        cols = [c if self._version >= WORKER_COLUMN_SINCE.get(c, 0) else "NULL"
-                for c in WORKER_COLUMNS]
+        version = self._schema()
+        cols = [c if version >= WORKER_COLUMN_SINCE.get(c, 0) else "NULL" for c in WORKER_COLUMNS]
         with self._errors("read workers from"):
             rows = self._conn.execute(
                 f"SELECT {', '.join(cols)} FROM workers {tail}", params).fetchall()
@@ -304,7 +310,7 @@ class JobStore(LedgerTables):
 
     def nodes(self) -> list[NodeRow]:
         """Every node, by slot (nodes without one last), then name; [] before schema 3."""
-        if self._version < 3:
+        if self._schema() < 3:
             return []
         with self._errors("read nodes from"):
             rows = self._conn.execute(

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainguard.backends.orphans import running_agents, unanswered
+from trainguard.backends.orphans import agents_seen
 from trainguard.controller.shown import LAUNCH_REASONS, last_progress, shown_state, stop_under_way
 from trainguard.controller.store import JobStore
 from trainguard.controller.store_rows import NodeRow, WorkerRow, log_dir_of, to_row
@@ -127,20 +127,22 @@ def _stopping(store: JobStore, meta: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _ranks_and_nodes(store: JobStore, meta: dict[str, Any],
-                     job_state: str | None) -> dict[str, list[dict[str, Any]]]:
+                     job_state: str | None) -> dict[str, Any]:
     """The ranks and nodes as `status` shows them: a lost job's read `lost` unless their
     agent still runs (walk-through 38 #6: the dashboard said `running` of processes gone
-    with their launcher; walk-through 42: a node down since read `healthy`)."""
+    with their launcher; walk-through 42: a node down since read `healthy`), with the
+    agents that still run and why Slurm could not say (review 54 #7: the dashboard kept the
+    recorded states then and said nothing)."""
     nodes = store.nodes()
-    lost = job_state == JobState.LOST.value  # (Slurm unanswered: the recorded states)
-    alive = ({n.name for n in nodes} if unanswered(meta, nodes) else
-             {r.name for r in running_agents(meta, nodes)}) if lost else set()
+    agents = agents_seen(meta, nodes, job_state == JobState.LOST.value)
+    kept = agents.kept(n.name for n in nodes)
     return {
-        "workers": [{**row, "state": shown_rank_state(row["state"], job_state, w.node in alive,
+        "agents_without_controller": agents.alive, "agents_unknown": agents.unknown,
+        "workers": [{**row, "state": shown_rank_state(row["state"], job_state, w.node in kept,
                                                       exit_seen(w.exit_code, w.signal))}
                     for w in store.workers() for row in (row_dict(w),)],
         "nodes": [{**row, **dict(zip(("state", "reason"), shown_node(
-            row["state"], row["reason"], job_state, n.name in alive), strict=True))}
+            row["state"], row["reason"], job_state, n.name in kept), strict=True))}
                   for n in nodes for row in (row_dict(n),)]}
 
 

@@ -84,10 +84,17 @@ TG.renderNodes = function (nodesBox, workersBox, job) {
   const table = (cols, rows) => TG.el("table", { class: "grid small" },
     TG.el("thead", {}, TG.el("tr", {}, ...cols.map((c) => TG.el("th", { text: c })))),
     TG.el("tbody", {}, ...rows));
-  nodesBox.replaceChildren(job.nodes.length ? table(["node", "host", "state", "slot", "implicated", "reason"],
-    job.nodes.map((n) => TG.el("tr", { class: "node", "data-state": n.state }, ...[n.name, n.host, n.state, n.slot ?? "-",
-      n.times_implicated, n.reason || ""].map((v) => TG.el("td", { text: v }))))) :
-    TG.el("p", { class: "muted", text: "One node (no node rows)." }));
+  // a lost job's agents, as `trainguard status` says them (review 54 #7)
+  const agents = job.agents_unknown ? `No controller: the launcher is gone, and of its node agents ${job.agents_unknown}: ` +
+    "the nodes and ranks below show their last recorded states." :
+    (job.agents_without_controller || []).length ? `No controller: the launcher is gone, but the node agents of ` +
+      `${job.agents_without_controller.join(", ")} still run, and their workers train on unrecorded ` +
+      "(`trainguard run` with the same --job-dir takes the job over; `trainguard stop` ends them)." : null;
+  nodesBox.replaceChildren(...(agents ? [TG.el("p", { class: "agents-note", text: agents })] : []),
+    job.nodes.length ? table(["node", "host", "state", "slot", "implicated", "reason"],
+      job.nodes.map((n) => TG.el("tr", { class: "node", "data-state": n.state }, ...[n.name, n.host, n.state, n.slot ?? "-",
+        n.times_implicated, n.reason || ""].map((v) => TG.el("td", { text: v }))))) :
+      TG.el("p", { class: "muted", text: "One node (no node rows)." }));
   workersBox.replaceChildren(job.workers.length ? table(["rank", "node", "pid", "state", "exit", "starts"],
     job.workers.map((w) => TG.el("tr", { class: "worker", "data-state": w.state, "data-rank": w.rank }, ...[w.rank, w.node, w.pid ?? "-", w.state,
       w.signal || (w.exit_code ?? "-"), w.start_count].map((v) => TG.el("td", { text: v }))))) :
