@@ -23,7 +23,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-from trainguard.backends.orphans import running_agents
+from trainguard.backends.orphans import agents_seen
 from trainguard.controller.faults import GROUP_FAILED_REASON, LOST_END_REASON, STOPPED_BY
 from trainguard.controller.lost_launch import last_stamp
 from trainguard.controller.shown import shown_state
@@ -71,8 +71,14 @@ def read_job_dir(job_dir: Path, problems: list[str], attempt: int | None = None
         records = store.running_records()
         deaths = [e for _, e in store.events(reasons=(Reason.WORKER_FAILED.value,))]
         lost_events = [e for _, e in store.events(reasons=(Reason.NODE_LOST.value,))]
-        # a lost job's ranks may train on
-        alive = {r.name for r in running_agents(meta, store.nodes())}
+        # a lost job's ranks may train on: its nodes whose agent still runs (all of them
+        # when Slurm cannot be asked: read as recorded, as `status` does; review 53 #6)
+        nodes = store.nodes()
+        agents = agents_seen(meta, nodes, shown_state(meta) == JobState.LOST.value)
+        alive = agents.kept(n.name for n in nodes)
+    if agents.unknown:
+        problems.append(f"the launcher is gone, and of its node agents {agents.unknown}: "
+                        "the job is read as recorded (its ranks may train on)")
     attempts = sorted({r.attempt for r in rows})
     log_dir = log_dir_of(meta, job_dir)
     if meta.get("exit_code") == ExitCode.NO_PROGRESS:  # whatever the verdict says of restarts

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainguard.backends.orphans import running_agents
+from trainguard.backends.orphans import agents_seen
 from trainguard.cli.fmt import clock_or_dash, meta_time
 from trainguard.controller.shown import last_progress, shown_state
 from trainguard.controller.store import JobStore
@@ -31,15 +31,14 @@ def read_job(job_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             attempts = len(store.running_records())
             progress = last_progress(meta, store.last_checkpoint())
             state = shown_state(meta)
-            agents = [n.name for n in running_agents(meta, store.nodes())] \
-                if state == JobState.LOST.value else []
+            agents = agents_seen(meta, store.nodes(), state == JobState.LOST.value)
     except StoreError as e:
         return {"job_dir": str(job_dir), "run_id": None, "state": "unreadable",
                 "error": str(e)}, {}
     return {
         "job_dir": str(job_dir),
         "run_id": meta.get("run_id"), "state": state, "attempts": attempts,
-        "agents_without_controller": agents,
+        "agents_without_controller": agents.alive, "agents_unknown": agents.unknown,
         "last_step": progress["step"], "last_progress_at": progress["time"],
         "progress_source": progress["source"],
         "created_at": meta.get("created_at"), "ended_at": meta.get("ended_at")}, meta

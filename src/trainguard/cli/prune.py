@@ -103,7 +103,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
                  f"{', '.join(r['agents_without_controller'])} still run and their workers "
                  f"train on: not deleted. Fix: `trainguard stop {r['job_dir']}` ends them "
                  "(or run the job's command again to take it over)", "note")
-    due = [(r, meta) for r, meta in due if not r["agents_without_controller"]]
+    for r in (r for r, _ in due if r.get("agents_unknown")):  # (review 53 #6: read as none)
+        complain("prune", f"{r['job_dir']} is lost, and of its node agents "
+                 f"{r['agents_unknown']}: not deleted (their workers may train on). Fix: "
+                 "run prune again once Slurm answers", "note")
+    due = [(r, meta) for r, meta in due if not _agents_may_run(r)]
     plans = [(r, meta, *_plan(Path(r["job_dir"]), meta)) for r, meta in due]
     uses = running_uses([(r, meta) for r, meta in jobs if _not_due(r, cutoff)],
                         [(Path(r["job_dir"]), delete) for r, _, _, delete, _ in plans],
@@ -146,8 +150,12 @@ def _plan(job_dir: Path, meta: dict[str, Any]
 
 def _in_use(r: dict[str, Any]) -> bool:
     """A job that runs (or whose store cannot be read: it may be one being made), or a lost
-    one whose node agents still run its workers."""
-    return r["state"] not in JOB_ENDED or bool(r.get("agents_without_controller"))
+    one whose node agents still run its workers (or may: Slurm could not be asked)."""
+    return r["state"] not in JOB_ENDED or _agents_may_run(r)
+
+
+def _agents_may_run(r: dict[str, Any]) -> bool:
+    return bool(r.get("agents_without_controller") or r.get("agents_unknown"))
 
 
 def _not_due(r: dict[str, Any], cutoff: datetime) -> bool:

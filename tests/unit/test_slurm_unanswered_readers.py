@@ -1,0 +1,87 @@
+"""Every reader of a lost Slurm job when squeue does not answer (slurmctld down or slow):
+`ls`, `prune` and `diagnose JOB_DIR` read it as `status` and the dashboard do, as recorded,
+its ranks perhaps training on (review 53 #6: a failing squeue read as every agent gone).
+squeue is a fake on PATH that fails (the I/O layer; tests/multinode runs the real one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from tests.unit.helpers import tg
+from trainguard.cli.diagnose_job import read_job_dir
+from trainguard.controller.store import JobStore, NodeRow, WorkerRow
+from trainguard.records import RunningRecord, StartType
+from trainguard.states import NodeState
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)  # long ago: prune's cutoff is passed
+TIMED_OUT = "slurm_load_jobs error: Socket timed out on send/recv operation"
+
+
+@pytest.fixture
+def failing_squeue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\necho '{TIMED_OUT}' >&2\nexit 1\n")
+    (bin_dir / "squeue").chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    monkeypatch.setenv("PATH", path)
+    from trainguard.backends import orphans
+    monkeypatch.setattr(orphans, "_steps_seen", {})
+    return {**os.environ, "PATH": path}
+
+
+def lost_slurm_job(job: Path) -> Path:
+    """Attempt 0 of a two-node job in Slurm allocation 6, its launcher gone (no such pid)."""
+    with JobStore.create(job, "run-1") as s:
+        s.set_meta(state="running", attempt=0, launcher_pid=2 ** 22 + 12345,
+                   launcher_host=socket.gethostname(), log_dir=str(job / "logs"),
+                   slurm_job_id="6", created_at=T0.isoformat())
+        s.put_running(RunningRecord(0, T0, StartType.FIRST_START))
+        s.put_workers(0, [WorkerRow(0, r, 0, f"n{r}", 100 + r, "running") for r in (0, 1)])
+        s.put_nodes([NodeRow(f"n{r}", f"h{r}", NodeState.HEALTHY, 500 + r, r, None,
+                             T0 + timedelta(seconds=r), "slurm") for r in (0, 1)])
+    logs = job / "logs" / "attempt-0"
+    logs.mkdir(parents=True)
+    for r in (0, 1):
+        (logs / f"rank-{r}.log").write_text("step 1\nstep 2\n")
+    return job
+
+
+def test_prune_keeps_a_lost_job_whose_agents_slurm_cannot_say(
+        tmp_path: Path, failing_squeue: dict[str, str]) -> None:
+    """The job's last progress is long past the cutoff: prune deleted its logs and
+    checkpoints although its ranks may still train and write there."""
+    job = lost_slurm_job(tmp_path / "runs" / "job")
+    (job / "checkpoints" / "step-000000010").mkdir(parents=True)
+    ls = tg("ls", str(tmp_path / "runs"), "--json", env=failing_squeue)
+    (row,) = json.loads(ls.stdout)
+    assert row["state"] == "lost" and row["agents_without_controller"] == [], row
+    assert TIMED_OUT in row["agents_unknown"], row
+    r = tg("prune", str(tmp_path / "runs"), "--older-than", "1", "--yes", env=failing_squeue)
+    assert r.returncode == 0, r.stderr
+    assert (job / "checkpoints" / "step-000000010").is_dir() and (job / "logs").is_dir()
+    said = " ".join(r.stderr.split())
+    assert f"{job} is lost, and of its node agents Slurm could not be asked" in said, said
+    assert "not deleted (their workers may train on). Fix: run prune again once Slurm " \
+        "answers" in said, said
+
+
+def test_diagnose_reads_a_lost_job_whose_agents_slurm_cannot_say_as_recorded(
+        tmp_path: Path, failing_squeue: dict[str, str]) -> None:
+    """Read as no agent running, the attempt was closed as lost with its launcher (its ranks
+    with it): 'no failure', nothing read. Now its logs are read and the problem is said."""
+    job = lost_slurm_job(tmp_path / "job")
+    problems: list[str] = []
+    got = read_job_dir(job, problems)
+    assert got is not None and got.note is None, got
+    assert sorted(name for _, name in got.files) == ["logs/attempt-0/rank-0.log",
+                                                     "logs/attempt-0/rank-1.log"]
+    assert len(problems) == 1 and problems[0].startswith(
+        "the launcher is gone, and of its node agents Slurm could not be asked"), problems
+    assert problems[0].endswith("the job is read as recorded (its ranks may train on)")
