@@ -10,6 +10,7 @@ import functools
 import time
 from pathlib import Path
 
+from trainguard.backends.orphans import AgentsSeen
 from trainguard.checkpoint.store_errors import missing_bucket_problem
 from trainguard.controller.dir_owner import (
     ABSENT,
@@ -58,22 +59,29 @@ def _refuse_if_it_runs(paths: JobPaths, owner: dict[str, str]) -> None:
     """Refuse the checkpoint dir of `owner`'s job while that job runs, or its launcher is gone
     but its node agents' workers train on (review of walk-through 31 #13)."""
     if running(owner):
-        agents: list[str] = []
+        agents = AgentsSeen()
     else:
         agents = lost_agents(owner)
-        if not agents:
+        if not agents.alive and not agents.unknown:
             return
+    lost = bool(agents.alive or agents.unknown)
     job = f"job {owner.get('run_id')!r} (job dir {owner.get('job_dir')})"
     fix = "give each job its own --checkpoint-dir, or wait for that job to end (or stop it) to " \
         "continue from its checkpoints"
-    if agents:
-        job = (f"lost {job}: its launcher is gone, but the node agents of {', '.join(agents)} "
-               "still run and their workers train on")
+    if agents.alive:
+        job = (f"lost {job}: its launcher is gone, but the node agents of "
+               f"{', '.join(agents.alive)} still run and their workers train on")
         fix = (f"`trainguard stop {owner.get('job_dir')}` ends them (or run that job's command "
                "again to take it over), or give each job its own --checkpoint-dir")
+    elif agents.unknown:  # (their workers may train on: read as the recorded job)
+        job = (f"lost {job}: its launcher is gone, and of its node agents {agents.unknown}, "
+               "so their workers may train on")
+        fix = ("run this again once Slurm answers (`trainguard status "
+               f"{owner.get('job_dir')}` says which agents run), or give each job its own "
+               "--checkpoint-dir")
     raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'",
                     f"{paths.checkpoint_dir} is the checkpoint dir of the "
-                    f"{'' if agents else 'running '}{job}: both jobs would save the same steps, "
+                    f"{'' if lost else 'running '}{job}: both jobs would save the same steps, "
                     "this job's saves would find them committed and write nothing, and a "
                     "restart of it would resume the other job's weights", fix)
 

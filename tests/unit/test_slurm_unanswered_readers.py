@@ -1,7 +1,8 @@
 """Every reader of a lost Slurm job when squeue does not answer (slurmctld down or slow):
-`ls`, `prune` and `diagnose JOB_DIR` read it as `status` and the dashboard do, as recorded,
-its ranks perhaps training on (review 53 #6: a failing squeue read as every agent gone).
-squeue is a fake on PATH that fails (the I/O layer; tests/multinode runs the real one)."""
+`ls`, `prune`, `diagnose JOB_DIR` and a launch's checkpoint-dir check read it as `status`
+and the dashboard do, as recorded, its ranks perhaps training on (review 53 #6: a failing
+squeue read as every agent gone). squeue is a fake on PATH that fails (the I/O layer;
+tests/multinode runs the real one)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ import pytest
 
 from tests.unit.helpers import tg
 from trainguard.cli.diagnose_job import read_job_dir
+from trainguard.controller.dir_owner import OWNER_NAME
 from trainguard.controller.store import JobStore, NodeRow, WorkerRow
+from trainguard.errors import SpecError
+from trainguard.launch_ckpt_dir import check_checkpoint_dir
+from trainguard.paths import JobPaths
 from trainguard.records import RunningRecord, StartType
 from trainguard.states import NodeState
 
@@ -85,3 +90,22 @@ def test_diagnose_reads_a_lost_job_whose_agents_slurm_cannot_say_as_recorded(
     assert len(problems) == 1 and problems[0].startswith(
         "the launcher is gone, and of its node agents Slurm could not be asked"), problems
     assert problems[0].endswith("the job is read as recorded (its ranks may train on)")
+
+
+def test_a_new_job_is_refused_the_checkpoint_dir_of_a_lost_job_slurm_cannot_say_of(
+        tmp_path: Path, failing_squeue: dict[str, str]) -> None:
+    """The launch check read the failing squeue as no agent: the lost job counted as ended,
+    and a second job took over the checkpoint dir its ranks may still save into."""
+    job = lost_slurm_job(tmp_path / "a")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / OWNER_NAME).write_text(json.dumps({"run_id": "run-1", "job_dir": str(job),
+                                             "host": "elsewhere", "pid": 1}))
+    with pytest.raises(SpecError) as e:
+        check_checkpoint_dir(JobPaths(tmp_path / "b", tmp_path / "b" / "logs", str(ck),
+                                      checkpoint_dir_key="checkpoint_dir"))
+    msg = " ".join(str(e.value).split())
+    assert f"{ck} is the checkpoint dir of the lost job 'run-1' (job dir {job}): its " \
+        "launcher is gone, and of its node agents Slurm could not be asked" in msg, msg
+    assert "so their workers may train on: both jobs would save the same steps" in msg, msg
+    assert f"Fix: run this again once Slurm answers (`trainguard status {job}` says" in msg

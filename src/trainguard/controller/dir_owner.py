@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainguard.backends.orphans import running_agents
+from trainguard.backends.orphans import AgentsSeen, agents_seen
 from trainguard.checkpoint.manifest import OWNER_NAME
 from trainguard.checkpoint.store_errors import missing_bucket, s3_error
 from trainguard.controller.store import JobStore, db_path
@@ -198,18 +198,18 @@ def _launcher_starting(owner: dict[str, str]) -> bool:
         return False
 
 
-def lost_agents(owner: dict[str, str]) -> list[str]:
-    """The nodes of the owner's job whose agent still runs here: a job whose launcher is gone
-    but whose workers train and save on, as `status` and `prune` say (review of walk-through
-    31 #13: the launch check counted it as ended)."""
+def lost_agents(owner: dict[str, str]) -> AgentsSeen:
+    """The nodes of the owner's job whose agent still runs: a job whose launcher is gone but
+    whose workers train and save on, as `status` and `prune` say (review of walk-through 31
+    #13: the launch check counted it as ended), or why Slurm could not say."""
     job_dir = Path(owner["job_dir"])
     if not db_path(job_dir).is_file():
-        return []
+        return AgentsSeen()
     try:
         with JobStore.open(job_dir) as store:
-            return [n.name for n in running_agents(store.meta(), store.nodes())]
+            return agents_seen(store.meta(), store.nodes(), lost=True)
     except (StoreError, OSError):
-        return []
+        return AgentsSeen()
 
 
 def fs_of(url: str) -> Any:
