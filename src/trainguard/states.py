@@ -9,6 +9,7 @@ states, so a rule reads as `node.state.usable`, not as a tuple of strings. Stdli
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -167,6 +168,18 @@ class StopCause(str, Enum):
 
     LAUNCHER = "launcher"
     OUTSIDE = "outside"
+
+
+def ended_state(returncode: int, draining: StopCause | None) -> WorkerState:
+    """How a rank ended, from its exit status and who was stopping its node's ranks when
+    the agent saw it: SIGTERM's exit while a stop was under way is STOPPED, and so is an
+    exit 0 on the node's SIGTERM from outside (a handler that exits 0: review 55 #6, it read
+    succeeded in a job stopped from outside); else exit 0 SUCCEEDED, the rest FAILED."""
+    on_term = returncode in (143, -signal.SIGTERM) or (
+        returncode == 0 and draining == StopCause.OUTSIDE)
+    if draining is not None and on_term:
+        return WorkerState.STOPPED
+    return WorkerState.SUCCEEDED if returncode == 0 else WorkerState.FAILED
 
 
 _WORKER_ENDINGS = frozenset({WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED})

@@ -877,3 +877,15 @@ def test_ranks_stopped_from_outside_end_the_job_stopped_in_the_words_of_the_agen
                                "on a SIGTERM this launcher did not send (their node agents got "
                                "it too)")
     assert "JobSucceeded" not in run.reasons
+
+
+def test_the_controller_says_when_it_was_last_alive(job: Any) -> None:
+    """backends/orphans.GONE_AFTER_S: how long a lost job's agents may still run is counted
+    from it (review 55 #3)."""
+    from datetime import datetime
+
+    from trainguard.backends.orphans import ALIVE_KEY
+
+    run = job(CRASH_THEN_RECOVER, max_restarts=3)
+    at = datetime.fromisoformat(run.store.meta()[ALIVE_KEY])
+    assert abs((datetime.now(timezone.utc) - at).total_seconds()) < 60

@@ -1010,7 +1010,39 @@ def test_the_polls_that_wait_for_the_other_nodes_sigterm_are_seen_and_the_last_o
             hub.reports["b"] = [report("b", 0, [2, 3], last=5).model_copy(
                 update={"terminating": True})]
 
-    last, ending = ending_nodes(f, first, see)
-    assert ending == {"a": WHY, "b": WHY}
-    assert len(seen) == 2 and last is seen[-1]
-    assert last.terminating_nodes == ["a", "b"] and last.progress.last_step == 5
+    assert ending_nodes(f, first, see) == {"a": WHY, "b": WHY}
+    assert len(seen) == 2 and seen[-1].terminating_nodes == ["a", "b"]
+    assert seen[-1].progress.last_step == 5
+
+
+def test_a_node_lost_while_the_others_may_say_sigterm_leaves_the_job_with_them(
+        tmp_path: Path) -> None:
+    """Review 55 #4: a's agent got SIGTERM; during the settle b's link went down for good.
+    The loss was merged as it stood before the settle: b stayed placed, the next attempt
+    started on it, and a second pod reschedule followed."""
+    from trainguard.controller.ending_nodes import WHY
+    from trainguard.controller.loop import Controller
+    from trainguard.controller.nodes import NodeRecovery
+    from trainguard.controller.recorder import Recorder
+    from trainguard.controller.store import JobStore
+    from trainguard.paths import JobPaths
+    from trainguard.spec_build import build_spec
+
+    spec = build_spec(None, {"entrypoint": "train.py", "run_id": "t", "nproc_per_node": 2,
+                             "nnodes": 2, "master_port": 29513})
+    paths = JobPaths(tmp_path / "job", tmp_path / "job" / "logs", str(tmp_path / "ck"))
+    paths.make()
+    with JobStore.create(paths.job_dir, "t") as store:
+        rec = Recorder(spec, paths, store, ["x"])
+        f, hub, _ = fleet(("a", "b", "c", "d"))
+        f.start_workers(start_cmd(0))
+        hub.reports = {"a": [report("a", 0, [0, 1]).model_copy(update={"terminating": True})],
+                       "b": [report("b", 0, [2, 3])]}
+        first = f.poll()
+        assert first.terminating_nodes == ["a"] and first.lost_nodes == []
+        hub.disconnected["b"] = 60.0  # b's link is down past the reconnect grace
+        hub.connected_nodes.discard("b")
+        ctrl = Controller(rec, f, nodes=NodeRecovery(rec, f))  # type: ignore[arg-type]
+        out = ctrl._leaving(first, f.lost)
+        assert out.lost is not None and set(out.lost) == {"a", "b"}, out.lost
+        assert out.lost["a"] == WHY and out.lost["b"] != WHY

@@ -46,7 +46,7 @@ def test_another_job_s_agents_in_the_same_allocation_are_not_this_job_s(
     meta = {"slurm_job_id": "6", "run_id": "a"}
     rows = [Row("n1"), Row("n2")]
     assert [r.name for r in orphans.running_agents(meta, rows)] == ["n1"]
-    assert orphans.end_agents(meta, rows) == ["n1 (Slurm step 6.4)"]
+    assert orphans.end_agents(meta, rows) == (["n1 (Slurm step 6.4)"], None)
     assert "scancel 6.4" in calls.read_text() and "scancel 6.0" not in calls.read_text()
 
 
@@ -56,11 +56,11 @@ def test_stop_cancels_trainguard_s_own_allocation_even_with_no_agent_step_left(
     the allocation trainguard had made RUNNING."""
     calls = fake_slurm(tmp_path, monkeypatch, "")
     meta = {"slurm_job_id": "7", "slurm_own_job": "7", "run_id": "a"}
-    assert orphans.end_agents(meta, [Row("n1")]) == ["Slurm allocation 7"]
+    assert orphans.end_agents(meta, [Row("n1")]) == (["Slurm allocation 7"], None)
     assert "scancel 7\n" in calls.read_text()
     # one it did not make is never cancelled whole
     calls.write_text("")
-    assert orphans.end_agents({"slurm_job_id": "8", "run_id": "a"}, [Row("n1")]) == []
+    assert orphans.end_agents({"slurm_job_id": "8", "run_id": "a"}, [Row("n1")]) == ([], None)
     assert "scancel" not in calls.read_text()
 
 

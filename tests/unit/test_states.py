@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +24,9 @@ from trainguard.states import (
     WORKER_TRANSITIONS,
     JobState,
     NodeState,
+    StopCause,
     WorkerState,
+    ended_state,
 )
 
 PKG_DIR = Path(__file__).resolve().parents[2] / "src" / "trainguard"
@@ -321,3 +324,17 @@ def test_a_node_of_a_job_whose_launcher_died_reads_lost_unless_its_agent_runs() 
     assert shown_node("isolated", "xid 79", "lost", False) == ("isolated", "xid 79")
     assert shown_node("lost", "its agent process ended", "lost", False) == (
         "lost", "its agent process ended")
+
+
+@pytest.mark.parametrize(("rc", "draining", "state"), [
+    (0, None, WorkerState.SUCCEEDED), (1, None, WorkerState.FAILED),
+    (-signal.SIGTERM, None, WorkerState.FAILED),  # nobody was stopping it: a kill
+    (143, StopCause.LAUNCHER, WorkerState.STOPPED),
+    (-signal.SIGTERM, StopCause.OUTSIDE, WorkerState.STOPPED),
+    (0, StopCause.LAUNCHER, WorkerState.SUCCEEDED),  # it ended as the stop came
+    (0, StopCause.OUTSIDE, WorkerState.STOPPED),  # review 55 #6: a handler's exit 0
+    (1, StopCause.OUTSIDE, WorkerState.FAILED),  # a crash while stopping is said
+    (-signal.SIGKILL, StopCause.OUTSIDE, WorkerState.FAILED)])
+def test_how_a_rank_ended_from_its_exit_and_who_was_stopping_its_node(
+        rc: int, draining: StopCause | None, state: WorkerState) -> None:
+    assert ended_state(rc, draining) == state

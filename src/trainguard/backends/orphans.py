@@ -14,14 +14,21 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from trainguard.backends import slurm_cli
 from trainguard.backends.local import R, live_agents, signal_agent
 from trainguard.backends.slurm import SlurmBackend, agent_step
 from trainguard.backends.slurm_cli import SlurmError
+from trainguard.protocol import AgentConfig
 
 SLURM_JOB_KEY = "slurm_job_id"  # the job store's meta: the allocation the agents run in
+ALIVE_KEY = "controller_alive_at"  # ... and when the controller was last alive (ISO time),
+ALIVE_EVERY_S = 60.0  # written this often (controller/recorder.py)
+# an agent without a controller this long has ended (its orphan timeout): a lost job's
+# agents are gone whatever Slurm says once its controller was last alive longer ago
+GONE_AFTER_S = ALIVE_EVERY_S + AgentConfig.model_fields["orphan_timeout_s"].default + 60.0
 OWN_JOB_KEY = "slurm_own_job"  # ... and the one trainguard made (cancelled at the job's end)
 STEPS_TIMEOUT_S = 5.0  # one squeue call at most this long (status waits on it)
 STEPS_TTL_S = 2.0  # the dashboard asks on every push: squeue at most this often per job
@@ -67,7 +74,18 @@ def agents_seen(meta: Mapping[str, Any], rows: Iterable[R], lost: bool) -> Agent
         return AgentsSeen()
     rows = list(rows)
     return AgentsSeen(sorted(r.name for r in running_agents(meta, rows)),
-                      unanswered(meta, rows))
+                      _unknown(meta, unanswered(meta, rows)))
+
+
+def _unknown(meta: Mapping[str, Any], why: str | None) -> str | None:
+    """Why Slurm could not say, unless the agents have ended whatever it says: their
+    controller was last alive more than GONE_AFTER_S ago (review 55 #3: where squeue never
+    answers, a job lost months ago was never pruned and its checkpoint dir never free)."""
+    try:
+        at = datetime.fromisoformat(str(meta.get(ALIVE_KEY))).timestamp()
+    except ValueError:  # none written (a store older than review 55) or garbled: unknown
+        return why
+    return None if time.time() - at > GONE_AFTER_S else why
 
 
 def unanswered(meta: Mapping[str, Any], rows: Iterable[R]) -> str | None:
@@ -81,20 +99,23 @@ def unanswered(meta: Mapping[str, Any], rows: Iterable[R]) -> str | None:
     return steps if isinstance(steps, str) else None
 
 
-def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
+def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> tuple[list[str], str | None]:
     """End the agents that still run (each one's guardian ends its workers): the local ones
     by SIGKILL to their process groups, Slurm's by scancel of their steps, or of the whole
     allocation when trainguard made it (its dead launcher would have cancelled it at the
-    end). What was ended: 'node (pid N)', 'node (Slurm step J.S)', 'Slurm allocation J'."""
+    end). What was ended: 'node (pid N)', 'node (Slurm step J.S)', 'Slurm allocation J';
+    and why Slurm could not say which steps run, when it could not (review 55 #2: read as
+    none, `stop` said the job had ended)."""
     rows = list(rows)
     ended = [f"{r.name} (pid {r.agent_pid})" for r in live_agents(rows)
              if r.agent_pid is not None and signal_agent(r.agent_pid, r.name)]
     job, run = meta.get(SLURM_JOB_KEY), str(meta.get("run_id") or "")
     if not isinstance(job, str) or not any(r.backend == SlurmBackend.name for r in rows):
-        return ended
+        return ended, None
     _steps_seen.pop(job, None)  # asked afresh, and again by whoever asks after
     asked = _steps(job)
     _steps_seen.pop(job, None)
+    unknown = _unknown(meta, asked) if isinstance(asked, str) else None
     steps = {} if isinstance(asked, str) else asked
     agents = {r.name: steps[agent_step(run, r.name)] for r in rows
               if r.backend == SlurmBackend.name and agent_step(run, r.name) in steps}
@@ -102,7 +123,7 @@ def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
         try:  # job): its end ends every step, and nothing else would free it, steps or not
             slurm_cli.cancel(job, timeout_s=STEPS_TIMEOUT_S)  # (review 52 #4)
             return [*ended, *(f"{n} (Slurm step {s})" for n, s in agents.items()),
-                    f"Slurm allocation {job}"]
+                    f"Slurm allocation {job}"], None
         except SlurmError:
             pass  # ended already, or this user may not: its steps one by one, then
     for name, step in agents.items():
@@ -111,7 +132,7 @@ def end_agents(meta: Mapping[str, Any], rows: Iterable[R]) -> list[str]:
         except SlurmError:
             continue  # it ended meanwhile, or this user may not: not said as ended
         ended.append(f"{name} (Slurm step {step})")
-    return ended
+    return ended, unknown
 
 
 def _steps(job: str) -> dict[str, str] | str:
@@ -125,11 +146,21 @@ def _steps(job: str) -> dict[str, str] | str:
     try:
         steps = slurm_cli.job_steps(job, timeout_s=STEPS_TIMEOUT_S)
     except SlurmError as e:
-        why = f"Slurm could not be asked whether they run ({' '.join(str(e).split())[:300]})"
+        why = f"Slurm could not be asked whether they run ({_short(str(e))})"
         _steps_seen[job] = (time.monotonic() + FAILED_TTL_S, why)
         return why
     _steps_seen[job] = (time.monotonic() + STEPS_TTL_S, steps)
     return steps
 
 
-__all__ = ["OWN_JOB_KEY", "SLURM_JOB_KEY", "end_agents", "running_agents", "unanswered"]
+def _short(error: str, limit: int = 300) -> str:
+    """A Slurm error on one line, its output cut at a word (review 55 #3: cut at 300
+    characters, its own `Fix: check ...` read `Fix: c`), its fix kept whole."""
+    said, sep, fix = " ".join(error.split()).partition(" Fix: ")
+    if len(said) > limit:
+        said = said[:limit].rsplit(" ", 1)[0] + " ..."
+    return f"{said}{sep}{fix}"
+
+
+__all__ = ["ALIVE_EVERY_S", "ALIVE_KEY", "GONE_AFTER_S", "OWN_JOB_KEY", "SLURM_JOB_KEY",
+           "AgentsSeen", "agents_seen", "end_agents", "running_agents", "unanswered"]

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
-from trainguard.backends.orphans import end_agents
+from trainguard.backends.orphans import SLURM_JOB_KEY, end_agents
 from trainguard.cli.args import seconds
 from trainguard.cli.fmt import clock_or_dash, complain, dash, print_json, print_table, size_text
 from trainguard.cli.job_rows import job_row, when
@@ -79,7 +79,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return ExitCode.NO_JOB
     state = shown_state(meta)
     if state in JOB_ENDED:
-        ended = _end_agents(Path(args.job_dir)) if state == JobState.LOST.value else []
+        ended, unknown = _end_agents(Path(args.job_dir)) if state == JobState.LOST.value \
+            else ([], None)
         found = record_unwatched(Path(args.job_dir)) if state == JobState.LOST.value else None
         if ended:  # a multi-node job's agents outlive a killed launcher, training on
             print(f"job {meta.get('run_id')}: its launcher is gone but its node agents still "
@@ -88,6 +89,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
             return ExitCode.SUCCESS
         if found:
             print(f"job {meta.get('run_id')}: {found}")
+        if unknown:  # (review 55 #2: read as none, "the job has already ended")
+            complain("stop", f"the job's launcher is gone, and of its node agents {unknown}: "
+                     "nothing was ended, their workers may train on. Fix: run `trainguard stop "
+                     f"{args.job_dir}` again once Slurm answers, or `scancel "
+                     f"{meta.get(SLURM_JOB_KEY)}` (the whole allocation)")
+            return ExitCode.FAILED
         why = "its launcher is gone" if state == JobState.LOST.value else "nothing to stop"
         complain("stop", f"the job has already ended ({state}): {why}", "note")
         return ExitCode.SUCCESS
@@ -134,23 +141,27 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if not _wait_gone(proc, 10.0):
         complain("stop", f"the launcher (pid {pid}) is still there 10s after SIGKILL")
         return ExitCode.FAILED
-    ended = _end_agents(Path(args.job_dir))
+    ended, unknown = _end_agents(Path(args.job_dir))
     if ended:  # a multi-node job's agents outlive their launcher (for a takeover)
         print(f"ended its node agents {', '.join(ended)} (their workers end with them)",
               flush=True)
+    if unknown:
+        complain("stop", f"of its node agents {unknown}: run `trainguard stop "
+                 f"{args.job_dir}` again once Slurm answers", "note")
     return _stopped(Path(args.job_dir), killed=True)
 
 
-def _end_agents(job_dir: Path) -> list[str]:
+def _end_agents(job_dir: Path) -> tuple[list[str], str | None]:
     """A multi-node job's node agents that still run, ended (each agent's guardian kills its
     workers): they outlive a killed launcher, waiting for a controller to take the job over,
     and train on meanwhile. The local backend's by SIGKILL to their process groups, Slurm's
-    by scancel of their steps (backends.orphans); what was ended, each named."""
+    by scancel of their steps (backends.orphans); what was ended, each named, and why
+    Slurm could not say which run (None: it answered)."""
     try:
         with JobStore.open(job_dir) as store:
             meta, rows = store.meta(), store.nodes()
     except StoreError:
-        return []
+        return [], None
     return end_agents(meta, rows)
 
 

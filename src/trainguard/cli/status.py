@@ -333,13 +333,13 @@ _NODE_KEYS = ("name", "host", "state", "agent_pid", "slot", "backend", "times_im
 
 
 def _rank_dict(w: WorkerRow, job_state: str | None, hung: set[int],
-               agents_alive: set[str]) -> dict[str, Any]:
+               kept: set[str]) -> dict[str, Any]:
     """A rank's row; a rank not ended when its launcher died reads `lost` (the guardian
     killed it with the launcher: nothing recorded its end), but as recorded on a node whose
     agent still runs (it keeps its workers for a takeover); `hung`: a running rank of a
     confirmed hang left running."""
     d = {k: _plain(getattr(w, k)) for k in _RANK_KEYS}
-    d["state"] = shown_rank_state(d["state"], job_state, w.node in agents_alive,
+    d["state"] = shown_rank_state(d["state"], job_state, w.node in kept,
                                   exit_seen(w.exit_code, w.signal))
     d["hung"] = w.rank in hung and d["state"] == WorkerState.RUNNING.value
     return d

@@ -24,9 +24,11 @@ from typing import Any, TypeVar
 from trainguard.backends.orphans import AgentsSeen, agents_seen
 from trainguard.checkpoint.manifest import OWNER_NAME
 from trainguard.checkpoint.store_errors import missing_bucket, s3_error
+from trainguard.controller.shown import shown_state
 from trainguard.controller.store import JobStore, db_path
 from trainguard.errors import StoreError
 from trainguard.paths import LOCK_NAME, is_url
+from trainguard.states import JOB_ENDED, JobState
 
 T = TypeVar("T")
 
@@ -206,8 +208,11 @@ def lost_agents(owner: dict[str, str]) -> AgentsSeen:
     if not db_path(job_dir).is_file():
         return AgentsSeen()
     try:
-        with JobStore.open(job_dir) as store:
-            return agents_seen(store.meta(), store.nodes(), lost=True)
+        with JobStore.open(job_dir) as store:  # (review 55 #1: an ended job's agents are
+            meta = store.meta()  # not asked: its dir is taken over whatever Slurm says; its
+            state = shown_state(meta)  # launcher on another host: active as recorded)
+            return agents_seen(meta, store.nodes(), state == JobState.LOST.value
+                               or state not in JOB_ENDED)
     except (StoreError, OSError):
         return AgentsSeen()
 

@@ -26,18 +26,18 @@ WHY = (f"{AGENT_TERMINATED} (a person's kill, the cluster ending its step or all
 
 
 def ending_nodes(fleet: Fleet, report: NodeReport,
-                 seen: Callable[[NodeReport], None]) -> tuple[NodeReport, dict[str, str]]:
+                 seen: Callable[[NodeReport], None]) -> dict[str, str]:
     """The placed nodes whose agent got SIGTERM, with why, once the others had SETTLE_S to
-    say so too ({} when none did), and the last report. Each report polled meanwhile goes to
-    `seen` (recorded, and to the resume agreement and in-process bookkeeping as the watch's
-    would: review 54 #4, they were only recorded and the last one dropped)."""
+    say so too ({} when none did). Each report polled meanwhile goes to `seen` (recorded,
+    and to the resume agreement and in-process bookkeeping as the watch's would: review 54
+    #4, they were only recorded); a node lost meanwhile is in fleet.lost after it."""
     ending = set(report.terminating_nodes)
     deadline = time.monotonic() + SETTLE_S
     while ending and not set(fleet.placement) <= ending and time.monotonic() < deadline:
         report = fleet.poll(wait_s=0.2)
         seen(report)
         ending |= set(report.terminating_nodes)
-    return report, dict.fromkeys(sorted(ending), WHY)
+    return dict.fromkeys(sorted(ending), WHY)
 
 
 def every_one_ending(placement: list[str], lost: dict[str, str]) -> bool:

@@ -198,10 +198,12 @@ class Controller:
                 return Outcome(report, hang=hang)
 
     def _leaving(self, report: NodeReport, lost: dict[str, str]) -> Outcome:
-        """Placed nodes lost, and those whose agent got SIGTERM (controller/ending_nodes)."""
+        """Placed nodes lost, those whose agent got SIGTERM (controller/ending_nodes) and
+        those lost while it waited for the others' (review 55 #4: left placed, the next
+        attempt started on a dead node)."""
         assert self.nodes is not None
-        report, ending = ending_nodes(self.nodes.fleet, report, self._seen)
-        return Outcome(report, lost={**lost, **ending})
+        ending = ending_nodes(self.nodes.fleet, report, self._seen)
+        return Outcome(report, lost={**lost, **self.nodes.fleet.lost, **ending})
 
     def _observe(self, report: NodeReport) -> None:
         """What the ranks said, to the resume agreement, step re-execution and rung 1a."""

@@ -12,11 +12,13 @@ import contextlib
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from trainguard.backends.orphans import ALIVE_EVERY_S, ALIVE_KEY
 from trainguard.checkpoint.store_errors import committed_bucket_lost
 from trainguard.controller.incidents import IncidentBook
 from trainguard.controller.launch_settings import (
@@ -72,6 +74,7 @@ class Recorder:
         self._workers_sig: object = None
         self._self_reported: int | None = None  # the attempt written as SELF_REPORTED
         self._usage_written: dict[str, dict[str, int]] = {}  # meta node_usage, as written
+        self._alive_written = 0.0  # (monotonic) meta ALIVE_KEY, last written
         self._refused_written: dict[str, int] = {}  # meta connections_refused, as written
         self._messages_refused_written = 0  # meta worker_messages_refused, as written
         self._node_of: dict[int, str] = {}  # rank -> node, from the workers' facts
@@ -364,6 +367,9 @@ class Recorder:
         self.book.progress_seen(p, persist=due)
         if not due:
             return
+        if time.monotonic() - self._alive_written >= ALIVE_EVERY_S:  # how long a lost
+            self.writes.set_meta(**{ALIVE_KEY: utcnow().isoformat()})  # job's agents may
+            self._alive_written = time.monotonic()  # run (backends/orphans.GONE_AFTER_S)
         if p.last_step is not None:  # meta values a full disk held back go with the next
             self.writes.set_meta(last_step=p.last_step, last_progress_at=p.last_step_at
                                  .isoformat() if p.last_step_at else None)

@@ -64,6 +64,8 @@ def ended_well(agent: AgentAPI, rec: Recorder, attempt: int, report: NodeReport)
     success (review 52 #1: `JobSucceeded`, exit 0, at step 27 of 3000)."""
     outside = sorted(w.rank for w in report.workers if w.state == WorkerState.STOPPED
                      and w.stopped_by != StopCause.LAUNCHER)
+    nodes = report.terminating_nodes  # (as decided on: a node lost in the stop leaves the
+    # merged report after it; review 55 #6)
     report = stop(agent, rec, "every worker exited 0" if not outside  # reaps leftovers,
                   else "ranks stopped from outside")  # reads the last lines
     if not outside:
@@ -72,8 +74,8 @@ def ended_well(agent: AgentAPI, rec: Recorder, attempt: int, report: NodeReport)
                            f"all {len(report.workers)} worker(s) exited 0 after "
                            f"{attempt + 1} attempt(s)", attempt=attempt)
     ranks = f"rank(s) {rank_list(outside)}"  # (a rank stopped so: its agent got it first,
-    what = (f"{agents_signalled(report.terminating_nodes)} ({ranks} ended on it)"  # and says
-            if report.terminating_nodes else f"{ranks} ended on a SIGTERM this launcher did "
+    what = (f"{agents_signalled(nodes)} ({ranks} ended on it)"  # and says
+            if nodes else f"{ranks} ended on a SIGTERM this launcher did "
             "not send (their node agents got it too)")  # so in its reports)
     return stopped_outside(rec, attempt, report, what)
 

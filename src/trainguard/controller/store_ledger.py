@@ -20,7 +20,6 @@ EVENTS_LOOKED_AT = 1000
 
 class LedgerTables:
     _conn: sqlite3.Connection
-    _version: int
     path: Path
 
     def _errors(self, action: str) -> AbstractContextManager[None]:
@@ -29,11 +28,14 @@ class LedgerTables:
     def _tx(self, action: str) -> AbstractContextManager[None]:
         raise NotImplementedError  # JobStore's: one short write transaction
 
+    def _schema(self) -> int:
+        raise NotImplementedError  # JobStore's: the schema version now (review 55 #7)
+
     def _one(self, since: int, what: str, sql: str, params: tuple[Any, ...] = ()
              ) -> tuple[Any, ...] | None:
         """The first row a read returns; None without one, or in a store older than schema
         `since` (that lacks what it reads)."""
-        if self._version < since:
+        if self._schema() < since:
             return None
         with self._errors(f"read {what} from"):
             row = self._conn.execute(sql, params).fetchone()
@@ -51,7 +53,7 @@ class LedgerTables:
 
     def progress(self) -> list[tuple[int, int, float]]:
         """Every progress sample, by time; [] before schema 4."""
-        if self._version < 4:
+        if self._schema() < 4:
             return []
         with self._errors("read progress from"):
             rows = self._conn.execute(
@@ -85,7 +87,7 @@ class LedgerTables:
     def snapshot_blocking(self, rank: int = 0) -> list[tuple[int, float, float, int]]:
         """`rank`'s reports (attempt, epoch seconds, blocked seconds, snapshots), by time; []
         before schema 6."""
-        if self._version < 6:
+        if self._schema() < 6:
             return []
         with self._errors("read snapshot blocking from"):
             rows = self._conn.execute(
@@ -98,7 +100,7 @@ class LedgerTables:
                      ) -> list[tuple[float, int | None, tuple[Any, ...]]]:
         """(epoch seconds, attempt, the values of `keys` in its data) of each event of
         `reason`, oldest first; a key the event's data lacks reads None."""
-        if self._version < 2:
+        if self._schema() < 2:
             return []
         picks = "".join(", json_extract(data, ?)" for _ in keys)
         with self._errors("read events from"):
@@ -125,7 +127,7 @@ class LedgerTables:
     def last_event(self, reasons: tuple[str, ...]) -> Event | None:
         """The newest event of one of `reasons` (one row of the index by reason), or None."""
         row = self._one(0, "events", "SELECT time, level, reason, message, job, node, rank, "
-                        f"attempt, {'data' if self._version >= 2 else 'NULL'} FROM events "
+                        f"attempt, {'data' if self._schema() >= 2 else 'NULL'} FROM events "
                         f"WHERE reason IN ({', '.join('?' * len(reasons))}) "
                         "ORDER BY id DESC LIMIT 1", reasons)
         with self._decoded("events"):

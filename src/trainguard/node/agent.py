@@ -44,7 +44,7 @@ from trainguard.protocol import (
     WorkerMessage,
 )
 from trainguard.records import utcnow
-from trainguard.states import StopCause, WorkerState
+from trainguard.states import StopCause, WorkerState, ended_state
 from trainguard.worker.contract import (
     ENV_DEAD_RANKS,
     ENV_PG_GENERATION,
@@ -208,8 +208,7 @@ class NodeAgent:
         for w in self._workers:
             rc = procs.exit_status(w.proc.pid) if not w.state.ended else None
             if rc is not None:  # RUNNING -> SUCCEEDED | STOPPED (drained) | FAILED (unreaped)
-                w.state = WorkerState.SUCCEEDED if rc == 0 else WorkerState.STOPPED if (
-                    self.draining and rc in (143, -signal.SIGTERM)) else WorkerState.FAILED
+                w.state = ended_state(rc, self.draining)
                 w.ended_at, w.returncode = now, rc
                 w.stopped_by = self.draining if w.state == WorkerState.STOPPED else None
                 if rc == -signal.SIGKILL:

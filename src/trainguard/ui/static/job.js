@@ -101,6 +101,13 @@ function watchRelaunch() {
   if (watching) return;
   watching = setInterval(() => {
     if (document.hidden) return;
+    const d = job.doc;  // a lost job's agents end (their orphan timeout) or Slurm answers
+    if (d && d.state === "lost" && (d.agents_unknown || (d.agents_without_controller || []).length)) {
+      TG.getJSON(`/api/jobs/${encodeURIComponent(JOB_ID)}`).then((doc) => {  // (review 55 #8)
+        for (const k of ["agents_unknown", "agents_without_controller", "nodes", "workers"]) d[k] = doc[k];
+        TG.renderNodes($("nodes"), $("workers"), d);
+      }).catch(showError);
+    }
     const after = lastId === null ? 0 : lastId;
     TG.getJSON(`/api/jobs/${encodeURIComponent(JOB_ID)}/events?after=${encodeURIComponent(after)}&limit=1`)
       .then((page) => {
