@@ -4,7 +4,7 @@ measure it by leave-one-source-out cross-validation.
     .venv/bin/python scripts/train_diagnosis_model.py [--cv] [--write] [--json]
 
 The cases are every labelled set under tests/data/diagnosis named in SETS: the blind sets
-not yet tuned on (BLIND: heldout61/, the next one, not built yet) are never read. A case's
+not yet tuned on (BLIND: heldout61/, measured once after round 54) are never read. A case's
 document is the distinct features (diagnosis/learned.py: tokens) of its candidate lines:
 every finding of its logs, context lines included, as `trainguard diagnose` scans them. A
 feature is kept when cases of at least MIN_SOURCES different source repositories have it (no
@@ -46,7 +46,7 @@ CORPUS = ROOT / "tests" / "data" / "diagnosis"
 # forty-sixth, heldout53 in the forty-seventh, heldout54 in the forty-eighth, heldout55 in the
 # forty-ninth, heldout56 in the fiftieth, heldout57 in the fifty-first, heldout58 in the
 # fifty-second, heldout59 in the fifty-third, heldout60 in the fifty-fourth); never heldout61
-# (the next blind set, not built yet)
+# (the blind set measured once after the fifty-fourth round, not tuned on yet)
 SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
         "heldout7", "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13",
         "heldout14", "heldout15", "heldout16", "heldout17", "heldout18", "heldout19",
