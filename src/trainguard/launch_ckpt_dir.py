@@ -62,9 +62,8 @@ def _refuse_if_it_runs(paths: JobPaths, owner: dict[str, str]) -> None:
         agents = AgentsSeen()
     else:
         agents = lost_agents(owner)
-        if not agents.alive and not agents.unknown:
+        if not agents.may_run:
             return
-    lost = bool(agents.alive or agents.unknown)
     job = f"job {owner.get('run_id')!r} (job dir {owner.get('job_dir')})"
     fix = "give each job its own --checkpoint-dir, or wait for that job to end (or stop it) to " \
         "continue from its checkpoints"
@@ -81,9 +80,9 @@ def _refuse_if_it_runs(paths: JobPaths, owner: dict[str, str]) -> None:
                "--checkpoint-dir")
     raise SpecError(f"{flag_name(paths.checkpoint_dir_key)} / '{paths.checkpoint_dir_key}'",
                     f"{paths.checkpoint_dir} is the checkpoint dir of the "
-                    f"{'' if lost else 'running '}{job}: both jobs would save the same steps, "
-                    "this job's saves would find them committed and write nothing, and a "
-                    "restart of it would resume the other job's weights", fix)
+                    f"{'' if agents.may_run else 'running '}{job}: both jobs would save the "
+                    "same steps, this job's saves would find them committed and write nothing, "
+                    "and a restart of it would resume the other job's weights", fix)
 
 
 def claim_checkpoint_dir(paths: JobPaths, run_id: str, store_until: float | None = None) -> None:

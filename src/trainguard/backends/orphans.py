@@ -60,6 +60,11 @@ class AgentsSeen:
     alive: list[str] = field(default_factory=list)
     unknown: str | None = None
 
+    @property
+    def may_run(self) -> bool:
+        """Some agent runs, or may (Slurm could not be asked): its workers may train on."""
+        return bool(self.alive or self.unknown)
+
     def kept(self, names: Iterable[str]) -> set[str]:
         """The nodes that keep their recorded states (their ranks train on, or may): every
         one when Slurm could not be asked, else those whose agent still runs (review 53 #6:
