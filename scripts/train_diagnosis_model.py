@@ -4,7 +4,7 @@ measure it by leave-one-source-out cross-validation.
     .venv/bin/python scripts/train_diagnosis_model.py [--cv] [--write] [--json]
 
 The cases are every labelled set under tests/data/diagnosis named in SETS: the blind sets
-not yet tuned on (BLIND: heldout62/, the next one, not built yet) are never read. A case's
+not yet tuned on (BLIND: heldout63/, the next one, not built yet) are never read. A case's
 document is the distinct features (diagnosis/learned.py: tokens) of its candidate lines:
 every finding of its logs, context lines included, as `trainguard diagnose` scans them. A
 feature is kept when cases of at least MIN_SOURCES different source repositories have it (no
@@ -40,13 +40,14 @@ from trainguard.diagnosis.taxonomy import Category
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "data" / "diagnosis"
-# heldout45 .. heldout61 were measured blind once (docs/diagnosis.md), then joined the sets
-# tuned on (the fortieth to fifty-fifth rounds: heldout48 and heldout49 both in the
+# heldout45 .. heldout62 were measured blind once (docs/diagnosis.md), then joined the sets
+# tuned on (the fortieth to fifty-sixth rounds: heldout48 and heldout49 both in the
 # forty-third, heldout50 in the forty-fourth, heldout51 in the forty-fifth, heldout52 in the
 # forty-sixth, heldout53 in the forty-seventh, heldout54 in the forty-eighth, heldout55 in the
 # forty-ninth, heldout56 in the fiftieth, heldout57 in the fifty-first, heldout58 in the
 # fifty-second, heldout59 in the fifty-third, heldout60 in the fifty-fourth, heldout61 in the
-# fifty-fifth); never heldout62 (the next blind set, not built yet)
+# fifty-fifth, heldout62 in the fifty-sixth); never heldout63 (the next blind set, not built
+# yet)
 SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6",
         "heldout7", "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13",
         "heldout14", "heldout15", "heldout16", "heldout17", "heldout18", "heldout19",
@@ -57,8 +58,8 @@ SETS = ("cases", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "hel
         "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49",
         "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55",
         "heldout56", "heldout57", "heldout58", "heldout59", "heldout60",
-        "heldout61")
-BLIND = ("heldout62",)
+        "heldout61", "heldout62")
+BLIND = ("heldout63",)
 MODEL = ROOT / "src" / "trainguard" / "diagnosis" / "model.json"
 MIN_SOURCES = 2
 ALPHA = 0.5  # Laplace smoothing
