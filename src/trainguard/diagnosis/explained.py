@@ -46,15 +46,22 @@ def continued_message(d: Diagnosis | None, findings: Sequence[Finding],
                       rules: RuleSet) -> Diagnosis | None:
     """`d`, or the rule's verdict on the next line when `d` is an exception no rule knows
     whose message goes on there (`RuntimeError: Resource exhausted: From /job:tpu_worker/..:`
-    then `Attempting to reserve 3.95G at the bottom of memory. That was not possible.`), as
-    VS Code's `Exception has occurred: RuntimeError` above its message and an extension's
-    exception whose message is only its source file and line (`....cu 3187`)."""
+    then `Attempting to reserve 3.95G at the bottom of memory. That was not possible.`), or
+    on the line after that when the next one ends with `:` too; as VS Code's `Exception has
+    occurred: RuntimeError` above its message and an extension's exception whose message is
+    only its source file and line (`....cu 3187`)."""
     ev = d.evidence if d is not None else None
     if d is None or ev is None or d.rule is not None or d.category != Category.USER_CODE_ERROR \
             or not (ev.text.rstrip().endswith(":") or _DEBUGGER.match(ev.text)
                     or _WHERE_ONLY.search(ev.text)):
         return d
-    nxt = next((f for f in findings if f.file == ev.file and f.line == ev.line + 1), None)
+    nxt = _line_after(findings, ev.file, ev.line)
+    # ... or the one after it when the message goes on over two lines, each ending with `:`
+    # (DALI's `RuntimeError: Critical error in pipeline:`, then `Error when executing Mixed
+    # operator ImageDecoder encountered:`, then `CUDA allocation failed`)
+    if nxt is not None and not nxt.rule and ev.text.rstrip().endswith(":") \
+            and nxt.text.rstrip().endswith(":"):
+        nxt = _line_after(findings, ev.file, nxt.line)
     rule = rules.by_id(nxt.rule) if nxt is not None and nxt.rule else None
     if nxt is None or rule is None or rule.category in _NOT_A_CAUSE:
         return d
@@ -62,6 +69,10 @@ def continued_message(d: Diagnosis | None, findings: Sequence[Finding],
         d, nxt, category=rule.category, fault_domain=rule.domain, restart_helps=rule.restart,
         advice=rule.advice, summary=f"{ev.text.strip()[:150]} {nxt.text.strip()[:150]}",
         subcategory=rule.subcategory, rule=rule.id, isolate_node=rule.isolate)
+
+
+def _line_after(findings: Sequence[Finding], file: str, line: int) -> Finding | None:
+    return next((f for f in findings if f.file == file and f.line == line + 1), None)
 
 
 def _decided_by(d: Diagnosis, f: Finding, **verdict: Any) -> Diagnosis:
