@@ -37,8 +37,12 @@ def test_an_fsdp2_job_killed_mid_run_resumes_to_exactly_the_uninterrupted_parame
     killed = reasons.index("WorkerFailed")
     committed = [e["data"]["step"] for e in events[:killed] if e["reason"] == "CheckpointSaved"]
     assert committed and committed[-1] in (5, 10), committed
+    # resumed from the newest step committed before the kill: the one whose event came
+    # first, or a later one whose save committed as the kill struck (a CI rehearsal at a
+    # load of 5: step 10's CheckpointSaved came after the WorkerFailed)
     resumed = [e for e in events if e["reason"] == "Resumed"]
-    assert resumed and resumed[0]["data"]["step"] == committed[-1], resumed
+    assert resumed and resumed[0]["data"]["step"] in (5, 10), resumed
+    assert resumed[0]["data"]["step"] >= committed[-1], (resumed, committed)
     # a later restart only for gloo's native abort at a rank's exit ("terminate called without
     # an active exception": pytorch#179291, README's known limits; a rehearsal saw one at
     # step 20), the job then resumed on and ended with the same parameters (asserted above)

@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -36,6 +37,17 @@ pytestmark = [pytest.mark.integration,
 
 FAST = ["--restart-backoff", "0.1", "--grace-period", "3"]
 STEP_TIME = "0.02"  # a real step (forward, backward, allreduce) plus 20 ms: quick but steady
+
+
+def at_the_floor(data: dict[str, Any], floor: float) -> None:
+    """The threshold is the floor, or on a loaded machine 3 x the p99 of the cadence the
+    ranks kept (a CI rehearsal at a load of 5: snapshots 0.77 s apart, 2.32 s), never more:
+    max(3 x p99, floor) as its basis says, with the p99 under the floor (a cadence, not a
+    pause such as an evaluation's)."""
+    m = re.fullmatch(r"max\(3 x p99 ([\d.]+)s, floor ([\d.]+)s\).*", data["basis"])
+    assert m and float(m[2]) == floor, data["basis"]
+    p99 = float(m[1])
+    assert p99 < floor and abs(data["threshold_s"] - max(floor, 3 * p99)) < 0.005, data
 
 
 def ddp(job_dir: Path, *flags: str, steps: int, ckpt_every: int = 10,
@@ -314,7 +326,8 @@ def test_a_job_that_reports_no_steps_is_judged_by_its_memory_snapshots(
                cwd=tmp_path, fault="hang@rank=1,step=30", timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     data = check_confirmed(job_dir, 1, {"0": "collective", "1": "sleep"})
-    assert data["threshold_s"] == 2.0 and "floor 2s" in data["basis"], data["basis"]
+    at_the_floor(data, 2.0)
+    assert "memory snapshots" in data["basis"], data["basis"]
     got = reasons_of(events(job_dir))
     assert got[got.index("HangConfirmed") + 1:][:3] == [
         "WorkersStopped", "RestartScheduled", "WorkersRestarted"], got
@@ -336,7 +349,8 @@ def test_a_silent_job_s_marked_evaluation_is_not_its_snapshot_cadence(
                cwd=tmp_path, fault="hang@rank=1,step=15", timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     data = check_confirmed(job_dir, 1, {"0": "collective", "1": "sleep"})
-    assert data["threshold_s"] == 2.0 and "memory snapshots" in data["basis"], data["basis"]
+    at_the_floor(data, 2.0)  # not 3 x the 6 s evaluation's interval
+    assert "memory snapshots" in data["basis"], data["basis"]
 
 
 @pytest.mark.parametrize("prints", ["nothing", "rank 0 only"])
