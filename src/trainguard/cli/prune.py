@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from trainguard.backends.orphans import AgentsSeen
 from trainguard.cli.args import days
 from trainguard.cli.fmt import complain, meta_time, plural, size_text
 from trainguard.cli.job_rows import read_job, when
@@ -155,7 +156,9 @@ def _in_use(r: dict[str, Any]) -> bool:
 
 
 def _agents_may_run(r: dict[str, Any]) -> bool:
-    return bool(r.get("agents_without_controller") or r.get("agents_unknown"))
+    """AgentsSeen.may_run of the row's agents (cli/job_rows.py writes them from it)."""
+    return AgentsSeen(list(r.get("agents_without_controller") or []),
+                      r.get("agents_unknown")).may_run
 
 
 def _not_due(r: dict[str, Any], cutoff: datetime) -> bool:
