@@ -262,7 +262,6 @@ def test_in_an_sbatch_job_a_lost_node_is_replaced_by_the_spare(
     # most of the recovery, as `stop`): tests/unit/test_slurm_cli.py's kill(wait=False) test
     # pins it; a time here cannot (0.02 s idle, 3.5 s in a CI rehearsal at a load of 5, the
     # survivors' workers slow to end) and the recovery's phases are benchmarks' to time
-    assert set(rr["durations_s"]) >= {"detect", "stop", "decide", "start"}, rr["durations_s"]
     # the lost node is drained too (Slurm alone would call it down only SlurmdTimeout later)
     assert cluster.node_state(victim).startswith("drain"), cluster.sinfo_text()
     assert "trainguard" in drain_reason(cluster, victim)

@@ -51,16 +51,15 @@ def continued_message(d: Diagnosis | None, findings: Sequence[Finding],
     occurred: RuntimeError` above its message and an extension's exception whose message is
     only its source file and line (`....cu 3187`)."""
     ev = d.evidence if d is not None else None
+    goes_on = ev is not None and ev.text.rstrip().endswith(":")
     if d is None or ev is None or d.rule is not None or d.category != Category.USER_CODE_ERROR \
-            or not (ev.text.rstrip().endswith(":") or _DEBUGGER.match(ev.text)
-                    or _WHERE_ONLY.search(ev.text)):
+            or not (goes_on or _DEBUGGER.match(ev.text) or _WHERE_ONLY.search(ev.text)):
         return d
     nxt = _line_after(findings, ev.file, ev.line)
     # ... or the one after it when the message goes on over two lines, each ending with `:`
     # (DALI's `RuntimeError: Critical error in pipeline:`, then `Error when executing Mixed
     # operator ImageDecoder encountered:`, then `CUDA allocation failed`)
-    if nxt is not None and not nxt.rule and ev.text.rstrip().endswith(":") \
-            and nxt.text.rstrip().endswith(":"):
+    if nxt is not None and not nxt.rule and goes_on and nxt.text.rstrip().endswith(":"):
         nxt = _line_after(findings, ev.file, nxt.line)
     rule = rules.by_id(nxt.rule) if nxt is not None and nxt.rule else None
     if nxt is None or rule is None or rule.category in _NOT_A_CAUSE:
